@@ -1,0 +1,1 @@
+"""Per-drive ceilings: engine-shaped cold read trials, alone / grouped / together."""

@@ -1,0 +1,1 @@
+"""Split arithmetic, performance model, solver and plan files; planner/tui is the split tuner."""

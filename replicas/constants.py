@@ -1,0 +1,34 @@
+"""Format numbers for the rig, the manifest and cold I/O (one place, DESIGN §3)."""
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# Content identity.
+PIECE_SIZE = 64 * MiB          # bytes per manifest piece (default)
+MANIFEST_SCHEMA = 1
+RIG_SCHEMA = 1
+STAMP_SCHEMA = 1
+JOURNAL_SCHEMA = 1
+
+# Cold I/O.
+ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes
+IO_BLOCK = 8 * MiB             # bytes per sequential read/write request
+READ_AHEAD = 3                 # sequential requests in flight per drive
+
+# Rig folder layout.
+RIG_ENV = "REPLICA_TUNER_RIG"
+DEFAULT_RIG = "rig"
+RIG_FILE = "rig.toml"
+MANIFEST_FILE = "manifest.json"
+STAMPS_DIR = "stamps"          # sidecar stamps for files we may not or cannot tag
+
+# Stamps.
+XATTR_LINUX = "user.replica_tuner.stamp"
+XATTR_DARWIN = "com.replica-tuner.stamp"
+
+# Sync.
+PARTIAL_SUFFIX = ".partial"
+JOURNAL_SUFFIX = ".partial.journal"
+HEADROOM_MIN = 16 * MiB        # free space kept beyond the file, bytes
+HEADROOM_MAX = 1 * GiB
+HEADROOM_FRACTION = 0.01

@@ -1,0 +1,177 @@
+"""Which drive a file lives on: mount point, file system, device and the physical disk behind it.
+
+Linux reads /proc/self/mountinfo and /sys/dev/block; macOS asks `diskutil info -plist` (parsed
+by a pure function that is tested anywhere). Device numbers change across re-plugs, so the
+stable key is the volume UUID, else a hash of the disk serial, else the disk name.
+
+A loop device counts as its own disk: that is what the OS presents, and the testbed's throttled
+drives are loop devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import plistlib
+import subprocess
+from dataclasses import dataclass
+
+from . import platform
+
+
+@dataclass(frozen=True)
+class DriveInfo:
+    mount_point: str
+    fs_type: str
+    device: str          # e.g. /dev/nvme0n1p2, /dev/loop3, /dev/disk3s1
+    disk: str            # physical disk behind it, e.g. nvme0n1, loop3, disk0
+    key: str             # stable identity: uuid:..., serial:<sha1>, or disk:<name>
+    xattrs: bool | None = None   # whether user xattrs are known to work (None: not probed)
+
+    @property
+    def label(self) -> str:
+        base = os.path.basename(self.mount_point.rstrip("/"))
+        return base or "root"
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    mount_point: str
+    fs_type: str
+    source: str
+    majmin: str
+
+
+def _unescape(s: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and s[i + 1:i + 4].isdigit() and len(s[i + 1:i + 4]) == 3:
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[MountEntry]:
+    """Parse /proc/self/mountinfo (pure)."""
+    entries = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        f = left.split()
+        r = right.split()
+        if len(f) < 5 or len(r) < 2:
+            continue
+        entries.append(MountEntry(mount_point=_unescape(f[4]), fs_type=r[0], source=_unescape(r[1]), majmin=f[2]))
+    return entries
+
+
+def mount_for(path: str, entries: list[MountEntry]) -> MountEntry | None:
+    """The entry with the longest mount point containing path (the last one wins on ties: over-mounts)."""
+    best = None
+    for e in entries:
+        mp = e.mount_point.rstrip("/") or "/"
+        if path == mp or path.startswith(mp if mp.endswith("/") else mp + "/") or mp == "/":
+            if best is None or len(mp) >= len(best.mount_point.rstrip("/") or "/"):
+                best = e
+    return best
+
+
+def parse_diskutil_plist(data: bytes) -> dict:
+    """Pick what we need from `diskutil info -plist` (pure): mount point, fs, device, the
+    physical store's disk and a stable key."""
+    d = plistlib.loads(data)
+    disk = _whole_disk(d.get("ParentWholeDisk") or d.get("DeviceIdentifier", ""))
+    stores = d.get("APFSPhysicalStores") or []
+    if stores:  # an APFS volume lives in a container; the drive is the container's physical store
+        store = stores[0].get("APFSPhysicalStore", "") if isinstance(stores[0], dict) else str(stores[0])
+        disk = _whole_disk(store) or disk
+    uuid = d.get("VolumeUUID") or d.get("DiskUUID")
+    return {
+        "mount_point": d.get("MountPoint", ""),
+        "fs_type": d.get("FilesystemType") or d.get("FilesystemName", ""),
+        "device": "/dev/" + d.get("DeviceIdentifier", "") if d.get("DeviceIdentifier") else "",
+        "disk": disk,
+        "key": f"uuid:{uuid}" if uuid else f"disk:{disk}",
+    }
+
+
+def _whole_disk(ident: str) -> str:
+    """'disk4s2' -> 'disk4'."""
+    if not ident.startswith("disk"):
+        return ""
+    rest = ident[4:]
+    num = ""
+    for c in rest:
+        if c.isdigit():
+            num += c
+        else:
+            break
+    return "disk" + num if num else ""
+
+
+def _sysfs_disk(majmin: str) -> tuple[str, str]:
+    """(device name, physical disk name) for a block device major:minor on Linux."""
+    try:
+        real = os.path.realpath(f"/sys/dev/block/{majmin}")
+    except OSError:
+        return "", ""
+    name = os.path.basename(real)
+    if not os.path.exists(real):
+        return "", ""
+    disk = name
+    if os.path.exists(os.path.join(real, "partition")):
+        disk = os.path.basename(os.path.dirname(real))
+    slaves = os.path.join("/sys/block", disk, "slaves")
+    if os.path.isdir(slaves):  # device mapper / md: name the first member disk
+        members = sorted(os.listdir(slaves))
+        if members:
+            inner = os.path.realpath(os.path.join(slaves, members[0]))
+            disk = os.path.basename(os.path.dirname(inner)) if os.path.exists(os.path.join(inner, "partition")) else os.path.basename(inner)
+    return name, disk
+
+
+def _linux_key(device_name: str, disk: str) -> str:
+    try:
+        for u in os.listdir("/dev/disk/by-uuid"):
+            if os.path.basename(os.path.realpath(os.path.join("/dev/disk/by-uuid", u))) == device_name:
+                return f"uuid:{u}"
+    except OSError:
+        pass
+    for rel in ("device/serial", "device/wwid", "serial", "wwid"):
+        try:
+            with open(os.path.join("/sys/block", disk, rel)) as f:
+                serial = f.read().strip()
+            if serial:
+                return "serial:" + hashlib.sha1(serial.encode()).hexdigest()[:16]
+        except OSError:
+            continue
+    return f"disk:{disk}" if disk else f"dev:{device_name}"
+
+
+def drive_of(path: str) -> DriveInfo:
+    """The drive of an existing file or directory."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    majmin = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    if platform.is_linux():
+        with open("/proc/self/mountinfo") as f:
+            entry = mount_for(real, parse_mountinfo(f.read()))
+        name, disk = _sysfs_disk(majmin)
+        if entry is None:
+            return DriveInfo("/", "", "", disk, f"dev:{majmin}")
+        device = f"/dev/{name}" if name else entry.source
+        key = _linux_key(name, disk) if name else f"dev:{majmin}"
+        return DriveInfo(entry.mount_point, entry.fs_type, device, disk or entry.source, key)
+    if platform.is_darwin():
+        try:
+            out = subprocess.run(["diskutil", "info", "-plist", real], capture_output=True, check=True, timeout=20).stdout
+            info = parse_diskutil_plist(out)
+            return DriveInfo(info["mount_point"] or "/", info["fs_type"], info["device"], info["disk"], info["key"])
+        except (OSError, subprocess.SubprocessError, plistlib.InvalidFileException):
+            pass
+    return DriveInfo("/", "", "", f"dev{majmin}", f"dev:{majmin}")

@@ -1,0 +1,72 @@
+"""Small file-system helpers: atomic writes, directory fsync, free space, file identity."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+from .errors import WriteError
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+
+    @classmethod
+    def of(cls, path: str) -> "FileIdentity":
+        st = os.stat(path)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+    @classmethod
+    def of_fd(cls, fd: int) -> "FileIdentity":
+        st = os.fstat(fd)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write through a temporary name in the same directory, fsync, rename, fsync the directory."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise WriteError(f"cannot write {path}: {e.strerror or e}") from e
+    fsync_dir(d)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def allocated_bytes(path: str) -> int:
+    """Bytes the file system has allocated to a file (0 if it does not exist)."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,120 @@
+"""The operating-system seam: direct I/O flags, cache control, page residency, xattr names.
+
+Everything that differs between Linux and macOS lives here, so the rest of the project asks
+one question ("open this for cold reads") and gets one answer. The decision logic is pure
+functions of `sys.platform`-like names so it can be tested on any machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import sys
+
+from .constants import XATTR_DARWIN, XATTR_LINUX
+
+F_NOCACHE = 48        # macOS fcntl: do not keep this fd's pages in the unified buffer cache
+PLATFORM = sys.platform
+
+
+def is_linux(platform: str = PLATFORM) -> bool:
+    return platform.startswith("linux")
+
+
+def is_darwin(platform: str = PLATFORM) -> bool:
+    return platform == "darwin"
+
+
+def stamp_xattr_name(platform: str = PLATFORM) -> str:
+    """Linux needs the user. namespace; macOS has no namespaces and wants a reverse-DNS name."""
+    return XATTR_DARWIN if is_darwin(platform) else XATTR_LINUX
+
+
+def cold_open_strategy(platform: str = PLATFORM) -> str:
+    """'o_direct' on Linux, 'f_nocache' on macOS, 'fadvise' elsewhere."""
+    if is_linux(platform):
+        return "o_direct"
+    if is_darwin(platform):
+        return "f_nocache"
+    return "fadvise"
+
+
+def open_direct(path: str) -> tuple[int, str]:
+    """Open read-only for cold reads. Returns (fd, how): how is 'o_direct', 'f_nocache' or
+    'fadvise' when the file system refuses O_DIRECT (tmpfs, some FUSE): then each read first
+    asks the kernel to drop the range's clean pages."""
+    strategy = cold_open_strategy()
+    if strategy == "o_direct":
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC), "o_direct"
+        except OSError as e:
+            if e.errno != 22:  # EINVAL: this file system has no O_DIRECT
+                raise
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC), "fadvise"
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    if strategy == "f_nocache":
+        import fcntl
+
+        fcntl.fcntl(fd, F_NOCACHE, 1)
+    return fd, strategy
+
+
+def drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
+    """Ask the kernel to forget clean cached pages of a range (no-op where unsupported)."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+_libc = None
+
+
+def _mincore():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _libc.mincore.restype = ctypes.c_int
+    return _libc.mincore
+
+
+def resident_fraction(path: str, offset: int = 0, length: int | None = None) -> float:
+    """Fraction (0..1) of a file range's pages that sit in the page cache, by mincore(2).
+
+    On macOS F_NOCACHE does not evict pages already cached, so a cold trial checks this first.
+    Returns 0.0 for an empty range.
+    """
+    size = os.path.getsize(path)
+    if length is None:
+        length = size - offset
+    length = max(0, min(length, size - offset))
+    if length == 0:
+        return 0.0
+    page = mmap.PAGESIZE
+    start = offset - offset % page
+    span = offset + length - start
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # A copy-on-write mapping of a read-only fd is writable from ctypes' point of view
+        # (nothing is ever written) and mincore still reports the file's page-cache pages.
+        m = mmap.mmap(fd, span, access=mmap.ACCESS_COPY, offset=start)
+    finally:
+        os.close(fd)
+    try:
+        pages = -(-span // page)
+        vec = (ctypes.c_ubyte * pages)()
+        anchor = ctypes.c_char.from_buffer(m)
+        try:
+            rc = _mincore()(ctypes.addressof(anchor), ctypes.c_size_t(span), vec)
+        finally:
+            del anchor
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return sum(v & 1 for v in vec) / pages
+    finally:
+        m.close()

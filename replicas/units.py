@@ -1,0 +1,50 @@
+"""Parsing and formatting sizes and rates (pure)."""
+
+from .errors import UsageError
+
+_BINARY = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'64M' -> 67108864. Suffixes K/M/G/T are binary (KiB, MiB, ...); an optional 'iB'/'B' is accepted."""
+    s = str(text).strip().upper()
+    for tail in ("IB", "B"):
+        if s.endswith(tail) and len(s) > len(tail) and s[-len(tail) - 1] in "KMGT":
+            s = s[: -len(tail)]
+            break
+    unit = s[-1:] if s[-1:] in "KMGT" else ""
+    number = s[: len(s) - len(unit)]
+    try:
+        value = float(number)
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a size: use bytes or a number with K, M, G or T (binary), e.g. 64M") from None
+    n = int(value * _BINARY[unit])
+    if n <= 0 or value != value:
+        raise UsageError(f"{what} {text!r} must be positive")
+    return n
+
+
+def format_bytes(n: float) -> str:
+    """Binary units for sizes: 67108864 -> '64.0 MiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """Decimal units for throughput, as drive makers and fio's bw_bytes: 1.5e9 -> '1.50 GB/s'."""
+    if bytes_per_s >= 1e9:
+        return f"{bytes_per_s / 1e9:.2f} GB/s"
+    return f"{bytes_per_s / 1e6:.0f} MB/s"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

@@ -1,0 +1,21 @@
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_rig(tmp_path, monkeypatch):
+    """Each test gets its own rig folder; nothing reads ./rig or the user's environment."""
+    monkeypatch.setenv("REPLICA_TUNER_RIG", str(tmp_path / "rig"))
+    monkeypatch.delenv("REPLICA_TUNER_DEBUG", raising=False)
+    yield
+
+
+def write_random(path, size, seed=0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
