@@ -1,0 +1,112 @@
+"""A plan: the two weight vectors the engine needs (prefill, decode) and where they came from.
+
+JSON shape (schema 1), written to rig/plans/<timestamp>.json by `planner solve`:
+
+    {"schema": 1, "kind": "plan", "engine": "ds4-argodrive", "created": "2026-11-29T19:00:00Z",
+     "sources": [{"name": "internal", "path": "/abs/internal/model.gguf"}, ...],   # primary first
+     "prefill": {"weights": [10, 5, 5], "predicted": {...}},
+     "decode":  {"weights": [10, 6, 6], "predicted": {...}},
+     "baselines": {...}, "alternatives": [...], "provenance": {...}}
+
+`predicted`, `baselines`, `alternatives` and `provenance` are free-form dicts/lists owned by the
+solver; the keys above them are the contract every consumer (engine_bridge run/export) relies on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from replicas.errors import RigError
+
+from .constants import PLAN_SCHEMA
+from .split import check_weights
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Phase:
+    weights: tuple[int, ...]
+    predicted: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    sources: tuple[Source, ...]
+    prefill: Phase
+    decode: Phase
+    engine: str = "ds4-argodrive"
+    created: str = ""
+    baselines: dict = field(default_factory=dict)
+    alternatives: tuple = ()
+    provenance: dict = field(default_factory=dict)
+    schema: int = PLAN_SCHEMA
+
+    def __post_init__(self):
+        for phase in (self.prefill, self.decode):
+            check_weights(phase.weights, self.engine)
+            if len(phase.weights) != len(self.sources):
+                raise ValueError(f"{len(phase.weights)} weights for {len(self.sources)} sources")
+
+
+def plan_to_dict(p: Plan) -> dict:
+    return {
+        "schema": p.schema,
+        "kind": "plan",
+        "engine": p.engine,
+        "created": p.created,
+        "sources": [{"name": s.name, "path": s.path} for s in p.sources],
+        "prefill": {"weights": list(p.prefill.weights), "predicted": p.prefill.predicted},
+        "decode": {"weights": list(p.decode.weights), "predicted": p.decode.predicted},
+        "baselines": p.baselines,
+        "alternatives": list(p.alternatives),
+        "provenance": p.provenance,
+    }
+
+
+def plan_from_dict(d: dict, where: str = "plan") -> Plan:
+    def bad(key, what):
+        return RigError(f"{where}: key '{key}' {what}; re-create the plan with `planner solve`")
+
+    if not isinstance(d, dict) or d.get("kind") != "plan":
+        raise RigError(f"{where}: not a plan file (no \"kind\": \"plan\"); give a file written by `planner solve`")
+    if d.get("schema") != PLAN_SCHEMA:
+        raise bad("schema", f"is {d.get('schema')!r}, this version reads {PLAN_SCHEMA}")
+    srcs = d.get("sources")
+    if not isinstance(srcs, list) or not srcs:
+        raise bad("sources", "is missing or empty")
+    sources = []
+    for i, s in enumerate(srcs):
+        if not isinstance(s, dict) or not isinstance(s.get("path"), str) or not isinstance(s.get("name"), str):
+            raise bad(f"sources[{i}]", "must have string 'name' and 'path'")
+        sources.append(Source(s["name"], s["path"]))
+    phases = {}
+    for ph in ("prefill", "decode"):
+        blk = d.get(ph)
+        if not isinstance(blk, dict) or not isinstance(blk.get("weights"), list):
+            raise bad(f"{ph}.weights", "is missing")
+        w = blk["weights"]
+        if len(w) != len(sources):
+            raise bad(f"{ph}.weights", f"has {len(w)} weights for {len(sources)} sources")
+        try:
+            check_weights(w, d.get("engine", "ds4-argodrive"))
+        except Exception as e:
+            raise bad(f"{ph}.weights", f"is invalid ({e})") from None
+        phases[ph] = Phase(tuple(w), dict(blk.get("predicted") or {}))
+    return Plan(sources=tuple(sources), prefill=phases["prefill"], decode=phases["decode"],
+                engine=d.get("engine", "ds4-argodrive"), created=str(d.get("created", "")),
+                baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
+                provenance=dict(d.get("provenance") or {}))
+
+
+def plan_from_json(text: str, where: str = "plan") -> Plan:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RigError(f"{where}: not valid JSON ({e}); give a file written by `planner solve`") from None
+    return plan_from_dict(d, where)
