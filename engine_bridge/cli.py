@@ -1,0 +1,20 @@
+"""`engine-bridge`: the split reader, the embedded MoE engine, the harness and engine profiles.
+
+Each group of commands lives in its own module and registers itself here, so the run, harness
+and profile commands can grow independently.
+"""
+
+from __future__ import annotations
+
+from replicas.cli_support import make_app, run
+
+from . import cli_bench, cli_export, cli_run
+
+app = make_app("engine-bridge", "Run plans: split reads, the embedded MoE engine, the harness, and engine profiles.")
+
+for _module in (cli_run, cli_bench, cli_export):
+    _module.register(app)
+
+
+def main() -> None:
+    run(app, "engine-bridge")
