@@ -1,0 +1,33 @@
+"""Format numbers of iobench: presets, result schema, the plausibility limits (one place)."""
+
+from planner.constants import BLOCK, COMPONENT_BYTES, PREFILL_CHUNK  # noqa: F401  (engine facts)
+
+MiB = 1 << 20
+
+RESULT_SCHEMA = 1
+RESULT_KIND = "iobench"
+BENCH_DIR = "bench"             # rig/bench/<timestamp>.json
+
+PRESETS = ("seq", "prefill", "decode")     # order of `--preset all`
+SEQ_PIECE = 1 * MiB             # bytes per seq request (SEQ1M)
+SEQ_LANES = (8,)                # seq: 8 in flight (SEQ1M Q8)
+PREFILL_LANES = (1, 2, 4, 8, 16)
+DECODE_LANES = (1, 2, 3, 4)
+DEFAULT_LANES = {"seq": SEQ_LANES, "prefill": PREFILL_LANES, "decode": DECODE_LANES}
+# Lanes per drive for grouped / together runs when no alone result says otherwise: the engine's
+# prefill staging default (8 per drive) and its decode pool (~9 threads over 3 drives).
+TOGETHER_LANES = {"seq": 8, "prefill": 8, "decode": 3}
+
+DEFAULT_SECONDS = 1.0           # measured window per trial, s
+DEFAULT_REPEAT = 3              # repeats of each preset's best lane count (spread)
+
+KNEE_FRACTION = 0.95            # knee: lowest lane count within 5 % of the best
+SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (DESIGN §4)
+# No single drive delivers more than this (PCIe 5.0 x4 is ~15.8 GB/s raw): faster means the
+# page cache answered.
+PLAUSIBLE_BW = 16e9             # bytes/s
+# A request that "completes" faster than this per byte... is the same bound, per request:
+PLAUSIBLE_MIN_LAT_NS = 2_000    # no cold read from a drive lands in under 2 us
+RESIDENT_WARN = 0.05            # macOS F_NOCACHE: >5 % of the file already cached taints a run
+
+DRIVE_IO_UNIT = 1 * MiB         # bytes the block layer issues per operation at most (one bio)
