@@ -254,3 +254,7 @@ def main() -> None:
     if hasattr(signal, "SIGXFSZ"):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     run(app, "replicas")
+
+
+if __name__ == "__main__":
+    main()

@@ -398,6 +398,9 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     finally:
         for w in writers:
             w.finish()
+    # Once more after every byte is durable: a source that changed at the last moment must not
+    # have its old bytes renamed into place as a replica of the new file.
+    _check_source(source, src_ident, None)
     starts = {w.plan.target: t0 for w in writers}
 
     # Read back, stamp, rename: destinations in parallel, one reader each.
