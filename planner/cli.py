@@ -1,0 +1,175 @@
+"""`planner`: the exact split of a read, the performance model, the solver and plan files."""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from replicas.cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
+from replicas.errors import UsageError
+from replicas.rig import load_rig, rig_dir
+from replicas.units import format_rate
+
+from .constants import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
+from .model import decode_workload, prediction_to_dict, prefill_workload
+from .plan import Plan, plan_to_dict
+from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .solve import predict, smallest_equivalent, solve_plan
+from .split import parse_weights, split_read
+
+app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
+
+EngineOption = typer.Option("ds4-argodrive", "--engine", help="Engine whose split rule and limits apply.")
+BenchOption = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench).")
+BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
+                                help="Other work on a source: primary:engram (Engram rows per decoded token) or NAME:PERCENT% busy. Repeatable.")
+LanesOption = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive.")
+BatchOption = typer.Option(DECODE_BATCH, "--batch", min=1, max=64, help="Decode component reads issued together (one missed expert = 3).")
+ThreadsOption = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read pool threads over all sources.")
+
+BAR = 40
+
+
+def _int(text: str, what: str, minimum: int = 0) -> int:
+    try:
+        v = int(str(text).replace("_", ""))
+    except ValueError:
+        raise UsageError(f"{what} {text!r}: give a whole number of bytes, e.g. {COMPONENT_BYTES}") from None
+    if v < minimum:
+        raise UsageError(f"{what} {v}: must be >= {minimum}")
+    return v
+
+
+def _bar(part: int, whole: int) -> str:
+    n = round(BAR * part / whole) if whole else 0
+    return "█" * n + "·" * (BAR - n)
+
+
+@app.command()
+def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help="Integer weights, primary first, e.g. 10:5:5."),
+          length: str = typer.Option(str(COMPONENT_BYTES), "--length", help="Bytes in the read."),
+          offset: str = typer.Option("0", "--offset", help="Byte offset of the read in the file."),
+          engine: str = EngineOption, json_out: bool = JsonOption):
+    """The pieces each source reads, exactly as the engine computes them (DESIGN §5)."""
+    w = parse_weights(weights, engine)
+    n_len = _int(length, "--length")
+    n_off = _int(offset, "--offset")
+    pieces = split_read(n_off, n_len, w, engine)
+    smallest = smallest_equivalent(w, n_len) if engine == "ds4-argodrive" else w
+    if json_out:
+        print_json({"engine": engine, "weights": list(w), "offset": n_off, "length": n_len,
+                    "smallest_equivalent": list(smallest),
+                    "pieces": [{"source": p.source, "offset": p.offset, "length": p.length, "blocks": p.blocks} for p in pieces]})
+        return
+    t = Table(title=f"{engine} split of {n_len:,} B at {n_off:,} by {':'.join(map(str, w))}"
+                    + (f" (same as {':'.join(map(str, smallest))})" if smallest != w else ""))
+    for col in ("source", "offset", "blocks", "bytes", "share"):
+        t.add_column(col, justify="left" if col in ("source", "share") else "right")
+    for p in pieces:
+        t.add_row(str(p.source), f"{p.offset:,}", str(p.blocks), f"{p.length:,}", _bar(p.length, n_len))
+    out.print(t)
+
+
+def _backgrounds(specs, names):
+    return tuple(parse_background(s, names) for s in (specs or ()))
+
+
+@app.command()
+def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+          background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
+          threads: int = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
+          json_out: bool = JsonOption):
+    """Find the prefill and decode weights; write rig/plans/<timestamp>.json."""
+    root = rig_dir(rig)
+    inputs = load_inputs(root, bench)
+    names = [s.name for s in inputs.sources]
+    plan = solve_plan(inputs.sources, inputs.drives, prefill_workload(lanes), decode_workload(batch, threads),
+                      _backgrounds(background, names), engine, inputs.provenance, top=top)
+    rig_obj = load_rig(root, must_exist=False)
+    path = save_plan(rig_obj, plan)
+    plan = load_plan(path)
+    if json_out:
+        d = plan_to_dict(plan)
+        d["path"] = path
+        print_json(d)
+    else:
+        _render_plan(plan, path)
+    err.print(f"plan written to {path}")
+
+
+@app.command()
+def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help="Integer weights, primary first."),
+             phase: str = typer.Option(..., "--phase", help="prefill or decode."),
+             rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+             background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
+             threads: int = ThreadsOption, json_out: bool = JsonOption):
+    """Predict one weight vector: time per read and per layer, per-source completion, who lands last."""
+    if phase not in ("prefill", "decode"):
+        raise UsageError(f"--phase {phase!r}: use prefill or decode")
+    w = parse_weights(weights, engine)
+    inputs = load_inputs(rig_dir(rig), bench)
+    names = [s.name for s in inputs.sources]
+    wl = prefill_workload(lanes) if phase == "prefill" else decode_workload(batch, threads)
+    p = predict(inputs.drives, w, wl, _backgrounds(background, names), engine)
+    if json_out:
+        print_json(prediction_to_dict(p))
+        return
+    _render_prediction(prediction_to_dict(p), f"{phase} {':'.join(map(str, w))}")
+
+
+def _render_prediction(p: dict, title: str) -> None:
+    unit = "chunk" if p["phase"] == "prefill" else f"expert ({p['time_per_batch_s'] / p['time_per_read_s']:.0f} reads)"
+    out.print(f"[bold]{title}[/]: {format_rate(p['throughput_Bps'])}; "
+              f"{p['time_per_batch_s'] * 1e3:.2f} ms per {unit}, {p['time_per_read_s'] * 1e3:.2f} ms per read, "
+              f"{p['time_per_layer_s'] * 1e3:.1f} ms per layer")
+    t = Table()
+    for col in ("source", "blocks", "bytes/read", "done (ms)", "share of read"):
+        t.add_column(col, justify="left" if col in ("source", "share of read") else "right")
+    whole = sum(s["bytes"] for s in p["sources"])
+    for s in p["sources"]:
+        t.add_row(s["name"], str(s["blocks"]), f"{s['bytes']:,}", f"{s['time_s'] * 1e3:.3f}", _bar(s["bytes"], whole))
+    out.print(t)
+    out.print(f"lands last: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next source")
+
+
+def _render_plan(plan: Plan, path: str) -> None:
+    out.print(f"[bold]plan[/] {path}  ({plan.engine}, {plan.created})")
+    out.print("sources: " + ", ".join(f"{i}:{s.name}={s.path}" for i, s in enumerate(plan.sources)))
+    for ph in ("prefill", "decode"):
+        phase = getattr(plan, ph)
+        if phase.predicted:
+            _render_prediction(phase.predicted, f"{ph} {':'.join(map(str, phase.weights))}")
+        else:
+            out.print(f"[bold]{ph}[/] {':'.join(map(str, phase.weights))} (no prediction)")
+        base = plan.baselines.get(ph) or {}
+        for key in ("capability", "equal"):
+            b = base.get(key)
+            if isinstance(b, dict) and "throughput_Bps" in b and phase.predicted.get("throughput_Bps"):
+                out.print(f"  vs {key} {':'.join(map(str, b.get('weights', [])))}: {format_rate(b['throughput_Bps'])} "
+                          f"(plan x{phase.predicted['throughput_Bps'] / b['throughput_Bps']:.3f})")
+        alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph]
+        if alts:
+            out.print("  next best: " + ", ".join(f"{':'.join(map(str, a.get('weights', [])))} "
+                                                  f"(-{100 * a.get('behind', 0):.1f}%)" for a in alts))
+    prov = plan.provenance
+    if prov:
+        out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
+
+
+@app.command()
+def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan file (default: newest in rig/plans)."),
+         rig: Optional[str] = RigOption, json_out: bool = JsonOption):
+    """A readable summary of a plan, with the split of one read drawn per source."""
+    path = plan or latest_plan_path(load_rig(rig_dir(rig), must_exist=False))
+    p = load_plan(path)
+    if json_out:
+        print_json(plan_to_dict(p))
+    else:
+        _render_plan(p, os.path.abspath(path))
+
+
+def main() -> None:
+    run(app, "planner")

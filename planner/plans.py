@@ -1,0 +1,163 @@
+"""Plan files and the planner's inputs (I/O): rig/plans/<timestamp>.json, drive models from a bench result.
+
+`save_plan`, `load_plan`, `latest_plan` are what engine_bridge (export, run) and the tuner use;
+`drives_for` turns a rig and an iobench result into the model's `Drive`s, primary first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+from replicas.errors import RigError, UsageError
+from replicas.fsutil import atomic_write_text
+from replicas.rig import Rig, load_manifest, load_rig
+
+from .model import Background, Drive
+from .plan import Plan, Source, plan_from_json, plan_to_dict
+
+PLANS_DIR = "plans"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def plan_name(created: str) -> str:
+    """'2026-11-29T19:00:00.123Z' -> '20261129T190000.123Z.json' (fixed width: sorts by time)."""
+    return created.replace("-", "").replace(":", "") + ".json"
+
+
+def save_plan(rig: Rig, plan: Plan) -> str:
+    """Write rig/plans/<timestamp>.json atomically (stamping `created` if empty); returns the path."""
+    if not plan.created:
+        plan = replace(plan, created=utc_now())
+    path = os.path.join(rig.subdir(PLANS_DIR), plan_name(plan.created))
+    atomic_write_text(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
+    return path
+
+
+def load_plan(path: str) -> Plan:
+    """Read a plan file; a missing or malformed file is one clear error line (exit 2)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such plan file; run `planner solve` or give a file from rig/{PLANS_DIR}/") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory; give a plan file from rig/{PLANS_DIR}/") from None
+    except UnicodeDecodeError:
+        raise RigError(f"{path}: not UTF-8 text; give a file written by `planner solve`") from None
+    return plan_from_json(text, path)
+
+
+def plan_files(rig: Rig) -> list[str]:
+    """Plan files in rig/plans, oldest first."""
+    d = os.path.join(rig.root, PLANS_DIR)
+    try:
+        names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(d, n) for n in names]
+
+
+def latest_plan_path(rig: Rig) -> str:
+    files = plan_files(rig)
+    if not files:
+        raise UsageError(f"no plans in {os.path.join(rig.root, PLANS_DIR)}: run `planner solve --rig {rig.root}` first")
+    return files[-1]
+
+
+def latest_plan(rig: Rig) -> Plan:
+    """The newest plan in rig/plans; UsageError when there is none."""
+    return load_plan(latest_plan_path(rig))
+
+
+# ---- inputs: drive models for the rig's sources ----------------------------------------------
+
+@dataclass(frozen=True)
+class Inputs:
+    sources: tuple[Source, ...]        # primary first
+    drives: tuple[Drive, ...]          # the same order
+    provenance: dict
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_inputs(rig_root: str, bench: str | None = None) -> Inputs:
+    """The rig's members (primary first) with the fitted drive models of an iobench result
+    (`bench`, else the newest in rig/bench). Without a rig.toml the bench result's drive order
+    is used, first = primary. A member the result does not cover is a UsageError."""
+    from iobench.result import latest_result, load_result, result_files
+
+    rig = load_rig(rig_root, must_exist=False)
+    if bench:
+        result, bench_path = load_result(bench), os.path.abspath(bench)
+    else:
+        result = latest_result(rig)
+        bench_path = result_files(rig)[-1]
+    by_name = {d.name: d for d in result.drives}
+    by_path = {os.path.realpath(d.path): d for d in result.drives}
+    members = rig.members
+    if members:
+        picked = []
+        for m in members:
+            d = by_name.get(m.name) or by_path.get(os.path.realpath(m.path))
+            if d is None:
+                raise UsageError(f"drive '{m.name}' ({m.path}) of the rig is not in the bench result {bench_path} "
+                                 f"(it has {', '.join(by_name) or 'no drives'}); run `iobench run --rig {rig.root}` again")
+            picked.append((m.name, m.path, d))
+    else:
+        picked = [(d.name, d.path, d) for d in result.drives]
+    if not picked:
+        raise UsageError(f"{bench_path}: no drives in the bench result; run `iobench run`")
+    drives = []
+    for name, _, d in picked:
+        if d.model is None:
+            raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and decode presets")
+        drives.append(Drive(name, d.model))
+    manifest = load_manifest(rig, required=False) if members else None
+    provenance = {
+        "bench": bench_path,
+        "bench_created": result.created,
+        "bench_sha256": file_sha256(bench_path),
+        "rig": rig.root,
+        "manifest": manifest.digest() if manifest is not None else None,
+        "drive_models": {name: {"lat_s": d.model.lat_s, "stream_bw": d.model.stream_bw, "bw_max": d.model.bw_max,
+                                "iops_max": d.model.iops_max, "fit_err_pct": d.model.fit_err_pct}
+                         for name, _, d in picked},
+    }
+    return Inputs(tuple(Source(n, p) for n, p, _ in picked), tuple(drives), provenance)
+
+
+def parse_background(spec: str, names: list[str]) -> Background:
+    """'primary:engram', 'NAME:engram', 'NAME:25%' (busy a quarter of the time) -> Background."""
+    who, _, what = str(spec).partition(":")
+    if not who or not what:
+        raise UsageError(f"--background {spec!r}: use SOURCE:engram or SOURCE:PERCENT%, e.g. primary:engram")
+    if who == "primary":
+        idx = 0
+    elif who in names:
+        idx = names.index(who)
+    else:
+        raise UsageError(f"--background {spec!r}: unknown drive {who!r}; sources are primary, {', '.join(names)}")
+    if what == "engram":
+        return Background(idx, "engram")
+    if what.endswith("%"):
+        try:
+            pct = float(what[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 <= pct < 100:
+            raise UsageError(f"--background {spec!r}: the busy share must be 0..99%, e.g. {who}:20%")
+        return Background(idx, "busy", pct / 100.0)
+    raise UsageError(f"--background {spec!r}: unknown kind {what!r}; use engram or PERCENT%")
