@@ -17,6 +17,7 @@ keep it quick and thread-safe). Only when no source can deliver a piece does a r
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import stat as stat_mod
@@ -26,6 +27,7 @@ from array import array
 from typing import Callable, Sequence
 
 from planner.split import check_weights
+from replicas.constants import ALIGNMENT
 from replicas.coldio import ColdReader, align_down, align_up, aligned_buffer
 from replicas.errors import MissingError, UsageError
 
@@ -48,6 +50,27 @@ class CachedReader(ColdReader):
         self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self.how = "cached"
         self.size = os.fstat(self.fd).st_size
+
+
+def span(offset: int, length: int) -> int:
+    """Bytes of the aligned buffer a read of (offset, length) needs: its covering aligned range."""
+    return align_up(offset + length) - align_down(offset)
+
+
+def _check_buffer(buffer, offset: int, length: int):
+    mv = memoryview(buffer)
+    if mv.readonly or not mv.c_contiguous:
+        raise UsageError("split reader: buffer must be writable and contiguous (use replicas.coldio.aligned_buffer)")
+    need = span(offset, length)
+    if mv.nbytes < need:
+        raise UsageError(f"split reader: buffer of {mv.nbytes} bytes is too small for read ({offset}, {length}); "
+                         f"it needs {need} (span(offset, length))")
+    anchor = ctypes.c_char.from_buffer(mv.cast("B"))
+    addr = ctypes.addressof(anchor)
+    del anchor
+    if addr % ALIGNMENT:
+        raise UsageError("split reader: buffer is not page-aligned (O_DIRECT needs it); use replicas.coldio.aligned_buffer")
+    return buffer
 
 
 class _Short(Exception):
@@ -178,8 +201,14 @@ class SplitReader:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def submit(self, offset: int, length: int, phase: str = "prefill") -> ReadTicket:
-        """Start one read; its pieces go to the lanes at once. `ticket.result()` waits for it."""
+    def submit(self, offset: int, length: int, phase: str = "prefill", buffer=None) -> ReadTicket:
+        """Start one read; its pieces go to the lanes at once. `ticket.result()` waits for it.
+
+        buffer: optional page-aligned writable buffer (from `aligned_buffer`) of at least
+        `span(offset, length)` bytes to read into, so a caller with its own staging buffers avoids
+        allocating (and faulting in) a fresh one per read; the bytes land at
+        `offset - align_down(offset)` in it. Default: a fresh buffer per read.
+        """
         if self._closed:
             raise UsageError("split reader: read after close()")
         if phase not in PHASES:
@@ -196,19 +225,22 @@ class SplitReader:
         weights = self.decode_weights if phase == "decode" else self.weights
         pieces = healthy_split(offset, length, weights, healthy, self.engine)
         base = align_down(offset)
-        buf = aligned_buffer(align_up(offset + length) - base)
+        buf = aligned_buffer(span(offset, length)) if buffer is None else _check_buffer(buffer, offset, length)
         ticket = ReadTicket(offset, length, phase, buf, base, len(pieces))
         for s, po, pl in pieces:
             self._queues[s].put((ticket, po, pl))
         return ticket
 
-    def read(self, offset: int, length: int, phase: str = "prefill") -> memoryview:
+    def read(self, offset: int, length: int, phase: str = "prefill", buffer=None) -> memoryview:
         """Exactly the bytes [offset, offset+length), read split across the sources."""
-        return self.submit(offset, length, phase).result()
+        return self.submit(offset, length, phase, buffer).result()
 
-    def read_many(self, ranges: Sequence[tuple[int, int]], phase: str = "prefill") -> list[memoryview]:
+    def read_many(self, ranges: Sequence[tuple[int, int]], phase: str = "prefill",
+                  buffers: Sequence | None = None) -> list[memoryview]:
         """Several reads in flight together; each completes at its own barrier."""
-        tickets = [self.submit(o, n, phase) for o, n in ranges]
+        if buffers is not None and len(buffers) < len(ranges):
+            raise UsageError(f"split reader: {len(buffers)} buffers for {len(ranges)} reads")
+        tickets = [self.submit(o, n, phase, None if buffers is None else buffers[i]) for i, (o, n) in enumerate(ranges)]
         return [t.result() for t in tickets]
 
     # -- lanes ------------------------------------------------------------------------------

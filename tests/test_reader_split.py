@@ -152,3 +152,18 @@ def test_pure_helpers():
     assert healthy_split(0, 4 * BLOCK, (2, 1, 1), [0, 1, 2]) == [
         (p.source, p.offset, p.length) for p in split_read(0, 4 * BLOCK, (2, 1, 1)) if p.length]
     assert healthy_split(0, 4 * BLOCK, (2, 1, 1), [0, 2]) == [(0, 0, 3 * BLOCK), (2, 3 * BLOCK, BLOCK)]
+
+
+def test_caller_buffer(model):
+    from engine_bridge.reader import span
+    from replicas.coldio import aligned_buffer
+    paths, data = model
+    with SplitReader(paths, [3, 2, 1], lanes=2) as r:
+        buf = aligned_buffer(span(100, 2 * BLOCK))
+        v = r.read(100, 2 * BLOCK, buffer=buf)
+        assert bytes(v) == data[100:100 + 2 * BLOCK]
+        assert bytes(memoryview(buf)[100:110]) == data[100:110]
+        with pytest.raises(UsageError, match="too small"):
+            r.read(100, 2 * BLOCK, buffer=aligned_buffer(2 * BLOCK))
+        with pytest.raises(UsageError, match="page-aligned"):
+            r.read(0, 10, buffer=memoryview(aligned_buffer(8192))[1:])
