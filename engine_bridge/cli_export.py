@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import List, Optional
 
@@ -67,17 +68,21 @@ def register(app) -> None:
                                       "decode_weights": list(p.decode_weights), "cache_experts": p.cache_experts,
                                       "unverified": list(p.unverified)} for p in exported]})
             return
-        t = Table(title="named profiles (base + exactly these keys)")
-        for c in ("name", "base", "delta", "origin", "description"):
-            t.add_column(c)
+        # Plain lines, not a table: variable names are long and a delta must be readable whole.
         for d in defs.values():
             dl = pf.delta(d, defs)
-            parts = [f"+{k}={v}" for k, v in dl["added"].items()] + [f"~{k}={v}" for k, v in dl["changed"].items()]
-            parts += [f"-{k}" for k in dl["removed"]]
+            origin = d.origin if d.origin == ex.SHIPPED else os.path.relpath(d.origin, root)
+            head = f"{d.name} = {d.base} +" if d.base else f"{d.name}"
+            out.print(f"[bold]{head}[/] ({origin}){': ' + d.description if d.description else ''}", markup=True,
+                      highlight=False, soft_wrap=True)
+            for k, v in dl["added"].items():
+                out.print(f"  + {k}={v}", markup=False, highlight=False, soft_wrap=True)
+            for k, v in dl["changed"].items():
+                out.print(f"  ~ {k}={v}", markup=False, highlight=False, soft_wrap=True)
+            for k in dl["removed"]:
+                out.print(f"  - {k}", markup=False, highlight=False, soft_wrap=True)
             if "cache_experts" in dl:
-                parts.append(f"cache {dl['cache_experts']}")
-            t.add_row(d.name, d.base or "-", "\n".join(parts) or "(none)", d.origin, d.description)
-        out.print(t)
+                out.print(f"  cache_experts {dl['cache_experts']}", markup=False, highlight=False, soft_wrap=True)
         if exported:
             t2 = Table(title=f"exported profiles in {root}/profiles")
             for c in ("id", "engine", "weights", "decode", "cache", "note"):

@@ -342,10 +342,9 @@ def definition_to_dict(d: Definition, definitions: dict[str, Definition]) -> dic
 
 def managed_keys(engine: str, definitions: Iterable[Definition] = ()) -> tuple[str, ...]:
     """Every key an exported profile of this engine speaks for: set it, or unset it."""
-    if engine == "colibri":
-        keys = [COLI_MODEL, COLI_MIRROR, COLI_WEIGHTS, COLI_LEGACY_MIRROR]
-    else:
-        keys = list(PLAN_KEYS) + list(DS4_KNOWN_KEYS)
+    if engine == "colibri":      # named profiles hold ds4 knobs; colibri's own are the four below
+        return (COLI_MODEL, COLI_MIRROR, COLI_WEIGHTS, COLI_LEGACY_MIRROR)
+    keys = list(PLAN_KEYS) + list(DS4_KNOWN_KEYS)
     for d in definitions:
         keys += [k for k, _ in d.set] + list(d.unset)
     return tuple(dict.fromkeys(keys))
