@@ -64,7 +64,8 @@ class ExpertWeights:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
+    with np.errstate(over="ignore"):       # exp(-x) -> inf for very negative x gives silu -> -0, as it should
+        return x / (np.float32(1.0) + np.exp(-x))
 
 
 def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
