@@ -7,6 +7,7 @@ import sys
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from replicas import rig as rigmod
@@ -44,13 +45,13 @@ def register(app) -> None:
         p = result.profile
         if p.unverified:
             err.print(f"[yellow]warning:[/] not verified against the manifest (exported with --allow-unverified): "
-                      + ", ".join(p.unverified))
+                      + escape(", ".join(p.unverified)), soft_wrap=True)
         if result.files == ("-",):
             sys.stdout.write(result.text)
             sys.stdout.flush()
             return
         chain = " + ".join(p.provenance.get("chain") or []) or "-"
-        err.print(f"profile {p.id!r} ({p.engine}, {p.sources} source(s), profile {chain}) written:")
+        err.print(f"profile {p.id!r} ({p.engine}, {p.sources} source(s), named profile {chain}) written:", soft_wrap=True)
         for f in result.files:
             typer.echo(f)
 
@@ -108,8 +109,9 @@ def register(app) -> None:
         path = ln.which(binary)
         p, dead = ln.preflight(path, profile)
         if dead:
-            err.print(f"[yellow]dead knobs:[/] {path} never names {', '.join(dead)}; setting them changes nothing")
-        err.print(f"launching {path} with profile {p.id!r} ({p.sources} source(s))")
+            err.print(f"[yellow]dead knobs:[/] {escape(path)} never names {', '.join(dead)}; setting them changes nothing",
+                      soft_wrap=True)
+        err.print(f"launching {escape(path)} with profile {p.id!r} ({p.sources} source(s))", soft_wrap=True)
         r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
         if json_out:
             print_json(ln.launch_to_dict(r))
