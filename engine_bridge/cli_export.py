@@ -111,6 +111,9 @@ def register(app) -> None:
         if dead:
             err.print(f"[yellow]dead knobs:[/] {escape(path)} never names {', '.join(dead)}; setting them changes nothing",
                       soft_wrap=True)
+        if p.unverified:
+            err.print("[yellow]warning:[/] this profile was exported with unverified replicas: " + escape(", ".join(p.unverified)),
+                      soft_wrap=True)
         err.print(f"launching {escape(path)} with profile {p.id!r} ({p.sources} source(s))", soft_wrap=True)
         r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
         if json_out:

@@ -263,6 +263,21 @@ class LaunchResult:
         """The last CSV row (ds4-bench writes one per context frontier)."""
         return dict(self.csv_rows[-1]) if self.csv_rows else {}
 
+    @property
+    def cache_experts_applied(self) -> int | None:
+        """The smallest cache budget the engine reported (experts), None if it reported none."""
+        for c in self.confirmations:
+            if c.name == "cache-budget" and c.observed not in ("", "none"):
+                return min(int(x) for x in c.observed.split(","))
+        return None
+
+    def arm_result(self) -> dict:
+        """One arm's row for the harness: the ds4-bench CSV columns of the last row, the cache
+        requested and applied, and the launcher's verdict."""
+        requested = next((int(c.expected) for c in self.confirmations if c.name == "cache-budget"), None)
+        return {**self.metrics, "cache_experts": requested, "cache_experts_applied": self.cache_experts_applied,
+                "confirmed": self.ok, "failed": list(self.failed), "run_dir": self.run_dir}
+
 
 def launch_to_dict(r: LaunchResult) -> dict:
     return {

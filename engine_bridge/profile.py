@@ -37,8 +37,9 @@ K_PRIMARY_WEIGHT = "DS4_ARGODRIVE_PRIMARY_WEIGHT"
 K_REPLICAS = "DS4_ARGODRIVE_REPLICAS"
 K_DECODE_WEIGHTS = "DS4_ARGODRIVE_DECODE_WEIGHTS"
 PLAN_KEYS = (K_PRIMARY_WEIGHT, K_REPLICAS, K_DECODE_WEIGHTS)   # owned by the plan, never by a named profile
-# Keys the engine is known to read whose mere presence turns a behaviour on (setting =0 still
-# turns it on), so an exported profile unsets every one it does not want (DESIGN §6).
+# Other keys of the engine this tool speaks for (DESIGN §6). Several are presence-based flags
+# (setting =0 still turns them on), so an exported profile unsets every managed key it does not
+# set; named profiles add their own keys to the managed set.
 DS4_KNOWN_KEYS = (
     "DS4_ARGODRIVE_PREFILL_SPLIT", "DS4_ARGODRIVE_PREFILL_SELECTIVE", "DS4_ARGODRIVE_PREFILL_AHEAD",
     "DS4_ARGODRIVE_PREFILL_LANES", "DS4_METAL_STREAMING_EXPERT_PREAD_THREADS",
