@@ -58,7 +58,7 @@ def _execute(specs, order, settings, out, rig, repeat, json_out):
         err.print("interrupt: stopping after this arm (again to abort)")
 
     def report(ev):
-        err.print(f"bench: {ev.message}", highlight=False, markup=False)
+        err.print(f"bench: {ev.message}", highlight=False, markup=False, soft_wrap=True)
 
     signal.signal(signal.SIGINT, on_int)
     try:

@@ -148,3 +148,38 @@ def test_cli_bench_exit_1_on_hash_mismatch(rig, tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--arm", "two=2:1"])
     assert res.exit_code == 1
     assert "differs from the reference in arm(s) two" in res.output
+
+
+def test_subprocess_runner_runs_the_real_engine(tmp_path):
+    """One real arm in a fresh process (engine-bridge run --json), one that fails and is labelled."""
+    import shutil
+    import subprocess
+    import sys
+
+    from engine_bridge.arms import ArmSpec
+
+    model = tmp_path / "m.gguf"
+    subprocess.run([sys.executable, "-c", "from engine_bridge.cli import main; main()", "synth", str(model),
+                    "--layers", "2", "--experts", "4", "--top-k", "2", "--dim", "256", "--ff", "256", "--vocab", "64"],
+                   check=True, capture_output=True)
+    replica = tmp_path / "r.gguf"
+    shutil.copyfile(model, replica)
+    ok = ArmSpec("two", (str(model), str(replica)), (2, 1), (1, 1))
+    gone = ArmSpec("gone", (str(model), str(tmp_path / "missing.gguf")), (2, 1), (2, 1))
+    settings = {"prompt_tokens": 8, "gen_tokens": 3, "cache_experts": 2, "lanes": 2}
+    calls = []
+
+    def runner(spec, settings, workdir, seq):
+        calls.append(spec.name)
+        return harness.subprocess_runner(spec, settings, workdir, seq)
+
+    # the failing arm exits at once, so ABAB costs two real engine runs
+    doc, paths = run_bench([ok, gone], "ABAB", settings, str(tmp_path / "run"), runner=runner, repeat=1)
+    rows = doc["rows"]
+    assert [r["arm"] for r in rows] == ["two", "gone", "two", "gone"]
+    assert rows[0]["output_sha256"] and rows[0]["output_sha256"] == rows[2]["output_sha256"]
+    assert rows[0]["gates"]["sha"]["ok"] and rows[0]["gates"]["cache"]["ok"] and rows[0]["gates"]["swap"]["ok"]
+    assert rows[0]["metrics"]["cache_experts_applied"] == 2 and rows[0]["metrics"]["prefill_tokens"] == 8
+    assert [s["index"] for s in rows[0]["sources"]] == [0, 1]
+    assert rows[1]["failed"] == ["error"] and "exit 3" in rows[1]["error"] and "missing.gguf" in rows[1]["error"]
+    assert os.path.exists(rows[0]["log"]) and "--plan" in open(rows[0]["log"]).readline()
