@@ -139,7 +139,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     plan = _read_plan(plan_path)
     plan_dict = plan_to_dict(plan)
     profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + ("-colibri" if engine == "colibri" else "")
-    if not pf._NAME_RE.match(profile_id):
+    if not pf.valid_name(profile_id):
         raise UsageError(f"--profile {profile_id!r}: use letters, digits, '.', '_' or '-'")
 
     rig = rigmod.load_rig(rig_root, must_exist=False)

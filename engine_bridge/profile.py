@@ -56,6 +56,11 @@ _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def valid_name(name: str) -> bool:
+    """Profile names become file names: letters, digits, '.', '_' and '-', not starting with a dot."""
+    return bool(_NAME_RE.match(name))
+
+
 # ---------------------------------------------------------------------------------------------
 # Nouns
 

@@ -233,3 +233,26 @@ def test_exports_are_atomic_and_overwrite_cleanly(tmp_path):
         assert r.exit_code == 0, r.output
     assert sorted(os.listdir(os.path.join(root, "profiles"))) == ["plan.env", "plan.json"]
     assert load_profile(os.path.join(root, "profiles", "plan.env")).cache_experts == 4600
+
+
+# Any value a path can hold survives the shell: quotes, spaces, $, backquotes, backslashes, newlines.
+from hypothesis import given, settings, strategies as st
+
+from engine_bridge.profile import Profile, render_env
+
+_value = st.text(st.one_of(st.sampled_from(list("a/ '\"$`\\\n*,;!#&|(){}~")),
+                          st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")), max_size=40)
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(_value, min_size=1, max_size=4))
+def test_any_value_round_trips_through_sh(values):
+    env = tuple((f"DS4_TEST_{i}", v) for i, v in enumerate(values))
+    p = Profile(id="h", engine="ds4-argodrive", environment=env, unset=("DS4_GONE",), argv=("-m", "/m"),
+                primary="/m", primary_weight=1, replicas=(), replica_weights=(), decode_weights=(), cache_experts=1)
+    script = render_env(p) + 'for k in ' + " ".join(k for k, _ in env) + '; do eval "printf \'%s\\\\0\' \\"\\$$k\\""; done\n'
+    script += '[ -z "${DS4_GONE+x}" ] || printf LEAK\n'
+    out = subprocess.run(["sh", "-c", script], capture_output=True, check=True,
+                         env={"PATH": os.environ["PATH"], "DS4_GONE": "0", "LC_ALL": "C.UTF-8"}).stdout
+    *got, rest = out.split(b"\0")
+    assert got == [v.encode() for _, v in env] and rest == b""      # rest would hold LEAK
