@@ -159,6 +159,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     violations = pf.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
                                   allow_unverified=allow_unverified,
                                   manifest_size=manifest.size if manifest else None)
+    violations += pf.check_engine(plan.engine, engine)
     if engine != "colibri":
         violations += pf.check_cache(cache)
     if violations:

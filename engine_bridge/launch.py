@@ -344,6 +344,7 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     p = load_profile(profile_path)
     if p.engine != "ds4-argodrive":
         raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms ds4-argodrive log lines only")
+    binary = which(binary)
     blob = read_binary(binary)
     argv = engine_argv(os.path.abspath(binary), p, list(args))
     env = launch_environment(os.environ if inherited is None else inherited, p)
@@ -418,5 +419,5 @@ def preflight(binary: str, profile_path: str) -> tuple[pf.Profile, list[str]]:
     from .export import load_profile
 
     p = load_profile(profile_path)
-    blob = read_binary(binary)
+    blob = read_binary(which(binary))
     return p, dead_knobs(blob, list(p.env) + [k for k in REPORT_ENV if k not in p.env])

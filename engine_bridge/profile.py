@@ -228,6 +228,16 @@ def check_cache(cache_experts) -> list[Violation]:
     return []
 
 
+def check_engine(plan_engine: str, engine: str) -> list[Violation]:
+    """A plan's weights follow the split rule of the engine it was solved for. colibri places
+    whole experts by weight, so any plan's base weights serve it; ds4-argodrive needs a plan
+    solved with its own rule."""
+    if engine == "ds4-argodrive" and plan_engine != "ds4-argodrive":
+        return [Violation("engine", "engine", f"the plan was solved for {plan_engine!r}, whose split differs from "
+                                              "ds4-argodrive's; solve again with `planner solve` for ds4-argodrive")]
+    return []
+
+
 def refusal(where: str, violations: Sequence[Violation]) -> UsageError:
     """One line naming every violation (exit 2)."""
     n = len(violations)

@@ -29,6 +29,14 @@ def test_more_sources_than_the_engine_takes(tmp_path):
     assert "at most 3 sources" in refused(root, plan)
 
 
+def test_plan_solved_for_another_engine(tmp_path):
+    root, paths, _ = make_rig(tmp_path, 2)
+    doc = raw_plan(paths, (10, 5), (10, 6))
+    doc["engine"] = "colibri"
+    plan = write_raw_plan(tmp_path, doc)
+    assert "the plan was solved for 'colibri'" in refused(root, plan)
+
+
 def test_relative_path(tmp_path):
     root, paths, _ = make_rig(tmp_path, 2)
     rel = os.path.relpath(paths[1])

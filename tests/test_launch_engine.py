@@ -168,3 +168,11 @@ def test_engine_args_after_double_dash_and_refusals(tmp_path):
                              output=str(tmp_path / "c.env")).files[1]
     r = runner.invoke(app, ["launch", "--binary", engine, "--profile", colibri])
     assert r.exit_code == 2 and "launch confirms ds4-argodrive log lines only" in r.stderr
+
+
+def test_a_bare_binary_name_is_found_on_path(tmp_path, monkeypatch):
+    root, paths, prof = exported(tmp_path, drives=2)
+    engine = stand_in(tmp_path, name="ds4-standin")
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    r = launch_arm("ds4-standin", prof, run_dir=str(tmp_path / "run"))
+    assert r.ok and r.binary == engine and r.argv[0] == engine
