@@ -102,7 +102,7 @@ def register(app) -> None:
         out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default rig/runs/launch-NAME-TIME)."),
         timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Stop the engine after this long."),
         json_out: bool = JsonOption,
-        engine_args: Optional[List[str]] = typer.Argument(None, metavar="[-- ENGINE ARGS]",
+        engine_args: Optional[List[str]] = typer.Argument(None, metavar="-- ENGINE_ARGS",
                                                           help="Passed to the engine after the profile's arguments."),
     ):
         """Run a real ds4 / ds4-bench with a profile and confirm from its log that the profile was applied."""
