@@ -134,3 +134,24 @@ def test_plan_schema_keys_are_pinned_and_round_trip(tmp_path):
     assert back.created and back == plan.__class__(**{**plan.__dict__, "created": back.created})
     assert plan_from_dict(json.loads(json.dumps(plan_to_dict(back)))) == back
     assert os.path.basename(path).endswith("Z.json")
+
+
+def test_without_rig_toml_the_bench_order_is_the_source_order(tmp_path):
+    rig, bench = make_rig(tmp_path / "rig")
+    os.remove(rig.rig_file)
+    r = invoke("simulate", "--rig", rig.root, "--bench", bench, "--weights", "2:1:1", "--phase", "prefill", "--json")
+    assert r.exit_code == 0, r.output
+    assert [s["name"] for s in json.loads(r.stdout)["sources"]] == ["fast", "slow", "laggy"]
+
+
+def test_background_specs():
+    from planner.plans import parse_background
+    from replicas.errors import UsageError
+
+    names = ["internal", "green", "white"]
+    assert parse_background("primary:engram", names).source == 0
+    b = parse_background("white:25%", names)
+    assert (b.source, b.kind, b.value) == (2, "busy", 0.25)
+    for bad in ("primary", "green:fast", "blue:engram", "green:100%", "green:x%"):
+        with pytest.raises(UsageError):
+            parse_background(bad, names)

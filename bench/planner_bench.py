@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Does the planner pick the split that is really fastest, and does it predict its speed?
+
+On three throttled drives (different ceilings, one IOPS-limited) with a byte-identical replica
+file on each, this benchmark:
+
+1. measures each drive with iobench's own trials and fits its drive model (iobench result);
+2. solves both phases with the planner (prefill: 32 MiB chunks, `--lanes` pieces in flight per
+   drive; decode: 6,635,520 B components at random offsets, `--batch` reads together over a
+   pool of `--threads`);
+3. measures a grid of weight vectors with the real split reader (engine_bridge SplitReader) —
+   the planner's choice, equal weights, capability-proportional weights and a lattice of splits
+   around the best — interleaved over `--rounds` rounds (forward, then reversed), plus each
+   drive alone;
+4. prints, from this one run, per phase: the prediction error of the chosen weights and over the
+   grid, how far the chosen weights are from the measured best of the grid, and the measured
+   gain of the chosen weights over equal weights and over the fastest single drive.
+
+Run it holding the testbed lock (it builds the testbed and takes it down again):
+
+    flock /tmp/replica-tuner-testbed.lock .venv/bin/python bench/planner_bench.py
+
+Needs root and the testbed (`/work/shared/testbed/drives check`); MB = 10**6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from planner.constants import BLOCK, COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+
+DRIVES = os.environ.get("TESTBED_DRIVES", "/work/shared/testbed/drives")
+FILE_NAME = "model.bin"
+
+
+def log(msg: str) -> None:
+    print(f"[planner-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- outer: build the testbed, write the replicas, run the inner part throttled, tear down ----
+
+def write_replicas(paths: list[str], size: int, seed: int) -> None:
+    """The same pseudo-random bytes to every path (one generation, fanned out), fsynced."""
+    rng = np.random.default_rng(seed)
+    block = 64 << 20
+    files = [open(p, "wb") for p in paths]
+    try:
+        left = size
+        while left > 0:
+            n = min(block, left)
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            for f in files:
+                f.write(data)
+            left -= n
+        for f in files:
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in files:
+            f.close()
+
+
+def outer(a) -> int:
+    root = os.path.realpath(a.root or tempfile.mkdtemp(prefix="planner-bench-", dir="/tmp"))
+    up = [DRIVES, "up", "--root", root, "--size", a.size]
+    for d in a.drive:
+        up += ["--drive", d]
+    for d in a.iops:
+        up += ["--iops", d]
+    log("testbed up: " + " ".join(up[2:]))
+    r = subprocess.run(up, capture_output=True, text=True)
+    if r.returncode != 0:
+        log(f"testbed failed: {r.stderr.strip() or r.stdout.strip()}")
+        return 1
+    try:
+        state = json.loads(r.stdout)
+        names = [d["name"] for d in state["drives"]]
+        paths = [os.path.join(d["mount"], FILE_NAME) for d in state["drives"]]
+        log(f"writing a {a.file_size} B replica on {', '.join(names)}")
+        write_replicas(paths, a.file_size, a.seed)
+        inner = [DRIVES, "run", "--root", root, "--", sys.executable, os.path.abspath(__file__), "--inner",
+                 "--state", os.path.join(root, "testbed.json")] + a.passthrough
+        return subprocess.run(inner).returncode
+    finally:
+        d = subprocess.run([DRIVES, "down", "--root", root], capture_output=True, text=True)
+        log(d.stdout.strip() or d.stderr.strip())
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+
+
+# ---- inner: runs inside the testbed's throttling group ----------------------------------------
+
+def measure_prefill(paths, weights, lanes, chunks, seconds, rng, bufs) -> float:
+    """Bytes/s reading `chunks` consecutive 32 MiB chunks per layer (one read_many, a barrier at
+    the end like the engine's layer), layers at random chunk-aligned places, for `seconds`."""
+    from engine_bridge.reader import SplitReader
+
+    with SplitReader(paths, weights, lanes=lanes) as r:
+        slots = r.size // PREFILL_CHUNK - chunks
+        done, t0 = 0, time.monotonic()
+        while True:
+            start = int(rng.integers(0, slots + 1)) * PREFILL_CHUNK
+            r.read_many([(start + i * PREFILL_CHUNK, PREFILL_CHUNK) for i in range(chunks)], "prefill", buffers=bufs)
+            done += chunks * PREFILL_CHUNK
+            dt = time.monotonic() - t0
+            if dt >= seconds:
+                return done / dt
+
+
+def measure_decode(paths, weights, batch, lanes, seconds, rng, bufs) -> float:
+    """Bytes/s reading `batch` components at random 4 KiB-aligned offsets together (one missed
+    expert; the batch waits for its last piece), batch after batch, for `seconds`."""
+    from engine_bridge.reader import SplitReader
+
+    with SplitReader(paths, weights, weights, lanes=lanes) as r:
+        top = (r.size - COMPONENT_BYTES) // 4096
+        done, t0 = 0, time.monotonic()
+        while True:
+            offs = [int(x) * 4096 for x in rng.integers(0, top + 1, batch)]
+            r.read_many([(o, COMPONENT_BYTES) for o in offs], "decode", buffers=bufs)
+            done += batch * COMPONENT_BYTES
+            dt = time.monotonic() - t0
+            if dt >= seconds:
+                return done / dt
+
+
+def lattice(n: int, steps: int) -> list[tuple[int, ...]]:
+    """Every vector of n positive integers summing to `steps` (a grid over the simplex)."""
+    if n == 1:
+        return [(steps,)]
+    return [(i,) + rest for i in range(1, steps) for rest in lattice(n - 1, steps - i)]
+
+
+def grid_for(drives, workload, solution, steps: int, keep: float, limit: int):
+    """Weight vectors to measure: the planner's choice, equal, capability, and lattice points
+    whose predicted throughput is within `keep` of the best (at most `limit`), one per distinct
+    split at the phase's read size, in smallest-weight form."""
+    from planner.solve import predict, smallest_equivalent
+
+    best = solution.prediction.throughput_Bps
+    cands = []
+    for w in lattice(len(drives), steps):
+        w = smallest_equivalent(w, workload.read_bytes)
+        p = predict(drives, w, workload).throughput_Bps
+        if p >= (1 - keep) * best:
+            cands.append((p, w))
+    cands.sort(reverse=True)
+    chosen = [solution.weights, (1,) * len(drives), solution.capability.weights]
+    seen, out = set(), []
+    for w in chosen + [w for _, w in cands]:
+        key = tuple(smallest_equivalent(w, workload.read_bytes))
+        if key not in seen:
+            seen.add(key)
+            out.append(key)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def inner(a) -> int:
+    from iobench.result import save_result
+    from planner.model import decode_workload, prefill_workload
+    from planner.plans import load_inputs, save_plan
+    from planner.solve import block_counts_many, predict, solve_phase, solve_plan
+    from replicas.coldio import aligned_buffer
+    from replicas.rig import Member, Rig, save_rig
+
+    with open(a.state) as f:
+        state = json.load(f)
+    names = [d["name"] for d in state["drives"]]
+    paths = [os.path.join(d["mount"], FILE_NAME) for d in state["drives"]]
+    rig_root = tempfile.mkdtemp(prefix="planner-bench-rig-")
+    rig = Rig(root=rig_root, model=Member(paths[0], names[0], "primary"),
+              replicas=tuple(Member(p, n, "replica") for p, n in zip(paths[1:], names[1:])))
+    save_rig(rig)
+
+    # 1. iobench's trials -> drive results with fitted models.
+    t0 = time.monotonic()
+    result = run_iobench(rig, a)
+    bench_path = save_result(rig, result)
+    log(f"iobench: {bench_path} in {time.monotonic() - t0:.0f}s")
+    for d in result.drives:
+        m = d.model
+        log(f"  {d.name}: bw_max {m.bw_max / 1e6:.1f} MB/s, lat {m.lat_s * 1e3:.2f} ms, stream {m.stream_bw / 1e6:.0f} MB/s, "
+            f"iops_max {m.iops_max or 0:.0f}, fit error {m.fit_err_pct:.1f} %")
+
+    # 2. solve.
+    inputs = load_inputs(rig_root, bench_path)
+    wl = {"prefill": prefill_workload(a.lanes), "decode": decode_workload(a.batch, a.threads)}
+    plan = solve_plan(inputs.sources, inputs.drives, wl["prefill"], wl["decode"], (), "ds4-argodrive", inputs.provenance)
+    plan_path = save_plan(rig, plan)
+    sols = {ph: solve_phase(inputs.drives, wl[ph]) for ph in wl}
+    log(f"plan {plan_path}: prefill {':'.join(map(str, plan.prefill.weights))}, decode {':'.join(map(str, plan.decode.weights))}")
+
+    # 3. measure the grids, interleaved over rounds (forward, then reversed), and each drive alone.
+    pbufs = [aligned_buffer(PREFILL_CHUNK) for _ in range(a.chunks)]
+    dbufs = [aligned_buffer(COMPONENT_BYTES + 4096) for _ in range(a.batch)]
+    lanes_decode = max(1, min(a.batch, a.threads // len(paths)))
+    rng = np.random.default_rng(a.seed)
+    report = {}
+    for ph in ("prefill", "decode"):
+        grid = grid_for(inputs.drives, wl[ph], sols[ph], a.steps, a.keep, a.grid)
+        arms = [("split", w) for w in grid] + [("alone", i) for i in range(len(paths))]
+        log(f"{ph}: measuring {len(grid)} weight vectors and {len(paths)} single drives, {a.rounds} rounds of {a.seconds}s")
+        meas = {arm: [] for arm in arms}
+        for rnd in range(a.rounds):
+            for arm in (arms if rnd % 2 == 0 else arms[::-1]):
+                kind, x = arm
+                ps, w = (paths, x) if kind == "split" else ([paths[x]], (1,))
+                if ph == "prefill":
+                    v = measure_prefill(ps, w, a.lanes, a.chunks, a.seconds, rng, pbufs)
+                else:
+                    v = measure_decode(ps, w, a.batch, lanes_decode if kind == "split" else a.batch, a.seconds, rng, dbufs)
+                meas[arm].append(v)
+        med = {arm: float(np.median(v)) for arm, v in meas.items()}
+        pred = {w: predict(inputs.drives, w, wl[ph]).throughput_Bps for w in grid}
+        report[ph] = (grid, med, pred, sols[ph])
+
+    # 4. print the figures.
+    print()
+    print(f"planner benchmark: drives {', '.join(a.drive)}; iops {', '.join(a.iops) or 'none'}; "
+          f"file {a.file_size / 1e9:.2f} GB per drive; {a.rounds} rounds x {a.seconds}s per arm")
+    for ph, (grid, med, pred, sol) in report.items():
+        chosen = sol.weights
+        m_chosen = med[("split", chosen)]
+        best_w = max(grid, key=lambda w: med[("split", w)])
+        m_best = med[("split", best_w)]
+        m_equal = med[("split", (1,) * len(paths))]
+        alone = {names[i]: med[("alone", i)] for i in range(len(paths))}
+        fastest = max(alone, key=alone.get)
+        errs = [pred[w] / med[("split", w)] - 1 for w in grid]
+        print()
+        print(f"== {ph} ==")
+        print(f"{'weights':>12} {'blocks':>12} {'predicted MB/s':>15} {'measured MB/s':>14} {'error':>9}")
+        for w in grid:
+            counts = block_counts_many(wl[ph].blocks, np.array([w]))[0]
+            tag = " <- planner" if w == chosen else (" <- equal" if w == (1,) * len(paths) else "")
+            tag += " (measured best)" if w == best_w else ""
+            print(f"{':'.join(map(str, w)):>12} {'/'.join(map(str, counts)):>12} {pred[w] / 1e6:15.1f} "
+                  f"{med[('split', w)] / 1e6:14.1f} {pct(pred[w] / med[('split', w)] - 1):>9}{tag}")
+        for n, v in alone.items():
+            print(f"{'alone ' + n:>25} {'':>15} {v / 1e6:14.1f}")
+        print(f"planner chose {':'.join(map(str, chosen))}: predicted {pred[chosen] / 1e6:.1f} MB/s, measured {m_chosen / 1e6:.1f} MB/s")
+        print(f"  prediction error (chosen weights): {pct(pred[chosen] / m_chosen - 1)}   (target within 5 %)")
+        print(f"  prediction error over the grid: mean |error| {100 * np.mean(np.abs(errs)):.1f} %, max {100 * np.max(np.abs(errs)):.1f} %")
+        print(f"  chosen vs measured best of the grid ({':'.join(map(str, best_w))}): {pct(m_chosen / m_best - 1)}   (target within 2 %)")
+        print(f"  gain over equal weights: x{m_chosen / m_equal:.3f};  over the fastest single drive ({fastest}): x{m_chosen / alone[fastest]:.3f}")
+    print()
+    print(f"plan file: {plan_path} (rig {rig_root}, kept for inspection)")
+    return 0
+
+
+def run_iobench(rig, a):
+    """iobench's trials on each drive alone -> a BenchResult with fitted drive models."""
+    raise NotImplementedError("iobench's trial runner has not landed yet")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--state", help=argparse.SUPPRESS)
+    p.add_argument("--root", help="testbed folder (default: a fresh /tmp/planner-bench-*)")
+    p.add_argument("--drive", action="append", help="NAME:MBPS read ceiling (repeat; first = primary)")
+    p.add_argument("--iops", action="append", help="NAME:IOPS read-operation ceiling (repeat)")
+    p.add_argument("--size", default="2G", help="testbed image size per drive")
+    p.add_argument("--file-size", type=int, default=1536 << 20, help="replica bytes per drive")
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds per measured arm")
+    p.add_argument("--rounds", type=int, default=2, help="rounds over all arms (forward, reversed, ...)")
+    p.add_argument("--lanes", type=int, default=8, help="prefill pieces in flight per drive")
+    p.add_argument("--chunks", type=int, default=16, help="prefill chunks per layer (one barrier)")
+    p.add_argument("--batch", type=int, default=3, help="decode component reads issued together")
+    p.add_argument("--threads", type=int, default=9, help="decode read threads over all drives")
+    p.add_argument("--steps", type=int, default=12, help="lattice resolution of the measured grid")
+    p.add_argument("--keep", type=float, default=0.25, help="grid: lattice points predicted within this of the best")
+    p.add_argument("--grid", type=int, default=8, help="most weight vectors measured per phase")
+    p.add_argument("--iobench-seconds", type=float, default=1.0, help="seconds per iobench trial")
+    p.add_argument("--seed", type=int, default=7)
+    a = p.parse_args()
+    a.drive = a.drive or ["a:200", "b:120", "c:130"]
+    a.iops = a.iops if a.iops is not None else ["c:80"]
+    if a.inner:
+        return inner(a)
+    a.passthrough = [x for pair in (("--drive", d) for d in a.drive) for x in pair]
+    a.passthrough += [x for pair in (("--iops", d) for d in a.iops) for x in pair]
+    for opt in ("file_size", "seconds", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
+                "iobench_seconds", "seed"):
+        a.passthrough += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
+    return outer(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
