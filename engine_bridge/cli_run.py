@@ -196,3 +196,53 @@ def register(app) -> None:
             typer.echo(csv_text(result, header=True), nl=False)
             typer.echo(f"output_sha256={result['output_sha256']} hits={result['hits']} misses={result['misses']} "
                        f"misses_per_token={result['misses_per_token']}")
+
+    @app.command("replay")
+    def replay_cmd(
+        model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (any MoE GGUF; only its header is read for geometry)."),
+        rig: Optional[str] = RigOption,
+        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file (or name in <rig>/plans): sources and weights."),
+        replica: List[str] = typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
+        primary_weight: int = typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
+        decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
+        prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt tokens (routing model)."),
+        gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Decode tokens (routing model)."),
+        cache_experts: int = typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
+        lanes: int = typer.Option(LANES, "--lanes", help="Reader threads per source."),
+        chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
+        routing_seed: int = typer.Option(0, "--routing-seed", help="Seed of the routing model."),
+        trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead of the model."),
+        csv_file: Optional[str] = typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
+        cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
+        json_out: bool = JsonOption,
+    ):
+        """Replay the engine's expert reads (no compute) with the model's real geometry and a
+        calibrated routing model or a recorded trace: what the plan delivers on these drives."""
+        from .replay import replay
+
+        sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
+        err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
+                  f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
+                  + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
+                  highlight=False, soft_wrap=True)
+        result = replay(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, chunk_tokens=chunk_tokens,
+                        routing_seed=routing_seed, trace_path=trace, cold=not cached)
+        if csv_file:
+            new = not os.path.exists(csv_file) or os.path.getsize(csv_file) == 0
+            with open(csv_file, "a", encoding="utf-8") as f:
+                f.write(csv_text(result, header=new))
+        err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
+        for e in result["events"]:
+            err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
+        if json_out:
+            print_json(result)
+            return
+        typer.echo(f"prefill  {result['prefill_tokens']} tokens  {result['prefill_tps']} tok/s-equivalent  "
+                   f"coverage {result['coverage']}  read {format_bytes(result['prefill']['bytes'])} at "
+                   f"{result['prefill_read_gbps']} GB/s")
+        typer.echo(f"decode   {result['gen_tokens']} tokens  {result['gen_tps']} tok/s-equivalent (steady "
+                   f"{result['gen_steady_tps']})  misses/token {result['misses_per_token']}  read "
+                   f"{format_bytes(result['decode']['bytes'])} at {result['decode_read_gbps']} GB/s")
+        for s in result["sources"]:
+            typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {s['reads']} pieces, "
+                       f"lands_last {s['lands_last']}{'  DEGRADED' if s['degraded'] else ''}")

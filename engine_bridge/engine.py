@@ -122,6 +122,49 @@ class RunOutcome:
     trace: list | None = None             # routing per step if recorded: [phase, [[layer selections...]...]]
 
 
+def expert_runs(experts: Sequence[int], phase: str, component_bytes: int, stage_bytes: int = STAGE_BYTES) -> list[list[int]]:
+    """Group sorted expert ids into runs read together: in prefill, contiguous experts up to
+    stage_bytes per component tensor (one read per component); in decode, one expert each."""
+    per = max(1, stage_bytes // component_bytes) if phase == "prefill" else 1
+    runs: list[list[int]] = []
+    for e in experts:
+        if runs and e == runs[-1][-1] + 1 and len(runs[-1]) < per:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs
+
+
+def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int], phase: str, counters: PhaseCounters,
+                stage_bytes: int = STAGE_BYTES, window: int = STAGE_WINDOW):
+    """Yield (expert, [gate, up, down] buffers) for the missing experts of a layer, in id order,
+    while later reads are still in flight (at most `window` bytes submitted ahead). The engine and
+    replay both read through here, so replay measures the engine's read pattern."""
+    cb = g.component_bytes
+    bases = [g.tensor(layer, c).offset for c in COMPONENTS]
+    todo = deque(expert_runs(missing, phase, cb, stage_bytes))
+    pending: deque = deque()
+    inflight = 0
+    while todo or pending:
+        while todo and (not pending or inflight + 3 * len(todo[0]) * cb <= window):
+            run = todo.popleft()
+            n = len(run) * cb
+            pending.append((run, [submit(b + run[0] * cb, n, phase) for b in bases]))
+            inflight += 3 * n
+            counters.reads += 3
+            counters.bytes += 3 * n
+        run, tickets = pending.popleft()
+        t0 = time.perf_counter()
+        bufs = [memoryview(t.result()) for t in tickets]
+        counters.read_seconds += time.perf_counter() - t0
+        inflight -= 3 * len(run) * cb
+        for b in bufs:
+            if len(b) != len(run) * cb:
+                raise RuntimeError(f"reader returned {len(b)} bytes for a {len(run) * cb}-byte read")
+        for j, e in enumerate(run):
+            yield e, [b[j * cb:(j + 1) * cb] for b in bufs]
+
+
 class Engine:
     def __init__(self, geometry: Geometry, resident: Resident, submit: Submit, cache: ExpertCache,
                  chunk_tokens: int = PREFILL_CHUNK_TOKENS, stage_bytes: int = STAGE_BYTES,
@@ -137,45 +180,6 @@ class Engine:
     def _weights(self, bufs) -> ExpertWeights:
         d, f, q = self.r.dim, self.r.ff, self.r.qtype
         return ExpertWeights(dequantize(bufs[0], q, f, d), dequantize(bufs[1], q, f, d), dequantize(bufs[2], q, d, f))
-
-    def _runs(self, experts: list[int], phase: str) -> list[list[int]]:
-        """Group sorted experts into runs read together: in prefill, contiguous experts up to
-        stage_bytes per component tensor (one read per component); in decode, one expert each."""
-        per = max(1, self.stage_bytes // self.g.component_bytes) if phase == "prefill" else 1
-        runs: list[list[int]] = []
-        for e in experts:
-            if runs and e == runs[-1][-1] + 1 and len(runs[-1]) < per:
-                runs[-1].append(e)
-            else:
-                runs.append([e])
-        return runs
-
-    def _stage(self, layer: int, missing: list[int], phase: str, counters: PhaseCounters):
-        """Yield (expert, [gate, up, down] buffers) for the missing experts, in id order, while
-        later reads are still in flight (at most `window` bytes submitted ahead)."""
-        cb = self.g.component_bytes
-        bases = [self.g.tensor(layer, c).offset for c in COMPONENTS]
-        todo = deque(self._runs(missing, phase))
-        pending: deque = deque()
-        inflight = 0
-        while todo or pending:
-            while todo and (not pending or inflight + 3 * len(todo[0]) * cb <= self.window):
-                run = todo.popleft()
-                n = len(run) * cb
-                pending.append((run, [self.submit(b + run[0] * cb, n, phase) for b in bases]))
-                inflight += 3 * n
-                counters.reads += 3
-                counters.bytes += 3 * n
-            run, tickets = pending.popleft()
-            t0 = time.perf_counter()
-            bufs = [memoryview(t.result()) for t in tickets]
-            counters.read_seconds += time.perf_counter() - t0
-            inflight -= 3 * len(run) * cb
-            for b in bufs:
-                if len(b) != len(run) * cb:
-                    raise RuntimeError(f"reader returned {len(b)} bytes for a {len(run) * cb}-byte read")
-            for j, e in enumerate(run):
-                yield e, [b[j * cb:(j + 1) * cb] for b in bufs]
 
     def _moe(self, layer: int, h: np.ndarray, phase: str, counters: PhaseCounters) -> np.ndarray:
         L = self.r.layers[layer]
@@ -200,7 +204,7 @@ class Engine:
             else:
                 missing.append(e)
         counters.misses += len(missing)
-        for e, bufs in self._stage(layer, missing, phase, counters):
+        for e, bufs in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes, self.window):
             ew = self._weights(bufs)
             compute(e, ew)
             self.cache.admit(base + e, ew)
