@@ -1,6 +1,6 @@
 """Format numbers of iobench: presets, result schema, the plausibility limits (one place)."""
 
-from planner.constants import BLOCK, COMPONENT_BYTES, PREFILL_CHUNK  # noqa: F401  (engine facts)
+from planner.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: F401  (the engine's read sizes)
 
 MiB = 1 << 20
 
@@ -18,7 +18,7 @@ DEFAULT_LANES = {"seq": SEQ_LANES, "prefill": PREFILL_LANES, "decode": DECODE_LA
 # prefill staging default (8 per drive) and its decode pool (~9 threads over 3 drives).
 TOGETHER_LANES = {"seq": 8, "prefill": 8, "decode": 3}
 
-DEFAULT_SECONDS = 1.0           # measured window per trial, s
+DEFAULT_SECONDS = 0.5           # s per measured window (a trial is `repeat` windows)
 DEFAULT_REPEAT = 3              # repeats of each preset's best lane count (spread)
 
 KNEE_FRACTION = 0.95            # knee: lowest lane count within 5 % of the best

@@ -8,7 +8,8 @@ JSON shape (schema 1), written to rig/bench/<timestamp>.json by `iobench run`:
      "drives": [{"name": "internal", "path": "/abs/internal/model.gguf", "size": N, "cold": "o_direct",
                  "drive": {"mount_point": ..., "fs_type": ..., "device": ..., "disk": ..., "key": ...},
                  "presets": {"seq": PRESET, "prefill": PRESET, "decode": PRESET},
-                 "model": {"lat_s": ..., "stream_bw": ..., "bw_max": ..., "iops_max": ..., ...}}],
+                 "model": {"lat_s": ..., "stream_bw": ..., "bw_max": ..., "iops_max": ..., ...},
+                 "notes": [...]}],
      "groups":   [GROUP, ...],      # one per --group and preset
      "together": [GROUP, ...],      # all drives at once, one per preset
      "wall_s": 42.0}
@@ -93,6 +94,7 @@ class DriveResult:
     drive: DriveInfo
     presets: dict = field(default_factory=dict)      # preset name -> PresetResult
     model: DriveModel | None = None
+    notes: tuple[str, ...] = ()  # how it was measured (meter, component source) and warnings
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ def result_to_dict(r: BenchResult) -> dict:
         "drives": [{"name": d.name, "path": d.path, "size": d.size, "cold": d.cold,
                     "drive": asdict(d.drive),
                     "presets": {k: _preset_to(p) for k, p in d.presets.items()},
-                    "model": model_to_dict(d.model) if d.model is not None else None}
+                    "model": model_to_dict(d.model) if d.model is not None else None,
+                    "notes": list(d.notes)}
                    for d in r.drives],
         "groups": [_group_to(g) for g in r.groups],
         "together": [_group_to(g) for g in r.together],
@@ -227,7 +230,8 @@ def result_from_dict(d: dict, where: str = "result") -> BenchResult:
             drives.append(DriveResult(name=str(x["name"]), path=str(x["path"]), size=int(x["size"]),
                                       cold=str(x["cold"]), drive=DriveInfo(**x["drive"]),
                                       presets={k: _preset_from(p) for k, p in x["presets"].items()},
-                                      model=model_from_dict(x["model"]) if x.get("model") else None))
+                                      model=model_from_dict(x["model"]) if x.get("model") else None,
+                                      notes=tuple(x.get("notes", ()))))
         key = "groups"
         groups = tuple(_group_from(g) for g in d.get("groups", ()))
         key = "together"

@@ -1,0 +1,208 @@
+"""`iobench`: what each drive really delivers, cold, for the engine's read shapes, alone and together."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import List, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from planner.split import parse_weights
+from replicas.cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
+from replicas.errors import UsageError
+from replicas.events import Notice
+from replicas.events import Progress as ProgressEvent
+from replicas.rig import load_rig, rig_dir
+
+from . import render
+from .bench import RunOptions, fio_compare, parse_groups, run_bench, targets_from_paths, targets_from_rig
+from .constants import DEFAULT_REPEAT, DEFAULT_SECONDS, PRESETS
+from .result import latest_result, load_result, result_files, result_to_dict, save_result
+
+app = make_app("iobench", "Measure each drive's ceilings, cold, with the engine's read shapes: alone, grouped and together.")
+
+PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode or all.")
+SecondsOption = typer.Option(DEFAULT_SECONDS, "--seconds", help="Seconds per measured window.")
+RepeatOption = typer.Option(DEFAULT_REPEAT, "--repeat", help="Windows per trial; the spread is taken over them.")
+
+
+def _presets(text: str) -> tuple[str, ...]:
+    if text == "all":
+        return PRESETS
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in PRESETS]
+    if bad or not items:
+        raise UsageError(f"--preset {text!r}: use seq, prefill, decode, all, or a comma list")
+    return tuple(p for p in PRESETS if p in items)
+
+
+def _lanes(text: Optional[str]) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise UsageError(f"--lanes {text!r}: give lane counts separated by commas, e.g. 1,2,4,8,16") from None
+    if not values or values[0] < 1 or values[-1] > 256:
+        raise UsageError(f"--lanes {text!r}: lane counts must be 1..256")
+    return values
+
+
+class _Renderer:
+    """Progress events -> a Rich progress bar on stderr, one line per finished trial."""
+
+    def __init__(self, quiet: bool = False):
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err, transient=True, disable=quiet)
+        self.task = None
+        self.quiet = quiet
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.__exit__(*exc)
+
+    def __call__(self, ev):
+        if isinstance(ev, ProgressEvent):
+            if self.task is None:
+                self.task = self.bar.add_task(ev.task, total=ev.total)
+            self.bar.update(self.task, description=ev.task, completed=ev.done, total=ev.total)
+        elif isinstance(ev, Notice) and not self.quiet:
+            self.bar.console.print(f"  {ev.task:<28} {ev.message}", highlight=False)
+
+
+def _print_result(r, path: str | None = None, lanes: bool = False) -> None:
+    out.print(render.drives_table(r))
+    if lanes:
+        out.print(render.lanes_table(r))
+    for table in (render.groups_table(r), render.models_table(r)):
+        if table is not None:
+            out.print(table)
+    out.print(render.bar_chart(render.ceiling_rows(r), "Ceilings (GB/s, decimal)"))
+    out.print(render.notes_text(r), end="")
+    if path:
+        out.print(f"result: {path}", style="dim")
+
+
+@app.command("run")
+def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH]...", help="Files to read (default: the rig's members)."),
+            rig: Optional[str] = RigOption,
+            preset: str = PresetOption,
+            seconds: float = SecondsOption,
+            repeat: int = RepeatOption,
+            lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
+                                                help="Lane counts (requests in flight per drive) for every preset; default per preset."),
+            alone: Optional[bool] = typer.Option(None, "--alone/--together",
+                                                 help="Only drives alone, or only groups and all together (default: both)."),
+            group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
+                                                      help="Drives sharing an uplink, measured together. Repeatable."),
+            weights: Optional[str] = typer.Option(None, "--weights", metavar="W:W:W",
+                                                  help="Prefill split weights, one per drive (default: from the seq ceilings)."),
+            decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
+                                                         help="Decode split weights (default: --weights)."),
+            save: bool = typer.Option(True, "--save/--no-save", help="Write rig/bench/<timestamp>.json."),
+            json_out: bool = JsonOption):
+    """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""
+    root = rig_dir(rig)
+    if paths:
+        targets = targets_from_paths(paths)
+        the_rig = load_rig(root, must_exist=False)
+    else:
+        the_rig = load_rig(root)
+        targets = targets_from_rig(the_rig)
+    names = [t.name for t in targets]
+    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, lanes=_lanes(lanes),
+                      alone=alone is not False, together=alone is not True,
+                      groups=parse_groups(group or [], names),
+                      weights=parse_weights(weights) if weights else None,
+                      decode_weights=parse_weights(decode_weights) if decode_weights else None)
+    previous = None
+    if result_files(the_rig):
+        try:
+            previous = latest_result(the_rig)
+        except UsageError:
+            previous = None
+    cancel = threading.Event()
+    with _Renderer() as progress:
+        try:
+            result = run_bench(targets, opts, previous=previous, report=progress, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            raise
+    path = save_result(the_rig, result) if save else None
+    if json_out:
+        print_json(result_to_dict(result))
+    else:
+        _print_result(result, path)
+    if path:
+        err.print(f"iobench: wrote {path}", highlight=False)
+
+
+@app.command()
+def show(result: Optional[str] = typer.Argument(None, metavar="[RESULT]", help="A result file (default: newest in rig/bench)."),
+         rig: Optional[str] = RigOption,
+         lanes: bool = typer.Option(False, "--lanes", help="Also show every lane count."),
+         json_out: bool = JsonOption):
+    """A result as a table and a bar chart of the per-drive ceilings."""
+    if result:
+        r, path = load_result(result), result
+    else:
+        the_rig = load_rig(rig_dir(rig), must_exist=False)
+        r, path = latest_result(the_rig), result_files(the_rig)[-1]
+    if json_out:
+        print_json(result_to_dict(r))
+    else:
+        _print_result(r, path, lanes)
+
+
+@app.command()
+def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the baseline)."),
+            b: str = typer.Argument(..., metavar="B", help="Result file to compare with A."),
+            json_out: bool = JsonOption):
+    """Two results side by side: per drive and preset, both ceilings and B/A, with a bar chart."""
+    ra, rb = load_result(a), load_result(b)
+    rows = render.compare_rows(ra, rb)
+    if json_out:
+        print_json({"a": os.path.abspath(a), "b": os.path.abspath(b), "rows": rows})
+        return
+    out.print(render.compare_table(rows, f"{a} ({ra.created})", f"{b} ({rb.created})"))
+    out.print(render.compare_chart(ra, rb))
+
+
+@app.command()
+def fio(path: str = typer.Argument(..., help="File to read (read-only)."),
+        preset: str = typer.Option("seq", "--preset", help="seq, prefill or decode."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3)."),
+        seconds: float = SecondsOption,
+        repeat: int = RepeatOption,
+        json_out: bool = JsonOption):
+    """Run the equivalent fio job on the same file and print both results side by side."""
+    if preset not in PRESETS:
+        raise UsageError(f"--preset {preset!r}: use seq, prefill or decode")
+    err.print(f"iobench: {preset} on {path}, then fio ...", highlight=False)
+    r = fio_compare(path, preset, lanes, seconds, repeat)
+    if json_out:
+        print_json(r)
+        return
+    t = Table(title=f"{r['preset']} on {r['path']}: {r['piece_bytes']:,} B x {r['lanes']} in flight, {r['seconds']:.1f}s each",
+              title_justify="left")
+    for col in ("", "iobench", "fio", "iobench/fio"):
+        t.add_column(col, justify="left" if not col else "right")
+    i, f = r["iobench"], r["fio"]
+    t.add_row("GB/s (bw_bytes)", render.gbs(i["bw_bytes"]), render.gbs(f["bw_bytes"]), f"{r['ratio']:.3f}" if r["ratio"] else "-")
+    t.add_row("IOPS", f"{i['iops']:.1f}", f"{f['iops']:.1f}", f"{i['iops'] / f['iops']:.3f}" if f["iops"] else "-")
+    for k in ("p50", "p95", "p99"):
+        a, b = i["lat_ns"][k], f["lat_ns"][k]
+        t.add_row(f"latency {k} ms", render.ms(a), render.ms(b), f"{a / b:.3f}" if b else "-")
+    out.print(t)
+    if i["suspect_cache"]:
+        out.print("iobench's reads look served from the page cache (or are not cold): not a ceiling", style="yellow")
+
+
+def main() -> None:
+    run(app, "iobench")

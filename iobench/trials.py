@@ -1,0 +1,227 @@
+"""The trial engine: lanes of cold reads on one or more drives, started on one gate, timed over
+one shared set of windows.
+
+Every lane is a thread that keeps one request in flight (`os.preadv` releases the GIL, so
+threads overlap their reads). All lanes of a trial, on every drive in it, wait on one
+`threading.Barrier`. The calling thread keeps the clock: the windows begin once every lane has
+completed a request and at least `min_warmup` s after the gate (a throttle or a drive settles
+for a moment after going busy), run back to back, and are the same instants for every drive.
+At each window edge it samples every drive's device counter (`meter`); lanes keep issuing until
+the last edge is sampled, so every drive is busy for the whole of every window.
+
+A drive's bytes in a window are what its device delivered (the meter's difference); without a
+meter, requests are credited by the part of their life inside the window (`stats`). Requests
+give IOPS and latency either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from replicas.coldio import ColdReader, aligned_buffer
+from replicas.errors import Interrupted, MissingError
+
+from . import stats
+from .meter import DeviceMeter
+from .shapes import Shape, SlotTable
+
+MIN_WARMUP_S = 0.25     # s after the gate before the first window
+MAX_WARMUP_S = 5.0      # s: windows start by then even if a lane has not completed a request
+POLL_S = 0.002
+
+
+@dataclass
+class Stream:
+    """What one drive does in a trial."""
+
+    name: str
+    reader: ColdReader
+    shape: Shape
+    lanes: int
+    meter: DeviceMeter | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class StreamRun:
+    name: str
+    lanes: int
+    piece_bytes: int
+    windows: tuple[tuple[float, float], ...]   # (bytes/s, requests/s) per window
+    lat_ns: tuple[int, ...]                    # latency of each request started inside the windows
+    requests: int                              # requests started inside the windows
+    app_bytes: float                           # bytes the reads returned over all windows (by overlap)
+    device_bytes: float | None                 # bytes the device delivered over all windows (None: no meter)
+    short_reads: int                           # requests that returned fewer bytes than asked
+
+
+class _Shared:
+    def __init__(self, lanes: int):
+        self.lock = threading.Lock()
+        self.pending = lanes        # lanes yet to complete their first request
+        self.gate_ns = 0
+        self.closed = threading.Event()
+
+    def open_gate(self):            # runs once, as the barrier releases every lane
+        self.gate_ns = time.perf_counter_ns()
+
+    def lane_ready(self):
+        with self.lock:
+            self.pending -= 1
+
+
+def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_warmup: float = MIN_WARMUP_S,
+              max_warmup: float = MAX_WARMUP_S, cancel: threading.Event | None = None) -> list[StreamRun]:
+    """Run all streams at once over `windows` windows of `seconds` each; one StreamRun per stream.
+
+    Raises MissingError when a read fails (the drive or file went away) and Interrupted when
+    `cancel` is set.
+    """
+    if seconds <= 0 or windows < 1:
+        raise ValueError("seconds must be > 0 and windows >= 1")
+    total_lanes = sum(s.lanes for s in streams)
+    shared = _Shared(total_lanes)
+    barrier = threading.Barrier(total_lanes + 1, action=shared.open_gate)
+    failures: list[tuple[str, BaseException]] = []
+    records: list[list[list[tuple[int, int, int]]]] = []
+    threads = []
+    for si, s in enumerate(streams):
+        table = SlotTable(s.shape)
+        if table.n <= 0:
+            raise ValueError(f"{s.name}: the file holds no {s.shape.preset} request")
+        per_lane: list[list[tuple[int, int, int]]] = [[] for _ in range(s.lanes)]
+        records.append(per_lane)
+        if s.shape.pattern == "seq":
+            counter = itertools.count(int(np.random.default_rng([s.seed, si]).integers(table.n)))
+
+            def next_slot(_rng, counter=counter):
+                return next(counter)          # atomic under the GIL: lanes share one walk
+        else:
+            def next_slot(rng, n=table.n):
+                return int(rng.integers(n))
+        for lane in range(s.lanes):
+            threads.append(threading.Thread(
+                target=_lane, name=f"iobench-{s.name}-{lane}", daemon=True,
+                args=(s, table, next_slot, np.random.default_rng([s.seed, si, lane]), per_lane[lane],
+                      shared, barrier, failures)))
+
+    meters = {s.meter.key: s.meter for s in streams if s.meter is not None}
+
+    def sample() -> tuple[int, dict[str, int]]:
+        t0 = time.perf_counter_ns()
+        counts = {k: m.read_bytes() for k, m in meters.items()}
+        return (t0 + time.perf_counter_ns()) // 2, counts
+
+    def stopping() -> bool:
+        return bool(failures) or (cancel is not None and cancel.is_set())
+
+    edges: list[tuple[int, dict[str, int]]] = []
+    try:
+        for t in threads:
+            t.start()
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass                                # a lane failed before the gate: reported below
+        while not stopping():
+            waited = time.perf_counter_ns() - shared.gate_ns
+            if (shared.pending == 0 and waited >= min_warmup * 1e9) or waited >= max_warmup * 1e9:
+                break
+            time.sleep(POLL_S)
+        if not stopping():
+            edges.append(sample())
+            step = int(seconds * 1e9)
+            for i in range(1, windows + 1):
+                target = edges[0][0] + i * step
+                while not stopping():
+                    left = target - time.perf_counter_ns()
+                    if left <= 0:
+                        break
+                    time.sleep(min(left / 1e9, 0.05))
+                if stopping():
+                    break
+                edges.append(sample())
+    except BaseException:
+        shared.closed.set()
+        barrier.abort()
+        for t in threads:
+            t.join()
+        raise
+    shared.closed.set()
+    for t in threads:
+        t.join()
+    if failures:
+        path, e = failures[0]
+        if isinstance(e, OSError):
+            raise MissingError(f"{path}: read failed during the trial ({e.strerror or e}); is the drive still attached?") from e
+        raise e
+    if cancel is not None and cancel.is_set():
+        raise Interrupted("trial cancelled")
+    return _summarise(streams, records, edges)
+
+
+def _summarise(streams, records, edges) -> list[StreamRun]:
+    wins = [(edges[i][0], edges[i + 1][0]) for i in range(len(edges) - 1)]
+    a0, end = wins[0][0], wins[-1][1]
+    req = []
+    for s, per_lane in zip(streams, records):
+        flat = [r for lane in per_lane for r in lane]
+        st = np.array([r[0] for r in flat], dtype=np.int64)
+        en = np.array([r[1] for r in flat], dtype=np.int64)
+        nb = np.array([r[2] for r in flat], dtype=np.int64)
+        req.append((st, en, nb, stats.window_rates(st, en, nb, wins)))
+
+    # Device bytes per window, shared out among the streams on one device by their request bytes.
+    out = []
+    for i, (s, (st, en, nb, by_req)) in enumerate(zip(streams, req)):
+        rates = []
+        dev_total = None
+        if s.meter is not None:
+            dev_total = 0.0
+            peers = [j for j, p in enumerate(streams) if p.meter is not None and p.meter.key == s.meter.key]
+            for w, (a, b) in enumerate(wins):
+                delivered = edges[w + 1][1][s.meter.key] - edges[w][1][s.meter.key]
+                mine, together = by_req[w][0], sum(req[j][3][w][0] for j in peers)
+                share = mine / together if together > 0 else 1.0 / len(peers)
+                dev = delivered * share
+                dev_total += dev
+                rates.append((dev / ((b - a) / 1e9), by_req[w][1]))
+        else:
+            rates = list(by_req)
+        app = sum(r * (b - a) / 1e9 for (r, _), (a, b) in zip(by_req, wins))
+        inside = (st >= a0) & (st < end)
+        out.append(StreamRun(name=s.name, lanes=s.lanes, piece_bytes=s.shape.piece_bytes, windows=tuple(rates),
+                             lat_ns=tuple(int(x) for x in (en - st)[inside]), requests=int(inside.sum()),
+                             app_bytes=app, device_bytes=dev_total,
+                             short_reads=int((nb < s.shape.piece_bytes).sum())))
+    return out
+
+
+def _lane(s: Stream, table: SlotTable, next_slot, rng, rec, shared: _Shared, barrier: threading.Barrier, failures):
+    buf = aligned_buffer(s.shape.piece_bytes)
+    view = memoryview(buf)[:s.shape.piece_bytes]
+    ready = False
+    try:
+        barrier.wait()
+        while not shared.closed.is_set():
+            off = table.offset(next_slot(rng))
+            start = time.perf_counter_ns()
+            n = s.reader.read_into(view, off)
+            rec.append((start, time.perf_counter_ns(), n))
+            if not ready:
+                ready = True
+                shared.lane_ready()
+    except threading.BrokenBarrierError:
+        pass
+    except BaseException as e:   # noqa: BLE001 - handed to the caller, which raises it
+        failures.append((s.reader.path, e))
+        shared.closed.set()
+        barrier.abort()
+    finally:
+        view.release()
+        buf.close()
