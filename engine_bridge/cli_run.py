@@ -17,7 +17,7 @@ from replicas.errors import MissingError, UsageError
 from replicas.fsutil import atomic_write_text
 from replicas.units import format_bytes, format_rate
 
-from .constants import (CACHE_EXPERTS, CSV_COLUMNS, GEN_TOKENS, LANES, PREFILL_CHUNK_TOKENS, PRIMARY_WEIGHT,
+from .constants import (CACHE_EXPERTS, DEQUANT_THREADS, CSV_COLUMNS, GEN_TOKENS, LANES, PREFILL_CHUNK_TOKENS, PRIMARY_WEIGHT,
                         PROMPT_SEED, PROMPT_TOKENS, SYNTH_DEFAULTS, TRACE_SCHEMA)
 
 
@@ -160,6 +160,7 @@ def register(app) -> None:
         cache_experts: int = typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
         lanes: int = typer.Option(LANES, "--lanes", help="Reader threads per source."),
         chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
+        dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts (0: inline)."),
         prompt_seed: int = typer.Option(PROMPT_SEED, "--prompt-seed", help="Seed of the prompt's token ids."),
         csv_file: Optional[str] = typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
         trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay --trace)."),
@@ -175,7 +176,8 @@ def register(app) -> None:
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False)
         result = run_model(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                           chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out))
+                           chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
+                           dequant_threads=dequant_threads)
         trace = result.pop("trace", None)
         if trace_out:
             atomic_write_text(trace_out, json.dumps(_trace_doc(result, trace)) + "\n")
@@ -186,9 +188,13 @@ def register(app) -> None:
         err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
         for e in result["events"]:
             err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
-        err.print(f"output_sha256 {result['output_sha256']}  hits {result['hits']}  misses {result['misses']}  "
-                  f"misses/token {result['misses_per_token']}  read {format_bytes(result['reader']['bytes'])} "
-                  f"(prefill {format_rate(result['prefill']['bytes'] / max(result['prefill']['seconds'], 1e-9))})",
+        for ph in ("prefill", "decode"):
+            c = result[ph]
+            err.print(f"{ph}: {c['seconds']:.3f} s, waiting for reads {c['read_wait_seconds']:.3f} s "
+                      f"({100 * c['read_wait_seconds'] / max(c['seconds'], 1e-9):.0f} %), read {format_bytes(c['bytes'])} "
+                      f"at {format_rate(c['bytes'] / max(c['seconds'], 1e-9))}, hits {c['hits']} misses {c['misses']}",
+                      highlight=False, soft_wrap=True)
+        err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
                   highlight=False, soft_wrap=True)
         if json_out:
             print_json(result)

@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 from .cache import ExpertCache
-from .constants import COMPONENTS, PREFILL_CHUNK_TOKENS, QUANT_BLOCK, RMS_EPS, STAGE_BYTES, STAGE_WINDOW
+from .constants import COMPONENTS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, QUANT_BLOCK, RMS_EPS, STAGE_BYTES, STAGE_WINDOW
 from .model import Geometry, Resident
 
 Submit = Callable[[int, int, str], "object"]   # (offset, length, phase) -> ticket with .result() -> bytes
@@ -104,11 +105,11 @@ class PhaseCounters:
     reads: int = 0           # ranges handed to the reader
     bytes: int = 0           # bytes read
     seconds: float = 0.0     # wall time of the phase
-    read_seconds: float = 0.0
+    read_wait_seconds: float = 0.0   # time spent waiting for reads to land (the rest is compute)
 
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "reads": self.reads, "bytes": self.bytes,
-                "seconds": round(self.seconds, 6), "read_seconds": round(self.read_seconds, 6)}
+                "seconds": round(self.seconds, 6), "read_wait_seconds": round(self.read_wait_seconds, 6)}
 
 
 @dataclass
@@ -156,7 +157,7 @@ def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int],
         run, tickets = pending.popleft()
         t0 = time.perf_counter()
         bufs = [memoryview(t.result()) for t in tickets]
-        counters.read_seconds += time.perf_counter() - t0
+        counters.read_wait_seconds += time.perf_counter() - t0
         inflight -= 3 * len(run) * cb
         for b in bufs:
             if len(b) != len(run) * cb:
@@ -168,8 +169,10 @@ def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int],
 class Engine:
     def __init__(self, geometry: Geometry, resident: Resident, submit: Submit, cache: ExpertCache,
                  chunk_tokens: int = PREFILL_CHUNK_TOKENS, stage_bytes: int = STAGE_BYTES,
-                 window: int = STAGE_WINDOW, record_trace: bool = False):
+                 window: int = STAGE_WINDOW, record_trace: bool = False, dequant_threads: int = DEQUANT_THREADS):
         self.g, self.r, self.submit, self.cache = geometry, resident, submit, cache
+        self.dequant_threads = max(0, dequant_threads)
+        self._pool = ThreadPoolExecutor(self.dequant_threads, thread_name_prefix="dequant") if self.dequant_threads else None
         self.chunk_tokens = max(1, chunk_tokens)
         self.stage_bytes = max(geometry.component_bytes, stage_bytes)
         self.window = window
@@ -180,6 +183,23 @@ class Engine:
     def _weights(self, bufs) -> ExpertWeights:
         d, f, q = self.r.dim, self.r.ff, self.r.qtype
         return ExpertWeights(dequantize(bufs[0], q, f, d), dequantize(bufs[1], q, f, d), dequantize(bufs[2], q, d, f))
+
+    def _dequant(self, bufs):
+        if self._pool is None:
+            return self._weights(bufs)
+        return self._pool.submit(self._weights, bufs)
+
+    def _use(self, item, base: int, compute) -> None:
+        e, ew = item
+        if not isinstance(ew, ExpertWeights):
+            ew = ew.result()
+        compute(e, ew)
+        self.cache.admit(base + e, ew)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _moe(self, layer: int, h: np.ndarray, phase: str, counters: PhaseCounters) -> np.ndarray:
         L = self.r.layers[layer]
@@ -204,10 +224,15 @@ class Engine:
             else:
                 missing.append(e)
         counters.misses += len(missing)
+        # Dequantize on the helper threads while this thread multiplies the previous expert (numpy
+        # releases the GIL in both); results are used in id order, so the arithmetic is unchanged.
+        ahead: deque = deque()
         for e, bufs in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes, self.window):
-            ew = self._weights(bufs)
-            compute(e, ew)
-            self.cache.admit(base + e, ew)
+            ahead.append((e, self._dequant(bufs)))
+            while len(ahead) > self.dequant_threads:
+                self._use(ahead.popleft(), base, compute)
+        while ahead:
+            self._use(ahead.popleft(), base, compute)
         out = swiglu(h, L["ffn_gate_shexp"], L["ffn_up_shexp"], L["ffn_down_shexp"])
         for k in range(sel.shape[1]):                        # fixed summation order: slot 0, 1, ...
             out += w[:, k, None] * contrib[:, k]
@@ -291,7 +316,7 @@ class SourceSet:
 
 def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
               prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
-              trace: bool = False) -> dict:
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS) -> dict:
     """Load the resident weights, run prefill and greedy decode with experts streamed through a
     SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`)."""
     from replicas.errors import UsageError
@@ -308,8 +333,12 @@ def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_exper
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
     with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
-        eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace)
-        outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
+        eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
+                     dequant_threads=dequant_threads)
+        try:
+            outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
+        finally:
+            eng.close()
         stats = reader.stats()
         text = reader.format_stats()
     return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text)

@@ -23,7 +23,7 @@ def run(d, reps=(), prefill=(10,), decode=None, cache=24, lanes=8, **kw):
 
 CONFIGS = [
     dict(),                                                                        # 1 source, everything fits
-    dict(reps=("r1.gguf",), prefill=(10, 5), decode=(10, 6), cache=5, lanes=1),    # 2 sources
+    dict(reps=("r1.gguf",), prefill=(10, 5), decode=(10, 6), cache=5, lanes=1, dequant_threads=0),  # 2 sources
     dict(reps=("r1.gguf", "r2.gguf"), prefill=(10, 5, 5), decode=(10, 6, 6), cache=1, lanes=3),  # < one layer
     dict(reps=("r1.gguf", "r2.gguf"), prefill=(1, 100, 37), decode=(3, 1, 100), cache=0, lanes=2),
     dict(reps=("r2.gguf", "r1.gguf"), prefill=(7, 7, 7), cache=9, lanes=5, chunk_tokens=20),
