@@ -27,12 +27,12 @@ from replicas.units import format_rate
 
 from . import stats
 from .constants import (COMPONENT_BYTES, DEFAULT_LANES, DEFAULT_REPEAT, DEFAULT_SECONDS, DRIVE_IO_UNIT,
-                        PLAUSIBLE_BW, PREFILL_CHUNK, PRESETS, RESIDENT_WARN, SEQ_PIECE, TOGETHER_LANES)
+                        PLAUSIBLE_BW, PLAUSIBLE_MIN_LAT_NS, PREFILL_CHUNK, PRESETS, RESIDENT_WARN, SEQ_PIECE, TOGETHER_LANES)
 from .layout import ExpertLayout, expert_layout
 from .meter import DeviceMeter, device_meter, io_unit
 from .model import DriveSample, fit_drive_model
 from .result import BenchResult, DriveResult, GroupResult, LaneResult, Latency, MemberResult, PresetResult
-from .shapes import Shape, decode_shape, min_slots, prefill_shape, seq_shape
+from .shapes import Shape, decode_shape, min_slots, prefill_shape, rand4k_shape, seq_shape
 from .trials import Stream, StreamRun, run_trial
 
 
@@ -150,7 +150,7 @@ def check_options(targets: Sequence[Target], opts: RunOptions) -> None:
         raise UsageError(f"--repeat {opts.repeat}: give 1..100")
     bad = [p for p in opts.presets if p not in PRESETS]
     if bad or not opts.presets:
-        raise UsageError(f"--preset {bad[0] if bad else ''!r}: use seq, prefill, decode or all")
+        raise UsageError(f"--preset {bad[0] if bad else ''!r}: use seq, prefill, decode, rand4k or all")
     if opts.lanes is not None and (not opts.lanes or any(x < 1 or x > 256 for x in opts.lanes)):
         raise UsageError("--lanes: give lane counts 1..256, e.g. 1,2,4,8,16")
     if not opts.alone and not opts.together:
@@ -161,7 +161,7 @@ def check_options(targets: Sequence[Target], opts: RunOptions) -> None:
     paths = [os.path.realpath(t.path) for t in targets]
     if len(set(paths)) != len(paths):
         raise UsageError("the same file is given twice")
-    split = [p for p in opts.presets if p != "seq"]
+    split = [p for p in opts.presets if p in ("prefill", "decode")]
     if split and len(targets) > 3:
         raise UsageError(f"{'/'.join(split)} split each read over at most 3 sources as the engine does; "
                          f"got {len(targets)} drives (measure at most 3, or use --preset seq)")
@@ -186,11 +186,7 @@ def check_options(targets: Sequence[Target], opts: RunOptions) -> None:
 
 def _probe_shape(t: Target, preset: str) -> Shape:
     """The preset's shape with the largest piece (the whole chunk / component)."""
-    if preset == "seq":
-        return seq_shape(t.size)
-    if preset == "prefill":
-        return prefill_shape(t.size, (1,), 0)
-    return decode_shape(t.size, (1,), 0, t.component_bytes, t.regions)
+    return shape_for(t, preset, 0, (1,), (1,))
 
 
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
@@ -261,6 +257,8 @@ def shape_for(t: Target, preset: str, index: int, weights, decode_weights) -> Sh
         return seq_shape(t.size)
     if preset == "prefill":
         return prefill_shape(t.size, weights, index, PREFILL_CHUNK)
+    if preset == "rand4k":
+        return rand4k_shape(t.size)
     return decode_shape(t.size, decode_weights, index, t.component_bytes, t.regions)
 
 
@@ -273,7 +271,7 @@ def _suspect(run: StreamRun, not_cold: bool) -> bool:
     if bw > PLAUSIBLE_BW:
         return True
     p50 = stats.percentile(run.lat_ns, 50)
-    if p50 > 0 and run.piece_bytes / (p50 / 1e9) > PLAUSIBLE_BW:
+    if p50 > 0 and (p50 < PLAUSIBLE_MIN_LAT_NS or run.piece_bytes / (p50 / 1e9) > PLAUSIBLE_BW):
         return True
     if run.device_bytes is not None and run.app_bytes > 2 * run.device_bytes + (1 << 20):
         return True
@@ -457,7 +455,7 @@ def fio_compare(path: str, preset: str, lanes: int | None, seconds: float, repea
     from .trials import MIN_WARMUP_S
 
     if preset not in PRESETS:
-        raise UsageError(f"--preset {preset!r}: use seq, prefill or decode")
+        raise UsageError(f"--preset {preset!r}: use seq, prefill, decode or rand4k")
     fio = fio_binary()
     if fio is None:
         raise MissingError("fio is not installed (apt-get install fio / brew install fio); `iobench fio` compares against it")

@@ -24,7 +24,7 @@ from .result import latest_result, load_result, result_files, result_to_dict, sa
 
 app = make_app("iobench", "Measure each drive's ceilings, cold, with the engine's read shapes: alone, grouped and together.")
 
-PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode or all.")
+PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode, rand4k, all, or a comma list.")
 SecondsOption = typer.Option(DEFAULT_SECONDS, "--seconds", help="Seconds per measured window.")
 RepeatOption = typer.Option(DEFAULT_REPEAT, "--repeat", help="Windows per trial; the spread is taken over them.")
 
@@ -35,7 +35,7 @@ def _presets(text: str) -> tuple[str, ...]:
     items = tuple(x.strip() for x in text.split(",") if x.strip())
     bad = [x for x in items if x not in PRESETS]
     if bad or not items:
-        raise UsageError(f"--preset {text!r}: use seq, prefill, decode, all, or a comma list")
+        raise UsageError(f"--preset {text!r}: use seq, prefill, decode, rand4k, all, or a comma list")
     return tuple(p for p in PRESETS if p in items)
 
 
@@ -176,14 +176,14 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the bas
 
 @app.command()
 def fio(path: str = typer.Argument(..., help="File to read (read-only)."),
-        preset: str = typer.Option("seq", "--preset", help="seq, prefill or decode."),
-        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3)."),
+        preset: str = typer.Option("seq", "--preset", help="seq, prefill, decode or rand4k."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3, rand4k 16)."),
         seconds: float = SecondsOption,
         repeat: int = RepeatOption,
         json_out: bool = JsonOption):
     """Run the equivalent fio job on the same file and print both results side by side."""
     if preset not in PRESETS:
-        raise UsageError(f"--preset {preset!r}: use seq, prefill or decode")
+        raise UsageError(f"--preset {preset!r}: use seq, prefill, decode or rand4k")
     err.print(f"iobench: {preset} on {path}, then fio ...", highlight=False)
     r = fio_compare(path, preset, lanes, seconds, repeat)
     if json_out:

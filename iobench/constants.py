@@ -8,15 +8,19 @@ RESULT_SCHEMA = 1
 RESULT_KIND = "iobench"
 BENCH_DIR = "bench"             # rig/bench/<timestamp>.json
 
-PRESETS = ("seq", "prefill", "decode")     # order of `--preset all`
+# Order of `--preset all`: seq first (its ceilings set the default split weights), rand4k last
+# (small random reads: the drive model's per-request latency and IOPS ceiling).
+PRESETS = ("seq", "prefill", "decode", "rand4k")
 SEQ_PIECE = 1 * MiB             # bytes per seq request (SEQ1M)
+RAND_PIECE = 4096               # bytes per rand4k request (RND4K)
 SEQ_LANES = (8,)                # seq: 8 in flight (SEQ1M Q8)
 PREFILL_LANES = (1, 2, 4, 8, 16)
 DECODE_LANES = (1, 2, 3, 4)
-DEFAULT_LANES = {"seq": SEQ_LANES, "prefill": PREFILL_LANES, "decode": DECODE_LANES}
+RAND_LANES = (1, 16)
+DEFAULT_LANES = {"seq": SEQ_LANES, "prefill": PREFILL_LANES, "decode": DECODE_LANES, "rand4k": RAND_LANES}
 # Lanes per drive for grouped / together runs when no alone result says otherwise: the engine's
 # prefill staging default (8 per drive) and its decode pool (~9 threads over 3 drives).
-TOGETHER_LANES = {"seq": 8, "prefill": 8, "decode": 3}
+TOGETHER_LANES = {"seq": 8, "prefill": 8, "decode": 3, "rand4k": 16}
 
 DEFAULT_SECONDS = 0.5           # s per measured window (a trial is `repeat` windows)
 DEFAULT_REPEAT = 3              # repeats of each preset's best lane count (spread)
@@ -26,8 +30,7 @@ SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (DESIGN §4
 # No single drive delivers more than this (PCIe 5.0 x4 is ~15.8 GB/s raw): faster means the
 # page cache answered.
 PLAUSIBLE_BW = 16e9             # bytes/s
-# A request that "completes" faster than this per byte... is the same bound, per request:
-PLAUSIBLE_MIN_LAT_NS = 2_000    # no cold read from a drive lands in under 2 us
+PLAUSIBLE_MIN_LAT_NS = 5_000    # no cold read from a drive lands in under 5 us (median)
 RESIDENT_WARN = 0.05            # macOS F_NOCACHE: >5 % of the file already cached taints a run
 
-DRIVE_IO_UNIT = 1 * MiB         # bytes the block layer issues per operation at most (one bio)
+DRIVE_IO_UNIT = 1 * MiB         # bytes per drive operation, when a model has no fitted one

@@ -8,13 +8,16 @@ ceiling binds:
     throughput   = min(q * s / t1(s), bw_max, iops_max * s / ops(s))   bytes/s, q in flight
     request_time = q * s / throughput                            seconds (Little's law)
 
-`ops(s)` counts the drive operations one request becomes: the block layer issues at most
-`io_unit` bytes per operation (one bio), and an IOPS limit (a cgroup's read_iops, a slow
-controller) counts those, so a 1.5 MiB piece costs two operations and a 1 MiB piece one.
+`ops(s) = max(1, s / io_unit)` counts the drive operations one request becomes: the block layer
+cuts a large read into pieces of roughly `io_unit` bytes (bios, limited by the queue's segment and
+size limits) and an IOPS limit (a cgroup's read_iops, a slow controller) counts those, so a small
+read costs one operation and a 32 MiB read many. `io_unit` is fitted, since the cut depends on how
+the buffer's pages happen to lie in memory.
 
 The fit is a small grid search in log space on the measured (size, in_flight, bytes/s) trials,
-minimising squared log error; the IOPS ceiling is kept only where it explains the data clearly
-better than bandwidth alone. `fit_err_pct` is the mean absolute relative throughput error.
+minimising squared log error, over the ceilings (bw_max, and iops_max with io_unit) and then
+lat_s and stream_bw; the IOPS ceiling is kept only where it explains the data clearly better
+than bandwidth alone. `fit_err_pct` is the mean absolute relative throughput error.
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ class DriveModel:
     fit_err_pct: float = 0.0   # mean |predicted/measured - 1| over the trials, %
     samples: int = 0           # trials the fit saw
 
-    def ops(self, size_bytes: int) -> int:
+    def ops(self, size_bytes: int) -> float:
         """Drive operations one request of size_bytes becomes (at least 1)."""
-        return max(1, -(-int(size_bytes) // self.io_unit))
+        return max(1.0, size_bytes / self.io_unit)
 
     def throughput(self, size_bytes: int, in_flight: int) -> float:
         """Bytes/s the drive delivers with `in_flight` requests of `size_bytes` outstanding."""
@@ -76,45 +79,58 @@ class DriveModel:
         return q * s / self.throughput(s, q)
 
 
-def _predict(lat: np.ndarray, sbw: np.ndarray, bw_max: float, iops: float | None, unit: int,
+UNITS = tuple(k << 10 for k in (128, 256, 512, 768, 1024, 1536, 2048))   # io_unit candidates, bytes
+CEILING_STEPS = (0.80, 0.85, 0.90, 0.93, 0.96, 0.98, 1.0)   # bw_max candidates, x the best trial
+IOPS_STEPS = (0.85, 0.92, 1.0)                               # iops_max candidates, x the best trial
+
+
+def _ops(size: np.ndarray, unit: float) -> np.ndarray:
+    return np.maximum(1.0, size / unit)
+
+
+def _predict(lat: np.ndarray, sbw: np.ndarray, bw_max: float, iops: float | None, unit: float,
              size: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Throughput for every (lat, stream_bw) pair (broadcast over a leading grid axis) and sample."""
     t1 = lat[..., None] + size / sbw[..., None]
     bw = np.minimum(q * size / t1, bw_max)
     if iops:
-        ops = np.maximum(1, np.ceil(size / unit))
-        bw = np.minimum(bw, iops * size / ops)
+        bw = np.minimum(bw, iops * size / _ops(size, unit))
     return bw
 
 
-def _fit_grid(size, q, meas, w, bw_max, iops, unit):
-    """Best (lat_s, stream_bw, loss) by a coarse then a fine log grid."""
-    log_meas = np.log(meas)
+class _Grid:
+    """Squared-log-error search over (lat_s, stream_bw) for fixed ceilings."""
 
-    def search(lats, sbws):
+    def __init__(self, size, q, meas, w):
+        self.size, self.q, self.w = size, q, w
+        self.log_meas = np.log(meas)
+
+    def search(self, lats, sbws, bw_max, iops, unit):
         L, S = np.meshgrid(lats, sbws, indexing="ij")
-        pred = _predict(L.ravel(), S.ravel(), bw_max, iops, unit, size, q)
-        loss = (w * (np.log(pred) - log_meas) ** 2).sum(axis=1) / w.sum()
+        L, S = L.ravel(), S.ravel()
+        pred = _predict(L, S, bw_max, iops, unit, self.size, self.q)
+        loss = (self.w * (np.log(pred) - self.log_meas) ** 2).sum(axis=1) / self.w.sum()
         # among equally good fits (too few distinct sizes to tell), prefer the least
         # pessimistic: one request streaming at the ceiling
-        loss = loss + 1e-9 * np.log(bw_max / S.ravel()) ** 2
+        loss = loss + 1e-9 * np.log(bw_max / S) ** 2
         i = int(np.argmin(loss))
-        return float(L.ravel()[i]), float(S.ravel()[i]), float(loss[i])
+        return float(loss[i]), float(L[i]), float(S[i])
 
-    lats = np.concatenate(([0.0], np.logspace(-7, 0.5, 151)))
-    sbws = bw_max * np.logspace(-2.5, 0.7, 129)
-    lat, sbw, _ = search(lats, sbws)
-    # refine: +-one coarse step around the best, 41 points each way
-    step_l, step_s = 10 ** (7.5 / 150), 10 ** (3.2 / 128)
-    fine_l = np.concatenate(([0.0], lat * np.logspace(-math.log10(step_l), math.log10(step_l), 41))) if lat > 0 \
-        else np.concatenate(([0.0], np.logspace(-9, -7, 41)))
-    fine_s = sbw * np.logspace(-math.log10(step_s), math.log10(step_s), 41)
-    return search(fine_l, fine_s)
+    def coarse(self, bw_max, iops, unit):
+        return self.search(np.concatenate(([0.0], np.logspace(-7, 0.5, 61))), bw_max * np.logspace(-2.5, 0.7, 49),
+                           bw_max, iops, unit)
+
+    def fine(self, lat, sbw, bw_max, iops, unit):
+        step_l, step_s = 10 ** (7.5 / 60), 10 ** (3.2 / 48)
+        fine_l = (np.concatenate(([0.0], lat * np.logspace(-math.log10(step_l), math.log10(step_l), 41))) if lat > 0
+                  else np.concatenate(([0.0], np.logspace(-9, -6.9, 41))))
+        fine_s = sbw * np.logspace(-math.log10(step_s), math.log10(step_s), 41)
+        return self.search(fine_l, fine_s, bw_max, iops, unit)
 
 
 def fit_drive_model(samples: Iterable[DriveSample], io_unit: int = DRIVE_IO_UNIT) -> DriveModel:
     """Fit a DriveModel to measured trials. Needs at least one sample with bytes/s > 0;
-    raises ValueError otherwise."""
+    raises ValueError otherwise. `io_unit` is used when no IOPS ceiling is kept."""
     good = [x for x in samples if x.bw_bytes > 0 and x.size_bytes > 0 and x.in_flight > 0]
     if not good:
         raise ValueError("fit_drive_model: no usable samples (need size, in_flight and bytes/s > 0)")
@@ -124,24 +140,34 @@ def fit_drive_model(samples: Iterable[DriveSample], io_unit: int = DRIVE_IO_UNIT
     w = np.array([max(0.0, x.weight) for x in good], dtype=float)
     if w.sum() <= 0:
         w = np.ones_like(w)
-    bw_max = float(meas.max())
+    grid = _Grid(size, q, meas, w)
+    top = float(meas.max())
 
-    best = None
-    ops = np.maximum(1, np.ceil(size / io_unit))
-    iops_candidate = float((meas / size * ops).max())
-    for iops in (None, iops_candidate):
-        lat, sbw, loss = _fit_grid(size, q, meas, w, bw_max, iops, io_unit)
-        model = DriveModel(lat_s=lat, stream_bw=sbw, bw_max=bw_max, iops_max=iops, io_unit=io_unit)
-        err = _err_pct(model, good)
-        if best is None:
-            best = (loss, err, model)
+    variants = [(None, float(io_unit))]
+    for unit in UNITS:
+        rate = float((meas / size * _ops(size, unit)).max())     # the most operations/s any trial made
+        variants += [(rate * k, float(unit)) for k in IOPS_STEPS]
+
+    best = {}
+    for bw_max in (top * k for k in CEILING_STEPS):
+        for iops, unit in variants:
+            loss, lat, sbw = grid.coarse(bw_max, iops, unit)
+            key = iops is not None
+            if key not in best or loss < best[key][0]:
+                best[key] = (loss, lat, sbw, bw_max, iops, unit)
+    fitted = {}
+    for key, (_, lat, sbw, bw_max, iops, unit) in best.items():
+        loss, lat, sbw = grid.fine(lat, sbw, bw_max, iops, unit)
+        model = DriveModel(lat_s=lat, stream_bw=sbw, bw_max=bw_max, iops_max=iops, io_unit=int(unit))
+        fitted[key] = (loss, _err_pct(model, good), model)
+    loss, err, model = fitted[False]
+    if True in fitted:
+        l2, e2, m2 = fitted[True]
         # keep the IOPS ceiling only when it explains the trials clearly better
-        elif loss < 0.7 * best[0] and err < best[1] - 0.5:
-            best = (loss, err, model)
-    _, err, model = best
-    return DriveModel(lat_s=model.lat_s, stream_bw=model.stream_bw, bw_max=model.bw_max,
-                      iops_max=model.iops_max, io_unit=io_unit, fit_err_pct=round(err, 3),
-                      samples=len(good))
+        if l2 < 0.7 * loss and e2 < err - 0.5:
+            err, model = e2, m2
+    return DriveModel(lat_s=model.lat_s, stream_bw=model.stream_bw, bw_max=model.bw_max, iops_max=model.iops_max,
+                      io_unit=model.io_unit, fit_err_pct=round(err, 3), samples=len(good))
 
 
 def _err_pct(model: DriveModel, samples: Sequence[DriveSample]) -> float:
@@ -152,7 +178,7 @@ def _err_pct(model: DriveModel, samples: Sequence[DriveSample]) -> float:
 def model_to_dict(m: DriveModel) -> dict:
     return {
         "schema": MODEL_SCHEMA,
-        "form": "t1 = lat_s + size/stream_bw; bw = min(q*size/t1, bw_max, iops_max*size/ceil(size/io_unit))",
+        "form": "t1 = lat_s + size/stream_bw; bw = min(q*size/t1, bw_max, iops_max*size/max(1, size/io_unit))",
         "lat_s": m.lat_s,
         "stream_bw": m.stream_bw,
         "bw_max": m.bw_max,

@@ -5,6 +5,7 @@
            engine's rule (`planner.split.split_read`); consecutive chunks.
 - decode:  the drive's piece of one expert component, split by the decode weights, at a random
            component of the expert tensors (of the whole file when it is not a GGUF).
+- rand4k:  4 KiB at random aligned offsets of the whole file (per-request latency, IOPS ceiling).
 
 A shape is a table of "slots" (possible request offsets) over one or more regions of the file;
 sequential shapes walk the slots in order, random shapes draw them.
@@ -19,7 +20,7 @@ from typing import Sequence
 from planner.split import split_read
 from replicas.constants import ALIGNMENT
 
-from .constants import COMPONENT_BYTES, PREFILL_CHUNK, SEQ_PIECE
+from .constants import COMPONENT_BYTES, PREFILL_CHUNK, RAND_PIECE, SEQ_PIECE
 
 
 def align_up(n: int, a: int = ALIGNMENT) -> int:
@@ -75,6 +76,10 @@ def piece_of(length: int, weights: Sequence[int], index: int) -> tuple[int, int]
 
 def seq_shape(size: int) -> Shape:
     return Shape("seq", SEQ_PIECE, "seq", SEQ_PIECE, 0, ((0, size),))
+
+
+def rand4k_shape(size: int) -> Shape:
+    return Shape("rand4k", RAND_PIECE, "random", RAND_PIECE, 0, ((0, size),))
 
 
 def prefill_shape(size: int, weights: Sequence[int], index: int, chunk: int = PREFILL_CHUNK) -> Shape | None:

@@ -69,8 +69,9 @@ def test_run_from_the_rig_with_a_group_and_every_preset(tmp_path):
     dec = [x["presets"]["decode"]["piece_bytes"] for x in d["drives"]]
     assert pre == [16 * MiB, 8 * MiB, 8 * MiB]
     assert dec == [3_489_792, 1_572_864, 1_572_864]
-    assert [(g["name"], g["preset"]) for g in d["groups"]] == [("hub", "seq"), ("hub", "prefill"), ("hub", "decode")]
-    assert [g["drives"] for g in d["together"]] == [["internal", "green", "white"]] * 3
+    assert [(g["name"], g["preset"]) for g in d["groups"]] == [("hub", p) for p in ("seq", "prefill", "decode", "rand4k")]
+    assert [g["drives"] for g in d["together"]] == [["internal", "green", "white"]] * 4
+    assert d["drives"][0]["presets"]["rand4k"]["piece_bytes"] == 4096
     assert d["settings"]["weights"] == [10, 5, 5] and d["settings"]["weights_from"] == "--weights"
     # show and compare read it back
     r = invoke("show")

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from iobench.model import DriveModel, DriveSample, fit_drive_model, model_from_dict, model_to_dict
 
 MiB = 1 << 20
-SIZES = [1 * MiB, 1_572_864, 3_489_792, 8 * MiB, 16 * MiB]
+SIZES = [4096, 1 * MiB, 1_572_864, 3_489_792, 8 * MiB, 16 * MiB]
 DEPTHS = [1, 2, 3, 4, 8, 16]
 
 
@@ -35,10 +35,12 @@ def test_formula_alone_overlapped_and_capped():
 
 def test_iops_ceiling_counts_io_units():
     m = DriveModel(lat_s=0.0, stream_bw=1e12, bw_max=1e12, iops_max=100, io_unit=MiB)
-    assert m.ops(1) == 1 and m.ops(MiB) == 1 and m.ops(MiB + 1) == 2
+    assert m.ops(1) == 1 and m.ops(MiB) == 1 and m.ops(3 * MiB // 2) == 1.5
+    assert m.throughput(4096, 8) == pytest.approx(100 * 4096)          # small reads: 100 per second
     assert m.throughput(MiB, 8) == pytest.approx(100 * MiB)
-    assert m.throughput(MiB + 4096, 8) == pytest.approx(100 * (MiB + 4096) / 2)   # two operations each
+    assert m.throughput(8 * MiB, 8) == pytest.approx(100 * MiB)        # large reads: io_unit x 100 per second
     assert m.request_time(MiB, 1) == pytest.approx(0.01)
+    assert m.request_time(264, 1) == pytest.approx(0.01)               # one Engram row still costs an operation
 
 
 def test_fit_recovers_a_latency_bandwidth_drive():
@@ -53,11 +55,12 @@ def test_fit_recovers_a_latency_bandwidth_drive():
 
 
 def test_fit_finds_an_iops_limited_drive():
-    # 100 MB/s of bandwidth but only 60 operations/s: 1 MiB reads are IOPS-bound, and a 1.5 MiB
-    # piece costs two operations
-    true = DriveModel(lat_s=2e-3, stream_bw=100e6, bw_max=100e6, iops_max=60)
+    # 100 MB/s of bandwidth but only 60 operations/s of at most 512 KiB: small reads are slow and
+    # large ones reach 60 x 512 KiB = 31 MB/s
+    true = DriveModel(lat_s=2e-3, stream_bw=100e6, bw_max=100e6, iops_max=60, io_unit=512 << 10)
     m = fit_drive_model(samples_of(true))
     assert m.iops_max == pytest.approx(60, rel=0.02)
+    assert m.io_unit == 512 << 10
     assert m.fit_err_pct < 1.0
     for s in SIZES:
         for q in (1, 4, 16):
