@@ -1,0 +1,138 @@
+"""The ladder on throttled drives: does the embedded engine go faster with 1, 2, 3 drives?
+
+Builds three throttled drives (../shared/testbed/drives; default 30:15:15 MB/s, ceilings 2:1:1),
+writes a synthetic MoE model with `engine-bridge synth` onto the first and byte-identical copies
+onto the others, then runs the harness's ladder (U S1 U S2 S2 U S1 U: one drive, plus one replica,
+plus two, each arm a fresh `engine-bridge run` process inside the drives' blkio group) and prints
+prefill and steady decode tok/s at 1/2/3 drives with their ratios to one drive, next to the ideal
+ratio (sum of the ceilings over the primary's).
+
+Sizing: 4 layers x 32 experts, top-2, dim 1024, ff 1024 (q8_0), 64 prompt tokens: prefill reads
+~420 MB of routed experts (31 of 32 experts per layer), while its numpy work takes ~1-2 s on this shared 2-core
+machine: at 30:15:15 MB/s (14 s on one drive, 7 s on three) the drives, not numpy, set the pace.
+Each expert component is 1,114,112 B = 4.25 split blocks, so a 2:1:1 split gives every drive a
+piece of every decode read (with 2-block components the engine's rule leaves the third drive idle
+in decode). The testbed is always taken down.
+
+Run it holding the testbed lock (needs root):
+
+  flock /tmp/replica-tuner-testbed.lock .venv/bin/python bench/engine_bench.py [--drive a:60 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from engine_bridge.harness import ladder_specs, run_bench  # noqa: E402
+
+DRIVES = os.path.join(os.path.dirname(ROOT), "shared", "testbed", "drives")
+ENGINE = [sys.executable, "-c", "from engine_bridge.cli import main; main()"]
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--drive", action="append", default=[], metavar="NAME:MBPS",
+                    help="drive and its read ceiling in MB/s, primary first (default a:30 b:15 c:15)")
+    ap.add_argument("--size", default="1G", help="size of each drive")
+    ap.add_argument("--weights", default="2:1:1", help="prefill weights (default: the ceilings' ratio)")
+    ap.add_argument("--decode-weights", default=None, help="decode weights (default: the prefill weights)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--ff", type=int, default=1024)
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--gen-tokens", type=int, default=24)
+    ap.add_argument("--cache-experts", type=int, default=32)
+    ap.add_argument("--max-other-cpu", type=float, default=2.0,
+                    help="load gate, cores; this machine is shared, so by default it only records")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--out", default=None, help="run folder (default: a new folder in /var/tmp)")
+    args = ap.parse_args()
+
+    drives = [d.split(":") for d in (args.drive or ["a:30", "b:15", "c:15"])]
+    ceilings = [float(mbs) for _, mbs in drives]
+    if len(drives) != 3:
+        raise SystemExit("give exactly three --drive NAME:MBPS (primary first)")
+    if sum(ceilings) > 450:
+        raise SystemExit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")
+    if subprocess.run([sys.executable, DRIVES, "check"], capture_output=True).returncode:
+        raise SystemExit("testbed unavailable here (`drives check` failed): needs root, loop devices, blkio")
+    pre = tuple(int(x) for x in args.weights.replace(",", ":").split(":"))
+    dec = tuple(int(x) for x in args.decode_weights.replace(",", ":").split(":")) if args.decode_weights else pre
+
+    tb = tempfile.mkdtemp(prefix="engine-bench-tb-", dir="/var/tmp")
+    out = args.out or tempfile.mkdtemp(prefix="engine-bench-run-", dir="/var/tmp")
+    up = [sys.executable, DRIVES, "up", "--root", tb, "--size", args.size]
+    for name, mbs in drives:
+        up += ["--drive", f"{name}:{mbs}"]
+    try:
+        state = json.loads(sh(up).stdout)
+        mounts = [d["mount"] for d in state["drives"]]
+        paths = [os.path.join(m, "model.gguf") for m in mounts]
+        t0 = time.time()
+        sh(ENGINE + ["synth", paths[0], "--layers", str(args.layers), "--experts", str(args.experts),
+                     "--top-k", str(args.top_k), "--dim", str(args.dim), "--ff", str(args.ff), "--seed", "7"])
+        for p in paths[1:]:
+            shutil.copyfile(paths[0], p)
+        os.sync()
+        size = os.path.getsize(paths[0])
+        print(f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, top-{args.top_k}, "
+              f"dim {args.dim}, ff {args.ff}) on {len(paths)} drives at "
+              f"{':'.join(f'{c:g}' for c in ceilings)} MB/s, synth+copy {time.time() - t0:.0f}s", flush=True)
+
+        specs = ladder_specs(paths, pre, dec)
+        settings = {"prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+                    "cache_experts": args.cache_experts, "max_other_cpu": args.max_other_cpu,
+                    "wrap": [sys.executable, DRIVES, "run", "--root", tb, "--"]}
+
+        def report(ev):
+            print(f"  {ev.message}", file=sys.stderr, flush=True)
+
+        doc, files = run_bench(specs, "ladder", settings, out, repeat=args.repeat, report=report)
+    finally:
+        r = subprocess.run([sys.executable, DRIVES, "down", "--root", tb], capture_output=True, text=True)
+        if r.returncode:
+            print(f"drives down failed: {r.stderr.strip()}", file=sys.stderr)
+        shutil.rmtree(tb, ignore_errors=True)
+
+    print(f"ladder {' '.join(doc['sequence'])}; prompt {args.prompt_tokens}, gen {args.gen_tokens}, "
+          f"cache {args.cache_experts} experts; weights prefill {':'.join(map(str, pre))} decode "
+          f"{':'.join(map(str, dec))}")
+    print(f"{'drives':8} {'ok':>5} {'prefill tok/s':>13} {'ratio':>6} {'ideal':>6} {'of ideal':>8} "
+          f"{'steady tok/s':>12} {'ratio':>6} {'misses/tok':>10}")
+    for k, spec in enumerate(specs, start=1):
+        m, g = doc["medians"][spec.name], doc["gains"][spec.name]
+        ideal = sum(ceilings[:k]) / ceilings[0]
+        f = lambda v, nd=2: "-" if v is None else f"{v:.{nd}f}"  # noqa: E731
+        of = None if g["prefill_tps"] is None else g["prefill_tps"] / ideal
+        print(f"{k:<8} {m['n']:>2}/{m['n'] + m['n_failed']:<2} {f(m['prefill_tps']):>13} {f(g['prefill_tps']):>6} "
+              f"{ideal:6.2f} {f(of):>8} {f(m['gen_steady_tps']):>12} {f(g['gen_steady_tps']):>6} "
+              f"{f(m['misses_per_token']):>10}")
+    print("per arm (seq arm prefill steady others' CPU cores gates):")
+    for r in doc["rows"]:
+        load = r["gates"].get("load", {}).get("detail", r["error"])
+        print(f"  {r['seq']:2} {r['arm']:8} {r['metrics'].get('prefill_tps')} {r['metrics'].get('gen_steady_tps')} "
+              f"{'ok' if r['ok'] else 'FAILED ' + ','.join(r['failed'])}; {load}")
+    hashes = {r["output_sha256"] for r in doc["rows"] if r["output_sha256"]}
+    print(f"output hashes across all arms: {len(hashes)} distinct ({', '.join(h[:12] for h in hashes)})")
+    print(f"results {files['results']}  summary {files['summary']}  chart {files['chart']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
