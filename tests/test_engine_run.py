@@ -141,3 +141,25 @@ def test_bad_inputs_are_refused_with_one_line_and_exit_2(model_dir, tmp_path):
 def test_missing_model_is_exit_3(tmp_path):
     r = runner.invoke(app, ["run", "--model", str(tmp_path / "nope.gguf")])
     assert r.exit_code == 3 and "not found" in r.output
+
+
+def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_dir, tmp_path):
+    from engine_bridge.cache import ExpertCache
+    from engine_bridge.engine import Engine, prompt_tokens, tokens_sha256
+    from engine_bridge.model import load_resident
+    from engine_bridge.reader import SplitReader
+
+    good = run(model_dir)["output_sha256"]
+    victim = tmp_path / "victim.gguf"
+    shutil.copyfile(model_dir / "model.gguf", victim)
+    paths = [str(model_dir / "model.gguf"), str(model_dir / "r1.gguf"), str(victim)]
+    g = inspect_model(paths[0])
+    res = load_resident(g)
+    with SplitReader(paths, (10, 5, 5), (10, 6, 6), lanes=2, health_interval=0) as reader:
+        os.truncate(victim, g.tensor(0, "gate").offset)     # after the reader checked it: every expert read is short
+        eng = Engine(g, res, reader.submit, ExpertCache(4, g.layers * g.experts))
+        out = eng.run(prompt_tokens(PROMPT, res.vocab, 11), GEN)
+        eng.close()
+        stats = reader.stats()
+    assert tokens_sha256(out.tokens) == good
+    assert stats.sources[2].degraded and stats.events
