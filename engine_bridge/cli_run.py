@@ -174,7 +174,7 @@ def register(app) -> None:
         blas = limit_blas_threads(1)
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
-                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False)
+                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
         result = run_model(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
                            chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
                            dequant_threads=dequant_threads)
