@@ -183,3 +183,16 @@ def test_subprocess_runner_runs_the_real_engine(tmp_path):
     assert [s["index"] for s in rows[0]["sources"]] == [0, 1]
     assert rows[1]["failed"] == ["error"] and "exit 3" in rows[1]["error"] and "missing.gguf" in rows[1]["error"]
     assert os.path.exists(rows[0]["log"]) and "--plan" in open(rows[0]["log"]).readline()
+
+
+def test_cli_ladder_uses_newest_plan(rig, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(harness, "subprocess_runner", fake_runner((10, 2), calls))
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    os.makedirs(os.path.join(rig.root, "plans"))
+    write_arm_plan(resolve_arm("p", "10:5:5/10:6:6", rig), os.path.join(rig.root, "plans", "solved.json"))
+    res = CliRunner().invoke(app, ["ladder", "--rig", rig.root, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout[res.stdout.index("{"):])
+    assert doc["arms"]["2drives"]["prefill_weights"] == [10, 5] and doc["arms"]["3drives"]["decode_weights"] == [10, 6, 6]
+    assert [c[1] for c in calls] == doc["sequence"] and len(calls) == 8
