@@ -34,7 +34,7 @@ EXTRA_METRICS = ("hits", "misses", "misses_per_token", "cache_experts", "cache_e
 SUMMARY_METRICS = ("prefill_tps", "gen_tps", "gen_steady_tps", "gen_first_ms", "misses_per_token")
 RATE_METRICS = ("prefill_tps", "gen_tps", "gen_steady_tps")
 ORDERS = ("ABBA", "BAAB", "ABAB", "ladder")
-GATES = ("sha", "cache", "swap", "load")
+GATES = ("sha", "cache", "plan", "swap", "load")
 MAX_OTHER_CPU = 0.5            # cores other processes may use on average during an arm
 
 
@@ -142,6 +142,22 @@ def gate_cache(result: dict, requested: int | None) -> Gate:
     return Gate(True, f"cache {applied} experts as requested")
 
 
+def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
+    """The arm measured the plan it asked for: every source read, none degraded by the reader's
+    failover (a degraded arm ran a different plan; its speed says nothing about the one asked)."""
+    sources = result.get("sources") or []
+    if not sources:
+        return Gate(False, "run reported no per-source counters")
+    want = len(spec.sources) if spec is not None else len(sources)
+    if len(sources) != want:
+        return Gate(False, f"{len(sources)} sources read, the arm has {want}")
+    bad = [s.get("index", i) for i, s in enumerate(sources) if s.get("degraded")]
+    if bad:
+        return Gate(False, f"source(s) {', '.join(map(str, bad))} degraded during the run "
+                           f"({len(result.get('events') or [])} reader events)")
+    return Gate(True, f"{want} source(s), none degraded")
+
+
 def gate_swap(before: Snapshot, after: Snapshot) -> Gate:
     out = after.pswpout - before.pswpout
     shrink = before.swap_free_kb - after.swap_free_kb
@@ -173,11 +189,13 @@ def reference_sha(rows: Sequence[Row], reference: str) -> str | None:
     return None
 
 
-def gate_row(row: Row, ref_sha: str | None, requested_cache: int | None, max_other: float) -> dict[str, Gate]:
+def gate_row(row: Row, ref_sha: str | None, requested_cache: int | None, max_other: float,
+             spec: ArmSpec | None = None) -> dict[str, Gate]:
     if row.result is None:
         return {}
     return {"sha": gate_sha(row.result.get("output_sha256"), ref_sha),
             "cache": gate_cache(row.result, requested_cache),
+            "plan": gate_plan(row.result, spec),
             "swap": gate_swap(row.before, row.after),
             "load": gate_load(row.before, row.after, max_other)}
 
@@ -253,7 +271,8 @@ def build_results(specs: Sequence[ArmSpec], order: str, sequence: Sequence[str],
     ref = reference_sha(rows, reference)
     max_other = settings.get("max_other_cpu", MAX_OTHER_CPU)
     want_cache = settings.get("cache_experts")
-    row_docs = [row_dict(r, gate_row(r, ref, want_cache, max_other)) for r in rows]
+    by_name = {s.name: s for s in specs}
+    row_docs = [row_dict(r, gate_row(r, ref, want_cache, max_other, by_name.get(r.arm))) for r in rows]
     doc = {"schema": RESULTS_SCHEMA, "kind": "bench-results", "created": created, "order": order,
            "sequence": list(sequence), "control": control, "reference": reference, "reference_sha256": ref,
            "settings": dict(settings), "arms": {s.name: s.to_dict() for s in specs}, "rows": row_docs}

@@ -209,7 +209,7 @@ def runs_csv(doc: dict) -> str:
 
 
 def run_bench(specs: Sequence[ArmSpec], order: str, settings: dict, out_dir: str, *,
-              runner: Runner | None = None, probe: Callable[[], Snapshot] = snapshot, repeat: int = 1,
+              runner: Runner | None = None, probe: Callable[[], Snapshot] | None = None, repeat: int = 1,
               report=None, cancel: threading.Event | None = None) -> tuple[dict, dict]:
     """Run every arm of the sequence (one at a time), then write the run folder.
 
@@ -221,6 +221,7 @@ def run_bench(specs: Sequence[ArmSpec], order: str, settings: dict, out_dir: str
     by_name = {s.name: s for s in specs}
     settings = {"max_other_cpu": MAX_OTHER_CPU, **settings}
     runner = runner or subprocess_runner
+    probe = probe or snapshot
     os.makedirs(os.path.join(out_dir, "arms"), exist_ok=True)
     os.makedirs(os.path.join(out_dir, "plans"), exist_ok=True)
     for s in specs:

@@ -49,12 +49,12 @@ def test_gates():
     assert gate_load(b, a, 0.5).ok and not gate_load(b, a, 0.2).ok
 
 
-def _result(sha, pre, steady, gen=None, cache=64, applied=64):
+def _result(sha, pre, steady, gen=None, cache=64, applied=64, nsrc=1):
     return {"ctx_tokens": 600, "prefill_tokens": 512, "prefill_tps": pre, "gen_tokens": 88, "gen_tps": gen or steady,
             "gen_first_ms": 12.5, "gen_steady_tokens": 87, "gen_steady_tps": steady, "kvcache_bytes": 1000,
             "output_sha256": sha, "cache_experts": cache, "cache_experts_applied": applied, "hits": 10,
             "misses": 5, "misses_per_token": 0.5, "weights": {"prefill": [1], "decode": [1]},
-            "sources": [{"index": 0, "bytes": 1}], "events": []}
+            "sources": [{"index": i, "bytes": 1, "degraded": False} for i in range(nsrc)], "events": []}
 
 
 def _row(seq, arm, result, busy=0.0, error=""):
@@ -68,20 +68,26 @@ SETTINGS = {"prompt_tokens": 512, "gen_tokens": 88, "cache_experts": 64, "max_ot
 
 def test_build_results_medians_gains_pairs_and_labels():
     H, X = "a" * 64, "b" * 64
-    rows = [_row(0, "A", _result(H, 10, 5)), _row(1, "B", _result(H, 20, 6)),
-            _row(2, "B", _result(H, 22, 4)), _row(3, "A", _result(H, 12, 5)),
+    degraded = _result(H, 500, 500, nsrc=2)
+    degraded["sources"][1]["degraded"] = True
+    rows = [_row(0, "A", _result(H, 10, 5)), _row(1, "B", _result(H, 20, 6, nsrc=2)),
+            _row(2, "B", _result(H, 22, 4, nsrc=2)), _row(3, "A", _result(H, 12, 5)),
             _row(4, "A", _result(X, 100, 100)),                      # wrong hash: kept, labelled, excluded
-            _row(5, "B", _result(H, 500, 500), busy=9.0),             # others busy: load gate
+            _row(5, "B", _result(H, 500, 500, nsrc=2), busy=9.0),     # others busy: load gate
             _row(6, "B", None, error="exit 3: gone"),                 # never ran
-            _row(7, "B", _result(H, 500, 500, applied=32))]           # cache not honoured
+            _row(7, "B", _result(H, 500, 500, applied=32, nsrc=2)),   # cache not honoured
+            _row(8, "B", degraded),                                   # a replica failed mid-run
+            _row(9, "B", _result(H, 500, 500, nsrc=1))]               # read fewer sources than the arm has
     doc = build_results(SPECS, "ABBA", [r.arm for r in rows], rows, SETTINGS, "2026-11-29T19:00:00Z")
     assert tuple(doc) == RESULTS_KEYS
     check_results(json.loads(json.dumps(doc)))
-    assert [r["failed"] for r in doc["rows"]] == [[], [], [], [], ["sha"], ["load"], ["error"], ["cache"]]
+    assert [r["failed"] for r in doc["rows"]] == [[], [], [], [], ["sha"], ["load"], ["error"], ["cache"], ["plan"],
+                                                  ["plan"]]
+    assert "source(s) 1 degraded" in doc["rows"][8]["gates"]["plan"]["detail"]
     assert doc["reference_sha256"] == H
     m = doc["medians"]
     assert m["A"]["n"] == 2 and m["A"]["n_failed"] == 1 and m["A"]["prefill_tps"] == 11
-    assert m["B"]["n"] == 2 and m["B"]["n_failed"] == 3 and m["B"]["prefill_tps"] == 21 and m["B"]["gen_steady_tps"] == 5
+    assert m["B"]["n"] == 2 and m["B"]["n_failed"] == 5 and m["B"]["prefill_tps"] == 21 and m["B"]["gen_steady_tps"] == 5
     assert doc["gains"]["B"]["prefill_tps"] == pytest.approx(21 / 11)
     assert doc["gains"]["A"]["prefill_tps"] == 1
     # B@1 pairs with A@0 (tie between 0 and 3 -> nearer is 0), B@2 with A@3
@@ -91,11 +97,11 @@ def test_build_results_medians_gains_pairs_and_labels():
     row = doc["rows"][0]
     assert set(row) == {"seq", "arm", "ok", "failed", "error", "gates", "wall_s", "output_sha256", "metrics",
                         "weights", "sources", "events", "log"}
-    assert set(row["gates"]) == {"sha", "cache", "swap", "load"}
+    assert set(row["gates"]) == {"sha", "cache", "plan", "swap", "load"}
 
 
 def test_reference_never_completing_fails_every_sha_gate():
-    rows = [_row(0, "A", None, error="boom"), _row(1, "B", _result("a" * 64, 1, 1))]
+    rows = [_row(0, "A", None, error="boom"), _row(1, "B", _result("a" * 64, 1, 1, nsrc=2))]
     doc = build_results(SPECS, "ABAB", ["A", "B"], rows, SETTINGS, "t")
     assert doc["rows"][1]["failed"] == ["sha"]
     assert doc["medians"]["A"]["prefill_tps"] is None and doc["gains"]["B"]["prefill_tps"] is None
@@ -104,8 +110,8 @@ def test_reference_never_completing_fails_every_sha_gate():
 
 def test_markdown_and_svg():
     H = "c" * 64
-    rows = [_row(0, "A", _result(H, 10, 5)), _row(1, "B", _result(H, 20, 6)), _row(2, "B", _result("d" * 64, 1, 1)),
-            _row(3, "A", _result(H, 10, 5))]
+    rows = [_row(0, "A", _result(H, 10, 5)), _row(1, "B", _result(H, 20, 6, nsrc=2)),
+            _row(2, "B", _result("d" * 64, 1, 1, nsrc=2)), _row(3, "A", _result(H, 10, 5))]
     doc = build_results(SPECS, "ABBA", "ABBA", rows, SETTINGS, "t")
     md = render_markdown(doc)
     assert "| B | 2 | 2:1 | 10:6 | 1 | 1 | 20.00 | 2.00 |" in md

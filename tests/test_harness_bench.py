@@ -43,7 +43,8 @@ def fake_runner(speeds, calls, fail=()):
                 "gen_first_ms": 3.0, "ctx_tokens": 10, "prefill_tokens": 8, "gen_tokens": 2, "gen_steady_tokens": 1,
                 "kvcache_bytes": 0, "output_sha256": "f" * 64, "cache_experts": settings.get("cache_experts") or 64,
                 "cache_experts_applied": settings.get("cache_experts") or 64, "hits": 1, "misses": 1,
-                "misses_per_token": 0.5, "sources": [], "events": []}, ""
+                "misses_per_token": 0.5, "events": [],
+                "sources": [{"index": i, "degraded": False} for i in range(k)]}, ""
     return run
 
 
