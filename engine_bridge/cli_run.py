@@ -128,7 +128,7 @@ def register(app) -> None:
         ff: int = typer.Option(SYNTH_DEFAULTS["ff"], "--ff", help="Expert hidden width (dim*ff must be a multiple of 65536)."),
         vocab: int = typer.Option(SYNTH_DEFAULTS["vocab"], "--vocab", help="Vocabulary size."),
         seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
-        quant: str = typer.Option(SYNTH_DEFAULTS["quant"], "--quant", help="Routed expert type: q8_0 or q4_0."),
+        quant: str = typer.Option(SYNTH_DEFAULTS["quant"], "--quant", help="Routed expert type: q8_0, q4_0, or f32 (unquantized: least compute per byte read)."),
         json_out: bool = JsonOption,
     ):
         """Write a small but complete MoE transformer (GGUF) laid out like the real model."""

@@ -6,8 +6,11 @@ model's shape: routed experts live in `blk.N.ffn_{gate,up,down}_exps.weight`, ex
 
 ARCH = "replica-moe"                     # general.architecture of models written by `synth`
 ALIGNMENT = 4096                         # bytes: file alignment and expert component granule
-QUANT_BLOCK = 32                         # values per Q8_0 / Q4_0 block
-QUANT_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}   # bytes per block (fp16 scale + quants)
+QUANT_BLOCK = 32                         # values per Q8_0 / Q4_0 block; dims are multiples of it
+# Routed expert types synth writes: (values, bytes) per block. f32 is not quantized: it costs no
+# dequantize and a quarter of the multiply per byte read, for storage-bound runs on slow CPUs.
+QUANT_TYPES = {"q8_0": (32, 34), "q4_0": (32, 18), "f32": (1, 4)}
+SHARED_FF_DIVISOR = 4                    # the shared expert is ff / 4 wide (resident compute kept small)
 
 COMPONENTS = ("gate", "up", "down")      # the three tensors of one routed expert
 

@@ -39,7 +39,7 @@ _Q4 = np.dtype([("d", "<f2"), ("q", "u1", (QUANT_BLOCK // 2,))])
 
 
 def dequantize(buf, qtype: str, rows: int, cols: int) -> np.ndarray:
-    """Q8_0 / Q4_0 bytes -> float32 (rows, cols); equal to gguf.quants.dequantize, but one pass."""
+    """Q8_0 / Q4_0 / F32 bytes -> float32 (rows, cols); equal to gguf.quants.dequantize, but one pass."""
     if qtype == "Q8_0":
         a = np.frombuffer(buf, dtype=_Q8, count=rows * cols // QUANT_BLOCK)
         out = np.empty((a.shape[0], QUANT_BLOCK), dtype=np.float32)
@@ -54,6 +54,8 @@ def dequantize(buf, qtype: str, rows: int, cols: int) -> np.ndarray:
         np.multiply((q & 0x0F).astype(np.int8) - 8, d, out=out[:, :half], dtype=np.float32, casting="unsafe")
         np.multiply((q >> 4).astype(np.int8) - 8, d, out=out[:, half:], dtype=np.float32, casting="unsafe")
         return out.reshape(rows, cols)
+    if qtype == "F32":     # copied, so a cached expert does not pin its whole staging read
+        return np.frombuffer(buf, dtype=np.float32, count=rows * cols).reshape(rows, cols).copy()
     raise ValueError(f"unsupported expert type {qtype}")
 
 

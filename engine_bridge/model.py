@@ -163,8 +163,8 @@ def load_resident(geometry: Geometry) -> Resident:
         return np.array(t.data, dtype=np.float32)  # copies out of the map: a plain read
 
     qtypes = {t.qtype for t in geometry.tensors}
-    if qtypes - {"Q8_0", "Q4_0"}:
-        raise UsageError(f"{geometry.path}: routed experts are {sorted(qtypes)}; the engine computes Q8_0 and Q4_0")
+    if qtypes - {"Q8_0", "Q4_0", "F32"} or len(qtypes) != 1:
+        raise UsageError(f"{geometry.path}: routed experts are {sorted(qtypes)}; the engine computes one of Q8_0, Q4_0, F32")
     layers = tuple({n: get(f"blk.{i}.{n}.weight") for n in LAYER_RESIDENT} for i in range(geometry.layers))
     embed = get("token_embd.weight")
     first = layers[0]

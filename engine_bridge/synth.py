@@ -1,10 +1,10 @@
 """Write a small but complete MoE transformer as a GGUF file, laid out like the real model.
 
-Routed experts are quantized (Q8_0 or Q4_0) in `blk.N.ffn_{gate,up,down}_exps.weight`,
+Routed experts are quantized (Q8_0 or Q4_0; or F32 for storage-bound runs on slow CPUs) in `blk.N.ffn_{gate,up,down}_exps.weight`,
 expert-major, so expert e of a tensor starts at `tensor_offset + e * component_bytes`; the file
 alignment is 4096, and dims are accepted only when every component is a whole number of 4 KiB
 pages, so each component is 4 KiB-aligned and cold-readable as is. Norms, router, shared expert,
-attention, embeddings and output are resident (F32).
+attention, embeddings and output are resident (F32); the shared expert is ff/4 wide.
 
 Every tensor is drawn from its own generator seeded by (seed, tensor index), and tensors are
 generated and written one at a time, so memory stays at one tensor and the same arguments always
@@ -22,7 +22,7 @@ import numpy as np
 from replicas.errors import UsageError, WriteError
 
 from .constants import (ALIGNMENT, ARCH, ATTN_DIM, COMPONENTS, KV_ATTN, KV_DIM, KV_EXPERTS, KV_FF, KV_LAYERS,
-                        KV_SEED, KV_TOP_K, KV_VOCAB, QUANT_BLOCK, QUANT_BLOCK_BYTES, SYNTH_DEFAULTS,
+                        KV_SEED, KV_TOP_K, KV_VOCAB, QUANT_BLOCK, QUANT_TYPES, SHARED_FF_DIVISOR, SYNTH_DEFAULTS,
                         expert_tensor_name)
 
 
@@ -40,7 +40,8 @@ class SynthSpec:
     @property
     def component_bytes(self) -> int:
         """Bytes of one expert's gate (= up = down) slice."""
-        return self.dim * self.ff // QUANT_BLOCK * QUANT_BLOCK_BYTES[self.quant]
+        values, nbytes = QUANT_TYPES[self.quant]
+        return self.dim * self.ff // values * nbytes
 
     @property
     def expert_bytes(self) -> int:
@@ -49,8 +50,8 @@ class SynthSpec:
 
 def check_spec(s: SynthSpec) -> SynthSpec:
     """Refuse shapes the layout cannot hold, with the nearest fix in the message."""
-    if s.quant not in QUANT_BLOCK_BYTES:
-        raise UsageError(f"--quant {s.quant!r}: use one of {', '.join(QUANT_BLOCK_BYTES)}")
+    if s.quant not in QUANT_TYPES:
+        raise UsageError(f"--quant {s.quant!r}: use one of {', '.join(QUANT_TYPES)}")
     for name in ("layers", "experts", "top_k", "dim", "ff", "vocab"):
         v = getattr(s, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -61,12 +62,13 @@ def check_spec(s: SynthSpec) -> SynthSpec:
         raise UsageError(f"--vocab {s.vocab}: need at least 2 tokens")
     for name in ("dim", "ff"):
         if getattr(s, name) % QUANT_BLOCK:
-            raise UsageError(f"--{name} {getattr(s, name)}: must be a multiple of {QUANT_BLOCK} ({s.quant} blocks)")
+            raise UsageError(f"--{name} {getattr(s, name)}: must be a multiple of {QUANT_BLOCK}")
     if s.dim < ATTN_DIM:
         raise UsageError(f"--dim {s.dim}: must be at least {ATTN_DIM} (the attention head width)")
     if s.component_bytes % ALIGNMENT:
-        # Q8_0 and Q4_0 block bytes (34, 18) are 2 x odd, so dim*ff must be a multiple of 65536.
-        need = ALIGNMENT * QUANT_BLOCK // np.gcd(ALIGNMENT * QUANT_BLOCK, QUANT_BLOCK_BYTES[s.quant])
+        # Q8_0 and Q4_0 block bytes (34, 18) are 2 x odd, so dim*ff must be a multiple of 65536 (f32: 1024).
+        values, nbytes = QUANT_TYPES[s.quant]
+        need = ALIGNMENT * values // int(np.gcd(ALIGNMENT * values, nbytes))
         raise UsageError(f"--dim {s.dim} --ff {s.ff}: an expert component would be {s.component_bytes} B, not a multiple "
                          f"of {ALIGNMENT} B; choose dim*ff a multiple of {need} (e.g. --dim 512 --ff 1024)")
     return s
@@ -89,6 +91,8 @@ class _Tensor:
 def tensor_plan(s: SynthSpec) -> list[_Tensor]:
     """Every tensor of the model in file order (pure)."""
     d, f, e, a, v = s.dim, s.ff, s.experts, ATTN_DIM, s.vocab
+    fs = max(QUANT_BLOCK, f // SHARED_FF_DIVISOR)
+    routed = None if s.quant == "f32" else s.quant      # f32 experts are plain F32 tensors
     out = [_Tensor("token_embd.weight", (v, d), 1.0)]
     for i in range(s.layers):
         p = f"blk.{i}."
@@ -100,27 +104,29 @@ def tensor_plan(s: SynthSpec) -> list[_Tensor]:
             _Tensor(p + "attn_output.weight", (d, a), a ** -0.5),
             _Tensor(p + "ffn_norm.weight", (d,), 0.05, 1.0),
             _Tensor(p + "ffn_gate_inp.weight", (e, d), d ** -0.5),
-            _Tensor(p + "ffn_gate_shexp.weight", (f, d), d ** -0.5),
-            _Tensor(p + "ffn_up_shexp.weight", (f, d), d ** -0.5),
-            _Tensor(p + "ffn_down_shexp.weight", (d, f), f ** -0.5),
+            _Tensor(p + "ffn_gate_shexp.weight", (fs, d), d ** -0.5),
+            _Tensor(p + "ffn_up_shexp.weight", (fs, d), d ** -0.5),
+            _Tensor(p + "ffn_down_shexp.weight", (d, fs), fs ** -0.5),
         ]
         for comp in COMPONENTS:
             shape = (e, d, f) if comp == "down" else (e, f, d)
             fan_in = shape[-1]
-            out.append(_Tensor(expert_tensor_name(i, comp), shape, fan_in ** -0.5, 0.0, s.quant))
+            out.append(_Tensor(expert_tensor_name(i, comp), shape, fan_in ** -0.5, 0.0, routed))
     out += [_Tensor("output_norm.weight", (d,), 0.05, 1.0), _Tensor("output.weight", (v, d), d ** -0.5)]
     return out
 
 
 def _nbytes(t: _Tensor) -> int:
     n = int(np.prod(t.shape))
-    return n * 4 if t.quant is None else n // QUANT_BLOCK * QUANT_BLOCK_BYTES[t.quant]
+    values, nbytes = QUANT_TYPES[t.quant or "f32"]
+    return n // values * nbytes
 
 
 def _byte_shape(t: _Tensor) -> tuple[int, ...]:
     if t.quant is None:
         return t.shape
-    return t.shape[:-1] + (t.shape[-1] // QUANT_BLOCK * QUANT_BLOCK_BYTES[t.quant],)
+    values, nbytes = QUANT_TYPES[t.quant]
+    return t.shape[:-1] + (t.shape[-1] // values * nbytes,)
 
 
 def _generate(t: _Tensor, seed: int, index: int) -> np.ndarray:

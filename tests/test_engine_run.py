@@ -163,3 +163,16 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
         stats = reader.stats()
     assert tokens_sha256(out.tokens) == good
     assert stats.sources[2].degraded and stats.events
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "f32"])
+def test_other_expert_types_give_one_hash_across_sources_and_caches(tmp_path, quant):
+    from engine_bridge.synth import SynthSpec, synthesize
+
+    m = tmp_path / "m.gguf"
+    synthesize(str(m), SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=512, vocab=64, seed=1, quant=quant))
+    shutil.copyfile(m, tmp_path / "r.gguf")
+    one = run_model(str(m), SourceSet((str(m),), (10,), (10,)), 16, 3, 8, 2, prompt_seed=1)
+    two = run_model(str(m), SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, 3, prompt_seed=1)
+    assert one["output_sha256"] == two["output_sha256"]
+    assert two["sources"][1]["bytes"] > 0

@@ -28,7 +28,7 @@ def test_same_args_same_bytes_other_seed_other_bytes(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
 
 
-@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0", "f32"])
 def test_layout_names_alignment_and_expert_major_slices(tmp_path, quant):
     spec = SynthSpec(**{**SMALL.__dict__, "quant": quant})
     path = str(tmp_path / "m.gguf")
@@ -47,6 +47,7 @@ def test_layout_names_alignment_and_expert_major_slices(tmp_path, quant):
     assert g.component_bytes == spec.component_bytes and g.component_bytes % ALIGNMENT == 0
     byname = {t.name: t for t in r.tensors}
     qt = gguf.GGMLQuantizationType[quant.upper()]
+    data = lambda t, e: np.asarray(t.data[e])  # noqa: E731
     with open(path, "rb") as f:
         for layer in range(spec.layers):
             for e in range(spec.experts):
@@ -57,10 +58,10 @@ def test_layout_names_alignment_and_expert_major_slices(tmp_path, quant):
                     f.seek(off)
                     raw = f.read(n)
                     # expert e of the tensor is exactly the slice at tensor_offset + e * component_bytes
-                    assert raw == np.asarray(t.data[e]).tobytes()
+                    assert raw == data(t, e).tobytes()
                     rows, cols = (spec.dim, spec.ff) if c == "down" else (spec.ff, spec.dim)
                     ours = dequantize(raw, quant.upper(), rows, cols)
-                    assert np.array_equal(ours, gguf.quants.dequantize(np.asarray(t.data[e]), qt))
+                    assert np.array_equal(ours, gguf.quants.dequantize(data(t, e), qt).reshape(rows, cols))
 
 
 @pytest.mark.parametrize("kw, words", [
