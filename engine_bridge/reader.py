@@ -36,6 +36,7 @@ from .readstats import (ReaderEvent, ReaderStats, SourceStats, format_stats, hea
 
 PHASES = ("prefill", "decode")
 HEALTH_INTERVAL_S = 1.0        # how often submit() re-stats the source files (vanished/truncated)
+POOL_BYTES = 512 << 20         # released read buffers kept for reuse, bytes
 
 __all__ = ["SplitReader", "ReadTicket", "CachedReader", "ReaderStats", "SourceStats", "ReaderEvent", "format_stats"]
 
@@ -73,6 +74,40 @@ def _check_buffer(buffer, offset: int, length: int):
     return buffer
 
 
+class _BufferPool:
+    """Released read buffers kept by size class for reuse, up to `limit` bytes in all."""
+
+    GRAIN = 1 << 20
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.free: dict[int, list] = {}
+        self.held = 0
+        self.lock = threading.Lock()
+
+    @classmethod
+    def size_class(cls, nbytes: int) -> int:
+        if nbytes >= cls.GRAIN:
+            return align_up(nbytes, cls.GRAIN)
+        return max(ALIGNMENT, 1 << (nbytes - 1).bit_length())
+
+    def get(self, nbytes: int):
+        size = self.size_class(nbytes)
+        with self.lock:
+            bucket = self.free.get(size)
+            if bucket:
+                self.held -= size
+                return bucket.pop()
+        return aligned_buffer(size)
+
+    def put(self, buf) -> None:
+        size = len(buf)
+        with self.lock:
+            if self.held + size <= self.limit:
+                self.free.setdefault(size, []).append(buf)
+                self.held += size
+
+
 class _Short(Exception):
     """A piece came back with fewer bytes than the file must hold there."""
 
@@ -80,11 +115,11 @@ class _Short(Exception):
 class ReadTicket:
     """One read in flight: `result()` waits for its barrier and returns exactly its bytes."""
 
-    __slots__ = ("offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error")
+    __slots__ = ("offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool")
 
-    def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int):
+    def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None):
         self.offset, self.length, self.phase = offset, length, phase
-        self._buf, self._base = buf, base
+        self._buf, self._base, self._pool = buf, base, pool
         self._remaining = pieces
         self._landings: list[tuple[int, int]] = []
         self._done = threading.Event()
@@ -100,8 +135,20 @@ class ReadTicket:
             raise TimeoutError(f"read ({self.offset}, {self.length}) still in flight after {timeout}s")
         if self._error is not None:
             raise self._error
+        if self._buf is None:
+            raise UsageError(f"read ({self.offset}, {self.length}): result() after release()")
         lo = self.offset - self._base
         return memoryview(self._buf)[lo:lo + self.length]
+
+    def release(self) -> None:
+        """Give the reader's buffer back for reuse by a later read (a fresh buffer's page faults
+        cost more than a tmpfs read on a small VM). Views from `result()` must not be used after.
+        A no-op for a caller's own buffer; waits for the read to finish first."""
+        self._done.wait()
+        buf, pool = self._buf, self._pool
+        self._buf, self._pool = None, None
+        if pool is not None and buf is not None:
+            pool.put(buf)
 
 
 class SplitReader:
@@ -117,7 +164,8 @@ class SplitReader:
 
     def __init__(self, paths: Sequence[str], weights: Sequence[int], decode_weights: Sequence[int] | None = None, *,
                  lanes: int = 8, engine: str = "ds4-argodrive", report: Callable | None = None, cold: bool = True,
-                 opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S):
+                 opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
+                 pool_bytes: int = POOL_BYTES):
         paths = [os.fspath(p) for p in paths]
         if not paths:
             raise UsageError("split reader: give at least one source (the primary model file)")
@@ -164,6 +212,7 @@ class SplitReader:
         self._bytes_done = 0
         self._last_health = time.monotonic()
         self._closed = False
+        self._pool = _BufferPool(pool_bytes)
         self._queues = [queue.SimpleQueue() for _ in range(n)]
         self._threads = []
         for s in range(n):
@@ -207,7 +256,8 @@ class SplitReader:
         buffer: optional page-aligned writable buffer (from `aligned_buffer`) of at least
         `span(offset, length)` bytes to read into, so a caller with its own staging buffers avoids
         allocating (and faulting in) a fresh one per read; the bytes land at
-        `offset - align_down(offset)` in it. Default: a fresh buffer per read.
+        `offset - align_down(offset)` in it. Default: a buffer of the reader's, which
+        `ticket.release()` hands back for reuse once the caller is done with the bytes.
         """
         if self._closed:
             raise UsageError("split reader: read after close()")
@@ -225,8 +275,11 @@ class SplitReader:
         weights = self.decode_weights if phase == "decode" else self.weights
         pieces = healthy_split(offset, length, weights, healthy, self.engine)
         base = align_down(offset)
-        buf = aligned_buffer(span(offset, length)) if buffer is None else _check_buffer(buffer, offset, length)
-        ticket = ReadTicket(offset, length, phase, buf, base, len(pieces))
+        if buffer is None:
+            buf, pool = self._pool.get(span(offset, length)), self._pool
+        else:
+            buf, pool = _check_buffer(buffer, offset, length), None
+        ticket = ReadTicket(offset, length, phase, buf, base, len(pieces), pool)
         for s, po, pl in pieces:
             self._queues[s].put((ticket, po, pl))
         return ticket

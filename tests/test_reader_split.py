@@ -167,3 +167,19 @@ def test_caller_buffer(model):
             r.read(100, 2 * BLOCK, buffer=aligned_buffer(2 * BLOCK))
         with pytest.raises(UsageError, match="page-aligned"):
             r.read(0, 10, buffer=memoryview(aligned_buffer(8192))[1:])
+
+
+def test_released_buffers_are_reused(model):
+    paths, data = model
+    with SplitReader(paths, [2, 1, 1], lanes=2) as r:
+        t = r.submit(10, BLOCK + 5)
+        first = t._buf
+        assert bytes(t.result()) == data[10:10 + BLOCK + 5]
+        t.release()
+        with pytest.raises(UsageError, match="after release"):
+            t.result()
+        t2 = r.submit(4096 * 3 + 1, BLOCK)          # same size class: gets the same buffer back
+        assert t2._buf is first
+        assert bytes(t2.result()) == data[4096 * 3 + 1:4096 * 3 + 1 + BLOCK]
+        t3 = r.submit(0, 100)                       # nothing released of that class: a new one
+        assert t3._buf is not first and bytes(t3.result()) == data[:100]
