@@ -155,6 +155,8 @@ def check_options(targets: Sequence[Target], opts: RunOptions) -> None:
         raise UsageError("--lanes: give lane counts 1..256, e.g. 1,2,4,8,16")
     if not opts.alone and not opts.together:
         raise UsageError("nothing to run: both alone and together runs are off")
+    if not opts.alone and len(targets) < 2:
+        raise UsageError("--together needs at least two drives")
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise UsageError(f"two targets share a name ({', '.join(names)})")

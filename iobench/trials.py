@@ -7,7 +7,8 @@ threads overlap their reads). All lanes of a trial, on every drive in it, wait o
 completed a request and at least `min_warmup` s after the gate (a throttle or a drive settles
 for a moment after going busy), run back to back, and are the same instants for every drive.
 At each window edge it samples every drive's device counter (`meter`); lanes keep issuing until
-the last edge is sampled, so every drive is busy for the whole of every window.
+the last edge is sampled, so every drive is busy for the whole of every window. A window is
+stretched when a drive would complete only a few (large) requests in it.
 
 A drive's bytes in a window are what its device delivered (the meter's difference); without a
 meter, requests are credited by the part of their life inside the window (`stats`). Requests
@@ -33,6 +34,9 @@ from .shapes import Shape, SlotTable
 MIN_WARMUP_S = 0.25     # s after the gate before the first window
 MAX_WARMUP_S = 5.0      # s: windows start by then even if a lane has not completed a request
 POLL_S = 0.002
+SAMPLE_S = 0.01         # s between device counter samples inside a window
+MIN_REQUESTS = 8        # requests per drive per window, at least, by stretching the window
+MAX_STRETCH = 3.0       # ... to at most this many times the requested window
 
 
 @dataclass
@@ -120,7 +124,8 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
     def stopping() -> bool:
         return bool(failures) or (cancel is not None and cancel.is_set())
 
-    edges: list[tuple[int, dict[str, int]]] = []
+    edges: list[tuple[int, dict[str, int]]] = []       # the window boundaries
+    trace: list[tuple[int, dict[str, int]]] = []       # every meter sample, boundaries included
     try:
         for t in threads:
             t.start()
@@ -134,18 +139,22 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
                 break
             time.sleep(POLL_S)
         if not stopping():
+            step = int(_window_s(streams, records, seconds, shared.gate_ns) * 1e9)
             edges.append(sample())
-            step = int(seconds * 1e9)
+            trace.append(edges[-1])
             for i in range(1, windows + 1):
                 target = edges[0][0] + i * step
                 while not stopping():
                     left = target - time.perf_counter_ns()
                     if left <= 0:
                         break
-                    time.sleep(min(left / 1e9, 0.05))
+                    time.sleep(min(left / 1e9, SAMPLE_S))
+                    if meters and target - time.perf_counter_ns() > SAMPLE_S * 1e9 / 2:
+                        trace.append(sample())
                 if stopping():
                     break
                 edges.append(sample())
+                trace.append(edges[-1])
     except BaseException:
         shared.closed.set()
         barrier.abort()
@@ -162,10 +171,10 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
         raise e
     if cancel is not None and cancel.is_set():
         raise Interrupted("trial cancelled")
-    return _summarise(streams, records, edges)
+    return _summarise(streams, records, edges, trace)
 
 
-def _summarise(streams, records, edges) -> list[StreamRun]:
+def _summarise(streams, records, edges, trace) -> list[StreamRun]:
     wins = [(edges[i][0], edges[i + 1][0]) for i in range(len(edges) - 1)]
     a0, end = wins[0][0], wins[-1][1]
     req = []
@@ -185,12 +194,11 @@ def _summarise(streams, records, edges) -> list[StreamRun]:
             dev_total = 0.0
             peers = [j for j, p in enumerate(streams) if p.meter is not None and p.meter.key == s.meter.key]
             for w, (a, b) in enumerate(wins):
-                delivered = edges[w + 1][1][s.meter.key] - edges[w][1][s.meter.key]
                 mine, together = by_req[w][0], sum(req[j][3][w][0] for j in peers)
                 share = mine / together if together > 0 else 1.0 / len(peers)
-                dev = delivered * share
-                dev_total += dev
-                rates.append((dev / ((b - a) / 1e9), by_req[w][1]))
+                rate = meter_rate(trace, s.meter.key, a, b) * share
+                dev_total += rate * (b - a) / 1e9
+                rates.append((rate, by_req[w][1]))
         else:
             rates = list(by_req)
         app = sum(r * (b - a) / 1e9 for (r, _), (a, b) in zip(by_req, wins))
@@ -200,6 +208,37 @@ def _summarise(streams, records, edges) -> list[StreamRun]:
                              app_bytes=app, device_bytes=dev_total,
                              short_reads=int((nb < s.shape.piece_bytes).sum())))
     return out
+
+
+def _window_s(streams, records, seconds: float, gate_ns: int) -> float:
+    """`seconds`, stretched (up to MAX_STRETCH times) so that each drive completes about
+    MIN_REQUESTS requests per window at the rate it showed in the warm-up: a slow drive reading
+    large pieces delivers in steps of a piece, and a window of a few steps is mostly edge."""
+    elapsed = (time.perf_counter_ns() - gate_ns) / 1e9
+    want = seconds
+    for s, per_lane in zip(streams, records):
+        done = sum(r[2] for lane in per_lane for r in list(lane))
+        if done > 0 and elapsed > 0:
+            want = max(want, MIN_REQUESTS * s.shape.piece_bytes / (done / elapsed))
+    return min(want, MAX_STRETCH * seconds)
+
+
+def meter_rate(trace: list[tuple[int, dict[str, int]]], key: str, a: int, b: int) -> float:
+    """Bytes/s of one device over [a, b]: the least-squares slope of its counter samples.
+
+    A throttle or a drive may deliver in steps (a whole large request at once, then a pause);
+    the difference of the two end samples then depends on where the steps fall, while the slope
+    through every sample in between does not, nearly. Two samples give the plain difference.
+    """
+    pts = [(t, c[key]) for t, c in trace if a <= t <= b]
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return 0.0
+    t = np.array([p[0] for p in pts], dtype=float) / 1e9
+    y = np.array([p[1] for p in pts], dtype=float)
+    if len(pts) == 2:
+        return float((y[1] - y[0]) / (t[1] - t[0]))
+    t -= t.mean()
+    return float(max(0.0, (t * (y - y.mean())).sum() / (t * t).sum()))
 
 
 def _lane(s: Stream, table: SlotTable, next_slot, rng, rec, shared: _Shared, barrier: threading.Barrier, failures):

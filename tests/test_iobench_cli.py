@@ -125,20 +125,25 @@ def test_show_and_compare(two_files):
     (["run", "{a}", "{b}", "--group", "hub"], "--group"),
     (["run", "{a}", "{b}", "--group", "hub=a,nope"], "no drive named"),
     (["run", "{a}", "{b}", "--weights", "10:5:5"], "one weight per drive"),
+    (["run", "{a}", "{b}", "--weights", "10:5", "--decode-weights", "1:2:3"], "one weight per drive"),
+    (["run", "{a}", "{b}", "{small}", "{tmp}/x", "--preset", "seq"], "no such file"),
     (["run", "{a}", "--weights", "0"], "weight"),
     (["run", "{a}", "--seconds", "0"], "--seconds"),
     (["run", "{a}", "{a}"], "twice"),
+    (["run", "{a}", "--together"], "at least two drives"),
+    (["run", "{a}", "{b}", "{small}", "{c}", "--preset", "prefill"], "at most 3 sources"),
     (["run"], "no rig"),
     (["show"], "no iobench results"),
     (["show", "/no/such.json"], "no such result"),
     (["compare", "{a}", "{b}"], "not valid JSON"),
 ])
 def test_bad_input_exits_2(tmp_path, args, message):
-    a, b, small = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "small.bin"
+    a, b, c, small = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "c.bin", tmp_path / "small.bin"
     write_random(a, 12 * MiB, seed=1)
     write_random(b, 12 * MiB, seed=2)
+    write_random(c, 12 * MiB, seed=5)
     write_random(small, MiB, seed=3)
-    subst = {"{tmp}": str(tmp_path), "{a}": str(a), "{b}": str(b), "{small}": str(small)}
+    subst = {"{tmp}": str(tmp_path), "{a}": str(a), "{b}": str(b), "{c}": str(c), "{small}": str(small)}
     r = invoke(*[subst.get(x, x) for x in args])
     assert r.exit_code == 2, r.output
     assert message in r.output

@@ -1,0 +1,213 @@
+"""iobench on throttled drives: measured ceilings next to the throttles and next to fio, from one run.
+
+    python3 bench/iobench_bench.py [--mbs fast:200,mid:100,slow:100] [--size 1.5G] [--seconds S] [--repeat N]
+
+Builds a testbed (../shared/testbed/drives: loop-device drives with cgroup-v1 blkio read
+throttles), writes one file of random bytes on each drive, then, with every read throttled:
+
+1. one `iobench run --preset all` over the three files (its wall time is the last figure);
+2. `iobench fio FILE --preset seq` and `--preset prefill` on each file (iobench, then fio's
+   bw_bytes, on the same file and shape).
+
+It prints, from that one run: seq and prefill ceilings / throttle (target within 5 %), the spread
+over repeats (target under 3 %), iobench / fio (target within 5 %) and the wall time of the full
+run (target under 2 minutes). MB = 10**6 bytes. Needs root and the testbed (`drives check`); where
+they are missing it says why and exits 0. Holds /tmp/replica-tuner-testbed.lock while it runs, so
+benchmarks never measure each other, and always takes the testbed down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVES = os.environ.get("TESTBED_DRIVES", os.path.join(os.path.dirname(ROOT), "shared", "testbed", "drives"))
+LOCK = "/tmp/replica-tuner-testbed.lock"
+_SCRIPT = os.path.join(os.path.dirname(sys.executable), "iobench")
+IOBENCH = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-c", "from iobench.cli import main; main()"]
+
+TARGET_CEILING = 0.05     # |measured / throttle - 1|
+TARGET_SPREAD = 3.0       # % over repeats
+TARGET_FIO = 0.05         # |iobench / fio - 1|
+TARGET_WALL = 120.0       # s for --preset all on 3 drives
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def parse_mbs(text: str) -> dict[str, float]:
+    out = {}
+    for item in text.split(","):
+        name, _, mbs = item.partition(":")
+        out[name.strip()] = float(mbs)
+    return out
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
+    t = text.strip().upper()
+    return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
+
+
+def write_file(path: str, size: int, seed: int) -> None:
+    """`size` bytes of random data (a 64 MiB random pattern, rotated per block), durable."""
+    import numpy as np
+
+    pattern = np.random.default_rng(seed).integers(0, 256, 64 << 20, dtype=np.uint8)
+    block = 16 << 20
+    with open(path, "wb") as f:
+        done, i = 0, 0
+        while done < size:
+            n = min(block, size - done)
+            start = (i * 7919 * 4096) % (len(pattern) - block)
+            f.write(pattern[start:start + n].tobytes())
+            done += n
+            i += 1
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def throttled(root: str, cmd: list[str]) -> subprocess.CompletedProcess:
+    return sh([sys.executable, DRIVES, "run", "--root", root, "--", *cmd], cwd=ROOT)
+
+
+def ok(good: bool) -> str:
+    return "ok" if good else "MISS"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mbs", default="fast:200,mid:100,slow:100", help="drive:MB/s read throttles")
+    ap.add_argument("--size", default="1.5G", help="bytes per file (decimal suffixes)")
+    ap.add_argument("--seconds", default=None, help="iobench --seconds (default: iobench's)")
+    ap.add_argument("--repeat", default=None, help="iobench --repeat (default: iobench's)")
+    a = ap.parse_args()
+    mbs = parse_mbs(a.mbs)
+    size = parse_bytes(a.size)
+
+    check = sh([sys.executable, DRIVES, "check"]) if os.path.exists(DRIVES) else None
+    if check is None or check.returncode != 0:
+        print(f"iobench_bench: skipped, no testbed here ({(check.stdout.strip() if check else DRIVES + ' not found')})")
+        return 0
+    if shutil.which("fio") is None:
+        print("iobench_bench: fio not installed; the fio comparison will be skipped")
+
+    lock = open(LOCK, "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    root = tempfile.mkdtemp(prefix="iobench-bench-", dir="/var/tmp")
+    disk = max(3, int(size * 1.3 / 1e9) + 1)
+    up = [sys.executable, DRIVES, "up", "--root", root, "--size", f"{disk}G"]
+    for name, v in mbs.items():
+        up += ["--drive", f"{name}:{v:g}"]
+    try:
+        p = sh(up)
+        if p.returncode:
+            print(f"iobench_bench: testbed up failed: {p.stderr.strip() or p.stdout.strip()}")
+            return 1
+        state = json.loads(open(os.path.join(root, "testbed.json")).read())
+        mounts = {d["name"]: d["mount"] for d in state["drives"]}
+        files = {}
+        t0 = time.perf_counter()
+        for i, name in enumerate(mbs):
+            files[name] = os.path.join(mounts[name], "model.bin")
+            write_file(files[name], size, seed=i)
+        print(f"testbed: {', '.join(f'{n} {v:g} MB/s' for n, v in mbs.items())}; "
+              f"{size / 1e9:.2f} GB file on each (written in {time.perf_counter() - t0:.0f}s)")
+        extra = []
+        if a.seconds:
+            extra += ["--seconds", a.seconds]
+        if a.repeat:
+            extra += ["--repeat", a.repeat]
+
+        # 1. one full run
+        drop_caches()
+        rig = os.path.join(root, "rig")
+        t0 = time.perf_counter()
+        p = throttled(root, IOBENCH + ["run", *files.values(), "--preset", "all", "--rig", rig, "--json", *extra])
+        wall = time.perf_counter() - t0
+        if p.returncode:
+            print(f"iobench run failed ({p.returncode}): {p.stderr[-2000:]}")
+            return 1
+        result = json.loads(p.stdout)
+
+        # 2. the same file and shape, iobench then fio
+        fio = {}
+        if shutil.which("fio"):
+            for name, path in files.items():
+                for preset in ("seq", "prefill"):
+                    q = throttled(root, IOBENCH + ["fio", path, "--preset", preset, "--json", *extra])
+                    if q.returncode:
+                        print(f"iobench fio {name} {preset} failed: {q.stderr[-1000:]}")
+                        continue
+                    fio[(name, preset)] = json.loads(q.stdout)
+    finally:
+        sh([sys.executable, DRIVES, "down", "--root", root])
+        shutil.rmtree(root, ignore_errors=True)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+    out = os.path.join(ROOT, "bench", "out")
+    os.makedirs(out, exist_ok=True)
+    raw = os.path.join(out, f"iobench-{time.strftime('%Y%m%dT%H%M%S')}.json")
+    with open(raw, "w") as f:
+        json.dump({"throttles_mbs": mbs, "wall_s": wall, "result": result,
+                   "fio": [{"drive": n, "preset": p, **r} for (n, p), r in fio.items()]}, f, indent=1)
+    report(result, mbs, fio, wall)
+    print(f"  raw figures: {raw}")
+    return 0
+
+
+def report(result: dict, mbs: dict, fio: dict, wall: float) -> None:
+    s = result["settings"]
+    print(f"\niobench run --preset all on {len(result['drives'])} drives: seconds {s['seconds']}, repeat {s['repeat']}, "
+          f"split {':'.join(map(str, s['weights'] or []))} ({s['weights_from']})")
+    print(f"{'drive':<6} {'throttle':>8} | {'seq MB/s':>8} {'/thr':>6} {'spread%':>7} | "
+          f"{'prefill':>8} {'/thr':>6} {'spread%':>7} {'knee':>4} {'MiB':>5} | {'decode':>7} {'model err%':>10}")
+    worst = {"ceiling": 0.0, "spread": 0.0}
+    for d in result["drives"]:
+        thr = mbs[d["name"]] * 1e6
+        seq, pre, dec = d["presets"]["seq"], d["presets"]["prefill"], d["presets"]["decode"]
+        for p in (seq, pre):
+            worst["ceiling"] = max(worst["ceiling"], abs(p["bw_bytes"] / thr - 1))
+            worst["spread"] = max(worst["spread"], p["spread_pct"])
+        print(f"{d['name']:<6} {thr / 1e6:>8.0f} | {seq['bw_bytes'] / 1e6:>8.1f} {seq['bw_bytes'] / thr:>6.3f} "
+              f"{seq['spread_pct']:>7.2f} | {pre['bw_bytes'] / 1e6:>8.1f} {pre['bw_bytes'] / thr:>6.3f} "
+              f"{pre['spread_pct']:>7.2f} {pre['knee_lanes']:>4} {pre['piece_bytes'] / (1 << 20):>5.1f} | "
+              f"{dec['bw_bytes'] / 1e6:>7.1f} {d['model']['fit_err_pct'] if d['model'] else float('nan'):>10.2f}")
+    total = sum(mbs.values()) * 1e6
+    for g in result["together"]:
+        if g["preset"] in ("seq", "prefill"):
+            print(f"together {g['preset']:<8} {g['bw_bytes'] / 1e6:>7.1f} MB/s / sum of throttles {total / 1e6:.0f} "
+                  f"= {g['bw_bytes'] / total:.3f}  spread {g['spread_pct']:.2f}%")
+    if fio:
+        print(f"\n{'drive':<6} {'preset':<8} {'iobench MB/s':>12} {'fio MB/s':>9} {'iobench/fio':>11}")
+        worst_fio = 0.0
+        for (name, preset), r in fio.items():
+            worst_fio = max(worst_fio, abs(r["ratio"] - 1))
+            print(f"{name:<6} {preset:<8} {r['iobench']['bw_bytes'] / 1e6:>12.1f} {r['fio']['bw_bytes'] / 1e6:>9.1f} {r['ratio']:>11.3f}")
+    print("\nsummary")
+    print(f"  seq and prefill ceilings / throttle: worst {worst['ceiling'] * 100:.1f}% off   (target < {TARGET_CEILING * 100:.0f}%)  {ok(worst['ceiling'] < TARGET_CEILING)}")
+    print(f"  spread over repeats (seq, prefill):  worst {worst['spread']:.2f}%         (target < {TARGET_SPREAD:.0f}%)  {ok(worst['spread'] < TARGET_SPREAD)}")
+    if fio:
+        print(f"  iobench / fio, same file and shape:  worst {worst_fio * 100:.1f}% off   (target < {TARGET_FIO * 100:.0f}%)  {ok(worst_fio < TARGET_FIO)}")
+    print(f"  wall time of --preset all, {len(result['drives'])} drives:  {wall:.1f}s (iobench's own {result['wall_s']:.1f}s)   "
+          f"(target < {TARGET_WALL:.0f}s)  {ok(wall < TARGET_WALL)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
