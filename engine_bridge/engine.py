@@ -140,9 +140,11 @@ def expert_runs(experts: Sequence[int], phase: str, component_bytes: int, stage_
 
 def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int], phase: str, counters: PhaseCounters,
                 stage_bytes: int = STAGE_BYTES, window: int = STAGE_WINDOW):
-    """Yield (expert, [gate, up, down] buffers) for the missing experts of a layer, in id order,
-    while later reads are still in flight (at most `window` bytes submitted ahead). The engine and
-    replay both read through here, so replay measures the engine's read pattern."""
+    """Yield (expert, [gate, up, down] buffers, release) for the missing experts of a layer, in id
+    order, while later reads are still in flight (at most `window` bytes submitted ahead). The
+    engine and replay both read through here, so replay measures the engine's read pattern.
+    `release` is None except on a run's last expert: call it when every buffer of the run (this
+    and the previous experts yielded) is no longer needed, so the reader can reuse them."""
     cb = g.component_bytes
     bases = [g.tensor(layer, c).offset for c in COMPONENTS]
     todo = deque(expert_runs(missing, phase, cb, stage_bytes))
@@ -165,7 +167,18 @@ def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int],
             if len(b) != len(run) * cb:
                 raise RuntimeError(f"reader returned {len(b)} bytes for a {len(run) * cb}-byte read")
         for j, e in enumerate(run):
-            yield e, [b[j * cb:(j + 1) * cb] for b in bufs]
+            last = j == len(run) - 1
+            yield e, [b[j * cb:(j + 1) * cb] for b in bufs], (_releaser(tickets) if last else None)
+
+
+def _releaser(tickets):
+    """Give a run's read buffers back to the reader's pool (once its last expert is dequantized)."""
+    def release():
+        for t in tickets:
+            rel = getattr(t, "release", None)
+            if rel is not None:
+                rel()
+    return release
 
 
 class Engine:
@@ -192,9 +205,11 @@ class Engine:
         return self._pool.submit(self._weights, bufs)
 
     def _use(self, item, base: int, compute) -> None:
-        e, ew = item
+        e, ew, release = item
         if not isinstance(ew, ExpertWeights):
             ew = ew.result()
+        if release is not None:          # experts are used in order: the whole run is dequantized
+            release()
         compute(e, ew)
         self.cache.admit(base + e, ew)
 
@@ -229,8 +244,9 @@ class Engine:
         # Dequantize on the helper threads while this thread multiplies the previous expert (numpy
         # releases the GIL in both); results are used in id order, so the arithmetic is unchanged.
         ahead: deque = deque()
-        for e, bufs in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes, self.window):
-            ahead.append((e, self._dequant(bufs)))
+        for e, bufs, release in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes,
+                                            self.window):
+            ahead.append((e, self._dequant(bufs), release))
             while len(ahead) > self.dequant_threads:
                 self._use(ahead.popleft(), base, compute)
         while ahead:

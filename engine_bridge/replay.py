@@ -89,7 +89,9 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit, st
             missing = [int(e) for e in union if not cache.resident[base + e]]
             c.hits += int(union.size) - len(missing)
             c.misses += len(missing)
-            for e, _bufs in stage_reads(submit, g, layer, missing, phase, c, stage_bytes, window):
+            for e, _bufs, release in stage_reads(submit, g, layer, missing, phase, c, stage_bytes, window):
+                if release is not None:
+                    release()
                 cache.admit(base + e)
         cache.advance(sel.shape[0])
         dt = time.perf_counter() - t0
