@@ -79,7 +79,11 @@ def _open_reader(path: str):
         raise UsageError(f"{path}: not a GGUF file (magic {magic!r}); give a .gguf model (make one with `engine-bridge synth`)")
     try:
         return gguf.GGUFReader(path, "r")
-    except Exception as e:  # the library raises ValueError/IndexError/... on damaged headers
+    except ValueError as e:
+        if "GGMLQuantizationType" in str(e):
+            raise UsageError(f"{path}: a tensor type this gguf library does not know ({e}); upgrade the gguf package") from None
+        raise UsageError(f"{path}: damaged or truncated GGUF header (ValueError: {e}); re-copy or re-create the file") from None
+    except Exception as e:  # the library raises IndexError/struct errors/... on damaged headers
         raise UsageError(f"{path}: damaged or truncated GGUF header ({type(e).__name__}: {e}); re-copy or re-create the file") from None
 
 
