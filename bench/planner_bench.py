@@ -144,13 +144,33 @@ def lattice(n: int, steps: int) -> list[tuple[int, ...]]:
     return [(i,) + rest for i in range(1, steps) for rest in lattice(n - 1, steps - i)]
 
 
-def grid_for(drives, workload, solution, steps: int, keep: float, limit: int):
-    """Weight vectors to measure: the planner's choice, equal, capability, and lattice points
-    whose predicted throughput is within `keep` of the best (at most `limit`), one per distinct
-    split at the phase's read size, in smallest-weight form."""
-    from planner.solve import predict, smallest_equivalent
+def neighbours(counts, step: int):
+    """Splits that move `step` blocks from one source to another."""
+    n = len(counts)
+    out = []
+    for i in range(n):
+        for j in range(n):
+            if i != j and counts[i] >= step:
+                c = list(counts)
+                c[i] -= step
+                c[j] += step
+                out.append(tuple(c))
+    return out
 
+
+def grid_for(drives, workload, solution, steps: int, keep: float, limit: int):
+    """Weight vectors to measure, one per distinct split at the phase's read size, in
+    smallest-weight form: the planner's choice, equal, capability-proportional, the splits one
+    step away from the choice (1 block for decode, 4 for prefill's 128), then lattice points
+    predicted within `keep` of the best, best first, up to `limit` in all."""
+    from planner.solve import predict, smallest_equivalent, split_classes
+
+    counts, smallest = split_classes(len(drives), workload.read_bytes)
+    by_counts = {tuple(int(x) for x in c): tuple(int(x) for x in w) for c, w in zip(counts, smallest)}
     best = solution.prediction.throughput_Bps
+    chosen_counts = tuple(s.blocks for s in solution.prediction.shares)
+    step = 1 if workload.phase == "decode" else 4
+    near = [by_counts[c] for c in neighbours(chosen_counts, step) if c in by_counts]
     cands = []
     for w in lattice(len(drives), steps):
         w = smallest_equivalent(w, workload.read_bytes)
@@ -158,9 +178,9 @@ def grid_for(drives, workload, solution, steps: int, keep: float, limit: int):
         if p >= (1 - keep) * best:
             cands.append((p, w))
     cands.sort(reverse=True)
-    chosen = [solution.weights, (1,) * len(drives), solution.capability.weights]
+    first = [solution.weights, (1,) * len(drives), solution.capability.weights] + near
     seen, out = set(), []
-    for w in chosen + [w for _, w in cands]:
+    for w in first + [w for _, w in cands]:
         key = tuple(smallest_equivalent(w, workload.read_bytes))
         if key not in seen:
             seen.add(key)
@@ -207,6 +227,8 @@ def inner(a) -> int:
     plan = solve_plan(inputs.sources, inputs.drives, wl["prefill"], wl["decode"], (), "ds4-argodrive", inputs.provenance)
     plan_path = save_plan(rig, plan)
     sols = {ph: solve_phase(inputs.drives, wl[ph]) for ph in wl}
+    fit_only = load_inputs(rig_root, bench_path, calibrate=False)
+    sols_fit = {ph: solve_phase(fit_only.drives, wl[ph]) for ph in wl}
     log(f"plan {plan_path}: prefill {':'.join(map(str, plan.prefill.weights))}, decode {':'.join(map(str, plan.decode.weights))}")
 
     # 3. measure the grids, interleaved over rounds (forward, then reversed), and each drive alone.
@@ -217,6 +239,8 @@ def inner(a) -> int:
     report = {}
     for ph in ("prefill", "decode"):
         grid = grid_for(inputs.drives, wl[ph], sols[ph], a.steps, a.keep, a.grid)
+        if sols_fit[ph].weights not in grid:
+            grid.append(sols_fit[ph].weights)
         arms = [("split", w) for w in grid] + [("alone", i) for i in range(len(paths))]
         log(f"{ph}: measuring {len(grid)} weight vectors and {len(paths)} single drives, {a.rounds} rounds of {a.seconds}s")
         meas = {arm: [] for arm in arms}
@@ -231,13 +255,13 @@ def inner(a) -> int:
                 meas[arm].append(v)
         med = {arm: float(np.median(v)) for arm, v in meas.items()}
         pred = {w: predict(inputs.drives, w, wl[ph]).throughput_Bps for w in grid}
-        report[ph] = (grid, med, pred, sols[ph])
+        report[ph] = (grid, med, pred, sols[ph], sols_fit[ph])
 
     # 4. print the figures.
     print()
     print(f"planner benchmark: drives {', '.join(a.drive)}; iops {', '.join(a.iops) or 'none'}; "
           f"file {a.file_size / 1e9:.2f} GB per drive; {a.rounds} rounds x {a.seconds}s per arm")
-    for ph, (grid, med, pred, sol) in report.items():
+    for ph, (grid, med, pred, sol, sol_fit) in report.items():
         chosen = sol.weights
         m_chosen = med[("split", chosen)]
         best_w = max(grid, key=lambda w: med[("split", w)])
@@ -261,6 +285,9 @@ def inner(a) -> int:
         print(f"  prediction error (chosen weights): {pct(pred[chosen] / m_chosen - 1)}   (target within 5 %)")
         print(f"  prediction error over the grid: mean |error| {100 * np.mean(np.abs(errs)):.1f} %, max {100 * np.max(np.abs(errs)):.1f} %")
         print(f"  chosen vs measured best of the grid ({':'.join(map(str, best_w))}): {pct(m_chosen / m_best - 1)}   (target within 2 %)")
+        fw = sol_fit.weights
+        print(f"  iobench's fitted models alone (--fit-only) would choose {':'.join(map(str, fw))}: measured "
+              f"{med[('split', fw)] / 1e6:.1f} MB/s ({pct(med[('split', fw)] / m_best - 1)} vs the best)")
         print(f"  gain over equal weights: x{m_chosen / m_equal:.3f};  over the fastest single drive ({fastest}): x{m_chosen / alone[fastest]:.3f}")
     print()
     print(f"plan file: {plan_path} (rig {rig_root}, kept for inspection)")
@@ -268,8 +295,11 @@ def inner(a) -> int:
 
 
 def run_iobench(rig, a):
-    """iobench's trials on each drive alone -> a BenchResult with fitted drive models."""
-    raise NotImplementedError("iobench's trial runner has not landed yet")
+    """iobench's own trials (every preset, each drive alone) -> a BenchResult with fitted models."""
+    from iobench.bench import RunOptions, run_bench, targets_from_rig
+
+    opts = RunOptions(seconds=a.iobench_seconds, repeat=a.iobench_repeat, together=False, seed=a.seed)
+    return run_bench(targets_from_rig(rig), opts)
 
 
 def main() -> int:
@@ -282,25 +312,26 @@ def main() -> int:
     p.add_argument("--size", default="2G", help="testbed image size per drive")
     p.add_argument("--file-size", type=int, default=1536 << 20, help="replica bytes per drive")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measured arm")
-    p.add_argument("--rounds", type=int, default=2, help="rounds over all arms (forward, reversed, ...)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over all arms (forward, reversed, ...)")
     p.add_argument("--lanes", type=int, default=8, help="prefill pieces in flight per drive")
     p.add_argument("--chunks", type=int, default=16, help="prefill chunks per layer (one barrier)")
     p.add_argument("--batch", type=int, default=3, help="decode component reads issued together")
     p.add_argument("--threads", type=int, default=9, help="decode read threads over all drives")
     p.add_argument("--steps", type=int, default=12, help="lattice resolution of the measured grid")
     p.add_argument("--keep", type=float, default=0.25, help="grid: lattice points predicted within this of the best")
-    p.add_argument("--grid", type=int, default=8, help="most weight vectors measured per phase")
-    p.add_argument("--iobench-seconds", type=float, default=1.0, help="seconds per iobench trial")
+    p.add_argument("--grid", type=int, default=12, help="most weight vectors measured per phase")
+    p.add_argument("--iobench-seconds", type=float, default=2.0, help="seconds per iobench trial")
+    p.add_argument("--iobench-repeat", type=int, default=3, help="windows per iobench trial (spread)")
     p.add_argument("--seed", type=int, default=7)
     a = p.parse_args()
     a.drive = a.drive or ["a:200", "b:120", "c:130"]
-    a.iops = a.iops if a.iops is not None else ["c:80"]
+    a.iops = a.iops if a.iops is not None else ["c:160"]
     if a.inner:
         return inner(a)
     a.passthrough = [x for pair in (("--drive", d) for d in a.drive) for x in pair]
     a.passthrough += [x for pair in (("--iops", d) for d in a.iops) for x in pair]
     for opt in ("file_size", "seconds", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
-                "iobench_seconds", "seed"):
+                "iobench_seconds", "iobench_repeat", "seed"):
         a.passthrough += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
     return outer(a)
 

@@ -29,6 +29,7 @@ BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
 LanesOption = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive.")
 BatchOption = typer.Option(DECODE_BATCH, "--batch", min=1, max=64, help="Decode component reads issued together (one missed expert = 3).")
 ThreadsOption = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read pool threads over all sources.")
+FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
 
 BAR = 40
 
@@ -81,10 +82,10 @@ def _backgrounds(specs, names):
 def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
           background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
           threads: int = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
-          json_out: bool = JsonOption):
+          fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
     """Find the prefill and decode weights; write rig/plans/<timestamp>.json."""
     root = rig_dir(rig)
-    inputs = load_inputs(root, bench)
+    inputs = load_inputs(root, bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
     plan = solve_plan(inputs.sources, inputs.drives, prefill_workload(lanes), decode_workload(batch, threads),
                       _backgrounds(background, names), engine, inputs.provenance, top=top)
@@ -105,12 +106,12 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
              phase: str = typer.Option(..., "--phase", help="prefill or decode."),
              rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
              background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
-             threads: int = ThreadsOption, json_out: bool = JsonOption):
+             threads: int = ThreadsOption, fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
     """Predict one weight vector: time per read and per layer, per-source completion, who lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
     w = parse_weights(weights, engine)
-    inputs = load_inputs(rig_dir(rig), bench)
+    inputs = load_inputs(rig_dir(rig), bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
     wl = prefill_workload(lanes) if phase == "prefill" else decode_workload(batch, threads)
     p = predict(inputs.drives, w, wl, _backgrounds(background, names), engine)

@@ -16,7 +16,7 @@ from replicas.errors import RigError, UsageError
 from replicas.fsutil import atomic_write_text
 from replicas.rig import Rig, load_manifest, load_rig
 
-from .model import Background, Drive
+from .model import Background, CorrectedCurve, Drive
 from .plan import Plan, Source, plan_from_json, plan_to_dict
 
 PLANS_DIR = "plans"
@@ -93,10 +93,22 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def load_inputs(rig_root: str, bench: str | None = None) -> Inputs:
+def measured_points(drive_result) -> tuple[tuple[int, int, float], ...]:
+    """(piece bytes, lanes, bytes/s) of every lane count of every preset iobench trusted."""
+    pts = []
+    for p in drive_result.presets.values():
+        if p.suspect_cache:
+            continue
+        pts.extend((int(p.piece_bytes), int(x.lanes), float(x.bw_bytes)) for x in p.lanes if x.bw_bytes > 0 and not x.suspect_cache)
+    return tuple(pts)
+
+
+def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True) -> Inputs:
     """The rig's members (primary first) with the fitted drive models of an iobench result
     (`bench`, else the newest in rig/bench). Without a rig.toml the bench result's drive order
-    is used, first = primary. A member the result does not cover is a UsageError."""
+    is used, first = primary. A member the result does not cover is a UsageError. With
+    `calibrate`, each fitted curve is corrected by the drive's own measurements near the asked
+    shape (`CorrectedCurve`); without it the fitted model speaks alone."""
     from iobench.result import latest_result, load_result, result_files
 
     rig = load_rig(rig_root, must_exist=False)
@@ -124,7 +136,7 @@ def load_inputs(rig_root: str, bench: str | None = None) -> Inputs:
     for name, _, d in picked:
         if d.model is None:
             raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and decode presets")
-        drives.append(Drive(name, d.model))
+        drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model))
     manifest = load_manifest(rig, required=False) if members else None
     provenance = {
         "bench": bench_path,
@@ -132,6 +144,7 @@ def load_inputs(rig_root: str, bench: str | None = None) -> Inputs:
         "bench_sha256": file_sha256(bench_path),
         "rig": rig.root,
         "manifest": manifest.digest() if manifest is not None else None,
+        "calibrated": calibrate,
         "drive_models": {name: {"lat_s": d.model.lat_s, "stream_bw": d.model.stream_bw, "bw_max": d.model.bw_max,
                                 "iops_max": d.model.iops_max, "fit_err_pct": d.model.fit_err_pct}
                          for name, _, d in picked},

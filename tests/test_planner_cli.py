@@ -155,3 +155,11 @@ def test_background_specs():
     for bad in ("primary", "green:fast", "blue:engram", "green:100%", "green:x%"):
         with pytest.raises(UsageError):
             parse_background(bad, names)
+
+
+def test_fit_only_is_recorded_in_provenance(tmp_path):
+    rig, _ = make_rig(tmp_path / "rig")
+    for flag, expect in (([], True), (["--fit-only"], False)):
+        r = invoke("solve", "--rig", rig.root, "--json", *flag)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["provenance"]["calibrated"] is expect

@@ -108,3 +108,18 @@ def test_engram_background_is_decode_only():
 def test_single_source_reads_everything():
     p = predict((Drive("a", FAST),), (5,), decode_workload())
     assert p.shares[0].bytes == COMPONENT_BYTES and p.gap_s == 0.0
+
+
+def test_corrected_curve_meets_measurements_and_fades_to_the_fit():
+    from planner.model import CorrectedCurve
+
+    pts = ((1 << 20, 3, 70e6), (8 << 20, 8, 120e6))
+    c = CorrectedCurve(SLOW, pts, reach=0.5)
+    assert c.throughput(1 << 20, 3) == pytest.approx(70e6)           # at a measured shape: the measurement
+    assert c.throughput(8 << 20, 8) == pytest.approx(120e6)
+    assert c.throughput(4 << 20, 3) == pytest.approx(SLOW.throughput(4 << 20, 3))   # 2 octaves away: the fit
+    assert c.throughput(1 << 20, 1) == pytest.approx(SLOW.throughput(1 << 20, 1))   # other lane count: the fit
+    mid = c.throughput(int(1.2 * (1 << 20)), 3)
+    assert 70e6 < mid < SLOW.throughput(int(1.2 * (1 << 20)), 3)
+    assert c.request_time(1 << 20, 3) == pytest.approx(3 * (1 << 20) / 70e6)
+    assert CorrectedCurve(SLOW).throughput(1 << 20, 3) == SLOW.throughput(1 << 20, 3)
