@@ -55,6 +55,7 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=1024)
+    ap.add_argument("--quant", default="q8_0", help="routed expert type passed to synth")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=24)
     ap.add_argument("--cache-experts", type=int, default=32)
@@ -86,13 +87,14 @@ def main() -> int:
         paths = [os.path.join(m, "model.gguf") for m in mounts]
         t0 = time.time()
         sh(ENGINE + ["synth", paths[0], "--layers", str(args.layers), "--experts", str(args.experts),
-                     "--top-k", str(args.top_k), "--dim", str(args.dim), "--ff", str(args.ff), "--seed", "7"])
+                     "--top-k", str(args.top_k), "--dim", str(args.dim), "--ff", str(args.ff), "--seed", "7",
+                     "--quant", args.quant])
         for p in paths[1:]:
             shutil.copyfile(paths[0], p)
         os.sync()
         size = os.path.getsize(paths[0])
         print(f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, top-{args.top_k}, "
-              f"dim {args.dim}, ff {args.ff}) on {len(paths)} drives at "
+              f"dim {args.dim}, ff {args.ff}, {args.quant}) on {len(paths)} drives at "
               f"{':'.join(f'{c:g}' for c in ceilings)} MB/s, synth+copy {time.time() - t0:.0f}s", flush=True)
 
         specs = ladder_specs(paths, pre, dec)
