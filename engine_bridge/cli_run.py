@@ -56,11 +56,14 @@ def parse_replica(text: str) -> tuple[str, int]:
 
 
 def resolve_plan(plan: str, rig: Optional[str]) -> str:
-    """A plan path, or a name in <rig>/plans (with or without .json)."""
-    from replicas.rig import rig_dir
+    """A plan path, 'latest' (the newest in <rig>/plans), or a name in <rig>/plans (.json optional)."""
+    from replicas.rig import Rig, rig_dir
 
     if os.path.isfile(plan):
         return plan
+    if plan == "latest":
+        from planner.plans import latest_plan_path
+        return latest_plan_path(Rig(root=rig_dir(rig)))
     d = os.path.join(rig_dir(rig), "plans")
     for cand in (os.path.join(d, plan), os.path.join(d, plan + ".json")):
         if os.path.isfile(cand):
@@ -151,7 +154,7 @@ def register(app) -> None:
     def run_cmd(
         model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (source 0)."),
         rig: Optional[str] = RigOption,
-        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file (or name in <rig>/plans): sources and weights."),
+        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
         replica: List[str] = typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
         primary_weight: int = typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
         decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
@@ -207,7 +210,7 @@ def register(app) -> None:
     def replay_cmd(
         model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (any MoE GGUF; only its header is read for geometry)."),
         rig: Optional[str] = RigOption,
-        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file (or name in <rig>/plans): sources and weights."),
+        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
         replica: List[str] = typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
         primary_weight: int = typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
         decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),

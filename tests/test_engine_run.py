@@ -106,6 +106,16 @@ def test_plan_file_gives_sources_and_both_weight_vectors(model_dir, tmp_path):
     assert json.loads(r.stdout)["weights"] == {"prefill": [10, 5], "decode": [10, 6]}
     r = runner.invoke(app, ["run", "--model", str(d / "r2.gguf"), "--plan", str(tmp_path / "p.json")])
     assert r.exit_code == 2 and "not the plan's primary" in r.output
+    rig = tmp_path / "rig"
+    (rig / "plans").mkdir(parents=True)
+    (rig / "plans" / "20261129T190000.000Z.json").write_text(json.dumps({**plan, "decode": {"weights": [10, 7]}}))
+    for name in ("latest", "20261129T190000.000Z"):
+        r = runner.invoke(app, ["run", "--model", str(d / "model.gguf"), "--rig", str(rig), "--plan", name,
+                                "--prompt-tokens", "8", "--gen-tokens", "1", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["weights"]["decode"] == [10, 7]
+    r = runner.invoke(app, ["run", "--model", str(d / "model.gguf"), "--rig", str(rig), "--plan", "nope"])
+    assert r.exit_code == 3 and "not found" in r.output
 
 
 def _bad_inputs(d, tmp):
