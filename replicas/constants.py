@@ -12,8 +12,9 @@ JOURNAL_SCHEMA = 1
 
 # Cold I/O.
 ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes
-IO_BLOCK = 8 * MiB             # bytes per sequential read/write request
-READ_AHEAD = 3                 # sequential requests in flight per drive
+IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several MiB in flight)
+READ_AHEAD = 3                 # sequential read requests in flight per drive
+WRITE_DEPTH = 4                # block writes in flight per destination
 
 # Rig folder layout.
 RIG_ENV = "REPLICA_TUNER_RIG"

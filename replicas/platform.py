@@ -61,6 +61,25 @@ def open_direct(path: str) -> tuple[int, str]:
     return fd, strategy
 
 
+def open_for_direct_write(path: str, flags: int, mode: int = 0o644) -> tuple[int, bool]:
+    """Open a destination for writes that bypass the page cache where the platform allows:
+    O_DIRECT on Linux (offsets, lengths and buffers aligned), F_NOCACHE on macOS. Returns
+    (fd, aligned_writes_required). Falls back to buffered writes where refused."""
+    if is_linux():
+        try:
+            return os.open(path, flags | os.O_DIRECT, mode), True
+        except OSError as e:
+            if e.errno != 22:
+                raise
+        return os.open(path, flags, mode), False
+    fd = os.open(path, flags, mode)
+    if is_darwin():
+        import fcntl
+
+        fcntl.fcntl(fd, F_NOCACHE, 1)
+    return fd, False
+
+
 def drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
     """Ask the kernel to forget clean cached pages of a range (no-op where unsupported)."""
     if hasattr(os, "posix_fadvise"):

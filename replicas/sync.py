@@ -14,12 +14,16 @@ import os
 import queue
 import threading
 import time
+from collections import deque
+
+import blake3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from . import rig as rigmod
-from .coldio import open_cold, read_sequential
-from .constants import HEADROOM_FRACTION, HEADROOM_MAX, HEADROOM_MIN, JOURNAL_SUFFIX, PARTIAL_SUFFIX, PIECE_SIZE
+from .coldio import aligned_buffer, open_cold
+from .constants import (HEADROOM_FRACTION, HEADROOM_MAX, HEADROOM_MIN, IO_BLOCK, JOURNAL_SUFFIX, PARTIAL_SUFFIX, PIECE_SIZE,
+                        READ_AHEAD, WRITE_DEPTH)
 from .drives import drive_of
 from .errors import (EXIT_MISMATCH, EXIT_OK, EXIT_WRITE, Interrupted, MismatchError, MissingError,
                      ReplicaTunerError, UsageError, WriteError)
@@ -28,7 +32,9 @@ from .fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir
 from .hashing import PieceHasher, check_piece_size
 from .journal import Journal, journal_header, read_journal
 from .manifest import Manifest, PieceRange, bad_pieces, piece_count
-from .platform import drop_cached
+from .coldio import align_up
+from .constants import ALIGNMENT
+from .platform import drop_cached, open_for_direct_write
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .units import format_bytes
 from .verify import hash_pieces, runs_of
@@ -197,13 +203,18 @@ def check_free_space(plans: list[DestPlan], size: int, piece_size: int) -> None:
 # Writing.
 
 class _Writer:
-    """One destination: pwrite on its own thread, fdatasync + journal on a syncer thread."""
+    """One destination: up to WRITE_DEPTH block writes in flight (direct I/O wants a queue), and a
+    syncer thread that fdatasyncs and journals each piece once all its blocks have landed."""
 
-    def __init__(self, plan: DestPlan, source: str, src_ident, size: int, piece_size: int, report: Reporter):
+    def __init__(self, plan: DestPlan, source: str, src_ident, size: int, piece_size: int, block: int,
+                 report: Reporter):
         self.plan, self.size, self.piece_size, self.report = plan, size, piece_size, report
         fresh = plan.action != RESUME
         self.journal = Journal(plan.journal, journal_header(source, src_ident, piece_size), fresh=fresh)
-        self.fd = os.open(plan.partial, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if fresh else 0), 0o644)
+        # Direct writes: the 500 GB stream must not evict the page cache or pile up dirty
+        # pages, and the read-back must not be answered from memory.
+        self.fd, self.aligned = open_for_direct_write(
+            plan.partial, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if fresh else 0))
         if allocated_bytes(plan.partial) < size or os.fstat(self.fd).st_size != size:
             try:
                 os.posix_fallocate(self.fd, 0, size)
@@ -215,24 +226,54 @@ class _Writer:
         self.durable_bytes = sum(min(piece_size, size - i * piece_size) for i in plan.durable)
         self.bytes_written = 0
         self.error: BaseException | None = None
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="write")
+        self._lock = threading.Lock()
+        self._outstanding = {i: -(-min(piece_size, size - i * piece_size) // block) for i in self.need}
+        self._hashes: dict[int, str] = {}
+        self.pool = ThreadPoolExecutor(max_workers=WRITE_DEPTH, thread_name_prefix="write")
         self.sync_q: queue.Queue = queue.Queue()
         self.syncer = threading.Thread(target=self._sync_loop, name="fdatasync", daemon=True)
         self.syncer.start()
 
-    def write(self, offset: int, view: memoryview) -> None:
+    def submit(self, offset: int, view: memoryview, piece: int, release) -> None:
+        """Write one block (of one piece) in the background; `release()` once it is done with the buffer."""
+        def done(_):
+            release()
+            self._landed(piece)
+
+        self.pool.submit(self._write, offset, view).add_done_callback(done)
+
+    def _write(self, offset: int, view: memoryview) -> None:
         if self.error is not None:
             return
         try:
+            data = view
+            if self.aligned and len(view) % ALIGNMENT:
+                # The file's last block: direct I/O writes whole sectors, so write the padded
+                # block (the read buffer is aligned and long enough) and cut the file back at
+                # the end.
+                data = memoryview(view.obj)[:align_up(len(view))]
+                data[len(view):] = bytes(len(data) - len(view))
             done = 0
-            while done < len(view):
-                done += os.pwrite(self.fd, view[done:], offset + done)
-            self.bytes_written += len(view)
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], offset + done)
+            with self._lock:
+                self.bytes_written += len(view)
         except BaseException as e:  # noqa: BLE001 - recorded, reported per destination
             self.error = e
 
-    def piece_done(self, index: int, digest: str) -> None:
-        self.sync_q.put((index, digest))
+    def _landed(self, piece: int) -> None:
+        with self._lock:
+            self._outstanding[piece] -= 1
+            ready = self._outstanding[piece] == 0 and piece in self._hashes
+        if ready:
+            self.sync_q.put((piece, self._hashes[piece]))
+
+    def piece_hashed(self, piece: int, digest: str) -> None:
+        with self._lock:
+            self._hashes[piece] = digest
+            ready = self._outstanding[piece] == 0
+        if ready:
+            self.sync_q.put((piece, digest))
 
     def _sync_loop(self) -> None:
         while True:
@@ -264,11 +305,43 @@ class _Writer:
         self.syncer.join()
         if self.error is None:
             try:
+                if os.fstat(self.fd).st_size > self.size:
+                    os.ftruncate(self.fd, self.size)
                 os.fsync(self.fd)
             except OSError as e:
                 self.error = e
         os.close(self.fd)
         self.journal.close()
+
+
+def copy_block(piece_size: int) -> int:
+    """The I/O size of the copy: the largest aligned divisor of the piece size up to IO_BLOCK,
+    so every block belongs to exactly one piece."""
+    if piece_size <= IO_BLOCK:
+        return piece_size
+    units = piece_size // ALIGNMENT
+    for d in range(IO_BLOCK // ALIGNMENT, 0, -1):
+        if units % d == 0:
+            return d * ALIGNMENT
+    return ALIGNMENT
+
+
+class _Buffers:
+    """A fixed set of aligned block buffers shared by the reader and the writers."""
+
+    def __init__(self, count: int, size: int):
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(count):
+            self.free.put(aligned_buffer(size))
+
+    def get(self):
+        return self.free.get()
+
+    def put(self, buf) -> None:
+        self.free.put(buf)
+
+    def empty(self) -> bool:
+        return self.free.empty()
 
 
 def _error_text(e: BaseException) -> str:
@@ -280,55 +353,98 @@ def _error_text(e: BaseException) -> str:
 
 
 def _copy_pass(source: str, src_ident: FileIdentity, writers: list[_Writer], manifest: Manifest | None,
-               size: int, piece_size: int, report: Reporter, cancel: threading.Event | None) -> tuple[Manifest | None, int]:
+               size: int, piece_size: int, block: int, report: Reporter,
+               cancel: threading.Event | None) -> tuple[Manifest | None, int]:
     """Read the source once (the pieces anyone needs, or all of it to compute the manifest),
-    fanning every block out to the writers. Returns (manifest, bytes read)."""
+    fanning every block out to the writers. Returns (manifest, bytes read).
+
+    READ_AHEAD reads stay in flight on the source; each block is hashed on this thread while
+    the writers write it; a buffer returns to the pool when its last writer is done, so the
+    slowest destination paces the stream (backpressure) without stalling the others' queues.
+    """
     n = piece_count(size, piece_size)
     need_read = set(range(n)) if manifest is None else set().union(*(w.need for w in writers)) if writers else set()
-    hasher_pieces: dict[int, str] = {}
-    whole = None
+    buffers = _Buffers(READ_AHEAD + WRITE_DEPTH * 2 + 2, block)
+    hasher = PieceHasher(piece_size, 0, whole=(manifest is None))
+    piece_hashes: dict[int, str] = {}
     read = 0
     last_check = time.monotonic()
-    with open_cold(source) as reader:
-        _check_source(source, src_ident, reader.fd)
+    inflight: deque = deque()
+
+    def blocks():
         for lo, hi in runs_of(sorted(need_read)):
-            start = lo * piece_size
-            end = min(hi * piece_size, size)
-            h = PieceHasher(piece_size, start, whole=(manifest is None))
-            if manifest is None:
-                whole = h
-            for off, view in read_sequential(reader, start, end, cancel=cancel):
-                futs = []
-                for w in writers:
-                    if w.error is None and any(i in w.need for i in range(off // piece_size, (off + len(view) - 1) // piece_size + 1)):
-                        futs.append(w.pool.submit(w.write, off, view))
-                completed = h.update(view)
-                read += len(view)
-                for f in futs:
-                    f.result()
-                if off + len(view) == size:
-                    completed += h.finish()
-                for i in completed:
-                    hasher_pieces[i] = h.pieces[i]
-                    if manifest is not None and h.pieces[i] != manifest.pieces[i]:
-                        raise MismatchError(f"source {source}: piece {i} (bytes {i * piece_size}+{manifest.piece(i).length}) no longer matches the manifest; the model changed or its drive returns bad data — run `replicas verify --full`")
-                    for w in writers:
-                        if i in w.need and w.error is None:
-                            w.piece_done(i, h.pieces[i])
-                if not writers:
-                    emit(report, Progress(source, "hash", read, size))
-                now = time.monotonic()
-                if now - last_check > 0.5 or off + len(view) == end:
-                    last_check = now
-                    _check_source(source, src_ident, reader.fd)
-            if cancel is not None and cancel.is_set():
-                raise Interrupted("sync cancelled")
-            if h.pos != end:
-                raise MissingError(f"source {source}: read stopped at byte {h.pos} of {size} (file shrank or drive failed)")
+            for off in range(lo * piece_size, min(hi * piece_size, size), block):
+                yield off, min(block, size - off)
+
+    def process(off: int, length: int, buf, fut) -> None:
+        nonlocal read, last_check
+        got = fut.result()
+        if got < length:
+            buffers.put(buf)
+            raise MissingError(f"source {source}: read stopped at byte {off + got} of {size} (file shrank or drive failed)")
+        view = memoryview(buf)[:length]
+        piece = off // piece_size
+        targets = [w for w in writers if w.error is None and piece in w.need]
+        left = [len(targets)]
+        lock = threading.Lock()
+
+        def release():
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                buffers.put(buf)
+
+        for w in targets:
+            w.submit(off, view, piece, release)
+        if hasher.pos != off:      # a gap (pieces nobody needs): start hashing afresh there
+            hasher.pos, hasher.piece = off, blake3.blake3()
+        done = hasher.update(view)
+        if off + length == size:
+            done += hasher.finish()
+        if not targets:
+            buffers.put(buf)
+        read += length
+        for i in done:
+            piece_hashes[i] = hasher.pieces[i]
+            if manifest is not None and hasher.pieces[i] != manifest.pieces[i]:
+                raise MismatchError(f"source {source}: piece {i} (bytes {i * piece_size}+{manifest.piece(i).length}) no longer matches the manifest; the model changed or its drive returns bad data — run `replicas verify --full`")
+            for w in writers:
+                if i in w.need:
+                    w.piece_hashed(i, hasher.pieces[i])
+        if not writers:
+            emit(report, Progress(source, "hash", read, size))
+        now = time.monotonic()
+        if now - last_check > 0.5:
+            last_check = now
+            _check_source(source, src_ident, reader.fd)
+
+    with open_cold(source) as reader, ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="source") as pool:
+        _check_source(source, src_ident, reader.fd)
+        try:
+            for off, length in blocks():
+                if cancel is not None and cancel.is_set():
+                    break
+                while inflight and buffers.empty():
+                    process(*inflight.popleft())
+                buf = buffers.get()
+                inflight.append((off, length, buf, pool.submit(reader.read_into, memoryview(buf)[:align_up(length)], off)))
+                if len(inflight) >= READ_AHEAD:
+                    process(*inflight.popleft())
+            while inflight and not (cancel is not None and cancel.is_set()):
+                process(*inflight.popleft())
+        finally:
+            for *_, fut in inflight:
+                try:
+                    fut.result()
+                except OSError:
+                    pass
+        if cancel is not None and cancel.is_set():
+            raise Interrupted("sync cancelled")
     _check_source(source, src_ident, None)
     if manifest is None:
-        manifest = Manifest(size=size, blake3=whole.whole.hexdigest(), piece_size=piece_size,
-                            pieces=tuple(hasher_pieces[i] for i in range(n)), name=os.path.basename(source))
+        manifest = Manifest(size=size, blake3=hasher.whole.hexdigest(), piece_size=piece_size,
+                            pieces=tuple(piece_hashes[i] for i in range(n)), name=os.path.basename(source))
     return manifest, read
 
 
@@ -380,20 +496,21 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
                                            bytes_to_write=size - sum(min(piece_size, size - i * piece_size) for i in p.durable) if p.writes else 0)
                                 for p in plans), 0, time.monotonic() - t0, dry_run=True)
     check_free_space(plans, size, piece_size)
+    block = copy_block(piece_size)
 
     results: dict[str, DestResult] = {}
     writers: list[_Writer] = []
     for p in plans:
         if p.writes:
             try:
-                writers.append(_Writer(p, source, src_ident, size, piece_size, report))
+                writers.append(_Writer(p, source, src_ident, size, piece_size, block, report))
             except OSError as e:
                 results[p.target] = DestResult(p.dest_dir, p.target, p.action, "failed", error=_error_text(e), exit_code=EXIT_WRITE)
     read = 0
     source_verified = False
     try:
         if writers or manifest is None:
-            manifest, read = _copy_pass(source, src_ident, writers, manifest, size, piece_size, report, cancel)
+            manifest, read = _copy_pass(source, src_ident, writers, manifest, size, piece_size, block, report, cancel)
             source_verified = read == size
     finally:
         for w in writers:

@@ -126,8 +126,13 @@ def test_resume_after_kill_9_copies_only_what_was_not_durable(setup):
     src, data, dests, rig = setup
     # A real kill -9 in the middle of a copy: the child kills itself once 4 pieces are durable.
     script = textwrap.dedent(f"""
-        import os, signal
+        import os, signal, time
         from replicas.sync import sync
+        real_pwrite = os.pwrite
+        def slow_drive(fd, data, offset):   # a slow destination, so pieces land one by one
+            time.sleep(0.02)
+            return real_pwrite(fd, data, offset)
+        os.pwrite = slow_drive
         from replicas.events import Progress
         def report(ev):
             if isinstance(ev, Progress) and ev.phase == "copy" and ev.done >= 4 * {PIECE}:
@@ -150,9 +155,18 @@ def test_resume_after_kill_9_copies_only_what_was_not_durable(setup):
         assert read(dr.target) == data
 
 
-def test_ctrl_c_keeps_durable_pieces(setup):
+def test_ctrl_c_keeps_durable_pieces(setup, monkeypatch):
     src, data, dests, rig = setup
     import threading
+    import time
+
+    real_pwrite = os.pwrite
+
+    def slow_drive(fd, data, offset):
+        time.sleep(0.02)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", slow_drive)
 
     cancel = threading.Event()
 
