@@ -7,7 +7,7 @@ throttles), writes one file of random bytes on each drive, then, with every read
 
 1. one `iobench run --preset all` over the three files (its wall time is the last figure);
 2. `iobench fio FILE --preset seq` and `--preset prefill` on each file (iobench, then fio's
-   bw_bytes, on the same file and shape).
+   bw_bytes, on the same file and shape; 3 s each by default).
 
 It prints, from that one run: seq and prefill ceilings / throttle (target within 5 %), the spread
 over repeats (target under 3 %), iobench / fio (target within 5 %) and the wall time of the full
@@ -96,6 +96,7 @@ def main() -> int:
     ap.add_argument("--size", default="1.5G", help="bytes per file (decimal suffixes)")
     ap.add_argument("--seconds", default=None, help="iobench --seconds (default: iobench's)")
     ap.add_argument("--repeat", default=None, help="iobench --repeat (default: iobench's)")
+    ap.add_argument("--fio-seconds", default="1", help="--seconds of each `iobench fio` window (3 windows)")
     a = ap.parse_args()
     mbs = parse_mbs(a.mbs)
     size = parse_bytes(a.size)
@@ -150,7 +151,7 @@ def main() -> int:
         if shutil.which("fio"):
             for name, path in files.items():
                 for preset in ("seq", "prefill"):
-                    q = throttled(root, IOBENCH + ["fio", path, "--preset", preset, "--json", *extra])
+                    q = throttled(root, IOBENCH + ["fio", path, "--preset", preset, "--seconds", a.fio_seconds, "--json"])
                     if q.returncode:
                         print(f"iobench fio {name} {preset} failed: {q.stderr[-1000:]}")
                         continue

@@ -20,7 +20,7 @@ JSON shape (schema 1), written to rig/bench/<timestamp>.json by `iobench run`:
               "lanes": [LANE, ...]}
     LANE   = {"lanes": L, "bw_bytes", "iops", "lat_ns", "requests", "runs_bw", "spread_pct",
               "suspect_cache"}
-    GROUP  = {"name", "preset", "drives": [...], "bw_bytes" (sum over members in one shared window),
+    GROUP  = {"name", "preset", "drives": [...], "bw_bytes" (sum over members in the shared windows),
               "runs_bw", "spread_pct", "suspect_cache",
               "members": [{"name", "lanes", "piece_bytes", "bw_bytes", "iops", "lat_ns"}]}
 
@@ -54,7 +54,7 @@ class Latency:
 @dataclass(frozen=True)
 class LaneResult:
     lanes: int                   # requests kept in flight on the drive
-    bw_bytes: float              # bytes/s, median over repeats
+    bw_bytes: float              # bytes/s over all windows (their mean)
     iops: float                  # requests/s
     lat_ns: Latency
     requests: int                # requests completed over all repeats
@@ -102,7 +102,7 @@ class MemberResult:
     name: str
     lanes: int
     piece_bytes: int
-    bw_bytes: float              # bytes/s, median over repeats
+    bw_bytes: float              # bytes/s over all windows (their mean)
     iops: float
     lat_ns: Latency
 
@@ -112,7 +112,7 @@ class GroupResult:
     name: str                    # the --group name, or 'together'
     preset: str
     drives: tuple[str, ...]
-    bw_bytes: float              # bytes/s of all members in one shared window (median over repeats)
+    bw_bytes: float              # bytes/s of all members in the shared windows (mean over them)
     members: tuple[MemberResult, ...]
     runs_bw: tuple[float, ...] = ()
     spread_pct: float = 0.0
