@@ -18,3 +18,7 @@ for _module in (cli_run, cli_bench, cli_export):
 
 def main() -> None:
     run(app, "engine-bridge")
+
+
+if __name__ == "__main__":
+    main()

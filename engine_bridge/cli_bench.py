@@ -22,15 +22,6 @@ def _load_rig(rig_opt: Optional[str], required: bool):
     return load_rig(root, must_exist=required)
 
 
-def _latest_plan(rig) -> Optional[str]:
-    d = os.path.join(rig.root, "plans")
-    try:
-        files = [os.path.join(d, f) for f in os.listdir(d) if f.endswith(".json")]
-    except FileNotFoundError:
-        return None
-    return max(files, key=os.path.getmtime) if files else None
-
-
 def _settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_args, rig) -> dict:
     return {"prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "cache_experts": cache_experts,
             "lanes": lanes, "max_other_cpu": max_other_cpu, "run_args": list(run_args or []),
@@ -159,11 +150,9 @@ def register(app) -> None:
             pre = parse_weights(weights)
             paths = [m.path for m in r.members]
         else:
-            ref = plan or _latest_plan(r)
-            if ref is None:
-                raise UsageError(f"ladder: no plan in {r.root}/plans; give --plan PLAN or --weights W:W:W "
-                                 "(e.g. from `planner solve`)")
-            spec = resolve_arm("plan", ref, r)
+            from planner.plans import resolve_plan_path
+
+            spec = resolve_arm("plan", resolve_plan_path(plan or "latest", r), r)
             paths, pre = list(spec.sources), spec.prefill_weights
             if not decode_weights:
                 decode_weights = ":".join(map(str, spec.decode_weights))

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from planner.plans import resolve_plan_path
 from replicas import rig as rigmod
 from replicas.cli_support import JsonOption, RigOption, err, out, print_json
 from replicas.errors import MismatchError
@@ -25,7 +26,7 @@ def register(app) -> None:
     @app.command("export")
     def export_cmd(
         rig: Optional[str] = RigOption,
-        plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`."),
+        plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in rig/plans, or 'latest'."),
         fmt: str = typer.Option(..., "--format", metavar="ds4-argodrive|colibri|json",
                                 help="ds4-argodrive: shell file + JSON; colibri: its mirror/weight variables; json: data."),
         profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME",
@@ -40,7 +41,9 @@ def register(app) -> None:
                                               help="Export replicas not verified against the manifest; the profile says so."),
     ):
         """Check a plan against the engine's rules and write it as an engine profile."""
-        result = ex.export_profile(rig_root=rigmod.rig_dir(rig), plan_path=plan, fmt=fmt, name=profile, base=base,
+        root = rigmod.rig_dir(rig)
+        plan_path = resolve_plan_path(plan, rigmod.load_rig(root, must_exist=False))
+        result = ex.export_profile(rig_root=root, plan_path=plan_path, fmt=fmt, name=profile, base=base,
                                    cache_experts=cache_experts, output=output, allow_unverified=allow_unverified)
         p = result.profile
         if p.unverified:

@@ -57,18 +57,10 @@ def parse_replica(text: str) -> tuple[str, int]:
 
 def resolve_plan(plan: str, rig: Optional[str]) -> str:
     """A plan path, 'latest' (the newest in <rig>/plans), or a name in <rig>/plans (.json optional)."""
+    from planner.plans import resolve_plan_path
     from replicas.rig import Rig, rig_dir
 
-    if os.path.isfile(plan):
-        return plan
-    if plan == "latest":
-        from planner.plans import latest_plan_path
-        return latest_plan_path(Rig(root=rig_dir(rig)))
-    d = os.path.join(rig_dir(rig), "plans")
-    for cand in (os.path.join(d, plan), os.path.join(d, plan + ".json")):
-        if os.path.isfile(cand):
-            return cand
-    raise MissingError(f"plan {plan}: not found (nor in {d}); give a plan file written by `planner solve`")
+    return resolve_plan_path(plan, Rig(root=rig_dir(rig)))
 
 
 def build_sources(model: str, replicas: List[str], primary_weight: int, decode_weights: Optional[str],

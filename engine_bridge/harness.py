@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 from planner.plan import Phase, Plan, Source, plan_from_json, plan_to_dict
+from planner.plans import resolve_plan_path
 from planner.split import check_weights, parse_weights
 from replicas.errors import Interrupted, MissingError, UsageError
 from replicas.events import Notice, emit
@@ -47,19 +48,6 @@ class ArmFailed(Exception):
 
 
 # -- arms ---------------------------------------------------------------------------------
-
-def resolve_plan_path(ref: str, rig: Rig | None) -> str:
-    """A plan path, or a name in <rig>/plans (with or without .json)."""
-    if os.path.isfile(ref):
-        return os.path.abspath(ref)
-    if rig is not None:
-        d = os.path.join(rig.root, "plans")
-        for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(rig.root, ref)):
-            if os.path.isfile(cand):
-                return cand
-    raise MissingError(f"plan {ref}: not found" + (f" (nor in {rig.root}/plans)" if rig else "")
-                       + "; give a plan file written by `planner solve`, or inline weights like 10:5:5/10:6:6")
-
 
 def resolve_arm(name: str, ref: str, rig: Rig | None) -> ArmSpec:
     """NAME=PLAN: a plan file (or its name in the rig), or inline weights 'P:P:P[/D:D:D]' over

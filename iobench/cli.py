@@ -206,3 +206,7 @@ def fio(path: str = typer.Argument(..., help="File to read (read-only)."),
 
 def main() -> None:
     run(app, "iobench")
+
+
+if __name__ == "__main__":
+    main()

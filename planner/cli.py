@@ -174,3 +174,7 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan f
 
 def main() -> None:
     run(app, "planner")
+
+
+if __name__ == "__main__":
+    main()

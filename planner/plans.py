@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from replicas.errors import RigError, UsageError
+from replicas.errors import MissingError, RigError, UsageError
 from replicas.fsutil import atomic_write_text
 from replicas.rig import Rig, load_manifest, load_rig
 
@@ -69,6 +69,22 @@ def latest_plan_path(rig: Rig) -> str:
     if not files:
         raise UsageError(f"no plans in {os.path.join(rig.root, PLANS_DIR)}: run `planner solve --rig {rig.root}` first")
     return files[-1]
+
+
+def resolve_plan_path(ref: str, rig: Rig | None) -> str:
+    """What users type after --plan: a plan file, 'latest' (the newest in <rig>/plans), or a
+    plan's name in <rig>/plans (with or without .json). MissingError when nothing matches."""
+    if os.path.isfile(ref):
+        return os.path.abspath(ref)
+    if rig is not None:
+        if ref == "latest":
+            return latest_plan_path(rig)
+        d = os.path.join(rig.root, PLANS_DIR)
+        for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(rig.root, ref)):
+            if os.path.isfile(cand):
+                return cand
+    raise MissingError(f"plan {ref}: not found" + (f" (nor in {os.path.join(rig.root, PLANS_DIR)})" if rig else "")
+                       + "; give a plan file written by `planner solve`, or 'latest'")
 
 
 def latest_plan(rig: Rig) -> Plan:

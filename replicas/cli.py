@@ -16,7 +16,7 @@ from rich.table import Table
 
 from . import rig as rigmod
 from .cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
-from .drives import drive_of
+from .drives import drive_label, drive_of
 from .errors import EXIT_OK, Interrupted, MissingError, UsageError
 from .events import Notice, Progress as ProgressEvent
 from .hashing import hash_file
@@ -88,7 +88,7 @@ def init(rig: Optional[str] = RigOption,
     if not os.path.isfile(model):
         raise UsageError(f"{model}: not a regular file; give the model file with --model")
     current = rigmod.load_rig(root, must_exist=False)
-    updated = rigmod.with_model(current, model, name or drive_of(model).label)
+    updated = rigmod.with_model(current, model, name or drive_label(model))
     rigmod.save_rig(updated)
     err.print(f"rig at {root}: model {updated.model.path} on drive '{updated.model.name}'")
 

@@ -30,8 +30,15 @@ class DriveInfo:
 
     @property
     def label(self) -> str:
-        base = os.path.basename(self.mount_point.rstrip("/"))
-        return base or "root"
+        """The mount point's name ('/Volumes/Green' -> 'Green'); '' for the root file system."""
+        return os.path.basename(self.mount_point.rstrip("/"))
+
+
+def drive_label(path: str) -> str:
+    """A human label for the drive holding `path`: its mount point's name, or, on the root file
+    system, the name of the folder holding the file."""
+    label = drive_of(path).label
+    return label or os.path.basename(os.path.dirname(os.path.abspath(path))) or "root"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from . import rig as rigmod
 from .coldio import aligned_buffer, open_cold
 from .constants import (HEADROOM_FRACTION, HEADROOM_MAX, HEADROOM_MIN, IO_BLOCK, JOURNAL_SUFFIX, PARTIAL_SUFFIX, PIECE_SIZE,
                         READ_AHEAD, WRITE_DEPTH)
-from .drives import drive_of
+from .drives import drive_label, drive_of
 from .errors import (EXIT_MISMATCH, EXIT_OK, EXIT_WRITE, Interrupted, MismatchError, MissingError,
                      ReplicaTunerError, UsageError, WriteError)
 from .events import Notice, Progress, Reporter, emit
@@ -571,11 +571,11 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     # Record what is now true in the rig.
     rig = rigmod.load_rig(rig_root, must_exist=False)
     if rig.model is None:
-        rig = rigmod.with_model(rig, source, drive_of(source).label)
+        rig = rigmod.with_model(rig, source, drive_label(source))
     for p in plans:
         r = results[p.target]
         if r.outcome in ("copied", "identical"):
-            rig = rigmod.with_replica(rig, p.target, drive_of(p.target).label)
+            rig = rigmod.with_replica(rig, p.target, drive_label(p.target))
     rigmod.save_rig(rig)
     rigmod.save_manifest(rig, manifest)
     if source_verified and os.path.realpath(source) == os.path.realpath(rig.model.path):
