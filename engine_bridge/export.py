@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata, resources
 
-from planner.plan import plan_from_json, plan_to_dict
+from planner.plan import plan_to_dict
+from planner.plans import load_plan
 from replicas import rig as rigmod
 from replicas.errors import MissingError, RigError, UsageError
 from replicas.fsutil import atomic_write_text
@@ -114,17 +115,6 @@ def _version() -> str:
         return "unknown"
 
 
-def _read_plan(plan_path: str):
-    try:
-        with open(plan_path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise MissingError(f"{plan_path}: no such plan file; plans are written to rig/plans/ by `planner solve`") from None
-    except UnicodeDecodeError:
-        raise RigError(f"{plan_path}: not UTF-8 text; give a file written by `planner solve`") from None
-    return plan_from_json(text, plan_path)
-
-
 def _companion(path: str) -> str:
     return path[: -len(".env")] + ".json" if path.endswith(".env") else path + ".json"
 
@@ -136,7 +126,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     if fmt not in pf.FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
     engine = "colibri" if fmt == "colibri" else "ds4-argodrive"
-    plan = _read_plan(plan_path)
+    plan = load_plan(plan_path)
     plan_dict = plan_to_dict(plan)
     profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + ("-colibri" if engine == "colibri" else "")
     if not pf.valid_name(profile_id):
