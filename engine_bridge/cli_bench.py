@@ -84,6 +84,11 @@ def register(app) -> None:
         prompt_tokens=typer.Option(None, "--prompt-tokens", help="Prompt tokens per arm (default: run's)."),
         gen_tokens=typer.Option(None, "--gen-tokens", help="Generated tokens per arm (default: run's)."),
         cache_experts=typer.Option(None, "--cache-experts", help="Expert cache size, experts (default: run's)."),
+        lanes=typer.Option(None, "--lanes", help="Reader lanes per source (default: run's)."),
+        max_other_cpu=typer.Option(MAX_OTHER_CPU, "--max-other-cpu",
+                                   help="Load gate: cores other processes may use during an arm."),
+        run_arg=typer.Option([], "--run-arg", help="Extra argument passed to every `run` (repeatable)."),
+        out=typer.Option(None, "--out", metavar="DIR", help="Run folder (default <rig>/runs/<timestamp>)."),
     )
 
     @app.command("bench")
@@ -98,11 +103,10 @@ def register(app) -> None:
         prompt_tokens: Optional[int] = common["prompt_tokens"],
         gen_tokens: Optional[int] = common["gen_tokens"],
         cache_experts: Optional[int] = common["cache_experts"],
-        lanes: Optional[int] = typer.Option(None, "--lanes", help="Reader lanes per source (default: run's)."),
-        max_other_cpu: float = typer.Option(MAX_OTHER_CPU, "--max-other-cpu",
-                                            help="Load gate: cores other processes may use during an arm."),
-        run_arg: List[str] = typer.Option([], "--run-arg", help="Extra argument passed to every `run` (repeatable)."),
-        out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default <rig>/runs/<timestamp>)."),
+        lanes: Optional[int] = common["lanes"],
+        max_other_cpu: float = common["max_other_cpu"],
+        run_arg: List[str] = common["run_arg"],
+        out: Optional[str] = common["out"],
         json_out: bool = JsonOption,
     ):
         """Run arms interleaved (ABBA, BAAB, ABAB or a ladder), each in a fresh process; gate, summarise."""
@@ -129,11 +133,10 @@ def register(app) -> None:
         prompt_tokens: Optional[int] = common["prompt_tokens"],
         gen_tokens: Optional[int] = common["gen_tokens"],
         cache_experts: Optional[int] = common["cache_experts"],
-        lanes: Optional[int] = typer.Option(None, "--lanes", help="Reader lanes per source (default: run's)."),
-        max_other_cpu: float = typer.Option(MAX_OTHER_CPU, "--max-other-cpu",
-                                            help="Load gate: cores other processes may use during an arm."),
-        run_arg: List[str] = typer.Option([], "--run-arg", help="Extra argument passed to every `run` (repeatable)."),
-        out: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default <rig>/runs/<timestamp>)."),
+        lanes: Optional[int] = common["lanes"],
+        max_other_cpu: float = common["max_other_cpu"],
+        run_arg: List[str] = common["run_arg"],
+        out: Optional[str] = common["out"],
         json_out: bool = JsonOption,
     ):
         """One drive (primary alone), plus one replica, plus two: U S1 U S2 S2 U S1 U, ratios to one drive."""

@@ -104,10 +104,35 @@ def csv_text(row: dict, header: bool) -> str:
     return buf.getvalue()
 
 
+def _append_csv_and_report(result: dict, csv_file: Optional[str]) -> None:
+    """Append the CSV row (header on a new file) and print the reader's counters and events on stderr."""
+    if csv_file:
+        new = not os.path.exists(csv_file) or os.path.getsize(csv_file) == 0
+        with open(csv_file, "a", encoding="utf-8") as f:
+            f.write(csv_text(result, header=new))
+    err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
+    for e in result["events"]:
+        err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
+
+
 def _trace_doc(result: dict, trace: list) -> dict:
     m = result["model"]
     return {"schema": TRACE_SCHEMA, "kind": "routing-trace", "layers": m["layers"], "experts": m["experts"],
             "top_k": m["top_k"], "steps": [{"phase": ph, "layers": sel} for ph, sel in trace]}
+
+
+# Options `run` and `replay` share (the same sources, cache and reader settings).
+SHARED = dict(
+    plan=typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
+    replica=typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
+    primary_weight=typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
+    decode_weights=typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
+    cache_experts=typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
+    lanes=typer.Option(LANES, "--lanes", help="Reader threads per source."),
+    chunk_tokens=typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
+    csv_file=typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
+    cached=typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
+)
 
 
 def register(app) -> None:
@@ -146,20 +171,20 @@ def register(app) -> None:
     def run_cmd(
         model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (source 0)."),
         rig: Optional[str] = RigOption,
-        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
-        replica: List[str] = typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
-        primary_weight: int = typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
-        decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
+        plan: Optional[str] = SHARED["plan"],
+        replica: List[str] = SHARED["replica"],
+        primary_weight: int = SHARED["primary_weight"],
+        decode_weights: Optional[str] = SHARED["decode_weights"],
         prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt length (deterministic ids)."),
         gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Tokens to generate greedily."),
-        cache_experts: int = typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
-        lanes: int = typer.Option(LANES, "--lanes", help="Reader threads per source."),
-        chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
+        cache_experts: int = SHARED["cache_experts"],
+        lanes: int = SHARED["lanes"],
+        chunk_tokens: int = SHARED["chunk_tokens"],
         dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts (0: inline)."),
         prompt_seed: int = typer.Option(PROMPT_SEED, "--prompt-seed", help="Seed of the prompt's token ids."),
-        csv_file: Optional[str] = typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
+        csv_file: Optional[str] = SHARED["csv_file"],
         trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay --trace)."),
-        cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
+        cached: bool = SHARED["cached"],
         json_out: bool = JsonOption,
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
@@ -176,13 +201,7 @@ def register(app) -> None:
         trace = result.pop("trace", None)
         if trace_out:
             atomic_write_text(trace_out, json.dumps(_trace_doc(result, trace)) + "\n")
-        if csv_file:
-            new = not os.path.exists(csv_file) or os.path.getsize(csv_file) == 0
-            with open(csv_file, "a", encoding="utf-8") as f:
-                f.write(csv_text(result, header=new))
-        err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
-        for e in result["events"]:
-            err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
+        _append_csv_and_report(result, csv_file)
         for ph in ("prefill", "decode"):
             c = result[ph]
             err.print(f"{ph}: {c['seconds']:.3f} s, waiting for reads {c['read_wait_seconds']:.3f} s "
@@ -202,19 +221,19 @@ def register(app) -> None:
     def replay_cmd(
         model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (any MoE GGUF; only its header is read for geometry)."),
         rig: Optional[str] = RigOption,
-        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
-        replica: List[str] = typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
-        primary_weight: int = typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
-        decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
+        plan: Optional[str] = SHARED["plan"],
+        replica: List[str] = SHARED["replica"],
+        primary_weight: int = SHARED["primary_weight"],
+        decode_weights: Optional[str] = SHARED["decode_weights"],
         prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt tokens (routing model)."),
         gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Decode tokens (routing model)."),
-        cache_experts: int = typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
-        lanes: int = typer.Option(LANES, "--lanes", help="Reader threads per source."),
-        chunk_tokens: int = typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
+        cache_experts: int = SHARED["cache_experts"],
+        lanes: int = SHARED["lanes"],
+        chunk_tokens: int = SHARED["chunk_tokens"],
         routing_seed: int = typer.Option(0, "--routing-seed", help="Seed of the routing model."),
         trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead of the model."),
-        csv_file: Optional[str] = typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
-        cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
+        csv_file: Optional[str] = SHARED["csv_file"],
+        cached: bool = SHARED["cached"],
         json_out: bool = JsonOption,
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
@@ -228,13 +247,7 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = replay(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, chunk_tokens=chunk_tokens,
                         routing_seed=routing_seed, trace_path=trace, cold=not cached)
-        if csv_file:
-            new = not os.path.exists(csv_file) or os.path.getsize(csv_file) == 0
-            with open(csv_file, "a", encoding="utf-8") as f:
-                f.write(csv_text(result, header=new))
-        err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
-        for e in result["events"]:
-            err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
+        _append_csv_and_report(result, csv_file)
         if json_out:
             print_json(result)
             return
