@@ -172,6 +172,17 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan f
         _render_plan(p, os.path.abspath(path))
 
 
+@app.command()
+def tune(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption,
+         plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN",
+                                            help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' (default: the newest; solved in the tuner if there is none)."),
+         fit_only: bool = FitOnlyOption):
+    """Open the split tuner: nudge weights per phase, read the model's prediction, save a plan."""
+    from .tui.app import run_tuner   # Textual loads only for this command
+
+    run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only)
+
+
 def main() -> None:
     run(app, "planner")
 

@@ -1,0 +1,156 @@
+"""The split tuner's Textual app. It renders a `TunerState` (text from `view`) and turns keys
+into the state's pure transitions; the model, the split and the solver live in the planner."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Footer, Header, Static
+
+from replicas.errors import ReplicaTunerError
+
+from . import state as st
+from . import view
+
+Saver = Callable[[st.TunerState], str]
+Solver = Callable[[st.TunerState], Mapping[str, tuple[int, ...]]]
+
+
+class Solved(Message):
+    """The worker's solve finished."""
+
+    def __init__(self, weights: Mapping[str, tuple[int, ...]] | None, error: str = "") -> None:
+        super().__init__()
+        self.weights, self.error = weights, error
+
+
+class SourcesPanel(Static):
+    """The split of one read per source, as a table with a bar per source."""
+
+    def show(self, s: st.TunerState) -> None:
+        t = Table(title=view.read_title(s), title_justify="left", expand=True, box=None, padding=(0, 1))
+        for col, just in (("", "left"), ("source", "left"), ("weight", "right"), ("blocks", "right"),
+                          ("bytes/read", "right"), ("share of the read", "left"), ("done ms", "right"), ("", "left")):
+            t.add_column(col, justify=just, no_wrap=True)
+        for r in view.source_rows(s):
+            style = "bold reverse" if r.selected else ""
+            t.add_row("▶" if r.selected else " ", r.name, r.weight, r.blocks, r.nbytes, r.bar, r.done_ms,
+                      Text(r.note, style="bold yellow"), style=style)
+        self.update(t)
+
+
+class TunerApp(App):
+    """`planner tune`: nudge per-source weights per phase and read the model's prediction."""
+
+    TITLE = "planner tune"
+    CSS = """
+    #tabs { height: 1; margin: 1 1 0 1; }
+    #sources { margin: 1 1 0 1; }
+    #summary { margin: 1 1 0 1; }
+    #measured { margin: 1 1 0 1; height: auto; }
+    #plan { margin: 1 1 0 1; color: $text-muted; }
+    #message { margin: 0 1; color: $warning; }
+    """
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "source ↑"),
+        Binding("down,j", "cursor(1)", "source ↓"),
+        Binding("right,plus,equals_sign", "nudge(1)", "+1"),
+        Binding("left,minus", "nudge(-1)", "-1"),
+        Binding("right_square_bracket,shift+right", "nudge(10)", "+10"),
+        Binding("left_square_bracket,shift+left", "nudge(-10)", "-10"),
+        Binding("p", "phase", "phase"),
+        Binding("r", "reset", "reset"),
+        Binding("s", "save", "save"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(self, state: st.TunerState, save: Saver | None = None, solve: Solver | None = None,
+                 subtitle: str = "") -> None:
+        super().__init__()
+        self.state = state
+        self._save, self._solve = save, solve
+        self.sub_title = subtitle
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Vertical():
+            yield Static(id="tabs")
+            yield SourcesPanel(id="sources")
+            yield Static(id="summary")
+            yield Static(id="measured")
+            yield Static(id="plan")
+            yield Static(id="message")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.render_state()
+        if self.state.solved is None and self._solve is not None:
+            solve, s = self._solve, self.state
+            self.run_worker(lambda: self._solve_in_thread(solve, s), thread=True, exclusive=True, name="solve")
+
+    def _solve_in_thread(self, solve: Solver, s: st.TunerState) -> None:
+        try:
+            self.post_message(Solved(solve(s)))
+        except Exception as e:   # shown on screen; the worker must not take the app down
+            self.post_message(Solved(None, f"solve failed: {e}"))
+
+    def on_solved(self, msg: Solved) -> None:
+        self.apply(st.with_solution(self.state, msg.weights) if msg.weights
+                   else st.with_message(self.state, msg.error))
+
+    def apply(self, new: st.TunerState) -> None:
+        self.state = new
+        self.render_state()
+
+    def render_state(self) -> None:
+        s = self.state
+        tabs = Text()
+        for label, on in view.phase_tabs(s):
+            tabs.append(f" {label} ", style="bold reverse" if on else "dim")
+            tabs.append("  ")
+        tabs.append("(p switches)", style="dim")
+        self.query_one("#tabs", Static).update(tabs)
+        self.query_one(SourcesPanel).show(s)
+        self.query_one("#summary", Static).update("\n".join(view.summary(s)))
+        measured = view.measured_lines(s)
+        self.query_one("#measured", Static).update("\n".join(measured))
+        self.query_one("#measured", Static).display = bool(measured)
+        self.query_one("#plan", Static).update(view.plan_line(s))
+        self.query_one("#message", Static).update(s.message)
+
+    def action_cursor(self, delta: int) -> None:
+        self.apply(st.move_cursor(self.state, delta))
+
+    def action_nudge(self, delta: int) -> None:
+        self.apply(st.nudge(self.state, self.state.cursor, delta))
+
+    def action_phase(self) -> None:
+        self.apply(st.switch_phase(self.state))
+
+    def action_reset(self) -> None:
+        self.apply(st.reset(self.state))
+
+    def action_save(self) -> None:
+        if self._save is None:
+            self.apply(st.with_message(self.state, "saving is off (no rig)"))
+            return
+        try:
+            path = self._save(self.state)
+        except (ReplicaTunerError, OSError) as e:
+            self.apply(st.with_message(self.state, f"save failed: {e}"))
+            return
+        self.apply(st.with_message(self.state, f"saved {path}"))
+
+
+def run_tuner(rig_root: str, bench: str | None = None, plan: str | None = None, calibrate: bool = True) -> None:
+    """Load the rig (errors surface before the screen opens), then run the app."""
+    from .load import load_tuner, save_tuned, solve_weights
+
+    state = load_tuner(rig_root, bench, plan, calibrate)
+    TunerApp(state, save=lambda s: save_tuned(rig_root, s), solve=solve_weights, subtitle=rig_root).run()
