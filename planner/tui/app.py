@@ -58,8 +58,8 @@ class TunerApp(App):
     #message { margin: 0 1; color: $warning; }
     """
     BINDINGS = [
-        Binding("up,k", "cursor(-1)", "source ↑"),
-        Binding("down,j", "cursor(1)", "source ↓"),
+        Binding("up,k", "cursor(-1)", "source"),
+        Binding("down,j", "cursor(1)", "source", show=False),
         Binding("right,plus,equals_sign", "nudge(1)", "+1"),
         Binding("left,minus", "nudge(-1)", "-1"),
         Binding("right_square_bracket,shift+right", "nudge(10)", "+10"),

@@ -69,17 +69,22 @@ def _views(state_like: dict, weights: Mapping[str, Sequence[int]]) -> dict[str, 
                            state_like["backgrounds"], state_like["engine"]) for ph in PHASES}
 
 
+def _opening(drives: Sequence[Drive], workloads: Mapping[str, Workload]) -> dict[str, tuple[int, ...]]:
+    """Weights before a solve: each drive's rate alone, on a 1..10 scale so +-1 moves the split."""
+    return {ph: capability_weights(drives, workloads[ph], scale=10) for ph in PHASES}
+
+
 def new_state(sources: Sequence[Source], drives: Sequence[Drive], solved: Mapping[str, Sequence[int]] | None = None,
               workloads: Mapping[str, Workload] | None = None, backgrounds: Sequence[Background] = (),
               engine: str = "ds4-argodrive", plan_name: str = "", provenance: Mapping | None = None,
               measured: Sequence[Measured] = ()) -> TunerState:
     """The opening state: the solved weights (or, while a solve is still running, weights in
-    proportion to what each drive delivers alone) on the prefill phase, first source selected."""
+    proportion to what each drive delivers alone) on the prefill phase, the primary selected."""
     if not drives or len(sources) != len(drives):
         raise ValueError(f"{len(sources)} sources, {len(drives)} drive models")
     wl = dict(workloads or {"prefill": prefill_workload(), "decode": decode_workload()})
     ctx = {"drives": tuple(drives), "workloads": wl, "backgrounds": tuple(backgrounds), "engine": engine}
-    start = solved or {ph: capability_weights(ctx["drives"], wl[ph]) for ph in PHASES}
+    start = solved or _opening(ctx["drives"], wl)
     views = _views(ctx, start)
     return TunerState(sources=tuple(sources), drives=ctx["drives"], workloads=wl, views=views,
                       solved=dict(views) if solved else None, backgrounds=ctx["backgrounds"], engine=engine,
@@ -129,7 +134,7 @@ def with_solution(state: TunerState, weights: Mapping[str, Sequence[int]], plan_
     move to them, phases the user already changed keep the user's weights."""
     ctx = {"drives": state.drives, "workloads": state.workloads, "backgrounds": state.backgrounds, "engine": state.engine}
     solved = _views(ctx, weights)
-    opening = {ph: capability_weights(state.drives, state.workloads[ph]) for ph in PHASES}
+    opening = _opening(state.drives, state.workloads)
     views = {ph: solved[ph] if state.solved is None and state.weights(ph) == opening[ph] else state.views[ph]
              for ph in PHASES}
     return replace(state, views=views, solved=solved, plan_name=plan_name or state.plan_name,
