@@ -34,6 +34,10 @@ def _w(weights) -> str:
     return ":".join(map(str, weights))
 
 
+def _last(p) -> str:
+    return f"lands last +{p.gap_s * 1e3:.3f} ms" if p.gap_s > 0 else ""
+
+
 def phase_tabs(state: TunerState) -> list[tuple[str, bool]]:
     """(label, on screen) per phase; a '*' marks weights changed from the plan."""
     edited = changed(state) if state.solved is not None else ()
@@ -57,7 +61,7 @@ def source_rows(state: TunerState) -> list[SourceRow]:
     rows = []
     for i, (src, piece, share) in enumerate(zip(state.sources, view.pieces, p.shares)):
         w = str(view.weights[i]) + (f" (plan {plan[i]})" if plan is not None and plan[i] != view.weights[i] else "")
-        note = f"lands last +{p.gap_s * 1e3:.3f} ms" if src.name == p.lands_last else ""
+        note = _last(p) if src.name == p.lands_last else ""
         rows.append(SourceRow(i == state.cursor, src.name, w, str(piece.blocks), f"{piece.length:,}",
                               bar(piece.length, whole), f"{share.time_s * 1e3:.3f}", note))
     return rows
@@ -68,7 +72,8 @@ def summary(state: TunerState) -> list[str]:
     unit = "chunk" if p.phase == "prefill" else "expert"
     lines = [f"predicted {format_rate(p.throughput_Bps)}: {p.time_per_batch_s * 1e3:.3f} ms per {unit}, "
              f"{p.time_per_read_s * 1e3:.3f} ms per read, {p.time_per_layer_s * 1e3:.2f} ms per layer",
-             f"lands last: {p.lands_last}, {p.gap_s * 1e3:.3f} ms after the next source"]
+             f"lands last: {p.lands_last}, {p.gap_s * 1e3:.3f} ms after the next source" if p.gap_s > 0
+             else "lands last: none, the sources finish together"]
     g = gain_over_solved(state)
     if g is None:
         lines.append("solving for the plan's weights …")
