@@ -12,7 +12,7 @@ from engine_bridge.arms import ArmSpec, Row, Snapshot, build_results
 from planner.cli import app as planner_app
 from planner.model import decode_workload, prefill_workload
 from planner.plan import Phase, Plan, plan_from_json, plan_to_dict
-from planner.plans import latest_plan, load_inputs, load_plan, save_plan
+from planner.plans import load_inputs, load_plan, save_plan
 from planner.solve import predict, solve_plan
 from planner.split import split_read
 from planner.tui import state as st
