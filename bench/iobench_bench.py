@@ -82,6 +82,23 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
+def meminfo_mb(*keys: str) -> float:
+    with open("/proc/meminfo") as f:
+        vals = {line.split(":")[0]: int(line.split()[1]) for line in f}
+    return sum(vals.get(k, 0) for k in keys) / 1024
+
+
+def settle(limit_mb: float = 64, timeout: float = 60) -> str:
+    """Flush, then wait (up to `timeout` s) until the host has little dirty data left: writeback
+    competes with the reads being measured (DESIGN §8: nothing else heavy running)."""
+    drop_caches()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout and meminfo_mb("Dirty", "Writeback") > limit_mb:
+        time.sleep(0.5)
+    return (f"load average {os.getloadavg()[0]:.1f}, dirty+writeback {meminfo_mb('Dirty', 'Writeback'):.0f} MB "
+            f"(settled {time.perf_counter() - t0:.0f}s)")
+
+
 def throttled(root: str, cmd: list[str]) -> subprocess.CompletedProcess:
     return sh([sys.executable, DRIVES, "run", "--root", root, "--", *cmd], cwd=ROOT)
 
@@ -136,7 +153,8 @@ def main() -> int:
             extra += ["--repeat", a.repeat]
 
         # 1. one full run
-        drop_caches()
+        conditions = settle()
+        print(f"host before the run: {conditions}")
         rig = os.path.join(root, "rig")
         t0 = time.perf_counter()
         p = throttled(root, IOBENCH + ["run", *files.values(), "--preset", "all", "--rig", rig, "--json", *extra])
@@ -166,7 +184,7 @@ def main() -> int:
     os.makedirs(out, exist_ok=True)
     raw = os.path.join(out, f"iobench-{time.strftime('%Y%m%dT%H%M%S')}.json")
     with open(raw, "w") as f:
-        json.dump({"throttles_mbs": mbs, "wall_s": wall, "result": result,
+        json.dump({"throttles_mbs": mbs, "wall_s": wall, "conditions": conditions, "result": result,
                    "fio": [{"drive": n, "preset": p, **r} for (n, p), r in fio.items()]}, f, indent=1)
     report(result, mbs, fio, wall)
     print(f"  raw figures: {raw}")
