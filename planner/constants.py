@@ -18,3 +18,4 @@ DECODE_MISSES_PER_TOKEN = 11.06     # expert misses per decoded token with a 4,6
 ENGRAM_READS_PER_TOKEN = 48         # 2 tables x 24 rows, primary only
 ENGRAM_READ_BYTES = 4096            # one 264 B row costs one 4 KiB page read
 TOP_ALTERNATIVES = 5
+TIE_TOLERANCE = 0.001           # predicted times within 0.1 % of the best are ties: the smaller weights win

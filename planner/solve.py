@@ -17,7 +17,7 @@ import numpy as np
 
 from replicas.errors import UsageError
 
-from .constants import BLOCK, MAX_SOURCES, TOP_ALTERNATIVES, WEIGHT_MAX, WEIGHT_MIN
+from .constants import BLOCK, MAX_SOURCES, TIE_TOLERANCE, TOP_ALTERNATIVES, WEIGHT_MAX, WEIGHT_MIN
 from .model import (Background, Drive, Prediction, Workload, capability_weights, describe,
                     evaluate, prediction_to_dict)
 from .plan import Phase, Plan, Source
@@ -105,9 +105,12 @@ def solve_phase(drives: Sequence[Drive], workload: Workload, backgrounds: Sequen
         raise UsageError(f"{n} sources: {engine} reads from 1..{limit} sources; list at most {limit} drives in the rig")
     counts, smallest = split_classes(n, workload.read_bytes)
     ev = evaluate(drives, counts, workload, backgrounds)
-    # Best first; among equal times the smaller weights (their order) win.
-    order = np.lexsort((np.arange(len(ev.time)), np.round(ev.time, 15)))
-    best = int(order[0])
+    # The fastest split; splits within TIE_TOLERANCE of it are ties no measurement could tell
+    # apart, and among ties the smaller weights (earlier in the class order) win.
+    fastest = float(ev.time.min())
+    best = int(np.flatnonzero(ev.time <= fastest * (1 + TIE_TOLERANCE))[0])
+    order = [int(r) for r in np.lexsort((np.arange(len(ev.time)), ev.time)) if r != best]
+    order.insert(0, best)
     weights = tuple(int(x) for x in smallest[best])
     alts = tuple(describe(ev, int(r), drives, smallest[int(r)]) for r in order[1:1 + top])
     cap = smallest_equivalent(capability_weights(drives, workload), workload.read_bytes)

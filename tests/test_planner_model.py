@@ -123,3 +123,16 @@ def test_corrected_curve_meets_measurements_and_fades_to_the_fit():
     assert 70e6 < mid < SLOW.throughput(int(1.2 * (1 << 20)), 3)
     assert c.request_time(1 << 20, 3) == pytest.approx(3 * (1 << 20) / 70e6)
     assert CorrectedCurve(SLOW).throughput(1 << 20, 3) == SLOW.throughput(1 << 20, 3)
+
+
+def test_near_ties_go_to_the_smaller_weights():
+    from planner.constants import TIE_TOLERANCE
+
+    d = drives3()
+    wl = decode_workload()
+    s = solve_phase(d, wl)
+    counts, smallest = split_classes(3, wl.read_bytes)
+    ev = evaluate(d, counts, wl)
+    ties = np.flatnonzero(ev.time <= ev.time.min() * (1 + TIE_TOLERANCE))
+    assert s.weights == tuple(int(x) for x in smallest[ties[0]])
+    assert all(sum(s.weights) <= sum(smallest[t]) for t in ties)
