@@ -128,9 +128,12 @@ def test_resume_after_kill_9_copies_only_what_was_not_durable(setup):
     script = textwrap.dedent(f"""
         import os, signal, time
         from replicas.sync import sync
+        import threading
         real_pwrite = os.pwrite
-        def slow_drive(fd, data, offset):   # a slow destination, so pieces land one by one
-            time.sleep(0.02)
+        one_at_a_time = threading.Lock()
+        def slow_drive(fd, data, offset):   # a slow drive taking one write at a time: pieces land one by one
+            with one_at_a_time:
+                time.sleep(0.05)
             return real_pwrite(fd, data, offset)
         os.pwrite = slow_drive
         from replicas.events import Progress
@@ -146,7 +149,7 @@ def test_resume_after_kill_9_copies_only_what_was_not_durable(setup):
         t = str(d / "model.gguf")
         assert not os.path.exists(t) and os.path.exists(t + ".partial")
         durable[t] = _durable_bytes(t + ".partial.journal", len(data))
-        assert 4 * PIECE <= durable[t] < len(data)
+        assert PIECE <= durable[t] < len(data)          # some pieces durable, not all
     res = sync(str(src), [str(d) for d in dests], rig, piece_size=PIECE, allow_same_device=True)
     assert res.exit_code == 0
     for dr in res.dests:
@@ -161,9 +164,11 @@ def test_ctrl_c_keeps_durable_pieces(setup, monkeypatch):
     import time
 
     real_pwrite = os.pwrite
+    one_at_a_time = threading.Lock()
 
     def slow_drive(fd, data, offset):
-        time.sleep(0.02)
+        with one_at_a_time:
+            time.sleep(0.05)
         return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(os, "pwrite", slow_drive)
