@@ -88,13 +88,16 @@ def meminfo_mb(*keys: str) -> float:
     return sum(vals.get(k, 0) for k in keys) / 1024
 
 
-def settle(limit_mb: float = 64, timeout: float = 60) -> str:
-    """Flush, then wait (up to `timeout` s) until the host has little dirty data left: writeback
-    competes with the reads being measured (DESIGN §8: nothing else heavy running)."""
+def settle(quiet_s: float, limit_mb: float = 64, timeout: float = 60) -> str:
+    """Flush, wait (up to `timeout` s) until the host has little dirty data left, then `quiet_s`
+    more: writeback competes with the reads being measured (DESIGN §8: nothing else heavy
+    running), and on a VM the hypervisor keeps writing our files out after this kernel is done
+    (the first trials after writing 4.5 GB stalled for 0.3-0.5 s without the wait)."""
     drop_caches()
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout and meminfo_mb("Dirty", "Writeback") > limit_mb:
         time.sleep(0.5)
+    time.sleep(quiet_s)
     return (f"load average {os.getloadavg()[0]:.1f}, dirty+writeback {meminfo_mb('Dirty', 'Writeback'):.0f} MB "
             f"(settled {time.perf_counter() - t0:.0f}s)")
 
@@ -113,6 +116,7 @@ def main() -> int:
     ap.add_argument("--size", default="1.5G", help="bytes per file (decimal suffixes)")
     ap.add_argument("--seconds", default=None, help="iobench --seconds (default: iobench's)")
     ap.add_argument("--repeat", default=None, help="iobench --repeat (default: iobench's)")
+    ap.add_argument("--settle", default="30", help="seconds to let writes drain after writing the files")
     ap.add_argument("--fio-seconds", default="1", help="--seconds of each `iobench fio` window (3 windows)")
     a = ap.parse_args()
     mbs = parse_mbs(a.mbs)
@@ -153,7 +157,7 @@ def main() -> int:
             extra += ["--repeat", a.repeat]
 
         # 1. one full run
-        conditions = settle()
+        conditions = settle(float(a.settle))
         print(f"host before the run: {conditions}")
         rig = os.path.join(root, "rig")
         t0 = time.perf_counter()

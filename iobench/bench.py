@@ -177,18 +177,13 @@ def check_options(targets: Sequence[Target], opts: RunOptions) -> None:
         for p in opts.presets:
             # together runs use the alone best lane count, or the engine's default without alone runs
             lanes = tuple(opts.lanes_for(p)) if opts.alone else (TOGETHER_LANES[p],)
-            probe = _probe_shape(t, p)
+            probe = shape_for(t, p, 0, (1,), (1,))        # unsplit: the largest piece
             need = min_slots(lanes)
             if probe.slots < need:
                 step = probe.step
                 raise UsageError(f"{t.path}: {t.size:,} bytes is too small for the {p} preset at {max(lanes)} lanes "
                                  f"(needs {need} requests of {step:,} B apart, about {need * step + probe.piece_bytes:,} bytes); "
                                  f"give a bigger file or fewer --lanes")
-
-
-def _probe_shape(t: Target, preset: str) -> Shape:
-    """The preset's shape with the largest piece (the whole chunk / component)."""
-    return shape_for(t, preset, 0, (1,), (1,))
 
 
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
