@@ -71,6 +71,21 @@ def write_replicas(paths: list[str], size: int, seed: int) -> None:
             f.close()
 
 
+def drain_writeback(limit: int = 64 << 20, timeout: float = 120.0) -> None:
+    """Wait until the host has written back what we wrote (Dirty + Writeback below `limit`):
+    trials that run while the VM still flushes gigabytes measure the flush, not the drive."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with open("/proc/meminfo") as f:
+            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+        pending = (kb.get("Dirty", 0) + kb.get("Writeback", 0)) * 1024
+        if pending < limit:
+            break
+        time.sleep(1.0)
+    time.sleep(5.0)
+    log(f"writeback drained in {time.monotonic() - t0:.0f}s")
+
+
 def outer(a) -> int:
     root = os.path.realpath(a.root or tempfile.mkdtemp(prefix="planner-bench-", dir="/tmp"))
     up = [DRIVES, "up", "--root", root, "--size", a.size]
@@ -89,6 +104,7 @@ def outer(a) -> int:
         paths = [os.path.join(d["mount"], FILE_NAME) for d in state["drives"]]
         log(f"writing a {a.file_size} B replica on {', '.join(names)}")
         write_replicas(paths, a.file_size, a.seed)
+        drain_writeback()
         inner = [DRIVES, "run", "--root", root, "--", sys.executable, os.path.abspath(__file__), "--inner",
                  "--state", os.path.join(root, "testbed.json")] + a.passthrough
         return subprocess.run(inner).returncode
