@@ -264,7 +264,7 @@ def _suspect(run: StreamRun, not_cold: bool) -> bool:
     never delivered."""
     if not_cold:
         return True
-    bw = stats.mean([w[0] for w in run.windows])
+    bw = stats.median([w[0] for w in run.windows])
     if bw > PLAUSIBLE_BW:
         return True
     p50 = stats.percentile(run.lat_ns, 50)
@@ -281,7 +281,7 @@ def _latency(lat_ns) -> Latency:
 
 def _lane_result(run: StreamRun, not_cold: bool) -> LaneResult:
     bws = tuple(w[0] for w in run.windows)
-    return LaneResult(lanes=run.lanes, bw_bytes=stats.mean(bws), iops=stats.mean([w[1] for w in run.windows]),
+    return LaneResult(lanes=run.lanes, bw_bytes=stats.median(bws), iops=stats.median([w[1] for w in run.windows]),
                       lat_ns=_latency(run.lat_ns), requests=run.requests, runs_bw=bws,
                       spread_pct=round(stats.spread_pct(bws), 3), suspect_cache=_suspect(run, not_cold))
 
@@ -304,9 +304,9 @@ def _group_result(name: str, preset: str, runs: Sequence[StreamRun], suspects: S
     windows = len(runs[0].windows)
     totals = tuple(sum(r.windows[w][0] for r in runs) for w in range(windows))
     members = tuple(MemberResult(name=r.name, lanes=r.lanes, piece_bytes=r.piece_bytes,
-                                 bw_bytes=stats.mean([w[0] for w in r.windows]),
-                                 iops=stats.mean([w[1] for w in r.windows]), lat_ns=_latency(r.lat_ns)) for r in runs)
-    return GroupResult(name=name, preset=preset, drives=tuple(r.name for r in runs), bw_bytes=stats.mean(totals),
+                                 bw_bytes=stats.median([w[0] for w in r.windows]),
+                                 iops=stats.median([w[1] for w in r.windows]), lat_ns=_latency(r.lat_ns)) for r in runs)
+    return GroupResult(name=name, preset=preset, drives=tuple(r.name for r in runs), bw_bytes=stats.median(totals),
                        members=members, runs_bw=totals, spread_pct=round(stats.spread_pct(totals), 3),
                        suspect_cache=any(suspects))
 
@@ -340,7 +340,7 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
             s.seed = opts.seed * 100_003 + done
         runs = run_trial(streams, opts.seconds, opts.repeat, cancel=cancel)
         done += 1
-        emit(report, Notice(task=label, message="  ".join(f"{r.name} {format_rate(stats.mean([w[0] for w in r.windows]))}"
+        emit(report, Notice(task=label, message="  ".join(f"{r.name} {format_rate(stats.median([w[0] for w in r.windows]))}"
                                                            for r in runs)))
         return runs
 
@@ -468,7 +468,7 @@ def fio_compare(path: str, preset: str, lanes: int | None, seconds: float, repea
     finally:
         o.reader.close()
     bws = [w[0] for w in run.windows]
-    ours = {"bw_bytes": stats.mean(bws), "iops": stats.mean([w[1] for w in run.windows]),
+    ours = {"bw_bytes": stats.median(bws), "iops": stats.median([w[1] for w in run.windows]),
             "lat_ns": stats.latency_summary(run.lat_ns), "spread_pct": round(stats.spread_pct(bws), 3),
             "suspect_cache": _suspect(run, o.not_cold), "cold": o.reader.how}
     args = fio_args(fio, t.path, shape, lanes, seconds * repeat, MIN_WARMUP_S)

@@ -54,7 +54,7 @@ class Latency:
 @dataclass(frozen=True)
 class LaneResult:
     lanes: int                   # requests kept in flight on the drive
-    bw_bytes: float              # bytes/s over all windows (their mean)
+    bw_bytes: float              # bytes/s, median over the windows
     iops: float                  # requests/s
     lat_ns: Latency
     requests: int                # requests completed over all repeats
@@ -102,7 +102,7 @@ class MemberResult:
     name: str
     lanes: int
     piece_bytes: int
-    bw_bytes: float              # bytes/s over all windows (their mean)
+    bw_bytes: float              # bytes/s, median over the windows
     iops: float
     lat_ns: Latency
 
@@ -112,7 +112,7 @@ class GroupResult:
     name: str                    # the --group name, or 'together'
     preset: str
     drives: tuple[str, ...]
-    bw_bytes: float              # bytes/s of all members in the shared windows (mean over them)
+    bw_bytes: float              # bytes/s of all members in each shared window, median over windows
     members: tuple[MemberResult, ...]
     runs_bw: tuple[float, ...] = ()
     spread_pct: float = 0.0

@@ -58,13 +58,10 @@ def latency_summary(lat_ns: Sequence[int]) -> dict:
             "p99": round(percentile(lat_ns, 99)), "mean": round(float(np.mean(lat_ns)))}
 
 
-def mean(values: Sequence[float]) -> float:
-    """Of equal windows: the whole span's rate. A drive that stalls and then catches up (a
-    throttle refilling its budget) has a low window and a high one; the mean keeps both."""
-    return float(np.mean(np.asarray(values, dtype=float))) if len(values) else 0.0
-
-
 def median(values: Sequence[float]) -> float:
+    """A trial's rate: the middle window. A stall from something else on the host and the
+    catch-up after it (a throttle spending the budget it saved) land in different windows and
+    are both set aside."""
     return float(np.median(np.asarray(values, dtype=float))) if len(values) else 0.0
 
 
