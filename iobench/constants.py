@@ -23,7 +23,7 @@ DEFAULT_LANES = {"seq": SEQ_LANES, "prefill": PREFILL_LANES, "decode": DECODE_LA
 TOGETHER_LANES = {"seq": 8, "prefill": 8, "decode": 3, "rand4k": 16}
 
 DEFAULT_SECONDS = 0.5           # s per measured window (a trial is `repeat` windows)
-DEFAULT_REPEAT = 3              # repeats of each preset's best lane count (spread)
+DEFAULT_REPEAT = 3              # windows per trial; the spread is taken over them
 
 KNEE_FRACTION = 0.95            # knee: lowest lane count within 5 % of the best
 SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (DESIGN §4)
