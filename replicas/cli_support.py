@@ -37,7 +37,7 @@ class ErrorBoundaryGroup(TyperGroup):
         except ReplicaTunerError as e:
             self._fail(ctx, str(e), e.exit_code)
         except KeyboardInterrupt:
-            self._fail(ctx, "interrupted; durable work is kept, run the same command again to resume", EXIT_INTERRUPTED)
+            self._fail(ctx, "interrupted", EXIT_INTERRUPTED)
         except BrokenPipeError:
             raise typer.Exit(0)
         except FileNotFoundError as e:

@@ -440,7 +440,7 @@ def _copy_pass(source: str, src_ident: FileIdentity, writers: list[_Writer], man
                 except OSError:
                     pass
         if cancel is not None and cancel.is_set():
-            raise Interrupted("sync cancelled")
+            raise Interrupted("sync interrupted; durable pieces are kept: run the same command again to resume")
     _check_source(source, src_ident, None)
     if manifest is None:
         manifest = Manifest(size=size, blake3=hasher.whole.hexdigest(), piece_size=piece_size,
