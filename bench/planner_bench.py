@@ -38,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from planner.constants import BLOCK, COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from planner.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
 
 DRIVES = os.environ.get("TESTBED_DRIVES", "/work/shared/testbed/drives")
 FILE_NAME = "model.bin"

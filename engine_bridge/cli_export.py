@@ -47,7 +47,7 @@ def register(app) -> None:
                                    cache_experts=cache_experts, output=output, allow_unverified=allow_unverified)
         p = result.profile
         if p.unverified:
-            err.print(f"[yellow]warning:[/] not verified against the manifest (exported with --allow-unverified): "
+            err.print("[yellow]warning:[/] not verified against the manifest (exported with --allow-unverified): "
                       + escape(", ".join(p.unverified)), soft_wrap=True)
         if result.files == ("-",):
             sys.stdout.write(result.text)

@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from replicas.cli_support import JsonOption, RigOption, err, print_json
-from replicas.errors import MissingError, UsageError
+from replicas.errors import UsageError
 from replicas.fsutil import atomic_write_text
 from replicas.units import format_bytes, format_rate
 

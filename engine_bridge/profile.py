@@ -415,7 +415,7 @@ def render_env(p: Profile) -> str:
     """The shell file: a header comment with the engine arguments, `export K='v'`, `unset K`."""
     lines = [f"# {p.engine} profile {p.id!r}, exported by replica-tuner (engine-bridge export)"]
     if p.engine == "colibri":
-        lines.append(f"# colibri reads COLI_MODEL (primary) and COLI_MODEL_MIRROR (copies, ';'-separated);")
+        lines.append("# colibri reads COLI_MODEL (primary) and COLI_MODEL_MIRROR (copies, ';'-separated);")
         lines.append(f"# COLI_DISK_WEIGHTS are the plan's base weights {':'.join(map(str, (p.primary_weight,) + p.replica_weights))} "
                      "(colibri places whole experts by hash; it has no separate decode split)")
     else:

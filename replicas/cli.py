@@ -16,15 +16,15 @@ from rich.table import Table
 
 from . import rig as rigmod
 from .cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
-from .drives import drive_label, drive_of
-from .errors import EXIT_OK, Interrupted, MissingError, UsageError
-from .events import Notice, Progress as ProgressEvent
+from .drives import drive_label
+from .errors import Interrupted, MissingError, UsageError
+from .events import Notice
 from .hashing import hash_file
 from .manifest import manifest_to_dict
 from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
-from .units import format_bytes, format_duration, format_rate, parse_size
+from .units import format_bytes, format_rate, parse_size
 from .verify import verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")

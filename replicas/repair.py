@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from .coldio import aligned_buffer, align_up, open_cold
 from .errors import MismatchError, MissingError, UsageError, WriteError
 from .events import Progress, Reporter, emit
-from .fsutil import FileIdentity
 from .hashing import PieceHasher
 from .manifest import Manifest, PieceRange
 from .rig import Member, Rig

@@ -15,25 +15,23 @@ import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import blake3
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 
 from . import rig as rigmod
-from .coldio import aligned_buffer, open_cold
-from .constants import (HEADROOM_FRACTION, HEADROOM_MAX, HEADROOM_MIN, IO_BLOCK, JOURNAL_SUFFIX, PARTIAL_SUFFIX, PIECE_SIZE,
+from .coldio import align_up, aligned_buffer, open_cold
+from .constants import (ALIGNMENT, HEADROOM_FRACTION, HEADROOM_MAX, HEADROOM_MIN, IO_BLOCK, JOURNAL_SUFFIX, PARTIAL_SUFFIX, PIECE_SIZE,
                         READ_AHEAD, WRITE_DEPTH)
 from .drives import drive_label, drive_of
-from .errors import (EXIT_MISMATCH, EXIT_OK, EXIT_WRITE, Interrupted, MismatchError, MissingError,
-                     ReplicaTunerError, UsageError, WriteError)
+from .errors import (EXIT_MISMATCH, EXIT_OK, EXIT_WRITE, Interrupted, MismatchError, MissingError, UsageError,
+                     WriteError)
 from .events import Notice, Progress, Reporter, emit
 from .fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir
 from .hashing import PieceHasher, check_piece_size
 from .journal import Journal, journal_header, read_journal
 from .manifest import Manifest, PieceRange, bad_pieces, piece_count
-from .coldio import align_up
-from .constants import ALIGNMENT
 from .platform import drop_cached, open_for_direct_write
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .units import format_bytes

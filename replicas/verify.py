@@ -8,7 +8,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .coldio import open_cold, read_sequential
 from .errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, Interrupted

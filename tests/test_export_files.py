@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 
-import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app

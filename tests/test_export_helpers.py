@@ -4,7 +4,6 @@ and plan files written through planner.plan. No tests live here."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 from conftest import write_random
