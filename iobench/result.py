@@ -258,13 +258,8 @@ def load_result(path: str) -> BenchResult:
 
 
 def result_files(rig: Rig) -> list[str]:
-    """Result files in rig/bench, oldest first (names are UTC timestamps, so name order is time order)."""
-    d = os.path.join(rig.root, BENCH_DIR)
-    try:
-        names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
-    except FileNotFoundError:
-        return []
-    return [os.path.join(d, n) for n in names]
+    """Result files in rig/bench, oldest first."""
+    return rig.timestamped_files(BENCH_DIR)
 
 
 def result_name(created: str) -> str:

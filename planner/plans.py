@@ -56,12 +56,7 @@ def load_plan(path: str) -> Plan:
 
 def plan_files(rig: Rig) -> list[str]:
     """Plan files in rig/plans, oldest first."""
-    d = os.path.join(rig.root, PLANS_DIR)
-    try:
-        names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
-    except FileNotFoundError:
-        return []
-    return [os.path.join(d, n) for n in names]
+    return rig.timestamped_files(PLANS_DIR)
 
 
 def latest_plan_path(rig: Rig) -> str:

@@ -57,6 +57,16 @@ class Rig:
         os.makedirs(path, exist_ok=True)
         return path
 
+    def timestamped_files(self, name: str) -> list[str]:
+        """The JSON files a stage wrote in rig/NAME (bench, plans), oldest first: their names are
+        fixed-width UTC timestamps, so name order is time order. Hidden temporaries are skipped."""
+        d = os.path.join(self.root, name)
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
+        except FileNotFoundError:
+            return []
+        return [os.path.join(d, n) for n in names]
+
     def member(self, path_or_name: str) -> Member:
         real = os.path.realpath(path_or_name)
         for m in self.members:
