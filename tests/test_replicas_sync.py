@@ -19,7 +19,7 @@ from replicas.hashing import hash_file
 from replicas.journal import read_journal
 from replicas.stamps import stamp_state
 from replicas.sync import sync
-from tests.conftest import write_random
+from tests.conftest import model_and_drives
 
 MiB = 1 << 20
 PIECE = 1 * MiB
@@ -27,12 +27,7 @@ PIECE = 1 * MiB
 
 @pytest.fixture
 def setup(tmp_path):
-    src = tmp_path / "internal" / "model.gguf"
-    src.parent.mkdir()
-    data = write_random(src, 9 * MiB + 12345, seed=1)
-    dests = [tmp_path / "green", tmp_path / "white"]
-    for d in dests:
-        d.mkdir()
+    src, data, dests = model_and_drives(tmp_path, 9 * MiB + 12345, seed=1)
     return src, data, dests, str(tmp_path / "rig")
 
 

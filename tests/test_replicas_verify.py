@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from replicas import rig as rigmod
 from replicas.cli import app
 from replicas.sync import sync
-from tests.conftest import write_random
+from tests.conftest import model_and_drives, write_random
 
 MiB = 1 << 20
 PIECE = MiB
@@ -22,12 +22,7 @@ runner = CliRunner()
 @pytest.fixture
 def rig3(tmp_path):
     """A primary and two verified replicas."""
-    src = tmp_path / "internal" / "model.gguf"
-    src.parent.mkdir()
-    data = write_random(src, 6 * MiB + 777, seed=2)
-    dests = [tmp_path / "green", tmp_path / "white"]
-    for d in dests:
-        d.mkdir()
+    src, data, dests = model_and_drives(tmp_path, 6 * MiB + 777, seed=2)
     rig = str(tmp_path / "rig")
     assert sync(str(src), [str(d) for d in dests], rig, piece_size=PIECE, allow_same_device=True).exit_code == 0
     return rig, data, [str(src)] + [str(d / "model.gguf") for d in dests]
