@@ -33,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from engine_bridge.harness import ladder_specs, run_bench  # noqa: E402
+from engine_bridge.harness.runner import ladder_specs, run_bench  # noqa: E402
 
 DRIVES = os.path.join(os.path.dirname(ROOT), "shared", "testbed", "drives")
 ENGINE = [sys.executable, "-c", "from engine_bridge.cli import main; main()"]

@@ -38,7 +38,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from planner.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
 
 DRIVES = os.environ.get("TESTBED_DRIVES", "/work/shared/testbed/drives")
 FILE_NAME = "model.bin"
@@ -122,7 +122,7 @@ def outer(a) -> int:
 def measure_prefill(paths, weights, lanes, chunks, seconds, rng, bufs) -> float:
     """Bytes/s reading `chunks` consecutive 32 MiB chunks per layer (one read_many, a barrier at
     the end like the engine's layer), layers at random chunk-aligned places, for `seconds`."""
-    from engine_bridge.reader import SplitReader
+    from engine_bridge.reader.split_reader import SplitReader
 
     with SplitReader(paths, weights, lanes=lanes) as r:
         slots = r.size // PREFILL_CHUNK - chunks
@@ -139,7 +139,7 @@ def measure_prefill(paths, weights, lanes, chunks, seconds, rng, bufs) -> float:
 def measure_decode(paths, weights, batch, lanes, seconds, rng, bufs) -> float:
     """Bytes/s reading `batch` components at random 4 KiB-aligned offsets together (one missed
     expert; the batch waits for its last piece), batch after batch, for `seconds`."""
-    from engine_bridge.reader import SplitReader
+    from engine_bridge.reader.split_reader import SplitReader
 
     with SplitReader(paths, weights, weights, lanes=lanes) as r:
         top = (r.size - COMPONENT_BYTES) // 4096
@@ -211,12 +211,12 @@ def pct(x: float) -> str:
 
 
 def inner(a) -> int:
+    from core.rig import Member, Rig, save_rig
     from iobench.result import save_result
     from planner.model import decode_workload, prefill_workload
     from planner.plans import load_inputs, save_plan
     from planner.solve import block_counts_many, predict, solve_phase, solve_plan
     from replicas.coldio import aligned_buffer
-    from replicas.rig import Member, Rig, save_rig
 
     with open(a.state) as f:
         state = json.load(f)

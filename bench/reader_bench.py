@@ -28,10 +28,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine_bridge.reader import SplitReader  # noqa: E402
-from planner.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from core.units import parse_size  # noqa: E402
+from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
+from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
 from replicas.coldio import aligned_buffer  # noqa: E402
-from replicas.units import parse_size  # noqa: E402
 
 
 def make_files(d: str, size: int, n: int) -> list[str]:

@@ -26,7 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.testbed import Testbed, fill_random, fio_seq  # noqa: E402
-from replicas.units import parse_size  # noqa: E402
+from core.units import parse_size  # noqa: E402
 
 REPLICAS = os.path.join(os.path.dirname(sys.executable), "replicas")
 WARM = [REPLICAS, "verify", "--help"]   # load the tool's code (not the data) after dropping caches

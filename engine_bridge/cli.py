@@ -6,9 +6,11 @@ and profile commands can grow independently.
 
 from __future__ import annotations
 
-from replicas.cli_support import make_app, run
+from core.cli import make_app, run
 
-from . import cli_bench, cli_export, cli_run
+from .commands import bench as cli_bench
+from .commands import export as cli_export
+from .commands import run as cli_run
 
 app = make_app("engine-bridge", "Run plans: split reads, the embedded MoE engine, the harness, and engine profiles.")
 

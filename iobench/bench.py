@@ -16,18 +16,30 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Sequence
 
-from planner.split import check_weights
+from core.errors import MissingError, UsageError
+from core.events import Notice, Progress, Reporter, emit
+from core.rig import Rig, unique_name
+from core.units import format_rate
+from engines.split import check_weights
 from replicas import platform
 from replicas.coldio import ColdReader
 from replicas.drives import DriveInfo, drive_of
-from replicas.errors import MissingError, UsageError
-from replicas.events import Notice, Progress, Reporter, emit
-from replicas.rig import Rig, unique_name
-from replicas.units import format_rate
 
 from . import stats
-from .constants import (COMPONENT_BYTES, DEFAULT_LANES, DEFAULT_REPEAT, DEFAULT_SECONDS, DRIVE_IO_UNIT,
-                        PLAUSIBLE_BW, PLAUSIBLE_MIN_LAT_NS, PREFILL_CHUNK, PRESETS, RESIDENT_WARN, SEQ_PIECE, TOGETHER_LANES)
+from .constants import (
+    COMPONENT_BYTES,
+    DEFAULT_LANES,
+    DEFAULT_REPEAT,
+    DEFAULT_SECONDS,
+    DRIVE_IO_UNIT,
+    PLAUSIBLE_BW,
+    PLAUSIBLE_MIN_LAT_NS,
+    PREFILL_CHUNK,
+    PRESETS,
+    RESIDENT_WARN,
+    SEQ_PIECE,
+    TOGETHER_LANES,
+)
 from .layout import ExpertLayout, expert_layout
 from .meter import DeviceMeter, device_meter, io_unit
 from .model import DriveSample, fit_drive_model

@@ -10,12 +10,12 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from planner.split import parse_weights
-from replicas.cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
-from replicas.errors import UsageError
-from replicas.events import Notice
-from replicas.events import Progress as ProgressEvent
-from replicas.rig import load_rig, rig_dir
+from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.errors import UsageError
+from core.events import Notice
+from core.events import Progress as ProgressEvent
+from core.rig import load_rig, rig_dir
+from engines.split import parse_weights
 
 from . import render
 from .bench import RunOptions, fio_compare, parse_groups, run_bench, targets_from_paths, targets_from_rig

@@ -1,7 +1,5 @@
 """Format numbers of iobench: presets, result schema, the plausibility limits (one place)."""
 
-from planner.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: F401  (the engine's read sizes)
-
 MiB = 1 << 20
 
 RESULT_SCHEMA = 1

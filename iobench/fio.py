@@ -6,9 +6,9 @@ import json
 import shutil
 import subprocess
 
+from core.errors import MismatchError, MissingError
 from replicas import platform
 from replicas.constants import ALIGNMENT
-from replicas.errors import MismatchError, MissingError
 
 from .shapes import Shape
 

@@ -31,7 +31,7 @@ def expert_layout(path: str) -> ExpertLayout | None:
     Raises ValueError when the file claims to be a GGUF but its table cannot be read."""
     if not is_gguf(path):
         return None
-    from gguf import GGUFReader   # imported late: it is slow to import and only GGUFs need it
+    from gguf import GGUFReader  # imported late: it is slow to import and only GGUFs need it
 
     try:
         reader = GGUFReader(path, "r")

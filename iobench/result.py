@@ -34,10 +34,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from core.errors import RigError, UsageError
+from core.fsutil import atomic_write_text
+from core.rig import Rig
 from replicas.drives import DriveInfo
-from replicas.errors import RigError, UsageError
-from replicas.fsutil import atomic_write_text
-from replicas.rig import Rig
 
 from .constants import BENCH_DIR, RESULT_KIND, RESULT_SCHEMA
 from .model import DriveModel, model_from_dict, model_to_dict

@@ -17,10 +17,11 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
-from planner.split import split_read
+from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
+from engines.split import split_read
 from replicas.constants import ALIGNMENT
 
-from .constants import COMPONENT_BYTES, PREFILL_CHUNK, RAND_PIECE, SEQ_PIECE
+from .constants import RAND_PIECE, SEQ_PIECE
 
 
 def align_up(n: int, a: int = ALIGNMENT) -> int:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.errors import Interrupted, MissingError
 from replicas.coldio import ColdReader, aligned_buffer
-from replicas.errors import Interrupted, MissingError
 
 from . import stats
 from .meter import DeviceMeter

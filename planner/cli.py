@@ -8,17 +8,17 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from replicas.cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
-from replicas.errors import UsageError
-from replicas.rig import load_rig, rig_dir
-from replicas.units import format_rate
+from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.errors import UsageError
+from core.rig import load_rig, rig_dir
+from core.units import format_rate
+from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
+from engines.split import parse_weights, split_read
 
-from .constants import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
 from .model import decode_workload, prediction_to_dict, prefill_workload
 from .plan import Plan, plan_to_dict
 from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .solve import predict, smallest_equivalent, solve_plan
-from .split import parse_weights, split_read
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
 
@@ -178,7 +178,7 @@ def tune(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption,
                                             help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' (default: the newest; solved in the tuner if there is none)."),
          fit_only: bool = FitOnlyOption):
     """Open the split tuner: nudge weights per phase, read the model's prediction, save a plan."""
-    from .tui.app import run_tuner   # Textual loads only for this command
+    from .tui.app import run_tuner  # Textual loads only for this command
 
     run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only)
 

@@ -1,16 +1,13 @@
-"""Format numbers of the engine's split and of plan files."""
+"""Format numbers of plan files and the workload facts the model and solver use.
 
-BLOCK = 262_144                  # bytes: the ds4-argodrive split granule (256 KiB)
-MAX_SOURCES = {"ds4-argodrive": 3}
-WEIGHT_MIN, WEIGHT_MAX = 1, 100
-COMPONENT_BYTES = 6_635_520      # one expert component of DeepSeek V4.1 Flash Q4 (DESIGN §7)
-PREFILL_CHUNK = 32 << 20         # bytes: prefill staging chunk
+The engine's own numbers (split granule, source limit, weight range, read shapes) live in
+`engines.ds4_argodrive`; the workload below is DeepSeek V4.1 Flash's (DESIGN §7).
+"""
+
+from engines.ds4_argodrive import COMPONENT_BYTES
+
 PLAN_SCHEMA = 1
 
-# Workload shapes the model and solver use (DESIGN §4, §7).
-PREFILL_LANES = 8                # pieces in flight per drive while prefill stages chunks
-DECODE_THREADS = 9               # the engine's expert pread pool
-DECODE_BATCH = 3                 # component reads issued together: one missed expert (gate, up, down)
 LAYERS = 40
 EXPERT_BYTES = 3 * COMPONENT_BYTES
 PREFILL_EXPERTS_PER_LAYER = 187.4   # mean union of selected experts per layer at 512 tokens

@@ -24,9 +24,16 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .constants import (BLOCK, COMPONENT_BYTES, DECODE_BATCH, DECODE_MISSES_PER_TOKEN, DECODE_THREADS,
-                        ENGRAM_READ_BYTES, ENGRAM_READS_PER_TOKEN, EXPERT_BYTES, LAYERS,
-                        PREFILL_CHUNK, PREFILL_EXPERTS_PER_LAYER, PREFILL_LANES)
+from engines.ds4_argodrive import BLOCK, COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_CHUNK, PREFILL_LANES
+
+from .constants import (
+    DECODE_MISSES_PER_TOKEN,
+    ENGRAM_READ_BYTES,
+    ENGRAM_READS_PER_TOKEN,
+    EXPERT_BYTES,
+    LAYERS,
+    PREFILL_EXPERTS_PER_LAYER,
+)
 
 PHASES = ("prefill", "decode")
 

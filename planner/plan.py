@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from replicas.errors import RigError
+from core.errors import RigError
+from engines.registry import DEFAULT_ENGINE
+from engines.split import check_weights
 
 from .constants import PLAN_SCHEMA
-from .split import check_weights
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Plan:
     sources: tuple[Source, ...]
     prefill: Phase
     decode: Phase
-    engine: str = "ds4-argodrive"
+    engine: str = DEFAULT_ENGINE
     created: str = ""
     baselines: dict = field(default_factory=dict)
     alternatives: tuple = ()

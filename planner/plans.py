@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from replicas.errors import MissingError, RigError, UsageError
-from replicas.fsutil import atomic_write_text
-from replicas.rig import Rig, load_manifest, load_rig
+from core.errors import MissingError, RigError, UsageError
+from core.fsutil import atomic_write_text
+from core.rig import Rig, load_rig
+from replicas.manifests import load_manifest
 
 from .model import Background, CorrectedCurve, Drive
 from .plan import Plan, Source, plan_from_json, plan_to_dict

@@ -15,13 +15,14 @@ from typing import Sequence
 
 import numpy as np
 
-from replicas.errors import UsageError
+from core.errors import UsageError
+from engines.ds4_argodrive import BLOCK, WEIGHT_MAX, WEIGHT_MIN
+from engines.registry import DEFAULT_ENGINE, get_engine
+from engines.split import check_weights
 
-from .constants import BLOCK, MAX_SOURCES, TIE_TOLERANCE, TOP_ALTERNATIVES, WEIGHT_MAX, WEIGHT_MIN
-from .model import (Background, Drive, Prediction, Workload, capability_weights, describe,
-                    evaluate, prediction_to_dict)
+from .constants import TIE_TOLERANCE, TOP_ALTERNATIVES
+from .model import Background, Drive, Prediction, Workload, capability_weights, describe, evaluate, prediction_to_dict
 from .plan import Phase, Plan, Source
-from .split import check_weights
 
 
 def block_counts_many(blocks: int, weights: np.ndarray) -> np.ndarray:
@@ -87,7 +88,7 @@ class PhaseSolution:
 
 
 def predict(drives: Sequence[Drive], weights: Sequence[int], workload: Workload,
-            backgrounds: Sequence[Background] = (), engine: str = "ds4-argodrive") -> Prediction:
+            backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE) -> Prediction:
     """The model's prediction for one weight vector."""
     w = np.asarray([check_weights(weights, engine)], dtype=np.int64)
     if w.shape[1] != len(drives):
@@ -98,9 +99,9 @@ def predict(drives: Sequence[Drive], weights: Sequence[int], workload: Workload,
 
 
 def solve_phase(drives: Sequence[Drive], workload: Workload, backgrounds: Sequence[Background] = (),
-                engine: str = "ds4-argodrive", top: int = TOP_ALTERNATIVES) -> PhaseSolution:
+                engine: str = DEFAULT_ENGINE, top: int = TOP_ALTERNATIVES) -> PhaseSolution:
     n = len(drives)
-    limit = MAX_SOURCES.get(engine, 3)
+    limit = get_engine(engine).max_sources
     if not 1 <= n <= limit:
         raise UsageError(f"{n} sources: {engine} reads from 1..{limit} sources; list at most {limit} drives in the rig")
     counts, smallest = split_classes(n, workload.read_bytes)
@@ -136,7 +137,7 @@ def phase_solution_to_dict(s: PhaseSolution) -> dict:
 
 
 def solve_plan(sources: Sequence[Source], drives: Sequence[Drive], prefill: Workload, decode: Workload,
-               backgrounds: Sequence[Background] = (), engine: str = "ds4-argodrive", provenance: dict | None = None,
+               backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE, provenance: dict | None = None,
                created: str = "", top: int = TOP_ALTERNATIVES) -> Plan:
     """Solve both phases and assemble the plan (provenance is passed through, plus the model settings)."""
     sols = {w.phase: solve_phase(drives, w, backgrounds, engine, top) for w in (prefill, decode)}

@@ -14,17 +14,19 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from . import rig as rigmod
-from .cli_support import JsonOption, RigOption, err, make_app, out, print_json, run
+from core import rig as rigmod
+from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.errors import Interrupted, MissingError, UsageError
+from core.events import Notice
+from core.units import format_bytes, format_rate, parse_size
+
 from .drives import drive_label
-from .errors import Interrupted, MissingError, UsageError
-from .events import Notice
 from .hashing import hash_file
 from .manifest import manifest_to_dict
+from .manifests import load_manifest
 from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
-from .units import format_bytes, format_rate, parse_size
 from .verify import verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
@@ -168,7 +170,7 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH...]"
     if full and sample is not None:
         raise UsageError("--full and --sample exclude each other")
     r = _rig(rig)
-    manifest = rigmod.load_manifest(r)
+    manifest = load_manifest(r)
     members = [r.member(p) for p in paths] if paths else list(r.members)
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
@@ -208,7 +210,7 @@ def repair(path: str = typer.Argument(..., help="The replica to repair."),
            json_out: bool = JsonOption):
     """Re-copy only the bad pieces of a replica from a member whose pieces verify, then verify again."""
     r = _rig(rig)
-    manifest = rigmod.load_manifest(r)
+    manifest = load_manifest(r)
     target = r.member(path)
     donors = [r.member(from_)] if from_ else [m for m in r.members if m.path != target.path]
     if any(d.path == target.path for d in donors):
@@ -232,7 +234,7 @@ def repair(path: str = typer.Argument(..., help="The replica to repair."),
 def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """One row per member: path, drive, size, stamp state and last full verification (reads no data)."""
     r = _rig(rig)
-    manifest = rigmod.load_manifest(r, required=False)
+    manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
     if json_out:
         print_json({"schema": 1, "kind": "status", "rig": r.root, "manifest_blake3": manifest.blake3 if manifest else None,

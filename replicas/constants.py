@@ -6,7 +6,6 @@ GiB = 1 << 30
 # Content identity.
 PIECE_SIZE = 64 * MiB          # bytes per manifest piece (default)
 MANIFEST_SCHEMA = 1
-RIG_SCHEMA = 1
 STAMP_SCHEMA = 1
 JOURNAL_SCHEMA = 1
 
@@ -15,13 +14,6 @@ ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linu
 IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several MiB in flight)
 READ_AHEAD = 3                 # sequential read requests in flight per drive
 WRITE_DEPTH = 4                # block writes in flight per destination
-
-# Rig folder layout.
-RIG_ENV = "REPLICA_TUNER_RIG"
-DEFAULT_RIG = "rig"
-RIG_FILE = "rig.toml"
-MANIFEST_FILE = "manifest.json"
-STAMPS_DIR = "stamps"          # sidecar stamps for files we may not or cannot tag
 
 # Stamps.
 XATTR_LINUX = "user.replica_tuner.stamp"

@@ -6,10 +6,11 @@ import threading
 
 import blake3
 
+from core.errors import Interrupted, MissingError, UsageError
+from core.events import Progress, Reporter, emit
+
 from .coldio import ColdReader, open_cold, read_sequential
 from .constants import ALIGNMENT, PIECE_SIZE
-from .errors import Interrupted, MissingError, UsageError
-from .events import Progress, Reporter, emit
 from .manifest import Manifest, piece_count
 
 

@@ -10,8 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from core.errors import RigError
+
 from .constants import MANIFEST_SCHEMA
-from .errors import RigError
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .coldio import aligned_buffer, align_up, open_cold
-from .errors import MismatchError, MissingError, UsageError, WriteError
-from .events import Progress, Reporter, emit
+from core.errors import MismatchError, MissingError, UsageError, WriteError
+from core.events import Progress, Reporter, emit
+from core.rig import Member, Rig
+
+from .coldio import align_up, aligned_buffer, open_cold
 from .hashing import PieceHasher
 from .manifest import Manifest, PieceRange
-from .rig import Member, Rig
 from .stamps import clear_stamp
 from .verify import IDENTICAL, MemberCheck, check_member
 

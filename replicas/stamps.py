@@ -12,11 +12,11 @@ import time
 
 import xattr
 
+from core.fsutil import FileIdentity, atomic_write_bytes
+from core.rig import Rig
+
 from . import platform
-from .constants import STAMPS_DIR
-from .fsutil import FileIdentity, atomic_write_bytes
 from .manifest import Manifest
-from .rig import Rig
 from .stamp import Stamp, make_stamp, stamp_from_bytes, stamp_matches, stamp_to_bytes
 
 VERIFIED, STALE, UNVERIFIED, MISSING = "verified", "stale", "unverified", "missing"
@@ -26,7 +26,7 @@ _NO_XATTR = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.E
 
 def _sidecar_path(rig: Rig, path: str) -> str:
     key = hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:20]
-    return os.path.join(rig.root, STAMPS_DIR, key + ".json")
+    return os.path.join(rig.stamps_dir, key + ".json")
 
 
 def read_stamps(path: str, rig: Rig) -> list[Stamp]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from core.rig import Rig
+
 from .drives import drive_of
 from .manifest import Manifest
-from .rig import Rig
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
 
 

@@ -20,21 +20,41 @@ from dataclasses import dataclass
 
 import blake3
 
-from . import rig as rigmod
+from core import rig as rigmod
+from core.errors import (
+    EXIT_MISMATCH,
+    EXIT_OK,
+    EXIT_WRITE,
+    Interrupted,
+    MismatchError,
+    MissingError,
+    UsageError,
+    WriteError,
+)
+from core.events import Notice, Progress, Reporter, emit
+from core.fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir
+from core.units import format_bytes
+
 from .coldio import align_up, aligned_buffer, open_cold
-from .constants import (ALIGNMENT, HEADROOM_FRACTION, HEADROOM_MAX, HEADROOM_MIN, IO_BLOCK, JOURNAL_SUFFIX, PARTIAL_SUFFIX, PIECE_SIZE,
-                        READ_AHEAD, WRITE_DEPTH)
+from .constants import (
+    ALIGNMENT,
+    HEADROOM_FRACTION,
+    HEADROOM_MAX,
+    HEADROOM_MIN,
+    IO_BLOCK,
+    JOURNAL_SUFFIX,
+    PARTIAL_SUFFIX,
+    PIECE_SIZE,
+    READ_AHEAD,
+    WRITE_DEPTH,
+)
 from .drives import drive_label, drive_of
-from .errors import (EXIT_MISMATCH, EXIT_OK, EXIT_WRITE, Interrupted, MismatchError, MissingError, UsageError,
-                     WriteError)
-from .events import Notice, Progress, Reporter, emit
-from .fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir
 from .hashing import PieceHasher, check_piece_size
 from .journal import Journal, journal_header, read_journal
 from .manifest import Manifest, PieceRange, bad_pieces, piece_count
+from .manifests import load_manifest, save_manifest
 from .platform import drop_cached, open_for_direct_write
 from .stamps import VERIFIED, stamp_state, write_stamp
-from .units import format_bytes
 from .verify import hash_pieces, runs_of
 
 # What happens to one destination.
@@ -104,7 +124,7 @@ def headroom(size: int) -> int:
 # Planning: decide what each destination needs before a byte is written.
 
 def _trusted_manifest(rig: rigmod.Rig, source: str) -> Manifest | None:
-    m = rigmod.load_manifest(rig, required=False)
+    m = load_manifest(rig, required=False)
     if m and stamp_state(source, m, rig) == VERIFIED:
         return m
     return None
@@ -575,7 +595,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
         if r.outcome in ("copied", "identical"):
             rig = rigmod.with_replica(rig, p.target, drive_label(p.target))
     rigmod.save_rig(rig)
-    rigmod.save_manifest(rig, manifest)
+    save_manifest(rig, manifest)
     if source_verified and os.path.realpath(source) == os.path.realpath(rig.model.path):
         write_stamp(source, manifest, rig, tag_file=False, identity=src_ident)
     return SyncResult(source, size, manifest.blake3, piece_size, tuple(results[p.target] for p in plans),

@@ -10,13 +10,14 @@ import threading
 import time
 from dataclasses import dataclass
 
+from core.errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, Interrupted
+from core.events import Progress, Reporter, emit
+from core.fsutil import FileIdentity
+from core.rig import Member, Rig
+
 from .coldio import open_cold, read_sequential
-from .errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, Interrupted
-from .events import Progress, Reporter, emit
-from .fsutil import FileIdentity
 from .hashing import PieceHasher
 from .manifest import Manifest, PieceRange, bad_pieces
-from .rig import Member, Rig
 from .stamps import VERIFIED, stamp_state, write_stamp
 
 IDENTICAL, MISMATCH, MISSING, UNREADABLE = "identical", "mismatch", "missing", "unreadable"

@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Footer, Header, Static
 
-from replicas.errors import ReplicaTunerError
+from core.errors import ReplicaTunerError
 
 from . import state as st
 from . import view

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 
-from replicas.errors import UsageError
-from replicas.rig import load_rig
+from core.errors import UsageError
+from core.rig import load_rig
 
 from ..model import PHASES
 from ..plan import Plan

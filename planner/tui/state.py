@@ -11,12 +11,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from ..constants import WEIGHT_MAX, WEIGHT_MIN
-from ..model import (PHASES, Background, Drive, Prediction, Workload, capability_weights, decode_workload,
-                     prediction_to_dict, prefill_workload)
+from engines.ds4_argodrive import WEIGHT_MAX, WEIGHT_MIN
+from engines.registry import DEFAULT_ENGINE
+from engines.split import Piece, split_read
+
+from ..model import (
+    PHASES,
+    Background,
+    Drive,
+    Prediction,
+    Workload,
+    capability_weights,
+    decode_workload,
+    prediction_to_dict,
+    prefill_workload,
+)
 from ..plan import Phase, Plan, Source
 from ..solve import predict
-from ..split import Piece, split_read
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ class TunerState:
     views: Mapping[str, PhaseView]                      # phase -> current weights, split, prediction
     solved: Mapping[str, PhaseView] | None = None       # phase -> the plan's; None while solving
     backgrounds: tuple[Background, ...] = ()
-    engine: str = "ds4-argodrive"
+    engine: str = DEFAULT_ENGINE
     phase: str = "prefill"                              # the phase on screen
     cursor: int = 0                                     # the selected source
     plan_name: str = ""                                 # the plan reset goes back to
@@ -58,7 +69,7 @@ class TunerState:
 
 
 def phase_view(drives: Sequence[Drive], weights: Sequence[int], workload: Workload,
-               backgrounds: Sequence[Background] = (), engine: str = "ds4-argodrive") -> PhaseView:
+               backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE) -> PhaseView:
     """Split one read of the phase's real size and predict it (weights are checked)."""
     w = tuple(int(x) for x in weights)
     return PhaseView(w, split_read(0, workload.read_bytes, w, engine), predict(drives, w, workload, backgrounds, engine))
@@ -76,7 +87,7 @@ def _opening(drives: Sequence[Drive], workloads: Mapping[str, Workload]) -> dict
 
 def new_state(sources: Sequence[Source], drives: Sequence[Drive], solved: Mapping[str, Sequence[int]] | None = None,
               workloads: Mapping[str, Workload] | None = None, backgrounds: Sequence[Background] = (),
-              engine: str = "ds4-argodrive", plan_name: str = "", provenance: Mapping | None = None,
+              engine: str = DEFAULT_ENGINE, plan_name: str = "", provenance: Mapping | None = None,
               measured: Sequence[Measured] = ()) -> TunerState:
     """The opening state: the solved weights (or, while a solve is still running, weights in
     proportion to what each drive delivers alone) on the prefill phase, the primary selected."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replicas.units import format_rate
+from core.units import format_rate
 
 from ..model import PHASES
 from .state import TunerState, changed, gain_over_solved

@@ -1,0 +1,220 @@
+"""The rig folder: rig.toml (model + replicas, hand-editable) and manifest.json (DESIGN §2).
+
+rig.toml:
+
+    schema = 1
+    [model]                 # the primary: the engine's -m file, source 0
+    path = "/abs/internal/model.gguf"
+    name = "internal"       # drive label used by iobench groups and tables
+    [[replica]]             # in engine order: source 1, source 2
+    path = "/abs/green/model.gguf"
+    name = "green"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, replace
+
+import tomli_w
+
+from .constants import (
+    BENCH_DIR,
+    DEFAULT_RIG,
+    MANIFEST_FILE,
+    PLANS_DIR,
+    PROFILES_DIR,
+    RIG_ENV,
+    RIG_FILE,
+    RIG_SCHEMA,
+    RUNS_DIR,
+    STAMPS_DIR,
+)
+from .errors import RigError, UsageError
+from .fsutil import atomic_write_text
+
+
+@dataclass(frozen=True)
+class Member:
+    path: str        # absolute path of the file
+    name: str        # drive label
+    role: str        # 'primary' or 'replica'
+
+
+@dataclass(frozen=True)
+class Rig:
+    root: str
+    model: Member | None = None
+    replicas: tuple[Member, ...] = ()
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        return ((self.model,) if self.model else ()) + self.replicas
+
+    @property
+    def rig_file(self) -> str:
+        return os.path.join(self.root, RIG_FILE)
+
+    @property
+    def manifest_file(self) -> str:
+        return os.path.join(self.root, MANIFEST_FILE)
+
+    # The folders each stage writes (DESIGN's rig layout). Reading code uses these names;
+    # writing code asks `subdir()` so the folder exists.
+    @property
+    def bench_dir(self) -> str:
+        return os.path.join(self.root, BENCH_DIR)
+
+    @property
+    def plans_dir(self) -> str:
+        return os.path.join(self.root, PLANS_DIR)
+
+    @property
+    def profiles_dir(self) -> str:
+        return os.path.join(self.root, PROFILES_DIR)
+
+    @property
+    def runs_dir(self) -> str:
+        return os.path.join(self.root, RUNS_DIR)
+
+    @property
+    def stamps_dir(self) -> str:
+        return os.path.join(self.root, STAMPS_DIR)
+
+    def subdir(self, name: str) -> str:
+        """rig/bench, rig/plans, rig/profiles, rig/runs, rig/stamps (created on demand)."""
+        path = os.path.join(self.root, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def timestamped_files(self, name: str) -> list[str]:
+        """The JSON files a stage wrote in rig/NAME (bench, plans), oldest first: their names are
+        fixed-width UTC timestamps, so name order is time order. Hidden temporaries are skipped."""
+        d = os.path.join(self.root, name)
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
+        except FileNotFoundError:
+            return []
+        return [os.path.join(d, n) for n in names]
+
+    def member(self, path_or_name: str) -> Member:
+        real = os.path.realpath(path_or_name)
+        for m in self.members:
+            if m.name == path_or_name or os.path.realpath(m.path) == real:
+                return m
+        raise UsageError(f"{path_or_name} is not a member of the rig at {self.root}; members: "
+                         + (", ".join(f"{m.name}={m.path}" for m in self.members) or "none (run `replicas sync`)"))
+
+
+def rig_dir(option: str | None = None) -> str:
+    """--rig DIR, else $REPLICA_TUNER_RIG, else ./rig; returned absolute."""
+    return os.path.abspath(option or os.environ.get(RIG_ENV) or DEFAULT_RIG)
+
+
+def _bad(where: str, key: str, what: str) -> RigError:
+    return RigError(f"{where}: key '{key}' {what}; fix the file or recreate it with `replicas init`")
+
+
+def parse_rig(text: str, root: str, where: str) -> Rig:
+    """Parse rig.toml text (pure): every problem names the file, the key and what is wrong."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RigError(f"{where}: not valid TOML ({e}); fix the file or recreate it with `replicas init`") from None
+    schema = doc.get("schema", RIG_SCHEMA)
+    if schema != RIG_SCHEMA:
+        raise _bad(where, "schema", f"is {schema!r}, this version reads {RIG_SCHEMA}")
+    unknown = set(doc) - {"schema", "model", "replica"}
+    if unknown:
+        raise _bad(where, sorted(unknown)[0], "is not known (expected schema, [model], [[replica]])")
+
+    def member(d, key, role):
+        if not isinstance(d, dict):
+            raise _bad(where, key, "must be a table")
+        extra = set(d) - {"path", "name"}
+        if extra:
+            raise _bad(where, f"{key}.{sorted(extra)[0]}", "is not known (expected path, name)")
+        path = d.get("path")
+        if not isinstance(path, str) or not path:
+            raise _bad(where, f"{key}.path", "is missing or not a string")
+        if not os.path.isabs(path):
+            raise _bad(where, f"{key}.path", f"must be an absolute path, got {path!r}")
+        name = d.get("name", "")
+        if not isinstance(name, str) or not name or any(c in name for c in ",= *"):
+            raise _bad(where, f"{key}.name", f"must be a non-empty label without ',', '=', '*' or spaces, got {name!r}")
+        return Member(path=path, name=name, role=role)
+
+    model = member(doc["model"], "model", "primary") if "model" in doc else None
+    reps = doc.get("replica", [])
+    if not isinstance(reps, list):
+        raise _bad(where, "replica", "must be an array of tables ([[replica]])")
+    replicas = tuple(member(r, f"replica[{i}]", "replica") for i, r in enumerate(reps))
+    if replicas and model is None:
+        raise _bad(where, "model", "is missing but replicas are listed")
+    seen_names, seen_paths = {}, {}
+    for i, m in enumerate(((model,) if model else ()) + replicas):
+        key = "model" if m.role == "primary" else f"replica[{i - 1}]"
+        if m.name in seen_names:
+            raise _bad(where, f"{key}.name", f"repeats {m.name!r} (also {seen_names[m.name]})")
+        if m.path in seen_paths:
+            raise _bad(where, f"{key}.path", f"repeats {m.path!r} (also {seen_paths[m.path]})")
+        seen_names[m.name] = key
+        seen_paths[m.path] = key
+    return Rig(root=root, model=model, replicas=replicas)
+
+
+def render_rig(rig: Rig) -> str:
+    doc: dict = {"schema": RIG_SCHEMA}
+    if rig.model:
+        doc["model"] = {"path": rig.model.path, "name": rig.model.name}
+    if rig.replicas:
+        doc["replica"] = [{"path": m.path, "name": m.name} for m in rig.replicas]
+    head = "# replica-tuner rig: the model (primary, the engine's -m) and its replicas, in engine order.\n"
+    return head + tomli_w.dumps(doc)
+
+
+def load_rig(root: str, must_exist: bool = True) -> Rig:
+    path = os.path.join(root, RIG_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        if must_exist:
+            raise UsageError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or `replicas sync`, or pass --rig") from None
+        return Rig(root=root)
+    except UnicodeDecodeError:
+        raise RigError(f"{path}: not UTF-8 text; fix the file or recreate it with `replicas init`") from None
+    return parse_rig(text, root, path)
+
+
+def save_rig(rig: Rig) -> None:
+    os.makedirs(rig.root, exist_ok=True)
+    atomic_write_text(rig.rig_file, render_rig(rig))
+
+
+def unique_name(wanted: str, taken: set[str]) -> str:
+    base = "".join(c if c.isalnum() or c in "-_." else "-" for c in wanted) or "drive"
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}-{i}", i + 1
+    return name
+
+
+def with_model(rig: Rig, path: str, name: str) -> Rig:
+    path = os.path.abspath(path)
+    if rig.model and os.path.realpath(rig.model.path) == os.path.realpath(path):
+        return rig
+    if rig.model:
+        raise UsageError(f"the rig at {rig.root} already has model {rig.model.path}; use another --rig for {path}")
+    taken = {m.name for m in rig.replicas}
+    return replace(rig, model=Member(path, unique_name(name, taken), "primary"))
+
+
+def with_replica(rig: Rig, path: str, name: str) -> Rig:
+    path = os.path.abspath(path)
+    for m in rig.members:
+        if os.path.realpath(m.path) == os.path.realpath(path):
+            return rig
+    taken = {m.name for m in rig.members}
+    return replace(rig, replicas=rig.replicas + (Member(path, unique_name(name, taken), "replica"),))

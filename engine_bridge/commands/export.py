@@ -1,0 +1,134 @@
+"""engine-bridge commands: export, profiles and launch (engine profiles, docs/engine-profiles.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from core import rig as rigmod
+from core.cli import JsonOption, RigOption, err, out, print_json
+from core.errors import MismatchError
+from engine_bridge.profiles import export as ex
+from engine_bridge.profiles import launch as ln
+from engine_bridge.profiles import profile as pf
+from planner.plans import resolve_plan_path
+
+
+def register(app) -> None:
+    """Add this module's commands to the engine-bridge app."""
+
+    @app.command("export")
+    def export_cmd(
+        rig: Optional[str] = RigOption,
+        plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in rig/plans, or 'latest'."),
+        fmt: str = typer.Option(..., "--format", metavar="ds4-argodrive|colibri|json",
+                                help="ds4-argodrive: shell file + JSON; colibri: its mirror/weight variables; json: data."),
+        profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME",
+                                              help="Name of the exported profile (default: the plan file's name)."),
+        base: Optional[str] = typer.Option(None, "--base", metavar="PROFILE",
+                                           help=f"Named profile to build on (default {ex.DEFAULT_BASE}; a name or a .toml file)."),
+        cache_experts: Optional[int] = typer.Option(None, "--cache-experts", metavar="N",
+                                                    help="Expert-cache size in experts (an engine argument)."),
+        output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",
+                                             help="Write here ('-' = stdout) instead of rig/profiles/NAME.env + .json."),
+        allow_unverified: bool = typer.Option(False, "--allow-unverified",
+                                              help="Export replicas not verified against the manifest; the profile says so."),
+    ):
+        """Check a plan against the engine's rules and write it as an engine profile."""
+        root = rigmod.rig_dir(rig)
+        plan_path = resolve_plan_path(plan, rigmod.load_rig(root, must_exist=False))
+        result = ex.export_profile(rig_root=root, plan_path=plan_path, fmt=fmt, name=profile, base=base,
+                                   cache_experts=cache_experts, output=output, allow_unverified=allow_unverified)
+        p = result.profile
+        if p.unverified:
+            err.print("[yellow]warning:[/] not verified against the manifest (exported with --allow-unverified): "
+                      + escape(", ".join(p.unverified)), soft_wrap=True)
+        if result.files == ("-",):
+            sys.stdout.write(result.text)
+            sys.stdout.flush()
+            return
+        chain = " + ".join(p.provenance.get("chain") or []) or "-"
+        err.print(f"profile {p.id!r} ({p.engine}, {p.sources} source(s), named profile {chain}) written:", soft_wrap=True)
+        for f in result.files:
+            typer.echo(f)
+
+    @app.command("profiles")
+    def profiles_cmd(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
+        """List named profiles (shipped and rig/profiles/*.toml) with the delta of each, and exported profiles."""
+        root = rigmod.rig_dir(rig)
+        defs = ex.all_definitions(root)
+        exported = ex.exported_profiles(root)
+        if json_out:
+            print_json({"schema": 1, "kind": "profiles",
+                        "definitions": [pf.definition_to_dict(d, defs) for d in defs.values()],
+                        "exported": [{"id": p.id, "engine": p.engine, "sources": p.sources,
+                                      "weights": [p.primary_weight, *p.replica_weights],
+                                      "decode_weights": list(p.decode_weights), "cache_experts": p.cache_experts,
+                                      "unverified": list(p.unverified)} for p in exported]})
+            return
+        # Plain lines, not a table: variable names are long and a delta must be readable whole.
+        for d in defs.values():
+            dl = pf.delta(d, defs)
+            origin = d.origin if d.origin == ex.SHIPPED else os.path.relpath(d.origin, root)
+            head = f"{d.name} = {d.base} +" if d.base else f"{d.name}"
+            out.print(f"[bold]{head}[/] ({origin}){': ' + d.description if d.description else ''}", markup=True,
+                      highlight=False, soft_wrap=True)
+            for k, v in dl["added"].items():
+                out.print(f"  + {k}={v}", markup=False, highlight=False, soft_wrap=True)
+            for k, v in dl["changed"].items():
+                out.print(f"  ~ {k}={v}", markup=False, highlight=False, soft_wrap=True)
+            for k in dl["removed"]:
+                out.print(f"  - {k}", markup=False, highlight=False, soft_wrap=True)
+            if "cache_experts" in dl:
+                out.print(f"  cache_experts {dl['cache_experts']}", markup=False, highlight=False, soft_wrap=True)
+        if exported:
+            t2 = Table(title=f"exported profiles in {root}/profiles")
+            for c in ("id", "engine", "weights", "decode", "cache", "note"):
+                t2.add_column(c)
+            for p in exported:
+                t2.add_row(p.id, p.engine, ":".join(map(str, (p.primary_weight, *p.replica_weights))),
+                           ":".join(map(str, p.decode_weights)) or "-", str(p.cache_experts or "-"),
+                           "UNVERIFIED replicas" if p.unverified else "")
+            out.print(t2)
+
+    @app.command("launch")
+    def launch_cmd(
+        binary: str = typer.Option(..., "--binary", metavar="PATH", help="The ds4 or ds4-bench executable."),
+        profile: str = typer.Option(..., "--profile", metavar="FILE", help="An exported profile (.json or its .env)."),
+        rig: Optional[str] = RigOption,
+        out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default rig/runs/launch-NAME-TIME)."),
+        timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Stop the engine after this long."),
+        json_out: bool = JsonOption,
+        engine_args: Optional[List[str]] = typer.Argument(None, metavar="-- ENGINE_ARGS",
+                                                          help="Passed to the engine after the profile's arguments."),
+    ):
+        """Run a real ds4 / ds4-bench with a profile and confirm from its log that the profile was applied."""
+        path = ln.which(binary)
+        p, dead = ln.preflight(path, profile)
+        if dead:
+            err.print(f"[yellow]dead knobs:[/] {escape(path)} never names {', '.join(dead)}; setting them changes nothing",
+                      soft_wrap=True)
+        if p.unverified:
+            err.print("[yellow]warning:[/] this profile was exported with unverified replicas: " + escape(", ".join(p.unverified)),
+                      soft_wrap=True)
+        err.print(f"launching {escape(path)} with profile {p.id!r} ({p.sources} source(s))", soft_wrap=True)
+        r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
+        if json_out:
+            print_json(ln.launch_to_dict(r))
+        else:
+            t = Table(title=f"confirmations ({r.run_dir})")
+            for c in ("check", "ok", "expected", "observed", "detail"):
+                t.add_column(c)
+            for c in r.confirmations:
+                t.add_row(c.name, "ok" if c.ok else "FAILED", c.expected, c.observed, c.detail)
+            out.print(t)
+            if r.metrics:
+                out.print("metrics: " + ", ".join(f"{k}={v}" for k, v in r.metrics.items()))
+        if not r.ok:
+            why = "; ".join(f"{c.name} ({c.detail})" for c in r.confirmations if not c.ok)
+            raise MismatchError(f"arm failed, not confirmed by the engine log: {why}; logs in {r.run_dir}")

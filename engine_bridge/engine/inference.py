@@ -1,0 +1,402 @@
+"""The embedded MoE engine: a numpy forward pass whose routed experts arrive only through reads.
+
+Per layer: RMSNorm, one causal attention head (resident, with a KV cache), RMSNorm, router
+(top-k of softmaxed logits), a resident shared expert and the routed experts (SwiGLU). Prefill
+routes a chunk of tokens, computes the experts already cached, then stages the union of the
+selected experts that miss the cache (contiguous experts of one tensor coalesced into reads of
+up to STAGE_BYTES) and computes each as it arrives. Decode does the same for one token.
+
+Determinism: everything is float32 numpy with a fixed order. An expert's output for its tokens
+depends only on its (dequantized) bytes and its input rows, never on whether it came from the
+cache or a read, and the top-k contributions are summed in slot order after all experts of a
+layer are computed, so the output token ids are the same for every cache size, source count,
+weight and lane count: they change only if a read delivers wrong bytes.
+
+Reads go through `submit(offset, length, phase) -> ticket` (the split reader's `submit`; the
+ticket's `result()` waits for the read's barrier), so an expert is computed while the reads of
+the next ones are in flight; this module opens no file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .cache import ExpertCache
+from .constants import (
+    COMPONENTS,
+    DEQUANT_THREADS,
+    PREFILL_CHUNK_TOKENS,
+    QUANT_BLOCK,
+    RMS_EPS,
+    STAGE_BYTES,
+    STAGE_WINDOW,
+)
+from .model import Geometry, Resident
+
+Submit = Callable[[int, int, str], "object"]   # (offset, length, phase) -> ticket with .result() -> bytes
+
+_Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])
+_Q4 = np.dtype([("d", "<f2"), ("q", "u1", (QUANT_BLOCK // 2,))])
+
+
+def dequantize(buf, qtype: str, rows: int, cols: int) -> np.ndarray:
+    """Q8_0 / Q4_0 / F32 bytes -> float32 (rows, cols); equal to gguf.quants.dequantize, but one pass."""
+    if qtype == "Q8_0":
+        a = np.frombuffer(buf, dtype=_Q8, count=rows * cols // QUANT_BLOCK)
+        out = np.empty((a.shape[0], QUANT_BLOCK), dtype=np.float32)
+        np.multiply(a["q"], a["d"].astype(np.float32)[:, None], out=out, dtype=np.float32, casting="unsafe")
+        return out.reshape(rows, cols)
+    if qtype == "Q4_0":
+        a = np.frombuffer(buf, dtype=_Q4, count=rows * cols // QUANT_BLOCK)
+        q = a["q"]
+        out = np.empty((a.shape[0], QUANT_BLOCK), dtype=np.float32)
+        half = QUANT_BLOCK // 2
+        d = a["d"].astype(np.float32)[:, None]
+        np.multiply((q & 0x0F).astype(np.int8) - 8, d, out=out[:, :half], dtype=np.float32, casting="unsafe")
+        np.multiply((q >> 4).astype(np.int8) - 8, d, out=out[:, half:], dtype=np.float32, casting="unsafe")
+        return out.reshape(rows, cols)
+    if qtype == "F32":     # copied, so a cached expert does not pin its whole staging read
+        return np.frombuffer(buf, dtype=np.float32, count=rows * cols).reshape(rows, cols).copy()
+    raise ValueError(f"unsupported expert type {qtype}")
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    gate: np.ndarray   # (ff, dim)
+    up: np.ndarray     # (ff, dim)
+    down: np.ndarray   # (dim, ff)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):       # exp(-x) -> inf for very negative x gives silu -> -0, as it should
+        return x / (np.float32(1.0) + np.exp(-x))
+
+
+def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    return (silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(RMS_EPS)) * w
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def route(h: np.ndarray, router: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(selected expert ids (T, k), their weights (T, k)): top-k logits, ties to the lower id."""
+    logits = h @ router.T
+    sel = np.argsort(-logits, axis=1, kind="stable")[:, :top_k]
+    w = softmax(np.take_along_axis(logits, sel, axis=1))
+    return sel, w.astype(np.float32)
+
+
+def prompt_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, n).astype(np.int64)
+
+
+def tokens_sha256(ids: Sequence[int]) -> str:
+    return hashlib.sha256(np.asarray(ids, dtype="<u4").tobytes()).hexdigest()
+
+
+@dataclass
+class PhaseCounters:
+    hits: int = 0            # selected experts found in the cache (one per expert per layer step)
+    misses: int = 0          # selected experts read through the reader
+    reads: int = 0           # ranges handed to the reader
+    bytes: int = 0           # bytes read
+    seconds: float = 0.0     # wall time of the phase
+    read_wait_seconds: float = 0.0   # time spent waiting for reads to land (the rest is compute)
+
+    def as_dict(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "reads": self.reads, "bytes": self.bytes,
+                "seconds": round(self.seconds, 6), "read_wait_seconds": round(self.read_wait_seconds, 6)}
+
+
+@dataclass
+class RunOutcome:
+    prompt: int
+    tokens: list[int]                     # generated ids: one from the prefill logits, then one per decode step
+    prefill: PhaseCounters
+    decode: PhaseCounters
+    step_seconds: list[float] = field(default_factory=list)   # wall time of each decode step
+    kvcache_bytes: int = 0
+    trace: list | None = None             # routing per step if recorded: [phase, [[layer selections...]...]]
+
+
+def expert_runs(experts: Sequence[int], phase: str, component_bytes: int, stage_bytes: int = STAGE_BYTES) -> list[list[int]]:
+    """Group sorted expert ids into runs read together: in prefill, contiguous experts up to
+    stage_bytes per component tensor (one read per component); in decode, one expert each."""
+    per = max(1, stage_bytes // component_bytes) if phase == "prefill" else 1
+    runs: list[list[int]] = []
+    for e in experts:
+        if runs and e == runs[-1][-1] + 1 and len(runs[-1]) < per:
+            runs[-1].append(e)
+        else:
+            runs.append([e])
+    return runs
+
+
+def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int], phase: str, counters: PhaseCounters,
+                stage_bytes: int = STAGE_BYTES, window: int = STAGE_WINDOW):
+    """Yield (expert, [gate, up, down] buffers, release) for the missing experts of a layer, in id
+    order, while later reads are still in flight (at most `window` bytes submitted ahead). The
+    engine and replay both read through here, so replay measures the engine's read pattern.
+    `release` is None except on a run's last expert: call it when every buffer of the run (this
+    and the previous experts yielded) is no longer needed, so the reader can reuse them."""
+    cb = g.component_bytes
+    bases = [g.tensor(layer, c).offset for c in COMPONENTS]
+    todo = deque(expert_runs(missing, phase, cb, stage_bytes))
+    pending: deque = deque()
+    inflight = 0
+    while todo or pending:
+        while todo and (not pending or inflight + 3 * len(todo[0]) * cb <= window):
+            run = todo.popleft()
+            n = len(run) * cb
+            pending.append((run, [submit(b + run[0] * cb, n, phase) for b in bases]))
+            inflight += 3 * n
+            counters.reads += 3
+            counters.bytes += 3 * n
+        run, tickets = pending.popleft()
+        t0 = time.perf_counter()
+        bufs = [memoryview(t.result()) for t in tickets]
+        counters.read_wait_seconds += time.perf_counter() - t0
+        inflight -= 3 * len(run) * cb
+        for b in bufs:
+            if len(b) != len(run) * cb:
+                raise RuntimeError(f"reader returned {len(b)} bytes for a {len(run) * cb}-byte read")
+        for j, e in enumerate(run):
+            last = j == len(run) - 1
+            yield e, [b[j * cb:(j + 1) * cb] for b in bufs], (_releaser(tickets) if last else None)
+
+
+def _releaser(tickets):
+    """Give a run's read buffers back to the reader's pool (once its last expert is dequantized)."""
+    def release():
+        for t in tickets:
+            rel = getattr(t, "release", None)
+            if rel is not None:
+                rel()
+    return release
+
+
+class Engine:
+    def __init__(self, geometry: Geometry, resident: Resident, submit: Submit, cache: ExpertCache,
+                 chunk_tokens: int = PREFILL_CHUNK_TOKENS, stage_bytes: int = STAGE_BYTES,
+                 window: int = STAGE_WINDOW, record_trace: bool = False, dequant_threads: int = DEQUANT_THREADS):
+        self.g, self.r, self.submit, self.cache = geometry, resident, submit, cache
+        self.dequant_threads = max(0, dequant_threads)
+        self._pool = ThreadPoolExecutor(self.dequant_threads, thread_name_prefix="dequant") if self.dequant_threads else None
+        self.chunk_tokens = max(1, chunk_tokens)
+        self.stage_bytes = max(geometry.component_bytes, stage_bytes)
+        self.window = window
+        self.trace: list | None = [] if record_trace else None
+
+    # -- experts -----------------------------------------------------------------------------
+
+    def _weights(self, bufs) -> ExpertWeights:
+        d, f, q = self.r.dim, self.r.ff, self.r.qtype
+        return ExpertWeights(dequantize(bufs[0], q, f, d), dequantize(bufs[1], q, f, d), dequantize(bufs[2], q, d, f))
+
+    def _dequant(self, bufs):
+        if self._pool is None:
+            return self._weights(bufs)
+        return self._pool.submit(self._weights, bufs)
+
+    def _use(self, item, base: int, compute) -> None:
+        e, ew, release = item
+        if not isinstance(ew, ExpertWeights):
+            ew = ew.result()
+        if release is not None:          # experts are used in order: the whole run is dequantized
+            release()
+        compute(e, ew)
+        self.cache.admit(base + e, ew)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _moe(self, layer: int, h: np.ndarray, phase: str, counters: PhaseCounters) -> np.ndarray:
+        L = self.r.layers[layer]
+        sel, w = route(h, L["ffn_gate_inp"], self.g.top_k)
+        if self.trace is not None:
+            self.trace[-1][1].append(sel.tolist())
+        base = layer * self.g.experts
+        union, counts = np.unique(sel, return_counts=True)
+        self.cache.select(union + base, counts)
+        contrib = np.zeros(sel.shape + (h.shape[1],), dtype=np.float32)
+
+        def compute(e: int, ew: ExpertWeights):
+            t_idx, k_idx = np.nonzero(sel == e)
+            contrib[t_idx, k_idx] = swiglu(h[t_idx], ew.gate, ew.up, ew.down)
+
+        missing = []
+        for e in union.tolist():
+            hit, ew = self.cache.lookup(base + e)
+            if hit:
+                counters.hits += 1
+                compute(e, ew)
+            else:
+                missing.append(e)
+        counters.misses += len(missing)
+        # Dequantize on the helper threads while this thread multiplies the previous expert (numpy
+        # releases the GIL in both); results are used in id order, so the arithmetic is unchanged.
+        ahead: deque = deque()
+        for e, bufs, release in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes,
+                                            self.window):
+            ahead.append((e, self._dequant(bufs), release))
+            while len(ahead) > self.dequant_threads:
+                self._use(ahead.popleft(), base, compute)
+        while ahead:
+            self._use(ahead.popleft(), base, compute)
+        out = swiglu(h, L["ffn_gate_shexp"], L["ffn_up_shexp"], L["ffn_down_shexp"])
+        for k in range(sel.shape[1]):                        # fixed summation order: slot 0, 1, ...
+            out += w[:, k, None] * contrib[:, k]
+        return out
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def _forward(self, ids: np.ndarray, pos: int, kv: list, phase: str, counters: PhaseCounters) -> np.ndarray:
+        """Hidden states of `ids` at positions pos.. (KV cache filled); returns the last row's logits."""
+        r = self.r
+        if self.trace is not None:
+            self.trace.append([phase, []])
+        x = r.embed[ids]
+        n = len(ids)
+        scale = np.float32(1.0 / np.sqrt(r.attn))
+        mask = np.triu(np.full((n, pos + n), -np.inf, dtype=np.float32), k=pos + 1)
+        for i, L in enumerate(r.layers):
+            h = rmsnorm(x, L["attn_norm"])
+            kc, vc = kv[i]
+            kc[pos:pos + n] = h @ L["attn_k"].T
+            vc[pos:pos + n] = h @ L["attn_v"].T
+            q = h @ L["attn_q"].T
+            att = softmax((q @ kc[:pos + n].T) * scale + mask)
+            x = x + (att @ vc[:pos + n]) @ L["attn_output"].T
+            x = x + self._moe(i, rmsnorm(x, L["ffn_norm"]), phase, counters)
+        self.cache.advance(n)
+        last = rmsnorm(x[-1:], r.output_norm)
+        return (last @ r.output.T)[0]
+
+    def run(self, prompt: np.ndarray, gen_tokens: int) -> RunOutcome:
+        r = self.r
+        ctx = len(prompt) + gen_tokens
+        kv = [(np.zeros((ctx, r.attn), np.float32), np.zeros((ctx, r.attn), np.float32)) for _ in r.layers]
+        pre, dec = PhaseCounters(), PhaseCounters()
+        t0 = time.perf_counter()
+        logits = None
+        for s in range(0, len(prompt), self.chunk_tokens):
+            logits = self._forward(prompt[s:s + self.chunk_tokens], s, kv, "prefill", pre)
+        pre.seconds = time.perf_counter() - t0
+        tokens = [int(np.argmax(logits))]
+        steps = []
+        pos = len(prompt)
+        t1 = time.perf_counter()
+        for _ in range(gen_tokens):
+            ts = time.perf_counter()
+            logits = self._forward(np.array([tokens[-1]]), pos, kv, "decode", dec)
+            tokens.append(int(np.argmax(logits)))
+            pos += 1
+            steps.append(time.perf_counter() - ts)
+        dec.seconds = time.perf_counter() - t1
+        return RunOutcome(prompt=len(prompt), tokens=tokens, prefill=pre, decode=dec, step_seconds=steps,
+                          kvcache_bytes=len(r.layers) * ctx * 2 * r.attn * 4, trace=self.trace)
+
+
+def bench_row(o: RunOutcome) -> dict:
+    """The ds4-bench CSV row (DESIGN §8) of a run."""
+    gen = len(o.step_seconds)
+    steady = o.step_seconds[1:]
+    return {
+        "ctx_tokens": o.prompt + gen,
+        "prefill_tokens": o.prompt,
+        "prefill_tps": round(o.prompt / o.prefill.seconds, 3) if o.prefill.seconds > 0 else 0.0,
+        "gen_tokens": gen,
+        "gen_tps": round(gen / o.decode.seconds, 3) if o.decode.seconds > 0 and gen else 0.0,
+        "gen_first_ms": round(o.step_seconds[0] * 1000, 3) if gen else 0.0,
+        "gen_steady_tokens": len(steady),
+        "gen_steady_tps": round(len(steady) / sum(steady), 3) if steady and sum(steady) > 0 else 0.0,
+        "kvcache_bytes": o.kvcache_bytes,
+    }
+
+
+# -- a whole run: model + sources -> result dict (the I/O ring around Engine) --------------------
+
+@dataclass(frozen=True)
+class SourceSet:
+    """Where routed experts are read from: primary first, then replicas, with both weight vectors."""
+    paths: tuple[str, ...]
+    prefill: tuple[int, ...]     # base weights
+    decode: tuple[int, ...]
+
+
+def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
+              prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS) -> dict:
+    """Load the resident weights, run prefill and greedy decode with experts streamed through a
+    SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`)."""
+    from core.errors import UsageError
+    from engine_bridge.reader.split_reader import SplitReader
+
+    from .model import inspect_model, load_resident
+
+    geometry = inspect_model(model)
+    resident = load_resident(geometry)
+    for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
+        if v < lo:
+            raise UsageError(f"{name} {v}: must be at least {lo}")
+    total = geometry.layers * geometry.experts
+    applied = min(cache_experts, total)
+    cache = ExpertCache(applied, total)
+    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
+        eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
+                     dequant_threads=dequant_threads)
+        try:
+            outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
+        finally:
+            eng.close()
+        stats = reader.stats()
+        text = reader.format_stats()
+    return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text)
+
+
+def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, applied: int, lanes: int,
+               stats, stats_text: str) -> dict:
+    from .constants import RUN_SCHEMA
+
+    row = bench_row(o)
+    hits = o.prefill.hits + o.decode.hits
+    misses = o.prefill.misses + o.decode.misses
+    gen = len(o.step_seconds)
+    sd = stats.to_dict()
+    return {
+        "schema": RUN_SCHEMA,
+        "kind": "run",
+        **row,
+        "output_sha256": tokens_sha256(o.tokens),
+        "cache_experts": requested,
+        "cache_experts_applied": applied,
+        "hits": hits,
+        "misses": misses,
+        "misses_per_token": round(o.decode.misses / gen, 4) if gen else 0.0,
+        "weights": {"prefill": list(sources.prefill), "decode": list(sources.decode)},
+        "sources": sd["sources"],
+        "events": sd["events"],
+        "lanes": lanes,
+        "model": g.as_dict(),
+        "prefill": o.prefill.as_dict(),
+        "decode": o.decode.as_dict(),
+        "output_tokens": len(o.tokens),
+        "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text},
+        **({"trace": o.trace} if o.trace is not None else {}),
+    }

@@ -1,0 +1,170 @@
+"""Replay: the engine's reads without its compute, on any model file and these drives.
+
+The expert geometry comes from the model's GGUF tensor table (only the header is read, so this
+works on the real 518 GB file); which experts each token chooses comes from the calibrated
+routing model (`routing.py`) or from a recorded routing trace (`engine-bridge run --trace-out`).
+The same expert cache and the same staging code as the engine (`engine.stage_reads`) drive the
+same split reader, so the read pattern, and therefore what a plan delivers on these drives, is
+the engine's: prefill stages each chunk's union of missing experts, decode reads each token's
+misses behind a per-layer barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import numpy as np
+
+from core.errors import MissingError, UsageError
+
+from .cache import ExpertCache
+from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
+from .inference import PhaseCounters, SourceSet, stage_reads
+from .model import Geometry, inspect_model
+from .routing import Router, RoutingModel
+
+
+def load_trace(path: str) -> dict:
+    """A routing trace written by `run --trace-out`: {"schema", "kind": "routing-trace", "layers",
+    "experts", "top_k", "steps": [{"phase": "prefill"|"decode", "layers": [[[ids] per token] per layer]}]}."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise MissingError(f"{path}: trace not found; record one with `engine-bridge run --trace-out FILE`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not a JSON routing trace ({e}); record one with `engine-bridge run --trace-out FILE`") from None
+    if not isinstance(d, dict) or d.get("kind") != "routing-trace" or d.get("schema") != TRACE_SCHEMA:
+        raise UsageError(f"{path}: not a routing trace (kind 'routing-trace', schema {TRACE_SCHEMA}); "
+                         "record one with `engine-bridge run --trace-out FILE`")
+    for k in ("layers", "experts", "top_k"):
+        if not isinstance(d.get(k), int) or d[k] < 1:
+            raise UsageError(f"{path}: key '{k}' must be a positive integer")
+    if not isinstance(d.get("steps"), list) or not d["steps"]:
+        raise UsageError(f"{path}: key 'steps' is missing or empty")
+    return d
+
+
+def trace_steps(d: dict, path: str):
+    """Yield (phase, selections (n, layers, k) int array) from a loaded trace, checked."""
+    for i, st in enumerate(d["steps"]):
+        if not isinstance(st, dict) or st.get("phase") not in ("prefill", "decode"):
+            raise UsageError(f"{path}: steps[{i}].phase must be 'prefill' or 'decode'")
+        try:
+            a = np.asarray(st["layers"], dtype=np.int64)          # (layers, n, k)
+        except (KeyError, ValueError, TypeError):
+            raise UsageError(f"{path}: steps[{i}].layers must be [[[expert ids] per token] per layer]") from None
+        if a.ndim != 3 or a.shape[0] != d["layers"] or a.shape[2] != d["top_k"] or a.min() < 0 or a.max() >= d["experts"]:
+            raise UsageError(f"{path}: steps[{i}].layers has shape {a.shape}; expected ({d['layers']}, tokens, {d['top_k']}) "
+                             f"with ids below {d['experts']}")
+        yield st["phase"], a.transpose(1, 0, 2)
+
+
+def model_steps(router: Router, prompt: int, gen: int, chunk: int):
+    for s in range(0, prompt, chunk):
+        yield "prefill", router.next(min(chunk, prompt - s))
+    for _ in range(gen):
+        yield "decode", router.next(1)
+
+
+def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit, stage_bytes: int = STAGE_BYTES,
+                 window: int = STAGE_WINDOW) -> dict:
+    """Drive the cache and the reader through the steps; returns counters per phase (pure of I/O
+    but for `submit`)."""
+    ph = {"prefill": PhaseCounters(), "decode": PhaseCounters()}
+    tokens = {"prefill": 0, "decode": 0}
+    unions: list[int] = []
+    steps_s: list[float] = []
+    for phase, sel in steps:
+        c = ph[phase]
+        t0 = time.perf_counter()
+        for layer in range(layers):
+            base = layer * g.experts
+            union, counts = np.unique(sel[:, layer], return_counts=True)
+            if phase == "prefill":
+                unions.append(int(union.size))
+            cache.select(union + base, counts)
+            missing = [int(e) for e in union if not cache.resident[base + e]]
+            c.hits += int(union.size) - len(missing)
+            c.misses += len(missing)
+            for e, _bufs, release in stage_reads(submit, g, layer, missing, phase, c, stage_bytes, window):
+                if release is not None:
+                    release()
+                cache.admit(base + e)
+        cache.advance(sel.shape[0])
+        dt = time.perf_counter() - t0
+        c.seconds += dt
+        tokens[phase] += sel.shape[0]
+        if phase == "decode":
+            steps_s.append(dt)
+    return {"counters": ph, "tokens": tokens, "unions": unions, "step_seconds": steps_s}
+
+
+def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
+           chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
+           cold: bool = True) -> dict:
+    """Replay a run's expert reads against `sources`; returns the replay result (REPLAY_SCHEMA)."""
+    from engine_bridge.reader.split_reader import SplitReader
+
+    g = inspect_model(model)
+    for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),
+                        ("--chunk-tokens", chunk_tokens, 1)):
+        if v < lo:
+            raise UsageError(f"{name} {v}: must be at least {lo}")
+    if trace_path:
+        d = load_trace(trace_path)
+        if (d["layers"], d["experts"]) != (g.layers, g.experts):
+            raise UsageError(f"{trace_path}: trace is for {d['layers']} layers x {d['experts']} experts, the model has "
+                             f"{g.layers} x {g.experts}; record the trace on this model's geometry")
+        steps = list(trace_steps(d, trace_path))
+        routing = {"trace": trace_path}
+    else:
+        rm = RoutingModel(g.layers, g.experts, g.top_k, seed=routing_seed)
+        steps = model_steps(Router(rm), prompt, gen, chunk_tokens)
+        routing = {"model": {"sigma": rm.sigma, "tau": rm.tau, "rho": rm.rho, "seed": rm.seed}}
+    total = g.layers * g.experts
+    applied = min(cache_experts, total)
+    cache = ExpertCache(applied, total)
+    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
+        out = replay_steps(g, steps, g.layers, cache, reader.submit)
+        stats = reader.stats().to_dict()
+        text = reader.format_stats()
+    pre, dec = out["counters"]["prefill"], out["counters"]["decode"]
+    tp, td = out["tokens"]["prefill"], out["tokens"]["decode"]
+    steps_s = out["step_seconds"]
+
+    def rate(n, s):
+        return round(n / s, 3) if s > 0 and n else 0.0
+
+    return {
+        "schema": REPLAY_SCHEMA,
+        "kind": "replay",
+        "ctx_tokens": tp + td,
+        "prefill_tokens": tp,
+        "prefill_tps": rate(tp, pre.seconds),
+        "gen_tokens": td,
+        "gen_tps": rate(td, dec.seconds),
+        "gen_first_ms": round(steps_s[0] * 1000, 3) if steps_s else 0.0,
+        "gen_steady_tokens": max(0, td - 1),
+        "gen_steady_tps": rate(td - 1, sum(steps_s[1:])),
+        "kvcache_bytes": 0,
+        "prefill_read_gbps": round(pre.bytes / pre.seconds / 1e9, 4) if pre.seconds > 0 else 0.0,
+        "decode_read_gbps": round(dec.bytes / dec.seconds / 1e9, 4) if dec.seconds > 0 else 0.0,
+        "coverage": round(float(np.mean(out["unions"])) / g.experts, 4) if out["unions"] else 0.0,
+        "cache_experts": cache_experts,
+        "cache_experts_applied": applied,
+        "hits": pre.hits + dec.hits,
+        "misses": pre.misses + dec.misses,
+        "misses_per_token": round(dec.misses / td, 4) if td else 0.0,
+        "weights": {"prefill": list(sources.prefill), "decode": list(sources.decode)},
+        "sources": stats["sources"],
+        "events": stats["events"],
+        "routing": routing,
+        "lanes": lanes,
+        "model": g.as_dict(),
+        "prefill": pre.as_dict(),
+        "decode": dec.as_dict(),
+        "reader": {"reads": stats["reads"], "bytes": stats["bytes"], "text": text},
+    }

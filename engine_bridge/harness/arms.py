@@ -1,0 +1,396 @@
+"""The harness's pure parts: arm orders, gates, medians, gains, pair deltas, results shape,
+Markdown summary and SVG chart (DESIGN §8). No processes, no disk: the harness feeds measured
+facts in, these functions say what they mean.
+
+results.json (schema 1):
+
+    {"schema": 1, "kind": "bench-results", "created": ISO, "order": "ABBA",
+     "sequence": ["A", "B", "B", "A"], "control": "A", "reference": "A",
+     "settings": {"prompt_tokens", "gen_tokens", "cache_experts", "max_other_cpu", ...},
+     "arms": {NAME: {"plan", "sources": [paths], "prefill_weights", "decode_weights"}},
+     "rows": [{"seq", "arm", "ok", "failed": [gate names or "error"], "error", "gates": {NAME: {"ok", "detail"}},
+               "wall_s", "output_sha256", "metrics": {CSV columns + hits, misses, misses_per_token,
+               cache_experts, cache_experts_applied}, "sources": [...], "events": [...], "log"}],
+     "medians": {NAME: {"n", "n_failed", METRIC: median or null}},
+     "gains": {NAME: {METRIC: median(arm) / median(control) or null}},
+     "pairs": [{"arm", "seq", "control_seq", METRIC + "_delta": arm - control}],
+     "claims": {NAME: {METRIC: "gain" | "loss" | "unclear"}}}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Sequence
+
+from core.errors import UsageError
+
+RESULTS_SCHEMA = 1
+CSV_COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps",
+               "gen_first_ms", "gen_steady_tokens", "gen_steady_tps", "kvcache_bytes")
+EXTRA_METRICS = ("hits", "misses", "misses_per_token", "cache_experts", "cache_experts_applied")
+# Summarised per configuration; the first three are rates where higher is better.
+SUMMARY_METRICS = ("prefill_tps", "gen_tps", "gen_steady_tps", "gen_first_ms", "misses_per_token")
+RATE_METRICS = ("prefill_tps", "gen_tps", "gen_steady_tps")
+ORDERS = ("ABBA", "BAAB", "ABAB", "ladder")
+GATES = ("sha", "cache", "plan", "swap", "load")
+MAX_OTHER_CPU = 0.5            # cores other processes may use on average during an arm
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One configuration: which sources, with which weights. plan: the plan file it came from."""
+
+    name: str
+    sources: tuple[str, ...]
+    prefill_weights: tuple[int, ...]
+    decode_weights: tuple[int, ...]
+    plan: str = ""
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan, "sources": list(self.sources), "prefill_weights": list(self.prefill_weights),
+                "decode_weights": list(self.decode_weights)}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """System facts taken right before and right after an arm (from /proc)."""
+
+    t: float = 0.0              # monotonic seconds
+    swap_free_kb: int = 0       # /proc/meminfo SwapFree
+    pswpout: int = 0            # /proc/vmstat pages swapped out, cumulative
+    cpu_busy_s: float = 0.0     # /proc/stat: all CPUs' non-idle, non-iowait time, seconds
+    loadavg: float = 0.0        # 1-minute load average
+    own_cpu_s: float = 0.0      # CPU seconds of the harness and its finished children
+
+
+@dataclass(frozen=True)
+class Gate:
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Row:
+    seq: int
+    arm: str
+    result: dict | None              # the run's --json output (None when it failed to run)
+    error: str = ""                  # why the run produced no result
+    before: Snapshot = field(default_factory=Snapshot)
+    after: Snapshot = field(default_factory=Snapshot)
+    log: str = ""
+
+
+def parse_arm(text: str) -> tuple[str, str]:
+    """'NAME=PLAN' -> (NAME, PLAN)."""
+    name, eq, ref = str(text).partition("=")
+    name, ref = name.strip(), ref.strip()
+    if not eq or not name or not ref:
+        raise UsageError(f"--arm {text!r}: use NAME=PLAN, e.g. --arm base=plans/one.json --arm split=10:5:5/10:6:6")
+    if any(c in name for c in " /,=") or name.startswith("."):
+        raise UsageError(f"--arm {text!r}: the name must be a short label without spaces, '/', ',' or '='")
+    return name, ref
+
+
+def arm_sequence(names: Sequence[str], order: str, repeat: int = 1) -> tuple[str, ...]:
+    """The run order. ABBA: arms forward then backward; BAAB: backward then forward; ABAB: forward
+    twice; ladder: the first arm is the control bracketing every rung, U S1 U S2 .. U Sk then the
+    mirror (Sk U .. S1 U). `repeat` repeats the whole pattern."""
+    names = list(names)
+    if order not in ORDERS:
+        raise UsageError(f"--order {order!r}: use one of {', '.join(ORDERS)}")
+    if len(names) < 2:
+        raise UsageError(f"--order {order}: give at least two arms (a control and one other), got {len(names)}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"arms {', '.join(names)}: each arm name must be given once")
+    if repeat < 1:
+        raise UsageError(f"--repeat {repeat}: must be at least 1")
+    if order == "ABBA":
+        one = names + names[::-1]
+    elif order == "BAAB":
+        one = names[::-1] + names
+    elif order == "ABAB":
+        one = names + names
+    else:
+        half = []
+        for rung in names[1:]:
+            half += [names[0], rung]
+        one = half + half[::-1]
+    return tuple(one * repeat)
+
+
+# -- gates --------------------------------------------------------------------------------
+
+def gate_sha(sha: str | None, reference: str | None) -> Gate:
+    if not sha:
+        return Gate(False, "no output_sha256")
+    if reference is None:
+        return Gate(False, "no reference hash (the reference arm never completed)")
+    if sha != reference:
+        return Gate(False, f"output {sha[:12]} differs from the reference {reference[:12]}")
+    return Gate(True, f"output {sha[:12]} equals the reference")
+
+
+def gate_cache(result: dict, requested: int | None) -> Gate:
+    applied = result.get("cache_experts_applied")
+    want = result.get("cache_experts") if requested is None else requested
+    if applied is None:
+        return Gate(False, "run did not report cache_experts_applied")
+    if applied != want:
+        return Gate(False, f"cache {applied} experts applied, {want} requested")
+    return Gate(True, f"cache {applied} experts as requested")
+
+
+def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
+    """The arm measured the plan it asked for: every source read, none degraded by the reader's
+    failover (a degraded arm ran a different plan; its speed says nothing about the one asked)."""
+    sources = result.get("sources") or []
+    if not sources:
+        return Gate(False, "run reported no per-source counters")
+    want = len(spec.sources) if spec is not None else len(sources)
+    if len(sources) != want:
+        return Gate(False, f"{len(sources)} sources read, the arm has {want}")
+    bad = [s.get("index", i) for i, s in enumerate(sources) if s.get("degraded")]
+    if bad:
+        return Gate(False, f"source(s) {', '.join(map(str, bad))} degraded during the run "
+                           f"({len(result.get('events') or [])} reader events)")
+    return Gate(True, f"{want} source(s), none degraded")
+
+
+def gate_swap(before: Snapshot, after: Snapshot) -> Gate:
+    out = after.pswpout - before.pswpout
+    shrink = before.swap_free_kb - after.swap_free_kb
+    if out > 0 or shrink > 0:
+        return Gate(False, f"swap grew: {out} pages swapped out, SwapFree down {shrink} KiB")
+    return Gate(True, "no swap growth")
+
+
+def other_cpu(before: Snapshot, after: Snapshot) -> float:
+    """Average cores used by processes other than the harness and its arm, over the arm."""
+    wall = after.t - before.t
+    if wall <= 0:
+        return 0.0
+    others = (after.cpu_busy_s - before.cpu_busy_s) - (after.own_cpu_s - before.own_cpu_s)
+    return max(0.0, others / wall)
+
+
+def gate_load(before: Snapshot, after: Snapshot, max_other: float = MAX_OTHER_CPU) -> Gate:
+    cores = other_cpu(before, after)
+    detail = f"others used {cores:.2f} cores (limit {max_other:.2f}), load {before.loadavg:.2f} before"
+    return Gate(cores <= max_other, detail)
+
+
+def reference_sha(rows: Sequence[Row], reference: str) -> str | None:
+    """The reference hash: the first completed run of the reference arm."""
+    for r in rows:
+        if r.arm == reference and r.result and r.result.get("output_sha256"):
+            return r.result["output_sha256"]
+    return None
+
+
+def gate_row(row: Row, ref_sha: str | None, requested_cache: int | None, max_other: float,
+             spec: ArmSpec | None = None) -> dict[str, Gate]:
+    if row.result is None:
+        return {}
+    return {"sha": gate_sha(row.result.get("output_sha256"), ref_sha),
+            "cache": gate_cache(row.result, requested_cache),
+            "plan": gate_plan(row.result, spec),
+            "swap": gate_swap(row.before, row.after),
+            "load": gate_load(row.before, row.after, max_other)}
+
+
+# -- summary ------------------------------------------------------------------------------
+
+def _num(x):
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def row_dict(row: Row, gates: dict[str, Gate]) -> dict:
+    res = row.result or {}
+    failed = [n for n, g in gates.items() if not g.ok] if row.result is not None else ["error"]
+    metrics = {k: res.get(k) for k in CSV_COLUMNS + EXTRA_METRICS}
+    return {"seq": row.seq, "arm": row.arm, "ok": not failed, "failed": failed, "error": row.error,
+            "gates": {n: {"ok": g.ok, "detail": g.detail} for n, g in gates.items()},
+            "wall_s": round(row.after.t - row.before.t, 3) if row.after.t else None,
+            "output_sha256": res.get("output_sha256"), "metrics": metrics,
+            "weights": res.get("weights"), "sources": res.get("sources", []), "events": res.get("events", []),
+            "log": row.log}
+
+
+def summarize(rows: Sequence[dict], arms: Sequence[str], control: str) -> dict:
+    """Medians per configuration over passing rows, gains vs the control, pair deltas (each arm
+    row against the nearest passing control row, earlier on a tie) and claims (a gain or a loss
+    only when every pair agrees)."""
+    medians = {}
+    for a in arms:
+        mine = [r for r in rows if r["arm"] == a]
+        good = [r for r in mine if r["ok"]]
+        m = {"n": len(good), "n_failed": len(mine) - len(good)}
+        for k in SUMMARY_METRICS:
+            vals = [v for v in (_num(r["metrics"].get(k)) for r in good) if v is not None]
+            m[k] = median(vals) if vals else None
+        medians[a] = m
+    gains = {}
+    for a in arms:
+        g = {}
+        for k in RATE_METRICS:
+            c, x = medians[control][k], medians[a][k]
+            g[k] = x / c if c and x is not None else None
+        gains[a] = g
+    controls = [r for r in rows if r["arm"] == control and r["ok"]]
+    pairs = []
+    for r in rows:
+        if r["arm"] == control or not r["ok"] or not controls:
+            continue
+        c = min(controls, key=lambda c: (abs(c["seq"] - r["seq"]), c["seq"]))
+        p = {"arm": r["arm"], "seq": r["seq"], "control_seq": c["seq"]}
+        for k in RATE_METRICS:
+            x, y = _num(r["metrics"].get(k)), _num(c["metrics"].get(k))
+            p[k + "_delta"] = x - y if x is not None and y is not None else None
+        pairs.append(p)
+    claims = {}
+    for a in arms:
+        if a == control:
+            continue
+        mine = [p for p in pairs if p["arm"] == a]
+        cl = {}
+        for k in RATE_METRICS:
+            d = [p[k + "_delta"] for p in mine if p[k + "_delta"] is not None]
+            cl[k] = "gain" if d and all(x > 0 for x in d) else "loss" if d and all(x < 0 for x in d) else "unclear"
+        claims[a] = cl
+    return {"medians": medians, "gains": gains, "pairs": pairs, "claims": claims}
+
+
+def build_results(specs: Sequence[ArmSpec], order: str, sequence: Sequence[str], rows: Sequence[Row],
+                  settings: dict, created: str, reference: str | None = None, control: str | None = None) -> dict:
+    """The whole results.json document from the arms and the measured rows."""
+    names = [s.name for s in specs]
+    control = control or names[0]
+    reference = reference or control
+    ref = reference_sha(rows, reference)
+    max_other = settings.get("max_other_cpu", MAX_OTHER_CPU)
+    want_cache = settings.get("cache_experts")
+    by_name = {s.name: s for s in specs}
+    row_docs = [row_dict(r, gate_row(r, ref, want_cache, max_other, by_name.get(r.arm))) for r in rows]
+    doc = {"schema": RESULTS_SCHEMA, "kind": "bench-results", "created": created, "order": order,
+           "sequence": list(sequence), "control": control, "reference": reference, "reference_sha256": ref,
+           "settings": dict(settings), "arms": {s.name: s.to_dict() for s in specs}, "rows": row_docs}
+    doc.update(summarize(row_docs, names, control))
+    return doc
+
+
+RESULTS_KEYS = ("schema", "kind", "created", "order", "sequence", "control", "reference", "reference_sha256",
+                "settings", "arms", "rows", "medians", "gains", "pairs", "claims")
+
+
+def check_results(doc: dict, where: str = "results.json") -> dict:
+    """Refuse a document that is not a results.json of this schema (for tools reading one back)."""
+    if not isinstance(doc, dict) or doc.get("kind") != "bench-results":
+        raise UsageError(f"{where}: not a bench results file (no \"kind\": \"bench-results\")")
+    if doc.get("schema") != RESULTS_SCHEMA:
+        raise UsageError(f"{where}: schema {doc.get('schema')!r}, this version reads {RESULTS_SCHEMA}")
+    missing = [k for k in RESULTS_KEYS if k not in doc]
+    if missing:
+        raise UsageError(f"{where}: keys missing: {', '.join(missing)}")
+    return doc
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+def _f(x, nd=2):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def render_markdown(doc: dict) -> str:
+    ctl = doc["control"]
+    s = doc["settings"]
+    lines = [f"# Harness run {doc['created']}", "",
+             f"Order **{doc['order']}**: {' '.join(doc['sequence'])}. Control **{ctl}**, reference hash from "
+             f"**{doc['reference']}** (`{(doc['reference_sha256'] or 'none')[:16]}`). "
+             f"Prompt {s.get('prompt_tokens')} tokens, {s.get('gen_tokens')} generated, cache "
+             f"{s.get('cache_experts')} experts.", "",
+             "## Medians per configuration (passing arms only)", "",
+             "| arm | sources | prefill w | decode w | n ok | n failed | prefill tok/s | x | gen tok/s | x "
+             "| steady tok/s | x | first ms | misses/token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for a, spec in doc["arms"].items():
+        m, g = doc["medians"][a], doc["gains"][a]
+        lines.append(f"| {a} | {len(spec['sources'])} | {':'.join(map(str, spec['prefill_weights']))} | "
+                     f"{':'.join(map(str, spec['decode_weights']))} | {m['n']} | {m['n_failed']} | "
+                     f"{_f(m['prefill_tps'])} | {_f(g['prefill_tps'])} | {_f(m['gen_tps'])} | {_f(g['gen_tps'])} | "
+                     f"{_f(m['gen_steady_tps'])} | {_f(g['gen_steady_tps'])} | {_f(m['gen_first_ms'], 1)} | "
+                     f"{_f(m['misses_per_token'])} |")
+    if doc["claims"]:
+        lines += ["", "## Claims (a gain only when every pair agrees)", ""]
+        for a, cl in doc["claims"].items():
+            lines.append(f"- **{a}** vs {ctl}: prefill {cl['prefill_tps']}, generation {cl['gen_tps']}, "
+                         f"steady {cl['gen_steady_tps']}")
+    lines += ["", "## Pairs", "", "| arm (seq) | control (seq) | Δ prefill tok/s | Δ gen tok/s | Δ steady tok/s |",
+              "|---|---|---|---|---|"]
+    for p in doc["pairs"]:
+        lines.append(f"| {p['arm']} ({p['seq']}) | {ctl} ({p['control_seq']}) | {_f(p['prefill_tps_delta'])} | "
+                     f"{_f(p['gen_tps_delta'])} | {_f(p['gen_steady_tps_delta'])} |")
+    lines += ["", "## Arms in run order", "", "| seq | arm | status | prefill tok/s | steady tok/s | sha256 | gates |",
+              "|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        status = "ok" if r["ok"] else "FAILED: " + ", ".join(r["failed"])
+        why = "; ".join(f"{n}: {g['detail']}" for n, g in r["gates"].items() if not g["ok"]) or r["error"] or ""
+        lines.append(f"| {r['seq']} | {r['arm']} | {status} | {_f(r['metrics'].get('prefill_tps'))} | "
+                     f"{_f(r['metrics'].get('gen_steady_tps'))} | `{(r['output_sha256'] or '')[:12]}` | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def _esc(t: str) -> str:
+    return str(t).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_svg(doc: dict, width: int = 760, height: int = 360) -> str:
+    """Two panels (prefill tok/s, steady decode tok/s): a bar per configuration at its median,
+    a dot per passing arm, a cross per failed arm, the ratio to the control above each bar."""
+    arms = list(doc["arms"])
+    panels = (("prefill_tps", "prefill tok/s"), ("gen_steady_tps", "steady decode tok/s"))
+    pw = (width - 60) / len(panels)
+    top, bottom = 50, height - 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">{_esc(doc["order"])} '
+           f'{_esc(" ".join(doc["sequence"]))} — control {_esc(doc["control"])}</text>']
+    colors = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948")
+    for pi, (key, label) in enumerate(panels):
+        x0 = 40 + pi * pw
+        vals = [_num(r["metrics"].get(key)) for r in doc["rows"]]
+        vmax = max([v for v in vals if v is not None] + [1e-9])
+        scale = (bottom - top) / (vmax * 1.15)
+        out.append(f'<text x="{x0 + pw / 2}" y="{top - 10}" text-anchor="middle">{_esc(label)}</text>')
+        out.append(f'<line x1="{x0}" y1="{bottom}" x2="{x0 + pw - 20}" y2="{bottom}" stroke="#333"/>')
+        out.append(f'<line x1="{x0}" y1="{top}" x2="{x0}" y2="{bottom}" stroke="#333"/>')
+        out.append(f'<text x="{x0 - 4}" y="{top + 4}" text-anchor="end" font-size="10">{vmax * 1.15:.3g}</text>')
+        bw = (pw - 40) / max(1, len(arms))
+        for ai, a in enumerate(arms):
+            bx = x0 + 10 + ai * bw
+            med = doc["medians"][a].get(key)
+            if med is not None:
+                h = med * scale
+                out.append(f'<rect x="{bx + bw * 0.15:.1f}" y="{bottom - h:.1f}" width="{bw * 0.7:.1f}" '
+                           f'height="{h:.1f}" fill="{colors[ai % len(colors)]}" fill-opacity="0.75"/>')
+                ratio = doc["gains"][a].get(key)
+                tag = f"{med:.3g}" + (f" ({ratio:.2f}x)" if ratio is not None and a != doc["control"] else "")
+                out.append(f'<text x="{bx + bw / 2:.1f}" y="{bottom - h - 4:.1f}" text-anchor="middle" '
+                           f'font-size="10">{_esc(tag)}</text>')
+            for r in doc["rows"]:
+                v = _num(r["metrics"].get(key)) if r["arm"] == a else None
+                if v is None:
+                    continue
+                cx, cy = bx + bw / 2, bottom - v * scale
+                if r["ok"]:
+                    out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="#222"/>')
+                else:
+                    out.append(f'<path d="M{cx - 4:.1f},{cy - 4:.1f} L{cx + 4:.1f},{cy + 4:.1f} M{cx - 4:.1f},'
+                               f'{cy + 4:.1f} L{cx + 4:.1f},{cy - 4:.1f}" stroke="#c00" stroke-width="1.5"/>')
+            out.append(f'<text x="{bx + bw / 2:.1f}" y="{bottom + 15}" text-anchor="middle">{_esc(a)}</text>')
+    out.append(f'<text x="{width / 2}" y="{height - 6}" text-anchor="middle" font-size="10">bars: medians of '
+               f'passing arms; dots: passing arms; crosses: failed arms (kept, excluded from medians)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,258 @@
+"""The harness: arms run one by one, each in a fresh process, gated, summarised (DESIGN §8).
+
+`run_bench` runs the sequence of arms with a runner (default: `engine-bridge run --json` in a
+fresh Python process, so every arm starts with an empty expert cache), takes a /proc snapshot
+right before and after each arm for the swap and load gates, and writes into the run folder:
+
+    results.json   the schema-1 document of engine_bridge.arms (rows, medians, gains, pairs)
+    summary.md     the same for people
+    chart.svg      medians and every arm, per configuration
+    runs.csv       the ds4-bench CSV columns, one line per arm, with seq/arm/ok
+    plans/NAME.json, arms/NN-NAME.json, arms/NN-NAME.log   what each arm ran and said
+
+The runner is a parameter so the ordering, gating and reporting are tested without processes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+from core.errors import Interrupted, MissingError, UsageError
+from core.events import Notice, emit
+from core.fsutil import atomic_write_text
+from core.rig import Rig
+from engines.split import check_weights, parse_weights
+from planner.plan import Phase, Plan, Source, plan_from_json, plan_to_dict
+from planner.plans import resolve_plan_path
+
+from .arms import (
+    CSV_COLUMNS,
+    MAX_OTHER_CPU,
+    ArmSpec,
+    Row,
+    Snapshot,
+    arm_sequence,
+    build_results,
+    render_markdown,
+    render_svg,
+)
+
+Runner = Callable[[ArmSpec, dict, str, int], tuple[dict, str]]
+_WEIGHTS_RE = re.compile(r"^\d+([:,]\d+)*(/\d+([:,]\d+)*)?$")
+
+
+class ArmFailed(Exception):
+    """The arm's process did not produce a result (its message is the reason, one line)."""
+
+
+# -- arms ---------------------------------------------------------------------------------
+
+def resolve_arm(name: str, ref: str, rig: Rig | None) -> ArmSpec:
+    """NAME=PLAN: a plan file (or its name in the rig), or inline weights 'P:P:P[/D:D:D]' over
+    the rig's first members (primary, then replicas), as many as there are weights."""
+    if _WEIGHTS_RE.match(ref):
+        pre_txt, _, dec_txt = ref.partition("/")
+        prefill = parse_weights(pre_txt)
+        decode = parse_weights(dec_txt) if dec_txt else prefill
+        if len(decode) != len(prefill):
+            raise UsageError(f"--arm {name}={ref}: {len(prefill)} prefill weights but {len(decode)} decode weights")
+        if rig is None or rig.model is None:
+            raise UsageError(f"--arm {name}={ref}: inline weights need a rig with a model (--rig DIR); "
+                             "or give a plan file")
+        members = rig.members
+        if len(prefill) > len(members):
+            raise UsageError(f"--arm {name}={ref}: {len(prefill)} weights but the rig at {rig.root} has "
+                             f"{len(members)} member(s); add replicas with `replicas sync` or give fewer weights")
+        return ArmSpec(name, tuple(m.path for m in members[:len(prefill)]), prefill, decode)
+    path = resolve_plan_path(ref, rig)
+    with open(path, encoding="utf-8") as f:
+        plan = plan_from_json(f.read(), path)
+    return ArmSpec(name, tuple(s.path for s in plan.sources), tuple(plan.prefill.weights),
+                   tuple(plan.decode.weights), plan=path)
+
+
+def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[int] | None = None) -> list[ArmSpec]:
+    """One drive (the primary alone: the control), plus one replica, plus two (DESIGN §8)."""
+    prefill = check_weights(tuple(prefill))
+    decode = prefill if decode is None else check_weights(tuple(decode))
+    n = min(len(paths), len(prefill))
+    if n < 2 or len(decode) < n:
+        raise UsageError(f"ladder: needs a primary and at least one replica with a weight each "
+                         f"(got {len(paths)} source(s), weights {':'.join(map(str, prefill))})")
+    return [ArmSpec(f"{k}drive" + ("s" if k > 1 else ""), tuple(paths[:k]), prefill[:k], decode[:k])
+            for k in range(1, n + 1)]
+
+
+def write_arm_plan(spec: ArmSpec, path: str) -> str:
+    """The plan file `run --plan` reads for this arm (sources and both weight vectors)."""
+    plan = Plan(sources=tuple(Source(f"source{i}", p) for i, p in enumerate(spec.sources)),
+                prefill=Phase(tuple(spec.prefill_weights)), decode=Phase(tuple(spec.decode_weights)),
+                created=_now(), provenance={"by": "engine-bridge bench", "arm": spec.name, "from": spec.plan})
+    atomic_write_text(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
+    return path
+
+
+# -- system facts -------------------------------------------------------------------------
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def snapshot() -> Snapshot:
+    """SwapFree, pswpout, busy CPU seconds of all CPUs, load average, and this process's plus its
+    waited-for children's CPU seconds (the arm's own share of the busy time)."""
+    swap_free = 0
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("SwapFree:"):
+            swap_free = int(line.split()[1])
+    pswpout = 0
+    for line in _read("/proc/vmstat").splitlines():
+        if line.startswith("pswpout "):
+            pswpout = int(line.split()[1])
+    busy = 0.0
+    for line in _read("/proc/stat").splitlines():
+        if line.startswith("cpu "):
+            f = [int(x) for x in line.split()[1:]]
+            # user nice system idle iowait irq softirq steal (guest is inside user): not idle, not iowait
+            busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+            break
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return Snapshot(t=time.monotonic(), swap_free_kb=swap_free, pswpout=pswpout, cpu_busy_s=busy, loadavg=load,
+                    own_cpu_s=own)
+
+
+# -- the real runner ------------------------------------------------------------------------
+
+def engine_command(spec: ArmSpec, settings: dict, plan_path: str) -> list[str]:
+    """argv of one arm: `engine-bridge run` in a fresh interpreter, the arm's plan, --json."""
+    cmd = list(settings.get("wrap") or []) + [
+        sys.executable, "-c", "from engine_bridge.cli import main; main()", "run",
+        "--model", spec.sources[0], "--plan", plan_path, "--json"]
+    for key, opt in (("prompt_tokens", "--prompt-tokens"), ("gen_tokens", "--gen-tokens"),
+                     ("cache_experts", "--cache-experts"), ("lanes", "--lanes")):
+        if settings.get(key) is not None:
+            cmd += [opt, str(settings[key])]
+    return cmd + list(settings.get("run_args") or [])
+
+
+def subprocess_runner(spec: ArmSpec, settings: dict, workdir: str, seq: int) -> tuple[dict, str]:
+    """Run one arm as `engine-bridge run ... --json` in a fresh process; stderr goes to a log."""
+    base = os.path.join(workdir, "arms", f"{seq:02d}-{spec.name}")
+    plan_path = os.path.join(workdir, "plans", f"{spec.name}.json")
+    if not os.path.exists(plan_path):
+        write_arm_plan(spec, plan_path)
+    cmd = engine_command(spec, settings, plan_path)
+    log = base + ".log"
+    with open(log, "w", encoding="utf-8") as errf:
+        errf.write("$ " + " ".join(cmd) + "\n")
+        errf.flush()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        tail = [l for l in _read(log).splitlines() if l.strip()]
+        raise ArmFailed(f"exit {proc.returncode}: {tail[-1] if tail else 'no message'} (log {log})")
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        raise ArmFailed(f"run printed no JSON result ({e}); log {log}") from None
+    if not isinstance(result, dict):
+        raise ArmFailed(f"run printed {type(result).__name__}, not a JSON object; log {log}")
+    return result, log
+
+
+# -- the bench ------------------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_dir(runs_root: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path, i = os.path.join(runs_root, stamp), 2
+    while os.path.exists(path):
+        path, i = os.path.join(runs_root, f"{stamp}-{i}"), i + 1
+    os.makedirs(path)
+    return path
+
+
+def runs_csv(doc: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(("seq", "arm", "ok", "failed") + CSV_COLUMNS + ("output_sha256",))
+    for r in doc["rows"]:
+        w.writerow([r["seq"], r["arm"], int(r["ok"]), "+".join(r["failed"])]
+                   + [r["metrics"].get(c) for c in CSV_COLUMNS] + [r["output_sha256"] or ""])
+    return buf.getvalue()
+
+
+def run_bench(specs: Sequence[ArmSpec], order: str, settings: dict, out_dir: str, *,
+              runner: Runner | None = None, probe: Callable[[], Snapshot] | None = None, repeat: int = 1,
+              report=None, cancel: threading.Event | None = None) -> tuple[dict, dict]:
+    """Run every arm of the sequence (one at a time), then write the run folder.
+
+    Returns (results document, {'results', 'summary', 'chart', 'csv', 'dir'} paths). An arm whose
+    process fails is kept as a row with its error; it never stops the others.
+    """
+    names = [s.name for s in specs]
+    sequence = arm_sequence(names, order, repeat)
+    by_name = {s.name: s for s in specs}
+    settings = {"max_other_cpu": MAX_OTHER_CPU, **settings}
+    runner = runner or subprocess_runner
+    probe = probe or snapshot
+    os.makedirs(os.path.join(out_dir, "arms"), exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "plans"), exist_ok=True)
+    for s in specs:
+        write_arm_plan(s, os.path.join(out_dir, "plans", f"{s.name}.json"))
+    created = _now()
+    rows: list[Row] = []
+    for seq, name in enumerate(sequence):
+        if cancel is not None and cancel.is_set():
+            raise Interrupted(f"bench interrupted after {seq} of {len(sequence)} arms; partial rows in {out_dir}")
+        spec = by_name[name]
+        emit(report, Notice(name, f"arm {seq + 1}/{len(sequence)} {name}: {len(spec.sources)} source(s), prefill "
+                                  f"{':'.join(map(str, spec.prefill_weights))}, decode "
+                                  f"{':'.join(map(str, spec.decode_weights))}"))
+        before = probe()
+        result, error, log = None, "", ""
+        try:
+            result, log = runner(spec, settings, out_dir, seq)
+        except (ArmFailed, OSError, UsageError, MissingError) as e:
+            error = str(e)
+        after = probe()
+        rows.append(Row(seq, name, result, error, before, after, log))
+        if result is not None:
+            atomic_write_text(os.path.join(out_dir, "arms", f"{seq:02d}-{name}.json"), json.dumps(result, indent=1) + "\n")
+            emit(report, Notice(name, f"arm {seq + 1}/{len(sequence)} {name}: prefill {result.get('prefill_tps')} tok/s, "
+                                      f"steady {result.get('gen_steady_tps')} tok/s, sha "
+                                      f"{str(result.get('output_sha256'))[:12]}"))
+        else:
+            emit(report, Notice(name, f"arm {seq + 1}/{len(sequence)} {name}: FAILED: {error}"))
+    doc = build_results(specs, order, sequence, rows, settings, created)
+    paths = {"dir": out_dir, "results": os.path.join(out_dir, "results.json"),
+             "summary": os.path.join(out_dir, "summary.md"), "chart": os.path.join(out_dir, "chart.svg"),
+             "csv": os.path.join(out_dir, "runs.csv")}
+    atomic_write_text(paths["results"], json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(paths["summary"], render_markdown(doc))
+    atomic_write_text(paths["chart"], render_svg(doc))
+    atomic_write_text(paths["csv"], runs_csv(doc))
+    return doc, paths

@@ -1,0 +1,26 @@
+"""colibri: what it does, as data (its placement and stripe rules are still to be read from its
+sources; until then it has no split rule here and plans for it use their base weights).
+
+From colibri's multidisk documentation and loader: COLI_MODEL is the primary, COLI_MODEL_MIRROR a
+';'- or ','-separated list of byte-identical copies (at most 4), COLI_DISK_WEIGHTS comma-separated
+positive relative weights, primary first; SNAP_MIRROR is the legacy alias of COLI_MODEL_MIRROR.
+"""
+
+from __future__ import annotations
+
+from .base import Engine
+
+NAME = "colibri"
+
+MAX_MIRRORS = 4
+MAX_SOURCES = 1 + MAX_MIRRORS    # primary + ST_MAX_MIR mirrors
+WEIGHT_MIN, WEIGHT_MAX = 1, 100
+PATH_FORBIDDEN = ";,"            # both separate COLI_MODEL_MIRROR entries
+
+ENV_MODEL = "COLI_MODEL"
+ENV_MIRROR = "COLI_MODEL_MIRROR"
+ENV_WEIGHTS = "COLI_DISK_WEIGHTS"
+ENV_LEGACY_MIRROR = "SNAP_MIRROR"
+
+ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
+                granule=1, split=None, path_forbidden=PATH_FORBIDDEN)

@@ -1,0 +1,26 @@
+"""The rig's manifest.json: reading and writing it (the Manifest noun and its maths are in manifest.py)."""
+
+from __future__ import annotations
+
+import os
+
+from core.jsonfile import read_json, write_json
+from core.rig import Rig
+
+from .constants import MANIFEST_SCHEMA
+from .manifest import Manifest, manifest_from_dict, manifest_to_dict
+
+
+def load_manifest(rig: Rig, required: bool = True) -> Manifest | None:
+    """The rig's manifest; None when it does not exist and is not `required` (missing: exit 3)."""
+    path = rig.manifest_file
+    if not required and not os.path.lexists(path):
+        return None
+    doc = read_json(path, "manifest", "run `replicas sync` (it hashes the model) to re-create it",
+                    schema=MANIFEST_SCHEMA, kind_key=None)
+    return manifest_from_dict(doc, path)
+
+
+def save_manifest(rig: Rig, manifest: Manifest) -> None:
+    os.makedirs(rig.root, exist_ok=True)
+    write_json(rig.manifest_file, manifest_to_dict(manifest))

@@ -1,0 +1,124 @@
+"""The routing model reproduces the field facts of DESIGN §7 within the stated tolerances."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from engine_bridge.cli import app
+from engine_bridge.engine.cache import ExpertCache
+from engine_bridge.engine.constants import CSV_COLUMNS
+from engine_bridge.engine.model import ExpertTensor, Geometry
+from engine_bridge.engine.replay import model_steps, replay_steps
+from engine_bridge.engine.routing import (
+    COVERAGE_TOLERANCE,
+    FIELD_COVERAGE,
+    FIELD_DECODE_MISSES,
+    FIELD_EXPERTS,
+    FIELD_LAYERS,
+    FIELD_TOP_K,
+    MISSES_TOLERANCE,
+    Router,
+    RoutingModel,
+    coverage,
+)
+from tests.engine_bridge.helpers import SPEC
+
+runner = CliRunner()
+COMPONENT = 6_635_520
+
+
+def field_geometry() -> Geometry:
+    per = FIELD_EXPERTS * COMPONENT
+    tensors = tuple(ExpertTensor(l, c, 4096 + (3 * l + i) * per, per, COMPONENT, "Q4_K", (7168, 2048, FIELD_EXPERTS))
+                    for l in range(FIELD_LAYERS) for i, c in enumerate(("gate", "up", "down")))
+    return Geometry("/field.gguf", 4096 + 3 * FIELD_LAYERS * per, "deepseek", FIELD_LAYERS, FIELD_EXPERTS, FIELD_TOP_K,
+                    COMPONENT, tensors, 4096)
+
+
+class _Done:
+    """A read that has already landed (the calibration counts misses; it needs no bytes)."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def result(self):
+        return self.view
+
+
+def test_selections_are_distinct_sorted_and_deterministic():
+    m = RoutingModel(3, 16, 4, seed=5)
+    a, b = Router(m).next(20), Router(m).next(20)
+    assert np.array_equal(a, b) and a.shape == (20, 3, 4)
+    assert all(len(set(row)) == 4 and list(row) == sorted(row) for row in a.reshape(-1, 4).tolist())
+    assert not np.array_equal(a, Router(RoutingModel(3, 16, 4, seed=6)).next(20))
+
+
+def test_prefill_coverage_matches_the_field():
+    sel = Router(RoutingModel(FIELD_LAYERS, FIELD_EXPERTS, FIELD_TOP_K, seed=1)).next(2048)
+    for tokens, want in FIELD_COVERAGE.items():
+        got = coverage(sel[:tokens], FIELD_EXPERTS)
+        print(f"coverage at {tokens} tokens: {got:.3f} (field {want})")
+        assert abs(got - want) <= COVERAGE_TOLERANCE, (tokens, got, want)
+
+
+@pytest.fixture(scope="module")
+def field_steps():
+    g = field_geometry()
+    return list(model_steps(Router(RoutingModel(g.layers, g.experts, g.top_k, seed=2)), 512, 200, 512))
+
+
+@pytest.mark.parametrize("cache", sorted(FIELD_DECODE_MISSES))
+def test_decode_misses_per_token_match_the_field(cache, field_steps):
+    g = field_geometry()
+    zero = memoryview(bytearray(32 << 20))
+    submit = lambda off, n, phase: _Done(zero[:n])  # noqa: E731
+    c = ExpertCache(cache, g.layers * g.experts)
+    replay_steps(g, field_steps[:1 + 32], g.layers, c, submit)   # the prefill chunk, then 32 warm-up tokens
+    out = replay_steps(g, field_steps[1 + 32:], g.layers, c, submit)
+    got = out["counters"]["decode"].misses / out["tokens"]["decode"]
+    want = FIELD_DECODE_MISSES[cache]
+    print(f"cache {cache}: {got:.2f} misses/token (field {want})")
+    assert abs(got - want) <= MISSES_TOLERANCE * want, (cache, got, want)
+    assert out["counters"]["decode"].bytes == out["counters"]["decode"].misses * 3 * COMPONENT
+
+
+def test_replay_reads_through_the_split_reader_and_reports(model_dir):
+    d = model_dir
+    r = runner.invoke(app, ["replay", "--model", str(d / "model.gguf"), "--replica", f"{d / 'r1.gguf'}*5",
+                            "--replica", f"{d / 'r2.gguf'}*5", "--decode-weights", "10:6:6", "--prompt-tokens", "64",
+                            "--gen-tokens", "20", "--cache-experts", "6", "--lanes", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    for k in CSV_COLUMNS + ("schema", "kind", "coverage", "hits", "misses", "misses_per_token", "sources", "events",
+                            "weights", "cache_experts_applied", "routing"):
+        assert k in j, k
+    assert j["kind"] == "replay" and j["prefill_tokens"] == 64 and j["gen_tokens"] == 20
+    assert all(s["bytes"] > 0 for s in j["sources"])
+    assert sum(s["bytes"] for s in j["sources"]) == j["prefill"]["bytes"] + j["decode"]["bytes"]
+    assert j["decode"]["bytes"] == j["decode"]["misses"] * 3 * SPEC.component_bytes
+
+
+def test_a_recorded_trace_replays_the_runs_exact_cache_behaviour(model_dir, tmp_path):
+    d = model_dir
+    common = ["--model", str(d / "model.gguf"), "--cache-experts", "5", "--json"]
+    r = runner.invoke(app, ["run", *common, "--prompt-tokens", "40", "--gen-tokens", "6", "--trace-out", str(tmp_path / "t.json")])
+    assert r.exit_code == 0, r.output
+    run = json.loads(r.stdout)
+    r = runner.invoke(app, ["replay", *common, "--trace", str(tmp_path / "t.json")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert (rep["hits"], rep["misses"], rep["prefill_tokens"], rep["gen_tokens"]) == (run["hits"], run["misses"], 40, 6)
+    assert rep["prefill"]["bytes"] == run["prefill"]["bytes"] and rep["decode"]["bytes"] == run["decode"]["bytes"]
+
+
+def test_bad_traces_are_refused(model_dir, tmp_path):
+    (tmp_path / "x.json").write_text('{"kind": "plan"}')
+    r = runner.invoke(app, ["replay", "--model", str(model_dir / "model.gguf"), "--trace", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and "routing trace" in r.output
+    bad = {"schema": 1, "kind": "routing-trace", "layers": SPEC.layers, "experts": SPEC.experts, "top_k": SPEC.top_k,
+           "steps": [{"phase": "decode", "layers": [[[0, 99]]] * SPEC.layers}]}
+    (tmp_path / "y.json").write_text(json.dumps(bad))
+    r = runner.invoke(app, ["replay", "--model", str(model_dir / "model.gguf"), "--trace", str(tmp_path / "y.json")])
+    assert r.exit_code == 2 and "ids below" in r.output

@@ -1,0 +1,188 @@
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from engine_bridge.cli import app
+from engine_bridge.engine.constants import CSV_COLUMNS
+from engine_bridge.engine.inference import SourceSet, run_model
+from engine_bridge.engine.model import inspect_model
+from tests.engine_bridge.helpers import SPEC
+
+PROMPT, GEN = 48, 6
+runner = CliRunner()
+
+
+def run(d, reps=(), prefill=(10,), decode=None, cache=24, lanes=8, **kw):
+    paths = (str(d / "model.gguf"),) + tuple(str(d / r) for r in reps)
+    src = SourceSet(paths, tuple(prefill), tuple(decode or prefill))
+    return run_model(paths[0], src, PROMPT, GEN, cache, lanes, prompt_seed=11, **kw)
+
+
+CONFIGS = [
+    dict(),                                                                        # 1 source, everything fits
+    dict(reps=("r1.gguf",), prefill=(10, 5), decode=(10, 6), cache=5, lanes=1, dequant_threads=0),  # 2 sources
+    dict(reps=("r1.gguf", "r2.gguf"), prefill=(10, 5, 5), decode=(10, 6, 6), cache=1, lanes=3),  # < one layer
+    dict(reps=("r1.gguf", "r2.gguf"), prefill=(1, 100, 37), decode=(3, 1, 100), cache=0, lanes=2),
+    dict(reps=("r2.gguf", "r1.gguf"), prefill=(7, 7, 7), cache=9, lanes=5, chunk_tokens=20),
+]
+
+
+def test_output_hash_is_the_same_for_every_source_count_weight_lane_and_cache_size(model_dir):
+    results = [run(model_dir, **c) for c in CONFIGS]
+    hashes = {r["output_sha256"] for r in results[:4]}
+    assert len(hashes) == 1, [r["output_sha256"] for r in results]
+    # the reads really were split: every source delivered bytes in the 3-source runs
+    for r in results[2:4]:
+        assert all(s["bytes"] > 0 for s in r["sources"]) and len(r["sources"]) == 3
+    # a cache smaller than one layer's selected experts still computes every selected expert
+    small = results[2]
+    assert small["cache_experts_applied"] == 1 and small["misses"] > results[0]["misses"]
+    assert results[0]["decode"]["misses"] == 0 and results[3]["hits"] == 0
+    # prefill chunking changes the arithmetic order, so it is a different (but valid) run
+    assert results[4]["gen_tokens"] == GEN
+
+
+def test_a_replica_that_delivers_a_wrong_byte_changes_the_hash(model_dir, tmp_path):
+    good = run(model_dir)["output_sha256"]
+    bad = tmp_path / "bad.gguf"
+    shutil.copyfile(model_dir / "model.gguf", bad)
+    g = inspect_model(str(bad))
+    with open(bad, "r+b") as f:
+        for e in range(g.experts):                 # the fp16 scale of each expert's first gate block
+            f.seek(g.expert_ranges(0, e)[0][0])
+            f.write(b"\x00\x7b")
+    src = SourceSet((str(model_dir / "model.gguf"), str(bad)), (1, 100), (1, 100))
+    r = run_model(src.paths[0], src, PROMPT, GEN, 24, 4, prompt_seed=11)
+    assert r["sources"][1]["bytes"] > 0
+    assert r["output_sha256"] != good
+
+
+def test_json_keys_csv_row_and_counters(model_dir, tmp_path):
+    d = model_dir
+    csv_path = tmp_path / "bench.csv"
+    args = ["run", "--model", str(d / "model.gguf"), "--replica", f"{d / 'r1.gguf'}*5", "--replica", f"{d / 'r2.gguf'}*5",
+            "--decode-weights", "10,6,6", "--prompt-tokens", PROMPT, "--gen-tokens", GEN, "--cache-experts", 4,
+            "--lanes", 2, "--csv", csv_path, "--json"]
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    for k in CSV_COLUMNS + ("output_sha256", "cache_experts", "cache_experts_applied", "hits", "misses",
+                            "misses_per_token", "weights", "sources", "events", "schema", "kind"):
+        assert k in j, k
+    assert j["kind"] == "run" and j["schema"] == 1
+    assert j["weights"] == {"prefill": [10, 5, 5], "decode": [10, 6, 6]}
+    assert (j["prefill_tokens"], j["gen_tokens"], j["gen_steady_tokens"], j["ctx_tokens"]) == (PROMPT, GEN, GEN - 1, PROMPT + GEN)
+    assert j["cache_experts"] == 4 and j["cache_experts_applied"] == 4
+    assert j["misses_per_token"] == round(j["decode"]["misses"] / GEN, 4)
+    for s in j["sources"]:
+        assert {"bytes", "reads", "lands_last", "gap_ns", "lat_ns"} <= set(s)
+    assert sum(s["bytes"] for s in j["sources"]) == j["prefill"]["bytes"] + j["decode"]["bytes"]
+    assert j["events"] == []
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].split(",") == list(CSV_COLUMNS) and len(lines) == 2
+    # the plain form prints the CSV header and row on stdout
+    r2 = runner.invoke(app, [str(a) for a in args[:-1] if a != csv_path and a != "--csv"])
+    assert r2.exit_code == 0, r2.output
+    assert r2.stdout.splitlines()[0] == ",".join(CSV_COLUMNS)
+
+
+def test_cache_larger_than_the_model_is_applied_as_the_model(model_dir):
+    r = run(model_dir, cache=10_000)
+    assert r["cache_experts"] == 10_000 and r["cache_experts_applied"] == SPEC.layers * SPEC.experts
+
+
+def test_plan_file_gives_sources_and_both_weight_vectors(model_dir, tmp_path):
+    d = model_dir
+    plan = {"schema": 1, "kind": "plan", "engine": "ds4-argodrive", "created": "",
+            "sources": [{"name": "a", "path": str(d / "model.gguf")}, {"name": "b", "path": str(d / "r1.gguf")}],
+            "prefill": {"weights": [10, 5]}, "decode": {"weights": [10, 6]}}
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    r = runner.invoke(app, ["run", "--model", str(d / "model.gguf"), "--plan", str(tmp_path / "p.json"),
+                            "--prompt-tokens", "16", "--gen-tokens", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["weights"] == {"prefill": [10, 5], "decode": [10, 6]}
+    r = runner.invoke(app, ["run", "--model", str(d / "r2.gguf"), "--plan", str(tmp_path / "p.json")])
+    assert r.exit_code == 2 and "not the plan's primary" in r.output
+    rig = tmp_path / "rig"
+    (rig / "plans").mkdir(parents=True)
+    (rig / "plans" / "20261129T190000.000Z.json").write_text(json.dumps({**plan, "decode": {"weights": [10, 7]}}))
+    for name in ("latest", "20261129T190000.000Z"):
+        r = runner.invoke(app, ["run", "--model", str(d / "model.gguf"), "--rig", str(rig), "--plan", name,
+                                "--prompt-tokens", "8", "--gen-tokens", "1", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["weights"]["decode"] == [10, 7]
+    r = runner.invoke(app, ["run", "--model", str(d / "model.gguf"), "--rig", str(rig), "--plan", "nope"])
+    assert r.exit_code == 3 and "not found" in r.output
+
+
+def _bad_inputs(d, tmp):
+    short = tmp / "short.gguf"
+    with open(d / "model.gguf", "rb") as f:
+        short.write_bytes(f.read(os.path.getsize(d / "model.gguf") - 8192))
+    junk = tmp / "junk.gguf"
+    junk.write_bytes(b"not a model at all" * 1000)
+    half = tmp / "half.gguf"
+    with open(d / "model.gguf", "rb") as f:
+        half.write_bytes(f.read(os.path.getsize(d / "model.gguf") // 2))
+    m = str(d / "model.gguf")
+    return [
+        (["--model", m, "--replica", f"{short}*5"], "size"),                 # wrong-size replica
+        (["--model", m, "--replica", f"{m}*5"], "same file"),                # same file twice
+        (["--model", m, "--replica", f"{d / 'r1.gguf'}*0"], "weight"),       # weight 0
+        (["--model", m, "--replica", f"{d / 'r1.gguf'}"], "PATH*WEIGHT"),    # no weight
+        (["--model", m, "--decode-weights", "10,6"], "one per source"),      # wrong decode count
+        (["--model", str(junk)], "not a GGUF"),                               # non-GGUF model
+        (["--model", str(half)], "truncated"),                                # truncated model
+        (["--model", m, "--prompt-tokens", "0"], "--prompt-tokens"),
+    ]
+
+
+def test_bad_inputs_are_refused_with_one_line_and_exit_2(model_dir, tmp_path):
+    for args, words in _bad_inputs(model_dir, tmp_path):
+        r = runner.invoke(app, ["run", "--gen-tokens", "1", "--prompt-tokens", "4", *args])  # later options win
+        assert r.exit_code == 2, (args, r.output)
+        assert words in r.output, (args, r.output)
+        assert "Traceback" not in r.output
+
+
+def test_missing_model_is_exit_3(tmp_path):
+    r = runner.invoke(app, ["run", "--model", str(tmp_path / "nope.gguf")])
+    assert r.exit_code == 3 and "not found" in r.output
+
+
+def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_dir, tmp_path):
+    from engine_bridge.engine.cache import ExpertCache
+    from engine_bridge.engine.inference import Engine, prompt_tokens, tokens_sha256
+    from engine_bridge.engine.model import load_resident
+    from engine_bridge.reader.split_reader import SplitReader
+
+    good = run(model_dir)["output_sha256"]
+    victim = tmp_path / "victim.gguf"
+    shutil.copyfile(model_dir / "model.gguf", victim)
+    paths = [str(model_dir / "model.gguf"), str(model_dir / "r1.gguf"), str(victim)]
+    g = inspect_model(paths[0])
+    res = load_resident(g)
+    with SplitReader(paths, (10, 5, 5), (10, 6, 6), lanes=2, health_interval=0) as reader:
+        os.truncate(victim, g.tensor(0, "gate").offset)     # after the reader checked it: every expert read is short
+        eng = Engine(g, res, reader.submit, ExpertCache(4, g.layers * g.experts))
+        out = eng.run(prompt_tokens(PROMPT, res.vocab, 11), GEN)
+        eng.close()
+        stats = reader.stats()
+    assert tokens_sha256(out.tokens) == good
+    assert stats.sources[2].degraded and stats.events
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "f32"])
+def test_other_expert_types_give_one_hash_across_sources_and_caches(tmp_path, quant):
+    from engine_bridge.engine.synth import SynthSpec, synthesize
+
+    m = tmp_path / "m.gguf"
+    synthesize(str(m), SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=512, vocab=64, seed=1, quant=quant))
+    shutil.copyfile(m, tmp_path / "r.gguf")
+    one = run_model(str(m), SourceSet((str(m),), (10,), (10,)), 16, 3, 8, 2, prompt_seed=1)
+    two = run_model(str(m), SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, 3, prompt_seed=1)
+    assert one["output_sha256"] == two["output_sha256"]
+    assert two["sources"][1]["bytes"] > 0

@@ -1,0 +1,206 @@
+"""run_bench and the bench/ladder commands with a replaceable runner (no engine processes)."""
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from core.errors import UsageError
+from core.rig import Member, Rig, save_rig
+from engine_bridge.cli import app
+from engine_bridge.harness import runner as harness
+from engine_bridge.harness.arms import Snapshot
+from engine_bridge.harness.runner import (
+    ArmFailed,
+    engine_command,
+    ladder_specs,
+    resolve_arm,
+    run_bench,
+    snapshot,
+    write_arm_plan,
+)
+from planner.plan import plan_from_json
+
+
+@pytest.fixture
+def rig(tmp_path):
+    paths = []
+    for name in ("internal", "green", "white"):
+        p = tmp_path / name / "model.gguf"
+        p.parent.mkdir()
+        p.write_bytes(b"x" * 8192)
+        paths.append(str(p))
+    r = Rig(root=str(tmp_path / "rig"), model=Member(paths[0], "internal", "primary"),
+            replicas=(Member(paths[1], "green", "replica"), Member(paths[2], "white", "replica")))
+    save_rig(r)
+    return r
+
+
+def fake_runner(speeds, calls, fail=()):
+    """Tok/s proportional to the arm's source count; same hash everywhere; plan file read back."""
+    def run(spec, settings, workdir, seq):
+        calls.append((seq, spec.name, settings))
+        if spec.name in fail:
+            raise ArmFailed("exit 3: drive gone")
+        plan = plan_from_json(open(os.path.join(workdir, "plans", f"{spec.name}.json")).read())
+        assert [s.path for s in plan.sources] == list(spec.sources)
+        k = len(spec.sources)
+        return {"prefill_tps": speeds[0] * k, "gen_tps": speeds[1] * k, "gen_steady_tps": speeds[1] * k,
+                "gen_first_ms": 3.0, "ctx_tokens": 10, "prefill_tokens": 8, "gen_tokens": 2, "gen_steady_tokens": 1,
+                "kvcache_bytes": 0, "output_sha256": "f" * 64, "cache_experts": settings.get("cache_experts") or 64,
+                "cache_experts_applied": settings.get("cache_experts") or 64, "hits": 1, "misses": 1,
+                "misses_per_token": 0.5, "events": [],
+                "sources": [{"index": i, "degraded": False} for i in range(k)]}, ""
+    return run
+
+
+def quiet_probe():
+    return Snapshot(t=0.0)
+
+
+def test_run_bench_writes_the_run_folder(rig, tmp_path):
+    calls = []
+    specs = ladder_specs([m.path for m in rig.members], (2, 1, 1), (10, 6, 6))
+    assert [s.name for s in specs] == ["1drive", "2drives", "3drives"]
+    assert specs[1].prefill_weights == (2, 1) and specs[2].decode_weights == (10, 6, 6)
+    out = tmp_path / "run"
+    doc, paths = run_bench(specs, "ladder", {"cache_experts": 32}, str(out), runner=fake_runner((10, 2), calls),
+                           probe=quiet_probe)
+    assert [c[1] for c in calls] == "1drive 2drives 1drive 3drives 3drives 1drive 2drives 1drive".split()
+    assert all(r["ok"] for r in doc["rows"])
+    assert doc["gains"]["3drives"]["prefill_tps"] == pytest.approx(3.0)
+    assert doc["claims"]["2drives"]["prefill_tps"] == "gain"
+    for key in ("results", "summary", "chart", "csv"):
+        assert os.path.getsize(paths[key]) > 0
+    assert json.load(open(paths["results"]))["kind"] == "bench-results"
+    assert open(paths["csv"]).read().splitlines()[0].startswith("seq,arm,ok,failed,ctx_tokens,prefill_tokens")
+    assert sorted(os.listdir(out / "arms"))[0] == "00-1drive.json"
+
+
+def test_failed_arm_is_kept_and_labelled(rig, tmp_path):
+    specs = [resolve_arm("A", "1", rig), resolve_arm("B", "2:1/10:6", rig)]
+    doc, _ = run_bench(specs, "ABBA", {}, str(tmp_path / "o"), runner=fake_runner((10, 2), [], fail=("B",)),
+                       probe=quiet_probe)
+    assert [r["failed"] for r in doc["rows"]] == [[], ["error"], ["error"], []]
+    assert doc["rows"][1]["error"] == "exit 3: drive gone"
+    assert doc["medians"]["B"]["n"] == 0 and doc["gains"]["B"]["prefill_tps"] is None
+
+
+def test_resolve_arm_inline_and_plan(rig, tmp_path):
+    a = resolve_arm("s", "10:5:5/10:6:6", rig)
+    assert a.sources == tuple(m.path for m in rig.members) and a.decode_weights == (10, 6, 6)
+    plan_file = write_arm_plan(a, str(tmp_path / "p.json"))
+    b = resolve_arm("p", plan_file, rig)
+    assert (b.sources, b.prefill_weights, b.decode_weights, b.plan) == (a.sources, a.prefill_weights,
+                                                                        a.decode_weights, plan_file)
+    os.makedirs(os.path.join(rig.root, "plans"))
+    os.rename(plan_file, os.path.join(rig.root, "plans", "best.json"))
+    assert resolve_arm("p", "best", rig).prefill_weights == (10, 5, 5)
+    with pytest.raises(UsageError, match="3 weights but the rig"):
+        resolve_arm("x", "1:1:1", Rig(root=rig.root, model=rig.model))
+    with pytest.raises(UsageError, match="at most 3 sources"):
+        resolve_arm("x", "1:1:1:1", rig)
+    with pytest.raises(UsageError, match="decode weights"):
+        resolve_arm("x", "2:1/1", rig)
+    with pytest.raises(Exception, match="not found"):
+        resolve_arm("x", "nope.json", rig)
+
+
+def test_engine_command():
+    from engine_bridge.harness.arms import ArmSpec
+    spec = ArmSpec("A", ("/m", "/r"), (2, 1), (2, 1))
+    cmd = engine_command(spec, {"prompt_tokens": 64, "gen_tokens": None, "cache_experts": 8, "lanes": 2,
+                                "run_args": ["--cached"], "wrap": ["drives", "run", "--"]}, "/p.json")
+    assert cmd[:3] == ["drives", "run", "--"]
+    i = cmd.index("--model") - 1
+    assert cmd[i:i + 6] == ["run", "--model", "/m", "--plan", "/p.json", "--json"]
+    assert "--gen-tokens" not in cmd and cmd[cmd.index("--cache-experts") + 1] == "8" and cmd[-1] == "--cached"
+
+
+def test_snapshot_reads_proc():
+    s = snapshot()
+    assert s.t > 0 and s.cpu_busy_s > 0 and s.own_cpu_s > 0 and s.swap_free_kb >= 0 and s.pswpout >= 0
+
+
+def test_cli_bench_and_ladder(rig, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(harness, "subprocess_runner", fake_runner((10, 2), calls))
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    runner = CliRunner(mix_stderr=False) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames else CliRunner()
+    res = runner.invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--arm", "two=2:1", "--order", "BAAB",
+                              "--cache-experts", "16", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["sequence"] == ["two", "one", "one", "two"] and doc["control"] == "one"
+    (stamp,) = os.listdir(os.path.join(rig.root, "runs"))
+    assert os.path.exists(os.path.join(rig.root, "runs", stamp, "results.json"))
+    assert calls[0][2]["cache_experts"] == 16
+    res = runner.invoke(app, ["ladder", "--rig", rig.root, "--weights", "2:1:1", "--out", str(tmp_path / "lad")])
+    assert res.exit_code == 0, res.output
+    assert "3drives" in res.stdout and "3.00" in res.stdout
+    assert os.path.exists(tmp_path / "lad" / "results.json")
+    res = runner.invoke(app, ["ladder", "--rig", rig.root])
+    assert res.exit_code == 2 and "no plan" in res.stderr
+    res = runner.invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--order", "ABBA"])
+    assert res.exit_code == 2 and "at least two arms" in res.stderr
+
+
+def test_cli_bench_exit_1_on_hash_mismatch(rig, tmp_path, monkeypatch):
+    def run(spec, settings, workdir, seq):
+        r, log = fake_runner((10, 2), [])(spec, settings, workdir, seq)
+        r["output_sha256"] = ("e" if spec.name == "two" else "f") * 64
+        return r, log
+    monkeypatch.setattr(harness, "subprocess_runner", run)
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    res = CliRunner().invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--arm", "two=2:1"])
+    assert res.exit_code == 1
+    assert "differs from the reference in arm(s) two" in res.output
+
+
+def test_subprocess_runner_runs_the_real_engine(tmp_path):
+    """One real arm in a fresh process (engine-bridge run --json), one that fails and is labelled."""
+    import shutil
+    import subprocess
+    import sys
+
+    from engine_bridge.harness.arms import ArmSpec
+
+    model = tmp_path / "m.gguf"
+    subprocess.run([sys.executable, "-c", "from engine_bridge.cli import main; main()", "synth", str(model),
+                    "--layers", "2", "--experts", "4", "--top-k", "2", "--dim", "256", "--ff", "256", "--vocab", "64"],
+                   check=True, capture_output=True)
+    replica = tmp_path / "r.gguf"
+    shutil.copyfile(model, replica)
+    ok = ArmSpec("two", (str(model), str(replica)), (2, 1), (1, 1))
+    gone = ArmSpec("gone", (str(model), str(tmp_path / "missing.gguf")), (2, 1), (2, 1))
+    settings = {"prompt_tokens": 8, "gen_tokens": 3, "cache_experts": 2, "lanes": 2}
+    calls = []
+
+    def runner(spec, settings, workdir, seq):
+        calls.append(spec.name)
+        return harness.subprocess_runner(spec, settings, workdir, seq)
+
+    # the failing arm exits at once, so ABAB costs two real engine runs
+    doc, paths = run_bench([ok, gone], "ABAB", settings, str(tmp_path / "run"), runner=runner, repeat=1)
+    rows = doc["rows"]
+    assert [r["arm"] for r in rows] == ["two", "gone", "two", "gone"]
+    assert rows[0]["output_sha256"] and rows[0]["output_sha256"] == rows[2]["output_sha256"]
+    assert rows[0]["gates"]["sha"]["ok"] and rows[0]["gates"]["cache"]["ok"] and rows[0]["gates"]["swap"]["ok"]
+    assert rows[0]["metrics"]["cache_experts_applied"] == 2 and rows[0]["metrics"]["prefill_tokens"] == 8
+    assert [s["index"] for s in rows[0]["sources"]] == [0, 1]
+    assert rows[1]["failed"] == ["error"] and "exit 3" in rows[1]["error"] and "missing.gguf" in rows[1]["error"]
+    assert os.path.exists(rows[0]["log"]) and "--plan" in open(rows[0]["log"]).readline()
+
+
+def test_cli_ladder_uses_newest_plan(rig, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(harness, "subprocess_runner", fake_runner((10, 2), calls))
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    os.makedirs(os.path.join(rig.root, "plans"))
+    write_arm_plan(resolve_arm("p", "10:5:5/10:6:6", rig), os.path.join(rig.root, "plans", "solved.json"))
+    res = CliRunner().invoke(app, ["ladder", "--rig", rig.root, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout[res.stdout.index("{"):])
+    assert doc["arms"]["2drives"]["prefill_weights"] == [10, 5] and doc["arms"]["3drives"]["decode_weights"] == [10, 6, 6]
+    assert [c[1] for c in calls] == doc["sequence"] and len(calls) == 8

@@ -1,0 +1,183 @@
+"""`iobench` at its surface: exit codes, JSON on stdout, result files, bad input."""
+
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from core.rig import Member, Rig, save_rig
+from iobench.cli import app
+from tests.helpers import write_random
+from tests.iobench.helpers import write_moe_gguf
+
+MiB = 1 << 20
+FAST = ["--seconds", "0.05", "--repeat", "2"]
+
+
+def invoke(*args):
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    return r
+
+
+def bench_dir():
+    return os.path.join(os.environ["REPLICA_TUNER_RIG"], "bench")
+
+
+@pytest.fixture
+def two_files(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    write_random(a, 12 * MiB, seed=1)
+    write_random(b, 12 * MiB, seed=2)
+    return str(a), str(b)
+
+
+def test_run_seq_on_two_files_prints_json_and_writes_the_result(two_files):
+    r = invoke("run", *two_files, "--preset", "seq", *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["kind"] == "iobench" and d["schema"] == 1
+    assert [x["path"] for x in d["drives"]] == list(two_files)
+    assert len({x["name"] for x in d["drives"]}) == 2           # same mount point, names made unique
+    seq = d["drives"][0]["presets"]["seq"]
+    assert seq["piece_bytes"] == MiB and seq["bw_bytes"] > 0 and seq["knee_lanes"] == 8
+    assert len(seq["runs_bw"]) == 2
+    assert [g["preset"] for g in d["together"]] == ["seq"]
+    assert d["drives"][0]["model"]["bw_max"] > 0
+    files = os.listdir(bench_dir())
+    assert len(files) == 1 and files[0].endswith("Z.json")
+    with open(os.path.join(bench_dir(), files[0])) as f:
+        assert json.load(f) == d
+
+
+def test_run_from_the_rig_with_a_group_and_every_preset(tmp_path):
+    paths = []
+    for i, name in enumerate(("internal", "green", "white")):
+        p = tmp_path / f"{name}.bin"
+        with open(p, "wb") as f:                  # mostly sparse: only the shapes matter here
+            f.truncate(72 * MiB)
+        paths.append(str(p))
+    root = os.environ["REPLICA_TUNER_RIG"]
+    save_rig(Rig(root=root, model=Member(paths[0], "internal", "primary"),
+                 replicas=(Member(paths[1], "green", "replica"), Member(paths[2], "white", "replica"))))
+    r = invoke("run", "--lanes", "1", "--group", "hub=green,white", "--weights", "10:5:5", *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [x["name"] for x in d["drives"]] == ["internal", "green", "white"]
+    pre = [x["presets"]["prefill"]["piece_bytes"] for x in d["drives"]]
+    dec = [x["presets"]["decode"]["piece_bytes"] for x in d["drives"]]
+    assert pre == [16 * MiB, 8 * MiB, 8 * MiB]
+    assert dec == [3_489_792, 1_572_864, 1_572_864]
+    assert [(g["name"], g["preset"]) for g in d["groups"]] == [("hub", p) for p in ("seq", "prefill", "decode", "rand4k")]
+    assert [g["drives"] for g in d["together"]] == [["internal", "green", "white"]] * 4
+    assert d["drives"][0]["presets"]["rand4k"]["piece_bytes"] == 4096
+    assert d["settings"]["weights"] == [10, 5, 5] and d["settings"]["weights_from"] == "--weights"
+    # show and compare read it back
+    r = invoke("show")
+    assert r.exit_code == 0 and "internal" in r.stdout and "Ceilings" in r.stdout
+    r = invoke("show", "--json")
+    assert json.loads(r.stdout)["created"] == d["created"]
+
+
+def test_alone_and_together_flags(two_files):
+    r = invoke("run", *two_files, "--preset", "seq", "--alone", *FAST, "--json")
+    d = json.loads(r.stdout)
+    assert r.exit_code == 0 and d["together"] == [] and d["drives"][0]["presets"]["seq"]
+    r = invoke("run", *two_files, "--preset", "seq", "--together", *FAST, "--json")
+    d = json.loads(r.stdout)
+    assert r.exit_code == 0 and d["drives"][0]["presets"] == {} and d["together"][0]["members"][0]["lanes"] == 8
+
+
+def test_gguf_decode_uses_the_expert_components(tmp_path):
+    p = tmp_path / "m.gguf"
+    comp = write_moe_gguf(p, layers=2, experts=4, rows=8, cols=512)
+    r = invoke("run", p, "--preset", "decode", "--lanes", "1,2", *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    dec = d["drives"][0]["presets"]["decode"]
+    assert dec["piece_bytes"] == comp == 16384
+    assert [x["lanes"] for x in dec["lanes"]] == [1, 2]
+    assert any("GGUF expert tensors" in n for n in d["drives"][0]["notes"])
+
+
+def test_show_and_compare(two_files):
+    for _ in range(2):
+        assert invoke("run", two_files[0], "--preset", "seq", *FAST).exit_code == 0
+    a, b = sorted(os.path.join(bench_dir(), n) for n in os.listdir(bench_dir()))
+    r = invoke("compare", a, b, "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert len(rows) == 1 and rows[0]["preset"] == "seq" and rows[0]["ratio"] > 0
+    r = invoke("compare", a, b)
+    assert r.exit_code == 0 and "B/A" in r.stdout
+    r = invoke("show", a)
+    assert r.exit_code == 0 and "seq" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "/no/such/file"], "no such file"),
+    (["run", "{tmp}"], "not a regular file"),
+    (["run", "{small}"], "too small"),
+    (["run", "{a}", "--lanes", "x"], "--lanes"),
+    (["run", "{a}", "--lanes", "0"], "--lanes"),
+    (["run", "{a}", "--preset", "bogus"], "--preset"),
+    (["run", "{a}", "{b}", "--group", "hub"], "--group"),
+    (["run", "{a}", "{b}", "--group", "hub=a,nope"], "no drive named"),
+    (["run", "{a}", "{b}", "--weights", "10:5:5"], "one weight per drive"),
+    (["run", "{a}", "{b}", "--weights", "10:5", "--decode-weights", "1:2:3"], "one weight per drive"),
+    (["run", "{a}", "{b}", "{small}", "{tmp}/x", "--preset", "seq"], "no such file"),
+    (["run", "{a}", "--weights", "0"], "weight"),
+    (["run", "{a}", "--seconds", "0"], "--seconds"),
+    (["run", "{a}", "{a}"], "twice"),
+    (["run", "{a}", "--together"], "at least two drives"),
+    (["run", "{a}", "{b}", "{small}", "{c}", "--preset", "prefill"], "at most 3 sources"),
+    (["run"], "no rig"),
+    (["show"], "no iobench results"),
+    (["show", "/no/such.json"], "no such result"),
+    (["compare", "{a}", "{b}"], "not valid JSON"),
+])
+def test_bad_input_exits_2(tmp_path, args, message):
+    a, b, c, small = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "c.bin", tmp_path / "small.bin"
+    write_random(a, 12 * MiB, seed=1)
+    write_random(b, 12 * MiB, seed=2)
+    write_random(c, 12 * MiB, seed=5)
+    write_random(small, MiB, seed=3)
+    subst = {"{tmp}": str(tmp_path), "{a}": str(a), "{b}": str(b), "{c}": str(c), "{small}": str(small)}
+    r = invoke(*[subst.get(x, x) for x in args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_page_cache_file_system_is_flagged_not_a_ceiling(tmp_path):
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm (tmpfs) here")
+    p = os.path.join(shm, f"iobench-test-{os.getpid()}.bin")
+    try:
+        write_random(p, 12 * MiB, seed=4)
+        r = invoke("run", p, "--preset", "seq", *FAST, "--json")
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.stdout)
+        seq = d["drives"][0]["presets"]["seq"]
+        assert seq["suspect_cache"] is True
+        assert d["drives"][0]["model"] is None          # a flagged run is not a drive to model
+        assert any("in memory" in n or "no O_DIRECT" in n for n in d["drives"][0]["notes"])
+        r = invoke("show")
+        assert "CACHE?" in r.stdout
+    finally:
+        os.remove(p)
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_fio_side_by_side(tmp_path):
+    p = tmp_path / "f.bin"
+    write_random(p, 24 * MiB, seed=5)
+    r = invoke("fio", p, "--preset", "seq", "--seconds", "0.2", "--repeat", "2", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["fio"]["bw_bytes"] > 0 and d["iobench"]["bw_bytes"] > 0 and d["ratio"] > 0
+    assert "--rw=read" in d["fio_args"] and "--bs=1048576" in d["fio_args"]
+    r = invoke("fio", p, "--preset", "seq", "--seconds", "0.2", "--repeat", "1")
+    assert r.exit_code == 0 and "iobench/fio" in r.stdout

@@ -1,0 +1,50 @@
+"""Shared helpers for the planner tests: drive curves and an iobench result written to a rig."""
+
+import json
+import os
+
+from core.rig import Member, Rig, save_rig
+from engine_bridge.harness.arms import ArmSpec, Row, Snapshot, build_results
+from iobench.model import DriveModel
+from iobench.result import BenchResult, DriveResult, save_result
+from planner.model import Drive
+from replicas.drives import DriveInfo
+
+FAST = DriveModel(lat_s=100e-6, stream_bw=150e6, bw_max=200e6)
+SLOW = DriveModel(lat_s=100e-6, stream_bw=80e6, bw_max=100e6)
+# Same ceiling as SLOW, but one request streams slowly: bulk reads with 8 lanes reach the ceiling,
+# three decode pieces in flight do not (a latency- or IOPS-bound enclosure).
+LAGGY = DriveModel(lat_s=10e-3, stream_bw=30e6, bw_max=100e6)
+
+
+def drives3():
+    return (Drive("fast", FAST), Drive("slow", SLOW), Drive("laggy", LAGGY))
+
+
+def make_rig(root, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY), bench_names=None):
+    """A rig.toml naming three files and an iobench result with a fitted model per drive."""
+    os.makedirs(root, exist_ok=True)
+    paths = [os.path.join(str(root), f"{n}.gguf") for n in names]
+    rig = Rig(root=str(root), model=Member(paths[0], names[0], "primary"),
+              replicas=tuple(Member(p, n, "replica") for p, n in zip(paths[1:], names[1:])))
+    save_rig(rig)
+    info = DriveInfo(mount_point="/", fs_type="ext4", device="/dev/x", disk="x", key="disk:x")
+    result = BenchResult(created="2026-11-29T19:00:00.000Z",
+                         drives=tuple(DriveResult(name=n, path=p, size=1 << 30, cold="o_direct", drive=info, model=m)
+                                      for n, p, m in zip(bench_names or names, paths, models)))
+    return rig, save_result(rig, result)
+
+
+def write_harness_results(run_dir):
+    """A real results.json built by the harness's own build_results: 1drive twice, 3drives once."""
+    def res(pre, steady, n):
+        return {"prefill_tps": pre, "gen_steady_tps": steady, "gen_tps": steady, "output_sha256": "a" * 64,
+                "cache_experts": 64, "cache_experts_applied": 64,
+                "sources": [{"index": i, "degraded": False} for i in range(n)]}
+    specs = [ArmSpec("1drive", ("/p",), (2,), (5,)), ArmSpec("3drives", ("/p", "/a", "/b"), (2, 1, 1), (5, 3, 2))]
+    rows = [Row(i, a, res(*m), "", Snapshot(t=i), Snapshot(t=i + 1))
+            for i, (a, m) in enumerate([("1drive", (10.0, 2.0, 1)), ("3drives", (25.0, 3.5, 3)), ("1drive", (12.0, 2.0, 1))])]
+    doc = build_results(specs, "ABAB", [r.arm for r in rows], rows, {"cache_experts": 64}, "2026-11-29T19:40:00Z")
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "results.json"), "w") as f:
+        json.dump(doc, f)

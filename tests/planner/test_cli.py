@@ -1,0 +1,165 @@
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from core.rig import Rig
+from engines.ds4_argodrive import COMPONENT_BYTES
+from planner.cli import app
+from planner.plan import Phase, Plan, Source, plan_from_dict, plan_to_dict
+from planner.plans import latest_plan, load_plan, save_plan
+from tests.planner.helpers import make_rig
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_split_json_matches_design_worked_fact():
+    r = invoke("split", "--weights", "10:6:6", "--length", COMPONENT_BYTES, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [p["length"] for p in d["pieces"]] == [2_965_504, 1_835_008, 1_835_008]
+    assert [p["blocks"] for p in d["pieces"]] == [11, 7, 7]
+    assert d["smallest_equivalent"] == [3, 2, 2]
+
+
+@pytest.mark.parametrize("args", [
+    ("split", "--weights", "0:5:5"),
+    ("split", "--weights", "101:5:5"),
+    ("split", "--weights", "10:5:5:5"),
+    ("split", "--weights", "10:5:5", "--length", "-1"),
+    ("split", "--weights", "10:5:5", "--offset", "-4096"),
+    ("split", "--weights", "10:x"),
+])
+def test_bad_split_input_is_one_line_and_exit_2(args):
+    r = invoke(*args)
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("planner: error: ")
+
+
+def test_solve_writes_a_plan_that_loads_back(tmp_path):
+    rig, bench = make_rig(tmp_path / "rig")
+    r = invoke("solve", "--rig", rig.root, "--json", "--background", "primary:engram")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert os.path.dirname(d["path"]) == os.path.join(rig.root, "plans")
+    p = load_plan(d["path"])
+    assert [s.name for s in p.sources] == ["fast", "slow", "laggy"]
+    assert p.provenance["bench"] == bench and p.provenance["rig"] == rig.root
+    assert set(p.baselines) == {"prefill", "decode"}
+    assert {"capability", "equal"} <= set(p.baselines["decode"])
+    assert p.decode.predicted["throughput_Bps"] >= p.baselines["decode"]["equal"]["throughput_Bps"]
+    assert {a["phase"] for a in p.alternatives} == {"prefill", "decode"}
+    assert latest_plan(rig) == p
+    shown = invoke("show", d["path"])
+    assert shown.exit_code == 0 and "prefill" in shown.stdout and "█" in shown.stdout
+
+
+def test_simulate_json(tmp_path):
+    rig, _ = make_rig(tmp_path / "rig")
+    r = invoke("simulate", "--rig", rig.root, "--weights", "10:6:6", "--phase", "decode", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [s["bytes"] for s in d["sources"]] == [2_965_504, 1_835_008, 1_835_008]
+    assert d["lands_last"] in ("fast", "slow", "laggy") and d["time_per_read_s"] > 0
+
+
+@pytest.mark.parametrize("args", [
+    ("simulate", "--weights", "10:5", "--phase", "decode"),             # 2 weights for 3 sources
+    ("simulate", "--weights", "10:5:5", "--phase", "middle"),
+    ("simulate", "--weights", "10:5:5", "--phase", "decode", "--background", "green:engram"),
+    ("simulate", "--weights", "10:5:5", "--phase", "decode", "--background", "primary:150%"),
+    ("solve", "--bench", "/nonexistent/result.json"),
+])
+def test_bad_model_input_is_exit_2(tmp_path, args):
+    rig, _ = make_rig(tmp_path / "rig")
+    r = invoke(*args, "--rig", rig.root)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.stderr.startswith("planner: error: ")
+
+
+def test_rig_drive_unknown_to_the_bench_result_is_exit_2(tmp_path):
+    rig, bench = make_rig(tmp_path / "rig")
+    with open(bench) as f:
+        d = json.load(f)
+    d["drives"][2].update(name="other", path="/elsewhere/model.gguf")
+    with open(bench, "w") as f:
+        json.dump(d, f)
+    r = invoke("solve", "--rig", rig.root)
+    assert r.exit_code == 2
+    assert "'laggy'" in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("text", [
+    "{",
+    "[]",
+    json.dumps({"kind": "plan", "schema": 99}),
+    json.dumps({"kind": "plan", "schema": 1, "sources": [{"name": "a", "path": "/a"}],
+                "prefill": {"weights": [0]}, "decode": {"weights": [1]}}),
+    json.dumps({"kind": "plan", "schema": 1, "sources": [{"name": "a", "path": "/a"}],
+                "prefill": {"weights": [1, 1]}, "decode": {"weights": [1]}}),
+])
+def test_malformed_plan_file_is_exit_2(tmp_path, text):
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    r = invoke("show", path)
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output and r.stderr.startswith(f"planner: error: {path}")
+
+
+def test_show_without_plans_says_how_to_make_one(tmp_path):
+    r = invoke("show", "--rig", tmp_path / "rig")
+    assert r.exit_code == 2 and "planner solve" in r.stderr
+
+
+def test_plan_schema_keys_are_pinned_and_round_trip(tmp_path):
+    plan = Plan(sources=(Source("internal", "/a/m.gguf"), Source("green", "/b/m.gguf"), Source("white", "/c/m.gguf")),
+                prefill=Phase((2, 1, 1), {"throughput_Bps": 1.0}), decode=Phase((3, 2, 2), {"throughput_Bps": 2.0}),
+                baselines={"decode": {"equal": {}}}, alternatives=({"phase": "decode", "weights": [1, 1, 1]},),
+                provenance={"bench": "/r/bench/x.json"})
+    d = plan_to_dict(plan)
+    assert list(d) == ["schema", "kind", "engine", "created", "sources", "prefill", "decode",
+                       "baselines", "alternatives", "provenance"]
+    assert d["schema"] == 1 and d["kind"] == "plan"
+    assert list(d["prefill"]) == ["weights", "predicted"] and list(d["sources"][0]) == ["name", "path"]
+    rig = Rig(root=str(tmp_path / "rig"))
+    path = save_plan(rig, plan)
+    back = load_plan(path)
+    assert back.created and back == plan.__class__(**{**plan.__dict__, "created": back.created})
+    assert plan_from_dict(json.loads(json.dumps(plan_to_dict(back)))) == back
+    assert os.path.basename(path).endswith("Z.json")
+
+
+def test_without_rig_toml_the_bench_order_is_the_source_order(tmp_path):
+    rig, bench = make_rig(tmp_path / "rig")
+    os.remove(rig.rig_file)
+    r = invoke("simulate", "--rig", rig.root, "--bench", bench, "--weights", "2:1:1", "--phase", "prefill", "--json")
+    assert r.exit_code == 0, r.output
+    assert [s["name"] for s in json.loads(r.stdout)["sources"]] == ["fast", "slow", "laggy"]
+
+
+def test_background_specs():
+    from core.errors import UsageError
+    from planner.plans import parse_background
+
+    names = ["internal", "green", "white"]
+    assert parse_background("primary:engram", names).source == 0
+    b = parse_background("white:25%", names)
+    assert (b.source, b.kind, b.value) == (2, "busy", 0.25)
+    for bad in ("primary", "green:fast", "blue:engram", "green:100%", "green:x%"):
+        with pytest.raises(UsageError):
+            parse_background(bad, names)
+
+
+def test_fit_only_is_recorded_in_provenance(tmp_path):
+    rig, _ = make_rig(tmp_path / "rig")
+    for flag, expect in (([], True), (["--fit-only"], False)):
+        r = invoke("solve", "--rig", rig.root, "--json", *flag)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["provenance"]["calibrated"] is expect

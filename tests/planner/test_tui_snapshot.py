@@ -1,0 +1,75 @@
+"""The tuner's screen (snapshots) and its keys (a Textual pilot)."""
+
+import asyncio
+
+from planner.plan import Phase, Plan
+from planner.plans import load_inputs, load_plan, save_plan
+from planner.tui.app import TunerApp
+from planner.tui.load import load_tuner, save_tuned, solve_weights
+from tests.planner.helpers import FAST, SLOW, make_rig, write_harness_results
+
+SIZE = (120, 40)
+
+
+def tuner_app(root, plan=True, **kw):
+    """make_rig's drives, and a plan with fixed weights and time so the screen is the same every run."""
+    rig, _ = make_rig(root, **kw)
+    if plan:
+        inputs = load_inputs(rig.root)
+        save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((5, 3, 2)), created="2026-11-29T19:30:00.000Z",
+                            provenance=inputs.provenance))
+    state = load_tuner(rig.root)
+    return TunerApp(state, save=lambda s: save_tuned(rig.root, s), solve=solve_weights, subtitle="rig")
+
+
+async def no_blink(pilot):
+    for w in pilot.app.query("*"):
+        if hasattr(w, "cursor_blink"):
+            w.cursor_blink = False
+
+
+def test_snapshot_opening_screen(tmp_path, snap_compare):
+    assert snap_compare(tuner_app(tmp_path / "rig"), terminal_size=SIZE, run_before=no_blink)
+
+
+def test_snapshot_decode_tuned_away_from_the_plan(tmp_path, snap_compare):
+    """With the newest harness run's medians under the prediction."""
+    write_harness_results(tmp_path / "rig" / "runs" / "20261129T194000Z")
+    keys = ["p", "down", "down", "right_square_bracket", "right"]     # decode, laggy +11
+    assert snap_compare(tuner_app(tmp_path / "rig"), terminal_size=SIZE, press=keys, run_before=no_blink)
+
+
+def test_keys_nudge_switch_reset_and_save(tmp_path):
+    app = tuner_app(tmp_path / "rig")
+    saved = asyncio.run(_nudge_switch_reset_and_save(app))
+    plan = load_plan(saved)
+    assert (plan.prefill.weights, plan.decode.weights) == ((2, 3, 1), (5, 1, 2))
+    assert plan.provenance["tuned"]["by"] == "hand"
+
+
+async def _nudge_switch_reset_and_save(app):
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "right", "right")
+        assert app.state.weights("prefill") == (2, 3, 1) and app.state.cursor == 1
+        await pilot.press("p", "left_square_bracket")
+        assert app.state.phase == "decode" and app.state.weights("decode") == (5, 1, 2)
+        await pilot.press("s")
+        saved = app.state.message.removeprefix("saved ")
+        assert app.state.message.startswith("saved ")
+        await pilot.press("r")
+        assert app.state.weights("decode") == (5, 3, 2) and app.state.weights("prefill") == (2, 3, 1)
+    return saved
+
+
+def test_without_a_plan_the_app_solves_in_a_worker(tmp_path):
+    app = tuner_app(tmp_path / "rig", plan=False, names=("fast", "slow"), models=(FAST, SLOW))
+    asyncio.run(_solve_in_worker(app))
+
+
+async def _solve_in_worker(app):
+    async with app.run_test(size=SIZE) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.state.solved is not None and app.state.message.startswith("solved: ")
+        await pilot.press("right", "r")
+        assert app.state.weights("prefill") == app.state.solved["prefill"].weights
