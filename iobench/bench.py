@@ -20,6 +20,7 @@ from core.errors import MissingError, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.rig import Rig, unique_name
 from core.units import format_rate
+from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
 from engines.split import check_weights
 from replicas import platform
 from replicas.coldio import ColdReader
@@ -27,14 +28,12 @@ from replicas.drives import DriveInfo, drive_of
 
 from . import stats
 from .constants import (
-    COMPONENT_BYTES,
     DEFAULT_LANES,
     DEFAULT_REPEAT,
     DEFAULT_SECONDS,
     DRIVE_IO_UNIT,
     PLAUSIBLE_BW,
     PLAUSIBLE_MIN_LAT_NS,
-    PREFILL_CHUNK,
     PRESETS,
     RESIDENT_WARN,
     SEQ_PIECE,
