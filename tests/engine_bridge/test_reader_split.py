@@ -156,7 +156,7 @@ def test_pure_helpers():
 
 
 def test_caller_buffer(model):
-    from engine_bridge.reader.split_reader import span
+    from engine_bridge.reader.buffers import span
     from replicas.coldio import aligned_buffer
     paths, data = model
     with SplitReader(paths, [3, 2, 1], lanes=2) as r:
