@@ -1,6 +1,6 @@
 """The ladder on throttled drives: does the embedded engine go faster with 1, 2, 3 drives?
 
-Builds three throttled drives (../shared/testbed/drives; default 30:15:15 MB/s, ceilings 2:1:1),
+Builds three throttled drives (bench/testbed.py; default 30:15:15 MB/s, ceilings 2:1:1),
 writes a synthetic MoE model with `engine-bridge synth` onto the first and byte-identical copies
 onto the others, then runs the harness's ladder (U S1 U S2 S2 U S1 U: one drive, plus one replica,
 plus two, each arm a fresh `engine-bridge run` process inside the drives' blkio group) and prints
@@ -12,17 +12,17 @@ Sizing: 4 layers x 32 experts, top-2, dim 1024, ff 1024 (q8_0), 64 prompt tokens
 machine: at 30:15:15 MB/s (14 s on one drive, 7 s on three) the drives, not numpy, set the pace.
 Each expert component is 1,114,112 B = 4.25 split blocks, so a 2:1:1 split gives every drive a
 piece of every decode read (with 2-block components the engine's rule leaves the third drive idle
-in decode). The testbed is always taken down.
+in decode). It takes the testbed lock and always takes the testbed down (also on SIGINT, SIGTERM
+and SIGHUP); where there is no testbed it says so in one line and exits 2.
 
-Run it holding the testbed lock (needs root):
+Run it as root:
 
-  flock /tmp/replica-tuner-testbed.lock .venv/bin/python bench/engine_bench.py [--drive a:60 ...]
+  .venv/bin/python bench/engine_bench.py [--drive a:60 ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -33,9 +33,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # noqa: E402
 from engine_bridge.harness.runner import ladder_specs, run_bench  # noqa: E402
 
-DRIVES = os.path.join(os.path.dirname(ROOT), "shared", "testbed", "drives")
 ENGINE = [sys.executable, "-c", "from engine_bridge.cli import main; main()"]
 
 
@@ -65,26 +65,19 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="run folder (default: a new folder in /var/tmp)")
     args = ap.parse_args()
 
-    drives = [d.split(":") for d in (args.drive or ["a:30", "b:15", "c:15"])]
-    ceilings = [float(mbs) for _, mbs in drives]
+    drives = parse_drives(args.drive or ["a:30", "b:15", "c:15"])
+    ceilings = list(drives.values())
     if len(drives) != 3:
-        raise SystemExit("give exactly three --drive NAME:MBPS (primary first)")
+        usage_exit("give exactly three --drive NAME:MBPS (primary first)")
     if sum(ceilings) > 450:
-        raise SystemExit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")
-    if subprocess.run([sys.executable, DRIVES, "check"], capture_output=True).returncode:
-        raise SystemExit("testbed unavailable here (`drives check` failed): needs root, loop devices, blkio")
+        usage_exit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")
     pre = tuple(int(x) for x in args.weights.replace(",", ":").split(":"))
     dec = tuple(int(x) for x in args.decode_weights.replace(",", ":").split(":")) if args.decode_weights else pre
+    require_testbed()
 
-    tb = tempfile.mkdtemp(prefix="engine-bench-tb-", dir="/var/tmp")
     out = args.out or tempfile.mkdtemp(prefix="engine-bench-run-", dir="/var/tmp")
-    up = [sys.executable, DRIVES, "up", "--root", tb, "--size", args.size]
-    for name, mbs in drives:
-        up += ["--drive", f"{name}:{mbs}"]
-    try:
-        state = json.loads(sh(up).stdout)
-        mounts = [d["mount"] for d in state["drives"]]
-        paths = [os.path.join(m, "model.gguf") for m in mounts]
+    with Testbed(drives, size=args.size) as tb:
+        paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         t0 = time.time()
         sh(ENGINE + ["synth", paths[0], "--layers", str(args.layers), "--experts", str(args.experts),
                      "--top-k", str(args.top_k), "--dim", str(args.dim), "--ff", str(args.ff), "--seed", "7",
@@ -100,17 +93,12 @@ def main() -> int:
         specs = ladder_specs(paths, pre, dec)
         settings = {"prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                     "cache_experts": args.cache_experts, "max_other_cpu": args.max_other_cpu,
-                    "wrap": [sys.executable, DRIVES, "run", "--root", tb, "--"]}
+                    "wrap": tb.wrap}
 
         def report(ev):
             print(f"  {ev.message}", file=sys.stderr, flush=True)
 
         doc, files = run_bench(specs, "ladder", settings, out, repeat=args.repeat, report=report)
-    finally:
-        r = subprocess.run([sys.executable, DRIVES, "down", "--root", tb], capture_output=True, text=True)
-        if r.returncode:
-            print(f"drives down failed: {r.stderr.strip()}", file=sys.stderr)
-        shutil.rmtree(tb, ignore_errors=True)
 
     print(f"ladder {' '.join(doc['sequence'])}; prompt {args.prompt_tokens}, gen {args.gen_tokens}, "
           f"cache {args.cache_experts} experts; weights prefill {':'.join(map(str, pre))} decode "

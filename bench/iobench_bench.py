@@ -2,8 +2,8 @@
 
     python3 bench/iobench_bench.py [--mbs fast:200,mid:100,slow:100] [--size 1.5G] [--seconds S] [--repeat N]
 
-Builds a testbed (../shared/testbed/drives: loop-device drives with cgroup-v1 blkio read
-throttles), writes one file of random bytes on each drive, then, with every read throttled:
+Builds a testbed (bench/testbed.py: loop-device drives with cgroup-v1 blkio read throttles),
+writes one file of random bytes on each drive, then, with every read throttled:
 
 1. one `iobench run --preset all` over the three files (its wall time is the last figure);
 2. `iobench fio FILE --preset seq` and `--preset prefill` on each file (iobench, then fio's
@@ -11,26 +11,33 @@ throttles), writes one file of random bytes on each drive, then, with every read
 
 It prints, from that one run: seq and prefill ceilings / throttle (target within 5 %), the spread
 over repeats (target under 3 %), iobench / fio (target within 5 %) and the wall time of the full
-run (target under 2 minutes). MB = 10**6 bytes. Needs root and the testbed (`drives check`); where
-they are missing it says why and exits 0. Holds /tmp/replica-tuner-testbed.lock while it runs, so
-benchmarks never measure each other, and always takes the testbed down.
+run (target under 2 minutes). MB = 10**6 bytes. Needs root and the testbed; where they are missing
+it says why in one line and exits 2. Holds the testbed lock while it runs, so benchmarks never
+measure each other, and always takes the testbed down (also on SIGINT, SIGTERM and SIGHUP).
 """
 
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DRIVES = os.environ.get("TESTBED_DRIVES", os.path.join(os.path.dirname(ROOT), "shared", "testbed", "drives"))
-LOCK = "/tmp/replica-tuner-testbed.lock"
+sys.path.insert(0, ROOT)
+
+from bench.testbed import (  # noqa: E402
+    Testbed,
+    drop_caches,
+    parse_drives,
+    require_testbed,
+    say,
+    wait_writeback,
+    write_random,
+)
+
 _SCRIPT = os.path.join(os.path.dirname(sys.executable), "iobench")
 IOBENCH = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-c", "from iobench.cli import main; main()"]
 
@@ -40,70 +47,10 @@ TARGET_FIO = 0.05         # |iobench / fio - 1|
 TARGET_WALL = 120.0       # s for --preset all on 3 drives
 
 
-def sh(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
-
-
-def parse_mbs(text: str) -> dict[str, float]:
-    out = {}
-    for item in text.split(","):
-        name, _, mbs = item.partition(":")
-        out[name.strip()] = float(mbs)
-    return out
-
-
 def parse_bytes(text: str) -> int:
     units = {"K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
     t = text.strip().upper()
     return int(float(t[:-1]) * units[t[-1]]) if t[-1] in units else int(t)
-
-
-def write_file(path: str, size: int, seed: int) -> None:
-    """`size` bytes of random data (a 64 MiB random pattern, rotated per block), durable."""
-    import numpy as np
-
-    pattern = np.random.default_rng(seed).integers(0, 256, 64 << 20, dtype=np.uint8)
-    block = 16 << 20
-    with open(path, "wb") as f:
-        done, i = 0, 0
-        while done < size:
-            n = min(block, size - done)
-            start = (i * 7919 * 4096) % (len(pattern) - block)
-            f.write(pattern[start:start + n].tobytes())
-            done += n
-            i += 1
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def meminfo_mb(*keys: str) -> float:
-    with open("/proc/meminfo") as f:
-        vals = {line.split(":")[0]: int(line.split()[1]) for line in f}
-    return sum(vals.get(k, 0) for k in keys) / 1024
-
-
-def settle(quiet_s: float, limit_mb: float = 64, timeout: float = 60) -> str:
-    """Flush, wait (up to `timeout` s) until the host has little dirty data left, then `quiet_s`
-    more: writeback competes with the reads being measured (DESIGN §8: nothing else heavy
-    running), and on a VM the hypervisor keeps writing our files out after this kernel is done
-    (the first trials after writing 4.5 GB stalled for 0.3-0.5 s without the wait)."""
-    drop_caches()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout and meminfo_mb("Dirty", "Writeback") > limit_mb:
-        time.sleep(0.5)
-    time.sleep(quiet_s)
-    return (f"load average {os.getloadavg()[0]:.1f}, dirty+writeback {meminfo_mb('Dirty', 'Writeback'):.0f} MB "
-            f"(settled {time.perf_counter() - t0:.0f}s)")
-
-
-def throttled(root: str, cmd: list[str]) -> subprocess.CompletedProcess:
-    return sh([sys.executable, DRIVES, "run", "--root", root, "--", *cmd], cwd=ROOT)
 
 
 def ok(good: bool) -> str:
@@ -119,35 +66,19 @@ def main() -> int:
     ap.add_argument("--settle", default="30", help="seconds to let writes drain after writing the files")
     ap.add_argument("--fio-seconds", default="1", help="--seconds of each `iobench fio` window (3 windows)")
     a = ap.parse_args()
-    mbs = parse_mbs(a.mbs)
+    mbs = parse_drives(a.mbs, "--mbs")
     size = parse_bytes(a.size)
 
-    check = sh([sys.executable, DRIVES, "check"]) if os.path.exists(DRIVES) else None
-    if check is None or check.returncode != 0:
-        print(f"iobench_bench: skipped, no testbed here ({(check.stdout.strip() if check else DRIVES + ' not found')})")
-        return 0
+    require_testbed()
     if shutil.which("fio") is None:
-        print("iobench_bench: fio not installed; the fio comparison will be skipped")
+        say("fio not installed; the fio comparison will be skipped")
 
-    lock = open(LOCK, "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    root = tempfile.mkdtemp(prefix="iobench-bench-", dir="/var/tmp")
     disk = max(3, int(size * 1.3 / 1e9) + 1)
-    up = [sys.executable, DRIVES, "up", "--root", root, "--size", f"{disk}G"]
-    for name, v in mbs.items():
-        up += ["--drive", f"{name}:{v:g}"]
-    try:
-        p = sh(up)
-        if p.returncode:
-            print(f"iobench_bench: testbed up failed: {p.stderr.strip() or p.stdout.strip()}")
-            return 1
-        state = json.loads(open(os.path.join(root, "testbed.json")).read())
-        mounts = {d["name"]: d["mount"] for d in state["drives"]}
-        files = {}
+    with Testbed(mbs, size=f"{disk}G") as tb:
+        mounts = tb.mounts()
+        files = {name: os.path.join(mounts[name], "model.bin") for name in mbs}
         t0 = time.perf_counter()
-        for i, name in enumerate(mbs):
-            files[name] = os.path.join(mounts[name], "model.bin")
-            write_file(files[name], size, seed=i)
+        write_random(list(files.values()), size, seed=0)
         print(f"testbed: {', '.join(f'{n} {v:g} MB/s' for n, v in mbs.items())}; "
               f"{size / 1e9:.2f} GB file on each (written in {time.perf_counter() - t0:.0f}s)")
         extra = []
@@ -157,11 +88,13 @@ def main() -> int:
             extra += ["--repeat", a.repeat]
 
         # 1. one full run
-        conditions = settle(float(a.settle))
+        drop_caches()
+        conditions = wait_writeback(quiet_s=float(a.settle), timeout_s=60)
         print(f"host before the run: {conditions}")
-        rig = os.path.join(root, "rig")
+        rig = os.path.join(tb.root, "rig")
         t0 = time.perf_counter()
-        p = throttled(root, IOBENCH + ["run", *files.values(), "--preset", "all", "--rig", rig, "--json", *extra])
+        p = tb.run(IOBENCH + ["run", *files.values(), "--preset", "all", "--rig", rig, "--json", *extra],
+                   capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t0
         if p.returncode:
             print(f"iobench run failed ({p.returncode}): {p.stderr[-2000:]}")
@@ -173,16 +106,12 @@ def main() -> int:
         if shutil.which("fio"):
             for name, path in files.items():
                 for preset in ("seq", "prefill"):
-                    q = throttled(root, IOBENCH + ["fio", path, "--preset", preset, "--seconds", a.fio_seconds, "--json"])
+                    q = tb.run(IOBENCH + ["fio", path, "--preset", preset, "--seconds", a.fio_seconds, "--json"],
+                               capture_output=True, text=True, cwd=ROOT)
                     if q.returncode:
                         print(f"iobench fio {name} {preset} failed: {q.stderr[-1000:]}")
                         continue
                     fio[(name, preset)] = json.loads(q.stdout)
-    finally:
-        sh([sys.executable, DRIVES, "down", "--root", root])
-        shutil.rmtree(root, ignore_errors=True)
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        lock.close()
 
     out = os.path.join(ROOT, "bench", "out")
     os.makedirs(out, exist_ok=True)

@@ -16,11 +16,12 @@ file on each, this benchmark:
    grid, how far the chosen weights are from the measured best of the grid, and the measured
    gain of the chosen weights over equal weights and over the fastest single drive.
 
-Run it holding the testbed lock (it builds the testbed and takes it down again):
+Run it as root (it takes the testbed lock, builds the testbed and always takes it down again):
 
-    flock /tmp/replica-tuner-testbed.lock .venv/bin/python bench/planner_bench.py
+    .venv/bin/python bench/planner_bench.py
 
-Needs root and the testbed (`/work/shared/testbed/drives check`); MB = 10**6 bytes.
+Needs root and the testbed (bench/testbed.py; where there is none it says so and exits 2);
+MB = 10**6 bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,9 +38,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from bench.testbed import Testbed, parse_drives, wait_writeback, write_random  # noqa: E402
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from engines.registry import DEFAULT_ENGINE  # noqa: E402
 
-DRIVES = os.environ.get("TESTBED_DRIVES", "/work/shared/testbed/drives")
 FILE_NAME = "model.bin"
 
 
@@ -50,71 +51,18 @@ def log(msg: str) -> None:
 
 # ---- outer: build the testbed, write the replicas, run the inner part throttled, tear down ----
 
-def write_replicas(paths: list[str], size: int, seed: int) -> None:
-    """The same pseudo-random bytes to every path (one generation, fanned out), fsynced."""
-    rng = np.random.default_rng(seed)
-    block = 64 << 20
-    files = [open(p, "wb") for p in paths]
-    try:
-        left = size
-        while left > 0:
-            n = min(block, left)
-            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-            for f in files:
-                f.write(data)
-            left -= n
-        for f in files:
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in files:
-            f.close()
-
-
-def drain_writeback(limit: int = 64 << 20, timeout: float = 120.0) -> None:
-    """Wait until the host has written back what we wrote (Dirty + Writeback below `limit`):
-    trials that run while the VM still flushes gigabytes measure the flush, not the drive."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        with open("/proc/meminfo") as f:
-            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
-        pending = (kb.get("Dirty", 0) + kb.get("Writeback", 0)) * 1024
-        if pending < limit:
-            break
-        time.sleep(1.0)
-    time.sleep(5.0)
-    log(f"writeback drained in {time.monotonic() - t0:.0f}s")
-
-
 def outer(a) -> int:
-    root = os.path.realpath(a.root or tempfile.mkdtemp(prefix="planner-bench-", dir="/tmp"))
-    up = [DRIVES, "up", "--root", root, "--size", a.size]
-    for d in a.drive:
-        up += ["--drive", d]
-    for d in a.iops:
-        up += ["--iops", d]
-    log("testbed up: " + " ".join(up[2:]))
-    r = subprocess.run(up, capture_output=True, text=True)
-    if r.returncode != 0:
-        log(f"testbed failed: {r.stderr.strip() or r.stdout.strip()}")
-        return 1
-    try:
-        state = json.loads(r.stdout)
-        names = [d["name"] for d in state["drives"]]
-        paths = [os.path.join(d["mount"], FILE_NAME) for d in state["drives"]]
+    drives, iops = parse_drives(a.drive), parse_drives(a.iops, "--iops", zero_ok=True)
+    with Testbed(drives, iops=iops, size=a.size, root=a.root) as tb:
+        log(f"testbed up at {tb.root}: drives {', '.join(a.drive)}; iops {', '.join(a.iops) or 'none'}; {a.size} each")
+        names = list(tb.mounts())
+        paths = [os.path.join(m, FILE_NAME) for m in tb.mounts().values()]
         log(f"writing a {a.file_size} B replica on {', '.join(names)}")
-        write_replicas(paths, a.file_size, a.seed)
-        drain_writeback()
-        inner = [DRIVES, "run", "--root", root, "--", sys.executable, os.path.abspath(__file__), "--inner",
-                 "--state", os.path.join(root, "testbed.json")] + a.passthrough
-        return subprocess.run(inner).returncode
-    finally:
-        d = subprocess.run([DRIVES, "down", "--root", root], capture_output=True, text=True)
-        log(d.stdout.strip() or d.stderr.strip())
-        try:
-            os.rmdir(root)
-        except OSError:
-            pass
+        write_random(paths, a.file_size, a.seed)
+        log(f"writeback: {wait_writeback(quiet_s=5.0, timeout_s=120.0)}")
+        inner = [sys.executable, os.path.abspath(__file__), "--inner",
+                 "--state", os.path.join(tb.root, "testbed.json")] + a.passthrough
+        return tb.run(inner).returncode
 
 
 # ---- inner: runs inside the testbed's throttling group ----------------------------------------
@@ -240,7 +188,7 @@ def inner(a) -> int:
     # 2. solve.
     inputs = load_inputs(rig_root, bench_path)
     wl = {"prefill": prefill_workload(a.lanes), "decode": decode_workload(a.batch, a.threads)}
-    plan = solve_plan(inputs.sources, inputs.drives, wl["prefill"], wl["decode"], (), "ds4-argodrive", inputs.provenance)
+    plan = solve_plan(inputs.sources, inputs.drives, wl["prefill"], wl["decode"], (), DEFAULT_ENGINE, inputs.provenance)
     plan_path = save_plan(rig, plan)
     sols = {ph: solve_phase(inputs.drives, wl[ph]) for ph in wl}
     fit_only = load_inputs(rig_root, bench_path, calibrate=False)
@@ -322,7 +270,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state", help=argparse.SUPPRESS)
-    p.add_argument("--root", help="testbed folder (default: a fresh /tmp/planner-bench-*)")
+    p.add_argument("--root", help="testbed folder (default: a fresh one, deleted afterwards)")
     p.add_argument("--drive", action="append", help="NAME:MBPS read ceiling (repeat; first = primary)")
     p.add_argument("--iops", action="append", help="NAME:IOPS read-operation ceiling (repeat)")
     p.add_argument("--size", default="2G", help="testbed image size per drive")

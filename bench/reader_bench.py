@@ -28,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
@@ -35,17 +36,8 @@ from replicas.coldio import aligned_buffer  # noqa: E402
 
 
 def make_files(d: str, size: int, n: int) -> list[str]:
-    block = os.urandom(1 << 20)
-    paths = []
-    first = os.path.join(d, "primary.gguf")
-    with open(first, "wb") as f:
-        for _ in range(size // len(block)):
-            f.write(block)
-    paths.append(first)
-    for i in range(1, n):
-        p = os.path.join(d, f"replica{i}.gguf")
-        shutil.copyfile(first, p)
-        paths.append(p)
+    paths = [os.path.join(d, "primary.gguf")] + [os.path.join(d, f"replica{i}.gguf") for i in range(1, n)]
+    write_random(paths, size, seed=1)
     return paths
 
 

@@ -1,7 +1,7 @@
 """replicas on throttled drives, side by side with the yardsticks, from one run.
 
-Builds 3 throttled drives (../shared/testbed/drives; root, Linux), writes a random model file on
-the first, then times, each from a cold page cache:
+Builds 3 throttled drives (bench/testbed.py: root, Linux; exits 2 where there is no testbed),
+writes a random model file on the first, then times, each from a cold page cache:
 
   sync    `replicas sync` to 2 destinations (with and without the cold read-back) vs the ideal
           (max of the source's read time and the slowest destination's write time, from fio
@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.testbed import Testbed, fill_random, fio_seq  # noqa: E402
+from bench.testbed import Testbed, drop_caches, fio_seq, parse_drives, write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
 
 REPLICAS = os.path.join(os.path.dirname(sys.executable), "replicas")
@@ -39,13 +39,13 @@ def main() -> None:
     ap.add_argument("--write-mbs", type=float, default=150)
     a = ap.parse_args()
     size = parse_size(a.size)
-    ceilings = {k: float(v) for k, v in (x.split(":") for x in a.read.split(","))}
+    ceilings = parse_drives(a.read, "--read")
     names = list(ceilings)
     src_name, dst_names = names[0], names[1:3]
     with Testbed(ceilings, write_mbs=a.write_mbs) as tb:
         src = os.path.join(tb.mount(src_name), "model.gguf")
         print(f"testbed: read {a.read} MB/s, write {a.write_mbs:g} MB/s; model {size / 1e9:.2f} GB", flush=True)
-        fill_random(src, size, seed=1)
+        write_random([src], size, seed=1)
 
         # Ceilings measured in this run, with fio (bw_bytes), on these drives.
         read_bw = {src_name: fio_seq(tb, src, "read", size)}
@@ -61,7 +61,7 @@ def main() -> None:
         for d in rs_dirs:
             os.makedirs(d)
         t_rsync = 0.0
-        tb.drop_caches()
+        drop_caches()
         for d in rs_dirs:
             t_rsync += tb.timed(["rsync", "--fsync", "--whole-file", src, d + "/"], cold=False)
         for d in rs_dirs:
@@ -84,7 +84,7 @@ def main() -> None:
         # verify --full of the 3 members vs b3sum one file after another.
         members = [src] + [os.path.join(tb.mount(n), "replica", "model.gguf") for n in dst_names]
         t_verify = tb.timed([REPLICAS, "verify", "--rig", rig, "--full"], warm=WARM)
-        tb.drop_caches()
+        drop_caches()
         subprocess.run(["b3sum", "--help"], capture_output=True)
         t_b3 = 0.0
         for m in members:
