@@ -1,0 +1,273 @@
+"""What `replicas sync` does to each destination, decided before a byte is written (pure).
+
+`sync.py` gathers the facts from the disk (does the target exist, is it stamped, what does the
+partial's journal say, how much room is there) and asks the functions here what they mean:
+no-op, adopt (verify a file that is already there), resume, a fresh copy, replace, or a refusal
+naming the fix. The piece and block arithmetic of the copy, the free-space rule, and the one
+way a source that changed during the copy is reported live here too. No disk, no threads.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+
+from core.errors import EXIT_MISMATCH, EXIT_OK, MismatchError, UsageError, WriteError
+from core.units import format_bytes
+
+from .constants import (
+    ALIGNMENT,
+    HEADROOM_FRACTION,
+    HEADROOM_MAX,
+    HEADROOM_MIN,
+    IO_BLOCK,
+    JOURNAL_SUFFIX,
+    PARTIAL_SUFFIX,
+)
+from .manifest import PieceRange
+
+if TYPE_CHECKING:
+    from core.fsutil import FileIdentity
+
+# What happens to one destination.
+COPY, RESUME, NOOP, ADOPT, REPLACE = "copy", "resume", "noop", "adopt", "replace"
+RESTART_REASON = "restart (source changed)"
+
+# The one headline of every way a copy finds its source changed (identity or bytes).
+SOURCE_CHANGED = "the source changed during the copy"
+
+
+@dataclass(frozen=True)
+class DestPlan:
+    dest_dir: str
+    target: str
+    action: str                     # copy / resume / noop / adopt (verify an existing file) / replace
+    durable: frozenset = frozenset()  # pieces already durable in the partial (resume)
+    reason: str = ""
+
+    @property
+    def partial(self) -> str:
+        return self.target + PARTIAL_SUFFIX
+
+    @property
+    def journal(self) -> str:
+        return self.target + JOURNAL_SUFFIX
+
+    @property
+    def writes(self) -> bool:
+        return self.action in (COPY, RESUME, REPLACE)
+
+
+@dataclass(frozen=True)
+class DestResult:
+    dest_dir: str
+    target: str
+    action: str
+    outcome: str                    # identical / copied / failed / planned
+    bytes_written: int = 0
+    bytes_to_write: int = 0
+    seconds: float = 0.0
+    verified: bool = False
+    stamped: str | None = None
+    bad: tuple[PieceRange, ...] = ()
+    error: str = ""
+    exit_code: int = EXIT_OK
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    source: str
+    size: int
+    blake3: str
+    piece_size: int
+    dests: tuple[DestResult, ...]
+    source_bytes_read: int
+    seconds: float
+    dry_run: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """A mismatch outranks every other failure; otherwise the highest code."""
+        codes = [d.exit_code for d in self.dests if d.exit_code]
+        return max(codes, key=lambda c: (c == EXIT_MISMATCH, c)) if codes else EXIT_OK
+
+
+@dataclass(frozen=True)
+class ExistingTarget:
+    """What is at the target's name already."""
+
+    regular: bool                   # a regular file, not a symlink
+    size: int                       # bytes
+    verified: bool                  # a live stamp for the trusted manifest
+
+
+@dataclass(frozen=True)
+class PartialState:
+    """What the journal next to an existing NAME.partial says."""
+
+    ours: bool                      # the journal has our header (else the partial is someone else's)
+    same_source: bool               # ... naming this source identity and piece size
+    durable: frozenset = frozenset()
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions.
+
+def target_plan(dest_dir: str, target: str, existing: ExistingTarget | None, source_size: int,
+                replace_existing: bool) -> DestPlan:
+    """What the file at the target's name (if any) allows: NOOP and ADOPT are final; COPY and
+    REPLACE still depend on a partial left by an earlier run (`partial_plan`)."""
+    if existing is None:
+        return DestPlan(dest_dir, target, COPY)
+    if not existing.regular:
+        raise UsageError(f"{target} exists and is not a regular file; move it away")
+    if existing.verified:
+        return DestPlan(dest_dir, target, NOOP, reason="identical replica already there (stamp)")
+    if replace_existing:
+        return DestPlan(dest_dir, target, REPLACE)
+    if existing.size == source_size:
+        return DestPlan(dest_dir, target, ADOPT, reason="a file of the same size is there: verifying it")
+    raise UsageError(f"{target} exists and differs from the source (size {existing.size} vs {source_size}); "
+                     "pass --replace to overwrite it")
+
+
+def partial_plan(plan: DestPlan, partial: PartialState) -> DestPlan:
+    """A writing plan given the NAME.partial already there: resume its durable pieces, start over
+    when the source or piece size changed, refuse a partial that is not ours."""
+    if not partial.ours:
+        raise UsageError(f"{plan.partial} exists but has no journal of ours; it was not written by replicas — "
+                         "remove it or move it away")
+    if not partial.same_source:
+        return DestPlan(plan.dest_dir, plan.target, plan.action, reason=RESTART_REASON)
+    if partial.durable:
+        return DestPlan(plan.dest_dir, plan.target, RESUME if plan.action == COPY else plan.action,
+                        frozenset(partial.durable), reason=f"resuming: {len(partial.durable)} pieces already durable")
+    return plan
+
+
+def drive_clash(key, source_key, earlier: dict, members: dict, target_real: str, source: str) -> str | None:
+    """Who already sits on the destination's physical drive `key`: the source, an earlier
+    destination (`earlier`: key -> dest dir) or another replica (`members`: real path -> key);
+    None when nobody does. A replica there would add no bandwidth."""
+    if key == source_key:
+        return f"the source {source}"
+    if key in earlier:
+        return f"destination {earlier[key]}"
+    clash = None
+    for path, k in members.items():
+        if k == key and path != target_real:
+            clash = f"replica {path}"
+    return clash
+
+
+# ---------------------------------------------------------------------------------------------
+# Space.
+
+def headroom(size: int) -> int:
+    """Free bytes kept beyond the file's own bytes (file-system metadata, other writers)."""
+    return int(min(HEADROOM_MAX, max(HEADROOM_MIN, size * HEADROOM_FRACTION)))
+
+
+def space_needed(size: int, allocated: Iterable[int]) -> int:
+    """Free bytes one file system needs for its destinations, whose partials already hold
+    `allocated` bytes each (a resume needs only the rest), plus headroom for each."""
+    return sum(max(0, size - a) + headroom(size) for a in allocated)
+
+
+def check_space(dest_dirs: Sequence[str], need: int, have: int) -> None:
+    """WriteError when one file system (holding `dest_dirs`) has fewer than `need` bytes free."""
+    if need > have:
+        raise WriteError(f"not enough free space on {', '.join(dest_dirs)}: needs {format_bytes(need)} (with headroom), "
+                         f"has {format_bytes(have)}; free some space or choose another drive")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces and blocks.
+
+def piece_bytes(pieces: Iterable[int], size: int, piece_size: int) -> int:
+    """Bytes held by the given pieces of a file of `size` bytes."""
+    return sum(min(piece_size, size - i * piece_size) for i in pieces)
+
+
+def bytes_to_write(plan: DestPlan, size: int, piece_size: int) -> int:
+    """Bytes a plan will write: all but its durable pieces; nothing unless it writes."""
+    return size - piece_bytes(plan.durable, size, piece_size) if plan.writes else 0
+
+
+def copy_block(piece_size: int) -> int:
+    """The I/O size of the copy, bytes: the largest aligned divisor of the piece size up to
+    IO_BLOCK, so every block belongs to exactly one piece."""
+    if piece_size <= IO_BLOCK:
+        return piece_size
+    units = piece_size // ALIGNMENT
+    for d in range(IO_BLOCK // ALIGNMENT, 0, -1):
+        if units % d == 0:
+            return d * ALIGNMENT
+    return ALIGNMENT
+
+
+def blocks_per_piece(pieces: Iterable[int], size: int, piece_size: int, block: int) -> dict[int, int]:
+    """{piece: how many copy blocks it takes}: a piece is durable once that many have landed."""
+    return {i: -(-min(piece_size, size - i * piece_size) // block) for i in pieces}
+
+
+def pieces_to_read(count: int, manifest_known: bool, needs: Sequence[set]) -> set[int]:
+    """Which pieces the one pass over the source reads: every piece when the manifest is still
+    to be computed, else those some destination needs."""
+    if not manifest_known:
+        return set(range(count))
+    return set().union(*needs) if needs else set()
+
+
+def blocks_to_read(pieces: Iterable[int], size: int, piece_size: int, block: int) -> Iterator[tuple[int, int]]:
+    """(offset, length) of every copy block of the given pieces, in file order, bytes."""
+    for i in sorted(pieces):
+        start = i * piece_size
+        end = min(start + piece_size, size)
+        for off in range(start, end, block):
+            yield off, min(block, end - off)
+
+
+# ---------------------------------------------------------------------------------------------
+# What went wrong, in one line.
+
+def identity_change(before: "FileIdentity", now: "FileIdentity") -> str | None:
+    """How the source's identity differs from the one it had when the copy started, in words;
+    None when size, mtime and inode all still match."""
+    if now.inode != before.inode:
+        return "it was replaced by another file (inode)"
+    if now.size != before.size:
+        return f"its size went from {before.size:,} to {now.size:,} bytes"
+    if now.mtime_ns != before.mtime_ns:
+        return "its modification time changed"
+    return None
+
+
+def piece_differs(piece: PieceRange) -> str:
+    """A piece read from the source whose hash is not the trusted manifest's, its identity unchanged."""
+    return (f"piece {piece.index} (bytes {piece.offset}+{piece.length}) no longer matches the manifest while its size, "
+            "mtime and inode stayed the same; if nothing rewrote it, its drive returns bad data: run `replicas verify --full`")
+
+
+def source_changed(source: str, how: str) -> MismatchError:
+    """The one refusal for a source that changed while it was being copied, whichever check saw it."""
+    return MismatchError(f"source {source}: {SOURCE_CHANGED} ({how}); no replica was renamed into place — "
+                         "re-run to copy the new contents")
+
+
+_WRITE_HINTS = {
+    errno.ENOSPC: "the drive is full",
+    errno.EFBIG: "the file is larger than this process or file system may write (RLIMIT_FSIZE / FAT32?)",
+    errno.EROFS: "the file system is read-only",
+    errno.EIO: "the drive reported an I/O error",
+    errno.EACCES: "permission denied",
+}
+
+
+def write_error_text(e: BaseException) -> str:
+    """One line for a destination's write failure, with what the errno usually means."""
+    if isinstance(e, OSError):
+        hint = _WRITE_HINTS.get(e.errno, "")
+        return f"write failed: {e.strerror or e}" + (f" ({hint})" if hint else "")
+    return str(e)
