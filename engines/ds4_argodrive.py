@@ -2,11 +2,14 @@
 
 Read from the engine's expert reader and profile handling (DESIGN §5, §6): up to 3 sources
 (the `-m` primary, then `DS4_ARGODRIVE_REPLICAS` in order), integer weights 1..100, every
-routed-expert read cut on a 256 KiB grid with the primary taking the front and the tail.
+routed-expert read cut on a 256 KiB grid with the primary taking the front and the tail; the
+environment and arguments it reads; the log lines in which it says what it applied.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from core.errors import UsageError
@@ -56,6 +59,105 @@ def split_ds4(offset: int, length: int, weights: Sequence[int], block: int = BLO
         pieces.append(Piece(i, pos, n, c))
         pos += n
     return tuple(pieces)
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment and arguments (DESIGN §6)
+
+ENV_PREFIX = "DS4_"              # every variable the engine reads starts so
+ENV_PRIMARY_WEIGHT = "DS4_ARGODRIVE_PRIMARY_WEIGHT"     # base weight of source 0
+ENV_REPLICAS = "DS4_ARGODRIVE_REPLICAS"                 # "path*weight,path*weight": replicas, base weights
+ENV_DECODE_WEIGHTS = "DS4_ARGODRIVE_DECODE_WEIGHTS"     # "w0,w1,w2": one per source, decode phase only
+SPLIT_KEYS = (ENV_PRIMARY_WEIGHT, ENV_REPLICAS, ENV_DECODE_WEIGHTS)
+
+ENV_PREFILL_SPLIT = "DS4_ARGODRIVE_PREFILL_SPLIT"
+ENV_PREFILL_LANES = "DS4_ARGODRIVE_PREFILL_LANES"
+ENV_PREAD_THREADS = "DS4_METAL_STREAMING_EXPERT_PREAD_THREADS"
+# On/off switches the engine tests by presence: setting one to 0 still turns it on, so a
+# profile that does not want a switch must unset it.
+PRESENCE_FLAGS = (
+    ENV_PREFILL_SPLIT, "DS4_ARGODRIVE_PREFILL_SELECTIVE", "DS4_ARGODRIVE_PREFILL_AHEAD",
+    "DS4_ARGODRIVE_FLAG_READBACK", "DS4_ARGODRIVE_BF16_EPILOGUES", "DS4_ARGODRIVE_PSO_CACHE",
+)
+VALUE_KEYS = (ENV_PREFILL_LANES, ENV_PREAD_THREADS)     # read as numbers
+KNOWN_KEYS = PRESENCE_FLAGS + VALUE_KEYS                # the engine's knobs besides the split
+# The cache report carries the expert-cache budget line only when this is set.
+ENV_TIMING_SUMMARY = "DS4_METAL_STREAMING_EXPERT_TIMING_SUMMARY"
+
+ARG_STREAMING = "--ssd-streaming"
+ARG_MODEL, ARG_MODEL_LONG = "-m", "--model"
+ARG_CACHE_EXPERTS = "--ssd-streaming-cache-experts"    # the expert-cache size is an argument, not a variable
+PROFILE_ARGS = frozenset({ARG_MODEL, ARG_MODEL_LONG, ARG_CACHE_EXPERTS})   # given by a profile, never twice
+
+
+def split_environment(primary_weight: int, replicas: Sequence[str], replica_weights: Sequence[int],
+                      decode_weights: Sequence[int]) -> tuple[tuple[str, str], ...]:
+    """The split keys for base weights (primary first) and decode weights (one per source);
+    none for a single source, which the engine reads without a split."""
+    if not replicas:
+        return ()
+    return ((ENV_PRIMARY_WEIGHT, str(primary_weight)),
+            (ENV_REPLICAS, ",".join(f"{p}*{w}" for p, w in zip(replicas, replica_weights))),
+            (ENV_DECODE_WEIGHTS, ",".join(map(str, decode_weights))))
+
+
+def engine_args(primary: str, cache_experts: int | None) -> tuple[str, ...]:
+    """The arguments a profile gives: stream experts from `primary`, `cache_experts` of them in RAM."""
+    return (ARG_STREAMING, ARG_MODEL, primary, ARG_CACHE_EXPERTS, str(cache_experts))
+
+
+# ---------------------------------------------------------------------------------------------
+# Log lines: what the engine says it applied (its reader's fprintf formats, DESIGN §6)
+
+LOG_SOURCES = re.compile(r"expert reader sources=(\d+)")
+LOG_DECODE_SPLIT = re.compile(r"decode split (\S+)")
+# A decode list of the wrong count or range is dropped with only this line; the base weights run.
+LOG_DECODE_IGNORED = re.compile(r"ignoring " + re.escape(ENV_DECODE_WEIGHTS) + r"=(\S*)")
+# Printed per source at the end of every reader session, even when the reader rejected its
+# configuration and every byte came from the primary (then the others say bytes=0).
+LOG_SOURCE_BYTES = re.compile(r"source\[(\d+)\] bytes=(\d+)")
+LOG_CACHE_BUDGET = re.compile(r"streaming expert cache budget=(\d+) experts")
+LOG_DECODE_CACHE = re.compile(r"decode cache requested=(\d+) effective=(\d+)")
+LOG_CACHE_CAP = re.compile(r"(using locked cache cap:.*|runtime cache cap now .*)")
+# Prefill staging refused its chunk (e.g. the reader is off); the engine falls back to the layer sweep.
+LOG_PREFILL_REJECTED = re.compile(r"prefill stage rejected: (.*)")
+
+
+@dataclass(frozen=True)
+class LogReport:
+    """What one run's log (stdout and stderr) says the engine applied. None or empty: the
+    engine printed no such line."""
+    sources: int | None = None                      # the last 'expert reader sources=N'
+    decode_split: str | None = None                 # the last 'decode split W0,W1,...'
+    decode_ignored: str | None = None               # the last decode list the engine ignored, verbatim
+    source_bytes: dict[int, int] = field(default_factory=dict)   # source -> bytes, summed over reader sessions
+    cache_budgets: tuple[int, ...] = ()             # experts, every budget line in order
+    cache_caps: tuple[str, ...] = ()                # lines in which the engine capped the cache
+    decode_cache: tuple[tuple[int, int], ...] = ()  # (requested, effective) decode cache, experts
+    prefill_rejected: str | None = None             # the last reason prefill staging was rejected
+
+
+def _last(rx: re.Pattern, text: str):
+    found = rx.findall(text)
+    return found[-1] if found else None
+
+
+def read_log(text: str) -> LogReport:
+    """Every line of `text` the engine prints about what it applied."""
+    sources = _last(LOG_SOURCES, text)
+    per: dict[int, int] = {}
+    for i, b in LOG_SOURCE_BYTES.findall(text):
+        per[int(i)] = per.get(int(i), 0) + int(b)
+    return LogReport(
+        sources=None if sources is None else int(sources),
+        decode_split=_last(LOG_DECODE_SPLIT, text),
+        decode_ignored=_last(LOG_DECODE_IGNORED, text),
+        source_bytes=dict(sorted(per.items())),
+        cache_budgets=tuple(int(x) for x in LOG_CACHE_BUDGET.findall(text)),
+        cache_caps=tuple(LOG_CACHE_CAP.findall(text)),
+        decode_cache=tuple((int(a), int(b)) for a, b in LOG_DECODE_CACHE.findall(text)),
+        prefill_rejected=_last(LOG_PREFILL_REJECTED, text),
+    )
 
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,

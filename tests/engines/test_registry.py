@@ -1,0 +1,46 @@
+"""The registry of target engines: lookup, the default, and which engines split reads."""
+
+import pytest
+
+from core.errors import EXIT_USAGE, UsageError
+from engines import colibri, ds4_argodrive
+from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
+from engines.split import check_weights, split_read
+
+
+def test_every_engine_is_registered_under_its_own_name():
+    assert set(ENGINES) == {ds4_argodrive.NAME, colibri.NAME}
+    for name, engine in ENGINES.items():
+        assert engine.name == name and get_engine(name) is engine
+
+
+def test_an_unknown_engine_is_one_usage_line_naming_the_known_ones():
+    with pytest.raises(UsageError) as info:
+        get_engine("llama.cpp")
+    message = str(info.value)
+    assert "\n" not in message and info.value.exit_code == EXIT_USAGE
+    assert message == "engine 'llama.cpp' is not known; known engines: ds4-argodrive, colibri"
+
+
+def test_the_default_engine_splits_reads_on_its_block_grid():
+    engine = get_engine(DEFAULT_ENGINE)
+    assert DEFAULT_ENGINE == ds4_argodrive.NAME
+    assert engine.split is ds4_argodrive.split_ds4 and engine.granule == ds4_argodrive.BLOCK
+    assert (engine.max_sources, engine.weight_min, engine.weight_max) == (3, 1, 100)
+
+
+def test_colibri_has_no_split_rule_and_split_read_says_which_engines_do():
+    assert get_engine(colibri.NAME).split is None
+    with pytest.raises(UsageError) as info:
+        split_read(0, ds4_argodrive.COMPONENT_BYTES, (10, 5), engine=colibri.NAME)
+    assert str(info.value) == "engine 'colibri' does not split reads across sources; engines that do: ds4-argodrive"
+
+
+def test_weight_limits_are_the_named_engines():
+    assert check_weights((1, 1, 1, 1, 1), colibri.NAME) == (1, 1, 1, 1, 1)     # primary + 4 mirrors
+    with pytest.raises(UsageError, match="colibri reads from at most 5 sources, got 6"):
+        check_weights((1,) * 6, colibri.NAME)
+    with pytest.raises(UsageError, match="ds4-argodrive reads from at most 3 sources, got 4"):
+        check_weights((1,) * 4)
+    with pytest.raises(UsageError, match="unknown-engine"):
+        check_weights((1,), "unknown-engine")
