@@ -13,6 +13,7 @@ from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
 from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
+from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, split_read
 
 from .model import decode_workload, prediction_to_dict, prefill_workload
@@ -22,7 +23,7 @@ from .solve import predict, smallest_equivalent, solve_plan
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
 
-EngineOption = typer.Option("ds4-argodrive", "--engine", help="Engine whose split rule and limits apply.")
+EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose split rule and limits apply: {', '.join(ENGINES)}.")
 BenchOption = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench).")
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
                                 help="Other work on a source: primary:engram (Engram rows per decoded token) or NAME:PERCENT% busy. Repeatable.")
@@ -59,7 +60,8 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
     n_len = _int(length, "--length")
     n_off = _int(offset, "--offset")
     pieces = split_read(n_off, n_len, w, engine)
-    smallest = smallest_equivalent(w, n_len) if engine == "ds4-argodrive" else w
+    # Equivalent weights exist only where the engine cuts each read on a grid (it has a split rule).
+    smallest = smallest_equivalent(w, n_len) if get_engine(engine).split is not None else w
     if json_out:
         print_json({"engine": engine, "weights": list(w), "offset": n_off, "length": n_len,
                     "smallest_equivalent": list(smallest),
