@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from engines import ds4_argodrive
+
 BIN = os.path.dirname(sys.executable)
 
 
@@ -60,8 +62,8 @@ def main() -> None:
     step("drive ceilings with the engine's read shapes", "iobench", "run", "--rig", rig, "--preset", "seq,prefill,decode", "--lanes", "1,2,4", "--seconds", "0.3", "--repeat", "2")
     step("solve the prefill and decode weights", "planner", "solve", "--rig", rig)
     step("one component read, split as the engine would", "planner", "split", "--weights", "10:6:6", "--length", "6635520")
-    step("the engine profile for ds4-argodrive", "engine-bridge", "export", "--rig", rig, "--plan", "latest",
-         "--format", "ds4-argodrive", "--profile", "demo", "--cache-experts", "48")
+    step(f"the engine profile for {ds4_argodrive.NAME}", "engine-bridge", "export", "--rig", rig, "--plan", "latest",
+         "--format", ds4_argodrive.NAME, "--profile", "demo", "--cache-experts", "48")
     step("the embedded engine, experts streamed through the split reads of the plan",
          "engine-bridge", "run", "--rig", rig, "--model", model, "--plan", "latest",
          "--prompt-tokens", "128", "--gen-tokens", "32", "--cache-experts", "48")
