@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 from core import rig as rigmod
 from core.errors import MismatchError, UsageError
 from core.events import Progress
+from replicas import fanout
 from replicas.cli import app
+from replicas.coldio import ColdReader
 from replicas.hashing import hash_file
 from replicas.journal import read_journal
 from replicas.manifests import load_manifest
@@ -185,24 +187,130 @@ def test_ctrl_c_keeps_durable_pieces(setup, monkeypatch):
     assert res.dests[0].bytes_written == len(data) - kept and read(t) == data
 
 
-def test_source_changed_mid_copy_is_refused_and_nothing_renamed(setup):
+class RewrittenSource(ColdReader):
+    """The copy's cold reader of the source, with the user rewriting the model at a set point
+    in the copy: just before the block at `at` is read ('before'), or once every block has been
+    read and the reader closes ('after'). The events are ordered by the hook, not by timing."""
+
+    def __init__(self, path, rewrite, when, at=None):
+        super().__init__(path)
+        self.rewrite, self.when, self.at = rewrite, when, at
+
+    def read_into(self, buffer, offset):
+        if self.when == "before" and offset == self.at:
+            self.rewrite()
+        return super().read_into(buffer, offset)
+
+    def close(self):
+        if self.when == "after" and self.fd >= 0:
+            self.rewrite()
+        super().close()
+
+
+OLD_MTIME_NS = 1_600_000_000 * 10**9      # the model was written long ago: any rewrite moves its mtime
+
+
+@pytest.fixture
+def copied_once(setup):
+    """A verified replica on the first destination (stamped, its manifest trusted); the second is empty."""
     src, data, dests, rig = setup
+    os.utime(src, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
     first = sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True)
     assert first.exit_code == 0
-    verified_replica = read(dests[0] / "model.gguf")
-    changed = {"done": False}
+    replica = dests[0] / "model.gguf"
+    return src, data, dests, rig, (read(replica), os.stat(replica).st_ino)
 
-    def report(ev):
-        if isinstance(ev, Progress) and ev.phase == "copy" and ev.done >= 2 * PIECE and not changed["done"]:
-            changed["done"] = True
-            with open(src, "r+b") as f:    # the user rewrites the model while we copy it
-                f.seek(len(data) - 10)
-                f.write(b"0123456789")
 
-    with pytest.raises(MismatchError, match="changed during the copy"):
+def rewrite_tail(src, size, keep_mtime=False):
+    def rewrite():          # the user rewrites the model's last bytes in place
+        with open(src, "r+b") as f:
+            f.seek(size - 10)
+            f.write(b"0123456789")
+        if keep_mtime:      # ... with a tool that puts the old mtime back
+            os.utime(src, ns=(OLD_MTIME_NS, OLD_MTIME_NS))
+    return rewrite
+
+
+def assert_refused_and_nothing_renamed(excinfo, dests, rig, before):
+    assert "the source changed during the copy" in str(excinfo.value)
+    assert excinfo.value.exit_code == 1
+    assert not os.path.exists(dests[1] / "model.gguf")                # nothing renamed into place
+    replica = dests[0] / "model.gguf"
+    assert (read(replica), os.stat(replica).st_ino) == before          # the verified replica untouched
+    r = rigmod.load_rig(rig)
+    assert [m.path for m in r.replicas] == [str(replica)]
+    assert stamp_state(str(replica), load_manifest(r), r) == "verified"
+
+
+@pytest.mark.parametrize("when", ["before", "after", "while-landing"])
+def test_source_changed_mid_copy_is_refused_and_nothing_renamed(copied_once, monkeypatch, when):
+    """Whichever check sees the change (the piece hash against the manifest, the identity checks
+    during and after the copy), the refusal is the same. 'before': the last piece is rewritten
+    just before it is read, so its hash differs; 'after': the model is rewritten once every
+    block was read, so only the identity can tell; 'while-landing': rewritten from the progress
+    of the copy, racing the reads on purpose."""
+    src, data, dests, rig, before = copied_once
+    rewrite = rewrite_tail(src, len(data))
+    report = None
+    if when == "while-landing":
+        changed = []
+
+        def report(ev):
+            if isinstance(ev, Progress) and ev.phase == "copy" and ev.done >= 2 * PIECE and not changed:
+                changed.append(True)
+                rewrite()
+    else:
+        last_block = (len(data) // PIECE) * PIECE
+        monkeypatch.setattr(fanout, "open_cold", lambda p: RewrittenSource(p, rewrite, when, at=last_block))
+    with pytest.raises(MismatchError) as excinfo:
         sync(str(src), [str(dests[1])], rig, piece_size=PIECE, allow_same_device=True, report=report)
-    assert not os.path.exists(dests[1] / "model.gguf")               # nothing renamed into place
-    assert read(dests[0] / "model.gguf") == verified_replica          # the verified replica untouched
+    assert_refused_and_nothing_renamed(excinfo, dests, rig, before)
+    if when == "while-landing":
+        assert changed
+    elif when == "after":
+        assert "modification time changed" in str(excinfo.value)
+
+
+def test_changed_piece_with_the_old_mtime_is_the_same_refusal_naming_the_piece(copied_once, monkeypatch):
+    """Only the hash can see bytes rewritten under an unchanged size, mtime and inode: the same
+    refusal, and it names the piece and the drive check."""
+    src, data, dests, rig, before = copied_once
+    rewrite = rewrite_tail(src, len(data), keep_mtime=True)
+    last = len(data) // PIECE
+    monkeypatch.setattr(fanout, "open_cold", lambda p: RewrittenSource(p, rewrite, "before", at=last * PIECE))
+    with pytest.raises(MismatchError) as excinfo:
+        sync(str(src), [str(dests[1])], rig, piece_size=PIECE, allow_same_device=True)
+    assert_refused_and_nothing_renamed(excinfo, dests, rig, before)
+    assert f"piece {last} (bytes {last * PIECE}+{len(data) - last * PIECE})" in str(excinfo.value)
+    assert "replicas verify --full" in str(excinfo.value)
+
+
+def test_source_shrinking_mid_copy_is_the_same_refusal(copied_once, monkeypatch):
+    """A short read is a changed source when the file shrank, not a missing drive."""
+    src, data, dests, rig, before = copied_once
+
+    def shrink():
+        os.truncate(src, 4 * PIECE + 100)
+
+    monkeypatch.setattr(fanout, "open_cold", lambda p: RewrittenSource(p, shrink, "before", at=5 * PIECE))
+    with pytest.raises(MismatchError) as excinfo:
+        sync(str(src), [str(dests[1])], rig, piece_size=PIECE, allow_same_device=True)
+    assert_refused_and_nothing_renamed(excinfo, dests, rig, before)
+    assert f"its size went from {len(data):,} to {4 * PIECE + 100:,} bytes" in str(excinfo.value)
+
+
+def test_changed_source_exits_1_with_one_line_and_a_rerun_copies_the_new_contents(copied_once, monkeypatch):
+    src, data, dests, rig, before = copied_once
+    with monkeypatch.context() as m:
+        m.setattr(fanout, "open_cold", lambda p: RewrittenSource(p, rewrite_tail(src, len(data)), "after"))
+        r = CliRunner().invoke(app, ["sync", "--rig", rig, "--piece-size", "1M", "--allow-same-device", str(src), str(dests[1])])
+    assert r.exit_code == 1, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "the source changed during the copy" in lines[0] and "Traceback" not in r.output
+    assert not os.path.exists(dests[1] / "model.gguf")
+    res = sync(str(src), [str(dests[1])], rig, piece_size=PIECE, allow_same_device=True)
+    assert res.exit_code == 0 and res.dests[0].action == "copy"       # the old partial is started over
+    assert read(dests[1] / "model.gguf") == read(src) != data
 
 
 def test_write_failure_rlimit_fsize_is_exit_4_and_loses_nothing(setup, tmp_path):
