@@ -4,7 +4,6 @@ MiB = 1 << 20
 
 RESULT_SCHEMA = 1
 RESULT_KIND = "iobench"
-BENCH_DIR = "bench"             # rig/bench/<timestamp>.json
 
 # Order of `--preset all`: seq first (its ceilings set the default split weights), rand4k last
 # (small random reads: the drive model's per-request latency and IOPS ceiling).

@@ -30,16 +30,16 @@ its best lane count; `knee_lanes` is the lowest lane count within 5 % of that be
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from core.errors import RigError, UsageError
-from core.fsutil import atomic_write_text
+from core.constants import BENCH_DIR
+from core.errors import MissingError, RigError
+from core.jsonfile import read_json, write_json
 from core.rig import Rig
 from replicas.drives import DriveInfo
 
-from .constants import BENCH_DIR, RESULT_KIND, RESULT_SCHEMA
+from .constants import RESULT_KIND, RESULT_SCHEMA
 from .model import DriveModel, model_from_dict, model_to_dict
 
 
@@ -244,16 +244,13 @@ def result_from_dict(d: dict, where: str = "result") -> BenchResult:
         raise RigError(f"{where}: key '{key}' is malformed ({type(e).__name__}: {e}); re-run `iobench run`") from None
 
 
+# What to do about a bad or missing result file, said the same way by every message.
+_REMEDY = f"run `iobench run` or give a result file from rig/{BENCH_DIR}/"
+
+
 def load_result(path: str) -> BenchResult:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such result file; run `iobench run` or give a file from rig/{BENCH_DIR}/") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory; give a result file from rig/{BENCH_DIR}/") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RigError(f"{path}: not valid JSON ({e}); re-run `iobench run`") from None
+    """A result file: missing is MissingError (exit 3); anything else wrong is RigError (exit 2)."""
+    doc = read_json(path, RESULT_KIND, _REMEDY, schema=RESULT_SCHEMA, what="iobench result")
     return result_from_dict(doc, path)
 
 
@@ -269,14 +266,12 @@ def result_name(created: str) -> str:
 
 def save_result(rig: Rig, r: BenchResult) -> str:
     """Write rig/bench/<timestamp>.json atomically; returns its path."""
-    path = os.path.join(rig.subdir(BENCH_DIR), result_name(r.created))
-    atomic_write_text(path, json.dumps(result_to_dict(r), indent=1) + "\n")
-    return path
+    return write_json(os.path.join(rig.subdir(BENCH_DIR), result_name(r.created)), result_to_dict(r))
 
 
 def latest_result(rig: Rig) -> BenchResult:
-    """The newest result in rig/bench; UsageError when there is none."""
+    """The newest result in rig/bench; MissingError (exit 3, like a missing plan) when there is none."""
     files = result_files(rig)
     if not files:
-        raise UsageError(f"no iobench results in {os.path.join(rig.root, BENCH_DIR)}: run `iobench run --rig {rig.root}` first")
+        raise MissingError(f"no iobench results in {rig.bench_dir}: run `iobench run --rig {rig.root}` first")
     return load_result(files[-1])

@@ -14,14 +14,19 @@ solver; the keys above them are the contract every consumer (engine_bridge run/e
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
+from core.constants import PLANS_DIR
 from core.errors import RigError
+from core.jsonfile import parse_json
 from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights
 
 from .constants import PLAN_SCHEMA
+
+PLAN_KIND = "plan"
+# What to do about a bad plan file, said the same way by every message.
+PLAN_REMEDY = f"give a plan written by `planner solve` (rig/{PLANS_DIR}/*.json)"
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class Plan:
 def plan_to_dict(p: Plan) -> dict:
     return {
         "schema": p.schema,
-        "kind": "plan",
+        "kind": PLAN_KIND,
         "engine": p.engine,
         "created": p.created,
         "sources": [{"name": s.name, "path": s.path} for s in p.sources],
@@ -74,8 +79,8 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
     def bad(key, what):
         return RigError(f"{where}: key '{key}' {what}; re-create the plan with `planner solve`")
 
-    if not isinstance(d, dict) or d.get("kind") != "plan":
-        raise RigError(f"{where}: not a plan file (no \"kind\": \"plan\"); give a file written by `planner solve`")
+    if not isinstance(d, dict) or d.get("kind") != PLAN_KIND:
+        raise RigError(f"{where}: not a plan file (no \"kind\": \"{PLAN_KIND}\"); {PLAN_REMEDY}")
     if d.get("schema") != PLAN_SCHEMA:
         raise bad("schema", f"is {d.get('schema')!r}, this version reads {PLAN_SCHEMA}")
     srcs = d.get("sources")
@@ -95,19 +100,16 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
         if len(w) != len(sources):
             raise bad(f"{ph}.weights", f"has {len(w)} weights for {len(sources)} sources")
         try:
-            check_weights(w, d.get("engine", "ds4-argodrive"))
+            check_weights(w, d.get("engine", DEFAULT_ENGINE))
         except Exception as e:
             raise bad(f"{ph}.weights", f"is invalid ({e})") from None
         phases[ph] = Phase(tuple(w), dict(blk.get("predicted") or {}))
     return Plan(sources=tuple(sources), prefill=phases["prefill"], decode=phases["decode"],
-                engine=d.get("engine", "ds4-argodrive"), created=str(d.get("created", "")),
+                engine=d.get("engine", DEFAULT_ENGINE), created=str(d.get("created", "")),
                 baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
                 provenance=dict(d.get("provenance") or {}))
 
 
-def plan_from_json(text: str, where: str = "plan") -> Plan:
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RigError(f"{where}: not valid JSON ({e}); give a file written by `planner solve`") from None
-    return plan_from_dict(d, where)
+def plan_from_json(text: str | bytes, where: str = "plan") -> Plan:
+    """A plan from the text of `where`: the same checks and messages as a plan read from disk."""
+    return plan_from_dict(parse_json(text, where, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMA), where)

@@ -7,20 +7,19 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
-from core.errors import MissingError, RigError, UsageError
-from core.fsutil import atomic_write_text
+from core.constants import PLANS_DIR
+from core.errors import MissingError, UsageError
+from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
 from replicas.manifests import load_manifest
 
+from .constants import PLAN_SCHEMA
 from .model import Background, CorrectedCurve, Drive
-from .plan import Plan, Source, plan_from_json, plan_to_dict
-
-PLANS_DIR = "plans"
+from .plan import PLAN_KIND, PLAN_REMEDY, Plan, Source, plan_from_dict, plan_to_dict
 
 
 def utc_now() -> str:
@@ -36,23 +35,13 @@ def save_plan(rig: Rig, plan: Plan) -> str:
     """Write rig/plans/<timestamp>.json atomically (stamping `created` if empty); returns the path."""
     if not plan.created:
         plan = replace(plan, created=utc_now())
-    path = os.path.join(rig.subdir(PLANS_DIR), plan_name(plan.created))
-    atomic_write_text(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
-    return path
+    return write_json(os.path.join(rig.subdir(PLANS_DIR), plan_name(plan.created)), plan_to_dict(plan))
 
 
 def load_plan(path: str) -> Plan:
-    """Read a plan file; a missing or malformed file is one clear error line (exit 2)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such plan file; run `planner solve` or give a file from rig/{PLANS_DIR}/") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory; give a plan file from rig/{PLANS_DIR}/") from None
-    except UnicodeDecodeError:
-        raise RigError(f"{path}: not UTF-8 text; give a file written by `planner solve`") from None
-    return plan_from_json(text, path)
+    """Read a plan file: missing is MissingError (exit 3); anything else wrong is one RigError
+    line (exit 2) naming the file."""
+    return plan_from_dict(read_json(path, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMA), path)
 
 
 def plan_files(rig: Rig) -> list[str]:
@@ -61,9 +50,10 @@ def plan_files(rig: Rig) -> list[str]:
 
 
 def latest_plan_path(rig: Rig) -> str:
+    """The newest plan file in rig/plans; MissingError (exit 3) when there is none."""
     files = plan_files(rig)
     if not files:
-        raise UsageError(f"no plans in {os.path.join(rig.root, PLANS_DIR)}: run `planner solve --rig {rig.root}` first")
+        raise MissingError(f"no plans in {rig.plans_dir}: run `planner solve --rig {rig.root}` first")
     return files[-1]
 
 
@@ -75,16 +65,16 @@ def resolve_plan_path(ref: str, rig: Rig | None) -> str:
     if rig is not None:
         if ref == "latest":
             return latest_plan_path(rig)
-        d = os.path.join(rig.root, PLANS_DIR)
+        d = rig.plans_dir
         for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(rig.root, ref)):
             if os.path.isfile(cand):
                 return cand
-    raise MissingError(f"plan {ref}: not found" + (f" (nor in {os.path.join(rig.root, PLANS_DIR)})" if rig else "")
+    raise MissingError(f"plan {ref}: not found" + (f" (nor in {rig.plans_dir})" if rig else "")
                        + "; give a plan file written by `planner solve`, or 'latest'")
 
 
 def latest_plan(rig: Rig) -> Plan:
-    """The newest plan in rig/plans; UsageError when there is none."""
+    """The newest plan in rig/plans; MissingError when there is none."""
     return load_plan(latest_plan_path(rig))
 
 

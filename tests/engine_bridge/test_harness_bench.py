@@ -141,7 +141,7 @@ def test_cli_bench_and_ladder(rig, tmp_path, monkeypatch):
     assert "3drives" in res.stdout and "3.00" in res.stdout
     assert os.path.exists(tmp_path / "lad" / "results.json")
     res = runner.invoke(app, ["ladder", "--rig", rig.root])
-    assert res.exit_code == 2 and "no plan" in res.stderr
+    assert res.exit_code == 3 and "no plan" in res.stderr
     res = runner.invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--order", "ABBA"])
     assert res.exit_code == 2 and "at least two arms" in res.stderr
 

@@ -133,9 +133,7 @@ def test_show_and_compare(two_files):
     (["run", "{a}", "--together"], "at least two drives"),
     (["run", "{a}", "{b}", "{small}", "{c}", "--preset", "prefill"], "at most 3 sources"),
     (["run"], "no rig"),
-    (["show"], "no iobench results"),
-    (["show", "/no/such.json"], "no such result"),
-    (["compare", "{a}", "{b}"], "not valid JSON"),
+    (["compare", "{a}", "{b}"], "a.bin: not UTF-8 text, so not an iobench result file"),
 ])
 def test_bad_input_exits_2(tmp_path, args, message):
     a, b, c, small = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "c.bin", tmp_path / "small.bin"
@@ -147,6 +145,19 @@ def test_bad_input_exits_2(tmp_path, args, message):
     r = invoke(*[subst.get(x, x) for x in args])
     assert r.exit_code == 2, r.output
     assert message in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["show"], "no iobench results"),
+    (["show", "/no/such.json"], "/no/such.json: no such iobench result file"),
+    (["compare", "/no/such.json", "/no/other.json"], "no such iobench result file"),
+])
+def test_missing_result_exits_3_like_a_missing_plan(args, message):
+    r = invoke(*args)
+    assert r.exit_code == 3, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("iobench: error: ") and message in lines[0]
     assert "Traceback" not in r.output
 
 

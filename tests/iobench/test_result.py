@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from core.errors import RigError, UsageError
+from core.errors import MissingError, RigError
 from core.rig import Rig
 from iobench.model import DriveModel
 from iobench.result import (
@@ -81,13 +81,13 @@ def test_malformed_results_name_the_problem(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(RigError, match="not valid JSON"):
         load_result(str(bad))
-    with pytest.raises(UsageError, match="no such result"):
+    with pytest.raises(MissingError, match="no such iobench result file"):
         load_result(str(tmp_path / "missing.json"))
 
 
 def test_save_and_latest(tmp_path):
     rig = Rig(root=str(tmp_path / "rig"))
-    with pytest.raises(UsageError, match="no iobench results"):
+    with pytest.raises(MissingError, match="no iobench results"):
         latest_result(rig)
     older = save_result(rig, sample_result("2026-11-29T19:00:00.123Z", bw=1e8))
     newer = save_result(rig, sample_result("2026-11-29T19:00:01.001Z", bw=2e8))

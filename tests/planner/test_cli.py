@@ -75,7 +75,6 @@ def test_simulate_json(tmp_path):
     ("simulate", "--weights", "10:5:5", "--phase", "middle"),
     ("simulate", "--weights", "10:5:5", "--phase", "decode", "--background", "green:engram"),
     ("simulate", "--weights", "10:5:5", "--phase", "decode", "--background", "primary:150%"),
-    ("solve", "--bench", "/nonexistent/result.json"),
 ])
 def test_bad_model_input_is_exit_2(tmp_path, args):
     rig, _ = make_rig(tmp_path / "rig")
@@ -115,7 +114,19 @@ def test_malformed_plan_file_is_exit_2(tmp_path, text):
 
 def test_show_without_plans_says_how_to_make_one(tmp_path):
     r = invoke("show", "--rig", tmp_path / "rig")
-    assert r.exit_code == 2 and "planner solve" in r.stderr
+    assert r.exit_code == 3 and "planner solve" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("solve", "--bench", "/nonexistent/result.json"), "/nonexistent/result.json: no such iobench result file"),
+    (("show", "/nonexistent/plan.json"), "/nonexistent/plan.json: no such plan file"),
+])
+def test_a_missing_result_or_plan_is_exit_3(tmp_path, args, message):
+    rig, _ = make_rig(tmp_path / "rig")
+    r = invoke(*args, "--rig", rig.root)
+    assert r.exit_code == 3, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("planner: error: ") and message in lines[0]
 
 
 def test_plan_schema_keys_are_pinned_and_round_trip(tmp_path):

@@ -168,12 +168,12 @@ def test_pure_modules_and_the_planner_cli_do_not_load_textual():
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("setup, expect", [
-    ("empty", "no iobench results"),
-    ("other-plan", "is for sources"),
-    ("missing-plan", "not found"),
+@pytest.mark.parametrize("setup, expect, code", [
+    ("empty", "no iobench results", 3),
+    ("other-plan", "is for sources", 2),
+    ("missing-plan", "not found", 3),
 ])
-def test_tune_refuses_a_rig_it_cannot_tune_with_one_line(tmp_path, setup, expect):
+def test_tune_refuses_a_rig_it_cannot_tune_with_one_line(tmp_path, setup, expect, code):
     root = tmp_path / "rig"
     args = ["tune", "--rig", str(root)]
     if setup == "empty":
@@ -187,6 +187,6 @@ def test_tune_refuses_a_rig_it_cannot_tune_with_one_line(tmp_path, setup, expect
         else:
             args += ["--plan", "nope"]
     r = runner.invoke(planner_app, args)
-    assert r.exit_code in (2, 3), r.output
+    assert r.exit_code == code, r.output
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("planner: error: ") and expect in lines[0]
