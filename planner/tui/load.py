@@ -3,19 +3,19 @@ the tuned weights as a plan file."""
 
 from __future__ import annotations
 
-import json
 import os
 
-from core.errors import UsageError
-from core.rig import load_rig
+from core.constants import RESULTS_FILE
+from core.errors import ReplicaTunerError, UsageError
+from core.rig import Rig, load_rig
+from engines.registry import DEFAULT_ENGINE
 
+from ..measured import HarnessRun, read_results
 from ..model import PHASES
 from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
 from ..solve import solve_plan
 from .state import Measured, TunerState, new_state, settings_from_provenance, tuned_plan
-
-RUNS_DIR = "runs"
 
 
 def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = None,
@@ -37,7 +37,7 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     workloads, backgrounds = settings_from_provenance(prov, names)
     solved = {ph: getattr(plan, ph).weights for ph in PHASES} if plan is not None else None
     return new_state(inputs.sources, inputs.drives, solved, workloads, backgrounds,
-                     engine=plan.engine if plan is not None else "ds4-argodrive", plan_name=plan_name,
+                     engine=plan.engine if plan is not None else DEFAULT_ENGINE, plan_name=plan_name,
                      provenance=inputs.provenance, measured=latest_measured(rig.root))
 
 
@@ -51,37 +51,22 @@ def solve_weights(state: TunerState) -> dict[str, tuple[int, ...]]:
 def latest_measured(rig_root: str) -> tuple[Measured, ...]:
     """Arms and medians of the newest readable rig/runs/*/results.json; () when there is none.
     Read-only context for the screen, so an unreadable run is skipped rather than an error."""
-    d = os.path.join(rig_root, RUNS_DIR)
+    d = Rig(root=rig_root).runs_dir
     try:
         runs = sorted((n for n in os.listdir(d) if not n.startswith(".")), reverse=True)
     except (FileNotFoundError, NotADirectoryError):
         return ()
     for run in runs:
         try:
-            with open(os.path.join(d, run, "results.json"), encoding="utf-8") as f:
-                doc = json.load(f)
-            return measured_from_results(doc, run)
-        except (OSError, ValueError, TypeError, AttributeError, KeyError):
+            return measured_from_run(read_results(os.path.join(d, run, RESULTS_FILE)), run)
+        except ReplicaTunerError:
             continue
     return ()
 
 
-def measured_from_results(doc: dict, run: str) -> tuple[Measured, ...]:
-    """The arms of a harness results.json (engine_bridge.arms, schema 1) with their medians."""
-    if doc.get("kind") != "bench-results":
-        raise ValueError("not a harness results file")
-    out = []
-    for name, arm in doc["arms"].items():
-        med = (doc.get("medians") or {}).get(name) or {}
-        out.append(Measured(run, name,
-                            {"prefill": tuple(arm.get("prefill_weights") or ()), "decode": tuple(arm.get("decode_weights") or ())},
-                            int(med.get("n") or 0),
-                            {"prefill": _number(med.get("prefill_tps")), "decode": _number(med.get("gen_steady_tps"))}))
-    return tuple(out)
-
-
-def _number(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+def measured_from_run(results: HarnessRun, run: str) -> tuple[Measured, ...]:
+    """The tuner's rows for one harness run (named by its folder)."""
+    return tuple(Measured(run, a.name, a.weights, a.n, a.tps) for a in results.arms)
 
 
 def save_tuned(rig_root: str, state: TunerState) -> str:
