@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from typing import List, Optional
@@ -10,33 +9,14 @@ from typing import List, Optional
 import typer
 
 from core.cli import JsonOption, RigOption, err, print_json
-from core.errors import MismatchError, UsageError
 from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS
 
 
-def _load_rig(rig_opt: Optional[str], required: bool):
-    from core.rig import load_rig, rig_dir
-
-    root = rig_dir(rig_opt)
-    return load_rig(root, must_exist=required)
-
-
-def _settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_args, rig) -> dict:
-    return {"prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "cache_experts": cache_experts,
-            "lanes": lanes, "max_other_cpu": max_other_cpu, "run_args": list(run_args or []),
-            "rig": rig.root if rig else None}
-
-
 def _execute(specs, order, settings, out, rig, repeat, json_out):
-    from engine_bridge.harness.runner import new_run_dir, run_bench
+    """Run the arms into their run folder, Ctrl-C stopping after the running arm; print the table."""
+    from engine_bridge.harness.runner import check_hashes, run_bench, run_folder
 
-    if out:
-        os.makedirs(out, exist_ok=True)
-        out_dir = new_run_dir(out) if os.listdir(out) else out
-    else:
-        if rig is None:
-            raise UsageError("no --out DIR and no rig: give --out or --rig DIR (results go to <rig>/runs/<timestamp>)")
-        out_dir = new_run_dir(rig.subdir("runs"))
+    out_dir = run_folder(out, rig)
     cancel = threading.Event()
     old = signal.getsignal(signal.SIGINT)
 
@@ -69,10 +49,7 @@ def _execute(specs, order, settings, out, rig, repeat, json_out):
                        f"{f(m['gen_steady_tps']):>12} {f(g['gen_steady_tps']):>6}")
         typer.echo(f"ratios vs control {ctl}; results {paths['results']}; summary {paths['summary']}; "
                    f"chart {paths['chart']}")
-    bad = [r for r in doc["rows"] if "sha" in r["failed"]]
-    if bad:
-        raise MismatchError(f"output hash differs from the reference in arm(s) "
-                            f"{', '.join(sorted({r['arm'] for r in bad}))}; see {paths['summary']}")
+    check_hashes(doc, paths["summary"])
     return doc
 
 
@@ -109,14 +86,10 @@ def register(app) -> None:
         json_out: bool = JsonOption,
     ):
         """Run arms interleaved (ABBA, BAAB, ABAB or a ladder), each in a fresh process; gate, summarise."""
-        from engine_bridge.harness.arms import parse_arm
-        from engine_bridge.harness.runner import resolve_arm
+        from engine_bridge.harness.runner import bench_arms, bench_settings
 
-        parsed = [parse_arm(a) for a in arm]
-        needs_rig = any(not os.path.isfile(ref) for _, ref in parsed)
-        r = _load_rig(rig, required=needs_rig)
-        specs = [resolve_arm(n, ref, r) for n, ref in parsed]
-        settings = _settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_arg, r)
+        specs, r = bench_arms(arm, rig)
+        settings = bench_settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_arg, r)
         _execute(specs, order, settings, out, r, repeat, json_out)
 
     @app.command("ladder")
@@ -139,25 +112,8 @@ def register(app) -> None:
         json_out: bool = JsonOption,
     ):
         """One drive (primary alone), plus one replica, plus two: U S1 U S2 S2 U S1 U, ratios to one drive."""
-        from engine_bridge.harness.runner import ladder_specs, resolve_arm
-        from engines.split import parse_weights
+        from engine_bridge.harness.runner import bench_settings, ladder_arms
 
-        r = _load_rig(rig, required=plan is None)
-        if weights:
-            if plan:
-                raise UsageError("give either --plan or --weights, not both")
-            if r.model is None:
-                raise UsageError(f"the rig at {r.root} has no model; run `replicas init` / `replicas sync` first")
-            pre = parse_weights(weights)
-            paths = [m.path for m in r.members]
-        else:
-            from planner.plans import resolve_plan_path
-
-            spec = resolve_arm("plan", resolve_plan_path(plan or "latest", r), r)
-            paths, pre = list(spec.sources), spec.prefill_weights
-            if not decode_weights:
-                decode_weights = ":".join(map(str, spec.decode_weights))
-        dec = parse_weights(decode_weights) if decode_weights else pre
-        specs = ladder_specs(paths, pre, dec)
-        settings = _settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_arg, r)
+        specs, r = ladder_arms(rig, plan, weights, decode_weights)
+        settings = bench_settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_arg, r)
         _execute(specs, "ladder", settings, out, r, repeat, json_out)
