@@ -4,7 +4,7 @@
 fresh Python process, so every arm starts with an empty expert cache), takes a /proc snapshot
 right before and after each arm for the swap and load gates, and writes into the run folder:
 
-    results.json   the schema-1 document of engine_bridge.arms (rows, medians, gains, pairs)
+    results.json   the schema-1 document of harness.arms (rows, medians, gains, pairs)
     summary.md     the same for people
     chart.svg      medians and every arm, per configuration
     runs.csv       the ds4-bench CSV columns, one line per arm, with seq/arm/ok
@@ -28,13 +28,14 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, Sequence
 
-from core.errors import Interrupted, MissingError, UsageError
+from core.constants import RUNS_DIR
+from core.errors import Interrupted, MismatchError, MissingError, UsageError
 from core.events import Notice, emit
 from core.fsutil import atomic_write_text
-from core.rig import Rig
+from core.rig import Rig, load_rig, rig_dir
 from engines.split import check_weights, parse_weights
-from planner.plan import Phase, Plan, Source, plan_from_json, plan_to_dict
-from planner.plans import resolve_plan_path
+from planner.plan import Phase, Plan, Source, plan_to_dict
+from planner.plans import load_plan, resolve_plan_path
 
 from .arms import (
     CSV_COLUMNS,
@@ -44,9 +45,9 @@ from .arms import (
     Snapshot,
     arm_sequence,
     build_results,
-    render_markdown,
-    render_svg,
+    parse_arm,
 )
+from .render import render_markdown, render_svg
 
 Runner = Callable[[ArmSpec, dict, str, int], tuple[dict, str]]
 _WEIGHTS_RE = re.compile(r"^\d+([:,]\d+)*(/\d+([:,]\d+)*)?$")
@@ -76,10 +77,39 @@ def resolve_arm(name: str, ref: str, rig: Rig | None) -> ArmSpec:
                              f"{len(members)} member(s); add replicas with `replicas sync` or give fewer weights")
         return ArmSpec(name, tuple(m.path for m in members[:len(prefill)]), prefill, decode)
     path = resolve_plan_path(ref, rig)
-    with open(path, encoding="utf-8") as f:
-        plan = plan_from_json(f.read(), path)
+    plan = load_plan(path)
     return ArmSpec(name, tuple(s.path for s in plan.sources), tuple(plan.prefill.weights),
                    tuple(plan.decode.weights), plan=path)
+
+
+def bench_arms(arms: Sequence[str], rig_option: str | None) -> tuple[list[ArmSpec], Rig]:
+    """The arms of `bench` from its --arm NAME=PLAN options, and the rig (which must exist only
+    when an arm is not a plan file: a plan name or inline weights are looked up in it)."""
+    parsed = [parse_arm(a) for a in arms]
+    rig = load_rig(rig_dir(rig_option), must_exist=any(not os.path.isfile(ref) for _, ref in parsed))
+    return [resolve_arm(name, ref, rig) for name, ref in parsed], rig
+
+
+def ladder_arms(rig_option: str | None, plan: str | None = None, weights: str | None = None,
+                decode_weights: str | None = None) -> tuple[list[ArmSpec], Rig]:
+    """The rungs of `ladder`, and the rig: the sources and weights of `plan` (default: the newest
+    in <rig>/plans), or prefill `weights` ('W:W:W') over the rig's members; `decode_weights`
+    overrides the plan's decode weights (default with `weights`: the prefill weights)."""
+    rig = load_rig(rig_dir(rig_option), must_exist=plan is None)
+    if weights:
+        if plan:
+            raise UsageError("give either --plan or --weights, not both")
+        if rig.model is None:
+            raise UsageError(f"the rig at {rig.root} has no model; run `replicas init` / `replicas sync` first")
+        prefill = parse_weights(weights)
+        paths = [m.path for m in rig.members]
+    else:
+        spec = resolve_arm("plan", resolve_plan_path(plan or "latest", rig), rig)
+        paths, prefill = list(spec.sources), spec.prefill_weights
+        if not decode_weights:
+            decode_weights = ":".join(map(str, spec.decode_weights))
+    decode = parse_weights(decode_weights) if decode_weights else prefill
+    return ladder_specs(paths, prefill, decode), rig
 
 
 def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[int] | None = None) -> list[ArmSpec]:
@@ -193,6 +223,34 @@ def new_run_dir(runs_root: str) -> str:
         path, i = os.path.join(runs_root, f"{stamp}-{i}"), i + 1
     os.makedirs(path)
     return path
+
+
+def bench_settings(prompt_tokens: int | None = None, gen_tokens: int | None = None, cache_experts: int | None = None,
+                   lanes: int | None = None, max_other_cpu: float = MAX_OTHER_CPU, run_args: Sequence[str] = (),
+                   rig: Rig | None = None) -> dict:
+    """The settings every arm runs with (None: `run`'s default); kept in results.json."""
+    return {"prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "cache_experts": cache_experts,
+            "lanes": lanes, "max_other_cpu": max_other_cpu, "run_args": list(run_args or []),
+            "rig": rig.root if rig else None}
+
+
+def run_folder(out: str | None, rig: Rig | None) -> str:
+    """Where a bench run writes: `out` (a fresh timestamped folder inside it when it already
+    holds files), else a fresh <rig>/runs/<timestamp>."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        return new_run_dir(out) if os.listdir(out) else out
+    if rig is None:
+        raise UsageError("no --out DIR and no rig: give --out or --rig DIR (results go to <rig>/runs/<timestamp>)")
+    return new_run_dir(rig.subdir(RUNS_DIR))
+
+
+def check_hashes(doc: dict, summary: str) -> None:
+    """MismatchError (exit 1) when any arm's output hash differs from the reference: the split
+    reads delivered wrong bytes or the engine is not deterministic. Other gates only label arms."""
+    bad = sorted({r["arm"] for r in doc["rows"] if "sha" in r["failed"]})
+    if bad:
+        raise MismatchError(f"output hash differs from the reference in arm(s) {', '.join(bad)}; see {summary}")
 
 
 def runs_csv(doc: dict) -> str:

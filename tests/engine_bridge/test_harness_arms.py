@@ -20,9 +20,8 @@ from engine_bridge.harness.arms import (
     gate_swap,
     other_cpu,
     parse_arm,
-    render_markdown,
-    render_svg,
 )
+from engine_bridge.harness.render import render_markdown, render_svg
 
 
 def test_orders():
