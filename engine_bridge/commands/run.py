@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import csv
-import ctypes
-import glob
-import io
-import json
 import os
 from typing import List, Optional
 
 import typer
 
 from core.cli import JsonOption, RigOption, err, print_json
-from core.errors import UsageError
-from core.fsutil import atomic_write_text
 from core.units import format_bytes, format_rate
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
-    CSV_COLUMNS,
     DEQUANT_THREADS,
     GEN_TOKENS,
     LANES,
@@ -27,107 +19,14 @@ from engine_bridge.engine.constants import (
     PROMPT_SEED,
     PROMPT_TOKENS,
     SYNTH_DEFAULTS,
-    TRACE_SCHEMA,
 )
 
 
-def limit_blas_threads(n: int = 1) -> bool:
-    """Pin numpy's OpenBLAS to n threads (best effort; True if applied).
-
-    The engine's matrices are small and the reader's lanes need the other core: with BLAS
-    threads spinning on a loaded 2-core machine the same forward pass ran 8x slower.
-    """
-    import numpy as np
-
-    libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "libscipy_openblas*.so*"))
-    for lib in libs:
-        try:
-            so = ctypes.CDLL(lib)
-        except OSError:
-            continue
-        for sym in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads_64_", "openblas_set_num_threads"):
-            fn = getattr(so, sym, None)
-            if fn is not None:
-                fn(ctypes.c_int(n))
-                return True
-    return False
-
-
-def parse_replica(text: str) -> tuple[str, int]:
-    """'PATH*W' -> (absolute path, W)."""
-    path, star, w = str(text).rpartition("*")
-    if not star or not path:
-        raise UsageError(f"--replica {text!r}: use PATH*WEIGHT, e.g. /mnt/green/model.gguf*5")
-    try:
-        weight = int(w)
-    except ValueError:
-        raise UsageError(f"--replica {text!r}: weight {w!r} is not an integer 1..100") from None
-    return os.path.abspath(path), weight
-
-
-def resolve_plan(plan: str, rig: Optional[str]) -> str:
-    """A plan path, 'latest' (the newest in <rig>/plans), or a name in <rig>/plans (.json optional)."""
-    from core.rig import Rig, rig_dir
-    from planner.plans import resolve_plan_path
-
-    return resolve_plan_path(plan, Rig(root=rig_dir(rig)))
-
-
-def build_sources(model: str, replicas: List[str], primary_weight: int, decode_weights: Optional[str],
-                  plan: Optional[str], rig: Optional[str]):
-    from engine_bridge.engine.inference import SourceSet
-    from engines.split import check_weights, parse_weights
-    from planner.plan import plan_from_json
-
-    model = os.path.abspath(model)
-    if plan:
-        if replicas:
-            raise UsageError("give either --plan or --replica, not both (the plan lists its sources)")
-        path = resolve_plan(plan, rig)
-        with open(path, encoding="utf-8") as f:
-            p = plan_from_json(f.read(), path)
-        paths = tuple(os.path.abspath(s.path) for s in p.sources)
-        if os.path.realpath(paths[0]) != os.path.realpath(model):
-            raise UsageError(f"--model {model} is not the plan's primary {paths[0]} ({path}); run the plan's model "
-                             "or re-solve the plan for this one")
-        prefill, decode = tuple(p.prefill.weights), tuple(p.decode.weights)
-        if decode_weights:
-            decode = parse_weights(decode_weights)
-    else:
-        reps = [parse_replica(r) for r in replicas]
-        paths = (model,) + tuple(p for p, _ in reps)
-        prefill = check_weights((primary_weight,) + tuple(w for _, w in reps))
-        decode = parse_weights(decode_weights) if decode_weights else prefill
-    if len(decode) != len(paths):
-        raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {len(decode)} weights for {len(paths)} sources; "
-                         "give exactly one per source, primary first (the engine silently ignores a wrong count)")
-    return SourceSet(paths=paths, prefill=prefill, decode=decode)
-
-
-def csv_text(row: dict, header: bool) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    if header:
-        w.writerow(CSV_COLUMNS)
-    w.writerow([row[c] for c in CSV_COLUMNS])
-    return buf.getvalue()
-
-
-def _append_csv_and_report(result: dict, csv_file: Optional[str]) -> None:
-    """Append the CSV row (header on a new file) and print the reader's counters and events on stderr."""
-    if csv_file:
-        new = not os.path.exists(csv_file) or os.path.getsize(csv_file) == 0
-        with open(csv_file, "a", encoding="utf-8") as f:
-            f.write(csv_text(result, header=new))
+def _report_reader(result: dict) -> None:
+    """The reader's per-source counters and its failover events, on stderr."""
     err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
     for e in result["events"]:
         err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
-
-
-def _trace_doc(result: dict, trace: list) -> dict:
-    m = result["model"]
-    return {"schema": TRACE_SCHEMA, "kind": "routing-trace", "layers": m["layers"], "experts": m["experts"],
-            "top_k": m["top_k"], "steps": [{"phase": ph, "layers": sel} for ph, sel in trace]}
 
 
 # Options `run` and `replay` share (the same sources, cache and reader settings).
@@ -197,20 +96,19 @@ def register(app) -> None:
         json_out: bool = JsonOption,
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
-        from engine_bridge.engine.inference import run_model
+        from engine_bridge.engine.blas import pin_blas_threads
+        from engine_bridge.engine.run import csv_text, run_model, save_run
+        from engine_bridge.engine.sources import build_sources
 
+        blas = pin_blas_threads(1)
         sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
-        blas = limit_blas_threads(1)
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
-        result = run_model(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                           chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
-                           dequant_threads=dequant_threads)
-        trace = result.pop("trace", None)
-        if trace_out:
-            atomic_write_text(trace_out, json.dumps(_trace_doc(result, trace)) + "\n")
-        _append_csv_and_report(result, csv_file)
+        result = save_run(run_model(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
+                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
+                                    dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out)
+        _report_reader(result)
         for ph in ("prefill", "decode"):
             c = result[ph]
             err.print(f"{ph}: {c['seconds']:.3f} s, waiting for reads {c['read_wait_seconds']:.3f} s "
@@ -248,15 +146,18 @@ def register(app) -> None:
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
         from engine_bridge.engine.replay import replay
+        from engine_bridge.engine.run import save_run
+        from engine_bridge.engine.sources import build_sources
 
         sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
         err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
                   highlight=False, soft_wrap=True)
-        result = replay(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, chunk_tokens=chunk_tokens,
-                        routing_seed=routing_seed, trace_path=trace, cold=not cached)
-        _append_csv_and_report(result, csv_file)
+        result = save_run(replay(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes,
+                                 chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
+                                 cold=not cached), csv_file=csv_file)
+        _report_reader(result)
         if json_out:
             print_json(result)
             return

@@ -12,9 +12,9 @@ cache or a read, and the top-k contributions are summed in slot order after all 
 layer are computed, so the output token ids are the same for every cache size, source count,
 weight and lane count: they change only if a read delivers wrong bytes.
 
-Reads go through `submit(offset, length, phase) -> ticket` (the split reader's `submit`; the
-ticket's `result()` waits for the read's barrier), so an expert is computed while the reads of
-the next ones are in flight; this module opens no file.
+Reads go through `staging.stage_reads` and the `submit(offset, length, phase) -> ticket` it is
+given (the split reader's `submit`), so an expert is computed while the reads of the next ones
+are in flight; this module opens no file. `run.run_model` is the I/O around it.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from .cache import ExpertCache
 from .constants import (
-    COMPONENTS,
     DEQUANT_THREADS,
     PREFILL_CHUNK_TOKENS,
     QUANT_BLOCK,
@@ -39,8 +38,7 @@ from .constants import (
     STAGE_WINDOW,
 )
 from .model import Geometry, Resident
-
-Submit = Callable[[int, int, str], "object"]   # (offset, length, phase) -> ticket with .result() -> bytes
+from .staging import PhaseCounters, Submit, stage_reads
 
 _Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])
 _Q4 = np.dtype([("d", "<f2"), ("q", "u1", (QUANT_BLOCK // 2,))])
@@ -109,20 +107,6 @@ def tokens_sha256(ids: Sequence[int]) -> str:
 
 
 @dataclass
-class PhaseCounters:
-    hits: int = 0            # selected experts found in the cache (one per expert per layer step)
-    misses: int = 0          # selected experts read through the reader
-    reads: int = 0           # ranges handed to the reader
-    bytes: int = 0           # bytes read
-    seconds: float = 0.0     # wall time of the phase
-    read_wait_seconds: float = 0.0   # time spent waiting for reads to land (the rest is compute)
-
-    def as_dict(self) -> dict:
-        return {"hits": self.hits, "misses": self.misses, "reads": self.reads, "bytes": self.bytes,
-                "seconds": round(self.seconds, 6), "read_wait_seconds": round(self.read_wait_seconds, 6)}
-
-
-@dataclass
 class RunOutcome:
     prompt: int
     tokens: list[int]                     # generated ids: one from the prefill logits, then one per decode step
@@ -131,62 +115,6 @@ class RunOutcome:
     step_seconds: list[float] = field(default_factory=list)   # wall time of each decode step
     kvcache_bytes: int = 0
     trace: list | None = None             # routing per step if recorded: [phase, [[layer selections...]...]]
-
-
-def expert_runs(experts: Sequence[int], phase: str, component_bytes: int, stage_bytes: int = STAGE_BYTES) -> list[list[int]]:
-    """Group sorted expert ids into runs read together: in prefill, contiguous experts up to
-    stage_bytes per component tensor (one read per component); in decode, one expert each."""
-    per = max(1, stage_bytes // component_bytes) if phase == "prefill" else 1
-    runs: list[list[int]] = []
-    for e in experts:
-        if runs and e == runs[-1][-1] + 1 and len(runs[-1]) < per:
-            runs[-1].append(e)
-        else:
-            runs.append([e])
-    return runs
-
-
-def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int], phase: str, counters: PhaseCounters,
-                stage_bytes: int = STAGE_BYTES, window: int = STAGE_WINDOW):
-    """Yield (expert, [gate, up, down] buffers, release) for the missing experts of a layer, in id
-    order, while later reads are still in flight (at most `window` bytes submitted ahead). The
-    engine and replay both read through here, so replay measures the engine's read pattern.
-    `release` is None except on a run's last expert: call it when every buffer of the run (this
-    and the previous experts yielded) is no longer needed, so the reader can reuse them."""
-    cb = g.component_bytes
-    bases = [g.tensor(layer, c).offset for c in COMPONENTS]
-    todo = deque(expert_runs(missing, phase, cb, stage_bytes))
-    pending: deque = deque()
-    inflight = 0
-    while todo or pending:
-        while todo and (not pending or inflight + 3 * len(todo[0]) * cb <= window):
-            run = todo.popleft()
-            n = len(run) * cb
-            pending.append((run, [submit(b + run[0] * cb, n, phase) for b in bases]))
-            inflight += 3 * n
-            counters.reads += 3
-            counters.bytes += 3 * n
-        run, tickets = pending.popleft()
-        t0 = time.perf_counter()
-        bufs = [memoryview(t.result()) for t in tickets]
-        counters.read_wait_seconds += time.perf_counter() - t0
-        inflight -= 3 * len(run) * cb
-        for b in bufs:
-            if len(b) != len(run) * cb:
-                raise RuntimeError(f"reader returned {len(b)} bytes for a {len(run) * cb}-byte read")
-        for j, e in enumerate(run):
-            last = j == len(run) - 1
-            yield e, [b[j * cb:(j + 1) * cb] for b in bufs], (_releaser(tickets) if last else None)
-
-
-def _releaser(tickets):
-    """Give a run's read buffers back to the reader's pool (once its last expert is dequantized)."""
-    def release():
-        for t in tickets:
-            rel = getattr(t, "release", None)
-            if rel is not None:
-                rel()
-    return release
 
 
 class Engine:
@@ -311,92 +239,3 @@ class Engine:
         dec.seconds = time.perf_counter() - t1
         return RunOutcome(prompt=len(prompt), tokens=tokens, prefill=pre, decode=dec, step_seconds=steps,
                           kvcache_bytes=len(r.layers) * ctx * 2 * r.attn * 4, trace=self.trace)
-
-
-def bench_row(o: RunOutcome) -> dict:
-    """The ds4-bench CSV row (DESIGN §8) of a run."""
-    gen = len(o.step_seconds)
-    steady = o.step_seconds[1:]
-    return {
-        "ctx_tokens": o.prompt + gen,
-        "prefill_tokens": o.prompt,
-        "prefill_tps": round(o.prompt / o.prefill.seconds, 3) if o.prefill.seconds > 0 else 0.0,
-        "gen_tokens": gen,
-        "gen_tps": round(gen / o.decode.seconds, 3) if o.decode.seconds > 0 and gen else 0.0,
-        "gen_first_ms": round(o.step_seconds[0] * 1000, 3) if gen else 0.0,
-        "gen_steady_tokens": len(steady),
-        "gen_steady_tps": round(len(steady) / sum(steady), 3) if steady and sum(steady) > 0 else 0.0,
-        "kvcache_bytes": o.kvcache_bytes,
-    }
-
-
-# -- a whole run: model + sources -> result dict (the I/O ring around Engine) --------------------
-
-@dataclass(frozen=True)
-class SourceSet:
-    """Where routed experts are read from: primary first, then replicas, with both weight vectors."""
-    paths: tuple[str, ...]
-    prefill: tuple[int, ...]     # base weights
-    decode: tuple[int, ...]
-
-
-def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
-              prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
-              trace: bool = False, dequant_threads: int = DEQUANT_THREADS) -> dict:
-    """Load the resident weights, run prefill and greedy decode with experts streamed through a
-    SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`)."""
-    from core.errors import UsageError
-    from engine_bridge.reader.split_reader import SplitReader
-
-    from .model import inspect_model, load_resident
-
-    geometry = inspect_model(model)
-    resident = load_resident(geometry)
-    for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
-        if v < lo:
-            raise UsageError(f"{name} {v}: must be at least {lo}")
-    total = geometry.layers * geometry.experts
-    applied = min(cache_experts, total)
-    cache = ExpertCache(applied, total)
-    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
-        eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
-                     dequant_threads=dequant_threads)
-        try:
-            outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
-        finally:
-            eng.close()
-        stats = reader.stats()
-        text = reader.format_stats()
-    return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text)
-
-
-def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, applied: int, lanes: int,
-               stats, stats_text: str) -> dict:
-    from .constants import RUN_SCHEMA
-
-    row = bench_row(o)
-    hits = o.prefill.hits + o.decode.hits
-    misses = o.prefill.misses + o.decode.misses
-    gen = len(o.step_seconds)
-    sd = stats.to_dict()
-    return {
-        "schema": RUN_SCHEMA,
-        "kind": "run",
-        **row,
-        "output_sha256": tokens_sha256(o.tokens),
-        "cache_experts": requested,
-        "cache_experts_applied": applied,
-        "hits": hits,
-        "misses": misses,
-        "misses_per_token": round(o.decode.misses / gen, 4) if gen else 0.0,
-        "weights": {"prefill": list(sources.prefill), "decode": list(sources.decode)},
-        "sources": sd["sources"],
-        "events": sd["events"],
-        "lanes": lanes,
-        "model": g.as_dict(),
-        "prefill": o.prefill.as_dict(),
-        "decode": o.decode.as_dict(),
-        "output_tokens": len(o.tokens),
-        "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text},
-        **({"trace": o.trace} if o.trace is not None else {}),
-    }

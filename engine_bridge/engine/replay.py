@@ -3,7 +3,7 @@
 The expert geometry comes from the model's GGUF tensor table (only the header is read, so this
 works on the real 518 GB file); which experts each token chooses comes from the calibrated
 routing model (`routing.py`) or from a recorded routing trace (`engine-bridge run --trace-out`).
-The same expert cache and the same staging code as the engine (`engine.stage_reads`) drive the
+The same expert cache and the same staging code as the engine (`staging.stage_reads`) drive the
 same split reader, so the read pattern, and therefore what a plan delivers on these drives, is
 the engine's: prefill stages each chunk's union of missing experts, decode reads each token's
 misses behind a per-layer barrier.
@@ -21,9 +21,10 @@ from core.errors import MissingError, UsageError
 
 from .cache import ExpertCache
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
-from .inference import PhaseCounters, SourceSet, stage_reads
 from .model import Geometry, inspect_model
 from .routing import Router, RoutingModel
+from .sources import SourceSet
+from .staging import PhaseCounters, stage_reads
 
 
 def load_trace(path: str) -> dict:
@@ -106,7 +107,7 @@ def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts:
            chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
            cold: bool = True) -> dict:
     """Replay a run's expert reads against `sources`; returns the replay result (REPLAY_SCHEMA)."""
-    from engine_bridge.reader.split_reader import SplitReader
+    from engine_bridge.reader import SplitReader
 
     g = inspect_model(model)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),

@@ -7,8 +7,9 @@ from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.engine.constants import CSV_COLUMNS
-from engine_bridge.engine.inference import SourceSet, run_model
 from engine_bridge.engine.model import inspect_model
+from engine_bridge.engine.run import run_model
+from engine_bridge.engine.sources import SourceSet
 from tests.engine_bridge.helpers import SPEC
 
 PROMPT, GEN = 48, 6
@@ -157,7 +158,7 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
     from engine_bridge.engine.cache import ExpertCache
     from engine_bridge.engine.inference import Engine, prompt_tokens, tokens_sha256
     from engine_bridge.engine.model import load_resident
-    from engine_bridge.reader.split_reader import SplitReader
+    from engine_bridge.reader import SplitReader
 
     good = run(model_dir)["output_sha256"]
     victim = tmp_path / "victim.gguf"

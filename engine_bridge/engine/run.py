@@ -1,0 +1,129 @@
+"""A whole run of the embedded engine (the I/O ring around `inference.Engine`): a model file and
+its sources in, the run result out (RUN_SCHEMA, `kind: "run"`), plus the files a run may leave
+(the ds4-bench CSV row, the routing trace for `replay --trace`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+from core.errors import UsageError
+from core.fsutil import atomic_write_text
+from engine_bridge.reader import SplitReader
+
+from .cache import ExpertCache
+from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
+from .inference import Engine, RunOutcome, prompt_tokens, tokens_sha256
+from .model import Geometry, inspect_model, load_resident
+from .sources import SourceSet
+
+
+def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
+              prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS) -> dict:
+    """Load the resident weights, run prefill and greedy decode with experts streamed through a
+    SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`)."""
+    geometry = inspect_model(model)
+    resident = load_resident(geometry)
+    for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
+        if v < lo:
+            raise UsageError(f"{name} {v}: must be at least {lo}")
+    total = geometry.layers * geometry.experts
+    applied = min(cache_experts, total)
+    cache = ExpertCache(applied, total)
+    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
+        eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
+                     dequant_threads=dequant_threads)
+        try:
+            outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
+        finally:
+            eng.close()
+        stats = reader.stats()
+        text = reader.format_stats()
+    return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text)
+
+
+def bench_row(o: RunOutcome) -> dict:
+    """The ds4-bench CSV row (DESIGN §8) of a run."""
+    gen = len(o.step_seconds)
+    steady = o.step_seconds[1:]
+    return {
+        "ctx_tokens": o.prompt + gen,
+        "prefill_tokens": o.prompt,
+        "prefill_tps": round(o.prompt / o.prefill.seconds, 3) if o.prefill.seconds > 0 else 0.0,
+        "gen_tokens": gen,
+        "gen_tps": round(gen / o.decode.seconds, 3) if o.decode.seconds > 0 and gen else 0.0,
+        "gen_first_ms": round(o.step_seconds[0] * 1000, 3) if gen else 0.0,
+        "gen_steady_tokens": len(steady),
+        "gen_steady_tps": round(len(steady) / sum(steady), 3) if steady and sum(steady) > 0 else 0.0,
+        "kvcache_bytes": o.kvcache_bytes,
+    }
+
+
+def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, applied: int, lanes: int,
+               stats, stats_text: str) -> dict:
+    row = bench_row(o)
+    hits = o.prefill.hits + o.decode.hits
+    misses = o.prefill.misses + o.decode.misses
+    gen = len(o.step_seconds)
+    sd = stats.to_dict()
+    return {
+        "schema": RUN_SCHEMA,
+        "kind": "run",
+        **row,
+        "output_sha256": tokens_sha256(o.tokens),
+        "cache_experts": requested,
+        "cache_experts_applied": applied,
+        "hits": hits,
+        "misses": misses,
+        "misses_per_token": round(o.decode.misses / gen, 4) if gen else 0.0,
+        "weights": {"prefill": list(sources.prefill), "decode": list(sources.decode)},
+        "sources": sd["sources"],
+        "events": sd["events"],
+        "lanes": lanes,
+        "model": g.as_dict(),
+        "prefill": o.prefill.as_dict(),
+        "decode": o.decode.as_dict(),
+        "output_tokens": len(o.tokens),
+        "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text},
+        **({"trace": o.trace} if o.trace is not None else {}),
+    }
+
+
+# -- what a run leaves on disk ------------------------------------------------------------------
+
+def csv_text(row: dict, header: bool) -> str:
+    """The ds4-bench CSV line of a run or replay result (with the header line if asked)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    if header:
+        w.writerow(CSV_COLUMNS)
+    w.writerow([row[c] for c in CSV_COLUMNS])
+    return buf.getvalue()
+
+
+def append_csv(path: str, result: dict) -> None:
+    """Append the result's CSV row to `path`, with the header when the file is new or empty."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(csv_text(result, header=new))
+
+
+def trace_doc(result: dict, trace: list) -> dict:
+    """The routing trace `replay --trace` reads (see `replay.load_trace`), from a run's recorded routing."""
+    m = result["model"]
+    return {"schema": TRACE_SCHEMA, "kind": "routing-trace", "layers": m["layers"], "experts": m["experts"],
+            "top_k": m["top_k"], "steps": [{"phase": ph, "layers": sel} for ph, sel in trace]}
+
+
+def save_run(result: dict, csv_file: str | None = None, trace_out: str | None = None) -> dict:
+    """Write what a run or replay leaves: its CSV row appended to `csv_file`, and (a run recorded
+    with trace=True) its routing trace to `trace_out`. Returns the result without its raw trace."""
+    trace = result.pop("trace", None)
+    if trace_out:
+        atomic_write_text(trace_out, json.dumps(trace_doc(result, trace)) + "\n")
+    if csv_file:
+        append_csv(csv_file, result)
+    return result
