@@ -21,3 +21,26 @@ def model_and_drives(tmp_path, size, seed):
     for d in dests:
         d.mkdir()
     return src, data, dests
+
+
+IMPURE = frozenset({"os", "threading", "time", "queue", "concurrent", "subprocess", "socket", "mmap", "typer",
+                    "textual", "rich"})
+
+
+def impure_imports(module) -> list[str]:
+    """The imports of a module (its own source, functions included) that a pure module must not
+    make: disk, threads, clocks, processes, UI. Empty for a pure module."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(module))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [f"line {node.lineno}: {n}" for n in names if n.split(".")[0] in IMPURE]
+    return found
