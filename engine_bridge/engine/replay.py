@@ -11,13 +11,13 @@ misses behind a per-layer barrier.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Optional
 
 import numpy as np
 
-from core.errors import MissingError, UsageError
+from core.errors import RigError, UsageError
+from core.jsonfile import read_json
 
 from .cache import ExpertCache
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
@@ -29,22 +29,15 @@ from .staging import PhaseCounters, stage_reads
 
 def load_trace(path: str) -> dict:
     """A routing trace written by `run --trace-out`: {"schema", "kind": "routing-trace", "layers",
-    "experts", "top_k", "steps": [{"phase": "prefill"|"decode", "layers": [[[ids] per token] per layer]}]}."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise MissingError(f"{path}: trace not found; record one with `engine-bridge run --trace-out FILE`") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: not a JSON routing trace ({e}); record one with `engine-bridge run --trace-out FILE`") from None
-    if not isinstance(d, dict) or d.get("kind") != "routing-trace" or d.get("schema") != TRACE_SCHEMA:
-        raise UsageError(f"{path}: not a routing trace (kind 'routing-trace', schema {TRACE_SCHEMA}); "
-                         "record one with `engine-bridge run --trace-out FILE`")
+    "experts", "top_k", "steps": [{"phase": "prefill"|"decode", "layers": [[[ids] per token] per layer]}]}.
+    Missing is MissingError (exit 3); anything else wrong is one RigError line (exit 2)."""
+    remedy = "record one with `engine-bridge run --trace-out FILE`"
+    d = read_json(path, "routing-trace", remedy, schema=TRACE_SCHEMA, what="routing trace")
     for k in ("layers", "experts", "top_k"):
-        if not isinstance(d.get(k), int) or d[k] < 1:
-            raise UsageError(f"{path}: key '{k}' must be a positive integer")
+        if not isinstance(d.get(k), int) or isinstance(d.get(k), bool) or d[k] < 1:
+            raise RigError(f"{path}: key '{k}' must be a positive integer; {remedy}")
     if not isinstance(d.get("steps"), list) or not d["steps"]:
-        raise UsageError(f"{path}: key 'steps' is missing or empty")
+        raise RigError(f"{path}: key 'steps' is missing or empty; {remedy}")
     return d
 
 
