@@ -15,6 +15,7 @@ from importlib import metadata, resources
 from core import rig as rigmod
 from core.errors import MissingError, RigError, UsageError
 from core.fsutil import atomic_write_text
+from core.jsonfile import read_json
 from engine_bridge.profiles import profile as pf
 from planner.plan import plan_to_dict
 from planner.plans import load_plan
@@ -216,11 +217,6 @@ def load_profile(path: str) -> pf.Profile:
     """A profile's JSON; given the .env file, its .json companion beside it."""
     if path.endswith(".env"):
         path = _companion(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        raise MissingError(f"{path}: no such profile; `engine-bridge export` writes NAME.env and NAME.json") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RigError(f"{path}: not valid JSON ({e}); export the profile again") from None
+    d = read_json(path, "profile", "`engine-bridge export` writes NAME.env and NAME.json; export the profile again",
+                  schema=pf.PROFILE_SCHEMA)
     return pf.profile_from_dict(d, path)
