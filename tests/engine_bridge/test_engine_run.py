@@ -187,3 +187,43 @@ def test_other_expert_types_give_one_hash_across_sources_and_caches(tmp_path, qu
     two = run_model(str(m), SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, 3, prompt_seed=1)
     assert one["output_sha256"] == two["output_sha256"]
     assert two["sources"][1]["bytes"] > 0
+
+
+def test_pin_blas_threads_sets_the_bundled_openblas():
+    import ctypes
+    import glob
+
+    import numpy as np
+
+    from engine_bridge.engine.blas import pin_blas_threads
+
+    get = None
+    for lib in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "libscipy_openblas*.so*")):
+        so = ctypes.CDLL(lib)
+        get = get or getattr(so, "scipy_openblas_get_num_threads64_", None) or \
+            getattr(so, "scipy_openblas_get_num_threads_64_", None)
+    if get is None:
+        pytest.skip("numpy here has no bundled scipy-openblas to ask")
+    before = get()
+    try:
+        assert pin_blas_threads(2) is True and get() == 2
+        assert pin_blas_threads(1) is True and get() == 1
+    finally:
+        pin_blas_threads(before)
+
+
+def test_save_run_appends_the_csv_row_and_writes_a_trace_replay_reads(model_dir, tmp_path):
+    from engine_bridge.engine.replay import load_trace, trace_steps
+    from engine_bridge.engine.run import save_run
+
+    csv_path, trace_path = tmp_path / "runs.csv", tmp_path / "t.json"
+    result = save_run(run(model_dir, trace=True), csv_file=str(csv_path), trace_out=str(trace_path))
+    assert "trace" not in result
+    save_run(run(model_dir), csv_file=str(csv_path))
+    lines = csv_path.read_text().splitlines()
+    assert lines[0] == ",".join(CSV_COLUMNS) and len(lines) == 3      # the header once, a row per run
+    assert lines[1] == ",".join(str(result[c]) for c in CSV_COLUMNS)
+    steps = list(trace_steps(load_trace(str(trace_path)), str(trace_path)))
+    # one prefill chunk (48 tokens < 512), then one decode step per generated token
+    assert [p for p, _ in steps] == ["prefill"] + ["decode"] * GEN
+    assert steps[0][1].shape == (PROMPT, SPEC.layers, SPEC.top_k)

@@ -204,3 +204,32 @@ def test_cli_ladder_uses_newest_plan(rig, tmp_path, monkeypatch):
     doc = json.loads(res.stdout[res.stdout.index("{"):])
     assert doc["arms"]["2drives"]["prefill_weights"] == [10, 5] and doc["arms"]["3drives"]["decode_weights"] == [10, 6, 6]
     assert [c[1] for c in calls] == doc["sequence"] and len(calls) == 8
+
+
+def test_run_folder_and_the_arms_the_commands_ask_for(rig, tmp_path):
+    from engine_bridge.harness.runner import bench_arms, ladder_arms, run_folder
+
+    empty = tmp_path / "empty"
+    assert run_folder(str(empty), None) == str(empty)                  # created, used as it is
+    (empty / "old.txt").write_text("x")
+    fresh = run_folder(str(empty), None)                               # not empty: a new folder inside
+    assert os.path.dirname(fresh) == str(empty) and os.listdir(fresh) == []
+    assert os.path.dirname(run_folder(None, rig)) == os.path.join(rig.root, "runs")
+    with pytest.raises(UsageError, match="no --out DIR and no rig"):
+        run_folder(None, None)
+    plan_file = write_arm_plan(resolve_arm("p", "10:5:5/10:6:6", rig), str(tmp_path / "p.json"))
+    specs, r = bench_arms([f"a={plan_file}", "b=2:1"], rig.root)
+    assert [s.sources for s in specs] == [tuple(m.path for m in rig.members), tuple(m.path for m in rig.members[:2])]
+    specs, r = bench_arms([f"a={plan_file}"], str(tmp_path / "no-rig"))    # plan files need no rig
+    assert specs[0].prefill_weights == (10, 5, 5) and r.model is None
+    specs, _ = ladder_arms(rig.root, plan=plan_file)
+    assert [s.decode_weights for s in specs] == [(10,), (10, 6), (10, 6, 6)]
+    specs, _ = ladder_arms(rig.root, weights="2:1:1")
+    assert [s.prefill_weights for s in specs] == [(2,), (2, 1), (2, 1, 1)] and specs[2].decode_weights == (2, 1, 1)
+    with pytest.raises(UsageError, match="either --plan or --weights"):
+        ladder_arms(rig.root, plan=plan_file, weights="2:1:1")
+    with pytest.raises(UsageError, match="no rig at"):
+        ladder_arms(str(tmp_path / "no-rig"), weights="2:1")
+    save_rig(Rig(root=str(tmp_path / "bare")))
+    with pytest.raises(UsageError, match="has no model"):
+        ladder_arms(str(tmp_path / "bare"), weights="2:1")
