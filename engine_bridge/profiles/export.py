@@ -13,10 +13,13 @@ from datetime import datetime, timezone
 from importlib import metadata, resources
 
 from core import rig as rigmod
+from core.constants import PROFILES_DIR
 from core.errors import MissingError, RigError, UsageError
 from core.fsutil import atomic_write_text
 from core.jsonfile import read_json
 from engine_bridge.profiles import profile as pf
+from engine_bridge.profiles import rules
+from engines import colibri, ds4_argodrive
 from planner.plan import plan_to_dict
 from planner.plans import load_plan
 from replicas.manifests import load_manifest
@@ -48,7 +51,7 @@ def shipped_definitions() -> dict[str, pf.Definition]:
 
 def user_definitions(rig_root: str) -> dict[str, pf.Definition]:
     """rig/profiles/*.toml; a user profile with a shipped profile's name replaces it."""
-    folder = os.path.join(rig_root, "profiles")
+    folder = os.path.join(rig_root, PROFILES_DIR)
     out = {}
     try:
         names = sorted(os.listdir(folder))
@@ -87,7 +90,7 @@ def definition_from_path(path: str) -> pf.Definition:
 # ---------------------------------------------------------------------------------------------
 # Facts about the sources
 
-def source_facts(plan_dict: dict, manifest, rig) -> list[pf.SourceFacts]:
+def source_facts(plan_dict: dict, manifest, rig) -> list[rules.SourceFacts]:
     """Stat every source; replicas also get their stamp state against the manifest."""
     facts = []
     for i, s in enumerate(plan_dict["sources"]):
@@ -95,14 +98,14 @@ def source_facts(plan_dict: dict, manifest, rig) -> list[pf.SourceFacts]:
         try:
             st = os.stat(path)
         except OSError:
-            facts.append(pf.SourceFacts(i, path, exists=False, regular=False, state="missing" if i else ""))
+            facts.append(rules.SourceFacts(i, path, exists=False, regular=False, state="missing" if i else ""))
             continue
         regular = stat.S_ISREG(st.st_mode)
         state = ""
         if i:
             state = stamp_state(path, manifest, rig) if (manifest is not None and regular) else "unverified"
-        facts.append(pf.SourceFacts(i, path, exists=True, regular=regular, size=st.st_size,
-                                    device=st.st_dev, inode=st.st_ino, state=state))
+        facts.append(rules.SourceFacts(i, path, exists=True, regular=regular, size=st.st_size,
+                                       device=st.st_dev, inode=st.st_ino, state=state))
     return facts
 
 
@@ -126,10 +129,10 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     """Check the plan against the engine's rules and write its profile; raises on any violation."""
     if fmt not in pf.FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
-    engine = "colibri" if fmt == "colibri" else "ds4-argodrive"
+    engine = colibri.NAME if fmt == colibri.NAME else ds4_argodrive.NAME   # json: ds4-argodrive's profile
     plan = load_plan(plan_path)
     plan_dict = plan_to_dict(plan)
-    profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + ("-colibri" if engine == "colibri" else "")
+    profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + (f"-{colibri.NAME}" if engine == colibri.NAME else "")
     if not pf.valid_name(profile_id):
         raise UsageError(f"--profile {profile_id!r}: use letters, digits, '.', '_' or '-'")
 
@@ -138,7 +141,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
 
     definitions = all_definitions(rig_root)
     layered = None
-    if engine != "colibri":
+    if engine != colibri.NAME:
         if base and (os.sep in base or base.endswith(".toml")):
             d = definition_from_path(base)
             definitions[d.name] = d
@@ -147,14 +150,14 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
 
     facts = source_facts(plan_dict, manifest, rig)
-    violations = pf.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
-                                  allow_unverified=allow_unverified,
-                                  manifest_size=manifest.size if manifest else None)
-    violations += pf.check_engine(plan.engine, engine)
-    if engine != "colibri":
-        violations += pf.check_cache(cache)
+    violations = rules.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
+                                     allow_unverified=allow_unverified,
+                                     manifest_size=manifest.size if manifest else None)
+    violations += rules.check_engine(plan.engine, engine)
+    if engine != colibri.NAME:
+        violations += rules.check_cache(cache)
     if violations:
-        err = pf.refusal(f"plan {plan_path}", violations)
+        err = rules.refusal(f"plan {plan_path}", violations)
         if all(v.rule == "missing" for v in violations):
             raise MissingError(str(err))
         raise err
@@ -181,12 +184,12 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     if fmt == "json":
         if output == "-":
             return ExportResult(profile, ("-",), doc)
-        path = os.path.abspath(output) if output else os.path.join(rig.subdir("profiles"), profile_id + ".json")
+        path = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".json")
         atomic_write_text(path, doc)
         return ExportResult(profile, (path,))
     if output == "-":
         return ExportResult(profile, ("-",), pf.render_env(profile))
-    env_path = os.path.abspath(output) if output else os.path.join(rig.subdir("profiles"), profile_id + ".env")
+    env_path = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")
     json_path = _companion(env_path)
     atomic_write_text(env_path, pf.render_env(profile))
     atomic_write_text(json_path, doc)
@@ -198,7 +201,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
 
 def exported_profiles(rig_root: str) -> list[pf.Profile]:
     """Profiles already exported into rig/profiles/*.json (unreadable ones are skipped)."""
-    folder = os.path.join(rig_root, "profiles")
+    folder = os.path.join(rig_root, PROFILES_DIR)
     out = []
     try:
         names = sorted(os.listdir(folder))

@@ -1,9 +1,10 @@
 """Launching a real ds4 / ds4-bench binary with an exported profile, and proving from its log
 that what was requested was applied (DESIGN §6, §8): a requested setting is not proof.
 
-The first half of this module is pure (text in, verdicts out) so every branch is tested on
-captured text; `launch_arm` is the I/O half: a clean environment (inherited DS4_* cleared) plus
-the profile, stdout/stderr/CSV captured to a run folder, and a `LaunchResult`.
+This is the I/O half: `launch_arm` starts the engine in a clean environment (inherited DS4_*
+cleared) plus the profile, captures stdout/stderr/CSV to a run folder and returns a
+`LaunchResult`. The judgement of the captured text is pure and lives in
+`engine_bridge.profiles.confirm`, where every branch is tested on captured text.
 
 Launch record (schema 1), written to RUN_DIR/launch.json and printed by `launch --json`:
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -24,213 +24,25 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Mapping, Sequence
 
+from core.constants import RUNS_DIR
 from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text
-from engine_bridge.profiles import profile as pf
+from engines import ds4_argodrive
+
+from .confirm import (
+    REPORT_ENV,
+    Check,
+    confirm,
+    csv_block,
+    dead_knobs,
+    engine_argv,
+    expectation_of,
+    launch_environment,
+    parse_bench_csv,
+)
+from .profile import Profile
 
 LAUNCH_SCHEMA = 1
-# The engine prints its cache budget in the cache report only when asked; the launcher asks,
-# because "the requested cache was honoured" is a gate (DESIGN §8).
-REPORT_ENV = {"DS4_METAL_STREAMING_EXPERT_TIMING_SUMMARY": "1"}
-CSV_HEADER_START = "ctx_tokens,"
-CHECKS = ("exit", "sources", "decode-split", "source-bytes", "cache-budget", "prefill-staging")
-
-_SOURCES = re.compile(r"expert reader sources=(\d+)")
-_DECODE = re.compile(r"decode split (\S+)")
-_DECODE_IGNORED = re.compile(r"ignoring DS4_ARGODRIVE_DECODE_WEIGHTS=(\S*)")
-_BYTES = re.compile(r"source\[(\d+)\] bytes=(\d+)")
-_BUDGET = re.compile(r"streaming expert cache budget=(\d+) experts")
-_DECODE_CACHE = re.compile(r"decode cache requested=(\d+) effective=(\d+)")
-_CACHE_CAPPED = re.compile(r"(using locked cache cap:.*|runtime cache cap now .*)")
-_REJECTED = re.compile(r"prefill stage rejected: (.*)")
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure: what to expect, what the log says
-
-@dataclass(frozen=True)
-class Expectation:
-    sources: int                 # 1 = primary only
-    decode_split: str = ""       # e.g. "10,6,6"; "" when there is no split
-    cache_experts: int | None = None
-    prefill_split: bool = False  # DS4_ARGODRIVE_PREFILL_SPLIT requested
-
-
-def expectation_of(p: pf.Profile) -> Expectation:
-    env = p.env
-    return Expectation(sources=p.sources, decode_split=env.get(pf.K_DECODE_WEIGHTS, ""),
-                       cache_experts=p.cache_experts, prefill_split="DS4_ARGODRIVE_PREFILL_SPLIT" in env)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    expected: str
-    observed: str
-    detail: str
-
-
-def _last(rx: re.Pattern, text: str):
-    found = rx.findall(text)
-    return found[-1] if found else None
-
-
-def confirm(text: str, expect: Expectation, returncode: int | None = 0) -> tuple[Check, ...]:
-    """Judge an engine's log (stdout + stderr) against what the profile asked for.
-
-    returncode None means the engine was stopped (timeout); negative, killed by that signal.
-    """
-    checks = []
-
-    if returncode == 0:
-        checks.append(Check("exit", True, "0", "0", "engine exited cleanly"))
-    else:
-        seen = "timeout" if returncode is None else str(returncode)
-        why = ("engine was stopped after the timeout" if returncode is None
-               else f"engine was killed by signal {-returncode}" if returncode < 0
-               else f"engine exited with code {returncode}")
-        checks.append(Check("exit", False, "0", seen, why))
-
-    n = expect.sources
-    got = _last(_SOURCES, text)
-    if got is None:
-        if n > 1:
-            checks.append(Check("sources", False, str(n), "none",
-                                "no 'expert reader sources=' line: the engine did not open the split reader"))
-        else:
-            checks.append(Check("sources", True, "1", "none", "single source: the engine reads the primary alone"))
-    else:
-        ok = int(got) == n
-        checks.append(Check("sources", ok, str(n), got,
-                            f"engine opened {got} source(s)" + ("" if ok else f", {n} requested")))
-
-    if expect.decode_split:
-        ignored = _last(_DECODE_IGNORED, text)
-        split = _last(_DECODE, text)
-        if ignored is not None:
-            checks.append(Check("decode-split", False, expect.decode_split, f"ignored {ignored}",
-                                f"engine ignored DS4_ARGODRIVE_DECODE_WEIGHTS={ignored} (wrong count or range)"))
-        elif split is None:
-            checks.append(Check("decode-split", False, expect.decode_split, "none",
-                                "no 'decode split' line: decode would use the base weights"))
-        else:
-            ok = split == expect.decode_split
-            checks.append(Check("decode-split", ok, expect.decode_split, split,
-                                "engine applied the decode split" if ok else f"engine applied decode split {split}"))
-    else:
-        checks.append(Check("decode-split", True, "", "", "no decode split requested (single source)"))
-
-    per: dict[int, int] = {}
-    for i, b in _BYTES.findall(text):
-        per[int(i)] = per.get(int(i), 0) + int(b)   # summed over reader sessions
-    want = range(n) if (n > 1 or per) else range(0)
-    problems = [f"source[{i}] reported no bytes" for i in want if i not in per]
-    problems += [f"source[{i}] read 0 bytes" for i in want if per.get(i) == 0]
-    problems += [f"source[{i}] was not requested" for i in sorted(per) if i >= n]
-    observed = ",".join(f"{i}:{per[i]}" for i in sorted(per)) or "none"
-    if not want:
-        checks.append(Check("source-bytes", True, "", observed, "single source: no per-source report expected"))
-    else:
-        checks.append(Check("source-bytes", not problems, f"{n} sources > 0", observed,
-                            "; ".join(problems) if problems else "every source delivered bytes"))
-
-    if expect.cache_experts is not None:
-        req = expect.cache_experts
-        budgets = [int(x) for x in _BUDGET.findall(text)]
-        capped = _CACHE_CAPPED.findall(text)
-        decode_cut = [(int(a), int(b)) for a, b in _DECODE_CACHE.findall(text) if int(b) < int(a)]
-        observed = ",".join(map(str, budgets)) or "none"
-        if not budgets:
-            checks.append(Check("cache-budget", False, str(req), "none",
-                                "no 'streaming expert cache budget=' line: the cache size is unconfirmed"))
-        elif min(budgets) < req:
-            checks.append(Check("cache-budget", False, str(req), observed,
-                                f"engine reduced the expert cache to {min(budgets)} of {req} experts"))
-        elif capped:
-            checks.append(Check("cache-budget", False, str(req), observed, f"engine capped the cache: {capped[-1].strip()}"))
-        elif decode_cut:
-            a, b = decode_cut[-1]
-            checks.append(Check("cache-budget", False, str(req), observed,
-                                f"engine reduced the decode cache to {b} of {a} experts"))
-        else:
-            checks.append(Check("cache-budget", True, str(req), observed, "requested cache honoured"))
-
-    rejected = _last(_REJECTED, text)
-    if expect.prefill_split and rejected is not None:
-        checks.append(Check("prefill-staging", False, "staged", "rejected",
-                            f"prefill staging rejected ({rejected.strip()}); the engine fell back to the layer sweep"))
-    else:
-        checks.append(Check("prefill-staging", True, "staged" if expect.prefill_split else "",
-                            "rejected" if rejected is not None else "", "no rejection reported"))
-    return tuple(checks)
-
-
-def _number(s: str):
-    try:
-        return int(s)
-    except ValueError:
-        try:
-            return float(s)
-        except ValueError:
-            return s
-
-
-def csv_block(text: str) -> list[str]:
-    """The ds4-bench CSV lines (header `ctx_tokens,prefill_tokens,...` and its rows) found
-    anywhere in the text, verbatim; [] when there is none."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(CSV_HEADER_START):
-            width = len(line.strip().split(","))
-            block = [line.strip()]
-            for row in lines[i + 1:]:
-                parts = row.strip().split(",")
-                if len(parts) != width or not parts[0].strip().isdigit():
-                    break
-                block.append(row.strip())
-            return block
-    return []
-
-
-def parse_bench_csv(text: str) -> tuple[dict, ...]:
-    """The ds4-bench CSV rows as dicts (numbers parsed), wherever the CSV is in the text."""
-    block = csv_block(text)
-    if not block:
-        return ()
-    cols = block[0].split(",")
-    return tuple({c: _number(v) for c, v in zip(cols, row.split(","))} for row in block[1:])
-
-
-def dead_knobs(blob: bytes, names: Sequence[str]) -> list[str]:
-    """Variables whose names appear nowhere in the binary: the engine cannot read them.
-
-    A name counts only as a whole word, so DS4_ARGODRIVE_PREFILL is not found inside
-    DS4_ARGODRIVE_PREFILL_LANES.
-    """
-    dead = []
-    for n in names:
-        if not re.search(rb"(?<![A-Za-z0-9_])" + re.escape(n.encode()) + rb"(?![A-Za-z0-9_])", blob):
-            dead.append(n)
-    return dead
-
-
-def launch_environment(inherited: Mapping[str, str], p: pf.Profile) -> dict[str, str]:
-    """The inherited environment without any DS4_* variable or managed key, plus the profile."""
-    env = {k: v for k, v in inherited.items() if not k.startswith("DS4_") and k not in p.unset}
-    env.update(p.environment)
-    for k, v in REPORT_ENV.items():
-        env.setdefault(k, v)
-    return env
-
-
-def engine_argv(binary: str, p: pf.Profile, args: Sequence[str]) -> list[str]:
-    owned = {"-m", "--model", "--ssd-streaming-cache-experts"}
-    clash = [a for a in args if a.split("=", 1)[0] in owned]
-    if clash:
-        raise UsageError(f"engine argument {clash[0]!r} is already given by the profile ({' '.join(p.argv)}); "
-                         "remove it after --, or export another profile")
-    return [binary, *p.argv, *args]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +138,7 @@ def _csv_arg(args: Sequence[str]) -> str:
 
 def default_run_dir(rig_root: str, profile_id: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    return os.path.join(rig_root, "runs", f"launch-{profile_id}-{stamp}")
+    return os.path.join(rig_root, RUNS_DIR, f"launch-{profile_id}-{stamp}")
 
 
 def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_dir: str | None = None,
@@ -341,8 +153,8 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     from .export import load_profile
 
     p = load_profile(profile_path)
-    if p.engine != "ds4-argodrive":
-        raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms ds4-argodrive log lines only")
+    if p.engine != ds4_argodrive.NAME:
+        raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms {ds4_argodrive.NAME} log lines only")
     binary = which(binary)
     blob = read_binary(binary)
     argv = engine_argv(os.path.abspath(binary), p, list(args))
@@ -413,7 +225,7 @@ def which(binary: str) -> str:
     return shutil.which(binary) or binary
 
 
-def preflight(binary: str, profile_path: str) -> tuple[pf.Profile, list[str]]:
+def preflight(binary: str, profile_path: str) -> tuple[Profile, list[str]]:
     """Before launching: the profile, and the variables it would set that the binary never names."""
     from .export import load_profile
 

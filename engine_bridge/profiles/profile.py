@@ -1,9 +1,8 @@
-"""Engine profiles (pure): the environment and arguments an engine needs to run a plan, the
-engine's own rules as a checker, named profiles layered as "base plus exactly these keys",
-and the renderings (ds4-argodrive shell file, colibri shell file, JSON) (DESIGN §6).
-
-Nothing here touches the disk: facts about files (size, inode, verification state) arrive as
-`SourceFacts` gathered by `engine_bridge.export`.
+"""Engine profiles (pure): the environment and arguments an engine needs to run a plan, named
+profiles layered as "base plus exactly these keys", and the renderings (ds4-argodrive shell
+file, colibri shell file, JSON) (DESIGN §6). The variable names and formats are the engines'
+own (`engines.ds4_argodrive`, `engines.colibri`); the checks a plan must pass first are in
+`engine_bridge.profiles.rules`. Nothing here touches the disk.
 
 Profile JSON (schema 1), written beside every exported env file as `<name>.json`:
 
@@ -25,33 +24,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from core.errors import RigError, UsageError
-from engines.registry import DEFAULT_ENGINE
+from engines import colibri, ds4_argodrive
+
+from .rules import check_cache
 
 PROFILE_SCHEMA = 1
 DEFINITION_SCHEMA = 1
-FORMATS = ("ds4-argodrive", "colibri", "json")
-
-# ds4-argodrive (DESIGN §5, §6).
-DS4_MAX_SOURCES = 3                     # primary + at most 2 replicas
-WEIGHT_MIN, WEIGHT_MAX = 1, 100
-K_PRIMARY_WEIGHT = "DS4_ARGODRIVE_PRIMARY_WEIGHT"
-K_REPLICAS = "DS4_ARGODRIVE_REPLICAS"
-K_DECODE_WEIGHTS = "DS4_ARGODRIVE_DECODE_WEIGHTS"
-PLAN_KEYS = (K_PRIMARY_WEIGHT, K_REPLICAS, K_DECODE_WEIGHTS)   # owned by the plan, never by a named profile
-# Other keys of the engine this tool speaks for (DESIGN §6). Several are presence-based flags
-# (setting =0 still turns them on), so an exported profile unsets every managed key it does not
-# set; named profiles add their own keys to the managed set.
-DS4_KNOWN_KEYS = (
-    "DS4_ARGODRIVE_PREFILL_SPLIT", "DS4_ARGODRIVE_PREFILL_SELECTIVE", "DS4_ARGODRIVE_PREFILL_AHEAD",
-    "DS4_ARGODRIVE_PREFILL_LANES", "DS4_METAL_STREAMING_EXPERT_PREAD_THREADS",
-    "DS4_ARGODRIVE_FLAG_READBACK", "DS4_ARGODRIVE_BF16_EPILOGUES", "DS4_ARGODRIVE_PSO_CACHE",
-)
-
-# colibri (JustVugg/colibri, docs/multidisk.md): COLI_MODEL is the primary, COLI_MODEL_MIRROR a
-# ';'-separated list of byte-identical copies, COLI_DISK_WEIGHTS comma-separated positive
-# relative weights, primary first; SNAP_MIRROR is the legacy alias of COLI_MODEL_MIRROR.
-COLI_MODEL, COLI_MIRROR, COLI_WEIGHTS, COLI_LEGACY_MIRROR = "COLI_MODEL", "COLI_MODEL_MIRROR", "COLI_DISK_WEIGHTS", "SNAP_MIRROR"
-COLI_MAX_SOURCES = 5                    # primary + ST_MAX_MIR (4) mirrors
+FORMATS = (ds4_argodrive.NAME, colibri.NAME, "json")    # json: the ds4-argodrive profile as JSON alone
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -64,29 +43,6 @@ def valid_name(name: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------
 # Nouns
-
-@dataclass(frozen=True)
-class SourceFacts:
-    """What the disk says about one source of a plan (gathered by export, judged here)."""
-    index: int                  # 0 = primary, then replicas in engine order
-    path: str
-    exists: bool = True
-    regular: bool = True
-    size: int | None = None     # bytes
-    device: int | None = None
-    inode: int | None = None
-    state: str = ""             # replicas: 'verified' | 'stale' | 'unverified' | 'missing'; primary: ''
-
-
-@dataclass(frozen=True)
-class Violation:
-    rule: str        # short id, e.g. 'too-many-sources', 'unverified'
-    where: str       # e.g. 'sources[2]' or 'decode.weights'
-    reason: str      # one sentence: what, and how to fix
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.reason}"
-
 
 @dataclass(frozen=True)
 class Definition:
@@ -140,112 +96,6 @@ class Profile:
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine's rules
-
-def _weights_ok(w) -> bool:
-    return isinstance(w, int) and not isinstance(w, bool) and WEIGHT_MIN <= w <= WEIGHT_MAX
-
-
-def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Sequence, *,
-                  engine: str = DEFAULT_ENGINE, allow_unverified: bool = False,
-                  manifest_size: int | None = None) -> list[Violation]:
-    """Every rule the engine would otherwise discover the hard way (or silently ignore).
-
-    Returns all violations, each with its reason; an empty list means the engine will take it.
-    """
-    v: list[Violation] = []
-    limit = COLI_MAX_SOURCES if engine == "colibri" else DS4_MAX_SOURCES
-    n = len(facts)
-    if n == 0:
-        return [Violation("no-sources", "sources", "the plan names no sources; re-create it with `planner solve`")]
-    if n > limit:
-        v.append(Violation("too-many-sources", "sources",
-                           f"{n} sources but {engine} reads from at most {limit} (the primary and {limit - 1} replicas); "
-                           "drop a replica from the plan"))
-    bad_chars = ";," if engine == "colibri" else ",*"
-    for f in facts:
-        where = f"sources[{f.index}]"
-        if not f.path.startswith("/"):
-            v.append(Violation("relative-path", where, f"{f.path!r} is not an absolute path; the engine needs one"))
-        found = sorted({c for c in f.path if c in bad_chars})
-        if found:
-            v.append(Violation("bad-character", where,
-                               f"{f.path!r} contains {' and '.join(repr(c) for c in found)}, which {engine} uses as a separator; "
-                               "rename the directory or file"))
-    for phase, weights in (("prefill.weights", prefill), ("decode.weights", decode)):
-        if len(weights) != n:
-            v.append(Violation("weight-count", phase,
-                               f"{len(weights)} weights for {n} sources (the engine silently ignores a wrong count); "
-                               "give exactly one weight per source"))
-        for i, w in enumerate(weights):
-            if not _weights_ok(w):
-                v.append(Violation("weight-range", f"{phase}[{i}]",
-                                   f"weight {w!r} is not an integer {WEIGHT_MIN}..{WEIGHT_MAX}"))
-    primary = facts[0]
-    if not primary.exists:
-        v.append(Violation("missing", "sources[0]", f"primary {primary.path} does not exist"))
-    elif not primary.regular:
-        v.append(Violation("not-regular", "sources[0]", f"primary {primary.path} is not a regular file"))
-    elif manifest_size is not None and primary.size != manifest_size:
-        v.append(Violation("size", "sources[0]",
-                           f"primary {primary.path} is {primary.size} bytes but the manifest describes {manifest_size}; "
-                           "re-hash the model with `replicas sync`"))
-    seen: dict[tuple[int, int], int] = {}
-    if primary.exists and primary.device is not None and primary.inode is not None:
-        seen[(primary.device, primary.inode)] = 0
-    for f in facts[1:]:
-        where = f"sources[{f.index}]"
-        if not f.exists or f.state == "missing":
-            v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
-            continue
-        if not f.regular:
-            v.append(Violation("not-regular", where, f"replica {f.path} is not a regular file"))
-            continue
-        if primary.size is not None and f.size != primary.size:
-            v.append(Violation("size", where, f"replica {f.path} is {f.size} bytes, the primary {primary.size}; "
-                                              "run `replicas repair` or `replicas sync`"))
-        key = (f.device, f.inode)
-        if f.device is not None and f.inode is not None:
-            if key in seen:
-                v.append(Violation("same-inode", where,
-                                   f"replica {f.path} is the same file (inode) as sources[{seen[key]}]; "
-                                   "a replica must be a separate copy, not a hard link"))
-            else:
-                seen[key] = f.index
-        if f.state != "verified" and not allow_unverified:
-            how = ("was modified since it was verified" if f.state == "stale"
-                   else "has never been verified against the manifest")
-            v.append(Violation("unverified", where,
-                               f"replica {f.path} {how}; run `replicas verify` (or export with --allow-unverified)"))
-    return v
-
-
-def check_cache(cache_experts) -> list[Violation]:
-    if cache_experts is None:
-        return [Violation("no-cache", "cache_experts",
-                          "no expert-cache size: pass --cache-experts N or use a profile that sets cache_experts")]
-    if isinstance(cache_experts, bool) or not isinstance(cache_experts, int) or cache_experts <= 0:
-        return [Violation("cache-range", "cache_experts", f"{cache_experts!r} must be a positive integer (experts)")]
-    return []
-
-
-def check_engine(plan_engine: str, engine: str) -> list[Violation]:
-    """A plan's weights follow the split rule of the engine it was solved for. colibri places
-    whole experts by weight, so any plan's base weights serve it; ds4-argodrive needs a plan
-    solved with its own rule."""
-    if engine == "ds4-argodrive" and plan_engine != "ds4-argodrive":
-        return [Violation("engine", "engine", f"the plan was solved for {plan_engine!r}, whose split differs from "
-                                              "ds4-argodrive's; solve again with `planner solve` for ds4-argodrive")]
-    return []
-
-
-def refusal(where: str, violations: Sequence[Violation]) -> UsageError:
-    """One line naming every violation (exit 2)."""
-    n = len(violations)
-    return UsageError(f"{where} breaks {n} engine rule{'s' if n != 1 else ''}: " + "; ".join(map(str, violations)))
-
-
-# ---------------------------------------------------------------------------------------------
 # Named profiles
 
 def parse_definition(text: str, where: str, origin: str = "") -> Definition:
@@ -287,7 +137,7 @@ def parse_definition(text: str, where: str, origin: str = "") -> Definition:
     for k, val in sets.items():
         if not _KEY_RE.match(k):
             raise bad(f"set.{k}", "is not an environment variable name")
-        if k in PLAN_KEYS or k in (COLI_MODEL, COLI_MIRROR, COLI_WEIGHTS, COLI_LEGACY_MIRROR):
+        if k in ds4_argodrive.SPLIT_KEYS or k in colibri.ENV_KEYS:
             raise bad(f"set.{k}", "comes from the plan, not from a profile; remove it")
         if isinstance(val, bool) or not isinstance(val, (str, int)):
             raise bad(f"set.{k}", "must be a string or an integer")
@@ -359,9 +209,10 @@ def definition_to_dict(d: Definition, definitions: dict[str, Definition]) -> dic
 
 def managed_keys(engine: str, definitions: Iterable[Definition] = ()) -> tuple[str, ...]:
     """Every key an exported profile of this engine speaks for: set it, or unset it."""
-    if engine == "colibri":      # named profiles hold ds4 knobs; colibri's own are the four below
-        return (COLI_MODEL, COLI_MIRROR, COLI_WEIGHTS, COLI_LEGACY_MIRROR)
-    keys = list(PLAN_KEYS) + list(DS4_KNOWN_KEYS)
+    if engine == colibri.NAME:   # named profiles hold ds4 knobs; colibri's own keys all come from the plan
+        return colibri.ENV_KEYS
+    # Presence-based flags are among these: a key a profile does not set is unset, never set to 0.
+    keys = list(ds4_argodrive.SPLIT_KEYS) + list(ds4_argodrive.KNOWN_KEYS)
     for d in definitions:
         keys += [k for k, _ in d.set] + list(d.unset)
     return tuple(dict.fromkeys(keys))
@@ -379,21 +230,14 @@ def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered 
     prefill = list(plan["prefill"]["weights"])
     decode = list(plan["decode"]["weights"])
     primary, replicas = paths[0], tuple(paths[1:])
-    env: dict[str, str] = {}
-    if engine == "colibri":
-        env[COLI_MODEL] = primary
-        if replicas:
-            env[COLI_MIRROR] = ";".join(replicas)
-            env[COLI_WEIGHTS] = ",".join(map(str, prefill))
+    if engine == colibri.NAME:
+        env = dict(colibri.plan_environment(primary, replicas, prefill))
         argv: tuple[str, ...] = ()
     else:
-        if replicas:
-            env[K_PRIMARY_WEIGHT] = str(prefill[0])
-            env[K_REPLICAS] = ",".join(f"{p}*{w}" for p, w in zip(replicas, prefill[1:]))
-            env[K_DECODE_WEIGHTS] = ",".join(map(str, decode))
-        argv = ("--ssd-streaming", "-m", primary, "--ssd-streaming-cache-experts", str(cache_experts))
-    if layered is not None and engine != "colibri":
-        env.update((k, v) for k, v in layered.environment if k not in env)
+        env = dict(ds4_argodrive.split_environment(prefill[0], replicas, prefill[1:], decode))
+        argv = ds4_argodrive.engine_args(primary, cache_experts)
+        if layered is not None:
+            env.update((k, v) for k, v in layered.environment if k not in env)
     unset = tuple(sorted(k for k in managed if k not in env))
     return Profile(id=profile_id, engine=engine, environment=tuple(env.items()), unset=unset, argv=argv,
                    primary=primary, primary_weight=prefill[0], replicas=replicas,
@@ -415,9 +259,10 @@ def sh_quote(value: str) -> str:
 def render_env(p: Profile) -> str:
     """The shell file: a header comment with the engine arguments, `export K='v'`, `unset K`."""
     lines = [f"# {p.engine} profile {p.id!r}, exported by replica-tuner (engine-bridge export)"]
-    if p.engine == "colibri":
-        lines.append("# colibri reads COLI_MODEL (primary) and COLI_MODEL_MIRROR (copies, ';'-separated);")
-        lines.append(f"# COLI_DISK_WEIGHTS are the plan's base weights {':'.join(map(str, (p.primary_weight,) + p.replica_weights))} "
+    if p.engine == colibri.NAME:
+        lines.append(f"# colibri reads {colibri.ENV_MODEL} (primary) and {colibri.ENV_MIRROR} "
+                     f"(copies, '{colibri.MIRROR_SEPARATOR}'-separated);")
+        lines.append(f"# {colibri.ENV_WEIGHTS} are the plan's base weights {':'.join(map(str, (p.primary_weight,) + p.replica_weights))} "
                      "(colibri places whole experts by hash; it has no separate decode split)")
     else:
         lines.append("# engine arguments: " + " ".join(shlex.quote(a) for a in p.argv))

@@ -4,11 +4,13 @@ import json
 import os
 import subprocess
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.profiles.export import export_profile, load_profile
-from engine_bridge.profiles.profile import profile_from_dict, profile_to_dict
+from engine_bridge.profiles.profile import Profile, profile_from_dict, profile_to_dict, render_env
 from tests.engine_bridge.export_helpers import make_rig, write_plan
 
 runner = CliRunner()
@@ -235,11 +237,6 @@ def test_exports_are_atomic_and_overwrite_cleanly(tmp_path):
 
 
 # Any value a path can hold survives the shell: quotes, spaces, $, backquotes, backslashes, newlines.
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from engine_bridge.profiles.profile import Profile, render_env
-
 _value = st.text(st.one_of(st.sampled_from(list("a/ '\"$`\\\n*,;!#&|(){}~")),
                           st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")), max_size=40)
 

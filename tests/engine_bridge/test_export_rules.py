@@ -7,7 +7,8 @@ from typer.testing import CliRunner
 
 from core.errors import RigError, UsageError
 from engine_bridge.cli import app
-from engine_bridge.profiles.profile import SourceFacts, check_cache, check_sources, parse_definition, resolve
+from engine_bridge.profiles.profile import parse_definition, resolve
+from engine_bridge.profiles.rules import SourceFacts, check_cache, check_sources
 from tests.engine_bridge.export_helpers import make_rig, raw_plan, write_plan, write_raw_plan
 
 runner = CliRunner()

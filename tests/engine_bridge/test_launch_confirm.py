@@ -3,7 +3,7 @@
 import pytest
 
 from core.errors import UsageError
-from engine_bridge.profiles.launch import (
+from engine_bridge.profiles.confirm import (
     Expectation,
     confirm,
     csv_block,
