@@ -22,6 +22,7 @@ from engine_bridge.harness.arms import (
     parse_arm,
 )
 from engine_bridge.harness.render import render_markdown, render_svg
+from tests.helpers import impure_imports
 
 
 def test_orders():
@@ -141,3 +142,9 @@ def test_check_results_refuses_other_files():
         check_results({"kind": "plan"})
     with pytest.raises(UsageError, match="schema"):
         check_results({"kind": "bench-results", "schema": 9})
+
+
+def test_the_pure_parts_stay_pure():
+    from engine_bridge.harness import arms, render
+
+    assert impure_imports(arms) == [] and impure_imports(render) == []

@@ -12,7 +12,7 @@ from engine_bridge.reader.readstats import format_stats, healthy_split, last_lan
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
-from tests.helpers import write_random
+from tests.helpers import impure_imports, write_random
 
 SIZE = 3 * BLOCK + 12_345          # not a multiple of 4 KiB: the last page is partial
 
@@ -184,3 +184,10 @@ def test_released_buffers_are_reused(model):
         assert bytes(t2.result()) == data[4096 * 3 + 1:4096 * 3 + 1 + BLOCK]
         t3 = r.submit(0, 100)                       # nothing released of that class: a new one
         assert t3._buf is not first and bytes(t3.result()) == data[:100]
+
+
+def test_the_counters_arithmetic_is_pure():
+    from engine_bridge.reader import lanes, readstats
+
+    assert impure_imports(readstats) == []
+    assert any(x.endswith(": threading") for x in impure_imports(lanes))   # the check sees the threads around it
