@@ -1,9 +1,11 @@
 """Cold reads: bytes from the drive, not the page cache (DESIGN §3).
 
 A `ColdReader` is the narrow seam every reader in the project goes through: `read_into(buffer,
-offset)` plus a few facts (`direct`, `alignment`, `how`). Buffers come from `aligned_buffer`
-(anonymous mmap, page-aligned, as O_DIRECT wants). Offsets and lengths handed to `read_into`
-must be multiples of `alignment`; `read_range` serves any range through the covering aligned one.
+offset)` plus a few facts (`direct`, `alignment`, `how`, `size`); `CachedReader` is the same seam
+over plain buffered reads. Buffers come from `aligned_buffer` (anonymous mmap, page-aligned, as
+O_DIRECT wants). Offsets and lengths handed to `read_into` must be multiples of `alignment`;
+`read_range` serves any range through the covering aligned one. Every reader passes the same
+contract tests (tests/replicas/test_coldio_contract.py).
 """
 
 from __future__ import annotations
@@ -36,23 +38,29 @@ class ColdReader:
     """One read-only file opened for cold reads.
 
     how: 'o_direct' (Linux), 'f_nocache' (macOS) or 'fadvise' (file system without O_DIRECT:
-    clean cached pages of each range are dropped before it is read).
+    clean cached pages of each range are dropped before it is read). `size` is the file's size
+    in bytes when it was opened. Opening raises OSError (FileNotFoundError, PermissionError).
     """
 
     alignment = ALIGNMENT
 
     def __init__(self, path: str):
         self.path = path
-        self.fd, self.how = platform.open_direct(path)
+        self.fd, self.how = self._open(path)
         self.size = os.fstat(self.fd).st_size
+
+    def _open(self, path: str) -> tuple[int, str]:
+        return platform.open_direct(path)
 
     @property
     def direct(self) -> bool:
+        """True when reads bypass the page cache (O_DIRECT, F_NOCACHE)."""
         return self.how in ("o_direct", "f_nocache")
 
     def read_into(self, buffer, offset: int) -> int:
         """Fill `buffer` (aligned, length a multiple of alignment) from `offset`; returns bytes
-        read, fewer only at end of file. Raises OSError on an I/O error."""
+        read, fewer only at end of file (0 at or past it). Raises OSError on an I/O error or
+        once the reader is closed."""
         view = memoryview(buffer)
         want = len(view)
         if self.how == "fadvise":
@@ -77,6 +85,15 @@ class ColdReader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class CachedReader(ColdReader):
+    """The `ColdReader` seam without the cold part: plain buffered reads that may be served by
+    the page cache (how = 'cached'). For measuring a reader's own ceiling on tmpfs or cached
+    files; never for drive measurements."""
+
+    def _open(self, path: str) -> tuple[int, str]:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), "cached"
 
 
 def open_cold(path: str) -> ColdReader:

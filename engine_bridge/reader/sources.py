@@ -21,19 +21,6 @@ from replicas.coldio import ColdReader
 
 from .readstats import ReaderEvent
 
-
-class CachedReader(ColdReader):
-    """The `ColdReader` seam without the cold part: plain buffered reads that may be served by
-    the page cache (how = 'cached'). For measuring the reader's own ceiling (`cold=False`) on
-    tmpfs or cached files; never for drive measurements."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self.how = "cached"
-        self.size = os.fstat(self.fd).st_size
-
-
 Identity = tuple[int, int, int]     # (device, inode, size in bytes) of a source file at open
 
 

@@ -26,12 +26,12 @@ from typing import Callable, Sequence
 from core.errors import MissingError, UsageError
 from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights
-from replicas.coldio import ColdReader, align_down
+from replicas.coldio import CachedReader, ColdReader, align_down
 
 from .buffers import POOL_BYTES, BufferPool, check_buffer, span
 from .lanes import Lanes, ReadTicket
 from .readstats import ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
-from .sources import CachedReader, SourceHealth, check_sources, close_readers, open_sources
+from .sources import SourceHealth, check_sources, close_readers, open_sources
 
 PHASES = ("prefill", "decode")
 HEALTH_INTERVAL_S = 1.0        # how often submit() re-stats the source files (vanished/truncated)
