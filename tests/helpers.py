@@ -1,5 +1,10 @@
 """Plain helpers shared by the test folders (imported as `tests.helpers`); fixtures live in conftest.py."""
 
+import errno
+import threading
+
+from replicas.coldio import ColdReader
+
 
 def write_random(path, size, seed=0):
     import numpy as np
@@ -44,3 +49,33 @@ def impure_imports(module) -> list[str]:
             continue
         found += [f"line {node.lineno}: {n}" for n in names if n.split(".")[0] in IMPURE]
     return found
+
+
+class FailingReads:
+    """Breaks a reader on purpose, as a dying drive would: when its path is in `broken` (path ->
+    reads that still succeed), every read after those raises OSError(EIO) naming the path.
+    `broken` is per class: set it in each test. Mix it in front of any reader class."""
+
+    broken: dict = {}
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def read_into(self, buffer, offset):
+        rule = self.broken.get(self.path)
+        if rule is not None:
+            with self.lock:
+                self.calls += 1
+                n = self.calls
+            if n > rule:
+                raise OSError(errno.EIO, "Input/output error", self.path)
+        return super().read_into(buffer, offset)
+
+
+class FailingReader(FailingReads, ColdReader):
+    """The failing-on-purpose cold reader (e.g. a SplitReader's `opener`), so failover and the
+    errors above a reader are tested without breaking a disk."""
+
+    broken: dict = {}

@@ -1,16 +1,13 @@
 """A failing, short or vanished source degrades the plan; reads still return exact bytes."""
 
-import errno
 import os
-import threading
 
 import pytest
 
 from core.errors import MissingError
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
-from replicas.coldio import ColdReader
-from tests.helpers import write_random
+from tests.helpers import FailingReader, write_random
 
 SIZE = 8 * BLOCK + 3000
 
@@ -23,27 +20,6 @@ def model(tmp_path):
         (tmp_path / name).write_bytes(data)
         paths.append(str(tmp_path / name))
     return paths, data
-
-
-class FailingReader(ColdReader):
-    """Fails every read after `ok` successful ones, when its path is in `broken`."""
-
-    broken: dict = {}
-
-    def __init__(self, path):
-        super().__init__(path)
-        self.calls = 0
-        self.lock = threading.Lock()
-
-    def read_into(self, buffer, offset):
-        rule = self.broken.get(self.path)
-        if rule is not None:
-            with self.lock:
-                self.calls += 1
-                n = self.calls
-            if n > rule:
-                raise OSError(errno.EIO, "Input/output error", self.path)
-        return super().read_into(buffer, offset)
 
 
 def _reads():

@@ -1,62 +1,12 @@
-"""The cold-read seam and the platform logic (macOS logic tested here without macOS)."""
+"""The platform seam and drive identity (macOS logic tested here without macOS); the cold readers' own
+cases are in test_coldio_contract.py."""
 
 import os
 import plistlib
-import random
-
-import pytest
 
 from replicas import platform
-from replicas.coldio import ColdReader, aligned_buffer, read_range, read_sequential
 from replicas.drives import mount_for, parse_diskutil_plist, parse_mountinfo
 from tests.helpers import write_random
-
-
-@pytest.fixture(params=["o_direct", "fadvise"])
-def reader_factory(request, monkeypatch):
-    """Every way of opening a file cold passes the same tests."""
-    how = request.param
-    if how == "fadvise":
-        monkeypatch.setattr(platform, "open_direct", lambda p: (os.open(p, os.O_RDONLY), "fadvise"))
-    return ColdReader
-
-
-@pytest.mark.parametrize("size", [1, 4095, 4096, 1 << 20, (3 << 20) + 1234])
-def test_read_range_equals_plain_reads(tmp_path, reader_factory, size):
-    p = tmp_path / "f"
-    data = write_random(p, size, seed=size)
-    rng = random.Random(size)
-    with reader_factory(str(p)) as r:
-        for _ in range(25):
-            off = rng.randrange(size)
-            length = rng.randrange(1, size - off + 1)
-            assert bytes(read_range(r, off, length)) == data[off:off + length]
-        assert bytes(read_range(r, size - 1, 100)) == data[-1:]       # short at end of file
-
-
-def test_read_sequential_streams_the_whole_file_in_order(tmp_path, reader_factory):
-    p = tmp_path / "f"
-    data = write_random(p, (5 << 20) + 77, seed=5)
-    with reader_factory(str(p)) as r:
-        got = b"".join(bytes(v) for _, v in read_sequential(r, 0, r.size, block=1 << 20, depth=3))
-    assert got == data
-
-
-def test_buffers_are_page_aligned():
-    import ctypes
-
-    b = aligned_buffer(10)
-    assert len(b) == 4096
-    assert ctypes.addressof(ctypes.c_char.from_buffer(b)) % 4096 == 0
-
-
-def test_o_direct_is_used_on_linux_when_the_file_system_allows(tmp_path):
-    if not platform.is_linux():
-        pytest.skip("Linux only")
-    p = tmp_path / "f"
-    write_random(p, 8192)
-    with ColdReader(str(p)) as r:
-        assert r.how in ("o_direct", "fadvise") and r.direct == (r.how == "o_direct")
 
 
 def test_platform_decisions_are_pure():
