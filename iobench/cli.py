@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
-from core.errors import UsageError
+from core.errors import MissingError, UsageError
 from core.events import Notice
 from core.events import Progress as ProgressEvent
 from core.rig import load_rig, rig_dir
@@ -125,7 +125,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH]...
     if result_files(the_rig):
         try:
             previous = latest_result(the_rig)
-        except UsageError:
+        except (UsageError, MissingError):   # malformed, or gone since it was listed: measure afresh
             previous = None
     cancel = threading.Event()
     with _Renderer() as progress:
