@@ -18,9 +18,10 @@ from core.rig import load_rig, rig_dir
 from engines.split import parse_weights
 
 from . import render
-from .bench import RunOptions, fio_compare, parse_groups, run_bench, targets_from_paths, targets_from_rig
+from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_SECONDS, PRESETS
 from .result import latest_result, load_result, result_files, result_to_dict, save_result
+from .schedule import RunOptions, parse_groups
 
 app = make_app("iobench", "Measure each drive's ceilings, cold, with the engine's read shapes: alone, grouped and together.")
 
