@@ -24,6 +24,7 @@ root folder the Testbed made is deleted. MB here is 10**6 bytes.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -77,7 +78,7 @@ def find_drives() -> str:
 def require_testbed() -> str:
     """The drives tool, once `drives check` says this machine can host it; else one line, exit 2."""
     drives = find_drives()
-    p = subprocess.run([sys.executable, drives, "check"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, drives, "check"], check=False, capture_output=True, text=True)
     if p.returncode:
         why = (p.stdout.strip() or p.stderr.strip() or f"exit {p.returncode}").splitlines()[-1]
         usage_exit(f"testbed {drives} cannot run here ({why}): it needs root, loop devices and cgroup-v1 blkio")
@@ -136,8 +137,8 @@ def write_random(paths: list[str], size: int, seed: int = 0, block: int = 16 << 
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    files = [open(p, "wb") for p in paths]
-    try:
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(p, "wb")) for p in paths]
         left = size
         while left > 0:
             data = rng.bytes(min(block, left))
@@ -147,9 +148,6 @@ def write_random(paths: list[str], size: int, seed: int = 0, block: int = 16 << 
         for f in files:
             f.flush()
             os.fsync(f.fileno())
-    finally:
-        for f in files:
-            f.close()
 
 
 def _ancestors() -> set[int]:
@@ -216,10 +214,10 @@ class Testbed:
 
     # ---- entering and leaving ----------------------------------------------------------------
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         self.drives = require_testbed()
-        self._install_handlers()
         try:
+            self._install_handlers()
             self._take_lock()
             self.root = os.path.realpath(self._given_root or tempfile.mkdtemp(prefix="rt-testbed-", dir="/var/tmp"))
             self._deferring = True      # `drives up` runs to its end: a half-built testbed cannot be taken down
@@ -266,7 +264,10 @@ class Testbed:
         if self.write_mbs:
             cmd += ["--write-mbs", f"{self.write_mbs:g}"]
         # Its own session: a Ctrl-C at the terminal reaches us (deferred), not the half-done `up`.
-        return subprocess.run(cmd, capture_output=True, text=True, start_new_session=True)
+        # Should we die anyway (SIGKILL), the kernel sends it SIGINT, on which it undoes itself.
+        if shutil.which("setpriv"):
+            cmd = ["setpriv", "--pdeathsig", "INT", *cmd]
+        return subprocess.run(cmd, check=False, capture_output=True, text=True, start_new_session=True)
 
     def _down(self) -> None:
         if not self.root:
@@ -277,7 +278,7 @@ class Testbed:
                 state = json.load(f)
             self._kill_group(state.get("cgroup", ""))
             p = subprocess.run([sys.executable, self.drives, "down", "--root", self.root],
-                               capture_output=True, text=True, start_new_session=True)
+                               check=False, capture_output=True, text=True, start_new_session=True)
             if p.returncode:
                 say(f"drives down failed: {(p.stderr or p.stdout).strip()}")
             self._report_leftovers(state)
@@ -310,9 +311,17 @@ class Testbed:
             time.sleep(0.1)
 
     @staticmethod
-    def _report_leftovers(state: dict) -> None:
-        attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-        left = [d["device"] for d in state.get("drives", []) if d.get("image") and d["image"] in attached]
+    def _report_leftovers(state: dict, settle_s: float = 3.0) -> None:
+        """Say what `drives down` left behind; a loop device still busy detaches itself when
+        released (autoclear), so give it `settle_s` seconds first."""
+        images = {d["image"]: d["device"] for d in state.get("drives", []) if d.get("image")}
+        t0 = time.monotonic()
+        while True:
+            attached = subprocess.run(["losetup", "-a"], check=False, capture_output=True, text=True).stdout
+            left = [dev for image, dev in images.items() if image in attached]
+            if not left or time.monotonic() - t0 > settle_s:
+                break
+            time.sleep(0.2)
         if left:
             say(f"loop devices still attached: {', '.join(left)} (detach with `losetup -d DEVICE`)")
         if state.get("cgroup") and os.path.isdir(state["cgroup"]):
@@ -376,7 +385,7 @@ class Testbed:
 
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         """Run a command inside the testbed's blkio group (its reads and writes are throttled)."""
-        return subprocess.run([*self.wrap, *cmd], **kw)
+        return subprocess.run([*self.wrap, *cmd], **kw)  # noqa: PLW1510 (the caller decides)
 
     def timed(self, cmd: list[str], cold: bool = True, warm: list[str] | None = None) -> float:
         """Wall seconds of a throttled command, page cache dropped first; raises if it fails.
@@ -388,7 +397,7 @@ class Testbed:
         if cold:
             drop_caches()
         if warm:
-            subprocess.run(warm, capture_output=True)
+            subprocess.run(warm, check=False, capture_output=True)
         t0 = time.perf_counter()
         p = self.run(cmd, capture_output=True, text=True)
         dt = time.perf_counter() - t0
