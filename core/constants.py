@@ -14,3 +14,5 @@ PROFILES_DIR = "profiles"          # exported engine profiles (.env, .json) and 
 RUNS_DIR = "runs"                  # harness and launcher runs, one folder each
 STAMPS_DIR = "stamps"              # sidecar stamps for files we may not or cannot tag
 RESULTS_FILE = "results.json"      # a harness run's results, in runs/<stamp>/
+VERDICTS_FILE = "verdicts.json"    # replicas verify's last verdict per member (status remembers it)
+SCRUB_FILE = "scrub.json"          # how far an interrupted `replicas verify --full` got, per member

@@ -29,7 +29,9 @@ from .constants import (
     RIG_FILE,
     RIG_SCHEMA,
     RUNS_DIR,
+    SCRUB_FILE,
     STAMPS_DIR,
+    VERDICTS_FILE,
 )
 from .errors import RigError, UsageError
 from .fsutil import atomic_write_text
@@ -81,6 +83,14 @@ class Rig:
     @property
     def stamps_dir(self) -> str:
         return os.path.join(self.root, STAMPS_DIR)
+
+    @property
+    def verdicts_file(self) -> str:
+        return os.path.join(self.root, VERDICTS_FILE)
+
+    @property
+    def scrub_file(self) -> str:
+        return os.path.join(self.root, SCRUB_FILE)
 
     def subdir(self, name: str) -> str:
         """rig/bench, rig/plans, rig/profiles, rig/runs, rig/stamps (created on demand)."""
