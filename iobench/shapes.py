@@ -2,7 +2,7 @@
 
 - seq:     1 MiB requests, sequential through the file.
 - prefill: the drive's piece of each 32 MiB staging chunk, split by the prefill weights with the
-           engine's rule (`planner.split.split_read`); consecutive chunks.
+           engine's rule (`engines.split.split_read`); consecutive chunks.
 - decode:  the drive's piece of one expert component, split by the decode weights, at a random
            component of the expert tensors (of the whole file when it is not a GGUF).
 - rand4k:  4 KiB at random aligned offsets of the whole file (per-request latency, IOPS ceiling).

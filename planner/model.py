@@ -1,6 +1,6 @@
 """The performance model of split reads (pure, numpy, vectorised over candidate splits).
 
-A candidate is a vector of whole blocks per source for one read (what `split.block_counts`
+A candidate is a vector of whole blocks per source for one read (what `engines.ds4_argodrive.block_counts`
 returns for some weights). Drive behaviour comes from curves with the two methods iobench's
 `DriveModel` has: `request_time(size_bytes, in_flight) -> s` and `throughput(size_bytes,
 in_flight) -> bytes/s`. The curves are only ever asked about the few distinct piece sizes a

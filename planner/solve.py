@@ -26,7 +26,7 @@ from .plan import Phase, Plan, Source
 
 
 def block_counts_many(blocks: int, weights: np.ndarray) -> np.ndarray:
-    """`split.block_counts` for every row of `weights` (N x n) at once; identical results."""
+    """`engines.ds4_argodrive.block_counts` for every row of `weights` (N x n) at once; identical results."""
     w = np.asarray(weights, dtype=np.int64)
     total = w.sum(axis=1, keepdims=True)
     counts = blocks * w // total
