@@ -22,8 +22,10 @@ from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_SECONDS, PRESETS
 from .result import latest_result, load_result, result_files, result_to_dict, save_result
 from .schedule import RunOptions, parse_groups
+from .testbed_cli import app as testbed_app
 
 app = make_app("iobench", "Measure each drive's ceilings, cold, with the engine's read shapes: alone, grouped and together.")
+app.add_typer(testbed_app, name="testbed")
 
 PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode, rand4k, all, or a comma list.")
 SecondsOption = typer.Option(DEFAULT_SECONDS, "--seconds", help="Seconds per measured window.")

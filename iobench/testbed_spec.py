@@ -1,0 +1,258 @@
+"""The throttled testbed's pure parts: drive limits, which block I/O controller, the cgroup lines
+to write, and the state document (`iobench testbed`; the I/O is in testbed.py).
+
+A testbed is N loop devices, each an ext4 file system on an image in the testbed folder, whose
+I/O a cgroup caps: cgroup v2 `io.max` where the io controller sits on the unified hierarchy,
+cgroup v1 `blkio.throttle.*` otherwise. MB here is 10**6 bytes; a limit of 0 means none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from core.errors import RigError, UsageError
+
+STATE_FILE = "testbed.json"
+STATE_KIND = "replica-tuner-testbed"
+STATE_SCHEMA = 1
+CGROUP_PREFIX = "replica-tuner-testbed-"
+V1, V2 = "v1", "v2"
+MIN_SIZE = 32 << 20                 # bytes: below this mkfs.ext4 leaves too little room to be a drive
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")    # a folder name and a cgroup-safe word
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+# The v1 files, one rule per device each; a rule of 0 would remove the limit, so 0 is not written.
+V1_FILES = (("read_mbs", "blkio.throttle.read_bps_device", 1e6), ("write_mbs", "blkio.throttle.write_bps_device", 1e6),
+            ("read_iops", "blkio.throttle.read_iops_device", 1), ("write_iops", "blkio.throttle.write_iops_device", 1))
+V2_KEYS = (("read_mbs", "rbps", 1e6), ("write_mbs", "wbps", 1e6), ("read_iops", "riops", 1), ("write_iops", "wiops", 1))
+
+
+@dataclass(frozen=True)
+class DriveLimits:
+    """One drive's ceilings: MB/s (10**6 B/s) and IOPS; 0 is no limit."""
+
+    name: str
+    read_mbs: float
+    write_mbs: float = 0
+    read_iops: float = 0
+    write_iops: float = 0
+
+
+def parse_pairs(items, what: str, zero_ok: bool = False) -> dict[str, float]:
+    """'a:200,b:120' or ['a:200', 'b:120'] -> {'a': 200.0, 'b': 120.0}, order kept.
+
+    Numbers must be above 0 (or 0 and above where `zero_ok`: an IOPS limit of 0 is none)."""
+    out: dict[str, float] = {}
+    for item in (x.strip() for it in ([items] if isinstance(items, str) else items) for x in it.split(",")):
+        name, _, value = item.partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not name or name in out or not (number >= 0 if zero_ok else number > 0) or number == float("inf"):
+            raise UsageError(f"{what} {item!r}: want NAME:NUMBER, each name once, the number "
+                             f"{'0 or more' if zero_ok else 'above 0'} (e.g. a:200)")
+        out[name] = number
+    return out
+
+
+def plan_drives(read_mbs: dict[str, float], write_mbs: float | dict[str, float] = 0,
+                read_iops: dict[str, float] | None = None, write_iops: dict[str, float] | None = None
+                ) -> tuple[DriveLimits, ...]:
+    """The drives in the order given; `write_mbs` is one ceiling for all or per drive. Every name
+    must be a plain folder name, and the per-drive limits may only name drives that exist."""
+    if not read_mbs:
+        raise UsageError("a testbed needs at least one drive: --drive NAME:MBPS (e.g. --drive a:30)")
+    for name in read_mbs:
+        if not NAME_RE.match(name):
+            raise UsageError(f"drive name {name!r}: use 1-32 letters, digits, '-' or '_', starting with a letter or digit")
+    writes = write_mbs if isinstance(write_mbs, dict) else {n: float(write_mbs) for n in read_mbs}
+    for what, given in (("--write-mbs", writes), ("--iops", read_iops or {}), ("--write-iops", write_iops or {})):
+        unknown = [n for n in given if n not in read_mbs]
+        if unknown:
+            raise UsageError(f"{what} names {', '.join(unknown)}, not a drive; drives are {', '.join(read_mbs)}")
+        if any(v < 0 for v in given.values()):
+            raise UsageError(f"{what}: limits are 0 (none) or more")
+    return tuple(DriveLimits(n, float(mbs), float(writes.get(n, 0)), float((read_iops or {}).get(n, 0)),
+                             float((write_iops or {}).get(n, 0))) for n, mbs in read_mbs.items())
+
+
+def parse_size(text: str) -> int:
+    """'3G', '512M', '1073741824' -> bytes (binary units, as truncate and losetup read them)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise UsageError(f"--size {text!r}: give bytes or a number with K, M, G or T (e.g. 3G)")
+    size = int(m.group(1)) * SIZE_UNITS[m.group(2).upper()]
+    if size < MIN_SIZE:
+        raise UsageError(f"--size {text!r}: each drive needs at least {MIN_SIZE >> 20} MiB")
+    return size
+
+
+# ---- which controller ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Controller:
+    """The block I/O controller a testbed uses: `kind` v1 or v2, `mount` its hierarchy's root."""
+
+    kind: str
+    mount: str
+
+
+def cgroup_mounts(proc_mounts: str) -> tuple[str | None, str | None]:
+    """(the cgroup2 mount, the cgroup-v1 mount carrying blkio) from /proc/mounts' text."""
+    v2 = v1 = None
+    for line in proc_mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        where, fstype, options = unescape_mount(parts[1]), parts[2], parts[3].split(",")
+        if fstype == "cgroup2" and v2 is None:
+            v2 = where
+        elif fstype == "cgroup" and "blkio" in options and v1 is None:
+            v1 = where
+    return v2, v1
+
+
+def choose_controller(v2_mount: str | None, v2_controllers: str, v1_mount: str | None,
+                      v1_has_throttle: bool) -> tuple[Controller | None, str]:
+    """The controller to use and why: v2 `io` when the unified hierarchy offers it (its root's
+    cgroup.controllers lists `io`), else v1 blkio with its throttle files; else None and the reason."""
+    if v2_mount and "io" in v2_controllers.split():
+        return Controller(V2, v2_mount), f"cgroup v2 io controller at {v2_mount}"
+    if v1_mount and v1_has_throttle:
+        return Controller(V1, v1_mount), f"cgroup v1 blkio throttle at {v1_mount}"
+    reasons = []
+    reasons.append(f"the unified hierarchy at {v2_mount} has no io controller" if v2_mount else "no cgroup2 mount")
+    reasons.append(f"the blkio hierarchy at {v1_mount} has no throttle files (kernel without "
+                   "CONFIG_BLK_DEV_THROTTLING)" if v1_mount else "no cgroup-v1 blkio mount")
+    return None, "; ".join(reasons)
+
+
+def cgroup_name(root: str) -> str:
+    """The group's folder name: fixed prefix and a hash of the testbed's real path, so two
+    testbeds never share a group and a group is recognisably ours."""
+    return CGROUP_PREFIX + hashlib.sha1(root.encode()).hexdigest()[:10]
+
+
+def v1_lines(majmin: str, limits: DriveLimits) -> list[tuple[str, str]]:
+    """(file in the v1 blkio group, line to write) for each limit the drive has."""
+    return [(fname, f"{majmin} {int(getattr(limits, attr) * scale)}")
+            for attr, fname, scale in V1_FILES if getattr(limits, attr) > 0]
+
+
+def v2_line(majmin: str, limits: DriveLimits) -> str:
+    """The `io.max` line for a drive: every key given, `max` where there is no limit."""
+    keys = [f"{key}={int(getattr(limits, attr) * scale) if getattr(limits, attr) > 0 else 'max'}"
+            for attr, key, scale in V2_KEYS]
+    return f"{majmin} {' '.join(keys)}"
+
+
+# ---- what /proc and /sys say -----------------------------------------------------------------
+
+def unescape_mount(text: str) -> str:
+    """A path as /proc/mounts and mountinfo write it (space, tab, newline, backslash octal-escaped)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def mounted_devices(mountinfo: str) -> dict[str, str]:
+    """{mount point: maj:min of what is mounted there} from /proc/self/mountinfo's text (the last
+    mount on a point wins, as it is the one seen)."""
+    out: dict[str, str] = {}
+    for line in mountinfo.splitlines():
+        parts = line.split()
+        if len(parts) >= 5:
+            out[unescape_mount(parts[4])] = parts[2]
+    return out
+
+
+def backing_path(sysfs_text: str) -> str:
+    """The image path in /sys/block/loopN/loop/backing_file (the kernel adds ' (deleted)' when
+    the file is gone)."""
+    text = sysfs_text.rstrip("\n")
+    return text[:-len(" (deleted)")] if text.endswith(" (deleted)") else text
+
+
+# ---- the state document ----------------------------------------------------------------------
+
+@dataclass
+class DriveState:
+    """One drive as built so far: paths are set before anything is made, `device` and `majmin`
+    once the loop device is attached, `mounted` once its file system is mounted."""
+
+    name: str
+    image: str
+    mount: str
+    limits: DriveLimits
+    device: str = ""
+    majmin: str = ""
+    mounted: bool = False
+
+
+@dataclass
+class TestbedState:
+    """What a testbed made, written to <root>/testbed.json before and after every step, so that
+    `down` can take apart a testbed left half-built by a crash. `phase` is building, up or down."""
+
+    __test__ = False            # not a pytest class, whatever its name
+
+    root: str
+    controller: str
+    cgroup: str
+    size: int
+    drives: list[DriveState]
+    made_root: bool = False
+    enabled_io: bool = False    # v2: we added `io` to the parent's subtree_control
+    phase: str = "building"
+    created: str = ""
+
+    def drive(self, name: str) -> DriveState:
+        for d in self.drives:
+            if d.name == name:
+                return d
+        raise UsageError(f"no drive {name!r} in the testbed at {self.root}; drives are "
+                         f"{', '.join(d.name for d in self.drives)}")
+
+
+def new_state(root: str, controller: Controller, drives: tuple[DriveLimits, ...], size: int, made_root: bool,
+              created: str) -> TestbedState:
+    """The plan of a testbed at `root` (a real path): images are hidden files in it, mount points
+    are named after the drives, the group lives under the controller's mount."""
+    return TestbedState(root=root, controller=controller.kind, cgroup=f"{controller.mount.rstrip('/')}/{cgroup_name(root)}",
+                        size=size, made_root=made_root, created=created,
+                        drives=[DriveState(d.name, f"{root}/.{d.name}.img", f"{root}/{d.name}", d) for d in drives])
+
+
+def state_to_doc(state: TestbedState) -> dict:
+    doc = {"kind": STATE_KIND, "schema": STATE_SCHEMA}
+    doc.update(asdict(state))
+    for d in doc["drives"]:
+        d.update(d.pop("limits"))      # flat: name, paths, device, then the limits
+    return doc
+
+
+def state_from_doc(doc: dict, where: str) -> TestbedState:
+    """A TestbedState from a checked document (kind and schema already checked by the loader)."""
+    remedy = "it was not written by `iobench testbed up`; remove what it names by hand"
+    try:
+        drives = [DriveState(d["name"], d["image"], d["mount"],
+                             DriveLimits(d["name"], float(d["read_mbs"]), float(d["write_mbs"]), float(d["read_iops"]),
+                                         float(d["write_iops"])),
+                             str(d["device"]), str(d["majmin"]), bool(d["mounted"])) for d in doc["drives"]]
+        state = TestbedState(root=str(doc["root"]), controller=str(doc["controller"]), cgroup=str(doc["cgroup"]),
+                             size=int(doc["size"]), drives=drives, made_root=bool(doc["made_root"]),
+                             enabled_io=bool(doc["enabled_io"]), phase=str(doc["phase"]), created=str(doc["created"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise RigError(f"{where}: testbed state is missing or has a bad field ({e}); {remedy}") from None
+    if state.controller not in (V1, V2) or not state.cgroup.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX):
+        raise RigError(f"{where}: testbed state names a group {state.cgroup!r} that is not a testbed's; {remedy}")
+    inside = [p for d in drives for p in (d.image, d.mount) if p.rsplit("/", 1)[0] != state.root]
+    if inside:
+        raise RigError(f"{where}: testbed state names paths outside its folder ({', '.join(inside)}); {remedy}")
+    return state
+
+
+def state_text(state: TestbedState) -> str:
+    return json.dumps(state_to_doc(state), indent=1) + "\n"
