@@ -2,7 +2,11 @@
 
 Errors from the library arrive as `ReplicaTunerError`s; here, and only here, they become one
 line on stderr and the documented exit code. `--debug` (or REPLICA_TUNER_DEBUG=1) shows the
-traceback instead.
+traceback instead. Usage errors Typer finds while parsing (a missing option, a value of the wrong
+type, an unknown command) take the same one-line form, with exit 2.
+
+The consoles fit a terminal; anything else (a pipe, a log file) gets whole lines: no wrapping at
+80 columns and no "repli…" in a table.
 """
 
 from __future__ import annotations
@@ -14,14 +18,47 @@ import traceback
 from typing import Optional
 
 import typer
-from rich.console import Console
-from typer.core import TyperGroup
+from rich.console import Console, ConsoleDimensions
+from typer._click import exceptions as click_exceptions
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from .constants import DEBUG_ENV, RIG_ENV
-from .errors import EXIT_INTERRUPTED, EXIT_MISSING, ReplicaTunerError
+from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError
 
-out = Console()                          # data and tables: stdout
-err = Console(stderr=True)               # progress and messages: stderr
+# Width of a console that is not a terminal: wider than any line we print (a path is at most
+# 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
+# width (Rich tables do not expand to the console's width unless asked).
+PIPE_WIDTH = 1 << 14
+
+
+class WholeLineConsole(Console):
+    """A Rich console that fits a terminal and never wraps or cuts output going anywhere else.
+
+    Asked at every print, not once at start: the same module-level console writes to a terminal,
+    to a pipe, or to a test's captured stream (sys.stdout is looked up when printing)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)
+        return size if self.is_terminal else ConsoleDimensions(PIPE_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size) -> None:
+        Console.size.fset(self, new_size)
+
+    @property
+    def soft_wrap(self) -> bool:
+        # Soft wrapping (Rich: no word wrap, overflow "ignore", no crop) whenever the reader is
+        # not a terminal, so a long line stays one line in a log.
+        return self._soft_wrap or not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:
+        self._soft_wrap = value
+
+
+out = WholeLineConsole()                     # data and tables: stdout
+err = WholeLineConsole(stderr=True)          # progress and messages: stderr
 
 
 def debugging() -> bool:
@@ -31,9 +68,18 @@ def debugging() -> bool:
 class ErrorBoundaryGroup(TyperGroup):
     """A Typer group whose commands' errors become one line and an exit code."""
 
+    def parse_args(self, ctx, args):
+        # The app's own options (before the command name) are parsed here, outside invoke.
+        try:
+            return super().parse_args(ctx, args)
+        except click_exceptions.UsageError as e:
+            self._usage(ctx, e)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click_exceptions.UsageError as e:      # the command's arguments, or an unknown command
+            self._usage(ctx, e)
         except ReplicaTunerError as e:
             self._fail(ctx, str(e), e.exit_code)
         except KeyboardInterrupt:
@@ -45,6 +91,15 @@ class ErrorBoundaryGroup(TyperGroup):
         except PermissionError as e:
             self._fail(ctx, f"{e.filename or e}: permission denied", EXIT_MISSING)
 
+    def _usage(self, ctx, e: click_exceptions.UsageError):
+        """A parse error as one line: what is wrong, and where the help is (exit 2)."""
+        if isinstance(e, click_exceptions.NoArgsIsHelpError):
+            raise e                                  # a bare command name: its help, as before
+        message = " ".join(e.format_message().split())
+        # Some parser errors carry no context; the command being parsed is then the invoked one.
+        where = e.ctx.command_path if e.ctx is not None else " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
+        self._fail(ctx, f"{message[:1].lower()}{message[1:].rstrip('.')} (see '{where} -h')", EXIT_USAGE)
+
     def _fail(self, ctx, message: str, code: int):
         if debugging():
             traceback.print_exc()
@@ -52,8 +107,49 @@ class ErrorBoundaryGroup(TyperGroup):
         raise typer.Exit(code)
 
 
+class PlainUsageCommand(TyperCommand):
+    """A command whose usage line names its arguments as POSIX tools do: `SOURCE DEST_DIR...`,
+    `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                pieces.append(plain_usage(param))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+def plain_usage(param: TyperArgument) -> str:
+    """An argument on the usage line: its metavar (else its name in capitals), in brackets when
+    optional, '...' after it when it takes several."""
+    name = param.metavar or (param.name or "").upper()
+    if not param.required:
+        name = f"[{name}]"
+    return name + ("..." if param.nargs != 1 else "")
+
+
+class App(typer.Typer):
+    """Typer with this project's command class as the default, for sub-apps added too."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or PlainUsageCommand, **kwargs)
+
+    def add_typer(self, typer_instance: typer.Typer, **kwargs):
+        for info in typer_instance.registered_commands:
+            if info.cls is None:
+                info.cls = PlainUsageCommand
+        return super().add_typer(typer_instance, **kwargs)
+
+
+# Said once in every app's help: which units the numbers it prints are in (core.units).
+UNITS_HELP = ("Sizes are binary (KiB, MiB, GiB: powers of 1024 bytes); rates are decimal "
+              "(MB/s, GB/s: powers of 1000 bytes per second), as drive makers and fio count.")
+
+
 def make_app(name: str, help: str) -> typer.Typer:
-    app = typer.Typer(name=name, help=help, cls=ErrorBoundaryGroup, no_args_is_help=True,
+    app = App(name=name, help=f"{help}\n\n{UNITS_HELP}", cls=ErrorBoundaryGroup, no_args_is_help=True,
                       add_completion=False, pretty_exceptions_enable=False,
                       context_settings={"help_option_names": ["-h", "--help"]})
 

@@ -41,6 +41,17 @@ def format_rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e6:.0f} MB/s"
 
 
+def format_signed_pct(fraction: float, digits: int = 1) -> str:
+    """A change as a percentage with exactly one sign: 0.012 -> '+1.2%', -0.001 -> '-0.1%'.
+
+    `fraction` is the change over the base (0.01 = 1 %). A change that rounds to zero is '0.0%':
+    neither '-0.0%' nor '+0.0%', which would claim a direction the digits cannot show."""
+    value = round(100 * float(fraction), digits)
+    if value == 0:
+        return f"{0:.{digits}f}%"
+    return f"{value:+.{digits}f}%"
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0.0, float(seconds))
     if seconds < 60:

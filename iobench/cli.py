@@ -89,11 +89,11 @@ def _print_result(r, path: str | None = None, lanes: bool = False) -> None:
     out.print(render.bar_chart(render.ceiling_rows(r), "Ceilings (GB/s, decimal)"))
     out.print(render.notes_text(r), end="")
     if path:
-        out.print(f"result: {path}", style="dim")
+        out.print(f"result: {path}", style="dim", highlight=False)
 
 
 @app.command("run")
-def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH]...", help="Files to read (default: the rig's members)."),
+def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", help="Files to read (default: the rig's members)."),
             rig: Optional[str] = RigOption,
             preset: str = PresetOption,
             seconds: float = SecondsOption,
@@ -141,13 +141,13 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH]...
     if json_out:
         print_json(result_to_dict(result))
     else:
-        _print_result(result, path)
+        _print_result(result)            # the path once, below, as with --json
     if path:
         err.print(f"iobench: wrote {path}", highlight=False)
 
 
 @app.command()
-def show(result: Optional[str] = typer.Argument(None, metavar="[RESULT]", help="A result file (default: newest in rig/bench)."),
+def show(result: Optional[str] = typer.Argument(None, metavar="RESULT", help="A result file (default: newest in rig/bench)."),
          rig: Optional[str] = RigOption,
          lanes: bool = typer.Option(False, "--lanes", help="Also show every lane count."),
          json_out: bool = JsonOption):
@@ -173,12 +173,14 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the bas
     if json_out:
         print_json({"a": os.path.abspath(a), "b": os.path.abspath(b), "rows": rows})
         return
-    out.print(render.compare_table(rows, f"{a} ({ra.created})", f"{b} ({rb.created})"))
+    # The files on lines of their own, not in the table's title: a title wraps at the table's width.
+    out.print(f"A = {a} ({ra.created})\nB = {b} ({rb.created})", highlight=False)
+    out.print(render.compare_table(rows))
     out.print(render.compare_chart(ra, rb))
 
 
 @app.command()
-def fio(path: str = typer.Argument(..., help="File to read (read-only)."),
+def fio(path: str = typer.Argument(..., metavar="PATH", help="File to read (read-only)."),
         preset: str = typer.Option("seq", "--preset", help="seq, prefill, decode or rand4k."),
         lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3, rand4k 16)."),
         seconds: float = SecondsOption,
@@ -192,8 +194,9 @@ def fio(path: str = typer.Argument(..., help="File to read (read-only)."),
     if json_out:
         print_json(r)
         return
-    t = Table(title=f"{r['preset']} on {r['path']}: {r['piece_bytes']:,} B x {r['lanes']} in flight, {r['seconds']:.1f}s each",
-              title_justify="left")
+    out.print(f"{r['preset']} on {r['path']}: {r['piece_bytes']:,} B x {r['lanes']} in flight, {r['seconds']:.1f}s each",
+              highlight=False)
+    t = Table()
     for col in ("", "iobench", "fio", "iobench/fio"):
         t.add_column(col, justify="left" if not col else "right")
     i, f = r["iobench"], r["fio"]

@@ -36,7 +36,7 @@ def _table(title: str, columns: Sequence[str], left: Sequence[str] = ()) -> Tabl
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in columns:
         t.add_column(col, justify="left" if col in left or not col else "right",
-                     no_wrap=col in ("drive", "preset", "group"), min_width=7 if col == "preset" else None)
+                     no_wrap=col in ("drive", "preset", "group", "drive/group"), min_width=7 if col == "preset" else None)
     return t
 
 
@@ -164,9 +164,10 @@ def compare_rows(a: BenchResult, b: BenchResult) -> list[dict]:
     return rows
 
 
-def compare_table(rows: Sequence[dict], a_label: str, b_label: str) -> Table:
-    t = _table(f"A = {a_label}\nB = {b_label}", ("drive/group", "preset", "A GB/s", "B GB/s", "B/A", ""),
-               ("drive/group", "preset"))
+def compare_table(rows: Sequence[dict]) -> Table:
+    """Both results' ceilings per drive (or group) and preset; which file is A and which B is said
+    above the table (a title holding paths would wrap at the table's width)."""
+    t = _table("", ("drive/group", "preset", "A GB/s", "B GB/s", "B/A", ""), ("drive/group", "preset"))
     for row in rows:
         t.add_row(row["name"], row["preset"], gbs(row["a_bw_bytes"]) if row["a_bw_bytes"] is not None else "-",
                   gbs(row["b_bw_bytes"]) if row["b_bw_bytes"] is not None else "-",

@@ -11,7 +11,7 @@ from rich.table import Table
 from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
-from core.units import format_rate
+from core.units import format_rate, format_signed_pct
 from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, split_read
@@ -155,8 +155,10 @@ def _render_plan(plan: Plan, path: str) -> None:
                           f"(plan x{phase.predicted['throughput_Bps'] / b['throughput_Bps']:.3f})")
         alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph]
         if alts:
+            # Each alternative's speed relative to the plan's: usually slower ("-1.2%"), but a
+            # split within the solver's tie tolerance may be a hair faster ("+0.1%").
             out.print("  next best: " + ", ".join(f"{':'.join(map(str, a.get('weights', [])))} "
-                                                  f"(-{100 * a.get('behind', 0):.1f}%)" for a in alts))
+                                                  f"({format_signed_pct(-a.get('behind', 0))})" for a in alts))
     prov = plan.provenance
     if prov:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")

@@ -192,3 +192,40 @@ def test_fio_side_by_side(tmp_path):
     assert "--rw=read" in d["fio_args"] and "--bs=1048576" in d["fio_args"]
     r = invoke("fio", p, "--preset", "seq", "--seconds", "0.2", "--repeat", "1")
     assert r.exit_code == 0 and "iobench/fio" in r.stdout
+
+
+def test_run_names_its_result_once_and_piped_lines_keep_long_paths_whole(tmp_path):
+    deep = tmp_path.joinpath(*[f"enclosure-{i:02d}-thunderbolt" for i in range(6)])
+    deep.mkdir(parents=True)
+    f = deep / "DeepSeek-V4.1-Flash-Q4_K_M.gguf"
+    write_random(f, 12 * MiB, seed=7)
+    r = invoke("run", f, "--preset", "seq", *FAST)
+    assert r.exit_code == 0, r.output
+    (result,) = [os.path.join(bench_dir(), n) for n in os.listdir(bench_dir())]
+    assert (r.stdout + r.stderr).count(result) == 1
+    assert f"iobench: wrote {result}" in r.stderr.splitlines()
+    assert "…" not in r.stdout
+    shown = invoke("show", result)
+    assert shown.exit_code == 0 and f"result: {result}" in shown.stdout.splitlines()
+    compared = invoke("compare", result, result)
+    assert compared.exit_code == 0
+    assert any(line.startswith(f"A = {result} (") for line in compared.stdout.splitlines())
+    assert any(line.startswith(f"B = {result} (") for line in compared.stdout.splitlines())
+
+
+@pytest.mark.parametrize("args", [["run", "/no/such/file"], ["show", "/no/such.json"], ["run", "--seconds", "x"]])
+def test_an_error_is_one_line_that_ends_with_a_newline(args):
+    r = invoke(*args)
+    assert r.exit_code in (2, 3) and r.stdout == ""
+    assert r.stderr.startswith("iobench: error: ") and r.stderr.endswith("\n") and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("command, usage", [
+    ("run", "Usage: iobench run [OPTIONS] [PATH]..."),
+    ("show", "Usage: iobench show [OPTIONS] [RESULT]"),
+    ("compare", "Usage: iobench compare [OPTIONS] A B"),
+    ("fio", "Usage: iobench fio [OPTIONS] PATH"),
+])
+def test_usage_lines_name_the_arguments_plainly(command, usage):
+    r = invoke(command, "-h")
+    assert r.exit_code == 0 and usage in [line.strip() for line in r.stdout.splitlines()]

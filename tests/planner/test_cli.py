@@ -174,3 +174,26 @@ def test_fit_only_is_recorded_in_provenance(tmp_path):
         r = invoke("solve", "--rig", rig.root, "--json", *flag)
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["provenance"]["calibrated"] is expect
+
+
+def test_show_gives_each_alternative_one_signed_delta_and_whole_paths_when_piped(tmp_path):
+    deep = tmp_path.joinpath(*[f"thunderbolt-enclosure-{i:02d}" for i in range(6)], "rig")
+    rig, _ = make_rig(deep)
+    r = invoke("solve", "--rig", rig.root, "--json")
+    assert r.exit_code == 0, r.output
+    path = json.loads(r.stdout)["path"]
+    with open(path) as f:
+        d = json.load(f)
+    decode = [a for a in d["alternatives"] if a["phase"] == "decode"]
+    # One alternative a hair faster than the plan (within the solver's tie tolerance), one slower.
+    decode[0]["behind"], decode[1]["behind"] = -0.001, 0.012
+    with open(path, "w") as f:
+        json.dump(d, f)
+    shown = invoke("show", path)
+    assert shown.exit_code == 0, shown.output
+    (line,) = [x for x in shown.stdout.splitlines() if x.startswith("  next best") and "(+0.1%)" in x]
+    assert "(-1.2%)" in line and "--" not in line and "+-" not in line
+    sources = [x for x in shown.stdout.splitlines() if x.startswith("sources: ")]
+    assert sources == ["sources: " + ", ".join(f"{i}:{s['name']}={s['path']}" for i, s in enumerate(d["sources"]))]
+    assert "…" not in shown.stdout
+

@@ -1,0 +1,120 @@
+"""The CLI boundary every app shares: consoles that keep piped lines whole, and usage errors as
+one line with exit 2, whatever the parser found wrong."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+import typer
+from rich.table import Table
+from typer.testing import CliRunner
+
+from core.cli import PIPE_WIDTH, WholeLineConsole, make_app, out
+from engine_bridge.cli import app as engine_bridge_app
+from iobench.cli import app as iobench_app
+from planner.cli import app as planner_app
+from replicas.cli import app as replicas_app
+
+LONG = "/mnt/" + "/".join(f"replica-drive-{i:02d}" for i in range(12)) + "/DeepSeek-V4.1-Flash-Q4_K_M.gguf"
+
+
+def tiny_app():
+    app = make_app("tiny", "A small app built like the real ones.")
+
+    @app.command()
+    def where(count: int = typer.Option(..., "--count", help="How many."),
+              name: str = typer.Argument(..., metavar="NAME")):
+        """Print a long path as a line and in a table."""
+        out.print(f"path {LONG} x{count} {name}")
+        t = Table(title="members")
+        for col in ("name", "path"):
+            t.add_column(col)
+        t.add_row(name, LONG)
+        out.print(t)
+
+    @app.command()
+    def other():
+        """A second command, so the app keeps its command names."""
+
+    return app
+
+
+def test_piped_output_keeps_long_paths_whole_on_one_line():
+    r = CliRunner().invoke(tiny_app(), ["where", "--count", "3", "green"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert f"path {LONG} x3 green" in lines                    # not wrapped at 80 columns
+    assert any(LONG in line and "green" in line for line in lines)   # the table's row: whole, not "/mnt/repli…"
+    assert "…" not in r.stdout
+    assert max(len(x) for x in lines) < len(LONG) + 40           # the table keeps its natural width
+
+
+def test_a_real_pipe_gets_whole_lines_too():
+    code = ("from core.cli import out\n"
+            "from rich.table import Table\n"
+            f"out.print('line ' + {LONG!r})\n"
+            "t = Table()\nt.add_column('path')\n"
+            f"t.add_row({LONG!r})\nout.print(t)\n")
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True,
+                       env={"PATH": "/usr/bin:/bin", "COLUMNS": "80", "PYTHONPATH": ":".join(sys.path)})
+    assert f"line {LONG}" in p.stdout.splitlines()
+    assert any(LONG in line for line in p.stdout.splitlines()[1:]) and "…" not in p.stdout
+
+
+def test_a_terminal_still_gets_lines_fitted_to_its_width():
+    buf = io.StringIO()
+    console = WholeLineConsole(file=buf, force_terminal=True, width=40, color_system=None)
+    console.print(f"path {LONG}")
+    assert console.width == 40 and not console.soft_wrap
+    assert all(len(line) <= 40 for line in buf.getvalue().splitlines()) and len(buf.getvalue().splitlines()) > 1
+
+
+def test_a_console_that_is_not_a_terminal_is_as_wide_as_no_line():
+    console = WholeLineConsole(file=io.StringIO())
+    assert console.width == PIPE_WIDTH and console.soft_wrap
+
+
+@pytest.mark.parametrize("args, message", [
+    (["where", "green"], "tiny: error: missing option '--count' (see 'tiny where -h')"),
+    (["where", "--count", "many", "green"], "tiny: error: invalid value for '--count': "),
+    (["where", "--count", "1"], "tiny: error: missing argument 'NAME' (see 'tiny where -h')"),
+    (["where", "--count"], "tiny: error: option '--count' requires an argument (see 'tiny where -h')"),
+    (["where", "--color", "green"], "tiny: error: no such option: --color (see 'tiny where -h')"),
+    (["--colour", "where"], "tiny: error: no such option: --colour (see 'tiny -h')"),
+    (["nowhere"], "tiny: error: no such command 'nowhere'"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, message):
+    r = CliRunner().invoke(tiny_app(), args, prog_name="tiny")
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr
+    assert r.stderr.endswith("')\n") and r.stdout == ""
+    assert "╭" not in r.stderr and "Usage:" not in r.stderr
+
+
+def test_a_bare_app_name_still_shows_the_help():
+    r = CliRunner().invoke(tiny_app(), [], prog_name="tiny")
+    assert r.exit_code == 2 and "Usage: tiny" in r.output and "where" in r.output and "tiny: error" not in r.output
+
+
+@pytest.mark.parametrize("app, prog, args, message", [
+    (iobench_app, "iobench", ["run", "--seconds", "abc"], "invalid value for '--seconds'"),
+    (planner_app, "planner", ["split"], "missing option '--weights'"),
+    (engine_bridge_app, "engine-bridge", ["bench"], "missing option '--arm'"),
+    (replicas_app, "replicas", ["--nope"], "no such option: --nope"),
+])
+def test_every_app_reports_usage_errors_the_same_way(app, prog, args, message):
+    r = CliRunner().invoke(app, args, prog_name=prog)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: {message}"), r.stderr
+
+
+@pytest.mark.parametrize("app", [iobench_app, planner_app, engine_bridge_app, replicas_app])
+def test_every_app_says_its_units_once_in_its_help(app):
+    r = CliRunner().invoke(app, ["-h"])
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.split())
+    assert text.count("binary") == 1 and text.count("decimal") == 1
+    assert "GiB" in text and "GB/s" in text
