@@ -1,6 +1,6 @@
-"""The throttled test drives every benchmark runs on: one module for finding the drives tool,
-the lock, building and always taking down the testbed, dropping caches, waiting for writeback
-and writing random files.
+"""The throttled test drives every benchmark (and `make demo`) runs on: the project's own testbed
+(`iobench testbed`, iobench/testbed.py) behind a `with` block, plus the lock, dropping caches,
+waiting for writeback and writing random files.
 
     with Testbed({"internal": 300, "green": 150, "white": 150}, write_mbs=150) as tb:
         path = os.path.join(tb.mount("green"), "model.bin")
@@ -9,17 +9,16 @@ and writing random files.
         tb.run(["b3sum", path])        # a command whose I/O sees the throttles
         drop_caches()
 
-The drives tool (`drives check/up/run/show/down`: loop-device drives with cgroup-v1 blkio
-throttles; root, Linux) is $REPLICA_TUNER_TESTBED (the tool, or a folder holding `drives`), else
-../shared/testbed/drives next to the repository. Where it is missing or the machine cannot host
-it, the benchmark says so in one line and exits 2.
+The drives are loop devices with direct I/O, ext4, throttled by the kernel's block I/O
+controller (cgroup v2 io.max, or cgroup v1 blkio.throttle); they need root and Linux. Where the
+machine cannot host them (`iobench testbed check`), the benchmark says why in one line and exits 2.
 
-The tool keeps no lock of its own, so a Testbed holds LOCK from before `drives up` until after
-`drives down`: two benchmarks never measure each other (a script wrapped in `flock LOCK` is
-recognised and not blocked by its own wrapper). The testbed always comes down, on leaving the
-block, on an exception and on SIGINT, SIGTERM or SIGHUP (exit 130): processes left in its blkio
-group are killed, `drives down` unmounts, detaches the loop devices and removes the group, and a
-root folder the Testbed made is deleted. MB here is 10**6 bytes.
+A Testbed holds LOCK from before the drives go up until after they are down: two benchmarks
+never measure each other (a script wrapped in `flock LOCK` is recognised and not blocked by its
+own wrapper). The testbed always comes down, on leaving the block, on an exception and on SIGINT,
+SIGTERM or SIGHUP (exit 130): processes left in its group are killed, the drives unmounted and
+detached, the group removed, and a root folder the Testbed made is deleted. A testbed a SIGKILL
+left behind is taken down with `iobench testbed down --root DIR --kill`. MB here is 10**6 bytes.
 """
 
 from __future__ import annotations
@@ -37,8 +36,13 @@ import time
 from typing import NoReturn
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = "REPLICA_TUNER_TESTBED"
-BESIDE_REPO = os.path.join("..", "shared", "testbed", "drives")   # relative to REPO
+if REPO not in sys.path:        # `python bench/x.py` as well as `python -m bench.x`
+    sys.path.insert(0, REPO)
+
+from core.errors import ReplicaTunerError  # noqa: E402
+from iobench import testbed  # noqa: E402
+from iobench.testbed_spec import STATE_FILE, parse_pairs, parse_size, plan_drives, state_to_doc  # noqa: E402
+
 LOCK = "/tmp/replica-tuner-testbed.lock"    # machine-wide on purpose: every clone shares the disk
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -59,47 +63,30 @@ def usage_exit(msg: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def find_drives() -> str:
-    """Path of the drives tool ($REPLICA_TUNER_TESTBED, else ../shared/testbed/drives beside the
-    repository); exits 2 with one line when it is not there."""
-    given = os.environ.get(ENV)
-    if given:
-        path = os.path.join(given, "drives") if os.path.isdir(given) else given
-        if not os.path.isfile(path):
-            usage_exit(f"{ENV}={given} is not the drives tool (no such file); point it at the testbed's drives script")
-        return os.path.abspath(path)
-    path = os.path.normpath(os.path.join(REPO, BESIDE_REPO))
-    if not os.path.isfile(path):
-        usage_exit(f"no testbed: {ENV} is not set and there is no {BESIDE_REPO} beside the repository; "
-                    f"set {ENV} to the testbed's drives script")
-    return path
+def available() -> tuple[bool, str]:
+    """(True, which controller) when this machine can host the testbed, else (False, why not)."""
+    problems = testbed.check()
+    if problems:
+        return False, "; ".join(problems)
+    return True, testbed.controller()[1]
 
 
 def require_testbed() -> str:
-    """The drives tool, once `drives check` says this machine can host it; else one line, exit 2."""
-    drives = find_drives()
-    p = subprocess.run([sys.executable, drives, "check"], check=False, capture_output=True, text=True)
-    if p.returncode:
-        why = (p.stdout.strip() or p.stderr.strip() or f"exit {p.returncode}").splitlines()[-1]
-        usage_exit(f"testbed {drives} cannot run here ({why}): it needs root, loop devices and cgroup-v1 blkio")
-    return drives
+    """The controller line, once this machine can host a testbed; else one line, exit 2."""
+    ok, why = available()
+    if not ok:
+        usage_exit(f"no testbed here ({why}): it needs root, loop devices and a block I/O controller "
+                   "(cgroup v2 io or cgroup v1 blkio); see `iobench testbed check`")
+    return why
 
 
 def parse_drives(items, what: str = "--drive", zero_ok: bool = False) -> dict[str, float]:
     """'a:200,b:120' or ['a:200', 'b:120'] -> {'a': 200.0, 'b': 120.0} (NAME:NUMBER, order kept;
     0 only where `zero_ok`, e.g. an IOPS ceiling of 0 is none); anything else: one line, exit 2."""
-    out: dict[str, float] = {}
-    for item in (x.strip() for it in ([items] if isinstance(items, str) else items) for x in it.split(",")):
-        name, _, value = item.partition(":")
-        try:
-            number = float(value)
-        except ValueError:
-            number = float("nan")
-        if not name or name in out or not (number >= 0 if zero_ok else number > 0):
-            usage_exit(f"{what} {item!r}: want NAME:NUMBER, each name once, the number "
-                       f"{'0 or more' if zero_ok else 'above 0'} (e.g. a:200)")
-        out[name] = number
-    return out
+    try:
+        return parse_pairs(items, what, zero_ok)
+    except ReplicaTunerError as e:
+        usage_exit(str(e))
 
 
 def drop_caches() -> None:
@@ -205,7 +192,7 @@ class Testbed:
         self.read_mbs, self.write_mbs, self.iops, self.size = dict(read_mbs), write_mbs, dict(iops or {}), size
         self._given_root = root
         self.root = ""
-        self.drives = ""
+        self.controller = ""
         self.state: dict = {}
         self._lock_fd: int | None = None
         self._handlers: dict = {}
@@ -215,20 +202,23 @@ class Testbed:
     # ---- entering and leaving ----------------------------------------------------------------
 
     def __enter__(self) -> Testbed:
-        self.drives = require_testbed()
+        self.controller = require_testbed()
+        try:
+            drives = plan_drives(self.read_mbs, self.write_mbs, self.iops)
+            size = parse_size(self.size)
+        except ReplicaTunerError as e:
+            usage_exit(str(e))
         try:
             self._install_handlers()
             self._take_lock()
             self.root = os.path.realpath(self._given_root or tempfile.mkdtemp(prefix="rt-testbed-", dir="/var/tmp"))
-            self._deferring = True      # `drives up` runs to its end: a half-built testbed cannot be taken down
+            self._deferring = True      # `up` runs to its end (or undoes itself): no half-built testbed to guess at
             try:
-                up = self._up()
+                self.state = state_to_doc(testbed.up(self.root, drives, size))
+            except ReplicaTunerError as e:
+                raise SystemExit(f"{_prog()}: testbed up failed: {e}") from None
             finally:
                 self._deferring = False
-            if up.returncode:
-                raise SystemExit(f"{_prog()}: drives up failed: {(up.stderr or up.stdout).strip()}")
-            with open(os.path.join(self.root, "testbed.json")) as f:
-                self.state = json.load(f)
             if self._pending is not None:
                 raise Interrupted(self._pending)
         except BaseException as e:
@@ -255,77 +245,21 @@ class Testbed:
             say(f"interrupted by {signal.Signals(self._pending).name}; the testbed is down")
             raise Interrupted(self._pending)
 
-    def _up(self) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, self.drives, "up", "--root", self.root, "--size", str(self.size)]
-        for name, mbs in self.read_mbs.items():
-            cmd += ["--drive", f"{name}:{mbs:g}"]
-        for name, n in self.iops.items():
-            cmd += ["--iops", f"{name}:{n:g}"]
-        if self.write_mbs:
-            cmd += ["--write-mbs", f"{self.write_mbs:g}"]
-        # Its own session: a Ctrl-C at the terminal reaches us (deferred), not the half-done `up`.
-        # Should we die anyway (SIGKILL), the kernel sends it SIGINT, on which it undoes itself.
-        if shutil.which("setpriv"):
-            cmd = ["setpriv", "--pdeathsig", "INT", *cmd]
-        return subprocess.run(cmd, check=False, capture_output=True, text=True, start_new_session=True)
-
     def _down(self) -> None:
+        """Kill what still runs in the group, take the drives down, delete a root we made."""
         if not self.root:
             return
-        state, state_file = self.state, os.path.join(self.root, "testbed.json")
-        if os.path.exists(state_file):
-            with open(state_file) as f:
-                state = json.load(f)
-            self._kill_group(state.get("cgroup", ""))
-            p = subprocess.run([sys.executable, self.drives, "down", "--root", self.root],
-                               check=False, capture_output=True, text=True, start_new_session=True)
-            if p.returncode:
-                say(f"drives down failed: {(p.stderr or p.stdout).strip()}")
-            self._report_leftovers(state)
-        if any(os.path.ismount(d["mount"]) for d in state.get("drives", [])):
-            return      # never delete through a mount that is still there
-        if self._given_root:
+        if os.path.exists(os.path.join(self.root, STATE_FILE)):
             try:
+                testbed.down(self.root, kill=True)
+            except ReplicaTunerError as e:
+                say(f"testbed down: {e}")
+                return      # never delete through a mount that is still there
+        if self._given_root:
+            with contextlib.suppress(OSError):
                 os.rmdir(self.root)
-            except OSError:
-                pass
-        else:
+        elif not any(os.path.ismount(os.path.join(self.root, n)) for n in self.read_mbs):
             shutil.rmtree(self.root, ignore_errors=True)
-
-    @staticmethod
-    def _kill_group(cgroup: str, timeout_s: float = 10.0) -> None:
-        """Kill what still runs in the testbed's blkio group (commands started with `drives run`
-        and their children, all ours): an open file would keep a drive mounted."""
-        procs = os.path.join(cgroup, "cgroup.procs")
-        t0 = time.monotonic()
-        while os.path.exists(procs) and time.monotonic() - t0 < timeout_s:
-            with open(procs) as f:
-                pids = [int(x) for x in f.read().split()]
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-
-    @staticmethod
-    def _report_leftovers(state: dict, settle_s: float = 3.0) -> None:
-        """Say what `drives down` left behind; a loop device still busy detaches itself when
-        released (autoclear), so give it `settle_s` seconds first."""
-        images = {d["image"]: d["device"] for d in state.get("drives", []) if d.get("image")}
-        t0 = time.monotonic()
-        while True:
-            attached = subprocess.run(["losetup", "-a"], check=False, capture_output=True, text=True).stdout
-            left = [dev for image, dev in images.items() if image in attached]
-            if not left or time.monotonic() - t0 > settle_s:
-                break
-            time.sleep(0.2)
-        if left:
-            say(f"loop devices still attached: {', '.join(left)} (detach with `losetup -d DEVICE`)")
-        if state.get("cgroup") and os.path.isdir(state["cgroup"]):
-            say(f"blkio group still present: {state['cgroup']} (remove with `rmdir`)")
 
     # ---- the lock ----------------------------------------------------------------------------
 
@@ -380,8 +314,10 @@ class Testbed:
 
     @property
     def wrap(self) -> list[str]:
-        """The prefix that runs a command inside the testbed's blkio group (throttled)."""
-        return [sys.executable, self.drives, "run", "--root", self.root, "--"]
+        """The prefix that runs a command inside the testbed's group (throttled): a Python that
+        joins the group and execs the command, light enough not to weigh on timed commands."""
+        return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                "from iobench.testbed import exec_in_group; exec_in_group(sys.argv[2], sys.argv[3:])", REPO, self.root]
 
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         """Run a command inside the testbed's blkio group (its reads and writes are throttled)."""

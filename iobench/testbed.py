@@ -97,7 +97,8 @@ def _save(state: TestbedState) -> None:
 
 
 def _sh(*cmd: str) -> str:
-    p = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    # Its own session: a Ctrl-C at the terminal reaches the caller, who finishes or undoes the step.
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, start_new_session=True)
     if p.returncode:
         raise WriteError(f"{' '.join(cmd)} failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()}")
     return p.stdout.strip()
@@ -244,14 +245,16 @@ def _teardown(state: TestbedState, kill: bool) -> list[str]:
     mounts = mounted_devices(_read("/proc/self/mountinfo"))
     for d in reversed(state.drives):
         if mounts.get(d.mount) in ours:
-            p = subprocess.run(["umount", d.mount], check=False, capture_output=True, text=True)
+            p = subprocess.run(["umount", d.mount], check=False, capture_output=True, text=True,
+                               start_new_session=True)
             if p.returncode:
                 left.append(f"{d.mount} still mounted ({(p.stderr or p.stdout).strip()})")
                 continue
             done.append(f"unmounted {d.mount}")
         dev = loops.get(d.image)
         if dev:
-            p = subprocess.run(["losetup", "-d", dev], check=False, capture_output=True, text=True)
+            p = subprocess.run(["losetup", "-d", dev], check=False, capture_output=True, text=True,
+                               start_new_session=True)
             if p.returncode:
                 left.append(f"{dev} still attached to {d.image} ({(p.stderr or p.stdout).strip()})")
                 continue
