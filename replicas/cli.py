@@ -5,37 +5,60 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from core import rig as rigmod
 from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
-from core.errors import Interrupted, MissingError, UsageError
+from core.errors import EXIT_MISMATCH, Interrupted, MissingError, ReplicaTunerError, UsageError
 from core.events import Notice
+from core.rig import Member
 from core.units import format_bytes, format_rate, parse_size
 
+from .b3sum import check_line, failures_warning, format_line, os_error_reason, parse_check_file
+from .coldio import open_cold
 from .drives import drive_label
+from .forget import forget_member
 from .hashing import hash_file
 from .manifest import manifest_to_dict
-from .manifests import load_manifest
+from .manifests import load_manifest, load_manifest_file
+from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
+from .verdict import MISMATCH, mismatch_text, plural, verdict_to_dict
 from .verify import verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
 
 
+MaxRateOption = typer.Option(None, "--max-rate", metavar="RATE",
+                             help="Pace each drive to at most RATE bytes per second, in decimal units "
+                                  "(500M = 500 MB/s), so a drive that serves the model keeps serving.")
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")
+
+
+def _rate(text: Optional[str]) -> Optional[float]:
+    return parse_rate(text, "--max-rate") if text is not None else None
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
 @contextmanager
 def live_progress(enabled: bool = True):
     """Render progress events on stderr, one bar per task (destination / member); Ctrl-C sets
-    the cancel flag so durable work is journaled before the command exits."""
+    the cancel flag so durable work is journaled before the command exits. Not `enabled`
+    (--quiet): no bars and no notices."""
     cancel = threading.Event()
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
                     DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=err,
@@ -45,7 +68,8 @@ def live_progress(enabled: bool = True):
 
     def report(ev):
         if isinstance(ev, Notice):
-            err.print(f"[dim]{ev.task}:[/] {ev.message}")
+            if enabled:
+                err.print(f"[dim]{escape(ev.task)}:[/] {escape(ev.message)}")
             return
         key = (ev.task, ev.phase)
         with lock:
@@ -96,41 +120,116 @@ def init(rig: Optional[str] = RigOption,
 
 
 @app.command("hash")
-def hash_cmd(path: str = typer.Argument(..., help="File to hash."),
-             piece_size: str = typer.Option("64M", "--piece-size", help="Piece size (binary units: 64M = 64 MiB)."),
+def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files to hash (with --check: b3sum check files; - reads standard input)."),
+             check: bool = typer.Option(False, "--check", "-c", help="Read b3sum check files and check every file they name, as `b3sum --check` does."),
+             piece_size: str = typer.Option("64M", "--piece-size", help="Piece size for --json (binary units: 64M = 64 MiB)."),
              json_out: bool = JsonOption):
-    """Print the file's BLAKE3 as b3sum does (`<hex>  <path>`), read cold; --json adds size and piece hashes."""
-    if not os.path.exists(path):
-        raise MissingError(f"{path}: no such file")
-    if not os.path.isfile(path):
-        raise UsageError(f"{path}: not a regular file")
+    """Print each file's BLAKE3 as b3sum does (`<hex>  <name>`), read cold; --json adds size and
+    piece hashes (a manifest another host can verify against with `verify --manifest`).
+
+    With --check: `NAME: OK` or `NAME: FAILED` per line of the check files, failures counted on
+    stderr; exit 1 when any failed. Exit 3 when a file to hash is missing or unreadable.
+    """
+    if check:
+        _check_sums(paths, json_out)
+        return
+    size = parse_size(piece_size, "--piece-size")
+    found, failures = [], []
     with live_progress() as (report, cancel):
-        m = hash_file(path, parse_size(piece_size, "--piece-size"), report=report, cancel=cancel)
+        for path in paths:
+            try:
+                if os.path.isdir(path):
+                    raise UsageError(f"{path}: is a directory, not a file")
+                if os.path.exists(path) and not os.path.isfile(path):
+                    raise UsageError(f"{path}: not a regular file")
+                m = hash_file(path, size, report=report, cancel=cancel)
+            except Interrupted:
+                raise
+            except ReplicaTunerError as e:
+                failures.append(e)
+                typer.echo(f"replicas: error: {e}", err=True)
+                continue
+            found.append((path, m))
+            if not json_out:
+                typer.echo(format_line(m.blake3, path))
     if json_out:
-        print_json({**manifest_to_dict(m), "path": path})
-    else:
-        typer.echo(f"{m.blake3}  {path}")
+        docs = [{**manifest_to_dict(m), "path": path} for path, m in found]
+        print_json(docs[0] if len(paths) == 1 and docs else docs)
+    if failures:
+        raise typer.Exit(max(e.exit_code for e in failures))
+
+
+def _check_entry(name: str, want: str) -> tuple[bool, str]:
+    """(matches, why not) for one line of a check file; a file that cannot be read is FAILED
+    with the reason, in b3sum's words."""
+    try:
+        if os.path.isdir(name):
+            raise IsADirectoryError(21, os.strerror(21), name)
+        reader = open_cold(name)
+    except OSError as e:
+        return False, os_error_reason(e.strerror or str(e), e.errno or 0)
+    try:
+        return hash_file(name, reader=reader).blake3 == want, ""
+    except MissingError as e:
+        return False, str(e).removeprefix(f"{name}: ")
+    finally:
+        reader.close()
+
+
+def _check_sums(check_files: List[str], json_out: bool) -> None:
+    entries = []
+    for f in check_files:
+        if f == "-":
+            entries += parse_check_file(sys.stdin.read(), "<stdin>")
+            continue
+        if not os.path.exists(f):
+            raise MissingError(f"{f}: no such check file; make it with `replicas hash FILE... > {f}`")
+        if os.path.isdir(f):
+            raise UsageError(f"{f}: is a directory, not a check file")
+        with open(f, "rb") as fh:
+            raw = fh.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{f}: not UTF-8 text, so not a b3sum check file") from None
+        entries += parse_check_file(text, f)
+    results = []
+    for want, name in entries:
+        ok, why = _check_entry(name, want)
+        results.append({"name": name, "ok": ok, "reason": why})
+        if not json_out:
+            typer.echo(check_line(name, ok, why))
+    failed = sum(not r["ok"] for r in results)
+    if json_out:
+        print_json({"schema": 1, "kind": "check", "failed": failed, "files": results})
+    if failed:
+        typer.echo(failures_warning("replicas", failed), err=True)
+        raise typer.Exit(EXIT_MISMATCH)
 
 
 @app.command()
-def sync(source: str = typer.Argument(..., help="The model file to copy (read-only)."),
-         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR...", help="Directories (one per drive) to copy into, under the same name."),
+def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model file to copy (read-only)."),
+         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy into, under the same name."),
          rig: Optional[str] = RigOption,
          piece_size: str = typer.Option("64M", "--piece-size", help="Manifest piece size (binary units)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be copied, write nothing."),
          no_verify: bool = typer.Option(False, "--no-verify", help="Skip the cold read-back (the replica stays unverified)."),
          replace: bool = typer.Option(False, "--replace", help="Overwrite an existing different file at a destination (atomically, after the copy verifies)."),
          allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical drive as another member."),
+         max_rate: Optional[str] = MaxRateOption,
+         quiet: bool = QuietOption,
          json_out: bool = JsonOption):
     """Copy SOURCE into every DEST_DIR at once: one read fanned out, resumable, verified, stamped.
 
     Interrupted copies resume where the durable pieces end. Records the model and replicas in
-    rig.toml and the content identity in manifest.json.
+    rig.toml and the content identity in manifest.json. Warns when the rig will hold more
+    copies than the target engine reads (allowed: plans choose which to use).
     """
-    with live_progress() as (report, cancel):
+    rate = _rate(max_rate)
+    with live_progress(not quiet) as (report, cancel):
         res = sync_files(source, dest_dirs, rigmod.rig_dir(rig), piece_size=parse_size(piece_size, "--piece-size"),
                          dry_run=dry_run, verify=not no_verify, replace_existing=replace,
-                         allow_same_device=allow_same_device, report=report, cancel=cancel)
+                         allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate)
     if json_out:
         print_json({"schema": 1, "kind": "sync", "source": res.source, "size": res.size, "blake3": res.blake3,
                     "piece_size": res.piece_size, "dry_run": res.dry_run, "source_bytes_read": res.source_bytes_read,
@@ -154,45 +253,67 @@ def sync(source: str = typer.Argument(..., help="The model file to copy (read-on
 
 
 @app.command()
-def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH...]", help="Members to check (default: all)."),
+def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", help="Members to check (default: all); with --manifest, any files."),
            rig: Optional[str] = RigOption,
            full: bool = typer.Option(False, "--full", help="Re-read every byte cold, whatever the stamps say."),
+           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted --full verification where each member stopped (implies --full)."),
            sample: Optional[float] = typer.Option(None, "--sample", metavar="PCT", min=0.0, max=100.0,
-                                                  help="Check a random PCT%% of the pieces of each member (cold)."),
+                                                  help="Check a random PCT% of the pieces of each member (cold)."),
            seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --sample (printed when omitted)."),
+           manifest_file: Optional[str] = typer.Option(None, "--manifest", metavar="FILE",
+                                                       help="Verify against this manifest (e.g. manifest.json from another host, "
+                                                            "or `replicas hash --json`) instead of the rig's."),
+           max_rate: Optional[str] = MaxRateOption,
+           quiet: bool = QuietOption,
            json_out: bool = JsonOption):
     """Prove members identical to the manifest.
 
     Quick (default) trusts a stamp while size, mtime_ns, inode and device all still match, and
     re-reads the rest; --full re-reads everything; --sample PCT checks a random subset of pieces.
+    The verdict per member is kept in the rig (`replicas status` shows it); Ctrl-C during --full
+    keeps each member's progress for --resume.
     Exit 0 all identical, 1 a mismatch, 3 a member missing or unreadable, 2 bad usage.
     """
+    full = full or resume
     if full and sample is not None:
-        raise UsageError("--full and --sample exclude each other")
-    r = _rig(rig)
-    manifest = load_manifest(r)
-    members = [r.member(p) for p in paths] if paths else list(r.members)
+        raise UsageError("--full (or --resume) and --sample exclude each other")
+    rate = _rate(max_rate)
+    r = rigmod.load_rig(rigmod.rig_dir(rig), must_exist=not (manifest_file and paths))
+    own = load_manifest(r, required=manifest_file is None)
+    manifest = load_manifest_file(manifest_file) if manifest_file else own
+    # Stamps and verdicts are about the rig's own manifest; another one (from another host) is
+    # only a check, unless it is the same.
+    record = own is not None and own.digest() == manifest.digest()
+    members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"
-    with live_progress() as (report, cancel):
-        rep = verify_members(members, manifest, r, mode=mode, sample=sample, seed=seed, report=report, cancel=cancel)
+    with live_progress(not quiet) as (report, cancel):
+        try:
+            rep = verify_members(members, manifest, r, mode=mode, sample=sample, seed=seed, report=report, cancel=cancel,
+                                 max_rate=rate, resume=resume, record=record)
+        except Interrupted:
+            if mode == "full" and record:
+                raise Interrupted("verification interrupted; the pieces done are kept: continue with "
+                                  "`replicas verify --full --resume`") from None
+            raise
     if cancel.is_set():
         raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
     if json_out:
-        print_json({"schema": 1, "kind": "verify", "manifest_blake3": manifest.blake3, "mode": mode,
-                    "sample_seed": rep.sample_seed, "seconds": round(rep.seconds, 3), "exit_code": rep.exit_code,
+        print_json({"schema": 1, "kind": "verify", "manifest_blake3": manifest.blake3, "manifest_file": manifest_file,
+                    "mode": mode, "sample_seed": rep.sample_seed, "seconds": round(rep.seconds, 3), "exit_code": rep.exit_code,
                     "members": [{**{k: v for k, v in dataclasses.asdict(m).items() if k != "bad"},
                                  "bad": [_piece_json(b) for b in m.bad]} for m in rep.members]})
     else:
-        t = Table(title=f"verify ({mode}) against {manifest.blake3[:16]}…")
+        against = f"{manifest_file} ({manifest.blake3[:16]}…)" if manifest_file else f"{manifest.blake3[:16]}…"
+        t = Table(title=f"verify ({mode}) against {against}")
         for col in ("member", "path", "state", "how", "read", "rate", "note"):
             t.add_column(col)
         for m in rep.members:
-            rate = format_rate(m.bytes_read / m.seconds) if m.bytes_read and m.seconds else ""
-            note = m.detail or (f"{len(m.bad)} bad pieces" if m.bad else "") or (f"stamped ({m.stamped})" if m.stamped else "")
+            rate_text = format_rate(m.bytes_read / m.seconds) if m.bytes_read and m.seconds else ""
+            note = m.detail or (plural(len(m.bad), "bad piece") if m.bad else "") or (f"stamped ({m.stamped})" if m.stamped else "")
             style = {"identical": "green", "mismatch": "red"}.get(m.state, "yellow")
-            t.add_row(m.name, m.path, f"[{style}]{m.state}[/]", m.how, format_bytes(m.bytes_read), rate, note)
+            t.add_row(m.name, m.path, f"[{style}]{m.state}[/]", m.how, format_bytes(m.bytes_read), rate_text, note)
         out.print(t)
         if rep.sample_seed is not None:
             err.print(f"sample seed {rep.sample_seed} (repeat with --seed {rep.sample_seed})")
@@ -203,20 +324,34 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="[PATH...]"
         raise typer.Exit(rep.exit_code)
 
 
+def _member_or_file(r, path: str, any_file: bool) -> Member:
+    """A rig member by path or name; with --manifest, any other file too (checked, never stamped)."""
+    try:
+        return r.member(path)
+    except UsageError:
+        if not any_file:
+            raise
+    return Member(os.path.abspath(path), os.path.basename(path) or path, "file")
+
+
 @app.command()
-def repair(path: str = typer.Argument(..., help="The replica to repair."),
+def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to repair (its path or drive name)."),
            rig: Optional[str] = RigOption,
            from_: Optional[str] = typer.Option(None, "--from", metavar="PATH", help="Member to copy good pieces from (default: any member whose piece verifies)."),
+           max_rate: Optional[str] = MaxRateOption,
+           quiet: bool = QuietOption,
            json_out: bool = JsonOption):
-    """Re-copy only the bad pieces of a replica from a member whose pieces verify, then verify again."""
+    """Re-copy only the bad pieces of a replica from a member whose pieces verify, then verify
+    again; the result replaces the verdict `replicas status` shows."""
+    rate = _rate(max_rate)
     r = _rig(rig)
     manifest = load_manifest(r)
     target = r.member(path)
     donors = [r.member(from_)] if from_ else [m for m in r.members if m.path != target.path]
     if any(d.path == target.path for d in donors):
         raise UsageError("--from names the replica being repaired; give another member")
-    with live_progress() as (report, cancel):
-        res = repair_member(target, donors, manifest, r, report=report, cancel=cancel)
+    with live_progress(not quiet) as (report, cancel):
+        res = repair_member(target, donors, manifest, r, report=report, cancel=cancel, max_rate=rate)
     if json_out:
         print_json({"schema": 1, "kind": "repair", "path": res.path, "donor": res.donor, "bytes_copied": res.bytes_copied,
                     "repaired": [_piece_json(b) for b in res.repaired], "after": res.after.state,
@@ -225,30 +360,47 @@ def repair(path: str = typer.Argument(..., help="The replica to repair."),
         if not res.repaired and res.after.state == "identical":
             out.print(f"{res.path}: already identical; nothing to repair")
         else:
-            out.print(f"{res.path}: re-copied {len(res.repaired)} pieces ({format_bytes(res.bytes_copied)}) from {res.donor}; now {res.after.state}")
+            out.print(f"{res.path}: re-copied {plural(len(res.repaired), 'piece')} ({format_bytes(res.bytes_copied)}) from {res.donor}; now {res.after.state}")
     if res.after.state != "identical":
         raise typer.Exit(1)
 
 
 @app.command()
 def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
-    """One row per member: path, drive, size, stamp state and last full verification (reads no data)."""
+    """One row per member: path, drive, size, stamp state, what the last verification found and
+    when the last full one was (reads no data). Exit 1 while a member's last verdict is a
+    mismatch (until `replicas repair` or a clean `replicas verify`)."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
     if json_out:
         print_json({"schema": 1, "kind": "status", "rig": r.root, "manifest_blake3": manifest.blake3 if manifest else None,
-                    "members": [dataclasses.asdict(x) for x in rows]})
-        return
-    t = Table(title=f"rig {r.root}" + (f" — model {format_bytes(manifest.size)}, BLAKE3 {manifest.blake3[:16]}…" if manifest else " — no manifest yet"))
-    for col in ("name", "role", "path", "drive", "fs", "device", "size", "state", "last full verify"):
-        t.add_column(col)
-    for x in rows:
-        style = {"verified": "green", "stale": "yellow", "missing": "red"}.get(x.state, "")
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(x.last_verified)) if x.last_verified else "never"
-        t.add_row(x.name, x.role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
-                  format_bytes(x.size) if x.size is not None else "—", f"[{style}]{x.state}[/]" if style else x.state, when)
-    out.print(t)
+                    "members": [{**{k: v for k, v in dataclasses.asdict(x).items() if k != "verdict"},
+                                 "verdict": verdict_to_dict(x.verdict) if x.verdict else None} for x in rows]})
+    else:
+        t = Table(title=f"rig {r.root}" + (f" — model {format_bytes(manifest.size)}, BLAKE3 {manifest.blake3[:16]}…" if manifest else " — no manifest yet"))
+        for col in ("name", "role", "path", "drive", "fs", "device", "size", "state", "last full verify"):
+            t.add_column(col)
+        for x in rows:
+            style = {"verified": "green", "stale": "yellow", "missing": "red", MISMATCH: "red"}.get(x.state, "")
+            state = mismatch_text(x.verdict, _when(x.verdict.at)) if x.state == MISMATCH else x.state
+            when = _when(x.last_verified) if x.last_verified else "never"
+            t.add_row(x.name, x.role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
+                      format_bytes(x.size) if x.size is not None else "—", f"[{style}]{state}[/]" if style else state, when)
+        out.print(t)
+    if any(x.state == MISMATCH for x in rows):
+        raise typer.Exit(EXIT_MISMATCH)
+
+
+@app.command()
+def forget(member: str = typer.Argument(..., metavar="PATH", help="The member to forget: its path or drive name."),
+           rig: Optional[str] = RigOption):
+    """Remove a member from the rig: its line in rig.toml and the rig's verdicts, progress and
+    sidecar stamps about it. Its file is never deleted or touched, so a member whose drive is
+    gone can be forgotten without the drive. The model (primary) goes only once no replica is left."""
+    r = _rig(rig)
+    m = forget_member(r, member)
+    err.print(f"forgot {m.role} '{escape(m.name)}' ({escape(m.path)}); its file is left as it is")
 
 
 def main() -> None:

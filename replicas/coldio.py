@@ -15,7 +15,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
+from typing import Callable, Iterator
 
 from . import platform
 from .constants import ALIGNMENT, IO_BLOCK, READ_AHEAD
@@ -117,13 +117,16 @@ def read_range(reader: ColdReader, offset: int, length: int, buffer=None) -> mem
 
 
 def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, block: int = IO_BLOCK,
-                    depth: int = READ_AHEAD, cancel: threading.Event | None = None) -> Iterator[tuple[int, memoryview]]:
+                    depth: int = READ_AHEAD, cancel: threading.Event | None = None,
+                    pace: Callable[[int], None] | None = None) -> Iterator[tuple[int, memoryview]]:
     """Yield (offset, bytes) for [start, end) in order, keeping `depth` aligned reads in flight.
 
     One sequential reader per drive with a little read-ahead: O_DIRECT has no kernel read-ahead,
     so a lone synchronous reader would leave the drive idle while the caller hashes. The view
     yielded is valid until the next iteration. Raises OSError from the read that failed; a read
     that comes back short before `end` ends the iteration early (the caller sees fewer bytes).
+    `pace(nbytes)`, if given, is called before each read is issued and returns when it may go
+    (--max-rate).
     """
     end = reader.size if end is None else end
     if start % reader.alignment or block % reader.alignment:
@@ -139,6 +142,8 @@ def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, 
             nonlocal next_off
             slot = free.pop()
             want = min(block, align_up(end - next_off, reader.alignment))
+            if pace is not None:
+                pace(min(block, end - next_off))
             pending.append((next_off, slot, pool.submit(reader.read_into, memoryview(bufs[slot])[:want], next_off)))
             next_off += block
         try:

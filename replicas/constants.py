@@ -25,3 +25,10 @@ JOURNAL_SUFFIX = ".partial.journal"
 HEADROOM_MIN = 16 * MiB        # free space kept beyond the file, bytes
 HEADROOM_MAX = 1 * GiB
 HEADROOM_FRACTION = 0.01
+
+# The rig's records of verification (rig/verdicts.json, rig/scrub.json).
+VERDICTS_SCHEMA = 1
+SCRUB_SCHEMA = 1
+
+# Pacing (--max-rate).
+BURST_S = 0.25                 # seconds of traffic a paced drive may move at once after idling

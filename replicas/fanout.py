@@ -39,6 +39,7 @@ from .syncplan import (
     pieces_to_read,
     source_changed,
 )
+from .throttle import Pace
 
 SOURCE_CHECK_S = 0.5    # s between identity checks of the source while it is read
 
@@ -48,8 +49,9 @@ class DestWriter:
     syncer thread that fdatasyncs and journals each piece once all its blocks have landed."""
 
     def __init__(self, plan: DestPlan, source: str, src_ident: FileIdentity, size: int, piece_size: int, block: int,
-                 report: Reporter):
+                 report: Reporter, pace: Pace | None = None):
         self.plan, self.size, self.piece_size, self.report = plan, size, piece_size, report
+        self.pace = pace            # this destination drive's --max-rate pacer
         fresh = plan.action != RESUME
         self.journal = Journal(plan.journal, journal_header(source, src_ident, piece_size), fresh=fresh)
         # Direct writes: the 500 GB stream must not evict the page cache or pile up dirty
@@ -94,6 +96,8 @@ class DestWriter:
                 # the end.
                 data = memoryview(view.obj)[:align_up(len(view))]
                 data[len(view):] = bytes(len(data) - len(view))
+            if self.pace is not None:
+                self.pace(len(view))
             done = 0
             while done < len(data):
                 done += os.pwrite(self.fd, data[done:], offset + done)
@@ -189,7 +193,7 @@ def check_source(source: str, ident: FileIdentity, fd: int | None) -> None:
 
 def copy_pass(source: str, src_ident: FileIdentity, writers: list[DestWriter], manifest: Manifest | None,
               size: int, piece_size: int, block: int, report: Reporter,
-              cancel: threading.Event | None) -> tuple[Manifest | None, int]:
+              cancel: threading.Event | None, pace: Pace | None = None) -> tuple[Manifest | None, int]:
     """Read the source once (the pieces anyone needs, or all of it to compute the manifest),
     fanning every block out to the writers. Returns (manifest, bytes read).
 
@@ -199,7 +203,8 @@ def copy_pass(source: str, src_ident: FileIdentity, writers: list[DestWriter], m
 
     A source that changes while it is read is refused the same way whichever check sees it
     first (the identity checks, a piece that no longer hashes to the trusted manifest, a read
-    that stops short): `source_changed`, a MismatchError.
+    that stops short): `source_changed`, a MismatchError. `pace` paces the source drive's
+    reads (--max-rate).
     """
     n = piece_count(size, piece_size)
     need_read = pieces_to_read(n, manifest is not None, [w.need for w in writers])
@@ -267,6 +272,8 @@ def copy_pass(source: str, src_ident: FileIdentity, writers: list[DestWriter], m
                 while inflight and buffers.empty():
                     process(*inflight.popleft())
                 buf = buffers.get()
+                if pace is not None:
+                    pace(length)
                 inflight.append((off, length, buf, pool.submit(reader.read_into, memoryview(buf)[:align_up(length)], off)))
                 if len(inflight) >= READ_AHEAD:
                     process(*inflight.popleft())

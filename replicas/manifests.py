@@ -21,6 +21,14 @@ def load_manifest(rig: Rig, required: bool = True) -> Manifest | None:
     return manifest_from_dict(doc, path)
 
 
+def load_manifest_file(path: str) -> Manifest:
+    """A manifest given by path: the portable form of manifest.json, the same JSON shape (copy
+    rig/manifest.json to another host, or save `replicas hash --json FILE`). Missing: exit 3."""
+    doc = read_json(path, "manifest", "give a manifest.json from a rig, or one saved from `replicas hash --json FILE`",
+                    schema=MANIFEST_SCHEMA, kind_key=None)
+    return manifest_from_dict(doc, path)
+
+
 def save_manifest(rig: Rig, manifest: Manifest) -> None:
     os.makedirs(rig.root, exist_ok=True)
     write_json(rig.manifest_file, manifest_to_dict(manifest))

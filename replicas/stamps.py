@@ -24,7 +24,7 @@ VERIFIED, STALE, UNVERIFIED, MISSING = "verified", "stale", "unverified", "missi
 _NO_XATTR = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.EROFS}
 
 
-def _sidecar_path(rig: Rig, path: str) -> str:
+def sidecar_path(rig: Rig, path: str) -> str:
     key = hashlib.sha1(os.path.realpath(path).encode()).hexdigest()[:20]
     return os.path.join(rig.stamps_dir, key + ".json")
 
@@ -39,7 +39,7 @@ def read_stamps(path: str, rig: Rig) -> list[Stamp]:
     except OSError:
         pass
     try:
-        with open(_sidecar_path(rig, path), "rb") as f:
+        with open(sidecar_path(rig, path), "rb") as f:
             s = stamp_from_bytes(f.read())
         if s and os.path.realpath(s.path) == os.path.realpath(path):
             found.append(s)
@@ -65,13 +65,13 @@ def write_stamp(path: str, manifest: Manifest, rig: Rig, *, tag_file: bool,
         except OSError as e:
             if e.errno not in _NO_XATTR:
                 raise
-    atomic_write_bytes(_sidecar_path(rig, path), stamp_to_bytes(stamp))
+    atomic_write_bytes(sidecar_path(rig, path), stamp_to_bytes(stamp))
     return "sidecar"
 
 
 def _drop_sidecar(rig: Rig, path: str) -> None:
     try:
-        os.unlink(_sidecar_path(rig, path))
+        os.unlink(sidecar_path(rig, path))
     except FileNotFoundError:
         pass
 

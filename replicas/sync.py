@@ -23,6 +23,7 @@ from core.errors import EXIT_MISMATCH, EXIT_WRITE, Interrupted, MissingError, Us
 from core.events import Notice, Reporter, emit
 from core.fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir
 from core.units import format_bytes
+from engines.registry import DEFAULT_ENGINE, get_engine
 
 from .constants import PIECE_SIZE
 from .drives import drive_label, drive_of
@@ -31,6 +32,7 @@ from .hashing import check_piece_size
 from .journal import Journal, journal_header, read_journal
 from .manifest import Manifest, bad_pieces
 from .manifests import load_manifest, save_manifest
+from .records import load_verdicts, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .syncplan import (
     ADOPT,
@@ -48,8 +50,11 @@ from .syncplan import (
     partial_plan,
     space_needed,
     target_plan,
+    too_many_sources,
     write_error_text,
 )
+from .throttle import Clock, Pace, Pacers
+from .verdict import Verdict, standing_mismatch
 from .verify import hash_pieces
 
 __all__ = ["sync", "plan_destinations", "check_free_space", "DestPlan", "DestResult", "SyncResult"]
@@ -109,7 +114,9 @@ def _existing(target: str, manifest: Manifest | None, rig: rigmod.Rig) -> Existi
     regular = os.path.isfile(target) and not os.path.islink(target)
     if not regular:
         return ExistingTarget(regular=False, size=0, verified=False)
-    verified = manifest is not None and stamp_state(target, manifest, rig) == VERIFIED
+    # A stamp older than a mismatch verify found is not trusted: the file is read again.
+    verified = (manifest is not None and stamp_state(target, manifest, rig) == VERIFIED
+                and not standing_mismatch(load_verdicts(rig).get(target), manifest))
     return ExistingTarget(regular=True, size=os.path.getsize(target), verified=verified)
 
 
@@ -126,22 +133,41 @@ def _plan_one(source, src_ident, d, target, rig, manifest, piece_size, replace_e
     return plan
 
 
-def check_free_space(plans: list[DestPlan], size: int, piece_size: int) -> None:
-    """WriteError unless every file system holding writing destinations has room (with headroom)."""
+def free_space(path: str) -> int | None:
+    """Free bytes where `path` lives; None when its file system reports no size at all
+    (statvfs f_blocks == 0: ramfs, some network and FUSE mounts)."""
+    if os.statvfs(path).f_blocks == 0:
+        return None
+    return free_bytes(path)
+
+
+def _drive_key(path: str) -> str:
+    try:
+        return drive_of(path).key
+    except OSError:
+        return "path:" + path
+
+
+def check_free_space(plans: list[DestPlan], size: int, piece_size: int, report: Reporter = None) -> None:
+    """WriteError unless every file system holding writing destinations has room (with headroom);
+    one notice per file system whose free space is unknown."""
     by_fs: dict[int, list[DestPlan]] = {}
     for p in plans:
         if p.writes:
             by_fs.setdefault(os.stat(p.dest_dir).st_dev, []).append(p)
     for group in by_fs.values():
         need = space_needed(size, [allocated_bytes(p.partial) for p in group])
-        check_space([p.dest_dir for p in group], need, free_bytes(group[0].dest_dir))
+        notice = check_space([p.dest_dir for p in group], need, free_space(group[0].dest_dir))
+        if notice:
+            emit(report, Notice(", ".join(p.dest_dir for p in group), notice))
 
 
 # ---------------------------------------------------------------------------------------------
 # After the copy: read back, stamp, rename.
 
 def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest, rig: rigmod.Rig, *, verify: bool,
-              started: float | None, report: Reporter, cancel: threading.Event | None) -> DestResult:
+              started: float | None, report: Reporter, cancel: threading.Event | None,
+              pace: Pace | None = None) -> DestResult:
     t = time.monotonic()
     if p.action == NOOP:
         return DestResult(p.dest_dir, p.target, p.action, "identical", verified=True)
@@ -152,7 +178,7 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
     path = p.target if p.action == ADOPT else p.partial
     try:
         if verify or p.action == ADOPT:
-            hashes, _ = hash_pieces(path, manifest, task=p.target, report=report, cancel=cancel)
+            hashes, _ = hash_pieces(path, manifest, task=p.target, report=report, cancel=cancel, pace=pace)
             bad = bad_pieces(manifest, hashes, os.path.getsize(path))
             if bad:
                 if p.action == ADOPT:
@@ -190,7 +216,10 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
 
 def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = PIECE_SIZE, dry_run: bool = False,
          verify: bool = True, replace_existing: bool = False, allow_same_device: bool = False,
-         report: Reporter = None, cancel: threading.Event | None = None) -> SyncResult:
+         report: Reporter = None, cancel: threading.Event | None = None,
+         max_rate: float | None = None, clock: Clock | None = None) -> SyncResult:
+    """Copy `source` into every directory of `dest_dirs` (see the module's docstring).
+    `max_rate` (bytes/s) paces each drive's reads and writes, by `clock` (the wall clock)."""
     t0 = time.monotonic()
     check_piece_size(piece_size)
     if not dest_dirs:
@@ -216,27 +245,37 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     for p in plans:
         if p.reason:
             emit(report, Notice(p.target, p.reason))
+    engine = get_engine(DEFAULT_ENGINE)
+    copies = {os.path.realpath(m.path) for m in rig.members} | {os.path.realpath(source)} | \
+        {os.path.realpath(p.target) for p in plans}
+    warning = too_many_sources(len(copies), engine.name, engine.max_sources)
+    if warning:
+        emit(report, Notice(source, warning))
     if dry_run:
         return SyncResult(source, size, manifest.blake3 if manifest else "", piece_size,
                           tuple(DestResult(p.dest_dir, p.target, p.action, "planned",
                                            bytes_to_write=bytes_to_write(p, size, piece_size))
                                 for p in plans), 0, time.monotonic() - t0, dry_run=True)
-    check_free_space(plans, size, piece_size)
+    check_free_space(plans, size, piece_size, report)
     block = copy_block(piece_size)
+    pacers = Pacers(max_rate, clock, cancel)
+    src_pace = pacers.for_drive(_drive_key(source))
+    dest_pace = {p.target: pacers.for_drive(_drive_key(p.dest_dir)) for p in plans}
 
     results: dict[str, DestResult] = {}
     writers: list[DestWriter] = []
     for p in plans:
         if p.writes:
             try:
-                writers.append(DestWriter(p, source, src_ident, size, piece_size, block, report))
+                writers.append(DestWriter(p, source, src_ident, size, piece_size, block, report, dest_pace[p.target]))
             except OSError as e:
                 results[p.target] = DestResult(p.dest_dir, p.target, p.action, "failed", error=write_error_text(e), exit_code=EXIT_WRITE)
     read = 0
     source_verified = False
     try:
         if writers or manifest is None:
-            manifest, read = copy_pass(source, src_ident, writers, manifest, size, piece_size, block, report, cancel)
+            manifest, read = copy_pass(source, src_ident, writers, manifest, size, piece_size, block, report, cancel,
+                                       src_pace)
             source_verified = read == size
     finally:
         for w in writers:
@@ -250,7 +289,8 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     todo = [p for p in plans if p.target not in results]
     with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="finalize") as pool:
         done = pool.map(lambda p: _finalize(p, by_target.get(p.target), source, manifest, rig, verify=verify,
-                                            started=t0 if p.target in by_target else None, report=report, cancel=cancel),
+                                            started=t0 if p.target in by_target else None, report=report, cancel=cancel,
+                                            pace=dest_pace[p.target]),
                         todo)
         for p, r in zip(todo, done):
             results[p.target] = r
@@ -265,7 +305,13 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
             rig = rigmod.with_replica(rig, p.target, drive_label(p.target))
     rigmod.save_rig(rig)
     save_manifest(rig, manifest)
+    # What sync proved replaces what `status` remembers (a replica copied again after a mismatch).
+    now = time.time()
+    proven = {p.target: Verdict("verified", now, manifest.digest(), "sync")
+              for p in plans if results[p.target].verified and p.action != NOOP}
     if source_verified and os.path.realpath(source) == os.path.realpath(rig.model.path):
         write_stamp(source, manifest, rig, tag_file=False, identity=src_ident)
+        proven[rig.model.path] = Verdict("verified", now, manifest.digest(), "sync")
+    record_verdicts(rig, proven)
     return SyncResult(source, size, manifest.blake3, piece_size, tuple(results[p.target] for p in plans),
                       read, time.monotonic() - t0)

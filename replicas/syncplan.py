@@ -175,11 +175,29 @@ def space_needed(size: int, allocated: Iterable[int]) -> int:
     return sum(max(0, size - a) + headroom(size) for a in allocated)
 
 
-def check_space(dest_dirs: Sequence[str], need: int, have: int) -> None:
-    """WriteError when one file system (holding `dest_dirs`) has fewer than `need` bytes free."""
+def check_space(dest_dirs: Sequence[str], need: int, have: int | None) -> str | None:
+    """WriteError when one file system (holding `dest_dirs`) has fewer than `need` bytes free.
+
+    `have` is None when the file system reports no size at all (statvfs f_blocks == 0: ramfs,
+    some network and FUSE mounts): the copy goes ahead, and the returned notice says so; a
+    write that then fails is still a write failure (exit 4) that loses nothing.
+    """
+    if have is None:
+        return (f"the file system reports no size (ramfs, a network or FUSE mount?): free space unknown, "
+                f"copying anyway ({format_bytes(need)} needed with headroom)")
     if need > have:
         raise WriteError(f"not enough free space on {', '.join(dest_dirs)}: needs {format_bytes(need)} (with headroom), "
                          f"has {format_bytes(have)}; free some space or choose another drive")
+    return None
+
+
+def too_many_sources(members: int, engine: str, max_sources: int) -> str | None:
+    """The warning when the rig will hold more copies of the model than the engine reads from
+    (allowed: a plan chooses which to use); None when it does not."""
+    if members <= max_sources:
+        return None
+    return (f"the rig will hold {members} copies of the model; {engine} reads at most {max_sources} "
+            f"(the primary and {max_sources - 1} replicas): allowed, and plans choose which to use")
 
 
 # ---------------------------------------------------------------------------------------------

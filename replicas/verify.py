@@ -1,5 +1,10 @@
 """Proving members identical to the manifest: quick (trust a live stamp), full (cold re-read),
-sample (a random subset of pieces). One sequential cold reader per drive, drives in parallel.
+sample (a random subset of pieces). One sequential cold reader per drive, drives in parallel,
+each paced by --max-rate when given.
+
+What a verification finds is remembered in the rig (`records`): the verdict per member, which
+`status` shows until a repair or a clean verify replaces it, and, while a `--full` run is
+unfinished, how far it got per member, so `--resume` continues there.
 """
 
 from __future__ import annotations
@@ -9,16 +14,20 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from core.errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, Interrupted
-from core.events import Progress, Reporter, emit
+from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import FileIdentity
 from core.rig import Member, Rig
 
 from .coldio import open_cold, read_sequential
 from .hashing import PieceHasher
 from .manifest import Manifest, PieceRange, bad_pieces
+from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
+from .throttle import Clock, Pace, Pacers
+from .verdict import ScrubMark, resume_point, standing_mismatch, verdict_of_check
 
 IDENTICAL, MISMATCH, MISSING, UNREADABLE = "identical", "mismatch", "missing", "unreadable"
 
@@ -68,10 +77,13 @@ def runs_of(indices: list[int]) -> list[tuple[int, int]]:
 
 
 def hash_pieces(path: str, manifest: Manifest, indices: list[int] | None = None, *, task: str | None = None,
-                phase: str = "verify", report: Reporter = None, cancel: threading.Event | None = None) -> tuple[dict[int, str], int]:
+                phase: str = "verify", report: Reporter = None, cancel: threading.Event | None = None,
+                pace: Pace | None = None,
+                on_piece: Callable[[int, str], None] | None = None) -> tuple[dict[int, str], int]:
     """Cold-read the given pieces (all by default) and hash each. Returns ({index: hex}, bytes read).
 
-    Reads stop at end of file: pieces a short file cannot hold are simply absent.
+    Reads stop at end of file: pieces a short file cannot hold are simply absent. `pace` paces
+    the reads (--max-rate); `on_piece(index, hex)` hears of each piece as it is hashed.
     Raises OSError (unreadable) and Interrupted.
     """
     idx = list(range(manifest.count)) if indices is None else sorted(set(indices))
@@ -85,9 +97,11 @@ def hash_pieces(path: str, manifest: Manifest, indices: list[int] | None = None,
             if start >= end:
                 continue
             h = PieceHasher(manifest.piece_size, start, whole=False)
-            for _, view in read_sequential(reader, start, end, cancel=cancel):
+            for _, view in read_sequential(reader, start, end, cancel=cancel, pace=pace):
                 for i in h.update(view):
                     hashes[i] = h.pieces[i]
+                    if on_piece is not None:
+                        on_piece(i, h.pieces[i])
                 done += len(view)
                 emit(report, Progress(task or path, phase, done, total))
             if cancel is not None and cancel.is_set():
@@ -95,13 +109,54 @@ def hash_pieces(path: str, manifest: Manifest, indices: list[int] | None = None,
             if h.pos == end and end == manifest.piece(hi - 1).offset + manifest.piece(hi - 1).length:
                 for i in h.finish():
                     hashes[i] = h.pieces[i]
+                    if on_piece is not None:
+                        on_piece(i, h.pieces[i])
     return hashes, done
+
+
+class ScrubBook:
+    """The progress marks of one `verify --full` run, in memory: where each member starts (the
+    rig's marks when resuming, else the first piece), how far it has got; `save()` writes the
+    changed marks to the rig (the CLI's Ctrl-C ends the run through it)."""
+
+    def __init__(self, rig: Rig, resume: bool, report: Reporter = None):
+        self.rig, self.resume, self.report = rig, resume, report
+        self.marks = load_scrub(rig)
+        self.changes: dict[str, ScrubMark | None] = {}
+        self.lock = threading.Lock()
+
+    def start(self, member: Member, manifest: Manifest, ident: FileIdentity) -> tuple[int, tuple[int, ...]]:
+        if not self.resume:
+            return 0, ()
+        key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
+        first, bad = resume_point(self.marks.get(member.path), manifest, key)
+        if first:
+            emit(self.report, Notice(member.path, f"resuming at piece {first} of {manifest.count}"))
+        elif member.path in self.marks:
+            emit(self.report, Notice(member.path, "the file or the manifest changed since the interrupted verify: "
+                                                  "starting from the first piece"))
+        return first, bad
+
+    def mark(self, member: Member, mark: ScrubMark | None) -> None:
+        with self.lock:
+            self.changes[member.path] = mark
+
+    def save(self) -> None:
+        with self.lock:
+            changes, self.changes = self.changes, {}
+        record_scrub(self.rig, changes)
 
 
 def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "quick", sample: float | None = None,
                  rng: random.Random | None = None, report: Reporter = None,
-                 cancel: threading.Event | None = None) -> MemberCheck:
-    """Verify one member. mode: 'quick' (a live stamp is trusted, else full), 'full', 'sample'."""
+                 cancel: threading.Event | None = None, pace: Pace | None = None, trust_stamp: bool = True,
+                 stamp: bool = True, scrub: ScrubBook | None = None) -> MemberCheck:
+    """Verify one member. mode: 'quick' (a live stamp is trusted, else full), 'full', 'sample'.
+
+    trust_stamp=False makes quick re-read (a mismatch was found since the stamp); stamp=False
+    records nothing on the file or in the rig (a manifest from elsewhere, a file that is no
+    member). `scrub` (full mode) resumes at, and keeps, the member's progress mark.
+    """
     t0 = time.monotonic()
     base = dict(path=member.path, name=member.name, role=member.role)
     try:
@@ -112,20 +167,38 @@ def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "q
         return MemberCheck(**base, state=UNREADABLE, how=mode, detail=e.strerror or str(e))
     if not os.path.isfile(member.path):
         return MemberCheck(**base, state=UNREADABLE, how=mode, detail="not a regular file")
-    if mode == "quick" and stamp_state(member.path, manifest, rig) == VERIFIED:
+    if mode == "quick" and trust_stamp and stamp_state(member.path, manifest, rig) == VERIFIED:
         return MemberCheck(**base, state=IDENTICAL, how="stamp", size=ident.size, seconds=time.monotonic() - t0)
     how = "sample" if mode == "sample" else "full"
-    indices = None
+    indices, on_piece, prior_bad = None, None, ()
     if how == "sample":
         rng = rng or random.Random()
         k = max(1, round(manifest.count * (sample or 0) / 100)) if manifest.count else 0
         indices = sorted(rng.sample(range(manifest.count), min(k, manifest.count)))
+    elif scrub is not None and mode == "full":
+        first, prior_bad = scrub.start(member, manifest, ident)
+        indices = list(range(first, manifest.count)) if first else None
+        done, found = [first], list(prior_bad)
+        key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
+
+        def on_piece(i: int, digest: str) -> None:
+            # Pieces complete in file order, so the pieces done form a prefix of the member.
+            if digest != manifest.pieces[i]:
+                found.append(i)
+            if i == done[0]:
+                done[0] = i + 1
+                scrub.mark(member, ScrubMark(manifest.digest(), key, done[0], tuple(found)))
     try:
-        hashes, nread = hash_pieces(member.path, manifest, indices, report=report, cancel=cancel)
+        hashes, nread = hash_pieces(member.path, manifest, indices, report=report, cancel=cancel, pace=pace,
+                                    on_piece=on_piece)
     except OSError as e:
         return MemberCheck(**base, state=UNREADABLE, how=how, size=ident.size, detail=f"read failed: {e.strerror or e}",
                            seconds=time.monotonic() - t0)
+    if scrub is not None and on_piece is not None:
+        scrub.mark(member, None)
     bad = bad_pieces(manifest, hashes, ident.size)
+    if prior_bad:
+        bad = sorted(set(bad) | {manifest.piece(i) for i in prior_bad}, key=lambda r: r.index)
     detail = ""
     if ident.size != manifest.size:
         detail = f"size {ident.size} bytes, manifest says {manifest.size}"
@@ -133,14 +206,15 @@ def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "q
         return MemberCheck(**base, state=MISMATCH, how=how, bad=tuple(bad), size=ident.size, bytes_read=nread,
                            seconds=time.monotonic() - t0, detail=detail, pieces_checked=len(hashes))
     stamped = None
-    if how == "full" and FileIdentity.of(member.path) == ident:
+    if stamp and how == "full" and FileIdentity.of(member.path) == ident:
         stamped = write_stamp(member.path, manifest, rig, tag_file=member.role == "replica", identity=ident)
     return MemberCheck(**base, state=IDENTICAL, how=how, size=ident.size, bytes_read=nread,
                        seconds=time.monotonic() - t0, stamped=stamped, pieces_checked=len(hashes))
 
 
-def group_by_drive(members: list[Member]) -> list[list[Member]]:
-    """Members sharing a physical drive are read one after another; drives run in parallel."""
+def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
+    """(drive key, members): members sharing a physical drive are read one after another;
+    drives run in parallel."""
     from .drives import drive_of
 
     groups: dict[str, list[Member]] = {}
@@ -150,30 +224,57 @@ def group_by_drive(members: list[Member]) -> list[list[Member]]:
         except OSError:
             key = "missing:" + m.path
         groups.setdefault(key, []).append(m)
-    return list(groups.values())
+    return list(groups.items())
 
 
 def verify_members(members: list[Member], manifest: Manifest, rig: Rig, *, mode: str = "quick", sample: float | None = None,
-                   seed: int | None = None, report: Reporter = None, cancel: threading.Event | None = None) -> VerifyReport:
+                   seed: int | None = None, report: Reporter = None, cancel: threading.Event | None = None,
+                   max_rate: float | None = None, clock: Clock | None = None, resume: bool = False,
+                   record: bool = True) -> VerifyReport:
+    """Check members, one thread per physical drive. `max_rate` (bytes/s, per drive) paces the
+    reads by `clock` (the wall clock by default). `record` (the manifest is the rig's own): stamp
+    members that verify, remember each verdict in the rig, and in full mode keep the progress
+    of an interrupted run for `resume`. A quick run re-reads a member whose last verdict is a
+    mismatch: its stamp may predate the damage.
+    """
     t0 = time.monotonic()
     if mode == "sample" and seed is None:
         seed = random.SystemRandom().randrange(1 << 31)
     results: dict[str, MemberCheck] = {}
     errors: list[BaseException] = []
+    verdicts = load_verdicts(rig) if record else {}
+    scrub = ScrubBook(rig, resume, report) if record and mode == "full" else None
+    pacers = Pacers(max_rate, clock, cancel)
 
-    def work(group):
+    def work(key, group):
         try:
             for m in group:
                 rng = random.Random(f"{seed}:{m.path}") if seed is not None else None
-                results[m.path] = check_member(m, manifest, rig, mode=mode, sample=sample, rng=rng, report=report, cancel=cancel)
+                results[m.path] = check_member(m, manifest, rig, mode=mode, sample=sample, rng=rng, report=report,
+                                               cancel=cancel, pace=pacers.for_drive(key),
+                                               trust_stamp=not standing_mismatch(verdicts.get(m.path), manifest),
+                                               stamp=record and m.role in ("primary", "replica"), scrub=scrub)
         except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(g,), name="verify") for g in group_by_drive(members)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = [threading.Thread(target=work, args=(k, g), name="verify") for k, g in group_by_drive(members)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        if scrub is not None:
+            scrub.save()
+        if record:
+            now = time.time()
+            changes = {}
+            for m in members:
+                c = results.get(m.path)
+                v = c and m.role in ("primary", "replica") and verdict_of_check(c.state, now, manifest, c.how, c.bad, c.detail)
+                if v:
+                    changes[m.path] = v
+            record_verdicts(rig, changes)
     if errors:
         raise errors[0]
     return VerifyReport(tuple(results[m.path] for m in members), time.monotonic() - t0,

@@ -1,0 +1,146 @@
+"""What verify last found about each member, and how far an interrupted full verify got (pure).
+
+A `Verdict` is remembered in rig/verdicts.json so `replicas status` can say "mismatch (3 bad
+pieces, found ...)" until `repair` or a clean verify replaces it; it holds the digest of the
+manifest it was judged against, so a verdict about another manifest is not shown as this one's.
+A `ScrubMark` is kept in rig/scrub.json while a `verify --full` is unfinished: the pieces done
+from the start of the member and the bad ones among them, keyed on the manifest and the file's
+identity, so `--resume` continues only on the very same file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.errors import RigError
+
+from .constants import SCRUB_SCHEMA, VERDICTS_SCHEMA
+from .manifest import Manifest, PieceRange
+
+VERIFIED, MISMATCH, MISSING, UNREADABLE = "verified", "mismatch", "missing", "unreadable"
+VERDICT_STATES = (VERIFIED, MISMATCH, MISSING, UNREADABLE)
+VERDICTS_KIND, SCRUB_KIND = "verdicts", "scrub"
+VERDICTS_REMEDY = "delete it; the next `replicas verify` records the verdicts again"
+SCRUB_REMEDY = "delete it; `replicas verify --full` then starts from the first piece"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str                          # verified / mismatch / missing / unreadable
+    at: float                           # unix seconds when verify found it
+    manifest: str                       # Manifest.digest() it was judged against
+    how: str = ""                       # stamp / full / sample / repair / sync
+    bad: tuple[PieceRange, ...] = ()    # the bad pieces of a mismatch
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ScrubMark:
+    manifest: str                       # Manifest.digest() being verified against
+    identity: tuple[int, int, int, int]  # (size, mtime_ns, inode, device) when the pieces were read
+    done: int                           # pieces 0..done-1 are checked
+    bad: tuple[int, ...] = ()           # bad piece indices among them
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 bad piece', '3 bad pieces'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def verdict_of_check(state: str, at: float, manifest: Manifest, how: str, bad=(), detail: str = "") -> Verdict | None:
+    """The verdict a member check leaves (verify's states: identical/mismatch/missing/unreadable);
+    None when it proves nothing: a clean sample has not read the pieces it skipped."""
+    if state == "identical":
+        return None if how == "sample" else Verdict(VERIFIED, at, manifest.digest(), how)
+    if state not in VERDICT_STATES:
+        raise ValueError(f"unknown check state {state!r}")
+    return Verdict(state, at, manifest.digest(), how, tuple(bad), detail)
+
+
+def standing_mismatch(verdict: Verdict | None, manifest: Manifest | None) -> bool:
+    """True while a mismatch found against this manifest has not been cleared."""
+    return (verdict is not None and manifest is not None and verdict.state == MISMATCH
+            and verdict.manifest == manifest.digest())
+
+
+def mismatch_text(verdict: Verdict, when: str) -> str:
+    """'mismatch (1 bad piece, found 2026-11-30 15:02)'; `when` is the formatted time."""
+    what = plural(len(verdict.bad), "bad piece") if verdict.bad else verdict.detail or "content differs"
+    return f"mismatch ({what}, found {when})"
+
+
+def verdict_to_dict(v: Verdict) -> dict:
+    return {"state": v.state, "at": v.at, "manifest": v.manifest, "how": v.how, "detail": v.detail,
+            "bad": [{"index": b.index, "offset": b.offset, "length": b.length} for b in v.bad]}
+
+
+def verdicts_to_doc(verdicts: dict[str, Verdict]) -> dict:
+    return {"schema": VERDICTS_SCHEMA, "kind": VERDICTS_KIND,
+            "members": {path: verdict_to_dict(v) for path, v in sorted(verdicts.items())}}
+
+
+def _bad(where: str, key: str, what: str, remedy: str) -> RigError:
+    return RigError(f"{where}: key '{key}' {what}; {remedy}")
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def verdicts_from_doc(doc: dict, where: str) -> dict[str, Verdict]:
+    """Parse a verdicts document (kind and schema already checked by read_json)."""
+    members = doc.get("members")
+    if not isinstance(members, dict):
+        raise _bad(where, "members", "is missing or not an object", VERDICTS_REMEDY)
+    out = {}
+    for path, d in members.items():
+        key = f"members.{path}"
+        if not isinstance(d, dict) or d.get("state") not in VERDICT_STATES:
+            raise _bad(where, key + ".state", f"must be one of {', '.join(VERDICT_STATES)}", VERDICTS_REMEDY)
+        if not isinstance(d.get("at"), (int, float)) or isinstance(d.get("at"), bool) or not isinstance(d.get("manifest"), str):
+            raise _bad(where, key, "needs a number 'at' and a string 'manifest'", VERDICTS_REMEDY)
+        bad = d.get("bad", [])
+        if not isinstance(bad, list) or not all(isinstance(b, dict) and all(_int(b.get(k)) for k in ("index", "offset", "length"))
+                                                for b in bad):
+            raise _bad(where, key + ".bad", "must be a list of {index, offset, length} integers", VERDICTS_REMEDY)
+        out[path] = Verdict(d["state"], float(d["at"]), d["manifest"], str(d.get("how", "")),
+                            tuple(PieceRange(b["index"], b["offset"], b["length"]) for b in bad), str(d.get("detail", "")))
+    return out
+
+
+def scrub_to_doc(marks: dict[str, ScrubMark]) -> dict:
+    return {"schema": SCRUB_SCHEMA, "kind": SCRUB_KIND,
+            "members": {path: {"manifest": m.manifest, "identity": list(m.identity), "done": m.done, "bad": list(m.bad)}
+                        for path, m in sorted(marks.items())}}
+
+
+def scrub_from_doc(doc: dict, where: str) -> dict[str, ScrubMark]:
+    members = doc.get("members")
+    if not isinstance(members, dict):
+        raise _bad(where, "members", "is missing or not an object", SCRUB_REMEDY)
+    out = {}
+    for path, d in members.items():
+        ok = (isinstance(d, dict) and isinstance(d.get("manifest"), str) and _int(d.get("done")) and d["done"] >= 0
+              and isinstance(d.get("identity"), list) and len(d["identity"]) == 4 and all(_int(x) for x in d["identity"])
+              and isinstance(d.get("bad", []), list) and all(_int(x) for x in d.get("bad", [])))
+        if not ok:
+            raise _bad(where, f"members.{path}", "needs manifest, identity (4 integers), done and bad (piece indices)",
+                       SCRUB_REMEDY)
+        out[path] = ScrubMark(d["manifest"], tuple(d["identity"]), d["done"], tuple(d.get("bad", [])))
+    return out
+
+
+def resume_point(mark: ScrubMark | None, manifest: Manifest, identity: tuple[int, int, int, int]) -> tuple[int, tuple[int, ...]]:
+    """(first piece to read, bad pieces already found) for a resumed full verify: where the mark
+    says, when it is about this manifest and this very file; from the start otherwise."""
+    if mark is None or mark.manifest != manifest.digest() or tuple(mark.identity) != tuple(identity):
+        return 0, ()
+    return min(mark.done, manifest.count), tuple(i for i in mark.bad if i < manifest.count)
+
+
+def contiguous_done(start: int, hashed) -> int:
+    """How many pieces from `start` on are checked, given the set of piece indices hashed since."""
+    n = start
+    while n in hashed:
+        n += 1
+    return n
