@@ -195,7 +195,8 @@ def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "q
         return MemberCheck(**base, state=UNREADABLE, how=how, size=ident.size, detail=f"read failed: {e.strerror or e}",
                            seconds=time.monotonic() - t0)
     if scrub is not None and on_piece is not None:
-        scrub.mark(member, None)
+        # Done: a resume of this run skips the member (the mark goes once the whole run ends).
+        scrub.mark(member, ScrubMark(manifest.digest(), key, manifest.count, tuple(found)))
     bad = bad_pieces(manifest, hashes, ident.size)
     if prior_bad:
         bad = sorted(set(bad) | {manifest.piece(i) for i in prior_bad}, key=lambda r: r.index)
@@ -263,6 +264,9 @@ def verify_members(members: list[Member], manifest: Manifest, rig: Rig, *, mode:
             t.start()
         for t in threads:
             t.join()
+        if scrub is not None and not errors:
+            for m in members:
+                scrub.mark(m, None)      # the run is over: nothing is left to resume
     finally:
         if scrub is not None:
             scrub.save()
