@@ -61,7 +61,7 @@ def live_progress(enabled: bool = True):
     (--quiet): no bars and no notices."""
     cancel = threading.Event()
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
-                    DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=err,
+                    DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(), console=err,
                     transient=False, disable=not enabled or not err.is_terminal and not os.environ.get("REPLICAS_PROGRESS"))
     tasks: dict[tuple[str, str], int] = {}
     lock = threading.Lock()
