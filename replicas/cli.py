@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -23,11 +22,11 @@ from core.events import Notice
 from core.rig import Member
 from core.units import format_bytes, format_rate, parse_size
 
-from .b3sum import check_line, failures_warning, format_line, os_error_reason, parse_check_file
-from .coldio import open_cold
+from .b3sum import check_line, failures_warning, format_line
+from .checksums import check_files
 from .drives import drive_label
 from .forget import forget_member
-from .hashing import hash_file
+from .hashing import check_piece_size, hash_file
 from .manifest import manifest_to_dict
 from .manifests import load_manifest, load_manifest_file
 from .pacing import parse_rate
@@ -133,7 +132,7 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
     if check:
         _check_sums(paths, json_out)
         return
-    size = parse_size(piece_size, "--piece-size")
+    size = check_piece_size(parse_size(piece_size, "--piece-size"))
     found, failures = [], []
     with live_progress() as (report, cancel):
         for path in paths:
@@ -159,49 +158,15 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
         raise typer.Exit(max(e.exit_code for e in failures))
 
 
-def _check_entry(name: str, want: str) -> tuple[bool, str]:
-    """(matches, why not) for one line of a check file; a file that cannot be read is FAILED
-    with the reason, in b3sum's words."""
-    try:
-        if os.path.isdir(name):
-            raise IsADirectoryError(21, os.strerror(21), name)
-        reader = open_cold(name)
-    except OSError as e:
-        return False, os_error_reason(e.strerror or str(e), e.errno or 0)
-    try:
-        return hash_file(name, reader=reader).blake3 == want, ""
-    except MissingError as e:
-        return False, str(e).removeprefix(f"{name}: ")
-    finally:
-        reader.close()
-
-
-def _check_sums(check_files: List[str], json_out: bool) -> None:
-    entries = []
-    for f in check_files:
-        if f == "-":
-            entries += parse_check_file(sys.stdin.read(), "<stdin>")
-            continue
-        if not os.path.exists(f):
-            raise MissingError(f"{f}: no such check file; make it with `replicas hash FILE... > {f}`")
-        if os.path.isdir(f):
-            raise UsageError(f"{f}: is a directory, not a check file")
-        with open(f, "rb") as fh:
-            raw = fh.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UsageError(f"{f}: not UTF-8 text, so not a b3sum check file") from None
-        entries += parse_check_file(text, f)
+def _check_sums(files: List[str], json_out: bool) -> None:
     results = []
-    for want, name in entries:
-        ok, why = _check_entry(name, want)
-        results.append({"name": name, "ok": ok, "reason": why})
+    for res in check_files(files):
+        results.append(res)
         if not json_out:
-            typer.echo(check_line(name, ok, why))
-    failed = sum(not r["ok"] for r in results)
+            typer.echo(check_line(res.name, res.ok, res.reason))
+    failed = sum(not r.ok for r in results)
     if json_out:
-        print_json({"schema": 1, "kind": "check", "failed": failed, "files": results})
+        print_json({"schema": 1, "kind": "check", "failed": failed, "files": [dataclasses.asdict(r) for r in results]})
     if failed:
         typer.echo(failures_warning("replicas", failed), err=True)
         raise typer.Exit(EXIT_MISMATCH)

@@ -16,7 +16,7 @@ from replicas.stamps import sidecar_path
 from replicas.sync import sync
 from replicas.verdict import ScrubMark
 from tests.helpers import write_random
-from tests.replicas.helpers import MiB, PIECE, invoke
+from tests.replicas.helpers import PIECE, MiB, invoke
 
 
 def read(p):

@@ -29,7 +29,7 @@ from replicas.verdict import (
     verdicts_to_doc,
 )
 from tests.helpers import impure_imports
-from tests.replicas.helpers import MiB, PIECE, flip_byte, invoke
+from tests.replicas.helpers import PIECE, MiB, flip_byte, invoke
 
 FOUND = r"found \d{4}-\d\d-\d\d \d\d:\d\d"
 
