@@ -30,5 +30,7 @@ HEADROOM_FRACTION = 0.01
 VERDICTS_SCHEMA = 1
 SCRUB_SCHEMA = 1
 
+SCRUB_SAVE_S = 5.0             # seconds between saves of verify --full's progress (a kill -9 loses at most this)
+
 # Pacing (--max-rate).
 BURST_S = 0.25                 # seconds of traffic a paced drive may move at once after idling

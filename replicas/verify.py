@@ -22,6 +22,7 @@ from core.fsutil import FileIdentity
 from core.rig import Member, Rig
 
 from .coldio import open_cold, read_sequential
+from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
 from .manifest import Manifest, PieceRange, bad_pieces
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
@@ -124,6 +125,7 @@ class ScrubBook:
         self.marks = load_scrub(rig)
         self.changes: dict[str, ScrubMark | None] = {}
         self.lock = threading.Lock()
+        self.saved = time.monotonic()
 
     def start(self, member: Member, manifest: Manifest, ident: FileIdentity) -> tuple[int, tuple[int, ...]]:
         if not self.resume:
@@ -140,11 +142,16 @@ class ScrubBook:
     def mark(self, member: Member, mark: ScrubMark | None) -> None:
         with self.lock:
             self.changes[member.path] = mark
+            due = time.monotonic() - self.saved >= SCRUB_SAVE_S
+        if due:
+            self.save()      # now and then, so even a killed run keeps most of its progress
 
     def save(self) -> None:
         with self.lock:
             changes, self.changes = self.changes, {}
-        record_scrub(self.rig, changes)
+            self.saved = time.monotonic()
+            # Written under the lock: two savers must not land an older set of marks last.
+            record_scrub(self.rig, changes)
 
 
 def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "quick", sample: float | None = None,

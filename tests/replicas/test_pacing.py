@@ -4,6 +4,7 @@ repair by an injected clock (no test waits), and verify --full resumed where it 
 import functools
 import json
 import os
+import signal
 import threading
 
 import pytest
@@ -204,3 +205,26 @@ def test_full_without_resume_starts_over_and_resume_implies_full(synced, small_r
     res = invoke("verify", "--rig", rig, "--resume", "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["mode"] == "full"
     assert invoke("verify", "--rig", rig, "--resume", "--sample", "5").exit_code == 2
+
+
+def test_ctrl_c_on_the_command_line_keeps_progress_for_resume(synced, monkeypatch):
+    """A real SIGINT to the command: its handler (on the main thread) sets the cancel flag; the
+    reading thread waits for that before reading on, so where it stops is fixed."""
+    rig, data, paths = synced
+
+    def interrupting(reader, start=0, end=None, block=None, cancel=None, pace=None, **kw):
+        for off, view in read_sequential(reader, start, end, block=256 << 10, cancel=cancel, pace=pace):
+            yield off, view
+            if reader.path == paths[1] and off + len(view) == 3 * MiB:
+                os.kill(os.getpid(), signal.SIGINT)
+                assert cancel.wait(60), "the SIGINT handler never set the cancel flag"
+
+    monkeypatch.setattr(verify, "read_sequential", interrupting)
+    r = invoke("verify", "--rig", rig, "--full")
+    assert r.exit_code == 130, r.output
+    assert "replicas verify --full --resume" in r.output and len(r.stderr.strip().splitlines()) <= 2
+    assert load_scrub(rigmod.load_rig(rig))[paths[1]].done == 3
+    monkeypatch.setattr(verify, "read_sequential", read_sequential)
+    r = invoke("verify", "--rig", rig, "--resume", "--json")
+    assert r.exit_code == 0
+    assert [m["bytes_read"] for m in json.loads(r.stdout)["members"]] == [0, len(data) - 3 * MiB, len(data)]
