@@ -14,6 +14,7 @@ from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS
 
 def _execute(specs, order, settings, out, rig, repeat, json_out):
     """Run the arms into their run folder, Ctrl-C stopping after the running arm; print the table."""
+    from engine_bridge.harness.render import render_console, render_failures
     from engine_bridge.harness.runner import check_hashes, run_bench, run_folder
 
     out_dir = run_folder(out, rig)
@@ -35,21 +36,13 @@ def _execute(specs, order, settings, out, rig, repeat, json_out):
         doc, paths = run_bench(specs, order, settings, out_dir, repeat=repeat, report=report, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, old)
+    failures = render_failures(doc)
     if json_out:
         print_json(doc)
+        typer.echo(failures, err=True, nl=False)         # stdout holds only the JSON
     else:
-        ctl = doc["control"]
-        typer.echo(f"{'arm':10} {'ok':>5} {'prefill tok/s':>13} {'x':>6} {'gen tok/s':>10} {'x':>6} "
-                   f"{'steady tok/s':>12} {'x':>6}")
-        for a in doc["arms"]:
-            m, g = doc["medians"][a], doc["gains"][a]
-            f = lambda v, nd=2: "-" if v is None else f"{v:.{nd}f}"  # noqa: E731
-            typer.echo(f"{a:10} {m['n']:>2}/{m['n'] + m['n_failed']:<2} {f(m['prefill_tps']):>13} "
-                       f"{f(g['prefill_tps']):>6} {f(m['gen_tps']):>10} {f(g['gen_tps']):>6} "
-                       f"{f(m['gen_steady_tps']):>12} {f(g['gen_steady_tps']):>6}")
-        typer.echo(f"ratios vs control {ctl}; results {paths['results']}; summary {paths['summary']}; "
-                   f"chart {paths['chart']}")
-    check_hashes(doc, paths["summary"])
+        typer.echo(render_console(doc, paths) + failures, nl=False)
+    check_hashes(doc, paths["summary"])                  # exit 1: a wrong hash, or a configuration with no passing arm
     return doc
 
 

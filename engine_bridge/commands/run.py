@@ -8,6 +8,8 @@ from typing import List, Optional
 import typer
 
 from core.cli import JsonOption, RigOption, err, print_json
+from core.errors import UsageError
+from core.rig import Rig, load_rig, rig_dir
 from core.units import format_bytes, format_rate
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
@@ -20,6 +22,22 @@ from engine_bridge.engine.constants import (
     PROMPT_TOKENS,
     SYNTH_DEFAULTS,
 )
+
+
+def resolve_model(model: Optional[str], plan: Optional[str], rig: Optional[str]) -> str:
+    """The primary model file of a run: `--model`, else the plan's primary (source 0), else the
+    rig's model. UsageError when none of them names one."""
+    if model:
+        return model
+    from planner.plans import load_plan, resolve_plan_path
+
+    if plan:
+        return load_plan(resolve_plan_path(plan, Rig(root=rig_dir(rig)))).sources[0].path
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    if the_rig.model is None:
+        raise UsageError(f"no model to run: give --model PATH, --plan PLAN, or --rig DIR whose rig.toml names one "
+                         f"(the rig at {the_rig.root} names none)")
+    return the_rig.model.path
 
 
 def _report_reader(result: dict) -> None:
@@ -77,7 +95,8 @@ def register(app) -> None:
 
     @app.command("run")
     def run_cmd(
-        model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (source 0)."),
+        model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
+                                            help="Primary model file (source 0); default: the plan's primary, else the rig's model."),
         rig: Optional[str] = RigOption,
         plan: Optional[str] = SHARED["plan"],
         replica: List[str] = SHARED["replica"],
@@ -101,6 +120,7 @@ def register(app) -> None:
         from engine_bridge.engine.sources import build_sources
 
         blas = pin_blas_threads(1)
+        model = resolve_model(model, plan, rig)
         sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
@@ -126,7 +146,9 @@ def register(app) -> None:
 
     @app.command("replay")
     def replay_cmd(
-        model: str = typer.Option(..., "--model", metavar="PATH", help="Primary model file (any MoE GGUF; only its header is read for geometry)."),
+        model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
+                                            help="Primary model file (any MoE GGUF; only its header is read for geometry); "
+                                                 "default: the plan's primary, else the rig's model."),
         rig: Optional[str] = RigOption,
         plan: Optional[str] = SHARED["plan"],
         replica: List[str] = SHARED["replica"],
@@ -149,6 +171,7 @@ def register(app) -> None:
         from engine_bridge.engine.run import save_run
         from engine_bridge.engine.sources import build_sources
 
+        model = resolve_model(model, plan, rig)
         sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
         err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "

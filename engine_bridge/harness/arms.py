@@ -35,7 +35,13 @@ SUMMARY_METRICS = ("prefill_tps", "gen_tps", "gen_steady_tps", "gen_first_ms", "
 RATE_METRICS = ("prefill_tps", "gen_tps", "gen_steady_tps")
 ORDERS = ("ABBA", "BAAB", "ABAB", "ladder")
 GATES = ("sha", "cache", "plan", "swap", "load")
-MAX_OTHER_CPU = 0.5            # cores other processes may use on average during an arm
+# The load gate's limit: cores of user-mode CPU that processes other than the harness and its arm
+# may use on average during the arm. Calibrated on a 2-core VM (docs/harness.md, "Calibrating the
+# load gate"): arms with nothing else running read -0.002..0.026 cores, windows with no arm at all
+# 0.010..0.025; one competing `python -c 'while 1: pass'` read 0.98..1.19, two 1.32..1.55. Half a
+# core fails a single busy process with a factor of two to spare and passes an idle machine twenty
+# times over.
+MAX_OTHER_CPU = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class Snapshot:
     cpu_busy_s: float = 0.0     # /proc/stat: all CPUs' non-idle, non-iowait time, seconds
     loadavg: float = 0.0        # 1-minute load average
     own_cpu_s: float = 0.0      # CPU seconds of the harness and its finished children
+    cpu_user_s: float = 0.0     # /proc/stat: all CPUs' user + nice time (guests included), seconds
+    own_user_s: float = 0.0     # user CPU seconds of the harness and its finished children
 
 
 @dataclass(frozen=True)
@@ -166,18 +174,48 @@ def gate_swap(before: Snapshot, after: Snapshot) -> Gate:
     return Gate(True, "no swap growth")
 
 
+def cpu_seconds(proc_stat: str, ticks_per_s: float) -> tuple[float, float]:
+    """(busy, user) CPU seconds of all CPUs together from the text of /proc/stat (its aggregate
+    'cpu' line; (0, 0) without one). busy: every state but idle and iowait (user nice system irq
+    softirq steal); user: user + nice, which already include the time of guests."""
+    for line in proc_stat.splitlines():
+        if line.startswith("cpu "):
+            f = [int(x) for x in line.split()[1:]] + [0] * 8
+            user, nice, system, _idle, _iowait, irq, softirq, steal = f[:8]
+            return (user + nice + system + irq + softirq + steal) / ticks_per_s, (user + nice) / ticks_per_s
+    return 0.0, 0.0
+
+
 def other_cpu(before: Snapshot, after: Snapshot) -> float:
-    """Average cores used by processes other than the harness and its arm, over the arm."""
+    """Average cores of user-mode CPU used by processes other than the harness and its arm, over
+    the arm.
+
+    User mode only: the kernel's work for the arm's own reads runs in no process of ours (a loop
+    device's kworkers copying from the backing file, block interrupts and softirqs) and lands in
+    /proc/stat's system, irq and softirq columns; reading through a loop device at 4-5 GB/s put
+    0.5-1 core there on a 2-core VM. A process competing for the CPU computes in user mode."""
     wall = after.t - before.t
     if wall <= 0:
         return 0.0
-    others = (after.cpu_busy_s - before.cpu_busy_s) - (after.own_cpu_s - before.own_cpu_s)
+    others = (after.cpu_user_s - before.cpu_user_s) - (after.own_user_s - before.own_user_s)
     return max(0.0, others / wall)
+
+
+def kernel_cpu(before: Snapshot, after: Snapshot) -> float:
+    """Average cores of kernel time (system, irq, softirq, steal) not charged to the harness or its
+    arm, over the arm: reported beside the gate, not gated (see other_cpu)."""
+    wall = after.t - before.t
+    if wall <= 0:
+        return 0.0
+    busy = after.cpu_busy_s - before.cpu_busy_s - (after.cpu_user_s - before.cpu_user_s)
+    own = after.own_cpu_s - before.own_cpu_s - (after.own_user_s - before.own_user_s)
+    return max(0.0, (busy - own) / wall)
 
 
 def gate_load(before: Snapshot, after: Snapshot, max_other: float = MAX_OTHER_CPU) -> Gate:
     cores = other_cpu(before, after)
-    detail = f"others used {cores:.2f} cores (limit {max_other:.2f}), load {before.loadavg:.2f} before"
+    detail = (f"others used {cores:.2f} cores in user mode (limit {max_other:.2f}); kernel "
+              f"{kernel_cpu(before, after):.2f} cores not charged to the arm; load {before.loadavg:.2f} before")
     return Gate(cores <= max_other, detail)
 
 
@@ -198,6 +236,20 @@ def gate_row(row: Row, ref_sha: str | None, requested_cache: int | None, max_oth
             "plan": gate_plan(row.result, spec),
             "swap": gate_swap(row.before, row.after),
             "load": gate_load(row.before, row.after, max_other)}
+
+
+def failure_reasons(row: dict) -> list[tuple[str, str]]:
+    """(gate, reason) for each gate a results row failed; ("error", why) when the arm's process
+    produced no result at all."""
+    if "error" in row["failed"]:
+        return [("error", row["error"] or "the arm produced no result")]
+    return [(name, g["detail"]) for name, g in row["gates"].items() if not g["ok"]]
+
+
+def without_passing_arm(doc: dict) -> list[str]:
+    """The configurations none of whose arms passed every gate: they have no median, so the run
+    says nothing about them."""
+    return [a for a in doc["arms"] if doc["medians"][a]["n"] == 0]
 
 
 # -- summary ------------------------------------------------------------------------------

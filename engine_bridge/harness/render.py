@@ -3,11 +3,40 @@ document (`arms.build_results`). Pure: text in, text out."""
 
 from __future__ import annotations
 
-from .arms import finite_or_none
+from .arms import failure_reasons, finite_or_none
 
 
 def _f(x, nd=2):
     return "—" if x is None else f"{x:.{nd}f}"
+
+
+def render_console(doc: dict, paths: dict) -> str:
+    """The table the bench and ladder commands print: per configuration the passing arms out of
+    all, medians and ratios to the control ('-' where no arm passed), then where the files are."""
+    def f(v, nd=2):
+        return "-" if v is None else f"{v:.{nd}f}"
+
+    lines = [f"{'arm':10} {'ok':>5} {'prefill tok/s':>13} {'x':>6} {'gen tok/s':>10} {'x':>6} "
+             f"{'steady tok/s':>12} {'x':>6}"]
+    for a in doc["arms"]:
+        m, g = doc["medians"][a], doc["gains"][a]
+        lines.append(f"{a:10} {m['n']:>2}/{m['n'] + m['n_failed']:<2} {f(m['prefill_tps']):>13} "
+                     f"{f(g['prefill_tps']):>6} {f(m['gen_tps']):>10} {f(g['gen_tps']):>6} "
+                     f"{f(m['gen_steady_tps']):>12} {f(g['gen_steady_tps']):>6}")
+    lines.append(f"ratios vs control {doc['control']}; results {paths['results']}; summary {paths['summary']}; "
+                 f"chart {paths['chart']}")
+    return "\n".join(lines) + "\n"
+
+
+def render_failures(doc: dict) -> str:
+    """One line per failed arm, in run order and numbered as the progress lines are (arm 2/8):
+    every gate it failed and why."""
+    lines = []
+    for r in doc["rows"]:
+        if not r["ok"]:
+            why = "; ".join(f"{gate}: {reason}" for gate, reason in failure_reasons(r))
+            lines.append(f"arm {r['seq'] + 1}/{len(doc['rows'])} {r['arm']} FAILED {why}")
+    return "".join(line + "\n" for line in lines)
 
 
 def render_markdown(doc: dict) -> str:

@@ -45,7 +45,9 @@ from .arms import (
     Snapshot,
     arm_sequence,
     build_results,
+    cpu_seconds,
     parse_arm,
+    without_passing_arm,
 )
 from .render import render_markdown, render_svg
 
@@ -144,8 +146,8 @@ def _read(path: str) -> str:
 
 
 def snapshot() -> Snapshot:
-    """SwapFree, pswpout, busy CPU seconds of all CPUs, load average, and this process's plus its
-    waited-for children's CPU seconds (the arm's own share of the busy time)."""
+    """SwapFree, pswpout, busy and user CPU seconds of all CPUs, load average, and this process's
+    plus its waited-for children's CPU seconds, all and user (the arm's own share)."""
     swap_free = 0
     for line in _read("/proc/meminfo").splitlines():
         if line.startswith("SwapFree:"):
@@ -154,21 +156,16 @@ def snapshot() -> Snapshot:
     for line in _read("/proc/vmstat").splitlines():
         if line.startswith("pswpout "):
             pswpout = int(line.split()[1])
-    busy = 0.0
-    for line in _read("/proc/stat").splitlines():
-        if line.startswith("cpu "):
-            f = [int(x) for x in line.split()[1:]]
-            # user nice system idle iowait irq softirq steal (guest is inside user): not idle, not iowait
-            busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
-            break
+    busy, user = cpu_seconds(_read("/proc/stat"), os.sysconf("SC_CLK_TCK"))
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    own_user = me.ru_utime + kids.ru_utime
+    own = own_user + me.ru_stime + kids.ru_stime
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = 0.0
     return Snapshot(t=time.monotonic(), swap_free_kb=swap_free, pswpout=pswpout, cpu_busy_s=busy, loadavg=load,
-                    own_cpu_s=own)
+                    own_cpu_s=own, cpu_user_s=user, own_user_s=own_user)
 
 
 # -- the real runner ------------------------------------------------------------------------
@@ -246,11 +243,19 @@ def run_folder(out: str | None, rig: Rig | None) -> str:
 
 
 def check_hashes(doc: dict, summary: str) -> None:
-    """MismatchError (exit 1) when any arm's output hash differs from the reference: the split
-    reads delivered wrong bytes or the engine is not deterministic. Other gates only label arms."""
-    bad = sorted({r["arm"] for r in doc["rows"] if "sha" in r["failed"]})
+    """MismatchError (exit 1) when any arm's output hash differs from the reference (the split
+    reads delivered wrong bytes or the engine is not deterministic), or when a configuration has
+    no passing arm (the run measured nothing for it). Otherwise a failed gate only labels its arm."""
+    # Without a reference (the control never completed) no hash can differ from it: every arm then
+    # fails 'sha' and the configurations without a passing arm below say what happened.
+    bad = sorted({r["arm"] for r in doc["rows"] if "sha" in r["failed"]}) if doc["reference_sha256"] else []
     if bad:
         raise MismatchError(f"output hash differs from the reference in arm(s) {', '.join(bad)}; see {summary}")
+    empty = without_passing_arm(doc)
+    if empty:
+        gates = sorted({g for r in doc["rows"] if r["arm"] in empty for g in r["failed"]})
+        raise MismatchError(f"no passing arm for {', '.join(empty)} (failed: {', '.join(gates)}); "
+                            f"nothing measured for {'it' if len(empty) == 1 else 'them'}; see {summary}")
 
 
 def runs_csv(doc: dict) -> str:

@@ -58,7 +58,7 @@ def test_gates():
     assert gate_swap(Snapshot(swap_free_kb=100, pswpout=5), Snapshot(swap_free_kb=100, pswpout=5)).ok
     assert not gate_swap(Snapshot(pswpout=5), Snapshot(pswpout=6)).ok
     assert not gate_swap(Snapshot(swap_free_kb=100), Snapshot(swap_free_kb=90)).ok
-    b, a = Snapshot(t=0, cpu_busy_s=0, own_cpu_s=0), Snapshot(t=10, cpu_busy_s=12, own_cpu_s=9)
+    b, a = Snapshot(t=0, cpu_user_s=0, own_user_s=0), Snapshot(t=10, cpu_user_s=12, own_user_s=9)
     assert other_cpu(b, a) == pytest.approx(0.3)
     assert gate_load(b, a, 0.5).ok and not gate_load(b, a, 0.2).ok
 
@@ -73,7 +73,7 @@ def _result(sha, pre, steady, gen=None, cache=64, applied=64, nsrc=1):
 
 def _row(seq, arm, result, busy=0.0, error=""):
     return Row(seq, arm, result, error, Snapshot(t=seq * 10.0, cpu_busy_s=0, own_cpu_s=0),
-               Snapshot(t=seq * 10.0 + 10, cpu_busy_s=busy, own_cpu_s=0))
+               Snapshot(t=seq * 10.0 + 10, cpu_busy_s=busy, own_cpu_s=0, cpu_user_s=busy))
 
 
 SPECS = [ArmSpec("A", ("/p",), (1,), (1,)), ArmSpec("B", ("/p", "/r"), (2, 1), (10, 6))]

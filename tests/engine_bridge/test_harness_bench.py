@@ -233,3 +233,50 @@ def test_run_folder_and_the_arms_the_commands_ask_for(rig, tmp_path):
     save_rig(Rig(root=str(tmp_path / "bare")))
     with pytest.raises(UsageError, match="has no model"):
         ladder_arms(str(tmp_path / "bare"), weights="2:1")
+
+
+def _cli_runner():
+    return CliRunner(mix_stderr=False) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames else CliRunner()
+
+
+def test_cli_bench_exit_1_when_a_configuration_has_no_passing_arm(rig, monkeypatch):
+    monkeypatch.setattr(harness, "subprocess_runner", fake_runner((10, 2), [], fail=("two",)))
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    res = _cli_runner().invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--arm", "two=2:1"])
+    assert res.exit_code == 1, res.output
+    out = res.stdout.splitlines()
+    assert any(line.split()[:2] == ["two", "0/2"] for line in out)
+    assert "arm 2/4 two FAILED error: exit 3: drive gone" in out and "arm 3/4 two FAILED error: exit 3: drive gone" in out
+    err = [x for x in res.stderr.splitlines() if x.startswith("engine-bridge: error: ")]
+    assert len(err) == 1 and err[0].startswith("engine-bridge: error: no passing arm for two (failed: error); "
+                                               "nothing measured for it; see ")
+
+
+def test_cli_ladder_names_each_failed_gate_and_exits_1(rig, tmp_path, monkeypatch):
+    def run(spec, settings, workdir, seq):
+        r, log = fake_runner((10, 2), [])(spec, settings, workdir, seq)
+        if spec.name == "3drives":
+            r["cache_experts_applied"] = 32          # the engine did not honour the requested cache
+        return r, log
+    monkeypatch.setattr(harness, "subprocess_runner", run)
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    res = _cli_runner().invoke(app, ["ladder", "--rig", rig.root, "--weights", "2:1:1", "--cache-experts", "64",
+                                     "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)                      # stdout holds only the JSON
+    failed = [r["seq"] for r in doc["rows"] if not r["ok"]]
+    assert failed == [3, 4] and doc["medians"]["2drives"]["n"] == 2
+    lines = res.stderr.splitlines()
+    for seq in failed:
+        assert f"arm {seq + 1}/8 3drives FAILED cache: cache 32 experts applied, 64 requested" in lines
+    assert lines[-1].startswith("engine-bridge: error: no passing arm for 3drives (failed: cache)")
+
+
+def test_a_control_that_never_ran_is_not_called_a_hash_mismatch(rig, tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "subprocess_runner", fake_runner((10, 2), [], fail=("one",)))
+    monkeypatch.setattr(harness, "snapshot", quiet_probe)
+    res = _cli_runner().invoke(app, ["bench", "--rig", rig.root, "--arm", "one=1", "--arm", "two=2:1"])
+    assert res.exit_code == 1, res.output
+    assert "differs from the reference" not in res.stderr
+    assert "no passing arm for one, two (failed: error, sha)" in res.stderr
+    assert "arm 2/4 two FAILED sha: no reference hash (the reference arm never completed)" in res.stdout.splitlines()
