@@ -55,7 +55,7 @@ def register(app) -> None:
         cache_experts=typer.Option(None, "--cache-experts", help="Expert cache size, experts (default: run's)."),
         lanes=typer.Option(None, "--lanes", help="Reader lanes per source (default: run's)."),
         max_other_cpu=typer.Option(MAX_OTHER_CPU, "--max-other-cpu",
-                                   help="Load gate: cores other processes may use during an arm."),
+                                   help="Load gate: cores of user-mode CPU other processes may use on average during an arm."),
         run_arg=typer.Option([], "--run-arg", help="Extra argument passed to every `run` (repeatable)."),
         out=typer.Option(None, "--out", metavar="DIR", help="Run folder (default <rig>/runs/<timestamp>)."),
     )
