@@ -87,7 +87,9 @@ def register(app) -> None:
             if "cache_experts" in dl:
                 out.print(f"  cache_experts {dl['cache_experts']}", markup=False, highlight=False, soft_wrap=True)
         if exported:
-            t2 = Table(title=f"exported profiles in {root}/profiles")
+            # The folder on a line of its own: a table's title wraps at the table's width.
+            out.print(f"exported profiles in {root}/profiles", highlight=False, markup=False)
+            t2 = Table()
             for c in ("id", "engine", "weights", "decode", "cache", "note"):
                 t2.add_column(c)
             for p in exported:
@@ -121,7 +123,8 @@ def register(app) -> None:
         if json_out:
             print_json(ln.launch_to_dict(r))
         else:
-            t = Table(title=f"confirmations ({r.run_dir})")
+            out.print(f"confirmations ({r.run_dir})", highlight=False, markup=False)
+            t = Table()
             for c in ("check", "ok", "expected", "observed", "detail"):
                 t.add_column(c)
             for c in r.confirmations:
