@@ -10,6 +10,9 @@ At each window edge it samples every drive's device counter (`meter`); lanes kee
 the last edge is sampled, so every drive is busy for the whole of every window. A window is
 stretched when a drive would complete only a few (large) requests in it.
 
+Every instant comes from one `Clock`: the host's monotonic clock unless told otherwise. Tests pass
+a virtual one, so what they check follows from the trial's arguments, not from the host's load.
+
 A drive's bytes in a window are what its device delivered (the meter's difference); without a
 meter, requests are credited by the part of their life inside the window (`stats`). Requests
 give IOPS and latency either way.
@@ -21,6 +24,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from threading import Barrier  # by name, so a test can wrap the trial's gate
 
 import numpy as np
 
@@ -37,6 +41,27 @@ POLL_S = 0.002
 SAMPLE_S = 0.01         # s between device counter samples inside a window
 MIN_REQUESTS = 8        # requests per drive per window, at least, by stretching the window
 MAX_STRETCH = 3.0       # ... to at most this many times the requested window
+
+
+class Clock:
+    """Where a trial's time comes from: `now_ns()` (monotonic, ns) stamps the gate, every request
+    and every meter sample; `sleep(s)` paces the trial's own thread between samples; `stop()` is
+    called once the lanes have been told to stop, before they are joined.
+
+    This is the host's clock (the same functions the engine always called; `stop` has nothing to
+    do). A virtual clock, whose time moves only when every thread of the trial waits on it, needs
+    `stop` to let the lanes still waiting inside a fake drive's read finish (tests/iobench/
+    test_trials.py has one).
+    """
+
+    now_ns = staticmethod(time.perf_counter_ns)
+    sleep = staticmethod(time.sleep)
+
+    def stop(self) -> None:
+        pass
+
+
+SYSTEM_CLOCK = Clock()
 
 
 @dataclass
@@ -65,14 +90,15 @@ class StreamRun:
 
 
 class _Shared:
-    def __init__(self, lanes: int):
+    def __init__(self, lanes: int, clock: Clock):
         self.lock = threading.Lock()
         self.pending = lanes        # lanes yet to complete their first request
         self.gate_ns = 0
         self.closed = threading.Event()
+        self.clock = clock
 
     def open_gate(self):            # runs once, as the barrier releases every lane
-        self.gate_ns = time.perf_counter_ns()
+        self.gate_ns = self.clock.now_ns()
 
     def lane_ready(self):
         with self.lock:
@@ -80,7 +106,8 @@ class _Shared:
 
 
 def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_warmup: float = MIN_WARMUP_S,
-              max_warmup: float = MAX_WARMUP_S, cancel: threading.Event | None = None) -> list[StreamRun]:
+              max_warmup: float = MAX_WARMUP_S, cancel: threading.Event | None = None,
+              clock: Clock = SYSTEM_CLOCK) -> list[StreamRun]:
     """Run all streams at once over `windows` windows of `seconds` each; one StreamRun per stream.
 
     Raises MissingError when a read fails (the drive or file went away) and Interrupted when
@@ -89,8 +116,8 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
     if seconds <= 0 or windows < 1:
         raise ValueError("seconds must be > 0 and windows >= 1")
     total_lanes = sum(s.lanes for s in streams)
-    shared = _Shared(total_lanes)
-    barrier = threading.Barrier(total_lanes + 1, action=shared.open_gate)
+    shared = _Shared(total_lanes, clock)
+    barrier = Barrier(total_lanes + 1, action=shared.open_gate)
     failures: list[tuple[str, BaseException]] = []
     records: list[list[list[tuple[int, int, int]]]] = []
     threads = []
@@ -116,10 +143,12 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
 
     meters = {s.meter.key: s.meter for s in streams if s.meter is not None}
 
+    now_ns = clock.now_ns
+
     def sample() -> tuple[int, dict[str, int]]:
-        t0 = time.perf_counter_ns()
+        t0 = now_ns()
         counts = {k: m.read_bytes() for k, m in meters.items()}
-        return (t0 + time.perf_counter_ns()) // 2, counts
+        return (t0 + now_ns()) // 2, counts
 
     def stopping() -> bool:
         return bool(failures) or (cancel is not None and cancel.is_set())
@@ -134,22 +163,22 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
         except threading.BrokenBarrierError:
             pass                                # a lane failed before the gate: reported below
         while not stopping():
-            waited = time.perf_counter_ns() - shared.gate_ns
+            waited = now_ns() - shared.gate_ns
             if (shared.pending == 0 and waited >= min_warmup * 1e9) or waited >= max_warmup * 1e9:
                 break
-            time.sleep(POLL_S)
+            clock.sleep(POLL_S)
         if not stopping():
-            step = int(_window_s(streams, records, seconds, shared.gate_ns) * 1e9)
+            step = int(_window_s(streams, records, seconds, now_ns() - shared.gate_ns) * 1e9)
             edges.append(sample())
             trace.append(edges[-1])
             for i in range(1, windows + 1):
                 target = edges[0][0] + i * step
                 while not stopping():
-                    left = target - time.perf_counter_ns()
+                    left = target - now_ns()
                     if left <= 0:
                         break
-                    time.sleep(min(left / 1e9, SAMPLE_S))
-                    if meters and target - time.perf_counter_ns() > SAMPLE_S * 1e9 / 2:
+                    clock.sleep(min(left / 1e9, SAMPLE_S))
+                    if meters and target - now_ns() > SAMPLE_S * 1e9 / 2:
                         trace.append(sample())
                 if stopping():
                     break
@@ -158,10 +187,12 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
     except BaseException:
         shared.closed.set()
         barrier.abort()
+        clock.stop()
         for t in threads:
             t.join()
         raise
     shared.closed.set()
+    clock.stop()
     for t in threads:
         t.join()
     if failures:
@@ -210,11 +241,12 @@ def _summarise(streams, records, edges, trace) -> list[StreamRun]:
     return out
 
 
-def _window_s(streams, records, seconds: float, gate_ns: int) -> float:
+def _window_s(streams, records, seconds: float, elapsed_ns: int) -> float:
     """`seconds`, stretched (up to MAX_STRETCH times) so that each drive completes about
-    MIN_REQUESTS requests per window at the rate it showed in the warm-up: a slow drive reading
-    large pieces delivers in steps of a piece, and a window of a few steps is mostly edge."""
-    elapsed = (time.perf_counter_ns() - gate_ns) / 1e9
+    MIN_REQUESTS requests per window at the rate it showed in the `elapsed_ns` of warm-up: a slow
+    drive reading large pieces delivers in steps of a piece, and a window of a few steps is mostly
+    edge."""
+    elapsed = elapsed_ns / 1e9
     want = seconds
     for s, per_lane in zip(streams, records):
         done = sum(r[2] for lane in per_lane for r in list(lane))
@@ -241,17 +273,18 @@ def meter_rate(trace: list[tuple[int, dict[str, int]]], key: str, a: int, b: int
     return float(max(0.0, (t * (y - y.mean())).sum() / (t * t).sum()))
 
 
-def _lane(s: Stream, table: SlotTable, next_slot, rng, rec, shared: _Shared, barrier: threading.Barrier, failures):
+def _lane(s: Stream, table: SlotTable, next_slot, rng, rec, shared: _Shared, barrier: Barrier, failures):
     buf = aligned_buffer(s.shape.piece_bytes)
     view = memoryview(buf)[:s.shape.piece_bytes]
+    now_ns = shared.clock.now_ns
     ready = False
     try:
         barrier.wait()
         while not shared.closed.is_set():
             off = table.offset(next_slot(rng))
-            start = time.perf_counter_ns()
+            start = now_ns()
             n = s.reader.read_into(view, off)
-            rec.append((start, time.perf_counter_ns(), n))
+            rec.append((start, now_ns(), n))
             if not ready:
                 ready = True
                 shared.lane_ready()
