@@ -118,3 +118,26 @@ def test_every_app_says_its_units_once_in_its_help(app):
     text = " ".join(r.stdout.split())
     assert text.count("binary") == 1 and text.count("decimal") == 1
     assert "GiB" in text and "GB/s" in text
+
+
+def _commands(app, prog):
+    """(argv to reach it, usage line) for every command of an app, sub-groups included."""
+    group = typer.main.get_command(app)
+    stack = [((), group)]
+    while stack:
+        path, cmd = stack.pop()
+        for name, sub in getattr(cmd, "commands", {}).items():
+            stack.append(((*path, name), sub))
+        if path:
+            yield [*path], cmd
+
+
+@pytest.mark.parametrize("app, prog", [(iobench_app, "iobench"), (planner_app, "planner"),
+                                       (engine_bridge_app, "engine-bridge"), (replicas_app, "replicas")])
+def test_usage_lines_name_arguments_plainly(app, prog):
+    for path, cmd in _commands(app, prog):
+        r = CliRunner().invoke(app, [*path, "-h"], prog_name=prog)
+        assert r.exit_code == 0, (path, r.output)
+        (usage,) = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("Usage: ")]
+        assert usage.startswith(f"Usage: {prog} {' '.join(path)} ")
+        assert "{" not in usage and "[[" not in usage and "]...]" not in usage, usage
