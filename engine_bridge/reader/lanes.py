@@ -6,14 +6,22 @@ buffer; its unaligned edges through one covering page of the lane's scratch, so 
 pieces never touch each other's bytes and O_DIRECT works on any range. A piece that fails or
 comes back short is re-read from the source `SourceHealth` names; a read completes at its
 barrier, when its last piece lands, and the lanes count who landed last and by how much.
+
+With a hedger (`hedger.py`) a piece may have two attempts at once: its own (the *main* attempt,
+reading into the read's work buffer) and a *hedge* on another source, reading into a private
+buffer of its own. The first to complete wins; a main attempt whose piece is already won is
+skipped if it has not started. A late main attempt cannot be stopped once its read is in the
+kernel, so the buffer it writes into never reaches the caller or the pool while it may still
+write: at the barrier such a read's bytes are copied to a fresh buffer, the hedges' bytes laid
+over theirs, and the old buffer is kept until its last writer returns (`ReadTicket._writers`).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,15 +31,24 @@ from replicas.coldio import ColdReader, align_down, align_up, aligned_buffer
 from .readstats import last_landing, latency_summary
 from .sources import ShortRead, SourceHealth
 
+MAIN, HEDGE, PROBE = "main", "hedge", "probe"
+
 
 class ReadTicket:
     """One read in flight: `result()` waits for its barrier and returns exactly its bytes."""
 
-    __slots__ = ("offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool")
+    __slots__ = ("offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool",
+                 "_own_buf", "_work", "_writers", "_patches", "_orphan")
 
-    def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None):
+    def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
+                 own_buf: bool | None = None, work=None):
         self.offset, self.length, self.phase = offset, length, phase
         self._buf, self._base, self._pool = buf, base, pool
+        self._own_buf = pool is not None if own_buf is None else own_buf   # _buf came from the pool
+        self._work = buf if work is None else work    # where main attempts write (a pool buffer when not _buf)
+        self._writers = 0                  # main attempts queued or reading into _work
+        self._patches: list = []           # winning hedge attempts: their bytes go over _work's
+        self._orphan = False               # _work goes back to the pool when its last writer returns
         self._remaining = pieces
         self._landings: list[tuple[int, int]] = []
         self._done = threading.Event()
@@ -57,10 +74,59 @@ class ReadTicket:
         cost more than a tmpfs read on a small VM). Views from `result()` must not be used after.
         A no-op for a caller's own buffer; waits for the read to finish first."""
         self._done.wait()
-        buf, pool = self._buf, self._pool
+        buf, pool, own = self._buf, self._pool, self._own_buf
         self._buf, self._pool = None, None
-        if pool is not None and buf is not None:
+        if own and pool is not None and buf is not None:
             pool.put(buf)
+
+
+class Piece:
+    """One piece of a read: where it is planned, and the attempts at it."""
+
+    __slots__ = ("ticket", "src", "off", "ln", "done", "active", "tried", "hedged")
+
+    def __init__(self, ticket: ReadTicket, src: int, off: int, ln: int):
+        self.ticket, self.src, self.off, self.ln = ticket, src, off, ln
+        self.done = False          # won (its bytes are in) or failed on every source
+        self.active = 0            # attempts not yet ended
+        self.tried: list[int] = []
+        self.hedged = False
+
+
+class Attempt:
+    """One read of a piece (or a probe) on one source, into `buf` whose byte 0 is file offset `base`."""
+
+    __slots__ = ("piece", "src", "kind", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started", "phase")
+
+    def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int):
+        self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
+        self.t_enq = 0             # hedger clock, ns, when queued on `src`
+        self.ahead = 0             # bytes queued on `src` ahead of it when queued, itself included
+        self.late = False          # missed its deadline
+        self.started = False       # a lane took it
+        self.phase = ""            # a probe's phase (a piece's is its ticket's)
+
+
+class LaneQueue:
+    """A source's queue: FIFO, with hedges and probes put at the front (a read is waiting on them)."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._cv = threading.Condition(threading.Lock())
+
+    def put(self, item, front: bool = False) -> None:
+        with self._cv:
+            if front:
+                self._items.appendleft(item)
+            else:
+                self._items.append(item)
+            self._cv.notify()
+
+    def get(self):
+        with self._cv:
+            while not self._items:
+                self._cv.wait()
+            return self._items.popleft()
 
 
 @dataclass(frozen=True)
@@ -75,14 +141,16 @@ class LaneCounters:
     lat_ns: tuple[dict, ...]         # piece service time percentiles, ns
     reads_done: int                  # whole reads (barriers) completed
     bytes_done: int                  # bytes returned to callers
+    hedged: tuple[int, ...] = ()     # hedge reads served for another source's late piece
+    late: tuple[int, ...] = ()       # pieces that missed their deadline
 
 
-def read_piece(reader: ColdReader, ticket: ReadTicket, off: int, ln: int, scratch) -> None:
-    """Exact bytes [off, off+ln) into the ticket's buffer: the aligned interior directly,
-    unaligned edges through a covering page of `scratch` (never touching a neighbour's bytes)."""
+def read_piece(reader: ColdReader, buf, base: int, off: int, ln: int, scratch) -> None:
+    """Exact bytes [off, off+ln) into `buf` (whose byte 0 is file offset `base`): the aligned
+    interior directly, unaligned edges through a covering page of `scratch` (never touching a
+    neighbour's bytes)."""
     a = reader.alignment
-    buf = memoryview(ticket._buf)
-    base = ticket._base
+    buf = memoryview(buf)
     end = off + ln
     lo, hi = align_up(off, a), align_down(end, a)
     if lo >= hi:  # no whole aligned page inside the piece: one or two covering pages
@@ -105,11 +173,12 @@ def read_piece(reader: ColdReader, ticket: ReadTicket, off: int, ln: int, scratc
 
 
 class Lanes:
-    """`lanes` threads per source serving pieces put on its queue; counters of what they did."""
+    """`lanes` threads per source serving the attempts put on its queue; counters of what they did.
+    hedger: a `hedger.Hedger` (deadlines, hedges, probes) sharing this object's lock, or None."""
 
-    def __init__(self, readers: Sequence[ColdReader], health: SourceHealth, lanes: int):
+    def __init__(self, readers: Sequence[ColdReader], health: SourceHealth, lanes: int, pool=None, hedger=None):
         n = len(readers)
-        self.readers, self.health, self.lanes = tuple(readers), health, lanes
+        self.readers, self.health, self.lanes, self.pool = tuple(readers), health, lanes, pool
         self._lock = threading.Lock()
         self._bytes = [0] * n
         self._reads = [0] * n
@@ -119,7 +188,12 @@ class Lanes:
         self._lat = [array("q") for _ in range(n)]
         self._reads_done = 0
         self._bytes_done = 0
-        self._queues = [queue.SimpleQueue() for _ in range(n)]
+        self._alive = [lanes] * n
+        self._abandoned = [False] * n     # closed while a read on it hangs: its last lane closes its reader
+        self._queues = [LaneQueue() for _ in range(n)]
+        self.hedger = hedger
+        if hedger is not None:
+            hedger.attach(self)
         self._threads = []
         for s in range(n):
             for k in range(lanes):
@@ -127,85 +201,224 @@ class Lanes:
                 t.start()
                 self._threads.append(t)
 
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
     def put(self, src: int, ticket: ReadTicket, off: int, ln: int) -> None:
-        """Queue piece [off, off+ln) of `ticket` on source `src`."""
-        self._queues[src].put((ticket, off, ln))
+        """Queue piece [off, off+ln) of `ticket` on source `src` (its main attempt)."""
+        piece = Piece(ticket, src, off, ln)
+        att = Attempt(piece, src, MAIN, off, ln, ticket._work, ticket._base)
+        with self._lock:
+            piece.active = 1
+            ticket._writers += 1
+            if self.hedger is not None:
+                self.hedger.enqueued(att)
+        self._queues[src].put(att)
+
+    def put_front(self, att: Attempt) -> None:
+        """Queue a hedge or probe at the front of its source's queue (the hedger calls this)."""
+        self._queues[att.src].put(att, front=True)
 
     def counters(self) -> LaneCounters:
         with self._lock:
             lat = [array("q", a) for a in self._lat]
             snap = (tuple(self._bytes), tuple(self._reads), tuple(self._failover_bytes), tuple(self._lands_last),
                     tuple(self._gap_ns), self._reads_done, self._bytes_done)
+            hl = self.hedger.counters() if self.hedger is not None else ((0,) * len(self.readers),) * 2
         b, r, fb, ll, gap, rd, bd = snap
-        return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd)
+        return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd, hl[0], hl[1])
 
-    def close(self) -> None:
-        """Stop every lane after the pieces already queued, and wait for them."""
+    def close(self) -> list[int]:
+        """Stop every lane after the attempts already queued and wait for them, except the lanes of a
+        source with a late read still in the kernel (a hung drive must not hang close): those exit
+        when it returns and the last one closes its reader. Returns the sources safe to close now."""
+        if self.hedger is not None:
+            self.hedger.stop()
+        with self._lock:
+            for s in range(len(self.readers)):
+                self._abandoned[s] = self.hedger is not None and self.hedger.stuck(s)
+            abandoned = list(self._abandoned)
         for q in self._queues:
             for _ in range(self.lanes):
                 q.put(None)
-        for t in self._threads:
-            t.join()
+        for i, t in enumerate(self._threads):
+            if not abandoned[i // self.lanes]:
+                t.join()
+        return [s for s in range(len(self.readers)) if not abandoned[s]]
+
+    # -- the lane threads -----------------------------------------------------------------
 
     def _lane(self, src: int) -> None:
         q = self._queues[src]
         scratch = memoryview(aligned_buffer(2 * self.readers[src].alignment))
         while True:
-            task = q.get()
-            if task is None:
+            att = q.get()
+            if att is None:
+                with self._lock:
+                    self._alive[src] -= 1
+                    last = self._alive[src] == 0 and self._abandoned[src]
+                if last:
+                    try:
+                        self.readers[src].close()
+                    except OSError:
+                        pass
                 return
-            ticket, off, ln = task
             try:
-                self._serve(src, ticket, off, ln, scratch)
+                with self._lock:
+                    skip = att.piece is not None and att.piece.done
+                    att.started = not skip
+                if skip:
+                    self._end(att, att.src, ok=False)
+                else:
+                    self._serve(att, scratch)
             except BaseException as e:  # a bug must reach the caller, not kill the lane silently
-                self._land(ticket, src, time.monotonic_ns(), error=e)
+                if att.piece is not None:
+                    self._fail_piece(att, e)
 
-    def _serve(self, src: int, ticket: ReadTicket, off: int, ln: int, scratch) -> None:
-        health = self.health
-        tried: list[int] = []
-        s = src
+    def _serve(self, att: Attempt, scratch) -> None:
+        health, piece = self.health, att.piece
+        s = att.src
         while True:
             t0 = time.monotonic_ns()
             try:
-                read_piece(self.readers[s], ticket, off, ln, scratch)
+                read_piece(self.readers[s], att.buf, att.base, att.off, att.ln, scratch)
             except (OSError, ShortRead) as e:
-                tried.append(s)
-                health.piece_failed(s, off, ln, e)
-                nxt = health.failover_source(tried)
-                if nxt is None:
-                    err = MissingError(f"split reader: no source could read ({off}, {ln}) of read "
-                                       f"({ticket.offset}, {ticket.length}); tried "
-                                       + ", ".join(health.paths[i] for i in tried) + "; check the drives")
-                    health.event("all_failed", s, str(err), off, ln)
-                    self._land(ticket, s, time.monotonic_ns(), error=err)
+                health.piece_failed(s, att.off, att.ln, e)
+                if piece is None:            # a probe: the source is now degraded for good
+                    self._end(att, s, ok=False)
                     return
-                health.event("failover", nxt, f"piece ({off}, {ln}) of source {s} re-read from source {nxt}", off, ln)
+                with self._lock:
+                    if s not in piece.tried:
+                        piece.tried.append(s)
+                    nxt = None if piece.done else health.failover_source(piece.tried)
+                    if nxt is not None:
+                        if self.hedger is not None:
+                            self.hedger.moved(att, nxt)
+                        att.src = nxt
+                if nxt is None:
+                    self._end(att, s, ok=False, failed=not piece.done)
+                    return
+                health.event("failover", nxt, f"piece ({att.off}, {att.ln}) of source {s} re-read from source {nxt}",
+                             att.off, att.ln)
                 s = nxt
                 continue
-            t1 = time.monotonic_ns()
-            with self._lock:
-                self._bytes[s] += ln
-                self._reads[s] += 1
-                self._lat[s].append(t1 - t0)
-                if s != src:
-                    self._failover_bytes[s] += ln
-            self._land(ticket, s, t1)
+            self._end(att, s, ok=True, t0=t0, t1=time.monotonic_ns())
             return
 
-    def _land(self, ticket: ReadTicket, src: int, t_ns: int, error: BaseException | None = None) -> None:
+    def _end(self, att: Attempt, s: int, ok: bool, failed: bool = False, t0: int = 0, t1: int = 0) -> None:
+        """An attempt is over (delivered, skipped, or out of sources): count it, land its piece if it
+        won, and give back what nobody writes into any more."""
+        piece = att.piece
+        free: list = []
+        finish = None
+        no_source = None
+        actions: list = []
         with self._lock:
-            if error is not None and ticket._error is None:
-                ticket._error = error
+            if self.hedger is not None:
+                actions = self.hedger.ended(att, s, ok)
+            if ok:
+                self._lat[s].append(t1 - t0)
+            if piece is None:
+                free.append(att.buf)
             else:
-                ticket._landings.append((src, t_ns))
-            ticket._remaining -= 1
-            if ticket._remaining:
+                ticket = piece.ticket
+                piece.active -= 1
+                if att.kind == MAIN:
+                    ticket._writers -= 1
+                    if ticket._orphan and ticket._writers == 0:
+                        ticket._orphan = False
+                        free.append(ticket._work)
+                if ok and not piece.done:
+                    piece.done = True
+                    self._bytes[s] += att.ln
+                    self._reads[s] += 1
+                    if att.kind == MAIN and s != piece.src:
+                        self._failover_bytes[s] += att.ln
+                    if att.kind == HEDGE:
+                        ticket._patches.append(att)
+                    finish = self._landed(ticket, s, t1)
+                elif att.kind == HEDGE:
+                    free.append(att.buf)     # lost, or failed: its private buffer is nobody's now
+                if failed and not piece.done and piece.active == 0:   # no other attempt may still deliver
+                    piece.done = True
+                    no_source = self._no_source(piece)
+                    finish = self._landed(ticket, s, time.monotonic_ns(), error=no_source)
+        if no_source is not None:
+            self.health.event("all_failed", s, str(no_source), att.off, att.ln)
+        self._give_back(free)
+        for act in actions:
+            act()
+        if finish is not None:
+            self._finish(*finish)
+
+    def _no_source(self, piece: Piece) -> MissingError:
+        t = piece.ticket
+        return MissingError(f"split reader: no source could read ({piece.off}, {piece.ln}) of read "
+                            f"({t.offset}, {t.length}); tried " + ", ".join(self.health.paths[i] for i in piece.tried)
+                            + "; check the drives")
+
+    def _fail_piece(self, att: Attempt, e: BaseException) -> None:
+        piece = att.piece
+        with self._lock:
+            piece.active -= 1
+            if att.kind == MAIN:
+                piece.ticket._writers -= 1
+            if piece.done:
                 return
-            if ticket._error is None:
-                ll = last_landing(ticket._landings)
-                if ll is not None:
-                    self._lands_last[ll[0]] += 1
-                    self._gap_ns[ll[0]] += ll[1]
-                self._reads_done += 1
-                self._bytes_done += ticket.length
+            piece.done = True
+            finish = self._landed(piece.ticket, att.src, time.monotonic_ns(), error=e)
+        if finish is not None:
+            self._finish(*finish)
+
+    def _landed(self, ticket: ReadTicket, src: int, t_ns: int, error: BaseException | None = None):
+        """Count a piece in (lock held); when it was the read's last, what `_finish` needs."""
+        if error is not None and ticket._error is None:
+            ticket._error = error
+        elif error is None:
+            ticket._landings.append((src, t_ns))
+        ticket._remaining -= 1
+        if ticket._remaining:
+            return None
+        if ticket._error is None:
+            ll = last_landing(ticket._landings)
+            if ll is not None:
+                self._lands_last[ll[0]] += 1
+                self._gap_ns[ll[0]] += ll[1]
+            self._reads_done += 1
+            self._bytes_done += ticket.length
+        tainted = ticket._writers > 0 and ticket._work is ticket._buf
+        return ticket, tainted, list(ticket._patches)
+
+    def _finish(self, ticket: ReadTicket, tainted: bool, patches: list) -> None:
+        """The barrier: hand the caller a buffer no late attempt writes into, then wake it."""
+        free = [a.buf for a in patches]
+        work = ticket._work
+        if ticket._error is None:
+            out = ticket._buf
+            lo, hi = ticket.offset - ticket._base, ticket.offset - ticket._base + ticket.length
+            if tainted:
+                out = self.pool.get(len(work)) if self.pool is not None else aligned_buffer(len(work))
+            if out is not work:
+                memoryview(out)[lo:hi] = memoryview(work)[lo:hi]
+            for a in patches:
+                r0, r1 = a.off - a.base, a.off + a.ln - a.base
+                memoryview(out)[a.off - ticket._base:a.off + a.ln - ticket._base] = memoryview(a.buf)[r0:r1]
+            if tainted:
+                ticket._buf, ticket._own_buf = out, True
+        elif ticket._work is ticket._buf and ticket._writers:
+            ticket._buf = None                # never handed back while a late read writes into it
+        with self._lock:
+            ticket._patches = []
+            if work is not ticket._buf:
+                if ticket._writers == 0:
+                    free.append(work)
+                else:
+                    ticket._orphan = True
+        self._give_back(free)
         ticket._done.set()
+
+    def _give_back(self, bufs: list) -> None:
+        if self.pool is not None:
+            for b in bufs:
+                self.pool.put(b)

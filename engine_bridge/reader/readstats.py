@@ -19,7 +19,7 @@ from engines.split import split_read
 class ReaderEvent:
     """Something the reader did beyond the engine: a failed piece, a failover, a lost source."""
 
-    kind: str          # 'read_failed', 'short_read', 'failover', 'degraded', 'vanished', 'all_failed'
+    kind: str          # 'read_failed', 'short_read', 'failover', 'degraded', 'recovered', 'vanished', 'all_failed'
     source: int        # index of the source concerned (0 = primary)
     path: str
     message: str       # one line: what happened and what the reader did about it
@@ -46,12 +46,15 @@ class SourceStats:
     degraded: bool
     events: int                 # events concerning this source
     failover_bytes: int = 0     # bytes this source re-read for another, failed source
+    hedged: int = 0             # hedge reads this source served for another source's late piece
+    late: int = 0               # pieces of this source that missed their deadline (and were hedged if they could be)
+    slow: bool = False          # degraded for lateness (probed, may come back), not failed
 
     def to_dict(self) -> dict:
         return {"index": self.index, "path": self.path, "weight": self.weight, "decode_weight": self.decode_weight,
                 "bytes": self.bytes, "reads": self.reads, "lands_last": self.lands_last, "gap_ns": self.gap_ns,
                 "lat_ns": dict(self.lat_ns), "degraded": self.degraded, "events": self.events,
-                "failover_bytes": self.failover_bytes}
+                "failover_bytes": self.failover_bytes, "hedged": self.hedged, "late": self.late, "slow": self.slow}
 
 
 @dataclass(frozen=True)
@@ -108,11 +111,11 @@ def format_stats(stats: ReaderStats) -> str:
     lines = []
     for s in stats.sources:
         line = (f"source[{s.index}] bytes={s.bytes} reads={s.reads} lands_last={s.lands_last} gap_ns={s.gap_ns} "
-                f"lat_p50_us={s.lat_ns['p50'] / 1e3:.0f} lat_p95_us={s.lat_ns['p95'] / 1e3:.0f} "
+                f"hedged={s.hedged} late={s.late} lat_p50_us={s.lat_ns['p50'] / 1e3:.0f} lat_p95_us={s.lat_ns['p95'] / 1e3:.0f} "
                 f"lat_p99_us={s.lat_ns['p99'] / 1e3:.0f} weight={s.weight} decode_weight={s.decode_weight}")
         if s.failover_bytes:
             line += f" failover_bytes={s.failover_bytes}"
         if s.degraded:
-            line += " DEGRADED"
+            line += " DEGRADED(late)" if s.slow else " DEGRADED"
         lines.append(line + f" path={s.path}")
     return "\n".join(lines)

@@ -4,8 +4,10 @@ At open every source must be a regular file of the primary's size on its own ino
 engine refuses, we refuse, naming the file). While reads run, `SourceHealth` decides which
 sources still get pieces: a source whose piece failed or came back short, or whose file vanished,
 was replaced or shrank, is degraded for the rest of the run, and a failed piece goes to the
-healthy source with the largest base weight not yet tried. Everything it does is an event, kept
-and passed to `report` (called from lane threads: keep it quick and thread-safe).
+healthy source with the largest base weight not yet tried. A source late again and again (the
+hedger decides, `hedger.py`) is degraded the same way but only until probes find it on time again
+(`degrade(..., slow=True)`, `restore`). Everything it does is an event, kept and passed to
+`report` (called from lane threads: keep it quick and thread-safe).
 """
 
 from __future__ import annotations
@@ -102,22 +104,33 @@ class SourceHealth:
         self._report = report
         self._lock = threading.Lock()
         self._degraded = [False] * len(self.paths)
+        self._slow = [False] * len(self.paths)     # degraded for lateness: probes may bring it back
         self._src_events = [0] * len(self.paths)
         self._events: list[ReaderEvent] = []
 
+    def _out(self) -> list[bool]:
+        return [d or s for d, s in zip(self._degraded, self._slow)]
+
     def healthy(self) -> list[int]:
         with self._lock:
-            return [i for i, d in enumerate(self._degraded) if not d]
+            return [i for i, d in enumerate(self._out()) if not d]
 
     @property
     def degraded(self) -> tuple[bool, ...]:
+        """Per source: gets no pieces now (failed for good, or late until it recovers)."""
         with self._lock:
-            return tuple(self._degraded)
+            return tuple(self._out())
 
-    def snapshot(self) -> tuple[tuple[bool, ...], tuple[int, ...], tuple[ReaderEvent, ...]]:
-        """(degraded, events per source, every event so far), taken together."""
+    def slow(self, src: int) -> bool:
+        """Degraded for lateness only (not failed): probes may bring it back."""
         with self._lock:
-            return tuple(self._degraded), tuple(self._src_events), tuple(self._events)
+            return self._slow[src] and not self._degraded[src]
+
+    def snapshot(self) -> tuple[tuple[bool, ...], tuple[int, ...], tuple[ReaderEvent, ...], tuple[bool, ...]]:
+        """(degraded, events per source, every event so far, degraded for lateness), taken together."""
+        with self._lock:
+            slow = tuple(s and not d for d, s in zip(self._degraded, self._slow))
+            return tuple(self._out()), tuple(self._src_events), tuple(self._events), slow
 
     def event(self, kind: str, src: int, message: str, off: int = 0, ln: int = 0) -> None:
         ev = ReaderEvent(kind, src, self.paths[src], message, off, ln, time.monotonic_ns())
@@ -127,15 +140,35 @@ class SourceHealth:
         if self._report is not None:
             self._report(ev)
 
-    def degrade(self, src: int, why: str) -> None:
+    def degrade(self, src: int, why: str, slow: bool = False) -> bool:
+        """Stop giving `src` pieces: for good, or (slow=True) until `restore`. True if it changed."""
         with self._lock:
-            if self._degraded[src]:
-                return
-            self._degraded[src] = True
-            left = [i for i, d in enumerate(self._degraded) if not d]
+            was_out = self._degraded[src] or self._slow[src]
+            if self._degraded[src] or (slow and self._slow[src]):
+                return False
+            if slow:
+                self._slow[src] = True
+            else:
+                self._degraded[src] = True
+            left = [i for i, d in enumerate(self._out()) if not d]
+        if was_out:        # late first, now failing too: already out of the plan, say only why it stays out
+            self.event("degraded", src, f"source {src} degraded for good ({why})")
+            return True
         plan = ":".join(str(self.weights[i]) for i in left) if left else "none"
         self.event("degraded", src, f"source {src} degraded ({why}); reads go to sources {left or 'none'} "
-                                    f"with weights {plan}")
+                                    f"with weights {plan}" + ("; probing it for recovery" if slow else ""))
+        return True
+
+    def restore(self, src: int, why: str) -> bool:
+        """Give a source degraded for lateness (not a failed one) pieces again. True if it changed."""
+        with self._lock:
+            if not self._slow[src] or self._degraded[src]:
+                return False
+            self._slow[src] = False
+            left = [i for i, d in enumerate(self._out()) if not d]
+        plan = ":".join(str(self.weights[i]) for i in left)
+        self.event("recovered", src, f"source {src} recovered ({why}); reads go to sources {left} with weights {plan}")
+        return True
 
     def piece_failed(self, src: int, off: int, ln: int, e: BaseException) -> None:
         if isinstance(e, ShortRead):
@@ -148,7 +181,7 @@ class SourceHealth:
     def failover_source(self, tried: Sequence[int]) -> int | None:
         """The healthy source not yet tried with the largest base weight (ties to the lower index)."""
         with self._lock:
-            cands = [i for i, d in enumerate(self._degraded) if not d and i not in tried]
+            cands = [i for i, d in enumerate(self._out()) if not d and i not in tried]
         if not cands:
             return None
         return max(cands, key=lambda i: (self.weights[i], -i))
@@ -158,7 +191,9 @@ class SourceHealth:
         Returns the indices degraded by this check."""
         lost = []
         for i, p in enumerate(self.paths):
-            if self.degraded[i]:
+            with self._lock:
+                failed = self._degraded[i]
+            if failed:
                 continue
             why = source_change(p, self.identity[i])
             if why:

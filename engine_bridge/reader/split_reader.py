@@ -13,6 +13,11 @@ same way (`sources.py`). Every such event is kept in `stats()` and passed to `re
 from lane threads: keep it quick and thread-safe). Only when no source can deliver a piece does
 a read raise `MissingError`.
 
+With `hedge=True` a drive that slows to a crawl or hangs does not hold the barrier either: a
+piece that misses its deadline is re-issued on the healthiest other replica and the first
+complete copy wins; a drive late again and again is degraded and probed until it recovers
+(`hedger.py`, `hedging.py`; docs/reader.md).
+
 This module is the facade: it checks the configuration, hands pieces to the lanes and puts the
 lanes' and the sources' counters together.
 """
@@ -29,6 +34,8 @@ from engines.split import check_weights
 from replicas.coldio import CachedReader, ColdReader, align_down
 
 from .buffers import POOL_BYTES, BufferPool, check_buffer, span
+from .hedger import Hedger
+from .hedging import HedgePolicy, check_policy
 from .lanes import Lanes, ReadTicket
 from .readstats import ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
 from .sources import SourceHealth, check_sources, close_readers, open_sources
@@ -49,12 +56,16 @@ class SplitReader:
     lanes: reader threads per source. cold: O_DIRECT / F_NOCACHE reads (False: page-cache reads,
     for the reader's ceiling). opener: makes the per-source reader (default ColdReader or
     CachedReader); tests inject failing readers through it. pool_bytes: released buffers kept.
+    hedge: re-issue late pieces on another replica (the embedded engine turns it on; off here so
+    a bare reader does exactly the engine's reads). hedge_policy: its knobs (`HedgePolicy`).
+    clock: the hedger's clock, ns (tests inject one).
     """
 
     def __init__(self, paths: Sequence[str], weights: Sequence[int], decode_weights: Sequence[int] | None = None, *,
                  lanes: int = 8, engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
-                 pool_bytes: int = POOL_BYTES):
+                 pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
+                 clock: Callable[[], int] | None = None):
         paths = [os.fspath(p) for p in paths]
         if not paths:
             raise UsageError("split reader: give at least one source (the primary model file)")
@@ -68,9 +79,15 @@ class SplitReader:
                              f"{len(paths)} sources; give exactly one per source (the engine silently ignores a wrong count)")
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise UsageError(f"split reader: lanes must be an integer >= 1, got {lanes!r}")
+        policy = hedge_policy or HedgePolicy()
+        try:
+            check_policy(policy)
+        except ValueError as e:
+            raise UsageError(f"split reader: {e}") from None
         self.paths = tuple(paths)
         self.weights, self.decode_weights = weights, decode
         self.engine, self.lanes, self.cold = engine, lanes, cold
+        self.hedge, self.hedge_policy = bool(hedge), policy
         self._health_interval = health_interval
         identity = check_sources(paths)
         self.size = identity[0][2]
@@ -80,7 +97,10 @@ class SplitReader:
         self._last_health = time.monotonic()
         self._closed = False
         self._pool = BufferPool(pool_bytes)
-        self._lanes = Lanes(self._readers, self._health, lanes)
+        # one source has no replica to hedge on: no watchdog
+        self._hedger = (Hedger(self._health, weights, decode, self._pool, policy, clock or time.monotonic_ns)
+                        if self.hedge and len(paths) > 1 else None)
+        self._lanes = Lanes(self._readers, self._health, lanes, self._pool, self._hedger)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -108,13 +128,31 @@ class SplitReader:
         weights = self.decode_weights if phase == "decode" else self.weights
         pieces = healthy_split(offset, length, weights, healthy, self.engine)
         if buffer is None:
-            buf, pool = self._pool.get(span(offset, length)), self._pool
+            buf = self._pool.get(span(offset, length))
+            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), self._pool)
+        elif self._hedger is not None:
+            # a late read cannot be stopped once in the kernel: it must never write into memory the
+            # caller gets back, so the pieces land in a buffer of ours, copied over at the barrier
+            buf = check_buffer(buffer, offset, length)
+            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), None, own_buf=False,
+                                work=self._pool.get(span(offset, length)))
         else:
-            buf, pool = check_buffer(buffer, offset, length), None
-        ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), pool)
+            ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
+                                len(pieces), None)
         for s, po, pl in pieces:
             self._lanes.put(s, ticket, po, pl)
+        if self._hedger is not None and len(healthy) < len(self.paths):
+            self._probe(offset, length, phase, weights, healthy)
         return ticket
+
+    def _probe(self, offset: int, length: int, phase: str, weights, healthy: list[int]) -> None:
+        """Offer each source degraded for lateness a probe: the piece its weight would give it here."""
+        for s in range(len(self.paths)):
+            if s in healthy or not self._health.slow(s):
+                continue
+            for src, po, pl in healthy_split(offset, length, weights, sorted(healthy + [s]), self.engine):
+                if src == s:
+                    self._hedger.maybe_probe(s, po, pl, phase)
 
     def read(self, offset: int, length: int, phase: str = "prefill", buffer=None) -> memoryview:
         """Exactly the bytes [offset, offset+length), read split across the sources."""
@@ -140,15 +178,21 @@ class SplitReader:
     def degraded(self) -> tuple[bool, ...]:
         return self._health.degraded
 
+    def wake_hedger(self) -> None:
+        """Let the hedger look at its deadlines now (tests that inject a clock call this after moving it)."""
+        if self._hedger is not None:
+            self._hedger.wake()
+
     # -- results ----------------------------------------------------------------------------
 
     def stats(self) -> ReaderStats:
         c = self._lanes.counters()
-        degraded, src_events, events = self._health.snapshot()
+        degraded, src_events, events, slow = self._health.snapshot()
         srcs = tuple(SourceStats(
             index=i, path=self.paths[i], weight=self.weights[i], decode_weight=self.decode_weights[i],
             bytes=c.bytes[i], reads=c.reads[i], lands_last=c.lands_last[i], gap_ns=c.gap_ns[i], lat_ns=c.lat_ns[i],
-            degraded=degraded[i], events=src_events[i], failover_bytes=c.failover_bytes[i])
+            degraded=degraded[i], events=src_events[i], failover_bytes=c.failover_bytes[i], hedged=c.hedged[i],
+            late=c.late[i], slow=slow[i])
             for i in range(len(self.paths)))
         return ReaderStats(sources=srcs, events=events, reads=c.reads_done, bytes=c.bytes_done)
 
@@ -159,8 +203,8 @@ class SplitReader:
         if self._closed:
             return
         self._closed = True
-        self._lanes.close()
-        close_readers(self._readers)
+        safe = self._lanes.close()      # a source whose late read still hangs is closed by its last lane
+        close_readers([self._readers[i] for i in safe])
 
     def __enter__(self):
         return self

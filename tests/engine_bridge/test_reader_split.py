@@ -100,7 +100,8 @@ def test_counters_reads_and_lands_last_add_up(model):
     assert text.splitlines()[1].startswith(f"source[1] bytes={6 * BLOCK} reads=6 lands_last=")
     d = s.to_dict()
     assert set(d["sources"][0]) == {"index", "path", "weight", "decode_weight", "bytes", "reads", "lands_last",
-                                    "gap_ns", "lat_ns", "degraded", "events", "failover_bytes"}
+                                    "gap_ns", "lat_ns", "degraded", "events", "failover_bytes", "hedged", "late",
+                                    "slow"}
 
 
 def test_submit_lets_caller_overlap(model):

@@ -1,0 +1,265 @@
+"""The split reader's hedger: a watchdog that re-issues late pieces on the healthiest other replica.
+
+Every main attempt gets a deadline when it is queued (`hedging.deadline_ns`: the bytes queued on
+its source ahead of it over the rate the source is held to, times a margin, plus a floor). The
+watchdog thread sleeps until the earliest deadline; a piece still outstanding then is *late*: it
+is counted (`late` on its source) and a hedge of it is put at the front of the healthiest other
+source's queue (`hedged` on that source), reading into a private buffer. Whichever attempt
+completes first wins (lanes.py); the loser is discarded.
+
+A source with `late_limit` late pieces in a row is degraded like a failing one (the split runs
+over the others, its queued pieces are hedged at once), except that it is *probed*: at most once
+per `probe_interval`, a read's submit also sends it a copy of the piece its weight would give it,
+into a private buffer, judged against the same kind of deadline; `recover_probes` on-time probes
+in a row restore it. Never the last healthy source is degraded for lateness.
+
+If the watchdog itself wakes more than a floor late (the whole process was starved, not a drive)
+it judges nothing that round and gives every due piece another floor. Its state lives under the
+lanes' lock (one lock; the watchdog waits on a Condition of it). `clock` is injectable (ns) and
+`wake()` re-runs the watchdog now, so tests order events without sleeping.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from typing import Callable, Sequence
+
+from replicas.coldio import align_down
+
+from .buffers import span
+from .hedging import HedgePolicy, RateEstimate, deadline_ns, expected_rate, pick_hedge_source, plan_rate
+from .lanes import HEDGE, MAIN, PROBE, Attempt
+from .sources import SourceHealth
+
+RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
+
+
+class Hedger:
+    """Deadlines, hedges, lateness and probes for one SplitReader (see the module docstring)."""
+
+    def __init__(self, health: SourceHealth, weights: Sequence[int], decode_weights: Sequence[int], pool,
+                 policy: HedgePolicy, clock: Callable[[], int] = time.monotonic_ns):
+        n = len(weights)
+        self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
+        self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
+        self.est = [RateEstimate(policy.decay) for _ in range(n)]
+        self.outstanding = [0] * n      # bytes queued or being read on each source
+        self.busy = [0] * n             # busy ns since the source's last observed delivery
+        self.tick_at = [0] * n
+        self.late = [0] * n
+        self.hedged = [0] * n
+        self.streak = [0] * n           # late pieces in a row
+        self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
+        self.probing = [False] * n
+        self.next_probe = [0] * n
+        self.probe_ok = [0] * n
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._stopping = False
+        self._wake_at: int | None = None
+        self._skew = 0
+        self.lanes = None
+        self.cond: threading.Condition | None = None
+        self._thread: threading.Thread | None = None
+
+    def attach(self, lanes) -> None:
+        """Share the lanes' lock and start the watchdog (Lanes calls this)."""
+        self.lanes = lanes
+        self.cond = threading.Condition(lanes.lock)
+        self._thread = threading.Thread(target=self._run, name="split-reader-hedger", daemon=True)
+        self._thread.start()
+
+    # -- called by the lanes, lock held ---------------------------------------------------
+
+    def enqueued(self, att: Attempt) -> None:
+        now = self.clock()
+        self._queue(att, now)
+        if att.kind == MAIN and len(self.est) > 1:
+            self.pending[att.src].add(att)
+            due = self._deadline(att)
+            heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
+            if self._heap[0][2] is att:
+                self.cond.notify()
+
+    def moved(self, att: Attempt, new: int) -> None:
+        """A failing attempt goes on to source `new` (failover: no deadline of its own)."""
+        now = self.clock()
+        self._tick(att.src, now)
+        self.outstanding[att.src] -= att.ln
+        self.pending[att.src].discard(att)
+        self._tick(new, now)
+        self.outstanding[new] += att.ln
+
+    def ended(self, att: Attempt, s: int, ok: bool) -> list:
+        """An attempt on source `s` is over; returns what to do once the lock is released."""
+        now = self.clock()
+        self._tick(s, now)
+        self.outstanding[s] -= att.ln
+        self.pending[s].discard(att)
+        if att.kind == PROBE:
+            self.probing[s] = False
+            self.next_probe[s] = now + self.policy.probe_interval_ns
+            due = self._deadline(att)
+            if ok and (due is None or now <= due):
+                self.probe_ok[s] += 1
+                if self.probe_ok[s] >= self.policy.recover_probes:
+                    self.probe_ok[s] = 0
+                    return [lambda: self._restore(s)]
+            else:
+                self.probe_ok[s] = 0
+            return []
+        if ok and att.started:
+            if att.late:
+                self.busy[s] = 0            # a late delivery teaches nothing about the drive's normal pace
+            else:
+                self.est[s].observe(att.ln, self.busy[s])
+                self.busy[s] = 0
+                if att.kind == MAIN:
+                    self.streak[s] = 0
+        return []
+
+    def counters(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(hedged, late) per source."""
+        return tuple(self.hedged), tuple(self.late)
+
+    def stuck(self, s: int) -> bool:
+        """A read on `s` may hang in the kernel: it is degraded for lateness with work out, or a
+        late attempt on it has started."""
+        return (self.health.slow(s) and self.outstanding[s] > 0) or any(a.late and a.started for a in self.pending[s])
+
+    # -- called by the reader -------------------------------------------------------------
+
+    def maybe_probe(self, s: int, off: int, ln: int, phase: str) -> None:
+        """Send degraded-for-lateness source `s` a probe of (off, ln) if one is due."""
+        with self.cond:
+            now = self.clock()
+            if self._stopping or self.probing[s] or now < self.next_probe[s] or not self.health.slow(s):
+                return
+            self.probing[s] = True
+            att = Attempt(None, s, PROBE, off, ln, self.pool.get(span(off, ln)), align_down(off))
+            att.phase = phase
+            self._queue(att, now)
+            self.lanes.put_front(att)
+
+    def wake(self) -> None:
+        """Run the watchdog now (tests advance their clock, then call this)."""
+        with self.cond:
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stopping = True
+            self.cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # -- inside -----------------------------------------------------------------------------
+
+    def _recheck(self) -> int:
+        return max(self.policy.floor_ns, RECHECK_NS)
+
+    def _tick(self, s: int, now: int) -> None:
+        if self.outstanding[s] > 0:
+            self.busy[s] += now - self.tick_at[s]
+        self.tick_at[s] = now
+
+    def _queue(self, att: Attempt, now: int) -> None:
+        s = att.src
+        self._tick(s, now)
+        att.t_enq = now
+        att.ahead = self.outstanding[s] + att.ln
+        self.outstanding[s] += att.ln
+
+    def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
+        peers = {i: self.est[i].rate() for i in healthy if i != s}
+        return expected_rate(self.est[s].rate(), plan_rate(s, self.weights[phase], peers))
+
+    def _deadline(self, att: Attempt) -> int | None:
+        phase = att.piece.ticket.phase if att.piece is not None else att.phase
+        return deadline_ns(att.t_enq, att.ahead, self._rate(att.src, phase, self.health.healthy()), self.policy)
+
+    def _run(self) -> None:
+        floor = self.policy.floor_ns
+        while True:
+            actions: list = []
+            with self.cond:
+                if self._stopping:
+                    return
+                now = self.clock()
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
+                if due and self._skew > floor:      # we were starved, not the drives: look again later
+                    for att in due:
+                        heapq.heappush(self._heap, (now + max(floor, RECHECK_NS), next(self._seq), att))
+                else:
+                    for att in due:
+                        self._judge(att, now, actions)
+                self._skew = 0
+                if not actions:
+                    self._wake_at = self._heap[0][0] if self._heap else None
+                    timeout = None if self._wake_at is None else max(0, self._wake_at - now) / 1e9
+                    notified = self.cond.wait(timeout)
+                    if not notified and self._wake_at is not None:
+                        self._skew = self.clock() - self._wake_at
+            for act in actions:
+                act()
+
+    def _judge(self, att: Attempt, now: int, actions: list) -> None:
+        piece, s = att.piece, att.src
+        if piece.done or piece.hedged or att.late or att not in self.pending[s]:
+            return
+        due = self._deadline(att)
+        if due is None or due > now:
+            heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
+            return
+        att.late = True
+        self.late[s] += 1
+        self.streak[s] += 1
+        self._hedge(att, now)
+        if self.streak[s] == self.policy.late_limit:
+            n = self.streak[s]
+            actions.append(lambda: self._degrade(s, n))
+
+    def _hedge(self, att: Attempt, now: int) -> bool:
+        """Put a hedge of `att`'s piece at the front of the healthiest other source (lock held)."""
+        piece = att.piece
+        if att.src not in piece.tried:
+            piece.tried.append(att.src)
+        healthy = self.health.healthy()
+        cands = [i for i in healthy if i not in piece.tried]
+        phase = piece.ticket.phase
+        rates = {i: self._rate(i, phase, healthy) for i in cands}
+        h = pick_hedge_source(att.src, cands, self.outstanding, piece.ln, rates, self.weights[phase])
+        if h is None:
+            return False
+        piece.tried.append(h)
+        hatt = Attempt(piece, h, HEDGE, piece.off, piece.ln, self.pool.get(span(piece.off, piece.ln)),
+                       align_down(piece.off))
+        piece.hedged = True
+        piece.active += 1
+        self.hedged[h] += 1
+        self._queue(hatt, now)
+        self.lanes.put_front(hatt)
+        return True
+
+    def _degrade(self, s: int, n: int) -> None:
+        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{n} pieces late in a row", slow=True):
+            return
+        with self.cond:
+            now = self.clock()
+            self.next_probe[s] = now + self.policy.probe_interval_ns
+            self.probe_ok[s] = 0
+            for att in list(self.pending[s]):      # what is queued on it would be late too
+                if not att.piece.done and not att.piece.hedged:
+                    self._hedge(att, now)
+
+    def _restore(self, s: int) -> None:
+        if self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time"):
+            with self.cond:
+                self.streak[s] = 0
+                self.busy[s] = 0
+                self.tick_at[s] = self.clock()

@@ -1,0 +1,124 @@
+"""When a piece is late, and where its hedge goes (pure: no disk, no threads, no clock).
+
+Every piece gets a deadline from what its drive is expected to deliver: the bytes queued on that
+source ahead of it (itself included) over the source's expected rate, times a margin, plus a
+floor. The expected rate is the larger of what the source itself delivered lately (bytes over busy
+time, learnt only from pieces that were on time) and what the plan's weights promise for it (the
+healthy peers' rate per unit of weight times its weight): a drive that crawls while its weight
+says it is fast is late against its weight, and one that slows suddenly is late against itself.
+Times are integer nanoseconds; rates are bytes per nanosecond.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class HedgePolicy:
+    """The knobs of hedging (SplitReader's `hedge_policy`)."""
+
+    margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
+    floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise, the first pieces)
+    late_limit: int = 4             # late pieces in a row (no on-time piece between) that degrade a source
+    probe_interval_ns: int = 1_000_000_000   # a degraded-for-lateness source gets a probe read this often, ns
+    recover_probes: int = 2         # on-time probes in a row that bring it back
+    decay: float = 0.9              # weight of the past in the rate estimate, per delivered piece
+
+    def to_dict(self) -> dict:
+        return {"margin": self.margin, "floor_ms": self.floor_ns / 1e6, "late_limit": self.late_limit,
+                "probe_interval_ms": self.probe_interval_ns / 1e6, "recover_probes": self.recover_probes}
+
+
+def check_policy(p: HedgePolicy) -> HedgePolicy:
+    """The policy, or ValueError naming the knob that makes no sense."""
+    if not (p.margin >= 1.0 and math.isfinite(p.margin)):
+        raise ValueError(f"hedge margin {p.margin!r}: must be a finite number >= 1")
+    for name in ("floor_ns", "probe_interval_ns"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"hedge {name} {v!r}: must be an integer >= 0")
+    for name in ("late_limit", "recover_probes"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"hedge {name} {v!r}: must be an integer >= 1")
+    if not 0.0 <= p.decay < 1.0:
+        raise ValueError(f"hedge decay {p.decay!r}: must be in [0, 1)")
+    return p
+
+
+class RateEstimate:
+    """A source's recent delivery rate: decayed sums of bytes delivered and busy time spent.
+
+    `observe(nbytes, busy_ns)`: a piece of `nbytes` landed on time, `busy_ns` of busy time (time
+    with work outstanding on the source) since the previous observation. `rate()`: bytes per ns,
+    math.inf when it delivered in no measurable time, None before any observation.
+    """
+
+    __slots__ = ("decay", "bytes", "busy_ns", "n")
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.bytes = 0.0
+        self.busy_ns = 0.0
+        self.n = 0
+
+    def observe(self, nbytes: int, busy_ns: int) -> None:
+        self.bytes = self.bytes * self.decay + nbytes
+        self.busy_ns = self.busy_ns * self.decay + max(0, busy_ns)
+        self.n += 1
+
+    def rate(self) -> float | None:
+        if self.n == 0:
+            return None
+        if self.busy_ns <= 0:
+            return math.inf
+        return self.bytes / self.busy_ns
+
+
+def plan_rate(src: int, weights: Sequence[int], peer_rates: Mapping[int, float]) -> float | None:
+    """What the weights promise for `src`: its weight times the peers' summed rate per unit of
+    their weights (peers: other healthy sources with an estimate). None without peers."""
+    peers = {i: r for i, r in peer_rates.items() if i != src and r is not None}
+    if not peers:
+        return None
+    total = sum(peers.values())
+    if math.isinf(total):
+        return math.inf
+    return weights[src] * total / sum(weights[i] for i in peers)
+
+
+def expected_rate(own: float | None, planned: float | None) -> float | None:
+    """The rate a source is held to: the faster of its own recent rate and its plan's promise."""
+    known = [r for r in (own, planned) if r is not None]
+    return max(known) if known else None
+
+
+def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy) -> int | None:
+    """When a piece queued at `enqueued_ns` behind (and including) `ahead_bytes` on a source held to
+    `rate` is late; None while nothing is known of any rate (judge later)."""
+    if rate is None or rate <= 0:
+        return None
+    expected = 0.0 if math.isinf(rate) else ahead_bytes / rate
+    return enqueued_ns + policy.floor_ns + int(policy.margin * expected)
+
+
+def pick_hedge_source(late_src: int, candidates: Sequence[int], outstanding: Sequence[int], nbytes: int,
+                      rates: Mapping[int, float | None], weights: Sequence[int]) -> int | None:
+    """The healthiest other source for a late piece of `nbytes`: the one expected to finish it
+    first (its queued bytes plus the piece over its rate); sources without an estimate come after
+    those with one, by largest weight then lower index. None when there is no candidate."""
+    cands = [i for i in candidates if i != late_src]
+    if not cands:
+        return None
+
+    def finish(i: int):
+        r = rates.get(i)
+        if r is None:
+            return (1, 0.0, -weights[i], i)
+        t = 0.0 if math.isinf(r) else (outstanding[i] + nbytes) / r if r > 0 else math.inf
+        return (0, t, -weights[i], i)
+
+    return min(cands, key=finish)
