@@ -58,6 +58,7 @@ SHARED = dict(
     chunk_tokens=typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
     csv_file=typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
     cached=typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
+    hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see docs/reader.md)."),
 )
 
 
@@ -112,6 +113,7 @@ def register(app) -> None:
         csv_file: Optional[str] = SHARED["csv_file"],
         trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay --trace)."),
         cached: bool = SHARED["cached"],
+        hedge: bool = SHARED["hedge"],
         json_out: bool = JsonOption,
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
@@ -126,7 +128,7 @@ def register(app) -> None:
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
         result = save_run(run_model(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
+                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out)
         _report_reader(result)
         for ph in ("prefill", "decode"):
@@ -163,6 +165,7 @@ def register(app) -> None:
         trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead of the model."),
         csv_file: Optional[str] = SHARED["csv_file"],
         cached: bool = SHARED["cached"],
+        hedge: bool = SHARED["hedge"],
         json_out: bool = JsonOption,
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
@@ -179,7 +182,7 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(replay(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached), csv_file=csv_file)
+                                 cold=not cached, hedge=hedge), csv_file=csv_file)
         _report_reader(result)
         if json_out:
             print_json(result)

@@ -98,9 +98,12 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit, st
 
 def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
            chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
-           cold: bool = True) -> dict:
-    """Replay a run's expert reads against `sources`; returns the replay result (REPLAY_SCHEMA)."""
+           cold: bool = True, hedge: bool = True) -> dict:
+    """Replay a run's expert reads against `sources`; returns the replay result (REPLAY_SCHEMA).
+    hedge: re-issue a late piece on another replica (on by default, as in `run`)."""
     from engine_bridge.reader import SplitReader
+
+    from .run import hedge_settings
 
     g = inspect_model(model)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),
@@ -121,10 +124,12 @@ def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts:
     total = g.layers * g.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
-    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
+    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold,
+                     hedge=hedge) as reader:
         out = replay_steps(g, steps, g.layers, cache, reader.submit)
         stats = reader.stats().to_dict()
         text = reader.format_stats()
+        hedging = hedge_settings(reader)
     pre, dec = out["counters"]["prefill"], out["counters"]["decode"]
     tp, td = out["tokens"]["prefill"], out["tokens"]["decode"]
     steps_s = out["step_seconds"]
@@ -157,6 +162,7 @@ def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts:
         "events": stats["events"],
         "routing": routing,
         "lanes": lanes,
+        **hedging,
         "model": g.as_dict(),
         "prefill": pre.as_dict(),
         "decode": dec.as_dict(),

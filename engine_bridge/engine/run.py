@@ -22,9 +22,11 @@ from .sources import SourceSet
 
 def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
               prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
-              trace: bool = False, dequant_threads: int = DEQUANT_THREADS) -> dict:
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True) -> dict:
     """Load the resident weights, run prefill and greedy decode with experts streamed through a
-    SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`)."""
+    SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`).
+    hedge: re-issue a late piece on another replica (on by default: one slow drive must not hold
+    every read)."""
     geometry = inspect_model(model)
     resident = load_resident(geometry)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
@@ -33,7 +35,8 @@ def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_exper
     total = geometry.layers * geometry.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
-    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold) as reader:
+    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold,
+                     hedge=hedge) as reader:
         eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
                      dequant_threads=dequant_threads)
         try:
@@ -42,7 +45,13 @@ def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_exper
             eng.close()
         stats = reader.stats()
         text = reader.format_stats()
-    return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text)
+        hedging = hedge_settings(reader)
+    return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text, hedging)
+
+
+def hedge_settings(reader: SplitReader) -> dict:
+    """What a result records of the reader's hedging: on or off, and its knobs."""
+    return {"hedge": reader.hedge, "hedge_policy": reader.hedge_policy.to_dict() if reader.hedge else None}
 
 
 def bench_row(o: RunOutcome) -> dict:
@@ -63,7 +72,7 @@ def bench_row(o: RunOutcome) -> dict:
 
 
 def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, applied: int, lanes: int,
-               stats, stats_text: str) -> dict:
+               stats, stats_text: str, hedging: dict | None = None) -> dict:
     row = bench_row(o)
     hits = o.prefill.hits + o.decode.hits
     misses = o.prefill.misses + o.decode.misses
@@ -83,6 +92,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "sources": sd["sources"],
         "events": sd["events"],
         "lanes": lanes,
+        **(hedging or {"hedge": False, "hedge_policy": None}),
         "model": g.as_dict(),
         "prefill": o.prefill.as_dict(),
         "decode": o.decode.as_dict(),

@@ -1,0 +1,345 @@
+"""Hedged reads: a stalled drive never holds the barrier; the bytes are the same whoever wins.
+
+The stalled source is a stand-in reader that blocks on an Event the test holds, and the hedger
+runs on a clock the test moves (`Clock`), woken with `wake_hedger()`: which piece is late is
+decided by the test, never by how fast this machine is. Nothing here asserts on elapsed time.
+"""
+
+import json
+import random
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from core.errors import UsageError
+from engine_bridge.cli import app
+from engine_bridge.reader import hedging
+from engine_bridge.reader.buffers import span
+from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
+from engine_bridge.reader.readstats import healthy_split
+from engine_bridge.reader.split_reader import SplitReader
+from engines.ds4_argodrive import BLOCK
+from engines.split import split_read
+from replicas.coldio import CachedReader, aligned_buffer
+from tests.helpers import impure_imports, write_random
+
+SIZE = 16 * BLOCK
+FLOOR = 1_000_000_000          # 1 s of the test's clock: nothing is late until the test says so
+POISON = 0xEE
+runner = CliRunner()
+
+
+class Clock:
+    """The hedger's clock, ns: it moves only when the test moves it."""
+
+    def __init__(self):
+        self.t = 0
+
+    def __call__(self) -> int:
+        return self.t
+
+    def advance(self, ns: int) -> None:
+        self.t += ns
+
+
+class Stall:
+    """Holds reads of one source: the first `count` reads (None: every read while `active`) block
+    until `gate` is set; with `poison`, a held read then writes 0xEE over its buffer (garbage a
+    late read must never leave where a caller or a later read can see it)."""
+
+    def __init__(self, path: str, count: int | None = None, poison: bool = False):
+        self.path, self.count, self.poison = path, count, poison
+        self.active = False                      # armed by the test (after its warm-up read)
+        self.gate = threading.Event()
+        self.entered = threading.Semaphore(0)    # released once per held read, when it blocks
+        self.returned = threading.Semaphore(0)   # released once per held read, after it wrote
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self.lock:
+            if not self.active or self.count == 0:
+                return False
+            if self.count is not None:
+                self.count -= 1
+            return True
+
+
+class StallingReader(CachedReader):
+    """A source that reads normally unless its Stall holds it."""
+
+    def __init__(self, path, stall: Stall | None):
+        super().__init__(path)
+        self.stall = stall if stall is not None and stall.path == path else None
+
+    def read_into(self, buffer, offset):
+        st = self.stall
+        if st is not None and st.take():
+            st.entered.release()
+            st.gate.wait()
+            if st.poison:
+                mv = memoryview(buffer).cast("B")
+                mv[:] = bytes([POISON]) * len(mv)
+                st.returned.release()
+                return len(mv)
+            n = super().read_into(buffer, offset)
+            st.returned.release()
+            return n
+        return super().read_into(buffer, offset)
+
+    def close(self):
+        super().close()
+        if self.stall is not None:
+            self.stall.closed.set()
+
+
+@pytest.fixture
+def model(tmp_path):
+    data = write_random(tmp_path / "primary.gguf", SIZE, seed=5)
+    paths = [str(tmp_path / "primary.gguf")]
+    for name in ("green.gguf", "white.gguf"):
+        (tmp_path / name).write_bytes(data)
+        paths.append(str(tmp_path / name))
+    return paths, data
+
+
+def _reader(paths, stall, clock, events=None, **policy):
+    pol = HedgePolicy(**{"floor_ns": FLOOR, **policy})
+    return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
+                       opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
+
+
+def _warm(r, data, stall):
+    """One read before the stall is armed, so every source has a delivery rate to be held to."""
+    assert bytes(r.read(0, 4 * BLOCK)) == data[:4 * BLOCK]
+    stall.active = True
+
+
+def _until(cond) -> None:
+    """Wait for something another thread does (an ordering wait, not a time limit)."""
+    while not cond():
+        time.sleep(0.001)
+
+
+def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None):
+    """Submit a read whose piece on the stalled source blocks, wait until every other piece has
+    landed, then make the held one late (only it); return the ticket."""
+    held = r.paths.index(stall.path)
+    before = [x.reads for x in r.stats().sources]
+    healthy = [i for i, d in enumerate(r.degraded) if not d]
+    weights = r.decode_weights if phase == "decode" else r.weights
+    others = {s for s, _, _ in healthy_split(off, ln, weights, healthy)} - {held}
+    t = r.submit(off, ln, phase, buffer)
+    stall.entered.acquire()                 # the stalled source's lane is inside its read
+    _until(lambda: all(r.stats().sources[s].reads > before[s] for s in others))
+    clock.advance(FLOOR + 1)                # ... and now it, alone, is late
+    r.wake_hedger()
+    return t
+
+
+def test_a_stalled_replica_is_hedged_and_the_read_completes_from_another(model):
+    paths, data = model
+    stall, clock = Stall(paths[2]), Clock()
+    with _reader(paths, stall, clock) as r:
+        _warm(r, data, stall)
+        before = r.stats()
+        t = _hedged_read(r, stall, clock, BLOCK, 4 * BLOCK)
+        assert bytes(t.result()) == data[BLOCK:5 * BLOCK]        # while the replica still hangs
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 1 and s.sources[2].hedged == 0
+    assert s.sources[0].hedged + s.sources[1].hedged == 1
+    assert s.sources[2].bytes == before.sources[2].bytes       # its piece came from someone else
+    assert sum(x.bytes for x in s.sources) == 4 * BLOCK + 4 * BLOCK
+    assert not any(x.degraded for x in s.sources) and s.events == ()
+    line = r.format_stats().splitlines()[2]
+    assert "hedged=0 late=1" in line and line.startswith("source[2] ")
+    assert {"hedged", "late", "slow"} <= set(s.to_dict()["sources"][2])
+
+
+def test_a_late_read_never_writes_into_a_buffer_the_caller_or_a_later_read_holds(model):
+    paths, data = model
+    stall, clock = Stall(paths[2], count=1, poison=True), Clock()
+    with _reader(paths, stall, clock) as r:
+        _warm(r, data, stall)
+        # a pool buffer: the hedge wins, the buffer is released and reused by the next read
+        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK)
+        view_a = bytes(a.result())
+        a.release()
+        b = r.submit(8 * BLOCK, 4 * BLOCK)              # same size class as a's buffer
+        assert bytes(b.result()) == data[8 * BLOCK:12 * BLOCK]
+        # a caller's buffer: once the read is done the caller reuses it for something else
+        mine = aligned_buffer(span(4 * BLOCK + 100, 4 * BLOCK))
+        with stall.lock:
+            stall.count = 1                             # hold the next read on that source too
+        c = _hedged_read(r, stall, clock, 4 * BLOCK + 100, 4 * BLOCK, buffer=mine)
+        assert bytes(c.result()) == data[4 * BLOCK + 100:8 * BLOCK + 100]
+        memoryview(mine)[:] = b"\x11" * len(mine)
+        stall.gate.set()                                # both late reads now write their garbage ...
+        stall.returned.acquire()
+        stall.returned.acquire()
+        assert bytes(b.result()) == data[8 * BLOCK:12 * BLOCK]      # ... never into b's buffer
+        assert bytes(mine) == b"\x11" * len(mine)                   # nor into the caller's
+        assert view_a == data[:4 * BLOCK]
+        d = r.read(0, 4 * BLOCK)                        # the late buffer is back in use only now
+        assert bytes(d) == data[:4 * BLOCK]
+        assert r.stats().sources[2].late == 2
+
+
+def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
+    paths, data = model
+    stall, clock, events = Stall(paths[2]), Clock(), []
+    gone, back = threading.Event(), threading.Event()
+
+    def report(ev):
+        events.append(ev)
+        if ev.kind == "degraded":
+            gone.set()
+        elif ev.kind == "recovered":
+            back.set()
+
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1)
+    with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
+                     opener=lambda p: StallingReader(p, stall), report=report) as r:
+        _warm(r, data, stall)
+        for off in (0, 4 * BLOCK):
+            t = _hedged_read(r, stall, clock, off, 4 * BLOCK)
+            assert bytes(t.result()) == data[off:off + 4 * BLOCK]
+        gone.wait()
+        assert r.degraded == (False, False, True)
+        before = r.stats()
+        held = before.sources[2].bytes
+        # degraded: the split runs over the healthy two (2:1), and the slow one gets a probe
+        v = r.read(8 * BLOCK, 4 * BLOCK)
+        assert bytes(v) == data[8 * BLOCK:12 * BLOCK]
+        s = r.stats()
+        assert s.sources[2].bytes == held and s.sources[2].slow
+        assert [x.bytes - y.bytes for x, y in zip(s.sources[:2], before.sources)] == [
+            p.length for p in split_read(8 * BLOCK, 4 * BLOCK, (2, 1))]
+        assert "DEGRADED(late)" in r.format_stats().splitlines()[2]
+        # the drive recovers: its held reads and the probe come back, the probe on time
+        stall.active = False
+        stall.gate.set()
+        back.wait()
+        assert r.degraded == (False, False, False)
+        assert bytes(r.read(0, 4 * BLOCK)) == data[:4 * BLOCK]
+        s = r.stats()
+    assert s.sources[2].bytes > held and not s.sources[2].slow
+    kinds = [e.kind for e in events]
+    assert kinds == ["degraded", "recovered"]
+    assert "2 pieces late in a row" in events[0].message and "probing" in events[0].message
+    assert s.sources[2].late == 2
+
+
+def test_no_hedge_keeps_waiting_for_the_slow_drive(model):
+    paths, data = model
+    stall, clock = Stall(paths[2], count=1), Clock()
+    with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=False, clock=clock,
+                     opener=lambda p: StallingReader(p, stall)) as r:
+        stall.active = True
+        t = r.submit(0, 4 * BLOCK)
+        stall.entered.acquire()
+        clock.advance(100 * FLOOR)
+        r.wake_hedger()
+        assert not t.done()             # the barrier waits for the held piece, as the engine does
+        stall.gate.set()
+        assert bytes(t.result()) == data[:4 * BLOCK]
+        s = r.stats()
+    assert [x.bytes for x in s.sources] == [p.length for p in split_read(0, 4 * BLOCK, (2, 1, 1))]
+    assert all(x.late == 0 and x.hedged == 0 for x in s.sources)
+    assert "hedged=0 late=0" in r.format_stats()
+
+
+def test_close_does_not_wait_for_a_hung_drive(model):
+    paths, data = model
+    stall, clock = Stall(paths[2], count=1), Clock()
+    r = _reader(paths, stall, clock)
+    _warm(r, data, stall)
+    t = _hedged_read(r, stall, clock, 0, 4 * BLOCK)
+    assert bytes(t.result()) == data[:4 * BLOCK]
+    r.close()                           # the hung read is still in the kernel: close returns anyway
+    assert not stall.closed.is_set()    # ... leaving that source's reader open under its lane
+    stall.gate.set()
+    stall.closed.wait()                 # its last lane closes it once the read returns
+
+
+@pytest.mark.parametrize("caller_buffers", [False, True])
+def test_many_hedges_whoever_wins_the_bytes_are_the_same(model, caller_buffers):
+    """Floor 0 and margin 1 on the real clock: pieces are hedged all the time, at random. Whatever
+    wins, every read returns exactly the file's bytes, and each piece is counted once."""
+    paths, data = model
+    rng = random.Random(11 + caller_buffers)
+    pol = HedgePolicy(margin=1.0, floor_ns=0, late_limit=3, probe_interval_ns=0, recover_probes=1)
+    total = reads = 0
+    with SplitReader(paths, [2, 1, 1], [10, 6, 6], lanes=2, cold=False, hedge=True, hedge_policy=pol) as r:
+        for _ in range(30):
+            ranges = [(o, rng.randrange(0, SIZE - o + 1)) for o in (rng.randrange(SIZE) for _ in range(6))]
+            bufs = [aligned_buffer(span(o, n)) if caller_buffers else None for o, n in ranges]
+            tickets = [r.submit(o, n, rng.choice(("prefill", "decode")), b) for (o, n), b in zip(ranges, bufs)]
+            for (o, n), t in zip(ranges, tickets):
+                assert bytes(t.result()) == data[o:o + n]
+                t.release()
+            total += sum(n for _, n in ranges)
+            reads += sum(1 for _, n in ranges if n)
+        s = r.stats()
+    assert sum(x.bytes for x in s.sources) == total == s.bytes
+    assert s.reads == reads
+
+
+def test_bad_hedge_policy_is_one_usage_error(model):
+    paths, _ = model
+    with pytest.raises(UsageError, match="split reader: hedge margin 0.5: must be a finite number >= 1"):
+        SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(margin=0.5))
+    with pytest.raises(UsageError, match="late_limit"):
+        SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(late_limit=0))
+
+
+def test_hedging_arithmetic_is_pure_and_right():
+    assert impure_imports(hedging) == []
+    est = RateEstimate(decay=0.5)
+    assert est.rate() is None
+    est.observe(1000, 10)
+    assert est.rate() == 100.0
+    est.observe(1000, 0)
+    assert est.rate() == (500 + 1000) / 5
+    free = RateEstimate()
+    free.observe(10, 0)
+    assert free.rate() == float("inf")
+    # the weights promise: 2:1:1, peers 0 and 1 deliver 30 and 15 -> source 2 is held to 15
+    assert hedging.plan_rate(2, (2, 1, 1), {0: 30.0, 1: 15.0}) == 15.0
+    assert hedging.plan_rate(2, (2, 1, 1), {2: 1.0}) is None
+    assert hedging.expected_rate(1.0, 15.0) == 15.0 and hedging.expected_rate(None, None) is None
+    p = HedgePolicy(margin=3.0, floor_ns=50)
+    assert hedging.deadline_ns(1000, 300, 15.0, p) == 1000 + 50 + 60
+    assert hedging.deadline_ns(1000, 300, None, p) is None
+    assert hedging.deadline_ns(1000, 300, float("inf"), p) == 1050
+    # the healthiest other: the one to finish first (queued bytes plus the piece over its rate)
+    assert hedging.pick_hedge_source(2, [0, 1], [50, 0], 10, {0: 10.0, 1: 1.0}, (2, 1, 1)) == 0
+    assert hedging.pick_hedge_source(2, [0, 1], [1000, 0], 10, {0: 10.0, 1: 1.0}, (2, 1, 1)) == 1
+    assert hedging.pick_hedge_source(2, [0, 1], [0, 0], 10, {0: None, 1: None}, (1, 2, 1)) == 1
+    assert hedging.pick_hedge_source(2, [2], [0, 0, 0], 10, {}, (1, 1, 1)) is None
+    for bad in (dict(margin=0.5), dict(floor_ns=-1), dict(late_limit=0), dict(recover_probes=0), dict(decay=1.0)):
+        with pytest.raises(ValueError):
+            hedging.check_policy(HedgePolicy(**bad))
+    assert set(HedgePolicy().to_dict()) == {"margin", "floor_ms", "late_limit", "probe_interval_ms", "recover_probes"}
+
+
+def test_run_output_is_the_same_with_hedging_on_and_off(model_dir):
+    d = model_dir
+    base = ["run", "--model", str(d / "model.gguf"), "--replica", f"{d / 'r1.gguf'}*5", "--replica",
+            f"{d / 'r2.gguf'}*5", "--prompt-tokens", "12", "--gen-tokens", "3", "--cache-experts", "4", "--lanes", "2",
+            "--json"]
+    on = runner.invoke(app, base + ["--hedge"])
+    off = runner.invoke(app, base + ["--no-hedge"])
+    default = runner.invoke(app, base)
+    assert on.exit_code == 0 and off.exit_code == 0 and default.exit_code == 0, on.output + off.output
+    j_on, j_off, j_def = (json.loads(x.stdout) for x in (on, off, default))
+    assert j_on["output_sha256"] == j_off["output_sha256"] == j_def["output_sha256"]
+    assert j_on["hedge"] is True and j_def["hedge"] is True and j_off["hedge"] is False
+    assert j_on["hedge_policy"]["late_limit"] == HedgePolicy().late_limit and j_off["hedge_policy"] is None
+    for s in j_on["sources"] + j_off["sources"]:
+        assert {"hedged", "late"} <= set(s)
+    assert all(s["hedged"] == 0 and s["late"] == 0 for s in j_off["sources"])
+    assert "hedged=" in j_on["reader"]["text"] and " late=" in j_on["reader"]["text"]
