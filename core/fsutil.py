@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 
-from .errors import WriteError
+from .errors import MissingError, UsageError, WriteError
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,26 @@ class FileIdentity:
     def of_fd(cls, fd: int) -> "FileIdentity":
         st = os.fstat(fd)
         return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def require_file(path: str, role: str, fix: str, *, executable: bool = False) -> os.stat_result:
+    """The stat of a regular file we must read (or run): a missing or unreadable file is
+    MissingError (exit 3), anything that is not a regular file UsageError (exit 2). Messages
+    read '<role> <path>: <what>; <fix>'."""
+    what = f"{role} {path}" if role else path
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise MissingError(f"{what}: no such file; {fix}") from None
+    except OSError as e:
+        raise MissingError(f"{what}: cannot be read ({e.strerror or e}); {fix}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what}: not a regular file; {fix}")
+    if not os.access(path, os.R_OK):
+        raise MissingError(f"{what}: not readable (permission denied); {fix}")
+    if executable and not os.access(path, os.X_OK):
+        raise UsageError(f"{what}: not executable (chmod +x); {fix}")
+    return st
 
 
 def fsync_dir(path: str) -> None:

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from core.errors import MissingError, UsageError
 from core.events import Notice, Progress, Reporter, emit
+from core.fsutil import require_file
 from core.rig import Rig, unique_name
 from core.units import format_rate
 from engines.ds4_argodrive import COMPONENT_BYTES
@@ -41,14 +42,8 @@ MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file syst
 # ---- targets ---------------------------------------------------------------------------------
 
 def check_file(path: str) -> int:
-    """Size of a regular, readable file; UsageError otherwise."""
-    if not os.path.exists(path):
-        raise UsageError(f"{path}: no such file; give the model file or a replica")
-    if not os.path.isfile(path):
-        raise UsageError(f"{path}: not a regular file; give the model file or a replica")
-    if not os.access(path, os.R_OK):
-        raise UsageError(f"{path}: not readable (permission denied)")
-    size = os.path.getsize(path)
+    """Size of a regular, readable, non-empty file (MissingError / UsageError otherwise)."""
+    size = require_file(path, "", "give the model file or a replica").st_size
     if size <= 0:
         raise UsageError(f"{path}: empty file")
     return size

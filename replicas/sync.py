@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from core import rig as rigmod
 from core.errors import EXIT_MISMATCH, EXIT_WRITE, Interrupted, MissingError, UsageError
 from core.events import Notice, Reporter, emit
-from core.fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir
+from core.fsutil import FileIdentity, allocated_bytes, free_bytes, fsync_dir, require_file
 from core.units import format_bytes
 from engines.registry import DEFAULT_ENGINE, get_engine
 
@@ -224,12 +224,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     check_piece_size(piece_size)
     if not dest_dirs:
         raise UsageError("give at least one destination directory")
-    if not os.path.exists(source):
-        raise MissingError(f"source {source}: no such file")
-    if not os.path.isfile(source):
-        raise UsageError(f"source {source}: not a regular file")
-    if not os.access(source, os.R_OK):
-        raise MissingError(f"source {source}: not readable (permission denied)")
+    require_file(source, "source", "give the model file to copy")
     source = os.path.abspath(source)
     rig = rigmod.load_rig(rig_root, must_exist=False)
     if rig.model is not None and os.path.realpath(source) not in {os.path.realpath(m.path) for m in rig.members}:

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from typing import Mapping, Sequence
 
 from core.constants import RUNS_DIR
-from core.errors import MissingError, UsageError
-from core.fsutil import atomic_write_text
+from core.errors import UsageError
+from core.fsutil import atomic_write_text, require_file
 from engines import ds4_argodrive
 
 from .confirm import (
@@ -117,12 +117,7 @@ def launch_to_dict(r: LaunchResult) -> dict:
 
 
 def read_binary(binary: str) -> bytes:
-    if not os.path.exists(binary):
-        raise MissingError(f"{binary}: no such engine binary; build ds4 / ds4-bench and give its path with --binary")
-    if not os.path.isfile(binary):
-        raise UsageError(f"{binary}: not a file; give the ds4 or ds4-bench executable with --binary")
-    if not os.access(binary, os.X_OK):
-        raise UsageError(f"{binary}: not executable (chmod +x)")
+    require_file(binary, "engine binary", "build ds4 / ds4-bench and give its path with --binary", executable=True)
     with open(binary, "rb") as f:
         return f.read()
 

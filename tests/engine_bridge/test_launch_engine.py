@@ -162,7 +162,7 @@ def test_engine_args_after_double_dash_and_refusals(tmp_path):
     r = runner.invoke(app, ["launch", "--binary", engine, "--profile", prof, "--", "-m", "/other"])
     assert r.exit_code == 2 and "already given by the profile" in r.stderr
     r = runner.invoke(app, ["launch", "--binary", str(tmp_path / "nope"), "--profile", prof])
-    assert r.exit_code == 3 and "no such engine binary" in r.stderr
+    assert r.exit_code == 3 and "engine binary" in r.stderr and "no such file" in r.stderr
     colibri = export_profile(rig_root=root, plan_path=str(tmp_path / "plan.json"), fmt="colibri",
                              output=str(tmp_path / "c.env")).files[1]
     r = runner.invoke(app, ["launch", "--binary", engine, "--profile", colibri])

@@ -116,7 +116,6 @@ def test_show_and_compare(two_files):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "/no/such/file"], "no such file"),
     (["run", "{tmp}"], "not a regular file"),
     (["run", "{small}"], "too small"),
     (["run", "{a}", "--lanes", "x"], "--lanes"),
@@ -126,7 +125,6 @@ def test_show_and_compare(two_files):
     (["run", "{a}", "{b}", "--group", "hub=a,nope"], "no drive named"),
     (["run", "{a}", "{b}", "--weights", "10:5:5"], "one weight per drive"),
     (["run", "{a}", "{b}", "--weights", "10:5", "--decode-weights", "1:2:3"], "one weight per drive"),
-    (["run", "{a}", "{b}", "{small}", "{tmp}/x", "--preset", "seq"], "no such file"),
     (["run", "{a}", "--weights", "0"], "weight"),
     (["run", "{a}", "--seconds", "0"], "--seconds"),
     (["run", "{a}", "{a}"], "twice"),
@@ -136,6 +134,15 @@ def test_show_and_compare(two_files):
     (["compare", "{a}", "{b}"], "a.bin: not UTF-8 text, so not an iobench result file"),
 ])
 def test_bad_input_exits_2(tmp_path, args, message):
+    run_bad_input(tmp_path, args, message, 2)
+
+
+@pytest.mark.parametrize("args", [["run", "/no/such/file"], ["run", "{a}", "{b}", "{small}", "{tmp}/x", "--preset", "seq"]])
+def test_a_missing_file_exits_3(tmp_path, args):
+    run_bad_input(tmp_path, args, "no such file", 3)
+
+
+def run_bad_input(tmp_path, args, message, code):
     a, b, c, small = tmp_path / "a.bin", tmp_path / "b.bin", tmp_path / "c.bin", tmp_path / "small.bin"
     write_random(a, 12 * MiB, seed=1)
     write_random(b, 12 * MiB, seed=2)
@@ -143,7 +150,7 @@ def test_bad_input_exits_2(tmp_path, args, message):
     write_random(small, MiB, seed=3)
     subst = {"{tmp}": str(tmp_path), "{a}": str(a), "{b}": str(b), "{c}": str(c), "{small}": str(small)}
     r = invoke(*[subst.get(x, x) for x in args])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == code, r.output
     assert message in r.output
     assert "Traceback" not in r.output
 
