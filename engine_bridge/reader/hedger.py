@@ -7,8 +7,11 @@ is counted (`late` on its source) and a hedge of it is put at the front of the h
 source's queue (`hedged` on that source), reading into a private buffer. Whichever attempt
 completes first wins (lanes.py); the loser is discarded.
 
-A source with `late_limit` late pieces in a row is degraded like a failing one (the split runs
-over the others, its queued pieces are hedged at once), except that it is *probed*: at most once
+A source with `late_limit` late pieces in a row (no on-time piece between) whose delivered rate,
+late pieces included, is also below the rate it is held to over the margin (`hedging.too_slow`:
+a throttled drive that stalls now and then still delivers its rate) is degraded like a failing
+one (the split runs over the others, its queued pieces are hedged at once), except that it is
+*probed*: at most once
 per `probe_interval`, a read's submit also sends it a copy of the piece its weight would give it,
 into a private buffer, judged against the same kind of deadline; `recover_probes` on-time probes
 in a row restore it. Never the last healthy source is degraded for lateness.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
 from typing import Callable, Sequence
@@ -30,7 +34,7 @@ from typing import Callable, Sequence
 from replicas.coldio import align_down
 
 from .buffers import span
-from .hedging import HedgePolicy, RateEstimate, deadline_ns, expected_rate, pick_hedge_source, plan_rate
+from .hedging import HedgePolicy, RateEstimate, deadline_ns, expected_rate, pick_hedge_source, plan_rate, too_slow
 from .lanes import HEDGE, MAIN, PROBE, Attempt
 from .sources import SourceHealth
 
@@ -47,11 +51,14 @@ class Hedger:
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.outstanding = [0] * n      # bytes queued or being read on each source
+        self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
         self.busy = [0] * n             # busy ns since the source's last observed delivery
         self.tick_at = [0] * n
         self.late = [0] * n
         self.hedged = [0] * n
         self.streak = [0] * n           # late pieces in a row
+        self.seen = [RateEstimate(policy.decay) for _ in range(n)]   # every delivery, late ones too
+        self.busy_all = [0] * n         # busy ns since the source's last delivery of any kind
         self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
         self.probing = [False] * n
         self.next_probe = [0] * n
@@ -112,6 +119,8 @@ class Hedger:
                 self.probe_ok[s] = 0
             return []
         if ok and att.started:
+            self.seen[s].observe(att.ln, self.busy_all[s])
+            self.busy_all[s] = 0
             if att.late:
                 self.busy[s] = 0            # a late delivery teaches nothing about the drive's normal pace
             else:
@@ -141,7 +150,7 @@ class Hedger:
             self.probing[s] = True
             att = Attempt(None, s, PROBE, off, ln, self.pool.get(span(off, ln)), align_down(off))
             att.phase = phase
-            self._queue(att, now)
+            self._queue(att, now, front=True)
             self.lanes.put_front(att)
 
     def wake(self) -> None:
@@ -164,22 +173,38 @@ class Hedger:
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
             self.busy[s] += now - self.tick_at[s]
+            self.busy_all[s] += now - self.tick_at[s]
         self.tick_at[s] = now
 
-    def _queue(self, att: Attempt, now: int) -> None:
+    def _too_slow(self, s: int, att: Attempt) -> bool:
+        """What `s` delivered lately, late pieces and the busy time since its last delivery included,
+        is below what it is held to over the margin."""
+        seen = self.seen[s]
+        busy = seen.busy_ns + self.busy_all[s]
+        delivered = None if seen.n == 0 and busy > 0 else (math.inf if busy <= 0 else seen.bytes / busy)
+        held = self._rate(s, att.piece.ticket.phase, self.health.healthy())
+        return too_slow(delivered, held, self.policy.margin)
+
+    def _queue(self, att: Attempt, now: int, front: bool = False) -> None:
         s = att.src
         self._tick(s, now)
         att.t_enq = now
         att.ahead = self.outstanding[s] + att.ln
+        att.jumped = self.jumped[s]
         self.outstanding[s] += att.ln
+        if front:
+            self.jumped[s] += att.ln
 
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
         peers = {i: self.est[i].rate() for i in healthy if i != s}
         return expected_rate(self.est[s].rate(), plan_rate(s, self.weights[phase], peers))
 
     def _deadline(self, att: Attempt) -> int | None:
+        """When `att` is late: what was queued ahead of it, plus what jumped the queue since (a hedge
+        put in front of it delays it; that is not its drive's fault)."""
         phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        return deadline_ns(att.t_enq, att.ahead, self._rate(att.src, phase, self.health.healthy()), self.policy)
+        ahead = att.ahead + (self.jumped[att.src] - att.jumped if att.kind == MAIN else 0)
+        return deadline_ns(att.t_enq, ahead, self._rate(att.src, phase, self.health.healthy()), self.policy)
 
     def _run(self) -> None:
         floor = self.policy.floor_ns
@@ -220,8 +245,9 @@ class Hedger:
         self.late[s] += 1
         self.streak[s] += 1
         self._hedge(att, now)
-        if self.streak[s] == self.policy.late_limit:
+        if self.streak[s] >= self.policy.late_limit and not self.health.slow(s) and self._too_slow(s, att):
             n = self.streak[s]
+            self.streak[s] = 0
             actions.append(lambda: self._degrade(s, n))
 
     def _hedge(self, att: Attempt, now: int) -> bool:
@@ -242,7 +268,7 @@ class Hedger:
         piece.hedged = True
         piece.active += 1
         self.hedged[h] += 1
-        self._queue(hatt, now)
+        self._queue(hatt, now, front=True)
         self.lanes.put_front(hatt)
         return True
 
@@ -261,5 +287,6 @@ class Hedger:
         if self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time"):
             with self.cond:
                 self.streak[s] = 0
-                self.busy[s] = 0
+                self.busy[s] = self.busy_all[s] = 0
+                self.seen[s] = RateEstimate(self.policy.decay)     # judged afresh from here on
                 self.tick_at[s] = self.clock()

@@ -22,10 +22,12 @@ class HedgePolicy:
 
     margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
     floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise, the first pieces)
-    late_limit: int = 4             # late pieces in a row (no on-time piece between) that degrade a source
+    late_limit: int = 4             # late pieces in a row (no on-time piece between) that, with a delivered
+                                    # rate below the held one over the margin, degrade a source
     probe_interval_ns: int = 1_000_000_000   # a degraded-for-lateness source gets a probe read this often, ns
     recover_probes: int = 2         # on-time probes in a row that bring it back
-    decay: float = 0.9              # weight of the past in the rate estimate, per delivered piece
+    decay: float = 0.97             # weight of the past in the rate estimate, per delivered piece (~30 pieces:
+                                    # throttled drives deliver in bursts and stalls, the mean is what counts)
 
     def to_dict(self) -> dict:
         return {"margin": self.margin, "floor_ms": self.floor_ns / 1e6, "late_limit": self.late_limit,
@@ -103,6 +105,18 @@ def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: 
         return None
     expected = 0.0 if math.isinf(rate) else ahead_bytes / rate
     return enqueued_ns + policy.floor_ns + int(policy.margin * expected)
+
+
+def too_slow(delivered: float | None, held: float | None, margin: float) -> bool:
+    """Whether a source that keeps being late is really slow, not just bursty: what it delivered
+    lately, late pieces included (bytes over busy time), is below the rate it is held to over the
+    margin. A throttled drive that stalls now and then still delivers its rate; one that crawls or
+    hangs does not. Unknown held rate: never; nothing delivered while busy: yes."""
+    if held is None:
+        return False
+    if delivered is None:
+        return True
+    return delivered * margin < held
 
 
 def pick_hedge_source(late_src: int, candidates: Sequence[int], outstanding: Sequence[int], nbytes: int,

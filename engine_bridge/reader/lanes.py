@@ -96,7 +96,8 @@ class Piece:
 class Attempt:
     """One read of a piece (or a probe) on one source, into `buf` whose byte 0 is file offset `base`."""
 
-    __slots__ = ("piece", "src", "kind", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started", "phase")
+    __slots__ = ("piece", "src", "kind", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started", "phase",
+                 "jumped")
 
     def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
@@ -105,6 +106,7 @@ class Attempt:
         self.late = False          # missed its deadline
         self.started = False       # a lane took it
         self.phase = ""            # a probe's phase (a piece's is its ticket's)
+        self.jumped = 0            # the source's front-of-queue bytes counter when queued
 
 
 class LaneQueue:

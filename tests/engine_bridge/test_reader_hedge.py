@@ -105,9 +105,9 @@ def model(tmp_path):
     return paths, data
 
 
-def _reader(paths, stall, clock, events=None, **policy):
+def _reader(paths, stall, clock, events=None, lanes=2, **policy):
     pol = HedgePolicy(**{"floor_ns": FLOOR, **policy})
-    return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
+    return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=lanes, cold=False, hedge=True, hedge_policy=pol, clock=clock,
                        opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
 
 
@@ -320,6 +320,10 @@ def test_hedging_arithmetic_is_pure_and_right():
     assert hedging.pick_hedge_source(2, [0, 1], [1000, 0], 10, {0: 10.0, 1: 1.0}, (2, 1, 1)) == 1
     assert hedging.pick_hedge_source(2, [0, 1], [0, 0], 10, {0: None, 1: None}, (1, 2, 1)) == 1
     assert hedging.pick_hedge_source(2, [2], [0, 0, 0], 10, {}, (1, 1, 1)) is None
+    # late again and again is degraded only when it also delivers too little: bursty is not slow
+    assert hedging.too_slow(1.0, 15.0, 3.0) and not hedging.too_slow(10.0, 15.0, 3.0)
+    assert hedging.too_slow(None, 15.0, 3.0) and not hedging.too_slow(1.0, None, 3.0)
+    assert hedging.too_slow(5.0, float("inf"), 3.0)
     for bad in (dict(margin=0.5), dict(floor_ns=-1), dict(late_limit=0), dict(recover_probes=0), dict(decay=1.0)):
         with pytest.raises(ValueError):
             hedging.check_policy(HedgePolicy(**bad))
