@@ -33,9 +33,9 @@ from typing import Callable, Sequence
 
 from replicas.coldio import align_down
 
+from .attempts import HEDGE, MAIN, PROBE, Attempt
 from .buffers import span
 from .hedging import HedgePolicy, RateEstimate, deadline_ns, expected_rate, pick_hedge_source, plan_rate, too_slow
-from .lanes import HEDGE, MAIN, PROBE, Attempt
 from .sources import SourceHealth
 
 RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again

@@ -1,0 +1,86 @@
+"""A read in flight and the attempts at its pieces: `ReadTicket` (what the caller waits on, and
+whose buffers nobody may write into once handed back), `Piece` (one source's share of a read) and
+`Attempt` (one read of a piece, or a probe, on one source). The lanes and the hedger move them."""
+
+from __future__ import annotations
+
+import threading
+
+from core.errors import UsageError
+
+MAIN, HEDGE, PROBE = "main", "hedge", "probe"
+
+
+class ReadTicket:
+    """One read in flight: `result()` waits for its barrier and returns exactly its bytes."""
+
+    __slots__ = ("offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool",
+                 "_own_buf", "_work", "_writers", "_patches", "_orphan")
+
+    def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
+                 own_buf: bool | None = None, work=None):
+        self.offset, self.length, self.phase = offset, length, phase
+        self._buf, self._base, self._pool = buf, base, pool
+        self._own_buf = pool is not None if own_buf is None else own_buf   # _buf came from the pool
+        self._work = buf if work is None else work    # where main attempts write (a pool buffer when not _buf)
+        self._writers = 0                  # main attempts queued or reading into _work
+        self._patches: list = []           # winning hedge attempts: their bytes go over _work's
+        self._orphan = False               # _work goes back to the pool when its last writer returns
+        self._remaining = pieces
+        self._landings: list[tuple[int, int]] = []
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        if pieces == 0:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> memoryview:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"read ({self.offset}, {self.length}) still in flight after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        if self._buf is None:
+            raise UsageError(f"read ({self.offset}, {self.length}): result() after release()")
+        lo = self.offset - self._base
+        return memoryview(self._buf)[lo:lo + self.length]
+
+    def release(self) -> None:
+        """Give the reader's buffer back for reuse by a later read (a fresh buffer's page faults
+        cost more than a tmpfs read on a small VM). Views from `result()` must not be used after.
+        A no-op for a caller's own buffer; waits for the read to finish first."""
+        self._done.wait()
+        buf, pool, own = self._buf, self._pool, self._own_buf
+        self._buf, self._pool = None, None
+        if own and pool is not None and buf is not None:
+            pool.put(buf)
+
+
+class Piece:
+    """One piece of a read: where it is planned, and the attempts at it."""
+
+    __slots__ = ("ticket", "src", "off", "ln", "done", "active", "tried", "hedged")
+
+    def __init__(self, ticket: ReadTicket, src: int, off: int, ln: int):
+        self.ticket, self.src, self.off, self.ln = ticket, src, off, ln
+        self.done = False          # won (its bytes are in) or failed on every source
+        self.active = 0            # attempts not yet ended
+        self.tried: list[int] = []
+        self.hedged = False
+
+
+class Attempt:
+    """One read of a piece (or a probe) on one source, into `buf` whose byte 0 is file offset `base`."""
+
+    __slots__ = ("piece", "src", "kind", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started", "phase",
+                 "jumped")
+
+    def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int):
+        self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
+        self.t_enq = 0             # hedger clock, ns, when queued on `src`
+        self.ahead = 0             # bytes queued on `src` ahead of it when queued, itself included
+        self.late = False          # missed its deadline
+        self.started = False       # a lane took it
+        self.phase = ""            # a probe's phase (a piece's is its ticket's)
+        self.jumped = 0            # the source's front-of-queue bytes counter when queued
