@@ -66,7 +66,7 @@ def test_json_keys_csv_row_and_counters(model_dir, tmp_path):
     csv_path = tmp_path / "bench.csv"
     args = ["run", "--model", str(d / "model.gguf"), "--replica", f"{d / 'r1.gguf'}*5", "--replica", f"{d / 'r2.gguf'}*5",
             "--decode-weights", "10,6,6", "--prompt-tokens", PROMPT, "--gen-tokens", GEN, "--cache-experts", 4,
-            "--lanes", 2, "--csv", csv_path, "--json"]
+            "--lanes", 2, "--no-hedge", "--csv", csv_path, "--json"]   # exact counters: no hedge may move a piece
     r = runner.invoke(app, [str(a) for a in args])
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
