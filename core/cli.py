@@ -19,7 +19,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console, ConsoleDimensions
-from typer._click import exceptions as click_exceptions
+from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors click (pyproject pins it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from .constants import DEBUG_ENV, RIG_ENV
@@ -150,8 +150,8 @@ UNITS_HELP = ("Sizes are binary (KiB, MiB, GiB: powers of 1024 bytes); rates are
 
 def make_app(name: str, help: str) -> typer.Typer:
     app = App(name=name, help=f"{help}\n\n{UNITS_HELP}", cls=ErrorBoundaryGroup, no_args_is_help=True,
-                      add_completion=False, pretty_exceptions_enable=False,
-                      context_settings={"help_option_names": ["-h", "--help"]})
+              add_completion=False, pretty_exceptions_enable=False,
+              context_settings={"help_option_names": ["-h", "--help"]})
 
     @app.callback()
     def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors.")):
