@@ -164,6 +164,7 @@ def make_app(name: str, help: str) -> typer.Typer:
 RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, metavar="DIR",
                          help=f"Rig folder (default: ${RIG_ENV}, else ./rig).")
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")
 
 
 def print_json(data) -> None:

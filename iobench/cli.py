@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
 from core.errors import MissingError, UsageError
 from core.events import Notice
 from core.events import Progress as ProgressEvent
@@ -109,6 +109,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
                                                          help="Decode split weights (default: --weights)."),
             save: bool = typer.Option(True, "--save/--no-save", help="Write rig/bench/<timestamp>.json."),
+            quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""
     root = rig_dir(rig)
@@ -131,7 +132,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         except (UsageError, MissingError):   # malformed, or gone since it was listed: measure afresh
             previous = None
     cancel = threading.Event()
-    with _Renderer() as progress:
+    with _Renderer(quiet) as progress:
         try:
             result = run_bench(targets, opts, previous=previous, report=progress, cancel=cancel)
         except KeyboardInterrupt:
@@ -142,7 +143,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         print_json(result_to_dict(result))
     else:
         _print_result(result)            # the path once, below, as with --json
-    if path:
+    if path and not quiet:
         err.print(f"iobench: wrote {path}", highlight=False)
 
 

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
 from core.errors import EXIT_MISMATCH, Interrupted, MissingError, ReplicaTunerError, UsageError
 from core.events import Notice
 from core.rig import Member
@@ -42,7 +42,6 @@ app = make_app("replicas", "Keep byte-identical replicas of a model file on seve
 MaxRateOption = typer.Option(None, "--max-rate", metavar="RATE",
                              help="Pace each drive to at most RATE bytes per second, in decimal units "
                                   "(500M = 500 MB/s), so a drive that serves the model keeps serving.")
-QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")
 
 
 def _rate(text: Optional[str]) -> Optional[float]:

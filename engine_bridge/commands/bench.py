@@ -8,11 +8,11 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, RigOption, err, print_json
+from core.cli import JsonOption, QuietOption, RigOption, err, print_json
 from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS
 
 
-def _execute(specs, order, settings, out, rig, repeat, json_out):
+def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
     """Run the arms into their run folder, Ctrl-C stopping after the running arm; print the table."""
     from engine_bridge.harness.render import render_console, render_failures
     from engine_bridge.harness.runner import check_hashes, run_bench, run_folder
@@ -29,7 +29,8 @@ def _execute(specs, order, settings, out, rig, repeat, json_out):
         err.print("interrupt: stopping after this arm (again to abort)")
 
     def report(ev):
-        err.print(f"bench: {ev.message}", highlight=False, markup=False, soft_wrap=True)
+        if not quiet:
+            err.print(f"bench: {ev.message}", highlight=False, markup=False, soft_wrap=True)
 
     signal.signal(signal.SIGINT, on_int)
     try:
@@ -76,6 +77,7 @@ def register(app) -> None:
         max_other_cpu: float = common["max_other_cpu"],
         run_arg: List[str] = common["run_arg"],
         out: Optional[str] = common["out"],
+        quiet: bool = QuietOption,
         json_out: bool = JsonOption,
     ):
         """Run arms interleaved (ABBA, BAAB, ABAB or a ladder), each in a fresh process; gate, summarise."""
@@ -83,7 +85,7 @@ def register(app) -> None:
 
         specs, r = bench_arms(arm, rig)
         settings = bench_settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_arg, r)
-        _execute(specs, order, settings, out, r, repeat, json_out)
+        _execute(specs, order, settings, out, r, repeat, json_out, quiet)
 
     @app.command("ladder")
     def ladder_cmd(
@@ -102,6 +104,7 @@ def register(app) -> None:
         max_other_cpu: float = common["max_other_cpu"],
         run_arg: List[str] = common["run_arg"],
         out: Optional[str] = common["out"],
+        quiet: bool = QuietOption,
         json_out: bool = JsonOption,
     ):
         """One drive (primary alone), plus one replica, plus two: U S1 U S2 S2 U S1 U, ratios to one drive."""
@@ -109,4 +112,4 @@ def register(app) -> None:
 
         specs, r = ladder_arms(rig, plan, weights, decode_weights)
         settings = bench_settings(prompt_tokens, gen_tokens, cache_experts, lanes, max_other_cpu, run_arg, r)
-        _execute(specs, "ladder", settings, out, r, repeat, json_out)
+        _execute(specs, "ladder", settings, out, r, repeat, json_out, quiet)

@@ -139,6 +139,9 @@ def test_cli_bench_and_ladder(rig, tmp_path, monkeypatch):
     res = runner.invoke(app, ["ladder", "--rig", rig.root, "--weights", "2:1:1", "--out", str(tmp_path / "lad")])
     assert res.exit_code == 0, res.output
     assert "3drives" in res.stdout and "3.00" in res.stdout
+    assert "bench: arm 1/8" in res.stderr                  # each arm's progress, unless --quiet
+    res = runner.invoke(app, ["ladder", "--rig", rig.root, "--weights", "2:1:1", "--out", str(tmp_path / "q"), "-q"])
+    assert res.exit_code == 0 and res.stderr == "" and "3drives" in res.stdout
     assert os.path.exists(tmp_path / "lad" / "results.json")
     res = runner.invoke(app, ["ladder", "--rig", rig.root])
     assert res.exit_code == 3 and "no plan" in res.stderr

@@ -236,3 +236,11 @@ def test_an_error_is_one_line_that_ends_with_a_newline(args):
 def test_usage_lines_name_the_arguments_plainly(command, usage):
     r = invoke(command, "-h")
     assert r.exit_code == 0 and usage in [line.strip() for line in r.stdout.splitlines()]
+
+
+def test_quiet_run_prints_the_result_and_nothing_on_stderr(two_files):
+    loud = invoke("run", *two_files, "--preset", "seq", *FAST)
+    assert loud.exit_code == 0 and "iobench: wrote" in loud.stderr
+    r = invoke("run", *two_files, "--preset", "seq", *FAST, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "" and "seq" in r.stdout
