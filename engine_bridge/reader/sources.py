@@ -13,12 +13,12 @@ hedger decides, `hedger.py`) is degraded the same way but only until probes find
 from __future__ import annotations
 
 import os
-import stat as stat_mod
 import threading
 import time
 from typing import Callable, Sequence
 
 from core.errors import MissingError, UsageError
+from core.fsutil import require_file
 from replicas.coldio import ColdReader
 
 from .readstats import ReaderEvent
@@ -31,14 +31,7 @@ def check_sources(paths: Sequence[str]) -> list[Identity]:
     seen: dict[tuple[int, int], str] = {}
     ident: list[Identity] = []
     for i, p in enumerate(paths):
-        try:
-            st = os.stat(p)
-        except FileNotFoundError:
-            raise MissingError(f"{p}: not found; check the drive is mounted (source {i})") from None
-        except OSError as e:
-            raise MissingError(f"{p}: cannot stat ({e.strerror}); check the drive (source {i})") from None
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise UsageError(f"{p}: not a regular file; a source must be the model file or a replica of it")
+        st = require_file(p, f"source {i}", "a source is the model file or a replica of it on a mounted drive")
         if ident and st.st_size != ident[0][2]:
             raise UsageError(f"{p}: size {st.st_size} differs from the primary's {ident[0][2]} ({paths[0]}); "
                              "a replica must be a byte-identical copy: re-copy it with `replicas sync`")

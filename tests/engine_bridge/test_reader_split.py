@@ -133,7 +133,7 @@ def test_bad_inputs_are_refused(model, tmp_path):
         SplitReader(paths, [10, 5, 5], [10, 6])
     with pytest.raises(UsageError, match="at most 3 sources"):
         SplitReader(paths + [str(short)], [1, 1, 1, 1])
-    with pytest.raises(MissingError, match="nope.gguf: not found"):
+    with pytest.raises(MissingError, match="nope.gguf: no such file"):
         SplitReader([paths[0], str(tmp_path / "nope.gguf")], [1, 1])
     with pytest.raises(UsageError, match="not a regular file"):
         SplitReader([paths[0], str(tmp_path)], [1, 1])
