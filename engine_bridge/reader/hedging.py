@@ -22,7 +22,7 @@ class HedgePolicy:
 
     margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
     floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise, the first pieces)
-    late_limit: int = 4             # late pieces in a row (no on-time piece between) that, with a delivered
+    late_limit: int = 8             # late pieces in a row (no on-time piece between) that, with a delivered
                                     # rate below the held one over the margin, degrade a source
     probe_interval_ns: int = 1_000_000_000   # a degraded-for-lateness source gets a probe read this often, ns
     recover_probes: int = 2         # on-time probes in a row that bring it back
