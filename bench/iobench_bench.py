@@ -2,7 +2,7 @@
 
     python3 bench/iobench_bench.py [--mbs fast:200,mid:100,slow:100] [--size 1.5G] [--seconds S] [--repeat N]
 
-Builds a testbed (bench/testbed.py: loop-device drives with cgroup-v1 blkio read throttles),
+Builds a testbed (bench/testbed.py: loop-device drives throttled by the block I/O controller, cgroup v2 io.max or v1 blkio),
 writes one file of random bytes on each drive, then, with every read throttled:
 
 1. one `iobench run --preset all` over the three files (its wall time is the last figure);
