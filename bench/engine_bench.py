@@ -43,6 +43,17 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
 
 
+def synth_on_drives(paths, layers, experts, top_k, dim, ff, quant) -> int:
+    """Synthesise the model on the first drive and copy it byte for byte to the others (the
+    replicas); flushed to the drives. Returns its size in bytes. Shared with hedge_bench."""
+    sh(ENGINE + ["synth", paths[0], "--layers", str(layers), "--experts", str(experts), "--top-k", str(top_k),
+                 "--dim", str(dim), "--ff", str(ff), "--seed", "7", "--quant", quant])
+    for p in paths[1:]:
+        shutil.copyfile(paths[0], p)
+    os.sync()
+    return os.path.getsize(paths[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drive", action="append", default=[], metavar="NAME:MBPS",
@@ -79,13 +90,7 @@ def main() -> int:
     with Testbed(drives, size=args.size) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         t0 = time.time()
-        sh(ENGINE + ["synth", paths[0], "--layers", str(args.layers), "--experts", str(args.experts),
-                     "--top-k", str(args.top_k), "--dim", str(args.dim), "--ff", str(args.ff), "--seed", "7",
-                     "--quant", args.quant])
-        for p in paths[1:]:
-            shutil.copyfile(paths[0], p)
-        os.sync()
-        size = os.path.getsize(paths[0])
+        size = synth_on_drives(paths, args.layers, args.experts, args.top_k, args.dim, args.ff, args.quant)
         print(f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, top-{args.top_k}, "
               f"dim {args.dim}, ff {args.ff}, {args.quant}) on {len(paths)} drives at "
               f"{':'.join(f'{c:g}' for c in ceilings)} MB/s, synth+copy {time.time() - t0:.0f}s", flush=True)

@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,16 +37,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.engine_bench import synth_on_drives  # noqa: E402
 from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec  # noqa: E402
 from engine_bridge.harness.runner import run_bench, subprocess_runner  # noqa: E402
-
-ENGINE = [sys.executable, "-c", "from engine_bridge.cli import main; main()"]
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
-
 
 def hedge_runner(spec, settings, workdir, seq):
     """The harness's runner with the arm's hedging switch added to `run`'s arguments."""
@@ -95,13 +87,7 @@ def main() -> int:
     with Testbed(drives, size=args.size) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         t0 = time.time()
-        sh(ENGINE + ["synth", paths[0], "--layers", str(args.layers), "--experts", str(args.experts),
-                     "--top-k", str(args.top_k), "--dim", str(args.dim), "--ff", str(args.ff), "--seed", "7",
-                     "--quant", "q8_0"])
-        for p in paths[1:]:
-            shutil.copyfile(paths[0], p)
-        os.sync()
-        size = os.path.getsize(paths[0])
+        size = synth_on_drives(paths, args.layers, args.experts, args.top_k, args.dim, args.ff, "q8_0")
         names = list(drives)
         print(f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, top-{args.top_k}, dim "
               f"{args.dim}, ff {args.ff}) on {', '.join(f'{n} {c:g} MB/s' for n, c in drives.items())}; plan weights "
