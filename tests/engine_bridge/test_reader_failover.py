@@ -7,19 +7,15 @@ import pytest
 from core.errors import MissingError
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
-from tests.helpers import FailingReader, write_random
+from tests.engine_bridge.helpers import primary_and_copies
+from tests.helpers import FailingReader
 
 SIZE = 8 * BLOCK + 3000
 
 
 @pytest.fixture
 def model(tmp_path):
-    data = write_random(tmp_path / "primary.gguf", SIZE, seed=3)
-    paths = [str(tmp_path / "primary.gguf")]
-    for name in ("green.gguf", "white.gguf"):
-        (tmp_path / name).write_bytes(data)
-        paths.append(str(tmp_path / name))
-    return paths, data
+    return primary_and_copies(tmp_path, SIZE, seed=3)
 
 
 def _reads():

@@ -23,7 +23,8 @@ from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
 from replicas.coldio import CachedReader, aligned_buffer
-from tests.helpers import impure_imports, write_random
+from tests.engine_bridge.helpers import primary_and_copies
+from tests.helpers import impure_imports
 
 SIZE = 16 * BLOCK
 FLOOR = 1_000_000_000          # 1 s of the test's clock: nothing is late until the test says so
@@ -97,12 +98,7 @@ class StallingReader(CachedReader):
 
 @pytest.fixture
 def model(tmp_path):
-    data = write_random(tmp_path / "primary.gguf", SIZE, seed=5)
-    paths = [str(tmp_path / "primary.gguf")]
-    for name in ("green.gguf", "white.gguf"):
-        (tmp_path / name).write_bytes(data)
-        paths.append(str(tmp_path / name))
-    return paths, data
+    return primary_and_copies(tmp_path, SIZE, seed=5)
 
 
 def _reader(paths, stall, clock, events=None, lanes=2, **policy):

@@ -12,21 +12,15 @@ from engine_bridge.reader.readstats import format_stats, healthy_split, last_lan
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
-from tests.helpers import impure_imports, write_random
+from tests.engine_bridge.helpers import primary_and_copies
+from tests.helpers import impure_imports
 
 SIZE = 3 * BLOCK + 12_345          # not a multiple of 4 KiB: the last page is partial
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("reader")
-    data = write_random(d / "primary.gguf", SIZE, seed=7)
-    paths = [str(d / "primary.gguf")]
-    for name in ("green.gguf", "white.gguf"):
-        with open(d / name, "wb") as f:
-            f.write(data)
-        paths.append(str(d / name))
-    return paths, data
+    return primary_and_copies(tmp_path_factory.mktemp("reader"), SIZE, seed=7)
 
 
 def _ranges(rng, n):
