@@ -142,6 +142,17 @@ def _sysfs_disk(majmin: str) -> tuple[str, str]:
     return name, disk
 
 
+def queue_dir(majmin: str, sys_root: str = "/sys") -> str:
+    """The sysfs `queue` folder whose limits cut requests to block device MAJ:MIN on Linux: a
+    partition's is its disk's; a whole disk, loop, dm or md device has its own (the top device
+    the file system sits on, not the members behind it). '' when there is none."""
+    real = os.path.realpath(os.path.join(sys_root, "dev", "block", majmin))
+    if os.path.exists(os.path.join(real, "partition")):
+        real = os.path.dirname(real)
+    q = os.path.join(real, "queue")
+    return q if os.path.isdir(q) else ""
+
+
 def _linux_key(device_name: str, disk: str) -> str:
     try:
         for u in os.listdir("/dev/disk/by-uuid"):
