@@ -21,7 +21,7 @@ def _a(noun: str) -> str:
     return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
-def parse_json(raw: bytes | str, where: str, kind: str, remedy: str, schema: int | None = None,
+def parse_json(raw: bytes | str, where: str, kind: str, remedy: str, schema: int | tuple[int, ...] | None = None,
                kind_key: str | None = "kind", what: str | None = None) -> dict[str, Any]:
     """Check `raw` (the bytes or text of `where`) is a JSON object of `kind`, without touching disk.
 
@@ -49,12 +49,15 @@ def parse_json(raw: bytes | str, where: str, kind: str, remedy: str, schema: int
         raise RigError(f"{where}: not {_a(what)} file ({kind_key} is {doc.get(kind_key)!r}, expected {kind!r}); {remedy}")
     found = doc.get("schema")
     # bool is an int to Python; `"schema": true` is not schema 1.
-    if schema is not None and (isinstance(found, bool) or found != schema):
-        raise RigError(f"{where}: {what} schema {found!r} is not {schema}, the one this version reads; {remedy}")
+    wanted = (schema,) if isinstance(schema, int) else schema
+    if wanted is not None and (isinstance(found, bool) or found not in wanted):
+        said = " or ".join(map(str, wanted))
+        raise RigError(f"{where}: {what} schema {found!r} is not {said}, {'the one' if len(wanted) == 1 else 'those'} "
+                       f"this version reads; {remedy}")
     return doc
 
 
-def read_json(path: str, kind: str, remedy: str, schema: int | None = None,
+def read_json(path: str, kind: str, remedy: str, schema: int | tuple[int, ...] | None = None,
               kind_key: str | None = "kind", what: str | None = None) -> dict[str, Any]:
     """Load `path` as a JSON object of `kind` (see `parse_json` for the checks)."""
     what = what or kind

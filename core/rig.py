@@ -6,6 +6,9 @@ rig.toml:
     [model]                 # the primary: the engine's -m file, source 0
     path = "/abs/internal/model.gguf"
     name = "internal"       # drive label used by iobench groups and tables
+    layout = "file"         # or "gguf-split" (path: the set's first file) or "dir" (path: the directory)
+    format = "gguf"         # "gguf", "safetensors" or "raw"
+    files = ["model.gguf"]  # every file of the model, relative to the path's directory (dir: to the path)
     [[replica]]             # in engine order: source 1, source 2
     path = "/abs/green/model.gguf"
     name = "green"
@@ -49,6 +52,11 @@ class Rig:
     root: str
     model: Member | None = None
     replicas: tuple[Member, ...] = ()
+    # The model's layout (replicas.modelset says what they mean); a rig written before models
+    # could be several files has none of them: one file.
+    layout: str = "file"
+    format: str = ""
+    files: tuple[str, ...] = ()
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -142,9 +150,10 @@ def parse_rig(text: str, root: str, where: str) -> Rig:
     def member(d, key, role):
         if not isinstance(d, dict):
             raise _bad(where, key, "must be a table")
-        extra = set(d) - {"path", "name"}
+        known = {"path", "name"} | (set(MODEL_KEYS) if role == "primary" else set())
+        extra = set(d) - known
         if extra:
-            raise _bad(where, f"{key}.{sorted(extra)[0]}", "is not known (expected path, name)")
+            raise _bad(where, f"{key}.{sorted(extra)[0]}", f"is not known (expected {', '.join(sorted(known))})")
         path = d.get("path")
         if not isinstance(path, str) or not path:
             raise _bad(where, f"{key}.path", "is missing or not a string")
@@ -156,6 +165,7 @@ def parse_rig(text: str, root: str, where: str) -> Rig:
         return Member(path=path, name=name, role=role)
 
     model = member(doc["model"], "model", "primary") if "model" in doc else None
+    layout, fmt, files = _model_keys(doc.get("model") or {}, where)
     reps = doc.get("replica", [])
     if not isinstance(reps, list):
         raise _bad(where, "replica", "must be an array of tables ([[replica]])")
@@ -171,13 +181,40 @@ def parse_rig(text: str, root: str, where: str) -> Rig:
             raise _bad(where, f"{key}.path", f"repeats {m.path!r} (also {seen_paths[m.path]})")
         seen_names[m.name] = key
         seen_paths[m.path] = key
-    return Rig(root=root, model=model, replicas=replicas)
+    return Rig(root=root, model=model, replicas=replicas, layout=layout, format=fmt, files=files)
+
+
+MODEL_KEYS = ("layout", "format", "files")
+LAYOUTS = ("file", "gguf-split", "dir")
+
+
+def _model_keys(d: dict, where: str) -> tuple[str, str, tuple[str, ...]]:
+    layout = d.get("layout", "file")
+    if layout not in LAYOUTS:
+        raise _bad(where, "model.layout", f"is {layout!r}; expected one of {', '.join(LAYOUTS)}")
+    fmt = d.get("format", "")
+    if not isinstance(fmt, str):
+        raise _bad(where, "model.format", "is not a string")
+    files = d.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        raise _bad(where, "model.files", "must be a list of relative paths")
+    for f in files:
+        parts = f.split("/")
+        if f.startswith("/") or ".." in parts or "" in parts:
+            raise _bad(where, "model.files", f"holds {f!r}; each must be a plain relative path inside the model")
+    if len(set(files)) != len(files):
+        raise _bad(where, "model.files", "repeats a file")
+    if layout != "file" and not files:
+        raise _bad(where, "model.files", f"is missing; a {layout} model lists its files")
+    return layout, fmt, tuple(files)
 
 
 def render_rig(rig: Rig) -> str:
     doc: dict = {"schema": RIG_SCHEMA}
     if rig.model:
         doc["model"] = {"path": rig.model.path, "name": rig.model.name}
+        if rig.format:
+            doc["model"] |= {"layout": rig.layout, "format": rig.format, "files": list(rig.files)}
     if rig.replicas:
         doc["replica"] = [{"path": m.path, "name": m.name} for m in rig.replicas]
     head = "# replica-tuner rig: the model (primary, the engine's -m) and its replicas, in engine order.\n"
@@ -211,14 +248,18 @@ def unique_name(wanted: str, taken: set[str]) -> str:
     return name
 
 
-def with_model(rig: Rig, path: str, name: str) -> Rig:
+def with_model(rig: Rig, path: str, name: str, layout: str = "file", fmt: str = "",
+               files: tuple[str, ...] = ()) -> Rig:
+    """The rig with its model (primary) set; a rig that already has this model is returned with
+    the layout filled in if it had none (a rig written before multi-file models)."""
     path = os.path.abspath(path)
     if rig.model and os.path.realpath(rig.model.path) == os.path.realpath(path):
-        return rig
+        return rig if rig.format or not fmt else replace(rig, layout=layout, format=fmt, files=tuple(files))
     if rig.model:
         raise UsageError(f"the rig at {rig.root} already has model {rig.model.path}; use another --rig for {path}")
     taken = {m.name for m in rig.replicas}
-    return replace(rig, model=Member(path, unique_name(name, taken), "primary"))
+    return replace(rig, model=Member(path, unique_name(name, taken), "primary"), layout=layout, format=fmt,
+                   files=tuple(files))
 
 
 def with_replica(rig: Rig, path: str, name: str) -> Rig:

@@ -244,7 +244,8 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     rate = _rate(max_rate)
     r = rigmod.load_rig(rigmod.rig_dir(rig), must_exist=not (manifest_file and paths))
     own = load_manifest(r, required=manifest_file is None)
-    manifest = load_manifest_file(manifest_file) if manifest_file else own
+    own = own.files[0] if own is not None else None
+    manifest = load_manifest_file(manifest_file).files[0] if manifest_file else own
     # Stamps and verdicts are about the rig's own manifest; another one (from another host) is
     # only a check, unless it is the same.
     record = own is not None and own.digest() == manifest.digest()
@@ -309,7 +310,7 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
     again; the result replaces the verdict `replicas status` shows."""
     rate = _rate(max_rate)
     r = _rig(rig)
-    manifest = load_manifest(r)
+    manifest = load_manifest(r).files[0]
     target = r.member(path)
     donors = [r.member(from_)] if from_ else [m for m in r.members if m.path != target.path]
     if any(d.path == target.path for d in donors):
@@ -336,6 +337,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     mismatch (until `replicas repair` or a clean `replicas verify`)."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
+    manifest = manifest.files[0] if manifest is not None else None
     rows = member_status(r, manifest)
     if json_out:
         print_json({"schema": 1, "kind": "status", "rig": r.root, "manifest_blake3": manifest.blake3 if manifest else None,

@@ -5,7 +5,8 @@ GiB = 1 << 30
 
 # Content identity.
 PIECE_SIZE = 64 * MiB          # bytes per manifest piece (default)
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = 2            # 2: a model of one or more files; 1 (one file) still loads
+MANIFEST_SCHEMAS = (1, 2)
 STAMP_SCHEMA = 1
 JOURNAL_SCHEMA = 1
 

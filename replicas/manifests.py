@@ -7,28 +7,28 @@ import os
 from core.jsonfile import read_json, write_json
 from core.rig import Rig
 
-from .constants import MANIFEST_SCHEMA
-from .manifest import Manifest, manifest_from_dict, manifest_to_dict
+from .constants import MANIFEST_SCHEMAS
+from .manifest import ModelManifest, manifest_from_dict, model_manifest_to_dict
 
 
-def load_manifest(rig: Rig, required: bool = True) -> Manifest | None:
+def load_manifest(rig: Rig, required: bool = True) -> ModelManifest | None:
     """The rig's manifest; None when it does not exist and is not `required` (missing: exit 3)."""
     path = rig.manifest_file
     if not required and not os.path.lexists(path):
         return None
     doc = read_json(path, "manifest", "run `replicas sync` (it hashes the model) to re-create it",
-                    schema=MANIFEST_SCHEMA, kind_key=None)
+                    schema=MANIFEST_SCHEMAS, kind_key=None)
     return manifest_from_dict(doc, path)
 
 
-def load_manifest_file(path: str) -> Manifest:
+def load_manifest_file(path: str) -> ModelManifest:
     """A manifest given by path: the portable form of manifest.json, the same JSON shape (copy
     rig/manifest.json to another host, or save `replicas hash --json FILE`). Missing: exit 3."""
     doc = read_json(path, "manifest", "give a manifest.json from a rig, or one saved from `replicas hash --json FILE`",
-                    schema=MANIFEST_SCHEMA, kind_key=None)
+                    schema=MANIFEST_SCHEMAS, kind_key=None)
     return manifest_from_dict(doc, path)
 
 
-def save_manifest(rig: Rig, manifest: Manifest) -> None:
+def save_manifest(rig: Rig, manifest: ModelManifest) -> None:
     os.makedirs(rig.root, exist_ok=True)
-    write_json(rig.manifest_file, manifest_to_dict(manifest))
+    write_json(rig.manifest_file, model_manifest_to_dict(manifest))

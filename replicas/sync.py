@@ -13,6 +13,7 @@ This module gathers the facts from the disk and carries out the plan; what the f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from .drives import drive_label, drive_of
 from .fanout import DestWriter, check_source, copy_pass
 from .hashing import check_piece_size
 from .journal import Journal, journal_header, read_journal
-from .manifest import Manifest, bad_pieces
+from .manifest import Manifest, ModelManifest, bad_pieces
 from .manifests import load_manifest, save_manifest
 from .records import load_verdicts, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
@@ -64,7 +65,8 @@ __all__ = ["sync", "plan_destinations", "check_free_space", "DestPlan", "DestRes
 # Planning: the facts about each destination, read before a byte is written.
 
 def _trusted_manifest(rig: rigmod.Rig, source: str) -> Manifest | None:
-    m = load_manifest(rig, required=False)
+    model = load_manifest(rig, required=False)
+    m = model.files[0] if model is not None and len(model.files) == 1 else None
     if m and stamp_state(source, m, rig) == VERIFIED:
         return m
     return None
@@ -299,7 +301,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
         if r.outcome in ("copied", "identical"):
             rig = rigmod.with_replica(rig, p.target, drive_label(p.target))
     rigmod.save_rig(rig)
-    save_manifest(rig, manifest)
+    save_manifest(rig, ModelManifest(files=(dataclasses.replace(manifest, name=os.path.basename(source)),)))
     # What sync proved replaces what `status` remembers (a replica copied again after a mismatch).
     now = time.time()
     proven = {p.target: Verdict("verified", now, manifest.digest(), "sync")

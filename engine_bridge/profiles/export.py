@@ -138,6 +138,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
 
     rig = rigmod.load_rig(rig_root, must_exist=False)
     manifest = load_manifest(rig, required=False)
+    manifest = manifest.files[0] if manifest is not None else None
 
     definitions = all_definitions(rig_root)
     layered = None

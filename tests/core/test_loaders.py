@@ -28,14 +28,14 @@ from planner.measured import HarnessRun, read_results
 from planner.plan import Phase, Plan, Source, plan_to_dict
 from planner.plans import load_plan
 from replicas.cli import app as replicas_app
-from replicas.manifest import Manifest, manifest_to_dict
+from replicas.manifest import Manifest, ModelManifest, model_manifest_to_dict
 from replicas.manifests import load_manifest
 
 PLAN = plan_to_dict(Plan((Source("a", "/m/a.gguf"),), Phase((1,)), Phase((1,)), created="2026-11-29T19:00:00Z"))
 PROFILE = profile_to_dict(Profile(id="p", engine="ds4-argodrive", environment=(("DS4_ARGODRIVE_PRIMARY_WEIGHT", "10"),),
                                   unset=(), argv=("--metal",), primary="/m/a.gguf", primary_weight=10, replicas=(),
                                   replica_weights=(), decode_weights=(), cache_experts=4600))
-MANIFEST = manifest_to_dict(Manifest(size=10, blake3="ab" * 32, piece_size=4, pieces=("a", "b", "c")))
+MANIFEST = model_manifest_to_dict(ModelManifest((Manifest(size=10, blake3="ab" * 32, piece_size=4, pieces=("a", "b", "c"), name="m.gguf"),)))
 RESULT = result_to_dict(BenchResult(created="2026-11-29T19:00:00.000Z", drives=()))
 TRACE = {"schema": 1, "kind": "routing-trace", "layers": 1, "experts": 4, "top_k": 2,
          "steps": [{"phase": "decode", "layers": [[[0, 1]]]}]}
@@ -58,7 +58,7 @@ class Kind:
 
 KINDS = [
     # The manifest's path is fixed (rig/manifest.json) and its writer never wrote a kind.
-    Kind("manifest", "rig/manifest.json", lambda p: load_manifest(Rig(root=os.path.dirname(p))), MANIFEST, PLAN, Manifest),
+    Kind("manifest", "rig/manifest.json", lambda p: load_manifest(Rig(root=os.path.dirname(p))), MANIFEST, PLAN, ModelManifest),
     Kind("iobench result", "rig/bench/r.json", load_result, RESULT, PLAN, BenchResult),
     Kind("plan", "rig/plans/p.json", load_plan, PLAN, PROFILE, Plan),
     Kind("routing trace", "t.json", load_trace, TRACE, PLAN, dict),

@@ -9,6 +9,7 @@ import shutil
 from core.rig import Rig, load_rig, save_rig, with_model, with_replica
 from planner.plan import Phase, Plan, Source, plan_to_dict
 from replicas.hashing import hash_file
+from replicas.manifest import ModelManifest
 from replicas.manifests import save_manifest
 from replicas.verify import check_member
 from tests.helpers import write_random
@@ -37,7 +38,7 @@ def make_rig(tmp_path, drives: int = 3, verify: bool = True, seed: int = 1):
         rig = with_replica(rig, p, DRIVES[i])
     save_rig(rig)
     manifest = hash_file(paths[0], PIECE)
-    save_manifest(rig, manifest)
+    save_manifest(rig, ModelManifest((manifest,)))
     rig = load_rig(root)
     if verify:
         for m in rig.replicas:

@@ -52,7 +52,7 @@ def test_round_trip_two_destinations(setup):
         assert os.stat(d / "model.gguf").st_mtime_ns == st_before.st_mtime_ns
     assert os.stat(src).st_mtime_ns == st_before.st_mtime_ns and read(src) == data
     r = rigmod.load_rig(rig)
-    m = load_manifest(r)
+    m = load_manifest(r).files[0]
     assert m == hash_file(str(src), PIECE)
     assert [x.path for x in r.members] == [str(src)] + [str(d / "model.gguf") for d in dests]
     assert all(stamp_state(x.path, m, r) == "verified" for x in r.members)
@@ -239,7 +239,7 @@ def assert_refused_and_nothing_renamed(excinfo, dests, rig, before):
     assert (read(replica), os.stat(replica).st_ino) == before          # the verified replica untouched
     r = rigmod.load_rig(rig)
     assert [m.path for m in r.replicas] == [str(replica)]
-    assert stamp_state(str(replica), load_manifest(r), r) == "verified"
+    assert stamp_state(str(replica), load_manifest(r).files[0], r) == "verified"
 
 
 @pytest.mark.parametrize("when", ["before", "after", "while-landing"])

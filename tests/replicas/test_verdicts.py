@@ -196,4 +196,4 @@ def test_contiguous_done():
 def test_manifest_of_the_rig_is_what_verdicts_name(synced):
     rig, data, paths = synced
     r = rigmod.load_rig(rig)
-    assert {v.manifest for v in load_verdicts(r).values()} == {load_manifest(r).digest()}
+    assert {v.manifest for v in load_verdicts(r).values()} == {load_manifest(r).files[0].digest()}

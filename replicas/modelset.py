@@ -1,0 +1,216 @@
+"""A model is one file or a set of files (DESIGN §10): the noun, and finding it on disk.
+
+Three layouts, one shape: a *path* (what an engine is pointed at) and the model's files relative
+to a *root*.
+
+| layout     | path                                | root            | files                          |
+|------------|-------------------------------------|-----------------|--------------------------------|
+| file       | the file                            | its directory   | its name                       |
+| gguf-split | the set's first file (-00001-of-N)  | its directory   | every member's name, in order  |
+| dir        | the directory                       | the directory   | every regular file under it    |
+
+A replica of the model is the same files under another root, so one `ModelSet` describes every
+member of a rig once its path is swapped (`at`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, replace
+
+from core.errors import MissingError, RigError, UsageError
+
+from .formats import (
+    FORMATS,
+    GGUF,
+    RAW,
+    SAFETENSORS,
+    SPLIT_NAME,
+    gguf_split_fields,
+    read_safetensors_header,
+    sniff,
+    split_name,
+)
+
+FILE, SPLIT, DIR = "file", "gguf-split", "dir"
+LAYOUTS = (FILE, SPLIT, DIR)
+HF_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class ModelSet:
+    path: str                  # absolute: the file, the split set's first file, or the directory
+    layout: str                # FILE, SPLIT or DIR
+    format: str                # GGUF, SAFETENSORS or RAW
+    files: tuple[str, ...]     # relative to `root`, '/'-separated, in reading order
+
+    @property
+    def root(self) -> str:
+        return self.path if self.layout == DIR else os.path.dirname(self.path)
+
+    @property
+    def name(self) -> str:
+        """The name the model has in a destination directory (file, first member or directory)."""
+        return os.path.basename(self.path)
+
+    def abs(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/"))
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(self.abs(r) for r in self.files)
+
+    def at(self, member_path: str) -> ModelSet:
+        """The same model where another member keeps it (its file, first file or directory)."""
+        return replace(self, path=os.path.abspath(member_path))
+
+    def in_dir(self, dest_dir: str) -> ModelSet:
+        """The same model copied into `dest_dir` under its own name."""
+        return self.at(os.path.join(os.path.abspath(dest_dir), self.name))
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A byte range of one of the model's files: what a read addresses (the same in every replica)."""
+
+    file: str      # relative path, as in ModelSet.files
+    offset: int    # bytes from the start of that file
+    length: int    # bytes
+
+
+def one_file(path: str, fmt: str = RAW) -> ModelSet:
+    path = os.path.abspath(path)
+    return ModelSet(path, FILE, fmt, (os.path.basename(path),))
+
+
+def from_rig(rig) -> ModelSet | None:
+    """The rig's model as rig.toml describes it (no disk access); None before `replicas init`."""
+    if rig.model is None:
+        return None
+    if rig.layout == FILE or not rig.files:
+        return one_file(rig.model.path, rig.format or RAW)
+    return ModelSet(rig.model.path, rig.layout, rig.format or RAW, tuple(rig.files))
+
+
+def member_set(rig, member) -> ModelSet:
+    """The model's files where `member` (primary or replica) keeps them."""
+    model = from_rig(rig)
+    return model.at(member.path) if model else one_file(member.path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding a model on disk.
+
+def discover(path: str, fmt: str | None = None) -> ModelSet:
+    """The model at `path`: a GGUF or safetensors file, any member of a split GGUF set (the whole
+    set is taken), or a directory of model files. `fmt=RAW` accepts any file or directory as
+    opaque bytes. Bad input: one line naming the path and the fix (MissingError exit 3, else 2)."""
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if not os.path.lexists(path):
+        raise MissingError(f"model {path}: no such file or directory; give the model's file, a member of its split set, or its directory")
+    path = os.path.abspath(path)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        path = os.path.realpath(path)     # the model itself may be reached through a link; its files may not
+        st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        return _directory(path, fmt)
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"model {path}: not a regular file or directory; give the model's file or directory")
+    _readable(path)
+    found = sniff(path)
+    if fmt == RAW:
+        return one_file(path, RAW)
+    if found is None:
+        raise UsageError(f"model {path}: not a GGUF or safetensors file (its first bytes say neither); "
+                         "pass --format raw to replicate it as opaque bytes")
+    if fmt is not None and fmt != found:
+        raise UsageError(f"model {path}: --format {fmt} given but the file is {found}")
+    m = SPLIT_NAME.match(os.path.basename(path))
+    if found == GGUF and m and int(m["count"]) > 1:
+        return _split_set(path, m["prefix"], int(m["count"]))
+    return one_file(path, found)
+
+
+def _readable(path: str) -> None:
+    if not os.access(path, os.R_OK):
+        raise MissingError(f"model file {path}: not readable; check its permissions")
+
+
+def _split_set(path: str, prefix: str, count: int) -> ModelSet:
+    root = os.path.dirname(path)
+    names = tuple(split_name(prefix, i, count) for i in range(1, count + 1))
+    missing = [n for n in names if not os.path.isfile(os.path.join(root, n))]
+    if missing:
+        raise MissingError(f"split GGUF set {os.path.join(root, names[0])}: {len(missing)} of {count} files missing "
+                           f"({', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}); download the whole set")
+    for i, n in enumerate(names):
+        p = os.path.join(root, n)
+        _readable(p)
+        fields = gguf_split_fields(p)
+        if fields != (i, count):
+            said = "no split.no / split.count" if fields is None else f"split.no={fields[0]}, split.count={fields[1]}"
+            raise RigError(f"{p}: the name says part {i + 1} of {count} but its metadata has {said}; "
+                           "the set is mixed up or renamed — re-download or re-split it")
+    return ModelSet(os.path.join(root, names[0]), SPLIT, GGUF, names)
+
+
+def _directory(path: str, fmt: str | None) -> ModelSet:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for n in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                raise UsageError(f"model directory {path}: {os.path.relpath(p, path)} is a symbolic link; a replica copies "
+                                 "bytes, not links — replace it with the file it points to, or remove it")
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"model directory {path}: {os.path.relpath(p, path)} is not a regular file "
+                                 "(a fifo, socket or device); remove it from the model's directory")
+            _readable(p)
+            files.append(os.path.relpath(p, path).replace(os.sep, "/"))
+    if not files:
+        raise UsageError(f"model directory {path}: holds no files; give the model's directory")
+    files.sort()
+    if fmt == RAW:
+        return ModelSet(path, DIR, RAW, tuple(files))
+    kinds = {r: sniff(os.path.join(path, r)) for r in files}
+    bad = [r for r in files if r.endswith(".safetensors") and kinds[r] != SAFETENSORS]
+    if bad:
+        raise RigError(f"model directory {path}: {bad[0]} is named .safetensors but is not one (truncated download?); "
+                       "re-download it")
+    found = SAFETENSORS if SAFETENSORS in kinds.values() else GGUF if GGUF in kinds.values() else None
+    if found is None:
+        raise UsageError(f"model directory {path}: holds no GGUF or safetensors file; pass --format raw to "
+                         "replicate it as opaque bytes")
+    if fmt is not None and fmt != found:
+        raise UsageError(f"model directory {path}: --format {fmt} given but its model files are {found}")
+    if found == SAFETENSORS:
+        _check_index(path, set(files))
+        for r in files:
+            if kinds[r] == SAFETENSORS:
+                read_safetensors_header(os.path.join(path, r))
+    return ModelSet(path, DIR, found, tuple(files))
+
+
+def _check_index(path: str, files: set[str]) -> None:
+    """Every shard `model.safetensors.index.json` names must be there (a partial download is refused)."""
+    index = os.path.join(path, HF_INDEX)
+    if HF_INDEX not in files:
+        return
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise RigError(f"{index}: not a safetensors index ({e}); re-download it") from None
+    shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+    missing = [s for s in shards if s not in files]
+    if missing:
+        raise MissingError(f"model directory {path}: {HF_INDEX} names {len(missing)} shard(s) that are not there "
+                           f"({', '.join(missing[:3])}); finish the download")
