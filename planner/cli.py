@@ -90,7 +90,7 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
     inputs = load_inputs(root, bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
     plan = solve_plan(inputs.sources, inputs.drives, prefill_workload(lanes), decode_workload(batch, threads),
-                      _backgrounds(background, names), engine, inputs.provenance, top=top)
+                      _backgrounds(background, names), engine, inputs.provenance, top=top, links=inputs.links)
     rig_obj = load_rig(root, must_exist=False)
     path = save_plan(rig_obj, plan)
     plan = load_plan(path)
@@ -116,7 +116,7 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
     inputs = load_inputs(rig_dir(rig), bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
     wl = prefill_workload(lanes) if phase == "prefill" else decode_workload(batch, threads)
-    p = predict(inputs.drives, w, wl, _backgrounds(background, names), engine)
+    p = predict(inputs.drives, w, wl, _backgrounds(background, names), engine, inputs.links)
     if json_out:
         print_json(prediction_to_dict(p))
         return
@@ -136,6 +136,10 @@ def _render_prediction(p: dict, title: str) -> None:
         t.add_row(s["name"], str(s["blocks"]), f"{s['bytes']:,}", f"{s['time_s'] * 1e3:.3f}", _bar(s["bytes"], whole))
     out.print(t)
     out.print(f"lands last: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next source")
+    if p.get("tail_s"):
+        out.print(f"latency tails: the slowest piece of a batch lands {p['tail_s'] * 1e3:.3f} ms after the slowest mean")
+    if p.get("bound"):
+        out.print(f"bound by link [bold]{p['bound']}[/]: its members share its measured ceiling")
 
 
 def _render_plan(plan: Plan, path: str) -> None:
@@ -160,6 +164,9 @@ def _render_plan(plan: Plan, path: str) -> None:
             out.print("  next best: " + ", ".join(f"{':'.join(map(str, a.get('weights', [])))} "
                                                   f"({format_signed_pct(-a.get('behind', 0))})" for a in alts))
     prov = plan.provenance
+    for link in (prov.get("model") or {}).get("links") or ():
+        out.print(f"shared link {link.get('name')}: {', '.join(link.get('drives', []))} at most "
+                  f"{format_rate(link.get('ceiling_Bps', 0))} together")
     if prov:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
 

@@ -14,6 +14,9 @@ Decode is latency-bound: a missed expert is `batch` component reads issued toget
 into pieces on up to three drives and read by a pool of `threads`; the batch waits for the last
 piece (the barrier). A drive holding `k` pieces at once needs request_time(piece, k) for them.
 Background work on a drive (the primary serves Engram rows) adds to its time before the barrier.
+The barrier is the expected *maximum* of the pieces' times, each drawn from its drive's measured
+latency distribution (`barrier.py`); with no measured spread that is the slowest mean. Drives
+behind one link (`barrier.Link`) cannot move more than its ceiling together, in either phase.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 
 from engines.ds4_argodrive import BLOCK, COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_CHUNK, PREFILL_LANES
 
+from .barrier import LatencyShape, Link, barrier_time, link_times
 from .constants import (
     DECODE_MISSES_PER_TOKEN,
     ENGRAM_READ_BYTES,
@@ -82,9 +86,11 @@ class CorrectedCurve:
 
 @dataclass(frozen=True)
 class Drive:
-    """One source as the model sees it: a label and its fitted curve."""
+    """One source as the model sees it: a label, its fitted curve and the shape of its decode
+    request times around their mean (None: no spread measured, the mean alone)."""
     name: str
     curve: DriveCurve
+    tail: LatencyShape | None = None
 
 
 @dataclass(frozen=True)
@@ -204,14 +210,23 @@ class Evaluation:
     """The model's answer for N candidates over n sources (arrays, seconds and bytes)."""
     counts: np.ndarray         # N x n blocks per source
     nbytes: np.ndarray         # N x n bytes per source per read
-    source_time: np.ndarray    # N x n seconds for the source's part of one batch
-    time: np.ndarray           # N seconds per batch (the slowest source)
+    source_time: np.ndarray    # N x n mean seconds for the source's part of one batch
+    time: np.ndarray           # N seconds per batch: the expected barrier, or a link if that is slower
     throughput: np.ndarray     # N bytes/s over all sources
     workload: Workload = field(repr=False)
+    barrier: np.ndarray | None = None     # N expected seconds until the last piece lands (links aside)
+    link_time: np.ndarray | None = None   # N x L seconds each link needs for its members' bytes
+    links: tuple[Link, ...] = ()
 
 
-def evaluate(drives: Sequence[Drive], counts, workload: Workload, backgrounds: Sequence[Background] = ()) -> Evaluation:
-    """Predict every candidate split (rows of `counts`, whole blocks per source)."""
+def evaluate(drives: Sequence[Drive], counts, workload: Workload, backgrounds: Sequence[Background] = (),
+             links: Sequence[Link] = ()) -> Evaluation:
+    """Predict every candidate split (rows of `counts`, whole blocks per source).
+
+    Decode: the batch's time is the expected maximum over its pieces, each drive's times drawn
+    from its `tail` shape (`barrier.barrier_time`); with no tails that is the slowest mean.
+    Prefill: the slowest drive's mean (a layer is many pieces per drive; their spread averages
+    out). Either phase: no faster than any link can carry its members' bytes."""
     counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
     if counts.shape[1] != len(drives):
         raise ValueError(f"{counts.shape[1]} sources in the split, {len(drives)} drives")
@@ -224,11 +239,20 @@ def evaluate(drives: Sequence[Drive], counts, workload: Workload, backgrounds: S
             t[:, i] = np.divide(nbytes[:, i], thr, out=np.zeros(len(t)), where=nbytes[:, i] > 0)
         else:
             t[:, i] = _curve_values(d.curve.request_time, nbytes[:, i], k[:, i])
-    t *= busy_factor(drives, backgrounds)[None, :]
-    t += background_time(drives, backgrounds, workload)[None, :]
-    time = t.max(axis=1)
+    busy = busy_factor(drives, backgrounds)
+    extra = background_time(drives, backgrounds, workload)
+    if workload.phase == "decode" and any(d.tail is not None and d.tail.spread for d in drives):
+        barrier = barrier_time(t, [d.tail or LatencyShape() for d in drives], k, busy, extra)
+    else:
+        barrier = None
+    t *= busy[None, :]
+    t += extra[None, :]
+    if barrier is None:
+        barrier = t.max(axis=1)
+    lt = link_times(nbytes, links, workload.reads_per_batch)
+    time = np.maximum(barrier, lt.max(axis=1)) if links else barrier
     moved = workload.read_bytes * workload.reads_per_batch
-    return Evaluation(counts, nbytes, t, time, moved / time, workload)
+    return Evaluation(counts, nbytes, t, time, moved / time, workload, barrier, lt, tuple(links))
 
 
 @dataclass(frozen=True)
@@ -250,6 +274,8 @@ class Prediction:
     throughput_Bps: float         # bytes/s over all sources
     lands_last: str               # which source sets the barrier
     gap_s: float                  # how far it lands behind the second-to-last active source
+    tail_s: float = 0.0           # expected barrier minus the slowest mean (the latency tails' cost)
+    bound: str = ""               # '' when the drives set the time, else the link whose ceiling does
 
 
 def describe(ev: Evaluation, row: int, drives: Sequence[Drive], weights: Sequence[int]) -> Prediction:
@@ -263,8 +289,16 @@ def describe(ev: Evaluation, row: int, drives: Sequence[Drive], weights: Sequenc
     last = order[-1]
     gap = float(t[last] - t[order[-2]]) if len(order) > 1 else 0.0
     batch = float(ev.time[row])
+    slowest = float(t.max()) if len(t) else 0.0
+    tail = float(ev.barrier[row]) - slowest if ev.barrier is not None else 0.0
+    bound = ""
+    if ev.links and ev.link_time is not None and ev.link_time.shape[1]:
+        j = int(np.argmax(ev.link_time[row]))
+        if ev.link_time[row, j] > (float(ev.barrier[row]) if ev.barrier is not None else slowest):
+            bound = ev.links[j].name
     return Prediction(w.phase, tuple(int(x) for x in weights), shares, batch, batch / w.reads_per_batch,
-                      batch * w.batches_per_layer, float(ev.throughput[row]), drives[last].name, gap)
+                      batch * w.batches_per_layer, float(ev.throughput[row]), drives[last].name, gap,
+                      max(0.0, tail), bound)
 
 
 def prediction_to_dict(p: Prediction) -> dict:
@@ -277,6 +311,8 @@ def prediction_to_dict(p: Prediction) -> dict:
         "time_per_layer_s": p.time_per_layer_s,
         "lands_last": p.lands_last,
         "gap_s": p.gap_s,
+        "tail_s": p.tail_s,
+        "bound": p.bound,
         "sources": [{"name": s.name, "blocks": s.blocks, "bytes": s.bytes, "time_s": s.time_s} for s in p.shares],
     }
 

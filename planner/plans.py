@@ -15,8 +15,10 @@ from core.constants import PLANS_DIR
 from core.errors import MissingError, UsageError
 from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
+from engines.ds4_argodrive import DECODE_BATCH
 from replicas.manifests import load_manifest
 
+from .barrier import Link, links_from, shape_from_latency
 from .constants import PLAN_SCHEMA
 from .model import Background, CorrectedCurve, Drive
 from .plan import PLAN_KIND, PLAN_REMEDY, Plan, Source, plan_from_dict, plan_to_dict
@@ -85,6 +87,7 @@ class Inputs:
     sources: tuple[Source, ...]        # primary first
     drives: tuple[Drive, ...]          # the same order
     provenance: dict
+    links: tuple[Link, ...] = ()       # drives sharing an uplink (source indices), from grouped runs
 
 
 def file_sha256(path: str) -> str:
@@ -103,6 +106,36 @@ def measured_points(drive_result) -> tuple[tuple[int, int, float], ...]:
             continue
         pts.extend((int(p.piece_bytes), int(x.lanes), float(x.bw_bytes)) for x in p.lanes if x.bw_bytes > 0 and not x.suspect_cache)
     return tuple(pts)
+
+
+def latency_shape(drive_result, lanes: int = DECODE_BATCH):
+    """The shape of a drive's decode request times (iobench's decode preset, at the lane count
+    nearest `lanes`); None when the drive has no trusted decode latencies."""
+    p = drive_result.presets.get("decode")
+    if p is None or p.suspect_cache:
+        return None
+    usable = [x for x in p.lanes if not x.suspect_cache and x.lat_ns.p50 > 0 and x.lat_ns.mean > 0]
+    if not usable:
+        return None
+    x = min(usable, key=lambda x: (abs(x.lanes - lanes), x.lanes))
+    shape = shape_from_latency(x.lat_ns.p50, x.lat_ns.p95, x.lat_ns.p99, x.lat_ns.mean)
+    return shape if shape.spread else None
+
+
+def shared_links(result, names: list[str]) -> tuple[Link, ...]:
+    """The result's groups (and its all-together runs) that behave as one shared link, as
+    `barrier.links_from` judges them; members are indices into `names` (result drive names, in
+    the model's source order). A group naming a drive outside `names` is left out."""
+    rows = []
+    for g in tuple(result.groups) + tuple(result.together):
+        if g.suspect_cache or not all(m in names for m in g.drives):
+            continue
+        try:
+            alone = sum(result.drive(m).presets[g.preset].bw_bytes for m in g.drives)
+        except KeyError:
+            continue
+        rows.append((g.name, [names.index(m) for m in g.drives], g.bw_bytes, alone))
+    return links_from(rows)
 
 
 def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True) -> Inputs:
@@ -138,7 +171,8 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True)
     for name, _, d in picked:
         if d.model is None:
             raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and decode presets")
-        drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model))
+        drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model, latency_shape(d)))
+    links = shared_links(result, [d.name for _, _, d in picked])
     manifest = load_manifest(rig, required=False) if members else None
     provenance = {
         "bench": bench_path,
@@ -150,8 +184,9 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True)
         "drive_models": {name: {"lat_s": d.model.lat_s, "stream_bw": d.model.stream_bw, "bw_max": d.model.bw_max,
                                 "iops_max": d.model.iops_max, "fit_err_pct": d.model.fit_err_pct}
                          for name, _, d in picked},
+        "links": [{"name": x.name, "drives": [picked[i][0] for i in x.members], "ceiling_Bps": x.ceiling_Bps} for x in links],
     }
-    return Inputs(tuple(Source(n, p) for n, p, _ in picked), tuple(drives), provenance)
+    return Inputs(tuple(Source(n, p) for n, p, _ in picked), tuple(drives), provenance, links)
 
 
 def parse_background(spec: str, names: list[str]) -> Background:

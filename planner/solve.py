@@ -20,6 +20,7 @@ from engines.ds4_argodrive import BLOCK, WEIGHT_MAX, WEIGHT_MIN
 from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights
 
+from .barrier import Link
 from .constants import TIE_TOLERANCE, TOP_ALTERNATIVES
 from .model import Background, Drive, Prediction, Workload, capability_weights, describe, evaluate, prediction_to_dict
 from .plan import Phase, Plan, Source
@@ -88,24 +89,24 @@ class PhaseSolution:
 
 
 def predict(drives: Sequence[Drive], weights: Sequence[int], workload: Workload,
-            backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE) -> Prediction:
+            backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE, links: Sequence[Link] = ()) -> Prediction:
     """The model's prediction for one weight vector."""
     w = np.asarray([check_weights(weights, engine)], dtype=np.int64)
     if w.shape[1] != len(drives):
         raise UsageError(f"weights {':'.join(map(str, weights))}: {w.shape[1]} weights for {len(drives)} sources "
                          f"({', '.join(d.name for d in drives)}); give one weight per source, primary first")
     counts = block_counts_many(workload.blocks, w)
-    return describe(evaluate(drives, counts, workload, backgrounds), 0, drives, weights)
+    return describe(evaluate(drives, counts, workload, backgrounds, links), 0, drives, weights)
 
 
 def solve_phase(drives: Sequence[Drive], workload: Workload, backgrounds: Sequence[Background] = (),
-                engine: str = DEFAULT_ENGINE, top: int = TOP_ALTERNATIVES) -> PhaseSolution:
+                engine: str = DEFAULT_ENGINE, top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> PhaseSolution:
     n = len(drives)
     limit = get_engine(engine).max_sources
     if not 1 <= n <= limit:
         raise UsageError(f"{n} sources: {engine} reads from 1..{limit} sources; list at most {limit} drives in the rig")
     counts, smallest = split_classes(n, workload.read_bytes)
-    ev = evaluate(drives, counts, workload, backgrounds)
+    ev = evaluate(drives, counts, workload, backgrounds, links)
     # The fastest split; splits within TIE_TOLERANCE of it are ties no measurement could tell
     # apart, and among ties the smaller weights (earlier in the class order) win.
     fastest = float(ev.time.min())
@@ -117,8 +118,8 @@ def solve_phase(drives: Sequence[Drive], workload: Workload, backgrounds: Sequen
     cap = smallest_equivalent(capability_weights(drives, workload), workload.read_bytes)
     eq = (1,) * n
     return PhaseSolution(workload.phase, weights, describe(ev, best, drives, weights),
-                         predict(drives, cap, workload, backgrounds, engine),
-                         predict(drives, eq, workload, backgrounds, engine), alts)
+                         predict(drives, cap, workload, backgrounds, engine, links),
+                         predict(drives, eq, workload, backgrounds, engine, links), alts)
 
 
 def phase_solution_to_dict(s: PhaseSolution) -> dict:
@@ -136,17 +137,28 @@ def phase_solution_to_dict(s: PhaseSolution) -> dict:
     }
 
 
+def link_to_dict(link: Link, drives: Sequence[Drive]) -> dict:
+    return {"name": link.name, "drives": [drives[i].name for i in link.members], "ceiling_Bps": link.ceiling_Bps}
+
+
+def tail_to_dict(t) -> dict:
+    """A latency shape as the plan records it (quantiles over the mean)."""
+    return {"q50": t.q50, "q95": t.q95, "q99": t.q99}
+
+
 def solve_plan(sources: Sequence[Source], drives: Sequence[Drive], prefill: Workload, decode: Workload,
                backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE, provenance: dict | None = None,
-               created: str = "", top: int = TOP_ALTERNATIVES) -> Plan:
+               created: str = "", top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
     """Solve both phases and assemble the plan (provenance is passed through, plus the model settings)."""
-    sols = {w.phase: solve_phase(drives, w, backgrounds, engine, top) for w in (prefill, decode)}
+    sols = {w.phase: solve_phase(drives, w, backgrounds, engine, top, links) for w in (prefill, decode)}
     d = {ph: phase_solution_to_dict(s) for ph, s in sols.items()}
     prov = dict(provenance or {})
     prov["model"] = {
         "prefill": {"read_bytes": prefill.read_bytes, "lanes": prefill.in_flight},
         "decode": {"read_bytes": decode.read_bytes, "batch": decode.in_flight, "threads": decode.threads},
         "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in backgrounds],
+        "links": [link_to_dict(link, drives) for link in links],
+        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
     }
     return Plan(sources=tuple(sources),
                 prefill=Phase(sols["prefill"].weights, d["prefill"]["predicted"]),

@@ -38,13 +38,13 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     solved = {ph: getattr(plan, ph).weights for ph in PHASES} if plan is not None else None
     return new_state(inputs.sources, inputs.drives, solved, workloads, backgrounds,
                      engine=plan.engine if plan is not None else DEFAULT_ENGINE, plan_name=plan_name,
-                     provenance=inputs.provenance, measured=latest_measured(rig.root))
+                     provenance=inputs.provenance, measured=latest_measured(rig.root), links=inputs.links)
 
 
 def solve_weights(state: TunerState) -> dict[str, tuple[int, ...]]:
     """Solve both phases for the state's drives and shapes (seconds: run it in a worker)."""
     plan = solve_plan(state.sources, state.drives, state.workloads["prefill"], state.workloads["decode"],
-                      state.backgrounds, state.engine, top=0)
+                      state.backgrounds, state.engine, top=0, links=state.links)
     return {ph: getattr(plan, ph).weights for ph in PHASES}
 
 

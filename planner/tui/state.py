@@ -15,6 +15,7 @@ from engines.ds4_argodrive import WEIGHT_MAX, WEIGHT_MIN
 from engines.registry import DEFAULT_ENGINE
 from engines.split import Piece, split_read
 
+from ..barrier import Link
 from ..model import (
     PHASES,
     Background,
@@ -57,6 +58,7 @@ class TunerState:
     solved: Mapping[str, PhaseView] | None = None       # phase -> the plan's; None while solving
     backgrounds: tuple[Background, ...] = ()
     engine: str = DEFAULT_ENGINE
+    links: tuple[Link, ...] = ()                        # drives sharing an uplink (from grouped runs)
     phase: str = "prefill"                              # the phase on screen
     cursor: int = 0                                     # the selected source
     plan_name: str = ""                                 # the plan reset goes back to
@@ -69,15 +71,17 @@ class TunerState:
 
 
 def phase_view(drives: Sequence[Drive], weights: Sequence[int], workload: Workload,
-               backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE) -> PhaseView:
+               backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE,
+               links: Sequence[Link] = ()) -> PhaseView:
     """Split one read of the phase's real size and predict it (weights are checked)."""
     w = tuple(int(x) for x in weights)
-    return PhaseView(w, split_read(0, workload.read_bytes, w, engine), predict(drives, w, workload, backgrounds, engine))
+    return PhaseView(w, split_read(0, workload.read_bytes, w, engine),
+                     predict(drives, w, workload, backgrounds, engine, links))
 
 
 def _views(state_like: dict, weights: Mapping[str, Sequence[int]]) -> dict[str, PhaseView]:
     return {ph: phase_view(state_like["drives"], weights[ph], state_like["workloads"][ph],
-                           state_like["backgrounds"], state_like["engine"]) for ph in PHASES}
+                           state_like["backgrounds"], state_like["engine"], state_like.get("links", ())) for ph in PHASES}
 
 
 def _opening(drives: Sequence[Drive], workloads: Mapping[str, Workload]) -> dict[str, tuple[int, ...]]:
@@ -88,24 +92,25 @@ def _opening(drives: Sequence[Drive], workloads: Mapping[str, Workload]) -> dict
 def new_state(sources: Sequence[Source], drives: Sequence[Drive], solved: Mapping[str, Sequence[int]] | None = None,
               workloads: Mapping[str, Workload] | None = None, backgrounds: Sequence[Background] = (),
               engine: str = DEFAULT_ENGINE, plan_name: str = "", provenance: Mapping | None = None,
-              measured: Sequence[Measured] = ()) -> TunerState:
+              measured: Sequence[Measured] = (), links: Sequence[Link] = ()) -> TunerState:
     """The opening state: the solved weights (or, while a solve is still running, weights in
     proportion to what each drive delivers alone) on the prefill phase, the primary selected."""
     if not drives or len(sources) != len(drives):
         raise ValueError(f"{len(sources)} sources, {len(drives)} drive models")
     wl = dict(workloads or {"prefill": prefill_workload(), "decode": decode_workload()})
-    ctx = {"drives": tuple(drives), "workloads": wl, "backgrounds": tuple(backgrounds), "engine": engine}
+    ctx = {"drives": tuple(drives), "workloads": wl, "backgrounds": tuple(backgrounds), "engine": engine,
+           "links": tuple(links)}
     start = solved or _opening(ctx["drives"], wl)
     views = _views(ctx, start)
     return TunerState(sources=tuple(sources), drives=ctx["drives"], workloads=wl, views=views,
                       solved=dict(views) if solved else None, backgrounds=ctx["backgrounds"], engine=engine,
-                      plan_name=plan_name, provenance=dict(provenance or {}), measured=tuple(measured))
+                      links=ctx["links"], plan_name=plan_name, provenance=dict(provenance or {}), measured=tuple(measured))
 
 
 def set_weights(state: TunerState, weights: Sequence[int], phase: str | None = None) -> TunerState:
     """The phase (default: the one on screen) at these weights, split and predicted again."""
     ph = phase or state.phase
-    view = phase_view(state.drives, weights, state.workloads[ph], state.backgrounds, state.engine)
+    view = phase_view(state.drives, weights, state.workloads[ph], state.backgrounds, state.engine, state.links)
     return replace(state, views={**state.views, ph: view}, message="")
 
 
@@ -143,7 +148,8 @@ def reset(state: TunerState) -> TunerState:
 def with_solution(state: TunerState, weights: Mapping[str, Sequence[int]], plan_name: str = "") -> TunerState:
     """A solve finished: keep its weights to compare with and reset to; phases not yet touched
     move to them, phases the user already changed keep the user's weights."""
-    ctx = {"drives": state.drives, "workloads": state.workloads, "backgrounds": state.backgrounds, "engine": state.engine}
+    ctx = {"drives": state.drives, "workloads": state.workloads, "backgrounds": state.backgrounds, "engine": state.engine,
+           "links": state.links}
     solved = _views(ctx, weights)
     opening = _opening(state.drives, state.workloads)
     views = {ph: solved[ph] if state.solved is None and state.weights(ph) == opening[ph] else state.views[ph]

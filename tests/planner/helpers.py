@@ -6,7 +6,7 @@ import os
 from core.rig import Member, Rig, save_rig
 from engine_bridge.harness.arms import ArmSpec, Row, Snapshot, build_results
 from iobench.model import DriveModel
-from iobench.result import BenchResult, DriveResult, save_result
+from iobench.result import BenchResult, DriveResult, GroupResult, LaneResult, Latency, PresetResult, save_result
 from planner.model import Drive
 from replicas.drives import DriveInfo
 
@@ -21,8 +21,24 @@ def drives3():
     return (Drive("fast", FAST), Drive("slow", SLOW), Drive("laggy", LAGGY))
 
 
-def make_rig(root, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY), bench_names=None):
-    """A rig.toml naming three files and an iobench result with a fitted model per drive."""
+def preset(name, bw, lat=(1000, 1000, 1000, 1000), lanes=3, piece=1 << 20):
+    """An iobench PresetResult measured at one lane count: bytes/s `bw`, latency (p50, p95, p99,
+    mean) ns."""
+    lat_ns = Latency(*lat)
+    lane = LaneResult(lanes=lanes, bw_bytes=bw, iops=bw / piece, lat_ns=lat_ns, requests=100)
+    return PresetResult(preset=name, piece_bytes=piece, bw_bytes=bw, iops=bw / piece, lat_ns=lat_ns, lanes=(lane,),
+                        best_lanes=lanes, knee_lanes=lanes, spread_pct=0.0)
+
+
+def group(name, preset_name, drives, bw):
+    """An iobench GroupResult: `drives` read together moved `bw` bytes/s."""
+    return GroupResult(name=name, preset=preset_name, drives=tuple(drives), bw_bytes=bw, members=())
+
+
+def make_rig(root, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY), bench_names=None, presets=None,
+             groups=(), together=()):
+    """A rig.toml naming three files and an iobench result with a fitted model per drive
+    (`presets`: per drive, a dict of preset name -> PresetResult; `groups`, `together`: GroupResults)."""
     os.makedirs(root, exist_ok=True)
     paths = [os.path.join(str(root), f"{n}.gguf") for n in names]
     rig = Rig(root=str(root), model=Member(paths[0], names[0], "primary"),
@@ -30,8 +46,10 @@ def make_rig(root, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY), 
     save_rig(rig)
     info = DriveInfo(mount_point="/", fs_type="ext4", device="/dev/x", disk="x", key="disk:x")
     result = BenchResult(created="2026-11-29T19:00:00.000Z",
-                         drives=tuple(DriveResult(name=n, path=p, size=1 << 30, cold="o_direct", drive=info, model=m)
-                                      for n, p, m in zip(bench_names or names, paths, models)))
+                         drives=tuple(DriveResult(name=n, path=p, size=1 << 30, cold="o_direct", drive=info, model=m,
+                                                  presets=dict(presets[i]) if presets else {})
+                                      for i, (n, p, m) in enumerate(zip(bench_names or names, paths, models))),
+                         groups=tuple(groups), together=tuple(together))
     return rig, save_result(rig, result)
 
 
