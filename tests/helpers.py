@@ -79,3 +79,71 @@ class FailingReader(FailingReads, ColdReader):
     errors above a reader are tested without breaking a disk."""
 
     broken: dict = {}
+
+
+def write_split_gguf(dir, prefix, parts, tensors_per_part=2, tensor_bytes=4096, seed=0, arch="llama"):
+    """A real split GGUF set written by the gguf library (llama.cpp's own writer): `parts` files
+    PREFIX-0000i-of-0000N.gguf in `dir`, each with split.no / split.count metadata and
+    `tensors_per_part` int8 tensors of `tensor_bytes` random bytes (deterministic from `seed`), so a
+    part is about tensors_per_part * tensor_bytes bytes plus a small header. Returns the paths in
+    set order (the first is the one engines open)."""
+    import pathlib
+
+    import gguf
+    import numpy as np
+
+    dir = pathlib.Path(dir)
+    dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(dir / f"{prefix}.gguf"), arch, split_max_tensors=tensors_per_part if parts > 1 else 0)
+    w.add_uint32(f"{arch}.block_count", parts)
+    for i in range(parts * tensors_per_part):
+        w.add_tensor(f"blk.{i}.weight", rng.integers(-128, 128, tensor_bytes, dtype=np.int8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if parts == 1:
+        return [dir / f"{prefix}.gguf"]
+    paths = [dir / f"{prefix}-{i:05d}-of-{parts:05d}.gguf" for i in range(1, parts + 1)]
+    assert all(p.is_file() for p in paths), "the gguf library named the split files differently"
+    return paths
+
+
+def write_safetensors_dir(dir, shards, shard_bytes=8192, tensors_per_shard=2, seed=0, extra_files=None):
+    """A real Hugging Face style safetensors model directory at `dir` (created): `shards` files
+    model-0000i-of-0000N.safetensors written by the safetensors library, each with
+    `tensors_per_shard` float32 tensors totalling about `shard_bytes` bytes of random data
+    (deterministic from `seed`) plus its JSON header; model.safetensors.index.json with the
+    weight_map and total_size; a small config.json and tokenizer.json. `extra_files` maps more
+    '/'-separated relative paths to bytes (nested folders made). Returns the directory's path."""
+    import json
+    import pathlib
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    dir = pathlib.Path(dir)
+    dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    per_tensor = max(1, shard_bytes // tensors_per_shard // 4)   # float32 elements
+    weight_map, total = {}, 0
+    for s in range(1, shards + 1):
+        name = f"model-{s:05d}-of-{shards:05d}.safetensors"
+        tensors = {f"model.layers.{s - 1}.w{t}": rng.standard_normal(per_tensor, dtype=np.float32)
+                   for t in range(tensors_per_shard)}
+        save_file(tensors, str(dir / name), metadata={"format": "pt"})
+        for t, a in tensors.items():
+            weight_map[t] = name
+            total += a.nbytes
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+    (dir / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": shards,
+                                                 "torch_dtype": "float32"}, indent=2))
+    (dir / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
+                                                                                "merges": []}}))
+    for rel, data in (extra_files or {}).items():
+        p = dir.joinpath(*rel.split("/"))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return dir
