@@ -16,9 +16,16 @@ file on each, this benchmark:
    grid, how far the chosen weights are from the measured best of the grid, and the measured
    gain of the chosen weights over equal weights and over the fastest single drive.
 
+With `--sets default,bandwidth,iops --runs 3` it repeats all of that three times on each of three
+ceiling sets (a fresh testbed per set) and closes with one table: per set, run and phase, the
+chosen weights' prediction error and their distance from the measured best (targets: within 5 %
+and within 2 % in every run). `--component BYTES` plans and measures decode for another model's
+expert component (the default is DeepSeek V4.1's 6,635,520 B).
+
 Run it as root (it takes the testbed lock, builds the testbed and always takes it down again):
 
     .venv/bin/python bench/planner_bench.py
+    .venv/bin/python bench/planner_bench.py --sets default,bandwidth,iops --runs 3
 
 Needs root and the testbed (bench/testbed.py; where there is none it says so and exits 2);
 MB = 10**6 bytes.
@@ -51,18 +58,65 @@ def log(msg: str) -> None:
 
 # ---- outer: build the testbed, write the replicas, run the inner part throttled, tear down ----
 
+SETS = {
+    # name: (read ceilings MB/s, IOPS ceilings); the first drive is the primary.
+    "default": (["a:200", "b:120", "c:130"], ["c:160"]),
+    "bandwidth": (["a:300", "b:150", "c:100"], []),
+    "iops": (["a:220", "b:200", "c:180"], ["a:700", "b:260", "c:200"]),
+}
+
+
 def outer(a) -> int:
-    drives, iops = parse_drives(a.drive), parse_drives(a.iops, "--iops", zero_ok=True)
-    with Testbed(drives, iops=iops, size=a.size, root=a.root) as tb:
-        log(f"testbed up at {tb.root}: drives {', '.join(a.drive)}; iops {', '.join(a.iops) or 'none'}; {a.size} each")
-        names = list(tb.mounts())
-        paths = [os.path.join(m, FILE_NAME) for m in tb.mounts().values()]
-        log(f"writing a {a.file_size} B replica on {', '.join(names)}")
-        write_random(paths, a.file_size, a.seed)
-        log(f"writeback: {wait_writeback(quiet_s=5.0, timeout_s=120.0)}")
-        inner = [sys.executable, os.path.abspath(__file__), "--inner",
-                 "--state", os.path.join(tb.root, "testbed.json")] + a.passthrough
-        return tb.run(inner).returncode
+    """One testbed per ceiling set, `--runs` runs of the inner part on each; every run's figures
+    are gathered into the closing table."""
+    summaries = []
+    for set_name in a.sets:
+        drive_specs, iops_specs = (a.drive, a.iops) if set_name == "custom" else SETS[set_name]
+        drives, iops = parse_drives(drive_specs), parse_drives(iops_specs, "--iops", zero_ok=True)
+        with Testbed(drives, iops=iops, size=a.size, root=a.root) as tb:
+            log(f"[{set_name}] testbed up at {tb.root}: drives {', '.join(drive_specs)}; iops {', '.join(iops_specs) or 'none'}")
+            names = list(tb.mounts())
+            paths = [os.path.join(m, FILE_NAME) for m in tb.mounts().values()]
+            log(f"writing a {a.file_size} B replica on {', '.join(names)}")
+            write_random(paths, a.file_size, a.seed)
+            log(f"writeback: {wait_writeback(quiet_s=5.0, timeout_s=120.0)}")
+            for run in range(1, a.runs + 1):
+                out = os.path.join(tb.root, f"summary-{run}.json")
+                passthrough = [x for d in drive_specs for x in ("--drive", d)] + [x for d in iops_specs for x in ("--iops", d)]
+                inner_cmd = [sys.executable, os.path.abspath(__file__), "--inner", "--state", os.path.join(tb.root, "testbed.json"),
+                             "--summary", out, "--seed", str(a.seed + run - 1)] + passthrough + a.passthrough
+                log(f"[{set_name}] run {run} of {a.runs}")
+                rc = tb.run(inner_cmd).returncode
+                if rc != 0:
+                    log(f"[{set_name}] run {run} failed (exit {rc})")
+                    summaries.append({"set": set_name, "run": run, "failed": rc})
+                    continue
+                with open(out) as f:
+                    summaries.append({"set": set_name, "run": run, **json.load(f)})
+    print_summary(summaries, a)
+    return 0 if all("failed" not in s for s in summaries) else 1
+
+
+def print_summary(summaries: list[dict], a) -> None:
+    """The closing table: per set, run and phase, the chosen weights' prediction error and how far
+    they are from the measured best (targets: within 5 % and within 2 % in every run)."""
+    print()
+    print(f"planner benchmark summary: decode read {a.component} B; {a.runs} runs per set; "
+          f"targets: |prediction error| <= 5 %, chosen vs measured best >= -2 %")
+    print(f"{'set':>10} {'run':>4} {'phase':>8} {'chosen':>10} {'best':>10} {'pred err':>9} {'vs best':>9}  ok")
+    misses = 0
+    for s in summaries:
+        if "failed" in s:
+            print(f"{s['set']:>10} {s['run']:>4}   failed (exit {s['failed']})")
+            misses += 1
+            continue
+        for ph in ("prefill", "decode"):
+            r = s[ph]
+            ok = abs(r["pred_err"]) <= 0.05 and r["vs_best"] >= -0.02
+            misses += not ok
+            print(f"{s['set']:>10} {s['run']:>4} {ph:>8} {r['chosen']:>10} {r['best']:>10} {pct(r['pred_err']):>9} "
+                  f"{pct(r['vs_best']):>9}  {'ok' if ok else 'MISS'}")
+    print(f"{misses} of {2 * len(summaries)} phase-runs missed a target")
 
 
 # ---- inner: runs inside the testbed's throttling group ----------------------------------------
@@ -84,18 +138,18 @@ def measure_prefill(paths, weights, lanes, chunks, seconds, rng, bufs) -> float:
                 return done / dt
 
 
-def measure_decode(paths, weights, batch, lanes, seconds, rng, bufs) -> float:
+def measure_decode(paths, weights, batch, lanes, seconds, rng, bufs, component: int) -> float:
     """Bytes/s reading `batch` components at random 4 KiB-aligned offsets together (one missed
     expert; the batch waits for its last piece), batch after batch, for `seconds`."""
     from engine_bridge.reader.split_reader import SplitReader
 
     with SplitReader(paths, weights, weights, lanes=lanes) as r:
-        top = (r.size - COMPONENT_BYTES) // 4096
+        top = (r.size - component) // 4096
         done, t0 = 0, time.monotonic()
         while True:
             offs = [int(x) * 4096 for x in rng.integers(0, top + 1, batch)]
-            r.read_many([(o, COMPONENT_BYTES) for o in offs], "decode", buffers=bufs)
-            done += batch * COMPONENT_BYTES
+            r.read_many([(o, component) for o in offs], "decode", buffers=bufs)
+            done += batch * component
             dt = time.monotonic() - t0
             if dt >= seconds:
                 return done / dt
@@ -187,7 +241,7 @@ def inner(a) -> int:
 
     # 2. solve.
     inputs = load_inputs(rig_root, bench_path)
-    wl = {"prefill": prefill_workload(a.lanes), "decode": decode_workload(a.batch, a.threads)}
+    wl = {"prefill": prefill_workload(a.lanes), "decode": decode_workload(a.batch, a.threads, a.component)}
     plan = solve_plan(inputs.sources, inputs.drives, wl["prefill"], wl["decode"], (), DEFAULT_ENGINE, inputs.provenance)
     plan_path = save_plan(rig, plan)
     sols = {ph: solve_phase(inputs.drives, wl[ph]) for ph in wl}
@@ -197,7 +251,7 @@ def inner(a) -> int:
 
     # 3. measure the grids, interleaved over rounds (forward, then reversed), and each drive alone.
     pbufs = [aligned_buffer(PREFILL_CHUNK) for _ in range(a.chunks)]
-    dbufs = [aligned_buffer(COMPONENT_BYTES + 4096) for _ in range(a.batch)]
+    dbufs = [aligned_buffer(a.component + 4096) for _ in range(a.batch)]
     lanes_decode = max(1, min(a.batch, a.threads // len(paths)))
     rng = np.random.default_rng(a.seed)
     report = {}
@@ -215,7 +269,8 @@ def inner(a) -> int:
                 if ph == "prefill":
                     v = measure_prefill(ps, w, a.lanes, a.chunks, a.seconds, rng, pbufs)
                 else:
-                    v = measure_decode(ps, w, a.batch, lanes_decode if kind == "split" else a.batch, a.seconds, rng, dbufs)
+                    v = measure_decode(ps, w, a.batch, lanes_decode if kind == "split" else a.batch, a.seconds, rng, dbufs,
+                                       a.component)
                 meas[arm].append(v)
         med = {arm: float(np.median(v)) for arm, v in meas.items()}
         pred = {w: predict(inputs.drives, w, wl[ph]).throughput_Bps for w in grid}
@@ -255,6 +310,15 @@ def inner(a) -> int:
         print(f"  gain over equal weights: x{m_chosen / m_equal:.3f};  over the fastest single drive ({fastest}): x{m_chosen / alone[fastest]:.3f}")
     print()
     print(f"plan file: {plan_path} (rig {rig_root}, kept for inspection)")
+    if a.summary:
+        doc = {}
+        for ph, (grid, med, pred, sol, _) in report.items():
+            best_w = max(grid, key=lambda w: med[("split", w)])
+            doc[ph] = {"chosen": ":".join(map(str, sol.weights)), "best": ":".join(map(str, best_w)),
+                       "pred_err": pred[sol.weights] / med[("split", sol.weights)] - 1,
+                       "vs_best": med[("split", sol.weights)] / med[("split", best_w)] - 1}
+        with open(a.summary, "w") as f:
+            json.dump(doc, f)
     return 0
 
 
@@ -286,16 +350,25 @@ def main() -> int:
     p.add_argument("--grid", type=int, default=12, help="most weight vectors measured per phase")
     p.add_argument("--iobench-seconds", type=float, default=2.0, help="seconds per iobench trial")
     p.add_argument("--iobench-repeat", type=int, default=3, help="windows per iobench trial (spread)")
+    p.add_argument("--component", type=int, default=COMPONENT_BYTES,
+                   help="decode read size, bytes (default: DeepSeek V4.1's expert component; e.g. 557056 for a small model)")
+    p.add_argument("--sets", default="default",
+                   help=f"ceiling sets to run, comma-separated: {', '.join(SETS)}, or custom (--drive/--iops)")
+    p.add_argument("--runs", type=int, default=1, help="runs per ceiling set (each: iobench, solve, measure)")
+    p.add_argument("--summary", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=7)
     a = p.parse_args()
-    a.drive = a.drive or ["a:200", "b:120", "c:130"]
-    a.iops = a.iops if a.iops is not None else ["c:160"]
+    a.drive = a.drive or SETS["default"][0]
+    a.iops = a.iops if a.iops is not None else SETS["default"][1]
     if a.inner:
         return inner(a)
-    a.passthrough = [x for pair in (("--drive", d) for d in a.drive) for x in pair]
-    a.passthrough += [x for pair in (("--iops", d) for d in a.iops) for x in pair]
+    a.sets = [x.strip() for x in a.sets.split(",") if x.strip()]
+    unknown = [x for x in a.sets if x not in SETS and x != "custom"]
+    if unknown:
+        p.error(f"--sets: unknown set {unknown[0]!r}; known: {', '.join(SETS)}, custom")
+    a.passthrough = []
     for opt in ("file_size", "seconds", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
-                "iobench_seconds", "iobench_repeat", "seed"):
+                "iobench_seconds", "iobench_repeat", "component"):
         a.passthrough += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
     return outer(a)
 
