@@ -5,11 +5,18 @@ JSON shape (schema 1), written to rig/plans/<timestamp>.json by `planner solve`:
     {"schema": 1, "kind": "plan", "engine": "ds4-argodrive", "created": "2026-11-29T19:00:00Z",
      "sources": [{"name": "internal", "path": "/abs/internal/model.gguf"}, ...],   # primary first
      "prefill": {"weights": [10, 5, 5], "predicted": {...}},
-     "decode":  {"weights": [10, 6, 6], "predicted": {...}},
+     "decode":  {"weights": [10, 6, 6], "predicted": {...}, "measured": {...}},
      "baselines": {...}, "alternatives": [...], "provenance": {...}}
 
 `predicted`, `baselines`, `alternatives` and `provenance` are free-form dicts/lists owned by the
 solver; the keys above them are the contract every consumer (engine_bridge run/export) relies on.
+A phase's `measured` block is written only by the measured tuner (`engine-bridge autotune`):
+
+    {"throughput_Bps": median bytes/s of the picked weights, "runs_Bps": [...], "n", "spread_pct",
+     "error_pct": predicted over measured - 1 in %, "picked_by": "measured" | "model", "rounds": [...],
+     "candidates": [{"weights", "roles", "predicted_Bps", "measured_Bps", "runs_Bps"}, ...]}
+
+Plans without it (every plan before it, and `planner solve`'s) load as before (`measured` empty).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class Source:
 class Phase:
     weights: tuple[int, ...]
     predicted: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)     # empty unless measured by the tuner
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,13 @@ class Plan:
                 raise ValueError(f"{len(phase.weights)} weights for {len(self.sources)} sources")
 
 
+def _phase_to(ph: Phase) -> dict:
+    d = {"weights": list(ph.weights), "predicted": ph.predicted}
+    if ph.measured:
+        d["measured"] = ph.measured
+    return d
+
+
 def plan_to_dict(p: Plan) -> dict:
     return {
         "schema": p.schema,
@@ -67,8 +82,8 @@ def plan_to_dict(p: Plan) -> dict:
         "engine": p.engine,
         "created": p.created,
         "sources": [{"name": s.name, "path": s.path} for s in p.sources],
-        "prefill": {"weights": list(p.prefill.weights), "predicted": p.prefill.predicted},
-        "decode": {"weights": list(p.decode.weights), "predicted": p.decode.predicted},
+        "prefill": _phase_to(p.prefill),
+        "decode": _phase_to(p.decode),
         "baselines": p.baselines,
         "alternatives": list(p.alternatives),
         "provenance": p.provenance,
@@ -103,7 +118,10 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
             check_weights(w, d.get("engine", DEFAULT_ENGINE))
         except Exception as e:
             raise bad(f"{ph}.weights", f"is invalid ({e})") from None
-        phases[ph] = Phase(tuple(w), dict(blk.get("predicted") or {}))
+        measured = blk.get("measured") or {}
+        if not isinstance(measured, dict):
+            raise bad(f"{ph}.measured", "is not an object")
+        phases[ph] = Phase(tuple(w), dict(blk.get("predicted") or {}), dict(measured))
     return Plan(sources=tuple(sources), prefill=phases["prefill"], decode=phases["decode"],
                 engine=d.get("engine", DEFAULT_ENGINE), created=str(d.get("created", "")),
                 baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
