@@ -15,6 +15,8 @@ class Piece:
 
 
 SplitRule = Callable[[int, int, Sequence[int]], tuple[Piece, ...]]
+# (layer, expert, weights) -> the source that serves that whole expert
+PlaceRule = Callable[[int, int, Sequence[int]], int]
 
 
 @dataclass(frozen=True)
@@ -28,3 +30,4 @@ class Engine:
     granule: int                    # bytes: the unit a split moves between sources
     split: Optional[SplitRule]      # how one read is cut across sources; None: the engine does not split reads
     path_forbidden: str             # characters a source path may not contain (the list separators)
+    place: Optional[PlaceRule] = None   # which source serves a whole expert; None: every read is split

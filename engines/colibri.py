@@ -1,40 +1,297 @@
-"""colibri: what it does, as data (its placement and stripe rules are still to be read from its
-sources; until then it has no split rule here and plans for it use their base weights).
+"""colibri: what it does with mirrors, as data and pure functions.
 
-From colibri's multidisk documentation and loader: COLI_MODEL is the primary, COLI_MODEL_MIRROR a
-';'- or ','-separated list of byte-identical copies (at most 4), COLI_DISK_WEIGHTS comma-separated
-positive relative weights, primary first; SNAP_MIRROR is the legacy alias of COLI_MODEL_MIRROR.
+Read from colibri's sources (JustVugg/colibri, stored snapshot 99625c7e of c/colibri.c; the same
+code in the snapshot of its merge #1052, 4ef9a99), and docs/engine-profiles.md names every rule's
+function:
+
+- the `coli` launcher (c/coli, `env_for`) starts the engine with SNAP=<--model>, whose default is
+  COLI_MODEL; `need_model` refuses a model that is not a directory holding tokenizer.json;
+- c/colibri.c `main` reads COLI_MODEL_MIRROR, or SNAP_MIRROR when that is unset or empty, and
+  COLI_MIR_STRIPE (`g_mir_stripe`, on unless set to 0) and DIRECT (`g_direct`, off unless set);
+- `mirror_setup` splits the mirror list on ';' or ',', trims spaces, ignores an entry equal to
+  SNAP (else COLI_MODEL) and any entry past 4 loaded mirrors, and registers each through
+  c/st.h `st_mirror_add`: a shard is admitted only when the mirror's file of the same basename
+  has the primary's size and byte-identical safetensors header; a missing file stays on the
+  primary; a directory contributing no shard takes no replica number;
+- `mirror_setup` takes COLI_DISK_WEIGHTS only when it holds exactly 1 + loaded-mirrors positive
+  numbers (separated by ',' or ' '), else logs "invalid COLI_DISK_WEIGHTS ... probing instead";
+  the weights become cumulative cuts of 256 (`g_mir_cut`);
+- `expert_route` hashes (layer, expert) into 0..255 and serves the expert from the replica whose
+  cut slice holds the hash (`expert_load_impl` falls back to the primary when that replica lacks
+  the shard);
+- `mir_pread_striped` (only on the O_DIRECT path, DIRECT=1, window >= 4 MiB, >= 2 replicas holding
+  the shard) cuts one expert read into equal 4 KiB-aligned chunks, chunk 0 on the routed replica;
+- `profile_print` prints the `MIRROR:` line of bytes and reads served per drive.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from typing import Sequence
 
-from .base import Engine
+from .base import Engine, Piece
 
 NAME = "colibri"
 
-MAX_MIRRORS = 4
-MAX_SOURCES = 1 + MAX_MIRRORS    # primary + ST_MAX_MIR mirrors
-WEIGHT_MIN, WEIGHT_MAX = 1, 100
-PATH_FORBIDDEN = ";,"            # both separate COLI_MODEL_MIRROR entries
-
-ENV_MODEL = "COLI_MODEL"
-ENV_MIRROR = "COLI_MODEL_MIRROR"
-ENV_WEIGHTS = "COLI_DISK_WEIGHTS"
-ENV_LEGACY_MIRROR = "SNAP_MIRROR"
-ENV_KEYS = (ENV_MODEL, ENV_MIRROR, ENV_WEIGHTS, ENV_LEGACY_MIRROR)   # every key the loader reads; all come from the plan
+MAX_MIRRORS = 4                  # ST_MAX_MIR (c/st.h)
+MAX_SOURCES = 1 + MAX_MIRRORS    # MIR_REPS (c/colibri.c)
+WEIGHT_MIN, WEIGHT_MAX = 1, 100  # what our plans hold; colibri itself takes any positive number
+PATH_FORBIDDEN = ";,"            # both separate COLI_MODEL_MIRROR entries (mirror_setup)
 MIRROR_SEPARATOR = ";"           # written; colibri also accepts ','
+MIRROR_LIST_MAX = 4095           # chars of the mirror list mirror_setup keeps (char buf[4096])
+WEIGHTS_MAX = 255                # chars of COLI_DISK_WEIGHTS mirror_setup keeps (char wb[256])
+SHARD_PATH_MAX = 2047            # chars of "<mirror>/<shard>" st_mirror_add can open (char mp[2048])
+SHARD_SUFFIX = ".safetensors"    # the files st_scan_dir indexes and st_mirror_add mirrors
+TOKENIZER = "tokenizer.json"     # the coli launcher refuses a model directory without it (need_model)
+
+HASH_BUCKETS = 256               # expert_route hashes into 0..255; cuts are out of 256
+STRIPE_MIN = 4 << 20             # bytes: mir_pread_striped leaves smaller reads whole
+ALIGN = 4096                     # bytes: O_DIRECT window and stripe chunk alignment
+
+ENV_MODEL = "COLI_MODEL"                 # the coli launcher's --model default
+ENV_SNAP = "SNAP"                        # what the engine binary itself reads (set by coli from --model)
+ENV_MIRROR = "COLI_MODEL_MIRROR"
+ENV_LEGACY_MIRROR = "SNAP_MIRROR"        # read only when COLI_MODEL_MIRROR is unset or empty
+ENV_WEIGHTS = "COLI_DISK_WEIGHTS"
+ENV_MODEL_DIRS = "COLI_MODEL_DIRS"       # a split layout (distinct shards per drive), not replicas
+ENV_DIRECT = "DIRECT"                    # atoi: 1 = O_DIRECT expert reads, the only path that stripes
+ENV_STRIPE = "COLI_MIR_STRIPE"           # atoi: 0 disables striping; unset means on
+ENV_PROF = "PROF"                        # the docs ask PROF=1 for the MIRROR: statistics line
+# Every key a colibri profile speaks for (sets, or unsets); all come from the plan.
+ENV_KEYS = (ENV_MODEL, ENV_SNAP, ENV_MIRROR, ENV_WEIGHTS, ENV_LEGACY_MIRROR, ENV_MODEL_DIRS, ENV_DIRECT, ENV_STRIPE)
+ARG_MODEL = "--model"                    # given by the profile through COLI_MODEL; never twice
+
+_M32 = 0xFFFFFFFF
 
 
-def plan_environment(primary: str, mirrors: Sequence[str], weights: Sequence[int]) -> tuple[tuple[str, str], ...]:
-    """The variables for a primary, its mirrors and one weight per drive (primary first); a
-    single source needs no mirror list and no weights."""
-    env = [(ENV_MODEL, primary)]
+# ---------------------------------------------------------------------------------------------
+# Placement (expert_route) and the weights' cuts (mirror_setup)
+
+def cuts(weights: Sequence[float]) -> tuple[int, ...]:
+    """Cumulative cuts of 256, one per drive (primary first): drive r serves hash values in
+    [cuts[r-1], cuts[r]). Every drive keeps a non-empty slice; the last absorbs rounding."""
+    total = 0.0
+    for w in weights:
+        total += w
+    out, acc, cum = [], 0, 0.0
+    for w in weights:
+        cum += w
+        c = int(256.0 * cum / total + 0.5)   # C's (int) truncates; the value is positive
+        if c <= acc:
+            c = acc + 1
+        c = min(c, HASH_BUCKETS)
+        out.append(c)
+        acc = c
+    out[-1] = HASH_BUCKETS
+    return tuple(out)
+
+
+def expert_hash(layer: int, expert: int) -> int:
+    """expert_route's hash of (layer, expert): 0..255, in uint32 arithmetic."""
+    h = ((layer * 2654435761) & _M32) ^ ((expert * 0x9E3779B9) & _M32)
+    h ^= h >> 16
+    h = (h * 0x45D9F3B) & _M32
+    h ^= h >> 16
+    return h & 255
+
+
+def place_expert(layer: int, expert: int, weights: Sequence[float],
+                 holders: Sequence[int] | None = None) -> int:
+    """The drive (0 = primary, then mirrors in load order) that serves expert (layer, expert)
+    for one weight per loaded drive. `holders`: the drives whose copy holds the expert's shard
+    (default all); a routed mirror without it hands the expert to the primary."""
+    if len(weights) < 2:
+        return 0
+    hv, r = expert_hash(layer, expert), 0
+    c = cuts(weights)
+    while hv >= c[r]:
+        r += 1
+    if r and holders is not None and r not in holders:
+        return 0
+    return r
+
+
+def placement_counts(layers: int, experts: int, weights: Sequence[float]) -> tuple[int, ...]:
+    """Experts each drive serves over a layers x experts grid (the whole model's placement)."""
+    counts = [0] * max(1, len(weights))
+    for layer in range(layers):
+        for e in range(experts):
+            counts[place_expert(layer, e, weights)] += 1
+    return tuple(counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The striped read (mir_pread_striped) and the O_DIRECT window it stripes
+
+def direct_window(offset: int, length: int) -> tuple[int, int]:
+    """(offset, length) in bytes of the 4 KiB-aligned window expert_load_impl reads with
+    O_DIRECT for an expert's weights at [offset, offset+length)."""
+    base = offset & ~(ALIGN - 1)
+    need = offset - base + length
+    return base, (need + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def stripes(length: int, holders: int) -> bool:
+    """Whether mir_pread_striped cuts a window of `length` bytes over `holders` drives."""
+    return holders >= 2 and length >= STRIPE_MIN
+
+
+def stripe_read(offset: int, length: int, routed: int, holders: Sequence[int]) -> tuple[Piece, ...]:
+    """The pieces that serve one O_DIRECT window [offset, offset+length) with striping on:
+    equal chunks of ceil(length / drives) rounded up to 4 KiB, the last one shorter, chunk i on
+    holders[(routed + i) % drives] (`holders`: the drives holding the shard with an O_DIRECT
+    descriptor, ascending). `routed` is a drive number used as a list index, as the source does:
+    with a partial mirror chunk 0 can land on another drive. A window colibri does not stripe is
+    one piece on the routed drive (the primary when the routed drive lacks the shard)."""
+    hs = sorted(holders)
+    if routed not in hs:
+        routed = 0
+    if not stripes(length, len(hs)):
+        return (Piece(routed, offset, length, length // ALIGN),)
+    n = len(hs)
+    chunk = ((length + n - 1) // n + ALIGN - 1) & ~(ALIGN - 1)
+    pieces = []
+    for i in range(n):
+        o = i * chunk
+        if o >= length:
+            break
+        size = min(chunk, length - o)
+        pieces.append(Piece(hs[(routed + i) % n], offset + o, size, size // ALIGN))
+    return tuple(pieces)
+
+
+# ---------------------------------------------------------------------------------------------
+# What colibri makes of its variables (main, mirror_setup)
+
+def mirror_list(mirror: str | None, legacy: str | None = None) -> tuple[str, ...]:
+    """The mirror entries mirror_setup tries, in order: COLI_MODEL_MIRROR (else SNAP_MIRROR)
+    cut to its first 4095 chars, split on ';' or ',', spaces trimmed, empty entries dropped."""
+    text = mirror if mirror else legacy
+    if not text:
+        return ()
+    entries = re.split(r"[;,]", text[:MIRROR_LIST_MAX])
+    return tuple(e.strip(" ") for e in entries if e.strip(" "))
+
+
+_ATOF = re.compile(r"[+-]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.I)
+
+
+def _atof(token: str) -> float:
+    m = _ATOF.match(token)
+    return float(m.group(0)) if m else 0.0
+
+
+def parse_disk_weights(text: str, loaded: int) -> tuple[float, ...] | None:
+    """COLI_DISK_WEIGHTS as mirror_setup takes it for `loaded` drives (primary + mirrors that
+    loaded): tokens split on ',' or ' ', each read like atof and > 0, exactly `loaded` of them;
+    None when colibri rejects it and probes the drives instead."""
+    out = []
+    for tok in (t for t in re.split(r"[, ]", text[:WEIGHTS_MAX]) if t):
+        v = _atof(tok)
+        if not v > 0 or len(out) >= MAX_SOURCES:   # 'not v > 0' also refuses nan, as v<=0 does not
+            return None
+        out.append(v)
+    return tuple(out) if out and len(out) == loaded else None
+
+
+def split_percents(weights: Sequence[float]) -> tuple[str, ...]:
+    """The shares the '[MIRROR] N drives | read split' line prints, as printed ('%.0f')."""
+    c, lo, out = cuts(weights), 0, []
+    for x in c:
+        out.append(f"{100.0 * (x - lo) / 256:.0f}")
+        lo = x
+    return tuple(out)
+
+
+def plan_environment(model_dir: str, mirrors: Sequence[str], weights: Sequence[int],
+                     stripe: bool = False) -> tuple[tuple[str, str], ...]:
+    """The variables for a model directory, its mirror directories and one weight per drive
+    (primary first). COLI_MODEL for the coli launcher, SNAP for the engine binary; a single
+    drive needs no mirror list and no weights; striping needs DIRECT=1 (O_DIRECT is the only
+    path that stripes) and says COLI_MIR_STRIPE=1 rather than rely on its default."""
+    env = [(ENV_MODEL, model_dir), (ENV_SNAP, model_dir)]
     if mirrors:
         env += [(ENV_MIRROR, MIRROR_SEPARATOR.join(mirrors)), (ENV_WEIGHTS, ",".join(map(str, weights)))]
+        if stripe:
+            env += [(ENV_DIRECT, "1"), (ENV_STRIPE, "1")]
     return tuple(env)
 
 
+# ---------------------------------------------------------------------------------------------
+# Log lines: what colibri says it applied (its fprintf/printf formats)
+
+_DASH = r"(?:\u2014|--|-)"
+LOG_MIRROR_LOADED = re.compile(r"^\[MIRROR\] (.+): (\d+)/(\d+) shards \(replica (\d+)\)\s*$", re.M)
+LOG_MIRROR_SKIPPED = re.compile(r"^\[MIRROR\] (.+): no usable shard \(missing or divergent copy\) " + _DASH, re.M)
+LOG_MIRROR_TOO_MANY = re.compile(r"^\[MIRROR\] (.+): too many mirrors \(max (\d+)\) " + _DASH, re.M)
+LOG_MIRROR_IS_MODEL = re.compile(r"^\[MIRROR\] (.+) equals the model dir " + _DASH, re.M)
+LOG_FILE_SKIPPED = re.compile(r"^\[MIRROR\] (.+): (size|header) differs from the primary copy " + _DASH, re.M)
+LOG_NO_MIRROR = re.compile(r"^\[MIRROR\] no usable mirror " + _DASH, re.M)
+LOG_WEIGHTS_INVALID = re.compile(r"^\[MIRROR\] invalid COLI_DISK_WEIGHTS '(.*)' \(want (\d+) positive", re.M)
+LOG_SPLIT = re.compile(r"^\[MIRROR\] (\d+) drives \| read split (.*) \((.+)\)\s*$", re.M)
+LOG_READ_ERROR = re.compile(r"^\[MIRROR\] read error on the mirror copy", re.M)
+LOG_STATS = re.compile(r"^MIRROR: primary ([\d.]+) GB \((\d+) reads\)(.*)$", re.M)
+LOG_STATS_MIRROR = re.compile(r"\| mirror(\d*) ([\d.]+) GB \((\d+) reads\)")
+HOW_WEIGHTS = ENV_WEIGHTS        # the split line's '(COLI_DISK_WEIGHTS)': the weights were taken
+STATS_RESOLUTION = 10_000_000    # bytes: the MIRROR: line prints GB with two decimals
+
+
+@dataclass(frozen=True)
+class MirrorLoad:
+    path: str        # the mirror entry, as colibri printed it
+    shards: int      # shard files admitted
+    total: int       # shard files of the primary
+    replica: int     # the drive number colibri gave it (1 = first mirror that loaded)
+
+
+@dataclass(frozen=True)
+class Served:
+    bytes: int       # decimal GB as printed, times 1e9 (resolution STATS_RESOLUTION)
+    reads: int
+
+
+@dataclass(frozen=True)
+class LogReport:
+    """What one colibri run's log (stdout and stderr) says it applied; empty or None: no such line."""
+    loaded: tuple[MirrorLoad, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()         # (mirror entry, why colibri dropped it)
+    files_skipped: tuple[tuple[str, str], ...] = ()   # (shard path, 'size' | 'header')
+    no_mirror: bool = False                           # '[MIRROR] no usable mirror' was printed
+    weights_rejected: str | None = None               # the COLI_DISK_WEIGHTS text colibri refused
+    weights_wanted: int | None = None                 # how many weights it wanted then
+    drives: int | None = None                         # from the last read-split line
+    split: tuple[str, ...] = ()                       # its per-drive shares, '%' dropped
+    split_how: str = ""                               # 'COLI_DISK_WEIGHTS', 'measured', 'fallback 1:1 (probe failed)'
+    read_error: bool = False                          # a mirror read failed and the primary served it
+    served: dict[int, Served] = field(default_factory=dict)   # drive -> last MIRROR: line's counters
+
+
+def read_log(text: str) -> LogReport:
+    """Every line of `text` in which colibri says what it did with its mirrors."""
+    loaded = tuple(MirrorLoad(p, int(n), int(m), int(k)) for p, n, m, k in LOG_MIRROR_LOADED.findall(text))
+    skipped = [(p, "no usable shard (missing or divergent copy)") for p in LOG_MIRROR_SKIPPED.findall(text)]
+    skipped += [(p, f"too many mirrors (max {n})") for p, n in LOG_MIRROR_TOO_MANY.findall(text)]
+    skipped += [(p, "equals the model dir") for p in LOG_MIRROR_IS_MODEL.findall(text)]
+    bad = LOG_WEIGHTS_INVALID.findall(text)
+    splits = LOG_SPLIT.findall(text)
+    drives, split, how = None, (), ""
+    if splits:
+        n, shares, how = splits[-1]
+        drives, split = int(n), tuple(s.strip().rstrip("%") for s in shares.split(" /"))
+    served: dict[int, Served] = {}
+    stats = LOG_STATS.findall(text)
+    if stats:
+        gb, reads, rest = stats[-1]
+        served[0] = Served(round(float(gb) * 1e9), int(reads))
+        for i, (k, gb_k, reads_k) in enumerate(LOG_STATS_MIRROR.findall(rest), 1):
+            served[int(k) if k else i] = Served(round(float(gb_k) * 1e9), int(reads_k))
+    return LogReport(loaded=loaded, skipped=tuple(skipped), files_skipped=tuple(LOG_FILE_SKIPPED.findall(text)),
+                     no_mirror=bool(LOG_NO_MIRROR.search(text)),
+                     weights_rejected=bad[-1][0] if bad else None, weights_wanted=int(bad[-1][1]) if bad else None,
+                     drives=drives, split=split, split_how=how, read_error=bool(LOG_READ_ERROR.search(text)),
+                     served=served)
+
+
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
-                granule=1, split=None, path_forbidden=PATH_FORBIDDEN)
+                granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN, place=place_expert)
