@@ -1,7 +1,7 @@
-"""The launcher's pure half (DESIGN §6, §8): what a ds4-argodrive run is started with, and
-whether its log proves that what the profile asked for was applied — a requested setting is
+"""The launcher's pure half (DESIGN §6, §8): what an engine run is started with, and whether a
+ds4-argodrive log proves that what the profile asked for was applied — a requested setting is
 not proof. Text in, verdicts out; `engine_bridge.profiles.launch` starts the process and
-captures the text.
+captures the text; colibri's log is judged in `engine_bridge.profiles.confirm_colibri`.
 
 The engine's log lines are read by `engines.ds4_argodrive.read_log`; this module judges them
 against an `Expectation` and parses the ds4-bench CSV the run printed or wrote.
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from core.errors import UsageError
+from engines import colibri
 from engines import ds4_argodrive as ds4
 
 from .profile import Profile
@@ -21,6 +22,9 @@ from .profile import Profile
 # The engine prints its cache budget in the cache report only when asked; the launcher asks,
 # because "the requested cache was honoured" is a gate (DESIGN §8).
 REPORT_ENV = {ds4.ENV_TIMING_SUMMARY: "1"}
+# colibri prints its MIRROR: statistics (bytes and reads per drive) at the end of a run; its
+# docs ask PROF=1 for them (docs/multidisk.md), so the launcher asks.
+COLIBRI_REPORT_ENV = {colibri.ENV_PROF: "1"}
 CSV_HEADER_START = "ctx_tokens,"     # ds4-bench's CSV header begins so (DESIGN §8 lists its columns)
 CHECKS = ("exit", "sources", "decode-split", "source-bytes", "cache-budget", "prefill-staging")
 
@@ -28,20 +32,31 @@ CHECKS = ("exit", "sources", "decode-split", "source-bytes", "cache-budget", "pr
 # ---------------------------------------------------------------------------------------------
 # What to start the engine with
 
+def report_env(p: Profile) -> dict[str, str]:
+    """What the launcher adds so the engine prints what it applied."""
+    return dict(COLIBRI_REPORT_ENV if p.engine == colibri.NAME else REPORT_ENV)
+
+
 def launch_environment(inherited: Mapping[str, str], p: Profile) -> dict[str, str]:
-    """The inherited environment without any DS4_* variable or managed key, plus the profile."""
-    env = {k: v for k, v in inherited.items() if not k.startswith(ds4.ENV_PREFIX) and k not in p.unset}
+    """The inherited environment without the profile's managed keys (and, for ds4, without any
+    DS4_* variable), plus the profile and the report switches."""
+    prefix = ds4.ENV_PREFIX if p.engine == ds4.NAME else None
+    env = {k: v for k, v in inherited.items()
+           if not (prefix and k.startswith(prefix)) and k not in p.unset}
     env.update(p.environment)
-    for k, v in REPORT_ENV.items():
+    for k, v in report_env(p).items():
         env.setdefault(k, v)
     return env
 
 
 def engine_argv(binary: str, p: Profile, args: Sequence[str]) -> list[str]:
-    """The binary, the profile's arguments, then the caller's; refuses an argument the profile already gives."""
-    clash = [a for a in args if a.split("=", 1)[0] in ds4.PROFILE_ARGS]
+    """The binary, the profile's arguments, then the caller's; refuses an argument the profile
+    already gives (for colibri: --model, which COLI_MODEL already is)."""
+    given = {colibri.ARG_MODEL} if p.engine == colibri.NAME else ds4.PROFILE_ARGS
+    clash = [a for a in args if a.split("=", 1)[0] in given]
     if clash:
-        raise UsageError(f"engine argument {clash[0]!r} is already given by the profile ({' '.join(p.argv)}); "
+        by = " ".join(p.argv) if p.argv else f"{colibri.ENV_MODEL}={p.primary}"
+        raise UsageError(f"engine argument {clash[0]!r} is already given by the profile ({by}); "
                          "remove it after --, or export another profile")
     return [binary, *p.argv, *args]
 
@@ -72,7 +87,7 @@ class Expectation:
 
 def expectation_of(p: Profile) -> Expectation:
     env = p.env
-    return Expectation(sources=p.sources, decode_split=env.get(ds4.ENV_DECODE_WEIGHTS, ""),
+    return Expectation(sources=p.sources, decode_split=ds4.weights_text(env.get(ds4.ENV_DECODE_WEIGHTS, "")),
                        cache_experts=p.cache_experts, prefill_split=ds4.ENV_PREFILL_SPLIT in env)
 
 
@@ -85,7 +100,7 @@ class Check:
     detail: str
 
 
-def _exit(returncode: int | None) -> Check:
+def exit_check(returncode: int | None) -> Check:
     if returncode == 0:
         return Check("exit", True, "0", "0", "engine exited cleanly")
     seen = "timeout" if returncode is None else str(returncode)
@@ -95,8 +110,15 @@ def _exit(returncode: int | None) -> Check:
     return Check("exit", False, "0", seen, why)
 
 
+REJECTED = ("the engine rejected the replica configuration: every source it had opened reported bytes=0 and "
+            "it never opened the split reader (a relative or unreadable path, more than 3 sources, a weight "
+            "outside 1..100, or a replica of another size or the same inode)")
+
+
 def _sources(log: ds4.LogReport, n: int) -> Check:
     if log.sources is None:
+        if n > 1 and log.rejected:
+            return Check("sources", False, str(n), "rejected", REJECTED)
         if n > 1:
             return Check("sources", False, str(n), "none",
                          "no 'expert reader sources=' line: the engine did not open the split reader")
@@ -114,7 +136,7 @@ def _decode_split(log: ds4.LogReport, want: str) -> Check:
                      f"engine ignored {ds4.ENV_DECODE_WEIGHTS}={log.decode_ignored} (wrong count or range)")
     if log.decode_split is None:
         return Check("decode-split", False, want, "none", "no 'decode split' line: decode would use the base weights")
-    ok = log.decode_split == want
+    ok = log.decode_split == ds4.weights_text(want)
     return Check("decode-split", ok, want, log.decode_split,
                  "engine applied the decode split" if ok else f"engine applied decode split {log.decode_split}")
 
@@ -125,10 +147,12 @@ def _source_bytes(log: ds4.LogReport, n: int) -> Check:
     # so every source must show bytes > 0, not just a line. A single source prints none unless
     # the reader ran; when it did, its lines are held to the same.
     want = range(n) if (n > 1 or per) else range(0)
+    observed = ",".join(f"{i}:{per[i]}" for i in sorted(per)) or "none"
+    if n > 1 and log.rejected:
+        return Check("source-bytes", False, f"{n} sources > 0", observed, REJECTED)
     problems = [f"source[{i}] reported no bytes" for i in want if i not in per]
     problems += [f"source[{i}] read 0 bytes" for i in want if per.get(i) == 0]
     problems += [f"source[{i}] was not requested" for i in sorted(per) if i >= n]
-    observed = ",".join(f"{i}:{per[i]}" for i in sorted(per)) or "none"
     if not want:
         return Check("source-bytes", True, "", observed, "single source: no per-source report expected")
     return Check("source-bytes", not problems, f"{n} sources > 0", observed,
@@ -169,7 +193,7 @@ def confirm(text: str, expect: Expectation, returncode: int | None = 0) -> tuple
     returncode None means the engine was stopped (timeout); negative, killed by that signal.
     """
     log = ds4.read_log(text)
-    checks = [_exit(returncode), _sources(log, expect.sources), _decode_split(log, expect.decode_split),
+    checks = [exit_check(returncode), _sources(log, expect.sources), _decode_split(log, expect.decode_split),
               _source_bytes(log, expect.sources)]
     if expect.cache_experts is not None:
         checks.append(_cache_budget(log, expect.cache_experts))

@@ -71,6 +71,25 @@ def test_decode_split_missing_ignored_or_different():
     assert not c.ok and c.observed == "10,5,5"
 
 
+def test_a_decode_split_with_blanks_is_the_same_split():
+    spaced = GOOD3.replace("decode split 10,6,6", "decode split 10, 6, 6")
+    assert verdict(spaced)["decode-split"].ok
+    assert verdict(spaced, Expectation(sources=3, decode_split="10, 6, 6", cache_experts=4600,
+                                       prefill_split=True))["decode-split"].ok
+
+
+def test_a_rejected_replica_configuration_is_named_as_such():
+    # The reader refused its configuration: no reader line, bytes=0 from every source it had opened.
+    rejected = "\n".join(line for line in GOOD3.splitlines()
+                         if "sources=3" not in line and "bytes=" not in line and "decode split" not in line)
+    rejected += "\nds4: Argodrive source[0] bytes=0\nds4: Argodrive source[1] bytes=0\n"
+    v = verdict(rejected)
+    for name in ("sources", "source-bytes"):
+        assert not v[name].ok and v[name].detail.startswith("the engine rejected the replica configuration")
+        assert "read 0 bytes" not in v[name].detail
+    assert v["sources"].observed == "rejected"
+
+
 def test_source_bytes_missing_zero_extra_and_summed():
     assert "source[2] reported no bytes" in verdict(GOOD3.replace("ds4: Argodrive source[2] bytes=690000000\n", ""))["source-bytes"].detail
     assert "source[1] read 0 bytes" in verdict(GOOD3.replace("source[1] bytes=700000000", "source[1] bytes=0"))["source-bytes"].detail

@@ -41,6 +41,25 @@ def test_every_line_the_launcher_confirms_is_read():
     assert r.prefill_rejected == "reader invalid=0 sources=1"
 
 
+def test_a_decode_list_with_blanks_is_read_like_the_engine_reads_it():
+    # ar_open parses the list with strtoul, which skips the blank after each comma, and prints
+    # it verbatim: "10, 6, 6" is applied and confirmed as 10,6,6.
+    r = read_log("ds4: Argodrive decode split 10, 6, 6 (prefill keeps the base weights)\n")
+    assert r.decode_split == "10,6,6" and ds4.weights_text(" 10, 6,\t6") == "10,6,6"
+    r = read_log("ds4: ignoring DS4_ARGODRIVE_DECODE_WEIGHTS=10, 6 (want 3 comma-separated weights 1..100)\n")
+    assert r.decode_ignored == "10, 6" and r.decode_split is None
+
+
+def test_a_rejected_configuration_is_not_a_read_of_zero_bytes():
+    # ar_open rejects (a relative path, a 4th source, a size or inode clash) by calling ar_close,
+    # which prints bytes=0 for every source it had opened; the engine opens no reader.
+    rejected = "ds4: Argodrive source[0] bytes=0\nds4: Argodrive source[1] bytes=0\n"
+    assert read_log(rejected).rejected
+    assert not read_log("ds4: experimental Argodrive expert reader sources=2; Engram unchanged\n" + rejected).rejected
+    assert not read_log(LOG).rejected and not read_log("").rejected
+    assert not read_log("ds4: Argodrive source[0] bytes=0\nds4: Argodrive source[1] bytes=7\n").rejected
+
+
 def test_lands_last_lines_are_not_byte_counts():
     assert read_log("ds4: Argodrive source[0] lands_last=10 gap_ns=100 reads=50\n").source_bytes == {}
 
@@ -70,7 +89,9 @@ def test_known_keys_are_presence_flags_or_values_and_never_split_keys():
 
 
 def test_colibri_environment():
-    assert colibri.plan_environment("/i/m", (), (10,)) == (("COLI_MODEL", "/i/m"),)
+    # The coli launcher reads COLI_MODEL, the engine binary SNAP: a profile gives both.
+    assert colibri.plan_environment("/i/m", (), (10,)) == (("COLI_MODEL", "/i/m"), ("SNAP", "/i/m"))
     assert colibri.plan_environment("/i/m", ("/g/m", "/w/m"), (10, 5, 5)) == (
-        ("COLI_MODEL", "/i/m"), ("COLI_MODEL_MIRROR", "/g/m;/w/m"), ("COLI_DISK_WEIGHTS", "10,5,5"))
-    assert set(colibri.ENV_KEYS) == {"COLI_MODEL", "COLI_MODEL_MIRROR", "COLI_DISK_WEIGHTS", "SNAP_MIRROR"}
+        ("COLI_MODEL", "/i/m"), ("SNAP", "/i/m"), ("COLI_MODEL_MIRROR", "/g/m;/w/m"), ("COLI_DISK_WEIGHTS", "10,5,5"))
+    assert set(colibri.ENV_KEYS) == {"COLI_MODEL", "SNAP", "COLI_MODEL_MIRROR", "COLI_DISK_WEIGHTS", "SNAP_MIRROR",
+                                     "COLI_MODEL_DIRS", "DIRECT", "COLI_MIR_STRIPE"}
