@@ -12,13 +12,15 @@ MAIN, HEDGE, PROBE = "main", "hedge", "probe"
 
 
 class ReadTicket:
-    """One read in flight: `result()` waits for its barrier and returns exactly its bytes."""
+    """One read in flight: `result()` waits for its barrier and returns exactly its bytes.
+    file: the model's file it reads (relative path), fi: that file's index in the model's files."""
 
-    __slots__ = ("offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool",
+    __slots__ = ("file", "fi", "offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool",
                  "_own_buf", "_work", "_writers", "_patches", "_orphan")
 
     def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
-                 own_buf: bool | None = None, work=None):
+                 own_buf: bool | None = None, work=None, file: str = "", fi: int = 0):
+        self.file, self.fi = file, fi
         self.offset, self.length, self.phase = offset, length, phase
         self._buf, self._base, self._pool = buf, base, pool
         self._own_buf = pool is not None if own_buf is None else own_buf   # _buf came from the pool
@@ -71,13 +73,15 @@ class Piece:
 
 
 class Attempt:
-    """One read of a piece (or a probe) on one source, into `buf` whose byte 0 is file offset `base`."""
+    """One read of a piece (or a probe) on one source, into `buf` whose byte 0 is offset `base` of
+    the model's file `fi` (a piece's is its read's)."""
 
-    __slots__ = ("piece", "src", "kind", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started", "phase",
-                 "jumped")
+    __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
+                 "phase", "jumped")
 
-    def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int):
+    def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
+        self.fi = piece.ticket.fi if piece is not None else fi
         self.t_enq = 0             # hedger clock, ns, when queued on `src`
         self.ahead = 0             # bytes queued on `src` ahead of it when queued, itself included
         self.late = False          # missed its deadline

@@ -141,14 +141,14 @@ class Hedger:
 
     # -- called by the reader -------------------------------------------------------------
 
-    def maybe_probe(self, s: int, off: int, ln: int, phase: str) -> None:
-        """Send degraded-for-lateness source `s` a probe of (off, ln) if one is due."""
+    def maybe_probe(self, s: int, off: int, ln: int, phase: str, fi: int = 0) -> None:
+        """Send degraded-for-lateness source `s` a probe of (off, ln) of file `fi` if one is due."""
         with self.cond:
             now = self.clock()
             if self._stopping or self.probing[s] or now < self.next_probe[s] or not self.health.slow(s):
                 return
             self.probing[s] = True
-            att = Attempt(None, s, PROBE, off, ln, self.pool.get(span(off, ln)), align_down(off))
+            att = Attempt(None, s, PROBE, off, ln, self.pool.get(span(off, ln)), align_down(off), fi)
             att.phase = phase
             self._queue(att, now, front=True)
             self.lanes.put_front(att)

@@ -1,7 +1,8 @@
 """The split reader's lanes: persistent threads per source that read pieces into a read's buffer.
 
 Each source has a queue and `lanes` threads serving it (`os.preadv` releases the GIL, so lanes
-overlap on 2 cores). A piece's aligned interior is read straight into the read's page-aligned
+overlap on 2 cores); a piece is read from the source's copy of the read's file (`files.SourceFiles`
+opens it when first needed). A piece's aligned interior is read straight into the read's page-aligned
 buffer; its unaligned edges through one covering page of the lane's scratch, so neighbouring
 pieces never touch each other's bytes and O_DIRECT works on any range. A piece that fails or
 comes back short is re-read from the source `SourceHealth` names; a read completes at its
@@ -29,6 +30,7 @@ from core.errors import MissingError
 from replicas.coldio import ColdReader, align_down, align_up, aligned_buffer
 
 from .attempts import HEDGE, MAIN, Attempt, Piece, ReadTicket
+from .files import SourceFiles
 from .readstats import last_landing, latency_summary
 from .sources import ShortRead, SourceHealth
 
@@ -101,11 +103,12 @@ def read_piece(reader: ColdReader, buf, base: int, off: int, ln: int, scratch) -
 
 class Lanes:
     """`lanes` threads per source serving the attempts put on its queue; counters of what they did.
-    hedger: a `hedger.Hedger` (deadlines, hedges, probes) sharing this object's lock, or None."""
+    sources: each source's files. hedger: a `hedger.Hedger` (deadlines, hedges, probes) sharing
+    this object's lock, or None."""
 
-    def __init__(self, readers: Sequence[ColdReader], health: SourceHealth, lanes: int, pool=None, hedger=None):
-        n = len(readers)
-        self.readers, self.health, self.lanes, self.pool = tuple(readers), health, lanes, pool
+    def __init__(self, sources: Sequence[SourceFiles], health: SourceHealth, lanes: int, pool=None, hedger=None):
+        n = len(sources)
+        self.sources, self.health, self.lanes, self.pool = tuple(sources), health, lanes, pool
         self._lock = threading.Lock()
         self._bytes = [0] * n
         self._reads = [0] * n
@@ -152,7 +155,7 @@ class Lanes:
             lat = [array("q", a) for a in self._lat]
             snap = (tuple(self._bytes), tuple(self._reads), tuple(self._failover_bytes), tuple(self._lands_last),
                     tuple(self._gap_ns), self._reads_done, self._bytes_done)
-            hl = self.hedger.counters() if self.hedger is not None else ((0,) * len(self.readers),) * 2
+            hl = self.hedger.counters() if self.hedger is not None else ((0,) * len(self.sources),) * 2
         b, r, fb, ll, gap, rd, bd = snap
         return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd, hl[0], hl[1])
 
@@ -163,7 +166,7 @@ class Lanes:
         if self.hedger is not None:
             self.hedger.stop()
         with self._lock:
-            for s in range(len(self.readers)):
+            for s in range(len(self.sources)):
                 self._abandoned[s] = self.hedger is not None and self.hedger.stuck(s)
             abandoned = list(self._abandoned)
         for q in self._queues:
@@ -172,13 +175,13 @@ class Lanes:
         for i, t in enumerate(self._threads):
             if not abandoned[i // self.lanes]:
                 t.join()
-        return [s for s in range(len(self.readers)) if not abandoned[s]]
+        return [s for s in range(len(self.sources)) if not abandoned[s]]
 
     # -- the lane threads -----------------------------------------------------------------
 
     def _lane(self, src: int) -> None:
         q = self._queues[src]
-        scratch = memoryview(aligned_buffer(2 * self.readers[src].alignment))
+        scratch = memoryview(aligned_buffer(2 * ColdReader.alignment))
         while True:
             att = q.get()
             if att is None:
@@ -186,10 +189,7 @@ class Lanes:
                     self._alive[src] -= 1
                     last = self._alive[src] == 0 and self._abandoned[src]
                 if last:
-                    try:
-                        self.readers[src].close()
-                    except OSError:
-                        pass
+                    self.sources[src].close()
                 return
             try:
                 with self._lock:
@@ -209,9 +209,14 @@ class Lanes:
         while True:
             t0 = time.monotonic_ns()
             try:
-                read_piece(self.readers[s], att.buf, att.base, att.off, att.ln, scratch)
+                files = self.sources[s]
+                reader = files.acquire(att.fi)
+                try:
+                    read_piece(reader, att.buf, att.base, att.off, att.ln, scratch)
+                finally:
+                    files.release(att.fi)
             except (OSError, ShortRead) as e:
-                health.piece_failed(s, att.off, att.ln, e)
+                health.piece_failed(s, att.off, att.ln, e, health.models[s].files[att.fi])
                 if piece is None:            # a probe: the source is now degraded for good
                     self._end(att, s, ok=False)
                     return
@@ -227,7 +232,7 @@ class Lanes:
                     self._end(att, s, ok=False, failed=not piece.done)
                     return
                 health.event("failover", nxt, f"piece ({att.off}, {att.ln}) of source {s} re-read from source {nxt}",
-                             att.off, att.ln)
+                             att.off, att.ln, health.models[s].files[att.fi])
                 s = nxt
                 continue
             self._end(att, s, ok=True, t0=t0, t1=time.monotonic_ns())
@@ -272,7 +277,7 @@ class Lanes:
                     no_source = self._no_source(piece)
                     finish = self._landed(ticket, s, time.monotonic_ns(), error=no_source)
         if no_source is not None:
-            self.health.event("all_failed", s, str(no_source), att.off, att.ln)
+            self.health.event("all_failed", s, str(no_source), att.off, att.ln, piece.ticket.file)
         self._give_back(free)
         for act in actions:
             act()
@@ -281,7 +286,8 @@ class Lanes:
 
     def _no_source(self, piece: Piece) -> MissingError:
         t = piece.ticket
-        return MissingError(f"split reader: no source could read ({piece.off}, {piece.ln}) of read "
+        where = f" of {t.file}" if len(self.health.models[0].files) > 1 else ""
+        return MissingError(f"split reader: no source could read ({piece.off}, {piece.ln}){where} of read "
                             f"({t.offset}, {t.length}); tried " + ", ".join(self.health.paths[i] for i in piece.tried)
                             + "; check the drives")
 

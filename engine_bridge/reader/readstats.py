@@ -21,21 +21,22 @@ class ReaderEvent:
 
     kind: str          # 'read_failed', 'short_read', 'failover', 'degraded', 'recovered', 'vanished', 'all_failed'
     source: int        # index of the source concerned (0 = primary)
-    path: str
+    path: str          # the source's model path (its file, split set's first file, or directory)
     message: str       # one line: what happened and what the reader did about it
-    offset: int = 0    # bytes: the piece concerned (0 when not about a piece)
+    offset: int = 0    # bytes from the start of `file`: the piece concerned (0 when not about a piece)
     length: int = 0
     t_ns: int = 0      # monotonic clock
+    file: str = ""     # the model's file the piece is in (relative, as in ModelSet.files); "" when about the source
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source, "path": self.path, "message": self.message,
-                "offset": self.offset, "length": self.length, "t_ns": self.t_ns}
+                "file": self.file, "offset": self.offset, "length": self.length, "t_ns": self.t_ns}
 
 
 @dataclass(frozen=True)
 class SourceStats:
     index: int
-    path: str
+    path: str                   # the source's model path (its file, split set's first file, or directory)
     weight: int                 # prefill (base) weight
     decode_weight: int
     bytes: int                  # bytes this source delivered (exact piece bytes, not alignment padding)

@@ -1,10 +1,12 @@
 """The split reader's sources: what it accepts at open, and which sources stay healthy after.
 
-At open every source must be a regular file of the primary's size on its own inode (what the
-engine refuses, we refuse, naming the file). While reads run, `SourceHealth` decides which
-sources still get pieces: a source whose piece failed or came back short, or whose file vanished,
-was replaced or shrank, is degraded for the rest of the run, and a failed piece goes to the
-healthy source with the largest base weight not yet tried. A source late again and again (the
+A source is a member's copy of the whole model (a `replicas.modelset.ModelSet`: one file, a split
+GGUF set or a directory), primary first. At open every source must hold the primary's files, each
+a regular file of the primary file's size on its own inode (what the engine refuses, we refuse,
+naming the member and the file). While reads run, `SourceHealth` decides which sources still get
+pieces: a source whose piece failed or came back short, or one of whose files vanished, was
+replaced or shrank, is degraded as a whole for the rest of the run, and a failed piece goes to
+the healthy source with the largest base weight not yet tried. A source late again and again (the
 hedger decides, `hedger.py`) is degraded the same way but only until probes find it on time again
 (`degrade(..., slow=True)`, `restore`). Everything it does is an event, kept and passed to
 `report` (called from lane threads: keep it quick and thread-safe).
@@ -20,54 +22,87 @@ from typing import Callable, Sequence
 from core.errors import MissingError, UsageError
 from core.fsutil import require_file
 from replicas.coldio import ColdReader
+from replicas.modelset import FILE, ModelSet
 
+from .files import Identity, SourceFiles
 from .readstats import ReaderEvent
 
-Identity = tuple[int, int, int]     # (device, inode, size in bytes) of a source file at open
+FIX = "a source is the model or a replica of it on a mounted drive"
 
 
-def check_sources(paths: Sequence[str]) -> list[Identity]:
-    """(device, inode, size) of each source; refuses what the engine would refuse."""
+def file_paths(model: ModelSet) -> tuple[str, ...]:
+    """Where a source keeps each of the model's files. A one-file model's replica may have a name
+    of its own (the engine only asks for a regular file of the same size), so its file is its path."""
+    return (model.path,) if model.layout == FILE else model.paths
+
+
+def source_name(i: int, model: ModelSet) -> str:
+    """How messages name a source: its index and the member's path (file, first file or directory)."""
+    return f"source {i} ({model.path})"
+
+
+def check_sources(models: Sequence[ModelSet]) -> list[tuple[Identity, ...]]:
+    """Per source, the (device, inode, size) of each of the model's files; refuses what the
+    engine would refuse, naming the member and the file."""
+    primary = models[0]
+    for i, m in enumerate(models[1:], 1):
+        if m.layout != primary.layout or (m.layout != FILE and m.files != primary.files):
+            raise UsageError(f"{source_name(i, m)}: lists files {_few(m.files)} but the primary has "
+                             f"{_few(primary.files)}; every source must be the same model")
     seen: dict[tuple[int, int], str] = {}
-    ident: list[Identity] = []
-    for i, p in enumerate(paths):
-        st = require_file(p, f"source {i}", "a source is the model file or a replica of it on a mounted drive")
-        if ident and st.st_size != ident[0][2]:
-            raise UsageError(f"{p}: size {st.st_size} differs from the primary's {ident[0][2]} ({paths[0]}); "
-                             "a replica must be a byte-identical copy: re-copy it with `replicas sync`")
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            raise UsageError(f"{p}: same file as {seen[key]} (one inode); give each source once, "
-                             "each replica a distinct copy")
-        seen[key] = p
-        ident.append((st.st_dev, st.st_ino, st.st_size))
+    ident: list[tuple[Identity, ...]] = []
+    for i, m in enumerate(models):
+        # one file: "source 1 /g/model.gguf: …"; several: "source 1 (/g/model): file /g/model/a.safetensors: …"
+        role = f"source {i}" if m.layout == FILE else f"{source_name(i, m)}: file"
+        per: list[Identity] = []
+        for fi, (rel, p) in enumerate(zip(m.files, file_paths(m))):
+            st = require_file(p, role, FIX)
+            if ident and st.st_size != ident[0][fi][2]:
+                raise UsageError(f"{role} {p}: size {st.st_size} differs from the primary's {ident[0][fi][2]} "
+                                 f"({file_paths(primary)[fi]}); a replica must be a byte-identical copy: re-copy it with "
+                                 "`replicas sync`")
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                raise UsageError(f"{role} {p}: same file as {seen[key]} (one inode); give each source once, "
+                                 "each replica a distinct copy")
+            seen[key] = p
+            per.append((st.st_dev, st.st_ino, st.st_size))
+        ident.append(tuple(per))
     return ident
 
 
-def open_sources(paths: Sequence[str], opener: Callable[[str], ColdReader]) -> list[ColdReader]:
-    """One reader per source; on a failure the ones already open are closed again."""
-    readers: list[ColdReader] = []
-    p = ""
+def _few(files: Sequence[str]) -> str:
+    return ", ".join(files[:3]) + (f" … ({len(files)} in all)" if len(files) > 3 else "")
+
+
+def open_sources(models: Sequence[ModelSet], identity: Sequence[Sequence[Identity]],
+                 opener: Callable[[str], ColdReader]) -> list[SourceFiles]:
+    """The files of each source; the first file of each is opened now (a drive that cannot be read
+    is refused at open, and `how` is known), the others when a read names them. On a failure the
+    ones already open are closed again."""
+    out: list[SourceFiles] = []
+    i, m = 0, models[0]
     try:
-        for p in paths:
-            readers.append(opener(p))
+        for i, m in enumerate(models):
+            files = SourceFiles(file_paths(m), identity[i], opener)
+            out.append(files)
+            files.acquire(0)
+            files.release(0)
     except OSError as e:
-        close_readers(readers)
-        raise MissingError(f"{e.filename or p}: cannot open for reading ({e.strerror or e}); "
-                           "check the drive is mounted and the file readable") from None
-    return readers
+        close_sources(out)
+        rel = m.files[0]
+        raise MissingError(f"{source_name(i, m)}: file {rel}: cannot open {e.filename or file_paths(m)[0]} for reading "
+                           f"({e.strerror or e}); check the drive is mounted and the file readable") from None
+    return out
 
 
-def close_readers(readers: Sequence[ColdReader]) -> None:
-    for r in readers:
-        try:
-            r.close()
-        except OSError:
-            pass
+def close_sources(sources: Sequence[SourceFiles]) -> None:
+    for s in sources:
+        s.close()
 
 
 def source_change(path: str, identity: Identity) -> str | None:
-    """Why the file at `path` is no longer the source opened with `identity`, or None."""
+    """Why the file at `path` is no longer the source file opened with `identity`, or None."""
     dev, ino, size = identity
     try:
         st = os.stat(path)
@@ -87,13 +122,14 @@ class ShortRead(Exception):
 class SourceHealth:
     """Which sources still get pieces, and the events that say why one stopped.
 
-    paths, weights (base), identity: per source, primary first. report: called with each
-    `ReaderEvent` outside the lock (from lane threads too).
+    models, weights (base), identity (per file, as `check_sources` returns it): per source,
+    primary first. report: called with each `ReaderEvent` outside the lock (from lane threads too).
     """
 
-    def __init__(self, paths: Sequence[str], weights: Sequence[int], identity: Sequence[Identity],
+    def __init__(self, models: Sequence[ModelSet], weights: Sequence[int], identity: Sequence[Sequence[Identity]],
                  report: Callable | None = None):
-        self.paths, self.weights, self.identity = tuple(paths), tuple(weights), tuple(identity)
+        self.models, self.weights, self.identity = tuple(models), tuple(weights), tuple(map(tuple, identity))
+        self.paths = tuple(m.path for m in self.models)
         self._report = report
         self._lock = threading.Lock()
         self._degraded = [False] * len(self.paths)
@@ -125,8 +161,9 @@ class SourceHealth:
             slow = tuple(s and not d for d, s in zip(self._degraded, self._slow))
             return tuple(self._out()), tuple(self._src_events), tuple(self._events), slow
 
-    def event(self, kind: str, src: int, message: str, off: int = 0, ln: int = 0) -> None:
-        ev = ReaderEvent(kind, src, self.paths[src], message, off, ln, time.monotonic_ns())
+    def event(self, kind: str, src: int, message: str, off: int = 0, ln: int = 0, file: str = "") -> None:
+        """Keep and report an event; `file` (relative, as in the model's files) when it is about one."""
+        ev = ReaderEvent(kind, src, self.paths[src], message, off, ln, time.monotonic_ns(), file)
         with self._lock:
             self._events.append(ev)
             self._src_events[src] += 1
@@ -163,12 +200,13 @@ class SourceHealth:
         self.event("recovered", src, f"source {src} recovered ({why}); reads go to sources {left} with weights {plan}")
         return True
 
-    def piece_failed(self, src: int, off: int, ln: int, e: BaseException) -> None:
+    def piece_failed(self, src: int, off: int, ln: int, e: BaseException, file: str = "") -> None:
+        where = f"piece ({off}, {ln})" + (f" of {file}" if file and len(self.models[src].files) > 1 else "")
         if isinstance(e, ShortRead):
-            kind, why = "short_read", f"piece ({off}, {ln}) came back short (file truncated?)"
+            kind, why = "short_read", f"{where} came back short (file truncated?)"
         else:
-            kind, why = "read_failed", f"piece ({off}, {ln}) failed: {getattr(e, 'strerror', None) or e}"
-        self.event(kind, src, why, off, ln)
+            kind, why = "read_failed", f"{where} failed: {getattr(e, 'strerror', None) or e}"
+        self.event(kind, src, why, off, ln, file)
         self.degrade(src, why)
 
     def failover_source(self, tried: Sequence[int]) -> int | None:
@@ -180,17 +218,19 @@ class SourceHealth:
         return max(cands, key=lambda i: (self.weights[i], -i))
 
     def check(self) -> list[int]:
-        """Re-stat every healthy source; degrade one whose file vanished, was replaced or shrank.
-        Returns the indices degraded by this check."""
+        """Re-stat every file of every healthy source; degrade a source one of whose files vanished,
+        was replaced or shrank. Returns the indices degraded by this check."""
         lost = []
-        for i, p in enumerate(self.paths):
+        for i, m in enumerate(self.models):
             with self._lock:
                 failed = self._degraded[i]
             if failed:
                 continue
-            why = source_change(p, self.identity[i])
-            if why:
-                self.event("vanished", i, f"{p}: {why}")
-                self.degrade(i, why)
-                lost.append(i)
+            for fi, (rel, p) in enumerate(zip(m.files, file_paths(m))):
+                why = source_change(p, self.identity[i][fi])
+                if why:
+                    self.event("vanished", i, f"{p}: {why}", file=rel)
+                    self.degrade(i, why if len(m.files) == 1 else f"{rel}: {why}")
+                    lost.append(i)
+                    break
         return lost

@@ -1,6 +1,9 @@
 """The split reader: every expert read split across the primary and its replicas (DESIGN §5).
 
-A read `(offset, length)` is split with the engine's rule (`engines.split.split_read`, never
+A source is a member's copy of the whole model (`replicas.modelset.ModelSet`: one file, a split
+GGUF set or a directory of shards); a read addresses one of the model's files, `(file, offset,
+length)` (a `replicas.modelset.Extent`), and its pieces go to the same file in each source.
+A read `(offset, length)` of a file is split with the engine's rule (`engines.split.split_read`, never
 arithmetic of our own) using the prefill (base) or the decode weights; each piece goes to its
 source's persistent lanes (`lanes.py`), and the read completes at the barrier, when its last
 piece lands. Ranges need not be 4 KiB-aligned, so cold (O_DIRECT) reads work on any GGUF and
@@ -32,13 +35,14 @@ from core.errors import MissingError, UsageError
 from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights
 from replicas.coldio import CachedReader, ColdReader, align_down
+from replicas.modelset import ModelSet, one_file
 
 from .buffers import POOL_BYTES, BufferPool, check_buffer, span
 from .hedger import Hedger
 from .hedging import HedgePolicy, check_policy
 from .lanes import Lanes, ReadTicket
 from .readstats import ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
-from .sources import SourceHealth, check_sources, close_readers, open_sources
+from .sources import SourceHealth, check_sources, close_sources, open_sources
 
 PHASES = ("prefill", "decode")
 HEALTH_INTERVAL_S = 1.0        # how often submit() re-stats the source files (vanished/truncated)
@@ -48,9 +52,12 @@ __all__ = ["SplitReader", "ReadTicket", "CachedReader", "ReaderStats", "SourceSt
 
 
 class SplitReader:
-    """Reads byte ranges of one model file split across its sources (primary first, then replicas).
+    """Reads byte ranges of a model's files split across its sources (primary first, then replicas).
 
-    paths: the primary then its replicas (byte-identical files on distinct inodes).
+    sources: the primary then its replicas, each the whole model where that member keeps it (a
+    `ModelSet`; a path is taken as a one-file model): the same files, byte-identical, on distinct
+    inodes. Files are opened when a read first names one, at most `files.OPEN_FILES_PER_SOURCE`
+    open per source.
     weights: base (prefill) weights, one per source, integers 1..100.
     decode_weights: weights used when phase == 'decode' (default: the base weights).
     lanes: reader threads per source. cold: O_DIRECT / F_NOCACHE reads (False: page-cache reads,
@@ -61,14 +68,16 @@ class SplitReader:
     clock: the hedger's clock, ns (tests inject one).
     """
 
-    def __init__(self, paths: Sequence[str], weights: Sequence[int], decode_weights: Sequence[int] | None = None, *,
+    def __init__(self, sources: Sequence[ModelSet | str], weights: Sequence[int],
+                 decode_weights: Sequence[int] | None = None, *,
                  lanes: int = 8, engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
                  pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
                  clock: Callable[[], int] | None = None):
-        paths = [os.fspath(p) for p in paths]
+        models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
+        paths = [m.path for m in models]
         if not paths:
-            raise UsageError("split reader: give at least one source (the primary model file)")
+            raise UsageError("split reader: give at least one source (the primary model)")
         weights = check_weights(tuple(weights), engine)
         if len(weights) != len(paths):
             raise UsageError(f"split reader: {len(weights)} weights ({':'.join(map(str, weights))}) for {len(paths)} "
@@ -84,28 +93,34 @@ class SplitReader:
             check_policy(policy)
         except ValueError as e:
             raise UsageError(f"split reader: {e}") from None
-        self.paths = tuple(paths)
+        self.models, self.paths = tuple(models), tuple(paths)
         self.weights, self.decode_weights = weights, decode
         self.engine, self.lanes, self.cold = engine, lanes, cold
         self.hedge, self.hedge_policy = bool(hedge), policy
         self._health_interval = health_interval
-        identity = check_sources(paths)
-        self.size = identity[0][2]
-        self._readers = open_sources(paths, opener or (ColdReader if cold else CachedReader))
-        self.how = tuple(r.how for r in self._readers)
-        self._health = SourceHealth(paths, weights, identity, report)
+        identity = check_sources(models)
+        self.files = models[0].files
+        self._index = {rel: i for i, rel in enumerate(self.files)}
+        self.sizes = {rel: ident[2] for rel, ident in zip(self.files, identity[0])}    # bytes per file
+        self.size = sum(self.sizes.values())                                           # bytes of the model
+        self._sources = open_sources(models, identity, opener or (ColdReader if cold else CachedReader))
+        self.how = tuple(f.how for f in self._sources)
+        self._health = SourceHealth(models, weights, identity, report)
         self._last_health = time.monotonic()
         self._closed = False
         self._pool = BufferPool(pool_bytes)
         # one source has no replica to hedge on: no watchdog
         self._hedger = (Hedger(self._health, weights, decode, self._pool, policy, clock or time.monotonic_ns)
                         if self.hedge and len(paths) > 1 else None)
-        self._lanes = Lanes(self._readers, self._health, lanes, self._pool, self._hedger)
+        self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger)
 
     # -- reads ------------------------------------------------------------------------------
 
-    def submit(self, offset: int, length: int, phase: str = "prefill", buffer=None) -> ReadTicket:
-        """Start one read; its pieces go to the lanes at once. `ticket.result()` waits for it.
+    def submit(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,
+               file: str | None = None) -> ReadTicket:
+        """Start one read of bytes [offset, offset+length) of the model's file `file` (its
+        relative path, as in `ModelSet.files`; may be omitted for a one-file model); its pieces go
+        to the lanes at once. `ticket.result()` waits for it.
 
         buffer: optional page-aligned writable buffer (from `aligned_buffer`) of at least
         `span(offset, length)` bytes to read into, so a caller with its own staging buffers avoids
@@ -117,8 +132,12 @@ class SplitReader:
             raise UsageError("split reader: read after close()")
         if phase not in PHASES:
             raise UsageError(f"split reader: phase {phase!r} is not one of {', '.join(PHASES)}")
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise UsageError(f"split reader: read ({offset}, {length}) is outside the file (size {self.size})")
+        fi = self._file_index(file)
+        rel = self.files[fi]
+        size = self.sizes[rel]
+        if offset < 0 or length < 0 or offset + length > size:
+            where = f"the file {rel}" if len(self.files) > 1 else "the file"
+            raise UsageError(f"split reader: read ({offset}, {length}) is outside {where} (size {size})")
         if self._health_interval is not None and time.monotonic() - self._last_health >= self._health_interval:
             self.check_sources()
         healthy = self._health.healthy()
@@ -129,41 +148,55 @@ class SplitReader:
         pieces = healthy_split(offset, length, weights, healthy, self.engine)
         if buffer is None:
             buf = self._pool.get(span(offset, length))
-            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), self._pool)
+            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), self._pool, file=rel, fi=fi)
         elif self._hedger is not None:
             # a late read cannot be stopped once in the kernel: it must never write into memory the
             # caller gets back, so the pieces land in a buffer of ours, copied over at the barrier
             buf = check_buffer(buffer, offset, length)
             ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), None, own_buf=False,
-                                work=self._pool.get(span(offset, length)))
+                                work=self._pool.get(span(offset, length)), file=rel, fi=fi)
         else:
             ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
-                                len(pieces), None)
+                                len(pieces), None, file=rel, fi=fi)
         for s, po, pl in pieces:
             self._lanes.put(s, ticket, po, pl)
         if self._hedger is not None and len(healthy) < len(self.paths):
-            self._probe(offset, length, phase, weights, healthy)
+            self._probe(fi, offset, length, phase, weights, healthy)
         return ticket
 
-    def _probe(self, offset: int, length: int, phase: str, weights, healthy: list[int]) -> None:
+    def _file_index(self, file: str | None) -> int:
+        if file is None:
+            if len(self.files) > 1:
+                raise UsageError(f"split reader: the model has {len(self.files)} files; name the file a read is in "
+                                 f"(file=..., one of {', '.join(self.files[:3])}{' …' if len(self.files) > 3 else ''})")
+            return 0
+        fi = self._index.get(file)
+        if fi is None:
+            raise UsageError(f"split reader: {file!r} is not one of the model's files "
+                             f"({', '.join(self.files[:3])}{' …' if len(self.files) > 3 else ''})")
+        return fi
+
+    def _probe(self, fi: int, offset: int, length: int, phase: str, weights, healthy: list[int]) -> None:
         """Offer each source degraded for lateness a probe: the piece its weight would give it here."""
         for s in range(len(self.paths)):
             if s in healthy or not self._health.slow(s):
                 continue
             for src, po, pl in healthy_split(offset, length, weights, sorted(healthy + [s]), self.engine):
                 if src == s:
-                    self._hedger.maybe_probe(s, po, pl, phase)
+                    self._hedger.maybe_probe(s, po, pl, phase, fi)
 
-    def read(self, offset: int, length: int, phase: str = "prefill", buffer=None) -> memoryview:
-        """Exactly the bytes [offset, offset+length), read split across the sources."""
-        return self.submit(offset, length, phase, buffer).result()
+    def read(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,
+             file: str | None = None) -> memoryview:
+        """Exactly the bytes [offset, offset+length) of `file`, read split across the sources."""
+        return self.submit(offset, length, phase, buffer, file=file).result()
 
     def read_many(self, ranges: Sequence[tuple[int, int]], phase: str = "prefill",
-                  buffers: Sequence | None = None) -> list[memoryview]:
-        """Several reads in flight together; each completes at its own barrier."""
+                  buffers: Sequence | None = None, *, file: str | None = None) -> list[memoryview]:
+        """Several reads of `file` in flight together; each completes at its own barrier."""
         if buffers is not None and len(buffers) < len(ranges):
             raise UsageError(f"split reader: {len(buffers)} buffers for {len(ranges)} reads")
-        tickets = [self.submit(o, n, phase, None if buffers is None else buffers[i]) for i, (o, n) in enumerate(ranges)]
+        tickets = [self.submit(o, n, phase, None if buffers is None else buffers[i], file=file)
+                   for i, (o, n) in enumerate(ranges)]
         return [t.result() for t in tickets]
 
     # -- health -----------------------------------------------------------------------------
@@ -204,7 +237,7 @@ class SplitReader:
             return
         self._closed = True
         safe = self._lanes.close()      # a source whose late read still hangs is closed by its last lane
-        close_readers([self._readers[i] for i in safe])
+        close_sources([self._sources[i] for i in safe])
 
     def __enter__(self):
         return self
