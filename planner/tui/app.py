@@ -20,6 +20,18 @@ from . import view
 
 Saver = Callable[[st.TunerState], str]
 Solver = Callable[[st.TunerState], Mapping[str, tuple[int, ...]]]
+# Measures the weights on screen for the phase on screen: bytes/s. The split reader that can do
+# it lives above the planner, so `engine-bridge tune` passes one in; `planner tune` has none.
+Measurer = Callable[[st.TunerState], float]
+NO_MEASURE = "measuring needs the split reader: open this tuner with `engine-bridge tune`"
+
+
+class TrialDone(Message):
+    """The worker's measured trial finished (bytes/s) or failed."""
+
+    def __init__(self, phase: str, weights: tuple[int, ...], Bps: float | None, error: str = "") -> None:
+        super().__init__()
+        self.phase, self.weights, self.Bps, self.error = phase, weights, Bps, error
 
 
 class Solved(Message):
@@ -54,6 +66,7 @@ class TunerApp(App):
     #sources { margin: 1 1 0 1; }
     #summary { margin: 1 1 0 1; }
     #measured { margin: 1 1 0 1; height: auto; }
+    #trials { margin: 1 1 0 1; height: auto; }
     #plan { margin: 1 1 0 1; color: $text-muted; }
     #message { margin: 0 1; color: $warning; }
     """
@@ -66,15 +79,16 @@ class TunerApp(App):
         Binding("left_square_bracket,shift+left", "nudge(-10)", "-10"),
         Binding("p", "phase", "phase"),
         Binding("r", "reset", "reset"),
+        Binding("m", "measure", "measure"),
         Binding("s", "save", "save"),
         Binding("q", "quit", "quit"),
     ]
 
     def __init__(self, state: st.TunerState, save: Saver | None = None, solve: Solver | None = None,
-                 subtitle: str = "") -> None:
+                 subtitle: str = "", measure: Measurer | None = None) -> None:
         super().__init__()
         self.state = state
-        self._save, self._solve = save, solve
+        self._save, self._solve, self._measure = save, solve, measure
         self.sub_title = subtitle
 
     def compose(self) -> ComposeResult:
@@ -84,6 +98,7 @@ class TunerApp(App):
             yield SourcesPanel(id="sources")
             yield Static(id="summary")
             yield Static(id="measured")
+            yield Static(id="trials")
             yield Static(id="plan")
             yield Static(id="message")
         yield Footer()
@@ -121,6 +136,9 @@ class TunerApp(App):
         measured = view.measured_lines(s)
         self.query_one("#measured", Static).update("\n".join(measured))
         self.query_one("#measured", Static).display = bool(measured)
+        trials = view.trial_lines(s)
+        self.query_one("#trials", Static).update("\n".join(trials))
+        self.query_one("#trials", Static).display = bool(trials)
         self.query_one("#plan", Static).update(view.plan_line(s))
         self.query_one("#message", Static).update(s.message)
 
@@ -136,6 +154,26 @@ class TunerApp(App):
     def action_reset(self) -> None:
         self.apply(st.reset(self.state))
 
+    def action_measure(self) -> None:
+        if self._measure is None:
+            self.apply(st.with_message(self.state, NO_MEASURE))
+            return
+        if self.state.measuring:
+            self.apply(st.with_message(self.state, "a trial is still running"))
+            return
+        measure, s = self._measure, st.start_trial(self.state)
+        self.apply(s)
+        self.run_worker(lambda: self._measure_in_thread(measure, s), thread=True, name="measure")
+
+    def _measure_in_thread(self, measure: Measurer, s: st.TunerState) -> None:
+        try:
+            self.post_message(TrialDone(s.phase, s.weights(), float(measure(s))))
+        except Exception as e:   # shown on screen; the worker must not take the app down
+            self.post_message(TrialDone(s.phase, s.weights(), None, f"measuring failed: {e}"))
+
+    def on_trial_done(self, msg: TrialDone) -> None:
+        self.apply(st.with_trial(self.state, msg.phase, msg.weights, msg.Bps, msg.error))
+
     def action_save(self) -> None:
         if self._save is None:
             self.apply(st.with_message(self.state, "saving is off (no rig)"))
@@ -148,9 +186,12 @@ class TunerApp(App):
         self.apply(st.with_message(self.state, f"saved {path}"))
 
 
-def run_tuner(rig_root: str, bench: str | None = None, plan: str | None = None, calibrate: bool = True) -> None:
-    """Load the rig (errors surface before the screen opens), then run the app."""
+def run_tuner(rig_root: str, bench: str | None = None, plan: str | None = None, calibrate: bool = True,
+              measure: Measurer | None = None) -> None:
+    """Load the rig (errors surface before the screen opens), then run the app. `measure`: what
+    the `m` key runs (None: the key says where measuring is)."""
     from .load import load_tuner, save_tuned, solve_weights
 
     state = load_tuner(rig_root, bench, plan, calibrate)
-    TunerApp(state, save=lambda s: save_tuned(rig_root, s), solve=solve_weights, subtitle=rig_root).run()
+    TunerApp(state, save=lambda s: save_tuned(rig_root, s), solve=solve_weights, subtitle=rig_root,
+             measure=measure).run()

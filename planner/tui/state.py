@@ -42,6 +42,15 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class TrialRun:
+    """One short measured trial run from the tuner (`m`): a phase's weights and what the split
+    reader delivered, bytes/s."""
+    phase: str
+    weights: tuple[int, ...]
+    Bps: float
+
+
+@dataclass(frozen=True)
 class PhaseView:
     """What one phase looks like at some weights: the split of one read and the prediction."""
     weights: tuple[int, ...]
@@ -64,6 +73,8 @@ class TunerState:
     plan_name: str = ""                                 # the plan reset goes back to
     provenance: Mapping = field(default_factory=dict)   # where the drive models came from
     measured: tuple[Measured, ...] = ()
+    trials: tuple[TrialRun, ...] = ()                   # measured here with `m`, oldest first
+    measuring: bool = False                             # a trial is running
     message: str = ""
 
     def weights(self, phase: str | None = None) -> tuple[int, ...]:
@@ -203,10 +214,28 @@ def settings_from_provenance(provenance: Mapping, names: Sequence[str]) -> tuple
     return wl, tuple(bgs)
 
 
+def trials_measured(state: TunerState, phase: str) -> dict:
+    """The plan's `measured` block for a phase from the trials run here (the same keys
+    `engine-bridge autotune` writes; picked by hand); empty when the saved weights were not measured."""
+    rows = trial_summary(state, phase)
+    mine = [r for r in rows if r[0] == state.weights(phase)]
+    if not mine:
+        return {}
+    _, med, n, pred = mine[0]
+    runs = [t.Bps for t in state.trials if t.phase == phase and t.weights == state.weights(phase)]
+    return {"throughput_Bps": med, "runs_Bps": runs, "n": n,
+            "spread_pct": 100.0 * (max(runs) - min(runs)) / med if n > 1 and med > 0 else 0.0,
+            "error_pct": 100.0 * (pred / med - 1.0) if med > 0 else None, "picked_by": "hand", "rounds": [],
+            "candidates": [{"weights": list(w), "roles": ["tuner"], "predicted_Bps": p, "measured_Bps": m,
+                            "runs_Bps": [t.Bps for t in state.trials if t.phase == phase and t.weights == w]}
+                           for w, m, _, p in rows]}
+
+
 def tuned_plan(state: TunerState, created: str = "") -> Plan:
     """The current weights as a plan file's contents (the same contract `planner solve` writes),
     with the solved plan's prediction as the baseline and provenance saying it was tuned by hand."""
-    phases = {ph: Phase(state.weights(ph), prediction_to_dict(state.views[ph].prediction)) for ph in PHASES}
+    phases = {ph: Phase(state.weights(ph), prediction_to_dict(state.views[ph].prediction), trials_measured(state, ph))
+              for ph in PHASES}
     baselines = {}
     if state.solved is not None:
         baselines = {ph: {"solved": prediction_to_dict(state.solved[ph].prediction),
@@ -218,3 +247,35 @@ def tuned_plan(state: TunerState, created: str = "") -> Plan:
                      "changed": list(changed(state))}
     return Plan(sources=state.sources, prefill=phases["prefill"], decode=phases["decode"], engine=state.engine,
                 created=created, baselines=baselines, alternatives=(), provenance=prov)
+
+
+def start_trial(state: TunerState) -> TunerState:
+    """A measured trial of the weights on screen is starting."""
+    return replace(state, measuring=True, message=f"measuring {state.phase} {':'.join(map(str, state.weights()))} …")
+
+
+def with_trial(state: TunerState, phase: str, weights: Sequence[int], Bps: float | None, error: str = "") -> TunerState:
+    """A trial finished (`Bps`) or failed (`error`): keep it beside the predictions."""
+    if Bps is None:
+        return replace(state, measuring=False, message=error or "measuring failed")
+    run = TrialRun(phase, tuple(int(x) for x in weights), float(Bps))
+    return replace(state, measuring=False, trials=state.trials + (run,),
+                   message=f"measured {phase} {':'.join(map(str, run.weights))}")
+
+
+def trial_summary(state: TunerState, phase: str | None = None) -> list[tuple[tuple[int, ...], float, int, float]]:
+    """Per weights measured in the phase (in the order first measured): (weights, median bytes/s,
+    trials, the model's prediction for them at the current settings, bytes/s)."""
+    ph = phase or state.phase
+    runs: dict[tuple[int, ...], list[float]] = {}
+    for t in state.trials:
+        if t.phase == ph:
+            runs.setdefault(t.weights, []).append(t.Bps)
+    out = []
+    for w, vals in runs.items():
+        vals = sorted(vals)
+        mid = len(vals) // 2
+        med = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        pred = predict(state.drives, w, state.workloads[ph], state.backgrounds, state.engine, state.links).throughput_Bps
+        out.append((w, med, len(vals), pred))
+    return out

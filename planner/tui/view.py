@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from core.units import format_rate
 
 from ..model import PHASES
-from .state import TunerState, changed, gain_over_solved
+from .state import TunerState, changed, gain_over_solved, trial_summary
 
 BAR = 30
 
@@ -96,6 +96,20 @@ def measured_lines(state: TunerState) -> list[str]:
         tps = m.tps.get(state.phase)
         here = " ◀" if tuple(w) == state.weights() else ""
         out.append(f"  {m.arm:<12} {_w(w) or '-':<10} {'-' if tps is None else f'{tps:.2f}':>8}  n={m.n}{here}")
+    return out
+
+
+def trial_lines(state: TunerState) -> list[str]:
+    """Trials measured here (`m`) for this phase: the split reader's median beside the model's
+    prediction; '◀' marks the weights on screen."""
+    rows = trial_summary(state)
+    if not rows:
+        return []
+    out = ["measured here (split reader, median):"]
+    for w, med, n, pred in rows:
+        here = " ◀" if w == state.weights() else ""
+        out.append(f"  {_w(w):<10} measured {format_rate(med):>11}  predicted {format_rate(pred):>11}  "
+                   f"prediction {100 * (pred / med - 1):+.1f} %  n={n}{here}")
     return out
 
 

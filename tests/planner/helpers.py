@@ -66,3 +66,29 @@ def write_harness_results(run_dir):
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "results.json"), "w") as f:
         json.dump(doc, f)
+
+
+SIZE = (120, 40)               # the tuner's terminal in the screen tests
+
+
+def tuner_app(root, plan=True, **kw):
+    """make_rig's drives, and a plan with fixed weights and time so the screen is the same every run."""
+    from planner.plan import Phase, Plan
+    from planner.plans import load_inputs, save_plan
+    from planner.tui.app import TunerApp  # Textual loads only for the tests that draw
+    from planner.tui.load import load_tuner, save_tuned, solve_weights
+
+    rig, _ = make_rig(root, **kw)
+    if plan:
+        inputs = load_inputs(rig.root)
+        save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((5, 3, 2)), created="2026-11-29T19:30:00.000Z",
+                            provenance=inputs.provenance))
+    state = load_tuner(rig.root)
+    return TunerApp(state, save=lambda s: save_tuned(rig.root, s), solve=solve_weights, subtitle="rig")
+
+
+async def no_blink(pilot):
+    """Cursor blinking off, so every snapshot of a screen is the same."""
+    for w in pilot.app.query("*"):
+        if hasattr(w, "cursor_blink"):
+            w.cursor_blink = False

@@ -2,30 +2,8 @@
 
 import asyncio
 
-from planner.plan import Phase, Plan
-from planner.plans import load_inputs, load_plan, save_plan
-from planner.tui.app import TunerApp
-from planner.tui.load import load_tuner, save_tuned, solve_weights
-from tests.planner.helpers import FAST, SLOW, make_rig, write_harness_results
-
-SIZE = (120, 40)
-
-
-def tuner_app(root, plan=True, **kw):
-    """make_rig's drives, and a plan with fixed weights and time so the screen is the same every run."""
-    rig, _ = make_rig(root, **kw)
-    if plan:
-        inputs = load_inputs(rig.root)
-        save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((5, 3, 2)), created="2026-11-29T19:30:00.000Z",
-                            provenance=inputs.provenance))
-    state = load_tuner(rig.root)
-    return TunerApp(state, save=lambda s: save_tuned(rig.root, s), solve=solve_weights, subtitle="rig")
-
-
-async def no_blink(pilot):
-    for w in pilot.app.query("*"):
-        if hasattr(w, "cursor_blink"):
-            w.cursor_blink = False
+from planner.plans import load_plan
+from tests.planner.helpers import FAST, SIZE, SLOW, no_blink, tuner_app, write_harness_results
 
 
 def test_snapshot_opening_screen(tmp_path, snap_compare):
