@@ -8,16 +8,20 @@ ceiling binds:
     throughput   = min(q * s / t1(s), bw_max, iops_max * s / ops(s))   bytes/s, q in flight
     request_time = q * s / throughput                            seconds (Little's law)
 
-`ops(s) = max(1, s / io_unit)` counts the drive operations one request becomes: the block layer
-cuts a large read into pieces of roughly `io_unit` bytes (bios, limited by the queue's segment and
-size limits) and an IOPS limit (a cgroup's read_iops, a slow controller) counts those, so a small
-read costs one operation and a 32 MiB read many. `io_unit` is fitted, since the cut depends on how
-the buffer's pages happen to lie in memory.
+`ops(s) = ceil(s / io_unit)` counts the device requests one read becomes (`iounit.requests_for`):
+the block layer cuts a read at the queue's limits and an IOPS limit (a cgroup's riops, a slow
+controller) counts those requests, so the price of a read is a staircase in whole units: a
+read one byte over a unit costs a whole request more. `io_unit` comes from the device's own
+queue limits (`iounit.QueueLimits.units`: the cut with scattered pages, or with merged ones);
+where the OS reports none it is measured, fitted among a few common sizes.
 
 The fit is a small grid search in log space on the measured (size, in_flight, bytes/s) trials,
 minimising squared log error, over the ceilings (bw_max, and iops_max with io_unit) and then
 lat_s and stream_bw; the IOPS ceiling is kept only where it explains the data clearly better
 than bandwidth alone. `fit_err_pct` is the mean absolute relative throughput error.
+
+A model written before the staircase (model schema 1) was fitted with a smooth count,
+max(1, s / io_unit); it loads with `staircase=False` and keeps pricing reads that way.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .constants import DRIVE_IO_UNIT
+from .iounit import requests_for
 
-MODEL_SCHEMA = 1
+MODEL_SCHEMA = 2
+READ_MODEL_SCHEMAS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -49,13 +55,17 @@ class DriveModel:
     stream_bw: float           # bytes/s one request streams at once started
     bw_max: float              # bytes/s ceiling with many requests in flight
     iops_max: float | None = None   # drive operations/s ceiling; None when it never binds
-    io_unit: int = DRIVE_IO_UNIT    # bytes per drive operation the IOPS ceiling counts
+    io_unit: int = DRIVE_IO_UNIT    # bytes per device request: the IOPS ceiling counts these
     fit_err_pct: float = 0.0   # mean |predicted/measured - 1| over the trials, %
     samples: int = 0           # trials the fit saw
+    staircase: bool = True     # False: a schema-1 model, fitted with a smooth operation count
 
     def ops(self, size_bytes: int) -> float:
-        """Drive operations one request of size_bytes becomes (at least 1)."""
-        return max(1.0, size_bytes / self.io_unit)
+        """Device requests one read of size_bytes becomes: ceil(size / io_unit), at least 1
+        (schema-1 models: max(1, size / io_unit))."""
+        if not self.staircase:
+            return max(1.0, size_bytes / self.io_unit)
+        return float(max(1, requests_for(int(size_bytes), self.io_unit)))
 
     def throughput(self, size_bytes: int, in_flight: int) -> float:
         """Bytes/s the drive delivers with `in_flight` requests of `size_bytes` outstanding."""
@@ -85,7 +95,8 @@ IOPS_STEPS = (0.85, 0.92, 1.0)                               # iops_max candidat
 
 
 def _ops(size: np.ndarray, unit: float) -> np.ndarray:
-    return np.maximum(1.0, size / unit)
+    """Device requests per read of each size: the staircase DriveModel.ops prices."""
+    return np.array([max(1, requests_for(int(s), int(unit))) for s in size], dtype=float)
 
 
 def _predict(lat: np.ndarray, sbw: np.ndarray, bw_max: float, iops: float | None, unit: float,
@@ -128,9 +139,13 @@ class _Grid:
         return self.search(fine_l, fine_s, bw_max, iops, unit)
 
 
-def fit_drive_model(samples: Iterable[DriveSample], io_unit: int = DRIVE_IO_UNIT) -> DriveModel:
+def fit_drive_model(samples: Iterable[DriveSample], io_unit: int = DRIVE_IO_UNIT,
+                    units: Sequence[int] = ()) -> DriveModel:
     """Fit a DriveModel to measured trials. Needs at least one sample with bytes/s > 0;
-    raises ValueError otherwise. `io_unit` is used when no IOPS ceiling is kept."""
+    raises ValueError otherwise. `units`: the device request sizes the queue limits allow
+    (`QueueLimits.units()`); the IOPS ceiling counts requests of one of them. Without them the
+    unit is measured: fitted among UNITS. `io_unit` is kept when no IOPS ceiling is (default:
+    the smallest of `units`)."""
     good = [x for x in samples if x.bw_bytes > 0 and x.size_bytes > 0 and x.in_flight > 0]
     if not good:
         raise ValueError("fit_drive_model: no usable samples (need size, in_flight and bytes/s > 0)")
@@ -143,8 +158,11 @@ def fit_drive_model(samples: Iterable[DriveSample], io_unit: int = DRIVE_IO_UNIT
     grid = _Grid(size, q, meas, w)
     top = float(meas.max())
 
+    units = tuple(int(u) for u in units if u and u > 0)
+    if units:
+        io_unit = units[0]
     variants = [(None, float(io_unit))]
-    for unit in UNITS:
+    for unit in units or UNITS:
         rate = float((meas / size * _ops(size, unit)).max())     # the most operations/s any trial made
         variants += [(rate * k, float(unit)) for k in IOPS_STEPS]
 
@@ -178,7 +196,8 @@ def _err_pct(model: DriveModel, samples: Sequence[DriveSample]) -> float:
 def model_to_dict(m: DriveModel) -> dict:
     return {
         "schema": MODEL_SCHEMA,
-        "form": "t1 = lat_s + size/stream_bw; bw = min(q*size/t1, bw_max, iops_max*size/max(1, size/io_unit))",
+        "form": ("t1 = lat_s + size/stream_bw; bw = min(q*size/t1, bw_max, iops_max*size/ops); "
+                 + ("ops = ceil(size/io_unit)" if m.staircase else "ops = max(1, size/io_unit)")),
         "lat_s": m.lat_s,
         "stream_bw": m.stream_bw,
         "bw_max": m.bw_max,
@@ -186,14 +205,17 @@ def model_to_dict(m: DriveModel) -> dict:
         "io_unit": m.io_unit,
         "fit_err_pct": m.fit_err_pct,
         "samples": m.samples,
+        "staircase": m.staircase,
     }
 
 
 def model_from_dict(d: dict) -> DriveModel:
     """Inverse of model_to_dict; raises KeyError/TypeError/ValueError on a malformed dict."""
-    if d.get("schema", MODEL_SCHEMA) != MODEL_SCHEMA:
-        raise ValueError(f"drive model schema {d.get('schema')!r}, this version reads {MODEL_SCHEMA}")
+    schema = d.get("schema", MODEL_SCHEMA)
+    if schema not in READ_MODEL_SCHEMAS:
+        raise ValueError(f"drive model schema {schema!r}, this version reads {' or '.join(map(str, READ_MODEL_SCHEMAS))}")
     iops = d.get("iops_max")
     return DriveModel(lat_s=float(d["lat_s"]), stream_bw=float(d["stream_bw"]), bw_max=float(d["bw_max"]),
                       iops_max=None if iops is None else float(iops), io_unit=int(d.get("io_unit", DRIVE_IO_UNIT)),
-                      fit_err_pct=float(d.get("fit_err_pct", 0.0)), samples=int(d.get("samples", 0)))
+                      fit_err_pct=float(d.get("fit_err_pct", 0.0)), samples=int(d.get("samples", 0)),
+                      staircase=schema >= 2 and bool(d.get("staircase", True)))

@@ -1,4 +1,5 @@
-"""The fitted drive model: its formula, the fit, and its JSON form."""
+"""The fitted drive model: its formula, the staircase pricing of device requests, the fit, and its
+JSON form."""
 
 import pytest
 from hypothesis import given, settings
@@ -35,12 +36,52 @@ def test_formula_alone_overlapped_and_capped():
 
 def test_iops_ceiling_counts_io_units():
     m = DriveModel(lat_s=0.0, stream_bw=1e12, bw_max=1e12, iops_max=100, io_unit=MiB)
-    assert m.ops(1) == 1 and m.ops(MiB) == 1 and m.ops(3 * MiB // 2) == 1.5
+    assert m.ops(1) == 1 and m.ops(MiB) == 1 and m.ops(3 * MiB // 2) == 2      # whole device requests
     assert m.throughput(4096, 8) == pytest.approx(100 * 4096)          # small reads: 100 per second
     assert m.throughput(MiB, 8) == pytest.approx(100 * MiB)
     assert m.throughput(8 * MiB, 8) == pytest.approx(100 * MiB)        # large reads: io_unit x 100 per second
     assert m.request_time(MiB, 1) == pytest.approx(0.01)
     assert m.request_time(264, 1) == pytest.approx(0.01)               # one Engram row still costs an operation
+
+
+KiB = 1 << 10
+
+
+def test_staircase_prices_whole_device_requests():
+    # an IOPS-limited drive (60 requests/s) whose queue cuts reads every 512 KiB: the rate a
+    # request size gets is 60 x size / ceil(size / 512 KiB), worked by hand
+    m = DriveModel(lat_s=0.0, stream_bw=1e12, bw_max=1e12, iops_max=60, io_unit=512 * KiB)
+    cases = [
+        (4096, 1, 60 * 4096),                          # rand4k: one request
+        (512 * KiB, 1, 31_457_280),                    # 60 x 524,288
+        (512 * KiB + 4096, 2, 15_851_520),             # one page over: a second request, half the rate
+        (1_572_864, 3, 31_457_280),                    # decode 10:5:5 replica piece: exactly 3 units
+        (1_835_008, 4, 27_525_120),                    # decode 10:6:6 replica piece: 3.5 units -> 4
+        (3_489_792, 7, 60 * 3_489_792 / 7),            # decode 10:5:5 primary piece: 6.66 units -> 7
+        (16 * MiB, 32, 31_457_280),
+    ]
+    for size, ops, bw in cases:
+        assert m.ops(size) == ops
+        assert m.throughput(size, 8) == pytest.approx(bw)
+        assert m.request_time(size, 1) == pytest.approx(ops / 60)        # alone: its requests at 60/s
+    # the smooth count a schema-1 model was fitted with: 3.5 units cost 3.5 requests
+    smooth = DriveModel(lat_s=0.0, stream_bw=1e12, bw_max=1e12, iops_max=60, io_unit=512 * KiB, staircase=False)
+    assert smooth.ops(1_835_008) == 3.5 and smooth.request_time(1_835_008, 1) == pytest.approx(3.5 / 60)
+    assert smooth.ops(4096) == 1
+
+
+def test_the_staircase_fit_uses_the_queues_units():
+    # a loop device's queue: 1280 KiB requests, 128 segments, so 512 KiB with scattered pages
+    true = DriveModel(lat_s=2e-3, stream_bw=100e6, bw_max=100e6, iops_max=60, io_unit=512 * KiB)
+    sizes = SIZES + [1_835_008, 2_965_504, 512 * KiB + 4096]
+    m = fit_drive_model(samples_of(true, sizes=sizes), units=(512 * KiB, 1280 * KiB))
+    assert m.io_unit == 512 * KiB and m.staircase
+    assert m.iops_max == pytest.approx(60, rel=0.02)
+    for s in sizes:
+        assert m.throughput(s, 4) == pytest.approx(true.throughput(s, 4), rel=0.03)
+    # told only of a unit the drive does not cut at, the fit cannot follow the steps as well
+    wrong = fit_drive_model(samples_of(true, sizes=sizes), units=(1280 * KiB,))
+    assert wrong.io_unit == 1280 * KiB and wrong.fit_err_pct > m.fit_err_pct
 
 
 def test_fit_recovers_a_latency_bandwidth_drive():
@@ -90,10 +131,13 @@ def test_fit_needs_a_usable_sample():
 def test_dict_round_trip_and_keys():
     m = DriveModel(lat_s=1e-4, stream_bw=1e9, bw_max=2e9, iops_max=5000.0, io_unit=512 * 1024, fit_err_pct=1.5, samples=9)
     d = model_to_dict(m)
-    assert {"schema", "lat_s", "stream_bw", "bw_max", "iops_max", "io_unit", "fit_err_pct", "samples"} <= set(d)
+    assert {"schema", "lat_s", "stream_bw", "bw_max", "iops_max", "io_unit", "fit_err_pct", "samples", "staircase"} <= set(d)
+    assert d["schema"] == 2 and d["staircase"] is True and "ceil(size/io_unit)" in d["form"]
     assert model_from_dict(d) == m
     with pytest.raises(ValueError):
         model_from_dict({**d, "schema": 99})
+    old = {k: v for k, v in d.items() if k != "staircase"} | {"schema": 1}
+    assert model_from_dict(old) == DriveModel(**{**m.__dict__, "staircase": False})
 
 
 @settings(max_examples=60, deadline=None)
