@@ -1,5 +1,11 @@
-"""From a trial's raw runs to the result's numbers (pure): medians over the windows, the best
-lane count and the knee, group totals, and the flag for a run the page cache may have answered.
+"""From a trial's raw runs to the result's numbers (pure): medians over the windows and over
+restarted trials, the best lane count and the knee, group totals, and the flag for a run the page
+cache may have answered.
+
+A lane count (or a group) may be measured in several restarted trials: each trial's rate is the
+median of its windows, and the lane count's rate is the median of those, so one trial that drew
+slow offsets or met a stall on the host moves nothing. Latency percentiles pool every request of
+every trial.
 """
 
 from __future__ import annotations
@@ -39,12 +45,24 @@ def latency(lat_ns: Sequence[int]) -> Latency:
     return Latency(**stats.latency_summary(lat_ns))
 
 
-def lane_result(run: "StreamRun", not_cold: bool) -> LaneResult:
-    """One lane count of one drive alone: medians over the windows and their spread."""
-    bws = tuple(w[0] for w in run.windows)
-    return LaneResult(lanes=run.lanes, bw_bytes=stats.median(bws), iops=stats.median([w[1] for w in run.windows]),
-                      lat_ns=latency(run.lat_ns), requests=run.requests, runs_bw=bws,
-                      spread_pct=round(stats.spread_pct(bws), 3), suspect_cache=suspect_cache(run, not_cold))
+def _pooled_lat(runs: Sequence["StreamRun"]) -> Latency:
+    return latency([x for r in runs for x in r.lat_ns])
+
+
+def lane_result(runs: Sequence["StreamRun"], not_cold: bool) -> LaneResult:
+    """One lane count of one drive alone, from its restarted trials (one run each, in order):
+    the median trial's rate, the spread over every window and over the trials."""
+    if not runs:
+        raise ValueError("lane_result: no runs")
+    trial_bw = tuple(window_rate(r) for r in runs)
+    bws = tuple(w[0] for r in runs for w in r.windows)
+    return LaneResult(lanes=runs[0].lanes, bw_bytes=stats.median(trial_bw),
+                      iops=stats.median([stats.median([w[1] for w in r.windows]) for r in runs]),
+                      lat_ns=_pooled_lat(runs), requests=sum(r.requests for r in runs), runs_bw=bws,
+                      spread_pct=round(stats.spread_pct(bws), 3),
+                      suspect_cache=any(suspect_cache(r, not_cold) for r in runs),
+                      trials_bw=trial_bw if len(runs) > 1 else (),
+                      trials_spread_pct=round(stats.spread_pct(trial_bw), 3))
 
 
 def preset_result(preset: str, piece_bytes: int, lanes: Sequence[LaneResult], notes: Sequence[str] = ()) -> PresetResult:
@@ -58,19 +76,31 @@ def preset_result(preset: str, piece_bytes: int, lanes: Sequence[LaneResult], no
     return PresetResult(preset=preset, piece_bytes=piece_bytes, bw_bytes=top.bw_bytes, iops=top.iops, lat_ns=top.lat_ns,
                         lanes=tuple(sorted(lanes, key=lambda x: x.lanes)), best_lanes=best,
                         knee_lanes=stats.knee_lanes(by), spread_pct=top.spread_pct, runs_bw=top.runs_bw,
-                        suspect_cache=any(x.suspect_cache for x in lanes), notes=tuple(notes))
+                        suspect_cache=any(x.suspect_cache for x in lanes), notes=tuple(notes),
+                        trials_bw=top.trials_bw, trials_spread_pct=top.trials_spread_pct)
 
 
-def group_result(name: str, preset: str, runs: Sequence["StreamRun"], suspects: Sequence[bool]) -> GroupResult:
-    """Drives read together: the group's rate is the median of its per-window totals (the same
-    instants on every drive), never the sum of the members' medians."""
-    windows = len(runs[0].windows)
-    totals = tuple(sum(r.windows[w][0] for r in runs) for w in range(windows))
-    members = tuple(MemberResult(name=r.name, lanes=r.lanes, piece_bytes=r.piece_bytes, bw_bytes=window_rate(r),
-                                 iops=stats.median([w[1] for w in r.windows]), lat_ns=latency(r.lat_ns)) for r in runs)
-    return GroupResult(name=name, preset=preset, drives=tuple(r.name for r in runs), bw_bytes=stats.median(totals),
-                       members=members, runs_bw=totals, spread_pct=round(stats.spread_pct(totals), 3),
-                       suspect_cache=any(suspects))
+def group_result(name: str, preset: str, trials: Sequence[Sequence["StreamRun"]], suspects: Sequence[bool]) -> GroupResult:
+    """Drives read together, in one or more restarted trials (each: one run per member, members
+    in the same order): a trial's rate is the median of its per-window totals (the same instants
+    on every drive), never the sum of the members' medians; the group's is the median trial's.
+    A member's numbers are the median over trials of its own."""
+    if not trials or not trials[0]:
+        raise ValueError("group_result: no runs")
+    totals_by_trial = [tuple(sum(r.windows[w][0] for r in runs) for w in range(len(runs[0].windows))) for runs in trials]
+    trial_bw = tuple(stats.median(t) for t in totals_by_trial)
+    totals = tuple(x for t in totals_by_trial for x in t)
+    members = []
+    for i, first in enumerate(trials[0]):
+        mine = [runs[i] for runs in trials]
+        members.append(MemberResult(name=first.name, lanes=first.lanes, piece_bytes=first.piece_bytes,
+                                    bw_bytes=stats.median([window_rate(r) for r in mine]),
+                                    iops=stats.median([stats.median([w[1] for w in r.windows]) for r in mine]),
+                                    lat_ns=_pooled_lat(mine)))
+    return GroupResult(name=name, preset=preset, drives=tuple(r.name for r in trials[0]), bw_bytes=stats.median(trial_bw),
+                       members=tuple(members), runs_bw=totals, spread_pct=round(stats.spread_pct(totals), 3),
+                       suspect_cache=any(suspects), trials_bw=trial_bw if len(trials) > 1 else (),
+                       trials_spread_pct=round(stats.spread_pct(trial_bw), 3))
 
 
 def model_samples(presets: Iterable[PresetResult]) -> list[DriveSample]:

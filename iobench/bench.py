@@ -1,9 +1,9 @@
 """`iobench run` as a function: open the targets, run the trials the plan asks for, build the result.
 
 What is measured and in what order, and how runs become numbers, is decided without a drive in
-`schedule` and `aggregate`; this module finds the files, opens them cold, says what cannot be a
-ceiling (a memory file system, no O_DIRECT, a cached file under F_NOCACHE), runs each trial on
-the drives and reports progress.
+`schedule` and `aggregate`; this module finds the files, opens them cold, reads each drive's
+queue limits (its I/O unit, `devlimits`), says what cannot be a ceiling (a memory file system,
+no O_DIRECT, a cached file under F_NOCACHE), runs each trial on the drives and reports progress.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from replicas.drives import drive_of
 from . import stats
 from .aggregate import model_samples, suspect_cache, window_rate
 from .constants import DRIVE_IO_UNIT, PRESETS, RESIDENT_WARN, TOGETHER_LANES
+from .devlimits import queue_limits
+from .iounit import QueueLimits
 from .layout import expert_layout
-from .meter import DeviceMeter, device_meter, io_unit
+from .meter import DeviceMeter, device_meter
 from .model import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
 from .schedule import RunOptions, Target, Trial, check_options, count_trials, measure, run_plan, run_settings, shape_for
-from .trials import Stream, StreamRun, run_trial
+from .trials import SYSTEM_CLOCK, Clock, Stream, StreamRun, run_trial
 
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
 
@@ -92,13 +94,14 @@ class _Open:
     target: Target
     reader: ColdReader
     meter: DeviceMeter | None
+    queue: QueueLimits
     notes: list[str] = field(default_factory=list)
     not_cold: bool = False
 
 
 def _open(t: Target) -> _Open:
     reader = ColdReader(t.path)
-    o = _Open(t, reader, device_meter(t.path))
+    o = _Open(t, reader, device_meter(t.path), queue_limits(t.path, t.drive.disk))
     if t.drive.fs_type in MEMORY_FS:
         o.not_cold = True
         o.notes.append(f"{t.drive.fs_type} keeps files in memory: this is not a drive, results are flagged")
@@ -114,6 +117,11 @@ def _open(t: Target) -> _Open:
                            "purge the cache (sudo purge) and run again")
     o.notes.append("rates from the device's own counter" if o.meter else
                    "no device counter here: rates credit requests by overlap")
+    q = o.queue
+    if q.known:
+        o.notes.append(f"I/O unit {q.request_bytes:,} B from {q.device or 'the device'}'s queue limits ({q.source})")
+    else:
+        o.notes.append("the OS reports no queue limits here: the drive model measures its I/O unit")
     return o
 
 
@@ -127,9 +135,11 @@ def _resident(path: str, size: int) -> float:
 
 
 def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchResult | None = None,
-              report: Reporter = None, cancel: threading.Event | None = None) -> BenchResult:
+              report: Reporter = None, cancel: threading.Event | None = None,
+              clock: Clock = SYSTEM_CLOCK) -> BenchResult:
     """Measure the targets; returns the result (the caller saves it). Progress: a Progress event
-    (phase 'trial', done/total trials) before each trial and a Notice with its rate after."""
+    (phase 'trial', done/total trials) before each trial and a Notice with its rate after.
+    `clock` times the trials (the host's unless a test passes its own)."""
     check_run(targets, opts)
     t_wall = time.perf_counter()
     created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -140,10 +150,10 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
     def run(trial: Trial) -> list[StreamRun]:
         nonlocal done
         emit(report, Progress(task=trial.label, phase="trial", done=done, total=total))
-        # each trial starts somewhere else: no drive cache sees a repeat
+        # each trial, a restarted one too, starts somewhere else: no drive cache sees a repeat
         streams = [Stream(leg.name, opened[leg.name].reader, leg.shape, leg.lanes, opened[leg.name].meter,
                           seed=opts.seed * 100_003 + done) for leg in trial.legs]
-        runs = run_trial(streams, opts.seconds, opts.repeat, cancel=cancel)
+        runs = run_trial(streams, opts.seconds, opts.repeat, cancel=cancel, clock=clock)
         done += 1
         emit(report, Notice(task=trial.label, message="  ".join(f"{r.name} {format_rate(window_rate(r))}" for r in runs)))
         return runs
@@ -159,18 +169,20 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
         o = opened[t.name]
         presets = m.presets[t.name]
         drives.append(DriveResult(name=t.name, path=t.path, size=t.size, cold=o.reader.how, drive=t.drive,
-                                  presets=presets, model=_fit(t, presets),
-                                  notes=tuple(list(t.notes) + o.notes + m.notes[t.name])))
+                                  presets=presets, model=_fit(presets, o.queue),
+                                  notes=tuple(list(t.notes) + o.notes + m.notes[t.name]), queue=o.queue))
     return BenchResult(created=created, drives=tuple(drives), groups=tuple(m.groups), together=tuple(m.together),
                        settings=run_settings(opts, m), host=socket.gethostname(),
                        wall_s=round(time.perf_counter() - t_wall, 3))
 
 
-def _fit(t: Target, presets: dict[str, PresetResult]):
+def _fit(presets: dict[str, PresetResult], queue: QueueLimits):
+    """The drive model, pricing reads in the device requests its queue limits allow (or, where
+    the OS reports none, in a unit the fit measures)."""
     samples = model_samples(presets.values())
     if not samples:
         return None
-    return fit_drive_model(samples, io_unit=io_unit(t.path, DRIVE_IO_UNIT))
+    return fit_drive_model(samples, io_unit=DRIVE_IO_UNIT, units=queue.units())
 
 
 def fio_compare(path: str, preset: str, lanes: int | None, seconds: float, repeat: int,

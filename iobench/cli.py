@@ -19,7 +19,7 @@ from engines.split import parse_weights
 
 from . import render
 from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
-from .constants import DEFAULT_REPEAT, DEFAULT_SECONDS, PRESETS
+from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
 from .result import latest_result, load_result, result_files, result_to_dict, save_result
 from .schedule import RunOptions, parse_groups
 from .testbed_cli import app as testbed_app
@@ -30,6 +30,9 @@ app.add_typer(testbed_app, name="testbed")
 PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode, rand4k, all, or a comma list.")
 SecondsOption = typer.Option(DEFAULT_SECONDS, "--seconds", help="Seconds per measured window.")
 RepeatOption = typer.Option(DEFAULT_REPEAT, "--repeat", help="Windows per trial; the spread is taken over them.")
+RestartsOption = typer.Option(None, "--restarts", metavar="N",
+                              help="Restarted trials per lane count, the median counts (default: decode "
+                                   f"{DEFAULT_RESTARTS['decode']}, others 1).")
 
 
 def _presets(text: str) -> tuple[str, ...]:
@@ -83,7 +86,7 @@ def _print_result(r, path: str | None = None, lanes: bool = False) -> None:
     out.print(render.drives_table(r))
     if lanes:
         out.print(render.lanes_table(r))
-    for table in (render.groups_table(r), render.models_table(r)):
+    for table in (render.groups_table(r), render.queue_table(r), render.models_table(r)):
         if table is not None:
             out.print(table)
     out.print(render.bar_chart(render.ceiling_rows(r), "Ceilings (GB/s, decimal)"))
@@ -98,6 +101,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             preset: str = PresetOption,
             seconds: float = SecondsOption,
             repeat: int = RepeatOption,
+            restarts: Optional[int] = RestartsOption,
             lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
                                                 help="Lane counts (requests in flight per drive) for every preset; default per preset."),
             alone: Optional[bool] = typer.Option(None, "--alone/--together",
@@ -120,7 +124,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
     names = [t.name for t in targets]
-    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, lanes=_lanes(lanes),
+    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
                       groups=parse_groups(group or [], names),
                       weights=parse_weights(weights) if weights else None,

@@ -2,7 +2,8 @@
 
 MiB = 1 << 20
 
-RESULT_SCHEMA = 1
+RESULT_SCHEMA = 2               # 2: queue limits per drive, restarted trials per lane count
+READ_RESULT_SCHEMAS = (1, 2)    # what `load_result` accepts (schema 1: no queue, one trial each)
 RESULT_KIND = "iobench"
 
 # Order of `--preset all`: seq first (its ceilings set the default split weights), rand4k last
@@ -21,6 +22,10 @@ TOGETHER_LANES = {"seq": 8, "prefill": 8, "decode": 3, "rand4k": 16}
 
 DEFAULT_SECONDS = 0.5           # s per measured window (a trial is `repeat` windows)
 DEFAULT_REPEAT = 3              # windows per trial; the spread is taken over them
+# Restarted trials per lane count (fresh lanes, fresh offsets, the median trial counts): decode's
+# few, small, random reads per window vary from one trial to the next; bulk presets do not.
+DEFAULT_RESTARTS = {"seq": 1, "prefill": 1, "decode": 3, "rand4k": 1}
+MAX_RESTARTS = 20
 
 KNEE_FRACTION = 0.95            # knee: lowest lane count within 5 % of the best
 SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (DESIGN §4)
@@ -30,4 +35,4 @@ PLAUSIBLE_BW = 16e9             # bytes/s
 PLAUSIBLE_MIN_LAT_NS = 5_000    # no cold read from a drive lands in under 5 us (median)
 RESIDENT_WARN = 0.05            # macOS F_NOCACHE: >5 % of the file already cached taints a run
 
-DRIVE_IO_UNIT = 1 * MiB         # bytes per drive operation, when a model has no fitted one
+DRIVE_IO_UNIT = 1 * MiB         # bytes per device request, when neither the queue nor the fit says

@@ -49,19 +49,3 @@ def device_meter(path: str) -> DeviceMeter | None:
         return None
     return meter
 
-
-def io_unit(path: str, default: int) -> int:
-    """Bytes the block layer sends to the device per operation at most: the smaller of one bio
-    (`default`, 1 MiB with 4 KiB pages) and the queue's max_sectors_kb. `default` when unknown."""
-    try:
-        st = os.stat(path)
-        dev = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
-    except OSError:
-        return default
-    for d in (dev, os.path.dirname(dev)):          # a partition's queue is its disk's
-        try:
-            with open(os.path.join(d, "queue", "max_sectors_kb")) as f:
-                return min(default, int(f.read().strip()) * 1024)
-        except (OSError, ValueError):
-            continue
-    return default

@@ -12,6 +12,7 @@ from .constants import PRESETS, SPREAD_WARN_PCT
 from .result import BenchResult, GroupResult
 
 BAR_WIDTH = 40
+NO_LIMIT = (1 << 31) - 1        # a queue limit this large (INT_MAX, UINT_MAX) is no limit
 
 
 def gbs(bw: float) -> str:
@@ -23,13 +24,18 @@ def ms(ns: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
-def _flags(suspect: bool, spread: float) -> str:
+def _flags(suspect: bool, spread: float, trials_spread: float = 0.0) -> str:
     out = []
     if suspect:
         out.append("CACHE?")
-    if spread > SPREAD_WARN_PCT:
+    if max(spread, trials_spread) > SPREAD_WARN_PCT:
         out.append("spread")
     return " ".join(out)
+
+
+def trials_cell(trials_bw, trials_spread_pct: float) -> str:
+    """'3: 1.2' = three restarted trials whose rates spread 1.2 %; '1' for a single trial."""
+    return f"{len(trials_bw)}: {trials_spread_pct:.1f}" if trials_bw else "1"
 
 
 def _table(title: str, columns: Sequence[str], left: Sequence[str] = ()) -> Table:
@@ -42,8 +48,10 @@ def _table(title: str, columns: Sequence[str], left: Sequence[str] = ()) -> Tabl
 
 def drives_table(r: BenchResult) -> Table:
     """One row per drive and preset: the best lane count's numbers (p95 and more in --json)."""
-    t = _table("Drives alone (GB/s decimal; latency at the best lane count)",
-               ("drive", "preset", "MiB", "GB/s", "IOPS", "p50 ms", "p99 ms", "knee", "spr%", ""), ("drive", "preset"))
+    t = _table("Drives alone (GB/s decimal; latency at the best lane count; spr% over the windows, "
+               "trials: restarted trials and their spread %)",
+               ("drive", "preset", "MiB", "GB/s", "IOPS", "p50 ms", "p99 ms", "knee", "spr%", "trials", ""),
+               ("drive", "preset"))
     for d in r.drives:
         for name in PRESETS:
             p = d.presets.get(name)
@@ -51,7 +59,34 @@ def drives_table(r: BenchResult) -> Table:
                 continue
             t.add_row(d.name, name, f"{p.piece_bytes / (1 << 20):.2f}", gbs(p.bw_bytes), f"{p.iops:.0f}",
                       ms(p.lat_ns.p50), ms(p.lat_ns.p99), str(p.knee_lanes),
-                      f"{p.spread_pct:.1f}", _flags(p.suspect_cache, p.spread_pct))
+                      f"{p.spread_pct:.1f}", trials_cell(p.trials_bw, p.trials_spread_pct),
+                      _flags(p.suspect_cache, p.spread_pct, p.trials_spread_pct))
+    return t
+
+
+def queue_table(r: BenchResult) -> Table | None:
+    """Each drive's queue limits: what a read is cut into before the device sees it."""
+    if not any(d.queue for d in r.drives):
+        return None
+    t = _table("Device queues (a read reaches the device in requests of at most 'unit')",
+               ("drive", "device", "from", "unit KiB", "max KiB", "hw KiB", "segs", "seg KiB", "lbs", "pbs",
+                "opt", "min", "nr", "rot"), ("drive", "device", "from"))
+
+    def v(x, div=1):
+        if x is None:
+            return "-"
+        if x >= NO_LIMIT:               # the kernel's way of saying "no limit" (INT_MAX, UINT_MAX)
+            return "none"
+        return f"{x // div}" if x % div == 0 else f"{x / div:.1f}"
+
+    for d in r.drives:
+        q = d.queue
+        if q is None:
+            continue
+        t.add_row(d.name, q.device or "-", q.source, v(q.request_bytes, 1024), v(q.max_sectors_kb), v(q.max_hw_sectors_kb),
+                  v(q.max_segments), v(q.max_segment_size, 1024), v(q.logical_block_size), v(q.physical_block_size),
+                  v(q.optimal_io_size), v(q.minimum_io_size), v(q.nr_requests),
+                  "-" if q.rotational is None else "yes" if q.rotational else "no")
     return t
 
 
@@ -86,19 +121,22 @@ def groups_table(r: BenchResult) -> Table | None:
     if not rows:
         return None
     t = _table("Together (one gate, one shared window; ratio = GB/s / sum alone)",
-               ("group", "preset", "GB/s", "alone", "ratio", "members GB/s", "spr%", ""), ("group", "preset", "members GB/s"))
+               ("group", "preset", "GB/s", "alone", "ratio", "members GB/s", "spr%", "trials", ""),
+               ("group", "preset", "members GB/s"))
     for g in rows:
         s = alone_sum(r, g)
         t.add_row(g.name, g.preset, gbs(g.bw_bytes), gbs(s) if s else "-",
                   f"{g.bw_bytes / s:.3f}" if s else "-", " ".join(f"{m.name} {gbs(m.bw_bytes)}" for m in g.members),
-                  f"{g.spread_pct:.1f}", _flags(g.suspect_cache, g.spread_pct))
+                  f"{g.spread_pct:.1f}", trials_cell(g.trials_bw, g.trials_spread_pct),
+                  _flags(g.suspect_cache, g.spread_pct, g.trials_spread_pct))
     return t
 
 
 def models_table(r: BenchResult) -> Table | None:
     if not any(d.model for d in r.drives):
         return None
-    t = _table("Fitted drive models (request = lat + size/stream, up to the ceilings)",
+    t = _table("Fitted drive models (request = lat + size/stream, up to the ceilings; "
+               "the IOPS cap counts ceil(size / unit) device requests per read)",
                ("drive", "lat us", "stream GB/s", "ceiling GB/s", "IOPS cap", "fit err %", "trials"), ("drive",))
     for d in r.drives:
         m = d.model
@@ -134,9 +172,9 @@ def ceiling_rows(r: BenchResult, tag: str = "") -> list[tuple[str, float, str]]:
         for d in r.drives:
             p = d.presets.get(name)
             if p is not None:
-                rows.append((f"{d.name} {name}{tag}", p.bw_bytes, _flags(p.suspect_cache, p.spread_pct)))
+                rows.append((f"{d.name} {name}{tag}", p.bw_bytes, _flags(p.suspect_cache, p.spread_pct, p.trials_spread_pct)))
     for g in list(r.groups) + list(r.together):
-        rows.append((f"{g.name} {g.preset}{tag}", g.bw_bytes, _flags(g.suspect_cache, g.spread_pct)))
+        rows.append((f"{g.name} {g.preset}{tag}", g.bw_bytes, _flags(g.suspect_cache, g.spread_pct, g.trials_spread_pct)))
     return rows
 
 

@@ -1,12 +1,13 @@
 """An iobench result: per-drive ceilings by preset, grouped and together runs, drive models.
 
-JSON shape (schema 1), written to rig/bench/<timestamp>.json by `iobench run`:
+JSON shape (schema 2), written to rig/bench/<timestamp>.json by `iobench run`:
 
-    {"schema": 1, "kind": "iobench", "created": "2026-11-29T19:00:00Z", "host": "...",
+    {"schema": 2, "kind": "iobench", "created": "2026-11-29T19:00:00Z", "host": "...",
      "settings": {"seconds": 1.0, "repeat": 3, "presets": [...], "lanes": {...}, "weights": [...],
                   "decode_weights": [...], "component_bytes": 6635520, ...},
      "drives": [{"name": "internal", "path": "/abs/internal/model.gguf", "size": N, "cold": "o_direct",
                  "drive": {"mount_point": ..., "fs_type": ..., "device": ..., "disk": ..., "key": ...},
+                 "queue": QUEUE | null,
                  "presets": {"seq": PRESET, "prefill": PRESET, "decode": PRESET},
                  "model": {"lat_s": ..., "stream_bw": ..., "bw_max": ..., "iops_max": ..., ...},
                  "notes": [...]}],
@@ -16,16 +17,24 @@ JSON shape (schema 1), written to rig/bench/<timestamp>.json by `iobench run`:
 
     PRESET = {"preset": "prefill", "piece_bytes": N, "bw_bytes": B/s, "iops": N/s,
               "lat_ns": {"p50", "p95", "p99", "mean"}, "best_lanes": L, "knee_lanes": L,
-              "spread_pct": %, "runs_bw": [...], "suspect_cache": bool, "notes": [...],
-              "lanes": [LANE, ...]}
+              "spread_pct": %, "runs_bw": [...], "trials_bw": [...], "trials_spread_pct": %,
+              "suspect_cache": bool, "notes": [...], "lanes": [LANE, ...]}
     LANE   = {"lanes": L, "bw_bytes", "iops", "lat_ns", "requests", "runs_bw", "spread_pct",
-              "suspect_cache"}
+              "trials_bw", "trials_spread_pct", "suspect_cache"}
     GROUP  = {"name", "preset", "drives": [...], "bw_bytes" (sum over members in the shared windows),
-              "runs_bw", "spread_pct", "suspect_cache",
+              "runs_bw", "spread_pct", "trials_bw", "trials_spread_pct", "suspect_cache",
               "members": [{"name", "lanes", "piece_bytes", "bw_bytes", "iops", "lat_ns"}]}
+    QUEUE  = {"source": "sysfs" | "ioreg" | "unknown", "device", "max_sectors_kb", "max_hw_sectors_kb",
+              "max_segments", "max_segment_size", "logical_block_size", "physical_block_size",
+              "optimal_io_size", "minimum_io_size", "rotational", "nr_requests", "request_bytes"}
 
 Rates are bytes/s (shown as decimal GB/s), latencies ns. A preset's headline numbers are those of
-its best lane count; `knee_lanes` is the lowest lane count within 5 % of that best.
+its best lane count; `knee_lanes` is the lowest lane count within 5 % of that best. A lane count
+measured in several restarted trials has the median trial's rate; `trials_bw` holds each trial's
+rate (the median of its windows), `runs_bw` every window of every trial.
+
+Schema 1 (before queue limits and restarted trials) still loads: no queue, one trial per lane
+count (`trials_bw` empty), and a drive model that prices reads smoothly (`model.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +48,8 @@ from core.jsonfile import read_json, write_json
 from core.rig import Rig
 from replicas.drives import DriveInfo
 
-from .constants import RESULT_KIND, RESULT_SCHEMA
+from .constants import READ_RESULT_SCHEMAS, RESULT_KIND, RESULT_SCHEMA
+from .iounit import QueueLimits, limits_from_dict, limits_to_dict
 from .model import DriveModel, model_from_dict, model_to_dict
 
 
@@ -58,9 +68,11 @@ class LaneResult:
     iops: float                  # requests/s
     lat_ns: Latency
     requests: int                # requests completed over all repeats
-    runs_bw: tuple[float, ...] = ()   # bytes/s of each repeat
+    runs_bw: tuple[float, ...] = ()   # bytes/s of each window of each trial
     spread_pct: float = 0.0      # (max - min) / median of runs_bw, %
     suspect_cache: bool = False
+    trials_bw: tuple[float, ...] = ()  # bytes/s of each restarted trial (its median window)
+    trials_spread_pct: float = 0.0     # (max - min) / median of trials_bw, %
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,8 @@ class PresetResult:
     runs_bw: tuple[float, ...] = ()
     suspect_cache: bool = False  # the page cache may have answered: not a ceiling
     notes: tuple[str, ...] = ()
+    trials_bw: tuple[float, ...] = ()   # at best_lanes: bytes/s of each restarted trial
+    trials_spread_pct: float = 0.0      # at best_lanes, %
 
     def lane(self, n: int) -> LaneResult:
         for x in self.lanes:
@@ -95,6 +109,7 @@ class DriveResult:
     presets: dict = field(default_factory=dict)      # preset name -> PresetResult
     model: DriveModel | None = None
     notes: tuple[str, ...] = ()  # how it was measured (meter, component source) and warnings
+    queue: QueueLimits | None = None   # the device's queue limits (None: a schema-1 result)
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,8 @@ class GroupResult:
     runs_bw: tuple[float, ...] = ()
     spread_pct: float = 0.0
     suspect_cache: bool = False
+    trials_bw: tuple[float, ...] = ()   # group bytes/s of each restarted trial
+    trials_spread_pct: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -150,19 +167,21 @@ def _lat_to(x: Latency) -> dict:
 def _lane_to(x: LaneResult) -> dict:
     return {"lanes": x.lanes, "bw_bytes": x.bw_bytes, "iops": x.iops, "lat_ns": _lat_to(x.lat_ns),
             "requests": x.requests, "runs_bw": list(x.runs_bw), "spread_pct": x.spread_pct,
-            "suspect_cache": x.suspect_cache}
+            "trials_bw": list(x.trials_bw), "trials_spread_pct": x.trials_spread_pct, "suspect_cache": x.suspect_cache}
 
 
 def _preset_to(p: PresetResult) -> dict:
     return {"preset": p.preset, "piece_bytes": p.piece_bytes, "bw_bytes": p.bw_bytes, "iops": p.iops,
             "lat_ns": _lat_to(p.lat_ns), "best_lanes": p.best_lanes, "knee_lanes": p.knee_lanes,
-            "spread_pct": p.spread_pct, "runs_bw": list(p.runs_bw), "suspect_cache": p.suspect_cache,
+            "spread_pct": p.spread_pct, "runs_bw": list(p.runs_bw), "trials_bw": list(p.trials_bw),
+            "trials_spread_pct": p.trials_spread_pct, "suspect_cache": p.suspect_cache,
             "notes": list(p.notes), "lanes": [_lane_to(x) for x in p.lanes]}
 
 
 def _group_to(g: GroupResult) -> dict:
     return {"name": g.name, "preset": g.preset, "drives": list(g.drives), "bw_bytes": g.bw_bytes,
-            "runs_bw": list(g.runs_bw), "spread_pct": g.spread_pct, "suspect_cache": g.suspect_cache,
+            "runs_bw": list(g.runs_bw), "spread_pct": g.spread_pct, "trials_bw": list(g.trials_bw),
+            "trials_spread_pct": g.trials_spread_pct, "suspect_cache": g.suspect_cache,
             "members": [{"name": m.name, "lanes": m.lanes, "piece_bytes": m.piece_bytes, "bw_bytes": m.bw_bytes,
                          "iops": m.iops, "lat_ns": _lat_to(m.lat_ns)} for m in g.members]}
 
@@ -176,6 +195,7 @@ def result_to_dict(r: BenchResult) -> dict:
         "settings": r.settings,
         "drives": [{"name": d.name, "path": d.path, "size": d.size, "cold": d.cold,
                     "drive": asdict(d.drive),
+                    "queue": limits_to_dict(d.queue) if d.queue is not None else None,
                     "presets": {k: _preset_to(p) for k, p in d.presets.items()},
                     "model": model_to_dict(d.model) if d.model is not None else None,
                     "notes": list(d.notes)}
@@ -194,7 +214,13 @@ def _lane_from(d: dict) -> LaneResult:
     return LaneResult(lanes=int(d["lanes"]), bw_bytes=float(d["bw_bytes"]), iops=float(d["iops"]),
                       lat_ns=_lat_from(d["lat_ns"]), requests=int(d["requests"]),
                       runs_bw=tuple(float(v) for v in d.get("runs_bw", ())),
-                      spread_pct=float(d.get("spread_pct", 0.0)), suspect_cache=bool(d.get("suspect_cache", False)))
+                      spread_pct=float(d.get("spread_pct", 0.0)), suspect_cache=bool(d.get("suspect_cache", False)),
+                      **_trials_from(d))
+
+
+def _trials_from(d: dict) -> dict:
+    return {"trials_bw": tuple(float(v) for v in d.get("trials_bw", ())),
+            "trials_spread_pct": float(d.get("trials_spread_pct", 0.0))}
 
 
 def _preset_from(d: dict) -> PresetResult:
@@ -203,7 +229,8 @@ def _preset_from(d: dict) -> PresetResult:
                         lanes=tuple(_lane_from(x) for x in d["lanes"]), best_lanes=int(d["best_lanes"]),
                         knee_lanes=int(d["knee_lanes"]), spread_pct=float(d["spread_pct"]),
                         runs_bw=tuple(float(v) for v in d.get("runs_bw", ())),
-                        suspect_cache=bool(d.get("suspect_cache", False)), notes=tuple(d.get("notes", ())))
+                        suspect_cache=bool(d.get("suspect_cache", False)), notes=tuple(d.get("notes", ())),
+                        **_trials_from(d))
 
 
 def _group_from(d: dict) -> GroupResult:
@@ -213,15 +240,17 @@ def _group_from(d: dict) -> GroupResult:
                                                   bw_bytes=float(m["bw_bytes"]), iops=float(m["iops"]),
                                                   lat_ns=_lat_from(m["lat_ns"])) for m in d["members"]),
                        runs_bw=tuple(float(v) for v in d.get("runs_bw", ())),
-                       spread_pct=float(d.get("spread_pct", 0.0)), suspect_cache=bool(d.get("suspect_cache", False)))
+                       spread_pct=float(d.get("spread_pct", 0.0)), suspect_cache=bool(d.get("suspect_cache", False)),
+                       **_trials_from(d))
 
 
 def result_from_dict(d: dict, where: str = "result") -> BenchResult:
     """Load a result dict; anything malformed is a RigError naming `where` and the key."""
     if not isinstance(d, dict) or d.get("kind") != RESULT_KIND:
         raise RigError(f"{where}: not an iobench result (no \"kind\": \"{RESULT_KIND}\"); give a file written by `iobench run`")
-    if d.get("schema") != RESULT_SCHEMA:
-        raise RigError(f"{where}: key 'schema' is {d.get('schema')!r}, this version reads {RESULT_SCHEMA}; re-run `iobench run`")
+    if isinstance(d.get("schema"), bool) or d.get("schema") not in READ_RESULT_SCHEMAS:
+        raise RigError(f"{where}: key 'schema' is {d.get('schema')!r}, this version reads "
+                       f"{' or '.join(map(str, READ_RESULT_SCHEMAS))}; re-run `iobench run`")
     key = "drives"
     try:
         drives = []
@@ -231,7 +260,8 @@ def result_from_dict(d: dict, where: str = "result") -> BenchResult:
                                       cold=str(x["cold"]), drive=DriveInfo(**x["drive"]),
                                       presets={k: _preset_from(p) for k, p in x["presets"].items()},
                                       model=model_from_dict(x["model"]) if x.get("model") else None,
-                                      notes=tuple(x.get("notes", ()))))
+                                      notes=tuple(x.get("notes", ())),
+                                      queue=limits_from_dict(x["queue"]) if x.get("queue") else None))
         key = "groups"
         groups = tuple(_group_from(g) for g in d.get("groups", ()))
         key = "together"
@@ -250,7 +280,7 @@ _REMEDY = f"run `iobench run` or give a result file from rig/{BENCH_DIR}/"
 
 def load_result(path: str) -> BenchResult:
     """A result file: missing is MissingError (exit 3); anything else wrong is RigError (exit 2)."""
-    doc = read_json(path, RESULT_KIND, _REMEDY, schema=RESULT_SCHEMA, what="iobench result")
+    doc = read_json(path, RESULT_KIND, _REMEDY, schema=READ_RESULT_SCHEMAS, what="iobench result")
     return result_from_dict(doc, path)
 
 

@@ -3,7 +3,10 @@
 Order (DESIGN §4): every drive alone (seq first, so its ceilings can set the split weights of
 the other presets), then each `--group` of drives together, then all drives together. Each
 lane count of each preset is one trial of `repeat` back-to-back windows of `seconds`; the
-spread is taken over those windows.
+spread is taken over those windows. A preset with restarts (decode, by default) measures each
+lane count in that many trials, each started afresh (new lanes, new offsets), round-robin over
+the lane counts (x1 x2 x3 x4, x1 x2 x3 x4, ...) so a drift of the drive or the host over the
+run touches every lane count alike; the median trial counts (`aggregate`).
 
 `measure` is the whole run as a plan that never touches a drive: a generator that yields each
 `Trial` and is sent back that trial's runs (one `StreamRun` per leg, in order), because what
@@ -23,7 +26,16 @@ from engines.split import check_weights
 
 from . import stats
 from .aggregate import group_result, lane_result, preset_result, suspect_cache
-from .constants import DEFAULT_LANES, DEFAULT_REPEAT, DEFAULT_SECONDS, PRESETS, SEQ_PIECE, TOGETHER_LANES
+from .constants import (
+    DEFAULT_LANES,
+    DEFAULT_REPEAT,
+    DEFAULT_RESTARTS,
+    DEFAULT_SECONDS,
+    MAX_RESTARTS,
+    PRESETS,
+    SEQ_PIECE,
+    TOGETHER_LANES,
+)
 from .layout import ExpertLayout
 from .result import BenchResult, GroupResult, PresetResult
 from .shapes import Shape, decode_shape, min_slots, prefill_shape, rand4k_shape, seq_shape
@@ -68,9 +80,14 @@ class RunOptions:
     weights: tuple[int, ...] | None = None        # prefill split, one per drive
     decode_weights: tuple[int, ...] | None = None  # decode split (default: weights)
     seed: int = 0
+    restarts: int | None = None                   # trials per lane count, overrides every preset's
 
     def lanes_for(self, preset: str) -> tuple[int, ...]:
         return tuple(self.lanes) if self.lanes else DEFAULT_LANES[preset]
+
+    def restarts_for(self, preset: str) -> int:
+        """Restarted trials per lane count (and per together run) of a preset."""
+        return self.restarts if self.restarts is not None else DEFAULT_RESTARTS[preset]
 
 
 # ---- options ------------------------------------------------------------------------------------
@@ -104,6 +121,8 @@ def check_options(targets: Sequence[Target], opts: RunOptions, real_paths: Seque
         raise UsageError(f"--seconds {opts.seconds}: give a positive number of seconds (at most 600)")
     if opts.repeat < 1 or opts.repeat > 100:
         raise UsageError(f"--repeat {opts.repeat}: give 1..100")
+    if opts.restarts is not None and not 1 <= opts.restarts <= MAX_RESTARTS:
+        raise UsageError(f"--restarts {opts.restarts}: give 1..{MAX_RESTARTS} trials per lane count")
     bad = [p for p in opts.presets if p not in PRESETS]
     if bad or not opts.presets:
         raise UsageError(f"--preset {bad[0] if bad else ''!r}: use seq, prefill, decode, rand4k or all")
@@ -157,11 +176,12 @@ def count_trials(targets: Sequence[Target], opts: RunOptions) -> int:
     """Trials a run takes at most (a drive the weights give no bytes skips its trials)."""
     n = 0
     if opts.alone:
-        n += len(targets) * sum(len(opts.lanes_for(p)) for p in opts.presets)
+        n += len(targets) * sum(len(opts.lanes_for(p)) * opts.restarts_for(p) for p in opts.presets)
     if opts.together:
-        n += len(opts.groups) * len(opts.presets)
+        per_group = sum(opts.restarts_for(p) for p in opts.presets)
+        n += len(opts.groups) * per_group
         if len(targets) > 1:
-            n += len(opts.presets)
+            n += per_group
     return n
 
 
@@ -197,8 +217,9 @@ class Leg:
 
 @dataclass(frozen=True)
 class Trial:
-    label: str                   # what progress says: 'green prefill x8', 'hub decode'
+    label: str                   # what progress says: 'green prefill x8', 'hub decode (2/3)'
     legs: tuple[Leg, ...]        # one drive alone, or the drives read together
+    restart: int = 0             # which restarted trial of its lane count (0-based)
 
 
 @dataclass
@@ -237,10 +258,14 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
                 continue
             if not opts.alone:
                 continue
-            lanes_res = []
-            for lanes in opts.lanes_for(preset):
-                run, = yield Trial(f"{t.name} {preset} x{lanes}", (Leg(t.name, shape, lanes),))
-                lanes_res.append(lane_result(run, not_cold[t.name]))
+            counts = opts.lanes_for(preset)
+            n = opts.restarts_for(preset)
+            runs: dict[int, list] = {lanes: [] for lanes in counts}
+            for r in range(n):
+                for lanes in counts:
+                    run, = yield Trial(f"{t.name} {preset} x{lanes}{_nth(r, n)}", (Leg(t.name, shape, lanes),), r)
+                    runs[lanes].append(run)
+            lanes_res = [lane_result(runs[lanes], not_cold[t.name]) for lanes in counts]
             m.presets[t.name][preset] = preset_result(preset, shape.piece_bytes, lanes_res)
 
     def together_run(name: str, members: Sequence[Target], preset: str):
@@ -252,8 +277,11 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
                 legs.append(Leg(t.name, shape, alone.best_lanes if alone else TOGETHER_LANES[preset]))
         if len(legs) < 2:
             return None
-        runs = yield Trial(f"{name} {preset}", tuple(legs))
-        return group_result(name, preset, runs, [suspect_cache(r, not_cold[r.name]) for r in runs])
+        n = opts.restarts_for(preset)
+        trials = []
+        for r in range(n):
+            trials.append((yield Trial(f"{name} {preset}{_nth(r, n)}", tuple(legs), r)))
+        return group_result(name, preset, trials, [suspect_cache(x, not_cold[x.name]) for runs in trials for x in runs])
 
     if opts.together:
         by_name = {t.name: t for t in targets}
@@ -268,6 +296,10 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
                 if g:
                     m.together.append(g)
     return m
+
+
+def _nth(r: int, n: int) -> str:
+    return f" ({r + 1}/{n})" if n > 1 else ""
 
 
 def run_plan(plan: Plan, run: Callable[[Trial], "list[StreamRun]"]) -> Measured:
@@ -289,6 +321,7 @@ def run_settings(opts: RunOptions, m: Measured) -> dict:
     return {
         "seconds": opts.seconds,
         "repeat": opts.repeat,
+        "restarts": {p: opts.restarts_for(p) for p in m.order},
         "presets": list(m.order),
         "lanes": {p: list(opts.lanes_for(p)) for p in m.order},
         "alone": opts.alone,

@@ -37,7 +37,8 @@ def test_run_seq_on_two_files_prints_json_and_writes_the_result(two_files):
     r = invoke("run", *two_files, "--preset", "seq", *FAST, "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert d["kind"] == "iobench" and d["schema"] == 1
+    assert d["kind"] == "iobench" and d["schema"] == 2
+    assert d["drives"][0]["queue"]["source"] in ("sysfs", "ioreg", "unknown")
     assert [x["path"] for x in d["drives"]] == list(two_files)
     assert len({x["name"] for x in d["drives"]}) == 2           # same mount point, names made unique
     seq = d["drives"][0]["presets"]["seq"]
@@ -99,6 +100,27 @@ def test_gguf_decode_uses_the_expert_components(tmp_path):
     assert dec["piece_bytes"] == comp == 16384
     assert [x["lanes"] for x in dec["lanes"]] == [1, 2]
     assert any("GGUF expert tensors" in n for n in d["drives"][0]["notes"])
+
+
+def test_decode_restarts_its_trials_and_keeps_their_spread(tmp_path):
+    p = tmp_path / "m.gguf"
+    write_moe_gguf(p, layers=2, experts=4, rows=8, cols=512)
+    r = invoke("run", p, "--preset", "decode", "--lanes", "1,2", *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    dec = d["drives"][0]["presets"]["decode"]
+    assert d["settings"]["restarts"] == {"decode": 3}
+    for lane in dec["lanes"]:
+        assert len(lane["trials_bw"]) == 3 and len(lane["runs_bw"]) == 3 * 2      # 3 trials of 2 windows
+        assert sorted(lane["trials_bw"])[1] == lane["bw_bytes"]                  # the median trial
+    r = invoke("run", p, "--preset", "decode", "--lanes", "1", "--restarts", "2", *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    lane, = json.loads(r.stdout)["drives"][0]["presets"]["decode"]["lanes"]
+    assert len(lane["trials_bw"]) == 2
+    shown = invoke("show", "--lanes")
+    assert shown.exit_code == 0 and "trials" in shown.stdout and "2: " in shown.stdout
+    r = invoke("run", p, "--preset", "decode", "--restarts", "0", *FAST)
+    assert r.exit_code == 2 and "--restarts" in r.output
 
 
 def test_show_and_compare(two_files):

@@ -49,7 +49,7 @@ def runner(rates, log):
 
 def test_alone_then_groups_then_together_in_preset_order():
     ts = targets("internal", "green", "white")
-    opts = RunOptions(presets=("decode", "seq"), lanes=(1, 4), groups=(("hub", ("green", "white")),))
+    opts = RunOptions(presets=("decode", "seq"), lanes=(1, 4), groups=(("hub", ("green", "white")),), restarts=1)
     log = []
     m = run_plan(measure(ts, opts, {t.name: False for t in ts}), runner({"internal": 12e9, "green": 6e9, "white": 6e9}, log))
     assert [t.label for t in log] == [
@@ -80,7 +80,7 @@ def test_given_weights_and_a_drive_they_leave_out():
     # decode 100:1 on a 25-block component gives the second drive no block: it is noted, not
     # measured, and a together run of one drive is no together run
     log = []
-    opts = RunOptions(presets=("decode",), lanes=(2,), weights=(1, 1), decode_weights=(100, 1))
+    opts = RunOptions(presets=("decode",), lanes=(2,), weights=(1, 1), decode_weights=(100, 1), restarts=1)
     m = run_plan(measure(ts, opts, {"a": False, "b": False}), runner({"a": 1e9, "b": 1e9}, log))
     assert [t.label for t in log] == ["a decode x2"] and log[0].legs[0].shape.piece_bytes == 6_635_520
     assert m.presets["b"] == {} and m.notes["b"] == ["decode: the weights give this drive no bytes; not measured"]
@@ -90,7 +90,7 @@ def test_given_weights_and_a_drive_they_leave_out():
 def test_together_only_uses_the_engines_default_lanes():
     ts = targets("a", "b")
     log = []
-    m = run_plan(measure(ts, RunOptions(presets=("seq", "decode"), alone=False), {"a": False, "b": False}),
+    m = run_plan(measure(ts, RunOptions(presets=("seq", "decode"), alone=False, restarts=1), {"a": False, "b": False}),
                  runner({"a": 2e9, "b": 1e9}, log))
     assert [t.label for t in log] == ["together seq", "together decode"]
     assert [leg.lanes for leg in log[1].legs] == [TOGETHER_LANES["decode"]] * 2
@@ -145,12 +145,82 @@ def test_what_the_cache_may_have_answered():
 
 
 def test_best_lanes_knee_and_group_totals():
-    lanes = [lane_result(made_up_run("a", n, MiB, 4e9), False) for n in (1, 2, 4, 8)]
+    lanes = [lane_result([made_up_run("a", n, MiB, 4e9)], False) for n in (1, 2, 4, 8)]
     pr = preset_result("seq", MiB, lanes)
     assert (pr.best_lanes, pr.knee_lanes, pr.bw_bytes) == (4, 4, 4e9)     # a tie goes to fewer lanes
     assert [x.lanes for x in pr.lanes] == [1, 2, 4, 8] and pr.spread_pct == 0
     a = StreamRun("a", 2, MiB, ((1e9, 1.0), (3e9, 1.0), (2e9, 1.0)), (10_000,), 3, 0.0, None, 0)
     b = StreamRun("b", 2, MiB, ((3e9, 1.0), (1e9, 1.0), (1e9, 1.0)), (10_000,), 3, 0.0, None, 0)
-    g = group_result("hub", "seq", [a, b], [False, False])
+    g = group_result("hub", "seq", [[a, b]], [False, False])
     assert g.runs_bw == (4e9, 4e9, 3e9) and g.bw_bytes == 4e9      # the median of the totals, not 2e9 + 1e9
     assert [x.bw_bytes for x in g.members] == [2e9, 1e9]
+
+
+def restart_runner(log, slow=(1, 3, 2)):
+    """Each restarted trial of a lane count runs at its own pace (`slow[restart]` times the base
+    rate), with windows at 0.9, 1.0 and 1.1 of it and latencies of (restart + 1) ms."""
+    def run(trial):
+        log.append(trial)
+        out = []
+        for leg in trial.legs:
+            rate = {"a": 1e8, "b": 5e7}[leg.name] * slow[trial.restart] * leg.lanes
+            windows = tuple((rate * k, rate * k / leg.shape.piece_bytes) for k in (0.9, 1.0, 1.1))
+            out.append(StreamRun(leg.name, leg.lanes, leg.shape.piece_bytes, windows, ((trial.restart + 1) * 1_000_000,) * 8,
+                                 8, rate, None, 0))
+        return out
+    return run
+
+
+def test_restarted_trials_go_round_robin_over_the_lane_counts_and_the_median_trial_counts():
+    ts = targets("a", "b")
+    opts = RunOptions(presets=("decode",), lanes=(1, 2), restarts=3, weights=(1, 1))
+    log = []
+    m = run_plan(measure(ts, opts, {"a": False, "b": False}), restart_runner(log))
+    assert [t.label for t in log] == [
+        "a decode x1 (1/3)", "a decode x2 (1/3)", "a decode x1 (2/3)", "a decode x2 (2/3)",
+        "a decode x1 (3/3)", "a decode x2 (3/3)",
+        "b decode x1 (1/3)", "b decode x2 (1/3)", "b decode x1 (2/3)", "b decode x2 (2/3)",
+        "b decode x1 (3/3)", "b decode x2 (3/3)",
+        "together decode (1/3)", "together decode (2/3)", "together decode (3/3)"]
+    assert [t.restart for t in log[:6]] == [0, 0, 1, 1, 2, 2]
+    assert len(log) == count_trials(ts, opts)
+    dec = m.presets["a"]["decode"]
+    x1, x2 = dec.lane(1), dec.lane(2)
+    # trials at 1, 3 and 2 times the base: the median trial (2x) counts, not the mean nor the last
+    assert x1.trials_bw == pytest.approx((1e8, 3e8, 2e8)) and x1.bw_bytes == pytest.approx(2e8)
+    assert x2.trials_bw == pytest.approx((2e8, 6e8, 4e8)) and x2.bw_bytes == pytest.approx(4e8)
+    assert x2.trials_spread_pct == pytest.approx(100.0)                 # (6 - 2) / 4
+    # every window of every trial is kept; their spread: (6.6 - 1.8) / 4 (the median of nine)
+    assert len(x2.runs_bw) == 9 and x2.spread_pct == pytest.approx(120.0)
+    assert x2.iops == pytest.approx(4e8 / dec.piece_bytes)
+    assert x2.requests == 24 and x2.lat_ns.p50 == 2_000_000            # latencies pooled over the trials
+    assert (dec.best_lanes, dec.bw_bytes, dec.trials_bw, dec.trials_spread_pct) == (2, x2.bw_bytes, x2.trials_bw, 100.0)
+    # together: each trial's total is the median of its shared windows, the group's the median trial's
+    g, = m.together
+    assert [leg.lanes for leg in log[-1].legs] == [2, 2]
+    assert g.trials_bw == pytest.approx((3e8, 9e8, 6e8)) and g.bw_bytes == pytest.approx(6e8)
+    assert [x.bw_bytes for x in g.members] == pytest.approx([4e8, 2e8])
+    assert len(g.runs_bw) == 9 and g.members[0].lat_ns.p50 == 2_000_000
+
+
+def test_one_stalled_trial_moves_nothing():
+    def trial(rate):
+        return StreamRun("a", 2, MiB, ((rate, rate / MiB),) * 3, (1_000_000,) * 4, 4, rate, None, 0)
+    steady = lane_result([trial(2.00e8), trial(0.50e8), trial(2.02e8)], False)
+    assert steady.bw_bytes == 2.00e8 and steady.trials_spread_pct == pytest.approx(100 * 1.52 / 2.00)
+    one = lane_result([trial(2.00e8)], False)
+    assert one.trials_bw == () and one.trials_spread_pct == 0.0 and one.runs_bw == (2.00e8,) * 3
+
+
+def test_restarts_by_default_for_decode_only_and_checked():
+    opts = RunOptions()
+    assert [opts.restarts_for(p) for p in ("seq", "prefill", "decode", "rand4k")] == [1, 1, 3, 1]
+    # one drive, every preset: seq x8, prefill x1..x16, decode x1..x4 three times, rand4k x1 and x16
+    assert count_trials(targets("a"), opts) == 1 + 5 + 4 * 3 + 2
+    assert RunOptions(restarts=2).restarts_for("seq") == 2
+    for bad in (0, 21):
+        with pytest.raises(UsageError, match="--restarts"):
+            check_options(targets("a"), RunOptions(presets=("seq",), restarts=bad))
+    m = run_plan(measure(targets("a"), RunOptions(presets=("seq", "decode"), lanes=(1,), weights=(1,)), {"a": False}),
+                 restart_runner([]))
+    assert run_settings(RunOptions(presets=("seq", "decode")), m)["restarts"] == {"seq": 1, "decode": 3}
