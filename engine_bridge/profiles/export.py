@@ -109,6 +109,71 @@ def source_facts(plan_dict: dict, manifest, rig) -> list[rules.SourceFacts]:
     return facts
 
 
+def _shards(directory: str) -> tuple[tuple[str, int], ...]:
+    """The *.safetensors files colibri indexes in a directory (c/st.h st_scan_dir), with sizes."""
+    out = []
+    for n in sorted(os.listdir(directory)):
+        path = os.path.join(directory, n)
+        if n.endswith(colibri.SHARD_SUFFIX) and os.path.isfile(path):
+            out.append((n, os.stat(path).st_size))
+    return tuple(out)
+
+
+def colibri_directory(path: str, primary_name: str = "") -> tuple[str, str]:
+    """(the directory colibri loads for a plan source, why none) — a directory member is the
+    directory; a single-file member stands for its folder only when that folder holds no other
+    shard (colibri loads every *.safetensors in it) and, for a replica, the file has the model's
+    name (st_mirror_add looks a mirror's shard up by the model's basename)."""
+    if os.path.isdir(path):
+        return path, ""
+    name, folder = os.path.basename(path), os.path.dirname(path)
+    if not name.endswith(colibri.SHARD_SUFFIX):
+        return "", (f"{path} is not a directory of safetensors shards, which is all colibri loads "
+                    "(give the model's directory, or export for ds4-argodrive)")
+    if primary_name and name != primary_name:
+        return "", f"{path} is not named {primary_name} like the model, so colibri would not find it as a mirror shard"
+    others = [n for n, _ in _shards(folder) if n != name]
+    if others:
+        return "", (f"colibri would load every shard in {folder}, not only {name} (also {others[0]}); "
+                    "keep the model alone in its directory")
+    return folder, ""
+
+
+def colibri_facts(plan_dict: dict, manifest, rig) -> list[rules.SourceFacts]:
+    """Stat every source as colibri sees it: the directory it loads, its shards, its tokenizer;
+    replicas also get their stamp state (on the member path) against the manifest."""
+    facts: list[rules.SourceFacts] = []
+    primary_name = ""
+    for i, s in enumerate(plan_dict["sources"]):
+        path = s["path"]
+        if not os.path.exists(path):
+            facts.append(rules.SourceFacts(i, path, exists=False, regular=False, state="missing" if i else ""))
+            continue
+        directory, why = colibri_directory(path, primary_name if i else "")
+        if i == 0 and not os.path.isdir(path):
+            primary_name = os.path.basename(path)
+        shards, st = (_shards(directory), os.stat(directory)) if directory else ((), os.stat(path))
+        state = ""
+        if i:
+            state = stamp_state(path, manifest, rig) if manifest is not None else "unverified"
+        facts.append(rules.SourceFacts(i, path, exists=True, regular=not os.path.isdir(path), device=st.st_dev,
+                                       inode=st.st_ino, state=state, directory=directory, not_loadable=why,
+                                       shards=shards,
+                                       tokenizer=bool(directory) and os.path.isfile(os.path.join(directory, colibri.TOKENIZER))))
+    return facts
+
+
+def plan_stripes(plan_path: str) -> bool:
+    """Whether the plan says colibri should stripe each large read over the drives: its
+    top-level "stripe" (default false)."""
+    with open(plan_path, encoding="utf-8") as f:
+        doc = json.load(f)
+    stripe = doc.get("stripe", False) if isinstance(doc, dict) else False
+    if not isinstance(stripe, bool):
+        raise UsageError(f"{plan_path}: key 'stripe' must be true or false, got {stripe!r}")
+    return stripe
+
+
 # ---------------------------------------------------------------------------------------------
 # Export
 
@@ -150,7 +215,8 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
 
-    facts = source_facts(plan_dict, manifest, rig)
+    colibri_export = engine == colibri.NAME
+    facts = colibri_facts(plan_dict, manifest, rig) if colibri_export else source_facts(plan_dict, manifest, rig)
     violations = rules.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
                                      allow_unverified=allow_unverified,
                                      manifest_size=manifest.size if manifest else None)
@@ -164,6 +230,8 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         raise err
 
     unverified = tuple(f.path for f in facts[1:] if f.state != "verified")
+    # colibri is given the directories it loads, not the member paths
+    paths = tuple(f.directory for f in facts) if colibri_export else None
     provenance = {
         "plan_file": os.path.abspath(plan_path),
         "plan_created": plan.created,
@@ -179,7 +247,8 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         profile_id=profile_id, engine=engine, plan=plan_dict, layered=layered, cache_experts=cache,
         managed=pf.managed_keys(engine, definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.blake3 if manifest else "",
-        allow_unverified=allow_unverified, unverified=unverified, provenance=provenance)
+        allow_unverified=allow_unverified, unverified=unverified, provenance=provenance,
+        paths=paths, stripe=colibri_export and plan_stripes(plan_path))
 
     doc = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n"
     if fmt == "json":

@@ -224,14 +224,18 @@ def managed_keys(engine: str, definitions: Iterable[Definition] = ()) -> tuple[s
 def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered | None,
                   cache_experts: int | None, managed: Sequence[str], model_size: int | None = None,
                   model_blake3: str = "", allow_unverified: bool = False,
-                  unverified: Sequence[str] = (), provenance: dict | None = None) -> Profile:
-    """The profile for a checked plan (`plan` is planner.plan.plan_to_dict's shape)."""
-    paths = [s["path"] for s in plan["sources"]]
+                  unverified: Sequence[str] = (), provenance: dict | None = None,
+                  paths: Sequence[str] | None = None, stripe: bool = False) -> Profile:
+    """The profile for a checked plan (`plan` is planner.plan.plan_to_dict's shape). `paths`:
+    what the engine is given for each source when not the plan's paths (colibri: the
+    directories it loads); `stripe`: colibri stripes each large read over the drives."""
+    paths = list(paths) if paths is not None else [s["path"] for s in plan["sources"]]
     prefill = list(plan["prefill"]["weights"])
     decode = list(plan["decode"]["weights"])
     primary, replicas = paths[0], tuple(paths[1:])
     if engine == colibri.NAME:
-        env = dict(colibri.plan_environment(primary, replicas, prefill))
+        # colibri places experts once for every phase: the plan's base weights, one per drive
+        env = dict(colibri.plan_environment(primary, replicas, prefill, stripe=stripe))
         argv: tuple[str, ...] = ()
     else:
         env = dict(ds4_argodrive.split_environment(prefill[0], replicas, prefill[1:], decode))
@@ -260,10 +264,14 @@ def render_env(p: Profile) -> str:
     """The shell file: a header comment with the engine arguments, `export K='v'`, `unset K`."""
     lines = [f"# {p.engine} profile {p.id!r}, exported by replica-tuner (engine-bridge export)"]
     if p.engine == colibri.NAME:
-        lines.append(f"# colibri reads {colibri.ENV_MODEL} (primary) and {colibri.ENV_MIRROR} "
-                     f"(copies, '{colibri.MIRROR_SEPARATOR}'-separated);")
+        lines.append(f"# colibri: the coli launcher reads {colibri.ENV_MODEL}, the engine binary {colibri.ENV_SNAP} "
+                     f"(both the model directory); {colibri.ENV_MIRROR} lists mirror directories "
+                     f"('{colibri.MIRROR_SEPARATOR}'-separated);")
         lines.append(f"# {colibri.ENV_WEIGHTS} are the plan's base weights {':'.join(map(str, (p.primary_weight,) + p.replica_weights))} "
-                     "(colibri places whole experts by hash; it has no separate decode split)")
+                     "(colibri places whole experts by a hash of (layer, expert); it has no separate decode split)")
+        if colibri.ENV_STRIPE in p.env:
+            lines.append(f"# striping: {colibri.ENV_DIRECT}=1 (O_DIRECT, the only path that stripes) and "
+                         f"{colibri.ENV_STRIPE}=1 cut each expert read of 4 MiB or more over every drive")
     else:
         lines.append("# engine arguments: " + " ".join(shlex.quote(a) for a in p.argv))
         w = (p.primary_weight,) + p.replica_weights
@@ -278,7 +286,9 @@ def render_env(p: Profile) -> str:
         lines.append(f"# named profile: {' + '.join(p.provenance['chain'])}")
     if p.unverified:
         lines.append("# WARNING: exported with --allow-unverified; not verified against the manifest: " + ", ".join(p.unverified))
-    lines.append("# load with: . FILE   (the unset lines clear presence-based flags this profile does not want)")
+    lines.append("# load with: . FILE   (the unset lines clear " + ("colibri variables this profile does not want: "
+                 "an inherited mirror list, a split layout, striping)" if p.engine == colibri.NAME
+                 else "presence-based flags this profile does not want)"))
     lines += [f"export {k}={sh_quote(v)}" for k, v in p.environment]
     lines += [f"unset {k}" for k in p.unset]
     return "\n".join(lines) + "\n"

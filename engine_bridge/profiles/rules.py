@@ -1,5 +1,5 @@
 """The engine's rules as a checker (pure): every rule an engine would otherwise discover the hard
-way, or silently ignore, judged on facts about the plan's sources (DESIGN §6).
+way, or ignore with no more than a log line, judged on facts about the plan's sources (DESIGN §6).
 
 Nothing here touches the disk: facts about files (size, inode, verification state) arrive as
 `SourceFacts` gathered by `engine_bridge.profiles.export`; the limits come from the engine's
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from core.errors import UsageError
+from engines import colibri
 from engines.base import Engine
 from engines.registry import DEFAULT_ENGINE, get_engine
 
@@ -27,6 +28,12 @@ class SourceFacts:
     device: int | None = None
     inode: int | None = None
     state: str = ""             # replicas: 'verified' | 'stale' | 'unverified' | 'missing'; primary: ''
+    # colibri loads directories: the one this source stands for ('' when it stands for none),
+    # why not when it does not, its shard files (basename, bytes) and whether it has a tokenizer.
+    directory: str = ""
+    not_loadable: str = ""
+    shards: tuple[tuple[str, int], ...] = ()
+    tokenizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,13 @@ def _weight_ok(w, e: Engine) -> bool:
 def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Sequence, *,
                   engine: str = DEFAULT_ENGINE, allow_unverified: bool = False,
                   manifest_size: int | None = None) -> list[Violation]:
-    """Every rule the engine would otherwise discover the hard way (or silently ignore).
+    """Every rule the engine would otherwise discover the hard way (or ignore with a log line).
 
     Returns all violations, each with its reason; an empty list means the engine will take it.
     """
     e = get_engine(engine)
+    if e.name == colibri.NAME:
+        return check_colibri(facts, prefill, decode, allow_unverified=allow_unverified)
     v: list[Violation] = []
     limit = e.max_sources
     n = len(facts)
@@ -69,15 +78,7 @@ def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
             v.append(Violation("bad-character", where,
                                f"{f.path!r} contains {' and '.join(repr(c) for c in found)}, which {engine} uses as a separator; "
                                "rename the directory or file"))
-    for phase, weights in (("prefill.weights", prefill), ("decode.weights", decode)):
-        if len(weights) != n:
-            v.append(Violation("weight-count", phase,
-                               f"{len(weights)} weights for {n} sources (the engine silently ignores a wrong count); "
-                               "give exactly one weight per source"))
-        for i, w in enumerate(weights):
-            if not _weight_ok(w, e):
-                v.append(Violation("weight-range", f"{phase}[{i}]",
-                                   f"weight {w!r} is not an integer {e.weight_min}..{e.weight_max}"))
+    v += _weight_rules(n, prefill, decode, e)
     primary = facts[0]
     if not primary.exists:
         v.append(Violation("missing", "sources[0]", f"primary {primary.path} does not exist"))
@@ -109,6 +110,101 @@ def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
                                    "a replica must be a separate copy, not a hard link"))
             else:
                 seen[key] = f.index
+        if f.state != "verified" and not allow_unverified:
+            how = ("was modified since it was verified" if f.state == "stale"
+                   else "has never been verified against the manifest")
+            v.append(Violation("unverified", where,
+                               f"replica {f.path} {how}; run `replicas verify` (or export with --allow-unverified)"))
+    return v
+
+
+def _weight_rules(n: int, prefill: Sequence, decode: Sequence, e: Engine) -> list[Violation]:
+    v = []
+    for phase, weights in (("prefill.weights", prefill), ("decode.weights", decode)):
+        if len(weights) != n:
+            v.append(Violation("weight-count", phase,
+                               f"{len(weights)} weights for {n} sources (the engine ignores a wrong count "
+                               "and only logs that it did); "
+                               "give exactly one weight per source"))
+        for i, w in enumerate(weights):
+            if not _weight_ok(w, e):
+                v.append(Violation("weight-range", f"{phase}[{i}]",
+                                   f"weight {w!r} is not an integer {e.weight_min}..{e.weight_max}"))
+    return v
+
+
+def check_colibri(facts: Sequence[SourceFacts], prefill: Sequence, decode: Sequence, *,
+                  allow_unverified: bool = False) -> list[Violation]:
+    """colibri's rules (engines.colibri; c/colibri.c mirror_setup, c/st.h st_mirror_add, c/coli
+    need_model): the model and every mirror are directories of safetensors shards; a mirror
+    entry holds no ';' or ',', no edge blank, fits colibri's buffers and is not the model
+    directory; at most 4 mirrors; every primary shard is in every mirror with its size (colibri
+    would read a missing or different shard from the primary, against the plan's weights)."""
+    e = get_engine(colibri.NAME)
+    n = len(facts)
+    if n == 0:
+        return [Violation("no-sources", "sources", "the plan names no sources; re-create it with `planner solve`")]
+    v: list[Violation] = []
+    if n > e.max_sources:
+        v.append(Violation("too-many-sources", "sources",
+                           f"{n} sources but colibri reads at most {colibri.MAX_MIRRORS} mirrors besides the model "
+                           "(ST_MAX_MIR); drop a replica from the plan"))
+    for f in facts:
+        where = f"sources[{f.index}]"
+        if not f.path.startswith("/"):
+            v.append(Violation("relative-path", where, f"{f.path!r} is not an absolute path; the engine needs one"))
+        elif f.exists and f.not_loadable:
+            v.append(Violation("not-a-directory-model", where, f.not_loadable))
+    v += _weight_rules(n, prefill, decode, e)
+    primary = facts[0]
+    if not primary.exists:
+        v.append(Violation("missing", "sources[0]", f"model {primary.path} does not exist"))
+    elif primary.directory and not primary.shards:
+        v.append(Violation("no-shards", "sources[0]",
+                           f"model directory {primary.directory} holds no *{colibri.SHARD_SUFFIX} shard for colibri to load"))
+    elif primary.directory and not primary.tokenizer:
+        v.append(Violation("no-tokenizer", "sources[0]",
+                           f"model directory {primary.directory} has no {colibri.TOKENIZER}; colibri's coli launcher refuses it"))
+    mirrors = [f.directory for f in facts[1:] if f.directory]
+    if len(colibri.MIRROR_SEPARATOR.join(mirrors)) > colibri.MIRROR_LIST_MAX:
+        v.append(Violation("mirror-list-length", "sources",
+                           f"the mirror list is longer than the {colibri.MIRROR_LIST_MAX} characters colibri keeps; "
+                           "use shorter directory paths"))
+    want = dict(primary.shards)
+    for f in facts[1:]:
+        where = f"sources[{f.index}]"
+        if not f.exists or f.state == "missing":
+            v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
+            continue
+        d = f.directory
+        if not d:
+            continue
+        found = sorted({c for c in d if c in colibri.PATH_FORBIDDEN})
+        if found:
+            v.append(Violation("bad-character", where,
+                               f"{d!r} contains {' and '.join(repr(c) for c in found)}, which colibri uses as a separator "
+                               f"in {colibri.ENV_MIRROR}; rename the directory"))
+        if d != d.strip(" "):
+            v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename the directory"))
+        if d == primary.directory or (f.device is not None and (f.device, f.inode) == (primary.device, primary.inode)):
+            v.append(Violation("same-directory", where,
+                               f"replica {d} is the model directory itself; colibri ignores it (a mirror must be another copy)"))
+            continue
+        have = dict(f.shards)
+        long = [b for b in want if len(f"{d}/{b}") > colibri.SHARD_PATH_MAX]
+        if long:
+            v.append(Violation("path-length", where, f"{d}/{long[0]} is longer than the {colibri.SHARD_PATH_MAX} "
+                                                     "characters colibri can open; use a shorter directory path"))
+        absent = [b for b in want if b not in have]
+        if absent:
+            v.append(Violation("partial-mirror", where,
+                               f"replica {d} lacks {len(absent)} of {len(want)} shards ({absent[0]}"
+                               f"{', ...' if len(absent) > 1 else ''}); colibri would read them from the model drive; "
+                               "run `replicas sync`"))
+        resized = [b for b in want if b in have and have[b] != want[b]]
+        if resized:
+            v.append(Violation("size", where, f"replica {d}/{resized[0]} is {have[resized[0]]} bytes, the model's "
+                                              f"{want[resized[0]]}; colibri would skip it; run `replicas repair`"))
         if f.state != "verified" and not allow_unverified:
             how = ("was modified since it was verified" if f.state == "stale"
                    else "has never been verified against the manifest")

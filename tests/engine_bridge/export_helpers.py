@@ -4,6 +4,7 @@ and plan files written through planner.plan. No tests live here."""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 
 from core.rig import Rig, load_rig, save_rig, with_model, with_replica
@@ -70,3 +71,42 @@ def raw_plan(paths, prefill, decode):
             "prefill": {"weights": list(prefill), "predicted": {}},
             "decode": {"weights": list(decode), "predicted": {}},
             "baselines": {}, "alternatives": [], "provenance": {}}
+
+
+def write_shard(path, tensors: dict, seed: int) -> None:
+    """A safetensors shard: 8-byte little-endian header length, the JSON header, the data
+    (U8 tensors of the given byte lengths, random bytes)."""
+    header, offset = {}, 0
+    for name, n in tensors.items():
+        header[name] = {"dtype": "U8", "shape": [n], "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+    with open(path, "ab") as f:
+        f.write(random.Random(seed).randbytes(offset))
+
+
+def make_dir_rig(tmp_path, drives: int = 3, shards: int = 2):
+    """A rig whose model is a directory of safetensors shards (plus config and tokenizer) on
+    'internal', copied whole to the other 'drives'; no manifest (verifying a directory model is
+    the replicas' business). Returns the rig folder and the model directories."""
+    root = str(tmp_path / "rig")
+    dirs = []
+    for i, d in enumerate(DRIVES[:drives]):
+        folder = tmp_path / d / "glm"
+        if i == 0:
+            folder.mkdir(parents=True)
+            for s in range(shards):
+                write_shard(str(folder / f"model-{s + 1:05d}-of-{shards:05d}.safetensors"),
+                            {f"model.layers.{s}.mlp.experts.{e}.gate_proj.weight": 4096 for e in range(4)}, seed=s)
+            (folder / "config.json").write_text('{"num_hidden_layers": 2, "n_routed_experts": 4}')
+            (folder / "tokenizer.json").write_text("{}")
+        else:
+            shutil.copytree(dirs[0], folder)
+        dirs.append(str(folder))
+    rig = with_model(Rig(root=root), dirs[0], DRIVES[0])
+    for i, p in enumerate(dirs[1:], 1):
+        rig = with_replica(rig, p, DRIVES[i])
+    save_rig(rig)
+    return root, dirs

@@ -198,34 +198,6 @@ def test_allow_unverified_marks_the_profile(tmp_path):
     assert any(h.startswith("# WARNING: exported with --allow-unverified") and paths[2] in h for h in header)
 
 
-def test_colibri_format(tmp_path):
-    root, (p0, p1, p2), _ = make_rig(tmp_path, 3)
-    plan = write_plan(tmp_path, [p0, p1, p2], (9, 3, 3), (10, 6, 6))
-    out = str(tmp_path / "colibri.env")
-    r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "-o", out])
-    assert r.exit_code == 0, r.output
-    lines, header = body(out)
-    assert lines == [f"export COLI_MODEL='{p0}'", f"export COLI_MODEL_MIRROR='{p1};{p2}'",
-                     "export COLI_DISK_WEIGHTS='9,3,3'", "unset SNAP_MIRROR"]
-    doc = json.load(open(str(tmp_path / "colibri.json")))
-    assert doc["engine"] == "colibri" and doc["argv"] == [] and doc["cache_experts"] is None
-    got = subprocess.run(["sh", "-c", '. "$1"; printf %s "$COLI_MODEL_MIRROR"', "sh", out], capture_output=True,
-                         text=True, check=True, env={"PATH": os.environ["PATH"], "SNAP_MIRROR": "/old"}).stdout
-    assert got == f"{p1};{p2}"
-
-
-def test_colibri_refuses_its_separator(tmp_path):
-    root, paths, manifest = make_rig(tmp_path, 2)
-    odd_dir = tmp_path / "a;b"
-    odd_dir.mkdir()
-    odd = str(odd_dir / "model.gguf")
-    os.rename(paths[1], odd)
-    plan = write_plan(tmp_path, [paths[0], odd], (1, 1), (1, 1))
-    r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "--allow-unverified"])
-    assert r.exit_code == 2
-    assert "';'" in r.stderr and "separator" in r.stderr
-
-
 def test_exports_are_atomic_and_overwrite_cleanly(tmp_path):
     root, paths, _ = make_rig(tmp_path, 2)
     plan = write_plan(tmp_path, paths, (10, 5), (10, 6))

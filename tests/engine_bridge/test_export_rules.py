@@ -161,7 +161,7 @@ def test_checker_reports_every_violation_with_its_reason():
     assert rules == ["too-many-sources", "relative-path", "bad-character", "weight-range", "weight-count",
                      "size", "same-inode", "unverified"]
     assert str(v[3]) == "prefill.weights[3]: weight 0 is not an integer 1..100"
-    assert "silently ignores a wrong count" in v[4].reason
+    assert "ignores a wrong count and only logs that it did" in v[4].reason
 
 
 def test_checker_accepts_a_good_plan_and_unverified_when_allowed():

@@ -1,0 +1,173 @@
+"""engine-bridge export --format colibri: directories, COLI_MODEL plus SNAP, one weight per drive,
+striping only when the plan stripes, and every colibri rule refused with its reason."""
+
+import json
+import os
+import shutil
+import subprocess
+
+from typer.testing import CliRunner
+
+from engine_bridge.cli import app
+from engine_bridge.profiles.export import colibri_directory
+from engine_bridge.profiles.rules import SourceFacts, check_sources
+from engines import colibri
+from tests.engine_bridge.export_helpers import make_dir_rig, make_rig, write_plan, write_shard
+
+runner = CliRunner()
+
+
+def export(root, plan, out, *args):
+    return runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "-o", out, *args])
+
+
+def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
+    root, (d0, d1, d2) = make_dir_rig(tmp_path, 3)
+    plan = write_plan(tmp_path, [d0, d1, d2], (9, 3, 3), (10, 6, 6))
+    out = str(tmp_path / "colibri.env")
+    r = export(root, plan, out, "--allow-unverified")
+    assert r.exit_code == 0, r.output
+    assert open(out).read().splitlines() == [
+        "# colibri profile 'plan-colibri', exported by replica-tuner (engine-bridge export)",
+        "# colibri: the coli launcher reads COLI_MODEL, the engine binary SNAP (both the model directory); "
+        "COLI_MODEL_MIRROR lists mirror directories (';'-separated);",
+        "# COLI_DISK_WEIGHTS are the plan's base weights 9:3:3 (colibri places whole experts by a hash of "
+        "(layer, expert); it has no separate decode split)",
+        f"# plan: {plan}",
+        f"# WARNING: exported with --allow-unverified; not verified against the manifest: {d1}, {d2}",
+        "# load with: . FILE   (the unset lines clear colibri variables this profile does not want: "
+        "an inherited mirror list, a split layout, striping)",
+        f"export COLI_MODEL='{d0}'",
+        f"export SNAP='{d0}'",
+        f"export COLI_MODEL_MIRROR='{d1};{d2}'",
+        "export COLI_DISK_WEIGHTS='9,3,3'",
+        "unset COLI_MIR_STRIPE",
+        "unset COLI_MODEL_DIRS",
+        "unset DIRECT",
+        "unset SNAP_MIRROR",
+    ]
+    doc = json.load(open(str(tmp_path / "colibri.json")))
+    assert doc["engine"] == "colibri" and doc["argv"] == [] and doc["cache_experts"] is None
+    assert doc["primary"] == d0 and doc["replicas"] == [d1, d2] and doc["replica_weights"] == [3, 3]
+    # What colibri itself would make of the variables: its mirror list and its weights.
+    env = doc["environment"]
+    assert colibri.mirror_list(env["COLI_MODEL_MIRROR"]) == (d1, d2)
+    assert colibri.parse_disk_weights(env["COLI_DISK_WEIGHTS"], 3) == (9.0, 3.0, 3.0)
+    got = subprocess.run(["sh", "-c", '. "$1"; printf "%s|%s|%s" "$COLI_MODEL_MIRROR" "$SNAP" "${SNAP_MIRROR-unset}"',
+                          "sh", out], capture_output=True, text=True, check=True,
+                         env={"PATH": os.environ["PATH"], "SNAP_MIRROR": "/old", "DIRECT": "1"}).stdout
+    assert got == f"{d1};{d2}|{d0}|unset"
+
+
+def test_unverified_directory_replicas_are_refused_without_the_flag(tmp_path):
+    root, dirs = make_dir_rig(tmp_path, 2)
+    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    r = export(root, plan, str(tmp_path / "c.env"))
+    assert r.exit_code == 2 and "\n" not in r.stderr.strip()
+    assert f"replica {dirs[1]} has never been verified against the manifest" in r.stderr
+
+
+def test_striping_variables_only_when_the_plan_stripes(tmp_path):
+    root, dirs = make_dir_rig(tmp_path, 2)
+    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    doc = json.load(open(plan))
+    doc["stripe"] = True
+    json.dump(doc, open(plan, "w"))
+    out = str(tmp_path / "s.env")
+    assert export(root, plan, out, "--allow-unverified").exit_code == 0
+    lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
+    assert lines == [f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'", f"export COLI_MODEL_MIRROR='{dirs[1]}'",
+                     "export COLI_DISK_WEIGHTS='2,1'", "export DIRECT='1'", "export COLI_MIR_STRIPE='1'",
+                     "unset COLI_MODEL_DIRS", "unset SNAP_MIRROR"]
+    assert any("O_DIRECT, the only path that stripes" in x for x in open(out).read().splitlines())
+    doc["stripe"] = "yes"
+    json.dump(doc, open(plan, "w"))
+    r = export(root, plan, out, "--allow-unverified")
+    assert r.exit_code == 2 and "key 'stripe' must be true or false" in r.stderr
+
+
+def test_one_drive_sets_the_model_and_unsets_every_mirror_key(tmp_path):
+    root, dirs = make_dir_rig(tmp_path, 1)
+    plan = write_plan(tmp_path, dirs, (1,), (1,))
+    out = str(tmp_path / "one.env")
+    assert export(root, plan, out).exit_code == 0
+    assert [x for x in open(out).read().splitlines() if not x.startswith("#")] == [
+        f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'", "unset COLI_DISK_WEIGHTS", "unset COLI_MIR_STRIPE",
+        "unset COLI_MODEL_DIRS", "unset COLI_MODEL_MIRROR", "unset DIRECT", "unset SNAP_MIRROR"]
+
+
+def test_a_gguf_model_is_refused_with_one_line(tmp_path):
+    root, paths, _ = make_rig(tmp_path, 2)
+    plan = write_plan(tmp_path, paths, (2, 1), (2, 1))
+    r = export(root, plan, str(tmp_path / "c.env"))
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"{paths[0]} is not a directory of safetensors shards, which is all colibri loads" in r.stderr
+
+
+def test_single_file_members_stand_for_their_folder_only_when_colibri_would_load_just_that(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = str(tmp_path / "a" / "model.safetensors")
+    write_shard(one, {"w": 4096}, seed=1)
+    assert colibri_directory(one) == (str(tmp_path / "a"), "")
+    copy = str(tmp_path / "b" / "other.safetensors")
+    shutil.copyfile(one, copy)
+    folder, why = colibri_directory(copy, primary_name="model.safetensors")
+    assert folder == "" and "is not named model.safetensors like the model" in why
+    write_shard(str(tmp_path / "a" / "extra.safetensors"), {"x": 16}, seed=2)
+    folder, why = colibri_directory(one)
+    assert folder == "" and "colibri would load every shard in" in why and "extra.safetensors" in why
+
+
+def test_every_colibri_rule_is_refused_with_its_reason(tmp_path):
+    root, (d0, d1, d2) = make_dir_rig(tmp_path, 3)
+    os.remove(os.path.join(d1, "model-00002-of-00002.safetensors"))          # partial mirror
+    with open(os.path.join(d2, "model-00001-of-00002.safetensors"), "ab") as f:   # a shard of another size
+        f.write(b"x")
+    os.remove(os.path.join(d0, "tokenizer.json"))
+    plan = write_plan(tmp_path, [d0, d1, d2], (9, 3, 3), (10, 6, 6))
+    r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "breaks 3 engine rules" in r.stderr
+    assert f"model directory {d0} has no tokenizer.json; colibri's coli launcher refuses it" in r.stderr
+    assert f"replica {d1} lacks 1 of 2 shards (model-00002-of-00002.safetensors)" in r.stderr
+    assert f"replica {d2}/model-00001-of-00002.safetensors is" in r.stderr and "colibri would skip it" in r.stderr
+
+
+def test_a_mirror_directory_with_colibris_separator_or_the_model_itself(tmp_path):
+    root, (d0, d1) = make_dir_rig(tmp_path, 2)
+    odd = str(tmp_path / "a;b")
+    shutil.move(os.path.dirname(d1), odd)
+    plan = write_plan(tmp_path, [d0, os.path.join(odd, "glm")], (1, 1), (1, 1))
+    r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
+    assert r.exit_code == 2 and "';'" in r.stderr and "separator in COLI_MODEL_MIRROR" in r.stderr
+    plan = write_plan(tmp_path, [d0, d0], (1, 1), (1, 1), name="same.json")
+    r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
+    assert r.exit_code == 2 and "is the model directory itself; colibri ignores it" in r.stderr
+
+
+def test_a_missing_model_directory_is_exit_3(tmp_path):
+    # (More than 4 mirrors cannot reach export: a plan holds at most colibri's 5 sources.)
+    root, (d0, d1) = make_dir_rig(tmp_path, 2)
+    plan = write_plan(tmp_path, [str(tmp_path / "gone"), d1], (1, 1), (1, 1), name="gone.json")
+    r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
+    assert r.exit_code == 3 and f"model {tmp_path / 'gone'} does not exist" in r.stderr
+
+
+def test_rules_on_facts_blank_edges_long_paths_and_the_mirror_list_length():
+    shards = (("model.safetensors", 10),)
+    primary = SourceFacts(0, "/m", directory="/m", shards=shards, tokenizer=True, device=1, inode=1)
+
+    def mirror(i, d):
+        return SourceFacts(i, d, directory=d, shards=shards, device=1, inode=10 + i, state="verified")
+
+    assert check_sources([primary, mirror(1, "/g")], (1, 1), (1, 1), engine="colibri") == []
+    v = check_sources([primary, mirror(1, "/g ")], (1, 1), (1, 1), engine="colibri")
+    assert [x.rule for x in v] == ["edge-blank"]
+    long = "/" + "x" * 2040
+    v = check_sources([primary, mirror(1, long)], (1, 1), (1, 1), engine="colibri")
+    assert [x.rule for x in v] == ["path-length"]
+    many = [primary] + [mirror(i, "/" + str(i) * 1100) for i in range(1, 5)]
+    assert "mirror-list-length" in [x.rule for x in check_sources(many, (1,) * 5, (1,) * 5, engine="colibri")]
+    v = check_sources([primary, mirror(1, "/g")], (1, 1), (1,), engine="colibri")
+    assert [x.rule for x in v] == ["weight-count"]
