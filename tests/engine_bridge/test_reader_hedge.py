@@ -19,12 +19,14 @@ from engine_bridge.reader import hedging
 from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
 from engine_bridge.reader.readstats import healthy_split
+from engine_bridge.reader.sources import file_paths
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
 from replicas.coldio import CachedReader, aligned_buffer
+from replicas.modelset import discover
 from tests.engine_bridge.helpers import primary_and_copies
-from tests.helpers import impure_imports
+from tests.helpers import impure_imports, write_split_gguf
 
 SIZE = 16 * BLOCK
 FLOOR = 1_000_000_000          # 1 s of the test's clock: nothing is late until the test says so
@@ -119,15 +121,15 @@ def _until(cond) -> None:
         time.sleep(0.001)
 
 
-def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None):
-    """Submit a read whose piece on the stalled source blocks, wait until every other piece has
-    landed, then make the held one late (only it); return the ticket."""
-    held = r.paths.index(stall.path)
+def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None, file=None):
+    """Submit a read (of `file`, for a multi-file model) whose piece on the stalled source blocks,
+    wait until every other piece has landed, then make the held one late (only it); return the ticket."""
+    held = next(i for i, m in enumerate(r.models) if stall.path in file_paths(m))
     before = [x.reads for x in r.stats().sources]
     healthy = [i for i, d in enumerate(r.degraded) if not d]
     weights = r.decode_weights if phase == "decode" else r.weights
     others = {s for s, _, _ in healthy_split(off, ln, weights, healthy)} - {held}
-    t = r.submit(off, ln, phase, buffer)
+    t = r.submit(off, ln, phase, buffer, file=file)
     stall.entered.acquire()                 # the stalled source's lane is inside its read
     _until(lambda: all(r.stats().sources[s].reads > before[s] for s in others))
     clock.advance(FLOOR + 1)                # ... and now it, alone, is late
@@ -153,6 +155,34 @@ def test_a_stalled_replica_is_hedged_and_the_read_completes_from_another(model):
     line = r.format_stats().splitlines()[2]
     assert "hedged=0 late=1" in line and line.startswith("source[2] ")
     assert {"hedged", "late", "slow"} <= set(s.to_dict()["sources"][2])
+
+
+def test_a_stalled_part_of_a_split_set_is_hedged_and_read_from_another_replica(tmp_path):
+    """A source is the whole model: the stalled drive holds one part of a split GGUF set, and the
+    hedge re-reads that part's piece from the same part on another replica."""
+    parts = write_split_gguf(tmp_path / "internal", "moe", 2, tensors_per_part=1, tensor_bytes=SIZE, seed=6)
+    model = discover(str(parts[0]))
+    models = [model]
+    for name in ("green", "white"):
+        (tmp_path / name).mkdir()
+        for rel in model.files:
+            (tmp_path / name / rel).write_bytes((tmp_path / "internal" / rel).read_bytes())
+        models.append(model.in_dir(str(tmp_path / name)))
+    first, second = model.files
+    data = {rel: (tmp_path / "internal" / rel).read_bytes() for rel in model.files}
+    stall, clock = Stall(models[2].abs(second)), Clock()
+    with _reader(models, stall, clock) as r:
+        assert bytes(r.read(0, 4 * BLOCK, file=second)) == data[second][:4 * BLOCK]     # every source has a rate
+        stall.active = True
+        before = r.stats()
+        t = _hedged_read(r, stall, clock, BLOCK, 4 * BLOCK, file=second)
+        assert bytes(t.result()) == data[second][BLOCK:5 * BLOCK]          # while white's part 2 still hangs
+        s = r.stats()
+        stall.gate.set()
+        assert bytes(r.read(100, 4 * BLOCK, file=first)) == data[first][100:100 + 4 * BLOCK]
+    assert s.sources[2].late == 1 and s.sources[0].hedged + s.sources[1].hedged == 1
+    assert s.sources[2].bytes == before.sources[2].bytes
+    assert not any(x.degraded for x in s.sources) and s.events == ()
 
 
 def test_a_late_read_never_writes_into_a_buffer_the_caller_or_a_later_read_holds(model):
