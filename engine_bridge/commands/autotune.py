@@ -1,0 +1,205 @@
+"""engine-bridge commands: autotune (solve, then measure the best candidates with the split reader
+and keep the measured best) and tune (the planner's split tuner with a key that measures).
+
+Why these live here and not in `planner`: a measured split has to be read by the real split
+reader (`engine_bridge.reader.SplitReader`, the reads the embedded engine makes), and the planner
+sits below engine_bridge (core <- engines <- replicas <- iobench <- planner <- engine_bridge).
+iobench's trials keep each drive's lanes busy on their own and have no barrier across drives,
+so they cannot measure what a split delivers. The planner keeps the logic, pure and tested
+(`planner.autotune`: candidates, ABBA order, the budget, the pick, the measured plan); this
+module supplies the reads (`SplitMeasure`) and the host's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+import numpy as np
+import typer
+
+from core.cli import JsonOption, QuietOption, RigOption, err, print_json
+from core.errors import UsageError
+from core.rig import load_rig, rig_dir
+from core.units import format_rate
+from engines.ds4_argodrive import DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
+from engines.registry import DEFAULT_ENGINE
+from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
+
+ALIGN = 4096                    # decode reads start on 4 KiB boundaries, as expert components do
+TUNER_TRIAL_S = 2.0             # the tuner's measuring key: one short trial, s
+
+
+class SplitMeasure:
+    """Bytes/s the split reader delivers for one phase's reads at some weights, on these files.
+
+    prefill: `chunks` consecutive chunks of the workload's size per read_many (one barrier, like a
+    layer's staging), `lanes` reader threads per source, at random chunk-aligned places.
+    decode: `batch` components at random 4 KiB-aligned offsets together (one missed expert, one
+    barrier), `min(batch, threads / sources)` threads per source. Cold reads unless `cold=False`.
+    """
+
+    def __init__(self, paths, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None):
+        from replicas.coldio import aligned_buffer
+
+        self.paths = [str(p) for p in paths]
+        self.workloads = dict(workloads)
+        self.cold = cold
+        self.rng = np.random.default_rng(seed)
+        pre, dec = self.workloads["prefill"], self.workloads["decode"]
+        self.chunks = chunks or 2 * pre.in_flight
+        self._bufs = {"prefill": [aligned_buffer(pre.read_bytes + ALIGN) for _ in range(self.chunks)],
+                      "decode": [aligned_buffer(dec.read_bytes + ALIGN) for _ in range(dec.in_flight)]}
+
+    def __call__(self, phase: str, weights, seconds: float) -> float:
+        from engine_bridge.reader.split_reader import SplitReader
+
+        wl = self.workloads[phase]
+        n = len(self.paths)
+        lanes = wl.in_flight if phase == "prefill" else max(1, min(wl.in_flight, wl.threads // n))
+        with SplitReader(self.paths, weights, weights, lanes=lanes, cold=self.cold) as r:
+            if r.size < wl.read_bytes:
+                raise UsageError(f"{self.paths[0]}: {r.size:,} bytes is smaller than one {phase} read "
+                                 f"({wl.read_bytes:,} B); measure on the model's own files")
+            bufs = self._bufs[phase]
+            done, t0 = 0, time.monotonic()
+            while True:
+                if phase == "prefill":
+                    k = max(1, min(self.chunks, r.size // wl.read_bytes))
+                    start = int(self.rng.integers(0, r.size // wl.read_bytes - k + 1)) * wl.read_bytes
+                    ranges = [(start + i * wl.read_bytes, wl.read_bytes) for i in range(k)]
+                else:
+                    top = (r.size - wl.read_bytes) // ALIGN
+                    ranges = [(int(x) * ALIGN, wl.read_bytes) for x in self.rng.integers(0, top + 1, wl.in_flight)]
+                r.read_many(ranges, phase, buffers=bufs[:len(ranges)])
+                done += sum(x[1] for x in ranges)
+                dt = time.monotonic() - t0
+                if dt >= seconds:
+                    return done / dt
+
+
+def autotune(rig_root: str, bench: str | None, workloads, backgrounds=(), budget_s: float = DEFAULT_BUDGET_S,
+             trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP, rounds: int | None = None,
+             calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None, clock=time.monotonic,
+             on_trial=None):
+    """Solve, measure the candidates within the budget, write the measured plan. Returns (the plan
+    as written, its path).
+
+    measure(phase, weights, seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources)."""
+    from planner.autotune import arms_for, measured_plan, pick, run_trials
+    from planner.plans import load_inputs, load_plan, save_plan
+    from planner.solve import solve_phase, solve_plan
+
+    if budget_s <= 0 or trial_s <= 0:
+        raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g}: give positive seconds")
+    inputs = load_inputs(rig_root, bench, calibrate=calibrate)
+    plan = solve_plan(inputs.sources, inputs.drives, workloads["prefill"], workloads["decode"], backgrounds,
+                      DEFAULT_ENGINE, inputs.provenance, top=max(top, 1), links=inputs.links)
+    arms = ()
+    for ph in ("prefill", "decode"):
+        arms += arms_for(solve_phase(inputs.drives, workloads[ph], backgrounds, DEFAULT_ENGINE, max(top, 1),
+                                     inputs.links), top)
+    measure = measure or SplitMeasure([s.path for s in inputs.sources], workloads, seed, cold)
+    tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s), clock, budget_s, trial_s, rounds,
+                       on_trial)
+    settings = {"budget_s": budget_s, "trial_s": trial_s, "top": top, "seed": seed, "cold": cold,
+                "reader": "engine_bridge.reader.SplitReader"}
+    path = save_plan(load_rig(rig_root, must_exist=False), measured_plan(plan, arms, tally, pick(arms, tally), settings))
+    return load_plan(path), path
+
+
+def render(plan, path: str) -> str:
+    """Per phase: every candidate's prediction beside its measurement, the pick and its error."""
+    lines = []
+    auto = plan.provenance.get("autotune", {})
+    lines.append(f"autotune: {auto.get('rounds_done', 0)} of {auto.get('rounds_planned', 0)} rounds in "
+                 f"{auto.get('wall_s', 0):.0f} s (budget {auto.get('budget_s', 0):.0f} s"
+                 + (", stopped by the budget)" if auto.get("stopped_by_budget") else ")"))
+    for ph in ("prefill", "decode"):
+        m = getattr(plan, ph).measured
+        if not m:
+            continue
+        lines.append(f"{ph}:")
+        lines.append(f"  {'weights':>14} {'predicted':>12} {'measured':>12}  roles")
+        for c in m["candidates"]:
+            mark = " <- picked" if c["weights"] == list(getattr(plan, ph).weights) else ""
+            meas = format_rate(c["measured_Bps"]) if c["measured_Bps"] else "-"
+            lines.append(f"  {':'.join(map(str, c['weights'])):>14} {format_rate(c['predicted_Bps']):>12} {meas:>12}  "
+                         f"{', '.join(c['roles'])}{mark}")
+        if m["picked_by"] == "measured":
+            lines.append(f"  picked {':'.join(map(str, getattr(plan, ph).weights))} by measurement: "
+                         f"{format_rate(m['throughput_Bps'])} (median of {m['n']}, spread {m['spread_pct']:.1f} %), "
+                         f"prediction {m['error_pct']:+.1f} %")
+        else:
+            lines.append(f"  no round of {ph} completed within the budget: kept the model's "
+                         f"{':'.join(map(str, getattr(plan, ph).weights))}")
+    lines.append(f"plan written to {path}")
+    return "\n".join(lines) + "\n"
+
+
+def register(app) -> None:
+    """Add this module's commands to the engine-bridge app."""
+
+    @app.command("autotune")
+    def autotune_cmd(
+        rig: Optional[str] = RigOption,
+        bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
+        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started)."),
+        seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
+        top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best splits measured per phase (plus capability and equal weights)."),
+        rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as fit the budget)."),
+        background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve --background`."),
+        lanes: int = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive."),
+        batch: int = typer.Option(DECODE_BATCH, "--batch", min=1, max=64, help="Decode component reads issued together."),
+        threads: int = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read threads over all sources."),
+        fit_only: bool = typer.Option(False, "--fit-only", help="Solve with iobench's fitted models alone."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the random read offsets."),
+        cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
+        quiet: bool = QuietOption,
+        json_out: bool = JsonOption,
+    ):
+        """Solve, then measure the best candidates with the split reader (ABBA, within --budget) and write the measured best as a plan."""
+        from planner.model import decode_workload, prefill_workload
+        from planner.plan import plan_to_dict
+        from planner.plans import load_inputs, parse_background
+
+        root = rig_dir(rig)
+        wl = {"prefill": prefill_workload(lanes), "decode": decode_workload(batch, threads)}
+        names = [s.name for s in load_inputs(root, bench, calibrate=not fit_only).sources]
+        bgs = tuple(parse_background(b, names) for b in (background or ()))
+
+        def on_trial(t, arm):
+            if not quiet:
+                err.print(f"autotune: round {t.round + 1} {arm.phase} {':'.join(map(str, arm.weights))} "
+                          f"({', '.join(arm.roles)}): {format_rate(t.Bps)}, predicted {format_rate(arm.predicted_Bps)}",
+                          highlight=False, soft_wrap=True)
+
+        plan, path = autotune(root, bench, wl, bgs, budget, seconds, top, rounds, not fit_only, seed, not cached,
+                              on_trial=on_trial)
+        if json_out:
+            d = plan_to_dict(plan)
+            d["path"] = path
+            print_json(d)
+        else:
+            typer.echo(render(plan, path), nl=False)
+
+    @app.command("tune")
+    def tune_cmd(
+        rig: Optional[str] = RigOption,
+        bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
+        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan to start from and reset to (default: the newest)."),
+        seconds: float = typer.Option(TUNER_TRIAL_S, "--seconds", help="Seconds of the measuring key's trial."),
+        fit_only: bool = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone."),
+        cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
+    ):
+        """Open the planner's split tuner with `m` measuring the weights on screen through the split reader."""
+        from planner.tui.app import run_tuner
+
+        if seconds <= 0:
+            raise UsageError(f"--seconds {seconds:g}: give positive seconds")
+
+        def measure(state) -> float:
+            m = SplitMeasure([s.path for s in state.sources], state.workloads, cold=not cached)
+            return m(state.phase, state.weights(), seconds)
+
+        run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only, measure=measure)

@@ -1,0 +1,92 @@
+"""`engine-bridge autotune`: the planner's measured-tuner logic driven by the real split reader on
+real replica files (small workloads, so the files stay small)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from core.errors import UsageError
+from engine_bridge.cli import app
+from engine_bridge.commands.autotune import SplitMeasure, autotune
+from planner.model import decode_workload, prefill_workload
+from planner.plans import load_plan
+from tests.planner.helpers import make_rig
+
+runner = CliRunner()
+
+
+def rig_with_replicas(root, size):
+    """make_rig's three drives, with byte-identical files of `size` bytes at their paths."""
+    rig, bench = make_rig(root)
+    data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes()
+    for m in (rig.model,) + rig.replicas:
+        with open(m.path, "wb") as f:
+            f.write(data)
+    return rig
+
+
+SMALL = {"prefill": prefill_workload(lanes=2, chunk=1 << 20), "decode": decode_workload(batch=3, threads=9, length=300_000)}
+
+
+def test_autotune_measures_every_candidate_each_round_and_writes_the_measured_best(tmp_path):
+    rig = rig_with_replicas(tmp_path / "rig", 4 << 20)
+    seen = []
+    plan, path = autotune(rig.root, None, SMALL, budget_s=600.0, trial_s=0.02, top=2, rounds=2,
+                          on_trial=lambda t, arm: seen.append((t.round, arm.phase, arm.weights)))
+    assert os.path.dirname(path) == rig.plans_dir and load_plan(path) == plan
+    auto = plan.provenance["autotune"]
+    arms = [(a["phase"], tuple(a["weights"])) for a in auto["arms"]]
+    assert [(p, w) for _, p, w in seen] == arms + arms[::-1]            # ABBA over both phases
+    assert auto["rounds_done"] == 2 and not auto["stopped_by_budget"] and len(auto["trials"]) == 2 * len(arms)
+    for ph in ("prefill", "decode"):
+        m = getattr(plan, ph).measured
+        assert m["picked_by"] == "measured" and m["n"] == 2 and m["rounds"] == [0, 1]
+        assert all(c["measured_Bps"] > 0 and len(c["runs_Bps"]) == 2 for c in m["candidates"])
+        best = max(m["candidates"], key=lambda c: c["measured_Bps"])
+        assert list(getattr(plan, ph).weights) == best["weights"] and m["throughput_Bps"] == best["measured_Bps"]
+        assert getattr(plan, ph).predicted["weights"] == best["weights"]
+        assert {"capability", "equal", "model #1"} <= {r for c in m["candidates"] for r in c["roles"]}
+
+
+def test_split_measure_refuses_files_smaller_than_one_read(tmp_path):
+    rig = rig_with_replicas(tmp_path / "rig", 1 << 20)
+    m = SplitMeasure([rig.model.path] + [r.path for r in rig.replicas], dict(SMALL, prefill=prefill_workload(2, 2 << 20)))
+    with pytest.raises(UsageError, match="smaller than one prefill read"):
+        m("prefill", (1, 1, 1), 0.01)
+    assert m("decode", (2, 1, 1), 0.01) > 0
+
+
+def test_cli_writes_the_plan_as_json(tmp_path):
+    rig = rig_with_replicas(tmp_path / "rig", 33 << 20)        # one 32 MiB prefill chunk fits
+    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--rounds", "1", "--top", "1",
+                            "--quiet", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert set(d["decode"]) == {"weights", "predicted", "measured"} and d["decode"]["measured"]["n"] == 1
+    assert load_plan(d["path"]).decode.weights == tuple(d["decode"]["weights"])
+    assert r.stderr == ""
+    shown = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--rounds", "1", "--top", "1"])
+    assert shown.exit_code == 0, shown.output
+    out = shown.stdout.splitlines()
+    assert out[0].startswith("autotune: 1 of 1 rounds") and "prefill:" in out and "decode:" in out
+    assert sum(line.endswith("<- picked") for line in out) == 2 and out[-1].startswith("plan written to ")
+    assert shown.stderr.count("autotune: round 1 ") == len(d["provenance"]["autotune"]["arms"])
+
+
+@pytest.mark.parametrize("args,code", [(["--budget", "0"], 2), (["--seconds", "-1"], 2)])
+def test_cli_bad_budget_is_one_line(tmp_path, args, code):
+    rig = rig_with_replicas(tmp_path / "rig", 1 << 20)
+    r = runner.invoke(app, ["autotune", "--rig", rig.root] + args)
+    assert r.exit_code == code
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("engine-bridge: error: ") and "Traceback" not in r.output
+
+
+def test_cli_without_a_bench_result_is_exit_3(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    r = runner.invoke(app, ["autotune", "--rig", str(root)])
+    assert r.exit_code == 3 and "iobench run" in r.stderr
