@@ -1,38 +1,17 @@
-"""Geometry from the tensor table alone: works on a file the size of the real model."""
+"""The engine's geometry is replicas.geometry's, read from the tensor table alone (works on a file
+the size of the real model), and refuses what the engine cannot stage."""
 
 import os
 
-import gguf
-import numpy as np
 import pytest
 
 from core.errors import UsageError
 from engine_bridge.engine.model import inspect_model
-
-FIELD_COMPONENT = 6_635_520     # DESIGN §7
-NE0, NE1, EXPERTS, LAYERS = 4096, 2880, 384, 40    # Q4_K: 4096 * 2880 / 256 * 144 = 6,635,520 B per slice
-
-
-def write_header_only(path, layers=LAYERS, experts=EXPERTS, arch="deepseek2", top_k=6, names=None):
-    """A GGUF whose tensor table describes the real geometry; the data is a hole (sparse file)."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.expert_used_count", top_k)
-    qt = gguf.GGMLQuantizationType.Q4_K
-    row = NE0 // 256 * 144
-    names = names or [f"blk.{l}.ffn_{c}_exps.weight" for l in range(layers) for c in ("gate", "up", "down")]
-    total = 0
-    for n in names:
-        nbytes = experts * NE1 * row
-        w.add_tensor_info(n, (experts, NE1, row), np.dtype(np.uint8), nbytes, raw_dtype=qt)
-        total += w.ggml_pad(nbytes, w.data_alignment)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    f = w.fout[0]
-    start = w.ggml_pad(f.tell(), w.data_alignment)
-    w.close()
-    os.truncate(path, start + total)
-    return start + total
+from engine_bridge.engine.synth import SynthSpec, synthesize
+from replicas.geometry import Geometry
+from replicas.modelset import Extent
+from replicas.tensortable import inspect_model as inspect_any
+from tests.replicas.geometry_helpers import V41_COMPONENT, write_header_only, write_moe_split_gguf
 
 
 def test_real_model_geometry_from_a_300_gb_sparse_file(tmp_path):
@@ -46,12 +25,30 @@ def test_real_model_geometry_from_a_300_gb_sparse_file(tmp_path):
         assert os.path.getsize(path) == size > 300e9
     finally:
         path.unlink()      # a hole, but don't leave a 300 GB file around for other tools to trip on
+    assert isinstance(g, Geometry)
     assert (g.layers, g.experts, g.top_k) == (40, 384, 6)
-    assert g.component_bytes == FIELD_COMPONENT
+    assert g.component_bytes == V41_COMPONENT
     assert g.expert_bytes == 19_906_560 and g.layer_bytes == 7_644_119_040      # DESIGN §7
     gate, up, down = g.expert_ranges(7, 5)
-    assert gate == (g.tensor(7, "gate").offset + 5 * FIELD_COMPONENT, FIELD_COMPONENT)
-    assert len({gate[0], up[0], down[0]}) == 3      # three different regions of the file
+    assert gate == Extent("v41.gguf", g.tensor(7, "gate").offset + 5 * V41_COMPONENT, V41_COMPONENT)
+    assert len({gate.offset, up.offset, down.offset}) == 3      # three different regions of the file
+
+
+def test_a_synthesised_model_has_the_geometry_synth_wrote(tmp_path):
+    spec = SynthSpec(layers=3, experts=8, top_k=2)
+    path = str(tmp_path / "m.gguf")
+    synthesize(path, spec)
+    g = inspect_model(path)
+    assert g == inspect_any(path)
+    assert (g.layers, g.experts, g.top_k, g.component_bytes) == (3, 8, 2, spec.component_bytes)
+    assert g.shared_experts == 1                 # synth writes a shared expert's tensors (ffn_*_shexp)
+    assert g.tensor(2, "down").qtype == "Q8_0" and g.alignment == 4096
+    with open(path, "rb") as f:                  # an extent addresses the tensor's slice: expert 5 of layer 2
+        ext = g.expert_ranges(2, 5)[2]
+        f.seek(g.tensor(2, "down").offset + 5 * spec.component_bytes)
+        want = f.read(spec.component_bytes)
+        f.seek(ext.offset)
+        assert f.read(ext.length) == want and ext.file == "m.gguf"
 
 
 def test_a_model_without_routed_experts_or_with_a_missing_one_is_refused(tmp_path):
@@ -67,3 +64,12 @@ def test_a_model_without_routed_experts_or_with_a_missing_one_is_refused(tmp_pat
     write_header_only(p, layers=1, experts=2, top_k=0)
     with pytest.raises(UsageError, match="expert_used_count"):
         inspect_model(str(p))
+
+
+def test_the_engine_refuses_what_it_cannot_stage(tmp_path):
+    """The engine addresses a read by offset in one file, and stages one slice size: a split set
+    and unequal components are read by the planner's geometry but refused here, in one line."""
+    paths = write_moe_split_gguf(tmp_path / "s", "m")
+    assert inspect_any(str(paths[0])).layout == "gguf-split"
+    with pytest.raises(UsageError, match="the engine reads a single GGUF file"):
+        inspect_model(str(paths[0]))

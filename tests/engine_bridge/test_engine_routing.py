@@ -31,7 +31,8 @@ COMPONENT = 6_635_520
 
 def field_geometry() -> Geometry:
     per = FIELD_EXPERTS * COMPONENT
-    tensors = tuple(ExpertTensor(l, c, 4096 + (3 * l + i) * per, per, COMPONENT, "Q4_K", (7168, 2048, FIELD_EXPERTS))
+    tensors = tuple(ExpertTensor(l, c, 4096 + (3 * l + i) * per, per, COMPONENT, "Q4_K", (7168, 2048, FIELD_EXPERTS),
+                                 "field.gguf")
                     for l in range(FIELD_LAYERS) for i, c in enumerate(("gate", "up", "down")))
     return Geometry("/field.gguf", 4096 + 3 * FIELD_LAYERS * per, "deepseek", FIELD_LAYERS, FIELD_EXPERTS, FIELD_TOP_K,
                     COMPONENT, tensors, 4096)

@@ -53,7 +53,7 @@ def test_a_replica_that_delivers_a_wrong_byte_changes_the_hash(model_dir, tmp_pa
     g = inspect_model(str(bad))
     with open(bad, "r+b") as f:
         for e in range(g.experts):                 # the fp16 scale of each expert's first gate block
-            f.seek(g.expert_ranges(0, e)[0][0])
+            f.seek(g.expert_ranges(0, e)[0].offset)
             f.write(b"\x00\x7b")
     src = SourceSet((str(model_dir / "model.gguf"), str(bad)), (1, 100), (1, 100))
     r = run_model(src.paths[0], src, PROMPT, GEN, 24, 4, prompt_seed=11)

@@ -51,7 +51,7 @@ def test_layout_names_alignment_and_expert_major_slices(tmp_path, quant):
     with open(path, "rb") as f:
         for layer in range(spec.layers):
             for e in range(spec.experts):
-                for c, (off, n) in zip(COMPONENTS, g.expert_ranges(layer, e)):
+                for c, (off, n) in zip(COMPONENTS, ((x.offset, x.length) for x in g.expert_ranges(layer, e))):
                     assert off % ALIGNMENT == 0 and n % ALIGNMENT == 0
                     t = byname[f"blk.{layer}.ffn_{c}_exps.weight"]
                     assert t.tensor_type == qt
