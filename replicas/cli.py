@@ -17,7 +17,7 @@ from rich.table import Table
 
 from core import rig as rigmod
 from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
-from core.errors import EXIT_MISMATCH, Interrupted, MissingError, ReplicaTunerError, UsageError
+from core.errors import EXIT_MISMATCH, Interrupted, ReplicaTunerError, UsageError
 from core.events import Notice
 from core.rig import Member
 from core.units import format_bytes, format_rate, parse_size
@@ -26,9 +26,11 @@ from .b3sum import check_line, failures_warning, format_line
 from .checksums import check_files
 from .drives import drive_label
 from .forget import forget_member
+from .formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file
-from .manifest import manifest_to_dict
+from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
 from .manifests import load_manifest, load_manifest_file
+from .modelset import DIR, FILE, discover
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status
@@ -103,28 +105,46 @@ def _piece_json(b):
 
 @app.command()
 def init(rig: Optional[str] = RigOption,
-         model: str = typer.Option(..., "--model", metavar="PATH", help="The model file (the engine's -m, the primary)."),
-         name: Optional[str] = typer.Option(None, "--name", help="Drive label for the model (default: its mount point's name).")):
-    """Create rig.toml naming the model (the primary); replicas are added by `replicas sync`."""
+         model: str = typer.Option(..., "--model", metavar="PATH",
+                                   help="The model (the engine's -m, the primary): a GGUF or safetensors file, any "
+                                        "file of a split GGUF set (the whole set is taken), or a model directory."),
+         fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                           help="gguf, safetensors, or raw to take any file or directory as opaque bytes "
+                                                "(default: found from the files' first bytes)."),
+         name: Optional[str] = typer.Option(None, "--name", help="Drive label for the model (default: its mount point's name)."),
+         json_out: bool = JsonOption):
+    """Create rig.toml naming the model (the primary) and every file of it; replicas are added by
+    `replicas sync`."""
     root = rigmod.rig_dir(rig)
-    if not os.path.exists(model):
-        raise MissingError(f"{model}: no such file; give the model file with --model")
-    if not os.path.isfile(model):
-        raise UsageError(f"{model}: not a regular file; give the model file with --model")
+    found = discover(model, fmt)
     current = rigmod.load_rig(root, must_exist=False)
-    updated = rigmod.with_model(current, model, name or drive_label(model))
+    if current.model and os.path.realpath(current.model.path) == found.path and current.format \
+            and (current.layout, tuple(current.files)) != (found.layout, found.files):
+        raise UsageError(f"the rig at {root} lists other files for {found.path} ({len(current.files)} then, "
+                         f"{len(found.files)} now); a changed model needs a new rig: pass another --rig")
+    updated = rigmod.with_model(current, found.path, name or drive_label(found.path), found.layout, found.format,
+                                found.files)
     rigmod.save_rig(updated)
-    err.print(f"rig at {root}: model {updated.model.path} on drive '{updated.model.name}'")
+    if json_out:
+        print_json({"schema": 1, "kind": "init", "rig": root, "path": updated.model.path, "name": updated.model.name,
+                    "layout": found.layout, "format": found.format, "files": list(found.files)})
+    what = "" if found.layout == FILE else f" ({found.layout}, {plural(len(found.files), 'file')})"
+    err.print(f"rig at {root}: model {escape(updated.model.path)}{what}, {found.format}, on drive '{updated.model.name}'")
 
 
 @app.command("hash")
-def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files to hash (with --check: b3sum check files; - reads standard input)."),
+def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files or models to hash (with --check: b3sum check files; - reads standard input)."),
              check: bool = typer.Option(False, "--check", "-c", help="Read b3sum check files and check every file they name, as `b3sum --check` does."),
              piece_size: str = typer.Option("64M", "--piece-size", help="Piece size for --json (binary units: 64M = 64 MiB)."),
+             fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                               help="For a directory: raw takes any files as the model (default: a "
+                                                    "GGUF or safetensors model directory)."),
              json_out: bool = JsonOption):
     """Print each file's BLAKE3 as b3sum does (`<hex>  <name>`), read cold; --json adds size and
     piece hashes (a manifest another host can verify against with `verify --manifest`).
 
+    A model directory or any file of a split GGUF set is hashed file by file (one line each) and
+    its --json is the model's manifest (schema 2, every file and the model digest).
     With --check: `NAME: OK` or `NAME: FAILED` per line of the check files, failures counted on
     stderr; exit 1 when any failed. Exit 3 when a file to hash is missing or unreadable.
     """
@@ -132,29 +152,51 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
         _check_sums(paths, json_out)
         return
     size = check_piece_size(parse_size(piece_size, "--piece-size"))
-    found, failures = [], []
+    docs, failures = [], []
     with live_progress() as (report, cancel):
         for path in paths:
             try:
-                if os.path.isdir(path):
-                    raise UsageError(f"{path}: is a directory, not a file")
-                if os.path.exists(path) and not os.path.isfile(path):
-                    raise UsageError(f"{path}: not a regular file")
-                m = hash_file(path, size, report=report, cancel=cancel)
+                docs.append(_hash_one(path, size, fmt, json_out, report, cancel))
             except Interrupted:
                 raise
             except ReplicaTunerError as e:
                 failures.append(e)
                 typer.echo(f"replicas: error: {e}", err=True)
-                continue
-            found.append((path, m))
-            if not json_out:
-                typer.echo(format_line(m.blake3, path))
     if json_out:
-        docs = [{**manifest_to_dict(m), "path": path} for path, m in found]
         print_json(docs[0] if len(paths) == 1 and docs else docs)
     if failures:
         raise typer.Exit(max(e.exit_code for e in failures))
+
+
+def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, cancel) -> dict:
+    """Hash one argument: a plain file (its b3sum line; --json: its one-file manifest) or a model
+    of several files (a line per file; --json: the model's manifest)."""
+    model = _model_at(path, fmt)
+    if model is None:
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise UsageError(f"{path}: not a regular file")
+        m = hash_file(path, size, report=report, cancel=cancel)
+        if not json_out:
+            typer.echo(format_line(m.blake3, path))
+        return {**manifest_to_dict(m), "path": path}
+    shown = path if model.layout == DIR else os.path.dirname(path)
+    files = []
+    for rel, full in zip(model.files, model.paths):
+        m = dataclasses.replace(hash_file(full, size, report=report, cancel=cancel), name=rel)
+        files.append(m)
+        if not json_out:
+            typer.echo(format_line(m.blake3, os.path.join(shown, *rel.split("/")) if shown else rel))
+    return {**model_manifest_to_dict(ModelManifest(tuple(files), model.layout, model.format)), "path": model.path}
+
+
+def _model_at(path: str, fmt: Optional[str]):
+    """The model of several files at `path` (a directory, or a file of a split GGUF set), else None."""
+    if os.path.isdir(path):
+        return discover(path, fmt)
+    match = SPLIT_NAME.match(os.path.basename(path))
+    if os.path.isfile(path) and match and int(match["count"]) > 1 and sniff(path) == GGUF:
+        return discover(path)
+    return None
 
 
 def _check_sums(files: List[str], json_out: bool) -> None:
@@ -244,11 +286,14 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     rate = _rate(max_rate)
     r = rigmod.load_rig(rigmod.rig_dir(rig), must_exist=not (manifest_file and paths))
     own = load_manifest(r, required=manifest_file is None)
-    own = own.files[0] if own is not None else None
-    manifest = load_manifest_file(manifest_file).files[0] if manifest_file else own
+    manifest = load_manifest_file(manifest_file) if manifest_file else own
     # Stamps and verdicts are about the rig's own manifest; another one (from another host) is
-    # only a check, unless it is the same.
-    record = own is not None and own.digest() == manifest.digest()
+    # only a check, unless it is the same, file for file.
+    record = own is not None and [f.digest() for f in own.files] == [f.digest() for f in manifest.files]
+    if manifest_file and r.model is not None and r.format and manifest.format and \
+            (r.layout, tuple(r.files)) != (manifest.layout, manifest.names) and not paths:
+        raise UsageError(f"{manifest_file} describes a {manifest.layout} model of {plural(len(manifest.files), 'file')}, "
+                         f"the rig's model is a {r.layout} of {plural(len(r.files), 'file')}; give the matching manifest")
     members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
@@ -264,29 +309,76 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
             raise
     if cancel.is_set():
         raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
+    one = _one_blake3(manifest)
     if json_out:
-        print_json({"schema": 1, "kind": "verify", "manifest_blake3": manifest.blake3, "manifest_file": manifest_file,
-                    "mode": mode, "sample_seed": rep.sample_seed, "seconds": round(rep.seconds, 3), "exit_code": rep.exit_code,
-                    "members": [{**{k: v for k, v in dataclasses.asdict(m).items() if k != "bad"},
-                                 "bad": [_piece_json(b) for b in m.bad]} for m in rep.members]})
+        print_json({"schema": 1, "kind": "verify", "manifest_blake3": one, "model_digest": manifest.digest(),
+                    "layout": manifest.layout, "manifest_file": manifest_file, "mode": mode,
+                    "sample_seed": rep.sample_seed, "seconds": round(rep.seconds, 3), "exit_code": rep.exit_code,
+                    "members": [_member_check_json(m) for m in rep.members]})
     else:
-        against = f"{manifest_file} ({manifest.blake3[:16]}…)" if manifest_file else f"{manifest.blake3[:16]}…"
+        ident = f"{(one or manifest.digest())[:16]}…"
+        against = f"{manifest_file} ({ident})" if manifest_file else ident
         t = Table(title=f"verify ({mode}) against {against}")
         for col in ("member", "path", "state", "how", "read", "rate", "note"):
             t.add_column(col)
+        several = len(manifest.files) > 1
         for m in rep.members:
-            rate_text = format_rate(m.bytes_read / m.seconds) if m.bytes_read and m.seconds else ""
-            note = m.detail or (plural(len(m.bad), "bad piece") if m.bad else "") or (f"stamped ({m.stamped})" if m.stamped else "")
-            style = {"identical": "green", "mismatch": "red"}.get(m.state, "yellow")
-            t.add_row(m.name, m.path, f"[{style}]{m.state}[/]", m.how, format_bytes(m.bytes_read), rate_text, note)
+            read, rate_text, note = _check_cells(m)
+            if several:     # the files' own notes are on their rows
+                note = plural(len(m.bad), "bad piece") if m.bad else (f"stamped ({m.stamped})" if m.stamped else "")
+            t.add_row(m.name, m.path, _styled(m.state, _count(m.files, m.state) if several else ""), m.how,
+                      read, rate_text, note)
+            for f in m.files if several else ():
+                if f.state != "identical":
+                    t.add_row("", f"  {f.file}", _styled(f.state), f.how, *_check_cells(f))
         out.print(t)
         if rep.sample_seed is not None:
             err.print(f"sample seed {rep.sample_seed} (repeat with --seed {rep.sample_seed})")
         for m in rep.members:
-            for b in m.bad:
-                err.print(f"{m.path}: bad piece {b.index} at byte {b.offset}, {b.length} bytes")
+            for f in m.files:
+                if f.state in ("missing", "unreadable") and several:
+                    err.print(f"{f.path}: {f.state}: {f.detail}")
+                for b in f.bad:
+                    err.print(f"{f.path}: bad piece {b.index} at byte {b.offset}, {b.length} bytes")
     if rep.exit_code:
         raise typer.Exit(rep.exit_code)
+
+
+def _one_blake3(manifest) -> Optional[str]:
+    """The model's BLAKE3 when it is one file (what b3sum prints for it); None for several."""
+    return manifest.files[0].blake3 if len(manifest.files) == 1 else None
+
+
+def _styled(state: str, extra: str = "") -> str:
+    style = {"identical": "green", "verified": "green", "mismatch": "red", "missing": "red"}.get(state, "yellow")
+    return f"[{style}]{state}[/]" + (f" ({extra})" if extra else "")
+
+
+def _count(files, state: str) -> str:
+    """'2 of 12 files' in that state; '' when all are (or the state is the good one)."""
+    n = sum(f.state == state for f in files)
+    return "" if state in ("identical", "verified") else f"{n} of {len(files)} files"
+
+
+def _check_cells(c) -> tuple[str, str, str]:
+    """read, rate and note of a member's or a file's check."""
+    rate_text = format_rate(c.bytes_read / c.seconds) if c.bytes_read and c.seconds else ""
+    note = c.detail or (plural(len(c.bad), "bad piece") if c.bad else "") or (f"stamped ({c.stamped})" if c.stamped else "")
+    return format_bytes(c.bytes_read), rate_text, note
+
+
+def _file_check_json(f) -> dict:
+    return {"file": f.file, "path": f.path, "state": f.state, "how": f.how, "bad": [_piece_json(b) for b in f.bad],
+            "size": f.size, "bytes_read": f.bytes_read, "seconds": f.seconds, "detail": f.detail,
+            "stamped": f.stamped, "pieces_checked": f.pieces_checked}
+
+
+def _member_check_json(m) -> dict:
+    """A member's roll-up (the keys a one-file verify always had) and every file's check."""
+    return {"path": m.path, "name": m.name, "role": m.role, "state": m.state, "how": m.how,
+            "bad": [{"file": b.file, **_piece_json(b)} for b in m.bad], "size": m.size, "bytes_read": m.bytes_read,
+            "seconds": m.seconds, "detail": m.detail, "stamped": m.stamped, "pieces_checked": m.pieces_checked,
+            "files": [_file_check_json(f) for f in m.files]}
 
 
 def _member_or_file(r, path: str, any_file: bool) -> Member:
@@ -310,7 +402,7 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
     again; the result replaces the verdict `replicas status` shows."""
     rate = _rate(max_rate)
     r = _rig(rig)
-    manifest = load_manifest(r).files[0]
+    manifest = load_manifest(r)
     target = r.member(path)
     donors = [r.member(from_)] if from_ else [m for m in r.members if m.path != target.path]
     if any(d.path == target.path for d in donors):
@@ -319,13 +411,21 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
         res = repair_member(target, donors, manifest, r, report=report, cancel=cancel, max_rate=rate)
     if json_out:
         print_json({"schema": 1, "kind": "repair", "path": res.path, "donor": res.donor, "bytes_copied": res.bytes_copied,
-                    "repaired": [_piece_json(b) for b in res.repaired], "after": res.after.state,
+                    "repaired": [{"file": b.file, **_piece_json(b)} for b in res.repaired],
+                    "restored": list(res.restored), "after": res.after.state,
+                    "files": [{"file": f.file, "path": f.path, "after": f.state} for f in res.after.files],
                     "seconds": round(res.seconds, 3)})
     else:
-        if not res.repaired and res.after.state == "identical":
+        if not res.repaired and not res.restored and res.after.state == "identical":
             out.print(f"{res.path}: already identical; nothing to repair")
         else:
-            out.print(f"{res.path}: re-copied {plural(len(res.repaired), 'piece')} ({format_bytes(res.bytes_copied)}) from {res.donor}; now {res.after.state}")
+            what = [f"re-copied {plural(len(res.repaired), 'piece')}"] if res.repaired or not res.restored else []
+            what += [f"restored {plural(len(res.restored), 'missing file')}"] if res.restored else []
+            out.print(f"{res.path}: {' and '.join(what)} ({format_bytes(res.bytes_copied)}) from {res.donor}; "
+                      f"now {res.after.state}")
+            for f in res.after.files:
+                if f.state != "identical":
+                    err.print(f"{f.path}: still {f.state}" + (f": {f.detail}" if f.detail else ""))
     if res.after.state != "identical":
         raise typer.Exit(1)
 
@@ -333,29 +433,59 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
 @app.command()
 def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """One row per member: path, drive, size, stamp state, what the last verification found and
-    when the last full one was (reads no data). Exit 1 while a member's last verdict is a
-    mismatch (until `replicas repair` or a clean `replicas verify`)."""
+    when the last full one was (reads no data); for a model of several files, a row under its
+    member for each file that is not verified. Exit 1 while a file's last verdict is a mismatch
+    (until `replicas repair` or a clean `replicas verify`)."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
-    manifest = manifest.files[0] if manifest is not None else None
     rows = member_status(r, manifest)
     if json_out:
-        print_json({"schema": 1, "kind": "status", "rig": r.root, "manifest_blake3": manifest.blake3 if manifest else None,
-                    "members": [{**{k: v for k, v in dataclasses.asdict(x).items() if k != "verdict"},
-                                 "verdict": verdict_to_dict(x.verdict) if x.verdict else None} for x in rows]})
+        print_json({"schema": 1, "kind": "status", "rig": r.root,
+                    "manifest_blake3": _one_blake3(manifest) if manifest else None,
+                    "model_digest": manifest.digest() if manifest else None,
+                    "layout": manifest.layout if manifest else r.layout,
+                    "format": (manifest.format if manifest else "") or r.format,
+                    "members": [_member_status_json(x) for x in rows]})
     else:
-        t = Table(title=f"rig {r.root}" + (f" — model {format_bytes(manifest.size)}, BLAKE3 {manifest.blake3[:16]}…" if manifest else " — no manifest yet"))
+        several = len(rows[0].files) > 1 if rows else False
+        if manifest:
+            n = f", {plural(len(manifest.files), 'file')}" if len(manifest.files) > 1 else ""
+            title = f" — model {format_bytes(manifest.size)}{n}, " + (
+                f"BLAKE3 {_one_blake3(manifest)[:16]}…" if _one_blake3(manifest) else f"digest {manifest.digest()[:16]}…")
+        else:
+            title = " — no manifest yet"
+        t = Table(title=f"rig {r.root}" + title)
         for col in ("name", "role", "path", "drive", "fs", "device", "size", "state", "last full verify"):
             t.add_column(col)
         for x in rows:
-            style = {"verified": "green", "stale": "yellow", "missing": "red", MISMATCH: "red"}.get(x.state, "")
-            state = mismatch_text(x.verdict, _when(x.verdict.at)) if x.state == MISMATCH else x.state
-            when = _when(x.last_verified) if x.last_verified else "never"
             t.add_row(x.name, x.role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
-                      format_bytes(x.size) if x.size is not None else "—", f"[{style}]{state}[/]" if style else state, when)
+                      format_bytes(x.size) if x.size is not None else "—",
+                      _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))
+            for f in x.not_verified if several else ():
+                t.add_row("", "", f"  {f.file}", "", "", "", format_bytes(f.size) if f.size is not None else "—",
+                          _status_text(f), _when_or_never(f.last_verified))
         out.print(t)
     if any(x.state == MISMATCH for x in rows):
         raise typer.Exit(EXIT_MISMATCH)
+
+
+def _when_or_never(t: Optional[float]) -> str:
+    return _when(t) if t else "never"
+
+
+def _status_text(x, extra: str = "") -> str:
+    if x.state == MISMATCH and x.verdict is not None:
+        return f"[red]{mismatch_text(x.verdict, _when(x.verdict.at))}[/]" + (f" ({extra})" if extra else "")
+    return _styled(x.state, extra) if x.state != "unverified" else x.state + (f" ({extra})" if extra else "")
+
+
+def _member_status_json(x) -> dict:
+    """A member's row (the keys a one-file status always had) and every file's."""
+    doc = {k: v for k, v in dataclasses.asdict(x).items() if k not in ("verdict", "files")}
+    return {**doc, "verdict": verdict_to_dict(x.verdict) if x.verdict else None,
+            "files": [{"file": f.file, "path": f.path, "size": f.size, "state": f.state,
+                       "last_verified": f.last_verified,
+                       "verdict": verdict_to_dict(f.verdict) if f.verdict else None} for f in x.files]}
 
 
 @app.command()

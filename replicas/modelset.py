@@ -80,6 +80,17 @@ class Extent:
     length: int    # bytes
 
 
+def located_files(member_path: str, manifest) -> list[tuple[str, str, object]]:
+    """(relative path, absolute path, that file's Manifest) for every file of the model a
+    `ModelManifest` describes, where a member keeps it (`member_path`: its file, first file or
+    directory). A one-file model is the member's file whatever name the manifest gives it."""
+    if manifest.layout == FILE and len(manifest.files) == 1:
+        f = manifest.files[0]
+        return [(f.name or os.path.basename(member_path), os.path.abspath(member_path), f)]
+    model = ModelSet(os.path.abspath(member_path), manifest.layout, manifest.format or RAW, manifest.names)
+    return [(f.name, model.abs(f.name), f) for f in manifest.files]
+
+
 def one_file(path: str, fmt: str = RAW) -> ModelSet:
     path = os.path.abspath(path)
     return ModelSet(path, FILE, fmt, (os.path.basename(path),))

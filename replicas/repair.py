@@ -1,6 +1,7 @@
-"""Repairing a replica: re-copy only its bad pieces from a member whose pieces verify, then
-verify again. The replica's stamp is withdrawn before its bytes change, so an interrupted
-repair leaves a file that quick verify will not trust; a re-run picks up the remaining pieces.
+"""Repairing a replica: re-copy only the bad pieces of its bad files from a member whose pieces
+verify, copy a missing file whole (temporary name, atomic rename), then verify again. A file's
+stamp is withdrawn before its bytes change, so an interrupted repair leaves a file that quick
+verify will not trust; a re-run picks up the remaining pieces.
 The verdict the final verification reaches replaces the one `status` shows. `max_rate` paces
 each drive's reads and writes (bytes/s).
 """
@@ -14,27 +15,31 @@ from dataclasses import dataclass
 
 from core.errors import MismatchError, MissingError, UsageError, WriteError
 from core.events import Progress, Reporter, emit
+from core.fsutil import fsync_dir
 from core.rig import Member, Rig
 
 from .coldio import align_up, aligned_buffer, open_cold
 from .drives import drive_of
 from .hashing import PieceHasher
-from .manifest import Manifest, PieceRange
+from .manifest import Manifest, ModelManifest, PieceRange
+from .modelset import DIR, FILE, SPLIT, located_files
 from .records import record_verdicts
 from .stamps import clear_stamp
 from .throttle import Clock, Pace, Pacers
-from .verdict import verdict_of_check
-from .verify import IDENTICAL, MemberCheck, check_member
+from .verify import IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck, as_model, check_member, verdict_changes
+
+REPAIR_SUFFIX = ".repair"      # a missing file is rebuilt as .NAME.repair beside it, then renamed
 
 
 @dataclass(frozen=True)
 class RepairResult:
     path: str
     donor: str
-    repaired: tuple[PieceRange, ...]
+    repaired: tuple[FilePiece, ...]                # pieces re-copied in place
     bytes_copied: int
     after: MemberCheck
     seconds: float
+    restored: tuple[str, ...] = ()                 # files that were missing, copied whole
 
 
 def _drive_key(path: str) -> str:
@@ -60,63 +65,154 @@ def _donor_piece(donor: str, r: PieceRange, manifest: Manifest, pace: Pace | Non
     return data if h.pieces.get(r.index) == manifest.pieces[r.index] else None
 
 
-def repair_member(target: Member, donors: list[Member], manifest: Manifest, rig: Rig, *,
+class _Donors:
+    """Good pieces from the other members' copies of one file, the first that verifies."""
+
+    def __init__(self, paths: list[str], manifest: Manifest, pacers: Pacers):
+        self.paths, self.manifest, self.pacers = paths, manifest, pacers
+        self.used: set[str] = set()
+
+    def piece(self, r: PieceRange) -> bytes:
+        for p in self.paths:
+            try:
+                data = _donor_piece(p, r, self.manifest, self.pacers.for_drive(_drive_key(p)))
+            except OSError:
+                data = None
+            if data is not None:
+                self.used.add(p)
+                return data
+        raise MismatchError(f"no member holds a good copy of piece {r.index} of {self.manifest.name or 'the model'} "
+                            f"(bytes {r.offset}+{r.length}); the rig cannot repair it")
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
+def repair_member(target: Member, donors: list[Member], manifest: Manifest | ModelManifest, rig: Rig, *,
                   report: Reporter = None, cancel: threading.Event | None = None,
                   max_rate: float | None = None, clock: Clock | None = None) -> RepairResult:
+    """Re-copy the bad pieces of each bad file of a replica, and each missing file whole
+    (through a temporary name and an atomic rename); never a byte of the primary."""
     t0 = time.monotonic()
+    model = as_model(manifest)
     if target.role == "primary":
         raise UsageError(f"{target.path} is the primary (your model file); replicas never write to it — copy a verified replica over it yourself if it is damaged")
-    if not os.path.exists(target.path):
-        raise MissingError(f"{target.path}: no such file; run `replicas sync` to copy it again")
+    located = located_files(target.path, model)
+    home = target.path if model.layout == DIR else os.path.dirname(target.path)
+    if (model.layout == FILE and not os.path.exists(target.path)) or not os.path.isdir(home):
+        raise MissingError(f"{target.path}: no such {'directory' if model.layout == DIR else 'file'}; "
+                           "run `replicas sync` to copy it again")
     pacers = Pacers(max_rate, clock, cancel)
-    pace = pacers.for_drive(_drive_key(target.path))
-    before = check_member(target, manifest, rig, mode="full", report=report, cancel=cancel, pace=pace)
+    pace = pacers.for_drive(_drive_key(home))
+    before = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace)
     if before.state == IDENTICAL:
-        _remember(rig, target, manifest, before)
+        _remember(rig, target, model, before)
         return RepairResult(target.path, "", (), 0, before, time.monotonic() - t0)
-    if before.state != "mismatch":
-        raise MissingError(f"{target.path}: {before.state}: {before.detail}")
-    bad = list(before.bad)
-    clear_stamp(target.path, rig)
-    fd = os.open(target.path, os.O_WRONLY | os.O_CLOEXEC)
-    copied, fixed, donor_used = 0, [], set()
+    unreadable = [f for f in before.files if f.state not in (IDENTICAL, MISMATCH, MISSING)]
+    if unreadable:
+        f = unreadable[0]
+        raise MissingError(f"{f.path}: {f.state}: {f.detail}")
+    donor_files = {rel: [] for rel, _, _ in located}
+    for d in donors:
+        for rel, p, _ in located_files(d.path, model):
+            donor_files[rel].append(p)
+    # The first file of a split set is the one engines open: it is restored last, after the others.
+    todo = sorted((f for f in before.files if f.state != IDENTICAL), key=lambda f: f.path == target.path and model.layout == SPLIT)
+    total = sum(model.file(f.file).size if f.state == MISSING else sum(b.length for b in f.bad) for f in todo)
+    progress = _Progress(report, target.path, total)
+    fixed, restored, used = [], [], set()
+    for f in todo:
+        if cancel is not None and cancel.is_set():
+            break
+        fm = model.file(f.file)
+        source = _Donors(donor_files[f.file], fm, pacers)
+        if f.state == MISSING:
+            _restore(f.path, fm, source, pace, progress, cancel)
+            restored.append(f.file)
+        else:
+            fixed += [FilePiece(f.file, r.index, r.offset, r.length) for r in _patch(f.path, fm, f.bad, source, rig, pace, progress, cancel)]
+        used |= source.used
+    after = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace)
+    _remember(rig, target, model, after)
+    return RepairResult(target.path, ", ".join(sorted(used)), tuple(fixed), progress.done, after,
+                        time.monotonic() - t0, tuple(restored))
+
+
+class _Progress:
+    def __init__(self, report: Reporter, task: str, total: int):
+        self.report, self.task, self.total, self.done = report, task, total, 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        emit(self.report, Progress(self.task, "repair", self.done, self.total))
+
+
+def _patch(path: str, fm: Manifest, bad: tuple[PieceRange, ...], source: _Donors, rig: Rig, pace: Pace | None,
+           progress: _Progress, cancel: threading.Event | None) -> list[PieceRange]:
+    """Re-copy the bad pieces of one file in place. The stamp goes before a byte changes, so an
+    interrupted repair leaves a file quick verify will not trust."""
+    clear_stamp(path, rig)
+    fixed = []
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        if os.fstat(fd).st_size != manifest.size:
-            os.ftruncate(fd, manifest.size)
+        if os.fstat(fd).st_size != fm.size:
+            os.ftruncate(fd, fm.size)
         for r in bad:
             if cancel is not None and cancel.is_set():
                 break
-            data = None
-            for d in donors:
-                try:
-                    data = _donor_piece(d.path, r, manifest, pacers.for_drive(_drive_key(d.path)))
-                except OSError:
-                    data = None
-                if data is not None:
-                    donor_used.add(d.path)
-                    break
-            if data is None:
-                raise MismatchError(f"no member holds a good copy of piece {r.index} (bytes {r.offset}+{r.length}); the rig cannot repair it")
+            data = source.piece(r)
             if pace is not None:
                 pace(len(data))
-            done = 0
-            while done < len(data):
-                done += os.pwrite(fd, data[done:], r.offset + done)
-            copied += len(data)
+            _write_all(fd, data, r.offset)
             fixed.append(r)
-            emit(report, Progress(target.path, "repair", copied, sum(b.length for b in bad)))
+            progress.add(len(data))
         os.fsync(fd)
     except OSError as e:
-        raise WriteError(f"{target.path}: write failed during repair: {e.strerror or e}; re-run to finish") from e
+        raise WriteError(f"{path}: write failed during repair: {e.strerror or e}; re-run to finish") from e
     finally:
         os.close(fd)
-    after = check_member(target, manifest, rig, mode="full", report=report, cancel=cancel, pace=pace)
-    _remember(rig, target, manifest, after)
-    return RepairResult(target.path, ", ".join(sorted(donor_used)), tuple(fixed), copied, after, time.monotonic() - t0)
+    return fixed
 
 
-def _remember(rig: Rig, target: Member, manifest: Manifest, check: MemberCheck) -> None:
-    """The verdict of repair's own full verification replaces the one `status` shows."""
-    v = verdict_of_check(check.state, time.time(), manifest, "repair", check.bad, check.detail)
-    if v is not None:
-        record_verdicts(rig, {target.path: v})
+def _restore(path: str, fm: Manifest, source: _Donors, pace: Pace | None, progress: _Progress,
+             cancel: threading.Event | None) -> None:
+    """Copy a missing file whole from verified donor pieces: written under a hidden temporary
+    name beside it, fsynced, renamed into place, the directory fsynced; a failure or Ctrl-C
+    leaves no file under its final name."""
+    folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}{REPAIR_SUFFIX}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise WriteError(f"{path}: cannot create it during repair: {e.strerror or e}") from e
+    done = False
+    try:
+        os.ftruncate(fd, fm.size)
+        for i in range(fm.count):
+            if cancel is not None and cancel.is_set():
+                return
+            r = fm.piece(i)
+            data = source.piece(r)
+            if pace is not None:
+                pace(len(data))
+            _write_all(fd, data, r.offset)
+            progress.add(len(data))
+        os.fsync(fd)
+        done = True
+    except OSError as e:
+        raise WriteError(f"{path}: write failed during repair: {e.strerror or e}; re-run to finish") from e
+    finally:
+        os.close(fd)
+        if not done:
+            os.unlink(tmp)
+    os.rename(tmp, path)
+    fsync_dir(folder)
+
+
+def _remember(rig: Rig, target: Member, model: ModelManifest, check: MemberCheck) -> None:
+    """The verdict of repair's own full verification of each file replaces the one `status` shows."""
+    record_verdicts(rig, verdict_changes([target], {target.path: check}, model, time.time(), how="repair"))

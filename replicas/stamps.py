@@ -16,7 +16,8 @@ from core.fsutil import FileIdentity, atomic_write_bytes
 from core.rig import Rig
 
 from . import platform
-from .manifest import Manifest
+from .manifest import Manifest, ModelManifest
+from .modelset import located_files
 from .stamp import Stamp, make_stamp, stamp_from_bytes, stamp_matches, stamp_to_bytes
 
 VERIFIED, STALE, UNVERIFIED, MISSING = "verified", "stale", "unverified", "missing"
@@ -85,9 +86,15 @@ def clear_stamp(path: str, rig: Rig) -> None:
     _drop_sidecar(rig, path)
 
 
-def stamp_state(path: str, manifest: Manifest, rig: Rig) -> str:
+def stamp_state(path: str, manifest: Manifest | ModelManifest, rig: Rig) -> str:
     """'verified' (a stamp still matches), 'stale' (a stamp exists but the file or manifest
-    changed), 'unverified' (no stamp) or 'missing' (no such file)."""
+    changed), 'unverified' (no stamp) or 'missing' (no such file).
+
+    Given a ModelManifest, `path` is a member's path (file, first file or directory) and the
+    answer rolls up the stamp of each of its files: verified only when every file's is."""
+    if isinstance(manifest, ModelManifest):
+        states = [stamp_state(p, fm, rig) for _, p, fm in located_files(path, manifest)]
+        return next(s for s in (MISSING, STALE, UNVERIFIED, VERIFIED) if s in states)
     try:
         ident = FileIdentity.of(path)
     except FileNotFoundError:

@@ -1,18 +1,31 @@
-"""One row per rig member: where it lives, its size, whether its stamp still holds, and what the
-last verification found (a mismatch stands until `repair` or a clean verify clears it)."""
+"""One row per rig member, and one per file of the model there: where it lives, its size,
+whether its stamp still holds, and what the last verification found (a mismatch stands until
+`repair` or a clean verify clears it). A member rolls its files up: verified only when every
+file is. Reads no data."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from core.rig import Rig
+from core.rig import Member, Rig
 
 from .drives import drive_of
-from .manifest import Manifest
+from .manifest import Manifest, ModelManifest
+from .modelset import located_files, member_set
 from .records import load_verdicts
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
-from .verdict import MISMATCH, Verdict, standing_mismatch
+from .verdict import MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    file: str                        # relative path in the model
+    path: str                        # absolute path on the member's drive
+    size: int | None                 # bytes, None when missing
+    state: str                       # verified / stale / unverified / missing / mismatch
+    last_verified: float | None      # unix seconds of the file's last full verification
+    verdict: Verdict | None = None   # what the last verification against this file's manifest found
 
 
 @dataclass(frozen=True)
@@ -25,37 +38,62 @@ class MemberStatus:
     device: str
     disk: str
     drive_key: str
-    size: int | None
-    state: str                       # verified / stale / unverified / missing / mismatch
-    last_verified: float | None      # unix seconds of the last full verification
-    verdict: Verdict | None = None   # what the last verification against this manifest found
+    size: int | None                 # bytes of the files found, None when none is there
+    state: str                       # the worst of its files' states
+    last_verified: float | None      # the oldest of its files' last full verifications (None: one never was)
+    verdict: Verdict | None = None   # its files' verdicts rolled up (verdict.rollup_verdict)
+    files: tuple[FileStatus, ...] = ()
 
     @property
     def bad_pieces(self) -> int:
         return len(self.verdict.bad) if self.verdict else 0
 
+    @property
+    def not_verified(self) -> tuple[FileStatus, ...]:
+        return tuple(f for f in self.files if f.state != "verified")
 
-def member_status(rig: Rig, manifest: Manifest | None) -> list[MemberStatus]:
+
+def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, Verdict], rig: Rig) -> FileStatus:
+    size = os.path.getsize(path) if os.path.isfile(path) else None
+    verdict = verdicts.get(path)
+    if fm is None or (verdict is not None and verdict.manifest != fm.digest()):
+        verdict = None   # judged against another manifest: says nothing about this one
+    if size is None:
+        state = MISSING
+    elif fm is None:
+        state = UNVERIFIED
+    elif standing_mismatch(verdict, fm):
+        state = MISMATCH
+    else:
+        state = stamp_state(path, fm, rig)
+    return FileStatus(rel, path, size, state, last_verified(path, rig) if size is not None else None, verdict)
+
+
+def _files_of(rig: Rig, member: Member, manifest: ModelManifest | None) -> list[tuple[str, str, Manifest | None]]:
+    if manifest is not None:
+        return located_files(member.path, manifest)
+    model = member_set(rig, member)
+    if len(model.files) == 1 and model.layout == "file":
+        return [(model.files[0], member.path, None)]
+    return [(rel, model.abs(rel), None) for rel in model.files]
+
+
+def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[MemberStatus]:
+    if isinstance(manifest, Manifest):
+        manifest = ModelManifest((manifest,))
     verdicts = load_verdicts(rig)
     rows = []
     for m in rig.members:
-        size = os.path.getsize(m.path) if os.path.isfile(m.path) else None
-        verdict = verdicts.get(m.path)
-        if manifest is None or (verdict is not None and verdict.manifest != manifest.digest()):
-            verdict = None   # judged against another manifest: says nothing about this one
-        if size is None:
-            state = MISSING
-        elif manifest is None:
-            state = UNVERIFIED
-        elif standing_mismatch(verdict, manifest):
-            state = MISMATCH
-        else:
-            state = stamp_state(m.path, manifest, rig)
+        files = tuple(_file_status(rel, p, fm, verdicts, rig) for rel, p, fm in _files_of(rig, m, manifest))
+        sizes = [f.size for f in files if f.size is not None]
+        times = [f.last_verified for f in files]
         try:
-            d = drive_of(m.path if size is not None else os.path.dirname(m.path))
+            d = drive_of(m.path if os.path.exists(m.path) else os.path.dirname(m.path))
             drive = (d.mount_point, d.fs_type, d.device, d.disk, d.key)
         except OSError:
             drive = ("", "", "", "", "")
-        rows.append(MemberStatus(m.name, m.role, m.path, *drive, size, state,
-                                 last_verified(m.path, rig) if size is not None else None, verdict))
+        rows.append(MemberStatus(m.name, m.role, m.path, *drive, sum(sizes) if sizes else None,
+                                 rollup_state([f.state for f in files], STATUS_ORDER),
+                                 None if None in times else min(times), rollup_verdict([f.verdict for f in files]),
+                                 files))
     return rows

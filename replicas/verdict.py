@@ -42,6 +42,37 @@ class ScrubMark:
     bad: tuple[int, ...] = ()           # bad piece indices among them
 
 
+# Worst first: a member (or a model's roll-up) takes the worst state any of its files has.
+CHECK_ORDER = ("mismatch", "missing", "unreadable", "identical")
+STATUS_ORDER = (MISMATCH, MISSING, UNREADABLE, "stale", "unverified", VERIFIED)
+
+
+def rollup_state(states, order=CHECK_ORDER) -> str:
+    """The worst of the files' states (verify's states by default; status's with STATUS_ORDER):
+    identical / verified only when every file is."""
+    states = list(states)
+    for s in order:
+        if s in states:
+            return s
+    raise ValueError(f"no known state among {states!r}")
+
+
+def rollup_verdict(verdicts: list[Verdict | None]) -> Verdict | None:
+    """One verdict for a member from its files' verdicts: the worst state found, when it was
+    found last, and every bad piece of the files in that state. None when no file has one.
+    For a one-file model it is that file's verdict."""
+    known = [v for v in verdicts if v is not None]
+    if not known:
+        return None
+    if len(known) == 1 and len(verdicts) == 1:
+        return known[0]
+    state = rollup_state([v.state for v in known], (MISMATCH, MISSING, UNREADABLE, VERIFIED))
+    worst = [v for v in known if v.state == state]
+    newest = max(worst, key=lambda v: v.at)
+    detail = newest.detail if len(worst) == 1 else plural(len(worst), "file") + f" {state}"
+    return Verdict(state, newest.at, newest.manifest, newest.how, tuple(b for v in worst for b in v.bad), detail)
+
+
 def plural(n: int, noun: str) -> str:
     """'1 bad piece', '3 bad pieces'."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -1,10 +1,12 @@
 """Proving members identical to the manifest: quick (trust a live stamp), full (cold re-read),
-sample (a random subset of pieces). One sequential cold reader per drive, drives in parallel,
+sample (a random subset of pieces). Every file of the model is judged against its own
+`Manifest` from the `ModelManifest`; a member is identical only when every file is. One
+sequential cold reader per drive (a member's files in the model's order), drives in parallel,
 each paced by --max-rate when given.
 
-What a verification finds is remembered in the rig (`records`): the verdict per member, which
-`status` shows until a repair or a clean verify replaces it, and, while a `--full` run is
-unfinished, how far it got per member, so `--resume` continues there.
+What a verification finds is remembered in the rig (`records`) per file path: the verdict,
+which `status` shows until a repair or a clean verify replaces it, and, while a `--full` run is
+unfinished, how far it got, so `--resume` continues there.
 """
 
 from __future__ import annotations
@@ -24,20 +26,32 @@ from core.rig import Member, Rig
 from .coldio import open_cold, read_sequential
 from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
-from .manifest import Manifest, PieceRange, bad_pieces
+from .manifest import Manifest, ModelManifest, PieceRange, bad_pieces
+from .modelset import located_files
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
-from .verdict import ScrubMark, resume_point, standing_mismatch, verdict_of_check
+from .verdict import ScrubMark, Verdict, resume_point, rollup_state, standing_mismatch, verdict_of_check
 
 IDENTICAL, MISMATCH, MISSING, UNREADABLE = "identical", "mismatch", "missing", "unreadable"
 
 
 @dataclass(frozen=True)
-class MemberCheck:
-    path: str
-    name: str
-    role: str
+class FilePiece:
+    """A piece of one of the model's files: which file, and the piece's index and byte range."""
+
+    file: str      # relative path in the model
+    index: int
+    offset: int    # bytes from the start of that file
+    length: int    # bytes
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """What verify found about one file of one member."""
+
+    file: str                    # relative path in the model (ModelManifest names)
+    path: str                    # absolute path on the member's drive
     state: str                   # identical / mismatch / missing / unreadable
     how: str                     # stamp / full / sample
     bad: tuple[PieceRange, ...] = ()
@@ -50,6 +64,66 @@ class MemberCheck:
 
 
 @dataclass(frozen=True)
+class MemberCheck:
+    """What verify found about one member: every file of the model there, and their roll-up
+    (identical only when every file is)."""
+
+    path: str
+    name: str
+    role: str
+    files: tuple[FileCheck, ...]
+
+    @property
+    def state(self) -> str:
+        return rollup_state([f.state for f in self.files])
+
+    @property
+    def how(self) -> str:
+        return join_unique(f.how for f in self.files)
+
+    @property
+    def bad(self) -> tuple[FilePiece, ...]:
+        """Every bad piece of every file, in file order."""
+        return tuple(FilePiece(f.file, b.index, b.offset, b.length) for f in self.files for b in f.bad)
+
+    @property
+    def size(self) -> int | None:
+        sizes = [f.size for f in self.files if f.size is not None]
+        return sum(sizes) if sizes else None
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(f.bytes_read for f in self.files)
+
+    @property
+    def seconds(self) -> float:
+        return sum(f.seconds for f in self.files)      # a member's files are read one after another
+
+    @property
+    def pieces_checked(self) -> int:
+        return sum(f.pieces_checked for f in self.files)
+
+    @property
+    def stamped(self) -> str | None:
+        return join_unique(f.stamped for f in self.files if f.stamped) or None
+
+    @property
+    def detail(self) -> str:
+        if len(self.files) == 1:
+            return self.files[0].detail
+        return "; ".join(f"{f.file}: {f.detail}" for f in self.files if f.detail)
+
+
+def join_unique(words) -> str:
+    """'stamp', or 'stamp+full' when the files of a member were judged in different ways."""
+    seen: list[str] = []
+    for w in words:
+        if w not in seen:
+            seen.append(w)
+    return "+".join(seen)
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     members: tuple[MemberCheck, ...]
     seconds: float
@@ -57,7 +131,7 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
-        """1 if any member mismatches, else 3 if any is missing or unreadable, else 0."""
+        """1 if any member mismatches, else 3 if any file is missing or unreadable, else 0."""
         states = {m.state for m in self.members}
         if MISMATCH in states:
             return EXIT_MISMATCH
@@ -116,9 +190,9 @@ def hash_pieces(path: str, manifest: Manifest, indices: list[int] | None = None,
 
 
 class ScrubBook:
-    """The progress marks of one `verify --full` run, in memory: where each member starts (the
-    rig's marks when resuming, else the first piece), how far it has got; `save()` writes the
-    changed marks to the rig (the CLI's Ctrl-C ends the run through it)."""
+    """The progress marks of one `verify --full` run, in memory, per file: where each file starts
+    (the rig's marks when resuming, else the first piece), how far it has got; `save()` writes
+    the changed marks to the rig (the CLI's Ctrl-C ends the run through it)."""
 
     def __init__(self, rig: Rig, resume: bool, report: Reporter = None):
         self.rig, self.resume, self.report = rig, resume, report
@@ -127,21 +201,21 @@ class ScrubBook:
         self.lock = threading.Lock()
         self.saved = time.monotonic()
 
-    def start(self, member: Member, manifest: Manifest, ident: FileIdentity) -> tuple[int, tuple[int, ...]]:
+    def start(self, path: str, manifest: Manifest, ident: FileIdentity) -> tuple[int, tuple[int, ...]]:
         if not self.resume:
             return 0, ()
         key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
-        first, bad = resume_point(self.marks.get(member.path), manifest, key)
+        first, bad = resume_point(self.marks.get(path), manifest, key)
         if first:
-            emit(self.report, Notice(member.path, f"resuming at piece {first} of {manifest.count}"))
-        elif member.path in self.marks:
-            emit(self.report, Notice(member.path, "the file or the manifest changed since the interrupted verify: "
-                                                  "starting from the first piece"))
+            emit(self.report, Notice(path, f"resuming at piece {first} of {manifest.count}"))
+        elif path in self.marks:
+            emit(self.report, Notice(path, "the file or the manifest changed since the interrupted verify: "
+                                           "starting from the first piece"))
         return first, bad
 
-    def mark(self, member: Member, mark: ScrubMark | None) -> None:
+    def mark(self, path: str, mark: ScrubMark | None) -> None:
         with self.lock:
-            self.changes[member.path] = mark
+            self.changes[path] = mark
             due = time.monotonic() - self.saved >= SCRUB_SAVE_S
         if due:
             self.save()      # now and then, so even a killed run keeps most of its progress
@@ -154,56 +228,64 @@ class ScrubBook:
             record_scrub(self.rig, changes)
 
 
-def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "quick", sample: float | None = None,
-                 rng: random.Random | None = None, report: Reporter = None,
-                 cancel: threading.Event | None = None, pace: Pace | None = None, trust_stamp: bool = True,
-                 stamp: bool = True, scrub: ScrubBook | None = None) -> MemberCheck:
-    """Verify one member. mode: 'quick' (a live stamp is trusted, else full), 'full', 'sample'.
+def as_model(manifest: Manifest | ModelManifest) -> ModelManifest:
+    """A one-file Manifest is a one-file model."""
+    return manifest if isinstance(manifest, ModelManifest) else ModelManifest((manifest,))
+
+
+def check_file(path: str, rel: str, manifest: Manifest, rig: Rig, *, mode: str = "quick",
+               indices: list[int] | None = None, report: Reporter = None, cancel: threading.Event | None = None,
+               pace: Pace | None = None, trust_stamp: bool = True, stamp: bool = True, tag_file: bool = False,
+               scrub: ScrubBook | None = None) -> FileCheck:
+    """Verify one file of a member against its own manifest. mode: 'quick' (a live stamp is
+    trusted, else full), 'full', 'sample' (only `indices` are read).
 
     trust_stamp=False makes quick re-read (a mismatch was found since the stamp); stamp=False
-    records nothing on the file or in the rig (a manifest from elsewhere, a file that is no
-    member). `scrub` (full mode) resumes at, and keeps, the member's progress mark.
+    records nothing on the file or in the rig; tag_file: the stamp may go in the file's xattr
+    (a replica we wrote), else a sidecar. `scrub` (full mode) resumes at, and keeps, the file's
+    progress mark.
     """
     t0 = time.monotonic()
-    base = dict(path=member.path, name=member.name, role=member.role)
+    base = dict(file=rel, path=path)
     try:
-        ident = FileIdentity.of(member.path)
+        ident = FileIdentity.of(path)
     except FileNotFoundError:
-        return MemberCheck(**base, state=MISSING, how=mode, detail="no such file (drive unplugged or file deleted?)")
+        return FileCheck(**base, state=MISSING, how=mode, detail="no such file (drive unplugged or file deleted?)")
     except OSError as e:
-        return MemberCheck(**base, state=UNREADABLE, how=mode, detail=e.strerror or str(e))
-    if not os.path.isfile(member.path):
-        return MemberCheck(**base, state=UNREADABLE, how=mode, detail="not a regular file")
-    if mode == "quick" and trust_stamp and stamp_state(member.path, manifest, rig) == VERIFIED:
-        return MemberCheck(**base, state=IDENTICAL, how="stamp", size=ident.size, seconds=time.monotonic() - t0)
+        return FileCheck(**base, state=UNREADABLE, how=mode, detail=e.strerror or str(e))
+    if not os.path.isfile(path):
+        return FileCheck(**base, state=UNREADABLE, how=mode, detail="not a regular file")
+    if mode == "quick" and trust_stamp and stamp_state(path, manifest, rig) == VERIFIED:
+        return FileCheck(**base, state=IDENTICAL, how="stamp", size=ident.size, seconds=time.monotonic() - t0)
     how = "sample" if mode == "sample" else "full"
-    indices, on_piece, prior_bad = None, None, ()
-    if how == "sample":
-        rng = rng or random.Random()
-        k = max(1, round(manifest.count * (sample or 0) / 100)) if manifest.count else 0
-        indices = sorted(rng.sample(range(manifest.count), min(k, manifest.count)))
-    elif scrub is not None and mode == "full":
-        first, prior_bad = scrub.start(member, manifest, ident)
+    on_piece, prior_bad = None, ()
+    if how == "full":
+        indices = None
+    if scrub is not None and mode == "full":
+        first, prior_bad = scrub.start(path, manifest, ident)
         indices = list(range(first, manifest.count)) if first else None
         done, found = [first], list(prior_bad)
         key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
 
         def on_piece(i: int, digest: str) -> None:
-            # Pieces complete in file order, so the pieces done form a prefix of the member.
+            # Pieces complete in file order, so the pieces done form a prefix of the file.
             if digest != manifest.pieces[i]:
                 found.append(i)
             if i == done[0]:
                 done[0] = i + 1
-                scrub.mark(member, ScrubMark(manifest.digest(), key, done[0], tuple(found)))
+                scrub.mark(path, ScrubMark(manifest.digest(), key, done[0], tuple(found)))
     try:
-        hashes, nread = hash_pieces(member.path, manifest, indices, report=report, cancel=cancel, pace=pace,
-                                    on_piece=on_piece)
+        if indices is not None and not indices:
+            hashes, nread = {}, 0         # a sample that drew no piece of this file checks its size only
+        else:
+            hashes, nread = hash_pieces(path, manifest, indices, report=report, cancel=cancel, pace=pace,
+                                        on_piece=on_piece)
     except OSError as e:
-        return MemberCheck(**base, state=UNREADABLE, how=how, size=ident.size, detail=f"read failed: {e.strerror or e}",
-                           seconds=time.monotonic() - t0)
+        return FileCheck(**base, state=UNREADABLE, how=how, size=ident.size, detail=f"read failed: {e.strerror or e}",
+                         seconds=time.monotonic() - t0)
     if scrub is not None and on_piece is not None:
-        # Done: a resume of this run skips the member (the mark goes once the whole run ends).
-        scrub.mark(member, ScrubMark(manifest.digest(), key, manifest.count, tuple(found)))
+        # Done: a resume of this run skips the file (the mark goes once the whole run ends).
+        scrub.mark(path, ScrubMark(manifest.digest(), key, manifest.count, tuple(found)))
     bad = bad_pieces(manifest, hashes, ident.size)
     if prior_bad:
         bad = sorted(set(bad) | {manifest.piece(i) for i in prior_bad}, key=lambda r: r.index)
@@ -211,13 +293,47 @@ def check_member(member: Member, manifest: Manifest, rig: Rig, *, mode: str = "q
     if ident.size != manifest.size:
         detail = f"size {ident.size} bytes, manifest says {manifest.size}"
     if bad or ident.size != manifest.size:
-        return MemberCheck(**base, state=MISMATCH, how=how, bad=tuple(bad), size=ident.size, bytes_read=nread,
-                           seconds=time.monotonic() - t0, detail=detail, pieces_checked=len(hashes))
+        return FileCheck(**base, state=MISMATCH, how=how, bad=tuple(bad), size=ident.size, bytes_read=nread,
+                         seconds=time.monotonic() - t0, detail=detail, pieces_checked=len(hashes))
     stamped = None
-    if stamp and how == "full" and FileIdentity.of(member.path) == ident:
-        stamped = write_stamp(member.path, manifest, rig, tag_file=member.role == "replica", identity=ident)
-    return MemberCheck(**base, state=IDENTICAL, how=how, size=ident.size, bytes_read=nread,
-                       seconds=time.monotonic() - t0, stamped=stamped, pieces_checked=len(hashes))
+    if stamp and how == "full" and FileIdentity.of(path) == ident:
+        stamped = write_stamp(path, manifest, rig, tag_file=tag_file, identity=ident)
+    return FileCheck(**base, state=IDENTICAL, how=how, size=ident.size, bytes_read=nread,
+                     seconds=time.monotonic() - t0, stamped=stamped, pieces_checked=len(hashes))
+
+
+def sample_indices(manifest: ModelManifest, pct: float, rng: random.Random) -> list[list[int]]:
+    """PCT% of the model's pieces (at least one), drawn over all its files; per file, the indices
+    drawn. For a one-file model this is the draw a one-file verify always made."""
+    total = manifest.count
+    k = min(max(1, round(total * pct / 100)), total) if total else 0
+    drawn = sorted(rng.sample(range(total), k))
+    out, start = [], 0
+    for f in manifest.files:
+        out.append([i - start for i in drawn if start <= i < start + f.count])
+        start += f.count
+    return out
+
+
+def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *, mode: str = "quick",
+                 sample: float | None = None, rng: random.Random | None = None, report: Reporter = None,
+                 cancel: threading.Event | None = None, pace: Pace | None = None, trust_stamp: bool = True,
+                 untrusted: frozenset[str] = frozenset(), stamp: bool = True,
+                 scrub: ScrubBook | None = None) -> MemberCheck:
+    """Verify every file of the model where `member` keeps it, in the model's order, each against
+    its own manifest (`check_file`); a missing file is named and the others are still checked.
+
+    `untrusted`: file paths whose stamp quick verify must not trust (a mismatch was found since).
+    """
+    model = as_model(manifest)
+    located = located_files(member.path, model)
+    draws = sample_indices(model, sample or 0, rng or random.Random()) if mode == "sample" else [None] * len(located)
+    files = []
+    for (rel, path, fm), indices in zip(located, draws):
+        files.append(check_file(path, rel, fm, rig, mode=mode, indices=indices, report=report, cancel=cancel,
+                                pace=pace, trust_stamp=trust_stamp and path not in untrusted, stamp=stamp,
+                                tag_file=member.role == "replica", scrub=scrub))
+    return MemberCheck(member.path, member.name, member.role, tuple(files))
 
 
 def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
@@ -235,17 +351,18 @@ def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
     return list(groups.items())
 
 
-def verify_members(members: list[Member], manifest: Manifest, rig: Rig, *, mode: str = "quick", sample: float | None = None,
-                   seed: int | None = None, report: Reporter = None, cancel: threading.Event | None = None,
-                   max_rate: float | None = None, clock: Clock | None = None, resume: bool = False,
-                   record: bool = True) -> VerifyReport:
-    """Check members, one thread per physical drive. `max_rate` (bytes/s, per drive) paces the
-    reads by `clock` (the wall clock by default). `record` (the manifest is the rig's own): stamp
-    members that verify, remember each verdict in the rig, and in full mode keep the progress
-    of an interrupted run for `resume`. A quick run re-reads a member whose last verdict is a
-    mismatch: its stamp may predate the damage.
+def verify_members(members: list[Member], manifest: Manifest | ModelManifest, rig: Rig, *, mode: str = "quick",
+                   sample: float | None = None, seed: int | None = None, report: Reporter = None,
+                   cancel: threading.Event | None = None, max_rate: float | None = None, clock: Clock | None = None,
+                   resume: bool = False, record: bool = True) -> VerifyReport:
+    """Check members, one thread per physical drive, each member's files in the model's order.
+    `max_rate` (bytes/s, per drive) paces the reads by `clock` (the wall clock by default).
+    `record` (the manifest is the rig's own): stamp files that verify, remember each file's
+    verdict in the rig, and in full mode keep the progress of an interrupted run for `resume`.
+    A quick run re-reads a file whose last verdict is a mismatch: its stamp may predate the damage.
     """
     t0 = time.monotonic()
+    model = as_model(manifest)
     if mode == "sample" and seed is None:
         seed = random.SystemRandom().randrange(1 << 31)
     results: dict[str, MemberCheck] = {}
@@ -258,9 +375,10 @@ def verify_members(members: list[Member], manifest: Manifest, rig: Rig, *, mode:
         try:
             for m in group:
                 rng = random.Random(f"{seed}:{m.path}") if seed is not None else None
-                results[m.path] = check_member(m, manifest, rig, mode=mode, sample=sample, rng=rng, report=report,
-                                               cancel=cancel, pace=pacers.for_drive(key),
-                                               trust_stamp=not standing_mismatch(verdicts.get(m.path), manifest),
+                untrusted = frozenset(p for _, p, fm in located_files(m.path, model)
+                                      if standing_mismatch(verdicts.get(p), fm))
+                results[m.path] = check_member(m, model, rig, mode=mode, sample=sample, rng=rng, report=report,
+                                               cancel=cancel, pace=pacers.for_drive(key), untrusted=untrusted,
                                                stamp=record and m.role in ("primary", "replica"), scrub=scrub)
         except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(e)
@@ -273,20 +391,29 @@ def verify_members(members: list[Member], manifest: Manifest, rig: Rig, *, mode:
             t.join()
         if scrub is not None and not errors:
             for m in members:
-                scrub.mark(m, None)      # the run is over: nothing is left to resume
+                for _, p, _ in located_files(m.path, model):
+                    scrub.mark(p, None)      # the run is over: nothing is left to resume
     finally:
         if scrub is not None:
             scrub.save()
         if record:
-            now = time.time()
-            changes = {}
-            for m in members:
-                c = results.get(m.path)
-                v = c and m.role in ("primary", "replica") and verdict_of_check(c.state, now, manifest, c.how, c.bad, c.detail)
-                if v:
-                    changes[m.path] = v
-            record_verdicts(rig, changes)
+            record_verdicts(rig, verdict_changes(members, results, model, time.time()))
     if errors:
         raise errors[0]
     return VerifyReport(tuple(results[m.path] for m in members), time.monotonic() - t0,
                         seed if mode == "sample" else None)
+
+
+def verdict_changes(members: list[Member], results: dict[str, MemberCheck], model: ModelManifest,
+                    now: float, how: str | None = None) -> dict[str, Verdict]:
+    """The verdict each checked file of the rig's members leaves, keyed by the file's path."""
+    changes = {}
+    for m in members:
+        c = results.get(m.path)
+        if c is None or m.role not in ("primary", "replica"):
+            continue
+        for f in c.files:
+            v = verdict_of_check(f.state, now, model.file(f.file), how or f.how, f.bad, f.detail)
+            if v:
+                changes[f.path] = v
+    return changes

@@ -79,12 +79,12 @@ def test_verify_at_max_rate_takes_the_bytes_over_the_rate(synced):
     rig, data, paths = synced
     r = rigmod.load_rig(rig)
     clock = FakeClock()
-    rep = verify_members(list(r.members), load_manifest(r).files[0], r, mode="full", max_rate=RATE, clock=clock)
+    rep = verify_members(list(r.members), load_manifest(r), r, mode="full", max_rate=RATE, clock=clock)
     assert rep.exit_code == 0 and sum(m.bytes_read for m in rep.members) == 3 * len(data)
     # One drive here (tmp): the three members share its pacer, one after another.
     assert clock.t == pytest.approx((3 * len(data) - RATE * BURST_S) / RATE)
     unpaced = FakeClock()
-    verify_members(list(r.members), load_manifest(r).files[0], r, mode="full", clock=unpaced)
+    verify_members(list(r.members), load_manifest(r), r, mode="full", clock=unpaced)
     assert unpaced.t == 0
 
 
@@ -93,7 +93,7 @@ def test_repair_at_max_rate_paces_reads_and_writes(synced):
     flip_byte(paths[2], 2 * MiB + 1)
     r = rigmod.load_rig(rig)
     clock = FakeClock()
-    res = repair_member(r.members[2], [r.members[1]], load_manifest(r).files[0], r, max_rate=RATE, clock=clock)
+    res = repair_member(r.members[2], [r.members[1]], load_manifest(r), r, max_rate=RATE, clock=clock)
     assert res.after.state == "identical" and res.bytes_copied == PIECE
     # Read all before, the donor's piece, write it, read all after: one drive, one thread.
     assert clock.t == pytest.approx((2 * len(data) + 2 * PIECE - RATE * BURST_S) / RATE)
@@ -156,7 +156,7 @@ def test_interrupted_full_verify_resumes_where_it_stopped(synced, small_reads):
     rig, data, paths = synced
     flip_byte(paths[1], MiB + 5)                       # piece 1: found before the interruption
     r = rigmod.load_rig(rig)
-    manifest = load_manifest(r).files[0]
+    manifest = load_manifest(r)
     cancel = threading.Event()
     report, _ = stop_at(cancel, paths[1], 4 * MiB)
     with pytest.raises(Interrupted):
@@ -179,7 +179,7 @@ def test_interrupted_full_verify_resumes_where_it_stopped(synced, small_reads):
 def test_a_member_that_changed_since_the_stop_starts_over(synced, small_reads):
     rig, data, paths = synced
     r = rigmod.load_rig(rig)
-    manifest = load_manifest(r).files[0]
+    manifest = load_manifest(r)
     cancel = threading.Event()
     report, _ = stop_at(cancel, paths[0], 3 * MiB)
     with pytest.raises(Interrupted):
@@ -195,7 +195,7 @@ def test_a_member_that_changed_since_the_stop_starts_over(synced, small_reads):
 def test_full_without_resume_starts_over_and_resume_implies_full(synced, small_reads):
     rig, data, paths = synced
     r = rigmod.load_rig(rig)
-    manifest = load_manifest(r).files[0]
+    manifest = load_manifest(r)
     cancel = threading.Event()
     report, _ = stop_at(cancel, paths[0], 2 * MiB)
     with pytest.raises(Interrupted):

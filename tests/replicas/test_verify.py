@@ -60,7 +60,8 @@ def test_flipped_byte_at_random_offset_names_the_right_piece(rig3):
     assert r.exit_code == 1
     bad = json.loads(r.stdout)["members"][2]
     assert bad["state"] == "mismatch" and bad["how"] == "full"
-    assert bad["bad"] == [{"index": off // PIECE, "offset": off // PIECE * PIECE, "length": min(PIECE, len(data) - off // PIECE * PIECE)}]
+    assert bad["bad"] == [{"file": "model.gguf", "index": off // PIECE, "offset": off // PIECE * PIECE,
+                           "length": min(PIECE, len(data) - off // PIECE * PIECE)}]
     r = invoke("verify", "--rig", rig)                  # the human form names piece, offset, length
     assert f"bad piece {off // PIECE} at byte {off // PIECE * PIECE}" in r.output
 
@@ -166,7 +167,7 @@ def test_malformed_rig_toml_is_one_line_exit_2(tmp_path, text, key):
 
 def test_init_writes_a_rig_that_loads(tmp_path):
     model = tmp_path / "m.gguf"
-    model.write_bytes(b"x" * 4096)
+    model.write_bytes(b"GGUF" + b"x" * 4092)      # a GGUF by its magic: init refuses what is no model
     rig = str(tmp_path / "rig")
     assert invoke("init", "--rig", rig, "--model", str(model), "--name", "internal").exit_code == 0
     r = rigmod.load_rig(rig)
@@ -176,7 +177,7 @@ def test_init_writes_a_rig_that_loads(tmp_path):
 
 def test_rig_from_environment(tmp_path, monkeypatch):
     model = tmp_path / "m.gguf"
-    model.write_bytes(b"x" * 4096)
+    model.write_bytes(b"GGUF" + b"x" * 4092)      # a GGUF by its magic: init refuses what is no model
     monkeypatch.setenv("REPLICA_TUNER_RIG", str(tmp_path / "envrig"))
     assert invoke("init", "--model", str(model)).exit_code == 0
     assert os.path.exists(tmp_path / "envrig" / "rig.toml")
