@@ -100,7 +100,7 @@ def register(app) -> None:
 
     @app.command("launch")
     def launch_cmd(
-        binary: str = typer.Option(..., "--binary", metavar="PATH", help="The ds4 or ds4-bench executable."),
+        binary: str = typer.Option(..., "--binary", metavar="PATH", help="The ds4 / ds4-bench executable, or colibri's (coli or its engine binary)."),
         profile: str = typer.Option(..., "--profile", metavar="FILE", help="An exported profile (.json or its .env)."),
         rig: Optional[str] = RigOption,
         out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default rig/runs/launch-NAME-TIME)."),
@@ -109,7 +109,7 @@ def register(app) -> None:
         engine_args: Optional[List[str]] = typer.Argument(None, metavar="-- ENGINE_ARGS",
                                                           help="Passed to the engine after the profile's arguments."),
     ):
-        """Run a real ds4 / ds4-bench with a profile and confirm from its log that the profile was applied."""
+        """Run a real ds4 / ds4-bench or colibri with a profile and confirm from its log that the profile was applied."""
         path = ln.which(binary)
         p, dead = ln.preflight(path, profile)
         if dead:

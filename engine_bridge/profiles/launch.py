@@ -1,10 +1,12 @@
-"""Launching a real ds4 / ds4-bench binary with an exported profile, and proving from its log
-that what was requested was applied (DESIGN §6, §8): a requested setting is not proof.
+"""Launching a real engine (ds4 / ds4-bench, or colibri: its `coli` launcher or engine binary)
+with an exported profile, and proving from its log that what was requested was applied
+(DESIGN §6, §8, §11): a requested setting is not proof.
 
 This is the I/O half: `launch_arm` starts the engine in a clean environment (inherited DS4_*
-cleared) plus the profile, captures stdout/stderr/CSV to a run folder and returns a
-`LaunchResult`. The judgement of the captured text is pure and lives in
-`engine_bridge.profiles.confirm`, where every branch is tested on captured text.
+and the profile's managed keys cleared) plus the profile, captures stdout/stderr/CSV to a run
+folder and returns a `LaunchResult`. The judgement of the captured text is pure and lives in
+`engine_bridge.profiles.confirm` (ds4) and `engine_bridge.profiles.confirm_colibri`, where every
+branch is tested on captured text.
 
 Launch record (schema 1), written to RUN_DIR/launch.json and printed by `launch --json`:
 
@@ -27,10 +29,10 @@ from typing import Mapping, Sequence
 from core.constants import RUNS_DIR
 from core.errors import UsageError
 from core.fsutil import atomic_write_text, require_file
-from engines import ds4_argodrive
+from engines import colibri, ds4_argodrive
 
+from . import confirm_colibri
 from .confirm import (
-    REPORT_ENV,
     Check,
     confirm,
     csv_block,
@@ -39,8 +41,11 @@ from .confirm import (
     expectation_of,
     launch_environment,
     parse_bench_csv,
+    report_env,
 )
 from .profile import Profile
+
+LAUNCHABLE = (ds4_argodrive.NAME, colibri.NAME)
 
 LAUNCH_SCHEMA = 1
 
@@ -117,7 +122,8 @@ def launch_to_dict(r: LaunchResult) -> dict:
 
 
 def read_binary(binary: str) -> bytes:
-    require_file(binary, "engine binary", "build ds4 / ds4-bench and give its path with --binary", executable=True)
+    require_file(binary, "engine binary", "build ds4 / ds4-bench (or colibri) and give its path with --binary",
+                 executable=True)
     with open(binary, "rb") as f:
         return f.read()
 
@@ -148,13 +154,13 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     from .export import load_profile
 
     p = load_profile(profile_path)
-    if p.engine != ds4_argodrive.NAME:
-        raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms {ds4_argodrive.NAME} log lines only")
+    if p.engine not in LAUNCHABLE:
+        raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms {', '.join(LAUNCHABLE)} log lines only")
     binary = which(binary)
     blob = read_binary(binary)
     argv = engine_argv(os.path.abspath(binary), p, list(args))
     env = launch_environment(os.environ if inherited is None else inherited, p)
-    added = {k: env[k] for k in list(p.env) + list(REPORT_ENV)}
+    added = {k: env[k] for k in list(p.env) + list(report_env(p))}
     dead = tuple(dead_knobs(blob, list(added)))
 
     run_dir = os.path.abspath(run_dir or default_run_dir(rig_root or os.getcwd(), p.id))
@@ -193,7 +199,10 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
             csv_path = os.path.join(run_dir, "engine.csv")
             atomic_write_text(csv_path, "\n".join(block) + "\n")
 
-    checks = confirm(stdout + "\n" + stderr, expectation_of(p), rc)
+    if p.engine == colibri.NAME:
+        checks = confirm_colibri.confirm(stdout + "\n" + stderr, confirm_colibri.expectation_of(p), rc)
+    else:
+        checks = confirm(stdout + "\n" + stderr, expectation_of(p), rc)
     failed = tuple(c.name for c in checks if not c.ok)
     result = LaunchResult(ok=not failed, failed=failed, confirmations=checks, profile=p.id,
                           profile_file=os.path.abspath(profile_path), binary=os.path.abspath(binary),
@@ -226,4 +235,4 @@ def preflight(binary: str, profile_path: str) -> tuple[Profile, list[str]]:
 
     p = load_profile(profile_path)
     blob = read_binary(which(binary))
-    return p, dead_knobs(blob, list(p.env) + [k for k in REPORT_ENV if k not in p.env])
+    return p, dead_knobs(blob, list(p.env) + [k for k in report_env(p) if k not in p.env])

@@ -163,10 +163,6 @@ def test_engine_args_after_double_dash_and_refusals(tmp_path):
     assert r.exit_code == 2 and "already given by the profile" in r.stderr
     r = runner.invoke(app, ["launch", "--binary", str(tmp_path / "nope"), "--profile", prof])
     assert r.exit_code == 3 and "engine binary" in r.stderr and "no such file" in r.stderr
-    colibri = export_profile(rig_root=root, plan_path=str(tmp_path / "plan.json"), fmt="colibri",
-                             output=str(tmp_path / "c.env")).files[1]
-    r = runner.invoke(app, ["launch", "--binary", engine, "--profile", colibri])
-    assert r.exit_code == 2 and "launch confirms ds4-argodrive log lines only" in r.stderr
 
 
 def test_a_bare_binary_name_is_found_on_path(tmp_path, monkeypatch):

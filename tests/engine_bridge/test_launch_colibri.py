@@ -1,0 +1,187 @@
+"""engine-bridge launch with a colibri profile against a stand-in: a small program, written here,
+that reads the variables like colibri's mirror_setup does, really reads each drive's shards, and
+prints colibri's lines (c/colibri.c and c/st.h fprintf/printf formats) — or leaves some out."""
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from engine_bridge.cli import app
+from engine_bridge.profiles import confirm_colibri as cc
+from engine_bridge.profiles.export import export_profile
+from engine_bridge.profiles.launch import launch_arm
+from engine_bridge.profiles.profile import Profile
+from tests.engine_bridge.export_helpers import make_dir_rig, write_plan
+
+runner = CliRunner()
+
+COLI = '''\
+#!{python}
+# Stand-in for colibri's engine. Variables it reads: SNAP COLI_MODEL COLI_MODEL_MIRROR SNAP_MIRROR
+# COLI_DISK_WEIGHTS COLI_MIR_STRIPE DIRECT PROF
+import os, sys
+SKIP, WEIGHTS, STATS, IDLE = {skip!r}, {weights!r}, {stats!r}, {idle!r}
+err = sys.stderr
+for k in sorted(os.environ):
+    if k.startswith("COLI_") or k in ("SNAP", "SNAP_MIRROR", "DIRECT", "PROF"):
+        print("env " + k + "=" + os.environ[k], file=err)
+print("argv " + " ".join(sys.argv[1:]), file=err)
+snap = os.environ.get("SNAP") or os.environ["COLI_MODEL"]
+shards = sorted(n for n in os.listdir(snap) if n.endswith(".safetensors"))
+spec = os.environ.get("COLI_MODEL_MIRROR") or os.environ.get("SNAP_MIRROR") or ""
+drives = [snap]
+for p in (x.strip(" ") for x in spec.replace(",", ";").split(";")):
+    if not p:
+        continue
+    have = [n for n in shards if os.path.isfile(os.path.join(p, n))
+            and os.path.getsize(os.path.join(p, n)) == os.path.getsize(os.path.join(snap, n))]
+    if p in SKIP or not have:
+        print("[MIRROR] %s: no usable shard (missing or divergent copy) \\u2014 skipped" % p, file=err)
+        continue
+    print("[MIRROR] %s: %d/%d shards (replica %d)" % (p, len(have), len(shards), len(drives)), file=err)
+    drives.append(p)
+if len(drives) < 2:
+    print("[MIRROR] no usable mirror \\u2014 running on the primary drive only", file=err)
+else:
+    w = os.environ.get("COLI_DISK_WEIGHTS", "")
+    wt = [float(x) for x in w.replace(" ", ",").split(",") if x] if WEIGHTS else []
+    how = "COLI_DISK_WEIGHTS"
+    if len(wt) != len(drives) or any(x <= 0 for x in wt):
+        if w:
+            print("[MIRROR] invalid COLI_DISK_WEIGHTS '%s' (want %d positive comma-separated weights, e.g. 9,3) "
+                  "\\u2014 probing instead" % (w, len(drives)), file=err)
+        wt, how = [1.0] * len(drives), "measured"
+    cuts, acc, cum = [], 0, 0.0
+    for x in wt:
+        cum += x
+        c = max(int(256.0 * cum / sum(wt) + 0.5), acc + 1)
+        cuts.append(min(c, 256))
+        acc = cuts[-1]
+    cuts[-1] = 256
+    shares = ["%.0f%%" % (100.0 * (c - (cuts[i - 1] if i else 0)) / 256) for i, c in enumerate(cuts)]
+    print("[MIRROR] %d drives | read split %s (%s)" % (len(drives), " / ".join(shares), how), file=err)
+    if STATS and os.environ.get("PROF") == "1":
+        served = []
+        for i, d in enumerate(drives):
+            n = 0
+            if i not in IDLE:
+                for s in shards:
+                    with open(os.path.join(d, s), "rb") as f:
+                        n += len(f.read())
+            served.append((n, len(shards) if n else 0))
+        line = "MIRROR: primary %.2f GB (%d reads)" % (served[0][0] / 1e9, served[0][1])
+        for i, (n, r) in enumerate(served[1:], 1):
+            line += " | mirror%d %.2f GB (%d reads)" % (i, n / 1e9, r)
+        print(line + " \\u2014 50%% of expert bytes from the mirrors")
+sys.exit(0)
+'''
+
+
+def stand_in(tmp_path, skip=(), weights=True, stats=True, idle=()):
+    path = tmp_path / "glm"
+    path.write_text(COLI.format(python=sys.executable, skip=set(skip), weights=weights, stats=stats, idle=set(idle)))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def exported(tmp_path, drives=3, weights=(9, 3, 3)):
+    root, dirs = make_dir_rig(tmp_path, drives)
+    plan = write_plan(tmp_path, dirs, weights[:drives], weights[:drives])
+    res = export_profile(rig_root=root, plan_path=plan, fmt="colibri", allow_unverified=True)
+    return root, dirs, res.files[1]
+
+
+def test_a_confirmed_colibri_arm_reports_what_each_drive_served(tmp_path, monkeypatch):
+    monkeypatch.setenv("SNAP_MIRROR", "/stale/mirror")         # inherited: must not reach the engine
+    monkeypatch.setenv("COLI_RAM", "16")                       # not the profile's: kept
+    root, dirs, prof = exported(tmp_path)
+    r = launch_arm(stand_in(tmp_path), prof, ["--ctx", "2048"], run_dir=str(tmp_path / "run"))
+    assert r.ok and r.failed == () and r.returncode == 0, r.confirmations
+    checks = {c.name: c for c in r.confirmations}
+    assert list(checks) == list(cc.CHECKS)
+    assert checks["mirrors"].observed == f"{dirs[1]} 2/2 shards replica 1; {dirs[2]} 2/2 shards replica 2"
+    assert checks["weights"].observed == "60/20/20"
+    shard_bytes = sum(os.path.getsize(os.path.join(dirs[0], n)) for n in os.listdir(dirs[0]) if n.endswith(".safetensors"))
+    gb = round(shard_bytes / 1e9, 2)                            # the line's two decimals
+    assert checks["served"].observed == ", ".join(f"{d}:{round(gb * 1e9)}B/2r" for d in range(3))
+    assert checks["served"].detail.startswith("primary ") and "mirror2" in checks["served"].detail
+    log = open(r.stderr_path).read()
+    env = dict(line[4:].split("=", 1) for line in log.splitlines() if line.startswith("env "))
+    assert env == {"COLI_MODEL": dirs[0], "SNAP": dirs[0], "COLI_MODEL_MIRROR": f"{dirs[1]};{dirs[2]}",
+                   "COLI_DISK_WEIGHTS": "9,3,3", "PROF": "1", "COLI_RAM": "16"}
+    assert "argv --ctx 2048" in log
+    record = json.load(open(os.path.join(r.run_dir, "launch.json")))
+    assert record["ok"] is True and [c["name"] for c in record["confirmations"]] == list(cc.CHECKS)
+
+
+def test_a_mirror_that_did_not_load_a_weights_rejection_and_a_drive_that_served_nothing(tmp_path):
+    root, dirs, prof = exported(tmp_path)
+    r = launch_arm(stand_in(tmp_path, skip={dirs[1]}), prof, run_dir=str(tmp_path / "a"))
+    c = {x.name: x for x in r.confirmations}
+    assert r.failed == ("mirrors", "weights", "served")
+    assert f"mirror {dirs[1]} did not load (no usable shard (missing or divergent copy))" in c["mirrors"].detail
+    assert f"mirror {dirs[2]} is drive 1, not 2" in c["mirrors"].detail
+    assert "colibri rejected COLI_DISK_WEIGHTS=9,3,3 (it wanted 2 weights" in c["weights"].detail
+    r = launch_arm(stand_in(tmp_path, weights=False), prof, run_dir=str(tmp_path / "b"))
+    assert r.failed == ("weights",)
+    assert "colibri rejected COLI_DISK_WEIGHTS=9,3,3" in r.confirmations[2].detail
+    r = launch_arm(stand_in(tmp_path, idle={2}), prof, run_dir=str(tmp_path / "c"))
+    assert r.failed == ("served",) and "mirror2 served nothing" in r.confirmations[3].detail
+    r = launch_arm(stand_in(tmp_path, stats=False), prof, run_dir=str(tmp_path / "d"))
+    assert r.failed == ("served",) and "no 'MIRROR:' statistics line" in r.confirmations[3].detail
+
+
+def test_a_failed_arm_on_the_command_line_names_the_check(tmp_path):
+    root, dirs, prof = exported(tmp_path, drives=2, weights=(2, 1))
+    r = runner.invoke(app, ["launch", "--binary", stand_in(tmp_path, skip={dirs[1]}), "--profile", prof,
+                            "--out", str(tmp_path / "run")])
+    assert r.exit_code == 1 and "arm failed, not confirmed by the engine log: mirrors (" in r.stderr
+    r = runner.invoke(app, ["launch", "--binary", stand_in(tmp_path), "--profile", prof, "--", "--model", "/other"])
+    assert r.exit_code == 2 and "already given by the profile (COLI_MODEL=" in r.stderr
+
+
+def test_a_single_drive_profile_needs_no_mirror_lines(tmp_path):
+    root, dirs, prof = exported(tmp_path, drives=1, weights=(1,))
+    r = launch_arm(stand_in(tmp_path), prof, run_dir=str(tmp_path / "run"))
+    assert r.ok, r.confirmations
+
+
+# ---------------------------------------------------------------------------------------------
+# The judgement alone, on lines copied from colibri's formats
+
+def profile(mirrors=("/g", "/w"), weights=(10, 5, 5)):
+    return Profile(id="p", engine="colibri", environment=(("COLI_MODEL", "/m"),), unset=(), argv=(), primary="/m",
+                   primary_weight=weights[0], replicas=tuple(mirrors), replica_weights=tuple(weights[1:]),
+                   decode_weights=(), cache_experts=None)
+
+
+GOOD = ("[MIRROR] /g: 4/4 shards (replica 1)\n[MIRROR] /w: 4/4 shards (replica 2)\n"
+        "[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n"
+        "MIRROR: primary 2.00 GB (10 reads) | mirror1 1.00 GB (5 reads) | mirror2 1.00 GB (5 reads) \u2014 50% of expert bytes from the mirrors\n")
+
+
+def judge(text, p=None):
+    return {c.name: c for c in cc.confirm(text, cc.expectation_of(p or profile()))}
+
+
+def test_judgement_on_good_lines_and_each_way_to_fail():
+    assert all(c.ok for c in judge(GOOD).values())
+    partial = judge(GOOD.replace("/w: 4/4", "/w: 3/4"))["mirrors"]
+    assert not partial.ok and "loaded 3/4 shards; colibri reads the others from the primary" in partial.detail
+    measured = judge(GOOD.replace("(COLI_DISK_WEIGHTS)", "(measured)"))["weights"]
+    assert not measured.ok and "by 'measured'" in measured.detail
+    off = judge(GOOD.replace("50% / 25% / 25%", "60% / 20% / 20%"))["weights"]
+    assert not off.ok and off.expected == "50/25/25" and off.observed == "60/20/20"
+    assert "unconfirmed" in judge(GOOD.replace("[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n", ""))["weights"].detail
+    err = judge(GOOD + "[MIRROR] read error on the mirror copy \u2014 falling back to the primary drive\n")["served"]
+    assert not err.ok and "a mirror read failed" in err.detail
+
+
+@pytest.mark.parametrize("text, ok", [("", True), ("[MIRROR] /x: 2/2 shards (replica 1)\n", False)])
+def test_a_single_drive_judgement(text, ok):
+    v = judge(text, profile(mirrors=(), weights=(1,)))
+    assert v["mirrors"].ok is ok and v["weights"].ok and v["served"].ok
