@@ -2,7 +2,7 @@
 
 The expert geometry comes from the model's GGUF tensor table (only the header is read, so this
 works on the real 518 GB file); which experts each token chooses comes from the calibrated
-routing model (`routing.py`) or from a recorded routing trace (`engine-bridge run --trace-out`).
+routing model (`planner.routing`) or from a recorded routing trace (`engine-bridge run --trace-out`).
 The same expert cache and the same staging code as the engine (`staging.stage_reads`) drive the
 same split reader, so the read pattern, and therefore what a plan delivers on these drives, is
 the engine's: prefill stages each chunk's union of missing experts, decode reads each token's
@@ -18,11 +18,11 @@ import numpy as np
 
 from core.errors import RigError, UsageError
 from core.jsonfile import read_json
+from planner.routing import Router, RoutingModel
 
 from .cache import ExpertCache
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
 from .model import Geometry, inspect_model
-from .routing import Router, RoutingModel
 from .sources import SourceSet
 from .staging import PhaseCounters, stage_reads
 

@@ -11,7 +11,7 @@ from engine_bridge.engine.cache import ExpertCache
 from engine_bridge.engine.constants import CSV_COLUMNS
 from engine_bridge.engine.model import ExpertTensor, Geometry
 from engine_bridge.engine.replay import model_steps, replay_steps
-from engine_bridge.engine.routing import (
+from planner.routing import (
     COVERAGE_TOLERANCE,
     FIELD_COVERAGE,
     FIELD_DECODE_MISSES,

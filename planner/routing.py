@@ -9,7 +9,9 @@ what a hotness cache exploits in decode.
 
 Calibration (DeepSeek V4.1 Flash geometry: 40 layers, 384 experts, top-6; prefill as one chunk,
 cache warmed by a 512-token prefill and 32 decode tokens, misses averaged over the next 168),
-as measured by tests/test_engine_routing.py through `replay.replay_steps`:
+as measured by tests/engine_bridge/test_engine_routing.py through the embedded engine's replay
+(`engine_bridge.engine.replay.replay_steps`) and by tests/planner/test_workload.py through
+`planner.workload` (the same cache policy, simulated without reads):
 
     fact (DESIGN §7)                         field     this model
     coverage at  512 tokens (seed 1)         0.488     0.484
