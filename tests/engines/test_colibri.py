@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from engines import colibri as c
 from engines.registry import get_engine
 
-
 # ---------------------------------------------------------------------------------------------
 # Cuts and placement
 
