@@ -215,6 +215,8 @@ def test_read_log_weights_rejected_probe_and_no_mirror():
     r = c.read_log(text)
     assert (r.weights_rejected, r.weights_wanted, r.split_how, r.read_error) == ("9,3", 3, "measured", True)
     assert c.read_log("[MIRROR] no usable mirror \u2014 running on the primary drive only\n").no_mirror
+    r = c.read_log("[MIRROR] 2 drives | read split 50% / 50% (fallback 1:1 (probe failed))\n")
+    assert (r.drives, r.split, r.split_how) == (2, ("50", "50"), "fallback 1:1 (probe failed)")
     assert c.read_log("nothing here\n") == c.LogReport()
 
 
