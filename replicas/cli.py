@@ -35,6 +35,7 @@ from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
+from .syncplan import sync_result_to_dict
 from .verdict import MISMATCH, mismatch_text, plural, verdict_to_dict
 from .verify import verify_members
 
@@ -214,8 +215,8 @@ def _check_sums(files: List[str], json_out: bool) -> None:
 
 
 @app.command()
-def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model file to copy (read-only)."),
-         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy into, under the same name."),
+def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of its split GGUF set, or its directory."),
+         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy the model into, under its own name."),
          rig: Optional[str] = RigOption,
          piece_size: str = typer.Option("64M", "--piece-size", help="Manifest piece size (binary units)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be copied, write nothing."),
@@ -225,11 +226,13 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model fil
          max_rate: Optional[str] = MaxRateOption,
          quiet: bool = QuietOption,
          json_out: bool = JsonOption):
-    """Copy SOURCE into every DEST_DIR at once: one read fanned out, resumable, verified, stamped.
+    """Copy the model at SOURCE into every DEST_DIR at once: one read of each file fanned out, resumable, verified, stamped.
 
-    Interrupted copies resume where the durable pieces end. Records the model and replicas in
-    rig.toml and the content identity in manifest.json. Warns when the rig will hold more
-    copies than the target engine reads (allowed: plans choose which to use).
+    Files in order; interrupted copies resume where the durable pieces end. A split set's first
+    file and a directory model appear under their final names only when every file verified.
+    Records the model and replicas in rig.toml and the content identity in manifest.json. Warns
+    when the rig will hold more copies than the target engine reads (allowed: plans choose which
+    to use).
     """
     rate = _rate(max_rate)
     with live_progress(not quiet) as (report, cancel):
@@ -237,11 +240,7 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model fil
                          dry_run=dry_run, verify=not no_verify, replace_existing=replace,
                          allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate)
     if json_out:
-        print_json({"schema": 1, "kind": "sync", "source": res.source, "size": res.size, "blake3": res.blake3,
-                    "piece_size": res.piece_size, "dry_run": res.dry_run, "source_bytes_read": res.source_bytes_read,
-                    "seconds": round(res.seconds, 3), "exit_code": res.exit_code,
-                    "destinations": [{**{k: v for k, v in dataclasses.asdict(d).items() if k != "bad"},
-                                      "bad": [_piece_json(b) for b in d.bad]} for d in res.dests]})
+        print_json(sync_result_to_dict(res))
     else:
         t = Table(title=f"sync {res.source} ({format_bytes(res.size)})" + (" — dry run" if res.dry_run else ""))
         for col in ("destination", "action", "outcome", "written", "rate", "stamp", "note"):
@@ -252,8 +251,14 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model fil
             t.add_row(d.target, d.action, d.outcome, written, rate, d.stamped or "", d.error)
         out.print(t)
         for d in res.dests:
-            for b in d.bad[:20]:
-                err.print(f"{d.target}: bad piece {b.index} at byte {b.offset}, {b.length} bytes")
+            for f in d.files or (d,):     # a set names each failing file, and its bad pieces by file
+                if len(d.files) > 1 and f.outcome == "failed":
+                    err.print(f"{f.target}: {f.error}", soft_wrap=True)
+                for b in f.bad[:20]:
+                    err.print(f"{f.target}: bad piece {b.index} at byte {b.offset}, {b.length} bytes", soft_wrap=True)
+            if d.extra:
+                err.print(f"{d.target}: kept {len(d.extra)} file(s) the model does not have: {', '.join(d.extra)}",
+                          soft_wrap=True)
     if res.exit_code:
         raise typer.Exit(res.exit_code)
 

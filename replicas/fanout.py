@@ -49,9 +49,13 @@ class DestWriter:
     syncer thread that fdatasyncs and journals each piece once all its blocks have landed."""
 
     def __init__(self, plan: DestPlan, source: str, src_ident: FileIdentity, size: int, piece_size: int, block: int,
-                 report: Reporter, pace: Pace | None = None):
+                 report: Reporter, pace: Pace | None = None, *, task: str | None = None, done_before: int = 0,
+                 total: int | None = None):
         self.plan, self.size, self.piece_size, self.report = plan, size, piece_size, report
         self.pace = pace            # this destination drive's --max-rate pacer
+        # Progress is the destination's over the whole model: `done_before` bytes of the files
+        # before this one, out of `total` (the model's bytes), under the destination's name.
+        self.task, self.done_before, self.total = task or plan.target, done_before, total or size
         fresh = plan.action != RESUME
         self.journal = Journal(plan.journal, journal_header(source, src_ident, piece_size), fresh=fresh)
         # Direct writes: the 500 GB stream must not evict the page cache or pile up dirty
@@ -137,7 +141,7 @@ class DestWriter:
                     for i, _ in items:
                         drop_cached(self.fd, i * self.piece_size, self.piece_size)
                     self.durable_bytes += piece_bytes((i for i, _ in items), self.size, self.piece_size)
-                    emit(self.report, Progress(self.plan.target, "copy", self.durable_bytes, self.size))
+                    emit(self.report, Progress(self.task, "copy", self.done_before + self.durable_bytes, self.total))
                 except BaseException as e:  # noqa: BLE001
                     self.error = e
             if stop:

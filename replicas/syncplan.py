@@ -3,8 +3,9 @@
 `sync.py` gathers the facts from the disk (does the target exist, is it stamped, what does the
 partial's journal say, how much room is there) and asks the functions here what they mean:
 no-op, adopt (verify a file that is already there), resume, a fresh copy, replace, or a refusal
-naming the fix. The piece and block arithmetic of the copy, the free-space rule, and the one
-way a source that changed during the copy is reported live here too. No disk, no threads.
+naming the fix — per file of the model. How a destination's per-file results add up to one
+answer, the piece and block arithmetic of the copy, the free-space rule, and the one way a source
+that changed during the copy is reported live here too. No disk, no threads.
 """
 
 from __future__ import annotations
@@ -60,7 +61,25 @@ class DestPlan:
 
 
 @dataclass(frozen=True)
+class SetPlan:
+    """One destination of a whole model: where it ends up, where it is built, each file's plan."""
+
+    dest_dir: str                   # the directory given on the command line
+    target: str                     # the model's final path there (file, first member, directory)
+    files: tuple[DestPlan, ...]     # one per model file, in the model's order
+    rels: tuple[str, ...]           # the model's relative paths, same order
+    staging: str = ""               # a new directory model is built here, renamed to `target` at the end
+    extra: tuple[str, ...] = ()     # files in the model's tree that the model does not have (kept)
+
+    @property
+    def writes(self) -> bool:
+        return any(p.writes for p in self.files)
+
+
+@dataclass(frozen=True)
 class DestResult:
+    """What happened at one destination; for a whole model, the sum of its files' results (`files`)."""
+
     dest_dir: str
     target: str
     action: str
@@ -73,24 +92,91 @@ class DestResult:
     bad: tuple[PieceRange, ...] = ()
     error: str = ""
     exit_code: int = EXIT_OK
+    file: str = ""                  # a file's result: its path relative to the model
+    files: tuple["DestResult", ...] = ()   # a destination's result: one per model file, in order
+    extra: tuple[str, ...] = ()     # files the model does not have, reported and kept
 
 
 @dataclass(frozen=True)
 class SyncResult:
-    source: str
-    size: int
-    blake3: str
+    source: str                     # the model's path (file, first member of a split set, directory)
+    size: int                       # bytes of all its files
+    blake3: str                     # a one-file model: the file's BLAKE3; else the model digest
     piece_size: int
     dests: tuple[DestResult, ...]
     source_bytes_read: int
     seconds: float
     dry_run: bool = False
+    digest: str = ""                # the model digest (ModelManifest.digest); "" before it is known
+    layout: str = "file"
+    format: str = ""
+    files: tuple[str, ...] = ()     # the model's relative paths, in order
 
     @property
     def exit_code(self) -> int:
         """A mismatch outranks every other failure; otherwise the highest code."""
-        codes = [d.exit_code for d in self.dests if d.exit_code]
-        return max(codes, key=lambda c: (c == EXIT_MISMATCH, c)) if codes else EXIT_OK
+        return worst_exit(d.exit_code for d in self.dests)
+
+
+def worst_exit(codes: Iterable[int]) -> int:
+    codes = [c for c in codes if c]
+    return max(codes, key=lambda c: (c == EXIT_MISMATCH, c)) if codes else EXIT_OK
+
+
+# How far-reaching each action is: a destination's action is its files' furthest.
+_ACTION_RANK = {NOOP: 0, ADOPT: 1, COPY: 2, RESUME: 3, REPLACE: 4}
+
+
+def combine_results(dest_dir: str, target: str, files: Sequence[DestResult], extra: tuple[str, ...] = (),
+                    seconds: float = 0.0, dry_run: bool = False) -> DestResult:
+    """One destination's result from its files' (in the model's order). A one-file model keeps
+    the file's own words; a failure of a set names its first failing file."""
+    failed = [f for f in files if f.outcome == "failed"]
+    if failed:
+        outcome = "failed"
+    elif dry_run:
+        outcome = "planned"
+    else:
+        outcome = "copied" if any(f.outcome == "copied" for f in files) else "identical"
+    if len(files) == 1:
+        error = files[0].error
+    else:
+        error = "; ".join(f"{f.file}: {f.error}" for f in failed[:1]) + (f" (and {len(failed) - 1} more files)" if len(failed) > 1 else "")
+    stamps = sorted({f.stamped for f in files if f.stamped})
+    return DestResult(
+        dest_dir, target, max((f.action for f in files), key=lambda a: _ACTION_RANK.get(a, 0)), outcome,
+        bytes_written=sum(f.bytes_written for f in files), bytes_to_write=sum(f.bytes_to_write for f in files),
+        seconds=seconds, verified=bool(files) and all(f.verified for f in files),
+        stamped="+".join(stamps) if stamps else None,
+        bad=tuple(b for f in files for b in f.bad), error=error, exit_code=worst_exit(f.exit_code for f in files),
+        files=tuple(files), extra=tuple(extra))
+
+
+def _piece_dict(b: PieceRange, file: str | None = None) -> dict:
+    return ({"file": file} if file is not None else {}) | {"index": b.index, "offset": b.offset, "length": b.length}
+
+
+def _file_dict(f: DestResult) -> dict:
+    return {"file": f.file, "target": f.target, "action": f.action, "outcome": f.outcome,
+            "bytes_written": f.bytes_written, "bytes_to_write": f.bytes_to_write, "verified": f.verified,
+            "stamped": f.stamped, "bad": [_piece_dict(b) for b in f.bad], "error": f.error, "exit_code": f.exit_code}
+
+
+def sync_result_to_dict(res: SyncResult) -> dict:
+    """`replicas sync --json`: the one-file keys as before, plus the model's files and, per
+    destination, each file's result and the extra files it keeps."""
+    dests = []
+    for d in res.dests:
+        bad = [_piece_dict(b, f.file) for f in d.files for b in f.bad] if d.files else [_piece_dict(b) for b in d.bad]
+        dests.append({"dest_dir": d.dest_dir, "target": d.target, "action": d.action, "outcome": d.outcome,
+                      "bytes_written": d.bytes_written, "bytes_to_write": d.bytes_to_write,
+                      "seconds": round(d.seconds, 3), "verified": d.verified, "stamped": d.stamped, "bad": bad,
+                      "error": d.error, "exit_code": d.exit_code, "extra": list(d.extra),
+                      "files": [_file_dict(f) for f in d.files]})
+    return {"schema": 1, "kind": "sync", "source": res.source, "size": res.size, "blake3": res.blake3,
+            "digest": res.digest, "layout": res.layout, "format": res.format, "files": list(res.files),
+            "piece_size": res.piece_size, "dry_run": res.dry_run, "source_bytes_read": res.source_bytes_read,
+            "seconds": round(res.seconds, 3), "exit_code": res.exit_code, "destinations": dests}
 
 
 @dataclass(frozen=True)
@@ -167,6 +253,24 @@ def drive_clash(key, source_key, earlier: dict, members: dict, target_real: str,
 def headroom(size: int) -> int:
     """Free bytes kept beyond the file's own bytes (file-system metadata, other writers)."""
     return int(min(HEADROOM_MAX, max(HEADROOM_MIN, size * HEADROOM_FRACTION)))
+
+
+def set_space_needed(files: Iterable[tuple[int, int]]) -> int:
+    """Free bytes one destination of a model needs: each file still to write, `(size, bytes its
+    partial already holds)`, needs the rest, plus headroom for all of them together (for one
+    file: the same as `space_needed`)."""
+    files = list(files)
+    if not files:
+        return 0
+    return sum(max(0, s - a) for s, a in files) + headroom(sum(s for s, _ in files))
+
+
+def extra_files(model_files: Iterable[str], found: Iterable[str], ours: Iterable[str] = (PARTIAL_SUFFIX, JOURNAL_SUFFIX)) -> tuple[str, ...]:
+    """The files found in a destination's model tree that the model does not have, sorted; a
+    model file's own NAME.partial and journal (an interrupted copy of ours) are not extra."""
+    model = set(model_files)
+    mine = model | {f + suffix for f in model for suffix in ours}
+    return tuple(sorted(f for f in found if f not in mine))
 
 
 def space_needed(size: int, allocated: Iterable[int]) -> int:
