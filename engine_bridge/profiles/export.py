@@ -202,8 +202,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         raise UsageError(f"--profile {profile_id!r}: use letters, digits, '.', '_' or '-'")
 
     rig = rigmod.load_rig(rig_root, must_exist=False)
-    manifest = load_manifest(rig, required=False)
-    manifest = manifest.files[0] if manifest is not None else None
+    manifest = load_manifest(rig, required=False)    # the model: every file, one digest (its identity)
 
     definitions = all_definitions(rig_root)
     layered = None
@@ -246,7 +245,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     profile = pf.build_profile(
         profile_id=profile_id, engine=engine, plan=plan_dict, layered=layered, cache_experts=cache,
         managed=pf.managed_keys(engine, definitions.values()),
-        model_size=manifest.size if manifest else None, model_blake3=manifest.blake3 if manifest else "",
+        model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
         allow_unverified=allow_unverified, unverified=unverified, provenance=provenance,
         paths=paths, stripe=colibri_export and plan_stripes(plan_path))
 

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from engine_bridge.cli import app
 from engine_bridge.profiles.export import export_profile, load_profile
 from engine_bridge.profiles.profile import Profile, profile_from_dict, profile_to_dict, render_env
+from replicas.manifest import ModelManifest
 from tests.engine_bridge.export_helpers import make_rig, write_plan
 
 runner = CliRunner()
@@ -53,7 +54,7 @@ def test_three_drives_10_5_5_prefill_10_6_6_decode(tmp_path):
     ]
     assert f"# engine arguments: --ssd-streaming -m {p0} --ssd-streaming-cache-experts 4600" in header
     assert "# weights: prefill (base) 10:5:5, decode 10:6:6; expert cache 4600 experts" in header
-    assert f"# model: {manifest.size} bytes, blake3 {manifest.blake3}" in header
+    assert f"# model: {manifest.size} bytes, blake3 {ModelManifest((manifest,)).digest()}" in header   # the model digest
     assert "# named profile: io-base" in header
     assert not any("WARNING" in h for h in header)
 
@@ -128,7 +129,7 @@ def test_profile_json_shape_is_pinned_and_round_trips(tmp_path):
                        "model", "allow_unverified", "unverified", "provenance", "plan"]
     assert d["schema"] == 1 and d["kind"] == "profile"
     assert d["primary_weight"] == 10 and d["replica_weights"] == [5, 5] and d["decode_weights"] == [10, 6, 6]
-    assert d["model"] == {"size": manifest.size, "blake3": manifest.blake3}
+    assert d["model"] == {"size": manifest.size, "blake3": ModelManifest((manifest,)).digest()}
     assert d["provenance"]["plan_file"] == plan and d["provenance"]["chain"] == ["io-base"]
     assert d["plan"]["prefill"]["weights"] == [10, 5, 5]
     assert profile_to_dict(profile_from_dict(d)) == d
