@@ -3,16 +3,22 @@ real safetensors directory, replicated to two destinations. Each file is judged 
 manifest; a bad piece is named by file and piece; a missing file is exit 3 and named while the
 other files are still checked; repair re-copies only what is bad and restores a missing file."""
 
+import functools
 import json
 import os
+import threading
 
 import pytest
 
 from core import rig as rigmod
+from core.errors import Interrupted
+from core.events import Progress
+from replicas import verify
+from replicas.coldio import read_sequential
 from replicas.manifest import manifest_from_dict
 from replicas.manifests import load_manifest
 from replicas.modelset import from_rig
-from replicas.records import load_verdicts
+from replicas.records import load_scrub, load_verdicts
 from replicas.stamps import sidecar_path
 from tests.replicas.helpers import SET_PIECE, flip_byte, invoke, model_rig
 
@@ -231,3 +237,46 @@ def test_forget_a_set_replica_drops_the_records_of_each_file(rigset):
     assert invoke("forget", "--rig", rig, "internal").exit_code == 0
     assert not any(os.path.exists(s) for s in primary_sidecars)
     assert load_verdicts(rigmod.load_rig(rig)) == {}
+
+
+def test_an_interrupted_full_verify_resumes_in_the_file_where_it_stopped(tmp_path, monkeypatch):
+    rig, paths = model_rig(tmp_path, "dir")
+    # 16 KiB reads, so a shard is read in many steps; Ctrl-C pressed on the reading thread once
+    # green's second shard is read up to 2 pieces (where it stops does not depend on timing).
+    monkeypatch.setattr(verify, "read_sequential", functools.partial(read_sequential, block=16 << 10))
+    r = rigmod.load_rig(rig)
+    manifest = load_manifest(r)
+    green = from_rig(r).at(paths[1])
+    shard = "model-00002-of-00003.safetensors"
+    cancel = threading.Event()
+
+    def report(ev):
+        if isinstance(ev, Progress) and ev.task == green.abs(shard) and ev.done >= 2 * SET_PIECE:
+            cancel.set()
+    with pytest.raises(Interrupted):
+        verify.verify_members(list(r.members), manifest, r, mode="full", report=report, cancel=cancel)
+    marks = load_scrub(r)
+    before = green.files[:green.files.index(shard)]
+    assert all(marks[green.abs(f)].done == manifest.file(f).count for f in before)
+    assert marks[green.abs(shard)].done == 2
+    assert not [p for p in marks if p.startswith(os.path.dirname(paths[2]))]      # white not reached
+    rep = verify.verify_members(list(r.members), manifest, r, mode="full", resume=True)
+    after = green.files[green.files.index(shard) + 1:]
+    assert [m.bytes_read for m in rep.members] == [
+        0, manifest.file(shard).size - 2 * SET_PIECE + sum(manifest.file(f).size for f in after), manifest.size]
+    assert {m.state for m in rep.members} == {"identical"}
+    assert load_scrub(r) == {}                                                     # the run ended: nothing to resume
+
+
+def test_a_sample_draws_over_all_the_files_of_the_model(rigset):
+    rig, paths, models = rigset
+    manifest = load_manifest(rigmod.load_rig(rig))
+    code, doc = verify_json(rig, "--sample", "100", "--seed", "3")
+    assert code == 0 and doc["sample_seed"] == 3
+    assert all(m["pieces_checked"] == manifest.count and m["bytes_read"] == manifest.size for m in doc["members"])
+    code, one = verify_json(rig, "--sample", "10", "--seed", "3")
+    _, again = verify_json(rig, "--sample", "10", "--seed", "3")
+    want = max(1, round(manifest.count / 10))
+    assert [m["pieces_checked"] for m in one["members"]] == [want] * 3
+    assert [[f["pieces_checked"] for f in m["files"]] for m in one["members"]] == \
+        [[f["pieces_checked"] for f in m["files"]] for m in again["members"]]
