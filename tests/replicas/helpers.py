@@ -1,6 +1,5 @@
 """Plain helpers for the replicas tests (imported as `tests.replicas.helpers`)."""
 
-import dataclasses
 import os
 
 from typer.testing import CliRunner
@@ -68,39 +67,17 @@ def write_model(folder, kind, seed=5):
                                      extra_files={"extra/generation_config.json": b'{"top_k": 4}'}))
 
 
-def replicate(rig_dir, dests, piece=SET_PIECE):
-    """Copy the rig's model into each destination folder, hash it into the rig's manifest, add the
-    copies as replicas and verify every member in full (which stamps them), as a finished sync
-    leaves a rig. Returns the replicas' model paths."""
-    import shutil
-
-    from core import rig as rigmod
-    from replicas.hashing import hash_file
-    from replicas.manifest import ModelManifest
-    from replicas.manifests import save_manifest
-    from replicas.modelset import from_rig
-
-    r = rigmod.load_rig(rig_dir)
-    model = from_rig(r)
-    out = []
-    for d in dests:
-        copy = model.in_dir(d)
-        for src, dst in zip(model.paths, copy.paths):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            shutil.copyfile(src, dst)
-        r = rigmod.with_replica(r, copy.path, os.path.basename(d))
-        out.append(copy.path)
-    rigmod.save_rig(r)
-    files = tuple(dataclasses.replace(hash_file(p, piece), name=rel) for rel, p in zip(model.files, model.paths))
-    save_manifest(r, ModelManifest(files, model.layout, model.format))
-    assert invoke("verify", "--rig", rig_dir, "--full", "--quiet").exit_code == 0
-    return out
-
-
 def model_rig(tmp_path, kind):
-    """A rig whose model (kind 'split' or 'dir', see write_model) is on 'internal', replicated to
-    'green' and 'white' and verified: (rig dir, [primary, green, white] model paths)."""
+    """A rig whose model (kind 'split' or 'dir', see write_model) is on 'internal', synced to
+    'green' and 'white' (verified and stamped): (rig dir, [primary, green, white] model paths)."""
+    from replicas.modelset import discover
+
     primary = write_model(tmp_path / "internal", kind)
     rig = str(tmp_path / "rig")
     assert invoke("init", "--rig", rig, "--model", primary, "--name", "internal").exit_code == 0
-    return rig, [primary] + replicate(rig, [str(tmp_path / "green"), str(tmp_path / "white")])
+    dests = [tmp_path / "green", tmp_path / "white"]
+    for d in dests:
+        d.mkdir()
+    res = sync(primary, [str(d) for d in dests], rig, piece_size=SET_PIECE, allow_same_device=True)
+    assert res.exit_code == 0
+    return rig, [primary] + [discover(primary).in_dir(str(d)).path for d in dests]
