@@ -59,6 +59,7 @@ class Tally:
     rounds_planned: int
     stopped_by_budget: bool         # the budget ended the run before the planned rounds
     wall_s: float
+    interrupted: bool = False       # `stop` ended the run (Ctrl-C) before the planned rounds
 
 
 @dataclass(frozen=True)
@@ -115,19 +116,24 @@ def rounds_that_fit(arms: int, trial_s: float, budget_s: float) -> int:
 
 def run_trials(arms: Sequence[Arm], measure: Callable[[Arm, float], float], clock: Callable[[], float],
                budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S,
-               rounds: int | None = None, on_trial: Callable[[Trial, Arm], None] | None = None) -> Tally:
+               rounds: int | None = None, on_trial: Callable[[Trial, Arm], None] | None = None,
+               stop: Callable[[], bool] | None = None) -> Tally:
     """Measure the arms in ABBA order within the budget.
 
     measure(arm, trial_s) -> bytes/s (it does the reads); clock() -> s (monotonic). `rounds`:
     at most this many (default: as many as fit at the nominal trial length, at least one, so a
     budget too small for a whole round still measures what fits). A trial starts only when the
-    time used plus the longest trial so far fits the budget. `on_trial` sees each trial as it ends."""
+    time used plus the longest trial so far fits the budget. `on_trial` sees each trial as it ends;
+    `stop()` true ends the run before the next trial (what was measured is kept)."""
     planned = rounds if rounds is not None else max(1, rounds_that_fit(len(arms), trial_s, budget_s))
     start = clock()
     longest = trial_s
     trials: list[Trial] = []
-    stopped = False
+    stopped = interrupted = False
     for r, i in abba_order(len(arms), planned):
+        if stop is not None and stop():
+            interrupted = True
+            break
         if clock() - start + longest > budget_s:
             stopped = True
             break
@@ -139,7 +145,7 @@ def run_trials(arms: Sequence[Arm], measure: Callable[[Arm, float], float], cloc
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial, arms[i])
-    return Tally(tuple(trials), planned, stopped, clock() - start)
+    return Tally(tuple(trials), planned, stopped, clock() - start, interrupted)
 
 
 def pick(arms: Sequence[Arm], tally: Tally) -> dict[str, Pick]:
@@ -213,6 +219,7 @@ def measured_plan(plan: Plan, arms: Sequence[Arm], tally: Tally, picks: Mapping[
         "rounds_planned": tally.rounds_planned,
         "rounds_done": len({t.round for t in tally.trials}),
         "stopped_by_budget": tally.stopped_by_budget,
+        "interrupted": tally.interrupted,
         "wall_s": tally.wall_s,
         "solved": {ph: list(getattr(plan, ph).weights) for ph in PHASES},
         "arms": [{"phase": a.phase, "weights": list(a.weights), "roles": list(a.roles)} for a in arms],

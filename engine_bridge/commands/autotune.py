@@ -12,8 +12,10 @@ module supplies the reads (`SplitMeasure`) and the host's clock.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 import typer
@@ -78,21 +80,24 @@ class SplitMeasure:
                     return done / dt
 
 
-def autotune(rig_root: str, bench: str | None, workloads, backgrounds=(), budget_s: float = DEFAULT_BUDGET_S,
-             trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP, rounds: int | None = None,
-             calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None, clock=time.monotonic,
-             on_trial=None):
+def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[str] = (),
+             budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP,
+             rounds: int | None = None, calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None,
+             clock=time.monotonic, on_trial=None, stop=None):
     """Solve, measure the candidates within the budget, write the measured plan. Returns (the plan
     as written, its path).
 
-    measure(phase, weights, seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources)."""
+    background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
+    seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources); stop() true: no further
+    trial (the plan is written from what was measured)."""
     from planner.autotune import arms_for, measured_plan, pick, run_trials
-    from planner.plans import load_inputs, load_plan, save_plan
+    from planner.plans import load_inputs, load_plan, parse_background, save_plan
     from planner.solve import solve_phase, solve_plan
 
     if budget_s <= 0 or trial_s <= 0:
         raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g}: give positive seconds")
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
+    backgrounds = tuple(parse_background(b, [s.name for s in inputs.sources]) for b in background)
     plan = solve_plan(inputs.sources, inputs.drives, workloads["prefill"], workloads["decode"], backgrounds,
                       DEFAULT_ENGINE, inputs.provenance, top=max(top, 1), links=inputs.links)
     arms = ()
@@ -101,7 +106,7 @@ def autotune(rig_root: str, bench: str | None, workloads, backgrounds=(), budget
                                      inputs.links), top)
     measure = measure or SplitMeasure([s.path for s in inputs.sources], workloads, seed, cold)
     tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s), clock, budget_s, trial_s, rounds,
-                       on_trial)
+                       on_trial, stop)
     settings = {"budget_s": budget_s, "trial_s": trial_s, "top": top, "seed": seed, "cold": cold,
                 "reader": "engine_bridge.reader.SplitReader"}
     path = save_plan(load_rig(rig_root, must_exist=False), measured_plan(plan, arms, tally, pick(arms, tally), settings))
@@ -114,7 +119,8 @@ def render(plan, path: str) -> str:
     auto = plan.provenance.get("autotune", {})
     lines.append(f"autotune: {auto.get('rounds_done', 0)} of {auto.get('rounds_planned', 0)} rounds in "
                  f"{auto.get('wall_s', 0):.0f} s (budget {auto.get('budget_s', 0):.0f} s"
-                 + (", stopped by the budget)" if auto.get("stopped_by_budget") else ")"))
+                 + (", stopped by the budget)" if auto.get("stopped_by_budget") else
+                    ", interrupted)" if auto.get("interrupted") else ")"))
     for ph in ("prefill", "decode"):
         m = getattr(plan, ph).measured
         if not m:
@@ -161,12 +167,18 @@ def register(app) -> None:
         """Solve, then measure the best candidates with the split reader (ABBA, within --budget) and write the measured best as a plan."""
         from planner.model import decode_workload, prefill_workload
         from planner.plan import plan_to_dict
-        from planner.plans import load_inputs, parse_background
 
         root = rig_dir(rig)
         wl = {"prefill": prefill_workload(lanes), "decode": decode_workload(batch, threads)}
-        names = [s.name for s in load_inputs(root, bench, calibrate=not fit_only).sources]
-        bgs = tuple(parse_background(b, names) for b in (background or ()))
+        cancel = threading.Event()
+        old = signal.getsignal(signal.SIGINT)
+
+        def on_int(signum, frame):     # finish the running trial, keep what was measured; again to abort
+            if cancel.is_set():
+                signal.signal(signal.SIGINT, old)
+                raise KeyboardInterrupt
+            cancel.set()
+            err.print("interrupt: stopping after this trial (again to abort)")
 
         def on_trial(t, arm):
             if not quiet:
@@ -174,8 +186,12 @@ def register(app) -> None:
                           f"({', '.join(arm.roles)}): {format_rate(t.Bps)}, predicted {format_rate(arm.predicted_Bps)}",
                           highlight=False, soft_wrap=True)
 
-        plan, path = autotune(root, bench, wl, bgs, budget, seconds, top, rounds, not fit_only, seed, not cached,
-                              on_trial=on_trial)
+        signal.signal(signal.SIGINT, on_int)
+        try:
+            plan, path = autotune(root, bench, wl, tuple(background or ()), budget, seconds, top, rounds, not fit_only,
+                                  seed, not cached, on_trial=on_trial, stop=cancel.is_set)
+        finally:
+            signal.signal(signal.SIGINT, old)
         if json_out:
             d = plan_to_dict(plan)
             d["path"] = path

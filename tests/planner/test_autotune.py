@@ -103,6 +103,15 @@ def test_the_longest_trial_so_far_sets_the_estimate():
     assert [x.seconds for x in t.trials] == [4.0, 9.0, 4.0] and t.stopped_by_budget
 
 
+def test_stop_ends_the_run_before_the_next_trial_and_keeps_what_was_measured():
+    a = arms("decode", (1, 1), (2, 1))
+    clock = FakeClock()
+    m = fake_measure(clock, {(1, 1): 1.0, (2, 1): 2.0})
+    t = run_trials(a, m, clock, budget_s=300.0, trial_s=4.0, rounds=4, stop=lambda: len(m.calls) >= 3)
+    assert len(t.trials) == 3 and t.interrupted and not t.stopped_by_budget
+    assert pick(a, t)["decode"].rounds == (0,)
+
+
 def test_pick_uses_complete_rounds_only():
     a = arms("decode", (1, 1), (2, 1), (3, 1))
     trials = [Trial(0, 0, 10.0, 0, 1), Trial(1, 0, 30.0, 1, 1), Trial(2, 0, 20.0, 2, 1),
@@ -174,8 +183,8 @@ def test_measured_plan_records_predictions_and_measurements_with_pinned_keys():
     assert m["error_pct"] == pytest.approx(-50.0)
     assert d["decode"]["predicted"]["weights"] == list(eq.weights)
     auto = d["provenance"]["autotune"]
-    assert {"budget_s", "trial_s", "rounds_planned", "rounds_done", "stopped_by_budget", "wall_s", "solved", "arms",
-            "trials"} <= set(auto)
+    assert {"budget_s", "trial_s", "rounds_planned", "rounds_done", "stopped_by_budget", "interrupted", "wall_s",
+            "solved", "arms", "trials"} <= set(auto)
     assert auto["solved"]["decode"] == list(plan.decode.weights) and len(auto["trials"]) == 2 * len(a)
     back = plan_from_json(json.dumps(d))
     assert back == out
