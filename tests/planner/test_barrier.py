@@ -60,6 +60,13 @@ def test_shape_keeps_the_measured_quantiles_and_mean_one():
     assert LatencyShape().atoms(3) == pytest.approx(np.ones(ATOMS))
 
 
+@pytest.mark.parametrize("k", [2, 3, 6])
+def test_the_maximum_of_k_draws_matches_k_independent_copies(k):
+    """atoms(k) reads the maximum of k draws off one draw's quantiles (u -> u ** (1/k)); the exact
+    expected maximum of k copies of one draw's atoms agrees."""
+    assert HEAVY.atoms(k).mean() == pytest.approx(expected_max(np.stack([HEAVY.atoms(1)] * k)), rel=2e-3)
+
+
 @pytest.mark.parametrize("lat", [(0, 1, 2, 1), (3, 2, 1, 2), (1, 2, 3, 0), (5, 5, 5, 5)])
 def test_unusable_or_flat_latencies_give_no_spread(lat):
     assert not shape_from_latency(*lat).spread
