@@ -6,7 +6,6 @@ import dataclasses
 import os
 import signal
 import threading
-import time
 from contextlib import contextmanager
 from typing import List, Optional
 
@@ -22,6 +21,7 @@ from core.events import Notice
 from core.rig import Member
 from core.units import format_bytes, format_rate, parse_size
 
+from . import views
 from .b3sum import check_line, failures_warning, format_line
 from .checksums import check_files
 from .drives import drive_label
@@ -36,7 +36,7 @@ from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
 from .syncplan import sync_result_to_dict
-from .verdict import MISMATCH, mismatch_text, plural, verdict_to_dict
+from .verdict import MISMATCH, plural
 from .verify import verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
@@ -49,10 +49,6 @@ MaxRateOption = typer.Option(None, "--max-rate", metavar="RATE",
 
 def _rate(text: Optional[str]) -> Optional[float]:
     return parse_rate(text, "--max-rate") if text is not None else None
-
-
-def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
 
 
 @contextmanager
@@ -98,10 +94,6 @@ def live_progress(enabled: bool = True):
 
 def _rig(rig_opt):
     return rigmod.load_rig(rigmod.rig_dir(rig_opt))
-
-
-def _piece_json(b):
-    return {"index": b.index, "offset": b.offset, "length": b.length}
 
 
 @app.command()
@@ -314,76 +306,16 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
             raise
     if cancel.is_set():
         raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
-    one = _one_blake3(manifest)
     if json_out:
-        print_json({"schema": 1, "kind": "verify", "manifest_blake3": one, "model_digest": manifest.digest(),
-                    "layout": manifest.layout, "manifest_file": manifest_file, "mode": mode,
-                    "sample_seed": rep.sample_seed, "seconds": round(rep.seconds, 3), "exit_code": rep.exit_code,
-                    "members": [_member_check_json(m) for m in rep.members]})
+        print_json(views.verify_doc(rep, manifest, manifest_file, mode))
     else:
-        ident = f"{(one or manifest.digest())[:16]}…"
-        against = f"{manifest_file} ({ident})" if manifest_file else ident
-        t = Table(title=f"verify ({mode}) against {against}")
-        for col in ("member", "path", "state", "how", "read", "rate", "note"):
-            t.add_column(col)
-        several = len(manifest.files) > 1
-        for m in rep.members:
-            read, rate_text, note = _check_cells(m)
-            if several:     # the files' own notes are on their rows
-                note = plural(len(m.bad), "bad piece") if m.bad else (f"stamped ({m.stamped})" if m.stamped else "")
-            t.add_row(m.name, m.path, _styled(m.state, _count(m.files, m.state) if several else ""), m.how,
-                      read, rate_text, note)
-            for f in m.files if several else ():
-                if f.state != "identical":
-                    t.add_row("", f"  {f.file}", _styled(f.state), f.how, *_check_cells(f))
-        out.print(t)
+        out.print(views.verify_table(rep, manifest, manifest_file, mode))
         if rep.sample_seed is not None:
             err.print(f"sample seed {rep.sample_seed} (repeat with --seed {rep.sample_seed})")
-        for m in rep.members:
-            for f in m.files:
-                if f.state in ("missing", "unreadable") and several:
-                    err.print(f"{f.path}: {f.state}: {f.detail}")
-                for b in f.bad:
-                    err.print(f"{f.path}: bad piece {b.index} at byte {b.offset}, {b.length} bytes")
+        for line in views.verify_problems(rep):
+            err.print(line, soft_wrap=True)
     if rep.exit_code:
         raise typer.Exit(rep.exit_code)
-
-
-def _one_blake3(manifest) -> Optional[str]:
-    """The model's BLAKE3 when it is one file (what b3sum prints for it); None for several."""
-    return manifest.files[0].blake3 if len(manifest.files) == 1 else None
-
-
-def _styled(state: str, extra: str = "") -> str:
-    style = {"identical": "green", "verified": "green", "mismatch": "red", "missing": "red"}.get(state, "yellow")
-    return f"[{style}]{state}[/]" + (f" ({extra})" if extra else "")
-
-
-def _count(files, state: str) -> str:
-    """'2 of 12 files' in that state; '' when all are (or the state is the good one)."""
-    n = sum(f.state == state for f in files)
-    return "" if state in ("identical", "verified") else f"{n} of {len(files)} files"
-
-
-def _check_cells(c) -> tuple[str, str, str]:
-    """read, rate and note of a member's or a file's check."""
-    rate_text = format_rate(c.bytes_read / c.seconds) if c.bytes_read and c.seconds else ""
-    note = c.detail or (plural(len(c.bad), "bad piece") if c.bad else "") or (f"stamped ({c.stamped})" if c.stamped else "")
-    return format_bytes(c.bytes_read), rate_text, note
-
-
-def _file_check_json(f) -> dict:
-    return {"file": f.file, "path": f.path, "state": f.state, "how": f.how, "bad": [_piece_json(b) for b in f.bad],
-            "size": f.size, "bytes_read": f.bytes_read, "seconds": f.seconds, "detail": f.detail,
-            "stamped": f.stamped, "pieces_checked": f.pieces_checked}
-
-
-def _member_check_json(m) -> dict:
-    """A member's roll-up (the keys a one-file verify always had) and every file's check."""
-    return {"path": m.path, "name": m.name, "role": m.role, "state": m.state, "how": m.how,
-            "bad": [{"file": b.file, **_piece_json(b)} for b in m.bad], "size": m.size, "bytes_read": m.bytes_read,
-            "seconds": m.seconds, "detail": m.detail, "stamped": m.stamped, "pieces_checked": m.pieces_checked,
-            "files": [_file_check_json(f) for f in m.files]}
 
 
 def _member_or_file(r, path: str, any_file: bool) -> Member:
@@ -415,22 +347,12 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
     with live_progress(not quiet) as (report, cancel):
         res = repair_member(target, donors, manifest, r, report=report, cancel=cancel, max_rate=rate)
     if json_out:
-        print_json({"schema": 1, "kind": "repair", "path": res.path, "donor": res.donor, "bytes_copied": res.bytes_copied,
-                    "repaired": [{"file": b.file, **_piece_json(b)} for b in res.repaired],
-                    "restored": list(res.restored), "after": res.after.state,
-                    "files": [{"file": f.file, "path": f.path, "after": f.state} for f in res.after.files],
-                    "seconds": round(res.seconds, 3)})
+        print_json(views.repair_doc(res))
     else:
-        if not res.repaired and not res.restored and res.after.state == "identical":
-            out.print(f"{res.path}: already identical; nothing to repair")
-        else:
-            what = [f"re-copied {plural(len(res.repaired), 'piece')}"] if res.repaired or not res.restored else []
-            what += [f"restored {plural(len(res.restored), 'missing file')}"] if res.restored else []
-            out.print(f"{res.path}: {' and '.join(what)} ({format_bytes(res.bytes_copied)}) from {res.donor}; "
-                      f"now {res.after.state}")
-            for f in res.after.files:
-                if f.state != "identical":
-                    err.print(f"{f.path}: still {f.state}" + (f": {f.detail}" if f.detail else ""))
+        line, still = views.repair_text(res)
+        out.print(line)
+        for text in still:
+            err.print(text, soft_wrap=True)
     if res.after.state != "identical":
         raise typer.Exit(1)
 
@@ -445,52 +367,11 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
     if json_out:
-        print_json({"schema": 1, "kind": "status", "rig": r.root,
-                    "manifest_blake3": _one_blake3(manifest) if manifest else None,
-                    "model_digest": manifest.digest() if manifest else None,
-                    "layout": manifest.layout if manifest else r.layout,
-                    "format": (manifest.format if manifest else "") or r.format,
-                    "members": [_member_status_json(x) for x in rows]})
+        print_json(views.status_doc(r.root, r.layout, r.format, manifest, rows))
     else:
-        several = len(rows[0].files) > 1 if rows else False
-        if manifest:
-            n = f", {plural(len(manifest.files), 'file')}" if len(manifest.files) > 1 else ""
-            title = f" — model {format_bytes(manifest.size)}{n}, " + (
-                f"BLAKE3 {_one_blake3(manifest)[:16]}…" if _one_blake3(manifest) else f"digest {manifest.digest()[:16]}…")
-        else:
-            title = " — no manifest yet"
-        t = Table(title=f"rig {r.root}" + title)
-        for col in ("name", "role", "path", "drive", "fs", "device", "size", "state", "last full verify"):
-            t.add_column(col)
-        for x in rows:
-            t.add_row(x.name, x.role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
-                      format_bytes(x.size) if x.size is not None else "—",
-                      _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))
-            for f in x.not_verified if several else ():
-                t.add_row("", "", f"  {f.file}", "", "", "", format_bytes(f.size) if f.size is not None else "—",
-                          _status_text(f), _when_or_never(f.last_verified))
-        out.print(t)
+        out.print(views.status_table(r.root, manifest, rows))
     if any(x.state == MISMATCH for x in rows):
         raise typer.Exit(EXIT_MISMATCH)
-
-
-def _when_or_never(t: Optional[float]) -> str:
-    return _when(t) if t else "never"
-
-
-def _status_text(x, extra: str = "") -> str:
-    if x.state == MISMATCH and x.verdict is not None:
-        return f"[red]{mismatch_text(x.verdict, _when(x.verdict.at))}[/]" + (f" ({extra})" if extra else "")
-    return _styled(x.state, extra) if x.state != "unverified" else x.state + (f" ({extra})" if extra else "")
-
-
-def _member_status_json(x) -> dict:
-    """A member's row (the keys a one-file status always had) and every file's."""
-    doc = {k: v for k, v in dataclasses.asdict(x).items() if k not in ("verdict", "files")}
-    return {**doc, "verdict": verdict_to_dict(x.verdict) if x.verdict else None,
-            "files": [{"file": f.file, "path": f.path, "size": f.size, "state": f.state,
-                       "last_verified": f.last_verified,
-                       "verdict": verdict_to_dict(f.verdict) if f.verdict else None} for f in x.files]}
 
 
 @app.command()
