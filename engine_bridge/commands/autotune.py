@@ -99,7 +99,7 @@ def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[s
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
     backgrounds = tuple(parse_background(b, [s.name for s in inputs.sources]) for b in background)
     plan = solve_plan(inputs.sources, inputs.drives, workloads["prefill"], workloads["decode"], backgrounds,
-                      DEFAULT_ENGINE, inputs.provenance, top=max(top, 1), links=inputs.links)
+                      DEFAULT_ENGINE, inputs.provenance, links=inputs.links)
     arms = ()
     for ph in ("prefill", "decode"):
         arms += arms_for(solve_phase(inputs.drives, workloads[ph], backgrounds, DEFAULT_ENGINE, max(top, 1),
