@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from core import rig as rigmod
 from core.errors import MismatchError, WriteError
-from core.events import Notice
+from core.events import Notice, Progress
 from replicas import fanout
 from replicas.cli import app
 from replicas.coldio import ColdReader
@@ -161,17 +161,20 @@ def test_resume_after_kill_9_in_the_second_file_writes_only_what_was_not_durable
     model, dests, rig, kind = setup
     sizes = [os.path.getsize(p) for p in model.paths]
     kill_at = sizes[0] + 2 * PIECE           # the destination's progress over the whole set
+    # A real kill -9 in the middle of the second file. Its pieces from the fourth on never land
+    # before the kill (their writes wait), so what is durable is decided by order, not timing.
     script = textwrap.dedent(f"""
-        import os, signal, threading, time
+        import os, signal, threading
         from core.events import Progress
         from replicas.sync import sync
         real_pwrite = os.pwrite
-        one_at_a_time = threading.Lock()
-        def slow_drive(fd, data, offset):   # a slow drive taking one write at a time: pieces land one by one
-            with one_at_a_time:
-                time.sleep(0.02)
+        never = threading.Event()
+        def drive(fd, data, offset):
+            if os.readlink(f"/proc/self/fd/{{fd}}").endswith({os.path.basename(model.files[1]) + ".partial"!r}) \\
+                    and offset >= 3 * {PIECE}:
+                never.wait()
             return real_pwrite(fd, data, offset)
-        os.pwrite = slow_drive
+        os.pwrite = drive
         def report(ev):
             if isinstance(ev, Progress) and ev.phase == "copy" and ev.done >= {kill_at}:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -186,7 +189,7 @@ def test_resume_after_kill_9_in_the_second_file_writes_only_what_was_not_durable
         work = model.at(final.path + ".partial") if kind == "dir" else final
         journal = work.abs(second) + ".partial.journal"
         durable[d] = durable_bytes(journal, sizes[1])
-        assert durable[d] < sizes[1]                            # the second file is not finished
+        assert durable[d] <= 3 * PIECE < sizes[1]               # the second file is not finished
         assert not os.path.exists(work.abs(model.files[2]) + ".partial")   # the third not started
     assert max(durable.values()) >= 2 * PIECE
     res = sync(model.path, dests, rig, piece_size=PIECE, allow_same_device=True)
@@ -287,3 +290,41 @@ def test_a_differing_file_is_named_in_the_human_output(setup):
     assert f"{victim}: bad piece {len(data) // 2 // PIECE} at byte {len(data) // 2 // PIECE * PIECE}" in r.stderr
     assert "Traceback" not in r.output
     assert read(victim) == bytes(data)    # never overwritten without --replace
+
+
+def test_ctrl_c_in_the_third_file_keeps_every_finished_file(setup, monkeypatch):
+    import threading
+
+    from core.errors import Interrupted
+
+    model, dests, rig, kind = setup
+    small = 4096             # many pieces per file: the Ctrl-C lands while the third file still has some to read
+    sizes = [os.path.getsize(p) for p in model.paths]
+    real_pwrite = os.pwrite
+    cancel = threading.Event()
+    third = os.path.basename(model.files[2]) + ".partial"
+
+    def drive(fd, data, offset):
+        # The third file's blocks from the tenth on land only after the Ctrl-C: the copy is
+        # interrupted with most of that file unread (at most the reader's buffers ahead).
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(third) and offset >= 10 * small:
+            cancel.wait()
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", drive)
+
+    def report(ev):
+        if isinstance(ev, Progress) and ev.phase == "copy" and ev.done >= sum(sizes[:2]) + 2 * small:
+            cancel.set()
+
+    with pytest.raises(Interrupted):
+        sync(model.path, dests[:1], rig, piece_size=small, allow_same_device=True, report=report, cancel=cancel)
+    assert not os.path.exists(model.in_dir(dests[0]).path)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    res = sync(model.path, dests[:1], rig, piece_size=small, allow_same_device=True)
+    assert res.exit_code == 0
+    written = [f.bytes_written for f in res.dests[0].files]
+    assert written[:2] == [0, 0]                        # finished files are verified, never re-copied
+    assert 0 < written[2] < sizes[2]                    # the interrupted one: only what was not durable
+    assert written[3:] == sizes[3:]
+    assert all(read(a) == read(b) for a, b in zip(model.paths, model.in_dir(dests[0]).paths))
