@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -16,10 +17,14 @@ from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS,
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, split_read
 
-from .model import decode_workload, prediction_to_dict, prefill_workload
+from .constants import PREFILL_TOKENS
+from .idle import check_idle
+from .model import prediction_to_dict
 from .plan import Plan, plan_to_dict
 from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .rigmodel import choose_workload
 from .solve import predict, smallest_equivalent, solve_plan
+from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
 
@@ -28,7 +33,14 @@ BenchOption = typer.Option(None, "--bench", metavar="RESULT", help="iobench resu
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
                                 help="Other work on a source: primary:engram (Engram rows per decoded token) or NAME:PERCENT% busy. Repeatable.")
 LanesOption = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive.")
-BatchOption = typer.Option(DECODE_BATCH, "--batch", min=1, max=64, help="Decode component reads issued together (one missed expert = 3).")
+BatchOption = typer.Option(None, "--batch", min=1, max=64,
+                           help=f"Decode component reads issued together (default: the model's components per expert, {DECODE_BATCH} for gate/up/down).")
+WorkloadOption = typer.Option(None, "--workload", metavar="NAME",
+                              help=f"Plan a named workload instead of the rig's model: {', '.join(NAMED)} (DeepSeek V4.1 Flash on ds4, DESIGN §7).")
+ModelOption = typer.Option(None, "--model", metavar="PATH",
+                           help="Plan this model (GGUF file, split set member, safetensors directory; a header-only copy will do) instead of the rig's.")
+PromptOption = typer.Option(PREFILL_TOKENS, "--prompt-tokens", min=1, help="Prompt tokens the prefill prediction is for.")
+CacheOption = typer.Option(None, "--cache-experts", min=0, help="Experts the engine's cache holds (default: 30% of the model's routed experts, ds4-v41's 4,600 of 15,360).")
 ThreadsOption = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read pool threads over all sources.")
 FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
 
@@ -84,16 +96,26 @@ def _backgrounds(specs, names):
 def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
           background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
           threads: int = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
-          fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
-    """Find the prefill and decode weights; write rig/plans/<timestamp>.json."""
+          workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
+          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
+    """Find the prefill and decode weights for the rig's model; write rig/plans/<timestamp>.json."""
     root = rig_dir(rig)
     inputs = load_inputs(root, bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
-    plan = solve_plan(inputs.sources, inputs.drives, prefill_workload(lanes), decode_workload(batch, threads),
-                      _backgrounds(background, names), engine, inputs.provenance, top=top, links=inputs.links)
+    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
+    wl, bgs = chosen.workload, _backgrounds(background, names)
+    plan = solve_plan(inputs.sources, inputs.drives, wl.prefill, wl.decode, bgs, engine, inputs.provenance, top=top,
+                      links=inputs.links)
+    plan, idle = check_idle(plan, inputs.drives, {"prefill": wl.prefill, "decode": wl.decode}, bgs, inputs.links)
+    record = wl.as_dict()
+    record["idle"] = {r.phase: {"sources": list(r.idle), "why": r.text()} for r in idle}
+    plan = replace(plan, geometry=chosen.geometry, workload=record)
     rig_obj = load_rig(root, must_exist=False)
     path = save_plan(rig_obj, plan)
     plan = load_plan(path)
+    # Said once the plan is written, so a failing command still says one line.
+    for text in ([chosen.notice] if chosen.notice else []) + [r.text() for r in idle]:
+        err.print(f"notice: {text}", markup=False)
     if json_out:
         d = plan_to_dict(plan)
         d["path"] = path
@@ -108,15 +130,21 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
              phase: str = typer.Option(..., "--phase", help="prefill or decode."),
              rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
              background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
-             threads: int = ThreadsOption, fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
-    """Predict one weight vector: time per read and per layer, per-source completion, who lands last."""
+             threads: int = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
+             prompt_tokens: int = PromptOption, cache_experts: Optional[int] = CacheOption,
+             fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
+    """Predict one weight vector for the rig's model: time per read and per layer, per-source completion, who lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
     w = parse_weights(weights, engine)
-    inputs = load_inputs(rig_dir(rig), bench, calibrate=not fit_only)
+    root = rig_dir(rig)
+    inputs = load_inputs(root, bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
-    wl = prefill_workload(lanes) if phase == "prefill" else decode_workload(batch, threads)
+    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
+    wl = getattr(chosen.workload, phase)
     p = predict(inputs.drives, w, wl, _backgrounds(background, names), engine, inputs.links)
+    if chosen.notice:
+        err.print(f"notice: {chosen.notice}", markup=False)
     if json_out:
         print_json(prediction_to_dict(p))
         return

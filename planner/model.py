@@ -113,11 +113,18 @@ class Workload:
     prefill: `read_bytes` = the chunk (32 MiB), `in_flight` = lanes per drive.
     decode: `read_bytes` = one component (6,635,520 B), `in_flight` = reads per batch (one
     missed expert = 3), `threads` = the pread pool shared by all drives.
+    The model's traffic (defaults: the named workload ds4-v41; `planner.workload` derives them
+    for another model): `layers` with routed experts, `expert_bytes` of one expert, the experts
+    per layer a prefill reads and the misses per decoded token.
     """
     phase: str
     read_bytes: int
     in_flight: int
     threads: int = DECODE_THREADS
+    layers: int = LAYERS
+    expert_bytes: int = EXPERT_BYTES
+    experts_per_layer: float = PREFILL_EXPERTS_PER_LAYER
+    misses_per_token: float = DECODE_MISSES_PER_TOKEN
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -140,16 +147,19 @@ class Workload:
     def batches_per_layer(self) -> float:
         """Units per layer: chunks of the selective union (prefill), missed experts (decode)."""
         if self.phase == "prefill":
-            return PREFILL_EXPERTS_PER_LAYER * EXPERT_BYTES / self.read_bytes
-        return DECODE_MISSES_PER_TOKEN / LAYERS
+            return self.experts_per_layer * self.expert_bytes / self.read_bytes
+        return self.misses_per_token / self.layers
 
 
-def prefill_workload(lanes: int = PREFILL_LANES, chunk: int = PREFILL_CHUNK) -> Workload:
-    return Workload("prefill", chunk, lanes)
+def prefill_workload(lanes: int = PREFILL_LANES, chunk: int = PREFILL_CHUNK, **traffic) -> Workload:
+    """The prefill phase's reads; `traffic`: Workload's model fields (default ds4-v41)."""
+    return Workload("prefill", chunk, lanes, **traffic)
 
 
-def decode_workload(batch: int = DECODE_BATCH, threads: int = DECODE_THREADS, length: int = COMPONENT_BYTES) -> Workload:
-    return Workload("decode", length, batch, threads)
+def decode_workload(batch: int = DECODE_BATCH, threads: int = DECODE_THREADS, length: int = COMPONENT_BYTES,
+                    **traffic) -> Workload:
+    """The decode phase's reads: `batch` component reads of `length` bytes per missed expert."""
+    return Workload("decode", length, batch, threads, **traffic)
 
 
 def workload_for(phase: str, **kw) -> Workload:
@@ -191,7 +201,7 @@ def background_time(drives: Sequence[Drive], backgrounds: Sequence[Background], 
         return extra
     for bg in backgrounds:
         if bg.kind == "engram":
-            reads_per_batch = ENGRAM_READS_PER_TOKEN / DECODE_MISSES_PER_TOKEN
+            reads_per_batch = ENGRAM_READS_PER_TOKEN / max(workload.misses_per_token, 1e-9)
             extra[bg.source] += reads_per_batch * float(drives[bg.source].curve.request_time(ENGRAM_READ_BYTES, 1))
     return extra
 

@@ -1,12 +1,18 @@
 """A plan: the two weight vectors the engine needs (prefill, decode) and where they came from.
 
-JSON shape (schema 1), written to rig/plans/<timestamp>.json by `planner solve`:
+JSON shape (schema 2), written to rig/plans/<timestamp>.json by `planner solve`:
 
-    {"schema": 1, "kind": "plan", "engine": "ds4-argodrive", "created": "2026-11-29T19:00:00Z",
+    {"schema": 2, "kind": "plan", "engine": "ds4-argodrive", "created": "2026-11-29T19:00:00Z",
      "sources": [{"name": "internal", "path": "/abs/internal/model.gguf"}, ...],   # primary first
      "prefill": {"weights": [10, 5, 5], "predicted": {...}},
      "decode":  {"weights": [10, 6, 6], "predicted": {...}, "measured": {...}},
-     "baselines": {...}, "alternatives": [...], "provenance": {...}}
+     "baselines": {...}, "alternatives": [...], "provenance": {...},
+     "geometry": {...}, "workload": {...}}
+
+`geometry` is the model the plan was solved for as its header describes it
+(`replicas.geometry.Geometry.as_dict`, or the named workload's shape) and `workload` the reads
+each phase issues (`planner.workload.ModelWorkload.as_dict`). Schema 1 plans (neither key) load
+with both empty.
 
 `predicted`, `baselines`, `alternatives` and `provenance` are free-form dicts/lists owned by the
 solver; the keys above them are the contract every consumer (engine_bridge run/export) relies on.
@@ -29,7 +35,7 @@ from core.jsonfile import parse_json
 from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights
 
-from .constants import PLAN_SCHEMA
+from .constants import PLAN_SCHEMA, PLAN_SCHEMAS
 
 PLAN_KIND = "plan"
 # What to do about a bad plan file, said the same way by every message.
@@ -60,6 +66,8 @@ class Plan:
     alternatives: tuple = ()
     provenance: dict = field(default_factory=dict)
     schema: int = PLAN_SCHEMA
+    geometry: dict = field(default_factory=dict)     # the model solved for (empty in schema 1 plans)
+    workload: dict = field(default_factory=dict)     # each phase's reads (empty in schema 1 plans)
 
     def __post_init__(self):
         for phase in (self.prefill, self.decode):
@@ -87,6 +95,8 @@ def plan_to_dict(p: Plan) -> dict:
         "baselines": p.baselines,
         "alternatives": list(p.alternatives),
         "provenance": p.provenance,
+        "geometry": p.geometry,
+        "workload": p.workload,
     }
 
 
@@ -96,8 +106,11 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
 
     if not isinstance(d, dict) or d.get("kind") != PLAN_KIND:
         raise RigError(f"{where}: not a plan file (no \"kind\": \"{PLAN_KIND}\"); {PLAN_REMEDY}")
-    if d.get("schema") != PLAN_SCHEMA:
-        raise bad("schema", f"is {d.get('schema')!r}, this version reads {PLAN_SCHEMA}")
+    if d.get("schema") not in PLAN_SCHEMAS:
+        raise bad("schema", f"is {d.get('schema')!r}, this version reads {', '.join(map(str, PLAN_SCHEMAS))}")
+    for key in ("geometry", "workload"):
+        if not isinstance(d.get(key) or {}, dict):
+            raise bad(key, "is not an object")
     srcs = d.get("sources")
     if not isinstance(srcs, list) or not srcs:
         raise bad("sources", "is missing or empty")
@@ -125,9 +138,10 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
     return Plan(sources=tuple(sources), prefill=phases["prefill"], decode=phases["decode"],
                 engine=d.get("engine", DEFAULT_ENGINE), created=str(d.get("created", "")),
                 baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
-                provenance=dict(d.get("provenance") or {}))
+                provenance=dict(d.get("provenance") or {}), geometry=dict(d.get("geometry") or {}),
+                workload=dict(d.get("workload") or {}))
 
 
 def plan_from_json(text: str | bytes, where: str = "plan") -> Plan:
     """A plan from the text of `where`: the same checks and messages as a plan read from disk."""
-    return plan_from_dict(parse_json(text, where, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMA), where)
+    return plan_from_dict(parse_json(text, where, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMAS), where)

@@ -19,7 +19,7 @@ from engines.ds4_argodrive import DECODE_BATCH
 from replicas.manifests import load_manifest
 
 from .barrier import Link, links_from, shape_from_latency
-from .constants import PLAN_SCHEMA
+from .constants import PLAN_SCHEMAS
 from .model import Background, CorrectedCurve, Drive
 from .plan import PLAN_KIND, PLAN_REMEDY, Plan, Source, plan_from_dict, plan_to_dict
 
@@ -43,7 +43,7 @@ def save_plan(rig: Rig, plan: Plan) -> str:
 def load_plan(path: str) -> Plan:
     """Read a plan file: missing is MissingError (exit 3); anything else wrong is one RigError
     line (exit 2) naming the file."""
-    return plan_from_dict(read_json(path, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMA), path)
+    return plan_from_dict(read_json(path, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMAS), path)
 
 
 def plan_files(rig: Rig) -> list[str]:

@@ -74,7 +74,7 @@ def field_steps():
 def test_decode_misses_per_token_match_the_field(cache, field_steps):
     g = field_geometry()
     zero = memoryview(bytearray(32 << 20))
-    submit = lambda off, n, phase: _Done(zero[:n])  # noqa: E731
+    submit = lambda off, n, phase, file=None: _Done(zero[:n])  # noqa: E731
     c = ExpertCache(cache, g.layers * g.experts)
     replay_steps(g, field_steps[:1 + 32], g.layers, c, submit)   # the prefill chunk, then 32 warm-up tokens
     out = replay_steps(g, field_steps[1 + 32:], g.layers, c, submit)
@@ -124,3 +124,27 @@ def test_bad_traces_are_refused(model_dir, tmp_path):
     (tmp_path / "y.json").write_text(json.dumps(bad))
     r = runner.invoke(app, ["replay", "--model", str(model_dir / "model.gguf"), "--trace", str(tmp_path / "y.json")])
     assert r.exit_code == 2 and "ids below" in r.output
+
+
+@pytest.mark.parametrize("cache", [0, 20, 48, 64])
+def test_the_planners_simulated_traffic_is_the_replays_exactly(cache):
+    """planner.workload simulates the engine's cache policy without reads: on the same routing it
+    counts the same prefill reads and decode misses as replay through ExpertCache."""
+    from planner.constants import ROUTING_MEASURE_TOKENS, ROUTING_SEED, ROUTING_WARM_TOKENS
+    from planner.workload import simulate
+
+    layers, experts, top_k, prompt = 4, 16, 2, 700
+    per = experts * 8192
+    tensors = tuple(ExpertTensor(l, c, (3 * l + i) * per, per, 8192, "F32", (1, 1, experts), "m.gguf")
+                    for l in range(layers) for i, c in enumerate(("gate", "up", "down")))
+    g = Geometry("/m.gguf", 3 * layers * per, "x", layers, experts, top_k, 8192, tensors, 4096)
+    zero = memoryview(bytearray(1 << 20))
+    submit = lambda off, n, phase, file=None: _Done(zero[:n])  # noqa: E731
+    steps = list(model_steps(Router(RoutingModel(layers, experts, top_k, seed=ROUTING_SEED)), prompt,
+                             ROUTING_WARM_TOKENS + ROUTING_MEASURE_TOKENS, 512))
+    c = ExpertCache(cache, layers * experts)
+    pre = replay_steps(g, steps[:2 + ROUTING_WARM_TOKENS], layers, c, submit)   # two prefill chunks, then warm-up
+    out = replay_steps(g, steps[2 + ROUTING_WARM_TOKENS:], layers, c, submit)
+    read_per_layer, misses = simulate(layers, experts, top_k, prompt, cache)
+    assert read_per_layer == pre["counters"]["prefill"].misses / layers
+    assert misses == out["counters"]["decode"].misses / ROUTING_MEASURE_TOKENS

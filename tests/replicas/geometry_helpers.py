@@ -18,22 +18,24 @@ V41_NE0, V41_NE1, V41_EXPERTS, V41_LAYERS, V41_TOP_K = 4096, 2880, 384, 40, 6
 
 
 def write_header_only(path, layers=V41_LAYERS, experts=V41_EXPERTS, arch="deepseek2", top_k=6, names=None,
-                      shared=None):
+                      shared=None, ne0=V41_NE0, ne1=V41_NE1, qtype="Q4_K"):
     """A GGUF whose tensor table describes the real V4.1 geometry (stacked Q4_K experts of
-    V41_COMPONENT bytes each); the data region is a hole (the header is written, then the file is
-    truncated up to where the data would end: a sparse file). `shared`: also list one merged shared
-    expert per layer and record expert_shared_count. Returns the file's size in bytes."""
+    V41_COMPONENT bytes each; other `ne0` x `ne1` slices of `qtype` for other models); the data
+    region is a hole (the header is written, then the file is truncated up to where the data would
+    end: a sparse file). `shared`: also list one merged shared expert per layer and record
+    expert_shared_count. Returns the file's size in bytes."""
     w = gguf.GGUFWriter(str(path), arch)
     if top_k is not None:
         w.add_uint32(f"{arch}.expert_used_count", top_k)
     if shared is not None:
         w.add_uint32(f"{arch}.expert_shared_count", shared)
-    qt = gguf.GGMLQuantizationType.Q4_K
-    row = V41_NE0 // 256 * 144
+    qt = gguf.GGMLQuantizationType[qtype]
+    values, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    row = ne0 // values * nbytes
     names = names or [f"blk.{l}.ffn_{c}_exps.weight" for l in range(layers) for c in ("gate", "up", "down")]
-    tensors = [(n, (experts, V41_NE1, row)) for n in names]
+    tensors = [(n, (experts, ne1, row)) for n in names]
     if shared is not None:
-        tensors += [(f"blk.{l}.ffn_{c}_shexp.weight", (V41_NE1 * shared, row)) for l in range(layers)
+        tensors += [(f"blk.{l}.ffn_{c}_shexp.weight", (ne1 * shared, row)) for l in range(layers)
                     for c in ("gate", "up", "down")]
     total = 0
     for n, shape in tensors:

@@ -1,0 +1,70 @@
+"""The workload a plan is solved for, found from the rig's model (the I/O around `planner.workload`).
+
+By default the planner reads the rig's own model: its files from rig.toml
+(`replicas.modelset.from_rig`), its geometry from their headers (`replicas.tensortable`), and
+derives the workload from that. `--model PATH` reads another model's header instead (a header-only
+copy will do) and `--workload NAME` plans a named workload (`ds4-v41`) without any model. When the
+rig's model cannot be read (no rig.toml, a raw or missing file), the planner plans ds4-v41 and says
+so: the notice names the model, why, and how to choose.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from core.errors import MissingError, UsageError
+from core.rig import load_rig
+from engines.ds4_argodrive import DECODE_THREADS, PREFILL_LANES
+from replicas.formats import RAW
+from replicas.modelset import FILE, discover, from_rig
+from replicas.tensortable import inspect_model
+
+from .constants import PREFILL_TOKENS, V41_NAME
+from .workload import ModelShape, ModelWorkload, model_workload, named_workload
+
+
+@dataclass(frozen=True)
+class Chosen:
+    workload: ModelWorkload
+    geometry: dict            # the plan's `geometry` block
+    notice: str | None = None # said on stderr when the planner chose for the user
+
+
+def choose_workload(rig_root: str, engine: str, name: str | None = None, model: str | None = None,
+                    prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
+                    lanes: int = PREFILL_LANES, batch: int | None = None, threads: int = DECODE_THREADS) -> Chosen:
+    """The workload for `planner solve/simulate`: `name` (a named workload), else `model`'s
+    header, else the rig's model's, else ds4-v41 with a notice."""
+    if name:
+        wl = named_workload(name, engine, lanes, batch, threads)
+        return Chosen(wl, _named_geometry(wl))
+    if model:
+        g = inspect_model(model)           # one clear error line when it has no routed experts
+    else:
+        found = from_rig(load_rig(rig_root, must_exist=False))
+        why = None
+        if found is None:
+            why = "the rig has no model (no rig.toml [model])"
+        elif not all(os.path.isfile(p) for p in found.paths):
+            why = f"the rig's model {found.path} is not on this machine"
+        if why is None:
+            try:
+                if found.format == RAW and found.layout == FILE:
+                    found = discover(found.path)   # a rig from before formats were recorded: ask the file
+                g = inspect_model(found)
+            except (UsageError, MissingError) as e:   # raw bytes, unreadable, or no routed experts
+                why = str(e)
+        if why is not None:
+            wl = named_workload(V41_NAME, engine, lanes, batch, threads)
+            return Chosen(wl, _named_geometry(wl), f"{why}; planning the named workload {V41_NAME} (DeepSeek V4.1 "
+                                                   f"Flash's reads) — pass --workload {V41_NAME} to say so, or "
+                                                   "--model PATH to plan another model from its header")
+    wl = model_workload(engine, ModelShape.from_geometry(g), prompt_tokens, cache_experts, lanes, batch, threads)
+    return Chosen(wl, g.as_dict())
+
+
+def _named_geometry(wl: ModelWorkload) -> dict:
+    s = wl.shape
+    return {"name": s.name, "layers": s.layers, "experts": s.experts, "top_k": s.top_k,
+            "component_bytes": s.component_bytes, "components": s.components, "expert_bytes": s.expert_bytes}

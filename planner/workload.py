@@ -1,0 +1,235 @@
+"""The reads a model issues in each phase: from its geometry, the engine and the settings. Pure.
+
+A plan is only as good as the workload it is solved for. The drive curves answer "how long does
+this read take"; this module answers "which reads": how big, how many at once, and how many per
+layer, for the rig's own model rather than one fixed model.
+
+- The model's *shape* comes from its header (`replicas.geometry`): layers with routed experts,
+  experts per layer, experts per token, the component read size (the largest slice), components
+  per expert and bytes per expert.
+- Its *traffic* comes from the routing model (`planner.routing`, calibrated to DESIGN §7) and the
+  engine's cache policy, simulated without reads: the experts per layer a prefill of N tokens
+  reads (each chunk stages its union of selected experts that are not cached) and the misses per
+  decoded token for a cache of C experts after warm-up. On V4.1's geometry the simulation gives
+  DESIGN §7's figures within PREFILL_TOLERANCE / MISSES_TOLERANCE (tests/planner/test_workload.py).
+- The *engine* sets the read shapes: ds4 stages prefill in PREFILL_CHUNK reads with
+  PREFILL_LANES in flight per drive and reads each missed expert as one component read per
+  component, cut by the decode weights, through a pool of DECODE_THREADS
+  (`engines.ds4_argodrive`). colibri places whole experts on drives by a hash (`engines.colibri`),
+  which this performance model does not describe yet: for colibri the planner still predicts
+  ds4's read shapes, and the plan's workload says so (`modelled_as`).
+
+The field's own numbers stay available as the named workload `ds4-v41` (planner/constants.py),
+for planning that model from a header alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from core.errors import UsageError
+from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_THREADS, PREFILL_CHUNK, PREFILL_LANES
+
+from .constants import (
+    CACHE_EXPERTS,
+    CACHE_FRACTION,
+    DECODE_MISSES_PER_TOKEN,
+    EXPERT_BYTES,
+    HOTNESS_HALVING_TOKENS,
+    LAYERS,
+    PREFILL_EXPERTS_PER_LAYER,
+    PREFILL_TOKENS,
+    ROUTING_CHUNK_TOKENS,
+    ROUTING_MEASURE_TOKENS,
+    ROUTING_SEED,
+    ROUTING_WARM_TOKENS,
+    V41_EXPERTS,
+    V41_NAME,
+    V41_TOP_K,
+)
+from .model import Workload, decode_workload, prefill_workload
+from .routing import Router, RoutingModel
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs of a model's geometry (bytes, counts)."""
+    name: str                 # the model's path, or a named workload
+    layers: int               # layers with routed experts
+    experts: int              # routed experts per layer
+    top_k: int                # experts chosen per token
+    component_bytes: int      # the decode read: the largest component slice
+    components: int           # component reads per expert (3: gate, up, down; 2 with a fused gate_up)
+    expert_bytes: int         # all components of one expert
+
+    @classmethod
+    def from_geometry(cls, g) -> ModelShape:
+        """From a `replicas.geometry.Geometry`."""
+        return cls(g.path, g.layers, g.experts, g.top_k, g.component_bytes, len(g.components), g.expert_bytes)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """How many experts each phase reads, per layer and per token."""
+    prompt_tokens: int            # the prompt the prefill figure is for
+    experts_per_layer: float      # experts a prefill of prompt_tokens reads per layer
+    cache_experts: int            # the decode cache, experts
+    misses_per_token: float       # experts read per decoded token (all layers), after warm-up
+    source: str                   # 'routing-model' (simulated) or 'field' (DESIGN §7, measured)
+
+
+@dataclass(frozen=True)
+class ModelWorkload:
+    """The workload a plan is solved for: the model, its traffic and each phase's reads."""
+    name: str                     # 'model' (the rig's, from its header) or a named workload
+    engine: str
+    shape: ModelShape
+    traffic: Traffic
+    prefill: Workload
+    decode: Workload
+
+    def as_dict(self) -> dict:
+        """The plan's `workload` block."""
+        return {"name": self.name, "engine": self.engine, "modelled_as": MODELLED_AS.get(self.engine, self.engine),
+                "traffic": asdict(self.traffic),
+                "prefill": _workload_dict(self.prefill), "decode": _workload_dict(self.decode)}
+
+
+def _workload_dict(w: Workload) -> dict:
+    d = {"read_bytes": w.read_bytes, "in_flight": w.in_flight, "batches_per_layer": w.batches_per_layer}
+    if w.phase == "decode":
+        d["threads"] = w.threads
+    return d
+
+
+V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, COMPONENT_BYTES, 3, EXPERT_BYTES)
+V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
+NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
+# Engines whose reads the performance model does not describe yet, and what it predicts instead.
+MODELLED_AS = {"colibri": "ds4-argodrive"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Traffic from the routing model
+
+class _HotCache:
+    """The embedded engine's expert cache policy (engine_bridge.engine.cache.ExpertCache, DESIGN
+    §7) without values: evict the resident expert with the lowest selection count, then the least
+    recently used; counts halve every HOTNESS_HALVING_TOKENS tokens. Same clock, same choices."""
+
+    def __init__(self, capacity: int, total: int):
+        self.capacity = capacity
+        self.hot = np.zeros(total, dtype=np.float64)
+        self.last = np.zeros(total, dtype=np.int64)
+        self.resident = np.zeros(total, dtype=bool)
+        self.size = 0
+        self.clock = 0
+        self.tokens = 0
+
+    def select(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        np.add.at(self.hot, keys, counts.astype(np.float64))
+        self.clock += 1
+        self.last[keys] = self.clock
+
+    def advance(self, tokens: int) -> None:
+        before = self.tokens // HOTNESS_HALVING_TOKENS
+        self.tokens += tokens
+        halvings = self.tokens // HOTNESS_HALVING_TOKENS - before
+        if halvings:
+            self.hot *= 0.5 ** halvings
+
+    def admit(self, key: int) -> None:
+        if self.capacity <= 0:
+            return
+        if self.size >= self.capacity:
+            h = np.where(self.resident, self.hot, np.inf)
+            cand = self.resident & (self.hot == h.min())
+            victim = int(np.argmin(np.where(cand, self.last, np.iinfo(np.int64).max)))
+            self.resident[victim] = False
+            self.size -= 1
+        self.resident[key] = True
+        self.size += 1
+        self.clock += 1
+        self.last[key] = self.clock
+
+
+def _step(cache: _HotCache, sel: np.ndarray, experts: int) -> int:
+    """One step of selections (tokens, layers, k) through the cache, layer by layer as the engine
+    goes; returns the experts read (misses)."""
+    misses = 0
+    for layer in range(sel.shape[1]):
+        base = layer * experts
+        union, counts = np.unique(sel[:, layer], return_counts=True)
+        cache.select(union + base, counts)
+        for e in union[~cache.resident[union + base]]:
+            cache.admit(base + int(e))
+            misses += 1
+    cache.advance(sel.shape[0])
+    return misses
+
+
+@lru_cache(maxsize=32)
+def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_experts: int,
+             chunk_tokens: int = ROUTING_CHUNK_TOKENS, warm: int = ROUTING_WARM_TOKENS,
+             measure: int = ROUTING_MEASURE_TOKENS, seed: int = ROUTING_SEED) -> tuple[float, float]:
+    """(experts read per layer by a cold prefill of prompt_tokens in chunks, misses per decoded
+    token over `measure` tokens after `warm`), through the engine's cache policy."""
+    router = Router(RoutingModel(layers, experts, top_k, seed=seed))
+    cache = _HotCache(min(cache_experts, layers * experts), layers * experts)
+    read = 0
+    for s in range(0, prompt_tokens, chunk_tokens):
+        read += _step(cache, router.next(min(chunk_tokens, prompt_tokens - s)), experts)
+    for _ in range(warm):
+        _step(cache, router.next(1), experts)
+    missed = sum(_step(cache, router.next(1), experts) for _ in range(measure))
+    return read / layers, missed / max(1, measure)
+
+
+def default_cache(shape: ModelShape) -> int:
+    """The cache a plan assumes unless told: ds4-v41's fraction of all routed experts."""
+    return max(1, round(CACHE_FRACTION * shape.layers * shape.experts))
+
+
+def simulate_traffic(shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None) -> Traffic:
+    if prompt_tokens < 1:
+        raise UsageError(f"--prompt-tokens {prompt_tokens}: must be at least 1")
+    cache = default_cache(shape) if cache_experts is None else cache_experts
+    if cache < 0:
+        raise UsageError(f"--cache-experts {cache}: must be at least 0")
+    per_layer, misses = simulate(shape.layers, shape.experts, shape.top_k, prompt_tokens, cache)
+    return Traffic(prompt_tokens, per_layer, cache, misses, "routing-model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Each phase's reads, per engine
+
+def phase_workloads(engine: str, shape: ModelShape, traffic: Traffic, lanes: int = PREFILL_LANES,
+                    batch: int | None = None, threads: int = DECODE_THREADS) -> tuple[Workload, Workload]:
+    """(prefill, decode) Workloads: what `engine` reads for this model and traffic. `batch`:
+    component reads issued together per missed expert (default: the model's components)."""
+    model = dict(layers=shape.layers, expert_bytes=shape.expert_bytes, experts_per_layer=traffic.experts_per_layer,
+                 misses_per_token=traffic.misses_per_token)
+    return (prefill_workload(lanes, PREFILL_CHUNK, **model),
+            decode_workload(batch or shape.components, threads, shape.component_bytes, **model))
+
+
+def model_workload(engine: str, shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS,
+                   cache_experts: int | None = None, lanes: int = PREFILL_LANES, batch: int | None = None,
+                   threads: int = DECODE_THREADS) -> ModelWorkload:
+    """The workload of the rig's model (its shape from the header), traffic simulated."""
+    traffic = simulate_traffic(shape, prompt_tokens, cache_experts)
+    pre, dec = phase_workloads(engine, shape, traffic, lanes, batch, threads)
+    return ModelWorkload("model", engine, shape, traffic, pre, dec)
+
+
+def named_workload(name: str, engine: str, lanes: int = PREFILL_LANES, batch: int | None = None,
+                   threads: int = DECODE_THREADS) -> ModelWorkload:
+    """A named workload (the field's measured traffic of one model): `ds4-v41`."""
+    if name not in NAMED:
+        raise UsageError(f"--workload {name!r}: the named workloads are {', '.join(NAMED)}; or plan the rig's model")
+    shape, traffic = NAMED[name]
+    pre, dec = phase_workloads(engine, shape, traffic, lanes, batch, threads)
+    return ModelWorkload(name, engine, shape, traffic, pre, dec)
