@@ -18,6 +18,7 @@ from core.events import Progress, Reporter, emit
 from core.fsutil import fsync_dir
 from core.rig import Member, Rig
 
+from .checks import IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck
 from .coldio import align_up, aligned_buffer, open_cold
 from .drives import drive_of
 from .hashing import PieceHasher
@@ -26,7 +27,7 @@ from .modelset import DIR, FILE, SPLIT, located_files
 from .records import record_verdicts
 from .stamps import clear_stamp
 from .throttle import Clock, Pace, Pacers
-from .verify import IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck, as_model, check_member, verdict_changes
+from .verify import as_model, check_member, verdict_changes
 
 REPAIR_SUFFIX = ".repair"      # a missing file is rebuilt as .NAME.repair beside it, then renamed
 

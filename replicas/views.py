@@ -12,11 +12,11 @@ from rich.table import Table
 
 from core.units import format_bytes, format_rate
 
+from .checks import FileCheck, MemberCheck, VerifyReport
 from .manifest import ModelManifest
 from .repair import RepairResult
 from .status import MemberStatus
 from .verdict import MISMATCH, mismatch_text, plural, verdict_to_dict
-from .verify import FileCheck, MemberCheck, VerifyReport
 
 
 def when(t: float) -> str:

@@ -9,12 +9,15 @@ import re
 import pytest
 
 from core import rig as rigmod
+from replicas import checks
 from replicas import verdict as verdictmod
+from replicas.checks import FileCheck, FilePiece, MemberCheck, VerifyReport
 from replicas.manifest import Manifest, PieceRange
 from replicas.manifests import load_manifest
 from replicas.records import load_verdicts
 from replicas.verdict import (
     MISMATCH,
+    STATUS_ORDER,
     VERIFIED,
     ScrubMark,
     Verdict,
@@ -22,6 +25,8 @@ from replicas.verdict import (
     mismatch_text,
     plural,
     resume_point,
+    rollup_state,
+    rollup_verdict,
     scrub_from_doc,
     scrub_to_doc,
     standing_mismatch,
@@ -204,3 +209,36 @@ def test_manifest_of_the_rig_is_what_verdicts_name(synced):
     # A verdict is about one file: it names that file's manifest, not the model digest.
     (only,) = load_manifest(r).files
     assert {v.manifest for v in load_verdicts(r).values()} == {only.digest()}
+
+
+def test_a_member_rolls_its_files_up():
+    assert rollup_state(["identical", "identical"]) == "identical"
+    assert rollup_state(["identical", "missing", "unreadable"]) == "missing"
+    assert rollup_state(["missing", "mismatch"]) == "mismatch"          # exit 1 outranks exit 3
+    assert rollup_state(["verified", "stale", "unverified"], STATUS_ORDER) == "stale"
+    with pytest.raises(ValueError):
+        rollup_state(["bogus"])
+    a = Verdict(MISMATCH, 5.0, "m1", "full", (PieceRange(0, 0, 10),))
+    b = Verdict(MISMATCH, 7.0, "m2", "full", (PieceRange(2, 20, 10), PieceRange(3, 30, 4)))
+    ok = Verdict(VERIFIED, 9.0, "m3", "full")
+    assert rollup_verdict([a]) == a                                      # one file: its own verdict
+    assert rollup_verdict([None, None]) is None
+    both = rollup_verdict([a, ok, b])
+    assert (both.state, both.at, both.detail) == (MISMATCH, 7.0, "2 files mismatch")
+    assert both.bad == a.bad + b.bad
+    assert rollup_verdict([ok, None]).state == VERIFIED
+
+
+def test_the_checks_are_pure_and_roll_up():
+    assert impure_imports(checks) == []
+    good = FileCheck("a", "/m/a", "identical", "stamp", size=3)
+    bad = FileCheck("b", "/m/b", "mismatch", "full", bad=(PieceRange(1, 64, 64),), size=200, bytes_read=200,
+                    detail="x", pieces_checked=4)
+    gone = FileCheck("c", "/m/c", "missing", "full", detail="no such file")
+    m = MemberCheck("/m", "green", "replica", (good, bad, gone))
+    assert (m.state, m.how, m.size, m.bytes_read, m.pieces_checked) == ("mismatch", "stamp+full", 203, 200, 4)
+    assert m.bad == (FilePiece("b", 1, 64, 64),)
+    assert m.detail == "b: x; c: no such file"
+    assert VerifyReport((m,), 1.0).exit_code == 1
+    assert VerifyReport((MemberCheck("/m", "g", "replica", (good, gone)),), 1.0).exit_code == 3
+    assert VerifyReport((MemberCheck("/m", "g", "replica", (good,)),), 1.0).exit_code == 0
