@@ -8,8 +8,6 @@ from typing import List, Optional
 import typer
 
 from core.cli import JsonOption, RigOption, err, print_json
-from core.errors import UsageError
-from core.rig import Rig, load_rig, rig_dir
 from core.units import format_bytes, format_rate
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
@@ -24,22 +22,6 @@ from engine_bridge.engine.constants import (
 )
 
 
-def resolve_model(model: Optional[str], plan: Optional[str], rig: Optional[str]) -> str:
-    """The primary model file of a run: `--model`, else the plan's primary (source 0), else the
-    rig's model. UsageError when none of them names one."""
-    if model:
-        return model
-    from planner.plans import load_plan, resolve_plan_path
-
-    if plan:
-        return load_plan(resolve_plan_path(plan, Rig(root=rig_dir(rig)))).sources[0].path
-    the_rig = load_rig(rig_dir(rig), must_exist=False)
-    if the_rig.model is None:
-        raise UsageError(f"no model to run: give --model PATH, --plan PLAN, or --rig DIR whose rig.toml names one "
-                         f"(the rig at {the_rig.root} names none)")
-    return the_rig.model.path
-
-
 def _report_reader(result: dict) -> None:
     """The reader's per-source counters and its failover events, on stderr."""
     err.print(result["reader"]["text"], highlight=False, markup=False, soft_wrap=True)
@@ -50,7 +32,8 @@ def _report_reader(result: dict) -> None:
 # Options `run` and `replay` share (the same sources, cache and reader settings).
 SHARED = dict(
     plan=typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
-    replica=typer.Option([], "--replica", metavar="PATH*W", help="A replica and its base weight (repeatable)."),
+    replica=typer.Option([], "--replica", metavar="PATH*W",
+                         help="A replica (its file, first split file or directory) and its base weight (repeatable)."),
     primary_weight=typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
     decode_weights=typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
     cache_experts=typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
@@ -97,7 +80,8 @@ def register(app) -> None:
     @app.command("run")
     def run_cmd(
         model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
-                                            help="Primary model file (source 0); default: the plan's primary, else the rig's model."),
+                                            help="Primary model (source 0): its file, any file of its split set, or its "
+                                                 "directory; default: the plan's primary, else the rig's model."),
         rig: Optional[str] = RigOption,
         plan: Optional[str] = SHARED["plan"],
         replica: List[str] = SHARED["replica"],
@@ -119,15 +103,14 @@ def register(app) -> None:
         """Run the embedded MoE engine with routed experts streamed through split reads."""
         from engine_bridge.engine.blas import pin_blas_threads
         from engine_bridge.engine.run import csv_text, run_model, save_run
-        from engine_bridge.engine.sources import build_sources
+        from engine_bridge.engine.sources import build_sources, resolve_model
 
         blas = pin_blas_threads(1)
-        model = resolve_model(model, plan, rig)
-        sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
+        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig)
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
-        result = save_run(run_model(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
+        result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
                                     chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out)
         _report_reader(result)
@@ -149,8 +132,9 @@ def register(app) -> None:
     @app.command("replay")
     def replay_cmd(
         model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
-                                            help="Primary model file (any MoE GGUF; only its header is read for geometry); "
-                                                 "default: the plan's primary, else the rig's model."),
+                                            help="Primary model (a MoE GGUF file or split set, or a safetensors directory; "
+                                                 "only its headers are read for geometry); default: the plan's primary, "
+                                                 "else the rig's model."),
         rig: Optional[str] = RigOption,
         plan: Optional[str] = SHARED["plan"],
         replica: List[str] = SHARED["replica"],
@@ -172,15 +156,14 @@ def register(app) -> None:
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
         from engine_bridge.engine.replay import replay
         from engine_bridge.engine.run import save_run
-        from engine_bridge.engine.sources import build_sources
+        from engine_bridge.engine.sources import build_sources, resolve_model
 
-        model = resolve_model(model, plan, rig)
-        sources = build_sources(model, replica, primary_weight, decode_weights, plan, rig)
+        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig)
         err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
                   highlight=False, soft_wrap=True)
-        result = save_run(replay(model, sources, prompt_tokens, gen_tokens, cache_experts, lanes,
+        result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
                                  cold=not cached, hedge=hedge), csv_file=csv_file)
         _report_reader(result)

@@ -12,9 +12,10 @@ cache or a read, and the top-k contributions are summed in slot order after all 
 layer are computed, so the output token ids are the same for every cache size, source count,
 weight and lane count: they change only if a read delivers wrong bytes.
 
-Reads go through `staging.stage_reads` and the `submit(offset, length, phase) -> ticket` it is
-given (the split reader's `submit`), so an expert is computed while the reads of the next ones
-are in flight; this module opens no file. `run.run_model` is the I/O around it.
+Reads go through `staging.stage_reads` and the `submit(offset, length, phase, file=REL) -> ticket`
+it is given (the split reader's `submit`; an expert's bytes are Extents in the model's files), so
+an expert is computed while the reads of the next ones are in flight; this module opens no file.
+`run.run_model` is the I/O around it.
 """
 
 from __future__ import annotations

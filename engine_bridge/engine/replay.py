@@ -1,7 +1,8 @@
-"""Replay: the engine's reads without its compute, on any model file and these drives.
+"""Replay: the engine's reads without its compute, on any model and these drives.
 
-The expert geometry comes from the model's GGUF tensor table (only the header is read, so this
-works on the real 518 GB file); which experts each token chooses comes from the calibrated
+The expert geometry comes from the model's tensor table (only headers are read, so this works on
+the real 518 GB file; `replay_geometry`), and each expert's reads are Extents in the model's files
+(a split GGUF set or a directory of shards is read like one file); which experts each token chooses comes from the calibrated
 routing model (`planner.routing`) or from a recorded routing trace (`engine-bridge run --trace-out`).
 The same expert cache and the same staging code as the engine (`staging.stage_reads`) drive the
 same split reader, so the read pattern, and therefore what a plan delivers on these drives, is
@@ -19,10 +20,12 @@ import numpy as np
 from core.errors import RigError, UsageError
 from core.jsonfile import read_json
 from planner.routing import Router, RoutingModel
+from replicas.modelset import FILE, ModelSet
+from replicas.tensortable import inspect_model as inspect_any
 
 from .cache import ExpertCache
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
-from .model import Geometry, inspect_model
+from .model import Geometry
 from .sources import SourceSet
 from .staging import PhaseCounters, stage_reads
 
@@ -96,16 +99,25 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit, st
     return {"counters": ph, "tokens": tokens, "unions": unions, "step_seconds": steps_s}
 
 
-def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
+def replay_geometry(model: ModelSet) -> Geometry:
+    """The expert geometry replay stages, from the primary's headers: any model whose routed
+    experts the tensor table shows (a GGUF file or split set, stacked or one tensor per expert; a
+    safetensors directory), since staging reads each expert's Extents wherever they are. Only
+    `run`, which computes, needs the engine's own model (`model.inspect_model`). A one-file model
+    is looked at afresh: a rig written before models could be several files does not say its format."""
+    return inspect_any(model.path if model.layout == FILE else model)
+
+
+def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
            chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
            cold: bool = True, hedge: bool = True) -> dict:
-    """Replay a run's expert reads against `sources`; returns the replay result (REPLAY_SCHEMA).
-    hedge: re-issue a late piece on another replica (on by default, as in `run`)."""
+    """Replay a run's expert reads against `sources` (the primary's geometry); returns the replay
+    result (REPLAY_SCHEMA). hedge: re-issue a late piece on another replica (on by default, as in `run`)."""
     from engine_bridge.reader import SplitReader
 
     from .run import hedge_settings
 
-    g = inspect_model(model)
+    g = replay_geometry(sources.models[0])
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),
                         ("--chunk-tokens", chunk_tokens, 1)):
         if v < lo:
@@ -124,7 +136,7 @@ def replay(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts:
     total = g.layers * g.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
-    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold,
+    with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
                      hedge=hedge) as reader:
         out = replay_steps(g, steps, g.layers, cache, reader.submit)
         stats = reader.stats().to_dict()

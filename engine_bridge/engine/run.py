@@ -1,5 +1,5 @@
-"""A whole run of the embedded engine (the I/O ring around `inference.Engine`): a model file and
-its sources in, the run result out (RUN_SCHEMA, `kind: "run"`), plus the files a run may leave
+"""A whole run of the embedded engine (the I/O ring around `inference.Engine`): the model's
+sources in, the run result out (RUN_SCHEMA, `kind: "run"`), plus the files a run may leave
 (the ds4-bench CSV row, the routing trace for `replay --trace`)."""
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from .model import Geometry, inspect_model, load_resident
 from .sources import SourceSet
 
 
-def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
+def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
               prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
               trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True) -> dict:
-    """Load the resident weights, run prefill and greedy decode with experts streamed through a
-    SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see `run_result`).
-    hedge: re-issue a late piece on another replica (on by default: one slow drive must not hold
-    every read)."""
-    geometry = inspect_model(model)
+    """Load the primary's resident weights, run prefill and greedy decode with experts streamed
+    through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
+    `run_result`). hedge: re-issue a late piece on another replica (on by default: one slow drive
+    must not hold every read)."""
+    geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
         if v < lo:
@@ -35,7 +35,7 @@ def run_model(model: str, sources: SourceSet, prompt: int, gen: int, cache_exper
     total = geometry.layers * geometry.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
-    with SplitReader(list(sources.paths), sources.prefill, sources.decode, lanes=lanes, cold=cold,
+    with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
                      hedge=hedge) as reader:
         eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
                      dequant_threads=dequant_threads)

@@ -1,11 +1,14 @@
 """How the engine stages routed experts through the reader; shared by the engine and replay.
 
-A layer's missing experts are read in id order, contiguous experts of one tensor coalesced
-into reads of up to STAGE_BYTES in prefill (one expert per read in decode), with up to
-STAGE_WINDOW bytes submitted ahead of the expert being used. Reads go through
-`submit(offset, length, phase) -> ticket` (the split reader's `submit`; `ticket.result()` waits
-for the read's barrier); this module opens no file. Replay drives the same code, so it measures
-the engine's read pattern.
+Where an expert's bytes are comes from the geometry as one `Extent` (file, offset, length) per
+component (`Geometry.expert_ranges`), so a model of several files (a split GGUF set, a directory of
+shards) is staged like a single file. A layer's missing experts are read in id order; in prefill
+consecutive experts whose components follow each other in the same file are coalesced into one
+read per component of up to STAGE_BYTES (one expert per read in decode, and wherever the bytes
+are not contiguous, as with one tensor per expert), with up to STAGE_WINDOW bytes submitted ahead
+of the expert being used. Reads go through `submit(offset, length, phase, file=REL) -> ticket`
+(the split reader's `submit`; `ticket.result()` waits for the read's barrier); this module opens
+no file. Replay drives the same code, so it measures the engine's read pattern.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from .constants import COMPONENTS, STAGE_BYTES, STAGE_WINDOW
+from replicas.modelset import Extent
+
+from .constants import STAGE_BYTES, STAGE_WINDOW
 from .model import Geometry
 
-Submit = Callable[[int, int, str], "object"]   # (offset, length, phase) -> ticket with .result() -> bytes
+Submit = Callable[..., "object"]   # (offset, length, phase, file=REL) -> ticket with .result() -> bytes
 
 
 @dataclass
@@ -35,50 +40,72 @@ class PhaseCounters:
                 "seconds": round(self.seconds, 6), "read_wait_seconds": round(self.read_wait_seconds, 6)}
 
 
-def expert_runs(experts: Sequence[int], phase: str, component_bytes: int, stage_bytes: int = STAGE_BYTES) -> list[list[int]]:
-    """Group sorted expert ids into runs read together: in prefill, contiguous experts up to
-    stage_bytes per component tensor (one read per component); in decode, one expert each."""
-    per = max(1, stage_bytes // component_bytes) if phase == "prefill" else 1
+def follows(a: Sequence[Extent], b: Sequence[Extent]) -> bool:
+    """True when every component of `b` starts where the same component of `a` ends, in the same file."""
+    return len(a) == len(b) and all(x.file == y.file and x.offset + x.length == y.offset for x, y in zip(a, b))
+
+
+def expert_runs(experts: Sequence[int], where: Mapping[int, Sequence[Extent]], phase: str,
+                stage_bytes: int = STAGE_BYTES) -> list[list[int]]:
+    """Group sorted expert ids into runs read together (one read per component): in prefill,
+    consecutive experts whose bytes follow each other (`follows`), as long as a run's largest
+    component read stays within stage_bytes; in decode, one expert each. `where`: expert id ->
+    its extents (`Geometry.expert_ranges`)."""
     runs: list[list[int]] = []
+    widest = 0                      # bytes of the current run's largest component read
     for e in experts:
-        if runs and e == runs[-1][-1] + 1 and len(runs[-1]) < per:
+        size = max((x.length for x in where[e]), default=0)
+        if (phase == "prefill" and runs and e == runs[-1][-1] + 1 and follows(where[runs[-1][-1]], where[e])
+                and widest + size <= stage_bytes):
             runs[-1].append(e)
+            widest += size
         else:
             runs.append([e])
+            widest = size
     return runs
+
+
+def run_reads(run: Sequence[int], where: Mapping[int, Sequence[Extent]]) -> list[Extent]:
+    """The reads of a run: per component, from its first expert's extent over the whole run."""
+    first = where[run[0]]
+    return [Extent(x.file, x.offset, sum(where[e][c].length for e in run)) for c, x in enumerate(first)]
 
 
 def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int], phase: str, counters: PhaseCounters,
                 stage_bytes: int = STAGE_BYTES, window: int = STAGE_WINDOW):
-    """Yield (expert, [gate, up, down] buffers, release) for the missing experts of a layer, in id
-    order, while later reads are still in flight (at most `window` bytes submitted ahead). The
+    """Yield (expert, [a buffer per component], release) for the missing experts of a layer, in
+    id order, while later reads are still in flight (at most `window` bytes submitted ahead). The
     engine and replay both read through here, so replay measures the engine's read pattern.
     `release` is None except on a run's last expert: call it when every buffer of the run (this
     and the previous experts yielded) is no longer needed, so the reader can reuse them."""
-    cb = g.component_bytes
-    bases = [g.tensor(layer, c).offset for c in COMPONENTS]
-    todo = deque(expert_runs(missing, phase, cb, stage_bytes))
+    where = {e: g.expert_ranges(layer, e) for e in missing}
+    todo = deque(expert_runs(missing, where, phase, stage_bytes))
     pending: deque = deque()
     inflight = 0
     while todo or pending:
-        while todo and (not pending or inflight + 3 * len(todo[0]) * cb <= window):
+        while todo and (not pending or inflight + sum(x.length for x in run_reads(todo[0], where)) <= window):
             run = todo.popleft()
-            n = len(run) * cb
-            pending.append((run, [submit(b + run[0] * cb, n, phase) for b in bases]))
-            inflight += 3 * n
-            counters.reads += 3
-            counters.bytes += 3 * n
-        run, tickets = pending.popleft()
+            reads = run_reads(run, where)
+            n = sum(x.length for x in reads)
+            pending.append((run, reads, n, [submit(x.offset, x.length, phase, file=x.file) for x in reads]))
+            inflight += n
+            counters.reads += len(reads)
+            counters.bytes += n
+        run, reads, n, tickets = pending.popleft()
         t0 = time.perf_counter()
         bufs = [memoryview(t.result()) for t in tickets]
         counters.read_wait_seconds += time.perf_counter() - t0
-        inflight -= 3 * len(run) * cb
-        for b in bufs:
-            if len(b) != len(run) * cb:
-                raise RuntimeError(f"reader returned {len(b)} bytes for a {len(run) * cb}-byte read")
+        inflight -= n
+        for b, x in zip(bufs, reads):
+            if len(b) != x.length:
+                raise RuntimeError(f"reader returned {len(b)} bytes for a {x.length}-byte read")
+        at = [0] * len(reads)                     # where the next expert's bytes start in each read
         for j, e in enumerate(run):
-            last = j == len(run) - 1
-            yield e, [b[j * cb:(j + 1) * cb] for b in bufs], (_releaser(tickets) if last else None)
+            parts = []
+            for c, x in enumerate(where[e]):
+                parts.append(bufs[c][at[c]:at[c] + x.length])
+                at[c] += x.length
+            yield e, parts, (_releaser(tickets) if j == len(run) - 1 else None)
 
 
 def _releaser(tickets):

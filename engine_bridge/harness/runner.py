@@ -171,10 +171,13 @@ def snapshot() -> Snapshot:
 # -- the real runner ------------------------------------------------------------------------
 
 def engine_command(spec: ArmSpec, settings: dict, plan_path: str) -> list[str]:
-    """argv of one arm: `engine-bridge run` in a fresh interpreter, the arm's plan, --json."""
+    """argv of one arm: `engine-bridge run` in a fresh interpreter, the arm's plan, --json. With a
+    rig the run takes its model from it (the plan's primary is a rig member: the rig says whether
+    it is a file, a split set or a directory); without one, from the primary's path on disk."""
+    where = ["--rig", settings["rig"]] if settings.get("rig") else ["--model", spec.sources[0]]
     cmd = list(settings.get("wrap") or []) + [
         sys.executable, "-c", "from engine_bridge.cli import main; main()", "run",
-        "--model", spec.sources[0], "--plan", plan_path, "--json"]
+        *where, "--plan", plan_path, "--json"]
     for key, opt in (("prompt_tokens", "--prompt-tokens"), ("gen_tokens", "--gen-tokens"),
                      ("cache_experts", "--cache-experts"), ("lanes", "--lanes")):
         if settings.get(key) is not None:

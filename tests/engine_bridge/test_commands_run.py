@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from core.errors import MissingError, UsageError
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app
-from engine_bridge.commands.run import resolve_model
+from engine_bridge.engine.sources import resolve_model
 
 runner = CliRunner()
 SHORT = ["--prompt-tokens", "8", "--gen-tokens", "1", "--json"]
@@ -27,9 +27,11 @@ def test_resolve_model_prefers_the_option_then_the_plan_then_the_rig(model_dir, 
     plan = write_plan(tmp_path / "p.json", model_dir)
     rig = Rig(root=str(tmp_path / "rig"), model=Member(str(model_dir / "r2.gguf"), "internal", "primary"))
     save_rig(rig)
-    assert resolve_model("/x/m.gguf", str(plan), rig.root) == "/x/m.gguf"
-    assert resolve_model(None, str(plan), rig.root) == str(model_dir / "model.gguf")
-    assert resolve_model(None, None, rig.root) == str(model_dir / "r2.gguf")
+    assert resolve_model(str(model_dir / "r1.gguf"), str(plan), rig.root).path == str(model_dir / "r1.gguf")
+    assert resolve_model(None, str(plan), rig.root).path == str(model_dir / "model.gguf")
+    assert resolve_model(None, None, rig.root).path == str(model_dir / "r2.gguf")
+    with pytest.raises(MissingError, match="model /x/m.gguf: no such file or directory"):
+        resolve_model("/x/m.gguf", str(plan), rig.root)
     with pytest.raises(MissingError, match="plan nope: not found"):
         resolve_model(None, "nope", rig.root)
     save_rig(Rig(root=str(tmp_path / "bare")))

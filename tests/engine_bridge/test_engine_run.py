@@ -19,7 +19,7 @@ runner = CliRunner()
 def run(d, reps=(), prefill=(10,), decode=None, cache=24, lanes=8, **kw):
     paths = (str(d / "model.gguf"),) + tuple(str(d / r) for r in reps)
     src = SourceSet(paths, tuple(prefill), tuple(decode or prefill))
-    return run_model(paths[0], src, PROMPT, GEN, cache, lanes, prompt_seed=11, **kw)
+    return run_model(src, PROMPT, GEN, cache, lanes, prompt_seed=11, **kw)
 
 
 CONFIGS = [
@@ -56,7 +56,7 @@ def test_a_replica_that_delivers_a_wrong_byte_changes_the_hash(model_dir, tmp_pa
             f.seek(g.expert_ranges(0, e)[0].offset)
             f.write(b"\x00\x7b")
     src = SourceSet((str(model_dir / "model.gguf"), str(bad)), (1, 100), (1, 100))
-    r = run_model(src.paths[0], src, PROMPT, GEN, 24, 4, prompt_seed=11)
+    r = run_model(src, PROMPT, GEN, 24, 4, prompt_seed=11)
     assert r["sources"][1]["bytes"] > 0
     assert r["output_sha256"] != good
 
@@ -151,7 +151,7 @@ def test_bad_inputs_are_refused_with_one_line_and_exit_2(model_dir, tmp_path):
 
 def test_missing_model_is_exit_3(tmp_path):
     r = runner.invoke(app, ["run", "--model", str(tmp_path / "nope.gguf")])
-    assert r.exit_code == 3 and "not found" in r.output
+    assert r.exit_code == 3 and "nope.gguf: no such file or directory" in r.output
 
 
 def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_dir, tmp_path):
@@ -183,8 +183,8 @@ def test_other_expert_types_give_one_hash_across_sources_and_caches(tmp_path, qu
     m = tmp_path / "m.gguf"
     synthesize(str(m), SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=512, vocab=64, seed=1, quant=quant))
     shutil.copyfile(m, tmp_path / "r.gguf")
-    one = run_model(str(m), SourceSet((str(m),), (10,), (10,)), 16, 3, 8, 2, prompt_seed=1)
-    two = run_model(str(m), SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, 3, prompt_seed=1)
+    one = run_model(SourceSet((str(m),), (10,), (10,)), 16, 3, 8, 2, prompt_seed=1)
+    two = run_model(SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, 3, prompt_seed=1)
     assert one["output_sha256"] == two["output_sha256"]
     assert two["sources"][1]["bytes"] > 0
 

@@ -116,6 +116,10 @@ def test_engine_command():
     i = cmd.index("--model") - 1
     assert cmd[i:i + 6] == ["run", "--model", "/m", "--plan", "/p.json", "--json"]
     assert "--gen-tokens" not in cmd and cmd[cmd.index("--cache-experts") + 1] == "8" and cmd[-1] == "--cached"
+    # with a rig the arm's run takes its model from it (a split set or a directory says so there)
+    cmd = engine_command(spec, {"rig": "/rig"}, "/p.json")
+    i = cmd.index("--rig") - 1
+    assert cmd[i:i + 6] == ["run", "--rig", "/rig", "--plan", "/p.json", "--json"] and "--model" not in cmd
 
 
 def test_snapshot_reads_proc():
