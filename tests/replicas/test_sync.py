@@ -338,7 +338,7 @@ def test_write_failure_rlimit_fsize_is_exit_4_and_loses_nothing(setup, tmp_path)
 
 def test_not_enough_space_is_refused_before_writing(setup, monkeypatch):
     src, data, dests, rig = setup
-    monkeypatch.setattr("replicas.sync.free_bytes", lambda path: 1000)
+    monkeypatch.setattr("replicas.syncfacts.free_bytes", lambda path: 1000)
     with pytest.raises(Exception, match="not enough free space"):
         sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True)
     assert not os.listdir(dests[0])

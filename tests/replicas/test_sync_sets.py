@@ -233,11 +233,11 @@ def test_free_space_is_checked_for_the_whole_set_before_a_byte_is_written(setup,
     sizes = [os.path.getsize(p) for p in model.paths]
     need = sum(sizes) + headroom(sum(sizes))                 # one destination; the largest file alone fits
     assert need - 1 > max(sizes) + headroom(max(sizes))
-    monkeypatch.setattr("replicas.sync.free_bytes", lambda path: need - 1)
+    monkeypatch.setattr("replicas.syncfacts.free_bytes", lambda path: need - 1)
     with pytest.raises(WriteError, match="not enough free space"):
         sync(model.path, dests[:1], rig, piece_size=PIECE, allow_same_device=True)
     assert not os.listdir(dests[0])
-    monkeypatch.setattr("replicas.sync.free_bytes", lambda path: need)
+    monkeypatch.setattr("replicas.syncfacts.free_bytes", lambda path: need)
     assert sync(model.path, dests[:1], rig, piece_size=PIECE, allow_same_device=True).exit_code == 0
 
 
