@@ -48,10 +48,6 @@ class MemberStatus:
     def bad_pieces(self) -> int:
         return len(self.verdict.bad) if self.verdict else 0
 
-    @property
-    def not_verified(self) -> tuple[FileStatus, ...]:
-        return tuple(f for f in self.files if f.state != "verified")
-
 
 def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, Verdict], rig: Rig) -> FileStatus:
     size = os.path.getsize(path) if os.path.isfile(path) else None

@@ -37,6 +37,13 @@ def _styled(state: str, extra: str = "") -> str:
     return f"[{style}]{state}[/]" + (f" ({extra})" if extra else "")
 
 
+def _listed(files, good: str):
+    """The files to show under their member: those not in the good state, unless every file shares
+    one state (a drive unplugged, a model never verified): the member's count says it then."""
+    states = {f.state for f in files}
+    return [] if len(states) == 1 else [f for f in files if f.state != good]
+
+
 def _count(files, state: str) -> str:
     """'2 of 12 files' in that state; '' for the good state."""
     n = sum(f.state == state for f in files)
@@ -86,9 +93,8 @@ def verify_table(rep: VerifyReport, manifest: ModelManifest, manifest_file: str 
         if several:     # the files' own notes are on their rows
             note = plural(len(m.bad), "bad piece") if m.bad else (f"stamped ({m.stamped})" if m.stamped else "")
         t.add_row(m.name, m.path, _styled(m.state, _count(m.files, m.state) if several else ""), m.how, read, rate, note)
-        for f in m.files if several else ():
-            if f.state != "identical":
-                t.add_row("", f"  {f.file}", _styled(f.state), f.how, *_check_cells(f))
+        for f in _listed(m.files, "identical") if several else ():
+            t.add_row("", f"  {f.file}", _styled(f.state), f.how, *_check_cells(f))
     return t
 
 
@@ -170,7 +176,7 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
         t.add_row(x.name, x.role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
                   format_bytes(x.size) if x.size is not None else "—",
                   _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))
-        for f in x.not_verified if several else ():
+        for f in _listed(x.files, "verified") if several else ():
             t.add_row("", "", f"  {f.file}", "", "", "", format_bytes(f.size) if f.size is not None else "—",
                       _status_text(f), _when_or_never(f.last_verified))
     return t

@@ -280,3 +280,17 @@ def test_a_sample_draws_over_all_the_files_of_the_model(rigset):
     assert [m["pieces_checked"] for m in one["members"]] == [want] * 3
     assert [[f["pieces_checked"] for f in m["files"]] for m in one["members"]] == \
         [[f["pieces_checked"] for f in m["files"]] for m in again["members"]]
+
+
+def test_a_member_whose_drive_is_gone_is_one_row_however_many_files(rigset, tmp_path):
+    rig, paths, models = rigset
+    gone = os.path.dirname(paths[2]) if models[2].layout == "gguf-split" else paths[2]
+    os.rename(gone, str(tmp_path / "unplugged"))
+    n = len(models[2].files)
+    for command in ("status", "verify"):
+        r = invoke(command, "--rig", rig)
+        assert r.exit_code == (0 if command == "status" else 3)
+        rows = table_rows(r.stdout)
+        assert len(rows) == 3 and f"missing ({n} of {n} files)" in rows[2]
+    code, doc = verify_json(rig)
+    assert [f["state"] for f in doc["members"][2]["files"]] == ["missing"] * n       # --json still lists each
