@@ -24,7 +24,7 @@ from core.cli import JsonOption, QuietOption, RigOption, err, print_json
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
-from engines.ds4_argodrive import DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
+from engines.ds4_argodrive import DECODE_THREADS, PREFILL_LANES
 from engines.registry import DEFAULT_ENGINE
 from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
 
@@ -33,18 +33,20 @@ TUNER_TRIAL_S = 2.0             # the tuner's measuring key: one short trial, s
 
 
 class SplitMeasure:
-    """Bytes/s the split reader delivers for one phase's reads at some weights, on these files.
+    """Bytes/s the split reader delivers for one phase's reads at some weights, on these sources
+    (each a copy of the model: a path, or a `ModelSet` for a split set or a directory).
 
     prefill: `chunks` consecutive chunks of the workload's size per read_many (one barrier, like a
     layer's staging), `lanes` reader threads per source, at random chunk-aligned places.
     decode: `batch` components at random 4 KiB-aligned offsets together (one missed expert, one
-    barrier), `min(batch, threads / sources)` threads per source. Cold reads unless `cold=False`.
+    barrier), `min(batch, threads / sources)` threads per source. Reads go to the model's largest
+    file. Cold reads unless `cold=False`.
     """
 
-    def __init__(self, paths, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None):
+    def __init__(self, sources, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None):
         from replicas.coldio import aligned_buffer
 
-        self.paths = [str(p) for p in paths]
+        self.sources = list(sources)
         self.workloads = dict(workloads)
         self.cold = cold
         self.rng = np.random.default_rng(seed)
@@ -57,54 +59,73 @@ class SplitMeasure:
         from engine_bridge.reader.split_reader import SplitReader
 
         wl = self.workloads[phase]
-        n = len(self.paths)
+        n = len(self.sources)
         lanes = wl.in_flight if phase == "prefill" else max(1, min(wl.in_flight, wl.threads // n))
-        with SplitReader(self.paths, weights, weights, lanes=lanes, cold=self.cold) as r:
-            if r.size < wl.read_bytes:
-                raise UsageError(f"{self.paths[0]}: {r.size:,} bytes is smaller than one {phase} read "
+        with SplitReader(self.sources, weights, weights, lanes=lanes, cold=self.cold) as r:
+            file = max(r.files, key=lambda f: (r.sizes[f], f))
+            size = r.sizes[file]
+            if size < wl.read_bytes:
+                raise UsageError(f"{r.paths[0]}: its largest file holds {size:,} bytes, less than one {phase} read "
                                  f"({wl.read_bytes:,} B); measure on the model's own files")
             bufs = self._bufs[phase]
             done, t0 = 0, time.monotonic()
             while True:
                 if phase == "prefill":
-                    k = max(1, min(self.chunks, r.size // wl.read_bytes))
-                    start = int(self.rng.integers(0, r.size // wl.read_bytes - k + 1)) * wl.read_bytes
+                    k = max(1, min(self.chunks, size // wl.read_bytes))
+                    start = int(self.rng.integers(0, size // wl.read_bytes - k + 1)) * wl.read_bytes
                     ranges = [(start + i * wl.read_bytes, wl.read_bytes) for i in range(k)]
                 else:
-                    top = (r.size - wl.read_bytes) // ALIGN
+                    top = (size - wl.read_bytes) // ALIGN
                     ranges = [(int(x) * ALIGN, wl.read_bytes) for x in self.rng.integers(0, top + 1, wl.in_flight)]
-                r.read_many(ranges, phase, buffers=bufs[:len(ranges)])
+                r.read_many(ranges, phase, buffers=bufs[:len(ranges)], file=file)
                 done += sum(x[1] for x in ranges)
                 dt = time.monotonic() - t0
                 if dt >= seconds:
                     return done / dt
 
 
+def rig_sources(rig_root: str, sources) -> list:
+    """Each plan source's copy of the model (`ModelSet`): where the rig member with that path keeps
+    it (a split set or a directory as the rig describes it), else the file at that path."""
+    from engine_bridge.engine.sources import member_model
+
+    rig = load_rig(rig_root, must_exist=False)
+    return [member_model(s.path, rig) for s in sources]
+
+
 def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[str] = (),
              budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP,
              rounds: int | None = None, calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None,
-             clock=time.monotonic, on_trial=None, stop=None):
+             clock=time.monotonic, on_trial=None, stop=None, geometry: dict | None = None):
     """Solve, measure the candidates within the budget, write the measured plan. Returns (the plan
     as written, its path).
 
-    background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
+    workloads: phase -> `Workload`, or a `planner.workload.ModelWorkload` (`choose_workload`'s:
+    the plan then records it and the geometry, as `planner solve` does); background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
     seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources); stop() true: no further
-    trial (the plan is written from what was measured)."""
+    trial (the plan is written from what was measured); geometry: the plan's `geometry` block."""
+    from dataclasses import replace
+
     from planner.autotune import arms_for, measured_plan, pick, run_trials
     from planner.plans import load_inputs, load_plan, parse_background, save_plan
     from planner.solve import solve_phase, solve_plan
 
     if budget_s <= 0 or trial_s <= 0:
         raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g}: give positive seconds")
+    chosen = None
+    if not isinstance(workloads, dict):
+        chosen, workloads = workloads, {"prefill": workloads.prefill, "decode": workloads.decode}
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
     backgrounds = tuple(parse_background(b, [s.name for s in inputs.sources]) for b in background)
     plan = solve_plan(inputs.sources, inputs.drives, workloads["prefill"], workloads["decode"], backgrounds,
                       DEFAULT_ENGINE, inputs.provenance, links=inputs.links)
+    if chosen is not None and geometry is not None:
+        plan = replace(plan, geometry=geometry, workload=chosen.as_dict())
     arms = ()
     for ph in ("prefill", "decode"):
         arms += arms_for(solve_phase(inputs.drives, workloads[ph], backgrounds, DEFAULT_ENGINE, max(top, 1),
                                      inputs.links), top)
-    measure = measure or SplitMeasure([s.path for s in inputs.sources], workloads, seed, cold)
+    measure = measure or SplitMeasure(rig_sources(rig_root, inputs.sources), workloads, seed, cold)
     tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s), clock, budget_s, trial_s, rounds,
                        on_trial, stop)
     settings = {"budget_s": budget_s, "trial_s": trial_s, "top": top, "seed": seed, "cold": cold,
@@ -156,7 +177,7 @@ def register(app) -> None:
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as fit the budget)."),
         background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve --background`."),
         lanes: int = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive."),
-        batch: int = typer.Option(DECODE_BATCH, "--batch", min=1, max=64, help="Decode component reads issued together."),
+        batch: Optional[int] = typer.Option(None, "--batch", min=1, max=64, help="Decode component reads issued together (default: one per component of an expert)."),
         threads: int = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read threads over all sources."),
         fit_only: bool = typer.Option(False, "--fit-only", help="Solve with iobench's fitted models alone."),
         seed: int = typer.Option(0, "--seed", help="Seed of the random read offsets."),
@@ -165,11 +186,13 @@ def register(app) -> None:
         json_out: bool = JsonOption,
     ):
         """Solve, then measure the best candidates with the split reader (ABBA, within --budget) and write the measured best as a plan."""
-        from planner.model import decode_workload, prefill_workload
+        from planner.constants import PREFILL_TOKENS
         from planner.plan import plan_to_dict
+        from planner.rigmodel import choose_workload
 
         root = rig_dir(rig)
-        wl = {"prefill": prefill_workload(lanes), "decode": decode_workload(batch, threads)}
+        # the rig's own model's reads, as `planner solve` plans them (ds4-v41 with a notice otherwise)
+        chosen = choose_workload(root, DEFAULT_ENGINE, None, None, PREFILL_TOKENS, None, lanes, batch, threads)
         cancel = threading.Event()
         old = signal.getsignal(signal.SIGINT)
 
@@ -188,10 +211,13 @@ def register(app) -> None:
 
         signal.signal(signal.SIGINT, on_int)
         try:
-            plan, path = autotune(root, bench, wl, tuple(background or ()), budget, seconds, top, rounds, not fit_only,
-                                  seed, not cached, on_trial=on_trial, stop=cancel.is_set)
+            plan, path = autotune(root, bench, chosen.workload, tuple(background or ()), budget, seconds, top, rounds,
+                                  not fit_only, seed, not cached, on_trial=on_trial, stop=cancel.is_set,
+                                  geometry=chosen.geometry)
         finally:
             signal.signal(signal.SIGINT, old)
+        if chosen.notice and not quiet:     # said once the plan is written, so a failing command says one line
+            err.print(f"notice: {chosen.notice}", markup=False)
         if json_out:
             d = plan_to_dict(plan)
             d["path"] = path
@@ -214,8 +240,10 @@ def register(app) -> None:
         if seconds <= 0:
             raise UsageError(f"--seconds {seconds:g}: give positive seconds")
 
+        root = rig_dir(rig)
+
         def measure(state) -> float:
-            m = SplitMeasure([s.path for s in state.sources], state.workloads, cold=not cached)
+            m = SplitMeasure(rig_sources(root, state.sources), state.workloads, cold=not cached)
             return m(state.phase, state.weights(), seconds)
 
-        run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only, measure=measure)
+        run_tuner(root, bench, plan, calibrate=not fit_only, measure=measure)

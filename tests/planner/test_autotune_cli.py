@@ -3,6 +3,7 @@ real replica files (small workloads, so the files stay small)."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ def test_autotune_measures_every_candidate_each_round_and_writes_the_measured_be
 def test_split_measure_refuses_files_smaller_than_one_read(tmp_path):
     rig = rig_with_replicas(tmp_path / "rig", 1 << 20)
     m = SplitMeasure([rig.model.path] + [r.path for r in rig.replicas], dict(SMALL, prefill=prefill_workload(2, 2 << 20)))
-    with pytest.raises(UsageError, match="smaller than one prefill read"):
+    with pytest.raises(UsageError, match="less than one prefill read"):
         m("prefill", (1, 1, 1), 0.01)
     assert m("decode", (2, 1, 1), 0.01) > 0
 
@@ -90,3 +91,22 @@ def test_cli_without_a_bench_result_is_exit_3(tmp_path):
     root.mkdir()
     r = runner.invoke(app, ["autotune", "--rig", str(root)])
     assert r.exit_code == 3 and "iobench run" in r.stderr
+
+
+def test_the_rig_s_own_model_sets_the_reads_and_the_plan_records_them(tmp_path):
+    """A synthesised GGUF (557,056 B components) at the rig's three paths: autotune plans and
+    measures that model's reads, as `planner solve` does, and the plan says so."""
+    from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
+
+    rig, _ = make_rig(tmp_path / "rig")
+    synthesize(rig.model.path, check_spec(SynthSpec(2, 16, 2, 512, 1024, 256, 1, "q8_0")), lambda done, total: None)
+    for r in rig.replicas:
+        shutil.copyfile(rig.model.path, r.path)
+    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--rounds", "1", "--top", "1",
+                            "--quiet", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["workload"]["name"] == "model" and d["workload"]["decode"]["read_bytes"] == 557_056
+    assert d["geometry"]["layers"] == 2 and d["geometry"]["experts"] == 16
+    assert d["decode"]["predicted"]["sources"][0]["bytes"] + sum(s["bytes"] for s in d["decode"]["predicted"]["sources"][1:]) == 557_056
+    assert d["decode"]["measured"]["n"] == 1 and r.stderr == ""
