@@ -179,6 +179,14 @@ def _render_plan(plan: Plan, path: str) -> None:
             _render_prediction(phase.predicted, f"{ph} {':'.join(map(str, phase.weights))}")
         else:
             out.print(f"[bold]{ph}[/] {':'.join(map(str, phase.weights))} (no prediction)")
+        m = phase.measured
+        if m.get("throughput_Bps"):
+            err_pct = m.get("error_pct")
+            out.print(f"  measured {format_rate(m['throughput_Bps'])} with the split reader (median of {m.get('n', 0)}, "
+                      f"spread {m.get('spread_pct', 0.0):.1f} %, picked by {m.get('picked_by', '?')})"
+                      + (f"; prediction {err_pct:+.1f} %" if isinstance(err_pct, (int, float)) else ""))
+        elif m:
+            out.print(f"  not measured to the end (picked by {m.get('picked_by', '?')})")
         base = plan.baselines.get(ph) or {}
         for key in ("capability", "equal"):
             b = base.get(key)

@@ -210,3 +210,20 @@ def test_no_complete_round_keeps_the_solved_weights_and_says_so():
     assert out.prefill.measured["picked_by"] == "model" and out.prefill.measured["throughput_Bps"] is None
     cands = out.prefill.measured["candidates"]
     assert out.prefill.measured["runs_Bps"] == [] and cands[1]["runs_Bps"] == [1e12] and cands[1]["measured_Bps"] is None
+
+
+def test_planner_show_prints_the_measurement_beside_the_prediction(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.cli import app as planner_app
+    from planner.plans import save_plan
+    from tests.planner.helpers import make_rig
+
+    rig, _ = make_rig(tmp_path / "rig")
+    plan, a, tally, picks = _measured_run()
+    path = save_plan(rig, measured_plan(plan, a, tally, picks, {"budget_s": 300.0, "trial_s": 4.0}))
+    r = CliRunner().invoke(planner_app, ["show", path])
+    assert r.exit_code == 0, r.output
+    lines = [x.strip() for x in r.stdout.splitlines() if x.strip().startswith("measured ")]
+    assert len(lines) == 2 and all("with the split reader (median of 2" in x and "picked by measured" in x for x in lines)
+    assert lines[1].endswith("prediction -50.0 %")
