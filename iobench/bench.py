@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Sequence
@@ -25,13 +26,16 @@ from engines.ds4_argodrive import COMPONENT_BYTES
 from replicas import platform
 from replicas.coldio import ColdReader
 from replicas.drives import drive_of
+from replicas.formats import RAW
+from replicas.modelset import FILE, discover, member_set
+from replicas.tensortable import inspect_model
 
 from . import stats
 from .aggregate import model_samples, suspect_cache, window_rate
 from .constants import DRIVE_IO_UNIT, PRESETS, RESIDENT_WARN, TOGETHER_LANES
 from .devlimits import queue_limits
 from .iounit import QueueLimits
-from .layout import expert_layout
+from .layout import ExpertLayout, expert_layout
 from .meter import DeviceMeter, device_meter
 from .model import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
@@ -51,18 +55,46 @@ def check_file(path: str) -> int:
     return size
 
 
-def make_target(path: str, name: str) -> Target:
+def make_target(path: str, name: str, layout: ExpertLayout | None = None, notes: Sequence[str] = ()) -> Target:
+    """A file to read; `layout`: its experts as the model's geometry places them (else the file's
+    own GGUF table is asked)."""
     path = os.path.abspath(path)
     size = check_file(path)
-    notes = []
-    try:
-        layout = expert_layout(path)
-    except ValueError as e:
-        layout = None
-        notes.append(f"{e}; decode uses {COMPONENT_BYTES:,} B components over the whole file")
-    if layout:
-        notes.append(f"decode: {layout.component_bytes:,} B components from {len(layout.regions)} GGUF expert tensors")
+    notes = list(notes)
+    if layout is None and not notes:
+        try:
+            layout = expert_layout(path)
+        except ValueError as e:
+            notes.append(f"{e}; decode uses {COMPONENT_BYTES:,} B components over the whole file")
+        if layout:
+            notes.append(f"decode: {layout.component_bytes:,} B components from {len(layout.regions)} GGUF expert tensors")
     return Target(name=name, path=path, size=size, drive=drive_of(path), layout=layout, notes=tuple(notes))
+
+
+def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
+    """The file iobench reads on `member`'s drive and where its experts are, from the rig's model
+    (replicas.geometry, the planner's own reading): the decode read is the model's component (the
+    largest slice), and a split set's or a directory's experts may be in any of its files, so the
+    file holding most of them is read. (path, None, []) when the model has no readable geometry:
+    make_target then asks the file itself, as for a PATH."""
+    model = member_set(rig, member)
+    try:
+        if model.format == RAW and model.layout == FILE:
+            model = discover(model.path)          # a rig from before formats were recorded: ask the file
+        g = inspect_model(model)
+    except (UsageError, MissingError):
+        return member.path, None, []
+    largest = [t for t in g.tensors if t.component_bytes == g.component_bytes]
+    held = Counter()
+    for t in largest:
+        held[t.file] += t.nbytes
+    rel = held.most_common(1)[0][0]
+    regions = tuple(sorted((t.offset, t.offset + t.nbytes) for t in largest if t.file == rel))
+    note = (f"decode: the model's {g.component_bytes:,} B components from {len(regions)} expert tensors"
+            f"{f' of {rel}' if model.layout != FILE else ''}")
+    # A one-file model is the member's own file (a replica's file may be named differently).
+    path = model.path if model.layout == FILE else model.abs(rel)
+    return path, ExpertLayout(g.component_bytes, regions, g.experts), [note]
 
 
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:
@@ -79,7 +111,12 @@ def targets_from_paths(paths: Sequence[str]) -> list[Target]:
 def targets_from_rig(rig: Rig) -> list[Target]:
     if not rig.members:
         raise UsageError(f"the rig at {rig.root} has no model or replicas: run `replicas init` / `replicas sync`, or give PATHs")
-    return [make_target(m.path, m.name) for m in rig.members]
+    return [make_target(*_at(rig, m)) for m in rig.members]
+
+
+def _at(rig: Rig, member):
+    path, layout, notes = rig_layout(rig, member)
+    return path, member.name, layout, notes
 
 
 def check_run(targets: Sequence[Target], opts: RunOptions) -> None:
