@@ -24,7 +24,7 @@ from .plan import Plan, plan_to_dict
 from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .rigmodel import choose_workload
 from .solve import predict, smallest_equivalent, solve_plan
-from .workload import NAMED
+from .workload import NAMED, traffic_of
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
 
@@ -109,7 +109,10 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
     plan, idle = check_idle(plan, inputs.drives, {"prefill": wl.prefill, "decode": wl.decode}, bgs, inputs.links)
     record = wl.as_dict()
     record["idle"] = {r.phase: {"sources": list(r.idle), "why": r.text()} for r in idle}
-    plan = replace(plan, geometry=chosen.geometry, workload=record)
+    model = dict(plan.provenance.get("model") or {})
+    for ph in ("prefill", "decode"):
+        model[ph] = {**model.get(ph, {}), **traffic_of(getattr(wl, ph))}
+    plan = replace(plan, geometry=chosen.geometry, workload=record, provenance={**plan.provenance, "model": model})
     rig_obj = load_rig(root, must_exist=False)
     path = save_plan(rig_obj, plan)
     plan = load_plan(path)

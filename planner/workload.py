@@ -105,6 +105,20 @@ def _workload_dict(w: Workload) -> dict:
     return d
 
 
+# The Workload fields a plan's provenance 'model' records per phase besides the read shape, so the
+# tuner predicts what `planner solve` predicted.
+TRAFFIC_KEYS = ("layers", "expert_bytes", "experts_per_layer", "misses_per_token")
+
+
+def traffic_of(w: Workload) -> dict:
+    return {k: getattr(w, k) for k in TRAFFIC_KEYS}
+
+
+def traffic_kw(d) -> dict:
+    """Workload keyword arguments from a recorded phase (older plans record none: ds4-v41's)."""
+    return {k: (int if k in ("layers", "expert_bytes") else float)(d[k]) for k in TRAFFIC_KEYS if k in d}
+
+
 V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, COMPONENT_BYTES, 3, EXPERT_BYTES)
 V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
 NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}

@@ -14,6 +14,7 @@ from ..measured import HarnessRun, read_results
 from ..model import PHASES
 from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
+from ..rigmodel import choose_workload
 from ..solve import solve_plan
 from .state import Measured, TunerState, new_state, settings_from_provenance, tuned_plan
 
@@ -35,6 +36,9 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
         raise UsageError(f"plan {plan_name} is for sources {', '.join(s.name for s in plan.sources)}; the rig has "
                          f"{', '.join(names)}: run `planner solve --rig {rig.root}` or give another --plan")
     workloads, backgrounds = settings_from_provenance(prov, names)
+    if plan is None:    # nothing solved yet: the rig's own model (or ds4-v41 when it cannot be read)
+        chosen = choose_workload(rig.root, DEFAULT_ENGINE)
+        workloads = {"prefill": chosen.workload.prefill, "decode": chosen.workload.decode}
     solved = {ph: getattr(plan, ph).weights for ph in PHASES} if plan is not None else None
     return new_state(inputs.sources, inputs.drives, solved, workloads, backgrounds,
                      engine=plan.engine if plan is not None else DEFAULT_ENGINE, plan_name=plan_name,

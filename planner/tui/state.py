@@ -29,6 +29,7 @@ from ..model import (
 )
 from ..plan import Phase, Plan, Source
 from ..solve import predict
+from ..workload import traffic_kw, traffic_of
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,8 @@ def gain_over_solved(state: TunerState, phase: str | None = None) -> float | Non
 def model_settings(state: TunerState) -> dict:
     """The read shapes and background work the predictions assume, as `planner solve` records them."""
     pre, dec = state.workloads["prefill"], state.workloads["decode"]
-    return {"prefill": {"read_bytes": pre.read_bytes, "lanes": pre.in_flight},
-            "decode": {"read_bytes": dec.read_bytes, "batch": dec.in_flight, "threads": dec.threads},
+    return {"prefill": {"read_bytes": pre.read_bytes, "lanes": pre.in_flight, **traffic_of(pre)},
+            "decode": {"read_bytes": dec.read_bytes, "batch": dec.in_flight, "threads": dec.threads, **traffic_of(dec)},
             "background": [{"source": state.drives[b.source].name, "kind": b.kind, "value": b.value}
                            for b in state.backgrounds]}
 
@@ -204,9 +205,10 @@ def settings_from_provenance(provenance: Mapping, names: Sequence[str]) -> tuple
     m = m if isinstance(m, Mapping) else {}
     pre = m.get("prefill") if isinstance(m.get("prefill"), Mapping) else {}
     dec = m.get("decode") if isinstance(m.get("decode"), Mapping) else {}
-    wl = {"prefill": prefill_workload(**{k: int(pre[s]) for k, s in (("lanes", "lanes"), ("chunk", "read_bytes")) if s in pre}),
+    wl = {"prefill": prefill_workload(**{k: int(pre[s]) for k, s in (("lanes", "lanes"), ("chunk", "read_bytes")) if s in pre},
+                                      **traffic_kw(pre)),
           "decode": decode_workload(**{k: int(dec[s]) for k, s in (("batch", "batch"), ("threads", "threads"),
-                                                                   ("length", "read_bytes")) if s in dec})}
+                                                                   ("length", "read_bytes")) if s in dec}, **traffic_kw(dec))}
     bgs = []
     for b in m.get("background") or ():
         if isinstance(b, Mapping) and b.get("source") in names and b.get("kind") in ("engram", "busy"):

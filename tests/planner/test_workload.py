@@ -207,3 +207,21 @@ def test_a_split_using_every_source_wins_when_it_is_as_fast():
     checked, reports = check_idle(idle_plan, drives, {"decode": wl.decode})
     assert reports == [] and checked.decode.weights == every.weights
     assert all(s["bytes"] > 0 for s in checked.decode.predicted["sources"])
+
+
+def test_the_tuner_predicts_with_the_workload_the_plan_was_solved_for(tmp_path):
+    from planner.tui.load import load_tuner
+
+    rig, _ = make_rig(tmp_path / "rig")
+    write_small(rig.model.path)
+    fresh = load_tuner(rig.root)                       # no plan yet: the rig's own model
+    assert fresh.workloads["decode"].read_bytes == SMALL_COMPONENT
+    r = invoke("solve", "--rig", rig.root, "--json")
+    assert r.exit_code == 0, r.output
+    p = load_plan(json.loads(r.stdout)["path"])
+    state = load_tuner(rig.root)
+    for ph in ("prefill", "decode"):
+        wl = state.workloads[ph]
+        assert wl == fresh.workloads[ph]
+        assert wl.misses_per_token == p.workload["traffic"]["misses_per_token"]
+        assert state.views[ph].prediction.time_per_layer_s == pytest.approx(getattr(p, ph).predicted["time_per_layer_s"])
