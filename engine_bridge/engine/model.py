@@ -24,15 +24,15 @@ __all__ = ["ExpertTensor", "Geometry", "inspect_model", "Resident", "load_reside
 
 
 def inspect_model(path: str) -> Geometry:
-    """Expert geometry of a GGUF model file the engine can read (replicas.tensortable reads it):
-    stacked gate/up/down tensors whose slices are one size, since the engine stages contiguous
-    experts of one tensor as one read."""
+    """Expert geometry of a model `run` can compute (replicas.tensortable reads it): one GGUF file
+    with stacked gate/up/down tensors whose slices are one size, as `synth` writes (its
+    dequantize and resident weights assume that shape). Replay reads any geometry."""
     g = inspect_any(path)
     if not g.stacked or g.components != COMPONENTS:
         raise UsageError(f"{g.path}: routed experts are {'per-expert tensors' if not g.stacked else '/'.join(g.components)}; "
                          "the engine reads stacked blk.N.ffn_{gate,up,down}_exps.weight tensors (a GGUF model)")
     if g.layout != "file":
-        # Staging addresses a read by offset alone, so every expert must be in the one file.
+        # The resident weights are read from one file, as synth writes it.
         raise UsageError(f"{g.path}: a {g.layout} model of {len(set(t.file for t in g.tensors))} files; the engine reads "
                          "a single GGUF file (merge the set with llama-gguf-split --merge)")
     if not g.uniform:

@@ -1,5 +1,5 @@
 """The engine's geometry is replicas.geometry's, read from the tensor table alone (works on a file
-the size of the real model), and refuses what the engine cannot stage."""
+the size of the real model), and refuses what `run` cannot compute."""
 
 import os
 
@@ -66,9 +66,9 @@ def test_a_model_without_routed_experts_or_with_a_missing_one_is_refused(tmp_pat
         inspect_model(str(p))
 
 
-def test_the_engine_refuses_what_it_cannot_stage(tmp_path):
-    """The engine addresses a read by offset in one file, and stages one slice size: a split set
-    and unequal components are read by the planner's geometry but refused here, in one line."""
+def test_run_refuses_what_it_cannot_compute(tmp_path):
+    """`run` computes a one-file model shaped as synth writes it: a split set (with unequal
+    components) is read by the general geometry (replay, the planner) but refused here, in one line."""
     paths = write_moe_split_gguf(tmp_path / "s", "m")
     assert inspect_any(str(paths[0])).layout == "gguf-split"
     with pytest.raises(UsageError, match="the engine reads a single GGUF file"):
