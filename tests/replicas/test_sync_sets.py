@@ -328,3 +328,14 @@ def test_ctrl_c_in_the_third_file_keeps_every_finished_file(setup, monkeypatch):
     assert 0 < written[2] < sizes[2]                    # the interrupted one: only what was not durable
     assert written[3:] == sizes[3:]
     assert all(read(a) == read(b) for a, b in zip(model.paths, model.in_dir(dests[0]).paths))
+
+
+def test_dry_run_of_a_set_writes_nothing_and_counts_every_file(setup):
+    model, dests, rig, kind = setup
+    code, doc = sync_json("--rig", rig, "--dry-run", model.path, *dests)
+    assert code == 0 and doc["dry_run"]
+    size = sum(os.path.getsize(p) for p in model.paths)
+    for d in doc["destinations"]:
+        assert d["outcome"] == "planned" and d["action"] == "copy" and d["bytes_to_write"] == size
+        assert [f["bytes_to_write"] for f in d["files"]] == [os.path.getsize(p) for p in model.paths]
+    assert all(not os.listdir(d) for d in dests) and not os.path.exists(rig)
