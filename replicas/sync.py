@@ -213,11 +213,12 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     dest_pace = {sp.target: pacers.for_drive(drive_key(sp.dest_dir)) for sp in plans}
 
     results: dict[str, list[DestResult]] = {sp.target: [] for sp in plans}
-    failed: set[str] = set()
+    failed: set[str] = set()        # destinations with a file that failed: not published
+    stopped: set[str] = set()       # ... with a write that failed: no more files are written there
     read_total, source_verified, before = 0, {}, 0
     for k, rel in enumerate(model.files):
         src_path, ident, size, manifest = model.abs(rel), idents[rel], sizes[rel], manifests[rel]
-        active = [sp for sp in plans if sp.target not in failed]
+        active = [sp for sp in plans if sp.target not in stopped]
         file_results: dict[str, DestResult] = {}
         writers: list[DestWriter] = []
         for sp in active:
@@ -266,6 +267,8 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
             results[sp.target].append(r)
             if r.outcome == "failed":
                 failed.add(sp.target)
+                if r.exit_code == EXIT_WRITE:   # the drive is full or failing; a differing file is not
+                    stopped.add(sp.target)
         before += size
 
     dests, published = [], set()
@@ -273,7 +276,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
         files = results[sp.target]
         for rel, p in list(zip(sp.rels, sp.files))[len(files):]:   # after a failed file: not attempted
             files.append(DestResult(p.dest_dir, model.in_dir(sp.dest_dir).abs(rel), p.action, "skipped",
-                                    error="not copied: an earlier file failed here", file=rel))
+                                    error="not copied: a write failed here earlier", file=rel))
         error = _publish(sp, model, files, manifests, rig) if sp.target not in failed else ""
         r = combine_results(sp.dest_dir, sp.target, files, sp.extra, seconds=max((f.seconds for f in files), default=0.0))
         if error:

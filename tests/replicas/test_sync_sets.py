@@ -277,7 +277,7 @@ def test_a_differing_file_is_named_in_the_human_output(setup):
     model, dests, rig, kind = setup
     assert sync(model.path, dests[:1], rig, piece_size=PIECE, allow_same_device=True).exit_code == 0
     copy = model.in_dir(dests[0])
-    victim = copy.paths[-1]
+    victim = copy.paths[1]                # a file in the middle: the files after it are still judged
     data = bytearray(read(victim))
     data[len(data) // 2] ^= 0xFF
     os.unlink(victim)                     # a new file of the same size: no stamp, so it is read back
@@ -290,6 +290,34 @@ def test_a_differing_file_is_named_in_the_human_output(setup):
     assert f"{victim}: bad piece {len(data) // 2 // PIECE} at byte {len(data) // 2 // PIECE * PIECE}" in r.stderr
     assert "Traceback" not in r.output
     assert read(victim) == bytes(data)    # never overwritten without --replace
+    code, doc = sync_json("--rig", rig, model.path, dests[0])
+    files = doc["destinations"][0]["files"]
+    assert code == 1 and [f["outcome"] for f in files] == ["identical", "failed"] + ["identical"] * (len(files) - 2)
+    assert doc["destinations"][0]["error"].startswith(f"{model.files[1]}: ")
+    assert [b["file"] for b in doc["destinations"][0]["bad"]] == [model.files[1]]
+
+
+def test_a_write_failure_stops_that_destination_and_a_rerun_finishes_it(setup):
+    import resource
+
+    model, dests, rig, kind = setup
+    limit = 200_000           # bytes: the first big file cannot be written
+
+    def limit_writes():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    p = subprocess.run([sys.executable, "-m", "replicas.cli", "sync", "--rig", rig, "--json", "--quiet", "--piece-size",
+                        "64K", "--allow-same-device", model.path, dests[0]], capture_output=True, text=True,
+                       preexec_fn=limit_writes)
+    assert p.returncode == 4, p.stderr
+    files = json.loads(p.stdout)["destinations"][0]["files"]
+    big = next(i for i, path in enumerate(model.paths) if os.path.getsize(path) > limit)
+    assert [f["outcome"] for f in files] == ["copied"] * big + ["failed"] + ["skipped"] * (len(files) - big - 1)
+    assert "write failed" in files[big]["error"] and "Traceback" not in p.stderr
+    assert not os.path.exists(model.in_dir(dests[0]).path)
+    res = sync(model.path, dests[:1], rig, piece_size=PIECE, allow_same_device=True)
+    assert res.exit_code == 0
+    assert all(read(a) == read(b) for a, b in zip(model.paths, model.in_dir(dests[0]).paths))
 
 
 def test_ctrl_c_in_the_third_file_keeps_every_finished_file(setup, monkeypatch):
