@@ -269,13 +269,13 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):
-    """Prove members identical to the manifest.
+    """Prove members identical to the manifest, every file of the model on each.
 
-    Quick (default) trusts a stamp while size, mtime_ns, inode and device all still match, and
-    re-reads the rest; --full re-reads everything; --sample PCT checks a random subset of pieces.
-    The verdict per member is kept in the rig (`replicas status` shows it); Ctrl-C during --full
-    keeps each member's progress for --resume.
-    Exit 0 all identical, 1 a mismatch, 3 a member missing or unreadable, 2 bad usage.
+    Quick (default) trusts a file's stamp while its size, mtime_ns, inode and device all still
+    match, and re-reads the rest; --full re-reads everything; --sample PCT checks a random subset
+    of pieces. The verdict per file is kept in the rig (`replicas status` shows it); Ctrl-C during
+    --full keeps each file's progress for --resume.
+    Exit 0 all identical, 1 a mismatch, 3 a file missing or unreadable, 2 bad usage.
     """
     full = full or resume
     if full and sample is not None:
@@ -335,8 +335,9 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):
-    """Re-copy only the bad pieces of a replica from a member whose pieces verify, then verify
-    again; the result replaces the verdict `replicas status` shows."""
+    """Re-copy only the bad pieces of a replica's bad files from a member whose pieces verify (a
+    missing file whole, through a temporary name), then verify again; the result replaces the
+    verdicts `replicas status` shows."""
     rate = _rate(max_rate)
     r = _rig(rig)
     manifest = load_manifest(r)
@@ -378,7 +379,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
 def forget(member: str = typer.Argument(..., metavar="PATH", help="The member to forget: its path or drive name."),
            rig: Optional[str] = RigOption):
     """Remove a member from the rig: its line in rig.toml and the rig's verdicts, progress and
-    sidecar stamps about it. Its file is never deleted or touched, so a member whose drive is
+    sidecar stamps about each of its files. Its files are never deleted or touched, so a member whose drive is
     gone can be forgotten without the drive. The model (primary) goes only once no replica is left."""
     r = _rig(rig)
     m = forget_member(r, member)
