@@ -159,3 +159,13 @@ def test_the_pure_parse_on_a_table_alone():
         geometry_from_table(odd)
     with pytest.raises(UsageError, match="need the number of experts chosen per token"):
         geometry_from_table(_table(names, meta={"a.expert_used_count": 9}))
+
+
+def test_the_geometry_record_keys_are_pinned():
+    """Plans record Geometry.as_dict (planner plan schema 2): its keys are a contract."""
+    names = [f"blk.{l}.ffn_{c}_exps.weight" for l in (0, 1) for c in ("gate", "up", "down")]
+    d = geometry_from_table(_table(names)).as_dict()
+    assert list(d) == ["path", "file_size", "arch", "layers", "experts", "top_k", "component_bytes", "expert_bytes",
+                       "alignment", "format", "layout", "stacked", "components", "component_sizes", "shared_experts"]
+    assert d["component_sizes"] == {"gate": [64], "up": [64], "down": [64]} and d["expert_bytes"] == 192
+    assert json.loads(json.dumps(d)) == d
