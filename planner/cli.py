@@ -176,6 +176,7 @@ def _render_prediction(p: dict, title: str) -> None:
 def _render_plan(plan: Plan, path: str) -> None:
     out.print(f"[bold]plan[/] {path}  ({plan.engine}, {plan.created})")
     out.print("sources: " + ", ".join(f"{i}:{s.name}={s.path}" for i, s in enumerate(plan.sources)))
+    _render_workload(plan)
     for ph in ("prefill", "decode"):
         phase = getattr(plan, ph)
         if phase.predicted:
@@ -208,6 +209,23 @@ def _render_plan(plan: Plan, path: str) -> None:
                   f"{format_rate(link.get('ceiling_Bps', 0))} together")
     if prov:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
+
+
+def _render_workload(plan: Plan) -> None:
+    """The model and traffic the plan was solved for (schema 2 plans), and any idle source."""
+    g, w = plan.geometry, plan.workload
+    if not g or not w:
+        return
+    t = w.get("traffic") or {}
+    name = w.get("name") if w.get("name") != "model" else g.get("path")
+    out.print(f"workload: {name}: {g.get('layers')} layers x {g.get('experts')} experts, {g.get('top_k')} per token, "
+              f"{g.get('component_bytes', 0):,} B components; {t.get('experts_per_layer', 0):.1f} experts per layer at "
+              f"{t.get('prompt_tokens')} tokens, {t.get('misses_per_token', 0):.2f} misses per token with "
+              f"{t.get('cache_experts')} cached ({t.get('source')})", markup=False)
+    if w.get("modelled_as") and w.get("modelled_as") != w.get("engine"):
+        out.print(f"  {w.get('engine')}'s reads are predicted as {w.get('modelled_as')}'s", markup=False)
+    for rep in (w.get("idle") or {}).values():
+        out.print(f"  idle: {rep.get('why')}", markup=False)
 
 
 @app.command()

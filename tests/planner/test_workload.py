@@ -225,3 +225,20 @@ def test_the_tuner_predicts_with_the_workload_the_plan_was_solved_for(tmp_path):
         assert wl == fresh.workloads[ph]
         assert wl.misses_per_token == p.workload["traffic"]["misses_per_token"]
         assert state.views[ph].prediction.time_per_layer_s == pytest.approx(getattr(p, ph).predicted["time_per_layer_s"])
+
+
+def test_show_says_the_workload_and_the_idle_source(tmp_path):
+    rig, _ = make_rig(tmp_path / "rig")
+    write_small(rig.model.path)
+    r = invoke("solve", "--rig", rig.root, "--json")
+    path = json.loads(r.stdout)["path"]
+    shown = invoke("show", path)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert f"workload: {rig.model.path}: 6 layers x 32 experts, 4 per token, 557,056 B components;" in text
+    assert "(routing-model)" in text and "idle: decode: laggy reads nothing" in text
+    r = invoke("solve", "--rig", rig.root, "--workload", "ds4-v41", "--engine", "colibri", "--json")
+    shown = invoke("show", json.loads(r.stdout)["path"])
+    text = " ".join(shown.stdout.split())
+    assert "workload: ds4-v41: 40 layers x 384 experts, 6 per token, 6,635,520 B components; 187.4 experts per layer" in text
+    assert "colibri's reads are predicted as ds4-argodrive's" in text
