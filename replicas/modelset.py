@@ -63,8 +63,12 @@ class ModelSet:
         return tuple(self.abs(r) for r in self.files)
 
     def at(self, member_path: str) -> ModelSet:
-        """The same model where another member keeps it (its file, first file or directory)."""
-        return replace(self, path=os.path.abspath(member_path))
+        """The same model where another member keeps it (its file, first file or directory). A
+        one-file model's replica may have another name than the primary: its file is its own."""
+        path = os.path.abspath(member_path)
+        if self.layout == FILE:
+            return replace(self, path=path, files=(os.path.basename(path),))
+        return replace(self, path=path)
 
     def in_dir(self, dest_dir: str) -> ModelSet:
         """The same model copied into `dest_dir` under its own name."""

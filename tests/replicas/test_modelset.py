@@ -157,3 +157,14 @@ def test_init_refuses_a_second_model_in_one_rig(tmp_path):
     b = shutil.copy(a, tmp_path / "other.gguf")
     assert init(tmp_path, a).exit_code == 0
     one_line(init(tmp_path, b), 2, "already has model")
+
+
+def test_a_one_file_replica_keeps_its_own_name_and_sets_keep_theirs(tmp_path):
+    (path,) = write_split_gguf(tmp_path / "m", "solo", 1)
+    one = discover(str(path))
+    copy = one.at(str(tmp_path / "green" / "renamed.gguf"))
+    assert copy.files == ("renamed.gguf",) and copy.paths == (str(tmp_path / "green" / "renamed.gguf"),)
+    parts = write_split_gguf(tmp_path / "s", "moe", 2)
+    split = discover(str(parts[0]))
+    there = split.at(str(tmp_path / "white" / parts[0].name))
+    assert there.files == split.files and there.paths == tuple(str(tmp_path / "white" / p.name) for p in parts)
