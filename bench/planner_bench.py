@@ -323,11 +323,16 @@ def inner(a) -> int:
 
 
 def run_iobench(rig, a):
-    """iobench's own trials (every preset, each drive alone) -> a BenchResult with fitted models."""
-    from iobench.bench import RunOptions, run_bench, targets_from_rig
+    """iobench's own trials (every preset, each drive alone) -> a BenchResult with fitted models.
+    The decode preset reads `--component` bytes, as the model planned for would."""
+    from iobench.bench import RunOptions, make_target, run_bench
+    from iobench.layout import ExpertLayout
 
+    layout = ExpertLayout(a.component, ((0, a.file_size),), a.file_size // a.component)
+    targets = [make_target(m.path, m.name, layout, [f"decode: {a.component:,} B components (--component)"])
+               for m in rig.members]
     opts = RunOptions(seconds=a.iobench_seconds, repeat=a.iobench_repeat, together=False, seed=a.seed)
-    return run_bench(targets_from_rig(rig), opts)
+    return run_bench(targets, opts)
 
 
 def main() -> int:
