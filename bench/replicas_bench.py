@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -65,6 +64,34 @@ def main() -> None:
     sys.exit(1 if failed else 0)
 
 
+def measure_ceilings(tb: Testbed, src_name: str, src_file: str, src_bytes: int, dst_names: list[str],
+                     probe_bytes: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Ceilings measured in this run, with fio (bw_bytes), on these drives: the source's read of
+    its file, each destination's write and read of a probe file. Returns (read_bw, write_bw)."""
+    read_bw = {src_name: fio_seq(tb, src_file, "read", src_bytes)}
+    write_bw = {}
+    for n in dst_names:
+        probe = os.path.join(tb.mount(n), "fio-probe")
+        write_bw[n] = fio_seq(tb, probe, "write", probe_bytes)
+        read_bw[n] = fio_seq(tb, probe, "read", probe_bytes)
+        os.unlink(probe)
+    return read_bw, write_bw
+
+
+def rsync_in_turn(tb: Testbed, dst_names: list[str], args: list[str]) -> float:
+    """Seconds for `rsync ARGS DEST/` to each destination in turn (the usual way), cold."""
+    rs_dirs = [os.path.join(tb.mount(n), "rsync") for n in dst_names]
+    for d in rs_dirs:
+        os.makedirs(d)
+    t = 0.0
+    drop_caches()
+    for d in rs_dirs:
+        t += tb.timed(["rsync", *args, d + "/"], cold=False)
+    for d in rs_dirs:
+        shutil.rmtree(d)
+    return t
+
+
 def file_case(size: int, ceilings: dict[str, float], a) -> None:
     names = list(ceilings)
     src_name, dst_names = names[0], names[1:3]
@@ -73,25 +100,9 @@ def file_case(size: int, ceilings: dict[str, float], a) -> None:
         print(f"testbed: read {a.read} MB/s, write {a.write_mbs:g} MB/s; model {size / 1e9:.2f} GB", flush=True)
         write_random([src], size, seed=1)
 
-        # Ceilings measured in this run, with fio (bw_bytes), on these drives.
-        read_bw = {src_name: fio_seq(tb, src, "read", size)}
-        write_bw = {}
-        for n in dst_names:
-            probe = os.path.join(tb.mount(n), "fio-probe")
-            write_bw[n] = fio_seq(tb, probe, "write", min(size, 512 << 20))
-            read_bw[n] = fio_seq(tb, probe, "read", min(size, 512 << 20))
-            os.unlink(probe)
-
-        # rsync to each destination in turn (the usual way), made durable like ours.
-        rs_dirs = [os.path.join(tb.mount(n), "rsync") for n in dst_names]
-        for d in rs_dirs:
-            os.makedirs(d)
-        t_rsync = 0.0
-        drop_caches()
-        for d in rs_dirs:
-            t_rsync += tb.timed(["rsync", "--fsync", "--whole-file", src, d + "/"], cold=False)
-        for d in rs_dirs:
-            shutil.rmtree(d)
+        read_bw, write_bw = measure_ceilings(tb, src_name, src, size, dst_names, min(size, 512 << 20))
+        # rsync to each destination in turn, made durable like ours.
+        t_rsync = rsync_in_turn(tb, dst_names, ["--fsync", "--whole-file", src])
 
         # replicas sync without the read-back (the copy itself), then with it (the default).
         def sync_to(sub: str, rig: str, extra: list[str]) -> float:
@@ -135,25 +146,19 @@ def file_case(size: int, ceilings: dict[str, float], a) -> None:
 # ---------------------------------------------------------------------------------------------
 # The directory case (issue 10): a safetensors checkpoint of several shards.
 
-def write_safetensors_shard(path: str, nbytes: int, seed: int, block: int = 16 << 20) -> None:
-    """A real safetensors file holding one U8 tensor of `nbytes` random bytes: the 8-byte header
-    length, the JSON header (padded to 8 bytes as the library does), then the data, written in
-    blocks (no 200 MB array in memory) and fsynced."""
+def write_safetensors_shard(path: str, nbytes: int, seed: int) -> None:
+    """A real safetensors file, written by the safetensors library (numpy API), holding one U8
+    tensor of `nbytes` random bytes; fsynced."""
     import numpy as np
+    from safetensors.numpy import save_file
 
-    header = json.dumps({"__metadata__": {"format": "pt"},
-                         "weight": {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}).encode()
-    header += b" " * (-len(header) % 8)
-    rng = np.random.default_rng(seed)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
-        left = nbytes
-        while left > 0:
-            data = rng.bytes(min(block, left))
-            f.write(data)
-            left -= len(data)
-        f.flush()
-        os.fsync(f.fileno())
+    save_file({"weight": np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)}, path,
+              metadata={"format": "pt"})
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_checkpoint(folder: str, size: int, shards: int) -> list[str]:
@@ -191,25 +196,11 @@ def dir_case(size: int, shards: int, ceilings: dict[str, float], a) -> bool:
         biggest = max(files, key=os.path.getsize)
         print(wait_writeback(), flush=True)
 
-        # Ceilings measured in this run, with fio (bw_bytes), on these drives.
-        read_bw = {src_name: fio_seq(tb, biggest, "read", os.path.getsize(biggest) >> 20 << 20)}   # whole MiB: fio's bs
-        write_bw = {}
-        for n in dst_names:
-            probe = os.path.join(tb.mount(n), "fio-probe")
-            write_bw[n] = fio_seq(tb, probe, "write", min(total, 512 << 20))
-            read_bw[n] = fio_seq(tb, probe, "read", min(total, 512 << 20))
-            os.unlink(probe)
-
+        # whole MiB of the largest shard: fio's block size
+        read_bw, write_bw = measure_ceilings(tb, src_name, biggest, os.path.getsize(biggest) >> 20 << 20, dst_names,
+                                             min(total, 512 << 20))
         # rsync -a of the directory to each destination in turn, made durable like ours.
-        rs_dirs = [os.path.join(tb.mount(n), "rsync") for n in dst_names]
-        for d in rs_dirs:
-            os.makedirs(d)
-        t_rsync = 0.0
-        drop_caches()
-        for d in rs_dirs:
-            t_rsync += tb.timed(["rsync", "-a", "--fsync", "--whole-file", src, d + "/"], cold=False)
-        for d in rs_dirs:
-            shutil.rmtree(d)
+        t_rsync = rsync_in_turn(tb, dst_names, ["-a", "--fsync", "--whole-file", src])
 
         def sync_to(sub: str, rig: str, extra: list[str]) -> float:
             dirs = [os.path.join(tb.mount(n), sub) for n in dst_names]
