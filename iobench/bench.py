@@ -92,9 +92,7 @@ def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
     regions = tuple(sorted((t.offset, t.offset + t.nbytes) for t in largest if t.file == rel))
     note = (f"decode: the model's {g.component_bytes:,} B components from {len(regions)} expert tensors"
             f"{f' of {rel}' if model.layout != FILE else ''}")
-    # A one-file model is the member's own file (a replica's file may be named differently).
-    path = model.path if model.layout == FILE else model.abs(rel)
-    return path, ExpertLayout(g.component_bytes, regions, g.experts), [note]
+    return model.abs(rel), ExpertLayout(g.component_bytes, regions, g.experts), [note]
 
 
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:

@@ -100,6 +100,7 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
         decode = parse_weights(decode_weights) if decode_weights else prefill
     if len(decode) != len(paths):
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {len(decode)} weights for {len(paths)} sources; "
-                         "give exactly one per source, primary first (the engine silently ignores a wrong count)")
+                         "give exactly one per source, primary first (with another count ds4 logs \"ds4: ignoring "
+                         "DS4_ARGODRIVE_DECODE_WEIGHTS=...\" and reads with the base weights)")
     models = (model,) + tuple(member_model(p, the_rig, model) for p in paths[1:])
     return SourceSet(models=models, prefill=prefill, decode=decode)

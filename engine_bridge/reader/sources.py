@@ -30,12 +30,6 @@ from .readstats import ReaderEvent
 FIX = "a source is the model or a replica of it on a mounted drive"
 
 
-def file_paths(model: ModelSet) -> tuple[str, ...]:
-    """Where a source keeps each of the model's files. A one-file model's replica may have a name
-    of its own (the engine only asks for a regular file of the same size), so its file is its path."""
-    return (model.path,) if model.layout == FILE else model.paths
-
-
 def source_name(i: int, model: ModelSet) -> str:
     """How messages name a source: its index and the member's path (file, first file or directory)."""
     return f"source {i} ({model.path})"
@@ -55,11 +49,11 @@ def check_sources(models: Sequence[ModelSet]) -> list[tuple[Identity, ...]]:
         # one file: "source 1 /g/model.gguf: …"; several: "source 1 (/g/model): file /g/model/a.safetensors: …"
         role = f"source {i}" if m.layout == FILE else f"{source_name(i, m)}: file"
         per: list[Identity] = []
-        for fi, (rel, p) in enumerate(zip(m.files, file_paths(m))):
+        for fi, (rel, p) in enumerate(zip(m.files, m.paths)):
             st = require_file(p, role, FIX)
             if ident and st.st_size != ident[0][fi][2]:
                 raise UsageError(f"{role} {p}: size {st.st_size} differs from the primary's {ident[0][fi][2]} "
-                                 f"({file_paths(primary)[fi]}); a replica must be a byte-identical copy: re-copy it with "
+                                 f"({primary.paths[fi]}); a replica must be a byte-identical copy: re-copy it with "
                                  "`replicas sync`")
             key = (st.st_dev, st.st_ino)
             if key in seen:
@@ -84,14 +78,14 @@ def open_sources(models: Sequence[ModelSet], identity: Sequence[Sequence[Identit
     i, m = 0, models[0]
     try:
         for i, m in enumerate(models):
-            files = SourceFiles(file_paths(m), identity[i], opener)
+            files = SourceFiles(m.paths, identity[i], opener)
             out.append(files)
             files.acquire(0)
             files.release(0)
     except OSError as e:
         close_sources(out)
         rel = m.files[0]
-        raise MissingError(f"{source_name(i, m)}: file {rel}: cannot open {e.filename or file_paths(m)[0]} for reading "
+        raise MissingError(f"{source_name(i, m)}: file {rel}: cannot open {e.filename or m.paths[0]} for reading "
                            f"({e.strerror or e}); check the drive is mounted and the file readable") from None
     return out
 
@@ -226,7 +220,7 @@ class SourceHealth:
                 failed = self._degraded[i]
             if failed:
                 continue
-            for fi, (rel, p) in enumerate(zip(m.files, file_paths(m))):
+            for fi, (rel, p) in enumerate(zip(m.files, m.paths)):
                 why = source_change(p, self.identity[i][fi])
                 if why:
                     self.event("vanished", i, f"{p}: {why}", file=rel)

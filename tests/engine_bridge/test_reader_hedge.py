@@ -19,7 +19,6 @@ from engine_bridge.reader import hedging
 from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
 from engine_bridge.reader.readstats import healthy_split
-from engine_bridge.reader.sources import file_paths
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
@@ -124,7 +123,7 @@ def _until(cond) -> None:
 def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None, file=None):
     """Submit a read (of `file`, for a multi-file model) whose piece on the stalled source blocks,
     wait until every other piece has landed, then make the held one late (only it); return the ticket."""
-    held = next(i for i, m in enumerate(r.models) if stall.path in file_paths(m))
+    held = next(i for i, m in enumerate(r.models) if stall.path in m.paths)
     before = [x.reads for x in r.stats().sources]
     healthy = [i for i, d in enumerate(r.degraded) if not d]
     weights = r.decode_weights if phase == "decode" else r.weights
