@@ -23,7 +23,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from core.errors import MissingError
@@ -72,6 +72,26 @@ class LaneCounters:
     bytes_done: int                  # bytes returned to callers
     hedged: tuple[int, ...] = ()     # hedge reads served for another source's late piece
     late: tuple[int, ...] = ()       # pieces that missed their deadline
+    phases: dict = field(default_factory=dict)   # phase -> PhaseTally (a copy): the same per phase
+
+
+class PhaseTally:
+    """One phase's counters (the lanes' lock guards them): what the split gave each source, what
+    each source delivered, and the phase's whole reads."""
+
+    __slots__ = ("given_bytes", "given_pieces", "bytes", "reads", "reads_done", "bytes_done", "largest_read")
+
+    def __init__(self, n: int):
+        self.given_bytes, self.given_pieces = [0] * n, [0] * n
+        self.bytes, self.reads = [0] * n, [0] * n
+        self.reads_done = self.bytes_done = self.largest_read = 0
+
+    def copy(self) -> PhaseTally:
+        t = PhaseTally(0)
+        for k in self.__slots__:
+            v = getattr(self, k)
+            setattr(t, k, list(v) if isinstance(v, list) else v)
+        return t
 
 
 def read_piece(reader: ColdReader, buf, base: int, off: int, ln: int, scratch) -> None:
@@ -118,6 +138,7 @@ class Lanes:
         self._lat = [array("q") for _ in range(n)]
         self._reads_done = 0
         self._bytes_done = 0
+        self._phases: dict[str, PhaseTally] = {}
         self._alive = [lanes] * n
         self._abandoned = [False] * n     # closed while a read on it hangs: its last lane closes its reader
         self._queues = [LaneQueue() for _ in range(n)]
@@ -140,11 +161,22 @@ class Lanes:
         piece = Piece(ticket, src, off, ln)
         att = Attempt(piece, src, MAIN, off, ln, ticket._work, ticket._base)
         with self._lock:
+            tally = self._tally(ticket.phase)
+            tally.given_bytes[src] += ln
+            tally.given_pieces[src] += 1
+            tally.largest_read = max(tally.largest_read, ticket.length)
             piece.active = 1
             ticket._writers += 1
             if self.hedger is not None:
                 self.hedger.enqueued(att)
         self._queues[src].put(att)
+
+    def _tally(self, phase: str) -> PhaseTally:
+        """The phase's counters (lock held), made on its first read."""
+        t = self._phases.get(phase)
+        if t is None:
+            t = self._phases[phase] = PhaseTally(len(self.sources))
+        return t
 
     def put_front(self, att: Attempt) -> None:
         """Queue a hedge or probe at the front of its source's queue (the hedger calls this)."""
@@ -156,8 +188,9 @@ class Lanes:
             snap = (tuple(self._bytes), tuple(self._reads), tuple(self._failover_bytes), tuple(self._lands_last),
                     tuple(self._gap_ns), self._reads_done, self._bytes_done)
             hl = self.hedger.counters() if self.hedger is not None else ((0,) * len(self.sources),) * 2
+            phases = {ph: t.copy() for ph, t in self._phases.items()}
         b, r, fb, ll, gap, rd, bd = snap
-        return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd, hl[0], hl[1])
+        return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd, hl[0], hl[1], phases)
 
     def close(self) -> list[int]:
         """Stop every lane after the attempts already queued and wait for them, except the lanes of a
@@ -265,6 +298,9 @@ class Lanes:
                     piece.done = True
                     self._bytes[s] += att.ln
                     self._reads[s] += 1
+                    tally = self._tally(ticket.phase)
+                    tally.bytes[s] += att.ln
+                    tally.reads[s] += 1
                     if att.kind == MAIN and s != piece.src:
                         self._failover_bytes[s] += att.ln
                     if att.kind == HEDGE:
@@ -320,6 +356,9 @@ class Lanes:
                 self._gap_ns[ll[0]] += ll[1]
             self._reads_done += 1
             self._bytes_done += ticket.length
+            tally = self._tally(ticket.phase)
+            tally.reads_done += 1
+            tally.bytes_done += ticket.length
         tainted = ticket._writers > 0 and ticket._work is ticket._buf
         return ticket, tainted, list(ticket._patches)
 

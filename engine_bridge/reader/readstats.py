@@ -59,15 +59,46 @@ class SourceStats:
 
 
 @dataclass(frozen=True)
+class PhaseSourceStats:
+    """One source's part of one phase's reads."""
+
+    index: int
+    given_bytes: int            # bytes the split gave this source (its pieces), whoever delivered them
+    given_pieces: int           # pieces the split gave it
+    bytes: int                  # bytes it delivered (its own pieces, and others' it re-read or hedged)
+    reads: int                  # pieces it delivered
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "bytes": self.bytes, "reads": self.reads, "given_bytes": self.given_bytes,
+                "given_pieces": self.given_pieces}
+
+
+@dataclass(frozen=True)
+class PhaseStats:
+    """What one phase ('prefill' or 'decode') read, in all and per source."""
+
+    phase: str
+    reads: int                  # whole reads (barriers) completed in the phase
+    bytes: int                  # bytes of those reads
+    largest_read: int           # bytes of the largest read submitted in the phase (0: none)
+    sources: tuple[PhaseSourceStats, ...]
+
+    def to_dict(self) -> dict:
+        return {"reads": self.reads, "bytes": self.bytes, "largest_read": self.largest_read,
+                "sources": [s.to_dict() for s in self.sources]}
+
+
+@dataclass(frozen=True)
 class ReaderStats:
     sources: tuple[SourceStats, ...]
     events: tuple[ReaderEvent, ...] = ()
     reads: int = 0              # whole reads (barriers) completed
     bytes: int = 0              # bytes returned to callers
+    phases: tuple[PhaseStats, ...] = ()    # the same counted per phase, prefill then decode
 
     def to_dict(self) -> dict:
         return {"reads": self.reads, "bytes": self.bytes, "sources": [s.to_dict() for s in self.sources],
-                "events": [e.to_dict() for e in self.events]}
+                "events": [e.to_dict() for e in self.events], "phases": {p.phase: p.to_dict() for p in self.phases}}
 
 
 def percentile(sorted_values: Sequence[int], q: float) -> int:

@@ -41,7 +41,7 @@ from .buffers import POOL_BYTES, BufferPool, check_buffer, span
 from .hedger import Hedger
 from .hedging import HedgePolicy, check_policy
 from .lanes import Lanes, ReadTicket
-from .readstats import ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
+from .readstats import PhaseSourceStats, PhaseStats, ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
 from .sources import SourceHealth, check_sources, close_sources, open_sources
 
 PHASES = ("prefill", "decode")
@@ -85,7 +85,8 @@ class SplitReader:
         decode = weights if decode_weights is None else check_weights(tuple(decode_weights), engine)
         if len(decode) != len(paths):
             raise UsageError(f"split reader: {len(decode)} decode weights ({':'.join(map(str, decode))}) for "
-                             f"{len(paths)} sources; give exactly one per source (the engine silently ignores a wrong count)")
+                             f"{len(paths)} sources; give exactly one per source (with another count ds4 logs \"ds4: ignoring "
+                             "DS4_ARGODRIVE_DECODE_WEIGHTS=...\" and reads with the base weights)")
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise UsageError(f"split reader: lanes must be an integer >= 1, got {lanes!r}")
         policy = hedge_policy or HedgePolicy()
@@ -227,7 +228,15 @@ class SplitReader:
             degraded=degraded[i], events=src_events[i], failover_bytes=c.failover_bytes[i], hedged=c.hedged[i],
             late=c.late[i], slow=slow[i])
             for i in range(len(self.paths)))
-        return ReaderStats(sources=srcs, events=events, reads=c.reads_done, bytes=c.bytes_done)
+        return ReaderStats(sources=srcs, events=events, reads=c.reads_done, bytes=c.bytes_done,
+                           phases=tuple(self._phase_stats(ph, c.phases.get(ph)) for ph in PHASES))
+
+    def _phase_stats(self, phase: str, t) -> PhaseStats:
+        n = len(self.paths)
+        if t is None:           # the phase issued no read
+            return PhaseStats(phase, 0, 0, 0, tuple(PhaseSourceStats(i, 0, 0, 0, 0) for i in range(n)))
+        return PhaseStats(phase, t.reads_done, t.bytes_done, t.largest_read, tuple(
+            PhaseSourceStats(i, t.given_bytes[i], t.given_pieces[i], t.bytes[i], t.reads[i]) for i in range(n)))
 
     def format_stats(self) -> str:
         return format_stats(self.stats())
