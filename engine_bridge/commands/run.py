@@ -29,6 +29,14 @@ def _report_reader(result: dict) -> None:
         err.print(f"event: {e['kind']} source {e['source']}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
 
 
+def _report_idle(result: dict) -> None:
+    """A source that read nothing in a phase: a warning when it was given bytes (the run did not
+    measure the plan asked for), a note when the split gave it nothing (docs/engine.md)."""
+    for e in result.get("idle") or ():
+        label = "warning" if e["kind"] == "unread" else "note"
+        err.print(f"{label}: {e['message']}", highlight=False, markup=False, soft_wrap=True)
+
+
 # Options `run` and `replay` share (the same sources, cache and reader settings).
 SHARED = dict(
     plan=typer.Option(None, "--plan", metavar="PLAN", help="Plan file, 'latest', or a name in <rig>/plans: sources and weights."),
@@ -120,6 +128,9 @@ def register(app) -> None:
                       f"({100 * c['read_wait_seconds'] / max(c['seconds'], 1e-9):.0f} %), read {format_bytes(c['bytes'])} "
                       f"at {format_rate(c['bytes'] / max(c['seconds'], 1e-9))}, hits {c['hits']} misses {c['misses']}",
                       highlight=False, soft_wrap=True)
+            err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {s['reads']} pieces"
+                                                      for s in c["sources"]), highlight=False, soft_wrap=True)
+        _report_idle(result)
         err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
                   highlight=False, soft_wrap=True)
         if json_out:

@@ -15,9 +15,11 @@ from engine_bridge.reader import SplitReader
 
 from .cache import ExpertCache
 from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
+from .idle import PHASES, idle_sources
 from .inference import Engine, RunOutcome, prompt_tokens, tokens_sha256
 from .model import Geometry, inspect_model, load_resident
 from .sources import SourceSet
+from .staging import PhaseCounters
 
 
 def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
@@ -25,7 +27,8 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
               trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True) -> dict:
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
-    `run_result`). hedge: re-issue a late piece on another replica (on by default: one slow drive
+    `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
+    sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on another replica (on by default: one slow drive
     must not hold every read)."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
@@ -78,6 +81,9 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
     misses = o.prefill.misses + o.decode.misses
     gen = len(o.step_seconds)
     sd = stats.to_dict()
+    phases = sd["phases"]
+    weights = {"prefill": list(sources.prefill), "decode": list(sources.decode)}
+    idle = idle_sources(phases, weights, sources.paths, [s.degraded for s in stats.sources], sources.planned)
     return {
         "schema": RUN_SCHEMA,
         "kind": "run",
@@ -88,18 +94,26 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "hits": hits,
         "misses": misses,
         "misses_per_token": round(o.decode.misses / gen, 4) if gen else 0.0,
-        "weights": {"prefill": list(sources.prefill), "decode": list(sources.decode)},
+        "weights": weights,
         "sources": sd["sources"],
         "events": sd["events"],
         "lanes": lanes,
         **(hedging or {"hedge": False, "hedge_policy": None}),
         "model": g.as_dict(),
-        "prefill": o.prefill.as_dict(),
-        "decode": o.decode.as_dict(),
+        "prefill": phase_dict(o.prefill, phases["prefill"]),
+        "decode": phase_dict(o.decode, phases["decode"]),
+        "planned": {ph: sources.planned.get(ph) for ph in PHASES},
+        "idle": idle,
         "output_tokens": len(o.tokens),
         "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text},
         **({"trace": o.trace} if o.trace is not None else {}),
     }
+
+
+def phase_dict(c: PhaseCounters, reader_phase: dict) -> dict:
+    """A phase of the run result: the engine's counters, the phase's largest read (bytes) and
+    what each source was given and read in it (`reader.readstats.PhaseSourceStats`)."""
+    return {**c.as_dict(), "largest_read": reader_phase["largest_read"], "sources": reader_phase["sources"]}
 
 
 # -- what a run leaves on disk ------------------------------------------------------------------

@@ -10,7 +10,7 @@ rig says its layout: `member_set`); every other source is the same model where t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from core.errors import UsageError
@@ -19,14 +19,19 @@ from engines.split import check_weights, parse_weights
 from planner.plans import load_plan, resolve_plan_path
 from replicas.modelset import ModelSet, discover, member_set, one_file
 
+from .idle import PHASES, plan_pieces
+
 
 @dataclass(frozen=True)
 class SourceSet:
     """Where routed experts are read from: primary first, then replicas, with both weight vectors.
-    models: each source's copy of the model (a path is taken as a one-file model)."""
+    models: each source's copy of the model (a path is taken as a one-file model). planned: per
+    phase, the plan's prediction of each source's bytes per read (`idle.plan_pieces`), or None
+    (no plan, a plan without one, or weights other than the plan's)."""
     models: tuple[ModelSet, ...]
     prefill: tuple[int, ...]     # base weights
     decode: tuple[int, ...]
+    planned: dict = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "models", tuple(m if isinstance(m, ModelSet) else one_file(os.fspath(m))
@@ -91,16 +96,29 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
             raise UsageError(f"--model {model.path} is not the plan's primary {paths[0]} ({path}); run the plan's model "
                              "or re-solve the plan for this one")
         prefill, decode = tuple(p.prefill.weights), tuple(p.decode.weights)
+        planned = {ph: plan_pieces(getattr(p, ph).predicted, plan_read_bytes(p, ph), len(paths)) for ph in PHASES}
         if decode_weights:
             decode = parse_weights(decode_weights)
+            planned["decode"] = None          # the plan's prediction is for its own decode weights
     else:
         reps = [parse_replica(r) for r in replicas]
         paths = (model.path,) + tuple(p for p, _ in reps)
         prefill = check_weights((primary_weight,) + tuple(w for _, w in reps))
         decode = parse_weights(decode_weights) if decode_weights else prefill
+        planned = {}
     if len(decode) != len(paths):
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {len(decode)} weights for {len(paths)} sources; "
                          "give exactly one per source, primary first (with another count ds4 logs \"ds4: ignoring "
                          "DS4_ARGODRIVE_DECODE_WEIGHTS=...\" and reads with the base weights)")
     models = (model,) + tuple(member_model(p, the_rig, model) for p in paths[1:])
-    return SourceSet(models=models, prefill=prefill, decode=decode)
+    return SourceSet(models=models, prefill=prefill, decode=decode, planned=planned)
+
+
+def plan_read_bytes(plan, phase: str) -> int | None:
+    """The read a plan's phase prediction is for, bytes: its workload's (schema 2), else what its
+    provenance recorded of the solver's model."""
+    for where in (plan.workload, (plan.provenance or {}).get("model") or {}):
+        rb = (where.get(phase) or {}).get("read_bytes") if isinstance(where, dict) else None
+        if isinstance(rb, int) and rb > 0:
+            return rb
+    return None

@@ -152,7 +152,10 @@ def gate_cache(result: dict, requested: int | None) -> Gate:
 
 def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
     """The arm measured the plan it asked for: every source read, none degraded by the reader's
-    failover (a degraded arm ran a different plan; its speed says nothing about the one asked)."""
+    failover (a degraded arm ran a different plan; its speed says nothing about the one asked),
+    and none read nothing in a phase it was given bytes in (the run's `idle` entries of kind
+    'unread'). A source the split gave nothing in a phase (kind 'split') passes, named in the
+    detail: the arm ran what was asked, and the reader of the results should know a drive sat out."""
     sources = result.get("sources") or []
     if not sources:
         return Gate(False, "run reported no per-source counters")
@@ -163,7 +166,12 @@ def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
     if bad:
         return Gate(False, f"source(s) {', '.join(map(str, bad))} degraded during the run "
                            f"({len(result.get('events') or [])} reader events)")
-    return Gate(True, f"{want} source(s), none degraded")
+    idle = result.get("idle") or []
+    unread = [e for e in idle if e.get("kind") == "unread"]
+    if unread:
+        return Gate(False, "; ".join(e["message"] for e in unread))
+    sat_out = "".join(f"; source {e['source']} given nothing by the split in {e['phase']}" for e in idle)
+    return Gate(True, f"{want} source(s), none degraded{sat_out}")
 
 
 def gate_swap(before: Snapshot, after: Snapshot) -> Gate:

@@ -227,3 +227,61 @@ def test_save_run_appends_the_csv_row_and_writes_a_trace_replay_reads(model_dir,
     # one prefill chunk (48 tokens < 512), then one decode step per generated token
     assert [p for p, _ in steps] == ["prefill"] + ["decode"] * GEN
     assert steps[0][1].shape == (PROMPT, SPEC.layers, SPEC.top_k)
+
+
+# -- per-phase source counters and idle sources (issue 11) -----------------------------------------
+
+def _v41_plan(d, weights=(2, 1, 1)):
+    """A plan solved for V4.1's 6,635,520 B component (13 / 6 / 6 blocks at 2:1:1), run on SPEC's 557,056 B one."""
+    pieces = [3_489_792, 1_572_864, 1_572_864]
+    return {"schema": 2, "kind": "plan", "engine": "ds4-argodrive", "created": "",
+            "sources": [{"name": n, "path": str(d / f)} for n, f in (("i", "model.gguf"), ("g", "r1.gguf"),
+                                                                    ("w", "r2.gguf"))],
+            "prefill": {"weights": list(weights), "predicted": {}},
+            "decode": {"weights": list(weights), "predicted": {"sources": [{"name": n, "blocks": p // 262_144, "bytes": p}
+                                                                          for n, p in zip("igw", pieces)]}},
+            "workload": {"decode": {"read_bytes": 6_635_520}}}
+
+
+def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(model_dir):
+    assert SPEC.component_bytes == 557_056                   # 2 blocks + 32 KiB: 1 / 1 / 0 blocks at 2:1:1
+    r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, hedge=False)
+    for ph in ("prefill", "decode"):
+        assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "seconds", "read_wait_seconds", "largest_read",
+                              "sources"}
+        assert [set(s) for s in r[ph]["sources"]] == [{"index", "bytes", "reads", "given_bytes", "given_pieces"}] * 3
+        assert sum(s["bytes"] for s in r[ph]["sources"]) == r[ph]["bytes"]
+    assert r["planned"] == {"prefill": None, "decode": None}
+    dec = r["decode"]
+    assert dec["largest_read"] == 557_056 and dec["reads"] > 0
+    # every decode read is one component: each source reads exactly its piece per read
+    assert [(s["bytes"], s["reads"]) for s in dec["sources"]] == [
+        (dec["reads"] * 294_912, dec["reads"]), (dec["reads"] * 262_144, dec["reads"]), (0, 0)]
+    assert [e["source"] for e in r["idle"] if e["phase"] == "decode"] == [2]
+    [e] = [e for e in r["idle"] if e["phase"] == "decode"]
+    assert e["kind"] == "split" and e["by"] == "weights" and e["piece_bytes"] == 0
+    assert all(s["bytes"] > 0 for s in r["prefill"]["sources"])    # prefill reads coalesced experts: all take part
+    assert r["sources"][2]["bytes"] == r["prefill"]["sources"][2]["bytes"]
+
+
+def test_run_warns_when_the_plan_gave_a_source_bytes_it_never_read(model_dir, tmp_path):
+    d = model_dir
+    (tmp_path / "p.json").write_text(json.dumps(_v41_plan(d)))
+    args = ["run", "--model", str(d / "model.gguf"), "--plan", str(tmp_path / "p.json"), "--prompt-tokens", str(PROMPT),
+            "--gen-tokens", str(GEN), "--cache-experts", "4", "--lanes", "2", "--no-hedge"]
+    r = runner.invoke(app, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert j["planned"]["decode"] == {"pieces": [3_489_792, 1_572_864, 1_572_864], "read_bytes": 6_635_520}
+    assert j["planned"]["prefill"] is None
+    [e] = j["idle"]
+    assert (e["phase"], e["source"], e["kind"], e["by"], e["planned_bytes"]) == ("decode", 2, "unread", "plan", 1_572_864)
+    warn = [x for x in r.stderr.splitlines() if x.startswith("warning: ")]
+    assert warn == [f"warning: {e['message']}"]
+    assert "decode per source: [0] " in r.stderr and "[2] 0 B in 0 pieces" in r.stderr
+    # other decode weights than the plan's: its prediction no longer applies, the split explains it
+    r = runner.invoke(app, args + ["--decode-weights", "2,1,1", "--json"])
+    j = json.loads(r.stdout)
+    assert j["planned"]["decode"] is None and [e["kind"] for e in j["idle"]] == ["split"]
+    assert "note: source[2] read nothing in decode: given nothing by the split" in r.stderr
+    assert "warning:" not in r.stderr

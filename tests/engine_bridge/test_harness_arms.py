@@ -16,6 +16,7 @@ from engine_bridge.harness.arms import (
     check_results,
     gate_cache,
     gate_load,
+    gate_plan,
     gate_sha,
     gate_swap,
     other_cpu,
@@ -61,6 +62,19 @@ def test_gates():
     b, a = Snapshot(t=0, cpu_user_s=0, own_user_s=0), Snapshot(t=10, cpu_user_s=12, own_user_s=9)
     assert other_cpu(b, a) == pytest.approx(0.3)
     assert gate_load(b, a, 0.5).ok and not gate_load(b, a, 0.2).ok
+
+
+def test_plan_gate_fails_a_source_given_bytes_that_read_nothing_and_names_one_the_split_left_out():
+    spec = ArmSpec("S", ("/p", "/g", "/w"), (2, 1, 1), (2, 1, 1))
+    srcs = [{"index": i, "bytes": 5, "degraded": False} for i in range(3)]
+    split = {"phase": "decode", "source": 2, "kind": "split",
+             "message": "source[2] read nothing in decode: given nothing by the split: ..."}
+    g = gate_plan({"sources": srcs, "idle": [split]}, spec)
+    assert g.ok and "source 2 given nothing by the split in decode" in g.detail
+    unread = dict(split, kind="unread", message="source[2] read nothing in decode: the plan gives it 98,304 B ...")
+    g = gate_plan({"sources": srcs, "idle": [split, unread]}, spec)
+    assert not g.ok and g.detail == unread["message"]
+    assert gate_plan({"sources": srcs}, spec).detail == "3 source(s), none degraded"     # runs from before `idle`
 
 
 def _result(sha, pre, steady, gen=None, cache=64, applied=64, nsrc=1):
