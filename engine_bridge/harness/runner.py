@@ -111,26 +111,41 @@ def ladder_arms(rig_option: str | None, plan: str | None = None, weights: str | 
         if not decode_weights:
             decode_weights = ":".join(map(str, spec.decode_weights))
     decode = parse_weights(decode_weights) if decode_weights else prefill
-    return ladder_specs(paths, prefill, decode), rig
+    return ladder_specs(paths, prefill, decode, plan="" if weights else spec.plan), rig
 
 
-def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[int] | None = None) -> list[ArmSpec]:
-    """One drive (the primary alone: the control), plus one replica, plus two (DESIGN §8)."""
+def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[int] | None = None,
+                 plan: str = "") -> list[ArmSpec]:
+    """One drive (the primary alone: the control), plus one replica, plus two (DESIGN §8). `plan`:
+    the plan file the paths and weights came from, recorded on the rung that runs all of its sources."""
     prefill = check_weights(tuple(prefill))
     decode = prefill if decode is None else check_weights(tuple(decode))
     n = min(len(paths), len(prefill))
     if n < 2 or len(decode) < n:
         raise UsageError(f"ladder: needs a primary and at least one replica with a weight each "
                          f"(got {len(paths)} source(s), weights {':'.join(map(str, prefill))})")
-    return [ArmSpec(f"{k}drive" + ("s" if k > 1 else ""), tuple(paths[:k]), prefill[:k], decode[:k])
+    return [ArmSpec(f"{k}drive" + ("s" if k > 1 else ""), tuple(paths[:k]), prefill[:k], decode[:k],
+                    plan=plan if k == len(paths) else "")
             for k in range(1, n + 1)]
 
 
 def write_arm_plan(spec: ArmSpec, path: str) -> str:
-    """The plan file `run --plan` reads for this arm (sources and both weight vectors)."""
+    """The plan file `run --plan` reads for this arm (sources and both weight vectors). An arm that
+    runs its plan's sources keeps the plan's prediction of each phase whose weights it runs, and the
+    workload it was for, so `run` can flag a source the plan gave bytes that read nothing."""
+    src = load_plan(spec.plan) if spec.plan and os.path.isfile(spec.plan) else None
+    same = src is not None and tuple(s.path for s in src.sources) == tuple(spec.sources)
+
+    def predicted(ph: str, weights) -> dict:
+        return dict(getattr(src, ph).predicted) if same and tuple(getattr(src, ph).weights) == tuple(weights) else {}
+
     plan = Plan(sources=tuple(Source(f"source{i}", p) for i, p in enumerate(spec.sources)),
-                prefill=Phase(tuple(spec.prefill_weights)), decode=Phase(tuple(spec.decode_weights)),
-                created=_now(), provenance={"by": "engine-bridge bench", "arm": spec.name, "from": spec.plan})
+                prefill=Phase(tuple(spec.prefill_weights), predicted("prefill", spec.prefill_weights)),
+                decode=Phase(tuple(spec.decode_weights), predicted("decode", spec.decode_weights)),
+                created=_now(), provenance={"by": "engine-bridge bench", "arm": spec.name, "from": spec.plan,
+                                            **({"model": src.provenance["model"]} if same and "model" in src.provenance
+                                               else {})},
+                workload=dict(src.workload) if same else {}, geometry=dict(src.geometry) if same else {})
     atomic_write_text(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
     return path
 

@@ -287,3 +287,26 @@ def test_a_control_that_never_ran_is_not_called_a_hash_mismatch(rig, tmp_path, m
     assert "differs from the reference" not in res.stderr
     assert "no passing arm for one, two (failed: error, sha)" in res.stderr
     assert "arm 2/4 two FAILED sha: no reference hash (the reference arm never completed)" in res.stdout.splitlines()
+
+
+def test_an_arm_running_its_plan_keeps_the_plans_prediction_so_run_can_flag_an_idle_source(rig, tmp_path):
+    from engine_bridge.harness.runner import ladder_arms
+    from planner.plan import Phase, Plan, Source, plan_to_dict
+
+    paths = tuple(m.path for m in rig.members)
+    pred = {"sources": [{"name": n, "blocks": b, "bytes": b * 262_144} for n, b in (("i", 13), ("g", 6), ("w", 6))]}
+    solved = Plan(sources=tuple(Source(n, p) for n, p in zip(("i", "g", "w"), paths)),
+                  prefill=Phase((2, 1, 1), {"sources": []}), decode=Phase((2, 1, 1), pred),
+                  workload={"decode": {"read_bytes": 6_635_520}}, provenance={"model": {"decode": {"read_bytes": 6_635_520}}})
+    src = tmp_path / "solved.json"
+    src.write_text(json.dumps(plan_to_dict(solved)))
+    specs, _ = ladder_arms(rig.root, plan=str(src))
+    assert [s.plan for s in specs] == ["", "", str(src)]             # only the rung that runs the plan's sources
+    arm = plan_from_json(open(write_arm_plan(specs[2], str(tmp_path / "3.json"))).read())
+    assert arm.decode.predicted == pred and arm.workload == solved.workload
+    assert arm.provenance["model"] == solved.provenance["model"] and arm.provenance["from"] == str(src)
+    two = plan_from_json(open(write_arm_plan(specs[1], str(tmp_path / "2.json"))).read())
+    assert two.decode.predicted == {} and two.workload == {}          # two drives: the plan's prediction does not apply
+    specs, _ = ladder_arms(rig.root, plan=str(src), decode_weights="10:6:6")
+    other = plan_from_json(open(write_arm_plan(specs[2], str(tmp_path / "o.json"))).read())
+    assert other.decode.predicted == {} and other.prefill.predicted == {"sources": []}   # per phase: weights as planned
