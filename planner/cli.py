@@ -17,13 +17,14 @@ from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS,
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, split_read
 
+from .colibri_model import READ_THREADS
 from .constants import PREFILL_TOKENS
-from .idle import check_idle
+from .idle import check_idle, colibri_idle
 from .model import prediction_to_dict
 from .plan import Plan, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan, shards_held
 from .rigmodel import choose_workload
-from .solve import predict, smallest_equivalent, solve_plan
+from .solve import colibri_single, predict, smallest_equivalent, solve_workload
 from .workload import NAMED, traffic_of
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
@@ -41,7 +42,10 @@ ModelOption = typer.Option(None, "--model", metavar="PATH",
                            help="Plan this model (GGUF file, split set member, safetensors directory; a header-only copy will do) instead of the rig's.")
 PromptOption = typer.Option(PREFILL_TOKENS, "--prompt-tokens", min=1, help="Prompt tokens the prefill prediction is for.")
 CacheOption = typer.Option(None, "--cache-experts", min=0, help="Experts the engine's cache holds (default: 30% of the model's routed experts, ds4-v41's 4,600 of 15,360).")
-ThreadsOption = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read pool threads over all sources.")
+ThreadsOption = typer.Option(None, "--threads", min=1, max=256,
+                             help=f"Read threads over all sources: ds4's decode pread pool (default {DECODE_THREADS}); "
+                                  f"colibri's expert loads in flight (default {READ_THREADS}, its PIPE_WORKERS).")
+StripeOption = typer.Option(False, "--stripe", help="colibri: price striped reads (DIRECT=1, COLI_MIR_STRIPE).")
 FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
 
 BAR = 40
@@ -104,11 +108,16 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
     wl, bgs = chosen.workload, _backgrounds(background, names)
-    plan = solve_plan(inputs.sources, inputs.drives, wl.prefill, wl.decode, bgs, engine, inputs.provenance, top=top,
-                      links=inputs.links)
-    plan, idle = check_idle(plan, inputs.drives, {"prefill": wl.prefill, "decode": wl.decode}, bgs, inputs.links)
+    plan = solve_workload(inputs.sources, inputs.drives, wl, bgs, inputs.provenance, top=top, links=inputs.links)
     record = wl.as_dict()
-    record["idle"] = {r.phase: {"sources": list(r.idle), "why": r.text()} for r in idle}
+    if wl.colibri is not None:
+        placed = colibri_idle(plan, (wl.colibri.layers, wl.colibri.experts), shards_held(inputs.sources))
+        texts = [r.text() for r in placed]
+        record["idle"] = {"placement": {"sources": [r.source for r in placed], "why": "; ".join(texts)}} if placed else {}
+    else:
+        plan, idle = check_idle(plan, inputs.drives, {"prefill": wl.prefill, "decode": wl.decode}, bgs, inputs.links)
+        texts = [r.text() for r in idle]
+        record["idle"] = {r.phase: {"sources": list(r.idle), "why": r.text()} for r in idle}
     model = dict(plan.provenance.get("model") or {})
     for ph in ("prefill", "decode"):
         model[ph] = {**model.get(ph, {}), **traffic_of(getattr(wl, ph))}
@@ -117,7 +126,7 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
     path = save_plan(rig_obj, plan)
     plan = load_plan(path)
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([chosen.notice] if chosen.notice else []) + [r.text() for r in idle]:
+    for text in ([chosen.notice] if chosen.notice else []) + texts:
         err.print(f"notice: {text}", markup=False)
     if json_out:
         d = plan_to_dict(plan)
@@ -135,26 +144,59 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
              background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
              threads: int = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
              prompt_tokens: int = PromptOption, cache_experts: Optional[int] = CacheOption,
-             fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
+             fit_only: bool = FitOnlyOption, stripe: bool = StripeOption, json_out: bool = JsonOption):
     """Predict one weight vector for the rig's model: time per read and per layer, per-source completion, who lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
     w = parse_weights(weights, engine)
+    if stripe and get_engine(engine).place is None:
+        raise UsageError(f"--stripe: {engine} does not stripe reads; it is colibri's switch (--engine colibri)")
     root = rig_dir(rig)
     inputs = load_inputs(root, bench, calibrate=not fit_only)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
-    wl = getattr(chosen.workload, phase)
-    p = predict(inputs.drives, w, wl, _backgrounds(background, names), engine, inputs.links)
+    bgs = _backgrounds(background, names)
+    if chosen.workload.colibri is not None:
+        if len(w) != len(inputs.drives):
+            raise UsageError(f"weights {':'.join(map(str, w))}: {len(w)} weights for {len(inputs.drives)} drives "
+                             f"({', '.join(names)}); give one weight per drive, the model's first")
+        d = colibri_single(inputs.drives, chosen.workload.colibri, w, stripe, bgs, inputs.links)[phase]
+    else:
+        d = prediction_to_dict(predict(inputs.drives, w, getattr(chosen.workload, phase), bgs, engine, inputs.links))
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)
     if json_out:
-        print_json(prediction_to_dict(p))
+        print_json(d)
         return
-    _render_prediction(prediction_to_dict(p), f"{phase} {':'.join(map(str, w))}")
+    _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
+
+
+def _render_placed(p: dict, title: str) -> None:
+    """A colibri prediction: whole expert reads per layer, each drive's cut, experts and share."""
+    how = "striped over every drive" if p.get("stripe") else "whole, each from the drive its placement picks"
+    unit = "block of up to 64 reads" if p["phase"] == "prefill" else "token's layer"
+    out.print(f"[bold]{title}[/]: {format_rate(p['throughput_Bps'])}; {p['reads_per_layer']:.2f} expert reads of "
+              f"{p['read_bytes']:,} B per layer, {how}; {p['time_per_layer_s'] * 1e3:.2f} ms per layer, "
+              f"{p['time_per_batch_s'] * 1e3:.2f} ms per {unit}")
+    t = Table()
+    for col in ("source", "cut /256", "experts", "share", "bytes/layer", "busy (ms)", "share of reads"):
+        t.add_column(col, justify="left" if col in ("source", "share of reads") else "right")
+    whole = sum(s["experts"] for s in p["sources"])
+    for s in p["sources"]:
+        t.add_row(s["name"], str(s["cut"]), f"{s['experts']:,}", f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}",
+                  f"{s['time_s'] * 1e3:.3f}", _bar(s["experts"], whole))
+    out.print(t)
+    out.print(f"lands last: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next drive")
+    if p.get("tail_s"):
+        out.print(f"latency tails: the last read of a layer lands {p['tail_s'] * 1e3:.3f} ms after the slowest mean")
+    if p.get("bound"):
+        out.print(f"bound by link [bold]{p['bound']}[/]: its members share its measured ceiling")
 
 
 def _render_prediction(p: dict, title: str) -> None:
+    if "reads_per_layer" in p:
+        _render_placed(p, title)
+        return
     unit = "chunk" if p["phase"] == "prefill" else f"expert ({p['time_per_batch_s'] / p['time_per_read_s']:.0f} reads)"
     out.print(f"[bold]{title}[/]: {format_rate(p['throughput_Bps'])}; "
               f"{p['time_per_batch_s'] * 1e3:.2f} ms per {unit}, {p['time_per_read_s'] * 1e3:.2f} ms per read, "
@@ -177,6 +219,8 @@ def _render_plan(plan: Plan, path: str) -> None:
     out.print(f"[bold]plan[/] {path}  ({plan.engine}, {plan.created})")
     out.print("sources: " + ", ".join(f"{i}:{s.name}={s.path}" for i, s in enumerate(plan.sources)))
     _render_workload(plan)
+    if get_engine(plan.engine).place is not None:
+        _render_stripe(plan)
     for ph in ("prefill", "decode"):
         phase = getattr(plan, ph)
         if phase.predicted:
@@ -209,6 +253,19 @@ def _render_plan(plan: Plan, path: str) -> None:
                   f"{format_rate(link.get('ceiling_Bps', 0))} together")
     if prov:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
+
+
+def _render_stripe(plan: Plan) -> None:
+    """colibri: one weight vector for both phases, whether it stripes and why."""
+    st = (plan.provenance.get("model") or {}).get("stripe") or {}
+    weights = ":".join(map(str, plan.prefill.weights))
+    line = f"colibri weights {weights} for both phases (COLI_DISK_WEIGHTS); stripe: {'on' if plan.stripe else 'off'}"
+    if st.get("why_not"):
+        line += f" ({st['why_not']})"
+    elif isinstance(st.get("score"), dict) and len(st["score"]) > 1:
+        line += (f" (objective {st['score'].get('on', 0):.4f} striped vs {st['score'].get('off', 0):.4f} whole: "
+                 f"{st.get('objective', '')}; ties go to off)")
+    out.print(line, markup=False)
 
 
 def _render_workload(plan: Plan) -> None:

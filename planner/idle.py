@@ -6,6 +6,11 @@ and a 32 KiB tail) three sources cannot all take part in a decode read. The solv
 fastest split either way; this module names the idle sources, says why, gives the fastest split
 that uses every source (if any exists) and how it compares, and lets a split that uses every
 source win a tie (within TIE_TOLERANCE of the fastest).
+
+colibri moves whole experts, so one of its drives reads nothing in either phase when its cut is 0
+of 256, when none of the model's (layer, expert) pairs hash into its cut (a small model), or when it
+holds none of the model's shards (`colibri_idle`); its solver already prefers, among ties, a split
+that gives every drive experts.
 """
 
 from __future__ import annotations
@@ -83,3 +88,36 @@ def check_idle(plan: Plan, drives: Sequence[Drive], workloads: dict[str, Workloa
             continue
         reports.append(IdleReport(ph, idle, wl.read_bytes, tuple(phase.weights), every, chosen))
     return plan, reports
+
+
+# ---------------------------------------------------------------------------------------------
+# colibri: whole experts by placement, so a drive idles in both phases or in neither
+
+@dataclass(frozen=True)
+class PlacementIdle:
+    source: str
+    why: str
+
+    def text(self) -> str:
+        return f"{self.source} serves no expert reads: {self.why}"
+
+
+def colibri_idle(plan: Plan, grid: tuple[int, int], held: Sequence[tuple[int, int] | None] = ()) -> list[PlacementIdle]:
+    """The drives of a colibri plan that read nothing: a cut of 0 of 256, a cut into which none of
+    the model's `grid` (layers, experts) pairs hash, or a mirror holding none of the model's shards
+    (`held`: per source (shards held, shards of the model), None where unknown)."""
+    out = []
+    weights = ":".join(map(str, plan.prefill.weights))
+    layers, experts = grid
+    for i, s in enumerate(plan.prefill.predicted.get("sources", ())):
+        h = held[i] if i < len(held) else None
+        if i and h is not None and h[0] == 0:
+            out.append(PlacementIdle(s["name"], f"it holds none of the model's {h[1]} shards, so colibri loads no shard "
+                                                "from it ('no usable shard ... skipped') and gives it no drive number; "
+                                                "copy the model there (replicas sync) or leave it out of the rig"))
+        elif not s.get("cut"):
+            out.append(PlacementIdle(s["name"], f"weights {weights} give it a cut of 0 of 256 hash buckets"))
+        elif not s.get("experts"):
+            out.append(PlacementIdle(s["name"], f"weights {weights} give it {s['cut']} of 256 hash buckets, and none of "
+                                                f"the model's {layers} x {experts} (layer, expert) pairs hash there"))
+    return out

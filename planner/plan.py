@@ -9,6 +9,11 @@ JSON shape (schema 2), written to rig/plans/<timestamp>.json by `planner solve`:
      "baselines": {...}, "alternatives": [...], "provenance": {...},
      "geometry": {...}, "workload": {...}}
 
+A colibri plan also says `"stripe": true|false` at the top level (after `workload`): whether colibri
+stripes each large expert read over the drives (DIRECT=1 and COLI_MIR_STRIPE, one switch for both
+phases; `engine-bridge export` reads it). Other engines' plans have no such key; a plan without it
+loads with `stripe` false, so schema 2 stands.
+
 `geometry` is the model the plan was solved for as its header describes it
 (`replicas.geometry.Geometry.as_dict`, or the named workload's shape) and `workload` the reads
 each phase issues (`planner.workload.ModelWorkload.as_dict`). Schema 1 plans (neither key) load
@@ -30,9 +35,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.constants import PLANS_DIR
-from core.errors import RigError
+from core.errors import RigError, UsageError
 from core.jsonfile import parse_json
-from engines.registry import DEFAULT_ENGINE
+from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights
 
 from .constants import PLAN_SCHEMA, PLAN_SCHEMAS
@@ -68,6 +73,7 @@ class Plan:
     schema: int = PLAN_SCHEMA
     geometry: dict = field(default_factory=dict)     # the model solved for (empty in schema 1 plans)
     workload: dict = field(default_factory=dict)     # each phase's reads (empty in schema 1 plans)
+    stripe: bool = False                             # colibri: stripe large reads over the drives
 
     def __post_init__(self):
         for phase in (self.prefill, self.decode):
@@ -97,7 +103,16 @@ def plan_to_dict(p: Plan) -> dict:
         "provenance": p.provenance,
         "geometry": p.geometry,
         "workload": p.workload,
+        **({"stripe": p.stripe} if stripes_reads(p.engine) else {}),
     }
+
+
+def stripes_reads(engine: str) -> bool:
+    """Whether a plan for `engine` says if it stripes: engines that place whole experts (colibri)."""
+    try:
+        return get_engine(engine).place is not None
+    except UsageError:           # an unknown engine: its plan is refused elsewhere, by name
+        return False
 
 
 def plan_from_dict(d: dict, where: str = "plan") -> Plan:
@@ -111,6 +126,8 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
     for key in ("geometry", "workload"):
         if not isinstance(d.get(key) or {}, dict):
             raise bad(key, "is not an object")
+    if not isinstance(d.get("stripe", False), bool):
+        raise bad("stripe", f"must be true or false, got {d.get('stripe')!r}")
     srcs = d.get("sources")
     if not isinstance(srcs, list) or not srcs:
         raise bad("sources", "is missing or empty")
@@ -139,7 +156,7 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
                 engine=d.get("engine", DEFAULT_ENGINE), created=str(d.get("created", "")),
                 baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
                 provenance=dict(d.get("provenance") or {}), geometry=dict(d.get("geometry") or {}),
-                workload=dict(d.get("workload") or {}))
+                workload=dict(d.get("workload") or {}), stripe=d.get("stripe", False))
 
 
 def plan_from_json(text: str | bytes, where: str = "plan") -> Plan:

@@ -15,6 +15,7 @@ from core.constants import PLANS_DIR
 from core.errors import MissingError, UsageError
 from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
+from engines.colibri import SHARD_SUFFIX
 from engines.ds4_argodrive import DECODE_BATCH
 from replicas.manifests import load_manifest
 
@@ -211,3 +212,20 @@ def parse_background(spec: str, names: list[str]) -> Background:
             raise UsageError(f"--background {spec!r}: the busy share must be 0..99%, e.g. {who}:20%")
         return Background(idx, "busy", pct / 100.0)
     raise UsageError(f"--background {spec!r}: unknown kind {what!r}; use engram or PERCENT%")
+
+
+def shards_held(sources) -> tuple[tuple[int, int] | None, ...]:
+    """Per source (primary first): (the model's *.safetensors shards present there by name, shards
+    the primary directory has), as colibri looks a mirror's shard up by the model's basename; all
+    None when the primary is not a directory (colibri loads only directories)."""
+    primary = sources[0].path if sources else ""
+    if not os.path.isdir(primary):
+        return tuple(None for _ in sources)
+    names = [n for n in sorted(os.listdir(primary)) if n.endswith(SHARD_SUFFIX) and os.path.isfile(os.path.join(primary, n))]
+    out = []
+    for s in sources:
+        if not os.path.isdir(s.path):
+            out.append((0, len(names)))
+            continue
+        out.append((sum(os.path.isfile(os.path.join(s.path, n)) for n in names), len(names)))
+    return tuple(out)

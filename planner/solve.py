@@ -1,5 +1,8 @@
 """The solver: the best split of each phase on the block grid, reported as the smallest integers.
 
+(colibri places whole experts instead of splitting reads: `solve_colibri_plan` searches its cut
+grid for one weight vector and a stripe switch over both phases; `solve_workload` dispatches.)
+
 Weights only matter through the block counts they give at the phase's real read size (DESIGN
 §5: 10:5:5 and 2:1:1 cut a 6,635,520 B component identically). So the solver enumerates every
 weight vector the engine accepts (1..100 per source), groups them by the counts they produce,
@@ -16,14 +19,20 @@ from typing import Sequence
 import numpy as np
 
 from core.errors import UsageError
+from engines.colibri import NAME as COLIBRI
+from engines.colibri import STRIPE_MIN
 from engines.ds4_argodrive import BLOCK, WEIGHT_MAX, WEIGHT_MIN
 from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights
 
 from .barrier import Link
+from .colibri_model import PHASES as COLIBRI_PHASES
+from .colibri_model import ColibriWorkload, choose, cuts_many, evaluate_weights, placement_counts_many
+from .colibri_model import prediction as colibri_prediction
 from .constants import TIE_TOLERANCE, TOP_ALTERNATIVES
 from .model import Background, Drive, Prediction, Workload, capability_weights, describe, evaluate, prediction_to_dict
 from .plan import Phase, Plan, Source
+from .workload import ModelWorkload
 
 
 def block_counts_many(blocks: int, weights: np.ndarray) -> np.ndarray:
@@ -167,3 +176,99 @@ def solve_plan(sources: Sequence[Source], drives: Sequence[Drive], prefill: Work
                 baselines={ph: d[ph]["baselines"] for ph in d},
                 alternatives=tuple(dict(a) for ph in d for a in d[ph]["alternatives"]),
                 provenance=prov)
+
+
+# ---------------------------------------------------------------------------------------------
+# colibri: one weight vector for both phases on its cut grid, and the stripe switch
+
+def colibri_single(drives: Sequence[Drive], cw: ColibriWorkload, weights: Sequence[int], stripe: bool,
+                    backgrounds: Sequence[Background], links: Sequence[Link]) -> dict:
+    """phase -> prediction dict for one weight vector (not necessarily on the searched grid)."""
+    w = [int(x) for x in weights]
+    cuts = cuts_many([w])
+    counts = placement_counts_many(cuts, cw.layers, cw.experts)
+    s = bool(stripe and cw.can_stripe(len(drives)))
+    priced = evaluate_weights(drives, cw, w, s, backgrounds, links)
+    return {ph: colibri_prediction(priced[ph], 0, ph, drives, w, cuts[0], counts[0], s, links) for ph in COLIBRI_PHASES}
+
+
+def colibri_capability_weights(drives: Sequence[Drive], cw: ColibriWorkload, scale: int = 100) -> tuple[int, ...]:
+    """Weights proportional to what each drive delivers alone for whole-expert reads with its even
+    share of the read threads."""
+    k = max(1, cw.threads // max(1, len(drives)))
+    caps = np.array([float(d.curve.throughput(cw.expert_bytes, k)) for d in drives])
+    return tuple(int(x) for x in np.clip(np.rint(caps / max(caps.max(), 1e-300) * scale), 1, scale))
+
+
+def stripe_reason(cw: ColibriWorkload, n: int) -> str:
+    """Why colibri could not stripe this model's reads over n drives ('' when it could)."""
+    if n < 2:
+        return "one drive: nothing to stripe over"
+    if not cw.can_stripe(n):
+        return (f"an expert read's O_DIRECT window is {cw.window:,} B, under the {STRIPE_MIN >> 20} MiB colibri "
+                "stripes (mir_pread_striped leaves it whole)")
+    return ""
+
+
+def solve_colibri_plan(sources: Sequence[Source], drives: Sequence[Drive], cw: ColibriWorkload,
+                       backgrounds: Sequence[Background] = (), provenance: dict | None = None, created: str = "",
+                       top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
+    """colibri's plan: the cut vector (smallest weights) and stripe switch best over both phases
+    (`colibri_model.choose`), the same weights for prefill and decode (colibri places once)."""
+    n = len(drives)
+    limit = get_engine(COLIBRI).max_sources
+    if not 1 <= n <= limit:
+        raise UsageError(f"{n} sources: {COLIBRI} reads from 1..{limit} drives; list at most {limit} drives in the rig")
+    ch = choose(drives, cw, backgrounds, links, TIE_TOLERANCE)
+    row, stripe = ch.row, ch.stripe
+    weights = tuple(int(x) for x in ch.weights[row])
+
+    def pred(ph, r, s):
+        return colibri_prediction(ch.priced[(ph, s)], r, ph, drives, ch.weights[r], ch.cuts[r], ch.counts[r], s, links)
+
+    predicted = {ph: pred(ph, row, stripe) for ph in COLIBRI_PHASES}
+    equal = colibri_single(drives, cw, (1,) * n, stripe, backgrounds, links)
+    cap = colibri_single(drives, cw, colibri_capability_weights(drives, cw), stripe, backgrounds, links)
+    other = colibri_single(drives, cw, weights, not stripe, backgrounds, links) if len(ch.stripes) > 1 else None
+    baselines = {}
+    for ph in COLIBRI_PHASES:
+        best = predicted[ph]["throughput_Bps"]
+        baselines[ph] = {"capability": cap[ph], "equal": equal[ph],
+                         "gain_over_capability": best / cap[ph]["throughput_Bps"],
+                         "gain_over_equal": best / equal[ph]["throughput_Bps"]}
+        if other is not None:
+            baselines[ph]["other_stripe"] = other[ph]
+    # The next best (candidate, switch) pairs by the same objective, each phase's prediction.
+    flat = ch.score.ravel()
+    alts = []
+    for i in np.argsort(flat, kind="stable"):
+        si, r = divmod(int(i), ch.score.shape[1])
+        if (r, ch.stripes[si]) == (row, stripe):
+            continue
+        if len(alts) >= 2 * top:
+            break
+        for ph in COLIBRI_PHASES:
+            a = pred(ph, r, ch.stripes[si])
+            alts.append(dict(a, behind=1.0 - a["throughput_Bps"] / predicted[ph]["throughput_Bps"]))
+    scores = {("on" if s else "off"): float(ch.score[si, row]) for si, s in enumerate(ch.stripes)}
+    prov = dict(provenance or {})
+    prov["model"] = {
+        "colibri": cw.as_dict(),
+        "stripe": {"chosen": stripe, "possible": len(ch.stripes) > 1, "why_not": stripe_reason(cw, n),
+                   "score": scores, "objective": "sum over phases of seconds per layer / the phase's fastest"},
+        "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in backgrounds],
+        "links": [link_to_dict(link, drives) for link in links],
+        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
+    }
+    return Plan(sources=tuple(sources), prefill=Phase(weights, predicted["prefill"]),
+                decode=Phase(weights, predicted["decode"]), engine=COLIBRI, created=created, baselines=baselines,
+                alternatives=tuple(alts), provenance=prov, stripe=stripe)
+
+
+def solve_workload(sources: Sequence[Source], drives: Sequence[Drive], wl: ModelWorkload,
+                   backgrounds: Sequence[Background] = (), provenance: dict | None = None, created: str = "",
+                   top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
+    """The plan for a model workload, by its engine: colibri's placement, else ds4's split."""
+    if wl.colibri is not None:
+        return solve_colibri_plan(sources, drives, wl.colibri, backgrounds, provenance, created, top, links)
+    return solve_plan(sources, drives, wl.prefill, wl.decode, backgrounds, wl.engine, provenance, created, top, links)

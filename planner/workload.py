@@ -15,9 +15,8 @@ layer, for the rig's own model rather than one fixed model.
 - The *engine* sets the read shapes: ds4 stages prefill in PREFILL_CHUNK reads with
   PREFILL_LANES in flight per drive and reads each missed expert as one component read per
   component, cut by the decode weights, through a pool of DECODE_THREADS
-  (`engines.ds4_argodrive`). colibri places whole experts on drives by a hash (`engines.colibri`),
-  which this performance model does not describe yet: for colibri the planner still predicts
-  ds4's read shapes, and the plan's workload says so (`modelled_as`).
+  (`engines.ds4_argodrive`). colibri reads each missed expert whole, from the drive its placement
+  picks, with READ_THREADS loads in flight (`ColibriWorkload`, priced by `planner.colibri_model`).
 
 The field's own numbers stay available as the named workload `ds4-v41` (planner/constants.py),
 for planning that model from a header alone.
@@ -31,8 +30,10 @@ from functools import lru_cache
 import numpy as np
 
 from core.errors import UsageError
+from engines.colibri import NAME as COLIBRI
 from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_THREADS, PREFILL_CHUNK, PREFILL_LANES
 
+from .colibri_model import READ_THREADS, ColibriWorkload
 from .constants import (
     CACHE_EXPERTS,
     CACHE_FRACTION,
@@ -90,12 +91,21 @@ class ModelWorkload:
     traffic: Traffic
     prefill: Workload
     decode: Workload
+    colibri: ColibriWorkload | None = None   # colibri's reads (engine colibri), else None
 
     def as_dict(self) -> dict:
-        """The plan's `workload` block."""
-        return {"name": self.name, "engine": self.engine, "modelled_as": MODELLED_AS.get(self.engine, self.engine),
-                "traffic": asdict(self.traffic),
-                "prefill": _workload_dict(self.prefill), "decode": _workload_dict(self.decode)}
+        """The plan's `workload` block (`modelled_as`: the engine whose reads were predicted,
+        now always the engine itself; kept so older readers find it)."""
+        if self.colibri is not None:
+            c = self.colibri
+            phases = {"prefill": {"read_bytes": c.expert_bytes, "in_flight": c.threads, "reads_per_layer": c.prefill_reads,
+                                  "block": c.block, "stripe_window": c.window},
+                      "decode": {"read_bytes": c.expert_bytes, "in_flight": c.threads, "reads_per_layer": c.misses_per_layer,
+                                 "top_k": c.top_k, "stripe_window": c.window}}
+        else:
+            phases = {"prefill": _workload_dict(self.prefill), "decode": _workload_dict(self.decode)}
+        return {"name": self.name, "engine": self.engine, "modelled_as": self.engine, "traffic": asdict(self.traffic),
+                **phases}
 
 
 def _workload_dict(w: Workload) -> dict:
@@ -122,8 +132,6 @@ def traffic_kw(d) -> dict:
 V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, COMPONENT_BYTES, 3, EXPERT_BYTES)
 V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
 NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
-# Engines whose reads the performance model does not describe yet, and what it predicts instead.
-MODELLED_AS = {"colibri": "ds4-argodrive"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,29 +229,46 @@ def simulate_traffic(shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS, cac
 # Each phase's reads, per engine
 
 def phase_workloads(engine: str, shape: ModelShape, traffic: Traffic, lanes: int = PREFILL_LANES,
-                    batch: int | None = None, threads: int = DECODE_THREADS) -> tuple[Workload, Workload]:
-    """(prefill, decode) Workloads: what `engine` reads for this model and traffic. `batch`:
-    component reads issued together per missed expert (default: the model's components)."""
+                    batch: int | None = None, threads: int | None = DECODE_THREADS) -> tuple[Workload, Workload]:
+    """(prefill, decode) Workloads: what ds4 reads for this model and traffic (colibri's reads are
+    `colibri_workload`'s). `batch`: component reads issued together per missed expert (default:
+    the model's components); `threads`: ds4's pread pool (None: DECODE_THREADS)."""
     model = dict(layers=shape.layers, expert_bytes=shape.expert_bytes, experts_per_layer=traffic.experts_per_layer,
                  misses_per_token=traffic.misses_per_token)
     return (prefill_workload(lanes, PREFILL_CHUNK, **model),
-            decode_workload(batch or shape.components, threads, shape.component_bytes, **model))
+            decode_workload(batch or shape.components, threads or DECODE_THREADS, shape.component_bytes, **model))
+
+
+def colibri_workload(shape: ModelShape, traffic: Traffic, threads: int | None = None) -> ColibriWorkload:
+    """colibri's reads of this model: whole experts (all components, one read each), the prefill's
+    and decode's expert reads per layer from the traffic, `threads` loads in flight (None:
+    READ_THREADS)."""
+    return ColibriWorkload(shape.layers, shape.experts, shape.top_k, shape.expert_bytes, traffic.experts_per_layer,
+                           traffic.misses_per_token, threads or READ_THREADS)
+
+
+def _assemble(name: str, engine: str, shape: ModelShape, traffic: Traffic, lanes: int, batch: int | None,
+              threads: int | None) -> ModelWorkload:
+    if engine == COLIBRI:
+        pre, dec = phase_workloads(engine, shape, traffic, lanes, batch)
+        return ModelWorkload(name, engine, shape, traffic, pre, dec, colibri_workload(shape, traffic, threads))
+    pre, dec = phase_workloads(engine, shape, traffic, lanes, batch, threads)
+    return ModelWorkload(name, engine, shape, traffic, pre, dec)
 
 
 def model_workload(engine: str, shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS,
                    cache_experts: int | None = None, lanes: int = PREFILL_LANES, batch: int | None = None,
-                   threads: int = DECODE_THREADS) -> ModelWorkload:
-    """The workload of the rig's model (its shape from the header), traffic simulated."""
+                   threads: int | None = None) -> ModelWorkload:
+    """The workload of the rig's model (its shape from the header), traffic simulated. `threads`
+    None: the engine's own default (ds4's pread pool, colibri's loads in flight)."""
     traffic = simulate_traffic(shape, prompt_tokens, cache_experts)
-    pre, dec = phase_workloads(engine, shape, traffic, lanes, batch, threads)
-    return ModelWorkload("model", engine, shape, traffic, pre, dec)
+    return _assemble("model", engine, shape, traffic, lanes, batch, threads)
 
 
 def named_workload(name: str, engine: str, lanes: int = PREFILL_LANES, batch: int | None = None,
-                   threads: int = DECODE_THREADS) -> ModelWorkload:
+                   threads: int | None = None) -> ModelWorkload:
     """A named workload (the field's measured traffic of one model): `ds4-v41`."""
     if name not in NAMED:
         raise UsageError(f"--workload {name!r}: the named workloads are {', '.join(NAMED)}; or plan the rig's model")
     shape, traffic = NAMED[name]
-    pre, dec = phase_workloads(engine, shape, traffic, lanes, batch, threads)
-    return ModelWorkload(name, engine, shape, traffic, pre, dec)
+    return _assemble(name, engine, shape, traffic, lanes, batch, threads)

@@ -104,7 +104,7 @@ def test_ds4_reads_of_another_model_come_from_its_geometry():
     assert list(d) == ["name", "engine", "modelled_as", "traffic", "prefill", "decode"]
     assert d["decode"] == {"read_bytes": SMALL_COMPONENT, "in_flight": 3, "batches_per_layer": wl.decode.batches_per_layer,
                            "threads": 6}
-    assert named_workload("ds4-v41", "colibri").as_dict()["modelled_as"] == "ds4-argodrive"
+    assert named_workload("ds4-v41", "colibri").as_dict()["modelled_as"] == "colibri"   # colibri is priced as itself
 
 
 def test_an_idle_source_is_named_with_why_and_the_best_split_that_uses_every_source():
@@ -241,4 +241,5 @@ def test_show_says_the_workload_and_the_idle_source(tmp_path):
     shown = invoke("show", json.loads(r.stdout)["path"])
     text = " ".join(shown.stdout.split())
     assert "workload: ds4-v41: 40 layers x 384 experts, 6 per token, 6,635,520 B components; 187.4 experts per layer" in text
-    assert "colibri's reads are predicted as ds4-argodrive's" in text
+    # colibri's reads are priced as colibri's (whole experts by placement), not as ds4's
+    assert "predicted as ds4-argodrive" not in text and "for both phases (COLI_DISK_WEIGHTS); stripe: " in text
