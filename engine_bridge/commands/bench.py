@@ -14,7 +14,7 @@ from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS
 
 def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
     """Run the arms into their run folder, Ctrl-C stopping after the running arm; print the table."""
-    from engine_bridge.harness.render import render_console, render_failures
+    from engine_bridge.harness.render import render_console, render_failures, render_idle
     from engine_bridge.harness.runner import check_hashes, run_bench, run_folder
 
     out_dir = run_folder(out, rig)
@@ -37,7 +37,7 @@ def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
         doc, paths = run_bench(specs, order, settings, out_dir, repeat=repeat, report=report, cancel=cancel)
     finally:
         signal.signal(signal.SIGINT, old)
-    failures = render_failures(doc)
+    failures = render_failures(doc) + render_idle(doc)
     if json_out:
         print_json(doc)
         typer.echo(failures, err=True, nl=False)         # stdout holds only the JSON

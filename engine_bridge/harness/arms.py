@@ -10,7 +10,7 @@ results.json (schema 1):
      "arms": {NAME: {"plan", "sources": [paths], "prefill_weights", "decode_weights"}},
      "rows": [{"seq", "arm", "ok", "failed": [gate names or "error"], "error", "gates": {NAME: {"ok", "detail"}},
                "wall_s", "output_sha256", "metrics": {CSV columns + hits, misses, misses_per_token,
-               cache_experts, cache_experts_applied}, "sources": [...], "events": [...], "log"}],
+               cache_experts, cache_experts_applied}, "sources": [...], "events": [...], "idle": [...], "log"}],
      "medians": {NAME: {"n", "n_failed", METRIC: median or null}},
      "gains": {NAME: {METRIC: median(arm) / median(control) or null}},
      "pairs": [{"arm", "seq", "control_seq", METRIC + "_delta": arm - control}],
@@ -276,7 +276,7 @@ def row_dict(row: Row, gates: dict[str, Gate]) -> dict:
             "wall_s": round(row.after.t - row.before.t, 3) if row.after.t else None,
             "output_sha256": res.get("output_sha256"), "metrics": metrics,
             "weights": res.get("weights"), "sources": res.get("sources", []), "events": res.get("events", []),
-            "log": row.log}
+            "idle": res.get("idle", []), "log": row.log}
 
 
 def summarize(rows: Sequence[dict], arms: Sequence[str], control: str) -> dict:

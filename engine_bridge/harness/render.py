@@ -39,6 +39,18 @@ def render_failures(doc: dict) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def render_idle(doc: dict) -> str:
+    """One note per configuration and source the split gave nothing in a phase (a run's `idle`
+    entries of kind 'split', which pass the plan gate), so a drive that sat out is never silent.
+    Sources given bytes that read nothing fail the plan gate and are in `render_failures`."""
+    seen: dict[tuple, str] = {}
+    for r in doc["rows"]:
+        for e in r.get("idle") or ():
+            if e.get("kind") == "split":
+                seen.setdefault((r["arm"], e["phase"], e["source"]), e["message"])
+    return "".join(f"note: {arm}: {msg}\n" for (arm, _, _), msg in seen.items())
+
+
 def render_markdown(doc: dict) -> str:
     ctl = doc["control"]
     s = doc["settings"]

@@ -22,7 +22,7 @@ from engine_bridge.harness.arms import (
     other_cpu,
     parse_arm,
 )
-from engine_bridge.harness.render import render_markdown, render_svg
+from engine_bridge.harness.render import render_failures, render_idle, render_markdown, render_svg
 from tests.helpers import impure_imports
 
 
@@ -77,6 +77,22 @@ def test_plan_gate_fails_a_source_given_bytes_that_read_nothing_and_names_one_th
     assert gate_plan({"sources": srcs}, spec).detail == "3 source(s), none degraded"     # runs from before `idle`
 
 
+def test_results_name_a_source_that_sat_out_once_per_arm_and_fail_one_given_bytes():
+    H = "c" * 64
+    split = {"phase": "decode", "source": 1, "kind": "split",
+             "message": "source[1] read nothing in decode: given nothing by the split: ..."}
+    unread = dict(split, kind="unread", message="source[1] read nothing in decode: the plan gives it 262,144 B ...")
+    rows = [_row(0, "A", _result(H, 10, 5)), _row(1, "B", dict(_result(H, 20, 6, nsrc=2), idle=[split])),
+            _row(2, "B", dict(_result(H, 20, 6, nsrc=2), idle=[split])), _row(3, "B", dict(_result(H, 20, 6, nsrc=2),
+                                                                                       idle=[unread])),
+            _row(4, "A", _result(H, 10, 5))]
+    doc = build_results(SPECS, "ABBA", "ABBAB", rows, SETTINGS, "t")
+    assert [r["ok"] for r in doc["rows"]] == [True, True, True, False, True]
+    assert doc["rows"][1]["idle"] == [split] and doc["rows"][0]["idle"] == []
+    assert render_idle(doc) == f"note: B: {split['message']}\n"
+    assert render_failures(doc) == f"arm 4/5 B FAILED plan: {unread['message']}\n"
+
+
 def _result(sha, pre, steady, gen=None, cache=64, applied=64, nsrc=1):
     return {"ctx_tokens": 600, "prefill_tokens": 512, "prefill_tps": pre, "gen_tokens": 88, "gen_tps": gen or steady,
             "gen_first_ms": 12.5, "gen_steady_tokens": 87, "gen_steady_tps": steady, "kvcache_bytes": 1000,
@@ -124,7 +140,7 @@ def test_build_results_medians_gains_pairs_and_labels():
     assert doc["claims"]["B"] == {"prefill_tps": "gain", "gen_tps": "unclear", "gen_steady_tps": "unclear"}
     row = doc["rows"][0]
     assert set(row) == {"seq", "arm", "ok", "failed", "error", "gates", "wall_s", "output_sha256", "metrics",
-                        "weights", "sources", "events", "log"}
+                        "weights", "sources", "events", "idle", "log"}
     assert set(row["gates"]) == {"sha", "cache", "plan", "swap", "load"}
 
 
