@@ -1,5 +1,6 @@
 """engine-bridge export --format colibri: directories, COLI_MODEL plus SNAP, one weight per drive,
-striping only when the plan stripes, and every colibri rule refused with its reason."""
+striping only when the plan stripes (end to end from `planner solve --engine colibri`), and every
+colibri rule refused with its reason."""
 
 import json
 import os
@@ -8,11 +9,17 @@ import subprocess
 
 from typer.testing import CliRunner
 
+from core.rig import load_rig
 from engine_bridge.cli import app
 from engine_bridge.profiles.export import colibri_directory
 from engine_bridge.profiles.rules import SourceFacts, check_sources
 from engines import colibri
-from tests.engine_bridge.export_helpers import make_dir_rig, make_rig, write_plan, write_shard
+from iobench.model import DriveModel
+from iobench.result import BenchResult, DriveResult, save_result
+from planner.cli import app as planner_app
+from replicas.drives import DriveInfo
+from tests.engine_bridge.export_helpers import DRIVES, make_dir_rig, make_rig, write_plan, write_shard
+from tests.planner.helpers import FAST
 
 runner = CliRunner()
 
@@ -171,3 +178,48 @@ def test_rules_on_facts_blank_edges_long_paths_and_the_mirror_list_length():
     assert "mirror-list-length" in [x.rule for x in check_sources(many, (1,) * 5, (1,) * 5, engine="colibri")]
     v = check_sources([primary, mirror(1, "/g")], (1, 1), (1,), engine="colibri")
     assert [x.rule for x in v] == ["weight-count"]
+
+
+def _bench_for(root, dirs, models):
+    """An iobench result for the directory rig's members (internal, green, white) with fitted models."""
+    info = DriveInfo(mount_point="/", fs_type="ext4", device="/dev/x", disk="x", key="disk:x")
+    result = BenchResult(created="2026-11-29T19:00:00.000Z",
+                         drives=tuple(DriveResult(name=DRIVES[i], path=d, size=1 << 30, cold="o_direct", drive=info,
+                                                  model=m, presets={}) for i, (d, m) in enumerate(zip(dirs, models))))
+    save_result(load_rig(root), result)
+
+
+def _solve_colibri(root):
+    r = runner.invoke(planner_app, ["solve", "--rig", root, "--engine", "colibri", "--workload", "ds4-v41", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
+    # twin drives and 19.9 MB expert reads: the planner stripes, and the profile asks colibri to
+    root, dirs = make_dir_rig(tmp_path, 3)
+    _bench_for(root, dirs, (FAST, FAST, FAST))
+    solved = _solve_colibri(root)
+    assert solved["stripe"] is True and solved["prefill"]["weights"] == solved["decode"]["weights"]
+    out = str(tmp_path / "striped.env")
+    r = export(root, solved["path"], out, "--allow-unverified")
+    assert r.exit_code == 0, r.output
+    w = solved["prefill"]["weights"]
+    assert [x for x in open(out).read().splitlines() if not x.startswith("#")] == [
+        f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'", f"export COLI_MODEL_MIRROR='{dirs[1]};{dirs[2]}'",
+        f"export COLI_DISK_WEIGHTS='{','.join(map(str, w))}'", "export DIRECT='1'", "export COLI_MIR_STRIPE='1'",
+        "unset COLI_MODEL_DIRS", "unset SNAP_MIRROR"]
+    doc = json.load(open(str(tmp_path / "striped.json")))
+    assert colibri.parse_disk_weights(doc["environment"]["COLI_DISK_WEIGHTS"], 3) == tuple(map(float, w))
+    # a drive 8x slower: whole experts, no striping variables (with DIRECT=1 colibri would stripe)
+    root2, dirs2 = make_dir_rig(tmp_path / "mixed", 3)
+    _bench_for(root2, dirs2, (FAST, FAST, DriveModel(lat_s=100e-6, stream_bw=20e6, bw_max=25e6)))
+    solved = _solve_colibri(root2)
+    assert solved["stripe"] is False
+    shares = [s["experts"] for s in solved["prefill"]["predicted"]["sources"]]
+    assert shares[2] < shares[0] / 4 and shares[2] < shares[1] / 4
+    out = str(tmp_path / "whole.env")
+    assert export(root2, solved["path"], out, "--allow-unverified").exit_code == 0
+    lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
+    assert f"export COLI_DISK_WEIGHTS='{','.join(map(str, solved['prefill']['weights']))}'" in lines
+    assert "unset DIRECT" in lines and "unset COLI_MIR_STRIPE" in lines
