@@ -393,7 +393,7 @@ PHASES = ("prefill", "decode")
 
 
 def choose(drives: Sequence[Drive], cw: ColibriWorkload, backgrounds: Sequence[Background] = (),
-           links: Sequence[Link] = (), tie: float = 1e-3, candidates: tuple[np.ndarray, np.ndarray] | None = None) -> Choice:
+           links: Sequence[Link] = (), tie: float = 1e-3) -> Choice:
     """Price every distinct cut vector with striping off (and on, when colibri would stripe this
     model's reads over these drives) and pick the one weight vector for both phases.
 
@@ -402,7 +402,7 @@ def choose(drives: Sequence[Drive], cw: ColibriWorkload, backgrounds: Sequence[B
     switches). Within `tie` of the best: striping off first, then a split giving every drive
     experts, then the smaller weights."""
     n = len(drives)
-    cuts, weights = candidates if candidates is not None else cut_classes(n)
+    cuts, weights = cut_classes(n)
     counts = placement_counts_many(cuts, cw.layers, cw.experts)
     switches = (False, True) if cw.can_stripe(n) else (False,)
     priced = {}

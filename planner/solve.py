@@ -210,6 +210,11 @@ def stripe_reason(cw: ColibriWorkload, n: int) -> str:
     return ""
 
 
+def _gain(a: float, b: float) -> float:
+    """a / b; 1 when both are 0 (a phase with no reads: a cache holding every expert)."""
+    return a / b if b else (1.0 if not a else float("inf"))
+
+
 def solve_colibri_plan(sources: Sequence[Source], drives: Sequence[Drive], cw: ColibriWorkload,
                        backgrounds: Sequence[Background] = (), provenance: dict | None = None, created: str = "",
                        top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
@@ -234,8 +239,8 @@ def solve_colibri_plan(sources: Sequence[Source], drives: Sequence[Drive], cw: C
     for ph in COLIBRI_PHASES:
         best = predicted[ph]["throughput_Bps"]
         baselines[ph] = {"capability": cap[ph], "equal": equal[ph],
-                         "gain_over_capability": best / cap[ph]["throughput_Bps"],
-                         "gain_over_equal": best / equal[ph]["throughput_Bps"]}
+                         "gain_over_capability": _gain(best, cap[ph]["throughput_Bps"]),
+                         "gain_over_equal": _gain(best, equal[ph]["throughput_Bps"])}
         if other is not None:
             baselines[ph]["other_stripe"] = other[ph]
     # The next best (candidate, switch) pairs by the same objective, each phase's prediction.
@@ -249,7 +254,7 @@ def solve_colibri_plan(sources: Sequence[Source], drives: Sequence[Drive], cw: C
             break
         for ph in COLIBRI_PHASES:
             a = pred(ph, r, ch.stripes[si])
-            alts.append(dict(a, behind=1.0 - a["throughput_Bps"] / predicted[ph]["throughput_Bps"]))
+            alts.append(dict(a, behind=1.0 - _gain(a["throughput_Bps"], predicted[ph]["throughput_Bps"])))
     scores = {("on" if s else "off"): float(ch.score[si, row]) for si, s in enumerate(ch.stripes)}
     prov = dict(provenance or {})
     prov["model"] = {

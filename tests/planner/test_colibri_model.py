@@ -9,6 +9,7 @@ import pytest
 
 from engines.colibri import cuts, placement_counts
 from iobench.model import DriveModel
+from planner.barrier import LatencyShape
 from planner.colibri_model import (
     ColibriWorkload,
     choose,
@@ -161,3 +162,19 @@ def test_stripe_is_chosen_only_when_it_helps_and_never_under_4_mib():
                             misses_per_token=11.06)
     ch = choose(same, small)
     assert not ch.stripe and ch.stripes == (False,)
+
+
+def test_a_drive_with_a_latency_tail_lands_last_later_in_decode_only():
+    cw = ColibriWorkload(**SMALL, expert_bytes=1_000_000, prefill_reads=10.0, misses_per_token=1.0)
+    counts = placement_counts_many(cuts_many([(1, 1)]), 2, 4)
+    tailed = (A, Drive("b", Flat(50e6), LatencyShape(0.8, 2.0, 4.0)))
+    plain, tail = price_decode((A, B), cw, counts), price_decode(tailed, cw, counts)
+    assert plain.tail_s[0] == 0.0 and tail.tail_s[0] > 0.0
+    assert tail.layer_s[0] > plain.layer_s[0]
+    assert price_prefill(tailed, cw, counts).layer_s[0] == price_prefill((A, B), cw, counts).layer_s[0]
+
+
+def test_no_misses_cost_nothing_and_say_so():
+    cw = ColibriWorkload(**SMALL, expert_bytes=1_000_000, prefill_reads=10.0, misses_per_token=0.0)
+    pr = price_decode((A, B), cw, placement_counts_many(cuts_many([(1, 1)]), 2, 4))
+    assert pr.layer_s[0] == 0.0 and throughput(pr)[0] == 0.0

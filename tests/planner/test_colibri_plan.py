@@ -124,3 +124,10 @@ def test_a_solved_plan_on_disk_round_trips(tmp_path):
     assert json.loads(sim.stdout)["throughput_Bps"] == p.decode.predicted["throughput_Bps"]
     bad = invoke("simulate", "--rig", rig.root, "--phase", "decode", "--weights", "1:1", "--stripe")
     assert bad.exit_code == 2 and "ds4-argodrive does not stripe reads" in bad.stderr
+
+
+def test_a_cache_holding_every_expert_still_solves():
+    cw = ColibriWorkload(layers=4, experts=16, top_k=2, expert_bytes=1 << 20, prefill_reads=8.0, misses_per_token=0.0)
+    plan = solve_colibri_plan((Source("a", "/a"), Source("b", "/b")), (Drive("a", FAST), Drive("b", SLOW)), cw)
+    assert plan.decode.predicted["throughput_Bps"] == 0.0 and plan.baselines["decode"]["gain_over_equal"] == 1.0
+    assert plan.prefill.predicted["throughput_Bps"] > 0
