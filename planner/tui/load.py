@@ -29,6 +29,11 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     if plan_ref or plan_files(rig):
         path = resolve_plan_path(plan_ref or "latest", rig)
         plan, plan_name = load_plan(path), os.path.basename(path)
+        if plan.engine != DEFAULT_ENGINE:
+            # The tuner nudges per-read split weights, ds4-argodrive's kind; another engine's plan
+            # (colibri places whole experts, one weight vector for both phases) is solved whole.
+            raise UsageError(f"plan {plan_name} is for {plan.engine}; the tuner edits {DEFAULT_ENGINE}'s per-read splits — "
+                             f"use `planner solve --engine {plan.engine}` and `planner show`, or give a {DEFAULT_ENGINE} --plan")
     prov = plan.provenance if plan is not None else {}
     inputs = load_inputs(rig.root, bench, calibrate=calibrate and prov.get("calibrated", True) is not False)
     names = [s.name for s in inputs.sources]

@@ -7,7 +7,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from core.errors import RigError
+from core.errors import RigError, UsageError
 from planner.cli import app
 from planner.colibri_model import ColibriWorkload
 from planner.idle import colibri_idle
@@ -131,3 +131,12 @@ def test_a_cache_holding_every_expert_still_solves():
     plan = solve_colibri_plan((Source("a", "/a"), Source("b", "/b")), (Drive("a", FAST), Drive("b", SLOW)), cw)
     assert plan.decode.predicted["throughput_Bps"] == 0.0 and plan.baselines["decode"]["gain_over_equal"] == 1.0
     assert plan.prefill.predicted["throughput_Bps"] > 0
+
+
+def test_the_tuner_refuses_a_colibri_plan_in_one_line(tmp_path):
+    from planner.tui.load import load_tuner
+
+    rig, _ = make_rig(tmp_path / "rig")
+    assert invoke("solve", "--rig", rig.root, "--engine", "colibri", "--workload", "ds4-v41").exit_code == 0
+    with pytest.raises(UsageError, match=r"is for colibri; the tuner edits ds4-argodrive's per-read splits"):
+        load_tuner(rig.root)
