@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 from core.errors import UsageError
 from core.rig import Rig, load_rig, rig_dir
+from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights, parse_weights
 from planner.plans import load_plan, resolve_plan_path
 from replicas.modelset import ModelSet, discover, member_set, one_file
@@ -96,7 +97,10 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
             raise UsageError(f"--model {model.path} is not the plan's primary {paths[0]} ({path}); run the plan's model "
                              "or re-solve the plan for this one")
         prefill, decode = tuple(p.prefill.weights), tuple(p.decode.weights)
-        planned = {ph: plan_pieces(getattr(p, ph).predicted, plan_read_bytes(p, ph), len(paths)) for ph in PHASES}
+        # the reader cuts reads with ds4's rule: another engine's prediction (colibri's placement
+        # shares) says nothing about what each source reads here
+        planned = {ph: plan_pieces(getattr(p, ph).predicted, plan_read_bytes(p, ph), len(paths))
+                   if p.engine == DEFAULT_ENGINE else None for ph in PHASES}
         if decode_weights:
             decode = parse_weights(decode_weights)
             planned["decode"] = None          # the plan's prediction is for its own decode weights

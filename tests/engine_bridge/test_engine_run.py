@@ -285,3 +285,9 @@ def test_run_warns_when_the_plan_gave_a_source_bytes_it_never_read(model_dir, tm
     assert j["planned"]["decode"] is None and [e["kind"] for e in j["idle"]] == ["split"]
     assert "note: source[2] read nothing in decode: given nothing by the split" in r.stderr
     assert "warning:" not in r.stderr
+    # a plan for another engine predicts that engine's reads, not the ones this reader cuts
+    (tmp_path / "c.json").write_text(json.dumps({**_v41_plan(d), "engine": "colibri"}))
+    r = runner.invoke(app, args[:4] + [str(tmp_path / "c.json")] + args[5:] + ["--json"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert j["planned"] == {"prefill": None, "decode": None} and [e["kind"] for e in j["idle"]] == ["split"]
