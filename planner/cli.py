@@ -47,6 +47,8 @@ ThreadsOption = typer.Option(None, "--threads", min=1, max=256,
                                   f"colibri's expert loads in flight (default {READ_THREADS}, its PIPE_WORKERS).")
 StripeOption = typer.Option(False, "--stripe", help="colibri: price striped reads (DIRECT=1, COLI_MIR_STRIPE).")
 FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
+TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from each drive's measured latency quantiles as independent "
+                           "draws (off by default: on throttled test drives it under-predicted decode by up to 50 %; see docs/planner.md).")
 
 BAR = 40
 
@@ -101,10 +103,10 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
           background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
           threads: int = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
-          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, json_out: bool = JsonOption):
+          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption, json_out: bool = JsonOption):
     """Find the prefill and decode weights for the rig's model; write rig/plans/<timestamp>.json."""
     root = rig_dir(rig)
-    inputs = load_inputs(root, bench, calibrate=not fit_only)
+    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
     wl, bgs = chosen.workload, _backgrounds(background, names)
@@ -144,7 +146,8 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
              background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
              threads: int = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
              prompt_tokens: int = PromptOption, cache_experts: Optional[int] = CacheOption,
-             fit_only: bool = FitOnlyOption, stripe: bool = StripeOption, json_out: bool = JsonOption):
+             fit_only: bool = FitOnlyOption, stripe: bool = StripeOption, tails: bool = TailsOption,
+             json_out: bool = JsonOption):
     """Predict one weight vector for the rig's model: time per read and per layer, per-source completion, who lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
@@ -152,7 +155,7 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
     if stripe and get_engine(engine).place is None:
         raise UsageError(f"--stripe: {engine} does not stripe reads; it is colibri's switch (--engine colibri)")
     root = rig_dir(rig)
-    inputs = load_inputs(root, bench, calibrate=not fit_only)
+    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
     bgs = _backgrounds(background, names)

@@ -139,12 +139,16 @@ def shared_links(result, names: list[str]) -> tuple[Link, ...]:
     return links_from(rows)
 
 
-def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True) -> Inputs:
+def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True, tails: bool = False) -> Inputs:
     """The rig's members (primary first) with the fitted drive models of an iobench result
     (`bench`, else the newest in rig/bench). Without a rig.toml the bench result's drive order
     is used, first = primary. A member the result does not cover is a UsageError. With
     `calibrate`, each fitted curve is corrected by the drive's own measurements near the asked
-    shape (`CorrectedCurve`); without it the fitted model speaks alone."""
+    shape (`CorrectedCurve`); without it the fitted model speaks alone. With `tails`, each drive
+    carries its measured decode latency shape and the decode barrier is priced as the expected
+    maximum of independent draws (planner.barrier); off by default, because on throttled drives
+    (blk-throttle's time slices make every drive's delays bursty, not independent per request)
+    it under-predicted decode by up to 50 % and chose a split 50 % slower (docs/planner.md)."""
     from iobench.result import latest_result, load_result, result_files
 
     rig = load_rig(rig_root, must_exist=False)
@@ -172,7 +176,8 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True)
     for name, _, d in picked:
         if d.model is None:
             raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and decode presets")
-        drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model, latency_shape(d)))
+        drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model,
+                            latency_shape(d) if tails else None))
     links = shared_links(result, [d.name for _, _, d in picked])
     manifest = load_manifest(rig, required=False) if members else None
     provenance = {
@@ -182,6 +187,7 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True)
         "rig": rig.root,
         "manifest": manifest.digest() if manifest is not None else None,
         "calibrated": calibrate,
+        "tails": tails,
         "drive_models": {name: {"lat_s": d.model.lat_s, "stream_bw": d.model.stream_bw, "bw_max": d.model.bw_max,
                                 "iops_max": d.model.iops_max, "fit_err_pct": d.model.fit_err_pct}
                          for name, _, d in picked},

@@ -35,7 +35,8 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
             raise UsageError(f"plan {plan_name} is for {plan.engine}; the tuner edits {DEFAULT_ENGINE}'s per-read splits — "
                              f"use `planner solve --engine {plan.engine}` and `planner show`, or give a {DEFAULT_ENGINE} --plan")
     prov = plan.provenance if plan is not None else {}
-    inputs = load_inputs(rig.root, bench, calibrate=calibrate and prov.get("calibrated", True) is not False)
+    inputs = load_inputs(rig.root, bench, calibrate=calibrate and prov.get("calibrated", True) is not False,
+                         tails=prov.get("tails") is True)
     names = [s.name for s in inputs.sources]
     if plan is not None and [s.name for s in plan.sources] != names:
         raise UsageError(f"plan {plan_name} is for sources {', '.join(s.name for s in plan.sources)}; the rig has "

@@ -149,7 +149,9 @@ def test_load_inputs_reads_tails_and_shared_links_from_the_bench_result(tmp_path
     together = [group("together", "seq", ("fast", "slow", "laggy"), 600e6)]          # not short of 300+160+160
     groups = [group("hub", "seq", ("slow", "laggy"), 200e6), group("hub", "decode", ("slow", "laggy"), 120e6)]
     rig, _ = make_rig(tmp_path / "rig", presets=presets, groups=groups, together=together)
-    inputs = load_inputs(rig.root)
+    assert all(d.tail is None for d in load_inputs(rig.root).drives)   # tails are asked for, not the default
+    inputs = load_inputs(rig.root, tails=True)
+    assert inputs.provenance["tails"] is True
     assert inputs.drives[1].tail is None                        # no spread measured
     assert inputs.drives[2].tail == shape_from_latency(800, 3000, 7000, 1200)
     assert inputs.drives[0].tail.spread
@@ -163,3 +165,23 @@ def test_decode_component_by_hand_with_a_link():
     p = predict(d, (1, 1), decode_workload(batch=3), links=(link,))
     assert p.time_per_batch_s == pytest.approx(3 * COMPONENT_BYTES / 10e6)
     assert p.throughput_Bps == pytest.approx(10e6) and p.bound == "both"
+
+
+def test_solve_prices_tails_only_when_asked(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    dec = lambda bw, lat: {"decode": preset("decode", bw, lat), "seq": preset("seq", 2 * bw, lanes=8)}  # noqa: E731
+    presets = [dec(150e6, (1000, 1100, 1200, 1000)), dec(80e6, (1000, 1000, 1000, 1000)), dec(80e6, (800, 3000, 7000, 1200))]
+    rig, _ = make_rig(tmp_path / "rig", presets=presets)
+    runs = {}
+    for flag in ([], ["--tails"]):
+        r = CliRunner().invoke(app, ["solve", "--rig", rig.root, "--workload", "ds4-v41", "--json", *flag])
+        assert r.exit_code == 0, r.output
+        runs[bool(flag)] = json.loads(r.stdout)
+    assert runs[False]["provenance"]["tails"] is False and runs[False]["provenance"]["model"]["tails"] == {}
+    assert runs[True]["provenance"]["tails"] is True and set(runs[True]["provenance"]["model"]["tails"]) == {"fast", "laggy"}
+    assert runs[True]["decode"]["predicted"]["tail_s"] > 0 and not runs[False]["decode"]["predicted"].get("tail_s")
