@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Sequence
 
-from core.errors import MissingError, UsageError
+from core.errors import MissingError, ReplicaTunerError, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import require_file
 from core.rig import Rig, unique_name
@@ -26,8 +26,8 @@ from engines.ds4_argodrive import COMPONENT_BYTES
 from replicas import platform
 from replicas.coldio import ColdReader
 from replicas.drives import drive_of
-from replicas.formats import RAW
-from replicas.modelset import FILE, discover, member_set
+from replicas.formats import RAW, sniff
+from replicas.modelset import FILE, ModelSet, discover, member_set, one_file
 from replicas.tensortable import inspect_model
 
 from . import stats
@@ -35,7 +35,7 @@ from .aggregate import model_samples, suspect_cache, window_rate
 from .constants import DRIVE_IO_UNIT, PRESETS, RESIDENT_WARN, TOGETHER_LANES
 from .devlimits import queue_limits
 from .iounit import QueueLimits
-from .layout import ExpertLayout, expert_layout
+from .layout import ExpertLayout
 from .meter import DeviceMeter, device_meter
 from .model import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
@@ -57,33 +57,28 @@ def check_file(path: str) -> int:
 
 def make_target(path: str, name: str, layout: ExpertLayout | None = None, notes: Sequence[str] = ()) -> Target:
     """A file to read; `layout`: its experts as the model's geometry places them (else the file's
-    own GGUF table is asked)."""
+    own header is asked, as a one-file model)."""
     path = os.path.abspath(path)
     size = check_file(path)
     notes = list(notes)
     if layout is None and not notes:
-        try:
-            layout = expert_layout(path)
-        except ValueError as e:
-            notes.append(f"{e}; decode uses {COMPONENT_BYTES:,} B components over the whole file")
-        if layout:
-            notes.append(f"decode: {layout.component_bytes:,} B components from {len(layout.regions)} GGUF expert tensors")
+        _, layout, notes = model_layout(one_file(path, sniff(path) or RAW))
     return Target(name=name, path=path, size=size, drive=drive_of(path), layout=layout, notes=tuple(notes))
 
 
-def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
-    """The file iobench reads on `member`'s drive and where its experts are, from the rig's model
-    (replicas.geometry, the planner's own reading): the decode read is the model's component (the
-    largest slice), and a split set's or a directory's experts may be in any of its files, so the
-    file holding most of them is read. (path, None, []) when the model has no readable geometry:
-    make_target then asks the file itself, as for a PATH."""
-    model = member_set(rig, member)
+def model_layout(model: ModelSet) -> tuple[str, ExpertLayout | None, list[str]]:
+    """The file iobench reads of `model` and where its routed experts are, from the model's own
+    header (replicas.tensortable and replicas.geometry, the planner's reading too): the decode
+    read is the model's component (its largest slice), and a split set's or a directory's experts
+    may be in any of its files, so the file holding most of them is read. A model without a
+    readable geometry is read whole (its largest file) with the engine's default component, and
+    says so unless it is raw bytes."""
     try:
-        if model.format == RAW and model.layout == FILE:
-            model = discover(model.path)          # a rig from before formats were recorded: ask the file
         g = inspect_model(model)
-    except (UsageError, MissingError):
-        return member.path, None, []
+    except ReplicaTunerError as e:
+        largest = max(model.paths, key=os.path.getsize)
+        why = [] if model.format == RAW else [f"{e}; decode uses {COMPONENT_BYTES:,} B components over the whole file"]
+        return largest, None, why
     largest = [t for t in g.tensors if t.component_bytes == g.component_bytes]
     held = Counter()
     for t in largest:
@@ -93,6 +88,17 @@ def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
     note = (f"decode: the model's {g.component_bytes:,} B components from {len(regions)} expert tensors"
             f"{f' of {rel}' if model.layout != FILE else ''}")
     return model.abs(rel), ExpertLayout(g.component_bytes, regions, g.experts), [note]
+
+
+def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
+    """`model_layout` of the rig's model where `member` keeps it."""
+    model = member_set(rig, member)
+    if model.format == RAW and model.layout == FILE:
+        try:
+            model = discover(model.path)          # a rig from before formats were recorded: ask the file
+        except ReplicaTunerError:
+            pass                                  # not a model file: read it whole
+    return model_layout(model)
 
 
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:

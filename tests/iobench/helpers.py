@@ -9,6 +9,7 @@ def write_moe_gguf(path, layers=2, experts=4, rows=8, cols=256):
     w = gguf.GGUFWriter(str(path), "deepseek2")
     w.add_block_count(layers)
     w.add_expert_count(experts)
+    w.add_expert_used_count(2)
     w.add_tensor("token_embd.weight", np.zeros((16, cols), dtype=np.float32))
     for b in range(layers):
         for kind in ("gate", "up", "down"):

@@ -99,7 +99,7 @@ def test_gguf_decode_uses_the_expert_components(tmp_path):
     dec = d["drives"][0]["presets"]["decode"]
     assert dec["piece_bytes"] == comp == 16384
     assert [x["lanes"] for x in dec["lanes"]] == [1, 2]
-    assert any("GGUF expert tensors" in n for n in d["drives"][0]["notes"])
+    assert "decode: the model's 16,384 B components from 6 expert tensors" in d["drives"][0]["notes"]
 
 
 def test_decode_restarts_its_trials_and_keeps_their_spread(tmp_path):

@@ -1,11 +1,12 @@
 """The engine's read shapes per drive, and where a GGUF keeps its experts."""
 
 import numpy as np
-import pytest
 
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
-from iobench.layout import expert_layout
+from iobench.bench import model_layout
 from iobench.shapes import SlotTable, decode_shape, min_slots, prefill_shape, seq_shape
+from replicas.formats import GGUF, RAW
+from replicas.modelset import one_file
 from tests.iobench.helpers import write_moe_gguf
 
 MiB = 1 << 20
@@ -72,8 +73,8 @@ def test_min_slots_is_one_more_than_the_most_lanes():
 def test_gguf_expert_layout(tmp_path):
     p = tmp_path / "m.gguf"
     comp = write_moe_gguf(p, layers=2, experts=4)
-    lay = expert_layout(str(p))
-    assert lay is not None
+    path, lay, notes = model_layout(one_file(str(p), GGUF))
+    assert path == str(p) and lay is not None and notes == [f"decode: the model's {comp:,} B components from 6 expert tensors"]
     assert lay.component_bytes == comp
     assert lay.experts == 4
     assert len(lay.regions) == 6
@@ -88,8 +89,8 @@ def test_gguf_expert_layout(tmp_path):
 def test_layout_of_non_gguf_and_broken_gguf(tmp_path):
     plain = tmp_path / "plain.bin"
     plain.write_bytes(b"\0" * 8192)
-    assert expert_layout(str(plain)) is None
+    assert model_layout(one_file(str(plain), RAW)) == (str(plain), None, [])        # raw bytes: read whole, quietly
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\xff" * 100)
-    with pytest.raises(ValueError):
-        expert_layout(str(broken))
+    path, lay, notes = model_layout(one_file(str(broken), GGUF))    # a model file that cannot be read: said
+    assert (path, lay) == (str(broken), None) and len(notes) == 1 and "decode uses 6,635,520 B components" in notes[0]
