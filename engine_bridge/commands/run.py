@@ -178,6 +178,7 @@ def register(app) -> None:
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
                                  cold=not cached, hedge=hedge), csv_file=csv_file)
         _report_reader(result)
+        _report_idle(result)
         if json_out:
             print_json(result)
             return

@@ -24,6 +24,7 @@ from replicas.modelset import FILE, ModelSet
 from replicas.tensortable import inspect_model as inspect_any
 
 from .cache import ExpertCache
+from .idle import PHASES, idle_sources
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
 from .model import Geometry
 from .sources import SourceSet
@@ -115,7 +116,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     result (REPLAY_SCHEMA). hedge: re-issue a late piece on another replica (on by default, as in `run`)."""
     from engine_bridge.reader import SplitReader
 
-    from .run import hedge_settings
+    from .run import hedge_settings, phase_dict
 
     g = replay_geometry(sources.models[0])
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),
@@ -139,12 +140,15 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
                      hedge=hedge) as reader:
         out = replay_steps(g, steps, g.layers, cache, reader.submit)
-        stats = reader.stats().to_dict()
+        reader_stats = reader.stats()
+        stats = reader_stats.to_dict()
         text = reader.format_stats()
         hedging = hedge_settings(reader)
     pre, dec = out["counters"]["prefill"], out["counters"]["decode"]
     tp, td = out["tokens"]["prefill"], out["tokens"]["decode"]
     steps_s = out["step_seconds"]
+
+    weights = {"prefill": list(sources.prefill), "decode": list(sources.decode)}
 
     def rate(n, s):
         return round(n / s, 3) if s > 0 and n else 0.0
@@ -169,14 +173,17 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
         "hits": pre.hits + dec.hits,
         "misses": pre.misses + dec.misses,
         "misses_per_token": round(dec.misses / td, 4) if td else 0.0,
-        "weights": {"prefill": list(sources.prefill), "decode": list(sources.decode)},
+        "weights": weights,
         "sources": stats["sources"],
         "events": stats["events"],
         "routing": routing,
         "lanes": lanes,
         **hedging,
         "model": g.as_dict(),
-        "prefill": pre.as_dict(),
-        "decode": dec.as_dict(),
+        "prefill": phase_dict(pre, stats["phases"]["prefill"]),
+        "decode": phase_dict(dec, stats["phases"]["decode"]),
+        "planned": {ph: sources.planned.get(ph) for ph in PHASES},
+        "idle": idle_sources(stats["phases"], weights, sources.paths, [s.degraded for s in reader_stats.sources],
+                             sources.planned),
         "reader": {"reads": stats["reads"], "bytes": stats["bytes"], "text": text},
     }

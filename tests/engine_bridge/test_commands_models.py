@@ -91,6 +91,12 @@ def test_replay_reads_a_rigs_split_set_from_every_member(split_rig, tmp_path):
     g = inspect_model(model)
     per_expert = sum(x.length for x in g.expert_ranges(0, 0))
     assert j["prefill"]["bytes"] + j["decode"]["bytes"] == (j["misses"]) * per_expert
+    # per phase, what each source was given and read adds up to the phase (replay reports it like run)
+    for ph in ("prefill", "decode"):
+        assert sum(s["bytes"] for s in j[ph]["sources"]) == j[ph]["bytes"] > 0
+        assert [s["given_bytes"] for s in j[ph]["sources"]] == [s["bytes"] for s in j[ph]["sources"]]
+    assert set(j["planned"]) == {"prefill", "decode"}
+    assert all(e["kind"] == "split" for e in j["idle"])       # a healthy replay never leaves a given source unread
 
 
 def test_the_sources_of_a_rig_are_each_members_copy_of_the_whole_model(split_rig, tmp_path):
