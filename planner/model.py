@@ -162,10 +162,6 @@ def decode_workload(batch: int = DECODE_BATCH, threads: int = DECODE_THREADS, le
     return Workload("decode", length, batch, threads, **traffic)
 
 
-def workload_for(phase: str, **kw) -> Workload:
-    return prefill_workload(**kw) if phase == "prefill" else decode_workload(**kw)
-
-
 def piece_bytes(counts: np.ndarray, workload: Workload) -> np.ndarray:
     """Bytes per source for block counts (N x n): blocks * BLOCK, the tail on the primary."""
     b = np.asarray(counts, dtype=np.int64) * BLOCK
