@@ -46,6 +46,18 @@ class Violation:
         return f"{self.where}: {self.reason}"
 
 
+NO_SOURCES = Violation("no-sources", "sources", "the plan names no sources; re-create it with `planner solve`")
+
+
+def _list_rules(facts: Sequence[SourceFacts], limit: int, too_many: str) -> list[Violation]:
+    """What every engine asks of its source list: at most `limit` sources (`too_many` says why
+    not), each an absolute path."""
+    v = [Violation("too-many-sources", "sources", too_many)] if len(facts) > limit else []
+    v += [Violation("relative-path", f"sources[{f.index}]", f"{f.path!r} is not an absolute path; the engine needs one")
+          for f in facts if not f.path.startswith("/")]
+    return v
+
+
 def _weight_ok(w, e: Engine) -> bool:
     return isinstance(w, int) and not isinstance(w, bool) and e.weight_min <= w <= e.weight_max
 
@@ -60,19 +72,14 @@ def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
     e = get_engine(engine)
     if e.name == colibri.NAME:
         return check_colibri(facts, prefill, decode, allow_unverified=allow_unverified)
-    v: list[Violation] = []
     limit = e.max_sources
     n = len(facts)
     if n == 0:
-        return [Violation("no-sources", "sources", "the plan names no sources; re-create it with `planner solve`")]
-    if n > limit:
-        v.append(Violation("too-many-sources", "sources",
-                           f"{n} sources but {engine} reads from at most {limit} (the primary and {limit - 1} replicas); "
-                           "drop a replica from the plan"))
+        return [NO_SOURCES]
+    v = _list_rules(facts, limit, f"{n} sources but {engine} reads from at most {limit} (the primary and {limit - 1} "
+                                  "replicas); drop a replica from the plan")
     for f in facts:
         where = f"sources[{f.index}]"
-        if not f.path.startswith("/"):
-            v.append(Violation("relative-path", where, f"{f.path!r} is not an absolute path; the engine needs one"))
         found = sorted({c for c in f.path if c in e.path_forbidden})
         if found:
             v.append(Violation("bad-character", where,
@@ -143,18 +150,12 @@ def check_colibri(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
     e = get_engine(colibri.NAME)
     n = len(facts)
     if n == 0:
-        return [Violation("no-sources", "sources", "the plan names no sources; re-create it with `planner solve`")]
-    v: list[Violation] = []
-    if n > e.max_sources:
-        v.append(Violation("too-many-sources", "sources",
-                           f"{n} sources but colibri reads at most {colibri.MAX_MIRRORS} mirrors besides the model "
-                           "(ST_MAX_MIR); drop a replica from the plan"))
+        return [NO_SOURCES]
+    v = _list_rules(facts, e.max_sources, f"{n} sources but colibri reads at most {colibri.MAX_MIRRORS} mirrors "
+                                          "besides the model (ST_MAX_MIR); drop a replica from the plan")
     for f in facts:
-        where = f"sources[{f.index}]"
-        if not f.path.startswith("/"):
-            v.append(Violation("relative-path", where, f"{f.path!r} is not an absolute path; the engine needs one"))
-        elif f.exists and f.not_loadable:
-            v.append(Violation("not-a-directory-model", where, f.not_loadable))
+        if f.path.startswith("/") and f.exists and f.not_loadable:
+            v.append(Violation("not-a-directory-model", f"sources[{f.index}]", f.not_loadable))
     v += _weight_rules(n, prefill, decode, e)
     primary = facts[0]
     if not primary.exists:
