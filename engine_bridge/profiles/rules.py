@@ -58,6 +58,13 @@ def _list_rules(facts: Sequence[SourceFacts], limit: int, too_many: str) -> list
     return v
 
 
+def _unverified(f: SourceFacts, where: str) -> Violation:
+    """A replica the manifest has not vouched for (never verified, or changed since)."""
+    how = ("was modified since it was verified" if f.state == "stale"
+           else "has never been verified against the manifest")
+    return Violation("unverified", where, f"replica {f.path} {how}; run `replicas verify` (or export with --allow-unverified)")
+
+
 def _weight_ok(w, e: Engine) -> bool:
     return isinstance(w, int) and not isinstance(w, bool) and e.weight_min <= w <= e.weight_max
 
@@ -118,10 +125,7 @@ def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
             else:
                 seen[key] = f.index
         if f.state != "verified" and not allow_unverified:
-            how = ("was modified since it was verified" if f.state == "stale"
-                   else "has never been verified against the manifest")
-            v.append(Violation("unverified", where,
-                               f"replica {f.path} {how}; run `replicas verify` (or export with --allow-unverified)"))
+            v.append(_unverified(f, where))
     return v
 
 
@@ -207,10 +211,7 @@ def check_colibri(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
             v.append(Violation("size", where, f"replica {d}/{resized[0]} is {have[resized[0]]} bytes, the model's "
                                               f"{want[resized[0]]}; colibri would skip it; run `replicas repair`"))
         if f.state != "verified" and not allow_unverified:
-            how = ("was modified since it was verified" if f.state == "stale"
-                   else "has never been verified against the manifest")
-            v.append(Violation("unverified", where,
-                               f"replica {f.path} {how}; run `replicas verify` (or export with --allow-unverified)"))
+            v.append(_unverified(f, where))
     return v
 
 
