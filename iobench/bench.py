@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Sequence
 
@@ -24,7 +24,8 @@ from core.rig import Rig, unique_name
 from core.units import format_rate
 from engines.ds4_argodrive import COMPONENT_BYTES
 from replicas import platform
-from replicas.coldio import ColdReader
+from replicas.coldio import ColdReader, aligned_buffer, huge_backed
+from replicas.constants import HUGE_PAGE
 from replicas.drives import drive_of
 from replicas.formats import RAW, sniff
 from replicas.modelset import FILE, ModelSet, discover, member_set, one_file
@@ -142,7 +143,8 @@ class _Open:
 
 def _open(t: Target) -> _Open:
     reader = ColdReader(t.path)
-    o = _Open(t, reader, device_meter(t.path), queue_limits(t.path, t.drive.disk))
+    queue = replace(queue_limits(t.path, t.drive.disk), buffers_contiguous=_huge_buffers())
+    o = _Open(t, reader, device_meter(t.path), queue)
     if t.drive.fs_type in MEMORY_FS:
         o.not_cold = True
         o.notes.append(f"{t.drive.fs_type} keeps files in memory: this is not a drive, results are flagged")
@@ -160,10 +162,22 @@ def _open(t: Target) -> _Open:
                    "no device counter here: rates credit requests by overlap")
     q = o.queue
     if q.known:
-        o.notes.append(f"I/O unit {q.request_bytes:,} B from {q.device or 'the device'}'s queue limits ({q.source})")
+        how = ("read buffers in huge pages" if q.buffers_contiguous else
+               "read buffers in 4 KiB pages (no huge pages here: a read lying on contiguous pages gets "
+               f"{q.contiguous_request_bytes:,} B requests)")
+        o.notes.append(f"I/O unit {q.unit:,} B from {q.device or 'the device'}'s queue limits ({q.source}), {how}")
     else:
         o.notes.append("the OS reports no queue limits here: the drive model measures its I/O unit")
     return o
+
+
+def _huge_buffers() -> bool | None:
+    """Whether the buffers trials read into lie in huge pages (asked of one such buffer)."""
+    buf = aligned_buffer(HUGE_PAGE)
+    try:
+        return huge_backed(buf)
+    finally:
+        buf.release()
 
 
 def _resident(path: str, size: int) -> float:

@@ -50,6 +50,10 @@ class QueueLimits:
     minimum_io_size: int | None = None       # bytes
     rotational: bool | None = None
     nr_requests: int | None = None           # requests the queue holds at once
+    # Not the device's: whether the buffers iobench read into lay in huge pages (physically
+    # contiguous, `replicas.coldio.aligned_buffer`). True: every read is cut at
+    # contiguous_request_bytes; False or None: at either unit, as the pages happen to lie.
+    buffers_contiguous: bool | None = None
 
     @property
     def known(self) -> bool:
@@ -81,8 +85,18 @@ class QueueLimits:
         """Bytes per device request when the buffer's pages merge into the largest segments."""
         return self._unit(self.max_segment_size)
 
+    @property
+    def unit(self) -> int | None:
+        """Bytes per device request for the buffers the reads went into: the contiguous cut when
+        they lay in huge pages, else the scattered one (the smaller; a read may still get the
+        larger when its pages happen to lie together)."""
+        return self.contiguous_request_bytes if self.buffers_contiguous else self.request_bytes
+
     def units(self) -> tuple[int, ...]:
-        """The device request sizes a read can be cut into, smallest first (empty: unknown)."""
+        """The device request sizes a read can be cut into, smallest first (empty: unknown):
+        one when the buffers were contiguous, both cuts otherwise."""
+        if self.buffers_contiguous and self.contiguous_request_bytes:
+            return (self.contiguous_request_bytes,)
         return tuple(sorted({u for u in (self.request_bytes, self.contiguous_request_bytes) if u}))
 
 
@@ -172,6 +186,7 @@ def limits_from_ioreg(text: str, disk: str) -> QueueLimits:
 def limits_to_dict(q: QueueLimits) -> dict:
     d = asdict(q)
     d["request_bytes"] = q.request_bytes            # derived, written for readers of the file
+    d["unit"] = q.unit
     return d
 
 
@@ -184,7 +199,7 @@ def limits_from_dict(d: dict) -> QueueLimits:
             out[f.name] = str(v if v is not None else f.default)
         elif v is None:
             out[f.name] = None
-        elif f.name == "rotational":
+        elif f.name in ("rotational", "buffers_contiguous"):
             out[f.name] = bool(v)
         elif isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"queue {f.name}: {v!r} is not a whole number")

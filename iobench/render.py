@@ -83,7 +83,7 @@ def queue_table(r: BenchResult) -> Table | None:
         q = d.queue
         if q is None:
             continue
-        t.add_row(d.name, q.device or "-", q.source, v(q.request_bytes, 1024), v(q.max_sectors_kb), v(q.max_hw_sectors_kb),
+        t.add_row(d.name, q.device or "-", q.source, v(q.unit, 1024), v(q.max_sectors_kb), v(q.max_hw_sectors_kb),
                   v(q.max_segments), v(q.max_segment_size, 1024), v(q.logical_block_size), v(q.physical_block_size),
                   v(q.optimal_io_size), v(q.minimum_io_size), v(q.nr_requests),
                   "-" if q.rotational is None else "yes" if q.rotational else "no")

@@ -26,7 +26,10 @@ JSON shape (schema 2), written to rig/bench/<timestamp>.json by `iobench run`:
               "members": [{"name", "lanes", "piece_bytes", "bw_bytes", "iops", "lat_ns"}]}
     QUEUE  = {"source": "sysfs" | "ioreg" | "unknown", "device", "max_sectors_kb", "max_hw_sectors_kb",
               "max_segments", "max_segment_size", "logical_block_size", "physical_block_size",
-              "optimal_io_size", "minimum_io_size", "rotational", "nr_requests", "request_bytes"}
+              "optimal_io_size", "minimum_io_size", "rotational", "nr_requests", "request_bytes",
+              "buffers_contiguous", "unit"}
+              (request_bytes: the cut over scattered 4 KiB pages; buffers_contiguous: iobench's
+              buffers lay in huge pages; unit: the cut its reads got, `iounit.QueueLimits.unit`)
 
 Rates are bytes/s (shown as decimal GB/s), latencies ns. A preset's headline numbers are those of
 its best lane count; `knee_lanes` is the lowest lane count within 5 % of that best. A lane count

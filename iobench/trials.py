@@ -296,4 +296,4 @@ def _lane(s: Stream, table: SlotTable, next_slot, rng, rec, shared: _Shared, bar
         barrier.abort()
     finally:
         view.release()
-        buf.close()
+        buf.release()

@@ -2,8 +2,8 @@
 
 A `ColdReader` is the narrow seam every reader in the project goes through: `read_into(buffer,
 offset)` plus a few facts (`direct`, `alignment`, `how`, `size`); `CachedReader` is the same seam
-over plain buffered reads. Buffers come from `aligned_buffer` (anonymous mmap, page-aligned, as
-O_DIRECT wants). Offsets and lengths handed to `read_into` must be multiples of `alignment`;
+over plain buffered reads. Buffers come from `aligned_buffer` (private anonymous memory, page-aligned, as
+O_DIRECT wants; large ones in huge pages, so a read's device requests do not vary). Offsets and lengths handed to `read_into` must be multiples of `alignment`;
 `read_range` serves any range through the covering aligned one. Every reader passes the same
 contract tests (tests/replicas/test_coldio_contract.py).
 """
@@ -18,7 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
 from . import platform
-from .constants import ALIGNMENT, IO_BLOCK, READ_AHEAD
+from .constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE, IO_BLOCK, READ_AHEAD
+
+_PRIVATE_ANON = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
 
 
 def align_down(n: int, a: int = ALIGNMENT) -> int:
@@ -29,9 +31,40 @@ def align_up(n: int, a: int = ALIGNMENT) -> int:
     return -(-n // a) * a
 
 
-def aligned_buffer(nbytes: int) -> mmap.mmap:
-    """A page-aligned, zero-filled anonymous buffer of at least nbytes, rounded up to ALIGNMENT."""
-    return mmap.mmap(-1, max(ALIGNMENT, align_up(nbytes)))
+def aligned_buffer(nbytes: int) -> memoryview:
+    """A page-aligned, zero-filled buffer of at least nbytes (rounded up to ALIGNMENT) of private
+    anonymous memory: a memoryview of an mmap, freed when the last view of it goes.
+
+    A buffer of HUGE_BUFFER_MIN bytes or more starts on a HUGE_PAGE boundary and asks the OS for
+    transparent huge pages (Linux madvise), faulted in at once, so its memory is physically
+    contiguous. That makes the device requests a read becomes the same every time: the block
+    layer merges contiguous pages into large segments and cuts a read only at the queue's
+    max_sectors_kb, while over scattered 4 KiB pages it cuts at max_segments pages; and 4 KiB
+    pages lie together only by chance, so a loop device cut a 9.5 MiB read into 8 requests into
+    one buffer and 19 into the next (`iobench.iounit`). Where the OS gives no huge pages (macOS,
+    THP set to never, memory too fragmented) the buffer is plain pages; `huge_backed` tells.
+    """
+    size = max(ALIGNMENT, align_up(nbytes))
+    if size < HUGE_BUFFER_MIN or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return memoryview(mmap.mmap(-1, size, flags=_PRIVATE_ANON))
+    span = align_up(size, HUGE_PAGE)
+    m = mmap.mmap(-1, span + HUGE_PAGE, flags=_PRIVATE_ANON)
+    start = -platform.buffer_address(m) % HUGE_PAGE
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE, start, span)
+    except OSError:            # THP not built in: plain pages
+        pass
+    view = memoryview(m)[start:start + size]
+    view[::ALIGNMENT] = bytes(len(range(0, size, ALIGNMENT)))     # fault every page in now, not in the first read
+    return view
+
+
+def huge_backed(buffer) -> bool | None:
+    """For a buffer from `aligned_buffer`: True when it lies in huge pages (a read into it is cut
+    only at max_sectors_kb), False when not, None when the OS cannot say (no /proc/self/smaps)."""
+    view = memoryview(buffer)
+    huge = platform.anon_huge_bytes(platform.buffer_address(view))
+    return None if huge is None else huge >= align_up(view.nbytes, HUGE_PAGE)
 
 
 class ColdReader:

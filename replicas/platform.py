@@ -137,3 +137,31 @@ def resident_fraction(path: str, offset: int = 0, length: int | None = None) -> 
         return sum(v & 1 for v in vec) / pages
     finally:
         m.close()
+
+
+def buffer_address(buffer) -> int:
+    """The memory address where a writable buffer (mmap, bytearray, memoryview) starts."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def anon_huge_bytes(address: int, smaps: str = "/proc/self/smaps") -> int | None:
+    """Bytes of transparent huge pages in this process's mapping that holds `address` (its
+    AnonHugePages line in /proc/self/smaps); None where there is no smaps (macOS) or no such
+    mapping."""
+    try:
+        with open(smaps) as f:
+            text = f.read()
+    except OSError:
+        return None
+    inside = False
+    for line in text.splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, _, hi = head.partition("-")
+            try:
+                inside = int(lo, 16) <= address < int(hi, 16)
+            except ValueError:
+                inside = False
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    return None

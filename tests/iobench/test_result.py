@@ -66,7 +66,8 @@ def test_keys_are_pinned():
     assert set(drive) == {"name", "path", "size", "cold", "drive", "queue", "presets", "model", "notes"}
     assert set(drive["queue"]) == {"source", "device", "max_sectors_kb", "max_hw_sectors_kb", "max_segments",
                                    "max_segment_size", "logical_block_size", "physical_block_size", "optimal_io_size",
-                                   "minimum_io_size", "rotational", "nr_requests", "request_bytes"}
+                                   "minimum_io_size", "rotational", "nr_requests", "request_bytes",
+                                   "buffers_contiguous", "unit"}
     assert drive["queue"]["request_bytes"] == 128 * 4096         # 128 scattered pages, under 1280 KiB
     assert d["drives"][1]["queue"]["source"] == "unknown" and d["drives"][1]["queue"]["request_bytes"] is None
     p = drive["presets"]["prefill"]
