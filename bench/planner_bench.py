@@ -11,7 +11,9 @@ file on each, this benchmark:
 3. measures a grid of weight vectors with the real split reader (engine_bridge SplitReader) —
    the planner's choice, equal weights, capability-proportional weights and a lattice of splits
    around the best — interleaved over `--rounds` rounds (forward, then reversed), plus each
-   drive alone;
+   drive alone; each arm reads `--warmup` seconds first, then `--seconds` measured as the slope
+   of bytes against time (`engine_bridge.commands.autotune.timed_rate`, what the tuner measures
+   with), the median over rounds;
 4. prints, from this one run, per phase: the prediction error of the chosen weights and over the
    grid, how far the chosen weights are from the measured best of the grid, and the measured
    gain of the chosen weights over equal weights and over the fastest single drive.
@@ -46,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.testbed import Testbed, parse_drives, wait_writeback, write_random  # noqa: E402
-from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from engines.ds4_argodrive import COMPONENT_BYTES  # noqa: E402
 from engines.registry import DEFAULT_ENGINE  # noqa: E402
 
 FILE_NAME = "model.bin"
@@ -121,40 +123,6 @@ def print_summary(summaries: list[dict], a) -> None:
 
 # ---- inner: runs inside the testbed's throttling group ----------------------------------------
 
-def measure_prefill(paths, weights, lanes, chunks, seconds, rng, bufs) -> float:
-    """Bytes/s reading `chunks` consecutive 32 MiB chunks per layer (one read_many, a barrier at
-    the end like the engine's layer), layers at random chunk-aligned places, for `seconds`."""
-    from engine_bridge.reader.split_reader import SplitReader
-
-    with SplitReader(paths, weights, lanes=lanes) as r:
-        slots = r.size // PREFILL_CHUNK - chunks
-        done, t0 = 0, time.monotonic()
-        while True:
-            start = int(rng.integers(0, slots + 1)) * PREFILL_CHUNK
-            r.read_many([(start + i * PREFILL_CHUNK, PREFILL_CHUNK) for i in range(chunks)], "prefill", buffers=bufs)
-            done += chunks * PREFILL_CHUNK
-            dt = time.monotonic() - t0
-            if dt >= seconds:
-                return done / dt
-
-
-def measure_decode(paths, weights, batch, lanes, seconds, rng, bufs, component: int) -> float:
-    """Bytes/s reading `batch` components at random 4 KiB-aligned offsets together (one missed
-    expert; the batch waits for its last piece), batch after batch, for `seconds`."""
-    from engine_bridge.reader.split_reader import SplitReader
-
-    with SplitReader(paths, weights, weights, lanes=lanes) as r:
-        top = (r.size - component) // 4096
-        done, t0 = 0, time.monotonic()
-        while True:
-            offs = [int(x) * 4096 for x in rng.integers(0, top + 1, batch)]
-            r.read_many([(o, component) for o in offs], "decode", buffers=bufs)
-            done += batch * component
-            dt = time.monotonic() - t0
-            if dt >= seconds:
-                return done / dt
-
-
 def lattice(n: int, steps: int) -> list[tuple[int, ...]]:
     """Every vector of n positive integers summing to `steps` (a grid over the simplex)."""
     if n == 1:
@@ -214,11 +182,11 @@ def pct(x: float) -> str:
 
 def inner(a) -> int:
     from core.rig import Member, Rig, save_rig
+    from engine_bridge.commands.autotune import SplitMeasure
     from iobench.result import save_result
     from planner.model import decode_workload, prefill_workload
     from planner.plans import load_inputs, save_plan
     from planner.solve import block_counts_many, predict, solve_phase, solve_plan
-    from replicas.coldio import aligned_buffer
 
     with open(a.state) as f:
         state = json.load(f)
@@ -250,10 +218,9 @@ def inner(a) -> int:
     log(f"plan {plan_path}: prefill {':'.join(map(str, plan.prefill.weights))}, decode {':'.join(map(str, plan.decode.weights))}")
 
     # 3. measure the grids, interleaved over rounds (forward, then reversed), and each drive alone.
-    pbufs = [aligned_buffer(PREFILL_CHUNK) for _ in range(a.chunks)]
-    dbufs = [aligned_buffer(a.component + 4096) for _ in range(a.batch)]
-    lanes_decode = max(1, min(a.batch, a.threads // len(paths)))
-    rng = np.random.default_rng(a.seed)
+    # the tuner's own measurement (what `engine-bridge autotune` reads with): the real split reader,
+    # one barrier per layer (prefill) or missed expert (decode), a warm-up, then the slope
+    measure = SplitMeasure(paths, wl, seed=a.seed, chunks=a.chunks, warmup=a.warmup)
     report = {}
     for ph in ("prefill", "decode"):
         grid = grid_for(inputs.drives, wl[ph], sols[ph], a.steps, a.keep, a.grid)
@@ -265,12 +232,10 @@ def inner(a) -> int:
         for rnd in range(a.rounds):
             for arm in (arms if rnd % 2 == 0 else arms[::-1]):
                 kind, x = arm
-                ps, w = (paths, x) if kind == "split" else ([paths[x]], (1,))
-                if ph == "prefill":
-                    v = measure_prefill(ps, w, a.lanes, a.chunks, a.seconds, rng, pbufs)
+                if kind == "split":
+                    v = measure(ph, x, a.seconds)
                 else:
-                    v = measure_decode(ps, w, a.batch, lanes_decode if kind == "split" else a.batch, a.seconds, rng, dbufs,
-                                       a.component)
+                    v = measure(ph, (1,), a.seconds, sources=[paths[x]])
                 meas[arm].append(v)
         med = {arm: float(np.median(v)) for arm, v in meas.items()}
         pred = {w: predict(inputs.drives, w, wl[ph]).throughput_Bps for w in grid}
@@ -279,7 +244,7 @@ def inner(a) -> int:
     # 4. print the figures.
     print()
     print(f"planner benchmark: drives {', '.join(a.drive)}; iops {', '.join(a.iops) or 'none'}; "
-          f"file {a.file_size / 1e9:.2f} GB per drive; {a.rounds} rounds x {a.seconds}s per arm")
+          f"file {a.file_size / 1e9:.2f} GB per drive; {a.rounds} rounds x {a.seconds}s per arm after {a.warmup}s warm-up")
     for ph, (grid, med, pred, sol, sol_fit) in report.items():
         chosen = sol.weights
         m_chosen = med[("split", chosen)]
@@ -345,6 +310,7 @@ def main() -> int:
     p.add_argument("--size", default="2G", help="testbed image size per drive")
     p.add_argument("--file-size", type=int, default=1536 << 20, help="replica bytes per drive")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measured arm")
+    p.add_argument("--warmup", type=float, default=0.5, help="seconds each arm reads before its clock starts")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all arms (forward, reversed, ...)")
     p.add_argument("--lanes", type=int, default=8, help="prefill pieces in flight per drive")
     p.add_argument("--chunks", type=int, default=16, help="prefill chunks per layer (one barrier)")
@@ -372,7 +338,7 @@ def main() -> int:
     if unknown:
         p.error(f"--sets: unknown set {unknown[0]!r}; known: {', '.join(SETS)}, custom")
     a.passthrough = []
-    for opt in ("file_size", "seconds", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
+    for opt in ("file_size", "seconds", "warmup", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
                 "iobench_seconds", "iobench_repeat", "component"):
         a.passthrough += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
     return outer(a)

@@ -30,6 +30,7 @@ from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
 
 ALIGN = 4096                    # decode reads start on 4 KiB boundaries, as expert components do
 TUNER_TRIAL_S = 2.0             # the tuner's measuring key: one short trial, s
+WARMUP_S = 0.5                  # a trial's reads before its clock starts, s (`timed_rate`)
 
 
 class SplitMeasure:
@@ -43,33 +44,38 @@ class SplitMeasure:
     file. Cold reads unless `cold=False`.
     """
 
-    def __init__(self, sources, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None):
+    def __init__(self, sources, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None,
+                 warmup: float = WARMUP_S):
         from replicas.coldio import aligned_buffer
 
         self.sources = list(sources)
         self.workloads = dict(workloads)
         self.cold = cold
+        self.warmup = warmup
         self.rng = np.random.default_rng(seed)
         pre, dec = self.workloads["prefill"], self.workloads["decode"]
         self.chunks = chunks or 2 * pre.in_flight
         self._bufs = {"prefill": [aligned_buffer(pre.read_bytes + ALIGN) for _ in range(self.chunks)],
                       "decode": [aligned_buffer(dec.read_bytes + ALIGN) for _ in range(dec.in_flight)]}
 
-    def __call__(self, phase: str, weights, seconds: float) -> float:
+    def __call__(self, phase: str, weights, seconds: float, sources=None) -> float:
+        """Bytes/s at `weights` over `seconds` after the warm-up (`timed_rate`); `sources`: a
+        subset of the sources to read instead (one drive alone, say), weights to match."""
         from engine_bridge.reader.split_reader import SplitReader
 
         wl = self.workloads[phase]
-        n = len(self.sources)
+        sources = self.sources if sources is None else list(sources)
+        n = len(sources)
         lanes = wl.in_flight if phase == "prefill" else max(1, min(wl.in_flight, wl.threads // n))
-        with SplitReader(self.sources, weights, weights, lanes=lanes, cold=self.cold) as r:
+        with SplitReader(sources, weights, weights, lanes=lanes, cold=self.cold) as r:
             file = max(r.files, key=lambda f: (r.sizes[f], f))
             size = r.sizes[file]
             if size < wl.read_bytes:
                 raise UsageError(f"{r.paths[0]}: its largest file holds {size:,} bytes, less than one {phase} read "
                                  f"({wl.read_bytes:,} B); measure on the model's own files")
             bufs = self._bufs[phase]
-            done, t0 = 0, time.monotonic()
-            while True:
+
+            def barrier() -> int:
                 if phase == "prefill":
                     k = max(1, min(self.chunks, size // wl.read_bytes))
                     start = int(self.rng.integers(0, size // wl.read_bytes - k + 1)) * wl.read_bytes
@@ -78,10 +84,34 @@ class SplitMeasure:
                     top = (size - wl.read_bytes) // ALIGN
                     ranges = [(int(x) * ALIGN, wl.read_bytes) for x in self.rng.integers(0, top + 1, wl.in_flight)]
                 r.read_many(ranges, phase, buffers=bufs[:len(ranges)], file=file)
-                done += sum(x[1] for x in ranges)
-                dt = time.monotonic() - t0
-                if dt >= seconds:
-                    return done / dt
+                return sum(x[1] for x in ranges)
+
+            return timed_rate(barrier, seconds, self.warmup)
+
+
+def timed_rate(step, seconds: float, warmup: float = WARMUP_S, clock=time.monotonic) -> float:
+    """Bytes/s of `step()` (one barrier's reads; returns its bytes) repeated: `warmup` seconds
+    uncounted, then at least `seconds` measured as the least-squares slope of bytes done
+    against the time each step ended (the first point: 0 bytes at the clock's start).
+
+    The warm-up leaves the start out: a drive the previous trial left idle may begin with a
+    throttle slice's budget at once (on the testbed the first trial after opening a reader ran
+    462 MB/s where the same split then held 432). The slope, not bytes over the last step's end,
+    because a drive or a throttle delivers in steps (the testbed's in 100 ms slices) and where
+    a trial's last step falls against them moved a 2 s trial's rate: sd 1.6 % over six trials,
+    0.3 % for the slope. With only two points (one step) the slope is bytes over time."""
+    t0 = clock()
+    while clock() - t0 < warmup:
+        step()
+    t0 = clock()
+    t, done = [0.0], [0]
+    while t[-1] < seconds:
+        done.append(done[-1] + step())
+        t.append(clock() - t0)
+    x, y = np.array(t), np.array(done, dtype=float)
+    x -= x.mean()
+    den = float((x * x).sum())
+    return float((x * (y - y.mean())).sum() / den) if den > 0 else 0.0
 
 
 def rig_sources(rig_root: str, sources) -> list:
@@ -96,22 +126,24 @@ def rig_sources(rig_root: str, sources) -> list:
 def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[str] = (),
              budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP,
              rounds: int | None = None, calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None,
-             clock=time.monotonic, on_trial=None, stop=None, geometry: dict | None = None):
+             clock=time.monotonic, on_trial=None, stop=None, geometry: dict | None = None, warmup_s: float = WARMUP_S):
     """Solve, measure the candidates within the budget, write the measured plan. Returns (the plan
     as written, its path).
 
     workloads: phase -> `Workload`, or a `planner.workload.ModelWorkload` (`choose_workload`'s:
     the plan then records it and the geometry, as `planner solve` does); background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
     seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources); stop() true: no further
-    trial (the plan is written from what was measured); geometry: the plan's `geometry` block."""
+    trial (the plan is written from what was measured); geometry: the plan's `geometry` block;
+    warmup_s: seconds each trial reads before its clock starts (`timed_rate`; counted in the budget)."""
     from dataclasses import replace
 
     from planner.autotune import arms_for, measured_plan, pick, run_trials
     from planner.plans import load_inputs, load_plan, parse_background, save_plan
     from planner.solve import solve_phase, solve_plan
 
-    if budget_s <= 0 or trial_s <= 0:
-        raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g}: give positive seconds")
+    if budget_s <= 0 or trial_s <= 0 or warmup_s < 0:
+        raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g} / --warmup {warmup_s:g}: give positive seconds "
+                         "(the warm-up may be 0)")
     chosen = None
     if not isinstance(workloads, dict):
         chosen, workloads = workloads, {"prefill": workloads.prefill, "decode": workloads.decode}
@@ -125,10 +157,10 @@ def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[s
     for ph in ("prefill", "decode"):
         arms += arms_for(solve_phase(inputs.drives, workloads[ph], backgrounds, DEFAULT_ENGINE, max(top, 1),
                                      inputs.links), top)
-    measure = measure or SplitMeasure(rig_sources(rig_root, inputs.sources), workloads, seed, cold)
+    measure = measure or SplitMeasure(rig_sources(rig_root, inputs.sources), workloads, seed, cold, warmup=warmup_s)
     tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s), clock, budget_s, trial_s, rounds,
                        on_trial, stop)
-    settings = {"budget_s": budget_s, "trial_s": trial_s, "top": top, "seed": seed, "cold": cold,
+    settings = {"budget_s": budget_s, "trial_s": trial_s, "warmup_s": warmup_s, "top": top, "seed": seed, "cold": cold,
                 "reader": "engine_bridge.reader.SplitReader"}
     path = save_plan(load_rig(rig_root, must_exist=False), measured_plan(plan, arms, tally, pick(arms, tally), settings))
     return load_plan(path), path
@@ -173,6 +205,7 @@ def register(app) -> None:
         bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
         budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started)."),
         seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
+        warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive left idle may start fast)."),
         top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best splits measured per phase (plus capability and equal weights)."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as fit the budget)."),
         background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve --background`."),
@@ -213,7 +246,7 @@ def register(app) -> None:
         try:
             plan, path = autotune(root, bench, chosen.workload, tuple(background or ()), budget, seconds, top, rounds,
                                   not fit_only, seed, not cached, on_trial=on_trial, stop=cancel.is_set,
-                                  geometry=chosen.geometry)
+                                  geometry=chosen.geometry, warmup_s=warmup)
         finally:
             signal.signal(signal.SIGINT, old)
         if chosen.notice and not quiet:     # said once the plan is written, so a failing command says one line

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from core.errors import UsageError
 from engine_bridge.cli import app
-from engine_bridge.commands.autotune import SplitMeasure, autotune
+from engine_bridge.commands.autotune import SplitMeasure, autotune, timed_rate
 from planner.model import decode_workload, prefill_workload
 from planner.plans import load_plan
 from tests.planner.helpers import make_rig
@@ -35,7 +35,7 @@ SMALL = {"prefill": prefill_workload(lanes=2, chunk=1 << 20), "decode": decode_w
 def test_autotune_measures_every_candidate_each_round_and_writes_the_measured_best(tmp_path):
     rig = rig_with_replicas(tmp_path / "rig", 4 << 20)
     seen = []
-    plan, path = autotune(rig.root, None, SMALL, budget_s=600.0, trial_s=0.02, top=2, rounds=2,
+    plan, path = autotune(rig.root, None, SMALL, budget_s=600.0, trial_s=0.02, top=2, rounds=2, warmup_s=0.0,
                           on_trial=lambda t, arm: seen.append((t.round, arm.phase, arm.weights)))
     assert os.path.dirname(path) == rig.plans_dir and load_plan(path) == plan
     auto = plan.provenance["autotune"]
@@ -62,14 +62,14 @@ def test_split_measure_refuses_files_smaller_than_one_read(tmp_path):
 
 def test_cli_writes_the_plan_as_json(tmp_path):
     rig = rig_with_replicas(tmp_path / "rig", 33 << 20)        # one 32 MiB prefill chunk fits
-    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--rounds", "1", "--top", "1",
+    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rounds", "1", "--top", "1",
                             "--quiet", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert set(d["decode"]) == {"weights", "predicted", "measured"} and d["decode"]["measured"]["n"] == 1
     assert load_plan(d["path"]).decode.weights == tuple(d["decode"]["weights"])
     assert r.stderr == ""
-    shown = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--rounds", "1", "--top", "1"])
+    shown = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rounds", "1", "--top", "1"])
     assert shown.exit_code == 0, shown.output
     out = shown.stdout.splitlines()
     assert out[0].startswith("autotune: 1 of 1 rounds") and "prefill:" in out and "decode:" in out
@@ -77,7 +77,7 @@ def test_cli_writes_the_plan_as_json(tmp_path):
     assert shown.stderr.count("autotune: round 1 ") == len(d["provenance"]["autotune"]["arms"])
 
 
-@pytest.mark.parametrize("args,code", [(["--budget", "0"], 2), (["--seconds", "-1"], 2)])
+@pytest.mark.parametrize("args,code", [(["--budget", "0"], 2), (["--seconds", "-1"], 2), (["--warmup", "-1"], 2)])
 def test_cli_bad_budget_is_one_line(tmp_path, args, code):
     rig = rig_with_replicas(tmp_path / "rig", 1 << 20)
     r = runner.invoke(app, ["autotune", "--rig", rig.root] + args)
@@ -102,7 +102,7 @@ def test_the_rig_s_own_model_sets_the_reads_and_the_plan_records_them(tmp_path):
     synthesize(rig.model.path, check_spec(SynthSpec(2, 16, 2, 512, 1024, 256, 1, "q8_0")), lambda done, total: None)
     for r in rig.replicas:
         shutil.copyfile(rig.model.path, r.path)
-    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--rounds", "1", "--top", "1",
+    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rounds", "1", "--top", "1",
                             "--quiet", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
@@ -110,3 +110,37 @@ def test_the_rig_s_own_model_sets_the_reads_and_the_plan_records_them(tmp_path):
     assert d["geometry"]["layers"] == 2 and d["geometry"]["experts"] == 16
     assert d["decode"]["predicted"]["sources"][0]["bytes"] + sum(s["bytes"] for s in d["decode"]["predicted"]["sources"][1:]) == 557_056
     assert d["decode"]["measured"]["n"] == 1 and r.stderr == ""
+
+
+class StepClock:
+    """A clock that moves only when a step runs: each step takes the next of `durations`."""
+
+    def __init__(self, durations):
+        self.now, self.durations = 0.0, list(durations)
+
+    def __call__(self):
+        return self.now
+
+    def step(self, nbytes):
+        def run():
+            self.now += self.durations.pop(0)
+            return nbytes
+        return run
+
+
+def test_timed_rate_leaves_the_warm_up_out_and_takes_the_slope():
+    # a fast start (a throttle's saved budget: 4 steps of 0.01 s) inside the warm-up, then steps of
+    # 0.1 s, one of them late (0.3 s): the slope through every step's end, not bytes over the last
+    # end, and nothing of the warm-up
+    clock = StepClock([0.01] * 4 + [0.1] * 10 + [0.3] + [0.1] * 10)
+    rate = timed_rate(clock.step(1_000_000), 1.85, warmup=0.035, clock=clock)
+    assert len(clock.durations) == 4              # 4 warm-up steps, then 17 until 1.9 s >= 1.85 s
+    t = np.cumsum([0.0] + [0.1] * 10 + [0.3] + [0.1] * 6)
+    want = np.polyfit(t, np.arange(18) * 1_000_000.0, 1)[0]
+    assert rate == pytest.approx(want, rel=1e-9)
+    assert abs(rate / (17 * 1_000_000 / 1.9) - 1) > 0.01     # bytes over the last end would differ
+
+
+def test_timed_rate_without_warm_up_counts_from_the_first_step():
+    clock = StepClock([0.5, 0.5])
+    assert timed_rate(clock.step(100), 1.0, warmup=0.0, clock=clock) == pytest.approx(200.0)
