@@ -1,5 +1,7 @@
 """The I/O unit (pure): how many device requests a read becomes, and the queue limits it comes from."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -69,6 +71,18 @@ def test_a_loop_devices_limits_and_its_units():
     assert q.request_bytes == 512 * KiB                  # 128 segments of one scattered page each
     assert q.contiguous_request_bytes == 1280 * KiB      # 128 x 64 KiB segments: max_sectors binds
     assert q.units() == (512 * KiB, 1280 * KiB)
+    assert q.unit == 512 * KiB                           # not known to be contiguous: the smaller cut
+
+
+def test_huge_page_buffers_get_the_contiguous_cut_alone():
+    q = replace(limits_from_sysfs(LOOP, "loop3"), buffers_contiguous=True)
+    assert q.unit == 1280 * KiB and q.units() == (1280 * KiB,)
+    plain = replace(q, buffers_contiguous=False)
+    assert plain.unit == 512 * KiB and plain.units() == (512 * KiB, 1280 * KiB)
+    d = limits_to_dict(q)
+    assert d["buffers_contiguous"] is True and d["unit"] == 1280 * KiB and limits_from_dict(d) == q
+    old = {k: v for k, v in d.items() if k not in ("buffers_contiguous", "unit")}     # written before
+    assert limits_from_dict(old).buffers_contiguous is None
 
 
 def test_a_virtio_disks_limits():

@@ -9,8 +9,8 @@ the file and on a file that shrank, the helpers built on it (`read_range`, `read
 on purpose for those.
 """
 
-import ctypes
 import errno
+import mmap
 import os
 import random
 import re
@@ -21,7 +21,8 @@ import pytest
 from core.errors import MissingError
 from replicas import platform
 from replicas.coldio import CachedReader, ColdReader, align_down, align_up, aligned_buffer, read_range, read_sequential
-from replicas.constants import ALIGNMENT
+from replicas.coldio import huge_backed as coldio_huge_backed
+from replicas.constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE
 from replicas.hashing import hash_file
 from tests.helpers import FailingReader, FailingReads, write_random
 
@@ -83,10 +84,66 @@ def test_facts(tmp_path, kind, open_reader):
 
 
 def test_buffers_are_page_aligned_and_rounded_up():
-    for n in (1, 4096, 4097, MiB + 1):
+    for n in (1, 4096, 4097, HUGE_BUFFER_MIN - 1, HUGE_BUFFER_MIN, MiB + 1, 3 * HUGE_PAGE + 5):
         b = aligned_buffer(n)
-        assert len(b) == align_up(n) and len(b) >= n
-        assert ctypes.addressof(ctypes.c_char.from_buffer(b)) % 4096 == 0
+        assert len(b) == align_up(n) and len(b) >= n and not b.readonly
+        assert platform.buffer_address(b) % 4096 == 0
+        assert bytes(b[::ALIGNMENT]) == bytes(len(range(0, len(b), ALIGNMENT))) and b[-1] == 0
+        b[-1] = 7                                           # the whole length is ours to write
+        if n >= HUGE_BUFFER_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+            assert platform.buffer_address(b) % HUGE_PAGE == 0     # starts on a huge page
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="no /proc/self/smaps (not Linux)")
+def test_large_buffers_are_private_memory_that_may_take_huge_pages():
+    b = aligned_buffer(4 * MiB)
+    addr = platform.buffer_address(b)
+    vma = _smaps_entry(addr)
+    assert vma["perms"].endswith("p")                       # private: shared memory never takes THP
+    thp = _thp_mode()
+    if thp in ("always", "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        assert vma["THPeligible"] == "1"
+    assert coldio_huge_backed(b) in (True, False)           # granted or not, the OS can say which
+    assert platform.anon_huge_bytes(addr) == int(vma["AnonHugePages"].split()[0]) * 1024
+
+
+def test_anon_huge_bytes_reads_the_mapping_holding_the_address(tmp_path):
+    smaps = tmp_path / "smaps"
+    smaps.write_text("7f0000000000-7f0000400000 rw-p 00000000 00:00 0 \nSize:               4096 kB\n"
+                     "AnonHugePages:      2048 kB\nVmFlags: rd wr mr mw me ac hg\n"
+                     "7f0000400000-7f0000401000 rw-s 00000000 00:01 17        /dev/zero (deleted)\n"
+                     "AnonHugePages:         0 kB\n")
+    assert platform.anon_huge_bytes(0x7F0000000000, str(smaps)) == 2 * MiB
+    assert platform.anon_huge_bytes(0x7F00003FFFFF, str(smaps)) == 2 * MiB
+    assert platform.anon_huge_bytes(0x7F0000400000, str(smaps)) == 0
+    assert platform.anon_huge_bytes(0x7F0000401000, str(smaps)) is None      # no mapping there
+    assert platform.anon_huge_bytes(0, str(tmp_path / "absent")) is None      # no smaps: cannot say
+
+
+def _smaps_entry(addr: int) -> dict:
+    out, inside = {}, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                if inside:
+                    break
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+                if inside:
+                    out["perms"] = line.split()[1]
+            elif inside and ":" in line:
+                k, v = line.split(":", 1)
+                out[k] = v.strip()
+    return out
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return re.search(r"\[(\w+)\]", f.read()).group(1)
+    except (OSError, AttributeError):
+        return "never"
 
 
 # ---- read_into --------------------------------------------------------------------------------
