@@ -26,6 +26,9 @@ DEFAULT_REPEAT = 3              # windows per trial; the spread is taken over th
 # few, small, random reads per window vary from one trial to the next; bulk presets do not.
 DEFAULT_RESTARTS = {"seq": 1, "prefill": 1, "decode": 3, "rand4k": 1}
 MAX_RESTARTS = 20
+# A lane count (or a together run) whose first two trials agree within this many % is not
+# restarted again: a third trial could only confirm them, and the median of two is their mean.
+RESTART_AGREE_PCT = 1.0
 
 KNEE_FRACTION = 0.95            # knee: lowest lane count within 5 % of the best
 SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (DESIGN §4)

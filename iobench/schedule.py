@@ -6,7 +6,9 @@ lane count of each preset is one trial of `repeat` back-to-back windows of `seco
 spread is taken over those windows. A preset with restarts (decode, by default) measures each
 lane count in that many trials, each started afresh (new lanes, new offsets), round-robin over
 the lane counts (x1 x2 x3 x4, x1 x2 x3 x4, ...) so a drift of the drive or the host over the
-run touches every lane count alike; the median trial counts (`aggregate`).
+run touches every lane count alike; the median trial counts (`aggregate`). A lane count whose
+first two trials agree within RESTART_AGREE_PCT gets no third: `count_trials` is the most a run
+takes.
 
 `measure` is the whole run as a plan that never touches a drive: a generator that yields each
 `Trial` and is sent back that trial's runs (one `StreamRun` per leg, in order), because what
@@ -25,13 +27,14 @@ from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
 from engines.split import check_weights
 
 from . import stats
-from .aggregate import group_result, lane_result, preset_result, suspect_cache
+from .aggregate import group_result, lane_result, preset_result, suspect_cache, window_rate
 from .constants import (
     DEFAULT_LANES,
     DEFAULT_REPEAT,
     DEFAULT_RESTARTS,
     DEFAULT_SECONDS,
     MAX_RESTARTS,
+    RESTART_AGREE_PCT,
     PRESETS,
     SEQ_PIECE,
     TOGETHER_LANES,
@@ -263,6 +266,8 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
             runs: dict[int, list] = {lanes: [] for lanes in counts}
             for r in range(n):
                 for lanes in counts:
+                    if r >= 2 and _agree([window_rate(x) for x in runs[lanes]]):
+                        continue
                     run, = yield Trial(f"{t.name} {preset} x{lanes}{_nth(r, n)}", (Leg(t.name, shape, lanes),), r)
                     runs[lanes].append(run)
             lanes_res = [lane_result(runs[lanes], not_cold[t.name]) for lanes in counts]
@@ -280,6 +285,8 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
         n = opts.restarts_for(preset)
         trials = []
         for r in range(n):
+            if r >= 2 and _agree([sum(window_rate(x) for x in runs) for runs in trials]):
+                break
             trials.append((yield Trial(f"{name} {preset}{_nth(r, n)}", tuple(legs), r)))
         return group_result(name, preset, trials, [suspect_cache(x, not_cold[x.name]) for runs in trials for x in runs])
 
@@ -296,6 +303,12 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
                 if g:
                     m.together.append(g)
     return m
+
+
+def _agree(rates: Sequence[float]) -> bool:
+    """The trials so far agree within RESTART_AGREE_PCT (of the larger)."""
+    top = max(rates, default=0.0)
+    return top > 0 and (top - min(rates)) / top * 100 <= RESTART_AGREE_PCT
 
 
 def _nth(r: int, n: int) -> str:

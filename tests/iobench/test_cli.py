@@ -111,8 +111,12 @@ def test_decode_restarts_its_trials_and_keeps_their_spread(tmp_path):
     dec = d["drives"][0]["presets"]["decode"]
     assert d["settings"]["restarts"] == {"decode": 3}
     for lane in dec["lanes"]:
-        assert len(lane["trials_bw"]) == 3 and len(lane["runs_bw"]) == 3 * 2      # 3 trials of 2 windows
-        assert sorted(lane["trials_bw"])[1] == lane["bw_bytes"]                  # the median trial
+        trials = sorted(lane["trials_bw"])
+        if len(trials) == 2:                     # the first two agreed within 1 %: no third
+            assert (trials[1] - trials[0]) / trials[1] <= 0.01 and lane["bw_bytes"] == pytest.approx(sum(trials) / 2)
+        else:
+            assert len(trials) == 3 and trials[1] == lane["bw_bytes"]              # the median trial
+        assert len(lane["runs_bw"]) == len(trials) * 2                           # trials of 2 windows
     r = invoke("run", p, "--preset", "decode", "--lanes", "1", "--restarts", "2", *FAST, "--json")
     assert r.exit_code == 0, r.output
     lane, = json.loads(r.stdout)["drives"][0]["presets"]["decode"]["lanes"]

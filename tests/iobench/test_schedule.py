@@ -203,6 +203,25 @@ def test_restarted_trials_go_round_robin_over_the_lane_counts_and_the_median_tri
     assert len(g.runs_bw) == 9 and g.members[0].lat_ns.p50 == 2_000_000
 
 
+def test_trials_that_agree_are_not_restarted_a_third_time():
+    # the first two trials 0.5 % apart: no third, for each lane count and for the together run;
+    # 5 % apart: the third runs
+    ts = targets("a", "b")
+    opts = RunOptions(presets=("decode",), lanes=(1, 2), restarts=3, weights=(1, 1))
+    log = []
+    m = run_plan(measure(ts, opts, {"a": False, "b": False}), restart_runner(log, slow=(1, 1.005, 3)))
+    assert [t.label for t in log] == [
+        "a decode x1 (1/3)", "a decode x2 (1/3)", "a decode x1 (2/3)", "a decode x2 (2/3)",
+        "b decode x1 (1/3)", "b decode x2 (1/3)", "b decode x1 (2/3)", "b decode x2 (2/3)",
+        "together decode (1/3)", "together decode (2/3)"]
+    assert len(log) < count_trials(ts, opts)                          # count_trials: the most it takes
+    x1 = m.presets["a"]["decode"].lane(1)
+    assert x1.trials_bw == pytest.approx((1e8, 1.005e8)) and x1.bw_bytes == pytest.approx(1.0025e8)
+    log = []
+    run_plan(measure(ts, opts, {"a": False, "b": False}), restart_runner(log, slow=(1, 1.05, 3)))
+    assert len(log) == count_trials(ts, opts) == 15
+
+
 def test_one_stalled_trial_moves_nothing():
     def trial(rate):
         return StreamRun("a", 2, MiB, ((rate, rate / MiB),) * 3, (1_000_000,) * 4, 4, rate, None, 0)
