@@ -34,8 +34,8 @@ from .constants import (
     DEFAULT_RESTARTS,
     DEFAULT_SECONDS,
     MAX_RESTARTS,
-    RESTART_AGREE_PCT,
     PRESETS,
+    RESTART_AGREE_PCT,
     SEQ_PIECE,
     TOGETHER_LANES,
 )

@@ -2,10 +2,11 @@
 
 A `ColdReader` is the narrow seam every reader in the project goes through: `read_into(buffer,
 offset)` plus a few facts (`direct`, `alignment`, `how`, `size`); `CachedReader` is the same seam
-over plain buffered reads. Buffers come from `aligned_buffer` (private anonymous memory, page-aligned, as
-O_DIRECT wants; large ones in huge pages, so a read's device requests do not vary). Offsets and lengths handed to `read_into` must be multiples of `alignment`;
-`read_range` serves any range through the covering aligned one. Every reader passes the same
-contract tests (tests/replicas/test_coldio_contract.py).
+over plain buffered reads. Buffers come from `aligned_buffer` (private anonymous memory,
+page-aligned, as O_DIRECT wants; large ones in huge pages, so a read's device requests do not
+vary). Offsets and lengths handed to `read_into` must be multiples of `alignment`; `read_range`
+serves any range through the covering aligned one. Every reader passes the same contract tests
+(tests/replicas/test_coldio_contract.py).
 """
 
 from __future__ import annotations
