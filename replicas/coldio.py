@@ -62,7 +62,9 @@ def aligned_buffer(nbytes: int) -> memoryview:
 
 def huge_backed(buffer) -> bool | None:
     """For a buffer from `aligned_buffer`: True when it lies in huge pages (a read into it is cut
-    only at max_sectors_kb), False when not, None when the OS cannot say (no /proc/self/smaps)."""
+    only at max_sectors_kb), False when not, None when the OS cannot say (no /proc/self/smaps).
+    The OS counts huge pages per mapping, and the kernel may merge neighbouring buffers' mappings
+    into one: then this answers for them together."""
     view = memoryview(buffer)
     huge = platform.anon_huge_bytes(platform.buffer_address(view))
     return None if huge is None else huge >= align_up(view.nbytes, HUGE_PAGE)
