@@ -60,6 +60,13 @@ def aligned_buffer(nbytes: int) -> memoryview:
     return view
 
 
+def buffer_footprint(nbytes: int) -> int:
+    """Bytes of memory an `aligned_buffer(nbytes)` holds once faulted in: its length, rounded up
+    to whole huge pages when it asks for them (a 300 KiB buffer holds one 2 MiB page)."""
+    size = max(ALIGNMENT, align_up(nbytes))
+    return align_up(size, HUGE_PAGE) if size >= HUGE_BUFFER_MIN and hasattr(mmap, "MADV_HUGEPAGE") else size
+
+
 def huge_backed(buffer) -> bool | None:
     """For a buffer from `aligned_buffer`: True when it lies in huge pages (a read into it is cut
     only at max_sectors_kb), False when not, None when the OS cannot say (no /proc/self/smaps).

@@ -8,7 +8,7 @@ import ctypes
 import threading
 
 from core.errors import UsageError
-from replicas.coldio import align_down, align_up, aligned_buffer
+from replicas.coldio import align_down, align_up, aligned_buffer, buffer_footprint
 from replicas.constants import ALIGNMENT
 
 POOL_BYTES = 512 << 20         # released read buffers kept for reuse, bytes
@@ -37,7 +37,8 @@ def check_buffer(buffer, offset: int, length: int):
 
 
 class BufferPool:
-    """Released read buffers kept by size class for reuse, up to `limit` bytes in all."""
+    """Released read buffers kept by size class for reuse, up to `limit` bytes of memory in all
+    (a buffer in huge pages counts whole pages: `buffer_footprint`)."""
 
     GRAIN = 1 << 20
 
@@ -58,13 +59,13 @@ class BufferPool:
         with self.lock:
             bucket = self.free.get(size)
             if bucket:
-                self.held -= size
+                self.held -= buffer_footprint(size)
                 return bucket.pop()
         return aligned_buffer(size)
 
     def put(self, buf) -> None:
         size = len(buf)
         with self.lock:
-            if self.held + size <= self.limit:
+            if self.held + buffer_footprint(size) <= self.limit:
                 self.free.setdefault(size, []).append(buf)
-                self.held += size
+                self.held += buffer_footprint(size)

@@ -20,7 +20,16 @@ import pytest
 
 from core.errors import MissingError
 from replicas import platform
-from replicas.coldio import CachedReader, ColdReader, align_down, align_up, aligned_buffer, read_range, read_sequential
+from replicas.coldio import (
+    CachedReader,
+    ColdReader,
+    align_down,
+    align_up,
+    aligned_buffer,
+    buffer_footprint,
+    read_range,
+    read_sequential,
+)
 from replicas.coldio import huge_backed as coldio_huge_backed
 from replicas.constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE
 from replicas.hashing import hash_file
@@ -84,14 +93,17 @@ def test_facts(tmp_path, kind, open_reader):
 
 
 def test_buffers_are_page_aligned_and_rounded_up():
-    for n in (1, 4096, 4097, HUGE_BUFFER_MIN - 1, HUGE_BUFFER_MIN, MiB + 1, 3 * HUGE_PAGE + 5):
+    for n in (1, 4096, 4097, HUGE_BUFFER_MIN - ALIGNMENT, HUGE_BUFFER_MIN - 1, MiB + 1, 3 * HUGE_PAGE + 5):
         b = aligned_buffer(n)
         assert len(b) == align_up(n) and len(b) >= n and not b.readonly
         assert platform.buffer_address(b) % 4096 == 0
         assert bytes(b[::ALIGNMENT]) == bytes(len(range(0, len(b), ALIGNMENT))) and b[-1] == 0
         b[-1] = 7                                           # the whole length is ours to write
-        if n >= HUGE_BUFFER_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
+        if len(b) >= HUGE_BUFFER_MIN and hasattr(mmap, "MADV_HUGEPAGE"):
             assert platform.buffer_address(b) % HUGE_PAGE == 0     # starts on a huge page
+            assert buffer_footprint(n) == align_up(n, HUGE_PAGE)   # and holds whole ones
+        else:
+            assert buffer_footprint(n) == len(b)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="no /proc/self/smaps (not Linux)")
