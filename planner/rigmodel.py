@@ -51,9 +51,14 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
         if why is None:
             try:
                 if found.format == RAW and found.layout == FILE:
-                    found = discover(found.path)   # a rig from before formats were recorded: ask the file
-                g = inspect_model(found)
-            except (UsageError, MissingError) as e:   # raw bytes, unreadable, or no routed experts
+                    try:
+                        found = discover(found.path)   # a rig from before formats were recorded: ask the file
+                    except UsageError:
+                        why = (f"the rig's model {found.path} is raw bytes (replicated with --format raw): "
+                               "it has no GGUF or safetensors header to take the reads from")
+                if why is None:
+                    g = inspect_model(found)
+            except (UsageError, MissingError) as e:   # unreadable, or no routed experts
                 why = str(e)
         if why is not None:
             wl = named_workload(V41_NAME, engine, lanes, batch, threads)

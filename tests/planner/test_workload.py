@@ -169,6 +169,19 @@ def test_workload_ds4_v41_plans_from_no_model_and_a_missing_model_is_said(tmp_pa
     assert load_plan(json.loads(r.stdout)["path"]).workload["traffic"]["misses_per_token"] == DECODE_MISSES_PER_TOKEN
 
 
+def test_a_raw_rig_model_is_said_to_be_raw_not_told_to_pass_format_raw(tmp_path):
+    rig, _ = make_rig(tmp_path / "rig")                # make_rig's model: a file of opaque bytes
+    with open(rig.model.path, "wb") as f:
+        f.write(b"\x00" * 65536)
+    for m in rig.replicas:
+        with open(m.path, "wb") as f:
+            f.write(b"\x00" * 65536)
+    r = invoke("solve", "--rig", rig.root, "--json")
+    assert r.exit_code == 0, r.output
+    assert f"notice: the rig's model {rig.model.path} is raw bytes" in r.stderr and "pass --format raw" not in r.stderr
+    assert load_plan(json.loads(r.stdout)["path"]).workload["name"] == "ds4-v41"
+
+
 def test_simulate_and_solve_take_another_models_header(tmp_path):
     rig, _ = make_rig(tmp_path / "rig")
     paths = write_moe_split_gguf(tmp_path / "split", "m")          # components of 4,096 and 8,192 B
