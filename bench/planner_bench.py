@@ -48,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.testbed import Testbed, parse_drives, wait_writeback, write_random  # noqa: E402
+from engine_bridge.commands.autotune import WARMUP_S  # noqa: E402
 from engines.ds4_argodrive import COMPONENT_BYTES  # noqa: E402
 from engines.registry import DEFAULT_ENGINE  # noqa: E402
 
@@ -310,7 +311,7 @@ def main() -> int:
     p.add_argument("--size", default="2G", help="testbed image size per drive")
     p.add_argument("--file-size", type=int, default=1536 << 20, help="replica bytes per drive")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measured arm")
-    p.add_argument("--warmup", type=float, default=0.5, help="seconds each arm reads before its clock starts")
+    p.add_argument("--warmup", type=float, default=WARMUP_S, help="seconds each arm reads before its clock starts")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all arms (forward, reversed, ...)")
     p.add_argument("--lanes", type=int, default=8, help="prefill pieces in flight per drive")
     p.add_argument("--chunks", type=int, default=16, help="prefill chunks per layer (one barrier)")

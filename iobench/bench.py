@@ -141,9 +141,10 @@ class _Open:
     not_cold: bool = False
 
 
-def _open(t: Target) -> _Open:
+def _open(t: Target, huge: bool | None) -> _Open:
+    """Open a target; `huge`: whether this host's read buffers lie in huge pages (`_huge_buffers`)."""
     reader = ColdReader(t.path)
-    queue = replace(queue_limits(t.path, t.drive.disk), buffers_contiguous=_huge_buffers())
+    queue = replace(queue_limits(t.path, t.drive.disk), buffers_contiguous=huge)
     o = _Open(t, reader, device_meter(t.path), queue)
     if t.drive.fs_type in MEMORY_FS:
         o.not_cold = True
@@ -198,7 +199,8 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
     check_run(targets, opts)
     t_wall = time.perf_counter()
     created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    opened = {t.name: _open(t) for t in targets}
+    huge = _huge_buffers()
+    opened = {t.name: _open(t, huge) for t in targets}
     total = count_trials(targets, opts)
     done = 0
 
@@ -257,7 +259,7 @@ def fio_compare(path: str, preset: str, lanes: int | None, seconds: float, repea
     opts = RunOptions(presets=(preset,), seconds=seconds, repeat=repeat, lanes=(lanes,), together=False)
     check_run([t], opts)
     shape = shape_for(t, preset, 0, (1,), (1,))
-    o = _open(t)
+    o = _open(t, _huge_buffers())
     try:
         run = run_trial([Stream(t.name, o.reader, shape, lanes, o.meter)], seconds, repeat, cancel=cancel)[0]
     finally:

@@ -46,7 +46,7 @@ def aligned_buffer(nbytes: int) -> memoryview:
     THP set to never, memory too fragmented) the buffer is plain pages; `huge_backed` tells.
     """
     size = max(ALIGNMENT, align_up(nbytes))
-    if size < HUGE_BUFFER_MIN or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if not _asks_huge(size):
         return memoryview(mmap.mmap(-1, size, flags=_PRIVATE_ANON))
     span = align_up(size, HUGE_PAGE)
     m = mmap.mmap(-1, span + HUGE_PAGE, flags=_PRIVATE_ANON)
@@ -64,7 +64,12 @@ def buffer_footprint(nbytes: int) -> int:
     """Bytes of memory an `aligned_buffer(nbytes)` holds once faulted in: its length, rounded up
     to whole huge pages when it asks for them (a 300 KiB buffer holds one 2 MiB page)."""
     size = max(ALIGNMENT, align_up(nbytes))
-    return align_up(size, HUGE_PAGE) if size >= HUGE_BUFFER_MIN and hasattr(mmap, "MADV_HUGEPAGE") else size
+    return align_up(size, HUGE_PAGE) if _asks_huge(size) else size
+
+
+def _asks_huge(size: int) -> bool:
+    """A buffer of `size` bytes asks for huge pages (where the OS has a way to ask)."""
+    return size >= HUGE_BUFFER_MIN and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def huge_backed(buffer) -> bool | None:

@@ -140,8 +140,13 @@ def resident_fraction(path: str, offset: int = 0, length: int | None = None) -> 
 
 
 def buffer_address(buffer) -> int:
-    """The memory address where a writable buffer (mmap, bytearray, memoryview) starts."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    """The memory address where a writable, contiguous buffer (mmap, bytearray, memoryview of
+    any format) starts."""
+    anchor = ctypes.c_char.from_buffer(memoryview(buffer).cast("B"))
+    try:
+        return ctypes.addressof(anchor)
+    finally:
+        del anchor
 
 
 def anon_huge_bytes(address: int, smaps: str = "/proc/self/smaps") -> int | None:

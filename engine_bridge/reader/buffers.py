@@ -4,10 +4,10 @@ small VM, so buffers are reused)."""
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
 from core.errors import UsageError
+from replicas import platform
 from replicas.coldio import align_down, align_up, aligned_buffer, buffer_footprint
 from replicas.constants import ALIGNMENT
 
@@ -28,10 +28,7 @@ def check_buffer(buffer, offset: int, length: int):
     if mv.nbytes < need:
         raise UsageError(f"split reader: buffer of {mv.nbytes} bytes is too small for read ({offset}, {length}); "
                          f"it needs {need} (span(offset, length))")
-    anchor = ctypes.c_char.from_buffer(mv.cast("B"))
-    addr = ctypes.addressof(anchor)
-    del anchor
-    if addr % ALIGNMENT:
+    if platform.buffer_address(mv) % ALIGNMENT:
         raise UsageError("split reader: buffer is not page-aligned (O_DIRECT needs it); use replicas.coldio.aligned_buffer")
     return buffer
 
