@@ -11,9 +11,11 @@ file on each, this benchmark:
 3. measures a grid of weight vectors with the real split reader (engine_bridge SplitReader) —
    the planner's choice, equal weights, capability-proportional weights and a lattice of splits
    around the best — interleaved over `--rounds` rounds (forward, then reversed), plus each
-   drive alone; each arm reads `--warmup` seconds first, then `--seconds` measured as the slope
-   of bytes against time (`engine_bridge.commands.autotune.timed_rate`, what the tuner measures
-   with), the median over rounds;
+   drive alone; each arm starts after `--rest` seconds without reads (so a drive the previous
+   arm left partly idle cannot begin on the throttle budget it saved), reads `--warmup` seconds,
+   then `--seconds` measured as the slope of bytes against time (`SplitMeasure` and
+   `timed_rate` of engine_bridge.commands.autotune, what the tuner measures with), the median
+   over rounds;
 4. prints, from this one run, per phase: the prediction error of the chosen weights and over the
    grid, how far the chosen weights are from the measured best of the grid, and the measured
    gain of the chosen weights over equal weights and over the fastest single drive.
@@ -48,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.testbed import Testbed, parse_drives, wait_writeback, write_random  # noqa: E402
-from engine_bridge.commands.autotune import WARMUP_S  # noqa: E402
+from engine_bridge.commands.autotune import REST_S, WARMUP_S  # noqa: E402
 from engines.ds4_argodrive import COMPONENT_BYTES  # noqa: E402
 from engines.registry import DEFAULT_ENGINE  # noqa: E402
 
@@ -221,7 +223,7 @@ def inner(a) -> int:
     # 3. measure the grids, interleaved over rounds (forward, then reversed), and each drive alone.
     # the tuner's own measurement (what `engine-bridge autotune` reads with): the real split reader,
     # one barrier per layer (prefill) or missed expert (decode), a warm-up, then the slope
-    measure = SplitMeasure(paths, wl, seed=a.seed, chunks=a.chunks, warmup=a.warmup)
+    measure = SplitMeasure(paths, wl, seed=a.seed, chunks=a.chunks, warmup=a.warmup, rest=a.rest)
     report = {}
     for ph in ("prefill", "decode"):
         grid = grid_for(inputs.drives, wl[ph], sols[ph], a.steps, a.keep, a.grid)
@@ -245,7 +247,8 @@ def inner(a) -> int:
     # 4. print the figures.
     print()
     print(f"planner benchmark: drives {', '.join(a.drive)}; iops {', '.join(a.iops) or 'none'}; "
-          f"file {a.file_size / 1e9:.2f} GB per drive; {a.rounds} rounds x {a.seconds}s per arm after {a.warmup}s warm-up")
+          f"file {a.file_size / 1e9:.2f} GB per drive; {a.rounds} rounds x {a.seconds}s per arm after {a.rest}s rest and "
+          f"{a.warmup}s warm-up")
     for ph, (grid, med, pred, sol, sol_fit) in report.items():
         chosen = sol.weights
         m_chosen = med[("split", chosen)]
@@ -312,6 +315,7 @@ def main() -> int:
     p.add_argument("--file-size", type=int, default=1536 << 20, help="replica bytes per drive")
     p.add_argument("--seconds", type=float, default=2.0, help="seconds per measured arm")
     p.add_argument("--warmup", type=float, default=WARMUP_S, help="seconds each arm reads before its clock starts")
+    p.add_argument("--rest", type=float, default=REST_S, help="seconds without reads before each arm")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all arms (forward, reversed, ...)")
     p.add_argument("--lanes", type=int, default=8, help="prefill pieces in flight per drive")
     p.add_argument("--chunks", type=int, default=16, help="prefill chunks per layer (one barrier)")
@@ -339,7 +343,7 @@ def main() -> int:
     if unknown:
         p.error(f"--sets: unknown set {unknown[0]!r}; known: {', '.join(SETS)}, custom")
     a.passthrough = []
-    for opt in ("file_size", "seconds", "warmup", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
+    for opt in ("file_size", "seconds", "warmup", "rest", "rounds", "lanes", "chunks", "batch", "threads", "steps", "keep", "grid",
                 "iobench_seconds", "iobench_repeat", "component"):
         a.passthrough += ["--" + opt.replace("_", "-"), str(getattr(a, opt))]
     return outer(a)

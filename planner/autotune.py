@@ -117,17 +117,20 @@ def rounds_that_fit(arms: int, trial_s: float, budget_s: float) -> int:
 def run_trials(arms: Sequence[Arm], measure: Callable[[Arm, float], float], clock: Callable[[], float],
                budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S,
                rounds: int | None = None, on_trial: Callable[[Trial, Arm], None] | None = None,
-               stop: Callable[[], bool] | None = None) -> Tally:
+               stop: Callable[[], bool] | None = None, overhead_s: float = 0.0) -> Tally:
     """Measure the arms in ABBA order within the budget.
 
-    measure(arm, trial_s) -> bytes/s (it does the reads); clock() -> s (monotonic). `rounds`:
-    at most this many (default: as many as fit at the nominal trial length, at least one, so a
-    budget too small for a whole round still measures what fits). A trial starts only when the
-    time used plus the longest trial so far fits the budget. `on_trial` sees each trial as it ends;
-    `stop()` true ends the run before the next trial (what was measured is kept)."""
-    planned = rounds if rounds is not None else max(1, rounds_that_fit(len(arms), trial_s, budget_s))
+    measure(arm, trial_s) -> bytes/s (it does the reads); clock() -> s (monotonic). A trial's
+    nominal length is `trial_s` plus `overhead_s` (what the measure spends besides its measured
+    seconds: a rest and a warm-up). `rounds`: at most this many (default: as many as fit at the
+    nominal length, at least one, so a budget too small for a whole round still measures what
+    fits). A trial starts only when the time used plus the longest trial so far (at first the
+    nominal length) fits the budget. `on_trial` sees each trial as it ends; `stop()` true ends the
+    run before the next trial (what was measured is kept)."""
+    nominal = trial_s + max(0.0, overhead_s)
+    planned = rounds if rounds is not None else max(1, rounds_that_fit(len(arms), nominal, budget_s))
     start = clock()
-    longest = trial_s
+    longest = nominal
     trials: list[Trial] = []
     stopped = interrupted = False
     for r, i in abba_order(len(arms), planned):

@@ -31,6 +31,13 @@ from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
 ALIGN = 4096                    # decode reads start on 4 KiB boundaries, as expert components do
 TUNER_TRIAL_S = 2.0             # the tuner's measuring key: one short trial, s
 WARMUP_S = 0.5                  # a trial's reads before its clock starts, s (`timed_rate`)
+# No reads for this long before a trial (`SplitMeasure`), s: a rate limiter then forgets what the
+# previous trial left unused. The testbed's (blk-throttle, what cgroup io.max applies) keeps up to
+# two 100 ms slices of a drive's unused budget while reads keep coming; a drive the previous
+# trial left partly idle then ran past its ceiling for the whole next trial (4:4:3 on the iops
+# set: 594 and 592 MB/s after 4:3:3, 562 after itself or 0.3 s of rest; 0.15 s was not always
+# enough). After two slices with nothing queued the limiter starts a fresh slice.
+REST_S = 0.3
 
 
 class SplitMeasure:
@@ -41,26 +48,33 @@ class SplitMeasure:
     layer's staging), `lanes` reader threads per source, at random chunk-aligned places.
     decode: `batch` components at random 4 KiB-aligned offsets together (one missed expert, one
     barrier), `min(batch, threads / sources)` threads per source. Reads go to the model's largest
-    file. Cold reads unless `cold=False`.
+    file. Cold reads unless `cold=False`. Each trial starts after `rest` seconds without reads
+    (REST_S; `sleep` waits them), then reads `warmup` seconds uncounted (`timed_rate`).
     """
 
     def __init__(self, sources, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None,
-                 warmup: float = WARMUP_S):
+                 warmup: float = WARMUP_S, rest: float = REST_S, sleep=time.sleep):
         from replicas.coldio import aligned_buffer
 
         self.sources = list(sources)
         self.workloads = dict(workloads)
         self.cold = cold
         self.warmup = warmup
+        self.rest, self.sleep = rest, sleep
         self.rng = np.random.default_rng(seed)
         pre, dec = self.workloads["prefill"], self.workloads["decode"]
         self.chunks = chunks or 2 * pre.in_flight
         self._bufs = {"prefill": [aligned_buffer(pre.read_bytes + ALIGN) for _ in range(self.chunks)],
                       "decode": [aligned_buffer(dec.read_bytes + ALIGN) for _ in range(dec.in_flight)]}
 
+    @property
+    def overhead_s(self) -> float:
+        """Seconds a trial takes besides its measured `seconds` (the rest and the warm-up), at least."""
+        return self.rest + self.warmup
+
     def __call__(self, phase: str, weights, seconds: float, sources=None) -> float:
-        """Bytes/s at `weights` over `seconds` after the warm-up (`timed_rate`); `sources`: a
-        subset of the sources to read instead (one drive alone, say), weights to match."""
+        """Bytes/s at `weights` over `seconds` after the rest and the warm-up (`timed_rate`);
+        `sources`: a subset of the sources to read instead (one drive alone, say), weights to match."""
         from engine_bridge.reader.split_reader import SplitReader
 
         wl = self.workloads[phase]
@@ -86,6 +100,8 @@ class SplitMeasure:
                 r.read_many(ranges, phase, buffers=bufs[:len(ranges)], file=file)
                 return sum(x[1] for x in ranges)
 
+            if self.rest > 0:
+                self.sleep(self.rest)
             return timed_rate(barrier, seconds, self.warmup)
 
 
@@ -126,7 +142,8 @@ def rig_sources(rig_root: str, sources) -> list:
 def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[str] = (),
              budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP,
              rounds: int | None = None, calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None,
-             clock=time.monotonic, on_trial=None, stop=None, geometry: dict | None = None, warmup_s: float = WARMUP_S):
+             clock=time.monotonic, on_trial=None, stop=None, geometry: dict | None = None, warmup_s: float = WARMUP_S,
+             rest_s: float = REST_S):
     """Solve, measure the candidates within the budget, write the measured plan. Returns (the plan
     as written, its path).
 
@@ -134,16 +151,18 @@ def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[s
     the plan then records it and the geometry, as `planner solve` does); background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
     seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources); stop() true: no further
     trial (the plan is written from what was measured); geometry: the plan's `geometry` block;
-    warmup_s: seconds each trial reads before its clock starts (`timed_rate`; counted in the budget)."""
+    warmup_s: seconds each trial reads before its clock starts (`timed_rate`); rest_s: seconds
+    without reads before each trial (REST_S); both are counted in the budget and in the rounds
+    planned."""
     from dataclasses import replace
 
     from planner.autotune import arms_for, measured_plan, pick, run_trials
     from planner.plans import load_inputs, load_plan, parse_background, save_plan
     from planner.solve import solve_phase, solve_plan
 
-    if budget_s <= 0 or trial_s <= 0 or warmup_s < 0:
-        raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g} / --warmup {warmup_s:g}: give positive seconds "
-                         "(the warm-up may be 0)")
+    if budget_s <= 0 or trial_s <= 0 or warmup_s < 0 or rest_s < 0:
+        raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g} / --warmup {warmup_s:g} / --rest {rest_s:g}: "
+                         "give positive seconds (the warm-up and the rest may be 0)")
     chosen = None
     if not isinstance(workloads, dict):
         chosen, workloads = workloads, {"prefill": workloads.prefill, "decode": workloads.decode}
@@ -157,11 +176,12 @@ def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[s
     for ph in ("prefill", "decode"):
         arms += arms_for(solve_phase(inputs.drives, workloads[ph], backgrounds, DEFAULT_ENGINE, max(top, 1),
                                      inputs.links), top)
-    measure = measure or SplitMeasure(rig_sources(rig_root, inputs.sources), workloads, seed, cold, warmup=warmup_s)
+    measure = measure or SplitMeasure(rig_sources(rig_root, inputs.sources), workloads, seed, cold, warmup=warmup_s,
+                                      rest=rest_s)
     tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s), clock, budget_s, trial_s, rounds,
-                       on_trial, stop)
-    settings = {"budget_s": budget_s, "trial_s": trial_s, "warmup_s": warmup_s, "top": top, "seed": seed, "cold": cold,
-                "reader": "engine_bridge.reader.SplitReader"}
+                       on_trial, stop, overhead_s=warmup_s + rest_s)
+    settings = {"budget_s": budget_s, "trial_s": trial_s, "warmup_s": warmup_s, "rest_s": rest_s, "top": top,
+                "seed": seed, "cold": cold, "reader": "engine_bridge.reader.SplitReader"}
     path = save_plan(load_rig(rig_root, must_exist=False), measured_plan(plan, arms, tally, pick(arms, tally), settings))
     return load_plan(path), path
 
@@ -206,6 +226,7 @@ def register(app) -> None:
         budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started)."),
         seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
         warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive left idle may start fast)."),
+        rest: float = typer.Option(REST_S, "--rest", help="Seconds without reads before each trial, so a rate limiter forgets the budget the previous trial left unused (0: none)."),
         top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best splits measured per phase (plus capability and equal weights)."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as fit the budget)."),
         background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve --background`."),
@@ -246,7 +267,7 @@ def register(app) -> None:
         try:
             plan, path = autotune(root, bench, chosen.workload, tuple(background or ()), budget, seconds, top, rounds,
                                   not fit_only, seed, not cached, on_trial=on_trial, stop=cancel.is_set,
-                                  geometry=chosen.geometry, warmup_s=warmup)
+                                  geometry=chosen.geometry, warmup_s=warmup, rest_s=rest)
         finally:
             signal.signal(signal.SIGINT, old)
         if chosen.notice and not quiet:     # said once the plan is written, so a failing command says one line

@@ -103,6 +103,24 @@ def test_the_longest_trial_so_far_sets_the_estimate():
     assert [x.seconds for x in t.trials] == [4.0, 9.0, 4.0] and t.stopped_by_budget
 
 
+def test_the_rest_and_warm_up_count_in_the_rounds_planned_and_in_the_first_estimate():
+    """Trials of 4 s measured take 4.8 s with a 0.3 s rest and a 0.5 s warm-up. For 3 arms and
+    100 s, the bare 4 s would plan 8 rounds that the budget cuts short in the seventh; counting
+    the 0.8 s plans 6, and all 6 finish. A 4.5 s budget starts no trial, though 4 s would fit."""
+    a = arms("decode", (1, 1), (2, 1), (3, 1))
+    rates = {(1, 1): 1.0, (2, 1): 2.0, (3, 1): 3.0}
+    bare_clock = FakeClock()
+    bare = run_trials(a, fake_measure(bare_clock, rates, seconds=lambda arm: 4.8), bare_clock, budget_s=100.0, trial_s=4.0)
+    assert bare.rounds_planned == 8 and bare.stopped_by_budget and len(bare.trials) == 20
+    clock = FakeClock()
+    t = run_trials(a, fake_measure(clock, rates, seconds=lambda arm: 4.8), clock, budget_s=100.0, trial_s=4.0,
+                   overhead_s=0.8)
+    assert t.rounds_planned == 6 and len(t.trials) == 18 and not t.stopped_by_budget
+    clock2 = FakeClock()
+    t2 = run_trials(a, fake_measure(clock2, rates), clock2, budget_s=4.5, trial_s=4.0, overhead_s=0.8)
+    assert t2.trials == () and t2.stopped_by_budget
+
+
 def test_stop_ends_the_run_before_the_next_trial_and_keeps_what_was_measured():
     a = arms("decode", (1, 1), (2, 1))
     clock = FakeClock()

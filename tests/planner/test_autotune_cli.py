@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.commands.autotune import SplitMeasure, autotune, timed_rate
+from engine_bridge.reader.split_reader import SplitReader
 from planner.model import decode_workload, prefill_workload
 from planner.plans import load_plan
 from tests.planner.helpers import make_rig
@@ -35,13 +36,14 @@ SMALL = {"prefill": prefill_workload(lanes=2, chunk=1 << 20), "decode": decode_w
 def test_autotune_measures_every_candidate_each_round_and_writes_the_measured_best(tmp_path):
     rig = rig_with_replicas(tmp_path / "rig", 4 << 20)
     seen = []
-    plan, path = autotune(rig.root, None, SMALL, budget_s=600.0, trial_s=0.02, top=2, rounds=2, warmup_s=0.0,
+    plan, path = autotune(rig.root, None, SMALL, budget_s=600.0, trial_s=0.02, top=2, rounds=2, warmup_s=0.0, rest_s=0.0,
                           on_trial=lambda t, arm: seen.append((t.round, arm.phase, arm.weights)))
     assert os.path.dirname(path) == rig.plans_dir and load_plan(path) == plan
     auto = plan.provenance["autotune"]
     arms = [(a["phase"], tuple(a["weights"])) for a in auto["arms"]]
     assert [(p, w) for _, p, w in seen] == arms + arms[::-1]            # ABBA over both phases
     assert auto["rounds_done"] == 2 and not auto["stopped_by_budget"] and len(auto["trials"]) == 2 * len(arms)
+    assert auto["warmup_s"] == 0.0 and auto["rest_s"] == 0.0
     for ph in ("prefill", "decode"):
         m = getattr(plan, ph).measured
         assert m["picked_by"] == "measured" and m["n"] == 2 and m["rounds"] == [0, 1]
@@ -52,9 +54,35 @@ def test_autotune_measures_every_candidate_each_round_and_writes_the_measured_be
         assert {"capability", "equal", "model #1"} <= {r for c in m["candidates"] for r in c["roles"]}
 
 
+def test_split_measure_rests_before_each_trial_with_the_reader_open(tmp_path, monkeypatch):
+    """No reads for `rest` seconds right before a trial's first read (a limiter then forgets the
+    budget the previous trial left unused), once per trial; rest 0 does not wait at all."""
+    rig = rig_with_replicas(tmp_path / "rig", 4 << 20)
+    paths = [rig.model.path] + [r.path for r in rig.replicas]
+    reads, rests = [], []
+    real = SplitReader.read_many
+
+    def read_many(self, *a, **k):
+        reads.append(len(rests))
+        return real(self, *a, **k)
+
+    def sleep(s):       # each read records how many rests came before it: 0 would be a read before the rest
+        rests.append(s)
+
+    monkeypatch.setattr(SplitReader, "read_many", read_many)
+    m = SplitMeasure(paths, SMALL, warmup=0.0, rest=0.25, sleep=sleep)
+    assert m.overhead_s == 0.25
+    assert m("decode", (2, 1, 1), 0.01) > 0 and rests == [0.25] and reads and set(reads) == {1}
+    assert m("decode", (1,), 0.01, sources=paths[1:2]) > 0 and rests == [0.25, 0.25] and set(reads) == {1, 2}
+    n = len(reads)
+    assert SplitMeasure(paths, SMALL, warmup=0.0, rest=0.0, sleep=sleep)("decode", (1, 1, 1), 0.01) > 0
+    assert rests == [0.25, 0.25] and len(reads) > n
+
+
 def test_split_measure_refuses_files_smaller_than_one_read(tmp_path):
     rig = rig_with_replicas(tmp_path / "rig", 1 << 20)
-    m = SplitMeasure([rig.model.path] + [r.path for r in rig.replicas], dict(SMALL, prefill=prefill_workload(2, 2 << 20)))
+    m = SplitMeasure([rig.model.path] + [r.path for r in rig.replicas], dict(SMALL, prefill=prefill_workload(2, 2 << 20)),
+                     rest=0.0)
     with pytest.raises(UsageError, match="less than one prefill read"):
         m("prefill", (1, 1, 1), 0.01)
     assert m("decode", (2, 1, 1), 0.01) > 0
@@ -62,14 +90,14 @@ def test_split_measure_refuses_files_smaller_than_one_read(tmp_path):
 
 def test_cli_writes_the_plan_as_json(tmp_path):
     rig = rig_with_replicas(tmp_path / "rig", 33 << 20)        # one 32 MiB prefill chunk fits
-    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rounds", "1", "--top", "1",
+    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rest", "0", "--rounds", "1", "--top", "1",
                             "--quiet", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert set(d["decode"]) == {"weights", "predicted", "measured"} and d["decode"]["measured"]["n"] == 1
     assert load_plan(d["path"]).decode.weights == tuple(d["decode"]["weights"])
     assert r.stderr == ""
-    shown = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rounds", "1", "--top", "1"])
+    shown = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rest", "0", "--rounds", "1", "--top", "1"])
     assert shown.exit_code == 0, shown.output
     out = shown.stdout.splitlines()
     assert out[0].startswith("autotune: 1 of 1 rounds") and "prefill:" in out and "decode:" in out
@@ -77,7 +105,8 @@ def test_cli_writes_the_plan_as_json(tmp_path):
     assert shown.stderr.count("autotune: round 1 ") == len(d["provenance"]["autotune"]["arms"])
 
 
-@pytest.mark.parametrize("args,code", [(["--budget", "0"], 2), (["--seconds", "-1"], 2), (["--warmup", "-1"], 2)])
+@pytest.mark.parametrize("args,code", [(["--budget", "0"], 2), (["--seconds", "-1"], 2), (["--warmup", "-1"], 2),
+                                       (["--rest", "-0.1"], 2)])
 def test_cli_bad_budget_is_one_line(tmp_path, args, code):
     rig = rig_with_replicas(tmp_path / "rig", 1 << 20)
     r = runner.invoke(app, ["autotune", "--rig", rig.root] + args)
@@ -102,7 +131,7 @@ def test_the_rig_s_own_model_sets_the_reads_and_the_plan_records_them(tmp_path):
     synthesize(rig.model.path, check_spec(SynthSpec(2, 16, 2, 512, 1024, 256, 1, "q8_0")), lambda done, total: None)
     for r in rig.replicas:
         shutil.copyfile(rig.model.path, r.path)
-    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rounds", "1", "--top", "1",
+    r = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rest", "0", "--rounds", "1", "--top", "1",
                             "--quiet", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
