@@ -67,11 +67,6 @@ class SplitMeasure:
         self._bufs = {"prefill": [aligned_buffer(pre.read_bytes + ALIGN) for _ in range(self.chunks)],
                       "decode": [aligned_buffer(dec.read_bytes + ALIGN) for _ in range(dec.in_flight)]}
 
-    @property
-    def overhead_s(self) -> float:
-        """Seconds a trial takes besides its measured `seconds` (the rest and the warm-up), at least."""
-        return self.rest + self.warmup
-
     def __call__(self, phase: str, weights, seconds: float, sources=None) -> float:
         """Bytes/s at `weights` over `seconds` after the rest and the warm-up (`timed_rate`);
         `sources`: a subset of the sources to read instead (one drive alone, say), weights to match."""

@@ -71,7 +71,6 @@ def test_split_measure_rests_before_each_trial_with_the_reader_open(tmp_path, mo
 
     monkeypatch.setattr(SplitReader, "read_many", read_many)
     m = SplitMeasure(paths, SMALL, warmup=0.0, rest=0.25, sleep=sleep)
-    assert m.overhead_s == 0.25
     assert m("decode", (2, 1, 1), 0.01) > 0 and rests == [0.25] and reads and set(reads) == {1}
     assert m("decode", (1,), 0.01, sources=paths[1:2]) > 0 and rests == [0.25, 0.25] and set(reads) == {1, 2}
     n = len(reads)
