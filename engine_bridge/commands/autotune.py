@@ -185,7 +185,10 @@ def render(plan, path: str) -> str:
     """Per phase: every candidate's prediction beside its measurement, the pick and its error."""
     lines = []
     auto = plan.provenance.get("autotune", {})
-    lines.append(f"autotune: {auto.get('rounds_done', 0)} of {auto.get('rounds_planned', 0)} rounds in "
+    planned = auto.get("rounds_planned", 0)
+    # the trials say how much of the last round the budget left out (rounds_done counts rounds begun)
+    trials = f", {len(auto.get('trials', []))} of {planned * len(auto.get('arms', []))} trials"
+    lines.append(f"autotune: {auto.get('rounds_done', 0)} of {planned} rounds{trials} in "
                  f"{auto.get('wall_s', 0):.0f} s (budget {auto.get('budget_s', 0):.0f} s"
                  + (", stopped by the budget)" if auto.get("stopped_by_budget") else
                     ", interrupted)" if auto.get("interrupted") else ")"))

@@ -99,9 +99,38 @@ def test_cli_writes_the_plan_as_json(tmp_path):
     shown = runner.invoke(app, ["autotune", "--rig", rig.root, "--seconds", "0.01", "--warmup", "0", "--rest", "0", "--rounds", "1", "--top", "1"])
     assert shown.exit_code == 0, shown.output
     out = shown.stdout.splitlines()
-    assert out[0].startswith("autotune: 1 of 1 rounds") and "prefill:" in out and "decode:" in out
+    arms = len(d["provenance"]["autotune"]["arms"])
+    assert out[0].startswith(f"autotune: 1 of 1 rounds, {arms} of {arms} trials in ") and "prefill:" in out and "decode:" in out
     assert sum(line.endswith("<- picked") for line in out) == 2 and out[-1].startswith("plan written to ")
     assert shown.stderr.count("autotune: round 1 ") == len(d["provenance"]["autotune"]["arms"])
+
+
+def test_the_summary_says_how_many_trials_of_the_planned_rounds_ran(tmp_path):
+    """A budget that cuts the second round short: the first line counts the rounds begun and the
+    trials done of those planned, and says the budget stopped the run."""
+    from engine_bridge.commands.autotune import render
+
+    rig = rig_with_replicas(tmp_path / "rig", 4 << 20)
+    now = [0.0]
+
+    def measure(phase, weights, seconds):
+        now[0] += seconds + 0.8
+        return 100.0 * sum(weights)
+
+    def run(budget):
+        return autotune(rig.root, None, SMALL, budget_s=budget, trial_s=4.0, top=1, rounds=2, measure=measure,
+                        clock=lambda: now[0], warmup_s=0.5, rest_s=0.3)
+
+    whole, path = run(600.0)
+    arms = len(whole.provenance["autotune"]["arms"])
+    assert render(whole, path).splitlines()[0].startswith(f"autotune: 2 of 2 rounds, {2 * arms} of {2 * arms} trials in ")
+    now[0] = 0.0
+    plan, path = run(4.8 * (arms + 1) + 0.1)        # trials of 4 s + 0.8 s: one round and one trial fit
+    auto = plan.provenance["autotune"]
+    assert auto["stopped_by_budget"] and len(auto["trials"]) == arms + 1
+    first = render(plan, path).splitlines()[0]
+    assert first == (f"autotune: 2 of 2 rounds, {arms + 1} of {2 * arms} trials in {auto['wall_s']:.0f} s "
+                     f"(budget {auto['budget_s']:.0f} s, stopped by the budget)")
 
 
 @pytest.mark.parametrize("args,code", [(["--budget", "0"], 2), (["--seconds", "-1"], 2), (["--warmup", "-1"], 2),
