@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from core.errors import UsageError
 from engine_bridge.cli import app
-from engine_bridge.commands.autotune import SplitMeasure, autotune, timed_rate
+from engine_bridge.commands.autotune import SplitMeasure, autotune, render, timed_rate
 from engine_bridge.reader.split_reader import SplitReader
 from planner.model import decode_workload, prefill_workload
 from planner.plans import load_plan
@@ -108,8 +108,6 @@ def test_cli_writes_the_plan_as_json(tmp_path):
 def test_the_summary_says_how_many_trials_of_the_planned_rounds_ran(tmp_path):
     """A budget that cuts the second round short: the first line counts the rounds begun and the
     trials done of those planned, and says the budget stopped the run."""
-    from engine_bridge.commands.autotune import render
-
     rig = rig_with_replicas(tmp_path / "rig", 4 << 20)
     now = [0.0]
 
