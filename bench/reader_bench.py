@@ -32,7 +32,7 @@ from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
-from replicas.coldio import aligned_buffer  # noqa: E402
+from core.coldio import aligned_buffer  # noqa: E402
 
 
 def make_files(d: str, size: int, n: int) -> list[str]:

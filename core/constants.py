@@ -1,4 +1,7 @@
-"""The rig folder's layout and the environment names every stage shares (one place)."""
+"""The rig folder's layout, the environment names and the cold-I/O numbers every stage shares (one place)."""
+
+MiB = 1 << 20
+GiB = 1 << 30
 
 RIG_ENV = "REPLICA_TUNER_RIG"      # --rig fallback
 DEBUG_ENV = "REPLICA_TUNER_DEBUG"  # tracebacks instead of one-line errors
@@ -16,3 +19,15 @@ STAMPS_DIR = "stamps"              # sidecar stamps for files we may not or cann
 RESULTS_FILE = "results.json"      # a harness run's results, in runs/<stamp>/
 VERDICTS_FILE = "verdicts.json"    # replicas verify's last verdict per member (status remembers it)
 SCRUB_FILE = "scrub.json"          # how far an interrupted `replicas verify --full` got, per member
+
+# Cold I/O.
+ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes
+IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several MiB in flight)
+HUGE_PAGE = 2 * MiB            # bytes: a transparent huge page (x86-64 and arm64 with 4 KiB pages)
+HUGE_BUFFER_MIN = 256 * 1024   # buffers from this size on ask for huge pages (at most one HUGE_PAGE - 4 KiB unused)
+READ_AHEAD = 3                 # sequential read requests in flight per drive
+
+
+# Stamps.
+XATTR_LINUX = "user.replica_tuner.stamp"
+XATTR_DARWIN = "com.replica-tuner.stamp"

@@ -52,7 +52,7 @@ class Rig:
     root: str
     model: Member | None = None
     replicas: tuple[Member, ...] = ()
-    # The model's layout (replicas.modelset says what they mean); a rig written before models
+    # The model's layout (models.modelset says what they mean); a rig written before models
     # could be several files has none of them: one file.
     layout: str = "file"
     format: str = ""

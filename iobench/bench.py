@@ -23,13 +23,13 @@ from core.fsutil import require_file
 from core.rig import Rig, unique_name
 from core.units import format_rate
 from engines.ds4_argodrive import COMPONENT_BYTES
-from replicas import platform
-from replicas.coldio import ColdReader, aligned_buffer, huge_backed
-from replicas.constants import HUGE_PAGE
-from replicas.drives import drive_of
-from replicas.formats import RAW, sniff
-from replicas.modelset import FILE, ModelSet, discover, member_set, one_file
-from replicas.tensortable import inspect_model
+from core import platform
+from core.coldio import ColdReader, aligned_buffer, huge_backed
+from core.constants import HUGE_PAGE
+from core.drives import drive_of
+from models.formats import RAW, sniff
+from models.modelset import FILE, ModelSet, discover, member_set, one_file
+from models.tensortable import inspect_model
 
 from . import stats
 from .aggregate import model_samples, suspect_cache, window_rate
@@ -69,7 +69,7 @@ def make_target(path: str, name: str, layout: ExpertLayout | None = None, notes:
 
 def model_layout(model: ModelSet) -> tuple[str, ExpertLayout | None, list[str]]:
     """The file iobench reads of `model` and where its routed experts are, from the model's own
-    header (replicas.tensortable and replicas.geometry, the planner's reading too): the decode
+    header (models.tensortable and models.geometry, the planner's reading too): the decode
     read is the model's component (its largest slice), and a split set's or a directory's experts
     may be in any of its files, so the file holding most of them is read. A model without a
     readable geometry is read whole (its largest file) with the engine's default component, and

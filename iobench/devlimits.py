@@ -1,7 +1,7 @@
 """The queue limits of the drive under a file, as the OS reports them (Linux sysfs; macOS ioreg,
 unconfirmed). The arithmetic on them is in `iounit`.
 
-Linux: the `queue` folder of the device the file system sits on (`replicas.drives.queue_dir`:
+Linux: the `queue` folder of the device the file system sits on (`core.drives.queue_dir`:
 a partition's disk, a loop device's own, a dm or md device's own, not its members'). macOS:
 `ioreg`'s block storage driver of the APFS physical store's whole disk (`DriveInfo.disk`); this
 path is written from IOKit's property names and has not been tried on a Mac. Anywhere else, or
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from replicas import platform
-from replicas.drives import queue_dir
+from core import platform
+from core.drives import queue_dir
 
 from .iounit import QUEUE_KEYS, QueueLimits, limits_from_ioreg, limits_from_sysfs
 
@@ -50,7 +50,7 @@ def ioreg_limits(disk: str) -> QueueLimits:
 
 def queue_limits(path: str, disk: str = "", sys_root: str = "/sys") -> QueueLimits:
     """The queue limits of the drive holding `path` (`disk`: its whole disk on macOS, from
-    `replicas.drives.drive_of`). Never raises: what cannot be read is 'unknown'."""
+    `core.drives.drive_of`). Never raises: what cannot be read is 'unknown'."""
     try:
         st = os.stat(path)
     except OSError:

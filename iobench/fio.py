@@ -7,8 +7,8 @@ import shutil
 import subprocess
 
 from core.errors import MismatchError, MissingError
-from replicas import platform
-from replicas.constants import ALIGNMENT
+from core import platform
+from core.constants import ALIGNMENT
 
 from .shapes import Shape
 

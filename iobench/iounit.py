@@ -51,7 +51,7 @@ class QueueLimits:
     rotational: bool | None = None
     nr_requests: int | None = None           # requests the queue holds at once
     # Not the device's: whether the buffers iobench read into lay in huge pages (physically
-    # contiguous, `replicas.coldio.aligned_buffer`). True: every read is cut at
+    # contiguous, `core.coldio.aligned_buffer`). True: every read is cut at
     # contiguous_request_bytes; False or None: at either unit, as the pages happen to lie.
     buffers_contiguous: bool | None = None
 

@@ -1,5 +1,5 @@
 """Where the file iobench reads keeps the model's routed experts (the noun; `bench.model_layout`
-finds it from the model's header through replicas.geometry, the one reader of tensor tables)."""
+finds it from the model's header through models.geometry, the one reader of tensor tables)."""
 
 from __future__ import annotations
 

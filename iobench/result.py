@@ -49,7 +49,7 @@ from core.constants import BENCH_DIR
 from core.errors import MissingError, RigError
 from core.jsonfile import read_json, write_json
 from core.rig import Rig
-from replicas.drives import DriveInfo
+from core.drives import DriveInfo
 
 from .constants import READ_RESULT_SCHEMAS, RESULT_KIND, RESULT_SCHEMA
 from .iounit import QueueLimits, limits_from_dict, limits_to_dict

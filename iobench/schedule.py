@@ -44,7 +44,7 @@ from .result import BenchResult, GroupResult, PresetResult
 from .shapes import Shape, decode_shape, min_slots, prefill_shape, rand4k_shape, seq_shape
 
 if TYPE_CHECKING:
-    from replicas.drives import DriveInfo
+    from core.drives import DriveInfo
 
     from .trials import StreamRun
 

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
 from engines.split import split_read
-from replicas.constants import ALIGNMENT
+from core.constants import ALIGNMENT
 
 from .constants import RAND_PIECE, SEQ_PIECE
 

@@ -29,7 +29,7 @@ from threading import Barrier  # by name, so a test can wrap the trial's gate
 import numpy as np
 
 from core.errors import Interrupted, MissingError
-from replicas.coldio import ColdReader, aligned_buffer
+from core.coldio import ColdReader, aligned_buffer
 
 from . import stats
 from .meter import DeviceMeter

@@ -15,7 +15,7 @@ phases; `engine-bridge export` reads it). Other engines' plans have no such key;
 loads with `stripe` false, so schema 2 stands.
 
 `geometry` is the model the plan was solved for as its header describes it
-(`replicas.geometry.Geometry.as_dict`, or the named workload's shape) and `workload` the reads
+(`models.geometry.Geometry.as_dict`, or the named workload's shape) and `workload` the reads
 each phase issues (`planner.workload.ModelWorkload.as_dict`). Schema 1 plans (neither key) load
 with both empty.
 

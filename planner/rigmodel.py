@@ -1,7 +1,7 @@
 """The workload a plan is solved for, found from the rig's model (the I/O around `planner.workload`).
 
 By default the planner reads the rig's own model: its files from rig.toml
-(`replicas.modelset.from_rig`), its geometry from their headers (`replicas.tensortable`), and
+(`models.modelset.from_rig`), its geometry from their headers (`models.tensortable`), and
 derives the workload from that. `--model PATH` reads another model's header instead (a header-only
 copy will do) and `--workload NAME` plans a named workload (`ds4-v41`) without any model. When the
 rig's model cannot be read (no rig.toml, a raw or missing file), the planner plans ds4-v41 and says
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
 from engines.ds4_argodrive import DECODE_THREADS, PREFILL_LANES
-from replicas.formats import RAW
-from replicas.modelset import FILE, discover, from_rig
-from replicas.tensortable import inspect_model
+from models.formats import RAW
+from models.modelset import FILE, discover, from_rig
+from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .workload import ModelShape, ModelWorkload, model_workload, named_workload

@@ -4,10 +4,10 @@ A plan is only as good as the workload it is solved for. The drive curves answer
 this read take"; this module answers "which reads": how big, how many at once, and how many per
 layer, for the rig's own model rather than one fixed model.
 
-- The model's *shape* comes from its header (`replicas.geometry`): layers with routed experts,
+- The model's *shape* comes from its header (`models.geometry`): layers with routed experts,
   experts per layer, experts per token, the component read size (the largest slice), components
   per expert and bytes per expert.
-- Its *traffic* comes from the routing model (`planner.routing`, calibrated to DESIGN §7) and the
+- Its *traffic* comes from the routing model (`models.routing`, calibrated to DESIGN §7) and the
   engine's cache policy, simulated without reads: the experts per layer a prefill of N tokens
   reads (each chunk stages its union of selected experts that are not cached) and the misses per
   decoded token for a cache of C experts after warm-up. On V4.1's geometry the simulation gives
@@ -32,6 +32,8 @@ import numpy as np
 from core.errors import UsageError
 from engines.colibri import NAME as COLIBRI
 from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_THREADS, PREFILL_CHUNK, PREFILL_LANES
+from models.cache import ExpertCache
+from models.routing import Router, RoutingModel
 
 from .colibri_model import READ_THREADS, ColibriWorkload
 from .constants import (
@@ -39,7 +41,6 @@ from .constants import (
     CACHE_FRACTION,
     DECODE_MISSES_PER_TOKEN,
     EXPERT_BYTES,
-    HOTNESS_HALVING_TOKENS,
     LAYERS,
     PREFILL_EXPERTS_PER_LAYER,
     PREFILL_TOKENS,
@@ -52,7 +53,6 @@ from .constants import (
     V41_TOP_K,
 )
 from .model import Workload, decode_workload, prefill_workload
-from .routing import Router, RoutingModel
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ModelShape:
 
     @classmethod
     def from_geometry(cls, g) -> ModelShape:
-        """From a `replicas.geometry.Geometry`."""
+        """From a `models.geometry.Geometry`."""
         return cls(g.path, g.layers, g.experts, g.top_k, g.component_bytes, len(g.components), g.expert_bytes)
 
 
@@ -137,48 +137,7 @@ NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
 # ---------------------------------------------------------------------------------------------
 # Traffic from the routing model
 
-class _HotCache:
-    """The embedded engine's expert cache policy (engine_bridge.engine.cache.ExpertCache, DESIGN
-    §7) without values: evict the resident expert with the lowest selection count, then the least
-    recently used; counts halve every HOTNESS_HALVING_TOKENS tokens. Same clock, same choices."""
-
-    def __init__(self, capacity: int, total: int):
-        self.capacity = capacity
-        self.hot = np.zeros(total, dtype=np.float64)
-        self.last = np.zeros(total, dtype=np.int64)
-        self.resident = np.zeros(total, dtype=bool)
-        self.size = 0
-        self.clock = 0
-        self.tokens = 0
-
-    def select(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        np.add.at(self.hot, keys, counts.astype(np.float64))
-        self.clock += 1
-        self.last[keys] = self.clock
-
-    def advance(self, tokens: int) -> None:
-        before = self.tokens // HOTNESS_HALVING_TOKENS
-        self.tokens += tokens
-        halvings = self.tokens // HOTNESS_HALVING_TOKENS - before
-        if halvings:
-            self.hot *= 0.5 ** halvings
-
-    def admit(self, key: int) -> None:
-        if self.capacity <= 0:
-            return
-        if self.size >= self.capacity:
-            h = np.where(self.resident, self.hot, np.inf)
-            cand = self.resident & (self.hot == h.min())
-            victim = int(np.argmin(np.where(cand, self.last, np.iinfo(np.int64).max)))
-            self.resident[victim] = False
-            self.size -= 1
-        self.resident[key] = True
-        self.size += 1
-        self.clock += 1
-        self.last[key] = self.clock
-
-
-def _step(cache: _HotCache, sel: np.ndarray, experts: int) -> int:
+def _step(cache: ExpertCache, sel: np.ndarray, experts: int) -> int:
     """One step of selections (tokens, layers, k) through the cache, layer by layer as the engine
     goes; returns the experts read (misses)."""
     misses = 0
@@ -200,7 +159,7 @@ def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_ex
     """(experts read per layer by a cold prefill of prompt_tokens in chunks, misses per decoded
     token over `measure` tokens after `warm`), through the engine's cache policy."""
     router = Router(RoutingModel(layers, experts, top_k, seed=seed))
-    cache = _HotCache(min(cache_experts, layers * experts), layers * experts)
+    cache = ExpertCache(min(cache_experts, layers * experts), layers * experts)
     read = 0
     for s in range(0, prompt_tokens, chunk_tokens):
         read += _step(cache, router.next(min(chunk_tokens, prompt_tokens - s)), experts)

@@ -15,7 +15,7 @@ from typing import Iterator
 from core.errors import MissingError, UsageError
 
 from .b3sum import os_error_reason, parse_check_file
-from .coldio import open_cold
+from core.coldio import open_cold
 from .hashing import hash_file
 
 

@@ -24,13 +24,13 @@ from core.units import format_bytes, format_rate, parse_size
 from . import views
 from .b3sum import check_line, failures_warning, format_line
 from .checksums import check_files
-from .drives import drive_label
+from core.drives import drive_label
 from .forget import forget_member
-from .formats import GGUF, SPLIT_NAME, sniff
+from models.formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
 from .manifests import load_manifest, load_manifest_file
-from .modelset import DIR, FILE, discover
+from models.modelset import DIR, FILE, discover
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status

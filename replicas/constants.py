@@ -1,7 +1,6 @@
 """Format numbers for the rig, the manifest and cold I/O (one place, DESIGN §3)."""
 
-MiB = 1 << 20
-GiB = 1 << 30
+from core.constants import GiB, MiB
 
 # Content identity.
 PIECE_SIZE = 64 * MiB          # bytes per manifest piece (default)
@@ -10,17 +9,8 @@ MANIFEST_SCHEMAS = (1, 2)
 STAMP_SCHEMA = 1
 JOURNAL_SCHEMA = 1
 
-# Cold I/O.
-ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes
-IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several MiB in flight)
-HUGE_PAGE = 2 * MiB            # bytes: a transparent huge page (x86-64 and arm64 with 4 KiB pages)
-HUGE_BUFFER_MIN = 256 * 1024   # buffers from this size on ask for huge pages (at most one HUGE_PAGE - 4 KiB unused)
-READ_AHEAD = 3                 # sequential read requests in flight per drive
+# Sync's writes (cold reads' numbers are core.constants').
 WRITE_DEPTH = 4                # block writes in flight per destination
-
-# Stamps.
-XATTR_LINUX = "user.replica_tuner.stamp"
-XATTR_DARWIN = "com.replica-tuner.stamp"
 
 # Sync.
 PARTIAL_SUFFIX = ".partial"

@@ -22,12 +22,14 @@ from core.errors import Interrupted, MissingError
 from core.events import Progress, Reporter, emit
 from core.fsutil import FileIdentity, allocated_bytes
 
-from .coldio import align_up, aligned_buffer, open_cold
-from .constants import ALIGNMENT, READ_AHEAD, WRITE_DEPTH
+from core.coldio import align_up, aligned_buffer, open_cold
+from core.constants import ALIGNMENT, READ_AHEAD
+
+from .constants import WRITE_DEPTH
 from .hashing import PieceHasher
 from .journal import Journal, journal_header
 from .manifest import Manifest, piece_count
-from .platform import drop_cached, open_for_direct_write
+from core.platform import drop_cached, open_for_direct_write
 from .syncplan import (
     RESUME,
     DestPlan,

@@ -11,7 +11,7 @@ from core import rig as rigmod
 from core.errors import UsageError
 from core.rig import Member, Rig
 
-from .modelset import DIR, member_set
+from models.modelset import DIR, member_set
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamp import stamp_from_bytes
 from .stamps import sidecar_path

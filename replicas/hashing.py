@@ -9,8 +9,10 @@ import blake3
 from core.errors import Interrupted, MissingError, UsageError
 from core.events import Progress, Reporter, emit
 
-from .coldio import ColdReader, open_cold, read_sequential
-from .constants import ALIGNMENT, PIECE_SIZE
+from core.coldio import ColdReader, open_cold, read_sequential
+from core.constants import ALIGNMENT
+
+from .constants import PIECE_SIZE
 from .manifest import Manifest, piece_count
 
 

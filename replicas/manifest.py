@@ -107,7 +107,7 @@ class ModelManifest:
     """The identity of a model of one or more files (schema 2)."""
 
     files: tuple[Manifest, ...]   # in the model's order; each `name` is its relative path
-    layout: str = "file"          # as replicas.modelset: file / gguf-split / dir
+    layout: str = "file"          # as models.modelset: file / gguf-split / dir
     format: str = ""              # gguf / safetensors / raw ("" for a schema-1 manifest)
     schema: int = MANIFEST_SCHEMA
 

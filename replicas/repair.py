@@ -19,11 +19,11 @@ from core.fsutil import fsync_dir
 from core.rig import Member, Rig
 
 from .checks import IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck
-from .coldio import align_up, aligned_buffer, open_cold
-from .drives import drive_of
+from core.coldio import align_up, aligned_buffer, open_cold
+from core.drives import drive_of
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, PieceRange
-from .modelset import DIR, FILE, SPLIT, located_files
+from models.modelset import DIR, FILE, SPLIT, located_files
 from .records import record_verdicts
 from .stamps import clear_stamp
 from .throttle import Clock, Pace, Pacers

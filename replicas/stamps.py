@@ -15,9 +15,9 @@ import xattr
 from core.fsutil import FileIdentity, atomic_write_bytes
 from core.rig import Rig
 
-from . import platform
+from core import platform
 from .manifest import Manifest, ModelManifest
-from .modelset import located_files
+from models.modelset import located_files
 from .stamp import Stamp, make_stamp, stamp_from_bytes, stamp_matches, stamp_to_bytes
 
 VERIFIED, STALE, UNVERIFIED, MISSING = "verified", "stale", "unverified", "missing"

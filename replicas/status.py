@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from core.rig import Member, Rig
 
-from .drives import drive_of
+from core.drives import drive_of
 from .manifest import Manifest, ModelManifest
-from .modelset import located_files, member_set
+from models.modelset import located_files, member_set
 from .records import load_verdicts
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
 from .verdict import MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch

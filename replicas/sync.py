@@ -39,13 +39,13 @@ from core.units import format_bytes
 from engines.registry import DEFAULT_ENGINE, get_engine
 
 from .constants import PIECE_SIZE
-from .drives import drive_label
+from core.drives import drive_label
 from .fanout import DestWriter, check_source, copy_pass
 from .hashing import check_piece_size
 from .journal import Journal
 from .manifest import Manifest, ModelManifest, bad_pieces
 from .manifests import save_manifest
-from .modelset import FILE, SPLIT, ModelSet
+from models.modelset import FILE, SPLIT, ModelSet
 from .records import record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .syncfacts import SOURCE_FIX, check_free_space, drive_key, plan_destinations, source_model, trusted_manifests

@@ -15,12 +15,12 @@ from core.events import Notice, Reporter, emit
 from core.fsutil import FileIdentity, allocated_bytes, free_bytes, require_file
 
 from .constants import PARTIAL_SUFFIX
-from .drives import drive_of
-from .formats import RAW, SPLIT_NAME, sniff
+from core.drives import drive_of
+from models.formats import RAW, SPLIT_NAME, sniff
 from .journal import journal_header, read_journal
 from .manifest import Manifest
 from .manifests import load_manifest
-from .modelset import DIR, SPLIT, ModelSet, discover, from_rig, one_file
+from models.modelset import DIR, SPLIT, ModelSet, discover, from_rig, one_file
 from .records import load_verdicts
 from .stamps import VERIFIED, stamp_state
 from .syncplan import (

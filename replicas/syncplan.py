@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from core.errors import EXIT_MISMATCH, EXIT_OK, MismatchError, UsageError, WriteError
+from core.constants import ALIGNMENT, IO_BLOCK
 from core.units import format_bytes
 
 from .constants import (
-    ALIGNMENT,
     HEADROOM_FRACTION,
     HEADROOM_MAX,
     HEADROOM_MIN,
-    IO_BLOCK,
     JOURNAL_SUFFIX,
     PARTIAL_SUFFIX,
 )

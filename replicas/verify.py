@@ -23,11 +23,11 @@ from core.fsutil import FileIdentity
 from core.rig import Member, Rig
 
 from .checks import IDENTICAL, MISMATCH, MISSING, UNREADABLE, FileCheck, MemberCheck, VerifyReport
-from .coldio import open_cold, read_sequential
+from core.coldio import open_cold, read_sequential
 from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, bad_pieces
-from .modelset import located_files
+from models.modelset import located_files
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
@@ -233,7 +233,7 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
 def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
     """(drive key, members): members sharing a physical drive are read one after another;
     drives run in parallel."""
-    from .drives import drive_of
+    from core.drives import drive_of
 
     groups: dict[str, list[Member]] = {}
     for m in members:

@@ -3,7 +3,7 @@
 import errno
 import threading
 
-from replicas.coldio import ColdReader
+from core.coldio import ColdReader
 
 
 def write_random(path, size, seed=0):

@@ -1,4 +1,4 @@
-"""The layers import only downward (DESIGN §2): core <- engines <- replicas <- iobench <- planner
+"""The layers import only downward (docs/architecture.md): core <- models <- engines <- replicas <- iobench <- planner
 <- engine_bridge. Every import is walked, including those inside functions."""
 
 import ast
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-LAYERS = ("core", "engines", "replicas", "iobench", "planner", "engine_bridge")
+LAYERS = ("core", "models", "engines", "replicas", "iobench", "planner", "engine_bridge")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

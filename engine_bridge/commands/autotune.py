@@ -54,7 +54,7 @@ class SplitMeasure:
 
     def __init__(self, sources, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None,
                  warmup: float = WARMUP_S, rest: float = REST_S, sleep=time.sleep):
-        from replicas.coldio import aligned_buffer
+        from core.coldio import aligned_buffer
 
         self.sources = list(sources)
         self.workloads = dict(workloads)

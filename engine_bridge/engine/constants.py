@@ -38,8 +38,6 @@ KV_VOCAB = "vocab_size"
 KV_ATTN = "attention.key_length"
 KV_SEED = "synth.seed"
 
-# Expert cache (DESIGN §7): selection counts halved every this many tokens, LRU tie-break.
-HOTNESS_HALVING_TOKENS = 32
 
 # Run defaults (DESIGN §6, §8).
 PROMPT_TOKENS = 512

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cache import ExpertCache
+from models.cache import ExpertCache
 from .constants import (
     DEQUANT_THREADS,
     PREFILL_CHUNK_TOKENS,

@@ -1,6 +1,6 @@
 """A GGUF model seen by the engine: expert geometry from the tensor table, resident weights.
 
-The geometry is `replicas.geometry`'s (the planner and iobench read the same); `inspect_model`
+The geometry is `models.geometry`'s (the planner and iobench read the same); `inspect_model`
 reads only the header and tensor table, so it works on the real 518 GB file, and refuses what the
 engine cannot stage. `load_resident` reads the small resident tensors of a `synth` model normally
 (through the page cache); routed experts are never read here: they come only through the split
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import UsageError
-from replicas.geometry import ExpertTensor, Geometry
-from replicas.tensortable import inspect_model as inspect_any
-from replicas.tensortable import open_gguf
+from models.geometry import ExpertTensor, Geometry
+from models.tensortable import inspect_model as inspect_any
+from models.tensortable import open_gguf
 
 from .constants import ARCH, COMPONENTS, KV_ATTN, KV_SEED, LAYER_RESIDENT
 
@@ -24,7 +24,7 @@ __all__ = ["ExpertTensor", "Geometry", "inspect_model", "Resident", "load_reside
 
 
 def inspect_model(path: str) -> Geometry:
-    """Expert geometry of a model `run` can compute (replicas.tensortable reads it): one GGUF file
+    """Expert geometry of a model `run` can compute (models.tensortable reads it): one GGUF file
     with stacked gate/up/down tensors whose slices are one size, as `synth` writes (its
     dequantize and resident weights assume that shape). Replay reads any geometry."""
     g = inspect_any(path)

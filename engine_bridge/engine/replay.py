@@ -3,7 +3,7 @@
 The expert geometry comes from the model's tensor table (only headers are read, so this works on
 the real 518 GB file; `replay_geometry`), and each expert's reads are Extents in the model's files
 (a split GGUF set or a directory of shards is read like one file); which experts each token chooses comes from the calibrated
-routing model (`planner.routing`) or from a recorded routing trace (`engine-bridge run --trace-out`).
+routing model (`models.routing`) or from a recorded routing trace (`engine-bridge run --trace-out`).
 The same expert cache and the same staging code as the engine (`staging.stage_reads`) drive the
 same split reader, so the read pattern, and therefore what a plan delivers on these drives, is
 the engine's: prefill stages each chunk's union of missing experts, decode reads each token's
@@ -19,11 +19,11 @@ import numpy as np
 
 from core.errors import RigError, UsageError
 from core.jsonfile import read_json
-from planner.routing import Router, RoutingModel
-from replicas.modelset import FILE, ModelSet
-from replicas.tensortable import inspect_model as inspect_any
+from models.routing import Router, RoutingModel
+from models.modelset import FILE, ModelSet
+from models.tensortable import inspect_model as inspect_any
 
-from .cache import ExpertCache
+from models.cache import ExpertCache
 from .idle import PHASES, idle_sources
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
 from .model import Geometry

@@ -13,7 +13,7 @@ from core.errors import UsageError
 from core.fsutil import atomic_write_text
 from engine_bridge.reader import SplitReader
 
-from .cache import ExpertCache
+from models.cache import ExpertCache
 from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
 from .idle import PHASES, idle_sources
 from .inference import Engine, RunOutcome, prompt_tokens, tokens_sha256

@@ -1,9 +1,9 @@
 """Where a run's routed experts are read from: the primary, its replicas and both weight vectors,
 from a plan or from `--replica PATH*W` options (what `run` and `replay` share).
 
-A source is a member's copy of the whole model (`replicas.modelset.ModelSet`): the file, the split
+A source is a member's copy of the whole model (`models.modelset.ModelSet`): the file, the split
 set's first file or the directory a rig member's path names. The primary comes from `--model`
-(found on disk with `replicas.modelset.discover`), the plan's source 0 or the rig's model (the
+(found on disk with `models.modelset.discover`), the plan's source 0 or the rig's model (the
 rig says its layout: `member_set`); every other source is the same model where that member keeps it.
 """
 
@@ -18,7 +18,7 @@ from core.rig import Rig, load_rig, rig_dir
 from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights, parse_weights
 from planner.plans import load_plan, resolve_plan_path
-from replicas.modelset import ModelSet, discover, member_set, one_file
+from models.modelset import ModelSet, discover, member_set, one_file
 
 from .idle import PHASES, plan_pieces
 

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from replicas.modelset import Extent
+from models.modelset import Extent
 
 from .constants import STAGE_BYTES, STAGE_WINDOW
 from .model import Geometry

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 from core.errors import UsageError
-from replicas import platform
-from replicas.coldio import align_down, align_up, aligned_buffer, buffer_footprint
-from replicas.constants import ALIGNMENT
+from core import platform
+from core.coldio import align_down, align_up, aligned_buffer, buffer_footprint
+from core.constants import ALIGNMENT
 
 POOL_BYTES = 512 << 20         # released read buffers kept for reuse, bytes
 
@@ -23,13 +23,13 @@ def check_buffer(buffer, offset: int, length: int):
     """A caller's buffer for read (offset, length): writable, contiguous, page-aligned, large enough."""
     mv = memoryview(buffer)
     if mv.readonly or not mv.c_contiguous:
-        raise UsageError("split reader: buffer must be writable and contiguous (use replicas.coldio.aligned_buffer)")
+        raise UsageError("split reader: buffer must be writable and contiguous (use core.coldio.aligned_buffer)")
     need = span(offset, length)
     if mv.nbytes < need:
         raise UsageError(f"split reader: buffer of {mv.nbytes} bytes is too small for read ({offset}, {length}); "
                          f"it needs {need} (span(offset, length))")
     if platform.buffer_address(mv) % ALIGNMENT:
-        raise UsageError("split reader: buffer is not page-aligned (O_DIRECT needs it); use replicas.coldio.aligned_buffer")
+        raise UsageError("split reader: buffer is not page-aligned (O_DIRECT needs it); use core.coldio.aligned_buffer")
     return buffer
 
 

@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Sequence
 
-from replicas.coldio import ColdReader
+from core.coldio import ColdReader
 
 OPEN_FILES_PER_SOURCE = 16     # descriptors one source keeps open at most (busy files excepted)
 

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from replicas.coldio import align_down
+from core.coldio import align_down
 
 from .attempts import HEDGE, MAIN, PROBE, Attempt
 from .buffers import span

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from core.errors import MissingError
-from replicas.coldio import ColdReader, align_down, align_up, aligned_buffer
+from core.coldio import ColdReader, align_down, align_up, aligned_buffer
 
 from .attempts import HEDGE, MAIN, Attempt, Piece, ReadTicket
 from .files import SourceFiles

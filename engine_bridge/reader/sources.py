@@ -1,6 +1,6 @@
 """The split reader's sources: what it accepts at open, and which sources stay healthy after.
 
-A source is a member's copy of the whole model (a `replicas.modelset.ModelSet`: one file, a split
+A source is a member's copy of the whole model (a `models.modelset.ModelSet`: one file, a split
 GGUF set or a directory), primary first. At open every source must hold the primary's files, each
 a regular file of the primary file's size on its own inode (what the engine refuses, we refuse,
 naming the member and the file). While reads run, `SourceHealth` decides which sources still get
@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 from core.errors import MissingError, UsageError
 from core.fsutil import require_file
-from replicas.coldio import ColdReader
-from replicas.modelset import FILE, ModelSet
+from core.coldio import ColdReader
+from models.modelset import FILE, ModelSet
 
 from .files import Identity, SourceFiles
 from .readstats import ReaderEvent

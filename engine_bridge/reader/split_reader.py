@@ -1,8 +1,8 @@
 """The split reader: every expert read split across the primary and its replicas (DESIGN §5).
 
-A source is a member's copy of the whole model (`replicas.modelset.ModelSet`: one file, a split
+A source is a member's copy of the whole model (`models.modelset.ModelSet`: one file, a split
 GGUF set or a directory of shards); a read addresses one of the model's files, `(file, offset,
-length)` (a `replicas.modelset.Extent`), and its pieces go to the same file in each source.
+length)` (a `models.modelset.Extent`), and its pieces go to the same file in each source.
 A read `(offset, length)` of a file is split with the engine's rule (`engines.split.split_read`, never
 arithmetic of our own) using the prefill (base) or the decode weights; each piece goes to its
 source's persistent lanes (`lanes.py`), and the read completes at the barrier, when its last
@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 from core.errors import MissingError, UsageError
 from engines.registry import DEFAULT_ENGINE
 from engines.split import check_weights
-from replicas.coldio import CachedReader, ColdReader, align_down
-from replicas.modelset import ModelSet, one_file
+from core.coldio import CachedReader, ColdReader, align_down
+from models.modelset import ModelSet, one_file
 
 from .buffers import POOL_BYTES, BufferPool, check_buffer, span
 from .hedger import Hedger

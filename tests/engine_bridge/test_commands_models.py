@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app
 from engine_bridge.engine.sources import build_sources, resolve_model
-from replicas.modelset import DIR, SPLIT, discover
-from replicas.tensortable import inspect_model
-from tests.replicas.geometry_helpers import write_moe_safetensors, write_moe_split_gguf
+from models.modelset import DIR, SPLIT, discover
+from models.tensortable import inspect_model
+from tests.models.geometry_helpers import write_moe_safetensors, write_moe_split_gguf
 
 runner = CliRunner()
 SHORT = ["--prompt-tokens", "8", "--gen-tokens", "2", "--cache-experts", "0", "--lanes", "2", "--no-hedge",

@@ -1,4 +1,4 @@
-"""The engine's geometry is replicas.geometry's, read from the tensor table alone (works on a file
+"""The engine's geometry is models.geometry's, read from the tensor table alone (works on a file
 the size of the real model), and refuses what `run` cannot compute."""
 
 import os
@@ -8,10 +8,10 @@ import pytest
 from core.errors import UsageError
 from engine_bridge.engine.model import inspect_model
 from engine_bridge.engine.synth import SynthSpec, synthesize
-from replicas.geometry import Geometry
-from replicas.modelset import Extent
-from replicas.tensortable import inspect_model as inspect_any
-from tests.replicas.geometry_helpers import V41_COMPONENT, write_header_only, write_moe_split_gguf
+from models.geometry import Geometry
+from models.modelset import Extent
+from models.tensortable import inspect_model as inspect_any
+from tests.models.geometry_helpers import V41_COMPONENT, write_header_only, write_moe_split_gguf
 
 
 def test_real_model_geometry_from_a_300_gb_sparse_file(tmp_path):

@@ -7,11 +7,11 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
-from engine_bridge.engine.cache import ExpertCache
+from models.cache import ExpertCache
 from engine_bridge.engine.constants import CSV_COLUMNS
 from engine_bridge.engine.model import ExpertTensor, Geometry
 from engine_bridge.engine.replay import model_steps, replay_steps
-from planner.routing import (
+from models.routing import (
     COVERAGE_TOLERANCE,
     FIELD_COVERAGE,
     FIELD_DECODE_MISSES,

@@ -155,7 +155,7 @@ def test_missing_model_is_exit_3(tmp_path):
 
 
 def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_dir, tmp_path):
-    from engine_bridge.engine.cache import ExpertCache
+    from models.cache import ExpertCache
     from engine_bridge.engine.inference import Engine, prompt_tokens, tokens_sha256
     from engine_bridge.engine.model import load_resident
     from engine_bridge.reader import SplitReader

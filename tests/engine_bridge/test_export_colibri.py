@@ -17,7 +17,7 @@ from engines import colibri
 from iobench.model import DriveModel
 from iobench.result import BenchResult, DriveResult, save_result
 from planner.cli import app as planner_app
-from replicas.drives import DriveInfo
+from core.drives import DriveInfo
 from tests.engine_bridge.export_helpers import DRIVES, make_dir_rig, make_rig, write_plan, write_shard
 from tests.planner.helpers import FAST
 

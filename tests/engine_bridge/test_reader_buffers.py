@@ -1,7 +1,7 @@
 """The split reader's buffer pool counts the memory its buffers hold, huge pages whole."""
 
 from engine_bridge.reader.buffers import BufferPool
-from replicas.coldio import buffer_footprint
+from core.coldio import buffer_footprint
 
 KiB, MiB = 1024, 1 << 20
 

@@ -22,8 +22,8 @@ from engine_bridge.reader.readstats import healthy_split
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
-from replicas.coldio import CachedReader, aligned_buffer
-from replicas.modelset import discover
+from core.coldio import CachedReader, aligned_buffer
+from models.modelset import discover
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import impure_imports, write_split_gguf
 

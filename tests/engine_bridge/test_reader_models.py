@@ -16,9 +16,9 @@ from engine_bridge.reader.files import SourceFiles
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK
 from engines.split import split_read
-from replicas.coldio import CachedReader
-from replicas.formats import RAW, read_safetensors_header
-from replicas.modelset import Extent, discover
+from core.coldio import CachedReader
+from models.formats import RAW, read_safetensors_header
+from models.modelset import Extent, discover
 from tests.helpers import FailingReader, write_safetensors_dir, write_split_gguf
 
 TENSOR = 4 * BLOCK + 12_345        # bytes: a tensor splits across 3 sources (4 blocks and a tail)

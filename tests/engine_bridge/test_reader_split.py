@@ -152,7 +152,7 @@ def test_pure_helpers():
 
 def test_caller_buffer(model):
     from engine_bridge.reader.buffers import span
-    from replicas.coldio import aligned_buffer
+    from core.coldio import aligned_buffer
     paths, data = model
     with SplitReader(paths, [3, 2, 1], lanes=2) as r:
         buf = aligned_buffer(span(100, 2 * BLOCK))

@@ -24,7 +24,7 @@ from iobench.result import (
     result_to_dict,
     save_result,
 )
-from replicas.drives import DriveInfo
+from core.drives import DriveInfo
 
 
 def sample_result(created="2026-11-29T19:00:00.123Z", bw=1e8) -> BenchResult:

@@ -1,4 +1,4 @@
-"""iobench's decode shape reads the rig's model's component (replicas.geometry, as the planner
+"""iobench's decode shape reads the rig's model's component (models.geometry, as the planner
 does) in the file of each member that holds its experts."""
 
 import os
@@ -7,9 +7,9 @@ import shutil
 from core.rig import Member, Rig
 from iobench.bench import targets_from_rig
 from iobench.schedule import shape_for
-from replicas.modelset import discover
+from models.modelset import discover
 from tests.helpers import write_random
-from tests.replicas.geometry_helpers import write_header_only, write_moe_split_gguf
+from tests.models.geometry_helpers import write_header_only, write_moe_split_gguf
 
 
 def _rig(tmp_path, primary, copies):

@@ -5,8 +5,8 @@ import numpy as np
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
 from iobench.bench import model_layout
 from iobench.shapes import SlotTable, decode_shape, min_slots, prefill_shape, seq_shape
-from replicas.formats import GGUF, RAW
-from replicas.modelset import one_file
+from models.formats import GGUF, RAW
+from models.modelset import one_file
 from tests.iobench.helpers import write_moe_gguf
 
 MiB = 1 << 20

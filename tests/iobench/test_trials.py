@@ -15,7 +15,7 @@ from core.errors import Interrupted, MissingError
 from iobench import trials
 from iobench.shapes import decode_shape, seq_shape
 from iobench.trials import POLL_S, Stream, run_trial
-from replicas.coldio import ColdReader
+from core.coldio import ColdReader
 from tests.helpers import write_random
 
 MiB = 1 << 20

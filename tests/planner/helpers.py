@@ -8,7 +8,7 @@ from engine_bridge.harness.arms import ArmSpec, Row, Snapshot, build_results
 from iobench.model import DriveModel
 from iobench.result import BenchResult, DriveResult, GroupResult, LaneResult, Latency, PresetResult, save_result
 from planner.model import Drive
-from replicas.drives import DriveInfo
+from core.drives import DriveInfo
 
 FAST = DriveModel(lat_s=100e-6, stream_bw=150e6, bw_max=200e6)
 SLOW = DriveModel(lat_s=100e-6, stream_bw=80e6, bw_max=100e6)

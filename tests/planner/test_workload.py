@@ -23,7 +23,7 @@ from planner.idle import best_with_every_source, check_idle
 from planner.model import Drive, decode_workload, prefill_workload
 from planner.plan import Source, plan_from_dict
 from planner.plans import load_plan
-from planner.routing import FIELD_DECODE_MISSES
+from models.routing import FIELD_DECODE_MISSES
 from planner.solve import solve_plan
 from planner.workload import (
     V41_SHAPE,
@@ -35,7 +35,7 @@ from planner.workload import (
 )
 from tests.helpers import impure_imports
 from tests.planner.helpers import FAST, SLOW, make_rig
-from tests.replicas.geometry_helpers import write_header_only, write_moe_split_gguf
+from tests.models.geometry_helpers import write_header_only, write_moe_split_gguf
 
 runner = CliRunner()
 SMALL_COMPONENT = 557_056        # Q8_0 slices of 512 x 1024: 2 blocks of 256 KiB and a 32 KiB tail

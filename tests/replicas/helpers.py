@@ -70,7 +70,7 @@ def write_model(folder, kind, seed=5):
 def model_rig(tmp_path, kind):
     """A rig whose model (kind 'split' or 'dir', see write_model) is on 'internal', synced to
     'green' and 'white' (verified and stamped): (rig dir, [primary, green, white] model paths)."""
-    from replicas.modelset import discover
+    from models.modelset import discover
 
     primary = write_model(tmp_path / "internal", kind)
     rig = str(tmp_path / "rig")

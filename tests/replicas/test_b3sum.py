@@ -11,7 +11,7 @@ import xattr
 
 from core import rig as rigmod
 from replicas import b3sum as b3mod
-from replicas import platform
+from core import platform
 from replicas.b3sum import check_line, failures_warning, format_line, os_error_reason, parse_check_file
 from tests.helpers import impure_imports, write_random
 from tests.replicas.helpers import MiB, flip_byte, invoke

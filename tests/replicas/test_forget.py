@@ -10,7 +10,7 @@ import xattr
 from core import rig as rigmod
 from core.events import Notice
 from engines.registry import DEFAULT_ENGINE, get_engine
-from replicas import platform
+from core import platform
 from replicas.records import load_scrub, load_verdicts, record_scrub
 from replicas.stamps import sidecar_path
 from replicas.sync import sync

@@ -13,7 +13,7 @@ from core import rig as rigmod
 from core.errors import Interrupted, UsageError
 from core.events import Notice, Progress
 from replicas import pacing, throttle, verify
-from replicas.coldio import read_sequential
+from core.coldio import read_sequential
 from replicas.constants import BURST_S
 from replicas.manifests import load_manifest
 from replicas.pacing import TokenBucket, parse_rate

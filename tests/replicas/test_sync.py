@@ -16,7 +16,7 @@ from core.errors import MismatchError, UsageError
 from core.events import Progress
 from replicas import fanout
 from replicas.cli import app
-from replicas.coldio import ColdReader
+from core.coldio import ColdReader
 from replicas.hashing import hash_file
 from replicas.journal import read_journal
 from replicas.manifests import load_manifest

@@ -20,11 +20,11 @@ from core.errors import MismatchError, WriteError
 from core.events import Notice, Progress
 from replicas import fanout
 from replicas.cli import app
-from replicas.coldio import ColdReader
+from core.coldio import ColdReader
 from replicas.hashing import hash_file
 from replicas.journal import read_journal
 from replicas.manifests import load_manifest
-from replicas.modelset import discover
+from models.modelset import discover
 from replicas.stamps import stamp_state
 from replicas.sync import sync
 from replicas.syncplan import headroom

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from core.errors import MismatchError, UsageError, WriteError
 from core.fsutil import FileIdentity
 from replicas import sync, syncplan
-from replicas.constants import ALIGNMENT, HEADROOM_MAX, HEADROOM_MIN, IO_BLOCK
+from core.constants import ALIGNMENT, IO_BLOCK
+from replicas.constants import HEADROOM_MAX, HEADROOM_MIN
 from replicas.manifest import PieceRange, piece_count
 from replicas.syncplan import (
     ADOPT,

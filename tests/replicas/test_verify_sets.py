@@ -14,10 +14,10 @@ from core import rig as rigmod
 from core.errors import Interrupted
 from core.events import Progress
 from replicas import verify
-from replicas.coldio import read_sequential
+from core.coldio import read_sequential
 from replicas.manifest import manifest_from_dict
 from replicas.manifests import load_manifest
-from replicas.modelset import from_rig
+from models.modelset import from_rig
 from replicas.records import load_scrub, load_verdicts
 from replicas.stamps import sidecar_path
 from tests.replicas.helpers import SET_PIECE, flip_byte, invoke, model_rig

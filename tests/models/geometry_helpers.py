@@ -1,5 +1,5 @@
 """Plain helpers writing MoE models whose tensor tables the geometry tests read
-(imported as `tests.replicas.geometry_helpers`).
+(imported as `tests.models.geometry_helpers`).
 
 tests.helpers.write_split_gguf / write_safetensors_dir write real multi-file models with generic
 tensor names; these write the routed-expert names and shapes real MoE models use.

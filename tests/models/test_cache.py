@@ -1,6 +1,6 @@
 import pytest
 
-from engine_bridge.engine.cache import ExpertCache
+from models.cache import ExpertCache
 
 
 def test_evicts_the_coldest_then_the_least_recently_used():

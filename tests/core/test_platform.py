@@ -4,8 +4,8 @@ cases are in test_coldio_contract.py."""
 import os
 import plistlib
 
-from replicas import platform
-from replicas.drives import mount_for, parse_diskutil_plist, parse_mountinfo
+from core import platform
+from core.drives import mount_for, parse_diskutil_plist, parse_mountinfo
 from tests.helpers import write_random
 
 

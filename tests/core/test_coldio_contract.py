@@ -19,8 +19,8 @@ import threading
 import pytest
 
 from core.errors import MissingError
-from replicas import platform
-from replicas.coldio import (
+from core import platform
+from core.coldio import (
     CachedReader,
     ColdReader,
     align_down,
@@ -30,8 +30,8 @@ from replicas.coldio import (
     read_range,
     read_sequential,
 )
-from replicas.coldio import huge_backed as coldio_huge_backed
-from replicas.constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE
+from core.coldio import huge_backed as coldio_huge_backed
+from core.constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE
 from replicas.hashing import hash_file
 from tests.helpers import FailingReader, FailingReads, write_random
 

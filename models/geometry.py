@@ -3,7 +3,7 @@
 The planner, iobench and the embedded engine all need the same facts about the rig's model: how
 many layers carry routed experts, how many experts each has, how many a token chooses, and the
 byte ranges one expert occupies (what a decode miss reads). They are a property of the model's
-files, so they live here, in the lowest layer that knows the model; `replicas.tensortable`
+files, so they live here, in the lowest layer that knows the model; `models.tensortable`
 reads the table (GGUF through the gguf library, safetensors through its JSON header) and this
 module turns it into a `Geometry`.
 
@@ -81,7 +81,7 @@ class TensorTable:
     """Every tensor of a model (all files of a split set or directory) and its metadata."""
     path: str                 # the model's path (file, first split member, directory)
     format: str               # 'gguf' or 'safetensors'
-    layout: str               # replicas.modelset layout: 'file', 'gguf-split', 'dir'
+    layout: str               # models.modelset layout: 'file', 'gguf-split', 'dir'
     size: int                 # bytes of all the model's files together
     arch: str                 # GGUF general.architecture, config.json model_type, or '?'
     alignment: int            # bytes: GGUF data alignment; 1 for safetensors

@@ -1,4 +1,4 @@
-"""`replicas init` finds the model on disk (replicas.modelset.discover, replicas.formats): one
+"""`replicas init` finds the model on disk (models.modelset.discover, models.formats): one
 file, any file of a split GGUF set (the whole set), a directory; and refuses, in one line with the
 right exit code, what is not a model it can keep byte-identical."""
 
@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from core import rig as rigmod
-from replicas.formats import GGUF, SAFETENSORS, gguf_split_fields, read_safetensors_header, sniff
-from replicas.modelset import DIR, FILE, SPLIT, discover
+from models.formats import GGUF, SAFETENSORS, gguf_split_fields, read_safetensors_header, sniff
+from models.modelset import DIR, FILE, SPLIT, discover
 from tests.helpers import write_random, write_safetensors_dir, write_split_gguf
 from tests.replicas.helpers import invoke
 

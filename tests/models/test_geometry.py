@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from core.errors import UsageError
-from replicas import geometry as geometry_module
-from replicas.formats import read_safetensors_header
-from replicas.geometry import Geometry, TensorInfo, TensorTable, geometry_from_table
-from replicas.modelset import Extent
-from replicas.tensortable import inspect_model
+from models import geometry as geometry_module
+from models.formats import read_safetensors_header
+from models.geometry import Geometry, TensorInfo, TensorTable, geometry_from_table
+from models.modelset import Extent
+from models.tensortable import inspect_model
 from tests.helpers import impure_imports
-from tests.replicas.geometry_helpers import (
+from tests.models.geometry_helpers import (
     MIXTRAL,
     QWEN3,
     V41_COMPONENT,

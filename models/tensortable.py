@@ -1,4 +1,4 @@
-"""Reading a model's tensor table from its files' headers (the I/O around `replicas.geometry`).
+"""Reading a model's tensor table from its files' headers (the I/O around `models.geometry`).
 
 GGUF through the gguf library (it maps the file and parses the header; tensor data is never
 touched, so this is cheap on a 500 GB file and works on a sparse header-only copy); every member
