@@ -58,32 +58,62 @@ def register(app) -> None:
 
     @app.command("synth")
     def synth_cmd(
-        out: str = typer.Argument(..., metavar="OUT.gguf", help="Model file to write."),
-        layers: int = typer.Option(SYNTH_DEFAULTS["layers"], "--layers", help="Transformer layers."),
-        experts: int = typer.Option(SYNTH_DEFAULTS["experts"], "--experts", help="Routed experts per layer."),
-        top_k: int = typer.Option(SYNTH_DEFAULTS["top_k"], "--top-k", help="Experts chosen per token."),
-        dim: int = typer.Option(SYNTH_DEFAULTS["dim"], "--dim", help="Model width."),
-        ff: int = typer.Option(SYNTH_DEFAULTS["ff"], "--ff", help="Expert hidden width (dim*ff must be a multiple of 65536)."),
-        vocab: int = typer.Option(SYNTH_DEFAULTS["vocab"], "--vocab", help="Vocabulary size."),
+        out: str = typer.Argument(..., metavar="OUT", help="Model to write: a .gguf file, or a directory with --format colibri."),
+        fmt: str = typer.Option("gguf", "--format", metavar="gguf|colibri",
+                                help="gguf: one GGUF file for the embedded engine (default). colibri: a directory of "
+                                     "safetensors shards + config.json + tokenizer.json that colibri's GLM engine loads "
+                                     "(int8 rows + per-row scales; `run` computes it too)."),
+        layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4)."),
+        experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
+        top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri 4)."),
+        dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
+        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: dim*ff a "
+                                                             "multiple of 65536; colibri: a multiple of 64."),
+        vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512)."),
         seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
-        quant: str = typer.Option(SYNTH_DEFAULTS["quant"], "--quant", help="Routed expert type: q8_0, q4_0, or f32 (unquantized: least compute per byte read)."),
+        quant: Optional[str] = typer.Option(None, "--quant", help="gguf only: routed expert type, q8_0 (default), q4_0, or f32 "
+                                                                   "(unquantized: least compute per byte read)."),
+        shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
+                                                                     "one (default: 4, or --layers if fewer)."),
+        force: bool = typer.Option(False, "--force", help="colibri only: replace an existing OUT directory."),
         json_out: bool = JsonOption,
     ):
-        """Write a small but complete MoE transformer (GGUF) laid out like the real model."""
-        from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
+        """Write a small but complete MoE transformer laid out like the real model (GGUF, or colibri's format)."""
+        from core.errors import UsageError
 
-        spec = check_spec(SynthSpec(layers, experts, top_k, dim, ff, vocab, seed, quant.lower()))
+        fmt = fmt.lower()
+        if fmt not in ("gguf", "colibri"):
+            raise UsageError(f"--format {fmt!r}: use gguf or colibri")
+        shape = {k: v for k, v in dict(layers=layers, experts=experts, top_k=top_k, dim=dim, ff=ff, vocab=vocab).items()
+                 if v is not None}
+        if fmt == "colibri":
+            if quant is not None:
+                raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
+            from engine_bridge.engine.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
+
+            base = ColibriSpec(**shape, seed=seed)
+            spec = check_colibri(ColibriSpec(**{**base.__dict__, "shards": min(base.shards, base.layers) if shards is None
+                                                else shards}))
+            write = lambda progress: synthesize_colibri(out, spec, force=force, progress=progress)  # noqa: E731
+        else:
+            if shards is not None or force:
+                raise UsageError("--shards and --force are for --format colibri (a GGUF file is written whole and replaced)")
+            from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
+
+            spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))
+            write = lambda progress: synthesize(out, spec, progress)  # noqa: E731
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                       console=err, transient=True, disable=json_out) as bar:
             task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
-            summary = synthesize(out, spec, lambda done, total: bar.update(task, completed=done, total=total))
+            summary = write(lambda done, total: bar.update(task, completed=done, total=total))
         if json_out:
             print_json({"schema": 1, "kind": "synth", **summary})
         else:
             typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
-                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed {format_bytes(summary['routed_bytes'])}")
+                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed {format_bytes(summary['routed_bytes'])}"
+                       + (f", {spec.shards} shards" if fmt == "colibri" else ""))
 
     @app.command("run")
     def run_cmd(

@@ -23,6 +23,12 @@ def expert_tensor_name(layer: int, component: str) -> str:
 LAYER_RESIDENT = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                   "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
+# colibri's GLM engine (c/colibri.c): the model_type its launcher sends to it, the suffix of a
+# pre-quantised weight's per-row F32 scales (`NAME.qs`), and colibri's name for int8 rows (fmt=1).
+COLIBRI_MODEL_TYPE = "glm_moe_dsa"
+COLIBRI_SCALE_SUFFIX = ".qs"
+ROW_INT8 = "int8-row"
+
 # Synth defaults: small, but each component (557,056 B = 2 split blocks + 32 KiB) still splits.
 SYNTH_DEFAULTS = dict(layers=4, experts=16, top_k=2, dim=512, ff=1024, vocab=512, seed=0, quant="q8_0")
 ATTN_DIM = 64                            # width of the single attention head (resident, cheap)

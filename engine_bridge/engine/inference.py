@@ -35,6 +35,7 @@ from .constants import (
     PREFILL_CHUNK_TOKENS,
     QUANT_BLOCK,
     RMS_EPS,
+    ROW_INT8,
     STAGE_BYTES,
     STAGE_WINDOW,
 )
@@ -45,8 +46,11 @@ _Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])
 _Q4 = np.dtype([("d", "<f2"), ("q", "u1", (QUANT_BLOCK // 2,))])
 
 
-def dequantize(buf, qtype: str, rows: int, cols: int) -> np.ndarray:
-    """Q8_0 / Q4_0 / F32 bytes -> float32 (rows, cols); equal to gguf.quants.dequantize, but one pass."""
+def dequantize(buf, qtype: str, rows: int, cols: int, scales: np.ndarray | None = None) -> np.ndarray:
+    """Q8_0 / Q4_0 / F32 bytes -> float32 (rows, cols); equal to gguf.quants.dequantize, but one pass.
+    ROW_INT8 (colibri's int8 rows): int8 bytes times `scales`, one F32 per row."""
+    if qtype == ROW_INT8:
+        return np.frombuffer(buf, dtype=np.int8, count=rows * cols).reshape(rows, cols) * scales[:, None]
     if qtype == "Q8_0":
         a = np.frombuffer(buf, dtype=_Q8, count=rows * cols // QUANT_BLOCK)
         out = np.empty((a.shape[0], QUANT_BLOCK), dtype=np.float32)
@@ -132,14 +136,16 @@ class Engine:
 
     # -- experts -----------------------------------------------------------------------------
 
-    def _weights(self, bufs) -> ExpertWeights:
+    def _weights(self, layer: int, e: int, bufs) -> ExpertWeights:
         d, f, q = self.r.dim, self.r.ff, self.r.qtype
-        return ExpertWeights(dequantize(bufs[0], q, f, d), dequantize(bufs[1], q, f, d), dequantize(bufs[2], q, d, f))
+        s = self.r.row_scales[layer][e] if self.r.row_scales is not None else (None, None, None)
+        return ExpertWeights(dequantize(bufs[0], q, f, d, s[0]), dequantize(bufs[1], q, f, d, s[1]),
+                             dequantize(bufs[2], q, d, f, s[2]))
 
-    def _dequant(self, bufs):
+    def _dequant(self, layer: int, e: int, bufs):
         if self._pool is None:
-            return self._weights(bufs)
-        return self._pool.submit(self._weights, bufs)
+            return self._weights(layer, e, bufs)
+        return self._pool.submit(self._weights, layer, e, bufs)
 
     def _use(self, item, base: int, compute) -> None:
         e, ew, release = item
@@ -183,7 +189,7 @@ class Engine:
         ahead: deque = deque()
         for e, bufs, release in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes,
                                             self.window):
-            ahead.append((e, self._dequant(bufs), release))
+            ahead.append((e, self._dequant(layer, e, bufs), release))
             while len(ahead) > self.dequant_threads:
                 self._use(ahead.popleft(), base, compute)
         while ahead:

@@ -1,24 +1,45 @@
-"""A GGUF model seen by the engine: expert geometry from the tensor table, resident weights.
+"""A model seen by the engine: expert geometry from the tensor table, resident weights.
 
 The geometry is `models.geometry`'s (the planner and iobench read the same); `inspect_model`
 reads only the header and tensor table, so it works on the real 518 GB file, and refuses what the
-engine cannot stage. `load_resident` reads the small resident tensors of a `synth` model normally
-(through the page cache); routed experts are never read here: they come only through the split
-reader.
+engine cannot stage. `load_resident` reads the small resident tensors normally (through the page
+cache); routed experts are never read here: they come only through the split reader.
+
+Two kinds of model compute: a GGUF file `synth` writes, and a colibri-format directory
+(`synth_colibri`, or any glm_moe_dsa directory of int8 rows without dense layers): safetensors
+shards with one tensor per expert and component, each an int8-row weight (`NAME`, U8/I8, O*I
+bytes) with its per-row F32 scales (`NAME.qs`). For that format the routed experts' per-row
+scales are resident (read here, 4 bytes per row: 16 KiB per expert at the defaults); only the
+int8 rows come through the reader. The engine computes its own architecture from the directory's
+tensors: colibri's MLA attention is folded into the engine's single head (head 0, the q_a/kv_a
+RMSNorm weights kept as diagonal scales but not their normalisation, no RoPE), the router's
+softmax top-k ignores `e_score_correction_bias`, norm_topk_prob and routed_scaling_factor. So its
+tokens are its own, not colibri's; what it shares with colibri is every weight and every read.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from core.errors import UsageError
 from models.geometry import ExpertTensor, Geometry
+from models.modelset import discover
 from models.tensortable import inspect_model as inspect_any
-from models.tensortable import open_gguf
+from models.tensortable import open_gguf, read_tensor_table
 
-from .constants import ARCH, COMPONENTS, KV_ATTN, KV_SEED, LAYER_RESIDENT
+from .constants import (
+    ARCH,
+    COLIBRI_MODEL_TYPE,
+    COLIBRI_SCALE_SUFFIX,
+    COMPONENTS,
+    KV_ATTN,
+    KV_SEED,
+    LAYER_RESIDENT,
+    ROW_INT8,
+)
 
 __all__ = ["ExpertTensor", "Geometry", "inspect_model", "Resident", "load_resident"]
 
@@ -28,6 +49,8 @@ def inspect_model(path: str) -> Geometry:
     with stacked gate/up/down tensors whose slices are one size, as `synth` writes (its
     dequantize and resident weights assume that shape). Replay reads any geometry."""
     g = inspect_any(path)
+    if g.format == "safetensors":
+        return _check_colibri(g)
     if not g.stacked or g.components != COMPONENTS:
         raise UsageError(f"{g.path}: routed experts are {'per-expert tensors' if not g.stacked else '/'.join(g.components)}; "
                          "the engine reads stacked blk.N.ffn_{gate,up,down}_exps.weight tensors (a GGUF model)")
@@ -38,6 +61,29 @@ def inspect_model(path: str) -> Geometry:
     if not g.uniform:
         sizes = sorted({t.component_bytes for t in g.tensors})
         raise UsageError(f"{g.path}: expert tensors differ in slice size {sizes}; this engine needs one geometry for every layer")
+    return g
+
+
+_INT8_DTYPES = ("U8", "I8")
+
+
+def _check_colibri(g: Geometry) -> Geometry:
+    """A safetensors directory `run` computes: colibri's GLM layout, one tensor per expert and
+    component, every routed component int8 rows of one size."""
+    if g.arch != COLIBRI_MODEL_TYPE:
+        raise UsageError(f"{g.path}: config.json model_type is {g.arch!r}; `run` computes a safetensors directory only in "
+                         f"colibri's {COLIBRI_MODEL_TYPE} int8-row format (write one with `engine-bridge synth --format "
+                         "colibri`; `engine-bridge replay` reads any model)")
+    if g.stacked or g.components != COMPONENTS:
+        raise UsageError(f"{g.path}: routed experts are {'stacked' if g.stacked else '/'.join(g.components)}; colibri's "
+                         "format keeps one tensor per expert: model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight")
+    dtypes = sorted({t.qtype for t in g.tensors})
+    if any(d not in _INT8_DTYPES for d in dtypes):
+        raise UsageError(f"{g.path}: routed experts are {', '.join(dtypes)}; the engine computes colibri's pre-quantised "
+                         "int8 rows (U8 or I8 weights with F32 NAME.qs per-row scales)")
+    if not g.uniform:
+        sizes = sorted({t.component_bytes for t in g.tensors})
+        raise UsageError(f"{g.path}: expert tensors differ in size {sizes}; this engine needs one geometry for every layer")
     return g
 
 
@@ -61,12 +107,17 @@ class Resident:
     ff: int
     attn: int
     vocab: int
-    qtype: str                   # routed experts' GGML type
+    qtype: str                   # routed experts' GGML type, or ROW_INT8 (colibri's int8 rows)
     seed: int
+    # ROW_INT8 only: per layer, per expert, the (gate, up, down) per-row F32 scales (resident)
+    row_scales: tuple | None = None
 
 
 def load_resident(geometry: Geometry) -> Resident:
-    """Read the resident tensors of a model written by `synth` (plain reads)."""
+    """Read the resident tensors of a model written by `synth` (plain reads), or of a colibri-format
+    directory (`synth_colibri`; see the module doc)."""
+    if geometry.format == "safetensors":
+        return _colibri_resident(geometry)
     r = _open_reader(geometry.path)
     if geometry.arch != ARCH:
         raise UsageError(f"{geometry.path}: architecture {geometry.arch!r} is not {ARCH!r}; `run` computes only models "
@@ -91,3 +142,125 @@ def load_resident(geometry: Geometry) -> Resident:
     return Resident(embed=embed, output_norm=get("output_norm.weight"), output=get("output.weight"), layers=layers,
                     dim=int(gate[0]), ff=int(gate[1]), attn=int(_field(r, f"{ARCH}.{KV_ATTN}") or first["attn_q"].shape[0]),
                     vocab=int(embed.shape[0]), qtype=qtypes.pop(), seed=int(_field(r, f"{ARCH}.{KV_SEED}") or 0))
+
+
+# -- colibri's format ----------------------------------------------------------------------------
+
+class _Table:
+    """Plain reads of named tensors of a safetensors directory (offsets from its tensor table)."""
+
+    def __init__(self, path: str):
+        self.model = discover(path)
+        table = read_tensor_table(self.model)
+        self.path, self.meta = path, table.meta
+        self.byname = {t.name: t for t in table.tensors}
+
+    def info(self, name: str):
+        t = self.byname.get(name)
+        if t is None:
+            raise UsageError(f"{self.path}: tensor {name} is missing; re-create the model with "
+                             "`engine-bridge synth --format colibri`")
+        return t
+
+    def raw(self, name: str) -> bytes:
+        t = self.info(name)
+        fd = os.open(self.model.abs(t.file), os.O_RDONLY)
+        try:
+            data = os.pread(fd, t.nbytes, t.offset)
+        finally:
+            os.close(fd)
+        if len(data) != t.nbytes:
+            raise UsageError(f"{self.path}: {t.file} is truncated (tensor {name}); re-create or re-copy the model")
+        return data
+
+    def f32(self, name: str, n: int | None = None) -> np.ndarray:
+        t = self.info(name)
+        if t.dtype == "F32":
+            a = np.frombuffer(self.raw(name), dtype="<f4").astype(np.float32)
+        elif t.dtype == "BF16":
+            a = (np.frombuffer(self.raw(name), dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise UsageError(f"{self.path}: tensor {name} is {t.dtype}, expected F32 or BF16")
+        if n is not None and a.size != n:
+            raise UsageError(f"{self.path}: tensor {name} holds {a.size} values, expected {n}")
+        return a
+
+    def rows(self, name: str, out_rows: int, in_cols: int) -> np.ndarray:
+        """A pre-quantised weight (int8 rows x per-row scale) as float32 (out_rows, in_cols)."""
+        t = self.info(name)
+        if t.dtype not in _INT8_DTYPES or t.nbytes != out_rows * in_cols:
+            raise UsageError(f"{self.path}: {name} is {t.dtype}, {t.nbytes} B; the engine reads int8 rows "
+                             f"({out_rows} x {in_cols} = {out_rows * in_cols} B, colibri's fmt=1)")
+        q = np.frombuffer(self.raw(name), dtype=np.int8).reshape(out_rows, in_cols)
+        return q * self.f32(name + COLIBRI_SCALE_SUFFIX, out_rows)[:, None]
+
+    def cfg(self, key: str) -> int:
+        v = self.meta.get(key)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UsageError(f"{self.path}: config.json {key} is {v!r}; need an integer")
+        return v
+
+
+def _fold_head(T: _Table, p: str, D: int, H: int, qn: int, qr: int, vh: int, ql: int, kl: int) -> dict:
+    """colibri's MLA attention, head 0, as the engine's single head (see the module doc), widths
+    padded with zeros to one head width a = max(qn + qr, vh)."""
+    q_a = T.rows(p + "self_attn.q_a_proj.weight", ql, D).astype(np.float64)
+    q_b = T.rows(p + "self_attn.q_b_proj.weight", H * (qn + qr), ql)[:qn + qr].astype(np.float64)
+    kv_a = T.rows(p + "self_attn.kv_a_proj_with_mqa.weight", kl + qr, D).astype(np.float64)
+    kv_b = T.rows(p + "self_attn.kv_b_proj.weight", H * (qn + vh), kl)[:qn + vh].astype(np.float64)
+    o = T.rows(p + "self_attn.o_proj.weight", D, H * vh)[:, :vh]
+    q_ln = T.f32(p + "self_attn.q_a_layernorm.weight", ql).astype(np.float64)
+    kv_ln = T.f32(p + "self_attn.kv_a_layernorm.weight", kl).astype(np.float64)
+    latent = kv_ln[:, None] * kv_a[:kl]                       # (kl, D)
+    q = (q_b * q_ln[None, :]) @ q_a                           # (qn + qr, D)
+    k = np.vstack([kv_b[:qn] @ latent, kv_a[kl:]])            # (qn + qr, D)
+    v = kv_b[qn:] @ latent                                    # (vh, D)
+    a = max(qn + qr, vh)
+
+    def pad_rows(m):
+        return np.vstack([m, np.zeros((a - m.shape[0], m.shape[1]))]).astype(np.float32)
+
+    out = np.hstack([o, np.zeros((D, a - vh), np.float32)]).astype(np.float32)
+    return {"attn_q": pad_rows(q), "attn_k": pad_rows(k), "attn_v": pad_rows(v), "attn_output": out}
+
+
+def _colibri_resident(g: Geometry) -> Resident:
+    """The resident weights of a colibri-format directory, plus the routed experts' per-row scales."""
+    T = _Table(g.path)
+    D, I, V = T.cfg("hidden_size"), T.cfg("moe_intermediate_size"), T.cfg("vocab_size")
+    H, layers = T.cfg("num_attention_heads"), T.cfg("num_hidden_layers")
+    qn, qr, vh = T.cfg("qk_nope_head_dim"), T.cfg("qk_rope_head_dim"), T.cfg("v_head_dim")
+    ql, kl, shared = T.cfg("q_lora_rank"), T.cfg("kv_lora_rank"), T.cfg("n_shared_experts")
+    dense = T.meta.get("first_k_dense_replace", 0)
+    if dense or layers != g.layers or g.layer_ids != tuple(range(layers)):
+        raise UsageError(f"{g.path}: {dense} dense layer(s) of {layers} (routed experts in {g.layers}); the engine "
+                         "computes colibri models whose every layer routes (first_k_dense_replace 0)")
+    if shared < 1:
+        raise UsageError(f"{g.path}: n_shared_experts is {shared}; the engine computes a shared expert")
+    if g.component_bytes != D * I:
+        raise UsageError(f"{g.path}: an expert component is {g.component_bytes} B, not hidden_size x "
+                         f"moe_intermediate_size = {D * I} int8 bytes")
+    sI = I * shared
+    out_layers, scales = [], []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        L = {"attn_norm": T.f32(p + "input_layernorm.weight", D), "ffn_norm": T.f32(p + "post_attention_layernorm.weight", D),
+             "ffn_gate_inp": T.f32(p + "mlp.gate.weight", g.experts * D).reshape(g.experts, D),
+             "ffn_gate_shexp": T.rows(p + "mlp.shared_experts.gate_proj.weight", sI, D),
+             "ffn_up_shexp": T.rows(p + "mlp.shared_experts.up_proj.weight", sI, D),
+             "ffn_down_shexp": T.rows(p + "mlp.shared_experts.down_proj.weight", D, sI)}
+        L.update(_fold_head(T, p, D, H, qn, qr, vh, ql, kl))
+        out_layers.append(L)
+        per = []
+        for e in range(g.experts):
+            n = f"{p}mlp.experts.{e}."
+            per.append(tuple(T.f32(f"{n}{c}_proj.weight{COLIBRI_SCALE_SUFFIX}", rows)
+                             for c, rows in (("gate", I), ("up", I), ("down", D))))
+        scales.append(tuple(per))
+    synth = T.meta.get("replica_tuner_synth")
+    seed = synth.get("seed", 0) if isinstance(synth, dict) else 0
+    first = out_layers[0]
+    return Resident(embed=T.rows("model.embed_tokens.weight", V, D), output_norm=T.f32("model.norm.weight", D),
+                    output=T.rows("lm_head.weight", V, D), layers=tuple(out_layers), dim=D, ff=I,
+                    attn=int(first["attn_q"].shape[0]), vocab=V, qtype=ROW_INT8, seed=int(seed),
+                    row_scales=tuple(scales))
