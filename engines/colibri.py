@@ -137,28 +137,60 @@ def stripes(length: int, holders: int) -> bool:
     return holders >= 2 and length >= STRIPE_MIN
 
 
-def stripe_read(offset: int, length: int, routed: int, holders: Sequence[int]) -> tuple[Piece, ...]:
-    """The pieces that serve one O_DIRECT window [offset, offset+length) with striping on:
-    equal chunks of ceil(length / drives) rounded up to 4 KiB, the last one shorter, chunk i on
-    holders[(routed + i) % drives] (`holders`: the drives holding the shard with an O_DIRECT
+def stripe_read(offset: int, length: int, routed: int, holders: Sequence[int],
+                weights: Sequence[float] | None = None, legs: str = "equal") -> tuple[Piece, ...]:
+    """The pieces that serve one O_DIRECT window [offset, offset+length) with striping on, leg
+    i on holders[(routed + i) % drives] (`holders`: the drives holding the shard with an O_DIRECT
     descriptor, ascending). `routed` is a drive number used as a list index, as the source does:
     with a partial mirror chunk 0 can land on another drive. A window colibri does not stripe is
-    one piece on the routed drive (the primary when the routed drive lacks the shard)."""
+    one piece on the routed drive (the primary when the routed drive lacks the shard).
+
+    legs='equal' (c/colibri.c `mir_pread_striped` before the weighted-stripe change, the code in
+    every stored upstream snapshot read): chunks of ceil(length / drives) rounded up to 4 KiB,
+    the last one shorter.
+
+    legs='weighted' (`mir_stripe_plan`, the weighted-stripe change colibri's docs credit to PR
+    #1270): `weights` holds one weight per loaded drive (primary first; the holders' numbers
+    index it). Each holder's share is the width of its slice of the cuts the weights give
+    (`cuts`, not the raw weight), at least 1; every leg but the last is
+    floor(length * share / sum of the holders' shares) rounded up to 4 KiB and clipped to what
+    is left; the last leg takes the rest. A leg that comes out empty is skipped; fewer than two
+    non-empty legs and colibri reads the window whole on the routed drive."""
+    if legs not in ("equal", "weighted"):
+        raise ValueError(f"legs must be 'equal' or 'weighted', not {legs!r}")
     hs = sorted(holders)
     if routed not in hs:
         routed = 0
+    whole = (Piece(routed, offset, length, length // ALIGN),)
     if not stripes(length, len(hs)):
-        return (Piece(routed, offset, length, length // ALIGN),)
+        return whole
     n = len(hs)
-    chunk = ((length + n - 1) // n + ALIGN - 1) & ~(ALIGN - 1)
-    pieces = []
+    if legs == "equal":
+        chunk = ((length + n - 1) // n + ALIGN - 1) & ~(ALIGN - 1)
+        pieces = []
+        for i in range(n):
+            o = i * chunk
+            if o >= length:
+                break
+            size = min(chunk, length - o)
+            pieces.append(Piece(hs[(routed + i) % n], offset + o, size, size // ALIGN))
+        return tuple(pieces)
+    if weights is None:
+        raise ValueError("weighted legs need one weight per loaded drive")
+    if any(h < 0 or h >= len(weights) for h in hs):
+        raise ValueError(f"holders {tuple(hs)} name drives beyond the {len(weights)} weights")
+    c = cuts(weights)
+    share = [max(1, c[h] - (c[h - 1] if h else 0)) for h in hs]
+    total = sum(share)
+    pieces, acc = [], 0
     for i in range(n):
-        o = i * chunk
-        if o >= length:
-            break
-        size = min(chunk, length - o)
-        pieces.append(Piece(hs[(routed + i) % n], offset + o, size, size // ALIGN))
-    return tuple(pieces)
+        k = (routed + i) % n
+        want = length - acc if i == n - 1 else ((length * share[k] // total) + ALIGN - 1) & ~(ALIGN - 1)
+        want = max(0, min(want, length - acc))
+        if want > 0:
+            pieces.append(Piece(hs[k], offset + acc, want, want // ALIGN))
+        acc += want
+    return tuple(pieces) if len(pieces) >= 2 else whole
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,3 +327,4 @@ def read_log(text: str) -> LogReport:
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN, place=place_expert)
+
