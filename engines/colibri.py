@@ -352,6 +352,12 @@ ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weigh
 #
 # Each member below was read from its engine's source; the functions and files are named where
 # each rule is reproduced. Everything is pure: no file is opened, no drive is probed.
+#
+# Unconfirmed (docs/engine-profiles.md, "Unconfirmed"): which upstream commit brought the
+# weighted stripe legs (read in derived copies of a newer colibri.c, not upstream); whether the
+# newest deepseek_v4.c's expert store reads an expert split across shards tensor by tensor (the
+# answer serve() gives is the same either way: each read falls back by its own shard); the
+# V4 CLI-exit "v4_mirror drives=" line, read in one upstream snapshot only.
 
 GOLDEN = 2654435761              # the multiplier both placement hashes use
 PLACEMENT_XOR = "xor"            # layer*2654435761 ^ eid*0x9E3779B9, mixed, & 255 (c/colibri.c expert_route)
