@@ -22,6 +22,13 @@ function:
 - `mir_pread_striped` (only on the O_DIRECT path, DIRECT=1, window >= 4 MiB, >= 2 replicas holding
   the shard) cuts one expert read into equal 4 KiB-aligned chunks, chunk 0 on the routed replica;
 - `profile_print` prints the `MIRROR:` line of bytes and reads served per drive.
+
+That is colibri's GLM engine, and the module's plain functions keep its rules. colibri runs
+each model family on its own engine, chosen by config.json's model_type; `FAMILY` holds one
+`Member` per engine with mirror code (c/colibri.c, c/deepseek_v4.c, c/deepseek_v41.c,
+c/glm53.c), each rule read from that engine's source, and `member_for` dispatches as colibri's
+launcher does (c/family_registry.py). `stripe_read(..., legs='weighted')` is the GLM engine's
+weight-sized stripe legs (`mir_stripe_plan`), read from derived copies of a newer colibri.c.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Sequence
+
+import numpy as np
+
+from core.errors import UsageError
 
 from .base import Engine, Piece
 
@@ -137,28 +148,60 @@ def stripes(length: int, holders: int) -> bool:
     return holders >= 2 and length >= STRIPE_MIN
 
 
-def stripe_read(offset: int, length: int, routed: int, holders: Sequence[int]) -> tuple[Piece, ...]:
-    """The pieces that serve one O_DIRECT window [offset, offset+length) with striping on:
-    equal chunks of ceil(length / drives) rounded up to 4 KiB, the last one shorter, chunk i on
-    holders[(routed + i) % drives] (`holders`: the drives holding the shard with an O_DIRECT
+def stripe_read(offset: int, length: int, routed: int, holders: Sequence[int],
+                weights: Sequence[float] | None = None, legs: str = "equal") -> tuple[Piece, ...]:
+    """The pieces that serve one O_DIRECT window [offset, offset+length) with striping on, leg
+    i on holders[(routed + i) % drives] (`holders`: the drives holding the shard with an O_DIRECT
     descriptor, ascending). `routed` is a drive number used as a list index, as the source does:
     with a partial mirror chunk 0 can land on another drive. A window colibri does not stripe is
-    one piece on the routed drive (the primary when the routed drive lacks the shard)."""
+    one piece on the routed drive (the primary when the routed drive lacks the shard).
+
+    legs='equal' (c/colibri.c `mir_pread_striped` before the weighted-stripe change, the code in
+    every stored upstream snapshot read): chunks of ceil(length / drives) rounded up to 4 KiB,
+    the last one shorter.
+
+    legs='weighted' (`mir_stripe_plan`, the weighted-stripe change colibri's docs credit to PR
+    #1270): `weights` holds one weight per loaded drive (primary first; the holders' numbers
+    index it). Each holder's share is the width of its slice of the cuts the weights give
+    (`cuts`, not the raw weight), at least 1; every leg but the last is
+    floor(length * share / sum of the holders' shares) rounded up to 4 KiB and clipped to what
+    is left; the last leg takes the rest. A leg that comes out empty is skipped; fewer than two
+    non-empty legs and colibri reads the window whole on the routed drive."""
+    if legs not in ("equal", "weighted"):
+        raise ValueError(f"legs must be 'equal' or 'weighted', not {legs!r}")
     hs = sorted(holders)
     if routed not in hs:
         routed = 0
+    whole = (Piece(routed, offset, length, length // ALIGN),)
     if not stripes(length, len(hs)):
-        return (Piece(routed, offset, length, length // ALIGN),)
+        return whole
     n = len(hs)
-    chunk = ((length + n - 1) // n + ALIGN - 1) & ~(ALIGN - 1)
-    pieces = []
+    if legs == "equal":
+        chunk = ((length + n - 1) // n + ALIGN - 1) & ~(ALIGN - 1)
+        pieces = []
+        for i in range(n):
+            o = i * chunk
+            if o >= length:
+                break
+            size = min(chunk, length - o)
+            pieces.append(Piece(hs[(routed + i) % n], offset + o, size, size // ALIGN))
+        return tuple(pieces)
+    if weights is None:
+        raise ValueError("weighted legs need one weight per loaded drive")
+    if any(h < 0 or h >= len(weights) for h in hs):
+        raise ValueError(f"holders {tuple(hs)} name drives beyond the {len(weights)} weights")
+    c = cuts(weights)
+    share = [max(1, c[h] - (c[h - 1] if h else 0)) for h in hs]
+    total = sum(share)
+    pieces, acc = [], 0
     for i in range(n):
-        o = i * chunk
-        if o >= length:
-            break
-        size = min(chunk, length - o)
-        pieces.append(Piece(hs[(routed + i) % n], offset + o, size, size // ALIGN))
-    return tuple(pieces)
+        k = (routed + i) % n
+        want = length - acc if i == n - 1 else ((length * share[k] // total) + ALIGN - 1) & ~(ALIGN - 1)
+        want = max(0, min(want, length - acc))
+        if want > 0:
+            pieces.append(Piece(hs[k], offset + acc, want, want // ALIGN))
+        acc += want
+    return tuple(pieces) if len(pieces) >= 2 else whole
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,3 +338,335 @@ def read_log(text: str) -> LogReport:
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN, place=place_expert)
+
+
+# =============================================================================================
+# colibri's family: one engine per model family, each with its own mirror rules
+#
+# The `coli` launcher picks the engine from config.json's model_type (c/family_registry.py
+# `family_for_config`, called by c/coli `resolve_model` / `engine_for`): the model_type is
+# stripped and lower-cased and looked up among the registered families; one it does not know
+# raises UnknownFamilyError ("unsupported model_type: X") and nothing is launched. Older
+# launchers (c/coli `model_arch` at 4ef9a99) matched substrings instead and gave everything
+# unrecognised to the GLM engine, and "deepseek_v41" to the DeepSeek V4 engine.
+#
+# Each member below was read from its engine's source; the functions and files are named where
+# each rule is reproduced. Everything is pure: no file is opened, no drive is probed.
+#
+# Unconfirmed (docs/engine-profiles.md, "Unconfirmed"): which upstream commit brought the
+# weighted stripe legs (read in derived copies of a newer colibri.c, not upstream); whether the
+# newest deepseek_v4.c's expert store reads an expert split across shards tensor by tensor (the
+# answer serve() gives is the same either way: each read falls back by its own shard); the
+# V4 CLI-exit "v4_mirror drives=" line, read in one upstream snapshot only.
+
+GOLDEN = 2654435761              # the multiplier both placement hashes use
+PLACEMENT_XOR = "xor"            # layer*2654435761 ^ eid*0x9E3779B9, mixed, & 255 (c/colibri.c expert_route)
+PLACEMENT_FLAT = "flat"          # ((layer*experts_per_layer + eid) * 2654435761) >> 16 & 255 (deepseek_v4.c)
+FALLBACKS = ("anchor", "shard", "tensor", "expert")
+GLM53_WEIGHT_MAX = 1_000_000     # c/glm53.c glm53_mirror_setup: strtol value must be 1..1e6
+GLM53_WEIGHTS_MAX = 511          # chars of COLI_DISK_WEIGHTS glm53_mirror_setup keeps (char wb[512])
+V4_STATS_RESOLUTION = (1 << 30) // 100   # bytes: the v4_mirror line prints GiB with two decimals
+DSV41_EXPERTS_PER_LAYER = 384    # c/deepseek_v41.c g_mir_epl default (n_routed of the released model)
+DSV4_EXPERTS_PER_LAYER = 256     # c/deepseek_v4.c g_v4_mir_epl default (n_routed of V4 Flash)
+
+_C_SPACE = " \t\n\v\f\r"         # what strtol skips before a number (isspace in the C locale)
+
+
+def _float_cuts(weights: Sequence[float], force_last: bool) -> tuple[int, ...]:
+    """The cut loop colibri.c, deepseek_v4.c and deepseek_v41.c share: c = (int)(256*cum/W + 0.5),
+    at least the previous cut + 1, at most 256. colibri.c and deepseek_v4.c then force the last
+    cut to 256; deepseek_v41.c does not, and need not: cum == W at the last drive, so it is 256."""
+    total = 0.0
+    for w in weights:
+        total += w
+    out, acc, cum = [], 0, 0.0
+    for w in weights:
+        cum += w
+        c = int(256.0 * cum / total + 0.5)
+        if c <= acc:
+            c = acc + 1
+        c = min(c, HASH_BUCKETS)
+        out.append(c)
+        acc = c
+    if force_last:
+        out[-1] = HASH_BUCKETS
+    return tuple(out)
+
+
+def _integer_cuts(weights: Sequence[int]) -> tuple[int, ...]:
+    """c/glm53.c glm53_mirror_setup: cut = (256*acc + total/2) / total in integers, clamped to
+    1..256, no guard against the previous cut (a drive's slice can be empty), the last 256."""
+    total = sum(weights)
+    out, acc = [], 0
+    for w in weights:
+        acc += w
+        out.append(min(max((HASH_BUCKETS * acc + total // 2) // total, 1), HASH_BUCKETS))
+    out[-1] = HASH_BUCKETS
+    return tuple(out)
+
+
+def flat_hash(layer: int, expert: int, experts_per_layer: int) -> int:
+    """c/deepseek_v4.c v4_expert_route and c/deepseek_v41.c expert_route: the flat index
+    layer*experts_per_layer + eid (C int, then uint32), times 2654435761 (uint32), bits 16..23."""
+    idx = (layer * experts_per_layer + expert) & _M32
+    return (((idx * GOLDEN) & _M32) >> 16) & 255
+
+
+def strtol_weights(text: str, loaded: int) -> tuple[int, ...] | None:
+    """COLI_DISK_WEIGHTS as c/glm53.c glm53_mirror_setup reads it for `loaded` drives: its first
+    511 chars; strtol base 10 (leading blanks, tabs and a sign allowed), each value 1..1e6, then
+    only blanks before a ',' (blanks after it skipped) or the end; at most 5 values are read and
+    the rest ignored; exactly `loaded` of them. None: glm53 rejects it and probes the drives."""
+    s = text[:GLM53_WEIGHTS_MAX]
+    if not s:
+        return None
+    out: list[int] = []
+    i = 0
+    while i is not None and i < len(s) and len(out) < MAX_SOURCES:
+        j = i
+        while j < len(s) and s[j] in _C_SPACE:
+            j += 1
+        k = j + 1 if j < len(s) and s[j] in "+-" else j
+        d = k
+        while d < len(s) and s[d].isascii() and s[d].isdigit():
+            d += 1
+        if d == k:                                   # end == q: no number
+            return None
+        v = int(s[j:d])
+        if v <= 0 or v > GLM53_WEIGHT_MAX:
+            return None
+        out.append(v)
+        while d < len(s) and s[d] == " ":
+            d += 1
+        if d == len(s):
+            i = None
+        elif s[d] == ",":
+            i = d + 1
+            while i < len(s) and s[i] == " ":
+                i += 1
+        else:
+            return None
+    return tuple(out) if len(out) == loaded else None
+
+
+_STATS_V4 = re.compile(r"^v4_mirror(?: drives=\d+)?((?: (?:primary|mirror)=[\d.]+GiB/\d+)+)[ \t]*$", re.M)
+_STATS_V4_DRIVE = re.compile(r" (primary|mirror)=([\d.]+)GiB/(\d+)")
+
+
+def _mirror_lines(text: str) -> list[dict[int, Served]]:
+    """Every `MIRROR: primary X GB (N reads) | mirrorK ...` line (c/colibri.c profile_print,
+    c/deepseek_v41.c mirror_report: the same printf format), in order."""
+    lines = []
+    for gb, reads, rest in LOG_STATS.findall(text):
+        served = {0: Served(round(float(gb) * 1e9), int(reads))}
+        for i, (k, gb_k, reads_k) in enumerate(LOG_STATS_MIRROR.findall(rest), 1):
+            served[int(k) if k else i] = Served(round(float(gb_k) * 1e9), int(reads_k))
+        lines.append(served)
+    return lines
+
+
+@dataclass(frozen=True)
+class Member:
+    """One colibri engine's mirror rules, as its source has them."""
+
+    name: str                       # 'glm', 'deepseek_v4', 'deepseek_v41', 'glm53'
+    source: str                     # the file its rules were read from
+    model_types: frozenset[str]     # config.json model_type values colibri's launcher sends to it
+    integer_weights: bool           # COLI_DISK_WEIGHTS read with strtol (glm53), else atof
+    stripes: bool                   # splits one expert read across drives (only the GLM engine)
+    fallback: str                   # what a mirror without an expert's file does (FALLBACKS)
+    stats: str | None               # 'stdout' | 'stderr' | None: where its per-drive statistics line goes
+    placement: str                  # PLACEMENT_XOR | PLACEMENT_FLAT
+    experts_per_layer: int | None = None   # the flat hash's default multiplier (None: the hash ignores it)
+
+    def cuts(self, weights: Sequence[float]) -> tuple[int, ...]:
+        """The 256-cut vector for one weight per loaded drive, primary first: drive r serves
+        buckets [cuts[r-1], cuts[r])."""
+        if not weights:
+            raise ValueError("cuts need at least one weight")
+        if any(not w > 0 or w != w or w == float("inf") for w in weights):
+            raise ValueError(f"{self.name}: weights must be positive and finite, not {tuple(weights)}")
+        if self.integer_weights:
+            if any(int(w) != w for w in weights):
+                raise ValueError(f"{self.name} takes integer weights (strtol), not {tuple(weights)}")
+            return _integer_cuts([int(w) for w in weights])
+        return _float_cuts(weights, force_last=self.name != "deepseek_v41")
+
+    def bucket(self, layer: int, expert: int, experts_per_layer: int | None = None) -> int:
+        """The placement hash of (layer, expert): 0..255. The flat hash needs experts_per_layer
+        (the config's n_routed_experts; default: this member's released model's)."""
+        if self.placement == PLACEMENT_XOR:
+            return expert_hash(layer, expert)
+        epl = experts_per_layer if experts_per_layer is not None else self.experts_per_layer
+        if not epl or epl < 1:
+            raise ValueError(f"{self.name}'s placement hash needs experts_per_layer")
+        return flat_hash(layer, expert, epl)
+
+    def route(self, layer: int, expert: int, experts_per_layer: int | None,
+              weights: Sequence[float]) -> int:
+        """The drive the cuts pick for (layer, expert) with one weight per loaded drive, before
+        looking at what the mirrors hold. One drive: no mirror is active and the primary serves."""
+        if len(weights) < 2:
+            return 0
+        c = self.cuts(weights)
+        hv, r = self.bucket(layer, expert, experts_per_layer), 0
+        while r + 1 < len(c) and hv >= c[r]:     # glm53's guard; the others end on cut 256
+            r += 1
+        return r
+
+    def serve(self, routed: int, tensor_files: Sequence[str], holds) -> tuple[int, ...]:
+        """One source per tensor of the expert, in the order given (the anchor tensor first):
+        `holds(source, file)` says whether that drive's copy has that shard; the primary (0)
+        holds everything.
+
+        'anchor' (c/colibri.c expert_load_impl): the routed mirror must hold the gate_proj
+        weight's shard, else the whole expert comes from the primary; when it does, each other
+        tensor is read from it only if it holds that tensor's shard (mir_pread, rep_bfd fall
+        back per tensor). 'shard' (c/deepseek_v4.c coli_st_read_at_rep) and 'tensor'
+        (c/deepseek_v41.c expert_fetch, st_read_range_rep): each read falls back on its own,
+        by the shard that holds it. 'expert' (c/glm53.c glm53_expert_read_replica): any piece
+        missing and the whole expert comes from the primary."""
+        files = tuple(tensor_files)
+        if routed == 0 or not files:
+            return (0,) * len(files)
+        if self.fallback == "expert":
+            r = routed if all(holds(routed, f) for f in files) else 0
+            return (r,) * len(files)
+        if self.fallback == "anchor" and not holds(routed, files[0]):
+            return (0,) * len(files)
+        return tuple(routed if holds(routed, f) else 0 for f in files)
+
+    def parse_weights(self, text: str, loaded: int) -> tuple[float, ...] | None:
+        """COLI_DISK_WEIGHTS as this engine reads it for `loaded` drives (primary + mirrors that
+        loaded); None: the engine rejects it and probes the drives instead."""
+        if self.integer_weights:
+            parsed = strtol_weights(text, loaded)
+            return None if parsed is None else tuple(float(v) for v in parsed)
+        return parse_disk_weights(text, loaded)
+
+    def read_stats(self, text: str) -> dict[int, Served]:
+        """Bytes and reads per drive (0 = primary) from this engine's log; {} when it printed
+        no statistics line (glm53 prints none).
+
+        glm (c/colibri.c profile_print, stdout): the last `MIRROR:` line, cumulative.
+        deepseek_v41 (c/deepseek_v41.c mirror_report, stderr): the `MIRROR:` format, printed per
+        turn as that turn's counts by the serve loop (V41_STATS=1) or once, cumulative, at the
+        end of a reference run: the lines are summed. deepseek_v4 (c/deepseek_v4.c, stderr):
+        the last `v4_mirror [drives=N] primary=X.XXGiB/N mirror=X.XXGiB/N ...` line, cumulative,
+        GiB (2**30 bytes), mirrors unnumbered, in drive order."""
+        if self.stats is None:
+            return {}
+        if self.name == "deepseek_v4":
+            found = _STATS_V4.findall(text)
+            if not found:
+                return {}
+            return {i: Served(round(float(gib) * (1 << 30)), int(reads))
+                    for i, (_, gib, reads) in enumerate(_STATS_V4_DRIVE.findall(found[-1]))}
+        lines = _mirror_lines(text)
+        if not lines:
+            return {}
+        if self.name == "deepseek_v41":
+            total: dict[int, Served] = {}
+            for line in lines:
+                for k, s in line.items():
+                    t = total.get(k, Served(0, 0))
+                    total[k] = Served(t.bytes + s.bytes, t.reads + s.reads)
+            return total
+        return lines[-1]
+
+
+FAMILY: dict[str, Member] = {m.name: m for m in (
+    Member(name="glm", source="c/colibri.c",
+           model_types=frozenset({"glm_moe_dsa", "glm5_moe", "glm"}),
+           integer_weights=False, stripes=True, fallback="anchor", stats="stdout",
+           placement=PLACEMENT_XOR),
+    Member(name="deepseek_v4", source="c/deepseek_v4.c",
+           model_types=frozenset({"deepseek_v4"}),
+           integer_weights=False, stripes=False, fallback="shard", stats="stderr",
+           placement=PLACEMENT_FLAT, experts_per_layer=DSV4_EXPERTS_PER_LAYER),
+    Member(name="deepseek_v41", source="c/deepseek_v41.c",
+           model_types=frozenset({"deepseek_v41", "deepseek_v41_text"}),
+           integer_weights=False, stripes=False, fallback="tensor", stats="stderr",
+           placement=PLACEMENT_FLAT, experts_per_layer=DSV41_EXPERTS_PER_LAYER),
+    Member(name="glm53", source="c/glm53.c",
+           model_types=frozenset({"glm5_next", "glm5_next_text"}),
+           integer_weights=True, stripes=False, fallback="expert", stats=None,
+           placement=PLACEMENT_XOR),
+)}
+
+# colibri's other families (c/family_registry.py FAMILIES): the launcher runs them on engines
+# whose mirror rules replica-tuner does not reproduce.
+OTHER_FAMILIES: dict[str, str] = {
+    "inkling_mm_model": "inkling", "inkling": "inkling", "kimi_k3": "kimi_k3", "kimi_linear": "kimi_k3",
+    "olmoe": "olmoe", "qwen3_5_moe": "qwen36", "qwen3_5_moe_text": "qwen36",
+    "qwen4_exp": "qwen38", "qwen4_exp_text": "qwen38",
+}
+
+
+def known_model_types() -> tuple[str, ...]:
+    return tuple(sorted(t for m in FAMILY.values() for t in m.model_types))
+
+
+def member_for(model_type: str | None) -> Member:
+    """The engine colibri's launcher runs for config.json's model_type (c/family_registry.py
+    family_for_config: stripped, lower-cased, looked up exactly). colibri refuses a model_type
+    it does not know, and so does this (UsageError); so it does for a missing one."""
+    known = ", ".join(known_model_types())
+    if not isinstance(model_type, str) or not model_type.strip():
+        raise UsageError(f"config.json has no model_type; colibri picks its engine by it (known: {known})")
+    key = model_type.strip().lower()
+    for m in FAMILY.values():
+        if key in m.model_types:
+            return m
+    if key in OTHER_FAMILIES:
+        raise UsageError(f"model_type {key!r} runs colibri's {OTHER_FAMILIES[key]} engine, whose mirror rules "
+                         f"replica-tuner does not reproduce; known: {known}")
+    raise UsageError(f"colibri has no engine for model_type {key!r} (unsupported model_type); known: {known}")
+
+
+def buckets_many(member: Member, layers: int, experts: int,
+                 experts_per_layer: int | None = None) -> np.ndarray:
+    """(layers, experts) array of member.bucket(layer, expert, experts_per_layer) over the grid
+    0..layers-1 x 0..experts-1 (the flat hash's experts_per_layer defaults to `experts`)."""
+    m32 = np.uint64(_M32)
+    lay = np.arange(layers, dtype=np.uint64)[:, None]
+    exp = np.arange(experts, dtype=np.uint64)[None, :]
+    if member.placement == PLACEMENT_XOR:
+        h = ((lay * np.uint64(GOLDEN)) & m32) ^ ((exp * np.uint64(0x9E3779B9)) & m32)
+        h ^= h >> np.uint64(16)
+        h = (h * np.uint64(0x45D9F3B)) & m32
+        h ^= h >> np.uint64(16)
+        return (h & np.uint64(255)).astype(np.int64)
+    epl = np.uint64(experts if experts_per_layer is None else experts_per_layer)
+    idx = (lay * epl + exp) & m32
+    return ((((idx * np.uint64(GOLDEN)) & m32) >> np.uint64(16)) & np.uint64(255)).astype(np.int64)
+
+
+def cuts_many(member: Member, weights_2d) -> np.ndarray:
+    """member.cuts for every row of `weights_2d` (K x drives) at once: a K x drives int array."""
+    w = np.atleast_2d(np.asarray(weights_2d, dtype=np.float64))
+    if w.ndim != 2 or w.shape[1] < 1:
+        raise ValueError("cuts_many needs a K x drives array of weights")
+    if not (np.isfinite(w).all() and (w > 0).all()):
+        raise ValueError(f"{member.name}: weights must be positive and finite")
+    k, n = w.shape
+    out = np.empty((k, n), dtype=np.int64)
+    if member.integer_weights:
+        if not (w == np.floor(w)).all():
+            raise ValueError(f"{member.name} takes integer weights (strtol)")
+        wi = w.astype(np.int64)
+        acc = np.cumsum(wi, axis=1)
+        total = acc[:, -1:]
+        out[:] = np.clip((HASH_BUCKETS * acc + total // 2) // total, 1, HASH_BUCKETS)
+        out[:, -1] = HASH_BUCKETS
+        return out
+    cum = np.cumsum(w, axis=1)                       # sequential, as the C loops add
+    raw = np.floor(256.0 * cum / cum[:, -1:] + 0.5).astype(np.int64)
+    prev = np.zeros(k, dtype=np.int64)
+    for r in range(n):
+        c = np.minimum(np.where(raw[:, r] <= prev, prev + 1, raw[:, r]), HASH_BUCKETS)
+        out[:, r] = c
+        prev = c
+    if member.name != "deepseek_v41":
+        out[:, -1] = HASH_BUCKETS
+    return out
