@@ -1,13 +1,18 @@
-"""What every target engine is described by (pure data): the noun the registry holds."""
+"""What every target engine is described by (pure data and functions): the noun the registry holds.
+
+The one question each engine answers is its read pattern (`engines.pattern`): `pattern(geometry,
+step, setup)`. Beside it, what the stages above need to ask instead of testing the engine's name:
+its limits, the weights it accepts (`grid`: the distinct ones the solver searches), how many reads
+it keeps in flight per phase, its switches, and which model layouts it can read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
+    """One source's part of a read (a tuple: patterns are built for every candidate the solver prices)."""
     source: int    # 0 = primary, then replicas in order
     offset: int    # bytes, absolute in the file
     length: int    # bytes (0 when this source reads nothing of this range)
@@ -31,3 +36,14 @@ class Engine:
     split: Optional[SplitRule]      # how one read is cut across sources; None: the engine does not split reads
     path_forbidden: str             # characters a source path may not contain (the list separators)
     place: Optional[PlaceRule] = None   # which source serves a whole expert; None: every read is split
+    # (geometry, Step, Setup) -> Pattern: which drive reads which bytes, in barrier groups
+    pattern: Optional[Callable[[Any, Any, Any], Any]] = None
+    # phase -> Concurrency: the reads the engine keeps in flight
+    concurrency: Optional[Callable[[str], Any]] = None
+    # (sources, geometry) -> K x sources int array: every distinct weight vector the solver tries,
+    # each the smallest of the vectors that give the same reads on this model, smallest first
+    grid: Optional[Callable[[int, Any], Any]] = None
+    # (format, layout, files) -> '' when the engine reads such a model, else one line saying why not
+    reads_model: Optional[Callable[[str, str, Sequence[str]], str]] = None
+    switches: tuple[str, ...] = ()      # Setup switches this engine has ('direct', 'stripe')
+    phase_weights: bool = True          # one weight vector per phase (False: one for both phases)

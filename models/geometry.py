@@ -312,3 +312,20 @@ def _with_counts(table: TensorTable, g: Geometry, shared_seen: bool) -> Geometry
     if shared is None and shared_seen:
         shared = 1          # the shared expert's tensors are there but no count is written: one, merged
     return Geometry(**{**g.__dict__, "top_k": top_k, "shared_experts": shared})
+
+
+def stacked_geometry(name: str, layers: int, experts: int, top_k: int, component_bytes: int,
+                     components: int = 3, alignment: int = 4096) -> Geometry:
+    """The geometry of a model known only by its shape (a named workload): stacked expert tensors,
+    one per layer and component, laid one after another in one file named `name`. The reads an
+    engine issues depend on where experts are, so a shape needs a layout; this is a GGUF's."""
+    comps = ("gate", "up", "down") if components == 3 else ("gate_up", "down")
+    tensors, offset = [], 0
+    for layer in range(layers):
+        for c in comps:
+            nbytes = experts * component_bytes
+            tensors.append(ExpertTensor(layer, c, offset, nbytes, component_bytes, "?", (0, 0, experts), name, None))
+            offset += (nbytes + alignment - 1) // alignment * alignment
+    return Geometry(path=name, file_size=offset, arch="?", layers=layers, experts=experts, top_k=top_k,
+                    component_bytes=component_bytes, tensors=tuple(tensors), alignment=alignment, format="gguf",
+                    layout="file", stacked=True, components=comps)
