@@ -46,4 +46,8 @@ class Engine:
     # (format, layout, files) -> '' when the engine reads such a model, else one line saying why not
     reads_model: Optional[Callable[[str, str, Sequence[str]], str]] = None
     switches: tuple[str, ...] = ()      # Setup switches this engine has ('direct', 'stripe')
+    # geometry -> the switch settings that make a difference on this model, the default (none on) first
+    modes: Callable[[Any], tuple[frozenset[str], ...]] = lambda geometry: (frozenset(),)
     phase_weights: bool = True          # one weight vector per phase (False: one for both phases)
+    # (weights, read length) -> the smallest weights that cut such a read the same (engines that cut reads)
+    equivalent: Optional[Callable[[Sequence[int], int], tuple[int, ...]]] = None

@@ -110,14 +110,19 @@ class Pattern:
 
 @dataclass(frozen=True)
 class Concurrency:
-    """How many reads an engine keeps in flight in a phase: `per_source` on each drive (each drive
-    has its own lanes), or `shared` by all drives (one pool of threads); None where not limited."""
+    """How many reads an engine keeps in flight in a phase: `per_source` pieces on each drive (each
+    drive has its own lanes), or `shared` by all drives (one pool of threads); None where not
+    limited. `per_read`: the pool's threads each take a whole read, whose pieces are all in flight
+    at once (colibri's loaders, each striped read's legs on threads of their own); otherwise each
+    thread takes one piece (ds4's pread pool)."""
     per_source: int | None = None
     shared: int | None = None
+    per_read: bool = False
 
-    def in_flight(self, pieces: Sequence[int]) -> tuple[int, ...]:
-        """Requests each source holds at once for a group giving it `pieces` requests: its lanes,
-        or its share of the pool in proportion to its requests (at least 1), never more than it has."""
+    def in_flight(self, pieces: Sequence[int], reads: int | None = None) -> tuple[int, ...]:
+        """Requests each source holds at once in a group giving it `pieces` requests (of `reads`
+        reads in all): its lanes, or its share of the pool in proportion to its requests (at least
+        1), never more than it has."""
         total = sum(pieces)
         out = []
         for k in pieces:
@@ -126,6 +131,8 @@ class Concurrency:
                 continue
             if self.per_source is not None:
                 q = self.per_source
+            elif self.shared is not None and self.per_read and reads:
+                q = max(1, int(self.shared * k / reads + 0.5))
             elif self.shared is not None:
                 q = max(1, int(self.shared * k / total + 0.5))
             else:

@@ -47,3 +47,11 @@ def split_read(offset: int, length: int, weights: Sequence[int], engine: str = D
         with_rule = ", ".join(e.name for e in ENGINES.values() if e.split is not None)
         raise UsageError(f"engine {engine!r} does not split reads across sources; engines that do: {with_rule}")
     return rule(offset, length, check_weights(weights, engine))
+
+
+def smallest_equivalent(weights: Sequence[int], length: int, engine: str = DEFAULT_ENGINE) -> tuple[int, ...]:
+    """The smallest weights that cut a `length`-byte read as `weights` do (the weights themselves
+    for an engine that does not cut reads on a grid)."""
+    e = get_engine(engine)
+    w = check_weights(weights, engine)
+    return e.equivalent(w, length) if e.equivalent is not None else w

@@ -87,6 +87,7 @@ class TensorTable:
     alignment: int            # bytes: GGUF data alignment; 1 for safetensors
     tensors: tuple[TensorInfo, ...]
     meta: dict = field(default_factory=dict)   # GGUF scalar metadata, or config.json (text_config merged in)
+    file_sizes: tuple[tuple[str, int], ...] = ()   # (file, bytes) of every file of the model
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,14 @@ class Geometry:
     components: tuple[str, ...] = ("gate", "up", "down")
     layer_ids: tuple[int, ...] = ()     # each MoE layer's number in the model (empty: 0..layers-1)
     shared_experts: int | None = None   # always-run experts per layer, when the model says or shows them
+    file_sizes: tuple[tuple[str, int], ...] = ()   # (file, bytes) of every file of the model, when known
+
+    def file_bytes(self, file: str) -> int | None:
+        """Bytes of one of the model's files (None when the geometry does not know)."""
+        for name, size in self.file_sizes:
+            if name == file:
+                return size
+        return None
 
     @property
     def routed_bytes(self) -> int:
@@ -284,7 +293,7 @@ def _geometry(table: TensorTable, tensors, comps, layer_ids, experts: int, stack
     return Geometry(path=table.path, file_size=table.size, arch=table.arch, layers=len(layer_ids), experts=experts,
                     top_k=0, component_bytes=max(t.component_bytes for t in tensors), tensors=tuple(tensors),
                     alignment=table.alignment, format=table.format, layout=table.layout, stacked=stacked,
-                    components=comps, layer_ids=tuple(layer_ids))
+                    components=comps, layer_ids=tuple(layer_ids), file_sizes=table.file_sizes)
 
 
 def _with_counts(table: TensorTable, g: Geometry, shared_seen: bool) -> Geometry:
@@ -315,7 +324,7 @@ def _with_counts(table: TensorTable, g: Geometry, shared_seen: bool) -> Geometry
 
 
 def stacked_geometry(name: str, layers: int, experts: int, top_k: int, component_bytes: int,
-                     components: int = 3, alignment: int = 4096) -> Geometry:
+                     components: int = 3, alignment: int = 4096, arch: str = "?") -> Geometry:
     """The geometry of a model known only by its shape (a named workload): stacked expert tensors,
     one per layer and component, laid one after another in one file named `name`. The reads an
     engine issues depend on where experts are, so a shape needs a layout; this is a GGUF's."""
@@ -326,6 +335,6 @@ def stacked_geometry(name: str, layers: int, experts: int, top_k: int, component
             nbytes = experts * component_bytes
             tensors.append(ExpertTensor(layer, c, offset, nbytes, component_bytes, "?", (0, 0, experts), name, None))
             offset += (nbytes + alignment - 1) // alignment * alignment
-    return Geometry(path=name, file_size=offset, arch="?", layers=layers, experts=experts, top_k=top_k,
+    return Geometry(path=name, file_size=offset, arch=arch, layers=layers, experts=experts, top_k=top_k,
                     component_bytes=component_bytes, tensors=tuple(tensors), alignment=alignment, format="gguf",
-                    layout="file", stacked=True, components=comps)
+                    layout="file", stacked=True, components=comps, file_sizes=((name, offset),))

@@ -44,6 +44,10 @@ def _size(model: ModelSet) -> int:
     return sum(os.path.getsize(p) for p in model.paths)
 
 
+def _file_sizes(model: ModelSet) -> tuple[tuple[str, int], ...]:
+    return tuple((rel, os.path.getsize(p)) for rel, p in zip(model.files, model.paths))
+
+
 def open_gguf(path: str):
     """A gguf.GGUFReader on `path`, or one error line naming the file and the fix."""
     import gguf
@@ -93,7 +97,7 @@ def _gguf_table(model: ModelSet) -> TensorTable:
         tensors += [TensorInfo(t.name, rel, int(t.data_offset), int(t.n_bytes), t.tensor_type.name,
                                tuple(int(x) for x in t.shape)) for t in r.tensors]
     return TensorTable(model.path, GGUF, model.layout, _size(model), str(meta.get("general.architecture", "?")),
-                       alignment, tuple(tensors), meta)
+                       alignment, tuple(tensors), meta, _file_sizes(model))
 
 
 def _safetensors_table(model: ModelSet) -> TensorTable:
@@ -108,7 +112,7 @@ def _safetensors_table(model: ModelSet) -> TensorTable:
                                       tuple(int(x) for x in t.get("shape", ()))))
     meta = _config(model)
     return TensorTable(model.path, SAFETENSORS, model.layout, _size(model), str(meta.get("model_type", "?")), 1,
-                       tuple(tensors), meta)
+                       tuple(tensors), meta, _file_sizes(model))
 
 
 def _config(model: ModelSet) -> dict:

@@ -1,4 +1,4 @@
-"""`planner`: the exact split of a read, the performance model, the solver and plan files."""
+"""`planner`: the exact split of a read, the one pricing of every engine's reads, the solver and plan files."""
 
 from __future__ import annotations
 
@@ -13,42 +13,38 @@ from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate, format_signed_pct
-from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_BATCH, DECODE_THREADS, PREFILL_LANES
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
-from engines.split import parse_weights, split_read
+from engines.split import parse_weights, smallest_equivalent, split_read
 
-from .colibri_model import READ_THREADS
 from .constants import PREFILL_TOKENS
-from .idle import check_idle, colibri_idle
-from .model import prediction_to_dict
 from .plan import Plan, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan, shards_held
+from .plans import holds_of, latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .rigmodel import choose_workload
-from .solve import colibri_single, predict, smallest_equivalent, solve_workload
-from .workload import NAMED, traffic_of
+from .solve import Problem, predict, solve_plan, with_concurrency
+from .workload import NAMED
 
-app = make_app("planner", "Split reads across replicas: exact split arithmetic, a performance model, the solver, plans.")
+app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
 
-EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose split rule and limits apply: {', '.join(ENGINES)}.")
+EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned: {', '.join(ENGINES)}.")
 BenchOption = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench).")
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
                                 help="Other work on a source: primary:engram (Engram rows per decoded token) or NAME:PERCENT% busy. Repeatable.")
-LanesOption = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive.")
-BatchOption = typer.Option(None, "--batch", min=1, max=64,
-                           help=f"Decode component reads issued together (default: the model's components per expert, {DECODE_BATCH} for gate/up/down).")
+LanesOption = typer.Option(None, "--lanes", min=1, max=64,
+                           help="Reads in flight per drive, for an engine that keeps them per drive (default: the engine's; ds4-argodrive's prefill lanes, 8).")
+ThreadsOption = typer.Option(None, "--threads", min=1, max=256,
+                             help="Reads in flight over all drives, for an engine that shares one pool (default: the engine's; "
+                                  "ds4-argodrive's decode pread pool, 9; colibri's expert loads, 8).")
 WorkloadOption = typer.Option(None, "--workload", metavar="NAME",
-                              help=f"Plan a named workload instead of the rig's model: {', '.join(NAMED)} (DeepSeek V4.1 Flash on ds4, DESIGN §7).")
+                              help=f"Plan a named workload instead of the rig's model: {', '.join(NAMED)} (DeepSeek V4.1 Flash's reads, see docs/planner.md).")
 ModelOption = typer.Option(None, "--model", metavar="PATH",
                            help="Plan this model (GGUF file, split set member, safetensors directory; a header-only copy will do) instead of the rig's.")
 PromptOption = typer.Option(PREFILL_TOKENS, "--prompt-tokens", min=1, help="Prompt tokens the prefill prediction is for.")
 CacheOption = typer.Option(None, "--cache-experts", min=0, help="Experts the engine's cache holds (default: 30% of the model's routed experts, ds4-v41's 4,600 of 15,360).")
-ThreadsOption = typer.Option(None, "--threads", min=1, max=256,
-                             help=f"Read threads over all sources: ds4's decode pread pool (default {DECODE_THREADS}); "
-                                  f"colibri's expert loads in flight (default {READ_THREADS}, its PIPE_WORKERS).")
-StripeOption = typer.Option(False, "--stripe", help="colibri: price striped reads (DIRECT=1, COLI_MIR_STRIPE).")
 FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
 TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from each drive's measured latency quantiles as independent "
                            "draws (off by default: on throttled test drives it under-predicted decode by up to 50 %; see docs/planner.md).")
+ModeOption = typer.Option([], "--switch", metavar="NAME",
+                          help="An engine switch to price on (repeatable): colibri's direct (DIRECT=1) and stripe (COLI_MIR_STRIPE, needs direct).")
 
 BAR = 40
 
@@ -70,16 +66,15 @@ def _bar(part: int, whole: int) -> str:
 
 @app.command()
 def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help="Integer weights, primary first, e.g. 10:5:5."),
-          length: str = typer.Option(str(COMPONENT_BYTES), "--length", help="Bytes in the read."),
+          length: str = typer.Option("6635520", "--length", help="Bytes in the read (default: a DeepSeek V4.1 Q4 expert component)."),
           offset: str = typer.Option("0", "--offset", help="Byte offset of the read in the file."),
           engine: str = EngineOption, json_out: bool = JsonOption):
-    """The pieces each source reads, exactly as the engine computes them (DESIGN §5)."""
+    """The pieces each source reads of one read, exactly as an engine that cuts reads computes them (docs/engine-profiles.md)."""
     w = parse_weights(weights, engine)
     n_len = _int(length, "--length")
     n_off = _int(offset, "--offset")
     pieces = split_read(n_off, n_len, w, engine)
-    # Equivalent weights exist only where the engine cuts each read on a grid (it has a split rule).
-    smallest = smallest_equivalent(w, n_len) if get_engine(engine).split is not None else w
+    smallest = smallest_equivalent(w, n_len, engine)
     if json_out:
         print_json({"engine": engine, "weights": list(w), "offset": n_off, "length": n_len,
                     "smallest_equivalent": list(smallest),
@@ -98,37 +93,37 @@ def _backgrounds(specs, names):
     return tuple(parse_background(s, names) for s in (specs or ()))
 
 
-@app.command()
-def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
-          background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
-          threads: int = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
-          workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
-          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption, json_out: bool = JsonOption):
-    """Find the prefill and decode weights for the rig's model; write rig/plans/<timestamp>.json."""
-    root = rig_dir(rig)
+def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
+             fit_only: bool, tails: bool):
+    """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
     inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
-    wl, bgs = chosen.workload, _backgrounds(background, names)
-    plan = solve_workload(inputs.sources, inputs.drives, wl, bgs, inputs.provenance, top=top, links=inputs.links)
-    record = wl.as_dict()
-    if wl.colibri is not None:
-        placed = colibri_idle(plan, (wl.colibri.layers, wl.colibri.experts), shards_held(inputs.sources))
-        texts = [r.text() for r in placed]
-        record["idle"] = {"placement": {"sources": [r.source for r in placed], "why": "; ".join(texts)}} if placed else {}
-    else:
-        plan, idle = check_idle(plan, inputs.drives, {"prefill": wl.prefill, "decode": wl.decode}, bgs, inputs.links)
-        texts = [r.text() for r in idle]
-        record["idle"] = {r.phase: {"sources": list(r.idle), "why": r.text()} for r in idle}
-    model = dict(plan.provenance.get("model") or {})
-    for ph in ("prefill", "decode"):
-        model[ph] = {**model.get(ph, {}), **traffic_of(getattr(wl, ph))}
-    plan = replace(plan, geometry=chosen.geometry, workload=record, provenance={**plan.provenance, "model": model})
-    rig_obj = load_rig(root, must_exist=False)
-    path = save_plan(rig_obj, plan)
+    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
+    g = chosen.workload.geometry
+    files = sorted({t.file for t in g.tensors})
+    holds = holds_of(inputs.sources, files) if not workload and chosen.notice is None else ()
+    problem = Problem(with_concurrency(get_engine(engine), lanes, threads), g, inputs.drives, chosen.workload.phases,
+                      _backgrounds(background, names), inputs.links, holds)
+    return inputs, chosen, problem
+
+
+@app.command()
+def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+          background: Optional[List[str]] = BackgroundOption, lanes: Optional[int] = LanesOption,
+          threads: Optional[int] = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
+          workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
+          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption, json_out: bool = JsonOption):
+    """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
+    root = rig_dir(rig)
+    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
+                                       cache_experts, fit_only, tails)
+    plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=top)
+    record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
+    plan = replace(plan, geometry=chosen.geometry, workload=record)
+    path = save_plan(load_rig(root, must_exist=False), plan)
     plan = load_plan(path)
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([chosen.notice] if chosen.notice else []) + texts:
+    for text in ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
         err.print(f"notice: {text}", markup=False)
     if json_out:
         d = plan_to_dict(plan)
@@ -143,29 +138,25 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
 def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help="Integer weights, primary first."),
              phase: str = typer.Option(..., "--phase", help="prefill or decode."),
              rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
-             background: Optional[List[str]] = BackgroundOption, lanes: int = LanesOption, batch: int = BatchOption,
-             threads: int = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
+             background: Optional[List[str]] = BackgroundOption, lanes: Optional[int] = LanesOption,
+             threads: Optional[int] = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
              prompt_tokens: int = PromptOption, cache_experts: Optional[int] = CacheOption,
-             fit_only: bool = FitOnlyOption, stripe: bool = StripeOption, tails: bool = TailsOption,
+             fit_only: bool = FitOnlyOption, switch: List[str] = ModeOption, tails: bool = TailsOption,
              json_out: bool = JsonOption):
-    """Predict one weight vector for the rig's model: time per read and per layer, per-source completion, who lands last."""
+    """Predict one weight vector for the rig's model: each drive's bytes, pieces and busy time, the phase's speed, who lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
     w = parse_weights(weights, engine)
-    if stripe and get_engine(engine).place is None:
-        raise UsageError(f"--stripe: {engine} does not stripe reads; it is colibri's switch (--engine colibri)")
+    e = get_engine(engine)
+    for k in switch:
+        if k not in e.switches:
+            raise UsageError(f"--switch {k}: {engine} has " + (f"the switches {', '.join(e.switches)}" if e.switches else "no switches"))
+    if "stripe" in switch and "direct" not in switch:
+        raise UsageError("--switch stripe needs --switch direct: the engine stripes only O_DIRECT reads")
     root = rig_dir(rig)
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
-    names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts, lanes, batch, threads)
-    bgs = _backgrounds(background, names)
-    if chosen.workload.colibri is not None:
-        if len(w) != len(inputs.drives):
-            raise UsageError(f"weights {':'.join(map(str, w))}: {len(w)} weights for {len(inputs.drives)} drives "
-                             f"({', '.join(names)}); give one weight per drive, the model's first")
-        d = colibri_single(inputs.drives, chosen.workload.colibri, w, stripe, bgs, inputs.links)[phase]
-    else:
-        d = prediction_to_dict(predict(inputs.drives, w, getattr(chosen.workload, phase), bgs, engine, inputs.links))
+    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
+                                       cache_experts, fit_only, tails)
+    d = predict(problem, phase, w, frozenset(switch))
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)
     if json_out:
@@ -174,46 +165,26 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
     _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
 
 
-def _render_placed(p: dict, title: str) -> None:
-    """A colibri prediction: whole expert reads per layer, each drive's cut, experts and share."""
-    how = "striped over every drive" if p.get("stripe") else "whole, each from the drive its placement picks"
-    unit = "block of up to 64 reads" if p["phase"] == "prefill" else "token's layer"
-    out.print(f"[bold]{title}[/]: {format_rate(p['throughput_Bps'])}; {p['reads_per_layer']:.2f} expert reads of "
-              f"{p['read_bytes']:,} B per layer, {how}; {p['time_per_layer_s'] * 1e3:.2f} ms per layer, "
-              f"{p['time_per_batch_s'] * 1e3:.2f} ms per {unit}")
-    t = Table()
-    for col in ("source", "cut /256", "experts", "share", "bytes/layer", "busy (ms)", "share of reads"):
-        t.add_column(col, justify="left" if col in ("source", "share of reads") else "right")
-    whole = sum(s["experts"] for s in p["sources"])
-    for s in p["sources"]:
-        t.add_row(s["name"], str(s["cut"]), f"{s['experts']:,}", f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}",
-                  f"{s['time_s'] * 1e3:.3f}", _bar(s["experts"], whole))
-    out.print(t)
-    out.print(f"lands last: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next drive")
-    if p.get("tail_s"):
-        out.print(f"latency tails: the last read of a layer lands {p['tail_s'] * 1e3:.3f} ms after the slowest mean")
-    if p.get("bound"):
-        out.print(f"bound by link [bold]{p['bound']}[/]: its members share its measured ceiling")
-
-
 def _render_prediction(p: dict, title: str) -> None:
-    if "reads_per_layer" in p:
-        _render_placed(p, title)
+    """One phase's prediction: the phase's speed, and per drive its share of the bytes, its pieces
+    and busy time per layer, and how often it lands last."""
+    if "seconds" not in p:                     # a plan from before the one pricing
+        out.print(f"[bold]{title}[/]: {format_rate(p.get('throughput_Bps', 0))}", markup=True)
         return
-    unit = "chunk" if p["phase"] == "prefill" else f"expert ({p['time_per_batch_s'] / p['time_per_read_s']:.0f} reads)"
-    out.print(f"[bold]{title}[/]: {format_rate(p['throughput_Bps'])}; "
-              f"{p['time_per_batch_s'] * 1e3:.2f} ms per {unit}, {p['time_per_read_s'] * 1e3:.2f} ms per read, "
-              f"{p['time_per_layer_s'] * 1e3:.1f} ms per layer")
+    sw = [k for k in ("direct", "stripe") if p.get(k)]
+    out.print(f"[bold]{title}[/]{' (' + ', '.join(sw) + ')' if sw else ''}: {format_rate(p['throughput_Bps'])}, "
+              f"{p['tok_s']:,.1f} tok/s of reads; {p['time_per_layer_s'] * 1e3:.3f} ms per layer, "
+              f"{p['reads_per_layer']:.2f} reads of {p['read_bytes']:,.0f} B in {p['groups_per_layer']:.2f} groups per layer")
     t = Table()
-    for col in ("source", "blocks", "bytes/read", "done (ms)", "share of read"):
-        t.add_column(col, justify="left" if col in ("source", "share of read") else "right")
-    whole = sum(s["bytes"] for s in p["sources"])
+    for col in ("source", "share", "bytes/layer", "pieces/layer", "busy (ms/layer)", "lands last", "share of bytes"):
+        t.add_column(col, justify="left" if col in ("source", "share of bytes") else "right")
     for s in p["sources"]:
-        t.add_row(s["name"], str(s["blocks"]), f"{s['bytes']:,}", f"{s['time_s'] * 1e3:.3f}", _bar(s["bytes"], whole))
+        t.add_row(s["name"], f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}", f"{s['pieces']:.2f}", f"{s['time_s'] * 1e3:.3f}",
+                  f"{s['lands_last'] * 100:.0f}%", _bar(round(s["share"] * 1000), 1000))
     out.print(t)
-    out.print(f"lands last: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next source")
+    out.print(f"lands last most often: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next drive")
     if p.get("tail_s"):
-        out.print(f"latency tails: the slowest piece of a batch lands {p['tail_s'] * 1e3:.3f} ms after the slowest mean")
+        out.print(f"latency tails: the last piece of a group lands {p['tail_s'] * 1e3:.3f} ms after the slowest mean")
     if p.get("bound"):
         out.print(f"bound by link [bold]{p['bound']}[/]: its members share its measured ceiling")
 
@@ -222,8 +193,7 @@ def _render_plan(plan: Plan, path: str) -> None:
     out.print(f"[bold]plan[/] {path}  ({plan.engine}, {plan.created})")
     out.print("sources: " + ", ".join(f"{i}:{s.name}={s.path}" for i, s in enumerate(plan.sources)))
     _render_workload(plan)
-    if get_engine(plan.engine).place is not None:
-        _render_stripe(plan)
+    _render_switches(plan)
     for ph in ("prefill", "decode"):
         phase = getattr(plan, ph)
         if phase.predicted:
@@ -244,7 +214,8 @@ def _render_plan(plan: Plan, path: str) -> None:
             if isinstance(b, dict) and "throughput_Bps" in b and phase.predicted.get("throughput_Bps"):
                 out.print(f"  vs {key} {':'.join(map(str, b.get('weights', [])))}: {format_rate(b['throughput_Bps'])} "
                           f"(plan x{phase.predicted['throughput_Bps'] / b['throughput_Bps']:.3f})")
-        alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph]
+        alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
+                and list(a.get("weights", [])) != list(phase.weights)]
         if alts:
             # Each alternative's speed relative to the plan's: usually slower ("-1.2%"), but a
             # split within the solver's tie tolerance may be a hair faster ("+0.1%").
@@ -258,16 +229,18 @@ def _render_plan(plan: Plan, path: str) -> None:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
 
 
-def _render_stripe(plan: Plan) -> None:
-    """colibri: one weight vector for both phases, whether it stripes and why."""
-    st = (plan.provenance.get("model") or {}).get("stripe") or {}
-    weights = ":".join(map(str, plan.prefill.weights))
-    line = f"colibri weights {weights} for both phases (COLI_DISK_WEIGHTS); stripe: {'on' if plan.stripe else 'off'}"
-    if st.get("why_not"):
-        line += f" ({st['why_not']})"
-    elif isinstance(st.get("score"), dict) and len(st["score"]) > 1:
-        line += (f" (objective {st['score'].get('on', 0):.4f} striped vs {st['score'].get('off', 0):.4f} whole: "
-                 f"{st.get('objective', '')}; ties go to off)")
+def _render_switches(plan: Plan) -> None:
+    """An engine with switches: which the plan turns on, and the objective per setting."""
+    names = get_engine(plan.engine).switches
+    if not names:
+        return
+    on = [k for k in names if getattr(plan, k, False)]
+    scores = (plan.provenance.get("model") or {}).get("scores") or {}
+    line = f"switches: {', '.join(on) if on else 'none'} (of {', '.join(names)})"
+    if plan.prefill.weights == plan.decode.weights:
+        line = f"weights {':'.join(map(str, plan.prefill.weights))} for both phases; " + line
+    if len(scores) > 1:
+        line += "; objective " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + " (sum over phases of seconds / the phase's fastest)"
     out.print(line, markup=False)
 
 
@@ -282,8 +255,6 @@ def _render_workload(plan: Plan) -> None:
               f"{g.get('component_bytes', 0):,} B components; {t.get('experts_per_layer', 0):.1f} experts per layer at "
               f"{t.get('prompt_tokens')} tokens, {t.get('misses_per_token', 0):.2f} misses per token with "
               f"{t.get('cache_experts')} cached ({t.get('source')})", markup=False)
-    if w.get("modelled_as") and w.get("modelled_as") != w.get("engine"):
-        out.print(f"  {w.get('engine')}'s reads are predicted as {w.get('modelled_as')}'s", markup=False)
     for rep in (w.get("idle") or {}).values():
         out.print(f"  idle: {rep.get('why')}", markup=False)
 

@@ -9,8 +9,9 @@ JSON shape (schema 2), written to rig/plans/<timestamp>.json by `planner solve`:
      "baselines": {...}, "alternatives": [...], "provenance": {...},
      "geometry": {...}, "workload": {...}}
 
-A colibri plan also says `"stripe": true|false` at the top level (after `workload`): whether colibri
-stripes each large expert read over the drives (DIRECT=1 and COLI_MIR_STRIPE, one switch for both
+A plan for an engine with switches also records them at the top level (after `workload`): colibri's
+`"direct": true|false` (O_DIRECT reads, DIRECT=1) and `"stripe": true|false` (each large expert read
+striped over the drives, COLI_MIR_STRIPE, which needs direct; one setting for both
 phases; `engine-bridge export` reads it). Other engines' plans have no such key; a plan without it
 loads with `stripe` false, so schema 2 stands.
 
@@ -73,7 +74,8 @@ class Plan:
     schema: int = PLAN_SCHEMA
     geometry: dict = field(default_factory=dict)     # the model solved for (empty in schema 1 plans)
     workload: dict = field(default_factory=dict)     # each phase's reads (empty in schema 1 plans)
-    stripe: bool = False                             # colibri: stripe large reads over the drives
+    stripe: bool = False                             # the engine's stripe switch (colibri: COLI_MIR_STRIPE)
+    direct: bool = False                             # the engine's O_DIRECT switch (colibri: DIRECT=1)
 
     def __post_init__(self):
         for phase in (self.prefill, self.decode):
@@ -103,16 +105,17 @@ def plan_to_dict(p: Plan) -> dict:
         "provenance": p.provenance,
         "geometry": p.geometry,
         "workload": p.workload,
-        **({"stripe": p.stripe} if stripes_reads(p.engine) else {}),
+        **{k: getattr(p, k) for k in engine_switches(p.engine)},
     }
 
 
-def stripes_reads(engine: str) -> bool:
-    """Whether a plan for `engine` says if it stripes: engines that place whole experts (colibri)."""
+def engine_switches(engine: str) -> tuple[str, ...]:
+    """The switches a plan for `engine` records (colibri's 'direct' and 'stripe'); none for an
+    unknown engine, whose plan is refused elsewhere, by name."""
     try:
-        return get_engine(engine).place is not None
-    except UsageError:           # an unknown engine: its plan is refused elsewhere, by name
-        return False
+        return get_engine(engine).switches
+    except UsageError:
+        return ()
 
 
 def plan_from_dict(d: dict, where: str = "plan") -> Plan:
@@ -126,8 +129,9 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
     for key in ("geometry", "workload"):
         if not isinstance(d.get(key) or {}, dict):
             raise bad(key, "is not an object")
-    if not isinstance(d.get("stripe", False), bool):
-        raise bad("stripe", f"must be true or false, got {d.get('stripe')!r}")
+    for key in ("stripe", "direct"):
+        if not isinstance(d.get(key, False), bool):
+            raise bad(key, f"must be true or false, got {d.get(key)!r}")
     srcs = d.get("sources")
     if not isinstance(srcs, list) or not srcs:
         raise bad("sources", "is missing or empty")
@@ -156,7 +160,9 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
                 engine=d.get("engine", DEFAULT_ENGINE), created=str(d.get("created", "")),
                 baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
                 provenance=dict(d.get("provenance") or {}), geometry=dict(d.get("geometry") or {}),
-                workload=dict(d.get("workload") or {}), stripe=d.get("stripe", False))
+                workload=dict(d.get("workload") or {}), stripe=d.get("stripe", False),
+                # a plan from before 'direct' was recorded stripes only with O_DIRECT on
+                direct=d.get("direct", d.get("stripe", False)))
 
 
 def plan_from_json(text: str | bytes, where: str = "plan") -> Plan:

@@ -10,17 +10,16 @@ import hashlib
 import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from typing import Sequence
 
 from core.constants import PLANS_DIR
 from core.errors import MissingError, UsageError
 from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
-from engines.colibri import SHARD_SUFFIX
-from engines.ds4_argodrive import DECODE_BATCH
 from replicas.manifests import load_manifest
 
 from .barrier import Link, links_from, shape_from_latency
-from .constants import PLAN_SCHEMAS
+from .constants import PLAN_SCHEMAS, TAIL_LANES
 from .model import Background, CorrectedCurve, Drive
 from .plan import PLAN_KIND, PLAN_REMEDY, Plan, Source, plan_from_dict, plan_to_dict
 
@@ -109,7 +108,7 @@ def measured_points(drive_result) -> tuple[tuple[int, int, float], ...]:
     return tuple(pts)
 
 
-def latency_shape(drive_result, lanes: int = DECODE_BATCH):
+def latency_shape(drive_result, lanes: int = TAIL_LANES):
     """The shape of a drive's decode request times (iobench's decode preset, at the lane count
     nearest `lanes`); None when the drive has no trusted decode latencies."""
     p = drive_result.presets.get("decode")
@@ -220,18 +219,12 @@ def parse_background(spec: str, names: list[str]) -> Background:
     raise UsageError(f"--background {spec!r}: unknown kind {what!r}; use engram or PERCENT%")
 
 
-def shards_held(sources) -> tuple[tuple[int, int] | None, ...]:
-    """Per source (primary first): (the model's *.safetensors shards present there by name, shards
-    the primary directory has), as colibri looks a mirror's shard up by the model's basename; all
-    None when the primary is not a directory (colibri loads only directories)."""
-    primary = sources[0].path if sources else ""
-    if not os.path.isdir(primary):
-        return tuple(None for _ in sources)
-    names = [n for n in sorted(os.listdir(primary)) if n.endswith(SHARD_SUFFIX) and os.path.isfile(os.path.join(primary, n))]
+def holds_of(sources, files: Sequence[str]) -> tuple[frozenset[str] | None, ...]:
+    """Per source (primary first): the model's files its copy holds (None when it holds them
+    all, as a full replica does). `files`: the model's files, relative to its root."""
     out = []
     for s in sources:
-        if not os.path.isdir(s.path):
-            out.append((0, len(names)))
-            continue
-        out.append((sum(os.path.isfile(os.path.join(s.path, n)) for n in names), len(names)))
+        root = s.path if os.path.isdir(s.path) else os.path.dirname(s.path)
+        have = frozenset(f for f in files if os.path.isfile(os.path.join(root, f)))
+        out.append(None if len(have) == len(files) else have)
     return tuple(out)

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
-from engines.ds4_argodrive import DECODE_THREADS, PREFILL_LANES
+from engines.registry import ENGINES, get_engine
 from models.formats import RAW
 from models.modelset import FILE, discover, from_rig
 from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
-from .workload import ModelShape, ModelWorkload, model_workload, named_workload
+from .workload import ModelWorkload, model_workload, named_workload
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,16 @@ class Chosen:
 
 
 def choose_workload(rig_root: str, engine: str, name: str | None = None, model: str | None = None,
-                    prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
-                    lanes: int = PREFILL_LANES, batch: int | None = None, threads: int = DECODE_THREADS) -> Chosen:
+                    prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None) -> Chosen:
     """The workload for `planner solve/simulate`: `name` (a named workload), else `model`'s
-    header, else the rig's model's, else ds4-v41 with a notice."""
+    header, else the rig's model's, else ds4-v41 with a notice. A model the engine cannot read is
+    refused in one line naming the engines that can (`Engine.reads_model`)."""
     if name:
-        wl = named_workload(name, engine, lanes, batch, threads)
+        wl = named_workload(name)
         return Chosen(wl, _named_geometry(wl))
     if model:
-        g = inspect_model(model)           # one clear error line when it has no routed experts
+        found = discover(model)
+        g = inspect_model(found)           # one clear error line when it has no routed experts
     else:
         found = from_rig(load_rig(rig_root, must_exist=False))
         why = None
@@ -61,15 +62,25 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
             except (UsageError, MissingError) as e:   # unreadable, or no routed experts
                 why = str(e)
         if why is not None:
-            wl = named_workload(V41_NAME, engine, lanes, batch, threads)
+            wl = named_workload(V41_NAME)
             return Chosen(wl, _named_geometry(wl), f"{why}; planning the named workload {V41_NAME} (DeepSeek V4.1 "
                                                    f"Flash's reads) — pass --workload {V41_NAME} to say so, or "
                                                    "--model PATH to plan another model from its header")
-    wl = model_workload(engine, ModelShape.from_geometry(g), prompt_tokens, cache_experts, lanes, batch, threads)
+    check_engine_reads(engine, found.format, found.layout, found.files, found.path)
+    wl = model_workload(g, prompt_tokens, cache_experts)
     return Chosen(wl, g.as_dict())
+
+
+def check_engine_reads(engine: str, fmt: str, layout: str, files, path: str) -> None:
+    """UsageError (one line) when `engine` cannot read this model, naming the engines that can."""
+    why = get_engine(engine).reads_model(fmt, layout, tuple(files))
+    if why:
+        can = [e.name for e in ENGINES.values() if e.reads_model is not None and not e.reads_model(fmt, layout, tuple(files))]
+        hint = f"plan it with --engine {' or --engine '.join(can)}" if can else "no engine this tool plans for reads it"
+        raise UsageError(f"{path}: {why}; {hint}")
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:
     s = wl.shape
-    return {"name": s.name, "layers": s.layers, "experts": s.experts, "top_k": s.top_k,
+    return {"name": s.name, "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "arch": wl.geometry.arch,
             "component_bytes": s.component_bytes, "components": s.components, "expert_bytes": s.expert_bytes}

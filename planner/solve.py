@@ -1,149 +1,346 @@
-"""The solver: the best split of each phase on the block grid, reported as the smallest integers.
+"""The solver: each engine's own weight grid, searched with the one pricing (pure).
 
-(colibri places whole experts instead of splitting reads: `solve_colibri_plan` searches its cut
-grid for one weight vector and a stripe switch over both phases; `solve_workload` dispatches.)
+The engine gives the candidates (`Engine.grid`: every distinct weight vector on this model, as the
+smallest integers that give the same reads — ds4's 10:5:5 and 2:1:1 cut a 6,635,520 B component
+identically, colibri's weights matter only through their cuts of 256) and its modes (switches
+such as colibri's O_DIRECT and stripes). Every candidate is priced by `planner.pricing` from the
+engine's read pattern: no engine is named here.
 
-Weights only matter through the block counts they give at the phase's real read size (DESIGN
-§5: 10:5:5 and 2:1:1 cut a 6,635,520 B component identically). So the solver enumerates every
-weight vector the engine accepts (1..100 per source), groups them by the counts they produce,
-keeps the smallest vector of each group (least sum, then least maximum, then lexicographic),
-evaluates the model once per group and reports the best. Pure: no disk, no threads.
+An engine with one weight vector per phase (ds4: base weights for prefill, decode weights) is
+solved phase by phase. An engine with one vector for both (colibri places each expert once) is
+solved jointly: the sum over phases of (predicted seconds) / (the phase's fastest), within TIE
+tolerance the first mode (the engine's default), then the smaller weights.
+
+A large grid (ds4's prefill at 32 MiB reads: 8,006 splits over three drives) is searched coarse to
+fine in share space: a lattice of shares first, then ever closer neighbours of the best few, so at
+most a few hundred candidates are priced. A candidate that leaves a drive idle loses to one using
+every drive within IDLE_TOLERANCE; when none exists, the plan names the idle drive and why.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 import numpy as np
 
 from core.errors import UsageError
-from engines.colibri import NAME as COLIBRI
-from engines.colibri import STRIPE_MIN
-from engines.ds4_argodrive import BLOCK, WEIGHT_MAX, WEIGHT_MIN
-from engines.registry import DEFAULT_ENGINE, get_engine
-from engines.split import check_weights
+from engines.base import Engine
+from engines.pattern import Concurrency, Setup
 
 from .barrier import Link
-from .colibri_model import PHASES as COLIBRI_PHASES
-from .colibri_model import ColibriWorkload, choose, cuts_many, evaluate_weights, placement_counts_many
-from .colibri_model import prediction as colibri_prediction
-from .constants import TIE_TOLERANCE, TOP_ALTERNATIVES
-from .model import Background, Drive, Prediction, Workload, capability_weights, describe, evaluate, prediction_to_dict
+from .constants import IDLE_TOLERANCE, TIE_TOLERANCE, TOP_ALTERNATIVES
+from .model import Background, Drive
 from .plan import Phase, Plan, Source
-from .workload import ModelWorkload
+from .pricing import Curves, PhasePrice, PhaseSteps, price_phase
 
-
-def block_counts_many(blocks: int, weights: np.ndarray) -> np.ndarray:
-    """`engines.ds4_argodrive.block_counts` for every row of `weights` (N x n) at once; identical results."""
-    w = np.asarray(weights, dtype=np.int64)
-    total = w.sum(axis=1, keepdims=True)
-    counts = blocks * w // total
-    rems = blocks * w % total
-    left = blocks - counts.sum(axis=1)
-    # Sum of remainders is left * total with each below total, so the `left` largest are positive
-    # and distinct sources: one extra block each, ties to the lower index (stable sort).
-    order = np.argsort(-rems, axis=1, kind="stable")
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(w.shape[1]), w.shape).copy(), axis=1)
-    return counts + (rank < left[:, None])
-
-
-@lru_cache(maxsize=4)
-def weight_space(n: int) -> np.ndarray:
-    """Every weight vector of n sources (1..100 each), smallest first: by sum, max, then lexicographic."""
-    axes = np.meshgrid(*([np.arange(WEIGHT_MIN, WEIGHT_MAX + 1, dtype=np.int64)] * n), indexing="ij")
-    w = np.stack([a.ravel() for a in axes], axis=1)
-    keys = [w[:, i] for i in reversed(range(n))] + [w.max(axis=1), w.sum(axis=1)]
-    return w[np.lexsort(keys)]
-
-
-@lru_cache(maxsize=16)
-def _classes(n: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-    w = weight_space(n)
-    blocks = length // BLOCK
-    counts = block_counts_many(blocks, w)
-    key = np.zeros(len(w), dtype=np.int64)
-    for i in range(n):
-        key = key * (blocks + 1) + counts[:, i]
-    _, first = np.unique(key, return_index=True)
-    first.sort()                      # keep the smallest-first order of the representatives
-    return counts[first], w[first]
-
-
-def split_classes(n: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """(counts K x n, smallest weights K x n): every distinct split of a `length`-byte read the
-    engine's weights can produce, with the smallest weights that produce it."""
-    return _classes(n, length)
-
-
-def smallest_equivalent(weights: Sequence[int], length: int) -> tuple[int, ...]:
-    """The smallest weights that split a `length`-byte read exactly as `weights` do."""
-    w = np.asarray([check_weights(weights)], dtype=np.int64)
-    target = block_counts_many(length // BLOCK, w)[0]
-    counts, smallest = split_classes(w.shape[1], length)
-    hit = np.flatnonzero((counts == target).all(axis=1))
-    return tuple(int(x) for x in smallest[hit[0]])
+PHASES = ("prefill", "decode")
+FULL_SEARCH = 120           # grids up to this many candidates are priced whole
+LATTICE = 12                # first pass of a larger grid: shares on a 1/LATTICE lattice
+KEEP = 3                    # best candidates whose neighbourhoods each later pass searches
+NEIGHBOURS = 24             # candidates priced around each kept one per pass
 
 
 @dataclass(frozen=True)
-class PhaseSolution:
-    phase: str
-    weights: tuple[int, ...]                   # smallest integers of the best split
-    prediction: Prediction
-    capability: Prediction                     # capability-proportional weights
-    equal: Prediction                          # equal weights
-    alternatives: tuple[Prediction, ...]       # the next best distinct splits
+class Problem:
+    """What a plan is solved for: the engine (its concurrency possibly overridden), the model's
+    geometry, the drives (primary first), each phase's steps, other work on the drives, shared
+    links and what each source's copy holds (None: the whole model)."""
+    engine: Engine
+    geometry: object
+    drives: tuple[Drive, ...]
+    phases: dict[str, PhaseSteps]
+    backgrounds: tuple[Background, ...] = ()
+    links: tuple[Link, ...] = ()
+    holds: tuple[frozenset[str] | None, ...] = ()
+
+    def __post_init__(self):
+        n, e = len(self.drives), self.engine
+        if not 1 <= n <= e.max_sources:
+            raise UsageError(f"{n} sources: {e.name} reads from 1..{e.max_sources} sources; list at most "
+                             f"{e.max_sources} drives in the rig")
 
 
-def predict(drives: Sequence[Drive], weights: Sequence[int], workload: Workload,
-            backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE, links: Sequence[Link] = ()) -> Prediction:
-    """The model's prediction for one weight vector."""
-    w = np.asarray([check_weights(weights, engine)], dtype=np.int64)
-    if w.shape[1] != len(drives):
-        raise UsageError(f"weights {':'.join(map(str, weights))}: {w.shape[1]} weights for {len(drives)} sources "
-                         f"({', '.join(d.name for d in drives)}); give one weight per source, primary first")
-    counts = block_counts_many(workload.blocks, w)
-    return describe(evaluate(drives, counts, workload, backgrounds, links), 0, drives, weights)
+def with_concurrency(engine: Engine, lanes: int | None = None, threads: int | None = None) -> Engine:
+    """The engine with its in-flight reads overridden: `lanes` where it keeps reads per drive,
+    `threads` where its drives share one pool."""
+    if lanes is None and threads is None:
+        return engine
+    base = engine.concurrency
+
+    def conc(phase: str) -> Concurrency:
+        c = base(phase)
+        if c.per_source is not None and lanes is not None:
+            return replace(c, per_source=lanes)
+        if c.shared is not None and threads is not None:
+            return replace(c, shared=threads)
+        return c
+    return replace(engine, concurrency=conc)
 
 
-def solve_phase(drives: Sequence[Drive], workload: Workload, backgrounds: Sequence[Background] = (),
-                engine: str = DEFAULT_ENGINE, top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> PhaseSolution:
-    n = len(drives)
-    limit = get_engine(engine).max_sources
-    if not 1 <= n <= limit:
-        raise UsageError(f"{n} sources: {engine} reads from 1..{limit} sources; list at most {limit} drives in the rig")
-    counts, smallest = split_classes(n, workload.read_bytes)
-    ev = evaluate(drives, counts, workload, backgrounds, links)
-    # The fastest split; splits within TIE_TOLERANCE of it are ties no measurement could tell
-    # apart, and among ties the smaller weights (earlier in the class order) win.
-    fastest = float(ev.time.min())
-    best = int(np.flatnonzero(ev.time <= fastest * (1 + TIE_TOLERANCE))[0])
-    order = [int(r) for r in np.lexsort((np.arange(len(ev.time)), ev.time)) if r != best]
-    order.insert(0, best)
-    weights = tuple(int(x) for x in smallest[best])
-    alts = tuple(describe(ev, int(r), drives, smallest[int(r)]) for r in order[1:1 + top])
-    cap = smallest_equivalent(capability_weights(drives, workload), workload.read_bytes)
-    eq = (1,) * n
-    return PhaseSolution(workload.phase, weights, describe(ev, best, drives, weights),
-                         predict(drives, cap, workload, backgrounds, engine, links),
-                         predict(drives, eq, workload, backgrounds, engine, links), alts)
+class Pricer:
+    """Prices (phase, weights, mode) for one problem, each once."""
+
+    def __init__(self, problem: Problem):
+        self.p = problem
+        self.curves = Curves(problem.drives)
+        self._memo: dict = {}
+
+    def setup(self, weights: Sequence[int], mode: frozenset[str] = frozenset()) -> Setup:
+        return Setup(tuple(int(x) for x in weights), "direct" in mode, "stripe" in mode, self.p.holds)
+
+    def price(self, phase: str, weights: Sequence[int], mode: frozenset[str] = frozenset()) -> PhasePrice:
+        key = (phase, tuple(int(x) for x in weights), mode)
+        got = self._memo.get(key)
+        if got is None:
+            p = self.p
+            got = price_phase(p.phases[phase], self.setup(weights, mode),
+                              lambda st, su: p.engine.pattern(p.geometry, st, su), self.curves, p.engine,
+                              p.backgrounds, p.links)
+            self._memo[key] = got
+        return got
 
 
-def phase_solution_to_dict(s: PhaseSolution) -> dict:
-    best = s.prediction.throughput_Bps
-    return {
-        "weights": list(s.weights),
-        "predicted": prediction_to_dict(s.prediction),
-        "baselines": {
-            "capability": prediction_to_dict(s.capability),
-            "equal": prediction_to_dict(s.equal),
-            "gain_over_capability": best / s.capability.throughput_Bps,
-            "gain_over_equal": best / s.equal.throughput_Bps,
-        },
-        "alternatives": [dict(prediction_to_dict(a), behind=1.0 - a.throughput_Bps / best) for a in s.alternatives],
+# ---------------------------------------------------------------------------------------------
+# Searching a grid
+
+def _shares(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w, dtype=np.float64)
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+def search(grid: np.ndarray, score: Callable[[int], float], seeds: Sequence[int] = ()) -> dict[int, float]:
+    """Scores of the grid rows priced: every row of a small grid; for a large one, the rows
+    nearest a lattice of shares and the seeds, then rows ever nearer the best few in share space."""
+    scored: dict[int, float] = {}
+
+    def take(rows):
+        for r in rows:
+            r = int(r)
+            if r not in scored:
+                scored[r] = score(r)
+
+    if len(grid) <= FULL_SEARCH:
+        take(range(len(grid)))
+        return scored
+    sh = _shares(grid)
+    n = grid.shape[1]
+    pts = [np.array(v) / LATTICE for v in _compositions(LATTICE, n)]
+    take(seeds)
+    take({int(np.argmin(np.abs(sh - p).sum(axis=1))) for p in pts})
+    radius = 1.0 / LATTICE
+    while radius > 1.0 / 4096:
+        best = sorted(scored, key=lambda r: (scored[r], r))[:KEEP]
+        before = len(scored)
+        for b in best:
+            d = np.abs(sh - sh[b]).max(axis=1)
+            near = np.flatnonzero(d <= radius)
+            near = near[np.argsort(d[near], kind="stable")][:NEIGHBOURS]
+            take(near)
+        if len(scored) == before:
+            radius /= 2
+        else:
+            radius /= 1.5
+    return scored
+
+
+def _compositions(total: int, parts: int):
+    """Every vector of `parts` positive integers summing to `total`."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+# ---------------------------------------------------------------------------------------------
+# A prediction as the plan records it
+
+def prediction(pr: PhasePrice, weights: Sequence[int], mode: frozenset[str], drives: Sequence[Drive]) -> dict:
+    """One phase's price as the plan's `predicted` block. Per source: bytes, pieces and busy
+    seconds per step (a layer of a chunk or of a token), its share of the bytes and of the
+    groups it landed last in."""
+    steps = max(pr.steps, 1e-300)
+    total = pr.bytes
+    groups = max(pr.groups, 1e-300)
+    sources = [{"name": d.name, "bytes": pr.source_bytes[i] / steps, "share": pr.source_bytes[i] / total if total else 0.0,
+                "pieces": pr.source_pieces[i] / steps, "time_s": pr.source_s[i] / steps,
+                "lands_last": pr.lands_last[i] / groups if pr.groups else 0.0}
+               for i, d in enumerate(drives)]
+    last = int(np.argmax(pr.lands_last)) if pr.groups else 0
+    return {"phase": pr.phase, "weights": [int(x) for x in weights], "direct": "direct" in mode,
+            "stripe": "stripe" in mode, "throughput_Bps": pr.throughput_Bps, "seconds": pr.seconds,
+            "tokens": pr.tokens, "tok_s": pr.tokens / pr.seconds if pr.seconds > 0 else 0.0,
+            "time_per_layer_s": pr.seconds / steps, "time_per_group_s": pr.seconds / groups if pr.groups else 0.0,
+            "time_per_read_s": pr.seconds / pr.reads if pr.reads else 0.0,
+            "groups_per_layer": pr.groups / steps, "reads_per_layer": pr.reads / steps,
+            "read_bytes": total / pr.reads if pr.reads else 0.0, "lands_last": drives[last].name,
+            "gap_s": pr.gap_s, "tail_s": pr.tail_s, "bound": pr.bound, "sources": sources}
+
+
+def idle_sources(pr: PhasePrice) -> tuple[int, ...]:
+    """Sources the priced pattern gives no bytes in a phase that reads something."""
+    if pr.bytes <= 0:
+        return ()
+    return tuple(i for i, b in enumerate(pr.source_bytes) if b <= 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Solving
+
+@dataclass(frozen=True)
+class Choice:
+    """What the solver chose for the engine: weights per phase, a mode, and what it compared."""
+    weights: dict[str, tuple[int, ...]]
+    mode: frozenset[str]
+    predicted: dict[str, dict]
+    baselines: dict[str, dict]
+    alternatives: tuple[dict, ...]
+    idle: dict[str, dict] = field(default_factory=dict)     # phase -> {"sources", "why"}
+    scores: dict[str, float] = field(default_factory=dict)  # mode -> joint objective (engines without phase weights)
+
+
+def capability_weights(pricer: Pricer, phase: str, scale: int = 100) -> tuple[int, ...]:
+    """Weights in proportion to what each drive moves alone at the reads an equal split gives it."""
+    n = len(pricer.p.drives)
+    eq = pricer.price(phase, (1,) * n)
+    caps = []
+    for i in range(n):
+        size = int(eq.source_bytes[i] / eq.source_pieces[i]) if eq.source_pieces[i] else 1 << 20
+        k = pricer.p.engine.concurrency(phase).in_flight([1] * n)[i] or 1
+        caps.append(size / pricer.curves.seconds(i, size, k))
+    caps = np.array(caps)
+    e = pricer.p.engine
+    w = np.clip(np.rint(caps / max(caps.max(), 1e-300) * min(scale, e.weight_max)), e.weight_min, e.weight_max)
+    return tuple(int(x) for x in w)
+
+
+def nearest(grid: np.ndarray, weights: Sequence[int]) -> int:
+    """The grid row whose shares are nearest these weights' shares."""
+    return int(np.argmin(np.abs(_shares(grid) - _shares(np.asarray(weights))).sum(axis=1)))
+
+
+def _pick(scored: dict, key, every: Callable[[object], bool]) -> object:
+    """The best candidate; within IDLE_TOLERANCE one using every source wins, within TIE_TOLERANCE
+    the earliest (default mode, smaller weights)."""
+    best = min(scored.values())
+    ties = [c for c in scored if scored[c] <= best * (1 + TIE_TOLERANCE)]
+    chosen = min(ties, key=key)
+    if not every(chosen):
+        full = [c for c in scored if every(c) and scored[c] <= best * (1 + IDLE_TOLERANCE)]
+        if full:
+            chosen = min(full, key=lambda c: (scored[c], key(c)))
+    return chosen
+
+
+def _idle_note(pricer: Pricer, phase: str, pr: PhasePrice, weights, scored_full: bool) -> dict:
+    names = [pricer.p.drives[i].name for i in idle_sources(pr)]
+    if not names:
+        return {}
+    why = (f"{phase}: {', '.join(names)} read{'s' if len(names) == 1 else ''} nothing at "
+           f"{':'.join(map(str, weights))}: the engine's reads of this model give "
+           f"{'it' if len(names) == 1 else 'them'} no bytes, and no split using every drive is within "
+           f"{IDLE_TOLERANCE:.0%} of it" + ("" if scored_full else " among the splits priced"))
+    return {"sources": names, "why": why}
+
+
+def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
+    pricer = Pricer(problem)
+    e, n = problem.engine, len(problem.drives)
+    mlist = e.modes(problem.geometry)
+    predicted, baselines, alts, idle, scores = {}, {}, [], {}, {}
+    if e.phase_weights:
+        weights = {}
+        for ph in PHASES:
+            grid = e.grid(n, problem.geometry, ph)
+            seeds = [nearest(grid, (1,) * n), nearest(grid, capability_weights(pricer, ph))]
+            scored = search(grid, lambda r: pricer.price(ph, grid[r]).seconds, seeds)
+            row = _pick(scored, lambda r: r, lambda r: not idle_sources(pricer.price(ph, grid[r])))
+            weights[ph] = tuple(int(x) for x in grid[row])
+            pr = pricer.price(ph, weights[ph])
+            predicted[ph] = prediction(pr, weights[ph], frozenset(), problem.drives)
+            idle[ph] = _idle_note(pricer, ph, pr, weights[ph], len(scored) == len(grid))
+            ranked = [r for r in sorted(scored, key=lambda r: (scored[r], r)) if r != row][:top]
+            alts += [dict(prediction(pricer.price(ph, grid[r]), grid[r], frozenset(), problem.drives),
+                          behind=1.0 - scored[row] / scored[r] if scored[r] else 0.0) for r in ranked]
+        mode = frozenset()
+    else:
+        grid = e.grid(n, problem.geometry, "decode")
+        seeds = [nearest(grid, (1,) * n), nearest(grid, capability_weights(pricer, "decode"))]
+        fastest = {ph: min(pricer.price(ph, grid[s], m).seconds for s in seeds for m in mlist) for ph in PHASES}
+        scored: dict = {}
+        for mi, m in enumerate(mlist):
+            part = search(grid, lambda r: sum(pricer.price(ph, grid[r], m).seconds / max(fastest[ph], 1e-300)
+                                              for ph in PHASES), seeds)
+            scored.update({(mi, r): s for r, s in part.items()})
+        # the objective's denominators are the fastest of each phase over all that was priced
+        fastest = {ph: min(pricer.price(ph, grid[r], mlist[mi]).seconds for mi, r in scored) for ph in PHASES}
+        scored = {(mi, r): sum(pricer.price(ph, grid[r], mlist[mi]).seconds / max(fastest[ph], 1e-300) for ph in PHASES)
+                  for mi, r in scored}
+        chosen = _pick(scored, lambda c: (c[0], c[1]),
+                       lambda c: not any(idle_sources(pricer.price(ph, grid[c[1]], mlist[c[0]])) for ph in PHASES))
+        mi, row = chosen
+        mode = mlist[mi]
+        w = tuple(int(x) for x in grid[row])
+        weights = {ph: w for ph in PHASES}
+        for ph in PHASES:
+            pr = pricer.price(ph, w, mode)
+            predicted[ph] = prediction(pr, w, mode, problem.drives)
+            idle[ph] = _idle_note(pricer, ph, pr, w, len(scored) == len(grid) * len(mlist))
+        scores = {"+".join(sorted(m)) or "default": min((s for (i, _), s in scored.items() if i == k), default=0.0)
+                  for k, m in enumerate(mlist)}
+        ranked = [c for c in sorted(scored, key=lambda c: (scored[c], c)) if c != chosen][:top]
+        for mi2, r in ranked:
+            for ph in PHASES:
+                a = prediction(pricer.price(ph, grid[r], mlist[mi2]), grid[r], mlist[mi2], problem.drives)
+                alts.append(dict(a, behind=1.0 - predicted[ph]["seconds"] / a["seconds"] if a["seconds"] else 0.0))
+    for ph in PHASES:
+        cap = capability_weights(pricer, ph)
+        best = predicted[ph]["seconds"]
+        base = {}
+        for key, w in (("capability", cap), ("equal", (1,) * n)):
+            p = prediction(pricer.price(ph, w, mode), w, mode, problem.drives)
+            base[key] = p
+            base[f"gain_over_{key}"] = p["seconds"] / best if best else 1.0
+        baselines[ph] = base
+    return Choice(weights, mode, predicted, baselines, tuple(alts), {k: v for k, v in idle.items() if v}, scores)
+
+
+def predict(problem: Problem, phase: str, weights: Sequence[int], mode: frozenset[str] = frozenset()) -> dict:
+    """The prediction for one weight vector and mode (not necessarily on the grid)."""
+    w = tuple(int(x) for x in weights)
+    if len(w) != len(problem.drives):
+        raise UsageError(f"weights {':'.join(map(str, w))}: {len(w)} weights for {len(problem.drives)} sources "
+                         f"({', '.join(d.name for d in problem.drives)}); give one weight per source, primary first")
+    return prediction(Pricer(problem).price(phase, w, mode), w, mode, problem.drives)
+
+
+def solve_plan(sources: Sequence[Source], problem: Problem, provenance: dict | None = None, created: str = "",
+               top: int = TOP_ALTERNATIVES) -> tuple[Plan, Choice]:
+    """Solve and assemble the plan (provenance passed through, plus what the pricing assumed)."""
+    ch = solve(problem, top)
+    drives = problem.drives
+    prov = dict(provenance or {})
+    prov["model"] = {
+        "concurrency": {ph: _conc_dict(problem.engine.concurrency(ph)) for ph in PHASES},
+        "steps": {ph: {"sampled": len(s.steps), "scale": s.scale, "empty": s.empty, "tokens": s.tokens}
+                  for ph, s in problem.phases.items()},
+        "modes": ["+".join(sorted(m)) or "default" for m in problem.engine.modes(problem.geometry)],
+        "scores": ch.scores,
+        "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in problem.backgrounds],
+        "links": [link_to_dict(link, drives) for link in problem.links],
+        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
     }
+    plan = Plan(sources=tuple(sources), prefill=Phase(ch.weights["prefill"], ch.predicted["prefill"]),
+                decode=Phase(ch.weights["decode"], ch.predicted["decode"]), engine=problem.engine.name,
+                created=created, baselines=ch.baselines, alternatives=ch.alternatives, provenance=prov,
+                stripe="stripe" in ch.mode, direct="direct" in ch.mode)
+    return plan, ch
+
+
+def _conc_dict(c: Concurrency) -> dict:
+    return {"per_source": c.per_source, "shared": c.shared}
 
 
 def link_to_dict(link: Link, drives: Sequence[Drive]) -> dict:
@@ -153,127 +350,3 @@ def link_to_dict(link: Link, drives: Sequence[Drive]) -> dict:
 def tail_to_dict(t) -> dict:
     """A latency shape as the plan records it (quantiles over the mean)."""
     return {"q50": t.q50, "q95": t.q95, "q99": t.q99}
-
-
-def solve_plan(sources: Sequence[Source], drives: Sequence[Drive], prefill: Workload, decode: Workload,
-               backgrounds: Sequence[Background] = (), engine: str = DEFAULT_ENGINE, provenance: dict | None = None,
-               created: str = "", top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
-    """Solve both phases and assemble the plan (provenance is passed through, plus the model settings)."""
-    sols = {w.phase: solve_phase(drives, w, backgrounds, engine, top, links) for w in (prefill, decode)}
-    d = {ph: phase_solution_to_dict(s) for ph, s in sols.items()}
-    prov = dict(provenance or {})
-    prov["model"] = {
-        "prefill": {"read_bytes": prefill.read_bytes, "lanes": prefill.in_flight},
-        "decode": {"read_bytes": decode.read_bytes, "batch": decode.in_flight, "threads": decode.threads},
-        "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in backgrounds],
-        "links": [link_to_dict(link, drives) for link in links],
-        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
-    }
-    return Plan(sources=tuple(sources),
-                prefill=Phase(sols["prefill"].weights, d["prefill"]["predicted"]),
-                decode=Phase(sols["decode"].weights, d["decode"]["predicted"]),
-                engine=engine, created=created,
-                baselines={ph: d[ph]["baselines"] for ph in d},
-                alternatives=tuple(dict(a) for ph in d for a in d[ph]["alternatives"]),
-                provenance=prov)
-
-
-# ---------------------------------------------------------------------------------------------
-# colibri: one weight vector for both phases on its cut grid, and the stripe switch
-
-def colibri_single(drives: Sequence[Drive], cw: ColibriWorkload, weights: Sequence[int], stripe: bool,
-                    backgrounds: Sequence[Background], links: Sequence[Link]) -> dict:
-    """phase -> prediction dict for one weight vector (not necessarily on the searched grid)."""
-    w = [int(x) for x in weights]
-    cuts = cuts_many([w])
-    counts = placement_counts_many(cuts, cw.layers, cw.experts)
-    s = bool(stripe and cw.can_stripe(len(drives)))
-    priced = evaluate_weights(drives, cw, w, s, backgrounds, links)
-    return {ph: colibri_prediction(priced[ph], 0, ph, drives, w, cuts[0], counts[0], s, links) for ph in COLIBRI_PHASES}
-
-
-def colibri_capability_weights(drives: Sequence[Drive], cw: ColibriWorkload, scale: int = 100) -> tuple[int, ...]:
-    """Weights proportional to what each drive delivers alone for whole-expert reads with its even
-    share of the read threads."""
-    k = max(1, cw.threads // max(1, len(drives)))
-    caps = np.array([float(d.curve.throughput(cw.expert_bytes, k)) for d in drives])
-    return tuple(int(x) for x in np.clip(np.rint(caps / max(caps.max(), 1e-300) * scale), 1, scale))
-
-
-def stripe_reason(cw: ColibriWorkload, n: int) -> str:
-    """Why colibri could not stripe this model's reads over n drives ('' when it could)."""
-    if n < 2:
-        return "one drive: nothing to stripe over"
-    if not cw.can_stripe(n):
-        return (f"an expert read's O_DIRECT window is {cw.window:,} B, under the {STRIPE_MIN >> 20} MiB colibri "
-                "stripes (mir_pread_striped leaves it whole)")
-    return ""
-
-
-def _gain(a: float, b: float) -> float:
-    """a / b; 1 when both are 0 (a phase with no reads: a cache holding every expert)."""
-    return a / b if b else (1.0 if not a else float("inf"))
-
-
-def solve_colibri_plan(sources: Sequence[Source], drives: Sequence[Drive], cw: ColibriWorkload,
-                       backgrounds: Sequence[Background] = (), provenance: dict | None = None, created: str = "",
-                       top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
-    """colibri's plan: the cut vector (smallest weights) and stripe switch best over both phases
-    (`colibri_model.choose`), the same weights for prefill and decode (colibri places once)."""
-    n = len(drives)
-    limit = get_engine(COLIBRI).max_sources
-    if not 1 <= n <= limit:
-        raise UsageError(f"{n} sources: {COLIBRI} reads from 1..{limit} drives; list at most {limit} drives in the rig")
-    ch = choose(drives, cw, backgrounds, links, TIE_TOLERANCE)
-    row, stripe = ch.row, ch.stripe
-    weights = tuple(int(x) for x in ch.weights[row])
-
-    def pred(ph, r, s):
-        return colibri_prediction(ch.priced[(ph, s)], r, ph, drives, ch.weights[r], ch.cuts[r], ch.counts[r], s, links)
-
-    predicted = {ph: pred(ph, row, stripe) for ph in COLIBRI_PHASES}
-    equal = colibri_single(drives, cw, (1,) * n, stripe, backgrounds, links)
-    cap = colibri_single(drives, cw, colibri_capability_weights(drives, cw), stripe, backgrounds, links)
-    other = colibri_single(drives, cw, weights, not stripe, backgrounds, links) if len(ch.stripes) > 1 else None
-    baselines = {}
-    for ph in COLIBRI_PHASES:
-        best = predicted[ph]["throughput_Bps"]
-        baselines[ph] = {"capability": cap[ph], "equal": equal[ph],
-                         "gain_over_capability": _gain(best, cap[ph]["throughput_Bps"]),
-                         "gain_over_equal": _gain(best, equal[ph]["throughput_Bps"])}
-        if other is not None:
-            baselines[ph]["other_stripe"] = other[ph]
-    # The next best (candidate, switch) pairs by the same objective, each phase's prediction.
-    flat = ch.score.ravel()
-    alts = []
-    for i in np.argsort(flat, kind="stable"):
-        si, r = divmod(int(i), ch.score.shape[1])
-        if (r, ch.stripes[si]) == (row, stripe):
-            continue
-        if len(alts) >= 2 * top:
-            break
-        for ph in COLIBRI_PHASES:
-            a = pred(ph, r, ch.stripes[si])
-            alts.append(dict(a, behind=1.0 - _gain(a["throughput_Bps"], predicted[ph]["throughput_Bps"])))
-    scores = {("on" if s else "off"): float(ch.score[si, row]) for si, s in enumerate(ch.stripes)}
-    prov = dict(provenance or {})
-    prov["model"] = {
-        "colibri": cw.as_dict(),
-        "stripe": {"chosen": stripe, "possible": len(ch.stripes) > 1, "why_not": stripe_reason(cw, n),
-                   "score": scores, "objective": "sum over phases of seconds per layer / the phase's fastest"},
-        "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in backgrounds],
-        "links": [link_to_dict(link, drives) for link in links],
-        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
-    }
-    return Plan(sources=tuple(sources), prefill=Phase(weights, predicted["prefill"]),
-                decode=Phase(weights, predicted["decode"]), engine=COLIBRI, created=created, baselines=baselines,
-                alternatives=tuple(alts), provenance=prov, stripe=stripe)
-
-
-def solve_workload(sources: Sequence[Source], drives: Sequence[Drive], wl: ModelWorkload,
-                   backgrounds: Sequence[Background] = (), provenance: dict | None = None, created: str = "",
-                   top: int = TOP_ALTERNATIVES, links: Sequence[Link] = ()) -> Plan:
-    """The plan for a model workload, by its engine: colibri's placement, else ds4's split."""
-    if wl.colibri is not None:
-        return solve_colibri_plan(sources, drives, wl.colibri, backgrounds, provenance, created, top, links)
-    return solve_plan(sources, drives, wl.prefill, wl.decode, backgrounds, wl.engine, provenance, created, top, links)

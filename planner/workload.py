@@ -1,41 +1,38 @@
-"""The reads a model issues in each phase: from its geometry, the engine and the settings. Pure.
+"""The reads a model issues in each phase: from its geometry and the routing model. Pure.
 
 A plan is only as good as the workload it is solved for. The drive curves answer "how long does
-this read take"; this module answers "which reads": how big, how many at once, and how many per
-layer, for the rig's own model rather than one fixed model.
+this read take", the engine's read pattern "which reads for this step"; this module answers
+"which steps": for the rig's own model, which experts each layer reads in a prefill and in each
+decoded token.
 
-- The model's *shape* comes from its header (`models.geometry`): layers with routed experts,
-  experts per layer, experts per token, the component read size (the largest slice), components
-  per expert and bytes per expert.
-- Its *traffic* comes from the routing model (`models.routing`, calibrated to DESIGN §7) and the
-  engine's cache policy, simulated without reads: the experts per layer a prefill of N tokens
-  reads (each chunk stages its union of selected experts that are not cached) and the misses per
-  decoded token for a cache of C experts after warm-up. On V4.1's geometry the simulation gives
-  DESIGN §7's figures within PREFILL_TOLERANCE / MISSES_TOLERANCE (tests/planner/test_workload.py).
-- The *engine* sets the read shapes: ds4 stages prefill in PREFILL_CHUNK reads with
-  PREFILL_LANES in flight per drive and reads each missed expert as one component read per
-  component, cut by the decode weights, through a pool of DECODE_THREADS
-  (`engines.ds4_argodrive`). colibri reads each missed expert whole, from the drive its placement
-  picks, with READ_THREADS loads in flight (`ColibriWorkload`, priced by `planner.colibri_model`).
+- The model's *shape* and *layout* come from its header (`models.geometry`): layers with routed
+  experts, experts per layer, experts per token, where each expert's bytes are.
+- Its *traffic* comes from the routing model (`models.routing`, calibrated to the field's
+  DeepSeek V4.1 figures) run through the engines' expert-cache policy (`models.cache`), without
+  reads: each prefill chunk reads, per layer, the union of its selected experts not cached; each
+  decoded token, after warm-up, the experts it misses. On V4.1's geometry the simulation gives the
+  field's figures within PREFILL_TOLERANCE / MISSES_TOLERANCE (tests/planner/test_workload.py).
+  Those steps, sampled for a large model (`planner.pricing.sample_steps`), are what a plan prices.
 
 The field's own numbers stay available as the named workload `ds4-v41` (planner/constants.py),
-for planning that model from a header alone.
+for planning that model from a header alone: its layout is a stacked GGUF's
+(`models.geometry.stacked_geometry`) and its steps are scaled to the field's traffic.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
 from core.errors import UsageError
-from engines.colibri import NAME as COLIBRI
-from engines.ds4_argodrive import COMPONENT_BYTES, DECODE_THREADS, PREFILL_CHUNK, PREFILL_LANES
+from engines.ds4_argodrive import COMPONENT_BYTES
+from engines.pattern import Step
 from models.cache import ExpertCache
+from models.geometry import stacked_geometry
 from models.routing import Router, RoutingModel
 
-from .colibri_model import READ_THREADS, ColibriWorkload
 from .constants import (
     CACHE_EXPERTS,
     CACHE_FRACTION,
@@ -52,7 +49,7 @@ from .constants import (
     V41_NAME,
     V41_TOP_K,
 )
-from .model import Workload, decode_workload, prefill_workload
+from .pricing import DECODE_SAMPLE, PREFILL_SAMPLE, PhaseSteps, sample_steps
 
 
 @dataclass(frozen=True)
@@ -84,89 +81,74 @@ class Traffic:
 
 @dataclass(frozen=True)
 class ModelWorkload:
-    """The workload a plan is solved for: the model, its traffic and each phase's reads."""
+    """The workload a plan is solved for: the model (its layout), its traffic and each phase's steps."""
     name: str                     # 'model' (the rig's, from its header) or a named workload
-    engine: str
     shape: ModelShape
     traffic: Traffic
-    prefill: Workload
-    decode: Workload
-    colibri: ColibriWorkload | None = None   # colibri's reads (engine colibri), else None
+    geometry: object = field(repr=False)          # models.geometry.Geometry: where each expert's bytes are
+    phases: dict = field(repr=False, default_factory=dict)   # 'prefill' / 'decode' -> PhaseSteps
 
     def as_dict(self) -> dict:
-        """The plan's `workload` block (`modelled_as`: the engine whose reads were predicted,
-        now always the engine itself; kept so older readers find it)."""
-        if self.colibri is not None:
-            c = self.colibri
-            phases = {"prefill": {"read_bytes": c.expert_bytes, "in_flight": c.threads, "reads_per_layer": c.prefill_reads,
-                                  "block": c.block, "stripe_window": c.window},
-                      "decode": {"read_bytes": c.expert_bytes, "in_flight": c.threads, "reads_per_layer": c.misses_per_layer,
-                                 "top_k": c.top_k, "stripe_window": c.window}}
-        else:
-            phases = {"prefill": _workload_dict(self.prefill), "decode": _workload_dict(self.decode)}
-        return {"name": self.name, "engine": self.engine, "modelled_as": self.engine, "traffic": asdict(self.traffic),
-                **phases}
-
-
-def _workload_dict(w: Workload) -> dict:
-    d = {"read_bytes": w.read_bytes, "in_flight": w.in_flight, "batches_per_layer": w.batches_per_layer}
-    if w.phase == "decode":
-        d["threads"] = w.threads
-    return d
-
-
-# The Workload fields a plan's provenance 'model' records per phase besides the read shape, so the
-# tuner predicts what `planner solve` predicted.
-TRAFFIC_KEYS = ("layers", "expert_bytes", "experts_per_layer", "misses_per_token")
-
-
-def traffic_of(w: Workload) -> dict:
-    return {k: getattr(w, k) for k in TRAFFIC_KEYS}
-
-
-def traffic_kw(d) -> dict:
-    """Workload keyword arguments from a recorded phase (older plans record none: ds4-v41's)."""
-    return {k: (int if k in ("layers", "expert_bytes") else float)(d[k]) for k in TRAFFIC_KEYS if k in d}
+        """The plan's `workload` block: the model, its traffic, and the steps each phase prices."""
+        return {"name": self.name, "traffic": asdict(self.traffic),
+                **{ph: {"steps": len(st.steps), "scale": st.scale, "empty": st.empty, "tokens": st.tokens,
+                        "experts_per_step": (sum(len(x.experts) for x in st.steps) / len(st.steps)) if st.steps else 0.0}
+                   for ph, st in self.phases.items()}}
 
 
 V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, COMPONENT_BYTES, 3, EXPERT_BYTES)
 V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
 NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
+NAMED_ARCH = {V41_NAME: "deepseek_v41"}     # its config.json model_type (colibri runs it on its V4.1 engine)
 
 
 # ---------------------------------------------------------------------------------------------
 # Traffic from the routing model
 
-def _step(cache: ExpertCache, sel: np.ndarray, experts: int) -> int:
+def _step(cache: ExpertCache, sel: np.ndarray, experts: int, phase: str, out: list) -> int:
     """One step of selections (tokens, layers, k) through the cache, layer by layer as the engine
-    goes; returns the experts read (misses)."""
+    goes; appends each layer's `Step` (the experts it reads) to `out`; returns the experts read."""
     misses = 0
     for layer in range(sel.shape[1]):
         base = layer * experts
         union, counts = np.unique(sel[:, layer], return_counts=True)
         cache.select(union + base, counts)
-        for e in union[~cache.resident[union + base]]:
-            cache.admit(base + int(e))
-            misses += 1
+        missing = [int(e) for e in union[~cache.resident[union + base]]]
+        for e in missing:
+            cache.admit(base + e)
+        misses += len(missing)
+        out.append(Step(phase, layer, tuple(missing)))
     cache.advance(sel.shape[0])
     return misses
 
 
 @lru_cache(maxsize=32)
+def simulate_steps(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_experts: int,
+                   chunk_tokens: int = ROUTING_CHUNK_TOKENS, warm: int = ROUTING_WARM_TOKENS,
+                   measure: int = ROUTING_MEASURE_TOKENS, seed: int = ROUTING_SEED) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+    """(the steps of a cold prefill of prompt_tokens in chunks, the steps of `measure` decoded
+    tokens after `warm`): which experts each layer reads, through the engine's cache policy
+    (`models.cache`), as the embedded engine would run them."""
+    router = Router(RoutingModel(layers, experts, top_k, seed=seed))
+    cache = ExpertCache(min(cache_experts, layers * experts), layers * experts)
+    pre: list[Step] = []
+    for s in range(0, prompt_tokens, chunk_tokens):
+        _step(cache, router.next(min(chunk_tokens, prompt_tokens - s)), experts, "prefill", pre)
+    for _ in range(warm):
+        _step(cache, router.next(1), experts, "decode", [])
+    dec: list[Step] = []
+    for _ in range(measure):
+        _step(cache, router.next(1), experts, "decode", dec)
+    return tuple(pre), tuple(dec)
+
+
 def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_experts: int,
              chunk_tokens: int = ROUTING_CHUNK_TOKENS, warm: int = ROUTING_WARM_TOKENS,
              measure: int = ROUTING_MEASURE_TOKENS, seed: int = ROUTING_SEED) -> tuple[float, float]:
     """(experts read per layer by a cold prefill of prompt_tokens in chunks, misses per decoded
     token over `measure` tokens after `warm`), through the engine's cache policy."""
-    router = Router(RoutingModel(layers, experts, top_k, seed=seed))
-    cache = ExpertCache(min(cache_experts, layers * experts), layers * experts)
-    read = 0
-    for s in range(0, prompt_tokens, chunk_tokens):
-        read += _step(cache, router.next(min(chunk_tokens, prompt_tokens - s)), experts)
-    for _ in range(warm):
-        _step(cache, router.next(1), experts)
-    missed = sum(_step(cache, router.next(1), experts) for _ in range(measure))
-    return read / layers, missed / max(1, measure)
+    pre, dec = simulate_steps(layers, experts, top_k, prompt_tokens, cache_experts, chunk_tokens, warm, measure, seed)
+    return sum(len(s.experts) for s in pre) / layers, sum(len(s.experts) for s in dec) / max(1, measure)
 
 
 def default_cache(shape: ModelShape) -> int:
@@ -185,49 +167,33 @@ def simulate_traffic(shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS, cac
 
 
 # ---------------------------------------------------------------------------------------------
-# Each phase's reads, per engine
+# The workload of a model
 
-def phase_workloads(engine: str, shape: ModelShape, traffic: Traffic, lanes: int = PREFILL_LANES,
-                    batch: int | None = None, threads: int | None = DECODE_THREADS) -> tuple[Workload, Workload]:
-    """(prefill, decode) Workloads: what ds4 reads for this model and traffic (colibri's reads are
-    `colibri_workload`'s). `batch`: component reads issued together per missed expert (default:
-    the model's components); `threads`: ds4's pread pool (None: DECODE_THREADS)."""
-    model = dict(layers=shape.layers, expert_bytes=shape.expert_bytes, experts_per_layer=traffic.experts_per_layer,
-                 misses_per_token=traffic.misses_per_token)
-    return (prefill_workload(lanes, PREFILL_CHUNK, **model),
-            decode_workload(batch or shape.components, threads or DECODE_THREADS, shape.component_bytes, **model))
-
-
-def colibri_workload(shape: ModelShape, traffic: Traffic, threads: int | None = None) -> ColibriWorkload:
-    """colibri's reads of this model: whole experts (all components, one read each), the prefill's
-    and decode's expert reads per layer from the traffic, `threads` loads in flight (None:
-    READ_THREADS)."""
-    return ColibriWorkload(shape.layers, shape.experts, shape.top_k, shape.expert_bytes, traffic.experts_per_layer,
-                           traffic.misses_per_token, threads or READ_THREADS)
+def phase_steps(shape: ModelShape, traffic: Traffic, measure: int = ROUTING_MEASURE_TOKENS) -> dict[str, PhaseSteps]:
+    """Each phase's steps for the traffic's prompt and cache (sampled for a large model). A named
+    workload's field traffic differs a little from the simulation: its steps are scaled to it."""
+    pre, dec = simulate_steps(shape.layers, shape.experts, shape.top_k, traffic.prompt_tokens, traffic.cache_experts)
+    p = sample_steps("prefill", pre, traffic.prompt_tokens, shape.layers, PREFILL_SAMPLE)
+    d = sample_steps("decode", dec, measure, shape.layers, DECODE_SAMPLE)
+    if traffic.source == "field":
+        sim_pre, sim_dec = simulate(shape.layers, shape.experts, shape.top_k, traffic.prompt_tokens, traffic.cache_experts)
+        p = PhaseSteps(p.phase, p.steps, p.scale * traffic.experts_per_layer / max(sim_pre, 1e-12), p.empty, p.tokens, p.layers)
+        d = PhaseSteps(d.phase, d.steps, d.scale * traffic.misses_per_token / max(sim_dec, 1e-12), d.empty, d.tokens, d.layers)
+    return {"prefill": p, "decode": d}
 
 
-def _assemble(name: str, engine: str, shape: ModelShape, traffic: Traffic, lanes: int, batch: int | None,
-              threads: int | None) -> ModelWorkload:
-    if engine == COLIBRI:
-        pre, dec = phase_workloads(engine, shape, traffic, lanes, batch)
-        return ModelWorkload(name, engine, shape, traffic, pre, dec, colibri_workload(shape, traffic, threads))
-    pre, dec = phase_workloads(engine, shape, traffic, lanes, batch, threads)
-    return ModelWorkload(name, engine, shape, traffic, pre, dec)
-
-
-def model_workload(engine: str, shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS,
-                   cache_experts: int | None = None, lanes: int = PREFILL_LANES, batch: int | None = None,
-                   threads: int | None = None) -> ModelWorkload:
-    """The workload of the rig's model (its shape from the header), traffic simulated. `threads`
-    None: the engine's own default (ds4's pread pool, colibri's loads in flight)."""
+def model_workload(geometry, prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None) -> ModelWorkload:
+    """The workload of the rig's model (its header's `geometry`), traffic simulated."""
+    shape = ModelShape.from_geometry(geometry)
     traffic = simulate_traffic(shape, prompt_tokens, cache_experts)
-    return _assemble("model", engine, shape, traffic, lanes, batch, threads)
+    return ModelWorkload("model", shape, traffic, geometry, phase_steps(shape, traffic))
 
 
-def named_workload(name: str, engine: str, lanes: int = PREFILL_LANES, batch: int | None = None,
-                   threads: int | None = None) -> ModelWorkload:
+def named_workload(name: str) -> ModelWorkload:
     """A named workload (the field's measured traffic of one model): `ds4-v41`."""
     if name not in NAMED:
         raise UsageError(f"--workload {name!r}: the named workloads are {', '.join(NAMED)}; or plan the rig's model")
     shape, traffic = NAMED[name]
-    return _assemble(name, engine, shape, traffic, lanes, batch, threads)
+    g = stacked_geometry(shape.name, shape.layers, shape.experts, shape.top_k, shape.component_bytes, shape.components,
+                         arch=NAMED_ARCH[name])
+    return ModelWorkload(name, shape, traffic, g, phase_steps(shape, traffic))

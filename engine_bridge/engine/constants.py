@@ -53,7 +53,6 @@ CACHE_EXPERTS = 64
 LANES = 8
 PRIMARY_WEIGHT = 10
 PROMPT_SEED = 1234
-STAGE_BYTES = 32 << 20                   # bytes: prefill reads contiguous selected experts in chunks up to this
 DEQUANT_THREADS = 2                      # helper threads dequantizing experts ahead of the multiply
 STAGE_WINDOW = 256 << 20                 # bytes of expert reads submitted ahead of the one being computed
 

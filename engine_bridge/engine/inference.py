@@ -3,8 +3,9 @@
 Per layer: RMSNorm, one causal attention head (resident, with a KV cache), RMSNorm, router
 (top-k of softmaxed logits), a resident shared expert and the routed experts (SwiGLU). Prefill
 routes a chunk of tokens, computes the experts already cached, then stages the union of the
-selected experts that miss the cache (contiguous experts of one tensor coalesced into reads of
-up to STAGE_BYTES) and computes each as it arrives. Decode does the same for one token.
+selected experts that miss the cache with the target engine's reads (ds4-argodrive coalesces
+contiguous experts of one tensor into reads of up to 32 MiB; colibri reads each expert whole from
+the drive its placement picks) and computes each as it arrives. Decode does the same for one token.
 
 Determinism: everything is float32 numpy with a fixed order. An expert's output for its tokens
 depends only on its (dequantized) bytes and its input rows, never on whether it came from the
@@ -12,8 +13,9 @@ cache or a read, and the top-k contributions are summed in slot order after all 
 layer are computed, so the output token ids are the same for every cache size, source count,
 weight and lane count: they change only if a read delivers wrong bytes.
 
-Reads go through `staging.stage_reads` and the `submit(offset, length, phase, file=REL) -> ticket`
-it is given (the split reader's `submit`; an expert's bytes are Extents in the model's files), so
+Reads go through `staging.stage_reads`: the target engine's read pattern for the step (`reads_of`,
+a `staging.StepReads`) executed through the `submit_read(read, phase) -> ticket` it is given (the
+split reader's `submit_read`; an expert's bytes are Extents in the model's files), so
 an expert is computed while the reads of the next ones are in flight; this module opens no file.
 `run.run_model` is the I/O around it.
 """
@@ -36,11 +38,10 @@ from .constants import (
     QUANT_BLOCK,
     RMS_EPS,
     ROW_INT8,
-    STAGE_BYTES,
     STAGE_WINDOW,
 )
 from .model import Geometry, Resident
-from .staging import PhaseCounters, Submit, stage_reads
+from .staging import PhaseCounters, SubmitRead, stage_reads
 
 _Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])
 _Q4 = np.dtype([("d", "<f2"), ("q", "u1", (QUANT_BLOCK // 2,))])
@@ -123,14 +124,14 @@ class RunOutcome:
 
 
 class Engine:
-    def __init__(self, geometry: Geometry, resident: Resident, submit: Submit, cache: ExpertCache,
-                 chunk_tokens: int = PREFILL_CHUNK_TOKENS, stage_bytes: int = STAGE_BYTES,
-                 window: int = STAGE_WINDOW, record_trace: bool = False, dequant_threads: int = DEQUANT_THREADS):
-        self.g, self.r, self.submit, self.cache = geometry, resident, submit, cache
+    def __init__(self, geometry: Geometry, resident: Resident, submit_read: SubmitRead, reads_of, cache: ExpertCache,
+                 chunk_tokens: int = PREFILL_CHUNK_TOKENS, window: int = STAGE_WINDOW, record_trace: bool = False,
+                 dequant_threads: int = DEQUANT_THREADS, in_flight: dict | None = None):
+        self.g, self.r, self.submit_read, self.reads_of, self.cache = geometry, resident, submit_read, reads_of, cache
+        self.in_flight = in_flight or {}
         self.dequant_threads = max(0, dequant_threads)
         self._pool = ThreadPoolExecutor(self.dequant_threads, thread_name_prefix="dequant") if self.dequant_threads else None
         self.chunk_tokens = max(1, chunk_tokens)
-        self.stage_bytes = max(geometry.component_bytes, stage_bytes)
         self.window = window
         self.trace: list | None = [] if record_trace else None
 
@@ -151,8 +152,7 @@ class Engine:
         e, ew, release = item
         if not isinstance(ew, ExpertWeights):
             ew = ew.result()
-        if release is not None:          # experts are used in order: the whole run is dequantized
-            release()
+        release()                        # dequantized: its reads' buffers may go back
         compute(e, ew)
         self.cache.admit(base + e, ew)
 
@@ -187,8 +187,8 @@ class Engine:
         # Dequantize on the helper threads while this thread multiplies the previous expert (numpy
         # releases the GIL in both); results are used in id order, so the arithmetic is unchanged.
         ahead: deque = deque()
-        for e, bufs, release in stage_reads(self.submit, self.g, layer, missing, phase, counters, self.stage_bytes,
-                                            self.window):
+        for e, bufs, release in stage_reads(self.submit_read, self.reads_of, self.g, layer, missing, phase, counters,
+                                            self.window, self.in_flight.get(phase)):
             ahead.append((e, self._dequant(layer, e, bufs), release))
             while len(ahead) > self.dequant_threads:
                 self._use(ahead.popleft(), base, compute)

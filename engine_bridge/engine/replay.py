@@ -25,7 +25,7 @@ from models.tensortable import inspect_model as inspect_any
 
 from models.cache import ExpertCache
 from .idle import PHASES, idle_sources
-from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_BYTES, STAGE_WINDOW, TRACE_SCHEMA
+from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_WINDOW, TRACE_SCHEMA
 from .model import Geometry
 from .sources import SourceSet
 from .staging import PhaseCounters, stage_reads
@@ -67,10 +67,11 @@ def model_steps(router: Router, prompt: int, gen: int, chunk: int):
         yield "decode", router.next(1)
 
 
-def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit, stage_bytes: int = STAGE_BYTES,
-                 window: int = STAGE_WINDOW) -> dict:
-    """Drive the cache and the reader through the steps; returns counters per phase (pure of I/O
-    but for `submit`)."""
+def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit_read, reads_of,
+                 window: int = STAGE_WINDOW, in_flight: dict | None = None) -> dict:
+    """Drive the cache and the reader through the steps: the target engine's reads of each step
+    (`reads_of`, a `staging.StepReads`) through `submit_read`; returns counters per phase (pure of
+    I/O but for `submit_read`)."""
     ph = {"prefill": PhaseCounters(), "decode": PhaseCounters()}
     tokens = {"prefill": 0, "decode": 0}
     unions: list[int] = []
@@ -87,9 +88,9 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit, st
             missing = [int(e) for e in union if not cache.resident[base + e]]
             c.hits += int(union.size) - len(missing)
             c.misses += len(missing)
-            for e, _bufs, release in stage_reads(submit, g, layer, missing, phase, c, stage_bytes, window):
-                if release is not None:
-                    release()
+            for e, _bufs, release in stage_reads(submit_read, reads_of, g, layer, missing, phase, c, window,
+                                                 (in_flight or {}).get(phase)):
+                release()
                 cache.admit(base + e)
         cache.advance(sel.shape[0])
         dt = time.perf_counter() - t0
@@ -138,8 +139,9 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge) as reader:
-        out = replay_steps(g, steps, g.layers, cache, reader.submit)
+                     hedge=hedge, engine=sources.engine) as reader:
+        out = replay_steps(g, steps, g.layers, cache, reader.submit_read, sources.step_reads(g, reader.healthy),
+                           in_flight=sources.in_flight())
         reader_stats = reader.stats()
         stats = reader_stats.to_dict()
         text = reader.format_stats()
@@ -173,6 +175,8 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
         "hits": pre.hits + dec.hits,
         "misses": pre.misses + dec.misses,
         "misses_per_token": round(dec.misses / td, 4) if td else 0.0,
+        "engine": sources.engine,
+        "switches": list(sources.switches),
         "weights": weights,
         "sources": stats["sources"],
         "events": stats["events"],

@@ -39,9 +39,10 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge) as reader:
-        eng = Engine(geometry, resident, reader.submit, cache, chunk_tokens=chunk_tokens, record_trace=trace,
-                     dequant_threads=dequant_threads)
+                     hedge=hedge, engine=sources.engine) as reader:
+        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
+                     chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
+                     in_flight=sources.in_flight())
         try:
             outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
         finally:
@@ -94,6 +95,8 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "hits": hits,
         "misses": misses,
         "misses_per_token": round(o.decode.misses / gen, 4) if gen else 0.0,
+        "engine": sources.engine,
+        "switches": list(sources.switches),
         "weights": weights,
         "sources": sd["sources"],
         "events": sd["events"],

@@ -1,5 +1,6 @@
-"""Where a run's routed experts are read from: the primary, its replicas and both weight vectors,
-from a plan or from `--replica PATH*W` options (what `run` and `replay` share).
+"""Where a run's routed experts are read from, and how: the primary, its replicas, both weight
+vectors, the target engine and its switches, from a plan or from `--replica PATH*W` options (what
+`run` and `replay` share).
 
 A source is a member's copy of the whole model (`models.modelset.ModelSet`): the file, the split
 set's first file or the directory a rig member's path names. The primary comes from `--model`
@@ -15,24 +16,28 @@ from typing import Optional, Sequence
 
 from core.errors import UsageError
 from core.rig import Rig, load_rig, rig_dir
-from engines.registry import DEFAULT_ENGINE
+from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights, parse_weights
 from planner.plans import load_plan, resolve_plan_path
 from models.modelset import ModelSet, discover, member_set, one_file
 
-from .idle import PHASES, plan_pieces
+from .idle import PHASES, plan_shares
+from .staging import StepReads
 
 
 @dataclass(frozen=True)
 class SourceSet:
-    """Where routed experts are read from: primary first, then replicas, with both weight vectors.
-    models: each source's copy of the model (a path is taken as a one-file model). planned: per
-    phase, the plan's prediction of each source's bytes per read (`idle.plan_pieces`), or None
-    (no plan, a plan without one, or weights other than the plan's)."""
+    """Where routed experts are read from: primary first, then replicas, with both weight vectors,
+    the engine whose reads the run performs and its switches. models: each source's copy of the
+    model (a path is taken as a one-file model). planned: per phase, the plan's prediction of each
+    source's share of the bytes (`idle.plan_shares`), or None (no plan, a plan without one, or
+    weights other than the plan's)."""
     models: tuple[ModelSet, ...]
     prefill: tuple[int, ...]     # base weights
     decode: tuple[int, ...]
     planned: dict = field(default_factory=dict)
+    engine: str = DEFAULT_ENGINE
+    switches: tuple[str, ...] = ()    # the engine's switches that are on ('direct', 'stripe')
 
     def __post_init__(self):
         object.__setattr__(self, "models", tuple(m if isinstance(m, ModelSet) else one_file(os.fspath(m))
@@ -42,6 +47,17 @@ class SourceSet:
     def paths(self) -> tuple[str, ...]:
         """Each source's model path (its file, its split set's first file, or its directory)."""
         return tuple(m.path for m in self.models)
+
+    def step_reads(self, geometry, healthy=None) -> StepReads:
+        """The target engine's read pattern of each step of a run over these sources; `healthy`:
+        the reader's sources still in use (asked at every step)."""
+        return StepReads(get_engine(self.engine), geometry, {"prefill": self.prefill, "decode": self.decode},
+                         self.switches, (), healthy)
+
+    def in_flight(self) -> dict:
+        """Per phase, the most reads the engine keeps outstanding (None: its lanes limit it)."""
+        e = get_engine(self.engine)
+        return {ph: (c.shared if c.per_read else None) for ph in PHASES for c in (e.concurrency(ph),)}
 
 
 def resolve_model(model: Optional[str], plan: Optional[str], rig: Optional[str]) -> ModelSet:
@@ -82,47 +98,54 @@ def parse_replica(text: str) -> tuple[str, int]:
 
 
 def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int, decode_weights: Optional[str],
-                  plan: Optional[str], rig: Optional[str]) -> SourceSet:
+                  plan: Optional[str], rig: Optional[str], engine: Optional[str] = None,
+                  switches: Sequence[str] = ()) -> SourceSet:
     """The sources of a run: `plan` (a file, 'latest' or a name in <rig>/plans, whose primary must
-    be `model`) or `model` plus `replicas` ('PATH*W', each a copy of the whole model: its file, its
-    split set's first file or its directory); `decode_weights` ('W,W,..') overrides either."""
+    be `model`; its engine and switches are the run's) or `model` plus `replicas` ('PATH*W', each
+    a copy of the whole model: its file, its split set's first file or its directory) read as
+    `engine` reads (default ds4-argodrive) with `switches` on; `decode_weights` ('W,W,..')
+    overrides either."""
     the_rig = load_rig(rig_dir(rig), must_exist=False)
     if plan:
         if replicas:
             raise UsageError("give either --plan or --replica, not both (the plan lists its sources)")
         path = resolve_plan_path(plan, Rig(root=the_rig.root))
         p = load_plan(path)
+        if engine and engine != p.engine:
+            raise UsageError(f"--engine {engine}: the plan {path} is for {p.engine}; drop --engine or solve a plan for "
+                             f"{engine} (`planner solve --engine {engine}`)")
+        if switches:
+            raise UsageError("--direct/--stripe come from the plan with --plan; drop them or solve another plan")
+        engine = p.engine
         paths = tuple(os.path.abspath(s.path) for s in p.sources)
         if os.path.realpath(paths[0]) != os.path.realpath(model.path):
             raise UsageError(f"--model {model.path} is not the plan's primary {paths[0]} ({path}); run the plan's model "
                              "or re-solve the plan for this one")
         prefill, decode = tuple(p.prefill.weights), tuple(p.decode.weights)
-        # the reader cuts reads with ds4's rule: another engine's prediction (colibri's placement
-        # shares) says nothing about what each source reads here
-        planned = {ph: plan_pieces(getattr(p, ph).predicted, plan_read_bytes(p, ph), len(paths))
-                   if p.engine == DEFAULT_ENGINE else None for ph in PHASES}
+        switches = tuple(k for k in get_engine(engine).switches if getattr(p, k, False))
+        planned = {ph: plan_shares(getattr(p, ph).predicted, len(paths)) for ph in PHASES}
         if decode_weights:
-            decode = parse_weights(decode_weights)
+            decode = parse_weights(decode_weights, engine)
             planned["decode"] = None          # the plan's prediction is for its own decode weights
     else:
+        engine = engine or DEFAULT_ENGINE
+        e = get_engine(engine)
+        for k in switches:
+            if k not in e.switches:
+                raise UsageError(f"--{k}: {engine} has no such switch" + (f" (it has {', '.join('--' + x for x in e.switches)})"
+                                                                          if e.switches else ""))
         reps = [parse_replica(r) for r in replicas]
         paths = (model.path,) + tuple(p for p, _ in reps)
-        prefill = check_weights((primary_weight,) + tuple(w for _, w in reps))
-        decode = parse_weights(decode_weights) if decode_weights else prefill
+        prefill = check_weights((primary_weight,) + tuple(w for _, w in reps), engine)
+        decode = parse_weights(decode_weights, engine) if decode_weights else prefill
         planned = {}
     if len(decode) != len(paths):
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {len(decode)} weights for {len(paths)} sources; "
                          "give exactly one per source, primary first (with another count ds4 logs \"ds4: ignoring "
                          "DS4_ARGODRIVE_DECODE_WEIGHTS=...\" and reads with the base weights)")
+    if decode != prefill and not get_engine(engine).phase_weights:
+        raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {engine} reads both phases with one weight "
+                         f"vector ({':'.join(map(str, prefill))}); drop --decode-weights")
     models = (model,) + tuple(member_model(p, the_rig, model) for p in paths[1:])
-    return SourceSet(models=models, prefill=prefill, decode=decode, planned=planned)
-
-
-def plan_read_bytes(plan, phase: str) -> int | None:
-    """The read a plan's phase prediction is for, bytes: its workload's (schema 2), else what its
-    provenance recorded of the solver's model."""
-    for where in (plan.workload, (plan.provenance or {}).get("model") or {}):
-        rb = (where.get(phase) or {}).get("read_bytes") if isinstance(where, dict) else None
-        if isinstance(rb, int) and rb > 0:
-            return rb
-    return None
+    return SourceSet(models=models, prefill=prefill, decode=decode, planned=planned, engine=engine,
+                     switches=tuple(switches))

@@ -1,118 +1,184 @@
-"""How the engine stages routed experts through the reader; shared by the engine and replay.
+"""How the engine stages routed experts: it executes the target engine's read pattern. Shared by
+the engine and replay.
 
-Where an expert's bytes are comes from the geometry as one `Extent` (file, offset, length) per
-component (`Geometry.expert_ranges`), so a model of several files (a split GGUF set, a directory of
-shards) is staged like a single file. A layer's missing experts are read in id order; in prefill
-consecutive experts whose components follow each other in the same file are coalesced into one
-read per component of up to STAGE_BYTES (one expert per read in decode, and wherever the bytes
-are not contiguous, as with one tensor per expert), with up to STAGE_WINDOW bytes submitted ahead
-of the expert being used. Reads go through `submit(offset, length, phase, file=REL) -> ticket`
-(the split reader's `submit`; `ticket.result()` waits for the read's barrier); this module opens
-no file. Replay drives the same code, so it measures the engine's read pattern.
+For each step (a layer's experts missing from the cache, in a phase) the target engine's module
+says which reads to issue, on which drives, in which groups (`engines.pattern`; `StepReads`
+asks it with the run's weights and switches and the sources still healthy). This module issues
+those reads through the split reader's `submit_read(read, phase) -> ticket` (`ticket.result()`
+waits for the read's last piece), group after group as the engine does: a group's reads are
+issued together — at most the engine's reads in flight (`Concurrency.shared` when its threads
+each take a read) and STAGE_WINDOW bytes ahead — and the next group only once they have all
+landed. Each expert is yielded, in id order, as soon as the reads holding its bytes have landed,
+so it is computed while later reads of its group are in flight. This module opens no file and
+knows no engine by name: replay drives the same code, so both measure the target engine's reads.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
-from models.modelset import Extent
+from engines.base import Engine
+from engines.pattern import Pattern, Setup, Step
 
-from .constants import STAGE_BYTES, STAGE_WINDOW
+from .constants import STAGE_WINDOW
 from .model import Geometry
 
-Submit = Callable[..., "object"]   # (offset, length, phase, file=REL) -> ticket with .result() -> bytes
+SubmitRead = Callable[..., "object"]   # (Read, phase) -> ticket with .result() -> bytes and .release()
 
 
 @dataclass
 class PhaseCounters:
     hits: int = 0            # selected experts found in the cache (one per expert per layer step)
     misses: int = 0          # selected experts read through the reader
-    reads: int = 0           # ranges handed to the reader
+    reads: int = 0           # reads handed to the reader
     bytes: int = 0           # bytes read
+    groups: int = 0          # groups of reads waited for (the engine's barriers)
     seconds: float = 0.0     # wall time of the phase
     read_wait_seconds: float = 0.0   # time spent waiting for reads to land (the rest is compute)
 
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "reads": self.reads, "bytes": self.bytes,
-                "seconds": round(self.seconds, 6), "read_wait_seconds": round(self.read_wait_seconds, 6)}
+                "groups": self.groups, "seconds": round(self.seconds, 6),
+                "read_wait_seconds": round(self.read_wait_seconds, 6)}
 
 
-def follows(a: Sequence[Extent], b: Sequence[Extent]) -> bool:
-    """True when every component of `b` starts where the same component of `a` ends, in the same file."""
-    return len(a) == len(b) and all(x.file == y.file and x.offset + x.length == y.offset for x, y in zip(a, b))
+class StepReads:
+    """The target engine's read pattern for each step of a run: its weights per phase, its
+    switches, what each source holds, and the sources the reader still uses (`healthy`, asked
+    at every step: a degraded drive's share goes to the others)."""
+
+    def __init__(self, engine: Engine, geometry: Geometry, weights: dict[str, Sequence[int]],
+                 switches: Sequence[str] = (), holds: Sequence[frozenset[str] | None] = (),
+                 healthy: Callable[[], Sequence[int]] | None = None):
+        self.engine, self.geometry = engine, geometry
+        self.weights = {ph: tuple(int(x) for x in w) for ph, w in weights.items()}
+        self.direct, self.stripe = "direct" in switches, "stripe" in switches
+        self.holds = tuple(holds)
+        self.healthy = healthy
+
+    def setup(self, phase: str) -> Setup:
+        w = self.weights[phase]
+        alive = tuple(self.healthy()) if self.healthy is not None else None
+        if alive is not None and len(alive) == len(w):
+            alive = None
+        return Setup(w, self.direct, self.stripe, self.holds, alive)
+
+    def __call__(self, step: Step) -> Pattern:
+        return self.engine.pattern(self.geometry, step, self.setup(step.phase))
 
 
-def expert_runs(experts: Sequence[int], where: Mapping[int, Sequence[Extent]], phase: str,
-                stage_bytes: int = STAGE_BYTES) -> list[list[int]]:
-    """Group sorted expert ids into runs read together (one read per component): in prefill,
-    consecutive experts whose bytes follow each other (`follows`), as long as a run's largest
-    component read stays within stage_bytes; in decode, one expert each. `where`: expert id ->
-    its extents (`Geometry.expert_ranges`)."""
-    runs: list[list[int]] = []
-    widest = 0                      # bytes of the current run's largest component read
-    for e in experts:
-        size = max((x.length for x in where[e]), default=0)
-        if (phase == "prefill" and runs and e == runs[-1][-1] + 1 and follows(where[runs[-1][-1]], where[e])
-                and widest + size <= stage_bytes):
-            runs[-1].append(e)
-            widest += size
-        else:
-            runs.append([e])
-            widest = size
-    return runs
+class _Holdings:
+    """Which read of a pattern holds each byte range: per file, the reads sorted by offset."""
+
+    def __init__(self, reads):
+        self.by_file: dict[str, list[tuple[int, int, int]]] = {}
+        for i, r in enumerate(reads):
+            self.by_file.setdefault(r.file, []).append((r.offset, r.offset + r.length, i))
+        for v in self.by_file.values():
+            v.sort()
+        self.starts = {f: [a for a, _, _ in v] for f, v in self.by_file.items()}
+
+    def find(self, x) -> tuple[int, int]:
+        """(read index, offset of x within it) of the read holding extent x whole."""
+        rows = self.by_file.get(x.file, [])
+        j = bisect.bisect_right(self.starts.get(x.file, []), x.offset) - 1
+        while j >= 0:
+            a, b, i = rows[j]
+            if a <= x.offset and x.offset + x.length <= b:
+                return i, x.offset - a
+            j -= 1
+        raise RuntimeError(f"the read pattern does not cover {x.file}:{x.offset}+{x.length}")
 
 
-def run_reads(run: Sequence[int], where: Mapping[int, Sequence[Extent]]) -> list[Extent]:
-    """The reads of a run: per component, from its first expert's extent over the whole run."""
-    first = where[run[0]]
-    return [Extent(x.file, x.offset, sum(where[e][c].length for e in run)) for c, x in enumerate(first)]
-
-
-def stage_reads(submit: Submit, g: Geometry, layer: int, missing: Sequence[int], phase: str, counters: PhaseCounters,
-                stage_bytes: int = STAGE_BYTES, window: int = STAGE_WINDOW):
-    """Yield (expert, [a buffer per component], release) for the missing experts of a layer, in
-    id order, while later reads are still in flight (at most `window` bytes submitted ahead). The
-    engine and replay both read through here, so replay measures the engine's read pattern.
-    `release` is None except on a run's last expert: call it when every buffer of the run (this
-    and the previous experts yielded) is no longer needed, so the reader can reuse them."""
+def stage_reads(submit_read: SubmitRead, reads_of: Callable[[Step], Pattern], g: Geometry, layer: int,
+                missing: Sequence[int], phase: str, counters: PhaseCounters, window: int = STAGE_WINDOW,
+                in_flight: int | None = None):
+    """Yield (expert, [a buffer per component], release) for the missing experts of a layer, in id
+    order within each group of the target engine's pattern, while later reads of the group are in
+    flight. Call `release()` when the expert's buffers are no longer needed: a read's buffer goes
+    back to the reader once every expert it holds has been released. `in_flight`: the most reads
+    outstanding at once (None: only `window` bytes limit them)."""
+    if not missing:
+        return
+    pattern = reads_of(Step(phase, layer, tuple(missing)))
+    reads = pattern.reads
     where = {e: g.expert_ranges(layer, e) for e in missing}
-    todo = deque(expert_runs(missing, where, phase, stage_bytes))
-    pending: deque = deque()
-    inflight = 0
-    while todo or pending:
-        while todo and (not pending or inflight + sum(x.length for x in run_reads(todo[0], where)) <= window):
-            run = todo.popleft()
-            reads = run_reads(run, where)
-            n = sum(x.length for x in reads)
-            pending.append((run, reads, n, [submit(x.offset, x.length, phase, file=x.file) for x in reads]))
-            inflight += n
-            counters.reads += len(reads)
-            counters.bytes += n
-        run, reads, n, tickets = pending.popleft()
-        t0 = time.perf_counter()
-        bufs = [memoryview(t.result()) for t in tickets]
-        counters.read_wait_seconds += time.perf_counter() - t0
-        inflight -= n
-        for b, x in zip(bufs, reads):
-            if len(b) != x.length:
-                raise RuntimeError(f"reader returned {len(b)} bytes for a {x.length}-byte read")
-        at = [0] * len(reads)                     # where the next expert's bytes start in each read
-        for j, e in enumerate(run):
+    hold = _Holdings(reads)
+    located = {e: [hold.find(x) for x in where[e]] for e in missing}
+    users = [0] * len(reads)
+    for e in missing:
+        for i in {i for i, _ in located[e]}:
+            users[i] += 1
+    first = {}
+    start = 0
+    for gi, group in enumerate(pattern.groups):
+        for k in range(len(group)):
+            first[start + k] = gi
+        start += len(group)
+    by_group: list[list[int]] = [[] for _ in pattern.groups]
+    for e in missing:
+        by_group[max(first[i] for i, _ in located[e])].append(e)
+    tickets: dict[int, object] = {}
+    start = 0
+    for gi, group in enumerate(pattern.groups):
+        todo = deque(range(start, start + len(group)))
+        start += len(group)
+        outstanding: deque = deque()
+        inflight = 0
+        counters.groups += 1
+
+        def issue():
+            nonlocal inflight
+            while todo and (not outstanding or ((in_flight is None or len(outstanding) < in_flight)
+                                                and inflight + reads[todo[0]].length <= window)):
+                i = todo.popleft()
+                tickets[i] = submit_read(reads[i], phase)
+                outstanding.append(i)
+                inflight += reads[i].length
+                counters.reads += 1
+                counters.bytes += reads[i].length
+
+        def landed(i):
+            nonlocal inflight
+            t0 = time.perf_counter()
+            buf = memoryview(tickets[i].result())
+            counters.read_wait_seconds += time.perf_counter() - t0
+            if len(buf) != reads[i].length:
+                raise RuntimeError(f"reader returned {len(buf)} bytes for a {reads[i].length}-byte read")
+            if i in outstanding:
+                outstanding.remove(i)
+                inflight -= reads[i].length
+                if users[i] == 0:              # bytes no expert of this step needs (an O_DIRECT window's edge)
+                    getattr(tickets[i], "release", lambda: None)()
+            issue()
+            return buf
+
+        issue()
+        for e in sorted(by_group[gi]):
             parts = []
-            for c, x in enumerate(where[e]):
-                parts.append(bufs[c][at[c]:at[c] + x.length])
-                at[c] += x.length
-            yield e, parts, (_releaser(tickets) if j == len(run) - 1 else None)
+            for (i, at), x in zip(located[e], where[e]):
+                while i not in tickets:         # not issued yet: the window is full of earlier reads
+                    landed(outstanding[0])
+                parts.append(landed(i)[at:at + x.length])
+            yield e, parts, _releaser(e, located, users, tickets)
+        while todo or outstanding:             # the group's barrier: every read has landed
+            if outstanding:
+                landed(outstanding[0])
+            else:
+                issue()
 
 
-def _releaser(tickets):
-    """Give a run's read buffers back to the reader's pool (once its last expert is dequantized)."""
+def _releaser(e: int, located, users: list[int], tickets: dict):
+    """Hand the reads holding expert e back to the reader once no other expert needs them."""
     def release():
-        for t in tickets:
-            rel = getattr(t, "release", None)
-            if rel is not None:
-                rel()
+        for i in {i for i, _ in located[e]}:
+            users[i] -= 1
+            if users[i] == 0:
+                rel = getattr(tickets[i], "release", None)
+                if rel is not None:
+                    rel()
     return release

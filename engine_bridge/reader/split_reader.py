@@ -120,8 +120,11 @@ class SplitReader:
     def submit(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,
                file: str | None = None) -> ReadTicket:
         """Start one read of bytes [offset, offset+length) of the model's file `file` (its
-        relative path, as in `ModelSet.files`; may be omitted for a one-file model); its pieces go
-        to the lanes at once. `ticket.result()` waits for it.
+        relative path, as in `ModelSet.files`; may be omitted for a one-file model), cut by the
+        engine's own split rule (`Engine.split`) with the phase's weights over the healthy
+        sources; its pieces go to the lanes at once. `ticket.result()` waits for it. An engine
+        that does not cut reads by itself (it places whole experts) gives its reads as a pattern:
+        `submit_read`.
 
         buffer: optional page-aligned writable buffer (from `aligned_buffer`) of at least
         `span(offset, length)` bytes to read into, so a caller with its own staging buffers avoids
@@ -129,8 +132,45 @@ class SplitReader:
         `offset - align_down(offset)` in it. Default: a buffer of the reader's, which
         `ticket.release()` hands back for reuse once the caller is done with the bytes.
         """
+        healthy = self._healthy_now()
+        weights = self.decode_weights if phase == "decode" else self.weights
+        pieces = tuple(healthy_split(offset, length, weights, healthy, self.engine))
+        return self._start(offset, length, phase, buffer, file, pieces, healthy)
+
+    def submit_read(self, read, phase: str = "prefill", buffer=None) -> ReadTicket:
+        """Start one read of an engine's read pattern (`engines.pattern.Read`: its file, range and
+        pieces, each on the source the engine gave it). A piece whose source has been degraded
+        since the pattern was made goes to the healthy source the reader's failover picks."""
+        healthy = self._healthy_now()
+        pieces = []
+        for p in read.pieces:
+            if p.length <= 0:
+                continue
+            src = p.source
+            if src not in healthy:
+                src = self._health.failover_source([src])
+                if src is None:
+                    raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
+                                       "check the drives and re-run")
+            pieces.append((src, p.offset, p.length))
+        return self._start(read.offset, read.length, phase, buffer, read.file, tuple(pieces), healthy)
+
+    def healthy(self) -> tuple[int, ...]:
+        """The sources reads may go to now (not degraded)."""
+        return tuple(self._health.healthy())
+
+    def _healthy_now(self) -> list[int]:
         if self._closed:
             raise UsageError("split reader: read after close()")
+        if self._health_interval is not None and time.monotonic() - self._last_health >= self._health_interval:
+            self.check_sources()
+        healthy = self._health.healthy()
+        if not healthy:
+            raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
+                               "check the drives and re-run")
+        return healthy
+
+    def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy) -> ReadTicket:
         if phase not in PHASES:
             raise UsageError(f"split reader: phase {phase!r} is not one of {', '.join(PHASES)}")
         fi = self._file_index(file)
@@ -139,14 +179,8 @@ class SplitReader:
         if offset < 0 or length < 0 or offset + length > size:
             where = f"the file {rel}" if len(self.files) > 1 else "the file"
             raise UsageError(f"split reader: read ({offset}, {length}) is outside {where} (size {size})")
-        if self._health_interval is not None and time.monotonic() - self._last_health >= self._health_interval:
-            self.check_sources()
-        healthy = self._health.healthy()
-        if not healthy:
-            raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
-                               "check the drives and re-run")
-        weights = self.decode_weights if phase == "decode" else self.weights
-        pieces = healthy_split(offset, length, weights, healthy, self.engine)
+        if sum(pl for _, _, pl in pieces) != length:
+            raise UsageError(f"split reader: pieces of {sum(pl for _, _, pl in pieces)} B for a {length}-byte read")
         if buffer is None:
             buf = self._pool.get(span(offset, length))
             ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), self._pool, file=rel, fi=fi)
@@ -162,7 +196,7 @@ class SplitReader:
         for s, po, pl in pieces:
             self._lanes.put(s, ticket, po, pl)
         if self._hedger is not None and len(healthy) < len(self.paths):
-            self._probe(fi, offset, length, phase, weights, healthy)
+            self._probe(fi, pieces, phase, healthy)
         return ticket
 
     def _file_index(self, file: str | None) -> int:
@@ -177,14 +211,14 @@ class SplitReader:
                              f"({', '.join(self.files[:3])}{' …' if len(self.files) > 3 else ''})")
         return fi
 
-    def _probe(self, fi: int, offset: int, length: int, phase: str, weights, healthy: list[int]) -> None:
-        """Offer each source degraded for lateness a probe: the piece its weight would give it here."""
+    def _probe(self, fi: int, pieces, phase: str, healthy: list[int]) -> None:
+        """Offer each source degraded for lateness a probe: a copy of this read's largest piece."""
+        if not pieces:
+            return
+        _, po, pl = max(pieces, key=lambda p: p[2])
         for s in range(len(self.paths)):
-            if s in healthy or not self._health.slow(s):
-                continue
-            for src, po, pl in healthy_split(offset, length, weights, sorted(healthy + [s]), self.engine):
-                if src == s:
-                    self._hedger.maybe_probe(s, po, pl, phase, fi)
+            if s not in healthy and self._health.slow(s):
+                self._hedger.maybe_probe(s, po, pl, phase, fi)
 
     def read(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,
              file: str | None = None) -> memoryview:

@@ -1,0 +1,216 @@
+"""One pricing for every engine: a read pattern priced on the drive models (pure, numpy).
+
+The engine says which drive reads which bytes in which groups (`engines.pattern`); this module
+says how long that takes on the rig's drives, without knowing which engine it is pricing.
+
+- A step of the workload (a prefill chunk of a layer, a decoded token's misses in a layer) is
+  priced group after group: the engine issues a group's reads together and waits for the last.
+- Within a group, each drive serves its pieces with the engine's concurrency (`Concurrency`:
+  lanes per drive, or its share of one pool): a drive holding k pieces at once moves them at
+  throughput(size, k), so its part takes sum(size / throughput(size, k)) (Little's law, as the
+  fitted curves are). Busy background work stretches a drive's time.
+- The group lands when its slowest drive does (with measured latency tails, `--tails`: the
+  expected maximum of independent draws, `barrier.barrier_time`), and no sooner than any shared
+  link can carry its members' bytes.
+- Decode: a decoded token also reads Engram rows on the drive that carries them (`Background`
+  'engram'), once per token spread over its layers, whether or not the layer missed.
+- A phase is the sum of its steps. The steps come from the routing model run through the
+  engine's cache policy (`planner.workload`); a large model's steps are sampled evenly (at most
+  PREFILL_SAMPLE / DECODE_SAMPLE of them) and scaled to the whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from engines.base import Engine
+from engines.pattern import Pattern, Setup, Step
+
+from .barrier import LatencyShape, Link, barrier_time
+from .constants import ENGRAM_READ_BYTES, ENGRAM_READS_PER_TOKEN
+from .model import Background, Drive, busy_factor
+
+PREFILL_SAMPLE = 8       # prefill steps priced at most (layers of the prompt's chunks), evenly spaced
+DECODE_SAMPLE = 128      # decode steps with reads priced at most, evenly spaced
+
+
+@dataclass(frozen=True)
+class PhaseSteps:
+    """The steps of one phase the pricing walks: `steps` (the ones with reads, sampled), each
+    standing for `scale` real steps, plus `empty` real steps that read nothing; they cover
+    `tokens` tokens (the prompt, or the decoded tokens measured) over `layers` layers."""
+    phase: str
+    steps: tuple[Step, ...]
+    scale: float
+    empty: int
+    tokens: int
+    layers: int
+
+    @property
+    def total_steps(self) -> float:
+        return len(self.steps) * self.scale + self.empty
+
+
+def sample_steps(phase: str, steps: Sequence[Step], tokens: int, layers: int, limit: int) -> PhaseSteps:
+    """Keep at most `limit` of the steps that read something, evenly spaced, scaled to all of them."""
+    full = [s for s in steps if s.experts]
+    empty = len(steps) - len(full)
+    if len(full) > limit:
+        idx = np.linspace(0, len(full) - 1, limit).round().astype(int)
+        kept = tuple(full[i] for i in sorted(set(idx.tolist())))
+    else:
+        kept = tuple(full)
+    scale = len(full) / len(kept) if kept else 0.0
+    return PhaseSteps(phase, kept, scale, empty, tokens, layers)
+
+
+class Curves:
+    """The drives' throughput asked once per (drive, piece size, in flight)."""
+
+    def __init__(self, drives: Sequence[Drive]):
+        self.drives = tuple(drives)
+        self._thr: dict[tuple[int, int, int], float] = {}
+
+    def seconds(self, source: int, size: int, k: int) -> float:
+        key = (source, size, k)
+        thr = self._thr.get(key)
+        if thr is None:
+            thr = max(float(self.drives[source].curve.throughput(size, k)), 1e-300)
+            self._thr[key] = thr
+        return size / thr
+
+    def request_time(self, source: int, size: int, k: int) -> float:
+        return float(self.drives[source].curve.request_time(size, k))
+
+
+@dataclass(frozen=True)
+class PhasePrice:
+    """One phase priced for one setup (seconds, bytes)."""
+    phase: str
+    seconds: float                 # the phase's read time for its tokens
+    tokens: int
+    steps: float                   # real steps covered (layers x chunks, or layers x tokens)
+    groups: float                  # groups the engine waited for
+    reads: float                   # reads the engine issued
+    source_bytes: tuple[float, ...]    # bytes each source read over the phase
+    source_pieces: tuple[float, ...]   # pieces each source served
+    source_s: tuple[float, ...]        # seconds each source was busy
+    lands_last: tuple[float, ...]      # groups whose last piece was each source's
+    gap_s: float                   # mean lag of the last drive behind the next, per group
+    tail_s: float                  # expected barrier beyond the slowest mean, per group (latency tails)
+    bound: str                     # the link whose ceiling set most groups' time, or ''
+
+    @property
+    def bytes(self) -> float:
+        return float(sum(self.source_bytes))
+
+    @property
+    def throughput_Bps(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+def _engram_s(curves: Curves, backgrounds: Sequence[Background], layers: int, n: int) -> np.ndarray:
+    """Seconds each source spends on Engram rows per decode step (one layer of one token)."""
+    extra = np.zeros(n)
+    for bg in backgrounds:
+        if bg.kind == "engram":
+            extra[bg.source] += ENGRAM_READS_PER_TOKEN / max(1, layers) * curves.request_time(bg.source, ENGRAM_READ_BYTES, 1)
+    return extra
+
+
+def price_patterns(patterns: Sequence[Pattern], steps: PhaseSteps, curves: Curves, engine: Engine,
+                   backgrounds: Sequence[Background] = (), links: Sequence[Link] = ()) -> PhasePrice:
+    """The phase's price from the patterns of its sampled steps (one per step, same order)."""
+    drives = curves.drives
+    n = len(drives)
+    conc = engine.concurrency(steps.phase)
+    busy = busy_factor(drives, backgrounds)
+    extra = _engram_s(curves, backgrounds, steps.layers, n) if steps.phase == "decode" else np.zeros(n)
+    tails = steps.phase == "decode" and any(d.tail is not None and d.tail.spread for d in drives)
+    rows_t, rows_k, rows_extra, rows_link = [], [], [], []
+    nbytes, npieces, nreads = np.zeros(n), np.zeros(n), 0
+    for p in patterns:
+        last = len(p.groups) - 1
+        for gi, group in enumerate(p.groups):
+            sizes: list[list[int]] = [[] for _ in range(n)]
+            nreads += len(group)
+            for r in group:
+                for pc in r.pieces:
+                    if pc.length:
+                        sizes[pc.source].append(pc.length)
+            counts = [len(s) for s in sizes]
+            k = conc.in_flight(counts, len(group))
+            t = np.array([sum(curves.seconds(i, z, k[i]) for z in sizes[i]) for i in range(n)])
+            b = np.array([float(sum(s)) for s in sizes])
+            nbytes += b
+            npieces += counts
+            rows_t.append(t)
+            rows_k.append(k)
+            rows_extra.append(extra if gi == last else np.zeros(n))
+            rows_link.append([b[list(link.members)].sum() / link.ceiling_Bps for link in links])
+        if not p.groups and steps.phase == "decode" and extra.any():
+            rows_t.append(np.zeros(n))
+            rows_k.append((0,) * n)
+            rows_extra.append(extra)
+            rows_link.append([0.0] * len(links))
+    G = len(rows_t)
+    if G:
+        T = np.array(rows_t) * busy[None, :]
+        K = np.array(rows_k, dtype=np.int64)
+        E = np.array(rows_extra)
+        L = np.array(rows_link).reshape(G, len(links))
+        mean = T + E
+        slowest = mean.max(axis=1)
+        if tails:
+            # the tails stretch the reads (busy work too); Engram rows are a fixed time added first
+            raw = np.array(rows_t)
+            barrier = np.empty(G)
+            with_extra = E.any(axis=1)
+            for mask, ex in ((with_extra, extra), (~with_extra, np.zeros(n))):
+                if mask.any():
+                    barrier[mask] = barrier_time(raw[mask], [d.tail or LatencyShape() for d in drives],
+                                                 np.maximum(K[mask], 1), busy, ex)
+            barrier = np.maximum(barrier, slowest)
+        else:
+            barrier = slowest
+        lt = L.max(axis=1) if links else np.zeros(G)
+        gtime = np.maximum(barrier, lt)
+        order = np.sort(mean, axis=1)
+        last_src = np.argmax(mean, axis=1)
+        gap = order[:, -1] - (order[:, -2] if n > 1 else 0.0)
+        bound_idx = np.where(lt > barrier * (1 + 1e-9), np.argmax(L, axis=1) if links else -1, -1)
+    else:
+        gtime = np.zeros(0)
+        mean = np.zeros((0, n))
+        last_src = np.zeros(0, dtype=int)
+        gap = np.zeros(0)
+        barrier = slowest = np.zeros(0)
+        bound_idx = np.zeros(0, dtype=int)
+    s = steps.scale
+    # empty decode steps still read Engram rows: their time is the slowest drive's rows
+    empty_s = steps.empty * float(extra.max()) if steps.phase == "decode" else 0.0
+    # groups made for an empty sampled step (none are sampled: empty steps are counted apart)
+    seconds = s * float(gtime.sum()) + empty_s
+    lands = np.bincount(last_src, minlength=n).astype(float) * s if G else np.zeros(n)
+    bound = ""
+    if links and G:
+        bi = bound_idx[bound_idx >= 0]
+        if bi.size * 2 >= G:
+            bound = links[int(np.bincount(bi).argmax())].name
+    return PhasePrice(steps.phase, seconds, steps.tokens, steps.total_steps, s * G, s * nreads,
+                      tuple(float(x) for x in nbytes * s), tuple(float(x) for x in npieces * s),
+                      tuple(float(x) for x in mean.sum(axis=0) * s + (extra * steps.empty if steps.phase == "decode" else 0)),
+                      tuple(float(x) for x in lands), float(gap.mean()) if G else 0.0,
+                      float((barrier - slowest).mean()) if G else 0.0, bound)
+
+
+Patterner = Callable[[Step, Setup], Pattern]
+
+
+def price_phase(steps: PhaseSteps, setup: Setup, patterner: Patterner, curves: Curves, engine: Engine,
+                backgrounds: Sequence[Background] = (), links: Sequence[Link] = ()) -> PhasePrice:
+    """Price one phase at one setup: the engine's pattern of each sampled step, then its price."""
+    return price_patterns([patterner(st, setup) for st in steps.steps], steps, curves, engine, backgrounds, links)
