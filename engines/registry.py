@@ -16,3 +16,23 @@ def get_engine(name: str) -> Engine:
         return ENGINES[name]
     except KeyError:
         raise UsageError(f"engine {name!r} is not known; known engines: {', '.join(ENGINES)}") from None
+
+
+def check_reads_model(engine: str, fmt: str, layout: str, files, path: str) -> None:
+    """UsageError (one line) when `engine` cannot read a model of this format and layout (its
+    `reads_model`), naming the engines that can."""
+    e = get_engine(engine)
+    why = e.reads_model(fmt, layout, tuple(files)) if e.reads_model is not None else ""
+    if why:
+        can = [x.name for x in ENGINES.values() if x.reads_model is not None and not x.reads_model(fmt, layout, tuple(files))]
+        hint = f"plan and run it with --engine {' or --engine '.join(can)}" if can else "no engine this tool plans for reads it"
+        raise UsageError(f"{path}: {why}; {hint}")
+
+
+def engine_for_model(fmt: str, layout: str, files) -> str:
+    """The first registered engine that reads a model of this format and layout; the default
+    engine when none does (its reads can still be replayed on any geometry)."""
+    for e in ENGINES.values():
+        if e.reads_model is not None and not e.reads_model(fmt, layout, tuple(files)):
+            return e.name
+    return DEFAULT_ENGINE

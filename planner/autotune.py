@@ -27,7 +27,6 @@ from typing import Callable, Mapping, Sequence
 
 from .model import PHASES, prediction_to_dict
 from .plan import Phase, Plan
-from .solve import PhaseSolution
 
 DEFAULT_BUDGET_S = 300.0        # the whole measured run, s
 DEFAULT_TRIAL_S = 4.0           # one arm's trial, s

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
-from engines.registry import ENGINES, get_engine
+from engines.registry import check_reads_model
 from models.formats import RAW
 from models.modelset import FILE, discover, from_rig
 from models.tensortable import inspect_model
@@ -66,18 +66,9 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
             return Chosen(wl, _named_geometry(wl), f"{why}; planning the named workload {V41_NAME} (DeepSeek V4.1 "
                                                    f"Flash's reads) — pass --workload {V41_NAME} to say so, or "
                                                    "--model PATH to plan another model from its header")
-    check_engine_reads(engine, found.format, found.layout, found.files, found.path)
+    check_reads_model(engine, found.format, found.layout, found.files, found.path)
     wl = model_workload(g, prompt_tokens, cache_experts)
     return Chosen(wl, g.as_dict())
-
-
-def check_engine_reads(engine: str, fmt: str, layout: str, files, path: str) -> None:
-    """UsageError (one line) when `engine` cannot read this model, naming the engines that can."""
-    why = get_engine(engine).reads_model(fmt, layout, tuple(files))
-    if why:
-        can = [e.name for e in ENGINES.values() if e.reads_model is not None and not e.reads_model(fmt, layout, tuple(files))]
-        hint = f"plan it with --engine {' or --engine '.join(can)}" if can else "no engine this tool plans for reads it"
-        raise UsageError(f"{path}: {why}; {hint}")
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

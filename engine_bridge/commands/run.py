@@ -50,6 +50,11 @@ SHARED = dict(
     csv_file=typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
     cached=typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
     hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see docs/reader.md)."),
+    engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
+                        "the one that reads this model: ds4-argodrive for a GGUF file, colibri for a safetensors directory). "
+                        "With --plan: the plan's."),
+    switch=typer.Option([], "--switch", metavar="NAME", help="With --replica: an engine switch to turn on (repeatable): "
+                        "colibri's direct (O_DIRECT, DIRECT=1) and stripe (COLI_MIR_STRIPE)."),
 )
 
 
@@ -136,6 +141,8 @@ def register(app) -> None:
         trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay --trace)."),
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
+        engine: Optional[str] = SHARED["engine"],
+        switch: List[str] = SHARED["switch"],
         json_out: bool = JsonOption,
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
@@ -144,7 +151,8 @@ def register(app) -> None:
         from engine_bridge.engine.sources import build_sources, resolve_model
 
         blas = pin_blas_threads(1)
-        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig)
+        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
+                                engine, tuple(switch))
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
@@ -191,6 +199,8 @@ def register(app) -> None:
         csv_file: Optional[str] = SHARED["csv_file"],
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
+        engine: Optional[str] = SHARED["engine"],
+        switch: List[str] = SHARED["switch"],
         json_out: bool = JsonOption,
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
@@ -199,7 +209,8 @@ def register(app) -> None:
         from engine_bridge.engine.run import save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
-        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig)
+        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
+                                engine, tuple(switch))
         err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),

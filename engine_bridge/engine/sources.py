@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 from core.errors import UsageError
 from core.rig import Rig, load_rig, rig_dir
-from engines.registry import DEFAULT_ENGINE, get_engine
+from engines.registry import DEFAULT_ENGINE, check_reads_model, engine_for_model, get_engine
 from engines.split import check_weights, parse_weights
 from planner.plans import load_plan, resolve_plan_path
 from models.modelset import ModelSet, discover, member_set, one_file
@@ -103,7 +103,8 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
     """The sources of a run: `plan` (a file, 'latest' or a name in <rig>/plans, whose primary must
     be `model`; its engine and switches are the run's) or `model` plus `replicas` ('PATH*W', each
     a copy of the whole model: its file, its split set's first file or its directory) read as
-    `engine` reads (default ds4-argodrive) with `switches` on; `decode_weights` ('W,W,..')
+    `engine` reads (default: the engine that reads such a model, `engines.registry.engine_for_model`)
+    with `switches` on; `decode_weights` ('W,W,..')
     overrides either."""
     the_rig = load_rig(rig_dir(rig), must_exist=False)
     if plan:
@@ -128,7 +129,8 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
             decode = parse_weights(decode_weights, engine)
             planned["decode"] = None          # the plan's prediction is for its own decode weights
     else:
-        engine = engine or DEFAULT_ENGINE
+        chosen = engine is not None
+        engine = engine or engine_for_model(model.format, model.layout, model.files)
         e = get_engine(engine)
         for k in switches:
             if k not in e.switches:
@@ -146,6 +148,10 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
     if decode != prefill and not get_engine(engine).phase_weights:
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {engine} reads both phases with one weight "
                          f"vector ({':'.join(map(str, prefill))}); drop --decode-weights")
+    if (plan or chosen) and engine_for_model(model.format, model.layout, model.files) != engine:
+        # another engine is the one that reads this model: its pattern is the one to run. (A layout
+        # no engine reads, a split GGUF set, is still replayed with the engine asked for.)
+        check_reads_model(engine, model.format, model.layout, model.files, model.path)
     models = (model,) + tuple(member_model(p, the_rig, model) for p in paths[1:])
     return SourceSet(models=models, prefill=prefill, decode=decode, planned=planned, engine=engine,
                      switches=tuple(switches))

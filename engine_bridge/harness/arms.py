@@ -19,6 +19,8 @@ results.json (schema 1):
 
 from __future__ import annotations
 
+from engines.registry import DEFAULT_ENGINE
+
 import math
 from dataclasses import dataclass, field
 from statistics import median
@@ -53,10 +55,12 @@ class ArmSpec:
     prefill_weights: tuple[int, ...]
     decode_weights: tuple[int, ...]
     plan: str = ""
+    engine: str = DEFAULT_ENGINE     # whose reads the arm performs
+    switches: tuple[str, ...] = ()   # the engine's switches on in the arm
 
     def to_dict(self) -> dict:
         return {"plan": self.plan, "sources": list(self.sources), "prefill_weights": list(self.prefill_weights),
-                "decode_weights": list(self.decode_weights)}
+                "decode_weights": list(self.decode_weights), "engine": self.engine, "switches": list(self.switches)}
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ from core.errors import Interrupted, MismatchError, MissingError, UsageError
 from core.events import Notice, emit
 from core.fsutil import atomic_write_text
 from core.rig import Rig, load_rig, rig_dir
+from engines.registry import DEFAULT_ENGINE, engine_for_model, get_engine
 from engines.split import check_weights, parse_weights
+from models.modelset import member_set
 from planner.plan import Phase, Plan, Source, plan_to_dict
 from planner.plans import load_plan, resolve_plan_path
 
@@ -77,11 +79,22 @@ def resolve_arm(name: str, ref: str, rig: Rig | None) -> ArmSpec:
         if len(prefill) > len(members):
             raise UsageError(f"--arm {name}={ref}: {len(prefill)} weights but the rig at {rig.root} has "
                              f"{len(members)} member(s); add replicas with `replicas sync` or give fewer weights")
-        return ArmSpec(name, tuple(m.path for m in members[:len(prefill)]), prefill, decode)
+        return ArmSpec(name, tuple(m.path for m in members[:len(prefill)]), prefill, decode, engine=rig_engine(rig))
     path = resolve_plan_path(ref, rig)
     plan = load_plan(path)
     return ArmSpec(name, tuple(s.path for s in plan.sources), tuple(plan.prefill.weights),
-                   tuple(plan.decode.weights), plan=path)
+                   tuple(plan.decode.weights), plan=path, engine=plan.engine, switches=plan_switches(plan))
+
+
+def rig_engine(rig: Rig) -> str:
+    """The engine whose reads inline weights perform: the one that reads the rig's model."""
+    m = member_set(rig, rig.model)
+    return engine_for_model(m.format, m.layout, m.files)
+
+
+def plan_switches(plan) -> tuple[str, ...]:
+    """The engine switches a plan turns on."""
+    return tuple(k for k in get_engine(plan.engine).switches if getattr(plan, k, False))
 
 
 def bench_arms(arms: Sequence[str], rig_option: str | None) -> tuple[list[ArmSpec], Rig]:
@@ -105,27 +118,29 @@ def ladder_arms(rig_option: str | None, plan: str | None = None, weights: str | 
             raise UsageError(f"the rig at {rig.root} has no model; run `replicas init` / `replicas sync` first")
         prefill = parse_weights(weights)
         paths = [m.path for m in rig.members]
+        engine, switches = rig_engine(rig), ()
     else:
         spec = resolve_arm("plan", resolve_plan_path(plan or "latest", rig), rig)
-        paths, prefill = list(spec.sources), spec.prefill_weights
+        paths, prefill, engine, switches = list(spec.sources), spec.prefill_weights, spec.engine, spec.switches
         if not decode_weights:
             decode_weights = ":".join(map(str, spec.decode_weights))
-    decode = parse_weights(decode_weights) if decode_weights else prefill
-    return ladder_specs(paths, prefill, decode, plan="" if weights else spec.plan), rig
+    decode = parse_weights(decode_weights, engine) if decode_weights else prefill
+    return ladder_specs(paths, prefill, decode, plan="" if weights else spec.plan, engine=engine, switches=switches), rig
 
 
 def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[int] | None = None,
-                 plan: str = "") -> list[ArmSpec]:
-    """One drive (the primary alone: the control), plus one replica, plus two (DESIGN §8). `plan`:
-    the plan file the paths and weights came from, recorded on the rung that runs all of its sources."""
-    prefill = check_weights(tuple(prefill))
-    decode = prefill if decode is None else check_weights(tuple(decode))
+                 plan: str = "", engine: str = DEFAULT_ENGINE, switches: Sequence[str] = ()) -> list[ArmSpec]:
+    """One drive (the primary alone: the control), plus one replica, plus two (docs/harness.md),
+    each performing `engine`'s reads with `switches` on. `plan`: the plan file the paths and
+    weights came from, recorded on the rung that runs all of its sources."""
+    prefill = check_weights(tuple(prefill), engine)
+    decode = prefill if decode is None else check_weights(tuple(decode), engine)
     n = min(len(paths), len(prefill))
     if n < 2 or len(decode) < n:
         raise UsageError(f"ladder: needs a primary and at least one replica with a weight each "
                          f"(got {len(paths)} source(s), weights {':'.join(map(str, prefill))})")
     return [ArmSpec(f"{k}drive" + ("s" if k > 1 else ""), tuple(paths[:k]), prefill[:k], decode[:k],
-                    plan=plan if k == len(paths) else "")
+                    plan=plan if k == len(paths) else "", engine=engine, switches=tuple(switches))
             for k in range(1, n + 1)]
 
 
@@ -142,6 +157,7 @@ def write_arm_plan(spec: ArmSpec, path: str) -> str:
     plan = Plan(sources=tuple(Source(f"source{i}", p) for i, p in enumerate(spec.sources)),
                 prefill=Phase(tuple(spec.prefill_weights), predicted("prefill", spec.prefill_weights)),
                 decode=Phase(tuple(spec.decode_weights), predicted("decode", spec.decode_weights)),
+                engine=spec.engine, stripe="stripe" in spec.switches, direct="direct" in spec.switches,
                 created=_now(), provenance={"by": "engine-bridge bench", "arm": spec.name, "from": spec.plan,
                                             **({"model": src.provenance["model"]} if same and "model" in src.provenance
                                                else {})},

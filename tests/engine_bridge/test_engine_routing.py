@@ -64,6 +64,14 @@ def test_prefill_coverage_matches_the_field():
         assert abs(got - want) <= COVERAGE_TOLERANCE, (tokens, got, want)
 
 
+def one_drive(g):
+    """ds4-argodrive's reads of this geometry from one drive."""
+    from engine_bridge.engine.staging import StepReads
+    from engines.registry import get_engine
+
+    return StepReads(get_engine("ds4-argodrive"), g, {"prefill": (1,), "decode": (1,)})
+
+
 @pytest.fixture(scope="module")
 def field_steps():
     g = field_geometry()
@@ -74,10 +82,10 @@ def field_steps():
 def test_decode_misses_per_token_match_the_field(cache, field_steps):
     g = field_geometry()
     zero = memoryview(bytearray(32 << 20))
-    submit = lambda off, n, phase, file=None: _Done(zero[:n])  # noqa: E731
+    submit = lambda read, phase: _Done(zero[:read.length])  # noqa: E731
     c = ExpertCache(cache, g.layers * g.experts)
-    replay_steps(g, field_steps[:1 + 32], g.layers, c, submit)   # the prefill chunk, then 32 warm-up tokens
-    out = replay_steps(g, field_steps[1 + 32:], g.layers, c, submit)
+    replay_steps(g, field_steps[:1 + 32], g.layers, c, submit, one_drive(g))   # the prefill chunk, then 32 warm-up tokens
+    out = replay_steps(g, field_steps[1 + 32:], g.layers, c, submit, one_drive(g))
     got = out["counters"]["decode"].misses / out["tokens"]["decode"]
     want = FIELD_DECODE_MISSES[cache]
     print(f"cache {cache}: {got:.2f} misses/token (field {want})")
@@ -139,12 +147,12 @@ def test_the_planners_simulated_traffic_is_the_replays_exactly(cache):
                     for l in range(layers) for i, c in enumerate(("gate", "up", "down")))
     g = Geometry("/m.gguf", 3 * layers * per, "x", layers, experts, top_k, 8192, tensors, 4096)
     zero = memoryview(bytearray(1 << 20))
-    submit = lambda off, n, phase, file=None: _Done(zero[:n])  # noqa: E731
+    submit = lambda read, phase: _Done(zero[:read.length])  # noqa: E731
     steps = list(model_steps(Router(RoutingModel(layers, experts, top_k, seed=ROUTING_SEED)), prompt,
                              ROUTING_WARM_TOKENS + ROUTING_MEASURE_TOKENS, 512))
     c = ExpertCache(cache, layers * experts)
-    pre = replay_steps(g, steps[:2 + ROUTING_WARM_TOKENS], layers, c, submit)   # two prefill chunks, then warm-up
-    out = replay_steps(g, steps[2 + ROUTING_WARM_TOKENS:], layers, c, submit)
+    pre = replay_steps(g, steps[:2 + ROUTING_WARM_TOKENS], layers, c, submit, one_drive(g))   # two prefill chunks, then warm-up
+    out = replay_steps(g, steps[2 + ROUTING_WARM_TOKENS:], layers, c, submit, one_drive(g))
     read_per_layer, misses = simulate(layers, experts, top_k, prompt, cache)
     assert read_per_layer == pre["counters"]["prefill"].misses / layers
     assert misses == out["counters"]["decode"].misses / ROUTING_MEASURE_TOKENS

@@ -158,7 +158,9 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
     from models.cache import ExpertCache
     from engine_bridge.engine.inference import Engine, prompt_tokens, tokens_sha256
     from engine_bridge.engine.model import load_resident
+    from engine_bridge.engine.staging import StepReads
     from engine_bridge.reader import SplitReader
+    from engines.registry import get_engine
 
     good = run(model_dir)["output_sha256"]
     victim = tmp_path / "victim.gguf"
@@ -168,7 +170,9 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
     res = load_resident(g)
     with SplitReader(paths, (10, 5, 5), (10, 6, 6), lanes=2, health_interval=0) as reader:
         os.truncate(victim, g.tensor(0, "gate").offset)     # after the reader checked it: every expert read is short
-        eng = Engine(g, res, reader.submit, ExpertCache(4, g.layers * g.experts))
+        reads_of = StepReads(get_engine("ds4-argodrive"), g, {"prefill": (10, 5, 5), "decode": (10, 6, 6)},
+                             healthy=reader.healthy)
+        eng = Engine(g, res, reader.submit_read, reads_of, ExpertCache(4, g.layers * g.experts))
         out = eng.run(prompt_tokens(PROMPT, res.vocab, 11), GEN)
         eng.close()
         stats = reader.stats()
@@ -247,8 +251,8 @@ def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(mod
     assert SPEC.component_bytes == 557_056                   # 2 blocks + 32 KiB: 1 / 1 / 0 blocks at 2:1:1
     r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, hedge=False)
     for ph in ("prefill", "decode"):
-        assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "seconds", "read_wait_seconds", "largest_read",
-                              "sources"}
+        assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "groups", "seconds", "read_wait_seconds",
+                              "largest_read", "sources"}
         assert [set(s) for s in r[ph]["sources"]] == [{"index", "bytes", "reads", "given_bytes", "given_pieces"}] * 3
         assert sum(s["bytes"] for s in r[ph]["sources"]) == r[ph]["bytes"]
     assert r["planned"] == {"prefill": None, "decode": None}
@@ -259,7 +263,7 @@ def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(mod
         (dec["reads"] * 294_912, dec["reads"]), (dec["reads"] * 262_144, dec["reads"]), (0, 0)]
     assert [e["source"] for e in r["idle"] if e["phase"] == "decode"] == [2]
     [e] = [e for e in r["idle"] if e["phase"] == "decode"]
-    assert e["kind"] == "split" and e["by"] == "weights" and e["piece_bytes"] == 0
+    assert e["kind"] == "split" and e["by"] == "weights" and e["planned_share"] is None
     assert all(s["bytes"] > 0 for s in r["prefill"]["sources"])    # prefill reads coalesced experts: all take part
     assert r["sources"][2]["bytes"] == r["prefill"]["sources"][2]["bytes"]
 
@@ -272,10 +276,11 @@ def test_run_warns_when_the_plan_gave_a_source_bytes_it_never_read(model_dir, tm
     r = runner.invoke(app, args + ["--json"])
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
-    assert j["planned"]["decode"] == {"pieces": [3_489_792, 1_572_864, 1_572_864], "read_bytes": 6_635_520}
+    shares = [p / 6_635_520 for p in (3_489_792, 1_572_864, 1_572_864)]
+    assert j["planned"]["decode"] == {"shares": shares}
     assert j["planned"]["prefill"] is None
     [e] = j["idle"]
-    assert (e["phase"], e["source"], e["kind"], e["by"], e["planned_bytes"]) == ("decode", 2, "unread", "plan", 1_572_864)
+    assert (e["phase"], e["source"], e["kind"], e["by"], e["planned_share"]) == ("decode", 2, "unread", "plan", shares[2])
     warn = [x for x in r.stderr.splitlines() if x.startswith("warning: ")]
     assert warn == [f"warning: {e['message']}"]
     assert "decode per source: [0] " in r.stderr and "[2] 0 B in 0 pieces" in r.stderr
@@ -283,11 +288,10 @@ def test_run_warns_when_the_plan_gave_a_source_bytes_it_never_read(model_dir, tm
     r = runner.invoke(app, args + ["--decode-weights", "2,1,1", "--json"])
     j = json.loads(r.stdout)
     assert j["planned"]["decode"] is None and [e["kind"] for e in j["idle"]] == ["split"]
-    assert "note: source[2] read nothing in decode: given nothing by the split" in r.stderr
+    assert "note: source[2] read nothing in decode: the engine's reads at 2:1:1 gave it nothing" in r.stderr
     assert "warning:" not in r.stderr
-    # a plan for another engine predicts that engine's reads, not the ones this reader cuts
+    # a plan for an engine that cannot read this model is refused in one line, naming the one that can
     (tmp_path / "c.json").write_text(json.dumps({**_v41_plan(d), "engine": "colibri"}))
     r = runner.invoke(app, args[:4] + [str(tmp_path / "c.json")] + args[5:] + ["--json"])
-    assert r.exit_code == 0, r.output
-    j = json.loads(r.stdout)
-    assert j["planned"] == {"prefill": None, "decode": None} and [e["kind"] for e in j["idle"]] == ["split"]
+    assert r.exit_code == 2, r.output
+    assert "colibri loads a directory of safetensors shards" in r.stderr and "ds4-argodrive" in r.stderr

@@ -241,7 +241,7 @@ def test_cli_run_takes_the_directory_and_its_copies(colibri_dir):
             "--prompt-seed", "11", "--json"]
     one = runner.invoke(app, base + ["--cache-experts", "16"])
     three = runner.invoke(app, base + ["--cache-experts", "1", "--replica", f"{colibri_dir / 'r1'}*5",
-                                       "--replica", f"{colibri_dir / 'r2'}*5", "--decode-weights", "2,1,1"])
+                                       "--replica", f"{colibri_dir / 'r2'}*5"])
     assert one.exit_code == 0 and three.exit_code == 0, one.output + three.output
     a, b = json.loads(one.stdout), json.loads(three.stdout)
     assert a["output_sha256"] == b["output_sha256"] == run(colibri_dir)["output_sha256"]
