@@ -19,14 +19,13 @@ results.json (schema 1):
 
 from __future__ import annotations
 
-from engines.registry import DEFAULT_ENGINE
-
 import math
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Sequence
 
 from core.errors import UsageError
+from engines.registry import DEFAULT_ENGINE
 from planner.measured import RESULTS_KEYS, RESULTS_SCHEMA, parse_results  # noqa: F401 (RESULTS_KEYS: the shape build_results writes)
 
 CSV_COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps",
