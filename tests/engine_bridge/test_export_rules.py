@@ -170,7 +170,7 @@ def test_checker_accepts_a_good_plan_and_unverified_when_allowed():
     f[2] = SourceFacts(2, "/d2/m", size=100, device=1, inode=12, state="unverified")
     assert [x.rule for x in check_sources(f, (10, 5, 5), (10, 6, 6))] == ["unverified"]
     assert check_sources(f, (10, 5, 5), (10, 6, 6), allow_unverified=True) == []
-    assert check_sources(facts(5), (1,) * 5, (1,) * 5, engine="colibri") == []
+    assert check_sources(facts(5), (1,) * 5, (1,) * 5, engine="colibri") == []     # files: no directory to judge
     assert [x.rule for x in check_sources(facts(6), (1,) * 6, (1,) * 6, engine="colibri")] == ["too-many-sources"]
     assert check_cache(4600) == [] and check_cache(True)[0].rule == "cache-range"
 
