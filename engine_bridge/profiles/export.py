@@ -1,10 +1,10 @@
 """Exporting a plan as an engine profile (I/O around engine_bridge.profile): read the plan, the
-rig and its manifest, look at every source on
+rig and its manifest, look at the model (can the engine read it at all?) and at every source on
 disk (size, inode, verification stamp; for an engine that loads directories, the directory a
 source stands for, its files and config.json), check the engine's rules, then write the env file
 and its JSON companion atomically.
 
-Which facts matter and what they mean is the engine's (`Engine.profile`);
+Which facts matter and what they mean is the engine's (`Engine.profile`, `Engine.reads_model`);
 this module gathers them and never tests an engine's name.
 """
 
@@ -19,13 +19,14 @@ from importlib import metadata, resources
 
 from core import rig as rigmod
 from core.constants import PROFILES_DIR
-from core.errors import MissingError, RigError, UsageError
+from core.errors import MissingError, ReplicaTunerError, RigError, UsageError
 from core.fsutil import atomic_write_text
 from core.jsonfile import read_json
 from engine_bridge.profiles import profile as pf
 from engine_bridge.profiles import rules
 from engines.profile import SourceFacts
 from engines.registry import DEFAULT_ENGINE
+from models.modelset import discover
 from models.tensortable import CONFIG_JSON
 from planner.plan import plan_to_dict
 from planner.plans import load_plan
@@ -96,6 +97,17 @@ def definition_from_path(path: str) -> pf.Definition:
 
 # ---------------------------------------------------------------------------------------------
 # Facts about the model and the sources
+
+def model_kind(path: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """(format, layout, files) of the model at the plan's primary path (`models.modelset.discover`),
+    or None when it cannot tell (missing, unreadable, or bytes of no known format: the rules then
+    say what is wrong with the source itself)."""
+    try:
+        m = discover(path)
+    except (ReplicaTunerError, OSError):
+        return None
+    return m.format, m.layout, m.files
+
 
 def _listing(directory: str) -> tuple[tuple[str, int], ...]:
     """The regular files directly in a directory, with their sizes (a directory that cannot be
@@ -200,6 +212,15 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + (f"-{engine}" if engine != DEFAULT_ENGINE else "")
     if not pf.valid_name(profile_id):
         raise UsageError(f"--profile {profile_id!r}: use letters, digits, '.', '_' or '-'")
+
+    # The model first: an engine that cannot read it at all is refused in one line, naming the
+    # engine that can, rather than by every rule its files break.
+    kind = model_kind(plan_dict["sources"][0]["path"])
+    if kind is not None:
+        why, readers = rules.check_model(engine, *kind)
+        if why and readers:
+            raise UsageError(f"plan {plan_path}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
+                             f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     rig = rigmod.load_rig(rig_root, must_exist=False)
     manifest = load_manifest(rig, required=False)    # the model: every file, one digest (its identity)

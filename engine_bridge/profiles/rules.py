@@ -4,7 +4,8 @@ way, or ignore with no more than a log line, judged on facts about the plan's so
 Nothing here touches the disk, and nothing here knows an engine: facts about files (size, inode,
 verification state, the directory an engine loads) arrive as `SourceFacts` gathered by
 `engine_bridge.profiles.export`; the rules themselves are the engine's own, asked through
-`Engine.profile.check` (`engines.profile`).
+`Engine.profile.check` (`engines.profile`); which models an engine reads through
+`Engine.reads_model`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from core.errors import UsageError
 from engines.profile import NO_SOURCES, Request, SourceFacts, Violation, check_cache
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 
-__all__ = ["NO_SOURCES", "SourceFacts", "Violation", "check_cache", "check_engine", "check_sources",
+__all__ = ["NO_SOURCES", "SourceFacts", "Violation", "check_cache", "check_engine", "check_model", "check_sources",
            "profile_of", "refusal"]
 
 
@@ -48,6 +49,18 @@ def check_engine(plan_engine: str, engine: str) -> list[Violation]:
         return [Violation("engine", "engine", f"the plan was solved for {plan_engine!r}, whose split differs from "
                                               f"{engine}'s; solve again with `planner solve` for {engine}")]
     return []
+
+
+def check_model(engine: str, fmt: str, layout: str, files: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """Whether the engine reads a model of this format and layout: ('', ()) when it does, else
+    (its one line why not, the engines that do read it)."""
+    e = get_engine(engine)
+    why = e.reads_model(fmt, layout, files) if e.reads_model is not None else ""
+    if not why:
+        return "", ()
+    readers = tuple(n for n, x in ENGINES.items()
+                    if x is not e and x.reads_model is not None and not x.reads_model(fmt, layout, files))
+    return why, readers
 
 
 def refusal(where: str, violations: Sequence[Violation]) -> UsageError:
