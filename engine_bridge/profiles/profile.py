@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from core.errors import RigError, UsageError
-from engines.profile import Request, Setting
+from engines.profile import PHASES, Request, Setting
 from engines.registry import ENGINES
 
 from .rules import check_cache, profile_of
@@ -229,11 +229,31 @@ def managed_keys(engine: str, definitions: Iterable[Definition] = ()) -> tuple[s
 # ---------------------------------------------------------------------------------------------
 # Building a profile from a plan
 
+def idle_phases(plan: dict, sources: int) -> tuple[tuple[str, ...], ...]:
+    """Per source, the phases in which the plan gives it nothing: its `predicted` block says 0
+    bytes for it (`sources[i]["bytes"]`), or the plan's `workload.idle` names it (under a phase's
+    name for that phase, under any other key for every phase)."""
+    out: list[list[str]] = [[] for _ in range(sources)]
+    names = [s.get("name") for s in plan.get("sources") or () if isinstance(s, dict)]
+    for ph in PHASES:
+        pred = (plan.get(ph) or {}).get("predicted") or {}
+        for i, s in enumerate(pred.get("sources") or ()):
+            if i < sources and isinstance(s, dict) and "bytes" in s and not s["bytes"] and ph not in out[i]:
+                out[i].append(ph)
+    for key, rep in ((plan.get("workload") or {}).get("idle") or {}).items():
+        phases = (key,) if key in PHASES else PHASES
+        for name in (rep or {}).get("sources") or () if isinstance(rep, dict) else ():
+            if name in names and names.index(name) < sources:
+                i = names.index(name)
+                out[i] += [ph for ph in phases if ph not in out[i]]
+    return tuple(tuple(ph for ph in PHASES if ph in x) for x in out)
+
+
 def request_of(p: Profile) -> Request:
     """What a profile asks its engine for (the request it was built from, as the file keeps it)."""
     return Request(paths=(p.primary,) + p.replicas, prefill=(p.primary_weight,) + p.replica_weights,
                    decode=p.decode_weights, stripe=bool(p.plan.get("stripe", False)), cache_experts=p.cache_experts,
-                   variant=p.variant)
+                   variant=p.variant, idle=idle_phases(p.plan, p.sources))
 
 
 def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered | None,

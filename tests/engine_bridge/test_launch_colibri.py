@@ -117,10 +117,17 @@ def stand_in(tmp_path, skip=(), weights=True, stats=True, idle=(), glm53=False):
     return str(path)
 
 
-def exported(tmp_path, drives=3, weights=(9, 3, 3), model_type="glm_moe_dsa"):
-    """A colibri profile of a directory rig whose config.json says `model_type`."""
+def exported(tmp_path, drives=3, weights=(9, 3, 3), model_type="glm_moe_dsa", predicted_bytes=None):
+    """A colibri profile of a directory rig; `predicted_bytes`: the bytes the plan predicts per
+    drive in both phases (a 0 is a drive the plan leaves idle)."""
     root, dirs = make_dir_rig(tmp_path, drives, model_type=model_type)
     plan = write_plan(tmp_path, dirs, weights[:drives], weights[:drives])
+    if predicted_bytes is not None:
+        doc = json.load(open(plan))
+        for ph in ("prefill", "decode"):
+            doc[ph]["predicted"] = {"sources": [{"name": s["name"], "bytes": b}
+                                                for s, b in zip(doc["sources"], predicted_bytes)]}
+        json.dump(doc, open(plan, "w"))
     res = export_profile(rig_root=root, plan_path=plan, fmt="colibri", allow_unverified=True)
     return root, dirs, res.files[1]
 
@@ -178,6 +185,19 @@ def test_a_single_drive_profile_needs_no_mirror_lines(tmp_path):
     root, dirs, prof = exported(tmp_path, drives=1, weights=(1,))
     r = launch_arm(stand_in(tmp_path), prof, run_dir=str(tmp_path / "run"))
     assert r.ok, r.confirmations
+
+
+def test_a_drive_the_plan_leaves_idle_is_confirmed_as_expected_idle(tmp_path):
+    # the plan predicts mirror2 reads nothing (its cut holds none of the model's experts): that
+    # it served nothing is what the plan said, not a failure
+    root, dirs, prof = exported(tmp_path, predicted_bytes=(5_000, 2_000, 0))
+    r = launch_arm(stand_in(tmp_path, idle={2}), prof, run_dir=str(tmp_path / "idle"))
+    assert r.ok, r.confirmations
+    served = r.confirmations[3]
+    assert "mirror2 served 0 bytes, expected idle: the plan gives it nothing in prefill and decode" in served.detail
+    # a drive the plan gives bytes still fails when it serves nothing
+    r = launch_arm(stand_in(tmp_path, idle={1}), prof, run_dir=str(tmp_path / "busy"))
+    assert r.failed == ("served",) and "mirror1 served nothing" in r.confirmations[3].detail
 
 
 def test_a_glm53_model_is_confirmed_by_its_own_lines_without_per_drive_counters(tmp_path):

@@ -13,7 +13,7 @@ from engine_bridge.profiles.confirm import (
     launch_environment,
     parse_bench_csv,
 )
-from engine_bridge.profiles.profile import Profile
+from engine_bridge.profiles.profile import Profile, idle_phases
 
 def test_bench_csv_anywhere_in_stdout():
     out = ("ds4-bench: loading\n"
@@ -74,3 +74,12 @@ def test_engine_arguments_the_profile_owns_are_refused():
         with pytest.raises(UsageError, match="already given by the profile"):
             engine_argv("/bin/ds4", profile(), bad)
 
+
+def test_which_sources_a_plan_leaves_idle_in_which_phase():
+    plan = {"sources": [{"name": "internal"}, {"name": "green"}, {"name": "white"}],
+            "prefill": {"predicted": {"sources": [{"name": "internal", "bytes": 9}, {"name": "green", "bytes": 0},
+                                                  {"name": "white"}]}},          # no 'bytes': not known idle
+            "decode": {"predicted": {}},
+            "workload": {"idle": {"decode": {"sources": ["white"]}, "placement": {"sources": ["internal", "nobody"]}}}}
+    assert idle_phases(plan, 3) == (("prefill", "decode"), ("prefill",), ("decode",))
+    assert idle_phases({}, 2) == ((), ())
