@@ -3,7 +3,9 @@
 The one question each engine answers is its read pattern (`engines.pattern`): `pattern(geometry,
 step, setup)`. Beside it, what the stages above need to ask instead of testing the engine's name:
 its limits, the weights it accepts (`grid`: the distinct ones the solver searches), how many reads
-it keeps in flight per phase, its switches, and which model layouts it can read."""
+it keeps in flight per phase, its switches, which model layouts it can read, and its `profile`: the
+environment and arguments a plan gives it, its rules, its log lines and the verdict on a launch
+(`engines.profile`, docs/architecture.md "Adding an engine")."""
 
 from __future__ import annotations
 
@@ -51,3 +53,6 @@ class Engine:
     phase_weights: bool = True          # one weight vector per phase (False: one for both phases)
     # (weights, read length) -> the smallest weights that cut such a read the same (engines that cut reads)
     equivalent: Optional[Callable[[Sequence[int], int], tuple[int, ...]]] = None
+    # What export writes for the engine and how launch confirms it from the log: an object (its
+    # profile module) giving engines.profile.EngineProfile; None: the engine has no profile
+    profile: Any = None

@@ -41,6 +41,7 @@ import numpy as np
 
 from core.errors import UsageError
 
+from . import colibri_profile
 from .base import Engine, Piece
 from .pattern import Concurrency, Pattern, Read, Setup, Step
 
@@ -260,6 +261,27 @@ def plan_environment(model_dir: str, mirrors: Sequence[str], weights: Sequence[i
         if stripe:
             env += [(ENV_DIRECT, "1"), (ENV_STRIPE, "1")]
     return tuple(env)
+
+
+def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
+    """colibri loads a directory of safetensors shards holding tokenizer.json: the coli launcher's
+    `need_model` refuses a model directory without TOKENIZER, c/st.h `st_scan_dir` indexes the
+    *.safetensors (SHARD_SUFFIX) at the top of it. A lone shard stands for its folder (export then
+    checks that folder). '' when colibri reads such a model, else one line why not."""
+    if fmt != "safetensors":
+        what = "a split GGUF set" if layout == "gguf-split" else \
+            f"a {fmt} {'directory' if layout == 'dir' else 'file' if layout == 'file' else layout}"
+        return f"{NAME} loads a directory of safetensors shards with {TOKENIZER}; this model is {what}"
+    if layout == "file":
+        return ""
+    if layout != "dir":
+        return f"{NAME} loads a directory of safetensors shards with {TOKENIZER}; this model is a safetensors {layout}"
+    top = [f for f in files if "/" not in f]
+    if not any(f.endswith(SHARD_SUFFIX) for f in top):
+        return f"{NAME} loads the *{SHARD_SUFFIX} shards at the top of the model directory; this one has none"
+    if TOKENIZER not in top:
+        return f"{NAME}'s coli launcher refuses a model directory without {TOKENIZER} (need_model); this one has none"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -841,18 +863,7 @@ def _cut_classes(member: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     return _CLASSES[key]
 
 
-def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
-    """colibri loads a directory of safetensors shards with tokenizer.json (the coli launcher's
-    `need_model`; c/st.h st_scan_dir indexes the *.safetensors files)."""
-    if fmt != "safetensors" or layout != "dir":
-        what = "one GGUF file" if layout == "file" and fmt == "gguf" else f"a {fmt} {layout}"
-        return f"{NAME} loads a directory of safetensors shards with {TOKENIZER}; this model is {what}"
-    if TOKENIZER not in files:
-        return f"{NAME} loads a model directory only with {TOKENIZER} in it (the coli launcher's need_model); this one has none"
-    return ""
-
-
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN, place=place_expert,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
-                switches=("direct", "stripe"), modes=modes, phase_weights=False)
+                switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile)

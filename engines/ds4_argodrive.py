@@ -18,6 +18,7 @@ import numpy as np
 from core.errors import UsageError
 from models.modelset import Extent
 
+from . import ds4_argodrive_profile
 from .base import Engine, Piece
 from .pattern import Concurrency, Pattern, Read, Setup, Step
 
@@ -340,4 +341,5 @@ def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=BLOCK, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
-                concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent)
+                concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
+                profile=ds4_argodrive_profile)

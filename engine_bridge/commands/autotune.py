@@ -24,11 +24,13 @@ from core.cli import JsonOption, QuietOption, RigOption, err, print_json
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
-from engines.ds4_argodrive import DECODE_THREADS, PREFILL_LANES
-from engines.registry import DEFAULT_ENGINE
+from engines.registry import DEFAULT_ENGINE, get_engine
 from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
 
 ALIGN = 4096                    # decode reads start on 4 KiB boundaries, as expert components do
+# The split reader reads as the default engine does: its reads in flight are that engine's own.
+PREFILL_LANES = get_engine(DEFAULT_ENGINE).concurrency("prefill").per_source
+DECODE_THREADS = get_engine(DEFAULT_ENGINE).concurrency("decode").shared
 TUNER_TRIAL_S = 2.0             # the tuner's measuring key: one short trial, s
 WARMUP_S = 0.5                  # a trial's reads before its clock starts, s (`timed_rate`)
 # No reads for this long before a trial (`SplitMeasure`), s: a rate limiter then forgets what the

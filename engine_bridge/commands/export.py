@@ -26,8 +26,9 @@ def register(app) -> None:
     def export_cmd(
         rig: Optional[str] = RigOption,
         plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in rig/plans, or 'latest'."),
-        fmt: str = typer.Option(..., "--format", metavar="ds4-argodrive|colibri|json",
-                                help="ds4-argodrive: shell file + JSON; colibri: its mirror/weight variables; json: data."),
+        fmt: str = typer.Option(..., "--format", metavar="|".join(pf.FORMATS),
+                                help="An engine's name: its shell file + JSON (e.g. colibri: its mirror/weight variables); "
+                                     "json: the plan's engine's profile as data."),
         profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME",
                                               help="Name of the exported profile (default: the plan file's name)."),
         base: Optional[str] = typer.Option(None, "--base", metavar="PROFILE",

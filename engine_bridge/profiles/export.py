@@ -1,6 +1,11 @@
 """Exporting a plan as an engine profile (I/O around engine_bridge.profile): read the plan, the
-rig and its manifest, look at every source on disk (size, inode, verification stamp), check the
-engine's rules, then write the env file and its JSON companion atomically.
+rig and its manifest, look at the model (can the engine read it at all?) and at every source on
+disk (size, inode, verification stamp; for an engine that loads directories, the directory a
+source stands for, its files and config.json), check the engine's rules, then write the env file
+and its JSON companion atomically.
+
+Which facts matter and what they mean is the engine's (`Engine.profile`, `Engine.reads_model`);
+this module gathers them and never tests an engine's name.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ from importlib import metadata, resources
 
 from core import rig as rigmod
 from core.constants import PROFILES_DIR
-from core.errors import MissingError, RigError, UsageError
+from core.errors import MissingError, ReplicaTunerError, RigError, UsageError
 from core.fsutil import atomic_write_text
 from core.jsonfile import read_json
 from engine_bridge.profiles import profile as pf
 from engine_bridge.profiles import rules
-from engines import colibri, ds4_argodrive
+from engines.profile import SourceFacts
+from engines.registry import DEFAULT_ENGINE
+from models.modelset import discover
+from models.tensortable import CONFIG_JSON
 from planner.plan import plan_to_dict
 from planner.plans import load_plan
 from replicas.manifests import load_manifest
@@ -88,90 +96,90 @@ def definition_from_path(path: str) -> pf.Definition:
 
 
 # ---------------------------------------------------------------------------------------------
-# Facts about the sources
+# Facts about the model and the sources
 
-def source_facts(plan_dict: dict, manifest, rig) -> list[rules.SourceFacts]:
-    """Stat every source; replicas also get their stamp state against the manifest."""
+def model_kind(path: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """(format, layout, files) of the model at the plan's primary path (`models.modelset.discover`),
+    or None when it cannot tell (missing, unreadable, or bytes of no known format: the rules then
+    say what is wrong with the source itself)."""
+    try:
+        m = discover(path)
+    except (ReplicaTunerError, OSError):
+        return None
+    return m.format, m.layout, m.files
+
+
+def _listing(directory: str) -> tuple[tuple[str, int], ...]:
+    """The regular files directly in a directory, with their sizes (a directory that cannot be
+    listed: none)."""
+    out = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return ()
+    for n in names:
+        p = os.path.join(directory, n)
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((n, st.st_size))
+    return tuple(out)
+
+
+def _config(directory: str) -> tuple[str, str | None]:
+    """config.json in a model directory: ('', None) absent, ('ok', its model_type or None), or
+    (why it could not be read, None)."""
+    path = os.path.join(directory, CONFIG_JSON)
+    if not os.path.isfile(path):
+        return "", None
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"is not readable JSON ({e})", None
+    if not isinstance(doc, dict):
+        return "is not a JSON object", None
+    mt = doc.get("model_type")
+    return "ok", mt if isinstance(mt, str) else None
+
+
+def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]:
+    """Stat every source; replicas also get their stamp state against the manifest. `view`: the
+    engine's `source_view` when it loads directories — then each source is also looked at as the
+    engine sees it (the directory it stands for, the files there, its config.json), and its stamp
+    is read on the member path whatever it is."""
     facts = []
+    primary_name = ""
     for i, s in enumerate(plan_dict["sources"]):
         path = s["path"]
         try:
             st = os.stat(path)
         except OSError:
-            facts.append(rules.SourceFacts(i, path, exists=False, regular=False, state="missing" if i else ""))
+            facts.append(SourceFacts(i, path, exists=False, regular=False, state="missing" if i else ""))
             continue
-        regular = stat.S_ISREG(st.st_mode)
-        state = ""
-        if i:
-            state = stamp_state(path, manifest, rig) if (manifest is not None and regular) else "unverified"
-        facts.append(rules.SourceFacts(i, path, exists=True, regular=regular, size=st.st_size,
-                                       device=st.st_dev, inode=st.st_ino, state=state))
-    return facts
-
-
-def _shards(directory: str) -> tuple[tuple[str, int], ...]:
-    """The *.safetensors files colibri indexes in a directory (c/st.h st_scan_dir), with sizes."""
-    out = []
-    for n in sorted(os.listdir(directory)):
-        path = os.path.join(directory, n)
-        if n.endswith(colibri.SHARD_SUFFIX) and os.path.isfile(path):
-            out.append((n, os.stat(path).st_size))
-    return tuple(out)
-
-
-def colibri_directory(path: str, primary_name: str = "") -> tuple[str, str]:
-    """(the directory colibri loads for a plan source, why none) — a directory member is the
-    directory; a single-file member stands for its folder only when that folder holds no other
-    shard (colibri loads every *.safetensors in it) and, for a replica, the file has the model's
-    name (st_mirror_add looks a mirror's shard up by the model's basename)."""
-    if os.path.isdir(path):
-        return path, ""
-    name, folder = os.path.basename(path), os.path.dirname(path)
-    if not name.endswith(colibri.SHARD_SUFFIX):
-        return "", (f"{path} is not a directory of safetensors shards, which is all colibri loads "
-                    "(give the model's directory, or export for ds4-argodrive)")
-    if primary_name and name != primary_name:
-        return "", f"{path} is not named {primary_name} like the model, so colibri would not find it as a mirror shard"
-    others = [n for n, _ in _shards(folder) if n != name]
-    if others:
-        return "", (f"colibri would load every shard in {folder}, not only {name} (also {others[0]}); "
-                    "keep the model alone in its directory")
-    return folder, ""
-
-
-def colibri_facts(plan_dict: dict, manifest, rig) -> list[rules.SourceFacts]:
-    """Stat every source as colibri sees it: the directory it loads, its shards, its tokenizer;
-    replicas also get their stamp state (on the member path) against the manifest."""
-    facts: list[rules.SourceFacts] = []
-    primary_name = ""
-    for i, s in enumerate(plan_dict["sources"]):
-        path = s["path"]
-        if not os.path.exists(path):
-            facts.append(rules.SourceFacts(i, path, exists=False, regular=False, state="missing" if i else ""))
+        regular, is_dir = stat.S_ISREG(st.st_mode), stat.S_ISDIR(st.st_mode)
+        if view is None:
+            state = ""
+            if i:
+                state = stamp_state(path, manifest, rig) if (manifest is not None and regular) else "unverified"
+            facts.append(SourceFacts(i, path, exists=True, regular=regular, size=st.st_size,
+                                     device=st.st_dev, inode=st.st_ino, state=state))
             continue
-        directory, why = colibri_directory(path, primary_name if i else "")
-        if i == 0 and not os.path.isdir(path):
+        if i == 0 and not is_dir:
             primary_name = os.path.basename(path)
-        shards, st = (_shards(directory), os.stat(directory)) if directory else ((), os.stat(path))
+        v = view(path, is_dir, _listing(path if is_dir else os.path.dirname(path)), primary_name if i else "")
+        if v.directory:
+            st = os.stat(v.directory)
+        config, model_type = _config(v.directory) if v.directory else ("", None)
         state = ""
         if i:
             state = stamp_state(path, manifest, rig) if manifest is not None else "unverified"
-        facts.append(rules.SourceFacts(i, path, exists=True, regular=not os.path.isdir(path), device=st.st_dev,
-                                       inode=st.st_ino, state=state, directory=directory, not_loadable=why,
-                                       shards=shards,
-                                       tokenizer=bool(directory) and os.path.isfile(os.path.join(directory, colibri.TOKENIZER))))
+        facts.append(SourceFacts(i, path, exists=True, regular=not is_dir, device=st.st_dev, inode=st.st_ino,
+                                 state=state, directory=v.directory, not_loadable=v.not_loadable, shards=v.shards,
+                                 tokenizer=v.tokenizer, config=config, model_type=model_type))
     return facts
-
-
-def plan_stripes(plan_path: str) -> bool:
-    """Whether the plan says colibri should stripe each large read over the drives: its
-    top-level "stripe" (default false)."""
-    with open(plan_path, encoding="utf-8") as f:
-        doc = json.load(f)
-    stripe = doc.get("stripe", False) if isinstance(doc, dict) else False
-    if not isinstance(stripe, bool):
-        raise UsageError(f"{plan_path}: key 'stripe' must be true or false, got {stripe!r}")
-    return stripe
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,22 +199,35 @@ def _companion(path: str) -> str:
 def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None = None,
                    base: str | None = None, cache_experts: int | None = None, output: str | None = None,
                    allow_unverified: bool = False) -> ExportResult:
-    """Check the plan against the engine's rules and write its profile; raises on any violation."""
+    """Check the plan against the engine's rules and write its profile; raises on any violation.
+    `fmt`: an engine's name (its env file and JSON), or 'json' (the plan's engine's profile as
+    JSON alone)."""
     if fmt not in pf.FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
-    engine = colibri.NAME if fmt == colibri.NAME else ds4_argodrive.NAME   # json: ds4-argodrive's profile
     plan = load_plan(plan_path)
+    engine = plan.engine if fmt == pf.JSON_FORMAT else fmt
+    prof = rules.profile_of(engine)
     plan_dict = plan_to_dict(plan)
-    profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + (f"-{colibri.NAME}" if engine == colibri.NAME else "")
+    # A profile for an engine other than the default one carries the engine's name by default.
+    profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + (f"-{engine}" if engine != DEFAULT_ENGINE else "")
     if not pf.valid_name(profile_id):
         raise UsageError(f"--profile {profile_id!r}: use letters, digits, '.', '_' or '-'")
+
+    # The model first: an engine that cannot read it at all is refused in one line, naming the
+    # engine that can, rather than by every rule its files break.
+    kind = model_kind(plan_dict["sources"][0]["path"])
+    if kind is not None:
+        why, readers = rules.check_model(engine, *kind)
+        if why and readers:
+            raise UsageError(f"plan {plan_path}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
+                             f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     rig = rigmod.load_rig(rig_root, must_exist=False)
     manifest = load_manifest(rig, required=False)    # the model: every file, one digest (its identity)
 
     definitions = all_definitions(rig_root)
     layered = None
-    if engine != colibri.NAME:
+    if prof.named_profiles:
         if base and (os.sep in base or base.endswith(".toml")):
             d = definition_from_path(base)
             definitions[d.name] = d
@@ -214,13 +235,13 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
 
-    colibri_export = engine == colibri.NAME
-    facts = colibri_facts(plan_dict, manifest, rig) if colibri_export else source_facts(plan_dict, manifest, rig)
+    facts = source_facts(plan_dict, manifest, rig, prof.source_view)
+    stripe = plan.stripe        # the plan's top-level switch (only engines with the switch write it)
     violations = rules.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
                                      allow_unverified=allow_unverified,
-                                     manifest_size=manifest.size if manifest else None)
+                                     manifest_size=manifest.size if manifest else None, stripe=stripe)
     violations += rules.check_engine(plan.engine, engine)
-    if engine != colibri.NAME:
+    if prof.cache_experts:
         violations += rules.check_cache(cache)
     if violations:
         err = rules.refusal(f"plan {plan_path}", violations)
@@ -229,8 +250,8 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         raise err
 
     unverified = tuple(f.path for f in facts[1:] if f.state != "verified")
-    # colibri is given the directories it loads, not the member paths
-    paths = tuple(f.directory for f in facts) if colibri_export else None
+    # an engine that loads directories is given the directories, not the member paths
+    paths = tuple(f.directory for f in facts) if prof.source_view is not None else None
     provenance = {
         "plan_file": os.path.abspath(plan_path),
         "plan_created": plan.created,
@@ -247,10 +268,10 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         managed=pf.managed_keys(engine, definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
         allow_unverified=allow_unverified, unverified=unverified, provenance=provenance,
-        paths=paths, stripe=colibri_export and plan_stripes(plan_path))
+        paths=paths, stripe=stripe, variant=prof.variant(facts))
 
     doc = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n"
-    if fmt == "json":
+    if fmt == pf.JSON_FORMAT:
         if output == "-":
             return ExportResult(profile, ("-",), doc)
         path = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".json")

@@ -1,12 +1,13 @@
 """Launching a real engine (ds4 / ds4-bench, or colibri: its `coli` launcher or engine binary)
 with an exported profile, and proving from its log that what was requested was applied
-(DESIGN §6, §8, §11): a requested setting is not proof.
+(docs/engine-profiles.md): a requested setting is not proof.
 
-This is the I/O half: `launch_arm` starts the engine in a clean environment (inherited DS4_*
-and the profile's managed keys cleared) plus the profile, captures stdout/stderr/CSV to a run
-folder and returns a `LaunchResult`. The judgement of the captured text is pure and lives in
-`engine_bridge.profiles.confirm` (ds4) and `engine_bridge.profiles.confirm_colibri`, where every
-branch is tested on captured text.
+This is the I/O half: `launch_arm` starts the engine in a clean environment (the profile's
+managed keys cleared, and whatever the engine's profile clears by prefix: ds4's inherited DS4_*)
+plus the profile, captures stdout/stderr/CSV to a run folder and returns a `LaunchResult`. The
+judgement of the captured text is pure and the engine's own (`Engine.profile.judge`, in
+`engines/`), reached through `engine_bridge.profiles.confirm`; every branch is tested on
+captured text in tests/engines.
 
 Launch record (schema 1), written to RUN_DIR/launch.json and printed by `launch --json`:
 
@@ -29,23 +30,19 @@ from typing import Mapping, Sequence
 from core.constants import RUNS_DIR
 from core.errors import UsageError
 from core.fsutil import atomic_write_text, require_file
-from engines import colibri, ds4_argodrive
+from engines.registry import ENGINES
 
-from . import confirm_colibri
 from .confirm import (
     Check,
     confirm,
     csv_block,
     dead_knobs,
     engine_argv,
-    expectation_of,
     launch_environment,
     parse_bench_csv,
     report_env,
 )
 from .profile import Profile
-
-LAUNCHABLE = (ds4_argodrive.NAME, colibri.NAME)
 
 LAUNCH_SCHEMA = 1
 
@@ -154,8 +151,9 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     from .export import load_profile
 
     p = load_profile(profile_path)
-    if p.engine not in LAUNCHABLE:
-        raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms {', '.join(LAUNCHABLE)} log lines only")
+    if p.engine not in ENGINES or ENGINES[p.engine].profile is None:
+        launchable = ", ".join(n for n, e in ENGINES.items() if e.profile is not None)
+        raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms {launchable} log lines only")
     binary = which(binary)
     blob = read_binary(binary)
     argv = engine_argv(os.path.abspath(binary), p, list(args))
@@ -199,10 +197,7 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
             csv_path = os.path.join(run_dir, "engine.csv")
             atomic_write_text(csv_path, "\n".join(block) + "\n")
 
-    if p.engine == colibri.NAME:
-        checks = confirm_colibri.confirm(stdout + "\n" + stderr, confirm_colibri.expectation_of(p), rc)
-    else:
-        checks = confirm(stdout + "\n" + stderr, expectation_of(p), rc)
+    checks = confirm(stdout + "\n" + stderr, p, rc)
     failed = tuple(c.name for c in checks if not c.ok)
     result = LaunchResult(ok=not failed, failed=failed, confirmations=checks, profile=p.id,
                           profile_file=os.path.abspath(profile_path), binary=os.path.abspath(binary),

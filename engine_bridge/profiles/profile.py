@@ -1,18 +1,23 @@
 """Engine profiles (pure): the environment and arguments an engine needs to run a plan, named
-profiles layered as "base plus exactly these keys", and the renderings (ds4-argodrive shell
-file, colibri shell file, JSON) (DESIGN §6). The variable names and formats are the engines'
-own (`engines.ds4_argodrive`, `engines.colibri`); the checks a plan must pass first are in
-`engine_bridge.profiles.rules`. Nothing here touches the disk.
+profiles layered as "base plus exactly these keys", and the renderings (the engine's shell file,
+JSON). What an engine is given, and what its env file says, is the engine's own (`Engine.profile`,
+`engines.profile`: `engines.ds4_argodrive_profile`, `engines.colibri_profile`); the checks a plan
+must pass first are the engine's too, asked through `engine_bridge.profiles.rules`. Nothing here
+touches the disk, and nothing here tests an engine's name.
 
 Profile JSON (schema 1), written beside every exported env file as `<name>.json`:
 
-    {"schema": 1, "kind": "profile", "id": "...", "engine": "ds4-argodrive",
+    {"schema": 1, "kind": "profile", "id": "...", "engine": "ds4-argodrive", "variant": "",
      "environment": {"DS4_ARGODRIVE_PRIMARY_WEIGHT": "10", ...},   # ordered as exported
      "unset": ["DS4_...", ...], "argv": ["--ssd-streaming", "-m", "/abs/...", ...],
      "primary": "/abs/...", "primary_weight": 10, "replicas": [...], "replica_weights": [5, 5],
      "decode_weights": [10, 6, 6], "cache_experts": 4600,
      "model": {"size": 518596067328, "blake3": "..."},
      "allow_unverified": false, "unverified": [], "provenance": {...}, "plan": {...}}
+
+`variant` is the engine variant that runs the model (colibri: the family member its launcher picks
+by config.json's model_type, e.g. "glm53"; "" for an engine without variants). A profile written
+before the key existed loads with "".
 """
 
 from __future__ import annotations
@@ -24,13 +29,18 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from core.errors import RigError, UsageError
-from engines import colibri, ds4_argodrive
+from engines.profile import PHASES, Request, Setting
+from engines.registry import ENGINES
 
-from .rules import check_cache
+from .rules import check_cache, profile_of
 
 PROFILE_SCHEMA = 1
 DEFINITION_SCHEMA = 1
-FORMATS = (ds4_argodrive.NAME, colibri.NAME, "json")    # json: the ds4-argodrive profile as JSON alone
+# An engine's name writes its profile as a shell file and JSON; json: the plan's engine's profile as JSON alone.
+JSON_FORMAT = "json"
+FORMATS = tuple(n for n, e in ENGINES.items() if e.profile is not None) + (JSON_FORMAT,)
+# Variables only a plan sets (every engine's): a named profile may not.
+PLAN_KEYS = frozenset(k for e in ENGINES.values() if e.profile is not None for k in e.profile.plan_keys())
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -77,7 +87,7 @@ class Profile:
     replicas: tuple[str, ...]
     replica_weights: tuple[int, ...]            # base (prefill) weights of the replicas
     decode_weights: tuple[int, ...]             # one per source, primary first ((), single source)
-    cache_experts: int | None                   # experts (an engine argument); None for colibri
+    cache_experts: int | None                   # experts (an engine argument); None for an engine without one
     model_size: int | None = None               # bytes, from the manifest
     model_blake3: str = ""
     allow_unverified: bool = False
@@ -85,6 +95,7 @@ class Profile:
     provenance: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
     schema: int = PROFILE_SCHEMA
+    variant: str = ""                           # the engine variant that runs the model ('' none)
 
     @property
     def sources(self) -> int:
@@ -137,7 +148,7 @@ def parse_definition(text: str, where: str, origin: str = "") -> Definition:
     for k, val in sets.items():
         if not _KEY_RE.match(k):
             raise bad(f"set.{k}", "is not an environment variable name")
-        if k in ds4_argodrive.SPLIT_KEYS or k in colibri.ENV_KEYS:
+        if k in PLAN_KEYS:
             raise bad(f"set.{k}", "comes from the plan, not from a profile; remove it")
         if isinstance(val, bool) or not isinstance(val, (str, int)):
             raise bad(f"set.{k}", "must be a string or an integer")
@@ -208,47 +219,69 @@ def definition_to_dict(d: Definition, definitions: dict[str, Definition]) -> dic
 
 
 def managed_keys(engine: str, definitions: Iterable[Definition] = ()) -> tuple[str, ...]:
-    """Every key an exported profile of this engine speaks for: set it, or unset it."""
-    if engine == colibri.NAME:   # named profiles hold ds4 knobs; colibri's own keys all come from the plan
-        return colibri.ENV_KEYS
-    # Presence-based flags are among these: a key a profile does not set is unset, never set to 0.
-    keys = list(ds4_argodrive.SPLIT_KEYS) + list(ds4_argodrive.KNOWN_KEYS)
-    for d in definitions:
-        keys += [k for k, _ in d.set] + list(d.unset)
-    return tuple(dict.fromkeys(keys))
+    """Every key an exported profile of this engine speaks for: set it, or unset it (the keys named
+    profiles set or unset count for an engine that takes named profiles)."""
+    prof = profile_of(engine)
+    named = [k for d in definitions for k in [k for k, _ in d.set] + list(d.unset)] if prof.named_profiles else []
+    return prof.managed_keys(named)
 
 
 # ---------------------------------------------------------------------------------------------
 # Building a profile from a plan
 
+def idle_phases(plan: dict, sources: int) -> tuple[tuple[str, ...], ...]:
+    """Per source, the phases in which the plan gives it nothing: its `predicted` block says 0
+    bytes for it (`sources[i]["bytes"]`), or the plan's `workload.idle` names it (under a phase's
+    name for that phase, under any other key for every phase)."""
+    out: list[list[str]] = [[] for _ in range(sources)]
+    names = [s.get("name") for s in plan.get("sources") or () if isinstance(s, dict)]
+    for ph in PHASES:
+        pred = (plan.get(ph) or {}).get("predicted") or {}
+        for i, s in enumerate(pred.get("sources") or ()):
+            if i < sources and isinstance(s, dict) and "bytes" in s and not s["bytes"] and ph not in out[i]:
+                out[i].append(ph)
+    for key, rep in ((plan.get("workload") or {}).get("idle") or {}).items():
+        phases = (key,) if key in PHASES else PHASES
+        for name in (rep or {}).get("sources") or () if isinstance(rep, dict) else ():
+            if name in names and names.index(name) < sources:
+                i = names.index(name)
+                out[i] += [ph for ph in phases if ph not in out[i]]
+    return tuple(tuple(ph for ph in PHASES if ph in x) for x in out)
+
+
+def request_of(p: Profile) -> Request:
+    """What a profile asks its engine for (the request it was built from, as the file keeps it)."""
+    return Request(paths=(p.primary,) + p.replicas, prefill=(p.primary_weight,) + p.replica_weights,
+                   decode=p.decode_weights, stripe=bool(p.plan.get("stripe", False)), cache_experts=p.cache_experts,
+                   variant=p.variant, idle=idle_phases(p.plan, p.sources))
+
+
 def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered | None,
                   cache_experts: int | None, managed: Sequence[str], model_size: int | None = None,
                   model_blake3: str = "", allow_unverified: bool = False,
                   unverified: Sequence[str] = (), provenance: dict | None = None,
-                  paths: Sequence[str] | None = None, stripe: bool = False) -> Profile:
+                  paths: Sequence[str] | None = None, stripe: bool = False, variant: str = "") -> Profile:
     """The profile for a checked plan (`plan` is planner.plan.plan_to_dict's shape). `paths`:
-    what the engine is given for each source when not the plan's paths (colibri: the
-    directories it loads); `stripe`: colibri stripes each large read over the drives."""
+    what the engine is given for each source when not the plan's paths (a directory-loading
+    engine: the directories it loads); `stripe`: the plan's stripe switch; `variant`: the engine
+    variant that runs the model. The environment and arguments are the engine's
+    (`Engine.profile.setting`)."""
     paths = list(paths) if paths is not None else [s["path"] for s in plan["sources"]]
     prefill = list(plan["prefill"]["weights"])
     decode = list(plan["decode"]["weights"])
     primary, replicas = paths[0], tuple(paths[1:])
-    if engine == colibri.NAME:
-        # colibri places experts once for every phase: the plan's base weights, one per drive
-        env = dict(colibri.plan_environment(primary, replicas, prefill, stripe=stripe))
-        argv: tuple[str, ...] = ()
-    else:
-        env = dict(ds4_argodrive.split_environment(prefill[0], replicas, prefill[1:], decode))
-        argv = ds4_argodrive.engine_args(primary, cache_experts)
-        if layered is not None:
-            env.update((k, v) for k, v in layered.environment if k not in env)
+    named = layered.environment if (layered is not None and profile_of(engine).named_profiles) else ()
+    s = profile_of(engine).setting(Request(paths=tuple(paths), prefill=tuple(prefill), decode=tuple(decode),
+                                           stripe=stripe, cache_experts=cache_experts, named=tuple(named),
+                                           variant=variant))
+    env = dict(s.environment)
     unset = tuple(sorted(k for k in managed if k not in env))
-    return Profile(id=profile_id, engine=engine, environment=tuple(env.items()), unset=unset, argv=argv,
+    return Profile(id=profile_id, engine=engine, environment=tuple(env.items()), unset=unset, argv=tuple(s.argv),
                    primary=primary, primary_weight=prefill[0], replicas=replicas,
                    replica_weights=tuple(prefill[1:]), decode_weights=tuple(decode) if replicas else (),
                    cache_experts=cache_experts, model_size=model_size, model_blake3=model_blake3,
                    allow_unverified=allow_unverified, unverified=tuple(unverified),
-                   provenance=dict(provenance or {}), plan=dict(plan))
+                   provenance=dict(provenance or {}), plan=dict(plan), variant=variant)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,23 +294,11 @@ def sh_quote(value: str) -> str:
 
 
 def render_env(p: Profile) -> str:
-    """The shell file: a header comment with the engine arguments, `export K='v'`, `unset K`."""
+    """The shell file: a header comment (what the engine's variables mean, its arguments), then
+    `export K='v'` and `unset K`."""
+    prof = profile_of(p.engine)
     lines = [f"# {p.engine} profile {p.id!r}, exported by replica-tuner (engine-bridge export)"]
-    if p.engine == colibri.NAME:
-        lines.append(f"# colibri: the coli launcher reads {colibri.ENV_MODEL}, the engine binary {colibri.ENV_SNAP} "
-                     f"(both the model directory); {colibri.ENV_MIRROR} lists mirror directories "
-                     f"('{colibri.MIRROR_SEPARATOR}'-separated);")
-        lines.append(f"# {colibri.ENV_WEIGHTS} are the plan's base weights {':'.join(map(str, (p.primary_weight,) + p.replica_weights))} "
-                     "(colibri places whole experts by a hash of (layer, expert); it has no separate decode split)")
-        if colibri.ENV_STRIPE in p.env:
-            lines.append(f"# striping: {colibri.ENV_DIRECT}=1 (O_DIRECT, the only path that stripes) and "
-                         f"{colibri.ENV_STRIPE}=1 cut each expert read of 4 MiB or more over every drive")
-    else:
-        lines.append("# engine arguments: " + " ".join(shlex.quote(a) for a in p.argv))
-        w = (p.primary_weight,) + p.replica_weights
-        lines.append(f"# weights: prefill (base) {':'.join(map(str, w))}"
-                     + (f", decode {':'.join(map(str, p.decode_weights))}" if p.decode_weights else " (single source: no split)")
-                     + f"; expert cache {p.cache_experts} experts")
+    lines += [f"# {x}" for x in prof.header(request_of(p), Setting(p.environment, p.argv))]
     if p.model_size is not None:
         lines.append(f"# model: {p.model_size} bytes, blake3 {p.model_blake3}")
     if p.provenance.get("plan_file"):
@@ -286,9 +307,7 @@ def render_env(p: Profile) -> str:
         lines.append(f"# named profile: {' + '.join(p.provenance['chain'])}")
     if p.unverified:
         lines.append("# WARNING: exported with --allow-unverified; not verified against the manifest: " + ", ".join(p.unverified))
-    lines.append("# load with: . FILE   (the unset lines clear " + ("colibri variables this profile does not want: "
-                 "an inherited mirror list, a split layout, striping)" if p.engine == colibri.NAME
-                 else "presence-based flags this profile does not want)"))
+    lines.append(f"# load with: . FILE   (the unset lines clear {prof.unset_note()})")
     lines += [f"export {k}={sh_quote(v)}" for k, v in p.environment]
     lines += [f"unset {k}" for k in p.unset]
     return "\n".join(lines) + "\n"
@@ -300,6 +319,7 @@ def profile_to_dict(p: Profile) -> dict:
         "kind": "profile",
         "id": p.id,
         "engine": p.engine,
+        "variant": p.variant,
         "environment": dict(p.environment),
         "unset": list(p.unset),
         "argv": list(p.argv),
@@ -335,6 +355,8 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
     env = d["environment"]
     if not all(isinstance(k, str) and _KEY_RE.match(k) and isinstance(v, str) for k, v in env.items()):
         raise bad("environment", "must map variable names to strings")
+    if not isinstance(d.get("variant", ""), str):
+        raise bad("variant", "is not a string")
     model = d.get("model") or {}
     return Profile(id=d["id"], engine=d["engine"], environment=tuple(env.items()), unset=tuple(d["unset"]),
                    argv=tuple(map(str, d["argv"])), primary=d["primary"], primary_weight=d["primary_weight"],
@@ -342,4 +364,5 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
                    decode_weights=tuple(d["decode_weights"]), cache_experts=d.get("cache_experts"),
                    model_size=model.get("size"), model_blake3=model.get("blake3", ""),
                    allow_unverified=bool(d.get("allow_unverified", False)), unverified=tuple(d.get("unverified", ())),
-                   provenance=dict(d.get("provenance") or {}), plan=dict(d.get("plan") or {}))
+                   provenance=dict(d.get("provenance") or {}), plan=dict(d.get("plan") or {}),
+                   variant=d.get("variant", ""))

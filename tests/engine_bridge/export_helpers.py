@@ -87,10 +87,11 @@ def write_shard(path, tensors: dict, seed: int) -> None:
         f.write(random.Random(seed).randbytes(offset))
 
 
-def make_dir_rig(tmp_path, drives: int = 3, shards: int = 2):
+def make_dir_rig(tmp_path, drives: int = 3, shards: int = 2, model_type: str = "glm_moe_dsa"):
     """A rig whose model is a directory of safetensors shards (plus config and tokenizer) on
     'internal', copied whole to the other 'drives'; no manifest (verifying a directory model is
-    the replicas' business). Returns the rig folder and the model directories."""
+    the replicas' business). config.json names `model_type` (colibri's GLM engine by default).
+    Returns the rig folder and the model directories."""
     root = str(tmp_path / "rig")
     dirs = []
     for i, d in enumerate(DRIVES[:drives]):
@@ -100,7 +101,8 @@ def make_dir_rig(tmp_path, drives: int = 3, shards: int = 2):
             for s in range(shards):
                 write_shard(str(folder / f"model-{s + 1:05d}-of-{shards:05d}.safetensors"),
                             {f"model.layers.{s}.mlp.experts.{e}.gate_proj.weight": 4096 for e in range(4)}, seed=s)
-            (folder / "config.json").write_text('{"num_hidden_layers": 2, "n_routed_experts": 4}')
+            (folder / "config.json").write_text(json.dumps({"model_type": model_type, "num_hidden_layers": 2,
+                                                            "n_routed_experts": 4}))
             (folder / "tokenizer.json").write_text("{}")
         else:
             shutil.copytree(dirs[0], folder)

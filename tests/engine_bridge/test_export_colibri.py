@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from core.rig import load_rig
 from engine_bridge.cli import app
-from engine_bridge.profiles.export import colibri_directory
 from engine_bridge.profiles.rules import SourceFacts, check_sources
 from engines import colibri
 from iobench.model import DriveModel
@@ -40,6 +39,7 @@ def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
         "COLI_MODEL_MIRROR lists mirror directories (';'-separated);",
         "# COLI_DISK_WEIGHTS are the plan's base weights 9:3:3 (colibri places whole experts by a hash of "
         "(layer, expert); it has no separate decode split)",
+        "# engine: colibri's glm (c/colibri.c), which its launcher runs for this model's config.json model_type",
         f"# plan: {plan}",
         f"# WARNING: exported with --allow-unverified; not verified against the manifest: {d1}, {d2}",
         "# load with: . FILE   (the unset lines clear colibri variables this profile does not want: "
@@ -54,7 +54,7 @@ def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
         "unset SNAP_MIRROR",
     ]
     doc = json.load(open(str(tmp_path / "colibri.json")))
-    assert doc["engine"] == "colibri" and doc["argv"] == [] and doc["cache_experts"] is None
+    assert doc["engine"] == "colibri" and doc["variant"] == "glm" and doc["argv"] == [] and doc["cache_experts"] is None
     assert doc["primary"] == d0 and doc["replicas"] == [d1, d2] and doc["replica_weights"] == [3, 3]
     # What colibri itself would make of the variables: its mirror list and its weights.
     env = doc["environment"]
@@ -111,19 +111,27 @@ def test_a_gguf_model_is_refused_with_one_line(tmp_path):
     assert f"{paths[0]} is not a directory of safetensors shards, which is all colibri loads" in r.stderr
 
 
-def test_single_file_members_stand_for_their_folder_only_when_colibri_would_load_just_that(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    one = str(tmp_path / "a" / "model.safetensors")
-    write_shard(one, {"w": 4096}, seed=1)
-    assert colibri_directory(one) == (str(tmp_path / "a"), "")
-    copy = str(tmp_path / "b" / "other.safetensors")
-    shutil.copyfile(one, copy)
-    folder, why = colibri_directory(copy, primary_name="model.safetensors")
-    assert folder == "" and "is not named model.safetensors like the model" in why
-    write_shard(str(tmp_path / "a" / "extra.safetensors"), {"x": 16}, seed=2)
-    folder, why = colibri_directory(one)
-    assert folder == "" and "colibri would load every shard in" in why and "extra.safetensors" in why
+def test_a_single_shard_member_stands_for_its_folder_end_to_end(tmp_path):
+    # the rule itself is engines.colibri_profile.source_view (tests/engines); here the export
+    # looks at real folders: a lone shard with its tokenizer and config is its folder
+    folders = []
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        folders.append(tmp_path / d)
+    write_shard(str(folders[0] / "model.safetensors"), {"w": 4096}, seed=1)
+    (folders[0] / "tokenizer.json").write_text("{}")
+    (folders[0] / "config.json").write_text('{"model_type": "glm_moe_dsa"}')
+    shutil.copyfile(folders[0] / "model.safetensors", folders[1] / "model.safetensors")
+    root, _ = make_dir_rig(tmp_path / "rig", 1)
+    plan = write_plan(tmp_path, [str(f / "model.safetensors") for f in folders], (2, 1), (2, 1))
+    out = str(tmp_path / "one.env")
+    r = export(root, plan, out, "--allow-unverified")
+    assert r.exit_code == 0, r.output
+    doc = json.load(open(str(tmp_path / "one.json")))
+    assert doc["primary"] == str(folders[0]) and doc["replicas"] == [str(folders[1])]
+    shutil.copyfile(folders[0] / "model.safetensors", folders[1] / "other.safetensors")
+    r = export(root, plan, out, "--allow-unverified")
+    assert r.exit_code == 2 and "colibri would load every shard in" in r.stderr
 
 
 def test_every_colibri_rule_is_refused_with_its_reason(tmp_path):
@@ -153,6 +161,31 @@ def test_a_mirror_directory_with_colibris_separator_or_the_model_itself(tmp_path
     assert r.exit_code == 2 and "is the model directory itself; colibri ignores it" in r.stderr
 
 
+def test_the_member_colibri_runs_for_the_models_config_sets_the_rules(tmp_path):
+    # GLM-5.3 (glm5_next): its env file names it, and a striped plan is refused (only GLM stripes)
+    root, dirs = make_dir_rig(tmp_path, 2, model_type="glm5_next")
+    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    out = str(tmp_path / "g53.env")
+    assert export(root, plan, out, "--allow-unverified").exit_code == 0
+    assert "# engine: colibri's glm53 (c/glm53.c), which its launcher runs for this model's config.json model_type" in \
+        open(out).read().splitlines()
+    assert json.load(open(str(tmp_path / "g53.json")))["variant"] == "glm53"
+    doc = json.load(open(plan))
+    doc["stripe"] = True
+    json.dump(doc, open(plan, "w"))
+    r = export(root, plan, out, "--allow-unverified")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "stripe: the plan stripes reads, but colibri's glm53 engine (c/glm53.c, model_type 'glm5_next') never stripes" in r.stderr
+
+
+def test_a_model_type_colibri_does_not_run_is_refused(tmp_path):
+    root, dirs = make_dir_rig(tmp_path, 2, model_type="olmoe")
+    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"sources[0]: model directory {dirs[0]}: model_type 'olmoe' runs colibri's olmoe engine" in r.stderr
+
+
 def test_a_missing_model_directory_is_exit_3(tmp_path):
     # (More than 4 mirrors cannot reach export: a plan holds at most colibri's 5 sources.)
     root, (d0, d1) = make_dir_rig(tmp_path, 2)
@@ -163,7 +196,8 @@ def test_a_missing_model_directory_is_exit_3(tmp_path):
 
 def test_rules_on_facts_blank_edges_long_paths_and_the_mirror_list_length():
     shards = (("model.safetensors", 10),)
-    primary = SourceFacts(0, "/m", directory="/m", shards=shards, tokenizer=True, device=1, inode=1)
+    primary = SourceFacts(0, "/m", directory="/m", shards=shards, tokenizer=True, device=1, inode=1,
+                          config="ok", model_type="glm_moe_dsa")
 
     def mirror(i, d):
         return SourceFacts(i, d, directory=d, shards=shards, device=1, inode=10 + i, state="verified")
@@ -196,30 +230,31 @@ def _solve_colibri(root):
 
 
 def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
-    # twin drives and 19.9 MB expert reads: the planner stripes, and the profile asks colibri to
+    # ds4-v41 is DeepSeek V4.1 Flash: colibri runs it on its V4.1 engine, which never stripes, so
+    # the plan has one weight vector for both phases and no stripe, and the profile says so
     root, dirs = make_dir_rig(tmp_path, 3)
     _bench_for(root, dirs, (FAST, FAST, FAST))
     solved = _solve_colibri(root)
-    assert solved["stripe"] is True and solved["prefill"]["weights"] == solved["decode"]["weights"]
-    out = str(tmp_path / "striped.env")
+    assert solved["stripe"] is False and solved["prefill"]["weights"] == solved["decode"]["weights"]
+    out = str(tmp_path / "twins.env")
     r = export(root, solved["path"], out, "--allow-unverified")
     assert r.exit_code == 0, r.output
     w = solved["prefill"]["weights"]
-    assert [x for x in open(out).read().splitlines() if not x.startswith("#")] == [
-        f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'", f"export COLI_MODEL_MIRROR='{dirs[1]};{dirs[2]}'",
-        f"export COLI_DISK_WEIGHTS='{','.join(map(str, w))}'", "export DIRECT='1'", "export COLI_MIR_STRIPE='1'",
-        "unset COLI_MODEL_DIRS", "unset SNAP_MIRROR"]
-    doc = json.load(open(str(tmp_path / "striped.json")))
+    lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
+    assert lines[:4] == [f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'",
+                         f"export COLI_MODEL_MIRROR='{dirs[1]};{dirs[2]}'", f"export COLI_DISK_WEIGHTS='{','.join(map(str, w))}'"]
+    assert "unset COLI_MIR_STRIPE" in lines
+    doc = json.load(open(str(tmp_path / "twins.json")))
     assert colibri.parse_disk_weights(doc["environment"]["COLI_DISK_WEIGHTS"], 3) == tuple(map(float, w))
-    # a drive 8x slower: whole experts, no striping variables (with DIRECT=1 colibri would stripe)
+    # a drive 8x slower gets a small share of the whole experts
     root2, dirs2 = make_dir_rig(tmp_path / "mixed", 3)
     _bench_for(root2, dirs2, (FAST, FAST, DriveModel(lat_s=100e-6, stream_bw=20e6, bw_max=25e6)))
     solved = _solve_colibri(root2)
     assert solved["stripe"] is False
-    shares = [s["experts"] for s in solved["prefill"]["predicted"]["sources"]]
+    shares = [s["share"] for s in solved["prefill"]["predicted"]["sources"]]
     assert shares[2] < shares[0] / 4 and shares[2] < shares[1] / 4
     out = str(tmp_path / "whole.env")
     assert export(root2, solved["path"], out, "--allow-unverified").exit_code == 0
     lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
     assert f"export COLI_DISK_WEIGHTS='{','.join(map(str, solved['prefill']['weights']))}'" in lines
-    assert "unset DIRECT" in lines and "unset COLI_MIR_STRIPE" in lines
+    assert "unset COLI_MIR_STRIPE" in lines

@@ -124,10 +124,13 @@ def test_quoting_survives_a_path_with_quote_and_space(tmp_path):
 def test_profile_json_shape_is_pinned_and_round_trips(tmp_path):
     root, _, manifest, plan, _ = export(tmp_path, 3, (10, 5, 5), (10, 6, 6), "--cache-experts", "4600")
     d = json.load(open(os.path.join(root, "profiles", "plan.json")))
-    assert list(d) == ["schema", "kind", "id", "engine", "environment", "unset", "argv", "primary",
+    assert list(d) == ["schema", "kind", "id", "engine", "variant", "environment", "unset", "argv", "primary",
                        "primary_weight", "replicas", "replica_weights", "decode_weights", "cache_experts",
                        "model", "allow_unverified", "unverified", "provenance", "plan"]
-    assert d["schema"] == 1 and d["kind"] == "profile"
+    assert d["schema"] == 1 and d["kind"] == "profile" and d["variant"] == ""
+    del d["variant"]                                # a profile written before the key loads as ""
+    assert profile_from_dict(d).variant == ""
+    d = json.load(open(os.path.join(root, "profiles", "plan.json")))
     assert d["primary_weight"] == 10 and d["replica_weights"] == [5, 5] and d["decode_weights"] == [10, 6, 6]
     assert d["model"] == {"size": manifest.size, "blake3": ModelManifest((manifest,)).digest()}
     assert d["provenance"]["plan_file"] == plan and d["provenance"]["chain"] == ["io-base"]

@@ -9,7 +9,7 @@ from core.errors import RigError, UsageError
 from engine_bridge.cli import app
 from engine_bridge.profiles.profile import parse_definition, resolve
 from engine_bridge.profiles.rules import SourceFacts, check_cache, check_sources
-from tests.engine_bridge.export_helpers import make_rig, raw_plan, write_plan, write_raw_plan
+from tests.engine_bridge.export_helpers import make_dir_rig, make_rig, raw_plan, write_plan, write_raw_plan
 
 runner = CliRunner()
 
@@ -36,6 +36,25 @@ def test_plan_solved_for_another_engine(tmp_path):
     doc["engine"] = "colibri"
     plan = write_raw_plan(tmp_path, doc)
     assert "the plan was solved for 'colibri'" in refused(root, plan)
+
+
+def test_a_model_the_engine_cannot_read_is_refused_in_one_line_naming_the_engine_that_can(tmp_path):
+    # a ds4 plan of a safetensors directory: not three 'not a regular file', one line naming colibri
+    root, dirs = make_dir_rig(tmp_path, 3)
+    plan = write_plan(tmp_path, dirs, (10, 5, 5), (10, 6, 6))
+    line = refused(root, plan, "--allow-unverified")
+    assert line == (f"engine-bridge: error: plan {plan}: ds4-argodrive reads one GGUF file (-m); this model is a "
+                    "safetensors directory; colibri reads it: solve the plan for it (`planner solve --engine colibri`) "
+                    "and export with --format colibri")
+
+
+def test_a_gguf_model_for_colibri_names_ds4(tmp_path, model_dir):
+    root, paths, _ = make_rig(tmp_path, 2)
+    plan = write_plan(tmp_path, [str(model_dir / "model.gguf"), str(model_dir / "r1.gguf")], (2, 1), (2, 1))
+    r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "-o", str(tmp_path / "c.env")])
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert ("colibri loads a directory of safetensors shards with tokenizer.json; this model is a gguf file; "
+            "ds4-argodrive reads it") in r.stderr
 
 
 def test_relative_path(tmp_path):
@@ -170,7 +189,7 @@ def test_checker_accepts_a_good_plan_and_unverified_when_allowed():
     f[2] = SourceFacts(2, "/d2/m", size=100, device=1, inode=12, state="unverified")
     assert [x.rule for x in check_sources(f, (10, 5, 5), (10, 6, 6))] == ["unverified"]
     assert check_sources(f, (10, 5, 5), (10, 6, 6), allow_unverified=True) == []
-    assert check_sources(facts(5), (1,) * 5, (1,) * 5, engine="colibri") == []
+    assert check_sources(facts(5), (1,) * 5, (1,) * 5, engine="colibri") == []     # files: no directory to judge
     assert [x.rule for x in check_sources(facts(6), (1,) * 6, (1,) * 6, engine="colibri")] == ["too-many-sources"]
     assert check_cache(4600) == [] and check_cache(True)[0].rule == "cache-range"
 

@@ -1,21 +1,22 @@
 """engine-bridge launch with a colibri profile against a stand-in: a small program, written here,
 that reads the variables like colibri's mirror_setup does, really reads each drive's shards, and
-prints colibri's lines (c/colibri.c and c/st.h fprintf/printf formats) — or leaves some out."""
+prints colibri's lines (c/colibri.c and c/st.h fprintf/printf formats, or c/glm53.c's) — or leaves
+some out. The verdict on the lines alone is tested in tests/engines/test_colibri_launch.py."""
 
 import json
 import os
 import stat
 import sys
 
-import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
-from engine_bridge.profiles import confirm_colibri as cc
 from engine_bridge.profiles.export import export_profile
 from engine_bridge.profiles.launch import launch_arm
-from engine_bridge.profiles.profile import Profile
+from engines import colibri_profile
 from tests.engine_bridge.export_helpers import make_dir_rig, write_plan
+
+CHECKS = colibri_profile.checks
 
 runner = CliRunner()
 
@@ -24,7 +25,7 @@ COLI = '''\
 # Stand-in for colibri's engine. Variables it reads: SNAP COLI_MODEL COLI_MODEL_MIRROR SNAP_MIRROR
 # COLI_DISK_WEIGHTS COLI_MIR_STRIPE DIRECT PROF
 import os, sys
-SKIP, WEIGHTS, STATS, IDLE = {skip!r}, {weights!r}, {stats!r}, {idle!r}
+SKIP, WEIGHTS, STATS, IDLE, GLM53 = {skip!r}, {weights!r}, {stats!r}, {idle!r}, {glm53!r}
 err = sys.stderr
 for k in sorted(os.environ):
     if k.startswith("COLI_") or k in ("SNAP", "SNAP_MIRROR", "DIRECT", "PROF"):
@@ -40,12 +41,39 @@ for p in (x.strip(" ") for x in spec.replace(",", ";").split(";")):
     have = [n for n in shards if os.path.isfile(os.path.join(p, n))
             and os.path.getsize(os.path.join(p, n)) == os.path.getsize(os.path.join(snap, n))]
     if p in SKIP or not have:
-        print("[MIRROR] %s: no usable shard (missing or divergent copy) \\u2014 skipped" % p, file=err)
+        if GLM53:
+            print("[GLM53 MIRROR] %s: no usable shards -- ignored" % p, file=err)
+        else:
+            print("[MIRROR] %s: no usable shard (missing or divergent copy) \\u2014 skipped" % p, file=err)
         continue
-    print("[MIRROR] %s: %d/%d shards (replica %d)" % (p, len(have), len(shards), len(drives)), file=err)
+    if GLM53:
+        print("[GLM53 MIRROR] replica %d: %s (%d/%d shards)" % (len(drives), p, len(have), len(shards)), file=err)
+    else:
+        print("[MIRROR] %s: %d/%d shards (replica %d)" % (p, len(have), len(shards), len(drives)), file=err)
     drives.append(p)
 if len(drives) < 2:
-    print("[MIRROR] no usable mirror \\u2014 running on the primary drive only", file=err)
+    if not GLM53:
+        print("[MIRROR] no usable mirror \\u2014 running on the primary drive only", file=err)
+elif GLM53:
+    # c/glm53.c glm53_mirror_setup: strtol weights, integer cuts, no statistics line
+    w = os.environ.get("COLI_DISK_WEIGHTS", "")
+    try:
+        wt = [int(x) for x in w.split(",")] if WEIGHTS else []
+    except ValueError:
+        wt = []
+    how = "COLI_DISK_WEIGHTS"
+    if len(wt) != len(drives):
+        if w:
+            print("[GLM53 MIRROR] invalid COLI_DISK_WEIGHTS '%s' for %d drives; probing bandwidth" % (w, len(drives)),
+                  file=err)
+        wt, how = [1] * len(drives), "startup bandwidth probe"
+    cuts, acc = [], 0
+    for x in wt:
+        acc += x
+        cuts.append(min(max((256 * acc + sum(wt) // 2) // sum(wt), 1), 256))
+    cuts[-1] = 256
+    shares = ["%d%%" % ((100 * (c - (cuts[i - 1] if i else 0)) + 128) // 256) for i, c in enumerate(cuts)]
+    print("[GLM53 MIRROR] %d drives | routing %s (%s)" % (len(drives), " / ".join(shares), how), file=err)
 else:
     w = os.environ.get("COLI_DISK_WEIGHTS", "")
     wt = [float(x) for x in w.replace(" ", ",").split(",") if x] if WEIGHTS else []
@@ -81,16 +109,25 @@ sys.exit(0)
 '''
 
 
-def stand_in(tmp_path, skip=(), weights=True, stats=True, idle=()):
+def stand_in(tmp_path, skip=(), weights=True, stats=True, idle=(), glm53=False):
     path = tmp_path / "glm"
-    path.write_text(COLI.format(python=sys.executable, skip=set(skip), weights=weights, stats=stats, idle=set(idle)))
+    path.write_text(COLI.format(python=sys.executable, skip=set(skip), weights=weights, stats=stats, idle=set(idle),
+                                glm53=glm53))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
 
-def exported(tmp_path, drives=3, weights=(9, 3, 3)):
-    root, dirs = make_dir_rig(tmp_path, drives)
+def exported(tmp_path, drives=3, weights=(9, 3, 3), model_type="glm_moe_dsa", predicted_bytes=None):
+    """A colibri profile of a directory rig; `predicted_bytes`: the bytes the plan predicts per
+    drive in both phases (a 0 is a drive the plan leaves idle)."""
+    root, dirs = make_dir_rig(tmp_path, drives, model_type=model_type)
     plan = write_plan(tmp_path, dirs, weights[:drives], weights[:drives])
+    if predicted_bytes is not None:
+        doc = json.load(open(plan))
+        for ph in ("prefill", "decode"):
+            doc[ph]["predicted"] = {"sources": [{"name": s["name"], "bytes": b}
+                                                for s, b in zip(doc["sources"], predicted_bytes)]}
+        json.dump(doc, open(plan, "w"))
     res = export_profile(rig_root=root, plan_path=plan, fmt="colibri", allow_unverified=True)
     return root, dirs, res.files[1]
 
@@ -102,7 +139,7 @@ def test_a_confirmed_colibri_arm_reports_what_each_drive_served(tmp_path, monkey
     r = launch_arm(stand_in(tmp_path), prof, ["--ctx", "2048"], run_dir=str(tmp_path / "run"))
     assert r.ok and r.failed == () and r.returncode == 0, r.confirmations
     checks = {c.name: c for c in r.confirmations}
-    assert list(checks) == list(cc.CHECKS)
+    assert list(checks) == list(CHECKS)
     assert checks["mirrors"].observed == f"{dirs[1]} 2/2 shards replica 1; {dirs[2]} 2/2 shards replica 2"
     assert checks["weights"].observed == "60/20/20"
     shard_bytes = sum(os.path.getsize(os.path.join(dirs[0], n)) for n in os.listdir(dirs[0]) if n.endswith(".safetensors"))
@@ -115,7 +152,7 @@ def test_a_confirmed_colibri_arm_reports_what_each_drive_served(tmp_path, monkey
                    "COLI_DISK_WEIGHTS": "9,3,3", "PROF": "1", "COLI_RAM": "16"}
     assert "argv --ctx 2048" in log
     record = json.load(open(os.path.join(r.run_dir, "launch.json")))
-    assert record["ok"] is True and [c["name"] for c in record["confirmations"]] == list(cc.CHECKS)
+    assert record["ok"] is True and [c["name"] for c in record["confirmations"]] == list(CHECKS)
 
 
 def test_a_mirror_that_did_not_load_a_weights_rejection_and_a_drive_that_served_nothing(tmp_path):
@@ -150,38 +187,28 @@ def test_a_single_drive_profile_needs_no_mirror_lines(tmp_path):
     assert r.ok, r.confirmations
 
 
-# ---------------------------------------------------------------------------------------------
-# The judgement alone, on lines copied from colibri's formats
-
-def profile(mirrors=("/g", "/w"), weights=(10, 5, 5)):
-    return Profile(id="p", engine="colibri", environment=(("COLI_MODEL", "/m"),), unset=(), argv=(), primary="/m",
-                   primary_weight=weights[0], replicas=tuple(mirrors), replica_weights=tuple(weights[1:]),
-                   decode_weights=(), cache_experts=None)
-
-
-GOOD = ("[MIRROR] /g: 4/4 shards (replica 1)\n[MIRROR] /w: 4/4 shards (replica 2)\n"
-        "[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n"
-        "MIRROR: primary 2.00 GB (10 reads) | mirror1 1.00 GB (5 reads) | mirror2 1.00 GB (5 reads) \u2014 50% of expert bytes from the mirrors\n")
-
-
-def judge(text, p=None):
-    return {c.name: c for c in cc.confirm(text, cc.expectation_of(p or profile()))}
+def test_a_drive_the_plan_leaves_idle_is_confirmed_as_expected_idle(tmp_path):
+    # the plan predicts mirror2 reads nothing (its cut holds none of the model's experts): that
+    # it served nothing is what the plan said, not a failure
+    root, dirs, prof = exported(tmp_path, predicted_bytes=(5_000, 2_000, 0))
+    r = launch_arm(stand_in(tmp_path, idle={2}), prof, run_dir=str(tmp_path / "idle"))
+    assert r.ok, r.confirmations
+    served = r.confirmations[3]
+    assert "mirror2 served 0 bytes, expected idle: the plan gives it nothing in prefill and decode" in served.detail
+    # a drive the plan gives bytes still fails when it serves nothing
+    r = launch_arm(stand_in(tmp_path, idle={1}), prof, run_dir=str(tmp_path / "busy"))
+    assert r.failed == ("served",) and "mirror1 served nothing" in r.confirmations[3].detail
 
 
-def test_judgement_on_good_lines_and_each_way_to_fail():
-    assert all(c.ok for c in judge(GOOD).values())
-    partial = judge(GOOD.replace("/w: 4/4", "/w: 3/4"))["mirrors"]
-    assert not partial.ok and "loaded 3/4 shards; colibri reads the others from the primary" in partial.detail
-    measured = judge(GOOD.replace("(COLI_DISK_WEIGHTS)", "(measured)"))["weights"]
-    assert not measured.ok and "by 'measured'" in measured.detail
-    off = judge(GOOD.replace("50% / 25% / 25%", "60% / 20% / 20%"))["weights"]
-    assert not off.ok and off.expected == "50/25/25" and off.observed == "60/20/20"
-    assert "unconfirmed" in judge(GOOD.replace("[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n", ""))["weights"].detail
-    err = judge(GOOD + "[MIRROR] read error on the mirror copy \u2014 falling back to the primary drive\n")["served"]
-    assert not err.ok and "a mirror read failed" in err.detail
-
-
-@pytest.mark.parametrize("text, ok", [("", True), ("[MIRROR] /x: 2/2 shards (replica 1)\n", False)])
-def test_a_single_drive_judgement(text, ok):
-    v = judge(text, profile(mirrors=(), weights=(1,)))
-    assert v["mirrors"].ok is ok and v["weights"].ok and v["served"].ok
+def test_a_glm53_model_is_confirmed_by_its_own_lines_without_per_drive_counters(tmp_path):
+    root, dirs, prof = exported(tmp_path, model_type="glm5_next")
+    assert json.load(open(prof))["variant"] == "glm53"
+    r = launch_arm(stand_in(tmp_path, glm53=True), prof, run_dir=str(tmp_path / "run"))
+    assert r.ok, r.confirmations
+    c = {x.name: x for x in r.confirmations}
+    assert c["mirrors"].observed == f"{dirs[1]} 2/2 shards replica 1; {dirs[2]} 2/2 shards replica 2"
+    assert c["weights"].observed == "60/20/20"
+    assert c["served"].detail.startswith("per-drive bytes could not be checked: colibri's glm53 engine (c/glm53.c)")
+    r = launch_arm(stand_in(tmp_path, glm53=True, skip={dirs[1]}), prof, run_dir=str(tmp_path / "skip"))
+    assert r.failed == ("mirrors", "weights")
+    assert f"mirror {dirs[1]} did not load (no usable shards)" in r.confirmations[1].detail

@@ -1,10 +1,11 @@
-"""The launcher's judgement of an engine log (pure): every confirmation, on captured text."""
+"""The launcher's generic pure half: the environment and arguments an engine is started with (as
+its profile says), the dead-knob scan and the ds4-bench CSV. The verdicts on the logs are the
+engines' own: tests/engines/test_ds4_launch.py, tests/engines/test_colibri_launch.py."""
 
 import pytest
 
 from core.errors import UsageError
 from engine_bridge.profiles.confirm import (
-    Expectation,
     confirm,
     csv_block,
     dead_knobs,
@@ -12,122 +13,7 @@ from engine_bridge.profiles.confirm import (
     launch_environment,
     parse_bench_csv,
 )
-from engine_bridge.profiles.profile import Profile
-
-# Lines as the ds4-argodrive engine prints them (its reader's fprintf formats).
-GOOD3 = """\
-ds4: Argodrive primary expert descriptor F_NOCACHE=1; mmap/Engram descriptor unchanged
-ds4: experimental Argodrive expert reader sources=3; Engram unchanged
-ds4: Argodrive decode split 10,6,6 (prefill keeps the base weights)
-ds4: Argodrive selective prefill staging for chunks <= 512 tokens
-ds4:   streaming expert cache budget=4600 experts entries=4600 expert=19.00 MiB target=85.35 GiB live=85.35 GiB, hits=100 misses=20 hit_rate=0.833
-ds4: Argodrive source[0] bytes=1200000000
-ds4: Argodrive source[1] bytes=700000000
-ds4: Argodrive source[2] bytes=690000000
-ds4: Argodrive source[0] lands_last=10 gap_ns=100 reads=50
-"""
-E3 = Expectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True)
-
-
-def verdict(text, expect=E3, rc=0):
-    return {c.name: c for c in confirm(text, expect, rc)}
-
-
-def failed(text, expect=E3, rc=0):
-    return [c.name for c in confirm(text, expect, rc) if not c.ok]
-
-
-def test_a_complete_log_confirms_everything():
-    v = verdict(GOOD3)
-    assert all(c.ok for c in v.values())
-    assert list(v) == ["exit", "sources", "decode-split", "source-bytes", "cache-budget", "prefill-staging"]
-    assert v["sources"].observed == "3" and v["decode-split"].observed == "10,6,6"
-    assert v["source-bytes"].observed == "0:1200000000,1:700000000,2:690000000"
-    assert v["cache-budget"].observed == "4600"
-
-
-@pytest.mark.parametrize("rc, seen, why", [(1, "1", "exited with code 1"), (-9, "-9", "killed by signal 9"),
-                                           (None, "timeout", "stopped after the timeout")])
-def test_exit_status(rc, seen, why):
-    c = verdict(GOOD3, rc=rc)["exit"]
-    assert not c.ok and c.observed == seen and why in c.detail
-
-
-def test_sources_line_missing_or_wrong():
-    text = GOOD3.replace("expert reader sources=3; Engram unchanged\n", "")
-    assert failed(text) == ["sources"]
-    assert "did not open the split reader" in verdict(text)["sources"].detail
-    c = verdict(GOOD3.replace("sources=3", "sources=2"))["sources"]
-    assert not c.ok and c.detail == "engine opened 2 source(s), 3 requested"
-
-
-def test_decode_split_missing_ignored_or_different():
-    assert failed(GOOD3.replace("ds4: Argodrive decode split 10,6,6 (prefill keeps the base weights)\n", "")) == ["decode-split"]
-    ignored = GOOD3.replace("ds4: Argodrive decode split 10,6,6 (prefill keeps the base weights)",
-                            "ds4: ignoring DS4_ARGODRIVE_DECODE_WEIGHTS=10,6 (want 3 comma-separated weights 1..100)")
-    c = verdict(ignored)["decode-split"]
-    assert not c.ok and "ignored DS4_ARGODRIVE_DECODE_WEIGHTS=10,6" in c.detail
-    c = verdict(GOOD3.replace("decode split 10,6,6", "decode split 10,5,5"))["decode-split"]
-    assert not c.ok and c.observed == "10,5,5"
-
-
-def test_a_decode_split_with_blanks_is_the_same_split():
-    spaced = GOOD3.replace("decode split 10,6,6", "decode split 10, 6, 6")
-    assert verdict(spaced)["decode-split"].ok
-    assert verdict(spaced, Expectation(sources=3, decode_split="10, 6, 6", cache_experts=4600,
-                                       prefill_split=True))["decode-split"].ok
-
-
-def test_a_rejected_replica_configuration_is_named_as_such():
-    # The reader refused its configuration: no reader line, bytes=0 from every source it had opened.
-    rejected = "\n".join(line for line in GOOD3.splitlines()
-                         if "sources=3" not in line and "bytes=" not in line and "decode split" not in line)
-    rejected += "\nds4: Argodrive source[0] bytes=0\nds4: Argodrive source[1] bytes=0\n"
-    v = verdict(rejected)
-    for name in ("sources", "source-bytes"):
-        assert not v[name].ok and v[name].detail.startswith("the engine rejected the replica configuration")
-        assert "read 0 bytes" not in v[name].detail
-    assert v["sources"].observed == "rejected"
-
-
-def test_source_bytes_missing_zero_extra_and_summed():
-    assert "source[2] reported no bytes" in verdict(GOOD3.replace("ds4: Argodrive source[2] bytes=690000000\n", ""))["source-bytes"].detail
-    assert "source[1] read 0 bytes" in verdict(GOOD3.replace("source[1] bytes=700000000", "source[1] bytes=0"))["source-bytes"].detail
-    extra = GOOD3 + "ds4: Argodrive source[3] bytes=5\n"
-    assert "source[3] was not requested" in verdict(extra)["source-bytes"].detail
-    # Two reader sessions: the first read nothing from source 1, the second did; the total counts.
-    two = GOOD3 + "ds4: Argodrive source[0] bytes=1\nds4: Argodrive source[1] bytes=0\nds4: Argodrive source[2] bytes=1\n"
-    assert verdict(two)["source-bytes"].ok
-
-
-def test_cache_budget_missing_reduced_or_capped():
-    budget = "ds4:   streaming expert cache budget=4600 experts"
-    assert "unconfirmed" in verdict(GOOD3.replace(budget, "ds4:   something else"))["cache-budget"].detail
-    c = verdict(GOOD3.replace(budget, "ds4:   streaming expert cache budget=3900 experts"))["cache-budget"]
-    assert not c.ok and c.detail == "engine reduced the expert cache to 3900 of 4600 experts"
-    c = verdict(GOOD3 + "ds4: using locked cache cap: 4000 experts\n")["cache-budget"]
-    assert not c.ok and "capped" in c.detail
-    c = verdict(GOOD3 + "ds4: Argodrive decode cache requested=4600 effective=4100 reserve_bytes=0\n")["cache-budget"]
-    assert not c.ok and "4100 of 4600" in c.detail
-    assert verdict(GOOD3 + "ds4: Argodrive decode cache requested=4600 effective=4600 reserve_bytes=0\n")["cache-budget"].ok
-    assert "cache-budget" not in verdict(GOOD3, Expectation(sources=3, decode_split="10,6,6"))
-
-
-def test_prefill_rejection_fails_only_when_staging_was_requested():
-    text = GOOD3 + "ds4: Argodrive prefill stage rejected: reader invalid=0 sources=1\n"
-    c = verdict(text)["prefill-staging"]
-    assert not c.ok and "reader invalid=0 sources=1" in c.detail
-    assert verdict(text, Expectation(sources=3, decode_split="10,6,6", cache_experts=4600))["prefill-staging"].ok
-
-
-def test_single_source_needs_no_reader_lines_but_checks_them_when_present():
-    e1 = Expectation(sources=1, cache_experts=3600)
-    log = "ds4:   streaming expert cache budget=3600 experts entries=1\n"
-    v = verdict(log, e1)
-    assert all(c.ok for c in v.values()), v
-    assert failed(log + "ds4: experimental Argodrive expert reader sources=2; Engram unchanged\n", e1) == ["sources"]
-    assert failed(log + "ds4: Argodrive source[0] bytes=0\n", e1) == ["source-bytes"]
-
+from engine_bridge.profiles.profile import Profile, idle_phases
 
 def test_bench_csv_anywhere_in_stdout():
     out = ("ds4-bench: loading\n"
@@ -163,9 +49,37 @@ def test_launch_environment_is_clean_plus_the_profile():
                    "DS4_METAL_STREAMING_EXPERT_TIMING_SUMMARY": "1"}
 
 
+def test_a_colibri_profile_clears_only_its_own_keys_and_asks_for_its_statistics():
+    p = Profile(id="c", engine="colibri", environment=(("COLI_MODEL", "/m"), ("SNAP", "/m")), unset=("SNAP_MIRROR",),
+                argv=(), primary="/m", primary_weight=1, replicas=(), replica_weights=(), decode_weights=(),
+                cache_experts=None, variant="deepseek_v41")
+    env = launch_environment({"SNAP_MIRROR": "/old", "COLI_RAM": "16", "DS4_X": "1"}, p)
+    assert env == {"COLI_RAM": "16", "DS4_X": "1", "COLI_MODEL": "/m", "SNAP": "/m", "PROF": "1", "V41_STATS": "1"}
+    with pytest.raises(UsageError, match=r"already given by the profile \(COLI_MODEL=/m\)"):
+        engine_argv("/bin/coli", p, ["--model", "/x"])
+
+
+def test_the_verdict_is_the_engines_own():
+    log = ("ds4: experimental Argodrive expert reader sources=1; Engram unchanged\n"
+           "ds4:   streaming expert cache budget=9 experts\n")
+    assert [c.name for c in confirm(log, profile())] == ["exit", "sources", "decode-split", "source-bytes",
+                                                         "cache-budget", "prefill-staging"]
+    assert all(c.ok for c in confirm(log, profile()))
+
+
 def test_engine_arguments_the_profile_owns_are_refused():
     assert engine_argv("/bin/ds4", profile(), ["--ctx", "512"])[1:] == ["--ssd-streaming", "-m", "/m",
                                                                         "--ssd-streaming-cache-experts", "9", "--ctx", "512"]
     for bad in (["-m", "/x"], ["--ssd-streaming-cache-experts=10"]):
         with pytest.raises(UsageError, match="already given by the profile"):
             engine_argv("/bin/ds4", profile(), bad)
+
+
+def test_which_sources_a_plan_leaves_idle_in_which_phase():
+    plan = {"sources": [{"name": "internal"}, {"name": "green"}, {"name": "white"}],
+            "prefill": {"predicted": {"sources": [{"name": "internal", "bytes": 9}, {"name": "green", "bytes": 0},
+                                                  {"name": "white"}]}},          # no 'bytes': not known idle
+            "decode": {"predicted": {}},
+            "workload": {"idle": {"decode": {"sources": ["white"]}, "placement": {"sources": ["internal", "nobody"]}}}}
+    assert idle_phases(plan, 3) == (("prefill", "decode"), ("prefill",), ("decode",))
+    assert idle_phases({}, 2) == ((), ())

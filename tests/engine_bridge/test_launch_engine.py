@@ -129,6 +129,26 @@ def test_reduced_cache_zero_bytes_rejection_and_exit_code(tmp_path):
     assert r.failed == ("exit",) and r.returncode == 3
 
 
+def test_a_source_the_plan_leaves_idle_may_read_nothing(tmp_path):
+    # 3 blocks and a tail over 10:5:1: the plan's decode read gives source 2 no block, and its
+    # workload names it idle in decode; a run whose source 2 read nothing is what the plan said
+    root, paths, _ = make_rig(tmp_path, 3)
+    plan = write_plan(tmp_path, paths, (10, 5, 1), (10, 5, 1))
+    doc = json.load(open(plan))
+    doc["decode"]["predicted"] = {"sources": [{"name": s["name"], "bytes": b}
+                                              for s, b in zip(doc["sources"], (524_288, 262_144, 0))]}
+    doc["workload"] = {"idle": {"decode": {"sources": [doc["sources"][2]["name"]], "why": "no block"}}}
+    json.dump(doc, open(plan, "w"))
+    prof = export_profile(rig_root=root, plan_path=plan, fmt="ds4-argodrive", cache_experts=4600).files[1]
+    r = launch_arm(stand_in(tmp_path, zero={2}), prof, run_dir=str(tmp_path / "idle"))
+    assert r.ok, r.confirmations
+    c = {x.name: x for x in r.confirmations}["source-bytes"]
+    assert "source[2] served 0 bytes, expected idle: the plan gives it nothing in decode" in c.detail
+    # source 1 the plan gives bytes: reading nothing still fails the arm
+    r = launch_arm(stand_in(tmp_path, zero={1, 2}), prof, run_dir=str(tmp_path / "busy"))
+    assert r.failed == ("source-bytes",) and "source[1] read 0 bytes" in r.confirmations[3].detail
+
+
 def test_timeout_stops_the_engine(tmp_path):
     root, paths, prof = exported(tmp_path, drives=2)
     r = launch_arm(stand_in(tmp_path, sleep=30), prof, run_dir=str(tmp_path / "run"), timeout=0.5)

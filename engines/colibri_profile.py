@@ -1,0 +1,449 @@
+"""colibri's profile (`engines.profile.EngineProfile`): the variables a plan gives colibri, the rules
+its launcher and mirror code would otherwise discover the hard way, and whether a run's log proves
+the profile was applied (docs/engine-profiles.md, "colibri"). Pure.
+
+colibri runs each model family on its own engine (`engines.colibri.FAMILY`), chosen by the model
+directory's config.json `model_type` (`member_for`, as colibri's launcher does). The profile's
+*variant* is that member's name; export and launch use its rules: how it parses
+COLI_DISK_WEIGHTS (glm53: integers only), whether it stripes (only the GLM engine), the lines in
+which it says which mirrors loaded and how it split the reads, and its per-drive statistics line
+(`Member.read_stats`; glm53 prints none, so its per-drive bytes cannot be checked).
+
+The load and split lines, as each engine's fprintf prints them (docs/engine-profiles.md, "What
+each engine prints"):
+
+- GLM (c/colibri.c `mirror_setup`) and DeepSeek V4 (c/deepseek_v4.c `coli_st_mirror_setup`):
+  `[MIRROR] DIR: N/M shards (replica K)`, `[MIRROR] N drives | read split 50% / 25% / 25% (HOW)`,
+  each share printed `%.0f` of 100·slice/256;
+- DeepSeek V4.1 (c/deepseek_v41.c `mirror_setup`): the same load lines, then
+  `[MIRROR] N replicas, split HOW: primary 50% mirror 25% mirror 25%`, each share
+  `(slice·100 + 128) / 256` in integers;
+- GLM-5.3 (c/glm53.c `glm53_mirror_setup`): `[GLM53 MIRROR] replica K: DIR (N/M shards)`,
+  `[GLM53 MIRROR] N drives | routing 50% / 25% / 25% (COLI_DISK_WEIGHTS)` (or `(startup bandwidth
+  probe)`), each share `(100·slice + 128) / 256` in integers; `[GLM53 MIRROR] invalid
+  COLI_DISK_WEIGHTS 'TEXT' for N drives; probing bandwidth`.
+
+This module is colibri's `Engine.profile`; it reads the engine module's names when called, never
+at import (the engine module imports it to build its `ENGINE`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Sequence
+
+from core.errors import UsageError
+
+from . import colibri as c
+from .profile import (
+    NO_SOURCES,
+    PHASES,
+    Check,
+    Request,
+    Setting,
+    SourceFacts,
+    SourceView,
+    Violation,
+    bad_characters,
+    exit_check,
+    idle_note,
+    list_rules,
+    served_nothing,
+    unverified,
+    weight_rules,
+)
+
+named_profiles = False      # every colibri key comes from the plan; named profiles hold ds4 knobs
+cache_experts = False       # colibri sizes its expert cache itself (--ram, COLI_RAM): no profile argument
+checks = ("exit", "mirrors", "weights", "served")
+DEFAULT_VARIANT = "glm"     # a profile exported before the family was known: the GLM engine's rules
+
+
+def clear_prefix() -> str:
+    return ""                # other COLI_* settings are the user's; the managed keys are cleared
+
+
+def profile_args() -> frozenset[str]:
+    return frozenset({c.ARG_MODEL})
+
+
+def plan_keys() -> tuple[str, ...]:
+    return c.ENV_KEYS
+
+
+def managed_keys(named: Iterable[str] = ()) -> tuple[str, ...]:
+    return c.ENV_KEYS
+
+
+# ---------------------------------------------------------------------------------------------
+# Which directory a plan source stands for, and which engine of the family runs the model
+
+def shards(listing: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """The *.safetensors files colibri indexes in a directory (c/st.h st_scan_dir), with sizes."""
+    return tuple(sorted((n, b) for n, b in listing if n.endswith(c.SHARD_SUFFIX)))
+
+
+def source_view(path: str, is_dir: bool, listing: Sequence[tuple[str, int]], model_name: str = "") -> SourceView:
+    """The directory colibri loads for a plan source, or why none: a directory member is the
+    directory; a single-file member stands for its folder only when that folder holds no other
+    shard (colibri loads every *.safetensors in it) and, for a replica, the file has the model's
+    name (st_mirror_add looks a mirror's shard up by the model's basename). `listing`: the
+    regular files (name, bytes) of the directory `path` is, or of the folder holding it;
+    `model_name`: the model's file name when the primary is a file ('' for the primary itself)."""
+    found = shards(listing)
+    tokenizer = any(n == c.TOKENIZER for n, _ in listing)
+    if is_dir:
+        return SourceView(path, "", found, tokenizer)
+    name, folder = posixpath.basename(path), posixpath.dirname(path)
+    if not name.endswith(c.SHARD_SUFFIX):
+        return SourceView("", f"{path} is not a directory of safetensors shards, which is all colibri loads "
+                              "(give the model's directory, or export for ds4-argodrive)")
+    if model_name and name != model_name:
+        return SourceView("", f"{path} is not named {model_name} like the model, so colibri would not find it as "
+                              "a mirror shard")
+    others = [n for n, _ in found if n != name]
+    if others:
+        return SourceView("", f"colibri would load every shard in {folder}, not only {name} (also {others[0]}); "
+                              "keep the model alone in its directory")
+    return SourceView(folder, "", found, tokenizer)
+
+
+def _member(primary: SourceFacts) -> tuple[c.Member | None, str]:
+    """The family member colibri's launcher runs for the model directory, or why none."""
+    d = primary.directory
+    if primary.config == "":
+        return None, (f"model directory {d} has no config.json; colibri's launcher picks its engine by its "
+                      "model_type (c/family_registry.py resolve_model)")
+    if primary.config != "ok":
+        return None, f"{d}/config.json {primary.config}; colibri's launcher picks its engine by its model_type"
+    try:
+        return c.member_for(primary.model_type), ""
+    except UsageError as e:
+        return None, f"model directory {d}: {e}"
+
+
+def member_of(name: str) -> c.Member:
+    """The member a profile names ('' : the GLM engine, whose rules profiles had before the family)."""
+    try:
+        return c.FAMILY[name or DEFAULT_VARIANT]
+    except KeyError:
+        raise UsageError(f"colibri has no engine {name!r} in its family; known: {', '.join(c.FAMILY)} "
+                         "(export the profile again)") from None
+
+
+def variant(facts: Sequence[SourceFacts]) -> str:
+    """The member that runs the model the primary's facts describe ('' when they cannot tell)."""
+    if not facts or not facts[0].directory:
+        return ""
+    m, _ = _member(facts[0])
+    return m.name if m else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Export: the rules, the environment, the env file's header
+
+def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: bool = False,
+          manifest_size: int | None = None) -> list[Violation]:
+    """colibri's rules (c/colibri.c mirror_setup, c/st.h st_mirror_add, c/coli need_model,
+    c/family_registry.py): the model and every mirror are directories of safetensors shards; the
+    model's config.json names a model_type colibri runs, and that engine's rules hold (glm53 reads
+    integer weights only; only the GLM engine stripes); a mirror entry holds no ';' or ',', no edge
+    blank, fits colibri's buffers and is not the model directory; at most 4 mirrors; every primary
+    shard is in every mirror with its size (colibri would read a missing or different shard from
+    the primary, against the plan's weights)."""
+    n = len(facts)
+    if n == 0:
+        return [NO_SOURCES]
+    v = list_rules(facts, c.MAX_SOURCES, f"{n} sources but colibri reads at most {c.MAX_MIRRORS} mirrors "
+                                         "besides the model (ST_MAX_MIR); drop a replica from the plan")
+    for f in facts:
+        if f.path.startswith("/") and f.exists and f.not_loadable:
+            v.append(Violation("not-a-directory-model", f"sources[{f.index}]", f.not_loadable))
+    v += weight_rules(n, request.prefill, request.decode, c.WEIGHT_MIN, c.WEIGHT_MAX)
+    primary = facts[0]
+    if not primary.exists:
+        v.append(Violation("missing", "sources[0]", f"model {primary.path} does not exist"))
+    elif primary.directory and not primary.shards:
+        v.append(Violation("no-shards", "sources[0]",
+                           f"model directory {primary.directory} holds no *{c.SHARD_SUFFIX} shard for colibri to load"))
+    elif primary.directory and not primary.tokenizer:
+        v.append(Violation("no-tokenizer", "sources[0]",
+                           f"model directory {primary.directory} has no {c.TOKENIZER}; colibri's coli launcher refuses it"))
+    if primary.exists and primary.directory:
+        v += _member_rules(primary, request)
+    mirrors = [f.directory for f in facts[1:] if f.directory]
+    if len(c.MIRROR_SEPARATOR.join(mirrors)) > c.MIRROR_LIST_MAX:
+        v.append(Violation("mirror-list-length", "sources",
+                           f"the mirror list is longer than the {c.MIRROR_LIST_MAX} characters colibri keeps; "
+                           "use shorter directory paths"))
+    want = dict(primary.shards)
+    for f in facts[1:]:
+        where = f"sources[{f.index}]"
+        if not f.exists or f.state == "missing":
+            v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
+            continue
+        d = f.directory
+        if not d:
+            continue
+        found = bad_characters(d, c.PATH_FORBIDDEN)
+        if found:
+            v.append(Violation("bad-character", where,
+                               f"{d!r} contains {' and '.join(repr(x) for x in found)}, which colibri uses as a separator "
+                               f"in {c.ENV_MIRROR}; rename the directory"))
+        if d != d.strip(" "):
+            v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename the directory"))
+        if d == primary.directory or (f.device is not None and (f.device, f.inode) == (primary.device, primary.inode)):
+            v.append(Violation("same-directory", where,
+                               f"replica {d} is the model directory itself; colibri ignores it (a mirror must be another copy)"))
+            continue
+        have = dict(f.shards)
+        long = [b for b in want if len(f"{d}/{b}") > c.SHARD_PATH_MAX]
+        if long:
+            v.append(Violation("path-length", where, f"{d}/{long[0]} is longer than the {c.SHARD_PATH_MAX} "
+                                                     "characters colibri can open; use a shorter directory path"))
+        absent = [b for b in want if b not in have]
+        if absent:
+            v.append(Violation("partial-mirror", where,
+                               f"replica {d} lacks {len(absent)} of {len(want)} shards ({absent[0]}"
+                               f"{', ...' if len(absent) > 1 else ''}); colibri would read them from the model drive; "
+                               "run `replicas sync`"))
+        resized = [b for b in want if b in have and have[b] != want[b]]
+        if resized:
+            v.append(Violation("size", where, f"replica {d}/{resized[0]} is {have[resized[0]]} bytes, the model's "
+                                              f"{want[resized[0]]}; colibri would skip it; run `replicas repair`"))
+        if f.state != "verified" and not allow_unverified:
+            v.append(unverified(f, where))
+    return v
+
+
+def _member_rules(primary: SourceFacts, request: Request) -> list[Violation]:
+    """The rules of the engine colibri runs for this model (its config.json model_type)."""
+    m, why = _member(primary)
+    if m is None:
+        return [Violation("model-type", "sources[0]", why)]
+    v = []
+    if m.integer_weights:
+        odd = [w for w in request.prefill if isinstance(w, bool) or not isinstance(w, int)]
+        if odd:
+            v.append(Violation("integer-weights", "prefill.weights",
+                               f"colibri's {m.name} engine ({m.source}) reads {c.ENV_WEIGHTS} with strtol: integers "
+                               f"only, not {odd[0]!r}"))
+    if request.stripe and not m.stripes:
+        v.append(Violation("stripe", "stripe",
+                           f"the plan stripes reads, but colibri's {m.name} engine ({m.source}, model_type "
+                           f"{primary.model_type!r}) never stripes; its predictions assume striping: set \"stripe\": "
+                           "false in the plan or solve it again"))
+    return v
+
+
+def setting(request: Request) -> Setting:
+    """COLI_MODEL and SNAP (the model directory), the mirror list and one weight per drive (the
+    plan's base weights: colibri places whole experts once for every phase), striping when the
+    plan stripes; no arguments (--model is COLI_MODEL)."""
+    p = request.paths
+    return Setting(c.plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe), ())
+
+
+def header(request: Request, s: Setting) -> tuple[str, ...]:
+    env = dict(s.environment)
+    m = member_of(request.variant)
+    lines = [f"colibri: the coli launcher reads {c.ENV_MODEL}, the engine binary {c.ENV_SNAP} "
+             f"(both the model directory); {c.ENV_MIRROR} lists mirror directories ('{c.MIRROR_SEPARATOR}'-separated);",
+             f"{c.ENV_WEIGHTS} are the plan's base weights {':'.join(map(str, request.prefill))} "
+             "(colibri places whole experts by a hash of (layer, expert); it has no separate decode split)"]
+    if request.variant:
+        lines.append(f"engine: colibri's {m.name} ({m.source}), which its launcher runs for this model's "
+                     "config.json model_type")
+    if c.ENV_STRIPE in env:
+        lines.append(f"striping: {c.ENV_DIRECT}=1 (O_DIRECT, the only path that stripes) and "
+                     f"{c.ENV_STRIPE}=1 cut each expert read of 4 MiB or more over every drive")
+    return tuple(lines)
+
+
+def unset_note() -> str:
+    return "colibri variables this profile does not want: an inherited mirror list, a split layout, striping"
+
+
+def given_by(argv: Sequence[str], environment: Mapping[str, str]) -> str:
+    return f"{c.ENV_MODEL}={dict(environment).get(c.ENV_MODEL, '')}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch: the log lines of each member of the family
+
+def report_env(variant: str = "") -> dict[str, str]:
+    """PROF=1: colibri's docs ask it for the MIRROR: statistics (docs/multidisk.md). DeepSeek V4.1's
+    serve loop prints its per-turn MIRROR: line only with V41_STATS=1 (c/deepseek_v41.c)."""
+    env = {c.ENV_PROF: "1"}
+    if (variant or DEFAULT_VARIANT) == "deepseek_v41":
+        env[ENV_V41_STATS] = "1"
+    return env
+
+
+ENV_V41_STATS = "V41_STATS"
+_STATS_LINE = {"glm": "MIRROR:", "deepseek_v41": "MIRROR:", "deepseek_v4": "v4_mirror"}
+_V41_SPLIT = re.compile(r"^\[MIRROR\] (\d+) replicas, split (.+?):((?: (?:primary|mirror) \d+%)+)[ \t]*$", re.M)
+_V41_SHARE = re.compile(r" (?:primary|mirror) (\d+)%")
+_G53 = r"^\[GLM53 MIRROR\] "
+_G53_LOADED = re.compile(_G53 + r"replica (\d+): (.+) \((\d+)/(\d+) shards\)[ \t]*$", re.M)
+_G53_NO_SHARD = re.compile(_G53 + r"(.+): no usable shards -- ignored", re.M)
+_G53_IS_MODEL = re.compile(_G53 + r"(.+) equals primary model dir -- ignored", re.M)
+_G53_TOO_MANY = re.compile(_G53 + r"too many mirrors; max (\d+) -- (.+) ignored", re.M)
+_G53_WEIGHTS_INVALID = re.compile(_G53 + r"invalid COLI_DISK_WEIGHTS '(.*)' for (\d+) drives; probing bandwidth", re.M)
+_G53_SPLIT = re.compile(_G53 + r"(\d+) drives \| routing ([\d% /]+?) \((.+)\)[ \t]*$", re.M)
+
+
+def read_log(text: str, variant: str = "") -> c.LogReport:
+    """What the member's log says it did with its mirrors, as `engines.colibri.LogReport`: the
+    load and skip lines, the split line (its shares, '%' dropped, and how the split was chosen),
+    and `served` from the member's own statistics line (`Member.read_stats`; {} when it prints
+    none)."""
+    m = member_of(variant)
+    if m.name == "glm53":
+        loaded = tuple(c.MirrorLoad(p, int(k), int(t), int(r)) for r, p, k, t in _G53_LOADED.findall(text))
+        skipped = [(p, "no usable shards") for p in _G53_NO_SHARD.findall(text)]
+        skipped += [(p, f"too many mirrors (max {n})") for n, p in _G53_TOO_MANY.findall(text)]
+        skipped += [(p, "equals the model dir") for p in _G53_IS_MODEL.findall(text)]
+        bad = _G53_WEIGHTS_INVALID.findall(text)
+        splits = _G53_SPLIT.findall(text)
+        drives, split, how = None, (), ""
+        if splits:
+            n, shares, how = splits[-1]
+            drives, split = int(n), tuple(s.strip().rstrip("%") for s in shares.split(" /"))
+        return c.LogReport(loaded=loaded, skipped=tuple(skipped),
+                           files_skipped=tuple(c.LOG_FILE_SKIPPED.findall(text)),
+                           weights_rejected=bad[-1][0] if bad else None,
+                           weights_wanted=int(bad[-1][1]) if bad else None,
+                           drives=drives, split=split, split_how=how, served={})
+    log = c.read_log(text)
+    if m.name == "deepseek_v41":
+        found = _V41_SPLIT.findall(text)
+        if found:
+            n, how, shares = found[-1]
+            log = replace(log, drives=int(n), split=tuple(_V41_SHARE.findall(shares)), split_how=how)
+        else:
+            log = replace(log, drives=None, split=(), split_how="")
+    return replace(log, served=m.read_stats(text))
+
+
+def split_shares(variant: str, weights: Sequence[int]) -> tuple[str, ...]:
+    """The shares the member's split line prints for one weight per drive: the slices of its cuts,
+    `%.0f` of 100·slice/256 (GLM, DeepSeek V4: `engines.colibri.split_percents`) or
+    (100·slice + 128) / 256 in integers (DeepSeek V4.1, GLM-5.3)."""
+    m = member_of(variant)
+    cuts, lo, out = m.cuts(weights), 0, []
+    for x in cuts:
+        s = x - lo
+        out.append(f"{100.0 * s / 256:.0f}" if m.name in ("glm", "deepseek_v4") else str((100 * s + 128) // 256))
+        lo = x
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    mirrors: tuple[str, ...]     # mirror directories, in COLI_MODEL_MIRROR order
+    weights: tuple[int, ...]     # one per drive, primary first (() for a single drive)
+    stripe: bool = False         # the profile asked for striping (DIRECT=1, COLI_MIR_STRIPE=1)
+    variant: str = ""            # the family member that runs the model ('' : GLM)
+    idle: tuple[tuple[str, ...], ...] = ()   # per drive: phases in which the plan gives it nothing
+
+
+def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
+    weights = tuple(request.prefill) if request.sources > 1 else ()
+    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in dict(environment),
+                       variant=request.variant, idle=request.idle)
+
+
+def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
+    observed = "; ".join(f"{m.path} {m.shards}/{m.total} shards replica {m.replica}" for m in log.loaded) or "none"
+    if not expect.mirrors:
+        if log.loaded:
+            return Check("mirrors", False, "none", observed,
+                         "colibri loaded mirrors the profile did not ask for (an inherited mirror variable?)")
+        return Check("mirrors", True, "none", observed, "single drive: no mirror requested")
+    problems = []
+    for k, want in enumerate(expect.mirrors, 1):
+        got = [m for m in log.loaded if m.path == want]
+        if not got:
+            why = [r for p, r in log.skipped if p == want]
+            problems.append(f"mirror {want} did not load" + (f" ({why[-1]})" if why else " (no line saying it loaded)"))
+            continue
+        m = got[-1]
+        if m.shards < m.total:
+            problems.append(f"mirror {want} loaded {m.shards}/{m.total} shards; colibri reads the others from the primary")
+        if m.replica != k:
+            problems.append(f"mirror {want} is drive {m.replica}, not {k}: an earlier mirror did not load, "
+                            "so the weights no longer line up with the drives")
+    problems += [f"colibri skipped {path} ({what} differs from the primary)" for path, what in log.files_skipped]
+    expected = f"{len(expect.mirrors)} mirror(s), every shard"
+    return Check("mirrors", not problems, expected, observed,
+                 "; ".join(problems) if problems else f"every mirror loaded whole ({len(expect.mirrors)})")
+
+
+def _weights(log: c.LogReport, expect: Expectation) -> Check:
+    if not expect.weights:
+        return Check("weights", True, "", "", "single drive: no weights")
+    want = "/".join(split_shares(expect.variant, expect.weights))
+    seen = "/".join(log.split) if log.split else "none"
+    if log.weights_rejected is not None:
+        return Check("weights", False, want, f"rejected {log.weights_rejected}",
+                     f"colibri rejected {c.ENV_WEIGHTS}={log.weights_rejected} (it wanted {log.weights_wanted} "
+                     "weights, one per drive that loaded) and probed the drives instead")
+    if log.drives is None:
+        return Check("weights", False, want, "none", "no line saying how colibri split the reads: the split is unconfirmed")
+    if log.drives != len(expect.weights):
+        return Check("weights", False, want, seen,
+                     f"colibri reads {log.drives} drive(s), the profile gives {len(expect.weights)} weights")
+    if log.split_how != c.HOW_WEIGHTS:
+        return Check("weights", False, want, seen, f"colibri split the reads by '{log.split_how}', not by {c.ENV_WEIGHTS}")
+    ok = seen == want
+    return Check("weights", ok, want, seen,
+                 "colibri applied the weights (percent of experts per drive)" if ok
+                 else "colibri's read split differs from the weights' cuts")
+
+
+def _served(log: c.LogReport, expect: Expectation) -> Check:
+    n = 1 + len(expect.mirrors)
+    m = member_of(expect.variant)
+    observed = ", ".join(f"{d}:{s.bytes}B/{s.reads}r" for d, s in sorted(log.served.items())) or "none"
+    if not expect.mirrors:
+        return Check("served", True, "", observed, "single drive: no per-drive statistics expected")
+    idle_of = {d: tuple(expect.idle[d]) for d in range(min(n, len(expect.idle))) if expect.idle[d]}
+    names = ["primary"] + [f"mirror{k}" for k in range(1, n)]
+    expected = f"{n} drives > 0" + (f" (idle: {', '.join(f'{names[d]} {idle_note(p)}' for d, p in idle_of.items())})"
+                                    if idle_of else "")
+    if m.stats is None:
+        return Check("served", True, expected, "none",
+                     f"per-drive bytes could not be checked: colibri's {m.name} engine ({m.source}) prints no "
+                     "per-drive counters; its mirror and split lines above are what it confirms")
+    if not log.served:
+        asked = ", ".join(f"{k}={v}" for k, v in report_env(expect.variant).items())
+        return Check("served", False, expected, "none",
+                     f"no '{_STATS_LINE.get(m.name, 'MIRROR:')}' statistics line from colibri's {m.name} engine "
+                     f"({m.source}, on {m.stats}; {asked} was set; it prints it when a run ends)")
+    problems = [f"{names[d]} is not in the statistics line" for d in range(n) if d not in log.served]
+    notes = []
+    for d in range(n):
+        s = log.served.get(d)
+        if s is None:
+            continue
+        phases = idle_of.get(d, ())
+        if not s.reads:
+            ok, say = served_nothing(names[d], phases)
+            (notes if ok else problems).append(say)
+        elif set(phases) >= set(PHASES):
+            notes.append(f"{names[d]} served {s.bytes} B though the plan gives it nothing {idle_note(phases)}")
+    if log.read_error:
+        problems.append("a mirror read failed and the primary served it")
+    report = "; ".join(f"{names[d]} {s.bytes} B in {s.reads} reads" for d, s in sorted(log.served.items()) if d < n)
+    detail = "; ".join(problems + notes) + f" ({report})" if problems or notes else report
+    return Check("served", not problems, expected, observed, detail)
+
+
+def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tuple[Check, ...]:
+    """Judge a colibri log (stdout + stderr), one Check per name in `checks`, with the lines of
+    the member that ran (`expectation.variant`)."""
+    log = read_log(text, expectation.variant)
+    return (exit_check(returncode), _mirrors(log, expectation), _weights(log, expectation), _served(log, expectation))

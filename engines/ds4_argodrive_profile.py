@@ -1,0 +1,281 @@
+"""ds4-argodrive's profile (`engines.profile.EngineProfile`): the environment and arguments a
+plan gives the engine, the rules its reader would otherwise discover the hard way, and whether a
+run's log proves the profile was applied (docs/engine-profiles.md). Pure.
+
+The names, formats and log lines are the engine's own, in `engines.ds4_argodrive` (read from its
+reader, argodrive_read.h: `ar_open` parses the split, `ar_close` prints the per-source bytes).
+This module is the engine's `Engine.profile`; it reads the engine module's names when called,
+never at import (the engine module imports it to build its `ENGINE`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from . import ds4_argodrive as ds4
+from .profile import (
+    NO_SOURCES,
+    PHASES,
+    Check,
+    Request,
+    Setting,
+    SourceFacts,
+    Violation,
+    bad_characters,
+    exit_check,
+    idle_note,
+    list_rules,
+    served_nothing,
+    unverified,
+    weight_rules,
+)
+
+named_profiles = True       # io-base, stack-levers, rig/profiles/*.toml: ds4 knobs under the plan's keys
+cache_experts = True        # --ssd-streaming-cache-experts is an argument every profile gives
+source_view = None          # ds4 is given the model's file (-m) and each replica's file
+checks = ("exit", "sources", "decode-split", "source-bytes", "cache-budget", "prefill-staging")
+
+
+def clear_prefix() -> str:
+    """The launcher starts ds4 without any inherited DS4_* variable: a stale presence flag would
+    turn a switch on whatever the profile says."""
+    return ds4.ENV_PREFIX
+
+
+def profile_args() -> frozenset[str]:
+    return ds4.PROFILE_ARGS
+
+
+def plan_keys() -> tuple[str, ...]:
+    return ds4.SPLIT_KEYS
+
+
+def managed_keys(named: Iterable[str] = ()) -> tuple[str, ...]:
+    """The split keys, the engine's knobs and every key a named profile sets or unsets: a key a
+    profile does not set is unset, never set to 0 (presence-based flags are among them)."""
+    return tuple(dict.fromkeys(list(ds4.SPLIT_KEYS) + list(ds4.KNOWN_KEYS) + list(named)))
+
+
+def variant(facts: Sequence[SourceFacts]) -> str:
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Export: the rules, the environment and arguments, the env file's header
+
+def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: bool = False,
+          manifest_size: int | None = None) -> list[Violation]:
+    """Every rule ds4's reader would otherwise discover the hard way (ar_open rejects the whole
+    configuration and reads the primary alone) or ignore with a log line (a decode list of the
+    wrong count). Returns all violations; an empty list means the engine will take it."""
+    limit = ds4.MAX_SOURCES
+    n = len(facts)
+    if n == 0:
+        return [NO_SOURCES]
+    v = list_rules(facts, limit, f"{n} sources but {ds4.NAME} reads from at most {limit} (the primary and "
+                                 f"{limit - 1} replicas); drop a replica from the plan")
+    for f in facts:
+        found = bad_characters(f.path, ds4.PATH_FORBIDDEN)
+        if found:
+            v.append(Violation("bad-character", f"sources[{f.index}]",
+                               f"{f.path!r} contains {' and '.join(repr(c) for c in found)}, which {ds4.NAME} uses as "
+                               "a separator; rename the directory or file"))
+    v += weight_rules(n, request.prefill, request.decode, ds4.WEIGHT_MIN, ds4.WEIGHT_MAX)
+    primary = facts[0]
+    if not primary.exists:
+        v.append(Violation("missing", "sources[0]", f"primary {primary.path} does not exist"))
+    elif not primary.regular:
+        v.append(Violation("not-regular", "sources[0]", f"primary {primary.path} is not a regular file"))
+    elif manifest_size is not None and primary.size != manifest_size:
+        v.append(Violation("size", "sources[0]",
+                           f"primary {primary.path} is {primary.size} bytes but the manifest describes {manifest_size}; "
+                           "re-hash the model with `replicas sync`"))
+    seen: dict[tuple[int, int], int] = {}
+    if primary.exists and primary.device is not None and primary.inode is not None:
+        seen[(primary.device, primary.inode)] = 0
+    for f in facts[1:]:
+        where = f"sources[{f.index}]"
+        if not f.exists or f.state == "missing":
+            v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
+            continue
+        if not f.regular:
+            v.append(Violation("not-regular", where, f"replica {f.path} is not a regular file"))
+            continue
+        if primary.size is not None and f.size != primary.size:
+            v.append(Violation("size", where, f"replica {f.path} is {f.size} bytes, the primary {primary.size}; "
+                                              "run `replicas repair` or `replicas sync`"))
+        key = (f.device, f.inode)
+        if f.device is not None and f.inode is not None:
+            if key in seen:
+                v.append(Violation("same-inode", where,
+                                   f"replica {f.path} is the same file (inode) as sources[{seen[key]}]; "
+                                   "a replica must be a separate copy, not a hard link"))
+            else:
+                seen[key] = f.index
+        if f.state != "verified" and not allow_unverified:
+            v.append(unverified(f, where))
+    return v
+
+
+def setting(request: Request) -> Setting:
+    """The split keys (base weights primary first, the decode list), then the named profile's
+    keys; the arguments stream experts from the primary with the requested cache."""
+    p = request.paths
+    env = dict(ds4.split_environment(request.prefill[0], p[1:], request.prefill[1:], request.decode))
+    env.update((k, v) for k, v in request.named if k not in env)
+    return Setting(tuple(env.items()), ds4.engine_args(p[0], request.cache_experts))
+
+
+def header(request: Request, s: Setting) -> tuple[str, ...]:
+    w = request.prefill
+    decode = request.decode if request.sources > 1 else ()
+    return ("engine arguments: " + " ".join(shlex.quote(a) for a in s.argv),
+            f"weights: prefill (base) {':'.join(map(str, w))}"
+            + (f", decode {':'.join(map(str, decode))}" if decode else " (single source: no split)")
+            + f"; expert cache {request.cache_experts} experts")
+
+
+def unset_note() -> str:
+    return "presence-based flags this profile does not want"
+
+
+def given_by(argv: Sequence[str], environment: Mapping[str, str]) -> str:
+    return " ".join(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch: what to ask the engine to print, and the verdict on what it printed
+
+def report_env(variant: str = "") -> dict[str, str]:
+    """The cache report carries the budget line only when asked; "the requested cache was
+    honoured" is a gate, so the launcher asks."""
+    return {ds4.ENV_TIMING_SUMMARY: "1"}
+
+
+def read_log(text: str, variant: str = "") -> ds4.LogReport:
+    return ds4.read_log(text)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    sources: int                 # 1 = primary only
+    decode_split: str = ""       # e.g. "10,6,6"; "" when there is no split
+    cache_experts: int | None = None
+    prefill_split: bool = False  # DS4_ARGODRIVE_PREFILL_SPLIT requested
+    idle: tuple[tuple[str, ...], ...] = ()   # per source: phases in which the plan gives it nothing
+
+
+def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
+    env = dict(environment)
+    return Expectation(sources=request.sources, decode_split=ds4.weights_text(env.get(ds4.ENV_DECODE_WEIGHTS, "")),
+                       cache_experts=request.cache_experts, prefill_split=ds4.ENV_PREFILL_SPLIT in env,
+                       idle=request.idle)
+
+
+REJECTED = ("the engine rejected the replica configuration: every source it had opened reported bytes=0 and "
+            "it never opened the split reader (a relative or unreadable path, more than 3 sources, a weight "
+            "outside 1..100, or a replica of another size or the same inode)")
+
+
+def _sources(log: ds4.LogReport, n: int) -> Check:
+    if log.sources is None:
+        if n > 1 and log.rejected:
+            return Check("sources", False, str(n), "rejected", REJECTED)
+        if n > 1:
+            return Check("sources", False, str(n), "none",
+                         "no 'expert reader sources=' line: the engine did not open the split reader")
+        return Check("sources", True, "1", "none", "single source: the engine reads the primary alone")
+    ok = log.sources == n
+    return Check("sources", ok, str(n), str(log.sources),
+                 f"engine opened {log.sources} source(s)" + ("" if ok else f", {n} requested"))
+
+
+def _decode_split(log: ds4.LogReport, want: str) -> Check:
+    if not want:
+        return Check("decode-split", True, "", "", "no decode split requested (single source)")
+    if log.decode_ignored is not None:
+        return Check("decode-split", False, want, f"ignored {log.decode_ignored}",
+                     f"engine ignored {ds4.ENV_DECODE_WEIGHTS}={log.decode_ignored} (wrong count or range)")
+    if log.decode_split is None:
+        return Check("decode-split", False, want, "none", "no 'decode split' line: decode would use the base weights")
+    ok = log.decode_split == ds4.weights_text(want)
+    return Check("decode-split", ok, want, log.decode_split,
+                 "engine applied the decode split" if ok else f"engine applied decode split {log.decode_split}")
+
+
+def _source_bytes(log: ds4.LogReport, n: int, idle: Sequence[Sequence[str]] = ()) -> Check:
+    per = log.source_bytes
+    # bytes=0 lines appear even when the reader rejected its configuration (the split is off),
+    # so a source must show bytes > 0, not just a line — unless the plan leaves it idle in a
+    # phase (its share of that phase's reads is 0 blocks): then 0 bytes is what the plan said.
+    # A single source prints none unless the reader ran; when it did, its lines are held to the same.
+    want = range(n) if (n > 1 or per) else range(0)
+    idle_of = {i: tuple(idle[i]) for i in range(min(n, len(idle))) if idle[i]}
+    observed = ",".join(f"{i}:{per[i]}" for i in sorted(per)) or "none"
+    expected = f"{n} sources > 0" + (f" (idle: {', '.join(f'source[{i}] {idle_note(p)}' for i, p in idle_of.items())})"
+                                     if idle_of else "")
+    if n > 1 and log.rejected:
+        return Check("source-bytes", False, expected, observed, REJECTED)
+    if not want:
+        return Check("source-bytes", True, "", observed, "single source: no per-source report expected")
+    problems, notes = [], []
+    for i in want:
+        phases = idle_of.get(i, ())
+        if i not in per:
+            problems.append(f"source[{i}] reported no bytes")
+        elif per[i] == 0:
+            ok, say = served_nothing(f"source[{i}]", phases)
+            if ok:
+                notes.append(say)
+            else:
+                problems.append(f"source[{i}] read 0 bytes")
+        elif set(phases) >= set(PHASES):
+            notes.append(f"source[{i}] read {per[i]} bytes though the plan gives it nothing {idle_note(phases)}")
+    problems += [f"source[{i}] was not requested" for i in sorted(per) if i >= n]
+    if problems:
+        return Check("source-bytes", False, expected, observed, "; ".join(problems + notes))
+    busy = "every source delivered bytes" if not notes else "every other source delivered bytes"
+    return Check("source-bytes", True, expected, observed, "; ".join([busy] + notes))
+
+
+def _cache_budget(log: ds4.LogReport, req: int) -> Check:
+    budgets = log.cache_budgets
+    decode_cut = [(a, b) for a, b in log.decode_cache if b < a]
+    observed = ",".join(map(str, budgets)) or "none"
+    if not budgets:
+        return Check("cache-budget", False, str(req), "none",
+                     "no 'streaming expert cache budget=' line: the cache size is unconfirmed")
+    if min(budgets) < req:
+        return Check("cache-budget", False, str(req), observed,
+                     f"engine reduced the expert cache to {min(budgets)} of {req} experts")
+    if log.cache_caps:
+        return Check("cache-budget", False, str(req), observed, f"engine capped the cache: {log.cache_caps[-1].strip()}")
+    if decode_cut:
+        a, b = decode_cut[-1]
+        return Check("cache-budget", False, str(req), observed, f"engine reduced the decode cache to {b} of {a} experts")
+    return Check("cache-budget", True, str(req), observed, "requested cache honoured")
+
+
+def _prefill_staging(log: ds4.LogReport, requested: bool) -> Check:
+    rejected = log.prefill_rejected
+    if requested and rejected is not None:
+        return Check("prefill-staging", False, "staged", "rejected",
+                     f"prefill staging rejected ({rejected.strip()}); the engine fell back to the layer sweep")
+    return Check("prefill-staging", True, "staged" if requested else "",
+                 "rejected" if rejected is not None else "", "no rejection reported")
+
+
+def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tuple[Check, ...]:
+    """Judge a ds4 log (stdout + stderr) against what the profile asked for, one Check per name in
+    `checks` ('cache-budget' only when a cache size was asked for). returncode None means the
+    engine was stopped (timeout); negative, killed by that signal."""
+    e = expectation
+    log = ds4.read_log(text)
+    out = [exit_check(returncode), _sources(log, e.sources), _decode_split(log, e.decode_split),
+           _source_bytes(log, e.sources, e.idle)]
+    if e.cache_experts is not None:
+        out.append(_cache_budget(log, e.cache_experts))
+    out.append(_prefill_staging(log, e.prefill_split))
+    return tuple(out)

@@ -1,0 +1,238 @@
+"""An engine's profile: what `engine-bridge export` writes for an engine and how `engine-bridge
+launch` proves from the engine's log that it was applied (docs/engine-profiles.md). Pure.
+
+Export and launch never test an engine's name; they ask `Engine.profile`, which each engine's
+module fills with an object giving `EngineProfile` (ds4-argodrive: `engines.ds4_argodrive_profile`,
+colibri: `engines.colibri_profile`). The nouns they exchange live here, with the rules every engine
+shares:
+
+- `SourceFacts`: what the disk says about one source of a plan (gathered by export, judged here);
+- `Request`: a plan's sources, weights and switches as the engine is given them, with the user's
+  options (cache size, named profile) and, for launch, which sources the plan leaves idle;
+- `Setting`: the environment and arguments a request gives;
+- `Violation`: one rule a plan breaks (export refuses, in one line naming every violation);
+- `Check`: one thing a launch log confirms or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What the disk says about one source of a plan (gathered by export, judged by the engine)."""
+    index: int                  # 0 = primary, then replicas in engine order
+    path: str
+    exists: bool = True
+    regular: bool = True
+    size: int | None = None     # bytes
+    device: int | None = None
+    inode: int | None = None
+    state: str = ""             # replicas: 'verified' | 'stale' | 'unverified' | 'missing'; primary: ''
+    # An engine that loads directories (`EngineProfile.source_view`): the one this source stands
+    # for ('' when it stands for none), why not when it does not, its model files the engine
+    # loads (basename, bytes), whether it has the tokenizer the engine's launcher requires,
+    # and its config.json: '' absent, 'ok', or why it could not be read; its model_type.
+    directory: str = ""
+    not_loadable: str = ""
+    shards: tuple[tuple[str, int], ...] = ()
+    tokenizer: bool = False
+    config: str = ""
+    model_type: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What a directory-loading engine makes of one source: the directory it loads ('' none, and
+    why not), the model files it loads there (basename, bytes) and whether its tokenizer is there."""
+    directory: str
+    not_loadable: str = ""
+    shards: tuple[tuple[str, int], ...] = ()
+    tokenizer: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    """What export (and launch) asks an engine's profile about: a checked plan's sources as the
+    engine is given them, its weights and switches, and the user's options."""
+    paths: tuple[str, ...]                      # primary first: files, or the directories the engine loads
+    prefill: tuple[int, ...]                    # base weights, one per source
+    decode: tuple[int, ...]                     # decode weights, one per source
+    stripe: bool = False                        # the plan's top-level "stripe" switch
+    cache_experts: int | None = None            # experts (engines whose profile takes a cache size)
+    named: tuple[tuple[str, str], ...] = ()     # a named profile's environment (engines that take one)
+    variant: str = ""                           # the engine variant that runs the model ('' none)
+    # per source: the phases in which the plan gives it nothing (launch: an expected-idle drive)
+    idle: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def sources(self) -> int:
+        return len(self.paths)
+
+    def idle_in(self, source: int) -> tuple[str, ...]:
+        return self.idle[source] if source < len(self.idle) else ()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The environment (in export order) and arguments (after the binary) a request gives."""
+    environment: tuple[tuple[str, str], ...]
+    argv: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str        # short id, e.g. 'too-many-sources', 'unverified'
+    where: str       # e.g. 'sources[2]' or 'decode.weights'
+    reason: str      # one sentence: what, and how to fix
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    expected: str
+    observed: str
+    detail: str
+
+
+class EngineProfile(Protocol):
+    """What an engine's profile gives export and launch (`Engine.profile`). Every member is pure."""
+
+    named_profiles: bool        # takes named profiles (io-base, ...) layered under the plan's keys
+    cache_experts: bool         # takes, and needs, an expert-cache size (--cache-experts)
+    checks: tuple[str, ...]     # the names of the launch confirmations, in order
+    # directory-loading engines: (path, is_dir, listing of the folder it is or is in, the model's
+    # file name when the primary is a file) -> SourceView; None: the engine is given files
+    source_view: Any
+
+    def clear_prefix(self) -> str:
+        """Launch drops every inherited variable starting so ('' none)."""
+
+    def profile_args(self) -> frozenset[str]:
+        """Arguments the profile gives; refused after `--`."""
+
+    def plan_keys(self) -> tuple[str, ...]:
+        """Variables only a plan sets; a named profile may not."""
+
+    def managed_keys(self, named: Iterable[str] = ()) -> tuple[str, ...]:
+        """Every variable a profile speaks for (sets, or unsets), given the keys named profiles use."""
+
+    def variant(self, facts: Sequence[SourceFacts]) -> str:
+        """The engine variant that runs the model the facts describe ('' none or unknown)."""
+
+    def check(self, facts: Sequence[SourceFacts], request: Request, *, allow_unverified: bool = False,
+              manifest_size: int | None = None) -> list[Violation]:
+        """Every rule the engine would otherwise discover the hard way (or ignore with a log line)."""
+
+    def setting(self, request: Request) -> Setting:
+        """The environment and arguments for a checked request."""
+
+    def header(self, request: Request, environment: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+        """The env file's comment lines (without '# ') saying what the variables mean."""
+
+    def unset_note(self) -> str:
+        """What the env file's unset lines clear, for its 'load with' comment."""
+
+    def given_by(self, argv: Sequence[str], environment: Mapping[str, str]) -> str:
+        """How the profile gives the engine its model (for a refused argument's message)."""
+
+    def report_env(self, variant: str = "") -> dict[str, str]:
+        """What the launcher adds so the engine prints what it applied."""
+
+    def read_log(self, text: str, variant: str = "") -> Any:
+        """Every line of a run's log in which the engine says what it applied."""
+
+    def expect(self, request: Request, environment: Mapping[str, str]) -> Any:
+        """What a launch of this request must show in the log."""
+
+    def judge(self, text: str, expectation: Any, returncode: int | None = 0) -> tuple[Check, ...]:
+        """One Check per name in `checks` (some only when asked for), judged on the log."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules every engine shares
+
+NO_SOURCES = Violation("no-sources", "sources", "the plan names no sources; re-create it with `planner solve`")
+
+
+def list_rules(facts: Sequence[SourceFacts], limit: int, too_many: str) -> list[Violation]:
+    """What every engine asks of its source list: at most `limit` sources (`too_many` says why
+    not), each an absolute path."""
+    v = [Violation("too-many-sources", "sources", too_many)] if len(facts) > limit else []
+    v += [Violation("relative-path", f"sources[{f.index}]", f"{f.path!r} is not an absolute path; the engine needs one")
+          for f in facts if not f.path.startswith("/")]
+    return v
+
+
+def unverified(f: SourceFacts, where: str) -> Violation:
+    """A replica the manifest has not vouched for (never verified, or changed since)."""
+    how = ("was modified since it was verified" if f.state == "stale"
+           else "has never been verified against the manifest")
+    return Violation("unverified", where, f"replica {f.path} {how}; run `replicas verify` (or export with --allow-unverified)")
+
+
+def weight_ok(w, lo: int, hi: int) -> bool:
+    return isinstance(w, int) and not isinstance(w, bool) and lo <= w <= hi
+
+
+def weight_rules(n: int, prefill: Sequence, decode: Sequence, lo: int, hi: int) -> list[Violation]:
+    """One weight per source in each phase, each an integer lo..hi."""
+    v = []
+    for phase, weights in (("prefill.weights", prefill), ("decode.weights", decode)):
+        if len(weights) != n:
+            v.append(Violation("weight-count", phase,
+                               f"{len(weights)} weights for {n} sources (the engine ignores a wrong count "
+                               "and only logs that it did); "
+                               "give exactly one weight per source"))
+        for i, w in enumerate(weights):
+            if not weight_ok(w, lo, hi):
+                v.append(Violation("weight-range", f"{phase}[{i}]", f"weight {w!r} is not an integer {lo}..{hi}"))
+    return v
+
+
+def bad_characters(path: str, forbidden: str) -> list[str]:
+    return sorted({c for c in path if c in forbidden})
+
+
+def check_cache(cache_experts) -> list[Violation]:
+    if cache_experts is None:
+        return [Violation("no-cache", "cache_experts",
+                          "no expert-cache size: pass --cache-experts N or use a profile that sets cache_experts")]
+    if isinstance(cache_experts, bool) or not isinstance(cache_experts, int) or cache_experts <= 0:
+        return [Violation("cache-range", "cache_experts", f"{cache_experts!r} must be a positive integer (experts)")]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts every engine shares
+
+def exit_check(returncode: int | None) -> Check:
+    if returncode == 0:
+        return Check("exit", True, "0", "0", "engine exited cleanly")
+    seen = "timeout" if returncode is None else str(returncode)
+    why = ("engine was stopped after the timeout" if returncode is None
+           else f"engine was killed by signal {-returncode}" if returncode < 0
+           else f"engine exited with code {returncode}")
+    return Check("exit", False, "0", seen, why)
+
+
+def idle_note(phases: Sequence[str]) -> str:
+    """How a drive the plan leaves idle is described: 'in decode', 'in prefill and decode'."""
+    return "in " + " and ".join(phases)
+
+
+def served_nothing(source: str, phases: Sequence[str]) -> tuple[bool, str]:
+    """A drive that served nothing: expected when the plan leaves it idle in some phase (a run's
+    counters cover every phase together, so a run that only exercised that phase reads nothing
+    from it); else a failure. (ok, what to say)."""
+    if phases:
+        return True, f"{source} served 0 bytes, expected idle: the plan gives it nothing {idle_note(phases)}"
+    return False, f"{source} served nothing"
