@@ -11,6 +11,7 @@ from core.cli import JsonOption, RigOption, err, print_json
 from core.units import format_bytes, format_rate
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
+    COLIBRI_FORMAT,
     DEQUANT_THREADS,
     GEN_TOKENS,
     LANES,
@@ -19,6 +20,7 @@ from engine_bridge.engine.constants import (
     PROMPT_SEED,
     PROMPT_TOKENS,
     SYNTH_DEFAULTS,
+    SYNTH_FORMATS,
 )
 
 
@@ -87,11 +89,11 @@ def register(app) -> None:
         from core.errors import UsageError
 
         fmt = fmt.lower()
-        if fmt not in ("gguf", "colibri"):
-            raise UsageError(f"--format {fmt!r}: use gguf or colibri")
+        if fmt not in SYNTH_FORMATS:
+            raise UsageError(f"--format {fmt!r}: use {' or '.join(SYNTH_FORMATS)}")
         shape = {k: v for k, v in dict(layers=layers, experts=experts, top_k=top_k, dim=dim, ff=ff, vocab=vocab).items()
                  if v is not None}
-        if fmt == "colibri":
+        if fmt == COLIBRI_FORMAT:
             if quant is not None:
                 raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
             from engine_bridge.engine.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
@@ -118,7 +120,7 @@ def register(app) -> None:
         else:
             typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
                        f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed {format_bytes(summary['routed_bytes'])}"
-                       + (f", {spec.shards} shards" if fmt == "colibri" else ""))
+                       + (f", {spec.shards} shards" if fmt == COLIBRI_FORMAT else ""))
 
     @app.command("run")
     def run_cmd(

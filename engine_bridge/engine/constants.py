@@ -26,6 +26,8 @@ LAYER_RESIDENT = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn
 # colibri's GLM engine (c/colibri.c): the model_type its launcher sends to it, the suffix of a
 # pre-quantised weight's per-row F32 scales (`NAME.qs`), and colibri's name for int8 rows (fmt=1).
 COLIBRI_MODEL_TYPE = "glm_moe_dsa"
+SYNTH_FORMATS = ("gguf", "colibri")         # `synth --format`: a GGUF file, or the directory colibri's GLM engine loads
+GGUF_FORMAT, COLIBRI_FORMAT = SYNTH_FORMATS
 COLIBRI_SCALE_SUFFIX = ".qs"
 ROW_INT8 = "int8-row"
 
