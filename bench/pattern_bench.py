@@ -51,37 +51,13 @@ def step(title: str, *cmd: str, wrap: list[str] | None = None, capture: bool = F
 
 def expected(model: str, trace: str, engine: str, weights, switches) -> dict:
     """Per phase, the bytes each source reads when `engine` performs the traced steps at `weights`."""
-    from engine_bridge.engine.replay import load_trace, replay_steps, trace_steps
-    from engine_bridge.engine.staging import StepReads
-    from engines.registry import get_engine
-    from models.cache import ExpertCache
+    from engine_bridge.engine.replay import load_trace, pattern_bytes, trace_steps
+    from engine_bridge.engine.sources import SourceSet
     from models.tensortable import inspect_model
 
     g = inspect_model(model)
-    got = {"prefill": [0] * len(weights), "decode": [0] * len(weights)}
-
-    class Zero:
-        def __init__(self, n):
-            self.v = memoryview(bytearray(n))
-
-        def result(self):
-            return self.v
-
-        def release(self):
-            pass
-
-    def submit(read, phase):
-        for p in read.pieces:
-            got[phase][p.source] += p.length
-        return Zero(read.length)
-
-    e = get_engine(engine)
-    in_flight = {ph: (c.shared if c.per_read else None) for ph in ("prefill", "decode") for c in (e.concurrency(ph),)}
-    d = load_trace(trace)
-    replay_steps(g, trace_steps(d, trace), g.layers, ExpertCache(CACHE, g.layers * g.experts), submit,
-                 StepReads(e, g, {"prefill": tuple(weights), "decode": tuple(weights)}, tuple(switches)),
-                 in_flight=in_flight)
-    return got
+    s = SourceSet((model,) * len(weights), tuple(weights), tuple(weights), engine=engine, switches=tuple(switches))
+    return pattern_bytes(g, trace_steps(load_trace(trace), trace), CACHE, s.step_reads(g), s.in_flight())
 
 
 def report(engine: str, model: str, trace: str, plan: dict, ladder: str, limits: dict) -> list[str]:

@@ -83,21 +83,9 @@ _M32 = 0xFFFFFFFF
 
 def cuts(weights: Sequence[float]) -> tuple[int, ...]:
     """Cumulative cuts of 256, one per drive (primary first): drive r serves hash values in
-    [cuts[r-1], cuts[r]). Every drive keeps a non-empty slice; the last absorbs rounding."""
-    total = 0.0
-    for w in weights:
-        total += w
-    out, acc, cum = [], 0, 0.0
-    for w in weights:
-        cum += w
-        c = int(256.0 * cum / total + 0.5)   # C's (int) truncates; the value is positive
-        if c <= acc:
-            c = acc + 1
-        c = min(c, HASH_BUCKETS)
-        out.append(c)
-        acc = c
-    out[-1] = HASH_BUCKETS
-    return tuple(out)
+    [cuts[r-1], cuts[r]). Every drive keeps a non-empty slice; the last absorbs rounding
+    (the GLM engine's mirror_setup; the family's other members: `Member.cuts`)."""
+    return _float_cuts(weights, force_last=True)
 
 
 def expert_hash(layer: int, expert: int) -> int:

@@ -191,3 +191,33 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
                              sources.planned),
         "reader": {"reads": stats["reads"], "bytes": stats["bytes"], "text": text},
     }
+
+
+class _Unread:
+    """A read that is not made: `pattern_bytes` counts pieces, it reads nothing."""
+
+    def __init__(self, n: int):
+        self._view = memoryview(bytearray(n))
+
+    def result(self) -> memoryview:
+        return self._view
+
+    def release(self) -> None:
+        pass
+
+
+def pattern_bytes(g: Geometry, steps, cache_experts: int, reads_of, in_flight: dict | None = None) -> dict:
+    """Per phase, the bytes each source reads when the engine behind `reads_of` (a
+    `staging.StepReads`) performs these routing steps from a cold cache of `cache_experts`,
+    counted from its patterns without a read: what a run of the same routing must have read."""
+    n = len(reads_of.weights["prefill"])
+    got = {ph: [0] * n for ph in PHASES}
+
+    def submit(read, phase):
+        for p in read.pieces:
+            got[phase][p.source] += p.length
+        return _Unread(read.length)
+
+    replay_steps(g, steps, g.layers, ExpertCache(min(cache_experts, g.layers * g.experts), g.layers * g.experts),
+                 submit, reads_of, in_flight=in_flight)
+    return got

@@ -9,16 +9,13 @@ and without O_DIRECT windows and stripes), and the output must not change."""
 import json
 import shutil
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
-from engine_bridge.engine.replay import load_trace, replay_steps, trace_steps
-from engine_bridge.engine.staging import StepReads
+from engine_bridge.engine.replay import load_trace, pattern_bytes, trace_steps
+from engine_bridge.engine.sources import SourceSet
 from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
-from engines.registry import get_engine
-from models.cache import ExpertCache
 from models.tensortable import inspect_model
 
 runner = CliRunner()
@@ -35,34 +32,11 @@ def colibri_copies(tmp_path_factory):
     return d
 
 
-class _Zero:
-    def __init__(self, n):
-        self.view = memoryview(bytearray(n))
-
-    def result(self):
-        return self.view
-
-    def release(self):
-        pass
-
-
 def expected_bytes(model: str, trace: str, engine: str, weights, switches=()) -> dict:
     """Per phase, the bytes each source reads when `engine` performs the traced run's steps."""
     g = inspect_model(model)
-    d = load_trace(trace)
-    got = {"prefill": np.zeros(len(weights), dtype=np.int64), "decode": np.zeros(len(weights), dtype=np.int64)}
-
-    def submit(read, phase):
-        for p in read.pieces:
-            got[phase][p.source] += p.length
-        return _Zero(read.length)
-
-    reads_of = StepReads(get_engine(engine), g, {"prefill": weights, "decode": weights}, switches)
-    e = get_engine(engine)
-    in_flight = {ph: (c.shared if c.per_read else None) for ph in ("prefill", "decode") for c in (e.concurrency(ph),)}
-    replay_steps(g, trace_steps(d, trace), g.layers, ExpertCache(CACHE, g.layers * g.experts), submit, reads_of,
-                 in_flight=in_flight)
-    return {ph: v.tolist() for ph, v in got.items()}
+    s = SourceSet((model,) * len(weights), tuple(weights), tuple(weights), engine=engine, switches=tuple(switches))
+    return pattern_bytes(g, trace_steps(load_trace(trace), trace), CACHE, s.step_reads(g), s.in_flight())
 
 
 def _run(tmp_path, model, replicas, weights, extra=()):
