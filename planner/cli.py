@@ -16,7 +16,7 @@ from core.units import format_rate, format_signed_pct
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, smallest_equivalent, split_read
 
-from .constants import PREFILL_TOKENS
+from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
 from .plans import holds_of, latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .rigmodel import choose_workload
@@ -53,7 +53,7 @@ def _int(text: str, what: str, minimum: int = 0) -> int:
     try:
         v = int(str(text).replace("_", ""))
     except ValueError:
-        raise UsageError(f"{what} {text!r}: give a whole number of bytes, e.g. {COMPONENT_BYTES}") from None
+        raise UsageError(f"{what} {text!r}: give a whole number of bytes, e.g. {V41_COMPONENT_BYTES}") from None
     if v < minimum:
         raise UsageError(f"{what} {v}: must be >= {minimum}")
     return v

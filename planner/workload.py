@@ -27,7 +27,6 @@ from functools import lru_cache
 import numpy as np
 
 from core.errors import UsageError
-from engines.ds4_argodrive import COMPONENT_BYTES
 from engines.pattern import Step
 from models.cache import ExpertCache
 from models.geometry import stacked_geometry
@@ -46,6 +45,7 @@ from .constants import (
     ROUTING_SEED,
     ROUTING_WARM_TOKENS,
     V41_EXPERTS,
+    V41_COMPONENT_BYTES,
     V41_NAME,
     V41_TOP_K,
 )
@@ -96,7 +96,7 @@ class ModelWorkload:
                    for ph, st in self.phases.items()}}
 
 
-V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, COMPONENT_BYTES, 3, EXPERT_BYTES)
+V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, V41_COMPONENT_BYTES, 3, EXPERT_BYTES)
 V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
 NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
 NAMED_ARCH = {V41_NAME: "deepseek_v41"}     # its config.json model_type (colibri runs it on its V4.1 engine)

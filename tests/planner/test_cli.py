@@ -32,6 +32,7 @@ def test_split_json_matches_design_worked_fact():
     ("split", "--weights", "101:5:5"),
     ("split", "--weights", "10:5:5:5"),
     ("split", "--weights", "10:5:5", "--length", "-1"),
+    ("split", "--weights", "10:5:5", "--length", "6.6MB"),
     ("split", "--weights", "10:5:5", "--offset", "-4096"),
     ("split", "--weights", "10:x"),
 ])
