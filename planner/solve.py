@@ -96,7 +96,7 @@ class Pricer:
             p = self.p
             got = price_phase(p.phases[phase], self.setup(weights, mode),
                               lambda st, su: p.engine.pattern(p.geometry, st, su), self.curves, p.engine,
-                              p.backgrounds, p.links)
+                              p.backgrounds, p.links, p.geometry)
             self._memo[key] = got
         return got
 
@@ -158,14 +158,15 @@ def _compositions(total: int, parts: int):
 # A prediction as the plan records it
 
 def prediction(pr: PhasePrice, weights: Sequence[int], mode: frozenset[str], drives: Sequence[Drive]) -> dict:
-    """One phase's price as the plan's `predicted` block. Per source: bytes, pieces and busy
-    seconds per step (a layer of a chunk or of a token), its share of the bytes and of the
-    groups it landed last in."""
+    """One phase's price as the plan's `predicted` block. Per source: bytes, pieces, experts
+    (whose first byte it reads) and busy seconds per step (a layer of a chunk or of a token), its
+    share of the bytes and of the groups it landed last in."""
     steps = max(pr.steps, 1e-300)
     total = pr.bytes
     groups = max(pr.groups, 1e-300)
     sources = [{"name": d.name, "bytes": pr.source_bytes[i] / steps, "share": pr.source_bytes[i] / total if total else 0.0,
-                "pieces": pr.source_pieces[i] / steps, "time_s": pr.source_s[i] / steps,
+                "pieces": pr.source_pieces[i] / steps, "experts": pr.source_experts[i] / steps,
+                "time_s": pr.source_s[i] / steps,
                 "lands_last": pr.lands_last[i] / groups if pr.groups else 0.0}
                for i, d in enumerate(drives)]
     last = int(np.argmax(pr.lands_last)) if pr.groups else 0
