@@ -18,9 +18,9 @@ from engines.split import parse_weights, smallest_equivalent, split_read
 
 from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
-from .plans import holds_of, latest_plan_path, load_inputs, load_plan, parse_background, save_plan
-from .rigmodel import choose_workload
-from .solve import Problem, predict, solve_plan, with_concurrency
+from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .rigmodel import choose_workload, rig_problem
+from .solve import predict, solve_plan, with_concurrency
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
@@ -99,11 +99,8 @@ def _problem(root: str, bench, engine: str, background, lanes, threads, workload
     inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    g = chosen.workload.geometry
-    files = sorted({t.file for t in g.tensors})
-    holds = holds_of(inputs.sources, files) if not workload and chosen.notice is None else ()
-    problem = Problem(with_concurrency(get_engine(engine), lanes, threads), g, inputs.drives, chosen.workload.phases,
-                      _backgrounds(background, names), inputs.links, holds)
+    problem = rig_problem(inputs, chosen, with_concurrency(get_engine(engine), lanes, threads),
+                          _backgrounds(background, names), named=bool(workload))
     return inputs, chosen, problem
 
 
@@ -275,11 +272,15 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan f
 def tune(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption,
          plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN",
                                             help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' (default: the newest; solved in the tuner if there is none)."),
+         engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine to tune: {', '.join(ENGINES)} (default: the plan's; "
+                                              "with no --plan, the newest plan for it, else solved in the tuner)."),
          fit_only: bool = FitOnlyOption):
-    """Open the split tuner: nudge weights per phase, read the model's prediction, save a plan."""
+    """Open the split tuner: nudge weights per phase and the engine's switches, read the prediction, save a plan."""
     from .tui.app import run_tuner  # Textual loads only for this command
 
-    run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only)
+    if engine is not None:
+        get_engine(engine)                       # an unknown engine is one line before the screen
+    run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only, engine=engine)
 
 
 def main() -> None:

@@ -148,20 +148,52 @@ def write_harness_results(run_dir):
 SIZE = (120, 40)               # the tuner's terminal in the screen tests
 
 
+def tuner_rig(root, **kw):
+    """make_rig's drives with a small model (a header-only GGUF, 6 layers x 32 experts of V4.1's
+    components) as the rig's primary, so the tuner prices the rig's own model."""
+    rig, bench = make_rig(root, **kw)
+    write_small_gguf(rig.model.path)
+    return rig, bench
+
+
 def tuner_app(root, plan=True, **kw):
-    """make_rig's drives, and a plan with fixed weights and time so the screen is the same every run."""
+    """tuner_rig's drives and model, and a plan with fixed weights and time so the screen is the
+    same every run."""
     from planner.plan import Phase, Plan
     from planner.plans import load_inputs, save_plan
     from planner.tui.app import TunerApp  # Textual loads only for the tests that draw
     from planner.tui.load import load_tuner, save_tuned, solve_weights
 
-    rig, _ = make_rig(root, **kw)
+    rig, _ = tuner_rig(root, **kw)
     if plan:
         inputs = load_inputs(rig.root)
         save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((5, 3, 2)), created="2026-11-29T19:30:00.000Z",
                             provenance=inputs.provenance))
     state = load_tuner(rig.root)
     return TunerApp(state, save=lambda s: save_tuned(rig.root, s), solve=solve_weights, subtitle="rig")
+
+
+def colibri_tuner_rig(tmp_path):
+    """A colibri rig: a GLM-family safetensors directory (4 layers x 16 experts) on three drives
+    and a colibri plan with weights 2:1:1 for both phases and O_DIRECT on, created at a fixed time."""
+    from planner.plan import Phase, Plan
+    from planner.plans import load_inputs, save_plan
+
+    model = write_dir_model(tmp_path / "glm", "glm_moe_dsa")
+    rig, _ = make_dir_rig(tmp_path / "rig", model, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY))
+    inputs = load_inputs(rig.root)
+    save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((2, 1, 1)), engine="colibri", direct=True,
+                        created="2026-11-29T19:30:00.000Z", provenance=inputs.provenance))
+    return rig
+
+
+def colibri_tuner_app(tmp_path, **kw):
+    from planner.tui.app import TunerApp
+    from planner.tui.load import load_tuner, save_tuned, solve_weights
+
+    rig = colibri_tuner_rig(tmp_path)
+    return TunerApp(load_tuner(rig.root), save=lambda s: save_tuned(rig.root, s), solve=solve_weights,
+                    subtitle="rig", **kw)
 
 
 async def no_blink(pilot):
