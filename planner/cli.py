@@ -173,10 +173,12 @@ def _render_prediction(p: dict, title: str) -> None:
               f"{p['tok_s']:,.1f} tok/s of reads; {p['time_per_layer_s'] * 1e3:.3f} ms per layer, "
               f"{p['reads_per_layer']:.2f} reads of {p['read_bytes']:,.0f} B in {p['groups_per_layer']:.2f} groups per layer")
     t = Table()
-    for col in ("source", "share", "bytes/layer", "pieces/layer", "busy (ms/layer)", "lands last", "share of bytes"):
+    for col in ("source", "share", "bytes/layer", "pieces/layer", "experts/layer", "busy (ms/layer)", "lands last",
+                "share of bytes"):
         t.add_column(col, justify="left" if col in ("source", "share of bytes") else "right")
     for s in p["sources"]:
-        t.add_row(s["name"], f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}", f"{s['pieces']:.2f}", f"{s['time_s'] * 1e3:.3f}",
+        t.add_row(s["name"], f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}", f"{s['pieces']:.2f}",
+                  f"{s['experts']:.2f}" if "experts" in s else "-", f"{s['time_s'] * 1e3:.3f}",
                   f"{s['lands_last'] * 100:.0f}%", _bar(round(s["share"] * 1000), 1000))
     out.print(t)
     out.print(f"lands last most often: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next drive")
