@@ -16,11 +16,11 @@ from core.units import format_rate, format_signed_pct
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, smallest_equivalent, split_read
 
-from .constants import PREFILL_TOKENS
+from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
-from .plans import holds_of, latest_plan_path, load_inputs, load_plan, parse_background, save_plan
-from .rigmodel import choose_workload
-from .solve import Problem, predict, solve_plan, with_concurrency
+from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .rigmodel import choose_workload, rig_problem
+from .solve import predict, solve_plan, with_concurrency
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
@@ -53,7 +53,7 @@ def _int(text: str, what: str, minimum: int = 0) -> int:
     try:
         v = int(str(text).replace("_", ""))
     except ValueError:
-        raise UsageError(f"{what} {text!r}: give a whole number of bytes, e.g. {COMPONENT_BYTES}") from None
+        raise UsageError(f"{what} {text!r}: give a whole number of bytes, e.g. {V41_COMPONENT_BYTES}") from None
     if v < minimum:
         raise UsageError(f"{what} {v}: must be >= {minimum}")
     return v
@@ -99,11 +99,8 @@ def _problem(root: str, bench, engine: str, background, lanes, threads, workload
     inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    g = chosen.workload.geometry
-    files = sorted({t.file for t in g.tensors})
-    holds = holds_of(inputs.sources, files) if not workload and chosen.notice is None else ()
-    problem = Problem(with_concurrency(get_engine(engine), lanes, threads), g, inputs.drives, chosen.workload.phases,
-                      _backgrounds(background, names), inputs.links, holds)
+    problem = rig_problem(inputs, chosen, with_concurrency(get_engine(engine), lanes, threads),
+                          _backgrounds(background, names), named=bool(workload))
     return inputs, chosen, problem
 
 
@@ -176,10 +173,12 @@ def _render_prediction(p: dict, title: str) -> None:
               f"{p['tok_s']:,.1f} tok/s of reads; {p['time_per_layer_s'] * 1e3:.3f} ms per layer, "
               f"{p['reads_per_layer']:.2f} reads of {p['read_bytes']:,.0f} B in {p['groups_per_layer']:.2f} groups per layer")
     t = Table()
-    for col in ("source", "share", "bytes/layer", "pieces/layer", "busy (ms/layer)", "lands last", "share of bytes"):
+    for col in ("source", "share", "bytes/layer", "pieces/layer", "experts/layer", "busy (ms/layer)", "lands last",
+                "share of bytes"):
         t.add_column(col, justify="left" if col in ("source", "share of bytes") else "right")
     for s in p["sources"]:
-        t.add_row(s["name"], f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}", f"{s['pieces']:.2f}", f"{s['time_s'] * 1e3:.3f}",
+        t.add_row(s["name"], f"{s['share'] * 100:.1f}%", f"{s['bytes']:,.0f}", f"{s['pieces']:.2f}",
+                  f"{s['experts']:.2f}" if "experts" in s else "-", f"{s['time_s'] * 1e3:.3f}",
                   f"{s['lands_last'] * 100:.0f}%", _bar(round(s["share"] * 1000), 1000))
     out.print(t)
     out.print(f"lands last most often: [bold]{p['lands_last']}[/], {p['gap_s'] * 1e3:.3f} ms after the next drive")
@@ -275,11 +274,15 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan f
 def tune(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption,
          plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN",
                                             help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' (default: the newest; solved in the tuner if there is none)."),
+         engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine to tune: {', '.join(ENGINES)} (default: the plan's; "
+                                              "with no --plan, the newest plan for it, else solved in the tuner)."),
          fit_only: bool = FitOnlyOption):
-    """Open the split tuner: nudge weights per phase, read the model's prediction, save a plan."""
+    """Open the split tuner: nudge weights per phase and the engine's switches, read the prediction, save a plan."""
     from .tui.app import run_tuner  # Textual loads only for this command
 
-    run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only)
+    if engine is not None:
+        get_engine(engine)                       # an unknown engine is one line before the screen
+    run_tuner(rig_dir(rig), bench, plan, calibrate=not fit_only, engine=engine)
 
 
 def main() -> None:

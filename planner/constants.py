@@ -1,13 +1,11 @@
 """Format numbers of plan files, the named workload `ds4-v41`, and the routing simulation's settings.
 
-The engine's own numbers (split granule, source limit, weight range, read shapes) live in
-`engines.ds4_argodrive`. A model's workload is derived from its geometry and the routing model
+The engines' own numbers (split granule, source limit, weight range, read shapes) live in
+`engines/`. A model's workload is derived from its geometry and the routing model
 (`planner.workload`); the numbers below are the one model the field measured, DeepSeek V4.1
 Flash Q4 on ds4 (DESIGN §7), kept as the named workload `ds4-v41`: what the planner assumes when
 asked to plan that model from its header alone, and the calibration the routing model is held to.
 """
-
-from engines.ds4_argodrive import COMPONENT_BYTES
 
 PLAN_SCHEMA = 2                     # 2: the plan records the geometry and workload it was solved for
 PLAN_SCHEMAS = (1, 2)               # what loads (schema 1 plans have neither)
@@ -17,7 +15,8 @@ V41_NAME = "ds4-v41"
 LAYERS = 40                         # layers with routed experts
 V41_EXPERTS = 384                   # routed experts per layer
 V41_TOP_K = 6                       # experts chosen per token
-EXPERT_BYTES = 3 * COMPONENT_BYTES  # gate + up + down, 19,906,560 B
+V41_COMPONENT_BYTES = 6_635_520     # one expert component: a Q4_K slice of 4096 x 2880 values
+EXPERT_BYTES = 3 * V41_COMPONENT_BYTES  # gate + up + down, 19,906,560 B
 PREFILL_TOKENS = 512                # the prompt the prefill figure is for
 PREFILL_EXPERTS_PER_LAYER = 187.4   # mean union of selected experts per layer at 512 tokens
 CACHE_EXPERTS = 4600                # the largest cache that fit a 128 GB machine

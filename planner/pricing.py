@@ -14,6 +14,11 @@ says how long that takes on the rig's drives, without knowing which engine it is
   link can carry its members' bytes.
 - Decode: a decoded token also reads Engram rows on the drive that carries them (`Background`
   'engram'), once per token spread over its layers, whether or not the layer missed.
+- Experts: per step, each of the step's experts counts for the source whose piece holds the
+  expert's first byte (the lowest (file, offset) of its bytes, `Geometry.expert_ranges`). For an
+  engine that reads each expert whole from one drive that is the drive serving it; for one that cuts
+  reads it is whose piece each expert starts in. The engine's reads carry no expert ids; the
+  step and the geometry do.
 - A phase is the sum of its steps. The steps come from the routing model run through the
   engine's cache policy (`planner.workload`); a large model's steps are sampled evenly (at most
   PREFILL_SAMPLE / DECODE_SAMPLE of them) and scaled to the whole.
@@ -21,6 +26,7 @@ says how long that takes on the rig's drives, without knowing which engine it is
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -98,6 +104,7 @@ class PhasePrice:
     source_bytes: tuple[float, ...]    # bytes each source read over the phase
     source_pieces: tuple[float, ...]   # pieces each source served
     source_s: tuple[float, ...]        # seconds each source was busy
+    source_experts: tuple[float, ...]  # experts whose first byte each source read (see the module doc)
     lands_last: tuple[float, ...]      # groups whose last piece was each source's
     gap_s: float                   # mean lag of the last drive behind the next, per group
     tail_s: float                  # expected barrier beyond the slowest mean, per group (latency tails)
@@ -121,9 +128,54 @@ def _engram_s(curves: Curves, backgrounds: Sequence[Background], layers: int, n:
     return extra
 
 
+_FIRST: dict = {}        # (geometry id, step) -> (geometry, each expert's first (file, offset)): weight-independent
+
+
+def first_bytes(geometry, step: Step) -> tuple[tuple[str, int], ...]:
+    """(file, offset) of the first byte of each of the step's experts (its lowest extent)."""
+    key = (id(geometry), step)
+    hit = _FIRST.get(key)
+    if hit is not None and hit[0] is geometry:
+        return hit[1]
+    out = tuple(min((x.file, x.offset) for x in geometry.expert_ranges(step.layer, e)) for e in step.experts)
+    if len(_FIRST) > 8192:
+        _FIRST.clear()
+    _FIRST[key] = (geometry, out)
+    return out
+
+
+def expert_sources(pattern: Pattern, geometry, n: int) -> np.ndarray:
+    """Per source (n), the step's experts whose first byte its pieces read; an expert no piece
+    covers (a pattern that reads less than the step's experts) counts for none."""
+    out = np.zeros(n)
+    if geometry is None or not pattern.step.experts:
+        return out
+    starts = {(r.file, pc.offset): pc.source for r in pattern.reads for pc in r.pieces if pc.length}
+    spans: dict[str, list[tuple[int, int, int]]] | None = None
+    for file, offset in first_bytes(geometry, pattern.step):
+        src = starts.get((file, offset))
+        if src is None:                 # the expert starts inside a piece: find that piece
+            if spans is None:
+                spans = {}
+                for r in pattern.reads:
+                    for pc in r.pieces:
+                        if pc.length:
+                            spans.setdefault(r.file, []).append((pc.offset, pc.offset + pc.length, pc.source))
+                for lst in spans.values():
+                    lst.sort()
+            lst = spans.get(file) or []
+            i = bisect_right(lst, (offset, float("inf"), n)) - 1
+            if i < 0 or offset >= lst[i][1]:
+                continue
+            src = lst[i][2]
+        out[src] += 1
+    return out
+
+
 def price_patterns(patterns: Sequence[Pattern], steps: PhaseSteps, curves: Curves, engine: Engine,
-                   backgrounds: Sequence[Background] = (), links: Sequence[Link] = ()) -> PhasePrice:
-    """The phase's price from the patterns of its sampled steps (one per step, same order)."""
+                   backgrounds: Sequence[Background] = (), links: Sequence[Link] = (), geometry=None) -> PhasePrice:
+    """The phase's price from the patterns of its sampled steps (one per step, same order).
+    `geometry` (the model's) lets it count each source's experts; without it they are 0."""
     drives = curves.drives
     n = len(drives)
     conc = engine.concurrency(steps.phase)
@@ -131,8 +183,9 @@ def price_patterns(patterns: Sequence[Pattern], steps: PhaseSteps, curves: Curve
     extra = _engram_s(curves, backgrounds, steps.layers, n) if steps.phase == "decode" else np.zeros(n)
     tails = steps.phase == "decode" and any(d.tail is not None and d.tail.spread for d in drives)
     rows_t, rows_k, rows_extra, rows_link = [], [], [], []
-    nbytes, npieces, nreads = np.zeros(n), np.zeros(n), 0
+    nbytes, npieces, nreads, nexperts = np.zeros(n), np.zeros(n), 0, np.zeros(n)
     for p in patterns:
+        nexperts += expert_sources(p, geometry, n)
         last = len(p.groups) - 1
         for gi, group in enumerate(p.groups):
             sizes: list[list[int]] = [[] for _ in range(n)]
@@ -203,14 +256,15 @@ def price_patterns(patterns: Sequence[Pattern], steps: PhaseSteps, curves: Curve
     return PhasePrice(steps.phase, seconds, steps.tokens, steps.total_steps, s * G, s * nreads,
                       tuple(float(x) for x in nbytes * s), tuple(float(x) for x in npieces * s),
                       tuple(float(x) for x in mean.sum(axis=0) * s + (extra * steps.empty if steps.phase == "decode" else 0)),
-                      tuple(float(x) for x in lands), float(gap.mean()) if G else 0.0,
-                      float((barrier - slowest).mean()) if G else 0.0, bound)
+                      tuple(float(x) for x in nexperts * s), tuple(float(x) for x in lands),
+                      float(gap.mean()) if G else 0.0, float((barrier - slowest).mean()) if G else 0.0, bound)
 
 
 Patterner = Callable[[Step, Setup], Pattern]
 
 
 def price_phase(steps: PhaseSteps, setup: Setup, patterner: Patterner, curves: Curves, engine: Engine,
-                backgrounds: Sequence[Background] = (), links: Sequence[Link] = ()) -> PhasePrice:
+                backgrounds: Sequence[Background] = (), links: Sequence[Link] = (), geometry=None) -> PhasePrice:
     """Price one phase at one setup: the engine's pattern of each sampled step, then its price."""
-    return price_patterns([patterner(st, setup) for st in steps.steps], steps, curves, engine, backgrounds, links)
+    return price_patterns([patterner(st, setup) for st in steps.steps], steps, curves, engine, backgrounds, links,
+                          geometry)

@@ -21,6 +21,9 @@ from models.modelset import FILE, discover, from_rig
 from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
+from .model import Background
+from .plans import Inputs, holds_of
+from .solve import Problem
 from .workload import ModelWorkload, model_workload, named_workload
 
 
@@ -69,6 +72,17 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
     check_reads_model(engine, found.format, found.layout, found.files, found.path)
     wl = model_workload(g, prompt_tokens, cache_experts)
     return Chosen(wl, g.as_dict())
+
+
+def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Background, ...] = (),
+                named: bool = False) -> Problem:
+    """The problem `planner solve`, `simulate` and the tuner price: the engine (an `Engine`), the
+    chosen workload's geometry and steps, the rig's drives and links, other work on the drives and,
+    for the rig's own model (not a named workload, not the fallback), what each source's copy holds."""
+    g = chosen.workload.geometry
+    files = sorted({t.file for t in g.tensors})
+    holds = holds_of(inputs.sources, files) if not named and chosen.notice is None else ()
+    return Problem(engine, g, inputs.drives, chosen.workload.phases, tuple(backgrounds), inputs.links, holds)
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

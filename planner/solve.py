@@ -78,6 +78,23 @@ def with_concurrency(engine: Engine, lanes: int | None = None, threads: int | No
     return replace(engine, concurrency=conc)
 
 
+def recorded_concurrency(engine: Engine, record) -> Engine:
+    """The engine with the reads in flight a plan recorded per phase (its provenance
+    `model.concurrency`: {phase: {"per_source", "shared"}}), so a plan is priced again as it was
+    solved; the engine's own where the record says nothing."""
+    if not isinstance(record, dict) or not record:
+        return engine
+    base = engine.concurrency
+
+    def conc(phase: str) -> Concurrency:
+        c, r = base(phase), record.get(phase)
+        if not isinstance(r, dict):
+            return c
+        got = {k: r[k] for k in ("per_source", "shared") if isinstance(r.get(k), int) and r[k] >= 1}
+        return replace(c, **got) if got else c
+    return replace(engine, concurrency=conc)
+
+
 class Pricer:
     """Prices (phase, weights, mode) for one problem, each once."""
 
@@ -96,7 +113,7 @@ class Pricer:
             p = self.p
             got = price_phase(p.phases[phase], self.setup(weights, mode),
                               lambda st, su: p.engine.pattern(p.geometry, st, su), self.curves, p.engine,
-                              p.backgrounds, p.links)
+                              p.backgrounds, p.links, p.geometry)
             self._memo[key] = got
         return got
 
@@ -158,14 +175,15 @@ def _compositions(total: int, parts: int):
 # A prediction as the plan records it
 
 def prediction(pr: PhasePrice, weights: Sequence[int], mode: frozenset[str], drives: Sequence[Drive]) -> dict:
-    """One phase's price as the plan's `predicted` block. Per source: bytes, pieces and busy
-    seconds per step (a layer of a chunk or of a token), its share of the bytes and of the
-    groups it landed last in."""
+    """One phase's price as the plan's `predicted` block. Per source: bytes, pieces, experts
+    (whose first byte it reads) and busy seconds per step (a layer of a chunk or of a token), its
+    share of the bytes and of the groups it landed last in."""
     steps = max(pr.steps, 1e-300)
     total = pr.bytes
     groups = max(pr.groups, 1e-300)
     sources = [{"name": d.name, "bytes": pr.source_bytes[i] / steps, "share": pr.source_bytes[i] / total if total else 0.0,
-                "pieces": pr.source_pieces[i] / steps, "time_s": pr.source_s[i] / steps,
+                "pieces": pr.source_pieces[i] / steps, "experts": pr.source_experts[i] / steps,
+                "time_s": pr.source_s[i] / steps,
                 "lands_last": pr.lands_last[i] / groups if pr.groups else 0.0}
                for i, d in enumerate(drives)]
     last = int(np.argmax(pr.lands_last)) if pr.groups else 0
@@ -320,23 +338,30 @@ def solve_plan(sources: Sequence[Source], problem: Problem, provenance: dict | N
                top: int = TOP_ALTERNATIVES) -> tuple[Plan, Choice]:
     """Solve and assemble the plan (provenance passed through, plus what the pricing assumed)."""
     ch = solve(problem, top)
-    drives = problem.drives
     prov = dict(provenance or {})
-    prov["model"] = {
-        "concurrency": {ph: _conc_dict(problem.engine.concurrency(ph)) for ph in PHASES},
-        "steps": {ph: {"sampled": len(s.steps), "scale": s.scale, "empty": s.empty, "tokens": s.tokens}
-                  for ph, s in problem.phases.items()},
-        "modes": ["+".join(sorted(m)) or "default" for m in problem.engine.modes(problem.geometry)],
-        "scores": ch.scores,
-        "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in problem.backgrounds],
-        "links": [link_to_dict(link, drives) for link in problem.links],
-        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
-    }
+    prov["model"] = model_record(problem, ch.scores)
     plan = Plan(sources=tuple(sources), prefill=Phase(ch.weights["prefill"], ch.predicted["prefill"]),
                 decode=Phase(ch.weights["decode"], ch.predicted["decode"]), engine=problem.engine.name,
                 created=created, baselines=ch.baselines, alternatives=ch.alternatives, provenance=prov,
                 stripe="stripe" in ch.mode, direct="direct" in ch.mode)
     return plan, ch
+
+
+def model_record(problem: Problem, scores: dict | None = None) -> dict:
+    """What the pricing assumed, as a plan's provenance `model` block: the engine's reads in
+    flight per phase, the steps priced, its modes (and the objective per mode, `scores`), other
+    work on the drives, shared links and latency tails."""
+    drives = problem.drives
+    return {
+        "concurrency": {ph: _conc_dict(problem.engine.concurrency(ph)) for ph in PHASES},
+        "steps": {ph: {"sampled": len(s.steps), "scale": s.scale, "empty": s.empty, "tokens": s.tokens}
+                  for ph, s in problem.phases.items()},
+        "modes": ["+".join(sorted(m)) or "default" for m in problem.engine.modes(problem.geometry)],
+        "scores": dict(scores or {}),
+        "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in problem.backgrounds],
+        "links": [link_to_dict(link, drives) for link in problem.links],
+        "tails": {d.name: tail_to_dict(d.tail) for d in drives if d.tail is not None},
+    }
 
 
 def _conc_dict(c: Concurrency) -> dict:

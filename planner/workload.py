@@ -27,7 +27,6 @@ from functools import lru_cache
 import numpy as np
 
 from core.errors import UsageError
-from engines.ds4_argodrive import COMPONENT_BYTES
 from engines.pattern import Step
 from models.cache import ExpertCache
 from models.geometry import stacked_geometry
@@ -46,6 +45,7 @@ from .constants import (
     ROUTING_SEED,
     ROUTING_WARM_TOKENS,
     V41_EXPERTS,
+    V41_COMPONENT_BYTES,
     V41_NAME,
     V41_TOP_K,
 )
@@ -96,7 +96,7 @@ class ModelWorkload:
                    for ph, st in self.phases.items()}}
 
 
-V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, COMPONENT_BYTES, 3, EXPERT_BYTES)
+V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, V41_COMPONENT_BYTES, 3, EXPERT_BYTES)
 V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
 NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
 NAMED_ARCH = {V41_NAME: "deepseek_v41"}     # its config.json model_type (colibri runs it on its V4.1 engine)
@@ -176,9 +176,16 @@ def phase_steps(shape: ModelShape, traffic: Traffic, measure: int = ROUTING_MEAS
     p = sample_steps("prefill", pre, traffic.prompt_tokens, shape.layers, PREFILL_SAMPLE)
     d = sample_steps("decode", dec, measure, shape.layers, DECODE_SAMPLE)
     if traffic.source == "field":
-        sim_pre, sim_dec = simulate(shape.layers, shape.experts, shape.top_k, traffic.prompt_tokens, traffic.cache_experts)
-        p = PhaseSteps(p.phase, p.steps, p.scale * traffic.experts_per_layer / max(sim_pre, 1e-12), p.empty, p.tokens, p.layers)
-        d = PhaseSteps(d.phase, d.steps, d.scale * traffic.misses_per_token / max(sim_dec, 1e-12), d.empty, d.tokens, d.layers)
+        # scaled so the steps priced (the sample, each standing for `scale` steps) read the field's
+        # experts per layer and misses per token exactly
+        sampled_pre = sum(len(s.experts) for s in p.steps) * p.scale / shape.layers
+        sampled_dec = sum(len(s.experts) for s in d.steps) * d.scale / max(1, d.tokens)
+        p = PhaseSteps(p.phase, p.steps, p.scale * traffic.experts_per_layer / max(sampled_pre, 1e-12), p.empty, p.tokens,
+                       p.layers)
+        scale = d.scale * traffic.misses_per_token / max(sampled_dec, 1e-12)
+        # the decoded tokens still cross every layer: the steps that read nothing make up the rest
+        empty = max(0, round(d.tokens * d.layers - len(d.steps) * scale))
+        d = PhaseSteps(d.phase, d.steps, scale, empty, d.tokens, d.layers)
     return {"prefill": p, "decode": d}
 
 

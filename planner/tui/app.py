@@ -1,9 +1,9 @@
 """The split tuner's Textual app. It renders a `TunerState` (text from `view`) and turns keys
-into the state's pure transitions; the model, the split and the solver live in the planner."""
+into the state's pure transitions; the pricing and the solver live in the planner."""
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable
 
 from rich.table import Table
 from rich.text import Text
@@ -19,9 +19,10 @@ from . import state as st
 from . import view
 
 Saver = Callable[[st.TunerState], str]
-Solver = Callable[[st.TunerState], Mapping[str, tuple[int, ...]]]
-# Measures the weights on screen for the phase on screen: bytes/s. The split reader that can do
-# it lives above the planner, so `engine-bridge tune` passes one in; `planner tune` has none.
+Solver = Callable[[st.TunerState], st.Solution]
+# Measures the weights (and switches) on screen for the phase on screen: bytes/s. It reads
+# state.sources, state.problem, state.phase, state.weights() and state.mode. The split reader that
+# can do it lives above the planner, so `engine-bridge tune` passes one in; `planner tune` has none.
 Measurer = Callable[[st.TunerState], float]
 NO_MEASURE = "measuring needs the split reader: open this tuner with `engine-bridge tune`"
 
@@ -29,40 +30,44 @@ NO_MEASURE = "measuring needs the split reader: open this tuner with `engine-bri
 class TrialDone(Message):
     """The worker's measured trial finished (bytes/s) or failed."""
 
-    def __init__(self, phase: str, weights: tuple[int, ...], Bps: float | None, error: str = "") -> None:
+    def __init__(self, phase: str, weights: tuple[int, ...], Bps: float | None, error: str = "",
+                 mode: frozenset[str] = frozenset()) -> None:
         super().__init__()
-        self.phase, self.weights, self.Bps, self.error = phase, weights, Bps, error
+        self.phase, self.weights, self.Bps, self.error, self.mode = phase, weights, Bps, error, mode
 
 
 class Solved(Message):
     """The worker's solve finished."""
 
-    def __init__(self, weights: Mapping[str, tuple[int, ...]] | None, error: str = "") -> None:
+    def __init__(self, solution: st.Solution | None, error: str = "") -> None:
         super().__init__()
-        self.weights, self.error = weights, error
+        self.solution, self.error = solution, error
 
 
 class SourcesPanel(Static):
-    """The split of one read per source, as a table with a bar per source."""
+    """The phase's prediction per source, as a table with a bar of its share of the bytes."""
 
     def show(self, s: st.TunerState) -> None:
-        t = Table(title=view.read_title(s), title_justify="left", expand=True, box=None, padding=(0, 1))
-        for col, just in (("", "left"), ("source", "left"), ("weight", "right"), ("blocks", "right"),
-                          ("bytes/read", "right"), ("share of the read", "left"), ("done ms", "right"), ("", "left")):
+        t = Table(title=view.table_title(s), title_justify="left", expand=True, box=None, padding=(0, 1))
+        for col, just in (("", "left"), ("source", "left"), ("weight", "right"), ("share", "right"),
+                          ("bytes/layer", "right"), ("pieces", "right"), ("experts", "right"), ("busy ms", "right"),
+                          ("last", "right"), ("bytes", "left"), ("", "left")):
             t.add_column(col, justify=just, no_wrap=True)
         for r in view.source_rows(s):
             style = "bold reverse" if r.selected else ""
-            t.add_row("▶" if r.selected else " ", r.name, r.weight, r.blocks, r.nbytes, r.bar, r.done_ms,
-                      Text(r.note, style="bold yellow"), style=style)
+            t.add_row("▶" if r.selected else " ", r.name, r.weight, r.share, r.nbytes, r.pieces, r.experts, r.busy_ms,
+                      r.last, r.bar, Text(r.note, style="bold yellow"), style=style)
         self.update(t)
 
 
 class TunerApp(App):
-    """`planner tune`: nudge per-source weights per phase and read the model's prediction."""
+    """`planner tune`: nudge per-source weights per phase (and the engine's switches) and read the
+    one pricing's prediction."""
 
     TITLE = "planner tune"
     CSS = """
     #tabs { height: 1; margin: 1 1 0 1; }
+    #engine { height: auto; margin: 0 1; color: $text-muted; }
     #sources { margin: 1 1 0 1; }
     #summary { margin: 1 1 0 1; }
     #measured { margin: 1 1 0 1; height: auto; }
@@ -78,6 +83,7 @@ class TunerApp(App):
         Binding("right_square_bracket,shift+right", "nudge(10)", "+10"),
         Binding("left_square_bracket,shift+left", "nudge(-10)", "-10"),
         Binding("p", "phase", "phase"),
+        Binding("o", "switches", "switches"),
         Binding("r", "reset", "reset"),
         Binding("m", "measure", "measure"),
         Binding("s", "save", "save"),
@@ -95,6 +101,7 @@ class TunerApp(App):
         yield Header()
         with Vertical():
             yield Static(id="tabs")
+            yield Static(id="engine")
             yield SourcesPanel(id="sources")
             yield Static(id="summary")
             yield Static(id="measured")
@@ -116,7 +123,7 @@ class TunerApp(App):
             self.post_message(Solved(None, f"solve failed: {e}"))
 
     def on_solved(self, msg: Solved) -> None:
-        self.apply(st.with_solution(self.state, msg.weights) if msg.weights
+        self.apply(st.with_solution(self.state, msg.solution) if msg.solution is not None
                    else st.with_message(self.state, msg.error))
 
     def apply(self, new: st.TunerState) -> None:
@@ -129,8 +136,9 @@ class TunerApp(App):
         for label, on in view.phase_tabs(s):
             tabs.append(f" {label} ", style="bold reverse" if on else "dim")
             tabs.append("  ")
-        tabs.append("(p switches)", style="dim")
+        tabs.append("(p: phase)", style="dim")
         self.query_one("#tabs", Static).update(tabs)
+        self.query_one("#engine", Static).update("\n".join(view.engine_lines(s)))
         self.query_one(SourcesPanel).show(s)
         self.query_one("#summary", Static).update("\n".join(view.summary(s)))
         measured = view.measured_lines(s)
@@ -151,6 +159,15 @@ class TunerApp(App):
     def action_phase(self) -> None:
         self.apply(st.switch_phase(self.state))
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """The switches key only for an engine with switches that matter on this model."""
+        if action == "switches":
+            return len(self.state.modes) > 1
+        return True
+
+    def action_switches(self) -> None:
+        self.apply(st.next_mode(self.state))
+
     def action_reset(self) -> None:
         self.apply(st.reset(self.state))
 
@@ -167,12 +184,12 @@ class TunerApp(App):
 
     def _measure_in_thread(self, measure: Measurer, s: st.TunerState) -> None:
         try:
-            self.post_message(TrialDone(s.phase, s.weights(), float(measure(s))))
+            self.post_message(TrialDone(s.phase, s.weights(), float(measure(s)), mode=s.mode))
         except Exception as e:   # shown on screen; the worker must not take the app down
-            self.post_message(TrialDone(s.phase, s.weights(), None, f"measuring failed: {e}"))
+            self.post_message(TrialDone(s.phase, s.weights(), None, f"measuring failed: {e}", s.mode))
 
     def on_trial_done(self, msg: TrialDone) -> None:
-        self.apply(st.with_trial(self.state, msg.phase, msg.weights, msg.Bps, msg.error))
+        self.apply(st.with_trial(self.state, msg.phase, msg.weights, msg.Bps, msg.error, msg.mode))
 
     def action_save(self) -> None:
         if self._save is None:
@@ -187,11 +204,12 @@ class TunerApp(App):
 
 
 def run_tuner(rig_root: str, bench: str | None = None, plan: str | None = None, calibrate: bool = True,
-              measure: Measurer | None = None) -> None:
+              measure: Measurer | None = None, engine: str | None = None) -> None:
     """Load the rig (errors surface before the screen opens), then run the app. `measure`: what
-    the `m` key runs (None: the key says where measuring is)."""
+    the `m` key runs (None: the key says where measuring is); `engine`: the engine to tune when
+    there is no plan for it (default: the plan's)."""
     from .load import load_tuner, save_tuned, solve_weights
 
-    state = load_tuner(rig_root, bench, plan, calibrate)
+    state = load_tuner(rig_root, bench, plan, calibrate, engine)
     TunerApp(state, save=lambda s: save_tuned(rig_root, s), solve=solve_weights, subtitle=rig_root,
              measure=measure).run()

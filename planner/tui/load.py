@@ -1,5 +1,11 @@
-"""The tuner's I/O: its opening state from a rig (bench result, plan, harness runs) and saving
-the tuned weights as a plan file."""
+"""The tuner's I/O: its opening state from a rig (bench result, plan, the model, harness runs) and
+saving the tuned weights as a plan file.
+
+The problem is built as `planner solve` builds it (`planner.rigmodel.rig_problem`): the plan's
+engine (with the reads in flight it recorded), the rig's model, or the named workload or other
+model the plan was solved for, with the plan's prompt and cache (`choose_workload`), the bench
+result's drives and links, and the background work the plan recorded. So the tuner predicts what
+the plan predicted."""
 
 from __future__ import annotations
 
@@ -8,32 +14,40 @@ import os
 from core.constants import RESULTS_FILE
 from core.errors import ReplicaTunerError, UsageError
 from core.rig import Rig, load_rig
-from engines.registry import DEFAULT_ENGINE
+from engines.registry import DEFAULT_ENGINE, get_engine
+from models.modelset import from_rig
 
+from ..constants import PREFILL_TOKENS
 from ..measured import HarnessRun, read_results
-from ..model import PHASES
+from ..model import Background
 from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
-from ..rigmodel import choose_workload
-from ..solve import solve_plan
-from .state import Measured, TunerState, new_state, settings_from_provenance, tuned_plan
+from ..rigmodel import Chosen, choose_workload, rig_problem
+from ..solve import PHASES, recorded_concurrency, solve
+from ..workload import NAMED
+from .state import Measured, Solution, TunerState, new_state, tuned_plan
 
 
 def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = None,
-               calibrate: bool = True) -> TunerState:
+               calibrate: bool = True, engine: str | None = None) -> TunerState:
     """The opening state: the rig's sources (primary first) with the bench result's drive
-    models, and the plan's weights (`plan_ref`, else the newest in rig/plans). Without any
-    plan the state has no solved weights yet: `solve_weights` finds them (in a worker)."""
+    models, and the plan's weights and switches (`plan_ref`, else the newest in rig/plans, else
+    the newest for `engine` when it is given). Without any plan the state has no solved weights
+    yet: `solve_weights` finds them (in a worker), for `engine` (default: the registry's)."""
     rig = load_rig(rig_root, must_exist=False)
     plan, plan_name = None, ""
-    if plan_ref or plan_files(rig):
-        path = resolve_plan_path(plan_ref or "latest", rig)
+    if plan_ref:
+        path = resolve_plan_path(plan_ref, rig)
         plan, plan_name = load_plan(path), os.path.basename(path)
-        if plan.engine != DEFAULT_ENGINE:
-            # The tuner nudges per-read split weights, ds4-argodrive's kind; another engine's plan
-            # (colibri places whole experts, one weight vector for both phases) is solved whole.
-            raise UsageError(f"plan {plan_name} is for {plan.engine}; the tuner edits {DEFAULT_ENGINE}'s per-read splits — "
-                             f"use `planner solve --engine {plan.engine}` and `planner show`, or give a {DEFAULT_ENGINE} --plan")
+    else:
+        found = _newest_plan(rig, engine)
+        if found is not None:
+            plan, plan_name = found[0], os.path.basename(found[1])
+    if plan is not None and engine and plan.engine != engine:
+        raise UsageError(f"plan {plan_name} is for {plan.engine}, not {engine}: give a --plan for {engine}, "
+                         f"or leave --engine out to tune it")
+    name = plan.engine if plan is not None else (engine or DEFAULT_ENGINE)
+    eng = get_engine(name)
     prov = plan.provenance if plan is not None else {}
     inputs = load_inputs(rig.root, bench, calibrate=calibrate and prov.get("calibrated", True) is not False,
                          tails=prov.get("tails") is True)
@@ -41,21 +55,68 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     if plan is not None and [s.name for s in plan.sources] != names:
         raise UsageError(f"plan {plan_name} is for sources {', '.join(s.name for s in plan.sources)}; the rig has "
                          f"{', '.join(names)}: run `planner solve --rig {rig.root}` or give another --plan")
-    workloads, backgrounds = settings_from_provenance(prov, names)
-    if plan is None:    # nothing solved yet: the rig's own model (or ds4-v41 when it cannot be read)
-        chosen = choose_workload(rig.root, DEFAULT_ENGINE)
-        workloads = {"prefill": chosen.workload.prefill, "decode": chosen.workload.decode}
-    solved = {ph: getattr(plan, ph).weights for ph in PHASES} if plan is not None else None
-    return new_state(inputs.sources, inputs.drives, solved, workloads, backgrounds,
-                     engine=plan.engine if plan is not None else DEFAULT_ENGINE, plan_name=plan_name,
-                     provenance=inputs.provenance, measured=latest_measured(rig.root), links=inputs.links)
+    record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
+    chosen, named = _workload(rig, name, plan)
+    problem = rig_problem(inputs, chosen, recorded_concurrency(eng, record.get("concurrency")),
+                          recorded_backgrounds(record, names), named=named)
+    solution = None
+    if plan is not None:
+        solution = Solution({ph: getattr(plan, ph).weights for ph in PHASES},
+                            frozenset(k for k in eng.switches if getattr(plan, k, False)))
+    geometry = plan.geometry if plan is not None and plan.geometry else chosen.geometry
+    workload = plan.workload if plan is not None and plan.workload else dict(chosen.workload.as_dict(), engine=name)
+    return new_state(inputs.sources, problem, solution, plan_name=plan_name, provenance=inputs.provenance,
+                     geometry=geometry, workload=workload, measured=latest_measured(rig.root),
+                     message=f"notice: {chosen.notice}" if chosen.notice else "")
 
 
-def solve_weights(state: TunerState) -> dict[str, tuple[int, ...]]:
-    """Solve both phases for the state's drives and shapes (seconds: run it in a worker)."""
-    plan = solve_plan(state.sources, state.drives, state.workloads["prefill"], state.workloads["decode"],
-                      state.backgrounds, state.engine, top=0, links=state.links)
-    return {ph: getattr(plan, ph).weights for ph in PHASES}
+def _newest_plan(rig: Rig, engine: str | None) -> tuple[Plan, str] | None:
+    """The newest plan in rig/plans (for `engine`, when given: older plans for other engines are
+    passed over, unreadable ones too)."""
+    files = plan_files(rig)
+    if engine is None:
+        return (load_plan(files[-1]), files[-1]) if files else None
+    for path in reversed(files):
+        try:
+            plan = load_plan(path)
+        except ReplicaTunerError:
+            continue
+        if plan.engine == engine:
+            return plan, path
+    return None
+
+
+def _workload(rig: Rig, engine: str, plan: Plan | None) -> tuple[Chosen, bool]:
+    """(the workload the plan was solved for, whether it is a named one): its named workload, or
+    the other model it names, or the rig's model, with the plan's prompt and cache."""
+    w = plan.workload if plan is not None else {}
+    traffic = w.get("traffic") if isinstance(w.get("traffic"), dict) else {}
+    prompt = traffic.get("prompt_tokens")
+    cache = traffic.get("cache_experts")
+    prompt = prompt if isinstance(prompt, int) and prompt >= 1 else PREFILL_TOKENS
+    cache = cache if isinstance(cache, int) and cache >= 0 else None
+    if w.get("name") in NAMED:
+        return choose_workload(rig.root, engine, w["name"], None, prompt, cache), True
+    path = (plan.geometry or {}).get("path") if plan is not None else None
+    found = from_rig(rig)
+    other = (isinstance(path, str) and os.path.exists(path)
+             and (found is None or os.path.realpath(path) != os.path.realpath(found.path)))
+    return choose_workload(rig.root, engine, None, path if other else None, prompt, cache), False
+
+
+def recorded_backgrounds(record: dict, names) -> tuple[Background, ...]:
+    """The background work a plan was solved with (its provenance `model.background`)."""
+    out = []
+    for b in record.get("background") or ():
+        if isinstance(b, dict) and b.get("source") in names and b.get("kind") in ("engram", "busy"):
+            out.append(Background(list(names).index(b["source"]), b["kind"], float(b.get("value") or 0.0)))
+    return tuple(out)
+
+
+def solve_weights(state: TunerState) -> Solution:
+    """Solve the state's problem (seconds: run it in a worker)."""
+    ch = solve(state.problem, top=0)
+    return Solution(dict(ch.weights), ch.mode)
 
 
 def latest_measured(rig_root: str) -> tuple[Measured, ...]:
@@ -81,5 +142,4 @@ def measured_from_run(results: HarnessRun, run: str) -> tuple[Measured, ...]:
 
 def save_tuned(rig_root: str, state: TunerState) -> str:
     """Write the tuned weights to rig/plans/<timestamp>.json; returns the path."""
-    plan: Plan = tuned_plan(state)
-    return save_plan(load_rig(rig_root, must_exist=False), plan)
+    return save_plan(load_rig(rig_root, must_exist=False), tuned_plan(state))

@@ -1,7 +1,10 @@
-"""Shared helpers for the planner tests: drive curves and an iobench result written to a rig."""
+"""Shared helpers for the planner tests: drive curves, small models and geometries, and an iobench
+result written to a rig."""
 
 import json
 import os
+import shutil
+from dataclasses import dataclass
 
 from core.rig import Member, Rig, save_rig
 from engine_bridge.harness.arms import ArmSpec, Row, Snapshot, build_results
@@ -9,6 +12,7 @@ from iobench.model import DriveModel
 from iobench.result import BenchResult, DriveResult, GroupResult, LaneResult, Latency, PresetResult, save_result
 from planner.model import Drive
 from core.drives import DriveInfo
+from core.rig import with_model, with_replica
 
 FAST = DriveModel(lat_s=100e-6, stream_bw=150e6, bw_max=200e6)
 SLOW = DriveModel(lat_s=100e-6, stream_bw=80e6, bw_max=100e6)
@@ -19,6 +23,79 @@ LAGGY = DriveModel(lat_s=10e-3, stream_bw=30e6, bw_max=100e6)
 
 def drives3():
     return (Drive("fast", FAST), Drive("slow", SLOW), Drive("laggy", LAGGY))
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A drive that moves `bw` bytes/s whatever the read and the queue: k pieces in flight take
+    k x size / bw each (Little's law), so a drive's part of a group is its bytes / bw."""
+    bw: float
+
+    def throughput(self, size_bytes, in_flight):
+        return self.bw
+
+    def request_time(self, size_bytes, in_flight):
+        return max(1, in_flight) * size_bytes / self.bw
+
+
+@dataclass(frozen=True)
+class Paced:
+    """A drive whose every request takes `lat` + size / `bw` and serves k at once: throughput
+    k x size / (lat + size / bw), so a piece of `size` with k in flight costs (lat + size / bw) / k."""
+    lat: float
+    bw: float
+
+    def throughput(self, size_bytes, in_flight):
+        return max(1, in_flight) * size_bytes / (self.lat + size_bytes / self.bw)
+
+    def request_time(self, size_bytes, in_flight):
+        return self.lat + size_bytes / self.bw
+
+
+def write_small_gguf(path, layers=6, experts=32, top_k=4, **kw):
+    """A header-only GGUF MoE: V4.1's 6,635,520 B components unless `ne0`/`ne1`/`qtype` say
+    otherwise (Q8_0 1024 x 512 gives 557,056 B: 2 blocks of 256 KiB and a 32 KiB tail)."""
+    from tests.models.geometry_helpers import write_header_only
+
+    write_header_only(path, layers=layers, experts=experts, top_k=top_k, **kw)
+    return path
+
+
+def write_dir_model(path, model_type, layers=4, experts=16, top_k=4, shards=2, dim=32, ff=16):
+    """A safetensors directory MoE (one tensor per expert) whose config.json says `model_type`,
+    with the tokenizer.json colibri's launcher asks for. Returns the directory."""
+    from tests.models.geometry_helpers import write_moe_safetensors
+
+    d = write_moe_safetensors(path, layers=layers, experts=experts, top_k=top_k, dim=dim, ff=ff, shards=shards,
+                              config={"model_type": model_type})
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+def make_dir_rig(root, model_dir, names=("fast", "slow"), models=(FAST, SLOW), copies=True):
+    """A rig whose model is the safetensors directory `model_dir` (primary), with one replica
+    directory per further name (full copies when `copies`, else empty directories), and an iobench
+    result with a fitted model per drive."""
+    from models.modelset import discover
+
+    os.makedirs(root, exist_ok=True)
+    found = discover(str(model_dir))
+    rig = with_model(Rig(root=str(root)), found.path, names[0], found.layout, found.format, found.files)
+    paths = [found.path]
+    for n in names[1:]:
+        d = os.path.join(str(root), "mirror-" + n)
+        if copies:
+            shutil.copytree(found.path, d)
+        else:
+            os.makedirs(d)
+        rig = with_replica(rig, d, n)
+        paths.append(d)
+    save_rig(rig)
+    info = DriveInfo(mount_point="/", fs_type="ext4", device="/dev/x", disk="x", key="disk:x")
+    result = BenchResult(created="2026-11-29T19:00:00.000Z",
+                         drives=tuple(DriveResult(name=n, path=p, size=1 << 30, cold="o_direct", drive=info, model=m,
+                                                  presets={}) for n, p, m in zip(names, paths, models)))
+    return rig, save_result(rig, result)
 
 
 def preset(name, bw, lat=(1000, 1000, 1000, 1000), lanes=3, piece=1 << 20):
@@ -71,20 +148,52 @@ def write_harness_results(run_dir):
 SIZE = (120, 40)               # the tuner's terminal in the screen tests
 
 
+def tuner_rig(root, **kw):
+    """make_rig's drives with a small model (a header-only GGUF, 6 layers x 32 experts of V4.1's
+    components) as the rig's primary, so the tuner prices the rig's own model."""
+    rig, bench = make_rig(root, **kw)
+    write_small_gguf(rig.model.path)
+    return rig, bench
+
+
 def tuner_app(root, plan=True, **kw):
-    """make_rig's drives, and a plan with fixed weights and time so the screen is the same every run."""
+    """tuner_rig's drives and model, and a plan with fixed weights and time so the screen is the
+    same every run."""
     from planner.plan import Phase, Plan
     from planner.plans import load_inputs, save_plan
     from planner.tui.app import TunerApp  # Textual loads only for the tests that draw
     from planner.tui.load import load_tuner, save_tuned, solve_weights
 
-    rig, _ = make_rig(root, **kw)
+    rig, _ = tuner_rig(root, **kw)
     if plan:
         inputs = load_inputs(rig.root)
         save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((5, 3, 2)), created="2026-11-29T19:30:00.000Z",
                             provenance=inputs.provenance))
     state = load_tuner(rig.root)
     return TunerApp(state, save=lambda s: save_tuned(rig.root, s), solve=solve_weights, subtitle="rig")
+
+
+def colibri_tuner_rig(tmp_path):
+    """A colibri rig: a GLM-family safetensors directory (4 layers x 16 experts) on three drives
+    and a colibri plan with weights 2:1:1 for both phases and O_DIRECT on, created at a fixed time."""
+    from planner.plan import Phase, Plan
+    from planner.plans import load_inputs, save_plan
+
+    model = write_dir_model(tmp_path / "glm", "glm_moe_dsa")
+    rig, _ = make_dir_rig(tmp_path / "rig", model, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY))
+    inputs = load_inputs(rig.root)
+    save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((2, 1, 1)), engine="colibri", direct=True,
+                        created="2026-11-29T19:30:00.000Z", provenance=inputs.provenance))
+    return rig
+
+
+def colibri_tuner_app(tmp_path, **kw):
+    from planner.tui.app import TunerApp
+    from planner.tui.load import load_tuner, save_tuned, solve_weights
+
+    rig = colibri_tuner_rig(tmp_path)
+    return TunerApp(load_tuner(rig.root), save=lambda s: save_tuned(rig.root, s), solve=solve_weights,
+                    subtitle="rig", **kw)
 
 
 async def no_blink(pilot):

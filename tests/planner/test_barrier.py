@@ -1,9 +1,12 @@
-"""The decode barrier priced from latency tails, and links shared by several drives."""
+"""The decode barrier priced from latency tails, and links shared by several drives (planner.barrier),
+as the one pricing and the solver use them."""
 
 import numpy as np
 import pytest
 
-from engines.ds4_argodrive import BLOCK, COMPONENT_BYTES, PREFILL_CHUNK, block_counts
+from engines.pattern import Step
+from engines.registry import get_engine
+from models.geometry import stacked_geometry
 from planner.barrier import (
     ATOMS,
     LatencyShape,
@@ -14,10 +17,11 @@ from planner.barrier import (
     links_from,
     shape_from_latency,
 )
-from planner.model import Background, Drive, decode_workload, evaluate, prefill_workload
+from planner.model import Background, Drive
 from planner.plans import load_inputs
-from planner.solve import predict, solve_phase, split_classes
-from tests.planner.helpers import FAST, LAGGY, SLOW, drives3, group, make_rig, preset
+from planner.pricing import PhaseSteps
+from planner.solve import Problem, predict, solve
+from tests.planner.helpers import FAST, LAGGY, SLOW, drives3, group, make_rig, preset, write_small_gguf
 
 HEAVY = shape_from_latency(1.0e6, 4.0e6, 9.0e6, 1.5e6)     # p99 six times the median (ns)
 
@@ -72,40 +76,44 @@ def test_unusable_or_flat_latencies_give_no_spread(lat):
     assert not shape_from_latency(*lat).spread
 
 
+DS4 = get_engine("ds4-argodrive")
+V41_COMPONENT = 6_635_520
+
+
+def problem(drives, links=(), backgrounds=()):
+    """ds4 on 2 layers x 8 experts of V4.1's components: a decode token missing 1, 2 or 3 experts
+    per layer, and a prefill of 6 experts per layer."""
+    g = stacked_geometry("m", 2, 8, 2, V41_COMPONENT)
+    dec = (Step("decode", 0, (1,)), Step("decode", 1, (2, 5)), Step("decode", 0, (0, 3, 7)))
+    phases = {"prefill": PhaseSteps("prefill", tuple(Step("prefill", i, (0, 1, 2, 4, 5, 6)) for i in range(2)), 1.0, 0, 64, 2),
+              "decode": PhaseSteps("decode", dec, 1.0, 0, 2, 2)}
+    return Problem(DS4, g, tuple(drives), phases, tuple(backgrounds), tuple(links))
+
+
 def test_heavy_tail_costs_more_than_the_max_of_means():
     plain = drives3()
     tailed = (plain[0], plain[1], Drive("laggy", LAGGY, HEAVY))
-    wl = decode_workload()
-    counts, _ = split_classes(3, wl.read_bytes)
-    a, b = evaluate(plain, counts, wl), evaluate(tailed, counts, wl)
-    assert np.array_equal(a.source_time, b.source_time)          # the means are the same
-    assert np.array_equal(a.time, a.source_time.max(axis=1))     # no tails: the slowest mean
-    assert (b.time >= a.time * (1 - 1e-12)).all()
-    laggy_last = b.source_time.argmax(axis=1) == 2               # where the tailed drive sets the mean barrier
-    assert laggy_last.any() and (b.time[laggy_last] > a.time[laggy_last] * 1.05).all()
-    laggy_idle = counts[:, 2] == 0
-    assert b.time[laggy_idle] == pytest.approx(a.time[laggy_idle], rel=1e-12)
-    p = predict(tailed, (3, 2, 2), wl)
-    assert p.tail_s > 0 and p.time_per_batch_s == pytest.approx(max(s.time_s for s in p.shares) + p.tail_s)
+    for w in ((3, 2, 2), (1, 1, 3), (5, 3, 2)):
+        a, b = predict(problem(plain), "decode", w), predict(problem(tailed), "decode", w)
+        assert [x["time_s"] for x in a["sources"]] == pytest.approx([x["time_s"] for x in b["sources"]])   # same means
+        assert a["tail_s"] == 0 and b["tail_s"] > 0
+        assert b["seconds"] > a["seconds"] * 1.05                   # the tailed drive holds a piece of every group
+    idle = predict(problem(tailed), "decode", (100, 100, 1))         # laggy's share rounds to 0 blocks
+    assert idle["sources"][2]["bytes"] == 0 and idle["seconds"] == pytest.approx(predict(problem(plain), "decode", (100, 100, 1))["seconds"])
 
 
 def test_zero_spread_tails_predict_exactly_as_the_mean_model():
     flat = tuple(Drive(d.name, d.curve, LatencyShape()) for d in drives3())
-    for wl in (prefill_workload(8), decode_workload()):
-        assert predict(flat, (3, 2, 2), wl, (Background(0, "engram"),)) == predict(drives3(), (3, 2, 2), wl, (Background(0, "engram"),))
-
-
-def test_tails_are_decode_only():
-    tailed = (Drive("fast", FAST, HEAVY), Drive("slow", SLOW, HEAVY))
-    plain = (Drive("fast", FAST), Drive("slow", SLOW))
-    assert predict(tailed, (2, 1), prefill_workload(8)) == predict(plain, (2, 1), prefill_workload(8))
+    for ph in ("prefill", "decode"):
+        assert predict(problem(flat, backgrounds=(Background(0, "engram"),)), ph, (3, 2, 2)) == \
+            predict(problem(drives3(), backgrounds=(Background(0, "engram"),)), ph, (3, 2, 2))
 
 
 def test_a_tailed_drive_gets_less_of_the_decode_read():
     plain = (Drive("a", SLOW), Drive("b", SLOW))
     tailed = (Drive("a", SLOW), Drive("b", SLOW, HEAVY))
-    assert solve_phase(plain, decode_workload()).prediction.shares[1].blocks > \
-        solve_phase(tailed, decode_workload()).prediction.shares[1].blocks
+    assert solve(problem(plain)).predicted["decode"]["sources"][1]["bytes"] > \
+        solve(problem(tailed)).predicted["decode"]["sources"][1]["bytes"]
 
 
 # ---- links -------------------------------------------------------------------------------------
@@ -116,23 +124,19 @@ def test_link_time_is_the_members_bytes_over_the_ceiling():
     assert t == pytest.approx(np.array([[30.0, 12.0], [27.0, 6.0]]))
 
 
-def test_a_shared_link_caps_prefill_and_decode():
+def test_a_shared_link_caps_both_phases_and_the_solver_moves_bytes_off_it():
     d = (Drive("a", FAST), Drive("b", SLOW), Drive("c", SLOW))
     hub = Link("hub", (1, 2), 100e6)              # b and c together move what one moves alone
-    for wl in (prefill_workload(8), decode_workload()):
-        free, capped = predict(d, (2, 1, 1), wl), predict(d, (2, 1, 1), wl, links=(hub,))
-        per_read = sum(s.bytes for s in capped.shares[1:])
-        assert capped.time_per_batch_s == pytest.approx(max(free.time_per_batch_s, per_read * wl.reads_per_batch / 100e6))
-        assert capped.time_per_batch_s > free.time_per_batch_s and capped.bound == "hub" and free.bound == ""
-    # the solver moves the shared drives' bytes to the drive on its own link
-    wl = prefill_workload(8)
-    free, capped = solve_phase(d, wl), solve_phase(d, wl, links=(hub,))
-    assert capped.prediction.shares[0].blocks > free.prediction.shares[0].blocks
-    assert capped.prediction.throughput_Bps <= free.prediction.throughput_Bps
-    # one chunk by hand: 2:1:1 of 128 blocks is 64/32/32; b+c = 64 blocks over 100 MB/s
-    sizes = [c * BLOCK for c in block_counts(PREFILL_CHUNK // BLOCK, (2, 1, 1))]
-    alone = max(n / m.throughput(n, 8) for n, m in zip(sizes, (FAST, SLOW, SLOW)))
-    assert predict(d, (2, 1, 1), wl, links=(hub,)).time_per_batch_s == pytest.approx(max(alone, (sizes[1] + sizes[2]) / 100e6))
+    for ph in ("prefill", "decode"):
+        free, capped = predict(problem(d), ph, (2, 1, 1)), predict(problem(d, links=(hub,)), ph, (2, 1, 1))
+        assert capped["seconds"] > free["seconds"] and capped["bound"] == "hub" and free["bound"] == ""
+        # every group lasts at least as long as the hub needs for b's and c's bytes of it
+        behind = sum(s["bytes"] for s in capped["sources"][1:])          # per layer
+        assert capped["time_per_layer_s"] >= behind / 100e6 * (1 - 1e-9)
+    free, capped = solve(problem(d)), solve(problem(d, links=(hub,)))
+    for ph in ("prefill", "decode"):
+        assert capped.predicted[ph]["sources"][0]["share"] > free.predicted[ph]["sources"][0]["share"]
+        assert capped.predicted[ph]["seconds"] >= free.predicted[ph]["seconds"]
 
 
 def test_links_from_keeps_groups_that_fell_short_at_their_highest_rate():
@@ -159,14 +163,6 @@ def test_load_inputs_reads_tails_and_shared_links_from_the_bench_result(tmp_path
     assert inputs.provenance["links"] == [{"name": "hub", "drives": ["slow", "laggy"], "ceiling_Bps": 200e6}]
 
 
-def test_decode_component_by_hand_with_a_link():
-    d = (Drive("a", FAST), Drive("b", SLOW))
-    link = Link("both", (0, 1), 10e6)                        # a slow link: it alone sets the time
-    p = predict(d, (1, 1), decode_workload(batch=3), links=(link,))
-    assert p.time_per_batch_s == pytest.approx(3 * COMPONENT_BYTES / 10e6)
-    assert p.throughput_Bps == pytest.approx(10e6) and p.bound == "both"
-
-
 def test_solve_prices_tails_only_when_asked(tmp_path):
     import json
 
@@ -177,9 +173,10 @@ def test_solve_prices_tails_only_when_asked(tmp_path):
     dec = lambda bw, lat: {"decode": preset("decode", bw, lat), "seq": preset("seq", 2 * bw, lanes=8)}  # noqa: E731
     presets = [dec(150e6, (1000, 1100, 1200, 1000)), dec(80e6, (1000, 1000, 1000, 1000)), dec(80e6, (800, 3000, 7000, 1200))]
     rig, _ = make_rig(tmp_path / "rig", presets=presets)
+    write_small_gguf(rig.model.path, layers=2, experts=8, top_k=2)
     runs = {}
     for flag in ([], ["--tails"]):
-        r = CliRunner().invoke(app, ["solve", "--rig", rig.root, "--workload", "ds4-v41", "--json", *flag])
+        r = CliRunner().invoke(app, ["solve", "--rig", rig.root, "--prompt-tokens", "32", "--json", *flag])
         assert r.exit_code == 0, r.output
         runs[bool(flag)] = json.loads(r.stdout)
     assert runs[False]["provenance"]["tails"] is False and runs[False]["provenance"]["model"]["tails"] == {}

@@ -1,142 +1,155 @@
-"""colibri plans: `planner solve --engine colibri` (one weight vector, the stripe switch, colibri's
-own workload), the plan's `stripe` key, and no silent idle drive."""
+"""colibri plans through `planner solve` and `planner simulate`: one weight vector and the switches,
+the experts each drive serves for every member of colibri's family, a model an engine cannot
+read refused in one line, and the plan's switch keys."""
 
 import json
-import os
 
 import pytest
 from typer.testing import CliRunner
 
-from core.errors import RigError, UsageError
+from core.errors import RigError
+from engines.colibri import member_for
+from models.tensortable import inspect_model
 from planner.cli import app
-from planner.colibri_model import ColibriWorkload
-from planner.idle import colibri_idle
-from planner.model import Drive
 from planner.plan import Phase, Plan, Source, plan_from_dict, plan_to_dict
-from planner.plans import load_plan, shards_held
-from planner.solve import colibri_single, solve_colibri_plan
-from tests.planner.helpers import FAST, SLOW, make_rig
+from planner.plans import load_plan
+from planner.workload import model_workload
+from tests.planner.helpers import FAST, LAGGY, SLOW, make_dir_rig, tuner_rig, write_dir_model
 
 runner = CliRunner()
+MODEL_TYPES = ("glm_moe_dsa", "deepseek_v4", "deepseek_v41", "glm5_next")
 
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def test_solve_colibri_writes_one_weight_vector_and_the_stripe_switch(tmp_path):
-    rig, _ = make_rig(tmp_path / "rig")
-    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--workload", "ds4-v41", "--json")
+def dir_rig(tmp_path, model_type="glm_moe_dsa", copies=True, drives=3, **kw):
+    model = write_dir_model(tmp_path / model_type, model_type, **kw)
+    rig, _ = make_dir_rig(tmp_path / "rig", model, names=("fast", "slow", "laggy")[:drives],
+                          models=(FAST, SLOW, LAGGY)[:drives], copies=copies)
+    return rig, model
+
+
+def one_error_line(r):
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("planner: error: "), r.output
+    return lines[0]
+
+
+def test_colibri_on_a_gguf_rig_is_refused_naming_ds4_argodrive(tmp_path):
+    rig, _ = tuner_rig(tmp_path / "rig")                       # its model: one GGUF file
+    for cmd in (["solve"], ["simulate", "--weights", "1:1:1", "--phase", "decode"]):
+        r = invoke(*cmd, "--rig", rig.root, "--engine", "colibri")
+        assert r.exit_code == 2
+        line = one_error_line(r)
+        assert "colibri loads a directory of safetensors shards" in line and "--engine ds4-argodrive" in line
+
+
+def test_ds4_on_a_safetensors_directory_rig_is_refused_naming_colibri(tmp_path):
+    rig, _ = dir_rig(tmp_path)
+    r = invoke("solve", "--rig", rig.root)
+    assert r.exit_code == 2
+    line = one_error_line(r)
+    assert "ds4-argodrive reads one GGUF file (-m); this model is a safetensors directory" in line
+    assert "--engine colibri" in line
+
+
+def test_solve_colibri_writes_one_weight_vector_and_its_switches(tmp_path):
+    rig, _ = dir_rig(tmp_path, drives=2)
+    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert d["engine"] == "colibri" and d["stripe"] is False
-    assert d["prefill"]["weights"] == d["decode"]["weights"]          # colibri places once for both phases
-    assert d["workload"]["engine"] == d["workload"]["modelled_as"] == "colibri"
-    assert d["workload"]["decode"]["read_bytes"] == 19_906_560       # a whole expert, not a component
-    pre = d["prefill"]["predicted"]
-    assert [s["name"] for s in pre["sources"]] == ["fast", "slow", "laggy"]
-    assert sum(s["cut"] for s in pre["sources"]) == 256
-    assert sum(s["experts"] for s in pre["sources"]) == 40 * 384
-    assert pre["sources"][0]["experts"] > pre["sources"][1]["experts"] > pre["sources"][2]["experts"] > 0
-    stripe = d["provenance"]["model"]["stripe"]
-    assert stripe["possible"] and set(stripe["score"]) == {"off", "on"} and stripe["score"]["off"] <= stripe["score"]["on"]
+    assert d["engine"] == "colibri" and d["prefill"]["weights"] == d["decode"]["weights"]
+    assert isinstance(d["direct"], bool) and isinstance(d["stripe"], bool)
+    assert d["workload"]["engine"] == "colibri" and d["workload"]["name"] == "model"
+    assert d["geometry"]["arch"] == "glm_moe_dsa" and d["geometry"]["layout"] == "dir"
+    assert set(d["provenance"]["model"]["scores"]) == {"default", "direct", "direct+stripe"}
+    for ph in ("prefill", "decode"):
+        pred = d[ph]["predicted"]
+        assert [s["name"] for s in pred["sources"]] == ["fast", "slow"]
+        steps = d["workload"][ph]
+        # every expert a layer reads is counted once, on the drive whose piece holds its first byte
+        assert sum(s["experts"] for s in pred["sources"]) == pytest.approx(
+            steps["experts_per_step"] * steps["steps"] * steps["scale"] / (steps["steps"] * steps["scale"] + steps["empty"]))
     shown = invoke("show", d["path"])
     assert shown.exit_code == 0, shown.output
-    text = " ".join(shown.stdout.split())
     w = ":".join(map(str, d["prefill"]["weights"]))
-    assert f"colibri weights {w} for both phases (COLI_DISK_WEIGHTS); stripe: off (objective" in text
-    assert "cut /256" in text and "experts" in text and "whole, each from the drive its placement picks" in text
-    assert "predicted as ds4-argodrive" not in text
+    assert f"weights {w} for both phases; switches: " in " ".join(shown.stdout.split())
 
 
-def test_reads_under_4_mib_never_stripe_and_say_why():
-    cw = ColibriWorkload(layers=8, experts=64, top_k=4, expert_bytes=3 << 20, prefill_reads=40.0, misses_per_token=6.0)
-    drives = (Drive("a", FAST), Drive("b", FAST))
-    plan = solve_colibri_plan((Source("a", "/a"), Source("b", "/b")), drives, cw)
-    assert plan.stripe is False
-    assert "under the 4 MiB colibri stripes" in plan.provenance["model"]["stripe"]["why_not"]
-    big = solve_colibri_plan((Source("a", "/a"), Source("b", "/b")), drives,
-                             ColibriWorkload(layers=8, experts=64, top_k=4, expert_bytes=16 << 20, prefill_reads=40.0,
-                                             misses_per_token=6.0))
-    assert big.stripe is True and big.baselines["decode"]["other_stripe"]["stripe"] is False
-    assert big.prefill.predicted["stripe"] is True
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_simulate_reports_the_experts_each_drive_serves_for_every_family_member(tmp_path, model_type):
+    """The experts per layer of each source are those the member's placement routes to it, over
+    the decode steps the workload prices (the routing model through the cache, as solve's)."""
+    rig, model = dir_rig(tmp_path, model_type)
+    weights = (3, 2, 1)
+    r = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "decode",
+               "--weights", ":".join(map(str, weights)), "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    g = inspect_model(str(model))
+    member = member_for(model_type)
+    steps = model_workload(g).phases["decode"]
+    want = [0.0, 0.0, 0.0]
+    for st in steps.steps:
+        for e in st.experts:
+            want[member.route(st.layer, e, g.experts, weights)] += steps.scale
+    assert [s["experts"] for s in d["sources"]] == pytest.approx([x / steps.total_steps for x in want])
+    assert all(x > 0 for x in want)                 # the hash spreads the model's experts over all three
+    assert d["weights"] == list(weights) and d["direct"] is False
 
 
-def test_the_stripe_key_is_pinned_for_colibri_only_and_old_plans_load():
+def test_a_mirror_without_the_models_shards_serves_no_expert(tmp_path):
+    """Directories that hold none of the shards: every member falls back to the primary."""
+    rig, _ = dir_rig(tmp_path, "deepseek_v41", copies=False)
+    r = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "decode", "--weights", "1:1:1", "--json")
+    assert r.exit_code == 0, r.output
+    src = json.loads(r.stdout)["sources"]
+    assert src[0]["experts"] > 0 and src[1]["experts"] == src[2]["experts"] == 0
+    assert src[1]["bytes"] == src[2]["bytes"] == 0
+
+
+def test_simulate_prices_the_switches_asked_and_refuses_the_ones_the_engine_lacks(tmp_path):
+    rig, _ = dir_rig(tmp_path)
+    base = ["simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "prefill", "--weights", "2:1:1", "--json"]
+    plain = json.loads(invoke(*base).stdout)
+    direct = json.loads(invoke(*base, "--switch", "direct").stdout)
+    assert direct["direct"] is True and plain["direct"] is False
+    assert direct["sources"][0]["bytes"] > plain["sources"][0]["bytes"]     # O_DIRECT reads whole 4 KiB pages
+    r = invoke(*base, "--switch", "stripe")
+    assert r.exit_code == 2 and "--switch stripe needs --switch direct" in one_error_line(r)
+    gguf, _ = tuner_rig(tmp_path / "g")
+    r = invoke("simulate", "--rig", gguf.root, "--phase", "decode", "--weights", "1:1:1", "--switch", "direct")
+    assert r.exit_code == 2 and "ds4-argodrive has no switches" in one_error_line(r)
+
+
+def test_a_solved_plan_is_simulated_to_the_same_prediction(tmp_path):
+    rig, _ = dir_rig(tmp_path, drives=2)
+    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--top", "0", "--json")
+    assert r.exit_code == 0, r.output
+    p = load_plan(json.loads(r.stdout)["path"])
+    switches = [a for k in ("direct", "stripe") if getattr(p, k) for a in ("--switch", k)]
+    for ph in ("prefill", "decode"):
+        sim = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", ph,
+                     "--weights", ":".join(map(str, getattr(p, ph).weights)), *switches, "--json")
+        assert sim.exit_code == 0, sim.output
+        assert json.loads(sim.stdout) == pytest.approx(getattr(p, ph).predicted)
+
+
+def test_the_switch_keys_are_pinned_for_colibri_only_and_old_plans_load():
     src = (Source("a", "/a"), Source("b", "/b"))
-    plan = Plan(sources=src, prefill=Phase((2, 1)), decode=Phase((2, 1)), engine="colibri", stripe=True)
+    plan = Plan(sources=src, prefill=Phase((2, 1)), decode=Phase((2, 1)), engine="colibri", stripe=True, direct=True)
     d = plan_to_dict(plan)
     assert list(d) == ["schema", "kind", "engine", "created", "sources", "prefill", "decode", "baselines",
-                       "alternatives", "provenance", "geometry", "workload", "stripe"]
+                       "alternatives", "provenance", "geometry", "workload", "direct", "stripe"]
     assert d["schema"] == 2 and plan_from_dict(json.loads(json.dumps(d))) == plan
     ds4 = plan_to_dict(Plan(sources=src, prefill=Phase((2, 1)), decode=Phase((2, 1))))
-    assert "stripe" not in ds4
-    del d["stripe"]                                            # a colibri plan written before the key
+    assert "stripe" not in ds4 and "direct" not in ds4
+    del d["direct"]                                            # a plan from before 'direct': it striped only with O_DIRECT
+    assert plan_from_dict(d).direct is True
+    del d["stripe"]
     assert plan_from_dict(d).stripe is False
     d["stripe"] = "yes"
     with pytest.raises(RigError, match="p.json: key 'stripe' must be true or false, got 'yes'"):
         plan_from_dict(d, "p.json")
-
-
-def test_a_drive_without_experts_or_shards_is_named():
-    # 2 layers x 4 experts hash into buckets 0, 243, 44, 218, 190, 52, 200, 186: weights 100:1:1 cut at
-    # 251 and 253, so the two mirrors' slices hold none of them.
-    cw = ColibriWorkload(layers=2, experts=4, top_k=2, expert_bytes=1 << 20, prefill_reads=4.0, misses_per_token=1.0)
-    drives = (Drive("m", FAST), Drive("g", SLOW), Drive("w", SLOW))
-    pred = colibri_single(drives, cw, (100, 1, 1), False, (), ())
-    plan = Plan(sources=tuple(Source(d.name, "/" + d.name) for d in drives), engine="colibri",
-                prefill=Phase((100, 1, 1), pred["prefill"]), decode=Phase((100, 1, 1), pred["decode"]))
-    got = colibri_idle(plan, (2, 4))
-    assert [r.source for r in got] == ["g", "w"]
-    assert got[0].text() == ("g serves no expert reads: weights 100:1:1 give it 2 of 256 hash buckets, and none of the "
-                             "model's 2 x 4 (layer, expert) pairs hash there")
-    got = colibri_idle(plan, (2, 4), ((2, 2), (0, 2), None))
-    assert got[0].source == "g" and "it holds none of the model's 2 shards" in got[0].text()
-    fine = colibri_single(drives, cw, (9, 3, 3), False, (), ())
-    assert colibri_idle(Plan(sources=plan.sources, engine="colibri", prefill=Phase((9, 3, 3), fine["prefill"]),
-                             decode=Phase((9, 3, 3), fine["decode"])), (2, 4)) == []
-
-
-def test_shards_held_counts_the_models_shards_by_name(tmp_path):
-    dirs = []
-    for name in ("m", "g", "w"):
-        os.makedirs(tmp_path / name)
-        dirs.append(str(tmp_path / name))
-    for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json"):
-        open(os.path.join(dirs[0], n), "w").close()
-    open(os.path.join(dirs[1], "model-00002-of-00002.safetensors"), "w").close()
-    srcs = tuple(Source(n, d) for n, d in zip("mgw", dirs))
-    assert shards_held(srcs) == ((2, 2), (1, 2), (0, 2))
-    assert shards_held((Source("m", str(tmp_path / "model.gguf")), Source("g", dirs[1]))) == (None, None)
-
-
-def test_a_solved_plan_on_disk_round_trips(tmp_path):
-    rig, _ = make_rig(tmp_path / "rig", names=("a", "b"), models=(FAST, FAST))
-    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--workload", "ds4-v41", "--json")
-    assert r.exit_code == 0, r.output
-    d = json.loads(r.stdout)
-    assert d["stripe"] is True                                   # twin drives, 19.9 MB reads: striping wins
-    p = load_plan(d["path"])
-    assert p.stripe is True and p.engine == "colibri"
-    sim = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--workload", "ds4-v41", "--phase", "decode",
-                 "--weights", ":".join(map(str, p.decode.weights)), "--stripe", "--json")
-    assert sim.exit_code == 0, sim.output
-    assert json.loads(sim.stdout)["throughput_Bps"] == p.decode.predicted["throughput_Bps"]
-    bad = invoke("simulate", "--rig", rig.root, "--phase", "decode", "--weights", "1:1", "--stripe")
-    assert bad.exit_code == 2 and "ds4-argodrive does not stripe reads" in bad.stderr
-
-
-def test_a_cache_holding_every_expert_still_solves():
-    cw = ColibriWorkload(layers=4, experts=16, top_k=2, expert_bytes=1 << 20, prefill_reads=8.0, misses_per_token=0.0)
-    plan = solve_colibri_plan((Source("a", "/a"), Source("b", "/b")), (Drive("a", FAST), Drive("b", SLOW)), cw)
-    assert plan.decode.predicted["throughput_Bps"] == 0.0 and plan.baselines["decode"]["gain_over_equal"] == 1.0
-    assert plan.prefill.predicted["throughput_Bps"] > 0
-
-
-def test_the_tuner_refuses_a_colibri_plan_in_one_line(tmp_path):
-    from planner.tui.load import load_tuner
-
-    rig, _ = make_rig(tmp_path / "rig")
-    assert invoke("solve", "--rig", rig.root, "--engine", "colibri", "--workload", "ds4-v41").exit_code == 0
-    with pytest.raises(UsageError, match=r"is for colibri; the tuner edits ds4-argodrive's per-read splits"):
-        load_tuner(rig.root)

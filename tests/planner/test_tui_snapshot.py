@@ -3,7 +3,7 @@
 import asyncio
 
 from planner.plans import load_plan
-from tests.planner.helpers import FAST, SIZE, SLOW, no_blink, tuner_app, write_harness_results
+from tests.planner.helpers import FAST, SIZE, SLOW, colibri_tuner_app, no_blink, tuner_app, write_harness_results
 
 
 def test_snapshot_opening_screen(tmp_path, snap_compare):
@@ -15,6 +15,25 @@ def test_snapshot_decode_tuned_away_from_the_plan(tmp_path, snap_compare):
     write_harness_results(tmp_path / "rig" / "runs" / "20261129T194000Z")
     keys = ["p", "down", "down", "right_square_bracket", "right"]     # decode, laggy +11
     assert snap_compare(tuner_app(tmp_path / "rig"), terminal_size=SIZE, press=keys, run_before=no_blink)
+
+
+def test_snapshot_colibri_with_its_switches(tmp_path, snap_compare):
+    """One weight vector for both phases; the switches line and key; decode at O_DIRECT + stripes."""
+    keys = ["p", "o", "down", "right"]                 # decode, direct -> direct+stripe, slow +1
+    assert snap_compare(colibri_tuner_app(tmp_path), terminal_size=SIZE, press=keys, run_before=no_blink)
+
+
+def test_the_switches_key_is_there_only_for_an_engine_with_switches(tmp_path):
+    async def keys(app):
+        async with app.run_test(size=SIZE) as pilot:
+            shown = {b.binding.action for b in app.active_bindings.values() if b.binding.show and b.enabled}
+            await pilot.press("o")
+            return shown, app.state.mode
+
+    shown, mode = asyncio.run(keys(tuner_app(tmp_path / "rig")))
+    assert "switches" not in shown and mode == frozenset()
+    shown, mode = asyncio.run(keys(colibri_tuner_app(tmp_path / "c")))
+    assert "switches" in shown and mode == frozenset({"direct", "stripe"})
 
 
 def test_keys_nudge_switch_reset_and_save(tmp_path):

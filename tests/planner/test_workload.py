@@ -1,5 +1,5 @@
-"""A plan's workload from the model: its geometry, the routing model's traffic, the engine's reads;
-the named workload ds4-v41; the plan recording both; no silent idle drive."""
+"""A plan's workload from the model: its geometry, the routing model's traffic through the cache
+(each phase's steps); the named workload ds4-v41; the plan recording both; idle drives said."""
 
 import json
 
@@ -7,7 +7,6 @@ import pytest
 from typer.testing import CliRunner
 
 from core.errors import UsageError
-from engines.ds4_argodrive import BLOCK, COMPONENT_BYTES, PREFILL_CHUNK
 from planner import workload as workload_module
 from planner.cli import app
 from planner.constants import (
@@ -17,20 +16,18 @@ from planner.constants import (
     PREFILL_EXPERTS_PER_LAYER,
     PREFILL_TOLERANCE,
     ROUTING_MEASURE_TOKENS,
+    V41_COMPONENT_BYTES,
     V41_EXPERTS,
 )
-from planner.idle import best_with_every_source, check_idle
-from planner.model import Drive, decode_workload, prefill_workload
-from planner.plan import Source, plan_from_dict
+from planner.plan import plan_from_dict
 from planner.plans import load_plan
 from models.routing import FIELD_DECODE_MISSES
-from planner.solve import solve_plan
+from models.tensortable import inspect_model
 from planner.workload import (
     V41_SHAPE,
     ModelShape,
     model_workload,
     named_workload,
-    phase_workloads,
     simulate_traffic,
 )
 from tests.helpers import impure_imports
@@ -80,65 +77,40 @@ def test_traffic_follows_the_settings():
         simulate_traffic(small, 0)
 
 
-def test_named_ds4_v41_is_the_field_workload_the_planner_always_used():
-    wl = named_workload("ds4-v41", "ds4-argodrive")
-    assert wl.prefill == prefill_workload(8) and wl.decode == decode_workload()
-    assert wl.decode.read_bytes == COMPONENT_BYTES and wl.decode.in_flight == 3
-    assert wl.traffic.experts_per_layer == PREFILL_EXPERTS_PER_LAYER and wl.traffic.source == "field"
-    assert wl.decode.batches_per_layer == pytest.approx(DECODE_MISSES_PER_TOKEN / 40)
+def test_named_ds4_v41_is_the_field_workload():
+    """V4.1's shape as a stacked GGUF, run by colibri's V4.1 engine; its steps scaled so the steps
+    priced read the field's experts per layer and misses per token exactly, over every layer of
+    every decoded token."""
+    wl = named_workload("ds4-v41")
+    assert wl.shape == V41_SHAPE and wl.traffic.source == "field"
+    assert wl.traffic.experts_per_layer == PREFILL_EXPERTS_PER_LAYER
+    assert wl.traffic.misses_per_token == DECODE_MISSES_PER_TOKEN
+    g = wl.geometry
+    assert (g.layers, g.experts, g.top_k, g.component_bytes, g.arch) == (40, 384, 6, V41_COMPONENT_BYTES, "deepseek_v41")
+    pre, dec = wl.phases["prefill"], wl.phases["decode"]
+    assert sum(len(x.experts) for x in pre.steps) * pre.scale / 40 == pytest.approx(PREFILL_EXPERTS_PER_LAYER)
+    assert sum(len(x.experts) for x in dec.steps) * dec.scale / dec.tokens == pytest.approx(DECODE_MISSES_PER_TOKEN)
+    assert dec.total_steps == pytest.approx(dec.tokens * 40, abs=1)
+    assert len(pre.steps) == 8 and len(dec.steps) == 128               # sampled: PREFILL_SAMPLE, DECODE_SAMPLE
     with pytest.raises(UsageError, match="named workloads are ds4-v41"):
-        named_workload("v3", "ds4-argodrive")
+        named_workload("v3")
 
 
-def test_ds4_reads_of_another_model_come_from_its_geometry():
-    shape = ModelShape("m", 6, 32, 4, SMALL_COMPONENT, 3, 3 * SMALL_COMPONENT)
-    wl = model_workload("ds4-argodrive", shape, 512, 58, lanes=4, threads=6)
-    assert (wl.prefill.read_bytes, wl.prefill.in_flight) == (PREFILL_CHUNK, 4)
-    assert (wl.decode.read_bytes, wl.decode.in_flight, wl.decode.threads) == (SMALL_COMPONENT, 3, 6)
-    assert wl.prefill.batches_per_layer == pytest.approx(wl.traffic.experts_per_layer * 3 * SMALL_COMPONENT / PREFILL_CHUNK)
-    assert wl.decode.batches_per_layer == pytest.approx(wl.traffic.misses_per_token / 6)
-    fused = ModelShape("f", 2, 8, 2, 8192, 2, 12288)          # gate_up + down: two reads per missed expert
-    pre, dec = phase_workloads("ds4-argodrive", fused, wl.traffic)
-    assert dec.in_flight == 2 and dec.read_bytes == 8192
+def test_a_models_steps_come_from_its_geometry(tmp_path):
+    g = inspect_model(str(write_small(tmp_path / "m.gguf")))
+    wl = model_workload(g, 512, 58)
+    assert wl.shape == ModelShape.from_geometry(g) and wl.traffic.cache_experts == 58
+    for ph, steps in wl.phases.items():
+        assert all(st.phase == ph and 0 <= st.layer < 6 and all(0 <= e < 32 for e in st.experts) for st in steps.steps)
+        assert list(steps.steps[0].experts) == sorted(set(steps.steps[0].experts))
+    pre, dec = wl.phases["prefill"], wl.phases["decode"]
+    assert pre.total_steps == 6 and pre.tokens == 512                  # one chunk of 512 tokens, 6 layers
+    assert dec.total_steps == ROUTING_MEASURE_TOKENS * 6
+    per_layer = sum(len(x.experts) for x in pre.steps) * pre.scale / 6
+    assert per_layer == pytest.approx(wl.traffic.experts_per_layer)
     d = wl.as_dict()
-    assert list(d) == ["name", "engine", "modelled_as", "traffic", "prefill", "decode"]
-    assert d["decode"] == {"read_bytes": SMALL_COMPONENT, "in_flight": 3, "batches_per_layer": wl.decode.batches_per_layer,
-                           "threads": 6}
-    assert named_workload("ds4-v41", "colibri").as_dict()["modelled_as"] == "colibri"   # colibri is priced as itself
-
-
-def test_an_idle_source_is_named_with_why_and_the_best_split_that_uses_every_source():
-    drives = (Drive("a", FAST), Drive("b", FAST), Drive("c", SLOW))
-    shape = ModelShape("m", 6, 32, 4, SMALL_COMPONENT, 3, 3 * SMALL_COMPONENT)
-    wl = model_workload("ds4-argodrive", shape, 512, 58)
-    plan = solve_plan(tuple(Source(d.name, f"/{d.name}") for d in drives), drives, wl.prefill, wl.decode)
-    checked, reports = check_idle(plan, drives, {"prefill": wl.prefill, "decode": wl.decode})
-    dec = checked.decode.predicted["sources"]
-    assert sum(s["bytes"] for s in dec) == SMALL_COMPONENT        # the pieces add up to this model's component
-    assert SMALL_COMPONENT // BLOCK == 2
-    # 2 blocks and a tail: with the solver's 1:1:1 the third source gets no block, and solve says so
-    assert checked.decode.weights == (1, 1, 1) and [s["bytes"] for s in dec] == [294_912, 262_144, 0]
-    [r] = [r for r in reports if r.phase == "decode"]
-    assert r.idle == ("c",)
-    assert r.text().startswith("decode: c reads nothing: a 557,056 B read is 2 blocks of 256 KiB + 32,768 B on the "
-                               "primary, and weights 1:1:1 give it none; the fastest split using every source, 1:2:2, "
-                               "is predicted ")
-    assert r.text().endswith("% slower") and r.every_source.throughput_Bps < r.chosen_Bps
-    # with every source forced on the component, the report offers the fastest such split
-    every = best_with_every_source(drives, wl.decode)
-    assert every is not None and all(s.bytes > 0 for s in every.shares)
-    assert every.shares[0].blocks == 0 and every.shares[0].bytes == SMALL_COMPONENT % BLOCK
-
-
-def test_a_read_smaller_than_a_block_says_no_split_can_use_every_source():
-    drives = (Drive("a", FAST), Drive("b", FAST))
-    shape = ModelShape("tiny", 3, 4, 2, 8192, 3, 20480)
-    wl = model_workload("ds4-argodrive", shape, 16, 4)
-    plan = solve_plan((Source("a", "/a"), Source("b", "/b")), drives, wl.prefill, wl.decode)
-    _, reports = check_idle(plan, drives, {"prefill": wl.prefill, "decode": wl.decode})
-    [r] = [r for r in reports if r.phase == "decode"]
-    assert r.idle == ("b",) and r.every_source is None
-    assert r.text().endswith("no split of 0 blocks gives every source a piece")
+    assert list(d) == ["name", "traffic", "prefill", "decode"]
+    assert list(d["decode"]) == ["steps", "scale", "empty", "tokens", "experts_per_step"]
 
 
 def test_solve_plans_the_rigs_own_model_and_records_geometry_and_workload(tmp_path):
@@ -148,29 +120,29 @@ def test_solve_plans_the_rigs_own_model_and_records_geometry_and_workload(tmp_pa
     assert r.exit_code == 0, r.output
     p = load_plan(json.loads(r.stdout)["path"])
     assert p.schema == 2 and p.geometry["component_bytes"] == SMALL_COMPONENT and p.geometry["layers"] == 6
-    assert p.workload["name"] == "model" and p.workload["decode"]["read_bytes"] == SMALL_COMPONENT
-    assert p.workload["traffic"]["source"] == "routing-model"
-    assert sum(s["bytes"] for s in p.decode.predicted["sources"]) == SMALL_COMPONENT
-    assert set(p.workload["idle"]) <= {"prefill", "decode"}
+    assert p.workload["name"] == "model" and p.workload["engine"] == "ds4-argodrive"
+    assert p.workload["traffic"]["source"] == "routing-model" and p.workload["decode"]["steps"] > 0
+    # a decode read is 2 blocks of 256 KiB and a tail: three drives cannot all take part
+    assert p.workload["idle"]["decode"]["sources"] and set(p.workload["idle"]) <= {"prefill", "decode"}
     for ph, rep in p.workload["idle"].items():
         assert rep["why"] in r.stderr and all(s in rep["why"] for s in rep["sources"])
     assert "ds4-v41" not in r.stderr
 
 
 def test_workload_ds4_v41_plans_from_no_model_and_a_missing_model_is_said(tmp_path):
-    rig, _ = make_rig(tmp_path / "rig")                # its model files are not on this machine
+    rig, _ = make_rig(tmp_path / "rig", names=("fast", "slow"), models=(FAST, SLOW))   # no model files here
     r = invoke("solve", "--rig", rig.root, "--json")
     assert r.exit_code == 0, r.output
     assert "notice: the rig's model" in r.stderr and "--workload ds4-v41" in r.stderr
     p = load_plan(json.loads(r.stdout)["path"])
-    assert p.workload["name"] == "ds4-v41" and p.geometry["component_bytes"] == COMPONENT_BYTES
+    assert p.workload["name"] == "ds4-v41" and p.geometry["component_bytes"] == V41_COMPONENT_BYTES
     r = invoke("solve", "--rig", rig.root, "--json", "--workload", "ds4-v41")
     assert r.exit_code == 0 and "notice: the rig's model" not in r.stderr
     assert load_plan(json.loads(r.stdout)["path"]).workload["traffic"]["misses_per_token"] == DECODE_MISSES_PER_TOKEN
 
 
 def test_a_raw_rig_model_is_said_to_be_raw_not_told_to_pass_format_raw(tmp_path):
-    rig, _ = make_rig(tmp_path / "rig")                # make_rig's model: a file of opaque bytes
+    rig, _ = make_rig(tmp_path / "rig", names=("fast", "slow"), models=(FAST, SLOW))   # a file of opaque bytes
     with open(rig.model.path, "wb") as f:
         f.write(b"\x00" * 65536)
     for m in rig.replicas:
@@ -184,11 +156,18 @@ def test_a_raw_rig_model_is_said_to_be_raw_not_told_to_pass_format_raw(tmp_path)
 
 def test_simulate_and_solve_take_another_models_header(tmp_path):
     rig, _ = make_rig(tmp_path / "rig")
-    paths = write_moe_split_gguf(tmp_path / "split", "m")          # components of 4,096 and 8,192 B
-    r = invoke("simulate", "--rig", rig.root, "--model", paths[0], "--weights", "1:1:1", "--phase", "decode", "--json")
+    other = tmp_path / "other.gguf"
+    write_header_only(other, layers=3, experts=8, top_k=2, ne0=256, ne1=32, qtype="Q8_0")   # 8,704 B components
+    r = invoke("simulate", "--rig", rig.root, "--model", other, "--weights", "1:1:1", "--phase", "decode", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert [s["bytes"] for s in d["sources"]] == [8192, 0, 0]       # the largest component, all on the primary
+    # components under one 256 KiB block: the primary reads them all
+    assert d["sources"][0]["bytes"] > 0 and d["sources"][1]["bytes"] == d["sources"][2]["bytes"] == 0
+    assert d["sources"][0]["experts"] > 0 and d["read_bytes"] == 8704
+    paths = write_moe_split_gguf(tmp_path / "split", "m")
+    r = invoke("simulate", "--rig", rig.root, "--model", paths[0], "--weights", "1:1:1", "--phase", "decode")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "reads one GGUF file (-m); this model is a split GGUF set; no engine this tool plans for reads it" in r.stderr
     dense = tmp_path / "dense.gguf"
     write_header_only(dense, names=["blk.0.ffn_gate.weight"], experts=2)
     r = invoke("solve", "--rig", rig.root, "--model", dense)
@@ -206,53 +185,28 @@ def test_a_schema_1_plan_loads_with_no_geometry_or_workload():
         plan_from_dict({**d, "schema": 2, "workload": [1]})
 
 
-def test_a_split_using_every_source_wins_when_it_is_as_fast():
-    """check_idle replaces a phase's idle split by the fastest split using every source when that is
-    no slower (the tie rule otherwise prefers the smaller weights, which may leave a drive idle)."""
-    drives = (Drive("a", FAST), Drive("b", FAST))
-    shape = ModelShape("m", 6, 32, 4, SMALL_COMPONENT, 3, 3 * SMALL_COMPONENT)
-    wl = model_workload("ds4-argodrive", shape, 512, 58)
-    plan = solve_plan((Source("a", "/a"), Source("b", "/b")), drives, wl.prefill, wl.decode)
-    every = best_with_every_source(drives, wl.decode)
-    slow_idle = {"throughput_Bps": every.throughput_Bps, "sources": [{"name": "a", "bytes": SMALL_COMPONENT},
-                                                                        {"name": "b", "bytes": 0}]}
-    idle_plan = plan.__class__(**{**plan.__dict__, "decode": plan.decode.__class__((5, 1), slow_idle)})
-    checked, reports = check_idle(idle_plan, drives, {"decode": wl.decode})
-    assert reports == [] and checked.decode.weights == every.weights
-    assert all(s["bytes"] > 0 for s in checked.decode.predicted["sources"])
-
-
 def test_the_tuner_predicts_with_the_workload_the_plan_was_solved_for(tmp_path):
     from planner.tui.load import load_tuner
 
-    rig, _ = make_rig(tmp_path / "rig")
+    rig, _ = make_rig(tmp_path / "rig", names=("fast", "slow"), models=(FAST, SLOW))
     write_small(rig.model.path)
-    fresh = load_tuner(rig.root)                       # no plan yet: the rig's own model
-    assert fresh.workloads["decode"].read_bytes == SMALL_COMPONENT
-    r = invoke("solve", "--rig", rig.root, "--json")
+    r = invoke("solve", "--rig", rig.root, "--prompt-tokens", "128", "--cache-experts", "20", "--top", "0", "--json")
     assert r.exit_code == 0, r.output
     p = load_plan(json.loads(r.stdout)["path"])
     state = load_tuner(rig.root)
+    assert state.problem.phases == model_workload(inspect_model(rig.model.path), 128, 20).phases
     for ph in ("prefill", "decode"):
-        wl = state.workloads[ph]
-        assert wl == fresh.workloads[ph]
-        assert wl.misses_per_token == p.workload["traffic"]["misses_per_token"]
-        assert state.views[ph].prediction.time_per_layer_s == pytest.approx(getattr(p, ph).predicted["time_per_layer_s"])
+        assert state.views[ph].prediction == pytest.approx(getattr(p, ph).predicted)
+    assert state.workload["traffic"]["cache_experts"] == 20
 
 
 def test_show_says_the_workload_and_the_idle_source(tmp_path):
     rig, _ = make_rig(tmp_path / "rig")
     write_small(rig.model.path)
-    r = invoke("solve", "--rig", rig.root, "--json")
+    r = invoke("solve", "--rig", rig.root, "--top", "0", "--json")
     path = json.loads(r.stdout)["path"]
     shown = invoke("show", path)
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.stdout.split())
     assert f"workload: {rig.model.path}: 6 layers x 32 experts, 4 per token, 557,056 B components;" in text
-    assert "(routing-model)" in text and "idle: decode: laggy reads nothing" in text
-    r = invoke("solve", "--rig", rig.root, "--workload", "ds4-v41", "--engine", "colibri", "--json")
-    shown = invoke("show", json.loads(r.stdout)["path"])
-    text = " ".join(shown.stdout.split())
-    assert "workload: ds4-v41: 40 layers x 384 experts, 6 per token, 6,635,520 B components; 187.4 experts per layer" in text
-    # colibri's reads are priced as colibri's (whole experts by placement), not as ds4's
-    assert "predicted as ds4-argodrive" not in text and "for both phases (COLI_DISK_WEIGHTS); stripe: " in text
+    assert "(routing-model)" in text and "idle: decode: laggy reads nothing at " in text
