@@ -18,9 +18,9 @@ from engines.split import parse_weights, smallest_equivalent, split_read
 
 from .constants import PREFILL_TOKENS
 from .plan import Plan, plan_to_dict
-from .plans import holds_of, latest_plan_path, load_inputs, load_plan, parse_background, save_plan
-from .rigmodel import choose_workload
-from .solve import Problem, predict, solve_plan, with_concurrency
+from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .rigmodel import choose_workload, rig_problem
+from .solve import predict, solve_plan
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
@@ -99,12 +99,7 @@ def _problem(root: str, bench, engine: str, background, lanes, threads, workload
     inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    g = chosen.workload.geometry
-    files = sorted({t.file for t in g.tensors})
-    holds = holds_of(inputs.sources, files) if not workload and chosen.notice is None else ()
-    problem = Problem(with_concurrency(get_engine(engine), lanes, threads), g, inputs.drives, chosen.workload.phases,
-                      _backgrounds(background, names), inputs.links, holds)
-    return inputs, chosen, problem
+    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads)
 
 
 @app.command()

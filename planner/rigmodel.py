@@ -5,7 +5,8 @@ By default the planner reads the rig's own model: its files from rig.toml
 derives the workload from that. `--model PATH` reads another model's header instead (a header-only
 copy will do) and `--workload NAME` plans a named workload (`ds4-v41`) without any model. When the
 rig's model cannot be read (no rig.toml, a raw or missing file), the planner plans ds4-v41 and says
-so: the notice names the model, why, and how to choose.
+so: the notice names the model, why, and how to choose. `rig_problem` makes the solver's `Problem`
+of a chosen workload on the rig's drives, the one `planner solve` and `engine-bridge autotune` solve.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from models.modelset import FILE, discover, from_rig
 from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
+from .plans import holds_of
+from .solve import Problem, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
 
@@ -29,6 +32,7 @@ class Chosen:
     workload: ModelWorkload
     geometry: dict            # the plan's `geometry` block
     notice: str | None = None # said on stderr when the planner chose for the user
+    why: str | None = None    # why the rig's model was not planned, when the planner chose a named workload
 
 
 def choose_workload(rig_root: str, engine: str, name: str | None = None, model: str | None = None,
@@ -65,10 +69,21 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
             wl = named_workload(V41_NAME)
             return Chosen(wl, _named_geometry(wl), f"{why}; planning the named workload {V41_NAME} (DeepSeek V4.1 "
                                                    f"Flash's reads) — pass --workload {V41_NAME} to say so, or "
-                                                   "--model PATH to plan another model from its header")
+                                                   "--model PATH to plan another model from its header", why)
     check_engine_reads(engine, found.format, found.layout, found.files, found.path)
     wl = model_workload(g, prompt_tokens, cache_experts)
     return Chosen(wl, g.as_dict())
+
+
+def rig_problem(inputs, chosen: Chosen, engine: str, backgrounds=(), lanes: int | None = None,
+                threads: int | None = None) -> Problem:
+    """The `planner.solve.Problem` for a chosen workload on the rig's drives (`plans.load_inputs`'s
+    `inputs`): the engine with its concurrency overridden by `lanes`/`threads`, and, for a model
+    (not a named workload), what each source's copy of it holds."""
+    g = chosen.workload.geometry
+    holds = holds_of(inputs.sources, sorted({t.file for t in g.tensors})) if chosen.workload.name == "model" else ()
+    return Problem(with_concurrency(get_engine(engine), lanes, threads), g, inputs.drives, chosen.workload.phases,
+                   tuple(backgrounds), inputs.links, holds)
 
 
 def check_engine_reads(engine: str, fmt: str, layout: str, files, path: str) -> None:
