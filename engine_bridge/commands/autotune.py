@@ -24,7 +24,7 @@ import numpy as np
 import typer
 
 from core.cli import JsonOption, QuietOption, RigOption, err, print_json
-from core.errors import UsageError
+from core.errors import Interrupted, UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
 from engines.pattern import PHASES, Concurrency
@@ -202,8 +202,9 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
     before its clock starts (`timed_rate`); rest_s: seconds without reads before each trial
     (REST_S); both are counted in the budget and in the rounds planned.
 
-    Refused in one line (UsageError): a rig whose model cannot be read (the measurement executes
-    the engine's reads of that model)."""
+    Refused in one line (UsageError, before anything is read): a budget that fits no trial (less
+    than `trial_s + warmup_s + rest_s`), and a rig whose model cannot be read (the measurement
+    executes the engine's reads of that model). No plan is written when no trial was measured."""
     from dataclasses import replace
 
     from planner.autotune import arms_for, measured_plan, pick, run_trials
@@ -214,6 +215,11 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
     if budget_s <= 0 or trial_s <= 0 or warmup_s < 0 or rest_s < 0:
         raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g} / --warmup {warmup_s:g} / --rest {rest_s:g}: "
                          "give positive seconds (the warm-up and the rest may be 0)")
+    nominal = trial_s + warmup_s + rest_s
+    if budget_s < nominal:
+        raise UsageError(f"--budget {budget_s:g}: one trial takes {nominal:g} s (--seconds {trial_s:g} + --warmup "
+                         f"{warmup_s:g} + --rest {rest_s:g}), so nothing would be measured; give --budget {nominal:g} "
+                         "or more, or shorter trials")
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
     backgrounds = tuple(parse_background(b, [s.name for s in inputs.sources]) for b in background)
     chosen = choose_workload(rig_root, engine)
@@ -244,6 +250,10 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
                                         rest=rest_s)
     tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s, arm.mode), clock, budget_s, trial_s,
                        rounds, on_trial, stop, overhead_s=warmup_s + rest_s)
+    if not tally.trials:
+        if tally.interrupted:
+            raise Interrupted("autotune: interrupted before any trial was measured; no plan written")
+        raise UsageError(f"autotune: no trial fitted the budget ({budget_s:g} s); no plan written")
     settings = {"engine": engine, "budget_s": budget_s, "trial_s": trial_s, "warmup_s": warmup_s, "rest_s": rest_s,
                 "top": top, "seed": seed, "cold": cold, "lanes": lanes, "threads": threads, "joint": joint,
                 "reader": "engine_bridge.reader.SplitReader", "reads": "the engine's read pattern of each phase's steps"}
@@ -315,7 +325,7 @@ def register(app) -> None:
         rig: Optional[str] = RigOption,
         bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
         engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned and measured: {', '.join(ENGINES)}."),
-        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started)."),
+        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started; a budget below one trial is refused)."),
         seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
         warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive left idle may start fast)."),
         rest: float = typer.Option(REST_S, "--rest", help="Seconds without reads before each trial, so a rate limiter forgets the budget the previous trial left unused (0: none)."),

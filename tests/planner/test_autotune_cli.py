@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from core.errors import UsageError
+from core.errors import Interrupted, UsageError
 from core.rig import save_rig
 from engine_bridge.cli import app
 from engine_bridge.commands.autotune import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
@@ -297,13 +297,27 @@ def test_the_summary_says_how_many_trials_of_the_planned_rounds_ran(gguf_copies,
                      f"(budget {auto['budget_s']:.0f} s, stopped by the budget)")
 
 
-@pytest.mark.parametrize("args", [["--budget", "0"], ["--seconds", "-1"], ["--warmup", "-1"], ["--rest", "-0.1"]])
-def test_cli_bad_budget_is_one_line(tmp_path, gguf_copies, args):
+@pytest.mark.parametrize("args", [["--budget", "0"], ["--seconds", "-1"], ["--warmup", "-1"], ["--rest", "-0.1"],
+                                  ["--budget", "1"], ["--budget", "4.7"], ["--budget", "2", "--seconds", "1.5"]])
+def test_cli_bad_budget_is_one_line_and_writes_no_plan(tmp_path, gguf_copies, args):
+    """`--budget 1` with 4 s trials (plus the 0.5 s warm-up and 0.3 s rest) fits no trial: refused
+    before anything is solved or read, and no plan becomes the newest."""
     rig = rig_on(tmp_path / "rig", gguf_copies)
     r = runner.invoke(app, ["autotune", "--rig", rig.root] + args)
     assert r.exit_code == 2
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("engine-bridge: error: ") and "Traceback" not in r.output
+    assert plan_files(rig) == []
+    if args[:2] == ["--budget", "1"]:
+        assert "one trial takes 4.8 s" in lines[0]
+
+
+def test_a_run_that_measured_nothing_writes_no_plan(gguf_copies, tmp_path):
+    rig = rig_on(tmp_path / "rig", gguf_copies)
+    with pytest.raises(Interrupted, match="no plan written"):
+        autotune(rig.root, budget_s=600.0, trial_s=1.0, warmup_s=0.0, rest_s=0.0, stop=lambda: True,
+                 measure=lambda *a: pytest.fail("measured after stop"))
+    assert plan_files(rig) == []
 
 
 def test_cli_without_a_bench_result_is_exit_3(tmp_path):
