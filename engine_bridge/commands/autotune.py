@@ -174,6 +174,19 @@ def timed_rate(step, seconds: float, warmup: float = WARMUP_S, clock=time.monoto
     return float((x * (y - y.mean())).sum() / den) if den > 0 else 0.0
 
 
+def reads_key(problem):
+    """(phase, weights, mode) -> the engine's reads of the phase's steps (their patterns' groups):
+    equal for candidates that read alike, which need measuring once."""
+    from planner.solve import Pricer
+
+    pricer = Pricer(problem)
+
+    def key(phase, weights, mode):
+        setup = pricer.setup(weights, mode)
+        return tuple(problem.engine.pattern(problem.geometry, st, setup).groups for st in problem.phases[phase].steps)
+    return key
+
+
 def rig_sources(rig_root: str, sources) -> list:
     """Each plan source's copy of the model (`ModelSet`): where the rig member with that path keeps
     it (a split set or a directory as the rig describes it), else the file at that path."""
@@ -237,15 +250,10 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
         raise UsageError(f"{chosen.workload.shape.name}: the workload reads nothing in either phase (every expert it "
                          "needs is cached); nothing to measure")
 
-    def reads(ph, w, m):
-        """The engine's reads of the phase's steps at (w, m): equal for candidates that read alike."""
-        setup = pricer.setup(w, m)
-        return tuple(problem.engine.pattern(problem.geometry, st, setup).groups for st in problem.phases[ph].steps)
-
     def predict(ph, w, m):
         return prediction(pricer.price(ph, w, m), w, m, problem.drives)
 
-    arms = arms_for(choice, top, joint=joint, key=reads, predict=predict, phases=phases)
+    arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
     measure = measure or PatternMeasure(rig_sources(rig_root, inputs.sources), problem, seed, cold, warmup=warmup_s,
                                         rest=rest_s)
     tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s, arm.mode), clock, budget_s, trial_s,
