@@ -150,9 +150,10 @@ class PatternMeasure:
 
 
 def timed_rate(step, seconds: float, warmup: float = WARMUP_S, clock=time.monotonic) -> float:
-    """Bytes/s of `step()` (one barrier's reads; returns its bytes) repeated: `warmup` seconds
-    uncounted, then at least `seconds` measured as the least-squares slope of bytes done
-    against the time each step ended (the first point: 0 bytes at the clock's start).
+    """Bytes/s of `step()` (one step of the engine's reads, its groups each waited for; returns its
+    bytes) repeated: `warmup` seconds uncounted, then at least `seconds` measured as the
+    least-squares slope of bytes done against the time each step ended (the first point: 0 bytes
+    at the clock's start).
 
     The warm-up leaves the start out: a drive the previous trial left idle may begin with a
     throttle slice's budget at once (on the testbed the first trial after opening a reader ran
@@ -215,9 +216,10 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
     before its clock starts (`timed_rate`); rest_s: seconds without reads before each trial
     (REST_S); both are counted in the budget and in the rounds planned.
 
-    Refused in one line (UsageError, before anything is read): a budget that fits no trial (less
-    than `trial_s + warmup_s + rest_s`), and a rig whose model cannot be read (the measurement
-    executes the engine's reads of that model). No plan is written when no trial was measured."""
+    Refused in one line (UsageError) before anything is solved or measured: a budget that fits no
+    trial (less than `trial_s + warmup_s + rest_s`), and a rig whose model cannot be read (the
+    measurement executes the engine's reads of that model's files). No plan is written when no
+    trial was measured (Interrupted when `stop` ended the run first)."""
     from dataclasses import replace
 
     from planner.autotune import arms_for, measured_plan, pick, run_trials
