@@ -8,13 +8,13 @@ the planner reads the rig's model from its header, planner/workload.py and plann
 then run through the embedded engine with that plan (`engine-bridge run --plan latest
 --no-hedge`: ds4 does not hedge, so every piece is read by the source the split gave it). Prints
 
-- the plan's decode pieces per source (bytes per read) and that they add up to the model's
-  component;
+- the plan's decode pieces per source (bytes per read: the prediction's bytes over pieces per
+  layer, `planner.solve.prediction`) and that they add up to the model's component;
 - the run's decode bytes per read per source (its decode bytes / its decode pieces) beside the
   plan's pieces: each must match exactly (a source the plan gives 0 B must read nothing);
 - the run's prefill bytes per source as shares of the phase beside the plan's prefill shares
-  (the engine's prefill reads are runs of experts of many sizes, the plan's a 32 MiB chunk, so
-  shares, not bytes per read);
+  (the engine's prefill reads are staged runs of experts of many sizes, so shares, not bytes per
+  read);
 - the run's idle sources (engine_bridge/engine/idle.py), if any.
 
 Exit 0 when the decode pieces add up and match, 1 when not, 2 where there is no testbed. Small
@@ -72,19 +72,26 @@ def shares(values) -> list[float]:
     return [v / total if total else 0.0 for v in values]
 
 
+def plan_pieces(plan: dict) -> list[float]:
+    """Bytes per piece the plan predicts each source reads in decode: its bytes over its pieces per
+    layer (the prediction's per-source figures; a decode read is one component, cut the same way
+    every time, so this is the piece of one read), 0 for a source given nothing."""
+    return [s["bytes"] / s["pieces"] if s["pieces"] else 0.0 for s in plan["decode"]["predicted"]["sources"]]
+
+
 def report(plan: dict, run: dict, component: int) -> tuple[list[str], bool]:
     """The benchmark's lines and whether the decode pieces add up and match the run exactly."""
     lines = []
     names = [s["name"] for s in plan["sources"]]
-    dec = plan["decode"]["predicted"]["sources"]
-    pieces = [s["bytes"] for s in dec]
-    adds = sum(pieces) == component
-    lines.append(f"plan decode weights {':'.join(map(str, plan['decode']['weights']))}, read "
-                 f"{plan['workload']['decode']['read_bytes']:,} B: pieces "
-                 + " + ".join(f"{n} {b:,}" for n, b in zip(names, pieces))
+    pieces = [round(x) for x in plan_pieces(plan)]
+    exact = all(abs(x - round(x)) < 1e-6 * max(1.0, x) for x in plan_pieces(plan))
+    adds = exact and sum(pieces) == component
+    read = plan["decode"]["predicted"]["read_bytes"]
+    lines.append(f"plan decode weights {':'.join(map(str, plan['decode']['weights']))}, reads of "
+                 f"{read:,.0f} B: pieces " + " + ".join(f"{n} {b:,}" for n, b in zip(names, pieces))
                  + f" = {sum(pieces):,} B; the model's component is {component:,} B: "
                  + ("adds up" if adds else "DOES NOT ADD UP"))
-    ok = adds and plan["workload"]["decode"]["read_bytes"] == component
+    ok = adds and round(read) == component
     lines.append(f"{'source':10} {'plan B/read':>12} {'run B/read':>12} {'run pieces':>10} {'run bytes':>13}  match")
     for i, s in enumerate(run["decode"]["sources"]):
         per = s["bytes"] / s["reads"] if s["reads"] else 0
@@ -97,8 +104,8 @@ def report(plan: dict, run: dict, component: int) -> tuple[list[str], bool]:
     pre_plan = shares([s["bytes"] for s in plan["prefill"]["predicted"]["sources"]])
     pre_run = shares([s["bytes"] for s in run["prefill"]["sources"]])
     lines.append(f"prefill weights {':'.join(map(str, plan['prefill']['weights']))}: shares of the phase's bytes, "
-                 f"plan (a {plan['workload']['prefill']['read_bytes']:,} B read) vs run ({run['prefill']['reads']} "
-                 f"reads, largest {run['prefill']['largest_read']:,} B)")
+                 f"plan (the engine's staged reads, {plan['prefill']['predicted']['read_bytes']:,.0f} B on average) vs run "
+                 f"({run['prefill']['reads']} reads, largest {run['prefill']['largest_read']:,} B)")
     for i, n in enumerate(names):
         lines.append(f"  {n:10} plan {pre_plan[i]:6.1%}  run {pre_run[i]:6.1%}  "
                      f"({run['prefill']['sources'][i]['bytes']:,} B in {run['prefill']['sources'][i]['reads']} pieces)")

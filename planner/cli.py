@@ -20,7 +20,7 @@ from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
 from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .rigmodel import choose_workload, rig_problem
-from .solve import predict, solve_plan, with_concurrency
+from .solve import predict, solve_plan
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
@@ -99,9 +99,7 @@ def _problem(root: str, bench, engine: str, background, lanes, threads, workload
     inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    problem = rig_problem(inputs, chosen, with_concurrency(get_engine(engine), lanes, threads),
-                          _backgrounds(background, names), named=bool(workload))
-    return inputs, chosen, problem
+    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads)
 
 
 @app.command()

@@ -26,7 +26,10 @@ A phase's `measured` block is written only by the measured tuner (`engine-bridge
 
     {"throughput_Bps": median bytes/s of the picked weights, "runs_Bps": [...], "n", "spread_pct",
      "error_pct": predicted over measured - 1 in %, "picked_by": "measured" | "model", "rounds": [...],
-     "candidates": [{"weights", "roles", "predicted_Bps", "measured_Bps", "runs_Bps"}, ...]}
+     "candidates": [{"weights", "mode", "roles", "predicted_Bps", "measured_Bps", "runs_Bps"}, ...]}
+
+(`mode`: the switches on, written by `engine-bridge autotune`; a candidate picked jointly, for an
+engine with one weight vector for both phases, also has its `objective`.)
 
 Plans without it (every plan before it, and `planner solve`'s) load as before (`measured` empty).
 """

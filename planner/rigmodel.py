@@ -5,7 +5,8 @@ By default the planner reads the rig's own model: its files from rig.toml
 derives the workload from that. `--model PATH` reads another model's header instead (a header-only
 copy will do) and `--workload NAME` plans a named workload (`ds4-v41`) without any model. When the
 rig's model cannot be read (no rig.toml, a raw or missing file), the planner plans ds4-v41 and says
-so: the notice names the model, why, and how to choose.
+so: the notice names the model, why, and how to choose. `rig_problem` makes the solver's `Problem`
+of a chosen workload on the rig's drives, the one `planner solve` and `engine-bridge autotune` solve.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
-from engines.registry import check_reads_model
+from engines.registry import check_reads_model, get_engine
 from models.formats import RAW
 from models.modelset import FILE, discover, from_rig
 from models.tensortable import inspect_model
@@ -23,7 +24,7 @@ from models.tensortable import inspect_model
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
 from .plans import Inputs, holds_of
-from .solve import Problem
+from .solve import Problem, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
 
@@ -32,6 +33,7 @@ class Chosen:
     workload: ModelWorkload
     geometry: dict            # the plan's `geometry` block
     notice: str | None = None # said on stderr when the planner chose for the user
+    why: str | None = None    # why the rig's model was not planned, when the planner chose a named workload
 
 
 def choose_workload(rig_root: str, engine: str, name: str | None = None, model: str | None = None,
@@ -68,21 +70,23 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
             wl = named_workload(V41_NAME)
             return Chosen(wl, _named_geometry(wl), f"{why}; planning the named workload {V41_NAME} (DeepSeek V4.1 "
                                                    f"Flash's reads) — pass --workload {V41_NAME} to say so, or "
-                                                   "--model PATH to plan another model from its header")
+                                                   "--model PATH to plan another model from its header", why)
     check_reads_model(engine, found.format, found.layout, found.files, found.path)
     wl = model_workload(g, prompt_tokens, cache_experts)
     return Chosen(wl, g.as_dict())
 
 
 def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Background, ...] = (),
-                named: bool = False) -> Problem:
-    """The problem `planner solve`, `simulate` and the tuner price: the engine (an `Engine`), the
-    chosen workload's geometry and steps, the rig's drives and links, other work on the drives and,
-    for the rig's own model (not a named workload, not the fallback), what each source's copy holds."""
+                lanes: int | None = None, threads: int | None = None) -> Problem:
+    """The problem `planner solve`, `simulate`, the tuner and autotune price: the engine (an `Engine`
+    or its name; its reads in flight overridden by `lanes`/`threads`), the chosen workload's geometry
+    and steps, the rig's drives and links, other work on the drives and, for the rig's own model
+    (not a named workload, not the fallback), what each source's copy holds."""
     g = chosen.workload.geometry
-    files = sorted({t.file for t in g.tensors})
-    holds = holds_of(inputs.sources, files) if not named and chosen.notice is None else ()
-    return Problem(engine, g, inputs.drives, chosen.workload.phases, tuple(backgrounds), inputs.links, holds)
+    holds = holds_of(inputs.sources, sorted({t.file for t in g.tensors})) if chosen.workload.name == "model" else ()
+    e = get_engine(engine) if isinstance(engine, str) else engine
+    return Problem(with_concurrency(e, lanes, threads), g, inputs.drives, chosen.workload.phases, tuple(backgrounds),
+                   inputs.links, holds)
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

@@ -1,13 +1,16 @@
-"""engine-bridge commands: autotune (solve, then measure the best candidates with the split reader
-and keep the measured best) and tune (the planner's split tuner with a key that measures).
+"""engine-bridge commands: autotune (solve, then measure the best candidates by executing the
+engine's read pattern through the split reader, and keep the measured best) and tune (the
+planner's split tuner with a key that measures).
 
-Why these live here and not in `planner`: a measured split has to be read by the real split
-reader (`engine_bridge.reader.SplitReader`, the reads the embedded engine makes), and the planner
+Why these live here and not in `planner`: a measured candidate has to be read by the real split
+reader (`engine_bridge.reader.SplitReader`, what the embedded engine reads with), and the planner
 sits below engine_bridge (core <- engines <- replicas <- iobench <- planner <- engine_bridge).
-iobench's trials keep each drive's lanes busy on their own and have no barrier across drives,
-so they cannot measure what a split delivers. The planner keeps the logic, pure and tested
+iobench's trials keep each drive's lanes busy on their own and have no barrier across drives, so
+they cannot measure what a split delivers. The planner keeps the logic, pure and tested
 (`planner.autotune`: candidates, ABBA order, the budget, the pick, the measured plan); this
-module supplies the reads (`SplitMeasure`) and the host's clock.
+module supplies the reads (`PatternMeasure`: the target engine's own read pattern, executed as the
+embedded engine executes it) and the host's clock. No engine is named here: the `Problem` carries
+the engine, and the engine says its pattern, its concurrency and its modes.
 """
 
 from __future__ import annotations
@@ -21,19 +24,16 @@ import numpy as np
 import typer
 
 from core.cli import JsonOption, QuietOption, RigOption, err, print_json
-from core.errors import UsageError
+from core.errors import Interrupted, UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
-from engines.registry import DEFAULT_ENGINE, get_engine
+from engines.pattern import PHASES, Concurrency
+from engines.registry import DEFAULT_ENGINE, ENGINES
 from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
 
-ALIGN = 4096                    # decode reads start on 4 KiB boundaries, as expert components do
-# The split reader reads as the default engine does: its reads in flight are that engine's own.
-PREFILL_LANES = get_engine(DEFAULT_ENGINE).concurrency("prefill").per_source
-DECODE_THREADS = get_engine(DEFAULT_ENGINE).concurrency("decode").shared
 TUNER_TRIAL_S = 2.0             # the tuner's measuring key: one short trial, s
 WARMUP_S = 0.5                  # a trial's reads before its clock starts, s (`timed_rate`)
-# No reads for this long before a trial (`SplitMeasure`), s: a rate limiter then forgets what the
+# No reads for this long before a trial (`PatternMeasure`), s: a rate limiter then forgets what the
 # previous trial left unused. The testbed's (blk-throttle, what cgroup io.max applies) keeps up to
 # two 100 ms slices of a drive's unused budget while reads keep coming; a drive the previous
 # trial left partly idle then ran past its ceiling for the whole next trial (4:4:3 on the iops
@@ -42,70 +42,118 @@ WARMUP_S = 0.5                  # a trial's reads before its clock starts, s (`t
 REST_S = 0.3
 
 
-class SplitMeasure:
-    """Bytes/s the split reader delivers for one phase's reads at some weights, on these sources
-    (each a copy of the model: a path, or a `ModelSet` for a split set or a directory).
+def reader_concurrency(conc: Concurrency, sources: int) -> tuple[int, int | None]:
+    """(reader lanes per source, most reads outstanding at once or None) that keep the engine's
+    reads in flight (`engines.pattern.Concurrency`): its lanes per drive; for a pool whose
+    threads each take a whole read, the pool on every drive (one drive may hold every read) and
+    the pool as the limit on reads; for a pool whose threads each take a piece, each drive's share
+    of the pool when every drive holds as many pieces (`Concurrency.in_flight`)."""
+    if conc.per_source is not None:
+        return conc.per_source, (conc.shared if conc.per_read else None)
+    if conc.shared is None:
+        from engine_bridge.engine.constants import LANES
 
-    prefill: `chunks` consecutive chunks of the workload's size per read_many (one barrier, like a
-    layer's staging), `lanes` reader threads per source, at random chunk-aligned places.
-    decode: `batch` components at random 4 KiB-aligned offsets together (one missed expert, one
-    barrier), `min(batch, threads / sources)` threads per source. Reads go to the model's largest
-    file. Cold reads unless `cold=False`. Each trial starts after `rest` seconds without reads
-    (REST_S; `sleep` waits them), then reads `warmup` seconds uncounted (`timed_rate`).
+        return LANES, None
+    if conc.per_read:
+        return conc.shared, conc.shared
+    return max(conc.in_flight([conc.shared] * max(1, sources))), None
+
+
+class PatternMeasure:
+    """Bytes/s the split reader delivers executing the target engine's read pattern of one phase,
+    at some weights and mode, on these sources (each a copy of the model: a `ModelSet`, or a path,
+    the model found there by `models.modelset.discover`), primary first.
+
+    problem: the `planner.solve.Problem` the candidates were solved for: its engine (pattern,
+    concurrency), the model's geometry, each phase's steps (`problem.phases[phase].steps`, the
+    steps the prediction prices) and what each source's copy holds. A trial cycles through the
+    phase's steps in an order shuffled once per phase by `seed` (every trial starts at the same
+    place, so every candidate reads the same steps, and a short trial reads a fair sample of them
+    rather than the first layers); each step's groups are issued and waited for as the embedded
+    engine does (`staging.stage_reads`: a group's reads together, at most the engine's reads in
+    flight, the next group once they have landed), with the engine's concurrency as reader lanes
+    (`reader_concurrency`). Cold (O_DIRECT) reads unless `cold=False`, in every mode: the mode
+    shapes the pattern (O_DIRECT windows, stripes), the measurement is of the drives.
+    Each trial starts after `rest` seconds without reads (REST_S; `sleep` waits them) with the
+    reader open, then reads `warmup` seconds uncounted (`timed_rate`, on `clock`).
+
+    After a trial, `stats` holds the reader's counters of it (`ReaderStats`: per phase, the bytes
+    and pieces each source was given and read) and `steps` the steps it executed, warm-up included.
     """
 
-    def __init__(self, sources, workloads, seed: int = 0, cold: bool = True, chunks: int | None = None,
-                 warmup: float = WARMUP_S, rest: float = REST_S, sleep=time.sleep):
-        from core.coldio import aligned_buffer
+    def __init__(self, sources, problem, seed: int = 0, cold: bool = True, warmup: float = WARMUP_S,
+                 rest: float = REST_S, sleep=time.sleep, clock=time.monotonic):
+        from models.modelset import ModelSet, discover
 
-        self.sources = list(sources)
-        self.workloads = dict(workloads)
-        self.cold = cold
-        self.warmup = warmup
-        self.rest, self.sleep = rest, sleep
-        self.rng = np.random.default_rng(seed)
-        pre, dec = self.workloads["prefill"], self.workloads["decode"]
-        self.chunks = chunks or 2 * pre.in_flight
-        self._bufs = {"prefill": [aligned_buffer(pre.read_bytes + ALIGN) for _ in range(self.chunks)],
-                      "decode": [aligned_buffer(dec.read_bytes + ALIGN) for _ in range(dec.in_flight)]}
+        self.sources = [m if isinstance(m, ModelSet) else discover(str(m)) for m in sources]
+        self.problem = problem
+        self.cold, self.warmup = cold, warmup
+        self.rest, self.sleep, self.clock = rest, sleep, clock
+        rng = np.random.default_rng(seed)
+        self.order = {ph: [int(i) for i in rng.permutation(len(problem.phases[ph].steps))]
+                      for ph in PHASES if ph in problem.phases}
+        self.stats = None
+        self.steps: list = []
 
-    def __call__(self, phase: str, weights, seconds: float, sources=None) -> float:
-        """Bytes/s at `weights` over `seconds` after the rest and the warm-up (`timed_rate`);
-        `sources`: a subset of the sources to read instead (one drive alone, say), weights to match."""
+    def __call__(self, phase: str, weights, seconds: float, mode=frozenset(), sources=None) -> float:
+        """Bytes/s at `weights` in `mode` over `seconds` after the rest and the warm-up
+        (`timed_rate`); `sources`: a subset of the sources to read instead (one drive alone, say),
+        weights to match (each must hold the whole model)."""
+        from engine_bridge.engine.staging import PhaseCounters, StepReads, stage_reads
         from engine_bridge.reader.split_reader import SplitReader
+        from models.modelset import ModelSet
 
-        wl = self.workloads[phase]
-        sources = self.sources if sources is None else list(sources)
-        n = len(sources)
-        lanes = wl.in_flight if phase == "prefill" else max(1, min(wl.in_flight, wl.threads // n))
-        with SplitReader(sources, weights, weights, lanes=lanes, cold=self.cold) as r:
-            file = max(r.files, key=lambda f: (r.sizes[f], f))
-            size = r.sizes[file]
-            if size < wl.read_bytes:
-                raise UsageError(f"{r.paths[0]}: its largest file holds {size:,} bytes, less than one {phase} read "
-                                 f"({wl.read_bytes:,} B); measure on the model's own files")
-            bufs = self._bufs[phase]
+        p = self.problem
+        engine = p.engine
+        steps = p.phases[phase].steps if phase in p.phases else ()
+        if not steps:
+            raise UsageError(f"{phase}: the workload reads nothing in this phase (every expert it needs is cached); "
+                             "nothing to measure")
+        mode = frozenset(mode)
+        unknown = sorted(mode - set(engine.switches))
+        if unknown:
+            raise UsageError(f"mode {'+'.join(unknown)}: {engine.name} has "
+                             + (f"the switches {', '.join(engine.switches)}" if engine.switches else "no switches"))
+        # a source given by path is the primary's model where that path keeps it
+        models = self.sources if sources is None else [m if isinstance(m, ModelSet) else self.sources[0].at(str(m))
+                                                        for m in sources]
+        holds = p.holds if sources is None else ()
+        lanes, in_flight = reader_concurrency(engine.concurrency(phase), len(models))
+        # the pattern names the primary's files; a subset's first copy may call a one-file model otherwise
+        rename = dict(zip(self.sources[0].files, models[0].files))
+        weights = tuple(int(x) for x in weights)
+        with SplitReader(models, weights, weights, lanes=lanes, engine=engine.name, cold=self.cold) as r:
+            reads_of = StepReads(engine, p.geometry, {phase: weights}, tuple(sorted(mode)), holds, r.healthy)
 
-            def barrier() -> int:
-                if phase == "prefill":
-                    k = max(1, min(self.chunks, size // wl.read_bytes))
-                    start = int(self.rng.integers(0, size // wl.read_bytes - k + 1)) * wl.read_bytes
-                    ranges = [(start + i * wl.read_bytes, wl.read_bytes) for i in range(k)]
-                else:
-                    top = (size - wl.read_bytes) // ALIGN
-                    ranges = [(int(x) * ALIGN, wl.read_bytes) for x in self.rng.integers(0, top + 1, wl.in_flight)]
-                r.read_many(ranges, phase, buffers=bufs[:len(ranges)], file=file)
-                return sum(x[1] for x in ranges)
+            def submit(read, ph):
+                f = rename.get(read.file, read.file)
+                return r.submit_read(read if f == read.file else read._replace(file=f), ph)
+
+            counters = PhaseCounters()
+            order = self.order[phase]
+            done: list = []
+
+            def step() -> int:
+                st = steps[order[len(done) % len(order)]]
+                done.append(st)
+                before = counters.bytes
+                for _e, _bufs, release in stage_reads(submit, reads_of, p.geometry, st.layer, st.experts, phase,
+                                                      counters, in_flight=in_flight):
+                    release()
+                return counters.bytes - before
 
             if self.rest > 0:
                 self.sleep(self.rest)
-            return timed_rate(barrier, seconds, self.warmup)
+            rate = timed_rate(step, seconds, self.warmup, self.clock)
+            self.stats, self.steps = r.stats(), done
+        return rate
 
 
 def timed_rate(step, seconds: float, warmup: float = WARMUP_S, clock=time.monotonic) -> float:
-    """Bytes/s of `step()` (one barrier's reads; returns its bytes) repeated: `warmup` seconds
-    uncounted, then at least `seconds` measured as the least-squares slope of bytes done
-    against the time each step ended (the first point: 0 bytes at the clock's start).
+    """Bytes/s of `step()` (one step of the engine's reads, its groups each waited for; returns its
+    bytes) repeated: `warmup` seconds uncounted, then at least `seconds` measured as the
+    least-squares slope of bytes done against the time each step ended (the first point: 0 bytes
+    at the clock's start).
 
     The warm-up leaves the start out: a drive the previous trial left idle may begin with a
     throttle slice's budget at once (on the testbed the first trial after opening a reader ran
@@ -127,6 +175,19 @@ def timed_rate(step, seconds: float, warmup: float = WARMUP_S, clock=time.monoto
     return float((x * (y - y.mean())).sum() / den) if den > 0 else 0.0
 
 
+def reads_key(problem):
+    """(phase, weights, mode) -> the engine's reads of the phase's steps (their patterns' groups):
+    equal for candidates that read alike, which need measuring once."""
+    from planner.solve import Pricer
+
+    pricer = Pricer(problem)
+
+    def key(phase, weights, mode):
+        setup = pricer.setup(weights, mode)
+        return tuple(problem.engine.pattern(problem.geometry, st, setup).groups for st in problem.phases[phase].steps)
+    return key
+
+
 def rig_sources(rig_root: str, sources) -> list:
     """Each plan source's copy of the model (`ModelSet`): where the rig member with that path keeps
     it (a split set or a directory as the rig describes it), else the file at that path."""
@@ -136,55 +197,84 @@ def rig_sources(rig_root: str, sources) -> list:
     return [member_model(s.path, rig) for s in sources]
 
 
-def autotune(rig_root: str, bench: str | None, workloads, background: Sequence[str] = (),
+def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGINE, background: Sequence[str] = (),
              budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S, top: int = DEFAULT_TOP,
              rounds: int | None = None, calibrate: bool = True, seed: int = 0, cold: bool = True, measure=None,
-             clock=time.monotonic, on_trial=None, stop=None, geometry: dict | None = None, warmup_s: float = WARMUP_S,
-             rest_s: float = REST_S):
-    """Solve, measure the candidates within the budget, write the measured plan. Returns (the plan
-    as written, its path).
+             clock=time.monotonic, on_trial=None, stop=None, warmup_s: float = WARMUP_S, rest_s: float = REST_S,
+             lanes: int | None = None, threads: int | None = None):
+    """Solve for the rig's model and `engine`, measure the candidates within the budget, write the
+    measured plan. Returns (the plan as written, its path).
 
-    workloads: phase -> `Workload`, or a `planner.workload.ModelWorkload` (`choose_workload`'s:
-    the plan then records it and the geometry, as `planner solve` does); background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
-    seconds) -> bytes/s (default: `SplitMeasure` on the rig's sources); stop() true: no further
-    trial (the plan is written from what was measured); geometry: the plan's `geometry` block;
-    warmup_s: seconds each trial reads before its clock starts (`timed_rate`); rest_s: seconds
-    without reads before each trial (REST_S); both are counted in the budget and in the rounds
-    planned."""
+    The problem is `planner solve`'s (`planner.rigmodel.rig_problem`: the rig's own model's reads,
+    the bench result's drive models, links, what each copy holds), with the engine's concurrency
+    overridden by `lanes`/`threads` (`planner.solve.with_concurrency`). The candidates come from the
+    solver's `Choice` (`planner.autotune.arms_for`), each with its mode; an engine with one weight
+    vector for both phases has each candidate measured on both and picked jointly.
+    background: `--background` specs ('primary:engram', 'NAME:20%'); measure(phase, weights,
+    seconds, mode) -> bytes/s (default: `PatternMeasure` on the rig's sources); stop() true: no
+    further trial (the plan is written from what was measured); warmup_s: seconds each trial reads
+    before its clock starts (`timed_rate`); rest_s: seconds without reads before each trial
+    (REST_S); both are counted in the budget and in the rounds planned.
+
+    Refused in one line (UsageError) before anything is solved or measured: a budget that fits no
+    trial (less than `trial_s + warmup_s + rest_s`), and a rig whose model cannot be read (the
+    measurement executes the engine's reads of that model's files). No plan is written when no
+    trial was measured (Interrupted when `stop` ended the run first)."""
     from dataclasses import replace
 
     from planner.autotune import arms_for, measured_plan, pick, run_trials
     from planner.plans import load_inputs, load_plan, parse_background, save_plan
-    from planner.solve import solve_phase, solve_plan
+    from planner.rigmodel import choose_workload, rig_problem
+    from planner.solve import Pricer, prediction, solve_plan
 
     if budget_s <= 0 or trial_s <= 0 or warmup_s < 0 or rest_s < 0:
         raise UsageError(f"--budget {budget_s:g} / --seconds {trial_s:g} / --warmup {warmup_s:g} / --rest {rest_s:g}: "
                          "give positive seconds (the warm-up and the rest may be 0)")
-    chosen = None
-    if not isinstance(workloads, dict):
-        chosen, workloads = workloads, {"prefill": workloads.prefill, "decode": workloads.decode}
+    nominal = trial_s + warmup_s + rest_s
+    if budget_s < nominal:
+        raise UsageError(f"--budget {budget_s:g}: one trial takes {nominal:g} s (--seconds {trial_s:g} + --warmup "
+                         f"{warmup_s:g} + --rest {rest_s:g}), so nothing would be measured; give --budget {nominal:g} "
+                         "or more, or shorter trials")
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
     backgrounds = tuple(parse_background(b, [s.name for s in inputs.sources]) for b in background)
-    plan = solve_plan(inputs.sources, inputs.drives, workloads["prefill"], workloads["decode"], backgrounds,
-                      DEFAULT_ENGINE, inputs.provenance, links=inputs.links)
-    if chosen is not None and geometry is not None:
-        plan = replace(plan, geometry=geometry, workload=chosen.as_dict())
-    arms = ()
-    for ph in ("prefill", "decode"):
-        arms += arms_for(solve_phase(inputs.drives, workloads[ph], backgrounds, DEFAULT_ENGINE, max(top, 1),
-                                     inputs.links), top)
-    measure = measure or SplitMeasure(rig_sources(rig_root, inputs.sources), workloads, seed, cold, warmup=warmup_s,
-                                      rest=rest_s)
-    tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s), clock, budget_s, trial_s, rounds,
-                       on_trial, stop, overhead_s=warmup_s + rest_s)
-    settings = {"budget_s": budget_s, "trial_s": trial_s, "warmup_s": warmup_s, "rest_s": rest_s, "top": top,
-                "seed": seed, "cold": cold, "reader": "engine_bridge.reader.SplitReader"}
-    path = save_plan(load_rig(rig_root, must_exist=False), measured_plan(plan, arms, tally, pick(arms, tally), settings))
+    chosen = choose_workload(rig_root, engine)
+    if chosen.why is not None:
+        raise UsageError(f"autotune measures {engine}'s reads of the rig's own model, and {chosen.why}; "
+                         "give the rig a model its drives hold (`replicas init --model PATH`), or plan without "
+                         "measuring (`planner solve`)")
+    problem = rig_problem(inputs, chosen, engine, backgrounds, lanes, threads)
+    plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=max(top, 1))
+    plan = replace(plan, geometry=chosen.geometry, workload=dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle))
+    pricer = Pricer(problem)
+    joint = not problem.engine.phase_weights
+    phases = tuple(ph for ph in PHASES if problem.phases[ph].steps)
+    if not phases:
+        raise UsageError(f"{chosen.workload.shape.name}: the workload reads nothing in either phase (every expert it "
+                         "needs is cached); nothing to measure")
+
+    def predict(ph, w, m):
+        return prediction(pricer.price(ph, w, m), w, m, problem.drives)
+
+    arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
+    measure = measure or PatternMeasure(rig_sources(rig_root, inputs.sources), problem, seed, cold, warmup=warmup_s,
+                                        rest=rest_s)
+    tally = run_trials(arms, lambda arm, s: measure(arm.phase, arm.weights, s, arm.mode), clock, budget_s, trial_s,
+                       rounds, on_trial, stop, overhead_s=warmup_s + rest_s)
+    if not tally.trials:
+        if tally.interrupted:
+            raise Interrupted("autotune: interrupted before any trial was measured; no plan written")
+        raise UsageError(f"autotune: no trial fitted the budget ({budget_s:g} s); no plan written")
+    settings = {"engine": engine, "budget_s": budget_s, "trial_s": trial_s, "warmup_s": warmup_s, "rest_s": rest_s,
+                "top": top, "seed": seed, "cold": cold, "lanes": lanes, "threads": threads, "joint": joint,
+                "reader": "engine_bridge.reader.SplitReader", "reads": "the engine's read pattern of each phase's steps"}
+    out = measured_plan(plan, arms, tally, pick(arms, tally, joint), settings)
+    path = save_plan(load_rig(rig_root, must_exist=False), out)
     return load_plan(path), path
 
 
 def render(plan, path: str) -> str:
-    """Per phase: every candidate's prediction beside its measurement, the pick and its error."""
+    """Per phase: every candidate's prediction beside its measurement, the pick and its error (and,
+    picked jointly, each candidate's objective)."""
     lines = []
     auto = plan.provenance.get("autotune", {})
     planned = auto.get("rounds_planned", 0)
@@ -194,26 +284,47 @@ def render(plan, path: str) -> str:
                  f"{auto.get('wall_s', 0):.0f} s (budget {auto.get('budget_s', 0):.0f} s"
                  + (", stopped by the budget)" if auto.get("stopped_by_budget") else
                     ", interrupted)" if auto.get("interrupted") else ")"))
-    for ph in ("prefill", "decode"):
+    picked_mode = sorted(k for k in ("direct", "stripe") if getattr(plan, k, False))
+    for ph in PHASES:
         m = getattr(plan, ph).measured
         if not m:
             continue
+        joint = any("objective" in c for c in m["candidates"])
         lines.append(f"{ph}:")
-        lines.append(f"  {'weights':>14} {'predicted':>12} {'measured':>12}  roles")
+        lines.append(f"  {'weights':>20} {'predicted':>12} {'measured':>12}" + (f" {'objective':>9}" if joint else "") + "  roles")
         for c in m["candidates"]:
-            mark = " <- picked" if c["weights"] == list(getattr(plan, ph).weights) else ""
+            mode = c.get("mode") or []
+            mark = " <- picked" if c["weights"] == list(getattr(plan, ph).weights) and mode == picked_mode else ""
             meas = format_rate(c["measured_Bps"]) if c["measured_Bps"] else "-"
-            lines.append(f"  {':'.join(map(str, c['weights'])):>14} {format_rate(c['predicted_Bps']):>12} {meas:>12}  "
+            obj = (f" {c['objective']:>9.4f}" if c.get("objective") is not None and c["objective"] != float("inf")
+                   else f" {'-':>9}") if joint else ""
+            lines.append(f"  {_label(c['weights'], mode):>20} {format_rate(c['predicted_Bps']):>12} {meas:>12}{obj}  "
                          f"{', '.join(c['roles'])}{mark}")
+        here = _label(getattr(plan, ph).weights, picked_mode)
         if m["picked_by"] == "measured":
-            lines.append(f"  picked {':'.join(map(str, getattr(plan, ph).weights))} by measurement: "
-                         f"{format_rate(m['throughput_Bps'])} (median of {m['n']}, spread {m['spread_pct']:.1f} %), "
-                         f"prediction {m['error_pct']:+.1f} %")
+            how = ("jointly by measurement (least sum over phases of seconds / the phase's fastest)" if joint
+                   else "by measurement")
+            lines.append(f"  picked {here} {how}: {format_rate(m['throughput_Bps'])} (median of {m['n']}, spread "
+                         f"{m['spread_pct']:.1f} %), prediction {m['error_pct']:+.1f} %")
         else:
-            lines.append(f"  no round of {ph} completed within the budget: kept the model's "
-                         f"{':'.join(map(str, getattr(plan, ph).weights))}")
+            lines.append(f"  no round of {'every arm' if joint else ph} completed within the budget: kept the model's {here}")
     lines.append(f"plan written to {path}")
     return "\n".join(lines) + "\n"
+
+
+def _label(weights, mode) -> str:
+    return ":".join(map(str, weights)) + (f" {'+'.join(sorted(mode))}" if mode else "")
+
+
+def tuner_measure(rig_root: str, seconds: float, cold: bool = True, **kw):
+    """The tuner's measuring key (`engine-bridge tune`'s `m`): state -> bytes/s of one trial of
+    `seconds` of the state's phase of its problem (`state.problem`, `state.phase`) at the weights
+    and mode on screen (`state.weights()`, `state.mode`), on the rig's copies of the state's
+    sources (`state.sources`), by `PatternMeasure` (`kw`: its other settings)."""
+    def measure(state) -> float:
+        m = PatternMeasure(rig_sources(rig_root, state.sources), state.problem, cold=cold, **kw)
+        return m(state.phase, state.weights(), seconds, frozenset(state.mode or ()))
+    return measure
 
 
 def register(app) -> None:
@@ -223,30 +334,26 @@ def register(app) -> None:
     def autotune_cmd(
         rig: Optional[str] = RigOption,
         bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
-        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started)."),
+        engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned and measured: {', '.join(ENGINES)}."),
+        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started; a budget below one trial is refused)."),
         seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
         warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive left idle may start fast)."),
         rest: float = typer.Option(REST_S, "--rest", help="Seconds without reads before each trial, so a rate limiter forgets the budget the previous trial left unused (0: none)."),
-        top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best splits measured per phase (plus capability and equal weights)."),
+        top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best candidates measured (plus capability and equal weights)."),
         rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as fit the budget)."),
         background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve --background`."),
-        lanes: int = typer.Option(PREFILL_LANES, "--lanes", min=1, max=64, help="Prefill pieces in flight per drive."),
-        batch: Optional[int] = typer.Option(None, "--batch", min=1, max=64, help="Decode component reads issued together (default: one per component of an expert)."),
-        threads: int = typer.Option(DECODE_THREADS, "--threads", min=1, max=256, help="Decode read threads over all sources."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=64, help="Reads in flight per drive, for an engine that keeps them per drive (default: the engine's)."),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1, max=256, help="Reads in flight over all drives, for an engine that shares one pool (default: the engine's)."),
         fit_only: bool = typer.Option(False, "--fit-only", help="Solve with iobench's fitted models alone."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the random read offsets."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the order in which a trial walks the phase's steps."),
         cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
         quiet: bool = QuietOption,
         json_out: bool = JsonOption,
     ):
-        """Solve, then measure the best candidates with the split reader (ABBA, within --budget) and write the measured best as a plan."""
-        from planner.constants import PREFILL_TOKENS
+        """Solve, then measure the best candidates by executing the engine's reads through the split reader (ABBA, within --budget) and write the measured best as a plan."""
         from planner.plan import plan_to_dict
-        from planner.rigmodel import choose_workload
 
         root = rig_dir(rig)
-        # the rig's own model's reads, as `planner solve` plans them (ds4-v41 with a notice otherwise)
-        chosen = choose_workload(root, DEFAULT_ENGINE, None, None, PREFILL_TOKENS, None, lanes, batch, threads)
         cancel = threading.Event()
         old = signal.getsignal(signal.SIGINT)
 
@@ -259,19 +366,19 @@ def register(app) -> None:
 
         def on_trial(t, arm):
             if not quiet:
-                err.print(f"autotune: round {t.round + 1} {arm.phase} {':'.join(map(str, arm.weights))} "
-                          f"({', '.join(arm.roles)}): {format_rate(t.Bps)}, predicted {format_rate(arm.predicted_Bps)}",
-                          highlight=False, soft_wrap=True)
+                err.print(f"autotune: round {t.round + 1} {arm.phase} {arm.label} ({', '.join(arm.roles)}): "
+                          f"{format_rate(t.Bps)}, predicted {format_rate(arm.predicted_Bps)}", highlight=False, soft_wrap=True)
 
         signal.signal(signal.SIGINT, on_int)
         try:
-            plan, path = autotune(root, bench, chosen.workload, tuple(background or ()), budget, seconds, top, rounds,
+            plan, path = autotune(root, bench, engine, tuple(background or ()), budget, seconds, top, rounds,
                                   not fit_only, seed, not cached, on_trial=on_trial, stop=cancel.is_set,
-                                  geometry=chosen.geometry, warmup_s=warmup, rest_s=rest)
+                                  warmup_s=warmup, rest_s=rest, lanes=lanes, threads=threads)
         finally:
             signal.signal(signal.SIGINT, old)
-        if chosen.notice and not quiet:     # said once the plan is written, so a failing command says one line
-            err.print(f"notice: {chosen.notice}", markup=False)
+        if not quiet:       # said once the plan is written, so a failing command says one line
+            for v in (plan.workload.get("idle") or {}).values():
+                err.print(f"notice: {v['why']}", markup=False)
         if json_out:
             d = plan_to_dict(plan)
             d["path"] = path
@@ -288,16 +395,11 @@ def register(app) -> None:
         fit_only: bool = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone."),
         cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
     ):
-        """Open the planner's split tuner with `m` measuring the weights on screen through the split reader."""
+        """Open the planner's split tuner with `m` measuring the weights on screen: the engine's reads of the phase through the split reader."""
         from planner.tui.app import run_tuner
 
         if seconds <= 0:
             raise UsageError(f"--seconds {seconds:g}: give positive seconds")
 
         root = rig_dir(rig)
-
-        def measure(state) -> float:
-            m = SplitMeasure(rig_sources(root, state.sources), state.workloads, cold=not cached)
-            return m(state.phase, state.weights(), seconds)
-
-        run_tuner(root, bench, plan, calibrate=not fit_only, measure=measure)
+        run_tuner(root, bench, plan, calibrate=not fit_only, measure=tuner_measure(root, seconds, cold=not cached))

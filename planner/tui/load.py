@@ -58,7 +58,7 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
     chosen, named = _workload(rig, name, plan)
     problem = rig_problem(inputs, chosen, recorded_concurrency(eng, record.get("concurrency")),
-                          recorded_backgrounds(record, names), named=named)
+                          recorded_backgrounds(record, names))
     solution = None
     if plan is not None:
         solution = Solution({ph: getattr(plan, ph).weights for ph in PHASES},

@@ -1,10 +1,16 @@
-"""The measured tuner's pure logic: candidates, ABBA order, the time budget, the pick, the plan."""
+"""The measured tuner's pure logic: candidates from the solver's Choice (per phase, or jointly for
+an engine with one weight vector for both phases), ABBA order, the time budget, the pick (the
+joint one by the solver's own objective), the plan."""
 
 import json
+from functools import lru_cache
 
 import pytest
 
 from core.errors import RigError
+from engine_bridge.engine.constants import COLIBRI_MODEL_TYPE
+from engines.registry import get_engine
+from models.geometry import stacked_geometry
 from planner.autotune import (
     Arm,
     Tally,
@@ -12,15 +18,38 @@ from planner.autotune import (
     abba_order,
     arms_for,
     candidates,
+    joint_pick,
     measured_plan,
     pick,
     rounds_that_fit,
     run_trials,
 )
-from planner.model import decode_workload, prefill_workload
 from planner.plan import Phase, Source, plan_from_dict, plan_from_json, plan_to_dict
-from planner.solve import solve_phase, solve_plan
+from planner.solve import Pricer, Problem, prediction, solve, solve_plan
+from planner.workload import model_workload
 from tests.planner.helpers import drives3
+
+DS4, COLIBRI = "ds4-argodrive", "colibri"
+SOURCES = (Source("fast", "/f"), Source("slow", "/s"), Source("laggy", "/l"))
+
+
+@lru_cache(maxsize=None)
+def problem(engine: str, n: int = 3) -> Problem:
+    """A small model's problem (2 layers x 16 experts, stacked like a GGUF): ds4's 557,056 B
+    components (2 blocks + 32 KiB), or 1 MiB ones of a model colibri's GLM engine runs."""
+    comp, arch = (557_056, "deepseek2") if engine == DS4 else (1 << 20, COLIBRI_MODEL_TYPE)
+    g = stacked_geometry("m.gguf", 2, 16, 2, comp, 3, arch=arch)
+    return Problem(get_engine(engine), g, drives3()[:n], model_workload(g).phases)
+
+
+@lru_cache(maxsize=None)
+def solved(engine: str, n: int = 3):
+    return solve(problem(engine, n), 3)
+
+
+def predictor(p: Problem):
+    pricer = Pricer(p)
+    return lambda ph, w, m: prediction(pricer.price(ph, w, m), w, m, p.drives)
 
 
 class FakeClock:
@@ -156,26 +185,140 @@ def test_candidates_measure_a_split_once_with_all_its_roles():
                                                   ((1, 1), ("model #3", "equal"))]
 
 
-def test_arms_for_a_solved_phase():
-    s = solve_phase(drives3(), decode_workload())
-    a = arms_for(s, top=3)
-    assert a[0].weights == s.weights and a[0].roles[0] == "model #1"
-    assert a[0].predicted_Bps == pytest.approx(s.prediction.throughput_Bps)
-    roles = [r for x in a for r in x.roles]
-    assert {"capability", "equal", "model #2", "model #3"} <= set(roles)
-    assert len({x.weights for x in a}) == len(a)
+def test_candidates_that_give_the_same_reads_are_measured_once():
+    pred = lambda bps: {"throughput_Bps": bps}   # noqa: E731
+    same = lambda ph, w, m: sum(w) % 2           # noqa: E731  (a stand-in for "the engine reads these alike")
+    c = candidates("decode", [((3, 2), pred(9.0)), ((2, 1), pred(8.0))], ((4, 1), pred(8.0)), ((1, 1), pred(7.0)),
+                   top=2, key=same)
+    assert [(x.weights, x.roles) for x in c] == [((3, 2), ("model #1", "model #2", "capability")), ((1, 1), ("equal",))]
+
+
+def test_arms_for_an_engine_with_weights_per_phase():
+    ch = solved(DS4)
+    a = arms_for(ch, top=3)
+    for ph in ("prefill", "decode"):
+        mine = [x for x in a if x.phase == ph]
+        assert mine[0].weights == ch.weights[ph] and mine[0].roles[0] == "model #1"
+        assert mine[0].predicted_Bps == pytest.approx(ch.predicted[ph]["throughput_Bps"])
+        roles = [r for x in mine for r in x.roles]
+        assert {"capability", "equal", "model #2", "model #3"} <= set(roles)
+        assert len({x.weights for x in mine}) == len(mine) and all(x.mode == frozenset() for x in mine)
+    assert [x.phase for x in a] == sorted((x.phase for x in a), key=("prefill", "decode").index)
+    assert arms_for(ch, top=3, joint=False) == a
+
+
+def test_arms_for_an_engine_with_one_vector_measures_each_candidate_on_both_phases_in_its_mode():
+    p, ch = problem(COLIBRI, 2), solved(COLIBRI, 2)
+    assert ch.scores and ch.weights["prefill"] == ch.weights["decode"]
+    a = arms_for(ch, top=3, predict=predictor(p))
+    pre, dec = [x for x in a if x.phase == "prefill"], [x for x in a if x.phase == "decode"]
+    assert a == tuple(pre + dec)
+    assert [(x.weights, x.mode, x.roles) for x in pre] == [(x.weights, x.mode, x.roles) for x in dec]
+    assert (pre[0].weights, pre[0].mode, pre[0].roles[0]) == (ch.weights["prefill"], ch.mode, "model #1")
+    # the pick's weights in every other mode the solver scored, each measured in that mode
+    others = {name for name in ch.scores if name != ("+".join(sorted(ch.mode)) or "default")}
+    assert {r for x in pre for r in x.roles if r.startswith("mode ")} == {f"mode {m}" for m in others}
+    for x in a:
+        assert x.predicted_Bps > 0 and x.prediction["phase"] == x.phase and list(x.weights) == x.prediction["weights"]
+        assert x.mode == frozenset(k for k in ("direct", "stripe") if x.prediction[k])
+    assert {"capability", "equal"} <= {r for x in pre for r in x.roles}
+    assert len({(x.weights, x.mode) for x in pre}) == len(pre)
+    # without a predictor: no other modes (their predictions are not in the Choice)
+    assert not any(r.startswith("mode ") for x in arms_for(ch, top=3) for r in x.roles)
+
+
+def test_arms_for_merges_candidates_that_give_the_same_reads():
+    """On this model every expert's tensors are 4 KiB-aligned and under 4 MiB: the O_DIRECT window
+    is the read itself and nothing is striped, so the three modes read alike and each weight
+    vector is one candidate, measured once with all its roles."""
+    p, ch = problem(COLIBRI, 2), solved(COLIBRI, 2)
+    pricer = Pricer(p)
+
+    def reads(ph, w, m):
+        return tuple(p.engine.pattern(p.geometry, st, pricer.setup(w, m)).groups for st in p.phases[ph].steps)
+
+    assert ch.mode == frozenset() and set(ch.scores) == {"default", "direct", "direct+stripe"}
+    a = arms_for(ch, top=3, key=reads, predict=predictor(p))
+    pre = [x for x in a if x.phase == "prefill"]
+    assert pre[0].roles == ("model #1", "mode direct", "mode direct+stripe")
+    keys = [tuple(reads(ph, x.weights, x.mode) for ph in ("prefill", "decode")) for x in pre]
+    assert len(set(keys)) == len(keys) == len({x.weights for x in pre})
+    assert len(pre) < len(arms_for(ch, top=3, predict=predictor(p))) / 2
+
+
+def joint_arms(specs):
+    """Arms of both phases from (weights, mode, {phase: (predicted Bps, predicted seconds)})."""
+    return tuple(Arm(ph, w, (f"c{i}",), bps, {"throughput_Bps": bps, "seconds": s}, m)
+                 for ph in ("prefill", "decode") for i, (w, m, p) in enumerate(specs) for bps, s in (p[ph],))
+
+
+def tally_of(arms, rates, rounds=2):
+    trials = [Trial(i, r, rates[i], 0.0, 1.0) for r in range(rounds) for i in range(len(arms))]
+    return Tally(tuple(trials), rounds, False, float(len(trials)))
+
+
+def test_the_joint_pick_is_the_solvers_objective_on_the_measurements():
+    """Three candidates: A fastest in prefill, B in decode, C close to both. The sum over phases
+    of seconds / the phase's fastest picks C (1.05 + 1.05 < 1 + 2 and 1.5 + 1), for both phases;
+    picking each phase alone would have taken A and B."""
+    a = joint_arms([((2, 1), frozenset(), {"prefill": (100.0, 1.0), "decode": (100.0, 1.0)}),
+                    ((1, 1), frozenset(), {"prefill": (100.0, 1.0), "decode": (100.0, 1.0)}),
+                    ((3, 1), frozenset(), {"prefill": (100.0, 1.0), "decode": (100.0, 1.0)})])
+    # measured rates: seconds = 100 B / rate
+    rates = [100.0, 100 / 1.5, 100 / 1.05, 50.0, 100.0, 100 / 1.05]
+    picks = pick(a, tally_of(a, rates), joint=True)
+    assert picks == joint_pick(a, tally_of(a, rates))
+    assert [a[picks[ph].arm].weights for ph in ("prefill", "decode")] == [(3, 1), (3, 1)]
+    assert all(p.by == "measured" and p.rounds == (0, 1) for p in picks.values())
+    assert picks["prefill"].objective[2] == pytest.approx(2.1) and picks["decode"].objective[3] == pytest.approx(3.0)
+    alone = pick(a, tally_of(a, rates))
+    assert a[alone["prefill"].arm].weights == (2, 1) and a[alone["decode"].arm].weights == (1, 1)
+
+
+def test_the_joint_pick_weighs_seconds_not_rates():
+    """A mode that reads more bytes (O_DIRECT windows) at a higher rate can still take longer."""
+    a = joint_arms([((2, 1), frozenset(), {"prefill": (100.0, 1.0), "decode": (100.0, 1.0)}),
+                    ((2, 1), frozenset({"direct"}), {"prefill": (100.0, 2.0), "decode": (100.0, 2.0)})])
+    rates = [100.0, 150.0, 100.0, 150.0]            # direct: 200 B at 150 B/s = 1.33 s against 1 s
+    picks = pick(a, tally_of(a, rates), joint=True)
+    assert {a[p.arm].mode for p in picks.values()} == {frozenset()}
+    rates = [100.0, 250.0, 100.0, 250.0]            # 0.8 s: now direct is faster
+    picks = pick(a, tally_of(a, rates), joint=True)
+    assert {a[p.arm].mode for p in picks.values()} == {frozenset({"direct"})}
+
+
+def test_the_joint_pick_needs_a_round_of_every_arm_and_ties_go_to_the_model_order():
+    a = joint_arms([((2, 1), frozenset(), {"prefill": (1.0, 1.0), "decode": (1.0, 1.0)}),
+                    ((1, 1), frozenset(), {"prefill": (1.0, 1.0), "decode": (1.0, 1.0)})])
+    cut = Tally((Trial(0, 0, 1.0, 0, 1), Trial(1, 0, 9.0, 1, 1), Trial(2, 0, 1.0, 2, 1)), 1, True, 3.0)
+    picks = pick(a, cut, joint=True)
+    assert [(p.arm, p.by) for p in picks.values()] == [(0, "model"), (2, "model")]
+    even = pick(a, tally_of(a, [5.0] * 4), joint=True)
+    assert [p.arm for p in even.values()] == [0, 2]
+
+
+def test_a_joint_measured_plan_takes_the_picked_mode():
+    p = problem(COLIBRI, 2)
+    plan, ch = solve_plan(SOURCES[:2], p, {"bench": "b.json"}, created="2026-11-30T10:00:00.000Z")
+    a = arms_for(ch, top=1, predict=predictor(p))
+    direct = next(i for i, x in enumerate(a) if x.phase == "prefill" and x.mode == frozenset({"direct"}))
+    rates = [x.predicted_Bps * (3.0 if x.mode == frozenset({"direct"}) else 1.0) for x in a]
+    t = tally_of(a, rates)
+    out = measured_plan(plan, a, t, pick(a, t, joint=True), {"joint": True})
+    assert out.direct and not out.stripe and out.prefill.weights == out.decode.weights == a[direct].weights
+    cands = out.decode.measured["candidates"]
+    assert all("objective" in c and c["mode"] in ([], ["direct"], ["direct", "stripe"]) for c in cands)
+    assert plan_from_json(json.dumps(plan_to_dict(out))) == out
+    assert out.provenance["autotune"]["arms"][direct]["mode"] == ["direct"]
 
 
 MEASURED_KEYS = {"throughput_Bps", "runs_Bps", "n", "spread_pct", "error_pct", "picked_by", "rounds", "candidates"}
-CANDIDATE_KEYS = {"weights", "roles", "predicted_Bps", "measured_Bps", "runs_Bps"}
+CANDIDATE_KEYS = {"weights", "mode", "roles", "predicted_Bps", "measured_Bps", "runs_Bps"}
 
 
 def _measured_run():
-    d = drives3()
-    plan = solve_plan((Source("fast", "/f"), Source("slow", "/s"), Source("laggy", "/l")), d, prefill_workload(), decode_workload(),
-                      provenance={"bench": "b.json"}, created="2026-11-30T10:00:00.000Z")
-    sols = {ph: solve_phase(d, wl) for ph, wl in (("prefill", prefill_workload()), ("decode", decode_workload()))}
-    a = arms_for(sols["prefill"], 2) + arms_for(sols["decode"], 2)
+    plan, ch = solve_plan(SOURCES, problem(DS4), {"bench": "b.json"}, created="2026-11-30T10:00:00.000Z")
+    a = arms_for(ch, 2)
     # the drives "measure" the decode equal split fastest, prefill as the model predicts
     rates = {i: (x.predicted_Bps * (2.0 if x.phase == "decode" and "equal" in x.roles else 1.0)) for i, x in enumerate(a)}
     clock = FakeClock()
@@ -202,7 +345,7 @@ def test_measured_plan_records_predictions_and_measurements_with_pinned_keys():
     assert d["decode"]["predicted"]["weights"] == list(eq.weights)
     auto = d["provenance"]["autotune"]
     assert {"budget_s", "trial_s", "rounds_planned", "rounds_done", "stopped_by_budget", "interrupted", "wall_s",
-            "solved", "arms", "trials"} <= set(auto)
+            "solved", "solved_mode", "arms", "trials"} <= set(auto)
     assert auto["solved"]["decode"] == list(plan.decode.weights) and len(auto["trials"]) == 2 * len(a)
     back = plan_from_json(json.dumps(d))
     assert back == out
