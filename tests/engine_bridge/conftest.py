@@ -5,7 +5,8 @@ import shutil
 import pytest
 
 from engine_bridge.engine.synth import synthesize
-from tests.engine_bridge.helpers import SPEC
+from engine_bridge.engine.synth_colibri import synthesize_colibri
+from tests.engine_bridge.helpers import COLIBRI_SPEC, SPEC
 
 
 @pytest.fixture(scope="session")
@@ -14,4 +15,14 @@ def model_dir(tmp_path_factory):
     synthesize(str(d / "model.gguf"), SPEC)
     for name in ("r1.gguf", "r2.gguf"):
         shutil.copyfile(d / "model.gguf", d / name)
+    return d
+
+
+@pytest.fixture(scope="session")
+def colibri_dir(tmp_path_factory):
+    """A colibri-format model directory ("model") and two copies ("r1", "r2")."""
+    d = tmp_path_factory.mktemp("colibri-model")
+    synthesize_colibri(str(d / "model"), COLIBRI_SPEC)
+    for name in ("r1", "r2"):
+        shutil.copytree(d / "model", d / name)
     return d

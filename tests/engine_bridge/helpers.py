@@ -1,6 +1,7 @@
 """Plain helpers of the engine_bridge tests."""
 
 from engine_bridge.engine.synth import SynthSpec
+from engine_bridge.engine.synth_colibri import ColibriSpec
 from tests.helpers import write_random
 
 # 3 layers x 8 experts, top-2; each component 557,056 B (2 split blocks + 32 KiB tail), so decode
@@ -17,3 +18,7 @@ def primary_and_copies(folder, size, seed):
         (folder / name).write_bytes(data)
         paths.append(str(folder / name))
     return paths, data
+
+
+# The colibri-format model the tests run (a GLM-shaped safetensors directory, `conftest.colibri_dir`).
+COLIBRI_SPEC = ColibriSpec(layers=2, experts=8, top_k=2, dim=512, ff=1536, vocab=300, shards=2, seed=7)

@@ -7,31 +7,16 @@ source must have read. The run's reader counters must equal them to the byte, fo
 and without O_DIRECT windows and stripes), and the output must not change."""
 
 import json
-import shutil
-
 import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.engine.replay import load_trace, pattern_bytes, trace_steps
 from engine_bridge.engine.sources import SourceSet
-from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
 from models.tensortable import inspect_model
 
 runner = CliRunner()
 PROMPT, GEN, CACHE = 40, 5, 3
-COLIBRI = ColibriSpec(layers=2, experts=8, top_k=2, dim=512, ff=1536, vocab=300, shards=2, seed=5)
-
-
-@pytest.fixture(scope="module")
-def colibri_copies(tmp_path_factory):
-    d = tmp_path_factory.mktemp("colibri-copies")
-    synthesize_colibri(str(d / "model"), COLIBRI)
-    for name in ("r1", "r2"):
-        shutil.copytree(d / "model", d / name)
-    return d
-
-
 def expected_bytes(model: str, trace: str, engine: str, weights, switches=()) -> dict:
     """Per phase, the bytes each source reads when `engine` performs the traced run's steps."""
     g = inspect_model(model)
@@ -64,10 +49,10 @@ def test_ds4_runs_read_exactly_its_pattern(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("switches", [(), ("direct",), ("direct", "stripe")])
-def test_colibri_runs_read_exactly_its_pattern(colibri_copies, tmp_path, switches):
-    m = str(colibri_copies / "model")
+def test_colibri_runs_read_exactly_its_pattern(colibri_dir, tmp_path, switches):
+    m = str(colibri_dir / "model")
     extra = [x for k in switches for x in ("--switch", k)]
-    res, trace = _run(tmp_path, m, [str(colibri_copies / "r1"), str(colibri_copies / "r2")], (2, 1, 1), extra)
+    res, trace = _run(tmp_path, m, [str(colibri_dir / "r1"), str(colibri_dir / "r2")], (2, 1, 1), extra)
     assert res["engine"] == "colibri" and res["switches"] == list(switches)
     want = expected_bytes(m, trace, "colibri", (2, 1, 1), switches)
     assert _delivered(res) == want
@@ -78,9 +63,9 @@ def test_colibri_runs_read_exactly_its_pattern(colibri_copies, tmp_path, switche
         assert all(want["prefill"]) and all(want["decode"])
 
 
-def test_colibri_places_whole_experts_on_the_drives_its_cuts_pick(colibri_copies, tmp_path):
+def test_colibri_places_whole_experts_on_the_drives_its_cuts_pick(colibri_dir, tmp_path):
     """Without stripes each expert read lands whole on one drive: the pieces per read are 1."""
-    m = str(colibri_copies / "model")
-    res, _ = _run(tmp_path, m, [str(colibri_copies / "r1"), str(colibri_copies / "r2")], (2, 1, 1))
+    m = str(colibri_dir / "model")
+    res, _ = _run(tmp_path, m, [str(colibri_dir / "r1"), str(colibri_dir / "r2")], (2, 1, 1))
     for ph in ("prefill", "decode"):
         assert sum(s["reads"] for s in res[ph]["sources"]) == res[ph]["reads"]

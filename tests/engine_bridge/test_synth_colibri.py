@@ -31,22 +31,14 @@ from engine_bridge.engine.synth_colibri import (
 from models.formats import read_safetensors_header
 from models.modelset import discover
 from models.tensortable import inspect_model as inspect_any
+from tests.engine_bridge.helpers import COLIBRI_SPEC
 
 # 2 layers x 8 experts, top-2; a component is 786,432 B (3 split blocks of 256 KiB, so every
 # source of a 3-source run reads a piece of it) and an expert 2.25 MiB. About 42 MB.
-SPEC = ColibriSpec(layers=2, experts=8, top_k=2, dim=512, ff=1536, vocab=300, shards=2, seed=7)
+SPEC = COLIBRI_SPEC
 SMALL = ColibriSpec(layers=2, experts=4, top_k=2, dim=128, ff=256, vocab=300, shards=2, seed=3)
 PROMPT, GEN = 32, 6
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def colibri_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("colibri-model")
-    synthesize_colibri(str(d / "model"), SPEC)
-    for name in ("r1", "r2"):
-        shutil.copytree(d / "model", d / name)
-    return d
 
 
 def digest(folder) -> dict:
