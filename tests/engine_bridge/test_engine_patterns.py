@@ -7,12 +7,14 @@ source must have read. The run's reader counters must equal them to the byte, fo
 and without O_DIRECT windows and stripes), and the output must not change."""
 
 import json
+import shutil
 import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.engine.replay import load_trace, pattern_bytes, trace_steps
 from engine_bridge.engine.sources import SourceSet
+from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
 from models.tensortable import inspect_model
 
 runner = CliRunner()
@@ -58,9 +60,6 @@ def test_colibri_runs_read_exactly_its_pattern(colibri_dir, tmp_path, switches):
     assert _delivered(res) == want
     alone, _ = _run(tmp_path, m, [], (1,))
     assert res["output_sha256"] == alone["output_sha256"]
-    if "stripe" in switches:
-        # an expert read of this model is 4.5 MiB: striped over all three copies, so every drive reads
-        assert all(want["prefill"]) and all(want["decode"])
 
 
 def test_colibri_places_whole_experts_on_the_drives_its_cuts_pick(colibri_dir, tmp_path):
@@ -69,3 +68,28 @@ def test_colibri_places_whole_experts_on_the_drives_its_cuts_pick(colibri_dir, t
     res, _ = _run(tmp_path, m, [str(colibri_dir / "r1"), str(colibri_dir / "r2")], (2, 1, 1))
     for ph in ("prefill", "decode"):
         assert sum(s["reads"] for s in res[ph]["sources"]) == res[ph]["reads"]
+
+
+@pytest.fixture(scope="module")
+def wide_colibri(tmp_path_factory):
+    """A colibri-format model whose expert reads are 4.5 MiB: over colibri's 4 MiB stripe threshold."""
+    d = tmp_path_factory.mktemp("colibri-wide")
+    synthesize_colibri(str(d / "model"), ColibriSpec(layers=2, experts=8, top_k=2, dim=1024, ff=1536, vocab=300,
+                                                     shards=2, seed=5))
+    for name in ("r1", "r2"):
+        shutil.copytree(d / "model", d / name)
+    return d
+
+
+def test_colibri_stripes_each_large_read_over_every_drive(wide_colibri, tmp_path):
+    m = str(wide_colibri / "model")
+    reps = [str(wide_colibri / "r1"), str(wide_colibri / "r2")]
+    res, trace = _run(tmp_path, m, reps, (2, 1, 1), ["--switch", "direct", "--switch", "stripe"])
+    assert _delivered(res) == expected_bytes(m, trace, "colibri", (2, 1, 1), ("direct", "stripe"))
+    for ph in ("prefill", "decode"):
+        pieces = [s["reads"] for s in res[ph]["sources"]]
+        # equal legs (the code colibri runs, 4ef9a99): every read is cut in three, one leg per drive
+        assert pieces == [res[ph]["reads"]] * 3, (ph, pieces, res[ph]["reads"])
+    whole, trace = _run(tmp_path, m, reps, (2, 1, 1), ["--switch", "direct"])
+    assert all(sum(s["reads"] for s in whole[ph]["sources"]) == whole[ph]["reads"] for ph in ("prefill", "decode"))
+    assert whole["output_sha256"] == res["output_sha256"]
