@@ -170,3 +170,19 @@ def anon_huge_bytes(address: int, smaps: str = "/proc/self/smaps") -> int | None
         elif inside and line.startswith("AnonHugePages:"):
             return int(line.split()[1]) * 1024
     return None
+
+
+def available_memory(meminfo: str = "/proc/meminfo") -> int:
+    """Bytes of RAM the kernel says are available for new work, the page cache's room (Linux:
+    MemAvailable; elsewhere the free pages sysconf reports; 0 when neither answers)."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -51,6 +51,8 @@ class Engine:
     # geometry -> the switch settings that make a difference on this model, the default (none on) first
     modes: Callable[[Any], tuple[frozenset[str], ...]] = lambda geometry: (frozenset(),)
     phase_weights: bool = True          # one weight vector per phase (False: one for both phases)
+    # Setup -> whether the engine's reads go through the page cache (a re-read can come from RAM)
+    buffered: Callable[[Any], bool] = lambda setup: False
     # (weights, read length) -> the smallest weights that cut such a read the same (engines that cut reads)
     equivalent: Optional[Callable[[Sequence[int], int], tuple[int, ...]]] = None
     # What export writes for the engine and how launch confirms it from the log: an object (its

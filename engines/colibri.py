@@ -801,6 +801,11 @@ def read_pattern(geometry, step: Step, setup: Setup) -> Pattern:
     return Pattern(step, tuple(g for g in groups if g))
 
 
+def buffered(setup: Setup) -> bool:
+    """Without DIRECT=1 expert_load_impl reads with plain pread: through the page cache."""
+    return not setup.direct
+
+
 def modes(geometry) -> tuple[frozenset[str], ...]:
     """Buffered reads (colibri's default), O_DIRECT (DIRECT=1), and O_DIRECT striped where the
     member running this model stripes (COLI_MIR_STRIPE; only on the O_DIRECT path)."""
@@ -854,4 +859,5 @@ def _cut_classes(member: str, n: int) -> tuple[np.ndarray, np.ndarray]:
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN, place=place_expert,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
-                switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile)
+                switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile,
+                buffered=buffered)

@@ -12,7 +12,8 @@ from rich.table import Table
 from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
-from core.units import format_rate, format_signed_pct
+from core.platform import available_memory
+from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, smallest_equivalent, split_read
 
@@ -43,6 +44,10 @@ CacheOption = typer.Option(None, "--cache-experts", min=0, help="Experts the eng
 FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
 TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from each drive's measured latency quantiles as independent "
                            "draws (off by default: on throttled test drives it under-predicted decode by up to 50 %; see docs/planner.md).")
+PageCacheOption = typer.Option("auto", "--page-cache", metavar="SIZE",
+                               help="RAM the page cache can give the model, for an engine whose reads go through it "
+                                    "(colibri without DIRECT=1): re-reads of that share come from RAM. 'auto': the "
+                                    "memory available now; 0: every read from a drive (docs/planner.md).")
 ModeOption = typer.Option([], "--switch", metavar="NAME",
                           help="An engine switch to price on (repeatable): colibri's direct (DIRECT=1) and stripe (COLI_MIR_STRIPE, needs direct).")
 
@@ -93,13 +98,22 @@ def _backgrounds(specs, names):
     return tuple(parse_background(s, names) for s in (specs or ()))
 
 
+def _page_cache(text: str) -> int:
+    """--page-cache: 'auto' (the memory available now), or a size (0: none)."""
+    t = str(text).strip().lower()
+    if t == "auto":
+        return available_memory()
+    return 0 if t == "0" else parse_size(text, "--page-cache")
+
+
 def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
-             fit_only: bool, tails: bool):
+             fit_only: bool, tails: bool, page_cache: str = "0"):
     """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
     inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads)
+    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads,
+                                       _page_cache(page_cache))
 
 
 @app.command()
@@ -107,11 +121,12 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
           background: Optional[List[str]] = BackgroundOption, lanes: Optional[int] = LanesOption,
           threads: Optional[int] = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
-          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption, json_out: bool = JsonOption):
+          cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
+          page_cache: str = PageCacheOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
     root = rig_dir(rig)
     inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails)
+                                       cache_experts, fit_only, tails, page_cache)
     plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=top)
     record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
     plan = replace(plan, geometry=chosen.geometry, workload=record)
@@ -137,6 +152,7 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
              threads: Optional[int] = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
              prompt_tokens: int = PromptOption, cache_experts: Optional[int] = CacheOption,
              fit_only: bool = FitOnlyOption, switch: List[str] = ModeOption, tails: bool = TailsOption,
+             page_cache: str = PageCacheOption,
              json_out: bool = JsonOption):
     """Predict one weight vector for the rig's model: each drive's bytes, pieces and busy time, the phase's speed, who lands last."""
     if phase not in ("prefill", "decode"):
@@ -150,7 +166,7 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
         raise UsageError("--switch stripe needs --switch direct: the engine stripes only O_DIRECT reads")
     root = rig_dir(rig)
     inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails)
+                                       cache_experts, fit_only, tails, page_cache)
     d = predict(problem, phase, w, frozenset(switch))
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)

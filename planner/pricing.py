@@ -54,23 +54,26 @@ class PhaseSteps:
     empty: int
     tokens: int
     layers: int
+    fresh: tuple[Step, ...] = ()     # each of `steps` without the experts read before in the run (page-cache hits)
 
     @property
     def total_steps(self) -> float:
         return len(self.steps) * self.scale + self.empty
 
 
-def sample_steps(phase: str, steps: Sequence[Step], tokens: int, layers: int, limit: int) -> PhaseSteps:
-    """Keep at most `limit` of the steps that read something, evenly spaced, scaled to all of them."""
-    full = [s for s in steps if s.experts]
-    empty = len(steps) - len(full)
+def sample_steps(phase: str, steps: Sequence[Step], tokens: int, layers: int, limit: int,
+                 fresh: Sequence[Step] = ()) -> PhaseSteps:
+    """Keep at most `limit` of the steps that read something, evenly spaced, scaled to all of them;
+    `fresh`: the same steps without the experts read before in the run (kept alongside)."""
+    full = [i for i, s in enumerate(steps) if s.experts]
+    empty, reading = len(steps) - len(full), len(full)
     if len(full) > limit:
         idx = np.linspace(0, len(full) - 1, limit).round().astype(int)
-        kept = tuple(full[i] for i in sorted(set(idx.tolist())))
-    else:
-        kept = tuple(full)
-    scale = len(full) / len(kept) if kept else 0.0
-    return PhaseSteps(phase, kept, scale, empty, tokens, layers)
+        full = [full[i] for i in sorted(set(idx.tolist()))]
+    kept = tuple(steps[i] for i in full)
+    kept_fresh = tuple(fresh[i] for i in full) if fresh else ()
+    scale = reading / len(kept) if kept else 0.0
+    return PhaseSteps(phase, kept, scale, empty, tokens, layers, kept_fresh)
 
 
 class Curves:
@@ -264,7 +267,30 @@ Patterner = Callable[[Step, Setup], Pattern]
 
 
 def price_phase(steps: PhaseSteps, setup: Setup, patterner: Patterner, curves: Curves, engine: Engine,
-                backgrounds: Sequence[Background] = (), links: Sequence[Link] = (), geometry=None) -> PhasePrice:
-    """Price one phase at one setup: the engine's pattern of each sampled step, then its price."""
-    return price_patterns([patterner(st, setup) for st in steps.steps], steps, curves, engine, backgrounds, links,
+                backgrounds: Sequence[Background] = (), links: Sequence[Link] = (), geometry=None,
+                page_cache: float = 0.0) -> PhasePrice:
+    """Price one phase at one setup: the engine's pattern of each sampled step, then its price.
+
+    page_cache: the share (0..1) of the model's routed bytes the page cache can hold. An engine
+    whose reads at this setup go through the page cache (`Engine.buffered`) then finds that share
+    of what it reads again in the run there: the phase is priced as that mix of its steps and the
+    same steps without the experts read before (`PhaseSteps.fresh`)."""
+    cold = price_patterns([patterner(st, setup) for st in steps.steps], steps, curves, engine, backgrounds, links,
                           geometry)
+    if page_cache <= 0 or not steps.fresh or not engine.buffered(setup):
+        return cold
+    warm = price_patterns([patterner(st, setup) for st in steps.fresh], steps, curves, engine, backgrounds, links,
+                          geometry)
+    return blend(cold, warm, min(1.0, page_cache))
+
+
+def blend(a: PhasePrice, b: PhasePrice, w: float) -> PhasePrice:
+    """(1 - w) a + w b, field by field (the link that bound most groups: a's)."""
+    def mix(x, y):
+        if isinstance(x, tuple):
+            return tuple((1 - w) * p + w * q for p, q in zip(x, y))
+        return (1 - w) * x + w * y
+    return PhasePrice(a.phase, mix(a.seconds, b.seconds), a.tokens, a.steps, mix(a.groups, b.groups), mix(a.reads, b.reads),
+                      mix(a.source_bytes, b.source_bytes), mix(a.source_pieces, b.source_pieces),
+                      mix(a.source_s, b.source_s), mix(a.source_experts, b.source_experts),
+                      mix(a.lands_last, b.lands_last), mix(a.gap_s, b.gap_s), mix(a.tail_s, b.tail_s), a.bound)

@@ -77,16 +77,16 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
 
 
 def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Background, ...] = (),
-                lanes: int | None = None, threads: int | None = None) -> Problem:
+                lanes: int | None = None, threads: int | None = None, page_cache_bytes: int = 0) -> Problem:
     """The problem `planner solve`, `simulate`, the tuner and autotune price: the engine (an `Engine`
     or its name; its reads in flight overridden by `lanes`/`threads`), the chosen workload's geometry
-    and steps, the rig's drives and links, other work on the drives and, for the rig's own model
-    (not a named workload, not the fallback), what each source's copy holds."""
+    and steps, the rig's drives and links, other work on the drives, for the rig's own model (not a
+    named workload, not the fallback) what each source's copy holds, and the page cache's room."""
     g = chosen.workload.geometry
     holds = holds_of(inputs.sources, sorted({t.file for t in g.tensors})) if chosen.workload.name == "model" else ()
     e = get_engine(engine) if isinstance(engine, str) else engine
     return Problem(with_concurrency(e, lanes, threads), g, inputs.drives, chosen.workload.phases, tuple(backgrounds),
-                   inputs.links, holds)
+                   inputs.links, holds, page_cache_bytes)
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

@@ -45,7 +45,8 @@ NEIGHBOURS = 24             # candidates priced around each kept one per pass
 class Problem:
     """What a plan is solved for: the engine (its concurrency possibly overridden), the model's
     geometry, the drives (primary first), each phase's steps, other work on the drives, shared
-    links and what each source's copy holds (None: the whole model)."""
+    links, what each source's copy holds (None: the whole model) and the bytes the page cache can
+    keep of the model for an engine that reads through it (0: none, every read from a drive)."""
     engine: Engine
     geometry: object
     drives: tuple[Drive, ...]
@@ -53,6 +54,13 @@ class Problem:
     backgrounds: tuple[Background, ...] = ()
     links: tuple[Link, ...] = ()
     holds: tuple[frozenset[str] | None, ...] = ()
+    page_cache_bytes: int = 0
+
+    @property
+    def page_cache(self) -> float:
+        """The share of the model's routed bytes the page cache can keep (0..1)."""
+        routed = getattr(self.geometry, "routed_bytes", 0)
+        return min(1.0, self.page_cache_bytes / routed) if routed and self.page_cache_bytes > 0 else 0.0
 
     def __post_init__(self):
         n, e = len(self.drives), self.engine
@@ -113,7 +121,7 @@ class Pricer:
             p = self.p
             got = price_phase(p.phases[phase], self.setup(weights, mode),
                               lambda st, su: p.engine.pattern(p.geometry, st, su), self.curves, p.engine,
-                              p.backgrounds, p.links, p.geometry)
+                              p.backgrounds, p.links, p.geometry, p.page_cache)
             self._memo[key] = got
         return got
 
@@ -357,6 +365,7 @@ def model_record(problem: Problem, scores: dict | None = None) -> dict:
         "steps": {ph: {"sampled": len(s.steps), "scale": s.scale, "empty": s.empty, "tokens": s.tokens}
                   for ph, s in problem.phases.items()},
         "modes": ["+".join(sorted(m)) or "default" for m in problem.engine.modes(problem.geometry)],
+        "page_cache_bytes": problem.page_cache_bytes,
         "scores": dict(scores or {}),
         "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in problem.backgrounds],
         "links": [link_to_dict(link, drives) for link in problem.links],

@@ -21,7 +21,7 @@ for planning that model from a header alone: its layout is a stacked GGUF's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -105,9 +105,11 @@ NAMED_ARCH = {V41_NAME: "deepseek_v41"}     # its config.json model_type (colibr
 # ---------------------------------------------------------------------------------------------
 # Traffic from the routing model
 
-def _step(cache: ExpertCache, sel: np.ndarray, experts: int, phase: str, out: list) -> int:
+def _step(cache: ExpertCache, sel: np.ndarray, experts: int, phase: str, out: list, fresh: list, seen: set) -> int:
     """One step of selections (tokens, layers, k) through the cache, layer by layer as the engine
-    goes; appends each layer's `Step` (the experts it reads) to `out`; returns the experts read."""
+    goes; appends each layer's `Step` (the experts it reads) to `out` and the same without the
+    experts read before in the run (`seen`: a buffered engine may find those in the page cache) to
+    `fresh`; returns the experts read."""
     misses = 0
     for layer in range(sel.shape[1]):
         base = layer * experts
@@ -118,6 +120,8 @@ def _step(cache: ExpertCache, sel: np.ndarray, experts: int, phase: str, out: li
             cache.admit(base + e)
         misses += len(missing)
         out.append(Step(phase, layer, tuple(missing)))
+        fresh.append(Step(phase, layer, tuple(e for e in missing if base + e not in seen)))
+        seen.update(base + e for e in missing)
     cache.advance(sel.shape[0])
     return misses
 
@@ -125,21 +129,25 @@ def _step(cache: ExpertCache, sel: np.ndarray, experts: int, phase: str, out: li
 @lru_cache(maxsize=32)
 def simulate_steps(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_experts: int,
                    chunk_tokens: int = ROUTING_CHUNK_TOKENS, warm: int = ROUTING_WARM_TOKENS,
-                   measure: int = ROUTING_MEASURE_TOKENS, seed: int = ROUTING_SEED) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
+                   measure: int = ROUTING_MEASURE_TOKENS, seed: int = ROUTING_SEED) -> tuple[tuple[Step, ...], ...]:
     """(the steps of a cold prefill of prompt_tokens in chunks, the steps of `measure` decoded
-    tokens after `warm`): which experts each layer reads, through the engine's cache policy
-    (`models.cache`), as the embedded engine would run them."""
+    tokens after `warm`, and both again without the experts the run had read before): which
+    experts each layer reads, through the engine's cache policy (`models.cache`), as the embedded
+    engine would run them."""
     router = Router(RoutingModel(layers, experts, top_k, seed=seed))
     cache = ExpertCache(min(cache_experts, layers * experts), layers * experts)
+    seen: set = set()
     pre: list[Step] = []
+    pre_fresh: list[Step] = []
     for s in range(0, prompt_tokens, chunk_tokens):
-        _step(cache, router.next(min(chunk_tokens, prompt_tokens - s)), experts, "prefill", pre)
+        _step(cache, router.next(min(chunk_tokens, prompt_tokens - s)), experts, "prefill", pre, pre_fresh, seen)
     for _ in range(warm):
-        _step(cache, router.next(1), experts, "decode", [])
+        _step(cache, router.next(1), experts, "decode", [], [], seen)
     dec: list[Step] = []
+    dec_fresh: list[Step] = []
     for _ in range(measure):
-        _step(cache, router.next(1), experts, "decode", dec)
-    return tuple(pre), tuple(dec)
+        _step(cache, router.next(1), experts, "decode", dec, dec_fresh, seen)
+    return tuple(pre), tuple(dec), tuple(pre_fresh), tuple(dec_fresh)
 
 
 def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_experts: int,
@@ -147,7 +155,7 @@ def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_ex
              measure: int = ROUTING_MEASURE_TOKENS, seed: int = ROUTING_SEED) -> tuple[float, float]:
     """(experts read per layer by a cold prefill of prompt_tokens in chunks, misses per decoded
     token over `measure` tokens after `warm`), through the engine's cache policy."""
-    pre, dec = simulate_steps(layers, experts, top_k, prompt_tokens, cache_experts, chunk_tokens, warm, measure, seed)
+    pre, dec, _, _ = simulate_steps(layers, experts, top_k, prompt_tokens, cache_experts, chunk_tokens, warm, measure, seed)
     return sum(len(s.experts) for s in pre) / layers, sum(len(s.experts) for s in dec) / max(1, measure)
 
 
@@ -172,20 +180,20 @@ def simulate_traffic(shape: ModelShape, prompt_tokens: int = PREFILL_TOKENS, cac
 def phase_steps(shape: ModelShape, traffic: Traffic, measure: int = ROUTING_MEASURE_TOKENS) -> dict[str, PhaseSteps]:
     """Each phase's steps for the traffic's prompt and cache (sampled for a large model). A named
     workload's field traffic differs a little from the simulation: its steps are scaled to it."""
-    pre, dec = simulate_steps(shape.layers, shape.experts, shape.top_k, traffic.prompt_tokens, traffic.cache_experts)
-    p = sample_steps("prefill", pre, traffic.prompt_tokens, shape.layers, PREFILL_SAMPLE)
-    d = sample_steps("decode", dec, measure, shape.layers, DECODE_SAMPLE)
+    pre, dec, pre_fresh, dec_fresh = simulate_steps(shape.layers, shape.experts, shape.top_k, traffic.prompt_tokens,
+                                                    traffic.cache_experts)
+    p = sample_steps("prefill", pre, traffic.prompt_tokens, shape.layers, PREFILL_SAMPLE, pre_fresh)
+    d = sample_steps("decode", dec, measure, shape.layers, DECODE_SAMPLE, dec_fresh)
     if traffic.source == "field":
         # scaled so the steps priced (the sample, each standing for `scale` steps) read the field's
         # experts per layer and misses per token exactly
         sampled_pre = sum(len(s.experts) for s in p.steps) * p.scale / shape.layers
         sampled_dec = sum(len(s.experts) for s in d.steps) * d.scale / max(1, d.tokens)
-        p = PhaseSteps(p.phase, p.steps, p.scale * traffic.experts_per_layer / max(sampled_pre, 1e-12), p.empty, p.tokens,
-                       p.layers)
+        p = replace(p, scale=p.scale * traffic.experts_per_layer / max(sampled_pre, 1e-12))
         scale = d.scale * traffic.misses_per_token / max(sampled_dec, 1e-12)
         # the decoded tokens still cross every layer: the steps that read nothing make up the rest
         empty = max(0, round(d.tokens * d.layers - len(d.steps) * scale))
-        d = PhaseSteps(d.phase, d.steps, scale, empty, d.tokens, d.layers)
+        d = replace(d, scale=scale, empty=empty)
     return {"prefill": p, "decode": d}
 
 

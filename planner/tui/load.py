@@ -58,7 +58,8 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
     chosen, named = _workload(rig, name, plan)
     problem = rig_problem(inputs, chosen, recorded_concurrency(eng, record.get("concurrency")),
-                          recorded_backgrounds(record, names))
+                          recorded_backgrounds(record, names),
+                          page_cache_bytes=int(record.get("page_cache_bytes") or 0))
     solution = None
     if plan is not None:
         solution = Solution({ph: getattr(plan, ph).weights for ph in PHASES},

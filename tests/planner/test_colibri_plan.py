@@ -57,7 +57,7 @@ def test_ds4_on_a_safetensors_directory_rig_is_refused_naming_colibri(tmp_path):
 
 def test_solve_colibri_writes_one_weight_vector_and_its_switches(tmp_path):
     rig, _ = dir_rig(tmp_path, drives=2)
-    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--json")
+    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["engine"] == "colibri" and d["prefill"]["weights"] == d["decode"]["weights"]
@@ -85,7 +85,7 @@ def test_simulate_reports_the_experts_each_drive_serves_for_every_family_member(
     rig, model = dir_rig(tmp_path, model_type)
     weights = (3, 2, 1)
     r = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "decode",
-               "--weights", ":".join(map(str, weights)), "--json")
+               "--weights", ":".join(map(str, weights)), "--page-cache", "0", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     g = inspect_model(str(model))
@@ -103,7 +103,8 @@ def test_simulate_reports_the_experts_each_drive_serves_for_every_family_member(
 def test_a_mirror_without_the_models_shards_serves_no_expert(tmp_path):
     """Directories that hold none of the shards: every member falls back to the primary."""
     rig, _ = dir_rig(tmp_path, "deepseek_v41", copies=False)
-    r = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "decode", "--weights", "1:1:1", "--json")
+    r = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "decode", "--weights", "1:1:1",
+               "--page-cache", "0", "--json")
     assert r.exit_code == 0, r.output
     src = json.loads(r.stdout)["sources"]
     assert src[0]["experts"] > 0 and src[1]["experts"] == src[2]["experts"] == 0
@@ -153,3 +154,24 @@ def test_the_switch_keys_are_pinned_for_colibri_only_and_old_plans_load():
     d["stripe"] = "yes"
     with pytest.raises(RigError, match="p.json: key 'stripe' must be true or false, got 'yes'"):
         plan_from_dict(d, "p.json")
+
+
+def test_buffered_re_reads_come_from_the_page_cache_that_holds_them(tmp_path):
+    """colibri without DIRECT=1 reads through the page cache: with room for the whole model, an
+    expert read again in the run costs no drive time, so decode reads only what it never read
+    before; O_DIRECT reads are priced the same whatever the RAM."""
+    rig, model = dir_rig(tmp_path, "glm_moe_dsa")
+    routed = inspect_model(str(model)).routed_bytes
+
+    def sim(*extra):
+        r = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "decode", "--weights", "1:1:1",
+                   "--json", *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    cold, warm, half = sim("--page-cache", "0"), sim("--page-cache", "1T"), sim("--page-cache", str(routed // 2))
+    assert warm["seconds"] < cold["seconds"] and sum(s["bytes"] for s in warm["sources"]) < sum(s["bytes"] for s in cold["sources"])
+    assert warm["seconds"] <= half["seconds"] <= cold["seconds"]
+    direct_cold = sim("--page-cache", "0", "--switch", "direct")
+    direct_warm = sim("--page-cache", "1T", "--switch", "direct")
+    assert direct_cold["seconds"] == direct_warm["seconds"]
