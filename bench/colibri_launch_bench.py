@@ -68,7 +68,8 @@ def one(binary: str, limits: dict, out: str) -> list[str]:
              "--seconds", "0.3", "--repeat", "2", "--quiet", wrap=wrap, capture=True)
         g = inspect_model(model)
         cache = CACHE_PER_LAYER * g.layers
-        step("the plan", "planner", "solve", "--rig", rig, "--engine", "colibri", "--prompt-tokens", str(len(PROMPT)),
+        step("the plan (drives priced cold: the page cache dropped before each arm)", "planner", "solve", "--rig", rig,
+             "--engine", "colibri", "--page-cache", "0", "--prompt-tokens", str(len(PROMPT)),
              "--cache-experts", str(cache), capture=True)
         plans = os.path.join(rig, "plans")
         plan = json.load(open(os.path.join(plans, sorted(os.listdir(plans))[-1])))

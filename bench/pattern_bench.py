@@ -115,7 +115,8 @@ def one(engine: str, limits: dict, out: str) -> list[str]:
              "--quiet", wrap=wrap)
         step("drive ceilings", "iobench", "run", "--rig", rig, "--preset", "seq,prefill,decode", "--lanes", "1,2,4",
              "--seconds", "0.3", "--repeat", "2", "--quiet", wrap=wrap)
-        step("the plan", "planner", "solve", "--rig", rig, "--engine", engine, "--prompt-tokens", str(PROMPT),
+        step("the plan (drives priced cold, as the embedded engine reads)", "planner", "solve", "--rig", rig, "--engine", engine,
+             "--page-cache", "0", "--prompt-tokens", str(PROMPT),
              "--cache-experts", str(CACHE), capture=True)
         plans = os.path.join(rig, "plans")
         plan = json.load(open(os.path.join(plans, sorted(os.listdir(plans))[-1])))

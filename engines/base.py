@@ -22,8 +22,6 @@ class Piece(NamedTuple):
 
 
 SplitRule = Callable[[int, int, Sequence[int]], tuple[Piece, ...]]
-# (layer, expert, weights) -> the source that serves that whole expert
-PlaceRule = Callable[[int, int, Sequence[int]], int]
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,6 @@ class Engine:
     granule: int                    # bytes: the unit a split moves between sources
     split: Optional[SplitRule]      # how one read is cut across sources; None: the engine does not split reads
     path_forbidden: str             # characters a source path may not contain (the list separators)
-    place: Optional[PlaceRule] = None   # which source serves a whole expert; None: every read is split
     # (geometry, Step, Setup) -> Pattern: which drive reads which bytes, in barrier groups
     pattern: Optional[Callable[[Any, Any, Any], Any]] = None
     # phase -> Concurrency: the reads the engine keeps in flight

@@ -857,7 +857,7 @@ def _cut_classes(member: str, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
-                granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN, place=place_expert,
+                granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
                 switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile,
                 buffered=buffered)

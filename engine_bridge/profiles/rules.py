@@ -42,12 +42,11 @@ def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
 
 
 def check_engine(plan_engine: str, engine: str) -> list[Violation]:
-    """A plan's weights follow the split rule of the engine it was solved for. An engine that
-    places whole experts by weight (no split rule) is served by any plan's base weights; an
-    engine that splits each read needs a plan solved with its own rule."""
-    if get_engine(engine).split is not None and plan_engine != engine:
-        return [Violation("engine", "engine", f"the plan was solved for {plan_engine!r}, whose split differs from "
-                                              f"{engine}'s; solve again with `planner solve` for {engine}")]
+    """A plan's weights (and switches) were chosen for its own engine's reads: another engine reads
+    the model otherwise, so its profile needs a plan solved for it."""
+    if plan_engine != engine:
+        return [Violation("engine", "engine", f"the plan was solved for {plan_engine}'s reads, not {engine}'s; "
+                                              f"solve again with `planner solve --engine {engine}`")]
     return []
 
 
