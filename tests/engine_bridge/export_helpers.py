@@ -47,10 +47,12 @@ def make_rig(tmp_path, drives: int = 3, verify: bool = True, seed: int = 1):
     return root, paths, manifest
 
 
-def write_plan(tmp_path, paths, prefill, decode, name="plan.json", created="2026-11-29T19:00:00Z"):
+def write_plan(tmp_path, paths, prefill, decode, name="plan.json", created="2026-11-29T19:00:00Z",
+               engine="ds4-argodrive", **switches):
+    """A plan file for `engine` (a plan exports only as its own engine's profile)."""
     plan = Plan(sources=tuple(Source(DRIVES[i] if i < len(DRIVES) else f"d{i}", p) for i, p in enumerate(paths)),
                 prefill=Phase(tuple(prefill)), decode=Phase(tuple(decode)), created=created,
-                provenance={"solver": "test"})
+                provenance={"solver": "test"}, engine=engine, **switches)
     path = str(tmp_path / name)
     with open(path, "w") as f:
         json.dump(plan_to_dict(plan), f)

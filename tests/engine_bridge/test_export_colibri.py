@@ -23,13 +23,18 @@ from tests.planner.helpers import FAST
 runner = CliRunner()
 
 
+def colibri_plan(*args, **kw):
+    """A plan solved for colibri (`export_helpers.write_plan` for this engine)."""
+    return write_plan(*args, engine="colibri", **kw)
+
+
 def export(root, plan, out, *args):
     return runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "-o", out, *args])
 
 
 def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
     root, (d0, d1, d2) = make_dir_rig(tmp_path, 3)
-    plan = write_plan(tmp_path, [d0, d1, d2], (9, 3, 3), (10, 6, 6))
+    plan = colibri_plan(tmp_path, [d0, d1, d2], (9, 3, 3), (10, 6, 6))
     out = str(tmp_path / "colibri.env")
     r = export(root, plan, out, "--allow-unverified")
     assert r.exit_code == 0, r.output
@@ -68,7 +73,7 @@ def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
 
 def test_unverified_directory_replicas_are_refused_without_the_flag(tmp_path):
     root, dirs = make_dir_rig(tmp_path, 2)
-    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    plan = colibri_plan(tmp_path, dirs, (2, 1), (2, 1))
     r = export(root, plan, str(tmp_path / "c.env"))
     assert r.exit_code == 2 and "\n" not in r.stderr.strip()
     assert f"replica {dirs[1]} has never been verified against the manifest" in r.stderr
@@ -76,7 +81,7 @@ def test_unverified_directory_replicas_are_refused_without_the_flag(tmp_path):
 
 def test_striping_variables_only_when_the_plan_stripes(tmp_path):
     root, dirs = make_dir_rig(tmp_path, 2)
-    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    plan = colibri_plan(tmp_path, dirs, (2, 1), (2, 1))
     doc = json.load(open(plan))
     doc["stripe"] = True
     json.dump(doc, open(plan, "w"))
@@ -95,7 +100,7 @@ def test_striping_variables_only_when_the_plan_stripes(tmp_path):
 
 def test_one_drive_sets_the_model_and_unsets_every_mirror_key(tmp_path):
     root, dirs = make_dir_rig(tmp_path, 1)
-    plan = write_plan(tmp_path, dirs, (1,), (1,))
+    plan = colibri_plan(tmp_path, dirs, (1,), (1,))
     out = str(tmp_path / "one.env")
     assert export(root, plan, out).exit_code == 0
     assert [x for x in open(out).read().splitlines() if not x.startswith("#")] == [
@@ -105,7 +110,7 @@ def test_one_drive_sets_the_model_and_unsets_every_mirror_key(tmp_path):
 
 def test_a_gguf_model_is_refused_with_one_line(tmp_path):
     root, paths, _ = make_rig(tmp_path, 2)
-    plan = write_plan(tmp_path, paths, (2, 1), (2, 1))
+    plan = colibri_plan(tmp_path, paths, (2, 1), (2, 1))
     r = export(root, plan, str(tmp_path / "c.env"))
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
     assert f"{paths[0]} is not a directory of safetensors shards, which is all colibri loads" in r.stderr
@@ -123,7 +128,7 @@ def test_a_single_shard_member_stands_for_its_folder_end_to_end(tmp_path):
     (folders[0] / "config.json").write_text('{"model_type": "glm_moe_dsa"}')
     shutil.copyfile(folders[0] / "model.safetensors", folders[1] / "model.safetensors")
     root, _ = make_dir_rig(tmp_path / "rig", 1)
-    plan = write_plan(tmp_path, [str(f / "model.safetensors") for f in folders], (2, 1), (2, 1))
+    plan = colibri_plan(tmp_path, [str(f / "model.safetensors") for f in folders], (2, 1), (2, 1))
     out = str(tmp_path / "one.env")
     r = export(root, plan, out, "--allow-unverified")
     assert r.exit_code == 0, r.output
@@ -140,7 +145,7 @@ def test_every_colibri_rule_is_refused_with_its_reason(tmp_path):
     with open(os.path.join(d2, "model-00001-of-00002.safetensors"), "ab") as f:   # a shard of another size
         f.write(b"x")
     os.remove(os.path.join(d0, "tokenizer.json"))
-    plan = write_plan(tmp_path, [d0, d1, d2], (9, 3, 3), (10, 6, 6))
+    plan = colibri_plan(tmp_path, [d0, d1, d2], (9, 3, 3), (10, 6, 6))
     r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "breaks 3 engine rules" in r.stderr
@@ -153,10 +158,10 @@ def test_a_mirror_directory_with_colibris_separator_or_the_model_itself(tmp_path
     root, (d0, d1) = make_dir_rig(tmp_path, 2)
     odd = str(tmp_path / "a;b")
     shutil.move(os.path.dirname(d1), odd)
-    plan = write_plan(tmp_path, [d0, os.path.join(odd, "glm")], (1, 1), (1, 1))
+    plan = colibri_plan(tmp_path, [d0, os.path.join(odd, "glm")], (1, 1), (1, 1))
     r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
     assert r.exit_code == 2 and "';'" in r.stderr and "separator in COLI_MODEL_MIRROR" in r.stderr
-    plan = write_plan(tmp_path, [d0, d0], (1, 1), (1, 1), name="same.json")
+    plan = colibri_plan(tmp_path, [d0, d0], (1, 1), (1, 1), name="same.json")
     r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
     assert r.exit_code == 2 and "is the model directory itself; colibri ignores it" in r.stderr
 
@@ -164,7 +169,7 @@ def test_a_mirror_directory_with_colibris_separator_or_the_model_itself(tmp_path
 def test_the_member_colibri_runs_for_the_models_config_sets_the_rules(tmp_path):
     # GLM-5.3 (glm5_next): its env file names it, and a striped plan is refused (only GLM stripes)
     root, dirs = make_dir_rig(tmp_path, 2, model_type="glm5_next")
-    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    plan = colibri_plan(tmp_path, dirs, (2, 1), (2, 1))
     out = str(tmp_path / "g53.env")
     assert export(root, plan, out, "--allow-unverified").exit_code == 0
     assert "# engine: colibri's glm53 (c/glm53.c), which its launcher runs for this model's config.json model_type" in \
@@ -180,7 +185,7 @@ def test_the_member_colibri_runs_for_the_models_config_sets_the_rules(tmp_path):
 
 def test_a_model_type_colibri_does_not_run_is_refused(tmp_path):
     root, dirs = make_dir_rig(tmp_path, 2, model_type="olmoe")
-    plan = write_plan(tmp_path, dirs, (2, 1), (2, 1))
+    plan = colibri_plan(tmp_path, dirs, (2, 1), (2, 1))
     r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
     assert f"sources[0]: model directory {dirs[0]}: model_type 'olmoe' runs colibri's olmoe engine" in r.stderr
@@ -189,7 +194,7 @@ def test_a_model_type_colibri_does_not_run_is_refused(tmp_path):
 def test_a_missing_model_directory_is_exit_3(tmp_path):
     # (More than 4 mirrors cannot reach export: a plan holds at most colibri's 5 sources.)
     root, (d0, d1) = make_dir_rig(tmp_path, 2)
-    plan = write_plan(tmp_path, [str(tmp_path / "gone"), d1], (1, 1), (1, 1), name="gone.json")
+    plan = colibri_plan(tmp_path, [str(tmp_path / "gone"), d1], (1, 1), (1, 1), name="gone.json")
     r = export(root, plan, str(tmp_path / "c.env"), "--allow-unverified")
     assert r.exit_code == 3 and f"model {tmp_path / 'gone'} does not exist" in r.stderr
 

@@ -35,7 +35,7 @@ def test_plan_solved_for_another_engine(tmp_path):
     doc = raw_plan(paths, (10, 5), (10, 6))
     doc["engine"] = "colibri"
     plan = write_raw_plan(tmp_path, doc)
-    assert "the plan was solved for 'colibri'" in refused(root, plan)
+    assert "the plan was solved for colibri's reads, not ds4-argodrive's" in refused(root, plan)
 
 
 def test_a_model_the_engine_cannot_read_is_refused_in_one_line_naming_the_engine_that_can(tmp_path):

@@ -109,6 +109,11 @@ sys.exit(0)
 '''
 
 
+def colibri_plan(*args, **kw):
+    """A plan solved for colibri (`export_helpers.write_plan` for this engine)."""
+    return write_plan(*args, engine="colibri", **kw)
+
+
 def stand_in(tmp_path, skip=(), weights=True, stats=True, idle=(), glm53=False):
     path = tmp_path / "glm"
     path.write_text(COLI.format(python=sys.executable, skip=set(skip), weights=weights, stats=stats, idle=set(idle),
@@ -121,7 +126,7 @@ def exported(tmp_path, drives=3, weights=(9, 3, 3), model_type="glm_moe_dsa", pr
     """A colibri profile of a directory rig; `predicted_bytes`: the bytes the plan predicts per
     drive in both phases (a 0 is a drive the plan leaves idle)."""
     root, dirs = make_dir_rig(tmp_path, drives, model_type=model_type)
-    plan = write_plan(tmp_path, dirs, weights[:drives], weights[:drives])
+    plan = colibri_plan(tmp_path, dirs, weights[:drives], weights[:drives])
     if predicted_bytes is not None:
         doc = json.load(open(plan))
         for ph in ("prefill", "decode"):

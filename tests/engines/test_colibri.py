@@ -83,9 +83,9 @@ def test_many_experts_split_in_proportion_to_the_weights(weights):
         lo = hi
 
 
-def test_the_registry_holds_the_placement_rule():
+def test_the_registry_holds_the_read_pattern():
     e = get_engine(c.NAME)
-    assert e.place is c.place_expert and e.split is None and e.max_sources == 5
+    assert e.pattern is c.read_pattern and e.split is None and e.max_sources == 5
 
 
 # ---------------------------------------------------------------------------------------------
