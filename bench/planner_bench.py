@@ -160,7 +160,7 @@ def print_summary(summaries: list[dict], a) -> int:
     print(f"planner benchmark summary ({a.engine}): prediction error per phase and choice vs measured best of a grid, "
           f"{a.runs} run{'s' if a.runs != 1 else ''} per set (targets: |prediction error| <= 5 %, "
           f"chosen vs measured best within 2 %)")
-    print(f"{'set':>10} {'run':>4} {'phase':>8} {'chosen':>18} {'best':>18} {'pred err':>9} {'vs best':>9}  ok")
+    print(f"{'set':>10} {'run':>4} {'phase':>8} {'chosen':>24} {'best':>24} {'pred err':>9} {'vs best':>9}  ok")
     misses = judged = 0
     for s in summaries:
         if "failed" in s:
@@ -174,14 +174,14 @@ def print_summary(summaries: list[dict], a) -> int:
             ok = abs(r["pred_err"]) <= 0.05 and (joint or r["vs_best"] >= -0.02)
             misses += not ok
             judged += 1
-            print(f"{s['set']:>10} {s['run']:>4} {ph:>8} {r['chosen']:>18} {r['best']:>18} {pct(r['pred_err']):>9} "
+            print(f"{s['set']:>10} {s['run']:>4} {ph:>8} {r['chosen']:>24} {r['best']:>24} {pct(r['pred_err']):>9} "
                   f"{pct(r['vs_best']):>9}{'*' if joint else ' '} {'ok' if ok else 'MISS'}")
         if joint:
             r = s["joint"]
             ok = r["vs_best"] >= -0.02
             misses += not ok
             judged += 1
-            print(f"{s['set']:>10} {s['run']:>4} {'joint':>8} {r['chosen']:>18} {r['best']:>18} {'':>9} "
+            print(f"{s['set']:>10} {s['run']:>4} {'joint':>8} {r['chosen']:>24} {r['best']:>24} {'':>9} "
                   f"{pct(r['vs_best']):>9}  {'ok' if ok else 'MISS'}")
     if any("joint" in s for s in summaries):
         print("* one weight vector for both phases: judged on the joint row (sum over phases of seconds / the phase's fastest)")
@@ -346,15 +346,15 @@ def inner(a) -> int:
         errs = [pred[(ph, c)]["throughput_Bps"] / med[(ph, "split", c)] - 1 for c in grid]
         print()
         print(f"== {ph} ==")
-        print(f"{'candidate':>18} {'predicted MB/s':>15} {'measured MB/s':>14} {'error':>9} {'time vs best':>13}")
+        print(f"{'candidate':>24} {'predicted MB/s':>15} {'measured MB/s':>14} {'error':>9} {'time vs best':>13}")
         for c in grid:
             p, m = pred[(ph, c)]["throughput_Bps"], med[(ph, "split", c)]
             tag = " <- planner" if c == c0 else (" <- equal" if c == eqc else "")
             tag += " (measured best)" if c == best else ""
-            print(f"{label(*c):>18} {p / 1e6:15.1f} {m / 1e6:14.1f} {pct(p / m - 1):>9} "
+            print(f"{label(*c):>24} {p / 1e6:15.1f} {m / 1e6:14.1f} {pct(p / m - 1):>9} "
                   f"{pct(seconds(ph, best) / seconds(ph, c) - 1):>13}{tag}")
         for n, v in alone.items():
-            print(f"{'alone ' + n:>34} {v / 1e6:14.1f}")
+            print(f"{'alone ' + n:>40} {v / 1e6:14.1f}")
         p0, m0 = pred[(ph, c0)]["throughput_Bps"], med[(ph, "split", c0)]
         vs_best = seconds(ph, best) / seconds(ph, c0) - 1
         print(f"planner chose {label(*c0)}: predicted {p0 / 1e6:.1f} MB/s, measured {m0 / 1e6:.1f} MB/s")
@@ -384,7 +384,7 @@ def inner(a) -> int:
         print("== both phases (one weight vector): the solver's objective, sum over phases of seconds / the phase's fastest ==")
         for i, x in enumerate(arms[:len(cands)]):
             tag = (" <- planner" if i == chosen_i else "") + (" (measured best)" if i == best_i else "")
-            print(f"{x.label:>18} {obj[i]:10.4f}{tag}")
+            print(f"{x.label:>24} {obj[i]:10.4f}{tag}")
         vs = obj[best_i] / obj[chosen_i] - 1
         print(f"  choice vs measured best of the grid ({arms[best_i].label}): {pct(vs)} on the objective   (target within 2 %)")
         doc["joint"] = {"chosen": label(*c0), "best": arms[best_i].label, "vs_best": vs}
