@@ -262,7 +262,13 @@ def read_pattern(geometry, step: Step, setup: Setup) -> Pattern:
     rest would. `geometry`: a `models.geometry.Geometry`."""
     usable = setup.usable()
     w = setup.weights
-    reads = tuple(cut_read(x, w, usable) for x in staged_extents(geometry, step))
+    if any(h is not None for h in setup.holds):
+        # a copy without the read's file cannot serve it (the engine itself wants full replicas:
+        # a plan leaves partial ones out; the reader's failover may meet one)
+        reads = tuple(cut_read(x, w, [i for i in usable if setup.holds_file(i, x.file)] or [0])
+                      for x in staged_extents(geometry, step))
+    else:
+        reads = tuple(cut_read(x, w, usable) for x in staged_extents(geometry, step))
     return Pattern(step, (reads,) if reads else ())
 
 
