@@ -1,4 +1,4 @@
-"""The split reader (DESIGN §5): `SplitReader` is the facade; `sources` (identity at open,
+"""The split reader (docs/reader.md): `SplitReader` is the facade; `sources` (identity at open,
 health and failover), `lanes` (threads per source, the barrier), `buffers` and `readstats`
 (the counters, pure) are its parts."""
 

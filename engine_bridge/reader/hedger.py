@@ -12,7 +12,7 @@ late pieces included, is also below the rate it is held to over the margin (`hed
 a throttled drive that stalls now and then still delivers its rate) is degraded like a failing
 one (the split runs over the others, its queued pieces are hedged at once), except that it is
 *probed*: at most once
-per `probe_interval`, a read's submit also sends it a copy of the piece its weight would give it,
+per `probe_interval`, a read's submit also sends it a copy of the read's largest piece,
 into a private buffer, judged against the same kind of deadline; `recover_probes` on-time probes
 in a row restore it. Never the last healthy source is degraded for lateness.
 

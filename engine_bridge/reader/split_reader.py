@@ -1,13 +1,15 @@
-"""The split reader: every expert read split across the primary and its replicas (DESIGN §5).
+"""The split reader: executes an engine's reads across the primary and its replicas.
 
 A source is a member's copy of the whole model (`models.modelset.ModelSet`: one file, a split
 GGUF set or a directory of shards); a read addresses one of the model's files, `(file, offset,
-length)` (a `models.modelset.Extent`), and its pieces go to the same file in each source.
-A read `(offset, length)` of a file is split with the engine's rule (`engines.split.split_read`, never
-arithmetic of our own) using the prefill (base) or the decode weights; each piece goes to its
-source's persistent lanes (`lanes.py`), and the read completes at the barrier, when its last
-piece lands. Ranges need not be 4 KiB-aligned, so cold (O_DIRECT) reads work on any GGUF and
-every piece yields exact bytes.
+length)` (a `models.modelset.Extent`), and its pieces go to the same file in each source. The
+engine's read pattern (`engines.pattern`) says how each read is cut: `submit_read` takes one of
+its `Read`s with its pieces as the engine gave them (ds4-argodrive's cut of every read, colibri's
+whole expert on one drive or its striped legs); `submit` cuts a bare `(offset, length)` with the
+engine's own split rule (`Engine.split`, never arithmetic of our own) for an engine that cuts
+reads. Each piece goes to its source's persistent lanes (`lanes.py`), and the read completes at
+the barrier, when its last piece lands. Ranges need not be 4 KiB-aligned, so cold (O_DIRECT)
+reads work on any model and every piece yields exact bytes.
 
 Beyond the engine: a piece that fails (OSError) or comes back short is re-read from another
 healthy source, the failing source is marked degraded and gets no further pieces (its share goes
