@@ -1,4 +1,4 @@
-"""Cold reads: bytes from the drive, not the page cache (DESIGN §3).
+"""Cold reads: bytes from the drive, not the page cache (docs/replicas.md).
 
 A `ColdReader` is the narrow seam every reader in the project goes through: `read_into(buffer,
 offset)` plus a few facts (`direct`, `alignment`, `how`, `size`); `CachedReader` is the same seam

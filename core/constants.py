@@ -8,7 +8,7 @@ DEBUG_ENV = "REPLICA_TUNER_DEBUG"  # tracebacks instead of one-line errors
 DEFAULT_RIG = "rig"
 RIG_SCHEMA = 1
 
-# Files and folders inside the rig (DESIGN-level contract between the stages).
+# Files and folders inside the rig (the contract between the stages: docs/architecture.md).
 RIG_FILE = "rig.toml"              # model + replicas, hand-editable
 MANIFEST_FILE = "manifest.json"    # content identity (replicas)
 BENCH_DIR = "bench"                # iobench results, <UTC>.json

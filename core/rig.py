@@ -1,4 +1,4 @@
-"""The rig folder: rig.toml (model + replicas, hand-editable) and manifest.json (DESIGN §2).
+"""The rig folder: rig.toml (model + replicas, hand-editable) and manifest.json (docs/architecture.md).
 
 rig.toml:
 
@@ -70,7 +70,7 @@ class Rig:
     def manifest_file(self) -> str:
         return os.path.join(self.root, MANIFEST_FILE)
 
-    # The folders each stage writes (DESIGN's rig layout). Reading code uses these names;
+    # The folders each stage writes (docs/architecture.md, the rig folder). Reading code uses these names;
     # writing code asks `subdir()` so the folder exists.
     @property
     def bench_dir(self) -> str:

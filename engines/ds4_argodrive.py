@@ -1,6 +1,6 @@
 """ds4-argodrive (the Argodrive fork of ds4): what it does, as data and pure functions.
 
-Read from the engine's expert reader and profile handling (DESIGN §5, §6): up to 3 sources
+Read from the engine's expert reader and profile handling (docs/engine-profiles.md): up to 3 sources
 (the `-m` primary, then `DS4_ARGODRIVE_REPLICAS` in order), integer weights 1..100, every
 routed-expert read cut on a 256 KiB grid with the primary taking the front and the tail; the
 environment and arguments it reads; the log lines in which it says what it applied.
@@ -29,7 +29,7 @@ MAX_SOURCES = 3                  # primary + at most 2 replicas
 WEIGHT_MIN, WEIGHT_MAX = 1, 100
 PATH_FORBIDDEN = ",*"            # DS4_ARGODRIVE_REPLICAS is "path*weight,path*weight"
 
-# The read shapes the engine issues (DESIGN §4, §7).
+# The read shapes the engine issues (docs/iobench.md, docs/planner.md).
 PREFILL_CHUNK = 32 << 20         # bytes: one prefill staging chunk
 PREFILL_LANES = 8                # chunks in flight per drive while prefill stages (DS4_ARGODRIVE_PREFILL_LANES default)
 DECODE_THREADS = 9               # the expert pread pool (DS4_METAL_STREAMING_EXPERT_PREAD_THREADS)
@@ -68,7 +68,7 @@ def split_ds4(offset: int, length: int, weights: Sequence[int], block: int = BLO
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment and arguments (DESIGN §6)
+# Environment and arguments (docs/engine-profiles.md)
 
 ENV_PREFIX = "DS4_"              # every variable the engine reads starts so
 ENV_PRIMARY_WEIGHT = "DS4_ARGODRIVE_PRIMARY_WEIGHT"     # base weight of source 0
@@ -113,7 +113,7 @@ def engine_args(primary: str, cache_experts: int | None) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Log lines: what the engine says it applied (its reader's fprintf formats, DESIGN §6; the reader
+# Log lines: what the engine says it applied (its reader's fprintf formats, docs/engine-profiles.md; the reader
 # is argodrive_read.h: `ar_open` parses the split, `ar_close` prints the per-source bytes)
 
 LOG_SOURCES = re.compile(r"expert reader sources=(\d+)")

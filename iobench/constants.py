@@ -31,7 +31,7 @@ MAX_RESTARTS = 20
 RESTART_AGREE_PCT = 1.0
 
 KNEE_FRACTION = 0.95            # knee: lowest lane count within 5 % of the best
-SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (DESIGN §4)
+SPREAD_WARN_PCT = 5.0           # spread over repeats worth a repeat (docs/iobench.md)
 # No single drive delivers more than this (PCIe 5.0 x4 is ~15.8 GB/s raw): faster means the
 # page cache answered.
 PLAUSIBLE_BW = 16e9             # bytes/s

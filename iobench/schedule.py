@@ -1,6 +1,6 @@
 """What `iobench run` measures and in what order (pure).
 
-Order (DESIGN §4): every drive alone (seq first, so its ceilings can set the split weights of
+Order (docs/iobench.md): every drive alone (seq first, so its ceilings can set the split weights of
 the other presets), then each `--group` of drives together, then all drives together. Each
 lane count of each preset is one trial of `repeat` back-to-back windows of `seconds`; the
 spread is taken over those windows. A preset with restarts (decode, by default) measures each

@@ -81,7 +81,7 @@ def best_lanes(by_lanes: dict[int, float]) -> int:
 
 
 def knee_lanes(by_lanes: dict[int, float], fraction: float = KNEE_FRACTION) -> int:
-    """The lowest lane count whose bytes/s is within (1 - fraction) of the best (DESIGN §4)."""
+    """The lowest lane count whose bytes/s is within (1 - fraction) of the best (docs/iobench.md)."""
     top = by_lanes[best_lanes(by_lanes)]
     return min(k for k, v in by_lanes.items() if v >= fraction * top)
 

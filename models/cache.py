@@ -1,4 +1,4 @@
-"""The expert cache: N experts kept in RAM, evicted by route hotness (DESIGN §7). Pure logic.
+"""The expert cache: N experts kept in RAM, evicted by route hotness (docs/planner.md). Pure logic.
 
 Every expert (resident or not) has a selection count: +1 each time a token's router chooses it,
 halved every HOTNESS_HALVING_TOKENS tokens. When the cache is full, the resident expert with the

@@ -1,4 +1,4 @@
-"""Model file formats, told apart by their first bytes (DESIGN §10).
+"""Model file formats, told apart by their first bytes (docs/replicas.md).
 
 - GGUF: the magic b"GGUF" and a version; a split set names its files `PREFIX-00001-of-00004.gguf`
   (llama.cpp's `llama_split_path`: "%s-%05d-of-%05d.gguf" with the 0-based `split.no` + 1) and

@@ -1,4 +1,4 @@
-"""Where a MoE model's routed experts are, from its tensor table alone (DESIGN §7, §10). Pure.
+"""Where a MoE model's routed experts are, from its tensor table alone (docs/planner.md, docs/replicas.md). Pure.
 
 The planner, iobench and the embedded engine all need the same facts about the rig's model: how
 many layers carry routed experts, how many experts each has, how many a token chooses, and the

@@ -1,4 +1,4 @@
-"""A model is one file or a set of files (DESIGN §10): the noun, and finding it on disk.
+"""A model is one file or a set of files (docs/replicas.md): the noun, and finding it on disk.
 
 Three layouts, one shape: a *path* (what an engine is pointed at) and the model's files relative
 to a *root*.

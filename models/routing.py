@@ -1,4 +1,4 @@
-"""A routing model for replay: which experts each token chooses, calibrated to DESIGN §7. Pure.
+"""A routing model for replay: which experts each token chooses, calibrated to docs/planner.md. Pure.
 
 Per layer, every expert has a fixed popularity (a normal draw scaled by `sigma`, in router-logit
 units) plus a slowly drifting "topic" term (an AR(1) process per expert, std `tau`, persistence
@@ -13,7 +13,7 @@ as measured by tests/engine_bridge/test_engine_routing.py through the embedded e
 (`engine_bridge.engine.replay.replay_steps`) and by tests/planner/test_workload.py through
 `planner.workload` (the same cache policy, simulated without reads):
 
-    fact (DESIGN §7)                         field     this model
+    fact (docs/planner.md)                         field     this model
     coverage at  512 tokens (seed 1)         0.488     0.484
                 1024 tokens                  0.601     0.602
                 2048 tokens                  0.707     0.713
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Field facts (DESIGN §7).
+# Field facts (docs/planner.md).
 FIELD_LAYERS, FIELD_EXPERTS, FIELD_TOP_K = 40, 384, 6
 FIELD_COVERAGE = {512: 0.488, 1024: 0.601, 2048: 0.707}
 FIELD_DECODE_MISSES = {3600: 19.0, 4200: 13.09, 4600: 11.06}

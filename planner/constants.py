@@ -3,14 +3,14 @@
 The engines' own numbers (split granule, source limit, weight range, read shapes) live in
 `engines/`. A model's workload is derived from its geometry and the routing model
 (`planner.workload`); the numbers below are the one model the field measured, DeepSeek V4.1
-Flash Q4 on ds4 (DESIGN §7), kept as the named workload `ds4-v41`: what the planner assumes when
+Flash Q4 on ds4 (docs/planner.md), kept as the named workload `ds4-v41`: what the planner assumes when
 asked to plan that model from its header alone, and the calibration the routing model is held to.
 """
 
 PLAN_SCHEMA = 2                     # 2: the plan records the geometry and workload it was solved for
 PLAN_SCHEMAS = (1, 2)               # what loads (schema 1 plans have neither)
 
-# The named workload ds4-v41 (DESIGN §7).
+# The named workload ds4-v41 (docs/planner.md).
 V41_NAME = "ds4-v41"
 LAYERS = 40                         # layers with routed experts
 V41_EXPERTS = 384                   # routed experts per layer
@@ -25,7 +25,7 @@ ENGRAM_READS_PER_TOKEN = 48         # 2 tables x 24 rows, primary only
 ENGRAM_READ_BYTES = 4096            # one 264 B row costs one 4 KiB page read
 
 # Any other model: the cache holds this fraction of its routed experts unless told (ds4-v41's
-# 4,600 of 15,360), and the routing model is simulated like its calibration (DESIGN §7 protocol):
+# 4,600 of 15,360), and the routing model is simulated like its calibration (docs/planner.md protocol):
 # prefill in chunks of ROUTING_CHUNK_TOKENS, then WARM decode tokens, misses averaged over MEASURE.
 CACHE_FRACTION = CACHE_EXPERTS / (LAYERS * V41_EXPERTS)
 ROUTING_CHUNK_TOKENS = 512

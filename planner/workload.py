@@ -76,7 +76,7 @@ class Traffic:
     experts_per_layer: float      # experts a prefill of prompt_tokens reads per layer
     cache_experts: int            # the decode cache, experts
     misses_per_token: float       # experts read per decoded token (all layers), after warm-up
-    source: str                   # 'routing-model' (simulated) or 'field' (DESIGN §7, measured)
+    source: str                   # 'routing-model' (simulated) or 'field' (docs/planner.md, measured)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Format numbers for the rig, the manifest and cold I/O (one place, DESIGN §3)."""
+"""Format numbers for the rig, the manifest and cold I/O (one place, docs/replicas.md)."""
 
 from core.constants import GiB, MiB
 

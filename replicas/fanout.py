@@ -1,4 +1,4 @@
-"""The copy itself: one cold read of the source fanned out to every destination (DESIGN §3).
+"""The copy itself: one cold read of the source fanned out to every destination (docs/replicas.md).
 
 `copy_pass` reads the source once (the pieces anyone needs, or all of it when the manifest is
 still to be computed), hashes each block on the reading thread and hands it to one

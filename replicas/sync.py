@@ -1,4 +1,4 @@
-"""Copying the model — one file or a set of files — to several drives at once (DESIGN §3, §10).
+"""Copying the model — one file or a set of files — to several drives at once (docs/replicas.md).
 
 Files in the model's order; per file, one cold read of the source file fans each block out to
 every destination that needs it (`fanout`); each destination's copy is REL.partial

@@ -1,4 +1,4 @@
-"""What `replicas sync` reads from the disk before a byte is written (DESIGN §3, §10): the model
+"""What `replicas sync` reads from the disk before a byte is written (docs/replicas.md): the model
 SOURCE names and what the rig already trusts about it; per destination, where the model ends up
 and is built, what is at each file's name, what an interrupted copy left, which files the model
 does not have; free space per file system for everything still to write. What these facts mean
@@ -126,7 +126,7 @@ def _plan_set(model, final, d, rig, manifests, idents, piece_size, replace_exist
             if os.path.islink(final.path) or not os.path.isdir(final.path):
                 raise UsageError(f"{final.path} exists and is not a directory; move it away")
         else:
-            # A new directory model is built under a temporary name (DESIGN §10).
+            # A new directory model is built under a temporary name (docs/replicas.md).
             staging = final.path + PARTIAL_SUFFIX
             if os.path.lexists(staging) and (os.path.islink(staging) or not os.path.isdir(staging)):
                 raise UsageError(f"{staging} exists and is not a directory; it was not made by replicas — move it away")

@@ -1,6 +1,6 @@
 """Format numbers of the embedded engine: the synthetic model's layout, the cache, result schemas.
 
-Tensor names follow llama.cpp's MoE naming (DESIGN §7, §9), so the engine's reads have the real
+Tensor names follow llama.cpp's MoE naming (docs/planner.md, docs/engine.md), so the engine's reads have the real
 model's shape: routed experts live in `blk.N.ffn_{gate,up,down}_exps.weight`, expert-major.
 """
 
@@ -47,7 +47,7 @@ KV_ATTN = "attention.key_length"
 KV_SEED = "synth.seed"
 
 
-# Run defaults (DESIGN §6, §8).
+# Run defaults (docs/engine-profiles.md, docs/harness.md).
 PROMPT_TOKENS = 512
 GEN_TOKENS = 200
 PREFILL_CHUNK_TOKENS = 512               # tokens routed together per prefill chunk

@@ -59,7 +59,7 @@ def hedge_settings(reader: SplitReader) -> dict:
 
 
 def bench_row(o: RunOutcome) -> dict:
-    """The ds4-bench CSV row (DESIGN §8) of a run."""
+    """The ds4-bench CSV row (docs/harness.md) of a run."""
     gen = len(o.step_seconds)
     steady = o.step_seconds[1:]
     return {

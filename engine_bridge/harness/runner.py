@@ -1,4 +1,4 @@
-"""The harness: arms run one by one, each in a fresh process, gated, summarised (DESIGN §8).
+"""The harness: arms run one by one, each in a fresh process, gated, summarised (docs/harness.md).
 
 `run_bench` runs the sequence of arms with a runner (default: `engine-bridge run --json` in a
 fresh Python process, so every arm starts with an empty expert cache), takes a /proc snapshot

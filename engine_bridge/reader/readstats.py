@@ -1,6 +1,6 @@
 """The split reader's nouns and counter arithmetic (pure: no disk, no threads).
 
-The counters are the engine's tuning signal (DESIGN §5): per source `bytes`, `reads`,
+The counters are the engine's tuning signal (docs/engine-profiles.md): per source `bytes`, `reads`,
 `lands_last` (how often its piece was the last of a read to land) and `gap_ns` (summed over
 those reads: how far behind the second-to-last piece it landed), plus read latency percentiles.
 """

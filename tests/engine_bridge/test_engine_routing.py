@@ -1,4 +1,4 @@
-"""The routing model reproduces the field facts of DESIGN §7 within the stated tolerances."""
+"""The routing model reproduces the field facts of docs/planner.md within the stated tolerances."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""ds4-argodrive's environment, arguments and log lines (DESIGN §6), as the engine module holds them."""
+"""ds4-argodrive's environment, arguments and log lines (docs/engine-profiles.md), as the engine module holds them."""
 
 from engines import colibri
 from engines import ds4_argodrive as ds4

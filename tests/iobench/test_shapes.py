@@ -22,7 +22,7 @@ def test_prefill_pieces_are_the_engines_split_of_a_32_mib_chunk():
 
 
 def test_decode_pieces_match_design_table():
-    # DESIGN §5: 10:5:5 of a 6,635,520 B component -> 3,489,792 / 1,572,864 / 1,572,864
+    # docs/engine-profiles.md: 10:5:5 of a 6,635,520 B component -> 3,489,792 / 1,572,864 / 1,572,864
     assert [decode_shape(GiB, (10, 5, 5), i).piece_bytes for i in range(3)] == [3_489_792, 1_572_864, 1_572_864]
     assert [decode_shape(GiB, (10, 6, 6), i).piece_bytes for i in range(3)] == [2_965_504, 1_835_008, 1_835_008]
     assert decode_shape(GiB, (1,), 0).piece_bytes == COMPONENT_BYTES

@@ -12,7 +12,7 @@ import pathlib
 import gguf
 import numpy as np
 
-# DeepSeek V4.1 Flash Q4 (DESIGN §7): Q4_K slices of 4096 x 2880 values = 4096 * 2880 / 256 * 144 B.
+# DeepSeek V4.1 Flash Q4 (docs/planner.md): Q4_K slices of 4096 x 2880 values = 4096 * 2880 / 256 * 144 B.
 V41_COMPONENT = 6_635_520
 V41_NE0, V41_NE1, V41_EXPERTS, V41_LAYERS, V41_TOP_K = 4096, 2880, 384, 40, 6
 

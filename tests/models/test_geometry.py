@@ -30,7 +30,7 @@ def test_the_geometry_module_is_pure():
 
 
 def test_real_v41_layout_from_a_header_only_sparse_file(tmp_path):
-    """DESIGN §7: 40 layers, 384 experts, 6 chosen, one shared; components of 6,635,520 B,
+    """docs/planner.md: 40 layers, 384 experts, 6 chosen, one shared; components of 6,635,520 B,
     19,906,560 B per expert, 7,644,119,040 B per layer; expert e at tensor offset + e * component."""
     path = tmp_path / "v41.gguf"
     try:

@@ -54,7 +54,7 @@ def test_the_workload_module_is_pure():
 
 @pytest.mark.parametrize("cache", sorted(FIELD_DECODE_MISSES))
 def test_v41_geometry_gives_the_field_figures_within_tolerance(cache):
-    """The routing model through the engine's cache policy, on V4.1's geometry, against DESIGN §7."""
+    """The routing model through the engine's cache policy, on V4.1's geometry, against docs/planner.md."""
     t = simulate_traffic(V41_SHAPE, 512, cache)
     print(f"cache {cache}: {t.experts_per_layer:.1f} experts/layer at 512 tokens (field {PREFILL_EXPERTS_PER_LAYER}), "
           f"{t.misses_per_token:.2f} misses/token (field {FIELD_DECODE_MISSES[cache]})")

@@ -73,7 +73,7 @@ def test_changed_after_stamping_with_mtime_restored(rig3):
         f.seek(3 * MiB + 5)
         f.write(b"\0\1\2")
     os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
-    # Quick verify keys on (size, mtime_ns, inode, device) by design (DESIGN §3): it cannot see this.
+    # Quick verify keys on (size, mtime_ns, inode, device) by design (docs/replicas.md): it cannot see this.
     assert invoke("verify", "--rig", rig).exit_code == 0
     # --full and a sample that covers the piece do.
     r = invoke("verify", "--rig", rig, "--full", "--json")
