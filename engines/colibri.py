@@ -321,6 +321,15 @@ class LogReport:
     served: dict[int, Served] = field(default_factory=dict)   # drive -> last MIRROR: line's counters
 
 
+def last_split(found) -> tuple[int | None, tuple[str, ...], str]:
+    """(drives, per-drive shares with '%' dropped, how chosen) from the last of the split lines
+    `found` ((drives, 'A% / B% ...', how) tuples); (None, (), '') when there is none."""
+    if not found:
+        return None, (), ""
+    n, shares, how = found[-1]
+    return int(n), tuple(x.strip().rstrip("%") for x in shares.split(" /")), how
+
+
 def read_log(text: str) -> LogReport:
     """Every line of `text` in which colibri says what it did with its mirrors."""
     loaded = tuple(MirrorLoad(p, int(n), int(m), int(k)) for p, n, m, k in LOG_MIRROR_LOADED.findall(text))
@@ -328,11 +337,7 @@ def read_log(text: str) -> LogReport:
     skipped += [(p, f"too many mirrors (max {n})") for p, n in LOG_MIRROR_TOO_MANY.findall(text)]
     skipped += [(p, "equals the model dir") for p in LOG_MIRROR_IS_MODEL.findall(text)]
     bad = LOG_WEIGHTS_INVALID.findall(text)
-    splits = LOG_SPLIT.findall(text)
-    drives, split, how = None, (), ""
-    if splits:
-        n, shares, how = splits[-1]
-        drives, split = int(n), tuple(s.strip().rstrip("%") for s in shares.split(" /"))
+    drives, split, how = last_split(LOG_SPLIT.findall(text))
     served: dict[int, Served] = {}
     stats = LOG_STATS.findall(text)
     if stats:

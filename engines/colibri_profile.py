@@ -307,11 +307,7 @@ def read_log(text: str, variant: str = "") -> c.LogReport:
         skipped += [(p, f"too many mirrors (max {n})") for n, p in _G53_TOO_MANY.findall(text)]
         skipped += [(p, "equals the model dir") for p in _G53_IS_MODEL.findall(text)]
         bad = _G53_WEIGHTS_INVALID.findall(text)
-        splits = _G53_SPLIT.findall(text)
-        drives, split, how = None, (), ""
-        if splits:
-            n, shares, how = splits[-1]
-            drives, split = int(n), tuple(s.strip().rstrip("%") for s in shares.split(" /"))
+        drives, split, how = c.last_split(_G53_SPLIT.findall(text))
         return c.LogReport(loaded=loaded, skipped=tuple(skipped),
                            files_skipped=tuple(c.LOG_FILE_SKIPPED.findall(text)),
                            weights_rejected=bad[-1][0] if bad else None,

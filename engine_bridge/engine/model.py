@@ -58,10 +58,7 @@ def inspect_model(path: str) -> Geometry:
         # The resident weights are read from one file, as synth writes it.
         raise UsageError(f"{g.path}: a {g.layout} model of {len(set(t.file for t in g.tensors))} files; the engine reads "
                          "a single GGUF file (merge the set with llama-gguf-split --merge)")
-    if not g.uniform:
-        sizes = sorted({t.component_bytes for t in g.tensors})
-        raise UsageError(f"{g.path}: expert tensors differ in slice size {sizes}; this engine needs one geometry for every layer")
-    return g
+    return _uniform(g)
 
 
 _INT8_DTYPES = ("U8", "I8")
@@ -81,9 +78,14 @@ def _check_colibri(g: Geometry) -> Geometry:
     if any(d not in _INT8_DTYPES for d in dtypes):
         raise UsageError(f"{g.path}: routed experts are {', '.join(dtypes)}; the engine computes colibri's pre-quantised "
                          "int8 rows (U8 or I8 weights with F32 NAME.qs per-row scales)")
+    return _uniform(g)
+
+
+def _uniform(g: Geometry) -> Geometry:
+    """g, when every expert component has one slice size (the dequantize and resident weights assume it)."""
     if not g.uniform:
         sizes = sorted({t.component_bytes for t in g.tensors})
-        raise UsageError(f"{g.path}: expert tensors differ in size {sizes}; this engine needs one geometry for every layer")
+        raise UsageError(f"{g.path}: expert tensors differ in slice size {sizes}; this engine needs one geometry for every layer")
     return g
 
 
