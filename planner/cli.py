@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, RigOption, err, make_app, out, print_result, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.platform import available_memory
 from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
-from engines.split import parse_weights, smallest_equivalent, split_read
+from engines.split import describe_split, parse_weights
 
 from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
-from .plan import Plan, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
-from .rigmodel import choose_workload, rig_problem
-from .solve import predict, solve_plan
+from .plan import Plan
+from .plans import latest_plan_path, load_plan
+from .rigmodel import problem_for_rig, solve_rig
+from .solve import PhasePrediction, predict
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
@@ -75,16 +74,11 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
           offset: str = typer.Option("0", "--offset", help="Byte offset of the read in the file."),
           engine: str = EngineOption, json_out: bool = JsonOption):
     """The pieces each source reads of one read, exactly as an engine that cuts reads computes them (docs/engine-profiles.md)."""
-    w = parse_weights(weights, engine)
-    n_len = _int(length, "--length")
-    n_off = _int(offset, "--offset")
-    pieces = split_read(n_off, n_len, w, engine)
-    smallest = smallest_equivalent(w, n_len, engine)
+    r = describe_split(_int(offset, "--offset"), _int(length, "--length"), parse_weights(weights, engine), engine)
     if json_out:
-        print_json({"engine": engine, "weights": list(w), "offset": n_off, "length": n_len,
-                    "smallest_equivalent": list(smallest),
-                    "pieces": [{"source": p.source, "offset": p.offset, "length": p.length, "blocks": p.blocks} for p in pieces]})
+        print_result(r)
         return
+    w, smallest, n_len, n_off, pieces = r.weights, r.smallest_equivalent, r.length, r.offset, r.pieces
     t = Table(title=f"{engine} split of {n_len:,} B at {n_off:,} by {':'.join(map(str, w))}"
                     + (f" (same as {':'.join(map(str, smallest))})" if smallest != w else ""))
     for col in ("source", "offset", "blocks", "bytes", "share"):
@@ -92,10 +86,6 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
     for p in pieces:
         t.add_row(str(p.source), f"{p.offset:,}", str(p.blocks), f"{p.length:,}", _bar(p.length, n_len))
     out.print(t)
-
-
-def _backgrounds(specs, names):
-    return tuple(parse_background(s, names) for s in (specs or ()))
 
 
 def _page_cache(text: str) -> int:
@@ -106,14 +96,11 @@ def _page_cache(text: str) -> int:
     return 0 if t == "0" else parse_size(text, "--page-cache")
 
 
-def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
-             fit_only: bool, tails: bool, page_cache: str = "0"):
-    """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
-    names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads,
-                                       _page_cache(page_cache))
+def _problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only: bool, tails: bool,
+                     page_cache: str) -> dict:
+    """`solve` and `simulate`'s options as `rigmodel.problem_for_rig`'s keywords."""
+    return dict(lanes=lanes, threads=threads, workload=workload, model=model, prompt_tokens=prompt_tokens,
+                cache_experts=cache_experts, calibrate=not fit_only, tails=tails, page_cache_bytes=_page_cache(page_cache))
 
 
 @app.command()
@@ -124,24 +111,17 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
           page_cache: str = PageCacheOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
-    root = rig_dir(rig)
-    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails, page_cache)
-    plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=top)
-    record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
-    plan = replace(plan, geometry=chosen.geometry, workload=record)
-    path = save_plan(load_rig(root, must_exist=False), plan)
-    plan = load_plan(path)
+    saved = solve_rig(rig_dir(rig), bench, engine, background or (), top,
+                      **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only, tails,
+                                         page_cache))
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
+    for text in saved.notices:
         err.print(f"notice: {text}", markup=False)
     if json_out:
-        d = plan_to_dict(plan)
-        d["path"] = path
-        print_json(d)
+        print_result(saved)
     else:
-        _render_plan(plan, path)
-    err.print(f"plan written to {path}")
+        _render_plan(saved.plan, saved.path)
+    err.print(f"plan written to {saved.path}")
 
 
 @app.command()
@@ -164,14 +144,14 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
             raise UsageError(f"--switch {k}: {engine} has " + (f"the switches {', '.join(e.switches)}" if e.switches else "no switches"))
     if "stripe" in switch and "direct" not in switch:
         raise UsageError("--switch stripe needs --switch direct: the engine stripes only O_DIRECT reads")
-    root = rig_dir(rig)
-    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails, page_cache)
+    _, chosen, problem = problem_for_rig(rig_dir(rig), bench, engine, background or (),
+                                         **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts,
+                                                            fit_only, tails, page_cache))
     d = predict(problem, phase, w, frozenset(switch))
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)
     if json_out:
-        print_json(d)
+        print_result(PhasePrediction(d))
         return
     _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
 
@@ -279,7 +259,7 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan f
     path = plan or latest_plan_path(load_rig(rig_dir(rig), must_exist=False))
     p = load_plan(path)
     if json_out:
-        print_json(plan_to_dict(p))
+        print_result(p)
     else:
         _render_plan(p, os.path.abspath(path))
 

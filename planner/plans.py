@@ -10,7 +10,7 @@ import hashlib
 import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from core.constants import PLANS_DIR
 from core.errors import MissingError, UsageError
@@ -31,6 +31,22 @@ def utc_now() -> str:
 def plan_name(created: str) -> str:
     """'2026-11-29T19:00:00.123Z' -> '20261129T190000.123Z.json' (fixed width: sorts by time)."""
     return created.replace("-", "").replace(":", "") + ".json"
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """A plan a command wrote (`planner solve`, `engine-bridge autotune`): --json prints the plan
+    file's document plus where it was written (`path`); `notices` are said on stderr."""
+
+    plan: Plan
+    path: str
+    notices: tuple[str, ...] = ()
+
+    KIND: ClassVar[str] = PLAN_KIND
+    SCHEMA: ClassVar[int] = Plan.SCHEMA
+
+    def to_dict(self) -> dict:
+        return {**plan_to_dict(self.plan), "path": self.path}
 
 
 def save_plan(rig: Rig, plan: Plan) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Sequence
 
 from core.errors import EXIT_MISMATCH, EXIT_OK, MismatchError, UsageError, WriteError
 from core.constants import ALIGNMENT, IO_BLOCK
@@ -111,10 +111,16 @@ class SyncResult:
     format: str = ""
     files: tuple[str, ...] = ()     # the model's relative paths, in order
 
+    KIND: ClassVar[str] = "sync"    # a result (core.results): `replicas sync --json`
+    SCHEMA: ClassVar[int] = 1
+
     @property
     def exit_code(self) -> int:
         """A mismatch outranks every other failure; otherwise the highest code."""
         return worst_exit(d.exit_code for d in self.dests)
+
+    def to_dict(self) -> dict:
+        return sync_result_to_dict(self)
 
 
 def worst_exit(codes: Iterable[int]) -> int:

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import typer
 
-from core.cli import JsonOption, QuietOption, RigOption, err, print_json
+from core.cli import JsonOption, QuietOption, RigOption, err, print_result
 from core.errors import Interrupted, UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
@@ -351,7 +351,7 @@ def register(app) -> None:
         json_out: bool = JsonOption,
     ):
         """Solve, then measure the best candidates by executing the engine's reads through the split reader (ABBA, within --budget) and write the measured best as a plan."""
-        from planner.plan import plan_to_dict
+        from planner.plans import SavedPlan
 
         root = rig_dir(rig)
         cancel = threading.Event()
@@ -380,9 +380,7 @@ def register(app) -> None:
             for v in (plan.workload.get("idle") or {}).values():
                 err.print(f"notice: {v['why']}", markup=False)
         if json_out:
-            d = plan_to_dict(plan)
-            d["path"] = path
-            print_json(d)
+            print_result(SavedPlan(plan, path))
         else:
             typer.echo(render(plan, path), nl=False)
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import JsonOption, RigOption, err, out, print_json
+from core.cli import JsonOption, RigOption, err, out, print_result
 from core.errors import MismatchError
 from engine_bridge.profiles import export as ex
 from engine_bridge.profiles import launch as ln
@@ -65,12 +65,7 @@ def register(app) -> None:
         defs = ex.all_definitions(root)
         exported = ex.exported_profiles(root)
         if json_out:
-            print_json({"schema": 1, "kind": "profiles",
-                        "definitions": [pf.definition_to_dict(d, defs) for d in defs.values()],
-                        "exported": [{"id": p.id, "engine": p.engine, "sources": p.sources,
-                                      "weights": [p.primary_weight, *p.replica_weights],
-                                      "decode_weights": list(p.decode_weights), "cache_experts": p.cache_experts,
-                                      "unverified": list(p.unverified)} for p in exported]})
+            print_result(ex.ProfileList(defs, tuple(exported)))
             return
         # Plain lines, not a table: variable names are long and a delta must be readable whole.
         for d in defs.values():
@@ -122,7 +117,7 @@ def register(app) -> None:
         err.print(f"launching {escape(path)} with profile {p.id!r} ({p.sources} source(s))", soft_wrap=True)
         r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
         if json_out:
-            print_json(ln.launch_to_dict(r))
+            print_result(r)
         else:
             out.print(f"confirmations ({r.run_dir})", highlight=False, markup=False)
             t = Table()

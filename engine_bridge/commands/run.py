@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, RigOption, err, print_json
+from core.cli import JsonOption, RigOption, err, print_result
 from core.units import format_bytes, format_rate
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
@@ -116,7 +116,9 @@ def register(app) -> None:
             task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
             summary = write(lambda done, total: bar.update(task, completed=done, total=total))
         if json_out:
-            print_json({"schema": 1, "kind": "synth", **summary})
+            from engine_bridge.engine.synth import SynthSummary
+
+            print_result(SynthSummary(summary))
         else:
             typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
                        f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed {format_bytes(summary['routed_bytes'])}"
@@ -149,7 +151,7 @@ def register(app) -> None:
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
         from engine_bridge.engine.blas import pin_blas_threads
-        from engine_bridge.engine.run import csv_text, run_model, save_run
+        from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
         blas = pin_blas_threads(1)
@@ -174,7 +176,7 @@ def register(app) -> None:
         err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
                   highlight=False, soft_wrap=True)
         if json_out:
-            print_json(result)
+            print_result(RunResults(result))
         else:
             typer.echo(csv_text(result, header=True), nl=False)
             typer.echo(f"output_sha256={result['output_sha256']} hits={result['hits']} misses={result['misses']} "
@@ -207,7 +209,7 @@ def register(app) -> None:
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
-        from engine_bridge.engine.replay import replay
+        from engine_bridge.engine.replay import ReplayResults, replay
         from engine_bridge.engine.run import save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
@@ -223,7 +225,7 @@ def register(app) -> None:
         _report_reader(result)
         _report_idle(result)
         if json_out:
-            print_json(result)
+            print_result(ReplayResults(result))
             return
         typer.echo(f"prefill  {result['prefill_tokens']} tokens  {result['prefill_tps']} tok/s-equivalent  "
                    f"coverage {result['coverage']}  read {format_bytes(result['prefill']['bytes'])} at "

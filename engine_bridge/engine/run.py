@@ -8,8 +8,10 @@ import csv
 import io
 import json
 import os
+from typing import ClassVar
 
 from core.errors import UsageError
+from core.results import Document
 from core.fsutil import atomic_write_text
 from engine_bridge.reader import SplitReader
 
@@ -20,6 +22,13 @@ from .inference import Engine, RunOutcome, prompt_tokens, tokens_sha256
 from .model import Geometry, inspect_model, load_resident
 from .sources import SourceSet
 from .staging import PhaseCounters
+
+
+class RunResults(Document):
+    """`engine-bridge run --json`: the run's results (`run_result`, kind "run")."""
+
+    KIND: ClassVar[str] = "run"
+    SCHEMA: ClassVar[int] = RUN_SCHEMA
 
 
 def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
@@ -87,7 +96,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
     idle = idle_sources(phases, weights, sources.paths, [s.degraded for s in stats.sources], sources.planned)
     return {
         "schema": RUN_SCHEMA,
-        "kind": "run",
+        "kind": RunResults.KIND,
         **row,
         "output_sha256": tokens_sha256(o.tokens),
         "cache_experts": requested,
