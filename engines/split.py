@@ -27,7 +27,8 @@ def check_weights(weights: Sequence[int], engine: str = DEFAULT_ENGINE) -> tuple
         raise UsageError(f"weights {':'.join(map(str, w))}: {engine} reads from at most {limit} sources, got {len(w)}")
     for i, x in enumerate(w):
         if isinstance(x, bool) or not isinstance(x, int) or not e.weight_min <= x <= e.weight_max:
-            raise UsageError(f"weights {':'.join(map(str, w))}: weight of source {i} is {x!r}; each must be an integer {e.weight_min}..{e.weight_max}")
+            raise UsageError(f"weights {':'.join(map(str, w))}: weight of source {i} is {x!r}; each must be an integer "
+                             f"{e.weight_min}..{e.weight_max}")
     return w
 
 

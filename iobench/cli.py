@@ -103,7 +103,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
             lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
-                                                help="Lane counts (requests in flight per drive) for every preset; default per preset."),
+                                                help="Lane counts (requests in flight per drive) for every preset; default "
+                                                     "per preset."),
             alone: Optional[bool] = typer.Option(None, "--alone/--together",
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
@@ -187,7 +188,8 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the bas
 @app.command()
 def fio(path: str = typer.Argument(..., metavar="PATH", help="File to read (read-only)."),
         preset: str = typer.Option("seq", "--preset", help="seq, prefill, decode or rand4k."),
-        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3, rand4k 16)."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, "
+                                                                                  "prefill 8, decode 3, rand4k 16)."),
         seconds: float = SecondsOption,
         repeat: int = RepeatOption,
         json_out: bool = JsonOption):

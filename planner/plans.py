@@ -120,7 +120,8 @@ def measured_points(drive_result) -> tuple[tuple[int, int, float], ...]:
     for p in drive_result.presets.values():
         if p.suspect_cache:
             continue
-        pts.extend((int(p.piece_bytes), int(x.lanes), float(x.bw_bytes)) for x in p.lanes if x.bw_bytes > 0 and not x.suspect_cache)
+        pts.extend((int(p.piece_bytes), int(x.lanes), float(x.bw_bytes))
+                   for x in p.lanes if x.bw_bytes > 0 and not x.suspect_cache)
     return tuple(pts)
 
 
@@ -190,7 +191,8 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
     drives = []
     for name, _, d in picked:
         if d.model is None:
-            raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and decode presets")
+            raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and "
+                             f"decode presets")
         drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model,
                             latency_shape(d) if tails else None))
     links = shared_links(result, [d.name for _, _, d in picked])

@@ -125,8 +125,10 @@ def init(rig: Optional[str] = RigOption,
 
 
 @app.command("hash")
-def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files or models to hash (with --check: b3sum check files; - reads standard input)."),
-             check: bool = typer.Option(False, "--check", "-c", help="Read b3sum check files and check every file they name, as `b3sum --check` does."),
+def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files or models to hash (with --check: b3sum check "
+                                                                         "files; - reads standard input)."),
+             check: bool = typer.Option(False, "--check", "-c", help="Read b3sum check files and check every file they name, "
+                                                                     "as `b3sum --check` does."),
              piece_size: str = typer.Option("64M", "--piece-size", help="Piece size for --json (binary units: 64M = 64 MiB)."),
              fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
                                                help="For a directory: raw takes any files as the model (default: a "
@@ -210,14 +212,18 @@ def _check_sums(files: List[str], json_out: bool) -> None:
 
 
 @app.command()
-def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of its split GGUF set, or its directory."),
-         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy the model into, under its own name."),
+def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of "
+                                                                  "its split GGUF set, or its directory."),
+         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy the model "
+                                                                             "into, under its own name."),
          rig: Optional[str] = RigOption,
          piece_size: str = typer.Option("64M", "--piece-size", help="Manifest piece size (binary units)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be copied, write nothing."),
          no_verify: bool = typer.Option(False, "--no-verify", help="Skip the cold read-back (the replica stays unverified)."),
-         replace: bool = typer.Option(False, "--replace", help="Overwrite an existing different file at a destination (atomically, after the copy verifies)."),
-         allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical drive as another member."),
+         replace: bool = typer.Option(False, "--replace", help="Overwrite an existing different file at a destination "
+                                                               "(atomically, after the copy verifies)."),
+         allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical "
+                                                                                   "drive as another member."),
          max_rate: Optional[str] = MaxRateOption,
          quiet: bool = QuietOption,
          json_out: bool = JsonOption):
@@ -259,10 +265,12 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
 
 
 @app.command()
-def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", help="Members to check (default: all); with --manifest, any files."),
+def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", help="Members to check (default: all); with "
+                                                                                  "--manifest, any files."),
            rig: Optional[str] = RigOption,
            full: bool = typer.Option(False, "--full", help="Re-read every byte cold, whatever the stamps say."),
-           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted --full verification where each member stopped (implies --full)."),
+           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted --full verification where each "
+                                                               "member stopped (implies --full)."),
            sample: Optional[float] = typer.Option(None, "--sample", metavar="PCT", min=0.0, max=100.0,
                                                   help="Check a random PCT% of the pieces of each member (cold)."),
            seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --sample (printed when omitted)."),
@@ -334,7 +342,9 @@ def _member_or_file(r, path: str, any_file: bool) -> Member:
 @app.command()
 def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to repair (its path or drive name)."),
            rig: Optional[str] = RigOption,
-           from_: Optional[str] = typer.Option(None, "--from", metavar="PATH", help="Member to copy good pieces from (default: any member whose piece verifies)."),
+           from_: Optional[str] = typer.Option(None, "--from", metavar="PATH", help="Member to copy good pieces from "
+                                                                                    "(default: any member whose piece "
+                                                                                    "verifies)."),
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):

@@ -146,7 +146,8 @@ def combine_results(dest_dir: str, target: str, files: Sequence[DestResult], ext
     if len(files) == 1:
         error = files[0].error
     else:
-        error = "; ".join(f"{f.file}: {f.error}" for f in failed[:1]) + (f" (and {len(failed) - 1} more files)" if len(failed) > 1 else "")
+        error = ("; ".join(f"{f.file}: {f.error}" for f in failed[:1])
+                 + (f" (and {len(failed) - 1} more files)" if len(failed) > 1 else ""))
     stamps = sorted({f.stamped for f in files if f.stamped})
     return DestResult(
         dest_dir, target, max((f.action for f in files), key=lambda a: _ACTION_RANK.get(a, 0)), outcome,
@@ -270,7 +271,8 @@ def set_space_needed(files: Iterable[tuple[int, int]]) -> int:
     return sum(max(0, s - a) for s, a in files) + headroom(sum(s for s, _ in files))
 
 
-def extra_files(model_files: Iterable[str], found: Iterable[str], ours: Iterable[str] = (PARTIAL_SUFFIX, JOURNAL_SUFFIX)) -> tuple[str, ...]:
+def extra_files(model_files: Iterable[str], found: Iterable[str],
+                ours: Iterable[str] = (PARTIAL_SUFFIX, JOURNAL_SUFFIX)) -> tuple[str, ...]:
     """The files found in a destination's model tree that the model does not have, sorted; a
     model file's own NAME.partial and journal (an interrupted copy of ours) are not extra."""
     model = set(model_files)

@@ -271,7 +271,8 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
     if manifest:
         n = f", {plural(len(manifest.files), 'file')}" if len(manifest.files) > 1 else ""
         one = one_blake3(manifest)
-        title = f" — model {format_bytes(manifest.size)}{n}, " + (f"BLAKE3 {one[:16]}…" if one else f"digest {manifest.digest()[:16]}…")
+        title = f" — model {format_bytes(manifest.size)}{n}, " + (f"BLAKE3 {one[:16]}…" if one else f"digest "
+                                                                                                    f"{manifest.digest()[:16]}…")
     else:
         title = " — no manifest yet"
     t = Table(title=f"rig {root}" + title)

@@ -37,8 +37,8 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
     `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
-    sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on another replica (on by default: one slow drive
-    must not hold every read)."""
+    sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on
+    another replica (on by default: one slow drive must not hold every read)."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):

@@ -27,7 +27,7 @@ from typing import ClassVar, Sequence
 from core.errors import UsageError
 from core.results import Document
 from engines.registry import DEFAULT_ENGINE
-from planner.measured import RESULTS_KEYS, RESULTS_SCHEMA, parse_results  # noqa: F401 (RESULTS_KEYS: the shape build_results writes)
+from planner.measured import RESULTS_SCHEMA, parse_results
 
 CSV_COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps",
                "gen_first_ms", "gen_steady_tokens", "gen_steady_tps", "kvcache_bytes")
