@@ -27,7 +27,6 @@ from .constants import (
     DEFAULT_RIG,
     MANIFEST_FILE,
     PLANS_DIR,
-    PROFILES_DIR,
     RIG_ENV,
     RIG_FILE,
     RIG_SCHEMA,
@@ -79,10 +78,6 @@ class Rig:
     @property
     def plans_dir(self) -> str:
         return os.path.join(self.root, PLANS_DIR)
-
-    @property
-    def profiles_dir(self) -> str:
-        return os.path.join(self.root, PROFILES_DIR)
 
     @property
     def runs_dir(self) -> str:

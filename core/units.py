@@ -51,11 +51,3 @@ def format_signed_pct(fraction: float, digits: int = 1) -> str:
         return f"{0:.{digits}f}%"
     return f"{value:+.{digits}f}%"
 
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

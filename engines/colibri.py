@@ -97,31 +97,6 @@ def expert_hash(layer: int, expert: int) -> int:
     return h & 255
 
 
-def place_expert(layer: int, expert: int, weights: Sequence[float],
-                 holders: Sequence[int] | None = None) -> int:
-    """The drive (0 = primary, then mirrors in load order) that serves expert (layer, expert)
-    for one weight per loaded drive. `holders`: the drives whose copy holds the expert's shard
-    (default all); a routed mirror without it hands the expert to the primary."""
-    if len(weights) < 2:
-        return 0
-    hv, r = expert_hash(layer, expert), 0
-    c = cuts(weights)
-    while hv >= c[r]:
-        r += 1
-    if r and holders is not None and r not in holders:
-        return 0
-    return r
-
-
-def placement_counts(layers: int, experts: int, weights: Sequence[float]) -> tuple[int, ...]:
-    """Experts each drive serves over a layers x experts grid (the whole model's placement)."""
-    counts = [0] * max(1, len(weights))
-    for layer in range(layers):
-        for e in range(experts):
-            counts[place_expert(layer, e, weights)] += 1
-    return tuple(counts)
-
-
 # ---------------------------------------------------------------------------------------------
 # The striped read (mir_pread_striped) and the O_DIRECT window it stripes
 
@@ -634,24 +609,6 @@ def member_for(model_type: str | None) -> Member:
         raise UsageError(f"model_type {key!r} runs colibri's {OTHER_FAMILIES[key]} engine, whose mirror rules "
                          f"replica-tuner does not reproduce; known: {known}")
     raise UsageError(f"colibri has no engine for model_type {key!r} (unsupported model_type); known: {known}")
-
-
-def buckets_many(member: Member, layers: int, experts: int,
-                 experts_per_layer: int | None = None) -> np.ndarray:
-    """(layers, experts) array of member.bucket(layer, expert, experts_per_layer) over the grid
-    0..layers-1 x 0..experts-1 (the flat hash's experts_per_layer defaults to `experts`)."""
-    m32 = np.uint64(_M32)
-    lay = np.arange(layers, dtype=np.uint64)[:, None]
-    exp = np.arange(experts, dtype=np.uint64)[None, :]
-    if member.placement == PLACEMENT_XOR:
-        h = ((lay * np.uint64(GOLDEN)) & m32) ^ ((exp * np.uint64(0x9E3779B9)) & m32)
-        h ^= h >> np.uint64(16)
-        h = (h * np.uint64(0x45D9F3B)) & m32
-        h ^= h >> np.uint64(16)
-        return (h & np.uint64(255)).astype(np.int64)
-    epl = np.uint64(experts if experts_per_layer is None else experts_per_layer)
-    idx = (lay * epl + exp) & m32
-    return ((((idx * np.uint64(GOLDEN)) & m32) >> np.uint64(16)) & np.uint64(255)).astype(np.int64)
 
 
 def cuts_many(member: Member, weights_2d) -> np.ndarray:

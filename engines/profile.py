@@ -73,10 +73,6 @@ class Request:
     def sources(self) -> int:
         return len(self.paths)
 
-    def idle_in(self, source: int) -> tuple[str, ...]:
-        return self.idle[source] if source < len(self.idle) else ()
-
-
 @dataclass(frozen=True)
 class Setting:
     """The environment (in export order) and arguments (after the binary) a request gives."""

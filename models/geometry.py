@@ -141,10 +141,6 @@ class Geometry:
         return round(self.routed_bytes / (self.layers * self.experts))
 
     @property
-    def layer_bytes(self) -> int:
-        return self.experts * self.expert_bytes
-
-    @property
     def component_sizes(self) -> dict[str, tuple[int, ...]]:
         """Each component's distinct slice lengths (bytes) over the layers."""
         return {c: tuple(sorted({t.component_bytes for t in self.tensors if t.component == c})) for c in self.components}

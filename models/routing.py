@@ -89,6 +89,3 @@ def coverage(selections: np.ndarray, experts: int) -> float:
     layers = selections.shape[1]
     return float(np.mean([np.unique(selections[:, layer]).size / experts for layer in range(layers)]))
 
-
-def union_sizes(selections: np.ndarray) -> list[int]:
-    return [int(np.unique(selections[:, layer]).size) for layer in range(selections.shape[1])]

@@ -41,7 +41,6 @@ from typing import ClassVar
 
 from core.constants import PLANS_DIR
 from core.errors import RigError, UsageError
-from core.jsonfile import parse_json
 from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights
 
@@ -174,7 +173,3 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
                 # a plan from before 'direct' was recorded stripes only with O_DIRECT on
                 direct=d.get("direct", d.get("stripe", False)))
 
-
-def plan_from_json(text: str | bytes, where: str = "plan") -> Plan:
-    """A plan from the text of `where`: the same checks and messages as a plan read from disk."""
-    return plan_from_dict(parse_json(text, where, PLAN_KIND, PLAN_REMEDY, schema=PLAN_SCHEMAS), where)

@@ -68,13 +68,6 @@ def piece_range(index: int, size: int, piece_size: int) -> PieceRange:
     return PieceRange(index, offset, min(piece_size, size - offset))
 
 
-def pieces_in(offset: int, length: int, piece_size: int) -> range:
-    """Indices of the pieces that overlap bytes [offset, offset+length)."""
-    if length <= 0:
-        return range(0)
-    return range(offset // piece_size, (offset + length - 1) // piece_size + 1)
-
-
 def bad_pieces(manifest: Manifest, hashes: dict[int, str], size: int | None = None) -> list[PieceRange]:
     """Pieces whose hash differs from the manifest, plus pieces a short file (size) cannot hold.
 

@@ -168,10 +168,3 @@ def resume_point(mark: ScrubMark | None, manifest: Manifest, identity: tuple[int
         return 0, ()
     return min(mark.done, manifest.count), tuple(i for i in mark.bad if i < manifest.count)
 
-
-def contiguous_done(start: int, hashed) -> int:
-    """How many pieces from `start` on are checked, given the set of piece indices hashed since."""
-    n = start
-    while n in hashed:
-        n += 1
-    return n

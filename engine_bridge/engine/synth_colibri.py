@@ -99,12 +99,6 @@ class ColibriSpec:
     def expert_bytes(self) -> int:
         return 3 * self.component_bytes
 
-    @property
-    def scale_bytes(self) -> int:
-        """The three per-row F32 scale vectors of one expert (gate, up: ff rows; down: dim rows)."""
-        return 4 * (2 * self.ff + self.dim)
-
-
 def max_vocab() -> int:
     return 256 + len(_MERGE_ALPHABET) ** 2 + len(SPECIAL_TOKENS)
 

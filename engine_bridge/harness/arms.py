@@ -27,7 +27,7 @@ from typing import ClassVar, Sequence
 from core.errors import UsageError
 from core.results import Document
 from engines.registry import DEFAULT_ENGINE
-from planner.measured import RESULTS_SCHEMA, parse_results
+from planner.measured import RESULTS_SCHEMA
 
 CSV_COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps",
                "gen_first_ms", "gen_steady_tokens", "gen_steady_tps", "kvcache_bytes")
@@ -351,8 +351,3 @@ def build_results(specs: Sequence[ArmSpec], order: str, sequence: Sequence[str],
     doc.update(summarize(row_docs, names, control))
     return doc
 
-
-def check_results(doc: dict, where: str = "results.json") -> dict:
-    """Refuse a document that is not a results.json of this schema (for tools reading one back)."""
-    parse_results(doc, where)
-    return doc

@@ -90,14 +90,6 @@ class LaunchResult:
                 return min(int(x) for x in c.observed.split(","))
         return None
 
-    def arm_result(self) -> dict:
-        """One arm's row for the harness: the ds4-bench CSV columns of the last row, the cache
-        requested and applied, and the launcher's verdict."""
-        requested = next((int(c.expected) for c in self.confirmations if c.name == "cache-budget"), None)
-        return {**self.metrics, "cache_experts": requested, "cache_experts_applied": self.cache_experts_applied,
-                "confirmed": self.ok, "failed": list(self.failed), "run_dir": self.run_dir}
-
-
 def launch_to_dict(r: LaunchResult) -> dict:
     return {
         "schema": r.schema,

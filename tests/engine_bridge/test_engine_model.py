@@ -28,7 +28,7 @@ def test_real_model_geometry_from_a_300_gb_sparse_file(tmp_path):
     assert isinstance(g, Geometry)
     assert (g.layers, g.experts, g.top_k) == (40, 384, 6)
     assert g.component_bytes == V41_COMPONENT
-    assert g.expert_bytes == 19_906_560 and g.layer_bytes == 7_644_119_040      # docs/planner.md
+    assert g.expert_bytes == 19_906_560 and g.experts * g.expert_bytes == 7_644_119_040      # docs/planner.md
     gate, up, down = g.expert_ranges(7, 5)
     assert gate == Extent("v41.gguf", g.tensor(7, "gate").offset + 5 * V41_COMPONENT, V41_COMPONENT)
     assert len({gate.offset, up.offset, down.offset}) == 3      # three different regions of the file

@@ -20,7 +20,7 @@ from engine_bridge.harness.runner import (
     snapshot,
     write_arm_plan,
 )
-from planner.plan import plan_from_json
+from planner.plans import load_plan
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def fake_runner(speeds, calls, fail=()):
         calls.append((seq, spec.name, settings))
         if spec.name in fail:
             raise ArmFailed("exit 3: drive gone")
-        plan = plan_from_json(open(os.path.join(workdir, "plans", f"{spec.name}.json")).read())
+        plan = load_plan(os.path.join(workdir, "plans", f"{spec.name}.json"))
         assert [s.path for s in plan.sources] == list(spec.sources)
         k = len(spec.sources)
         return {"prefill_tps": speeds[0] * k, "gen_tps": speeds[1] * k, "gen_steady_tps": speeds[1] * k,
@@ -302,11 +302,11 @@ def test_an_arm_running_its_plan_keeps_the_plans_prediction_so_run_can_flag_an_i
     src.write_text(json.dumps(plan_to_dict(solved)))
     specs, _ = ladder_arms(rig.root, plan=str(src))
     assert [s.plan for s in specs] == ["", "", str(src)]             # only the rung that runs the plan's sources
-    arm = plan_from_json(open(write_arm_plan(specs[2], str(tmp_path / "3.json"))).read())
+    arm = load_plan(write_arm_plan(specs[2], str(tmp_path / "3.json")))
     assert arm.decode.predicted == pred and arm.workload == solved.workload
     assert arm.provenance["model"] == solved.provenance["model"] and arm.provenance["from"] == str(src)
-    two = plan_from_json(open(write_arm_plan(specs[1], str(tmp_path / "2.json"))).read())
+    two = load_plan(write_arm_plan(specs[1], str(tmp_path / "2.json")))
     assert two.decode.predicted == {} and two.workload == {}          # two drives: the plan's prediction does not apply
     specs, _ = ladder_arms(rig.root, plan=str(src), decode_weights="10:6:6")
-    other = plan_from_json(open(write_arm_plan(specs[2], str(tmp_path / "o.json"))).read())
+    other = load_plan(write_arm_plan(specs[2], str(tmp_path / "o.json")))
     assert other.decode.predicted == {} and other.prefill.predicted == {"sources": []}   # per phase: weights as planned

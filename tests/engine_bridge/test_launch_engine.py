@@ -92,9 +92,8 @@ def test_a_confirmed_arm(tmp_path, monkeypatch):
     r = launch_arm(stand_in(tmp_path), prof, ["--ctx-start", "512"], run_dir=str(tmp_path / "run"))
     assert r.ok and r.failed == () and r.returncode == 0, r.confirmations
     assert r.metrics["prefill_tps"] == 43.6 and r.metrics["gen_steady_tps"] == 17.4
-    row = r.arm_result()
-    assert row["gen_steady_tps"] == 17.4 and row["cache_experts"] == 4600 and row["cache_experts_applied"] == 4600
-    assert row["confirmed"] is True and row["failed"] == []
+    assert r.cache_experts_applied == 4600
+    assert [c.expected for c in r.confirmations if c.name == "cache-budget"] == ["4600"]
     assert r.dead_knobs == ()
     log = open(r.stderr_path).read()
     env = dict(line[4:].split("=", 1) for line in log.splitlines() if line.startswith("env "))
@@ -124,7 +123,7 @@ def test_a_missing_confirmation_fails_the_arm_by_name(tmp_path, omit, name):
 def test_reduced_cache_zero_bytes_rejection_and_exit_code(tmp_path):
     root, paths, prof = exported(tmp_path)
     capped = launch_arm(stand_in(tmp_path, cap=4000), prof, run_dir=str(tmp_path / "a"))
-    assert capped.failed == ("cache-budget",) and capped.arm_result()["cache_experts_applied"] == 4000
+    assert capped.failed == ("cache-budget",) and capped.cache_experts_applied == 4000
     assert launch_arm(stand_in(tmp_path, zero={2}), prof, run_dir=str(tmp_path / "b")).failed == ("source-bytes",)
     assert launch_arm(stand_in(tmp_path, reject=True), prof, run_dir=str(tmp_path / "c")).failed == ("prefill-staging",)
     r = launch_arm(stand_in(tmp_path, exit=3), prof, run_dir=str(tmp_path / "d"))

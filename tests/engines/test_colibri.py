@@ -9,6 +9,21 @@ from hypothesis import strategies as st
 from engines import colibri as c
 from engines.registry import get_engine
 
+GLM = c.FAMILY["glm"]
+
+
+def place(layer: int, expert: int, weights) -> int:
+    """The drive colibri's GLM engine routes expert (layer, expert) to (expert_route in c/colibri.c)."""
+    return GLM.route(layer, expert, None, weights)
+
+
+def placement_counts(layers: int, experts: int, weights) -> tuple[int, ...]:
+    counts = [0] * max(1, len(weights))
+    for layer in range(layers):
+        for e in range(experts):
+            counts[place(layer, e, weights)] += 1
+    return tuple(counts)
+
 # ---------------------------------------------------------------------------------------------
 # Cuts and placement
 
@@ -37,18 +52,19 @@ def test_the_hash_by_hand():
 def test_placement_by_hand():
     # cuts 128/192/256 for 10:5:5: hash < 128 -> primary, < 192 -> mirror 1, else mirror 2.
     w = (10, 5, 5)
-    assert [c.place_expert(*x, w) for x in ((0, 0), (0, 1), (1, 0), (3, 17), (39, 383))] == [0, 2, 1, 0, 0]
+    assert [place(*x, w) for x in ((0, 0), (0, 1), (1, 0), (3, 17), (39, 383))] == [0, 2, 1, 0, 0]
     # 9:3:3 cuts 154/205/256: hash 190 lands on mirror 1, 243 on mirror 2.
-    assert c.place_expert(1, 0, (9, 3, 3)) == 1 and c.place_expert(0, 1, (9, 3, 3)) == 2
+    assert place(1, 0, (9, 3, 3)) == 1 and place(0, 1, (9, 3, 3)) == 2
     # One drive: colibri's g_mirror is off and every expert is the primary's.
-    assert all(c.place_expert(0, e, (7,)) == 0 for e in range(64))
+    assert all(place(0, e, (7,)) == 0 for e in range(64))
 
 
 def test_a_routed_mirror_without_the_shard_hands_the_expert_to_the_primary():
     # expert_load_impl: rep = expert_route(); if the shard is not in that mirror, rep = 0.
-    assert c.place_expert(0, 1, (10, 5, 5)) == 2
-    assert c.place_expert(0, 1, (10, 5, 5), holders=(0, 1)) == 0
-    assert c.place_expert(1, 0, (10, 5, 5), holders=(0, 1)) == 1
+    assert place(0, 1, (10, 5, 5)) == 2
+    files = ("gate.w", "up.w", "down.w")
+    assert GLM.serve(2, files, lambda source, f: source != 2) == (0, 0, 0)
+    assert GLM.serve(place(1, 0, (10, 5, 5)), files, lambda source, f: source != 2) == (1, 1, 1)
 
 
 @pytest.mark.parametrize("weights, counts, signature", [
@@ -64,18 +80,18 @@ def test_placement_matches_the_compiled_source(weights, counts, signature):
     got, sig = [0] * len(weights), 0
     for layer in range(80):
         for e in range(512):
-            r = c.place_expert(layer, e, weights)
+            r = place(layer, e, weights)
             got[r] += 1
             sig = (sig * 31 + r) % (1 << 64)
     assert tuple(got) == counts and sig == signature
-    assert c.placement_counts(80, 512, weights) == counts
+    assert placement_counts(80, 512, weights) == counts
 
 
 @pytest.mark.parametrize("weights", [(10, 5, 5), (9, 3, 3), (2, 1), (12, 7, 7), (1, 1, 1, 1, 1), (51, 45, 4)])
 def test_many_experts_split_in_proportion_to_the_weights(weights):
     # 40 layers x 384 experts (DeepSeek V4.1's grid): each drive's share is its cut slice of 256
     # within 1.5 points, and the slice is the weight's share within half a bucket.
-    counts = c.placement_counts(40, 384, weights)
+    counts = placement_counts(40, 384, weights)
     total, cuts, lo = sum(counts), c.cuts(weights), 0
     for r, hi in enumerate(cuts):
         assert abs(counts[r] / total - (hi - lo) / 256) < 0.015

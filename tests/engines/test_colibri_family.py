@@ -188,8 +188,6 @@ def test_the_glm_member_is_the_existing_glm_rules():
     for w in ((10, 5, 5), (9, 3, 3), (1047, 515), (1, 1, 1, 1, 254)):
         assert GLM.cuts(w) == c.cuts(w)
     assert all(GLM.bucket(layer, e) == c.expert_hash(layer, e) for layer in range(8) for e in range(64))
-    assert all(GLM.route(layer, e, None, (9, 3, 3)) == c.place_expert(layer, e, (9, 3, 3))
-               for layer in range(8) for e in range(64))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,17 +417,6 @@ def test_who_prints_which_line():
 # Vectorised == scalar
 
 MEMBERS = st.sampled_from(list(c.FAMILY.values()))
-
-
-@settings(max_examples=60, deadline=None)
-@given(member=MEMBERS, layers=st.integers(1, 12), experts=st.integers(1, 70),
-       epl=st.one_of(st.none(), st.integers(1, 1024)))
-def test_buckets_many_equals_bucket(member, layers, experts, epl):
-    got = c.buckets_many(member, layers, experts, epl)
-    assert got.shape == (layers, experts)
-    want_epl = experts if epl is None else epl
-    assert [[int(x) for x in row] for row in got] == [
-        [member.bucket(layer, e, want_epl) for e in range(experts)] for layer in range(layers)]
 
 
 @settings(max_examples=200, deadline=None)

@@ -45,7 +45,7 @@ def test_real_v41_layout_from_a_header_only_sparse_file(tmp_path):
         path.unlink()
     assert (g.layers, g.experts, g.top_k, g.shared_experts) == (40, 384, 6, 1)
     assert g.component_bytes == V41_COMPONENT and g.uniform and g.stacked
-    assert g.expert_bytes == 19_906_560 and g.layer_bytes == 7_644_119_040
+    assert g.expert_bytes == 19_906_560 and g.experts * g.expert_bytes == 7_644_119_040
     assert g.routed_bytes == 40 * 7_644_119_040 and g.file_size == size
     assert g.components == ("gate", "up", "down") and g.format == "gguf" and g.layout == "file"
     gate, up, down = g.expert_ranges(7, 5)

@@ -24,7 +24,7 @@ from planner.autotune import (
     rounds_that_fit,
     run_trials,
 )
-from planner.plan import Phase, Source, plan_from_dict, plan_from_json, plan_to_dict
+from planner.plan import Phase, Source, plan_from_dict, plan_to_dict
 from planner.solve import Pricer, Problem, prediction, solve, solve_plan
 from planner.workload import model_workload
 from tests.planner.helpers import drives3
@@ -308,7 +308,7 @@ def test_a_joint_measured_plan_takes_the_picked_mode():
     assert out.direct and not out.stripe and out.prefill.weights == out.decode.weights == a[direct].weights
     cands = out.decode.measured["candidates"]
     assert all("objective" in c and c["mode"] in ([], ["direct"], ["direct", "stripe"]) for c in cands)
-    assert plan_from_json(json.dumps(plan_to_dict(out))) == out
+    assert plan_from_dict(json.loads(json.dumps(plan_to_dict(out)))) == out
     assert out.provenance["autotune"]["arms"][direct]["mode"] == ["direct"]
 
 
@@ -347,7 +347,7 @@ def test_measured_plan_records_predictions_and_measurements_with_pinned_keys():
     assert {"budget_s", "trial_s", "rounds_planned", "rounds_done", "stopped_by_budget", "interrupted", "wall_s",
             "solved", "solved_mode", "arms", "trials"} <= set(auto)
     assert auto["solved"]["decode"] == list(plan.decode.weights) and len(auto["trials"]) == 2 * len(a)
-    back = plan_from_json(json.dumps(d))
+    back = plan_from_dict(json.loads(json.dumps(d)))
     assert back == out
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engines.base import Piece
-from engines.colibri import place_expert
+from engines.colibri import FAMILY
 from engines.pattern import Concurrency, Pattern, Read, Setup, Step
 from engines.registry import get_engine
 from models.geometry import stacked_geometry
@@ -131,10 +131,10 @@ def test_colibri_prefill_waits_for_each_block_of_64_experts():
     pr = price(COLIBRI, g, drives, one_step("prefill", Step("prefill", 0, tuple(range(80)))), (2, 1))
     want = 0.0
     for block in (range(64), range(64, 80)):
-        on = [place_expert(0, e, (2, 1)) for e in block]
+        on = [FAMILY["glm"].route(0, e, None, (2, 1)) for e in block]
         want += max(3 * MB * on.count(0) / 100e6, 3 * MB * on.count(1) / 50e6)
     assert pr.groups == 2 and pr.seconds == pytest.approx(want)
-    assert pr.source_experts == tuple(float(sum(place_expert(0, e, (2, 1)) == i for e in range(80))) for i in (0, 1))
+    assert pr.source_experts == tuple(float(sum(FAMILY["glm"].route(0, e, None, (2, 1)) == i for e in range(80))) for i in (0, 1))
 
 
 @pytest.mark.parametrize("engine, arch", [(DS4, "?"), (COLIBRI, "glm_moe_dsa")])

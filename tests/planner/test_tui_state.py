@@ -13,7 +13,7 @@ from core.errors import UsageError
 from engines.registry import get_engine
 from planner.cli import app as planner_app
 from planner.model import Background
-from planner.plan import Phase, Plan, plan_from_json, plan_to_dict
+from planner.plan import Phase, Plan, plan_from_dict, plan_to_dict
 from planner.plans import load_inputs, load_plan, save_plan
 from planner.rigmodel import choose_workload, rig_problem
 from planner.solve import Pricer, capability_weights, predict
@@ -154,7 +154,7 @@ def test_a_plan_is_priced_again_as_it_was_solved(tmp_path):
 def test_saved_plan_is_the_plan_contract_and_says_it_was_tuned_by_hand(state, tmp_path):
     t = st.nudge(st.switch_phase(state), 1, 2)
     plan = st.tuned_plan(t, created="2026-11-29T20:00:00.000Z")
-    back = plan_from_json(json.dumps(plan_to_dict(plan)))
+    back = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
     assert back == plan
     assert back.prefill.weights == (2, 1, 1) and back.decode.weights == (5, 5, 2)
     assert back.decode.predicted == t.views["decode"].prediction

@@ -21,7 +21,6 @@ from replicas.verdict import (
     VERIFIED,
     ScrubMark,
     Verdict,
-    contiguous_done,
     mismatch_text,
     plural,
     resume_point,
@@ -197,10 +196,6 @@ def test_scrub_marks_round_trip_and_resume_point():
     with pytest.raises(Exception, match="s.json"):
         scrub_from_doc({"members": {"/r/a": {"manifest": "x", "done": -1, "identity": [1, 2, 3, 4]}}}, "s.json")
 
-
-def test_contiguous_done():
-    assert contiguous_done(0, set()) == 0
-    assert contiguous_done(3, {3, 4, 6}) == 5
 
 
 def test_manifest_of_the_rig_is_what_verdicts_name(synced):
