@@ -16,7 +16,6 @@ from core.errors import MismatchError
 from engine_bridge.profiles import export as ex
 from engine_bridge.profiles import launch as ln
 from engine_bridge.profiles import profile as pf
-from planner.plans import resolve_plan_path
 
 
 def register(app) -> None:
@@ -43,9 +42,7 @@ def register(app) -> None:
                                               help="Export replicas not verified against the manifest; the profile says so."),
     ):
         """Check a plan against the engine's rules and write it as an engine profile."""
-        root = rigmod.rig_dir(rig)
-        plan_path = resolve_plan_path(plan, rigmod.load_rig(root, must_exist=False))
-        result = ex.export_profile(rig_root=root, plan_path=plan_path, fmt=fmt, name=profile, base=base,
+        result = ex.export_profile(rig_root=rigmod.rig_dir(rig), plan_path=plan, fmt=fmt, name=profile, base=base,
                                    cache_experts=cache_experts, output=output, allow_unverified=allow_unverified)
         p = result.profile
         if p.unverified:

@@ -157,11 +157,10 @@ def register(app) -> None:
         """Run the embedded MoE engine with routed experts streamed through split reads."""
         from engine_bridge.engine.blas import pin_blas_threads
         from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run
-        from engine_bridge.engine.sources import build_sources, resolve_model
+        from engine_bridge.engine.sources import run_sources
 
         blas = pin_blas_threads(1)
-        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
-                                engine, tuple(switch))
+        sources = run_sources(model, replica, primary_weight, decode_weights, plan, rig, engine, tuple(switch))
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
@@ -218,10 +217,9 @@ def register(app) -> None:
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
         from engine_bridge.engine.replay import ReplayResults, replay
         from engine_bridge.engine.run import save_run
-        from engine_bridge.engine.sources import build_sources, resolve_model
+        from engine_bridge.engine.sources import run_sources
 
-        sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
-                                engine, tuple(switch))
+        sources = run_sources(model, replica, primary_weight, decode_weights, plan, rig, engine, tuple(switch))
         err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),

@@ -18,6 +18,7 @@ from core.errors import UsageError
 from core.rig import Rig, load_rig, rig_dir
 from engines.registry import DEFAULT_ENGINE, check_reads_model, engine_for_model, get_engine
 from engines.split import check_weights, parse_weights
+from planner.plan import Plan
 from planner.plans import load_plan, resolve_plan_path
 from models.modelset import ModelSet, discover, member_set, one_file
 
@@ -60,15 +61,49 @@ class SourceSet:
         return {ph: (c.shared if c.per_read else None) for ph in PHASES for c in (e.concurrency(ph),)}
 
 
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run reads from the rig before it opens any model: rig.toml and the plan it was given
+    (`path` and `plan` None without --plan), each read once (`run_inputs`)."""
+
+    rig: Rig
+    path: Optional[str] = None
+    plan: Optional[Plan] = None
+
+
+def run_inputs(plan: Optional[str], rig: Optional[str]) -> RunInputs:
+    """rig.toml (an empty rig when there is none) and the plan `plan` names (a file, 'latest' or a
+    name in <rig>/plans), read once for the whole command."""
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    if not plan:
+        return RunInputs(the_rig)
+    path = resolve_plan_path(plan, Rig(root=the_rig.root))
+    return RunInputs(the_rig, path, load_plan(path))
+
+
+def run_sources(model: Optional[str], replicas: Sequence[str], primary_weight: int, decode_weights: Optional[str],
+                plan: Optional[str], rig: Optional[str], engine: Optional[str] = None,
+                switches: Sequence[str] = ()) -> SourceSet:
+    """`run` and `replay`'s sources: the primary (`resolve_model`) and the sources around it
+    (`build_sources`), with rig.toml and the plan read once."""
+    inputs = run_inputs(plan, rig)
+    return sources_of(model_of(model, inputs), replicas, primary_weight, decode_weights, inputs, engine, switches)
+
+
 def resolve_model(model: Optional[str], plan: Optional[str], rig: Optional[str]) -> ModelSet:
     """The primary model of a run: `--model` (found on disk: a file, any member of a split set, a
     directory), else the plan's primary (source 0), else the rig's model. A path that is a rig
     member's takes the rig's layout. UsageError when none of them names one."""
+    return discover(model) if model else model_of(None, run_inputs(plan, rig))
+
+
+def model_of(model: Optional[str], inputs: RunInputs) -> ModelSet:
+    """`resolve_model` on what `run_inputs` read."""
     if model:
         return discover(model)
-    the_rig = load_rig(rig_dir(rig), must_exist=False)
-    if plan:
-        return member_model(load_plan(resolve_plan_path(plan, Rig(root=the_rig.root))).sources[0].path, the_rig)
+    the_rig = inputs.rig
+    if inputs.plan is not None:
+        return member_model(inputs.plan.sources[0].path, the_rig)
     if the_rig.model is None:
         raise UsageError(f"no model to run: give --model PATH, --plan PLAN, or --rig DIR whose rig.toml names one "
                          f"(the rig at {the_rig.root} names none)")
@@ -106,12 +141,17 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
     `engine` reads (default: the engine that reads such a model, `engines.registry.engine_for_model`)
     with `switches` on; `decode_weights` ('W,W,..')
     overrides either."""
-    the_rig = load_rig(rig_dir(rig), must_exist=False)
-    if plan:
+    return sources_of(model, replicas, primary_weight, decode_weights, run_inputs(plan, rig), engine, switches)
+
+
+def sources_of(model: ModelSet, replicas: Sequence[str], primary_weight: int, decode_weights: Optional[str],
+               inputs: RunInputs, engine: Optional[str] = None, switches: Sequence[str] = ()) -> SourceSet:
+    """`build_sources` on what `run_inputs` read."""
+    the_rig, path, p = inputs.rig, inputs.path, inputs.plan
+    chosen = False
+    if p is not None:
         if replicas:
             raise UsageError("give either --plan or --replica, not both (the plan lists its sources)")
-        path = resolve_plan_path(plan, Rig(root=the_rig.root))
-        p = load_plan(path)
         if engine and engine != p.engine:
             raise UsageError(f"--engine {engine}: the plan {path} is for {p.engine}; drop --engine or solve a plan for "
                              f"{engine} (`planner solve --engine {engine}`)")
@@ -137,7 +177,7 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
                 raise UsageError(f"--{k}: {engine} has no such switch" + (f" (it has {', '.join('--' + x for x in e.switches)})"
                                                                           if e.switches else ""))
         reps = [parse_replica(r) for r in replicas]
-        paths = (model.path,) + tuple(p for p, _ in reps)
+        paths = (model.path,) + tuple(rep_path for rep_path, _ in reps)
         prefill = check_weights((primary_weight,) + tuple(w for _, w in reps), engine)
         decode = parse_weights(decode_weights, engine) if decode_weights else prefill
         planned = {}
@@ -148,7 +188,7 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
     if decode != prefill and not get_engine(engine).phase_weights:
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {engine} reads both phases with one weight "
                          f"vector ({':'.join(map(str, prefill))}); drop --decode-weights")
-    if (plan or chosen) and engine_for_model(model.format, model.layout, model.files) != engine:
+    if (p is not None or chosen) and engine_for_model(model.format, model.layout, model.files) != engine:
         # another engine is the one that reads this model: its pattern is the one to run. (A layout
         # no engine reads, a split GGUF set, is still replayed with the engine asked for.)
         check_reads_model(engine, model.format, model.layout, model.files, model.path)

@@ -30,7 +30,7 @@ from engines.registry import DEFAULT_ENGINE
 from models.modelset import discover
 from models.tensortable import CONFIG_JSON
 from planner.plan import plan_to_dict
-from planner.plans import load_plan
+from planner.plans import load_plan, resolve_plan_path
 from replicas.manifests import load_manifest
 from replicas.stamps import stamp_state
 
@@ -220,10 +220,13 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
                    base: str | None = None, cache_experts: int | None = None, output: str | None = None,
                    allow_unverified: bool = False) -> ExportResult:
     """Check the plan against the engine's rules and write its profile; raises on any violation.
-    `fmt`: an engine's name (its env file and JSON), or 'json' (the plan's engine's profile as
-    JSON alone)."""
+    `plan_path`: a plan file, 'latest' or a plan's name in <rig>/plans. `fmt`: an engine's name (its
+    env file and JSON), or 'json' (the plan's engine's profile as JSON alone). rig.toml and the plan
+    are each read once."""
     if fmt not in pf.FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
+    rig = rigmod.load_rig(rig_root, must_exist=False)
+    plan_path = resolve_plan_path(plan_path, rig)
     plan = load_plan(plan_path)
     engine = plan.engine if fmt == pf.JSON_FORMAT else fmt
     prof = rules.profile_of(engine)
@@ -242,7 +245,6 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
             raise UsageError(f"plan {plan_path}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
                              f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
-    rig = rigmod.load_rig(rig_root, must_exist=False)
     manifest = load_manifest(rig, required=False)    # the model: every file, one digest (its identity)
 
     definitions = all_definitions(rig_root)

@@ -229,3 +229,22 @@ def test_any_value_round_trips_through_sh(values):
                          env={"PATH": os.environ["PATH"], "DS4_GONE": "0", "LC_ALL": "C.UTF-8"}).stdout
     *got, rest = out.split(b"\0")
     assert got == [v.encode() for _, v in env] and rest == b""      # rest would hold LEAK
+
+
+def test_export_reads_the_plan_and_rig_toml_once(tmp_path, monkeypatch):
+    import builtins
+    from collections import Counter
+
+    root, paths, _ = make_rig(tmp_path, 3)
+    plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
+    opened, real_open = Counter(), builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        opened[str(file)] += 1
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "ds4-argodrive", "--cache-experts", "4600"])
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert r.exit_code == 0, r.output
+    assert opened[plan] == 1 and opened[os.path.join(root, "rig.toml")] == 1
