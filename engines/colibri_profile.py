@@ -194,7 +194,7 @@ def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: b
                                f"in {c.ENV_MIRROR}; rename the directory"))
         if d != d.strip(" "):
             v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename "
-                                                    f"the directory"))
+                                                    "the directory"))
         if d == primary.directory or (f.device is not None and (f.device, f.inode) == (primary.device, primary.inode)):
             v.append(Violation("same-directory", where,
                                f"replica {d} is the model directory itself; colibri ignores it (a mirror must be another copy)"))

@@ -68,7 +68,7 @@ def open_gguf(path: str):
         raise UsageError(f"{path}: damaged or truncated GGUF header (ValueError: {e}); re-copy or re-create the file") from None
     except Exception as e:  # the library raises IndexError/struct errors/... on damaged headers
         raise UsageError(f"{path}: damaged or truncated GGUF header ({type(e).__name__}: {e}); re-copy or re-create the "
-                         f"file") from None
+                         "file") from None
 
 
 def _scalar(field):

@@ -39,7 +39,7 @@ ThreadsOption = typer.Option(None, "--threads", min=1, max=256,
                                   "ds4-argodrive's decode pread pool, 9; colibri's expert loads, 8).")
 WorkloadOption = typer.Option(None, "--workload", metavar="NAME",
                               help=f"Plan a named workload instead of the rig's model: {', '.join(NAMED)} (DeepSeek V4.1 "
-                                   f"Flash's reads, see docs/planner.md).")
+                                   "Flash's reads, see docs/planner.md).")
 ModelOption = typer.Option(None, "--model", metavar="PATH",
                            help="Plan this model (GGUF file, split set member, safetensors directory; a header-only copy "
                                 "will do) instead of the rig's.")
@@ -285,7 +285,7 @@ def tune(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption,
                                             help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' "
                                                  "(default: the newest; solved in the tuner if there is none)."),
          engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine to tune: {', '.join(ENGINES)} (default: the "
-                                                                     f"plan's; "
+                                                                     "plan's; "
                                               "with no --plan, the newest plan for it, else solved in the tuner)."),
          fit_only: bool = FitOnlyOption):
     """Open the split tuner: nudge weights per phase and the engine's switches, read the prediction, save a plan."""

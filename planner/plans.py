@@ -192,7 +192,7 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
     for name, _, d in picked:
         if d.model is None:
             raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and "
-                             f"decode presets")
+                             "decode presets")
         drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model,
                             latency_shape(d) if tails else None))
     links = shared_links(result, [d.name for _, _, d in picked])

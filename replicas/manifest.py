@@ -176,7 +176,7 @@ def manifest_from_dict(d: dict, where: str = "manifest.json") -> ModelManifest:
         raise RigError(f"{where}: expected a JSON object; re-create it with `replicas sync` or `replicas hash --json`")
     if d.get("schema") not in MANIFEST_SCHEMAS or isinstance(d.get("schema"), bool):
         raise RigError(f"{where}: schema {d.get('schema')!r} is not one of {MANIFEST_SCHEMAS}; re-create the manifest with "
-                       f"`replicas sync`")
+                       "`replicas sync`")
     if d["schema"] == 1:
         return ModelManifest(files=(_file_from_dict(d, where, str(d.get("name", ""))),), layout="file", format="")
     files = d.get("files")
@@ -193,5 +193,5 @@ def manifest_from_dict(d: dict, where: str = "manifest.json") -> ModelManifest:
         raise RigError(f"{where}: {e}; re-create the manifest with `replicas sync`") from None
     if "digest" in d and d["digest"] != m.digest():
         raise RigError(f"{where}: key 'digest' does not match its files (edited by hand?); re-create the manifest with "
-                       f"`replicas sync`")
+                       "`replicas sync`")
     return m

@@ -101,7 +101,7 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
     model = as_model(manifest)
     if target.role == "primary":
         raise UsageError(f"{target.path} is the primary (your model file); replicas never write to it — copy a verified "
-                         f"replica over it yourself if it is damaged")
+                         "replica over it yourself if it is damaged")
     located = located_files(target.path, model)
     home = target.path if model.layout == DIR else os.path.dirname(target.path)
     if (model.layout == FILE and not os.path.exists(target.path)) or not os.path.isdir(home):

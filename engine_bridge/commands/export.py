@@ -33,7 +33,7 @@ def register(app) -> None:
                                               help="Name of the exported profile (default: the plan file's name)."),
         base: Optional[str] = typer.Option(None, "--base", metavar="PROFILE",
                                            help=f"Named profile to build on (default {ex.DEFAULT_BASE}; a name or a .toml "
-                                                f"file)."),
+                                                "file)."),
         cache_experts: Optional[int] = typer.Option(None, "--cache-experts", metavar="N",
                                                     help="Expert-cache size in experts (an engine argument)."),
         output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",

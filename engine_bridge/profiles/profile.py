@@ -343,7 +343,7 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
 
     if not isinstance(d, dict) or d.get("kind") != "profile":
         raise RigError(f"{where}: not a profile file (no \"kind\": \"profile\"); give the .json written by `engine-bridge "
-                       f"export`")
+                       "export`")
     if d.get("schema") != PROFILE_SCHEMA:
         raise bad("schema", f"is {d.get('schema')!r}, this version reads {PROFILE_SCHEMA}")
     for key, typ in (("id", str), ("engine", str), ("environment", dict), ("unset", list), ("argv", list),
