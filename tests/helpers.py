@@ -2,6 +2,8 @@
 
 import errno
 import threading
+from collections import Counter
+from contextlib import contextmanager
 
 from core.coldio import ColdReader
 
@@ -147,3 +149,21 @@ def write_safetensors_dir(dir, shards, shard_bytes=8192, tensors_per_shard=2, se
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     return dir
+
+
+@contextmanager
+def counting_opens():
+    """A Counter of the paths `open` opened while the block ran (how often a command reads a file)."""
+    import builtins
+
+    opened, real_open = Counter(), builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        opened[str(file)] += 1
+        return real_open(file, *args, **kwargs)
+
+    builtins.open = counting_open
+    try:
+        yield opened
+    finally:
+        builtins.open = real_open

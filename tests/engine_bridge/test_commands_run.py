@@ -10,6 +10,7 @@ from core.errors import MissingError, UsageError
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app
 from engine_bridge.engine.sources import resolve_model
+from tests.helpers import counting_opens
 
 runner = CliRunner()
 SHORT = ["--prompt-tokens", "8", "--gen-tokens", "1", "--json"]
@@ -73,22 +74,12 @@ def test_run_usage_errors_are_one_line_and_exit_2(args, message):
     assert len(lines) == 1 and lines[0].startswith(message), r.stderr
 
 
-def test_run_reads_the_plan_and_rig_toml_once(model_dir, tmp_path, monkeypatch):
+def test_run_reads_the_plan_and_rig_toml_once(model_dir, tmp_path):
     """The primary and the sources come from one reading of each (engine_bridge.engine.sources.run_inputs)."""
-    import builtins
-    from collections import Counter
-
     plan = write_plan(tmp_path / "p.json", model_dir)
     rig = Rig(root=str(tmp_path / "rig"), model=Member(str(model_dir / "model.gguf"), "internal", "primary"))
     save_rig(rig)
-    opened, real_open = Counter(), builtins.open
-
-    def counting_open(file, *args, **kwargs):
-        opened[str(file)] += 1
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", counting_open)
-    r = runner.invoke(app, ["run", "--plan", str(plan), "--rig", rig.root, *SHORT])
-    monkeypatch.setattr(builtins, "open", real_open)
+    with counting_opens() as opened:
+        r = runner.invoke(app, ["run", "--plan", str(plan), "--rig", rig.root, *SHORT])
     assert r.exit_code == 0, r.output
     assert opened[str(plan)] == 1 and opened[rig.rig_file] == 1

@@ -13,6 +13,7 @@ from engine_bridge.profiles.export import export_profile, load_profile
 from engine_bridge.profiles.profile import Profile, profile_from_dict, profile_to_dict, render_env
 from replicas.manifest import ModelManifest
 from tests.engine_bridge.export_helpers import make_rig, write_plan
+from tests.helpers import counting_opens
 
 runner = CliRunner()
 
@@ -231,20 +232,10 @@ def test_any_value_round_trips_through_sh(values):
     assert got == [v.encode() for _, v in env] and rest == b""      # rest would hold LEAK
 
 
-def test_export_reads_the_plan_and_rig_toml_once(tmp_path, monkeypatch):
-    import builtins
-    from collections import Counter
-
+def test_export_reads_the_plan_and_rig_toml_once(tmp_path):
     root, paths, _ = make_rig(tmp_path, 3)
     plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
-    opened, real_open = Counter(), builtins.open
-
-    def counting_open(file, *args, **kwargs):
-        opened[str(file)] += 1
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", counting_open)
-    r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "ds4-argodrive", "--cache-experts", "4600"])
-    monkeypatch.setattr(builtins, "open", real_open)
+    with counting_opens() as opened:
+        r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "ds4-argodrive", "--cache-experts", "4600"])
     assert r.exit_code == 0, r.output
     assert opened[plan] == 1 and opened[os.path.join(root, "rig.toml")] == 1
