@@ -86,6 +86,7 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit_rea
                 unions.append(int(union.size))
             cache.select(union + base, counts)
             missing = [int(e) for e in union if not cache.resident[base + e]]
+            cache.count_misses([base + e for e in missing])
             c.hits += int(union.size) - len(missing)
             c.misses += len(missing)
             for e, _bufs, release in stage_reads(submit_read, reads_of, g, layer, missing, phase, c, window,
@@ -190,6 +191,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
         "idle": idle_sources(stats["phases"], weights, sources.paths, [s.degraded for s in reader_stats.sources],
                              sources.planned),
         "reader": {"reads": stats["reads"], "bytes": stats["bytes"], "text": text},
+        "expert_misses": cache.miss_counts.reshape(g.layers, g.experts),
     }
 
 
