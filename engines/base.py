@@ -55,3 +55,7 @@ class Engine:
     # What export writes for the engine and how launch confirms it from the log: an object (its
     # profile module) giving engines.profile.EngineProfile; None: the engine has no profile
     profile: Any = None
+    # Partial replicas (docs/replicas.md, "Partial replicas"): '' when the engine reads a replica
+    # that holds some of the model's files (the rest from the primary), else one line why it
+    # cannot; plans for it leave such members out and say so.
+    partial_refusal: str = ""

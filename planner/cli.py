@@ -19,7 +19,7 @@ from engines.split import parse_weights, smallest_equivalent, split_read
 
 from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .plans import full_members_for, latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .rigmodel import choose_workload, rig_problem
 from .solve import predict, solve_plan
 from .workload import NAMED
@@ -109,7 +109,7 @@ def _page_cache(text: str) -> int:
 def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
              fit_only: bool, tails: bool, page_cache: str = "0"):
     """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
+    inputs, _ = full_members_for(load_inputs(root, bench, calibrate=not fit_only, tails=tails), get_engine(engine))
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
     return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads,
@@ -133,7 +133,8 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
     path = save_plan(load_rig(root, must_exist=False), plan)
     plan = load_plan(path)
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
+    for text in ([chosen.notice] if chosen.notice else []) + [x["why"] for x in inputs.provenance.get("left_out", ())] \
+            + [v["why"] for v in choice.idle.values()]:
         err.print(f"notice: {text}", markup=False)
     if json_out:
         d = plan_to_dict(plan)

@@ -216,11 +216,11 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
          replace: bool = typer.Option(False, "--replace", help="Overwrite an existing different file at a destination (atomically, after the copy verifies)."),
          allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical drive as another member."),
          max_rate: Optional[str] = MaxRateOption,
-         partial: Optional[str] = typer.Option(None, "--partial", metavar="SIZE|PCT%|auto",
-                                               help="Make each DEST_DIR a partial replica: the shards carrying the most "
-                                                    "cache-miss bytes within this budget per destination (auto: its free "
-                                                    "space less a reserve), sized to its bandwidth share; run again to "
-                                                    "grow, shrink or re-balance it."),
+         partial: Optional[str] = typer.Option(None, "--partial", metavar="SIZE",
+                                               help="Make each DEST_DIR a partial replica of at most SIZE (64G, 25%, or "
+                                                    "auto: its free space less a reserve): the shards carrying the most "
+                                                    "cache-miss bytes, sized to its bandwidth share; run again to grow, "
+                                                    "shrink or re-balance it."),
          quiet: bool = QuietOption,
          json_out: bool = JsonOption):
     """Copy the model at SOURCE into every DEST_DIR at once: one read of each file fanned out, resumable, verified, stamped.
