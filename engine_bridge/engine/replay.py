@@ -139,9 +139,10 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     total = g.layers * g.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
+    holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, engine=sources.engine) as reader:
-        out = replay_steps(g, steps, g.layers, cache, reader.submit_read, sources.step_reads(g, reader.healthy),
+                     hedge=hedge, engine=sources.engine, holds=holds) as reader:
+        out = replay_steps(g, steps, g.layers, cache, reader.submit_read, sources.step_reads(g, reader.healthy, holds),
                            in_flight=sources.in_flight())
         reader_stats = reader.stats()
         stats = reader_stats.to_dict()

@@ -41,9 +41,10 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     total = geometry.layers * geometry.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
+    holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, engine=sources.engine) as reader:
-        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
+                     hedge=hedge, engine=sources.engine, holds=holds) as reader:
+        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy, holds), cache,
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
         try:
