@@ -371,6 +371,7 @@ def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
     weights = tuple(request.prefill) if request.sources > 1 else ()
     shards = tuple(None if request.holds_of(i) is None else len(_basenames(request.holds_of(i)))
                    for i in range(1, request.sources))
+    shards = shards if any(x is not None for x in shards) else ()
     return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in dict(environment),
                        variant=request.variant, idle=request.idle, shards=shards)
 
