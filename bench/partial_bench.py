@@ -8,7 +8,8 @@ x 16 experts, one layer per shard, ~200 MB). Steps:
    (rig/usage: the history `replicas sync --partial` ranks shards by, one run ranked, one held out);
 2. `replicas sync --partial 25% / 50% / 75%` and a full `replicas sync` put four replicas on the
    second drive (each its own folder; copies are not throttled, only the runs are);
-3. `iobench run` measures both drives (prefill and decode shapes), and `planner solve --engine
+3. `iobench run` measures both drives (prefill and decode shapes, on a 256 MiB scratch file on
+   each: a shard is too small for the prefill shape), and `planner solve --engine
    colibri` plans each arm's rig (primary alone, + full, + each partial), the planner pricing
    colibri's hash placement with what each copy holds;
 4. each arm is run through the embedded engine executing colibri's read pattern with its plan's
@@ -31,7 +32,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,28 +39,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # noqa: E402
+from bench.testbed import Testbed, parse_drives, require_testbed, step, tool, usage_exit, wait_writeback, write_random  # noqa: E402
 from core import rig as rigmod  # noqa: E402
 
 ARMS = ("U", "F", "P25", "P50", "P75")
 ORDER = ("U", "F", "P25", "P50", "P75", "P75", "P50", "P25", "F", "U")
 BUDGETS = {"P25": "25%", "P50": "50%", "P75": "75%"}
-
-
-def tool(name: str) -> list[str]:
-    mod = {"replicas": "replicas.cli", "iobench": "iobench.cli", "planner": "planner.cli",
-           "engine-bridge": "engine_bridge.cli"}[name]
-    return [sys.executable, "-c", f"from {mod} import main; main()"]
-
-
-def step(title: str, cmd: list[str], wrap: list[str]) -> str:
-    t0 = time.perf_counter()
-    p = subprocess.run([*wrap, *cmd], text=True, capture_output=True, cwd=ROOT)
-    print(f"  {title}: {time.perf_counter() - t0:.1f}s, exit {p.returncode}", file=sys.stderr, flush=True)
-    if p.returncode != 0:
-        tail = [x for x in p.stderr.splitlines() if x.strip()]
-        raise SystemExit(f"partial_bench: {title} failed (exit {p.returncode}): {tail[-1] if tail else ''}")
-    return p.stdout
+SCRATCH_BYTES = 256 << 20      # iobench's prefill shape at 4 lanes reads ~201 MB apart
 
 
 def arm_rig(out: str, name: str, main: rigmod.Rig, replica: str | None, holds, bench_file: str) -> str:
@@ -135,11 +120,14 @@ def flow(args, out: str, mounts: list[str], w: list[str]) -> dict:
                                                              "--allow-same-device", model, dest], []))
     copies["F"] = (os.path.join(dest, "moe"), None, doc["size"])
     main_rig = rigmod.load_rig(rig)
-    # the drives' ceilings, measured on the primary and the full copy
+    # the drives' ceilings, measured on a scratch file on each drive (a shard is too small for the
+    # prefill shape's 32 MiB chunks at 4 lanes), named as the arms' rigs name the drives
     mini = os.path.join(out, "rig-iobench")
-    rigmod.save_rig(rigmod.Rig(mini, rigmod.Member(model, "a", "primary"),
-                               (rigmod.Member(copies["F"][0], "b", "replica"),), main_rig.layout, main_rig.format,
-                               main_rig.files))
+    scratch = [os.path.join(a, "scratch.bin"), os.path.join(b, "scratch.bin")]
+    write_random(scratch, SCRATCH_BYTES, seed=3)
+    wait_writeback()
+    rigmod.save_rig(rigmod.Rig(mini, rigmod.Member(scratch[0], "a", "primary"),
+                               (rigmod.Member(scratch[1], "b", "replica"),)))
     step("iobench run", tool("iobench") + ["run", "--rig", mini, "--preset", "prefill,decode", "--lanes", "1,2,4",
                                            "--seconds", "0.3", "--repeat", "2", "-q"], w)
     bench_file = newest(os.path.join(mini, "bench"))
@@ -149,7 +137,8 @@ def flow(args, out: str, mounts: list[str], w: list[str]) -> dict:
     share_dest = os.path.join(b, "share")
     os.makedirs(share_dest)
     sized = json.loads(step("sync --partial 100% --dry-run", tool("replicas") + [
-        "sync", "--rig", rig, "--partial", "100%", "--dry-run", "--json", "-q", "--allow-same-device", model, share_dest], []))["partial"][0]
+        "sync", "--rig", rig, "--partial", "100%", "--dry-run", "--json", "-q", "--allow-same-device", model,
+        share_dest], []))["partial"][0]
     plans, rigs = {}, {}
     for arm in ARMS:
         replica, holds, _ = copies.get(arm, (None, None, 0))

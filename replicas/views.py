@@ -173,7 +173,8 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
         t.add_column(col)
     for x in rows:
         several = len(x.files) > 1
-        role = x.role if x.holds is None else f"{x.role} (partial: {len(x.holds)} of {len(manifest.files) if manifest else '?'} files)"
+        of = len(manifest.files) if manifest else "?"
+        role = x.role if x.holds is None else f"{x.role} (partial: {len(x.holds)} of {of} files)"
         t.add_row(x.name, role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
                   format_bytes(x.size) if x.size is not None else "—",
                   _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))

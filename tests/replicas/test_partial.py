@@ -16,8 +16,7 @@ from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
 from models.usage import (COLI_USAGE, IKU1_MAGIC, MISSES, ROUTINGS, parse_coli_usage, split_history, usage_from_dict,
                           usage_of, usage_to_dict)
 from replicas.partial import BUDGET, SHARE, ShardUse, choose_partial, predicted_gain
-from replicas.sync import sync
-from tests.replicas.helpers import SET_PIECE, flip_byte, invoke
+from tests.replicas.helpers import flip_byte, invoke
 
 # 4 layers x 8 experts in 4 shards (one layer each), about 0.85 MB: every shard carries experts.
 SPEC = ColibriSpec(layers=4, experts=8, top_k=2, dim=64, ff=64, vocab=300, shards=4, q_lora=64, kv_lora=64, seed=3)
@@ -244,3 +243,14 @@ def test_rig_toml_refuses_a_holds_entry_that_is_not_a_model_file(model):
     open(path, "w").write(text)
     r = invoke("status", "--rig", rig)
     assert r.exit_code == 2 and "replica[0].holds" in r.stderr and "nope.safetensors" in r.stderr
+
+
+def test_hash_of_a_partial_member_prints_the_files_it_holds_with_the_primarys_hashes(model):
+    rig, primary, green = model
+    partial_sync(rig, primary, green, "50%")
+    held = member(rig).holds
+    mine = invoke("hash", os.path.join(green, "moe")).stdout.splitlines()
+    theirs = {line.split()[1].rsplit("/", 1)[1]: line.split()[0]
+              for line in invoke("hash", primary).stdout.splitlines()}
+    assert [line.split()[1].rsplit("/", 1)[1] for line in mine] == list(held)
+    assert all(theirs[line.split()[1].rsplit("/", 1)[1]] == line.split()[0] for line in mine)
