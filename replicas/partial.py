@@ -3,11 +3,11 @@ chosen within a byte budget so that the replica's share of the miss bytes matche
 bandwidth share (docs/replicas.md, "Partial replicas").
 
 The unit is a whole file of the model: colibri finds a mirror's shard by its name and reads a
-shard the mirror lacks from the primary (c/st.h `st_mirror_add`; which tensor decides per family
-member is in `engines.colibri`), and the embedded engine's reader opens a source's files one by
-one, so a file is what both can use. An expert's miss bytes count for the file each of its
-components sits in; a checkpoint keeps an expert's tensors in one shard, and where one straddles
-two the planner prices the engine's own rule exactly (`engines.colibri`'s fallback per member).
+shard the mirror lacks from the primary (c/st.h `st_mirror_add`), and the embedded engine's
+reader opens a source's files one by one, so a file is what both can use. What a set of files
+serves is the engine's own rule (`Engine.replica_serves`: colibri's GLM engine serves an expert
+only when the mirror holds its anchor tensor's shard, DeepSeek V4 per shard, V4.1 per tensor,
+GLM-5.3 only whole experts); the shards are added greedily by the miss bytes each adds per byte.
 
 With hash placement a member of coverage c and weight share s serves about s*c of the expert bytes;
 it can serve at most c (every expert it holds). Its optimal share is its bandwidth over the rig's,
@@ -18,11 +18,9 @@ loses speed. `predicted_gain` is that bandwidth model (the planner's plan is the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-import numpy as np
-
-BUDGET, SHARE, EVERY = "budget", "share reached", "every shard"
+BUDGET, SHARE, EVERY, NOTHING = "budget", "share reached", "every shard", "nothing more to serve"
 
 
 @dataclass(frozen=True)
@@ -31,8 +29,18 @@ class ShardUse:
     file: str                 # relative path in the model
     bytes: int                # the file's size
     expert_bytes: int         # routed expert bytes in it
-    rank: float               # miss bytes it carries in the ranking part of the history
-    held: float               # ... in the held-out part
+
+
+@dataclass(frozen=True)
+class ExpertTable:
+    """Per routed expert (any fixed order): the files its components sit in, its events in the
+    ranking and held-out parts of the history, its bytes, and `served(i, files)`: the bytes of
+    expert i a replica holding `files` serves when the engine routes it there."""
+    files: tuple[frozenset[str], ...]
+    rank: tuple[float, ...]
+    held: tuple[float, ...]
+    bytes: tuple[int, ...]
+    served: Callable[[int, frozenset[str]], int]
 
 
 @dataclass(frozen=True)
@@ -43,33 +51,13 @@ class PartialChoice:
     holds: tuple[str, ...]            # relative paths, the model's order
     bytes: int                        # bytes of those files
     model_bytes: int                  # bytes of the whole model
-    coverage_rank: float              # share of the ranking part's miss bytes the held files carry
+    coverage_rank: float              # share of the ranking part's miss bytes the held files serve
     coverage_held: float              # ... of the held-out part (the honest figure)
     share: float | None               # the drive's optimal bandwidth share (None: ceilings not measured)
     gain: float | None                # predicted gain over the rig without this member (0.25 = +25 %)
     gain_full: float | None           # ... of a full replica on the same drive
     history: str                      # how the shards were ranked
     stop: str                         # budget / share reached / every shard
-
-
-def shard_uses(geometry, files: Sequence[tuple[str, int]], rank: np.ndarray | None,
-               held: np.ndarray | None) -> list[ShardUse]:
-    """Per file of the model (relative path, bytes): its expert bytes and the miss bytes it carries
-    in each part of the history ((layers, experts) event counts; None: every expert once, the
-    even ranking). `geometry`: a `models.geometry.Geometry`."""
-    ones = np.ones((geometry.layers, geometry.experts))
-    rank = ones if rank is None else rank
-    held = ones if held is None else held
-    eb: dict[str, int] = {}
-    rb: dict[str, float] = {}
-    hb: dict[str, float] = {}
-    for layer in range(geometry.layers):
-        for e in range(geometry.experts):
-            for x in geometry.expert_ranges(layer, e):
-                eb[x.file] = eb.get(x.file, 0) + x.length
-                rb[x.file] = rb.get(x.file, 0.0) + float(rank[layer, e]) * x.length
-                hb[x.file] = hb.get(x.file, 0.0) + float(held[layer, e]) * x.length
-    return [ShardUse(f, b, eb.get(f, 0), rb.get(f, 0.0), hb.get(f, 0.0)) for f, b in files]
 
 
 def predicted_gain(coverage: float, b_rest: float, b_dest: float) -> float:
@@ -82,39 +70,69 @@ def predicted_gain(coverage: float, b_rest: float, b_dest: float) -> float:
     return (1 / b_rest) / t - 1
 
 
-def choose_partial(dest: str, uses: Sequence[ShardUse], budget: int, *, share: float | None = None,
-                   b_rest: float | None = None, b_dest: float | None = None, history: str = "",
-                   keep: Sequence[str] = ()) -> PartialChoice:
-    """The files a partial replica at `dest` holds: the shards with the most ranked miss bytes per
-    byte first (ties: the model's order), each that fits in `budget` bytes, until the held shards
-    carry `share` of the ranked miss bytes (None: until the budget is spent). Files without routed
-    experts are never chosen (colibri and the embedded engine read them from the primary). `keep`:
-    files the member already holds, preferred among equals, so a re-run does not churn."""
+def coverage(table: ExpertTable, files: frozenset[str], part: str = "held") -> float:
+    """Share of a part's miss bytes (events x expert bytes) a replica holding `files` serves."""
+    counts = table.held if part == "held" else table.rank
+    total = sum(c * b for c, b in zip(counts, table.bytes))
+    if not total:
+        return 0.0
+    return sum(c * table.served(i, files) for i, c in enumerate(counts) if c and files & table.files[i]) / total
+
+
+def choose_partial(dest: str, uses: Sequence[ShardUse], table: ExpertTable, budget: int, *,
+                   share: float | None = None, b_rest: float | None = None, b_dest: float | None = None,
+                   history: str = "", keep: Sequence[str] = ()) -> PartialChoice:
+    """The files a partial replica at `dest` holds: greedily, the shard adding the most ranked miss
+    bytes (as the engine would serve them) per byte that still fits in `budget` bytes (ties: a file
+    the member already holds, so a re-run does not churn, then the model's order), until the held
+    shards serve `share` of the ranked miss bytes (None: until the budget is spent or nothing
+    adds). Files without routed experts are never chosen (the engines read them from the primary)."""
     order = {u.file: i for i, u in enumerate(uses)}
+    size = {u.file: u.bytes for u in uses}
     kept = set(keep)
-    cands = [u for u in uses if u.expert_bytes > 0]
-    cands.sort(key=lambda u: (-(u.rank / u.bytes if u.bytes else 0.0), u.file not in kept, order[u.file]))
-    total_rank = sum(u.rank for u in uses) or 1.0
-    total_held = sum(u.held for u in uses) or 1.0
-    chosen, used, got, stop = [], 0, 0.0, EVERY
-    for u in cands:
+    touching: dict[str, list[int]] = {}
+    for i, fs in enumerate(table.files):
+        for f in fs:
+            touching.setdefault(f, []).append(i)
+    total_rank = sum(c * b for c, b in zip(table.rank, table.bytes)) or 1.0
+    cur = [0] * len(table.files)                  # bytes of each expert the chosen files serve
+    chosen: set[str] = set()
+    used, got, stop = 0, 0.0, EVERY
+    left = [u.file for u in uses if u.expert_bytes > 0]
+    while left:
         if share is not None and got / total_rank >= share:
             stop = SHARE
             break
-        if used + u.bytes > budget:
+        best = None
+        for f in left:
+            if used + size[f] > budget:
+                continue
+            with_f = frozenset(chosen | {f})
+            gain = sum(table.rank[i] * (table.served(i, with_f) - cur[i]) for i in touching.get(f, ()))
+            key = (gain / size[f] if size[f] else 0.0, f in kept, -order[f])
+            if best is None or key > best[0]:
+                best = (key, f, gain)
+        if best is None:
             stop = BUDGET
-            continue
-        chosen.append(u)
-        used += u.bytes
-        got += u.rank
-    if stop == EVERY and len(chosen) < len(cands):
-        stop = BUDGET
-    held_cov = sum(u.held for u in chosen) / total_held
+            break
+        _, f, gain = best
+        if gain <= 0:                  # what is left carries no ranked miss: more would be wasted space
+            stop = NOTHING
+            break
+        chosen.add(f)
+        left.remove(f)
+        used += size[f]
+        got += gain
+        held = frozenset(chosen)
+        for i in touching.get(f, ()):
+            cur[i] = table.served(i, held)
+    held = frozenset(chosen)
+    held_cov = coverage(table, held, "held")
     gain = gain_full = None
     if b_rest and b_dest:
         gain = predicted_gain(held_cov, b_rest, b_dest)
         gain_full = predicted_gain(1.0, b_rest, b_dest)
-    holds = tuple(sorted((u.file for u in chosen), key=order.__getitem__))
+    holds = tuple(sorted(chosen, key=order.__getitem__))
     return PartialChoice(dest, budget, holds, used, sum(u.bytes for u in uses), got / total_rank, held_cov,
                          share, gain, gain_full, history, stop)
 

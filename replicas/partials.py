@@ -21,11 +21,12 @@ from core.events import Notice, Reporter, emit
 from core.fsutil import free_bytes
 from core.jsonfile import read_json
 from core.units import format_bytes, parse_size
+from engines.registry import engine_for_model, get_engine
 from models.modelset import DIR, ModelSet
 from models.tensortable import inspect_model
 from models.usage import COLI_USAGE, USAGE_KIND, Usage, parse_coli_usage, split_history, usage_from_dict
 
-from .partial import PartialChoice, choose_partial, shard_uses
+from .partial import ExpertTable, PartialChoice, ShardUse, choose_partial
 from .syncfacts import drive_key
 from .syncplan import headroom
 
@@ -102,6 +103,33 @@ def parse_budget(spec: str, dest: str, model_bytes: int, held_bytes: int) -> int
     return parse_size(text, "--partial")
 
 
+def expert_table(g, sizes, rank, held, serves) -> tuple[list[ShardUse], ExpertTable]:
+    """The model's files as `partial.choose_partial` sees them, and its experts: their files, events
+    (None: every expert once, the even ranking), bytes, and what a replica holding some files
+    serves of each (`serves`: the engine's `replica_serves`; None: each component by its file)."""
+    files, ranks, helds, nbytes, exts = [], [], [], [], []
+    expert_bytes: dict[str, int] = {}
+    for layer in range(g.layers):
+        for e in range(g.experts):
+            ext = g.expert_ranges(layer, e)
+            for x in ext:
+                expert_bytes[x.file] = expert_bytes.get(x.file, 0) + x.length
+            files.append(frozenset(x.file for x in ext))
+            ranks.append(1.0 if rank is None else float(rank[layer, e]))
+            helds.append(1.0 if held is None else float(held[layer, e]))
+            nbytes.append(sum(x.length for x in ext))
+            exts.append((layer, e, ext))
+
+    def served(i: int, have: frozenset[str]) -> int:
+        layer, e, ext = exts[i]
+        if serves is not None:
+            return serves(g, layer, e, have)
+        return sum(x.length for x in ext if x.file in have)
+
+    uses = [ShardUse(f, b, expert_bytes.get(f, 0)) for f, b in sizes]
+    return uses, ExpertTable(tuple(files), tuple(ranks), tuple(helds), tuple(nbytes), served)
+
+
 def choose_members(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, spec: str,
                    report: Reporter = None) -> list[PartialChoice]:
     """The files each destination holds as a partial replica of `model` (see the module doc)."""
@@ -115,7 +143,9 @@ def choose_members(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, spec:
     history = NO_HISTORY if split is None else f"{split.kind} history, {split.how}"
     if split is None:
         emit(report, Notice(model.path, NO_HISTORY))
-    uses = shard_uses(g, sizes, None if split is None else split.rank, None if split is None else split.held)
+    engine = get_engine(engine_for_model(model.format, model.layout, model.files))
+    uses, table = expert_table(g, sizes, None if split is None else split.rank, None if split is None else split.held,
+                               engine.replica_serves)
     ceilings = drive_ceilings(rig)
     full = [m for m in rig.members if not m.partial and os.path.exists(m.path)]
     b_full = {drive_key(m.path) for m in full}
@@ -132,7 +162,8 @@ def choose_members(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, spec:
         if share is None:
             emit(report, Notice(d, "no iobench ceilings for this drive and the rig's full members: filling the budget "
                                    "(run `iobench run` on a scratch file there to size it to its bandwidth share)"))
-        c = choose_partial(d, uses, budget, share=share, b_rest=b_rest, b_dest=b_dest, history=history, keep=have)
+        c = choose_partial(d, uses, table, budget, share=share, b_rest=b_rest, b_dest=b_dest, history=history,
+                           keep=have)
         if not c.holds:
             smallest = min((u.bytes for u in uses if u.expert_bytes), default=0)
             raise UsageError(f"--partial {spec}: a budget of {format_bytes(budget)} at {d} holds no shard (the smallest "

@@ -15,7 +15,8 @@ from core.jsonfile import write_json
 from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
 from models.usage import (COLI_USAGE, IKU1_MAGIC, MISSES, ROUTINGS, parse_coli_usage, split_history, usage_from_dict,
                           usage_of, usage_to_dict)
-from replicas.partial import BUDGET, SHARE, ShardUse, choose_partial, predicted_gain
+from replicas.partial import (BUDGET, NOTHING, SHARE, ExpertTable, ShardUse, choose_partial, coverage,
+                              predicted_gain)
 from tests.replicas.helpers import flip_byte, invoke
 
 # 4 layers x 8 experts in 4 shards (one layer each), about 0.85 MB: every shard carries experts.
@@ -52,25 +53,78 @@ def held_on_disk(dest):
 
 # -- the choice (pure) --------------------------------------------------------------------------
 
-def test_the_choice_ranks_by_miss_bytes_per_byte_within_the_budget_and_skips_files_without_experts():
-    uses = [ShardUse("config.json", 900, 0, 0.0, 0.0), ShardUse("a", 100, 90, 10.0, 12.0),
-            ShardUse("b", 100, 90, 50.0, 40.0), ShardUse("c", 200, 180, 60.0, 70.0), ShardUse("d", 100, 90, 5.0, 3.0)]
-    c = choose_partial("/d", uses, 250, history="h")
-    # b (0.5 per byte) first, then c (0.3) fits? 100 + 200 > 250: skipped; a (0.1) fits, d (0.05) does not
+def table(experts, serves=None):
+    """An ExpertTable of experts given as (file of each component, component bytes, rank, held)."""
+    files = tuple(frozenset(fs) for fs, _, _, _ in experts)
+    size = tuple(n * len(fs) for fs, n, _, _ in experts)
+
+    def served(i, have):
+        fs, n, _, _ = experts[i]
+        return serves(fs, n, have) if serves else n * sum(f in have for f in fs)
+    return ExpertTable(files, tuple(float(r) for _, _, r, _ in experts), tuple(float(h) for _, _, _, h in experts),
+                       size, served)
+
+
+def test_the_choice_adds_the_most_miss_bytes_per_byte_within_the_budget_and_skips_files_without_experts():
+    uses = [ShardUse("config.json", 900, 0), ShardUse("a", 100, 90), ShardUse("b", 100, 90), ShardUse("c", 200, 180),
+            ShardUse("d", 100, 90)]
+    t = table([(("a",), 90, 10, 12), (("b",), 90, 50, 40), (("c",), 180, 30, 35), (("d",), 90, 5, 3)])
+    c = choose_partial("/d", uses, t, 250, history="h")
+    # b (45 per byte) first; c (27 per byte) no longer fits; a (9), then d does not fit
     assert c.holds == ("a", "b") and c.bytes == 200 and c.stop == BUDGET
-    assert c.coverage_rank == pytest.approx(60 / 125) and c.coverage_held == pytest.approx(52 / 125)
+    ranked = 10 * 90 + 50 * 90 + 30 * 180 + 5 * 90
+    assert c.coverage_rank == pytest.approx((10 * 90 + 50 * 90) / ranked)
+    assert c.coverage_held == pytest.approx(coverage(t, frozenset({"a", "b"}), "held"))
     assert c.gain is None and c.share is None
 
 
 def test_the_choice_stops_at_the_bandwidth_share_and_predicts_the_gain():
-    uses = [ShardUse(f"s{i}", 100, 100, float(w), float(w)) for i, w in enumerate((40, 30, 20, 10))]
+    uses = [ShardUse(f"s{i}", 100, 100) for i in range(4)]
+    t = table([((f"s{i}",), 100, w, w) for i, w in enumerate((40, 30, 20, 10))])
     # a drive a third as fast as the rest: its share is 25 %, reached by the hottest shard alone
-    c = choose_partial("/d", uses, 10_000, share=0.25, b_rest=3e9, b_dest=1e9)
+    c = choose_partial("/d", uses, t, 10_000, share=0.25, b_rest=3e9, b_dest=1e9)
     assert c.holds == ("s0",) and c.stop == SHARE and c.coverage_held == pytest.approx(0.4)
     assert c.gain == pytest.approx(c.gain_full) == pytest.approx(1 / 3)
-    # half of that coverage buys half the time saved... no more than the share allows
     assert predicted_gain(0.125, 3e9, 1e9) == pytest.approx(1 / (1 - 0.125) - 1)
     assert predicted_gain(0.0, 3e9, 1e9) == 0.0
+    # a shard nobody missed is never worth its space
+    c = choose_partial("/d", uses, table([((f"s{i}",), 100, w, w) for i, w in enumerate((40, 30, 0, 0))]), 10_000)
+    assert c.holds == ("s0", "s1") and c.stop == NOTHING
+
+
+def test_the_choice_follows_the_engines_rule_for_an_expert_that_straddles_shards():
+    # colibri's GLM engine: the anchor (gate, first component) decides; without it nothing is served
+    def anchor(fs, n, have):
+        return 0 if fs[0] not in have else n * sum(f in have for f in fs)
+    uses = [ShardUse("gates", 100, 100), ShardUse("rest", 100, 100)]
+    t = table([(("gates", "rest"), 50, 1, 1), (("gates", "rest"), 50, 1, 1)], anchor)
+    c = choose_partial("/d", uses, t, 100)
+    assert c.holds == ("gates",) and c.coverage_held == pytest.approx(0.5)
+    assert coverage(t, frozenset({"rest"})) == 0.0
+
+
+def test_colibri_says_what_a_mirror_serves_by_each_family_members_rule(tmp_path):
+    from engines.colibri import ENGINE
+    from models.modelset import discover
+    from models.tensortable import inspect_model
+    from tests.models.geometry_helpers import write_moe_safetensors
+
+    for model_type, expect in (("glm_moe_dsa", "anchor"), ("deepseek_v41", "tensor"), ("glm5_next", "expert")):
+        d = write_moe_safetensors(tmp_path / model_type, layers=1, experts=2, shards=3,
+                                  config={"model_type": model_type})
+        g = inspect_model(discover(str(d)))
+        ext = g.expert_ranges(0, 0)
+        gate, other = frozenset({ext[0].file}), frozenset({x.file for x in ext[1:]} - {ext[0].file})
+        full = sum(x.length for x in ext)
+        assert ENGINE.replica_serves(g, 0, 0, frozenset(x.file for x in ext)) == full
+        without_gate = ENGINE.replica_serves(g, 0, 0, other)
+        with_gate = ENGINE.replica_serves(g, 0, 0, gate)
+        if expect == "anchor":
+            assert without_gate == 0 and with_gate == sum(x.length for x in ext if x.file in gate)
+        elif expect == "tensor":
+            assert without_gate == sum(x.length for x in ext if x.file in other) > 0
+        else:
+            assert without_gate == with_gate == 0
 
 
 # -- usage history ------------------------------------------------------------------------------
