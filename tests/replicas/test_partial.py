@@ -308,3 +308,11 @@ def test_hash_of_a_partial_member_prints_the_files_it_holds_with_the_primarys_ha
               for line in invoke("hash", primary).stdout.splitlines()}
     assert [line.split()[1].rsplit("/", 1)[1] for line in mine] == list(held)
     assert all(theirs[line.split()[1].rsplit("/", 1)[1]] == line.split()[0] for line in mine)
+
+
+def test_the_choice_and_the_history_are_pure():
+    import models.usage
+    import replicas.partial
+    from tests.helpers import impure_imports
+
+    assert impure_imports(replicas.partial) == [] and impure_imports(models.usage) == []
