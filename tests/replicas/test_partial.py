@@ -316,3 +316,15 @@ def test_the_choice_and_the_history_are_pure():
     from tests.helpers import impure_imports
 
     assert impure_imports(replicas.partial) == [] and impure_imports(models.usage) == []
+
+
+def test_partial_auto_takes_the_free_space_less_a_reserve(model):
+    rig, primary, green = model
+    r, doc = partial_sync(rig, primary, green, "auto", "--dry-run")
+    assert r.exit_code == 0, r.output
+    (c,) = doc["partial"]
+    free = os.statvfs(green).f_bavail * os.statvfs(green).f_frsize
+    assert 0 < c["budget"] <= free and c["stop"] == "every shard" and c["holds"] == list(SHARDS)
+    assert not os.listdir(green)                    # a dry run writes nothing
+    r, _ = partial_sync(rig, primary, green, "150%")
+    assert r.exit_code == 2 and "1%..100%" in r.stderr
