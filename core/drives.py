@@ -38,6 +38,14 @@ class DriveInfo:
     wwn: str = ""        # the disk's world wide name (NVMe eui./nvme., SCSI naa./t10.), '' when unknown
 
     @property
+    def disk_key(self) -> str:
+        """The physical disk's identity, shared by every file system on it: its serial (or WWN),
+        else its name (a loop device is its own disk), else `key`."""
+        if self.serial or self.wwn:
+            return identity_key("", self.serial, self.wwn, self.disk, "")
+        return f"disk:{self.disk}" if self.disk else self.key
+
+    @property
     def label(self) -> str:
         """The mount point's name ('/Volumes/Green' -> 'Green'); '' for the root file system."""
         return os.path.basename(self.mount_point.rstrip("/"))

@@ -255,3 +255,13 @@ def test_this_machines_root_and_tmp():
         assert t.groups and t.groups[0].drives == ("root", "tmp")
     elif not tmp.links:
         assert t.groups == () and tmp.note
+
+
+def test_the_disk_key_is_shared_by_partitions_of_one_disk_and_not_by_loop_devices():
+    from core.drives import DriveInfo
+    p1 = DriveInfo("/a", "ext4", "/dev/sda1", "sda", "uuid:1", devno="8:1", fs_uuid="1", serial="WD-1")
+    p2 = DriveInfo("/b", "ext4", "/dev/sda2", "sda", "uuid:2", devno="8:2", fs_uuid="2", serial="WD-1")
+    assert p1.key != p2.key and p1.disk_key == p2.disk_key
+    l1 = DriveInfo("/c", "ext4", "/dev/loop1", "loop1", "uuid:3", devno="7:1", fs_uuid="3")
+    l2 = DriveInfo("/d", "ext4", "/dev/loop2", "loop2", "uuid:4", devno="7:2", fs_uuid="4")
+    assert l1.disk_key == "disk:loop1" != l2.disk_key
