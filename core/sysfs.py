@@ -5,7 +5,9 @@ it at a tree recorded in a temporary folder; none raises on what cannot be read 
 A device's chain: its resolved /sys/dev/block/MAJ:MIN path (partition, disk, NVMe controller,
 PCI functions and bridges, USB bus and hubs: `core.topology.path_links`), then, for an md array
 or a device-mapper (LVM) volume, each member's chain (`slaves/`), and for a loop device the chain
-of the device holding its backing file (`loop/backing_file`).
+of the device holding its backing file (`loop/backing_file`), and for an NVMe namespace under
+native multipath (its path under devices/virtual/nvme-subsystem/) the chain of each path's
+controller (`multipath/`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ def device_links(majmin: str, sys_root: str = "/sys", dev_of: DevOf = dev_of, _s
             inner = _read(os.path.join(os.path.realpath(os.path.join(slaves, member)), "dev"))
             if inner:
                 chains.append(list(device_links(inner, sys_root, dev_of, seen)))
+    multipath = os.path.join(whole, "multipath")     # an NVMe namespace head: its paths, each under a controller
+    if os.path.isdir(multipath):
+        for path_dev in sorted(os.listdir(multipath)):
+            rel_path = os.path.relpath(os.path.realpath(os.path.join(multipath, path_dev)), devices)
+            if not rel_path.startswith(".."):
+                chains.append(path_links(rel_path.split(os.sep))[1:])   # the hidden path device is one per path
     backing = _read(os.path.join(whole, "loop", "backing_file"))
     if backing:
         inner = dev_of(backing.removesuffix(" (deleted)"))

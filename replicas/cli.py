@@ -373,7 +373,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
         print_json(views.status_doc(r.root, r.layout, r.format, manifest, rows, topology))
     else:
         out.print(views.status_table(r.root, manifest, rows))
-        out.print(views.topology_text(topology), end="", highlight=False)
+        out.print(views.topology_text(topology), end="", highlight=False, markup=False)
     if any(x.state == MISMATCH for x in rows):
         raise typer.Exit(EXIT_MISMATCH)
 

@@ -66,6 +66,22 @@ def test_two_namespaces_of_one_nvme_controller_share_it_and_a_second_controller_
     assert t.drives[0].device == "nvme0n1p1"
 
 
+def test_namespaces_under_native_nvme_multipath_reach_their_controller(tree):
+    for ns, ctrl, subsys, majmin in (("nvme0n1", NVME_CTRL0, "nvme-subsys0", "259:0"),
+                                     ("nvme0n2", NVME_CTRL0, "nvme-subsys0", "259:1"),
+                                     ("nvme1n1", NVME_CTRL1, "nvme-subsys1", "259:2")):
+        head = tree.block(f"virtual/nvme-subsystem/{subsys}/{ns}", majmin)
+        path_dev = tree.root / "devices" / ctrl / f"{ns[:5]}c0{ns[5:]}"
+        path_dev.mkdir(parents=True)
+        (head / "multipath").mkdir()
+        (head / "multipath" / path_dev.name).symlink_to(os.path.relpath(path_dev, head / "multipath"))
+    links = device_links("259:0", str(tree.root))
+    assert kinds(links) == [(T.DISK, "nvme0n1"), (T.NVME_NS_HEAD, "nvme-subsys0"), (T.NVME_CTRL, "nvme0"),
+                            (T.PCI, "0000:3d:00.0"), (T.PCI_BRIDGE, "0000:00:1d.0")]
+    t = topo(tree, [("a", "259:0"), ("b", "259:1"), ("c", "259:2")])
+    assert [g.drives for g in t.groups] == [("a", "b")]
+
+
 def test_two_partitions_of_one_disk_share_the_disk_and_its_controller_reaches_a_third(tree):
     sda = tree.block(SATA.format(n=1, h=0, disk="sda"), "8:0")
     tree.partition(sda, "sda1", "8:1")
@@ -265,3 +281,8 @@ def test_the_disk_key_is_shared_by_partitions_of_one_disk_and_not_by_loop_device
     l1 = DriveInfo("/c", "ext4", "/dev/loop1", "loop1", "uuid:3", devno="7:1", fs_uuid="3")
     l2 = DriveInfo("/d", "ext4", "/dev/loop2", "loop2", "uuid:4", devno="7:2", fs_uuid="4")
     assert l1.disk_key == "disk:loop1" != l2.disk_key
+
+
+def test_the_grouping_is_pure():
+    from tests.helpers import impure_imports
+    assert impure_imports(T) == []
