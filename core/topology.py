@@ -51,13 +51,9 @@ KIND_TEXT = {
 
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _USB_DEV = re.compile(r"^\d+-\d+(\.\d+)*$")
-_USB_BUS = re.compile(r"^usb\d+$")
-_NVME_CTRL = re.compile(r"^nvme\d+$")
-_NVME_SUBSYS = re.compile(r"^nvme-subsys\d+$")
-_SCSI_HOST = re.compile(r"^host\d+$")
-_ATA = re.compile(r"^ata\d+$")
-_MMC = re.compile(r"^mmc\d+$")
-_VIRTIO = re.compile(r"^virtio\d+$")
+_BY_NAME = tuple((re.compile(pattern), kind) for pattern, kind in (
+    (r"^usb\d+$", USB_BUS), (r"^nvme\d+$", NVME_CTRL), (r"^nvme-subsys\d+$", NVME_NS_HEAD), (r"^host\d+$", SCSI_HOST),
+    (r"^ata\d+$", ATA_PORT), (r"^mmc\d+$", MMC_HOST), (r"^virtio\d+$", VIRTIO)))
 _VIRTUAL_BLOCK = (("loop", LOOP), ("md", MD), ("dm-", DM))
 
 
@@ -141,22 +137,10 @@ def path_links(parts: Sequence[str], partition: bool = False) -> list[Link]:
                 kind = VIRTUAL if parts[max(0, i - 2):i] == ["virtual", "block"] else DISK
         elif _PCI.match(p):
             kind = PCI_BRIDGE if any(_PCI.match(x) for x in later) else PCI
-        elif _USB_BUS.match(p):
-            kind = USB_BUS
         elif _USB_DEV.match(p):
             kind = USB_HUB if any(_USB_DEV.match(x) for x in later) else USB_DEVICE
-        elif _NVME_CTRL.match(p):
-            kind = NVME_CTRL
-        elif _NVME_SUBSYS.match(p):
-            kind = NVME_NS_HEAD
-        elif _SCSI_HOST.match(p):
-            kind = SCSI_HOST
-        elif _ATA.match(p):
-            kind = ATA_PORT
-        elif _MMC.match(p):
-            kind = MMC_HOST
-        elif _VIRTIO.match(p):
-            kind = VIRTIO
+        else:
+            kind = next((k for rx, k in _BY_NAME if rx.match(p)), "")
         if kind:
             out.append(Link(kind, ident, p))
     return out[::-1]
