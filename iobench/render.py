@@ -230,7 +230,8 @@ def topology_text(r: BenchResult) -> Text:
     if r.topology is None:
         return text
     measured = set(r.settings.get("topology_groups") or ())
-    runs = {frozenset(members): g for g, members in (r.settings.get("groups") or {}).items()}
+    ran = {g.name for g in r.groups}
+    runs = {frozenset(members): g for g, members in (r.settings.get("groups") or {}).items() if g in ran}
     everyone = frozenset(d.name for d in r.drives)
     for g in r.topology.groups:
         members = frozenset(g.drives)

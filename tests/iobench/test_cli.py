@@ -301,6 +301,8 @@ def test_run_measures_together_the_drives_sharing_a_disk_and_says_so(tmp_path):
         assert "no block device" in d["topology"]["drives"][2]["note"]
         r = invoke("show")
         assert f"share {g['reason']}; measured together as group {g['name']}" in r.stdout
+        r = invoke("run", a, b, shm, "--preset", "seq", "--lanes", "1", "--alone", *FAST)
+        assert f"share {g['reason']}; not measured together" in r.stdout
         r = invoke("run", a, b, shm, "--preset", "seq", "--lanes", "1", "--no-topology", "--alone", *FAST, "--json")
         d = json.loads(r.stdout)
         assert d["topology"] is None and d["groups"] == []
