@@ -69,7 +69,8 @@ def test_keys_are_pinned():
     assert d["schema"] == 2 and d["kind"] == "iobench"
     drive = d["drives"][0]
     assert set(drive) == {"name", "path", "size", "cold", "drive", "queue", "presets", "model", "notes"}
-    assert set(drive["drive"]) == {"mount_point", "fs_type", "device", "disk", "key", "xattrs", "devno", "fs_uuid", "serial", "wwn"}
+    assert set(drive["drive"]) == {"mount_point", "fs_type", "device", "disk", "key", "xattrs",
+                                   "devno", "fs_uuid", "serial", "wwn"}
     assert set(d["topology"]) == {"source", "drives", "groups"}
     assert d["topology"]["groups"][0]["drives"] == ["fast", "third"] and d["topology"]["groups"][0]["reason"] == "disk vda"
     assert set(drive["queue"]) == {"source", "device", "max_sectors_kb", "max_hw_sectors_kb", "max_segments",
