@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -19,9 +18,9 @@ from engines.split import parse_weights, smallest_equivalent, split_read
 
 from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
-from .rigmodel import choose_workload, rig_problem
-from .solve import predict, solve_plan
+from .plans import latest_plan_path, load_plan
+from .rigmodel import problem_at, solve_rig
+from .solve import predict
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
@@ -94,10 +93,6 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
     out.print(t)
 
 
-def _backgrounds(specs, names):
-    return tuple(parse_background(s, names) for s in (specs or ()))
-
-
 def _page_cache(text: str) -> int:
     """--page-cache: 'auto' (the memory available now), or a size (0: none)."""
     t = str(text).strip().lower()
@@ -106,14 +101,12 @@ def _page_cache(text: str) -> int:
     return 0 if t == "0" else parse_size(text, "--page-cache")
 
 
-def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
-             fit_only: bool, tails: bool, page_cache: str = "0"):
-    """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
-    names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads,
-                                       _page_cache(page_cache))
+def _problem_args(bench, background, lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only: bool,
+                  tails: bool, page_cache: str = "0") -> dict:
+    """The keywords of `problem_at` for `solve` and `simulate`."""
+    return dict(bench=bench, background=tuple(background or ()), lanes=lanes, threads=threads, workload=workload,
+                model=model, prompt_tokens=prompt_tokens, cache_experts=cache_experts, fit_only=fit_only, tails=tails,
+                page_cache_bytes=_page_cache(page_cache))
 
 
 @app.command()
@@ -124,16 +117,11 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
           page_cache: str = PageCacheOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
-    root = rig_dir(rig)
-    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails, page_cache)
-    plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=top)
-    record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
-    plan = replace(plan, geometry=chosen.geometry, workload=record)
-    path = save_plan(load_rig(root, must_exist=False), plan)
-    plan = load_plan(path)
+    solved = solve_rig(rig_dir(rig), engine, top=top, **_problem_args(bench, background, lanes, threads, workload, model,
+                                                                     prompt_tokens, cache_experts, fit_only, tails, page_cache))
+    plan, path = solved.plan, solved.path
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
+    for text in solved.notices:
         err.print(f"notice: {text}", markup=False)
     if json_out:
         d = plan_to_dict(plan)
@@ -164,9 +152,9 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
             raise UsageError(f"--switch {k}: {engine} has " + (f"the switches {', '.join(e.switches)}" if e.switches else "no switches"))
     if "stripe" in switch and "direct" not in switch:
         raise UsageError("--switch stripe needs --switch direct: the engine stripes only O_DIRECT reads")
-    root = rig_dir(rig)
-    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails, page_cache)
+    _, chosen, problem = problem_at(rig_dir(rig), engine, **_problem_args(bench, background, lanes, threads, workload, model,
+                                                                        prompt_tokens, cache_experts, fit_only, tails,
+                                                                        page_cache))
     d = predict(problem, phase, w, frozenset(switch))
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)

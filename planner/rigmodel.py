@@ -12,7 +12,7 @@ of a chosen workload on the rig's drives, the one `planner solve` and `engine-br
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
@@ -23,8 +23,9 @@ from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
-from .plans import Inputs, holds_of
-from .solve import Problem, with_concurrency
+from .plan import Plan
+from .plans import Inputs, holds_of, load_inputs, load_plan, parse_background, save_plan
+from .solve import Problem, solve_plan, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
 
@@ -87,6 +88,38 @@ def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Backg
     e = get_engine(engine) if isinstance(engine, str) else engine
     return Problem(with_concurrency(e, lanes, threads), g, inputs.drives, chosen.workload.phases, tuple(backgrounds),
                    inputs.links, holds, page_cache_bytes)
+
+
+def problem_at(root: str, engine: str, *, bench: str | None = None, background: tuple[str, ...] = (),
+               lanes: int | None = None, threads: int | None = None, workload: str | None = None, model: str | None = None,
+               prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None, fit_only: bool = False,
+               tails: bool = False, page_cache_bytes: int = 0) -> tuple[Inputs, Chosen, Problem]:
+    """(inputs, the chosen workload, the problem) of the rig at `root`: what `planner solve` and
+    `simulate` price. `background`: `--background` specs (SOURCE:KIND)."""
+    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
+    names = [s.name for s in inputs.sources]
+    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
+    backgrounds = tuple(parse_background(s, names) for s in background)
+    return inputs, chosen, rig_problem(inputs, chosen, engine, backgrounds, lanes, threads, page_cache_bytes)
+
+
+@dataclass(frozen=True)
+class Solved:
+    plan: Plan                # as written and read back
+    path: str                 # rig/plans/<UTC>.json
+    notices: tuple[str, ...]  # what the planner chose for the user, and each idle drive's reason
+
+
+def solve_rig(root: str, engine: str, *, top: int = 5, **problem) -> Solved:
+    """Solve the rig's weights (and switches) for `engine` and write the plan into rig/plans:
+    `planner solve`. `problem`: the keywords of `problem_at`."""
+    inputs, chosen, prob = problem_at(root, engine, **problem)
+    plan, choice = solve_plan(inputs.sources, prob, inputs.provenance, top=top)
+    record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
+    plan = replace(plan, geometry=chosen.geometry, workload=record)
+    path = save_plan(load_rig(root, must_exist=False), plan)
+    notices = ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]
+    return Solved(load_plan(path), path, tuple(notices))
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:
