@@ -37,7 +37,7 @@ from .status import member_status
 from .sync import sync as sync_files
 from .syncplan import sync_result_to_dict
 from .verdict import MISMATCH, plural
-from .verify import verify_members
+from .verify import against, verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
 
@@ -282,15 +282,8 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
         raise UsageError("--full (or --resume) and --sample exclude each other")
     rate = _rate(max_rate)
     r = rigmod.load_rig(rigmod.rig_dir(rig), must_exist=not (manifest_file and paths))
-    own = load_manifest(r, required=manifest_file is None)
-    manifest = load_manifest_file(manifest_file) if manifest_file else own
-    # Stamps and verdicts are about the rig's own manifest; another one (from another host) is
-    # only a check, unless it is the same, file for file.
-    record = own is not None and [f.digest() for f in own.files] == [f.digest() for f in manifest.files]
-    if manifest_file and r.model is not None and r.format and manifest.format and \
-            (r.layout, tuple(r.files)) != (manifest.layout, manifest.names) and not paths:
-        raise UsageError(f"{manifest_file} describes a {manifest.layout} model of {plural(len(manifest.files), 'file')}, "
-                         f"the rig's model is a {r.layout} of {plural(len(r.files), 'file')}; give the matching manifest")
+    manifest, record = against(r, load_manifest_file(manifest_file) if manifest_file else None, manifest_file or "",
+                               any_files=bool(paths))
     members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from core.errors import Interrupted
+from core.errors import Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import FileIdentity
 from core.rig import Member, Rig
@@ -27,11 +27,12 @@ from core.coldio import open_cold, read_sequential
 from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, bad_pieces
+from .manifests import load_manifest
 from models.modelset import located_files
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
-from .verdict import ScrubMark, Verdict, resume_point, standing_mismatch, verdict_of_check
+from .verdict import ScrubMark, Verdict, plural, resume_point, standing_mismatch, verdict_of_check
 
 
 def runs_of(indices: list[int]) -> list[tuple[int, int]]:
@@ -243,6 +244,23 @@ def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
             key = "missing:" + m.path
         groups.setdefault(key, []).append(m)
     return list(groups.items())
+
+
+def against(rig: Rig, other: ModelManifest | None = None, where: str = "", any_files: bool = False) -> tuple[ModelManifest, bool]:
+    """The manifest a verify of `rig` checks against and whether it records (stamps, verdicts):
+    the rig's own, or `other` (from `where`: another host's manifest.json, `replicas hash --json`).
+    Stamps and verdicts are about the rig's own manifest, so another one only checks, unless it is
+    the same, file for file. A manifest of another model layout than the rig's is refused
+    (UsageError) unless `any_files` (the files to check are given one by one)."""
+    own = load_manifest(rig, required=other is None)
+    manifest = other if other is not None else own
+    record = own is not None and [f.digest() for f in own.files] == [f.digest() for f in manifest.files]
+    if other is not None and rig.model is not None and rig.format and manifest.format and \
+            (rig.layout, tuple(rig.files)) != (manifest.layout, manifest.names) and not any_files:
+        raise UsageError(f"{where or 'the manifest'} describes a {manifest.layout} model of "
+                         f"{plural(len(manifest.files), 'file')}, the rig's model is a {rig.layout} of "
+                         f"{plural(len(rig.files), 'file')}; give the matching manifest")
+    return manifest, record
 
 
 def verify_members(members: list[Member], manifest: Manifest | ModelManifest, rig: Rig, *, mode: str = "quick",
