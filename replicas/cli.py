@@ -16,7 +16,7 @@ from rich.table import Table
 
 from core import rig as rigmod
 from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
-from core.errors import EXIT_MISMATCH, Interrupted, ReplicaTunerError, UsageError
+from core.errors import EXIT_MISMATCH, EXIT_MISSING, Interrupted, ReplicaTunerError, UsageError
 from core.events import Notice
 from core.rig import Member
 from core.units import format_bytes, format_rate, parse_size
@@ -37,6 +37,8 @@ from .status import member_status
 from .sync import sync as sync_files
 from .syncplan import sync_result_to_dict
 from .verdict import MISMATCH, plural
+from .upstream import upstream_to_dict
+from .upstreams import check_upstream, load_upstream, record_upstream, save_upstream
 from .verify import against, verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
@@ -266,6 +268,9 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
            manifest_file: Optional[str] = typer.Option(None, "--manifest", metavar="FILE",
                                                        help="Verify against this manifest (e.g. manifest.json from another host, "
                                                             "or `replicas hash --json`) instead of the rig's."),
+           upstream: Optional[str] = typer.Option(None, "--upstream", metavar="FILE",
+                                                  help="Also check each member against the model's published digests "
+                                                       "(rig/upstream.json from `replicas upstream`): one more read per member."),
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):
@@ -299,16 +304,61 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
             raise
     if cancel.is_set():
         raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
+    ups = _check_upstream(upstream, members, manifest, quiet) if upstream else {}
     if json_out:
-        print_json(views.verify_doc(rep, manifest, manifest_file, mode))
+        doc = views.verify_doc(rep, manifest, manifest_file, mode)
+        if upstream:
+            doc["upstream"] = {path: {"state": c.state, "problems": list(c.problems)} for path, c in ups.items()}
+        print_json(doc)
     else:
         out.print(views.verify_table(rep, manifest, manifest_file, mode))
         if rep.sample_seed is not None:
             err.print(f"sample seed {rep.sample_seed} (repeat with --seed {rep.sample_seed})")
         for line in views.verify_problems(rep):
             err.print(line, soft_wrap=True)
-    if rep.exit_code:
-        raise typer.Exit(rep.exit_code)
+        for path, c in ups.items():
+            err.print(f"{path}: upstream digests: {c.state}" + (f" ({c.checked} file(s) hashed)" if c.checked else ""),
+                      soft_wrap=True, markup=False)
+            for line in c.problems:
+                err.print(line, soft_wrap=True, markup=False)
+    code = rep.exit_code
+    if any(c.state == "mismatch" for c in ups.values()):
+        code = EXIT_MISMATCH
+    elif any(c.state == "missing" for c in ups.values()) and not code:
+        code = EXIT_MISSING
+    if code:
+        raise typer.Exit(code)
+
+
+def _check_upstream(path: str, members, manifest, quiet: bool) -> dict:
+    """Each member's copy against the upstream digests at `path`, in turn (SHA-256 is its own pass)."""
+    upstream = load_upstream(path)
+    out_ = {}
+    with live_progress(not quiet) as (report, cancel):
+        for m in members:
+            out_[m.path] = check_upstream(m.path, manifest, upstream, report=report, cancel=cancel)
+    if cancel.is_set():
+        raise Interrupted("upstream check interrupted")
+    return out_
+
+
+@app.command("upstream")
+def upstream_cmd(source: str = typer.Argument(..., metavar="SOURCE",
+                                              help="A Hugging Face cache snapshot folder, a sha256sum file or an OCI image manifest."),
+                 rig: Optional[str] = RigOption, json_out: bool = JsonOption):
+    """Record the model's published digests (SHA-256 per file) in rig/upstream.json, from what you
+    have: a Hugging Face snapshot (its blob names), a sha256sum file or an OCI manifest's layers.
+    `replicas verify --upstream rig/upstream.json` and `fleet run` check copies against them."""
+    r = _rig(rig)
+    up = record_upstream(source, load_manifest(r))
+    path = save_upstream(r, up)
+    if json_out:
+        print_json(upstream_to_dict(up))
+    else:
+        for f in up.files:
+            out.print(f"{f.algorithm}  {f.digest}  {f.path}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"wrote {path} ({len(up.files)} of {len(load_manifest(r).files)} file(s) have a published digest)",
+              markup=False)
 
 
 def _member_or_file(r, path: str, any_file: bool) -> Member:

@@ -1,0 +1,105 @@
+"""Recording and checking the model's upstream digests (the I/O around `upstream.py`).
+
+`record_upstream` reads them from what the user has (a Hugging Face cache snapshot, a sha256sum
+file, an OCI image manifest) into rig/upstream.json; `check_upstream` hashes one copy of the model
+with the published algorithm (SHA-256, or the git blob SHA-1 of a small Hugging Face file) in one
+cold sequential pass per file: BLAKE3 pieces cannot give a SHA-256, so this is a pass of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+
+from core.coldio import open_cold, read_sequential
+from core.constants import UPSTREAM_FILE
+from core.errors import Interrupted, RigError, UsageError
+from core.events import Progress, Reporter, emit
+from core.jsonfile import read_json, write_json
+from core.rig import Rig
+from models.modelset import located_files
+
+from .manifest import ModelManifest
+from .upstream import (GIT_SHA1, UPSTREAM_KIND, UPSTREAM_SCHEMA, Upstream, UpstreamCheck, algorithm_of, judge_upstream,
+                       parse_oci, parse_sums, upstream_from_dict, upstream_of, upstream_to_dict)
+
+
+def record_upstream(source: str, manifest: ModelManifest) -> Upstream:
+    """The published digests of the manifest's files, from `source`: a Hugging Face snapshot folder
+    (its symlinks' blob names), a sha256sum file or an OCI image manifest (JSON)."""
+    names = manifest.names
+    if os.path.isdir(source):
+        found = {}
+        for name in names:
+            link = os.path.join(source, name)
+            if os.path.islink(link):
+                blob = os.path.basename(os.readlink(link))
+                if algorithm_of(blob):
+                    found[name] = blob
+        if not found:
+            raise UsageError(f"{source}: no file of the model is a link to a Hugging Face blob (blobs/<sha256>); give "
+                             "the snapshot folder (…/models--ORG--NAME/snapshots/REVISION), a sha256sum file or an OCI manifest")
+        return upstream_of(found, names, os.path.abspath(source))
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{source}: no such file; give a Hugging Face snapshot folder, a sha256sum file or an OCI manifest") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RigError(f"{source}: cannot be read as text ({e})") from None
+    where = os.path.abspath(source)
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return upstream_of(parse_oci(doc, source, {f.name: f.size for f in manifest.files}), names, where)
+    return upstream_of(parse_sums(text, source), names, where)
+
+
+def save_upstream(rig: Rig, upstream: Upstream) -> str:
+    os.makedirs(rig.root, exist_ok=True)
+    return write_json(os.path.join(rig.root, UPSTREAM_FILE), upstream_to_dict(upstream))
+
+
+def load_upstream(path: str) -> Upstream:
+    doc = read_json(path, UPSTREAM_KIND, "write it with `replicas upstream SOURCE`", schema=UPSTREAM_SCHEMA,
+                    what="upstream digests")
+    return upstream_from_dict(doc, path)
+
+
+def digest_file(path: str, algorithm: str, report: Reporter = None, cancel: threading.Event | None = None) -> tuple[str, int]:
+    """(hex digest, bytes read) of a file by `algorithm`, read once, cold. OSError if unreadable."""
+    with open_cold(path) as reader:
+        size = reader.size
+        h = hashlib.sha1() if algorithm == GIT_SHA1 else hashlib.sha256()
+        if algorithm == GIT_SHA1:
+            h.update(f"blob {size}\0".encode())      # git's blob header: what a Hugging Face small file's etag hashes
+        done = 0
+        for _, view in read_sequential(reader, 0, size, cancel=cancel):
+            h.update(view)
+            done += len(view)
+            emit(report, Progress(path, "upstream", done, size))
+        if cancel is not None and cancel.is_set():
+            raise Interrupted(f"hashing {path} cancelled")
+    return h.hexdigest(), done
+
+
+def check_upstream(model_path: str, manifest: ModelManifest, upstream: Upstream, report: Reporter = None,
+                   cancel: threading.Event | None = None) -> UpstreamCheck:
+    """The copy of the model at `model_path` (a member's path) against its upstream digests."""
+    found: dict[str, str | None] = {}
+    total = 0
+    listed = {f.path: f for f in upstream.files}
+    for rel, path, _ in located_files(model_path, manifest):
+        if rel not in listed:
+            continue
+        try:
+            found[rel], n = digest_file(path, listed[rel].algorithm, report, cancel)
+            total += n
+        except OSError:
+            found[rel] = None
+    check = judge_upstream(upstream, found, model_path)
+    return UpstreamCheck(check.state, check.problems, check.checked, total)
