@@ -71,24 +71,35 @@ def _run(job: NodeJob) -> NodeResult:
         res = NodeResult(status=status, drives=drives, upstream=upstream, problems=tuple(problems), **base)
         save_state(rig, job_key(rig, manifest.digest(), job), res)
         return res
-    bench_path, result = _measure(rig, job)
-    drives = _with_ceilings(drives, result)
+    res = NodeResult(status=OK, drives=drives, upstream=upstream, problems=tuple(problems), **base)
+    try:
+        res = _plan(rig, job, res)
+    except ReplicaTunerError as e:
+        # A step after verify refused: what the node found so far stays in its row.
+        res = replace(res, status=MISSING if isinstance(e, MissingError) else FAILED, problems=res.problems + (str(e),))
+    save_state(rig, job_key(rig, manifest.digest(), job), res)
+    return res
+
+
+def _plan(rig: Rig, job: NodeJob, res: NodeResult) -> NodeResult:
+    """Measure (or reuse the rig's measurement), solve, export: the node's row with its ceilings,
+    weights, predicted tok/s and profile."""
     from engine_bridge.profiles.export import export_profile
     from planner.rigmodel import solve_rig
 
-    solved = solve_rig(rig.root, job.engine)
-    problems += list(solved.notices)
-    exported = export_profile(rig_root=rig.root, plan_path=solved.path, fmt=job.engine,
-                              name=job.profile or f"fleet-{job.node}", cache_experts=job.cache_experts)
+    bench_path, result = _measure(rig, job)
+    res = replace(res, drives=_with_ceilings(res.drives, result), bench=bench_path)
+    solved = solve_rig(rig.root, job.engine, cache_experts=job.cache_experts)
     plan = solved.plan
     by_name = {s.name: i for i, s in enumerate(plan.sources)}
-    drives = tuple(_weighted(d, plan, by_name.get(d.name)) for d in drives)
-    res = NodeResult(status=OK, drives=drives, upstream=upstream, bench=bench_path, plan=solved.path,
-                     profile=next((f for f in exported.files if f.endswith(".env")), exported.files[0]),
-                     prefill_tok_s=plan.prefill.predicted.get("tok_s"), decode_tok_s=plan.decode.predicted.get("tok_s"),
-                     problems=tuple(problems), **base)
-    save_state(rig, job_key(rig, manifest.digest(), job), res)
-    return res
+    res = replace(res, drives=tuple(_weighted(d, plan, by_name.get(d.name)) for d in res.drives), plan=solved.path,
+                  prefill_tok_s=plan.prefill.predicted.get("tok_s"), decode_tok_s=plan.decode.predicted.get("tok_s"),
+                  problems=res.problems + solved.notices)
+    # The profile's cache is the one the plan was priced with, unless the fleet gives one.
+    cache = job.cache_experts if job.cache_experts is not None else (plan.workload.get("traffic") or {}).get("cache_experts")
+    exported = export_profile(rig_root=rig.root, plan_path=solved.path, fmt=job.engine,
+                              name=job.profile or f"fleet-{job.node}", cache_experts=cache)
+    return replace(res, profile=next((f for f in exported.files if f.endswith(".env")), exported.files[0]))
 
 
 # ---- the steps --------------------------------------------------------------------------------
