@@ -17,8 +17,9 @@ from tests.replicas.helpers import flip_byte, runner
 
 pytestmark = pytest.mark.slow
 
-# A short measurement: seq and decode shapes at one lane (the model is a few MiB).
-QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.05, repeat=1)
+# A short measurement: seq and decode shapes at one lane (the model is a few MiB); windows long enough
+# that a busy machine still completes reads in each (a window with none measures 0 B/s).
+QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.2, repeat=1)
 
 
 def _setup(tmp_path, model, names, extra=None):
@@ -53,7 +54,7 @@ def test_every_node_reported_a_bad_replica_named_by_its_piece(cluster, model, tm
     for name in ("alpha", "gamma"):
         r = by[name]
         assert [d.name for d in r.drives] == ["internal", "green", "white"]
-        assert all(d.state == "identical" and d.seq_Bps > 0 and d.prefill_weight is not None for d in r.drives)
+        assert all(d.state == "identical" and d.seq_Bps > 0 and d.prefill_weight is not None for d in r.drives), r
         assert r.prefill_tok_s > 0 and r.decode_tok_s > 0
         assert os.path.isfile(r.profile) and r.profile.startswith(str(tmp_path / name))
         assert r.host                                     # where it ran, from the cluster

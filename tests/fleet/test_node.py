@@ -16,7 +16,7 @@ from replicas.upstreams import record_upstream
 from tests.fleet.helpers import PIECE, node_rig
 from tests.replicas.helpers import flip_byte
 
-QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.05, repeat=1)
+QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.2, repeat=1)
 
 
 def _job(rig, **kw):
