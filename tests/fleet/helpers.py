@@ -4,6 +4,7 @@ import os
 import shutil
 
 from engine_bridge.engine.synth import SynthSpec, synthesize
+from fleet.job import BenchSettings
 from replicas.sync import sync
 from tests.replicas.helpers import invoke
 
@@ -11,6 +12,10 @@ PIECE = 1 << 20
 # A small MoE GGUF laid out like the real one (experts expert-major, 4 KiB aligned), a few MiB:
 # enough pieces that a flipped byte names one, small enough that three nodes measure it in seconds.
 SPEC = SynthSpec(layers=2, experts=8, top_k=2, dim=256, ff=512, vocab=128, seed=7, quant="q8_0")
+
+# A short measurement: seq and decode shapes at one lane (the model is a few MiB); windows long enough
+# that a busy machine still completes reads in each (a window with none measures 0 B/s).
+QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.2, repeat=1)
 
 
 def model_file(folder) -> str:

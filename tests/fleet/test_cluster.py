@@ -9,18 +9,12 @@ import pytest
 
 from fleet.cli import app, exit_code
 from fleet.constants import DOWN, LOST, MISMATCH, MISSING, OK, TIMEOUT
-from fleet.job import BenchSettings
 from fleet.run import fleet_run
 from replicas.checks import FilePiece
-from tests.fleet.helpers import PIECE, HangOn, fleet_file, node_rig
+from tests.fleet.helpers import PIECE, QUICK, HangOn, fleet_file, node_rig
 from tests.replicas.helpers import flip_byte, runner
 
 pytestmark = pytest.mark.slow
-
-# A short measurement: seq and decode shapes at one lane (the model is a few MiB); windows long enough
-# that a busy machine still completes reads in each (a window with none measures 0 B/s).
-QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.2, repeat=1)
-
 
 def _setup(tmp_path, model, names, extra=None):
     """Each named node's rig in tmp_path/NAME, the shared manifest beside the fleet file (alpha's

@@ -6,18 +6,15 @@ import os
 
 from core.rig import load_rig
 from fleet.constants import MISMATCH, MISSING, OK
-from fleet.job import BenchSettings, NodeJob
+from fleet.job import NodeJob
 from fleet.node import run_node
 from replicas.checks import FilePiece
 from replicas.manifest import model_manifest_to_dict
 from replicas.manifests import load_manifest
 from replicas.upstream import upstream_to_dict
 from replicas.upstreams import record_upstream
-from tests.fleet.helpers import PIECE, node_rig
+from tests.fleet.helpers import PIECE, QUICK, node_rig
 from tests.replicas.helpers import flip_byte
-
-QUICK = BenchSettings(presets=("seq", "decode"), lanes=(1,), seconds=0.2, repeat=1)
-
 
 def _job(rig, **kw):
     manifest = load_manifest(load_rig(rig))
