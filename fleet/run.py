@@ -10,7 +10,7 @@ from typing import Callable
 
 from core.constants import FLEET_DIR, UPSTREAM_FILE
 from core.errors import MissingError, RigError, UsageError
-from core.fsutil import atomic_write_text
+from core.fsutil import atomic_write_text, read_text
 from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
 from engines.registry import DEFAULT_ENGINE, ENGINES
@@ -28,13 +28,7 @@ from .spec import FleetSpec, parse_fleet
 
 
 def load_fleet(path: str) -> FleetSpec:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise MissingError(f"{path}: no such fleet file; write one (docs/fleet.md): [[node]] name = \"alpha\" rig = \"/srv/rig\"") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RigError(f"{path}: cannot be read ({e})") from None
+    text = read_text(path, "fleet file", 'write one (docs/fleet.md): [[node]] name = "alpha" rig = "/srv/rig"')
     return parse_fleet(text, path)
 
 

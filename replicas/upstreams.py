@@ -17,6 +17,7 @@ from core.coldio import open_cold, read_sequential
 from core.constants import UPSTREAM_FILE
 from core.errors import Interrupted, RigError, UsageError
 from core.events import Progress, Reporter, emit
+from core.fsutil import read_text
 from core.jsonfile import read_json, write_json
 from core.rig import Rig
 from models.modelset import located_files
@@ -42,13 +43,8 @@ def record_upstream(source: str, manifest: ModelManifest) -> Upstream:
             raise UsageError(f"{source}: no file of the model is a link to a Hugging Face blob (blobs/<sha256>); give "
                              "the snapshot folder (…/models--ORG--NAME/snapshots/REVISION), a sha256sum file or an OCI manifest")
         return upstream_of(found, names, os.path.abspath(source))
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise UsageError(f"{source}: no such file; give a Hugging Face snapshot folder, a sha256sum file or an OCI manifest") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RigError(f"{source}: cannot be read as text ({e})") from None
+    text = read_text(source, "file of published digests",
+                     "give a Hugging Face snapshot folder, a sha256sum file or an OCI manifest")
     where = os.path.abspath(source)
     if text.lstrip().startswith("{"):
         try:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from core.errors import RigError, UsageError
+from core.errors import MissingError, RigError
 from core.rig import load_rig
 from replicas.manifests import load_manifest
 from replicas.upstream import GIT_SHA1, SHA256, Upstream, UpstreamFile, judge_upstream, parse_oci, parse_sums
@@ -107,7 +107,7 @@ def test_a_source_listing_none_of_the_files_is_refused(tmp_path):
     sums.write_text("b" * 64 + "  other.bin\n")
     with pytest.raises(RigError, match="lists none of the model's files"):
         record_upstream(str(sums), load_manifest(load_rig(rig)))
-    with pytest.raises(UsageError, match="no such file"):
+    with pytest.raises(MissingError, match="no such file of published digests"):
         record_upstream(str(tmp_path / "absent"), load_manifest(load_rig(rig)))
 
 
