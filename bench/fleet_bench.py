@@ -79,7 +79,7 @@ def inner(work: str, rigs: dict[str, str]) -> None:
     c.wait_for_nodes()
     asker = os.path.join(work, "asker")
     try:
-        walls, docs = [], []
+        walls, docs, table = [], [], ""
         for _ in range(2):
             t0 = time.perf_counter()
             p = subprocess.run([PY, "-m", "fleet.cli", "run", fleet, "--rig", asker, "--address", c.address, "--json",
@@ -88,8 +88,8 @@ def inner(work: str, rigs: dict[str, str]) -> None:
             if p.returncode:
                 raise SystemExit(f"fleet run failed ({p.returncode}): {p.stderr[-2000:]}")
             docs.append(json.loads(p.stdout))
-        table = subprocess.run([PY, "-m", "fleet.cli", "show", "--rig", asker, docs[0]["path"]], cwd=REPO,
-                               capture_output=True, text=True).stdout
+            table = table or subprocess.run([PY, "-m", "fleet.cli", "show", "--rig", asker], cwd=REPO,
+                                            capture_output=True, text=True).stdout
     finally:
         ray.shutdown()
         c.shutdown()

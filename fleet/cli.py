@@ -6,13 +6,13 @@ from typing import Optional
 
 import typer
 
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, EXIT_MISSING
 from core.rig import load_rig, rig_dir
 
 from .constants import DEFAULT_TIMEOUT_S, FAILED, MISMATCH, OK
 from .job import BenchSettings
-from .report import render_table, report_to_dict
+from .report import render_table
 from .run import fleet_run, latest_report, load_report
 
 app = make_app("fleet", "Verify, measure, solve and export on every node of a Ray cluster; one report for the fleet.")
@@ -34,12 +34,17 @@ def run_cmd(fleet_file: str = typer.Argument(..., metavar="FLEET_FILE", help="Th
                                                   help="The Ray cluster (default: the one `ray start` runs here, 'auto')."),
             timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", metavar="S",
                                           help="Seconds a node may take before it is reported as hanging and cancelled."),
-            full: bool = typer.Option(False, "--full", help="Re-read every replica (verify --full); default: quick (live stamps are trusted)."),
-            measure: bool = typer.Option(False, "--measure", help="Measure every node's drives again (default: only where its rig has no result for them)."),
+            full: bool = typer.Option(False, "--full",
+                                      help="Re-read every replica (verify --full); default: quick (live stamps are trusted)."),
+            measure: bool = typer.Option(False, "--measure",
+                                         help="Measure every node's drives again (default: only where its rig has "
+                                              "no result for them)."),
             seconds: float = typer.Option(BenchSettings().seconds, "--bench-seconds", metavar="S",
                                           help="Seconds per measured window when a node measures its drives."),
-            cache_experts: Optional[int] = typer.Option(None, "--cache-experts", min=0, help="Expert-cache size written into every profile."),
-            force: bool = typer.Option(False, "--force", help="Redo every node's job, even where nothing changed since the last run."),
+            cache_experts: Optional[int] = typer.Option(None, "--cache-experts", min=0,
+                                                        help="Expert-cache size written into every profile."),
+            force: bool = typer.Option(False, "--force",
+                                       help="Redo every node's job, even where nothing changed since the last run."),
             quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Run each node's job on its node: verify its replicas against the fleet's manifest (and the
@@ -59,7 +64,7 @@ def run_cmd(fleet_file: str = typer.Argument(..., metavar="FLEET_FILE", help="Th
                              bench=BenchSettings(seconds=seconds), cache_experts=cache_experts, force=force,
                              on_result=hear)
     if json_out:
-        print_json(dict(report_to_dict(report), path=path))
+        print_result(report)
     else:
         out.print(render_table(report), markup=False, highlight=False, soft_wrap=True, end="")
     if not quiet:
@@ -76,7 +81,7 @@ def show(report: Optional[str] = typer.Argument(None, metavar="REPORT", help="A 
     path = report or latest_report(load_rig(rig_dir(rig), must_exist=False))
     r = load_report(path)
     if json_out:
-        print_json(dict(report_to_dict(r), path=path))
+        print_result(r)
     else:
         out.print(render_table(r), markup=False, highlight=False, soft_wrap=True, end="")
 

@@ -89,7 +89,7 @@ def _plan(rig: Rig, job: NodeJob, res: NodeResult) -> NodeResult:
 
     bench_path, result = _measure(rig, job)
     res = replace(res, drives=_with_ceilings(res.drives, result), bench=bench_path)
-    solved = solve_rig(rig.root, job.engine, cache_experts=job.cache_experts)
+    solved = solve_rig(rig.root, None, job.engine, cache_experts=job.cache_experts)
     plan = solved.plan
     by_name = {s.name: i for i, s in enumerate(plan.sources)}
     res = replace(res, drives=tuple(_weighted(d, plan, by_name.get(d.name)) for d in res.drives), plan=solved.path,

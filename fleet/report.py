@@ -4,6 +4,7 @@ tok/s and problems, and the fleet's table (pure; the JSON shape is pinned by tes
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 from replicas.checks import FilePiece
 
@@ -56,6 +57,12 @@ class FleetReport:
     upstream: str = ""               # the upstream file's source ('' none)
     settings: dict = field(default_factory=dict)
     schema: int = REPORT_SCHEMA
+
+    KIND: ClassVar[str] = REPORT_KIND      # `fleet run --json` and `fleet show --json` print the report file's document
+    SCHEMA: ClassVar[int] = REPORT_SCHEMA
+
+    def to_dict(self) -> dict:
+        return report_to_dict(self)
 
     @property
     def ok(self) -> bool:

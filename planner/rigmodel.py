@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
@@ -23,8 +24,7 @@ from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
-from .plan import Plan
-from .plans import Inputs, holds_of, load_inputs, load_plan, parse_background, save_plan
+from .plans import Inputs, SavedPlan, holds_of, load_inputs, load_plan, parse_background, save_plan
 from .solve import Problem, solve_plan, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
@@ -90,36 +90,33 @@ def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Backg
                    inputs.links, holds, page_cache_bytes)
 
 
-def problem_at(root: str, engine: str, *, bench: str | None = None, background: tuple[str, ...] = (),
-               lanes: int | None = None, threads: int | None = None, workload: str | None = None, model: str | None = None,
-               prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None, fit_only: bool = False,
-               tails: bool = False, page_cache_bytes: int = 0) -> tuple[Inputs, Chosen, Problem]:
-    """(inputs, the chosen workload, the problem) of the rig at `root`: what `planner solve` and
-    `simulate` price. `background`: `--background` specs (SOURCE:KIND)."""
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
+def problem_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
+                    lanes: int | None = None, threads: int | None = None, workload: str | None = None,
+                    model: str | None = None, prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
+                    calibrate: bool = True, tails: bool = False,
+                    page_cache_bytes: int = 0) -> tuple[Inputs, Chosen, Problem]:
+    """(inputs, the chosen workload, the problem) of `planner solve` and `simulate`: the rig's bench
+    result (`bench`, default the newest), the workload (`choose_workload`), other work given as
+    `SOURCE:KIND` specs (`plans.parse_background`)."""
+    inputs = load_inputs(rig_root, bench, calibrate=calibrate, tails=tails)
     names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    backgrounds = tuple(parse_background(s, names) for s in background)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, backgrounds, lanes, threads, page_cache_bytes)
+    chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
+    bgs = tuple(parse_background(s, names) for s in backgrounds)
+    return inputs, chosen, rig_problem(inputs, chosen, engine, bgs, lanes, threads, page_cache_bytes)
 
 
-@dataclass(frozen=True)
-class Solved:
-    plan: Plan                # as written and read back
-    path: str                 # rig/plans/<UTC>.json
-    notices: tuple[str, ...]  # what the planner chose for the user, and each idle drive's reason
-
-
-def solve_rig(root: str, engine: str, *, top: int = 5, **problem) -> Solved:
-    """Solve the rig's weights (and switches) for `engine` and write the plan into rig/plans:
-    `planner solve`. `problem`: the keywords of `problem_at`."""
-    inputs, chosen, prob = problem_at(root, engine, **problem)
+def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (), top: int = 5,
+              **problem) -> SavedPlan:
+    """`planner solve`: solve the rig's problem (`problem_for_rig`'s options), record the workload
+    in the plan, write it to rig/plans/<timestamp>.json and read it back (what a later command
+    will load). The notices: the planner's choice of workload, and each source it leaves idle."""
+    inputs, chosen, prob = problem_for_rig(rig_root, bench, engine, backgrounds, **problem)
     plan, choice = solve_plan(inputs.sources, prob, inputs.provenance, top=top)
     record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
     plan = replace(plan, geometry=chosen.geometry, workload=record)
-    path = save_plan(load_rig(root, must_exist=False), plan)
+    path = save_plan(load_rig(rig_root, must_exist=False), plan)
     notices = ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]
-    return Solved(load_plan(path), path, tuple(notices))
+    return SavedPlan(load_plan(path), path, tuple(notices))
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from core.errors import RigError
 
@@ -41,6 +42,12 @@ class Upstream:
     files: tuple[UpstreamFile, ...]
     source: str = ""   # where the digests were read (a snapshot folder, a sums file, an OCI manifest)
     schema: int = UPSTREAM_SCHEMA
+
+    KIND: ClassVar[str] = UPSTREAM_KIND      # the result `replicas upstream --json` prints: the file's document
+    SCHEMA: ClassVar[int] = UPSTREAM_SCHEMA
+
+    def to_dict(self) -> dict:
+        return upstream_to_dict(self)
 
     def file(self, path: str) -> UpstreamFile | None:
         return next((f for f in self.files if f.path == path), None)
