@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import replace
 
-from core.constants import FLEET_NODE_FILE
+from core.constants import BENCH_DIR, FLEET_NODE_FILE, RIG_FILE
 from core.errors import MissingError, ReplicaTunerError
 from core.fsutil import FileIdentity
 from core.jsonfile import read_json, write_json
@@ -47,8 +47,8 @@ def run_node(job: NodeJob) -> NodeResult:
 def _run(job: NodeJob) -> NodeResult:
     from replicas.manifest import manifest_from_dict
 
-    if not os.path.isfile(os.path.join(job.rig, "rig.toml")):
-        raise MissingError(f"no rig at {job.rig} on this node (no rig.toml): copy the model there and run "
+    if not os.path.isfile(os.path.join(job.rig, RIG_FILE)):
+        raise MissingError(f"no rig at {job.rig} on this node (no {RIG_FILE}): copy the model there and run "
                            "`replicas init` / `replicas sync`, or fix the node's rig in the fleet file")
     rig = load_rig(job.rig)
     if rig.model is None:
@@ -66,7 +66,7 @@ def _run(job: NodeJob) -> NodeResult:
         upstream, more = _upstream(rig, manifest, job.upstream)
         problems += more
         if upstream != "match":
-            status = MISMATCH
+            status = MISMATCH if upstream == "mismatch" else MISSING
     if status != OK:
         res = NodeResult(status=status, drives=drives, upstream=upstream, problems=tuple(problems), **base)
         save_state(rig, job_key(rig, manifest.digest(), job), res)
@@ -210,7 +210,7 @@ def job_key(rig: Rig, manifest_digest: str, job: NodeJob) -> str:
                 files.append([m.name, rel, i.size, i.mtime_ns, i.inode, i.device])
             except OSError:
                 files.append([m.name, rel, None])
-    bench = rig.timestamped_files("bench")
+    bench = rig.timestamped_files(BENCH_DIR)
     h.update(json.dumps({"manifest": manifest_digest, "files": files, "bench": os.path.basename(bench[-1]) if bench else "",
                          "job": job.settings()}, sort_keys=True, default=list).encode())
     return h.hexdigest()
