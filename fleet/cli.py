@@ -10,6 +10,8 @@ from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, pri
 from core.errors import EXIT_MISMATCH, EXIT_MISSING
 from core.rig import load_rig, rig_dir
 
+from iobench.schedule import parse_lanes, parse_presets
+
 from .constants import DEFAULT_TIMEOUT_S, FAILED, MISMATCH, OK
 from .job import BenchSettings
 from .report import render_table
@@ -41,6 +43,11 @@ def run_cmd(fleet_file: str = typer.Argument(..., metavar="FLEET_FILE", help="Th
                                               "no result for them)."),
             seconds: float = typer.Option(BenchSettings().seconds, "--bench-seconds", metavar="S",
                                           help="Seconds per measured window when a node measures its drives."),
+            presets: str = typer.Option(",".join(BenchSettings().presets), "--bench-presets", metavar="P,P",
+                                        help="iobench presets a node measures (a model too small for prefill's 32 MiB "
+                                             "reads: seq,decode)."),
+            lanes: str = typer.Option(",".join(map(str, BenchSettings().lanes)), "--bench-lanes", metavar="N,N",
+                                      help="Lane counts a node measures each preset at."),
             cache_experts: Optional[int] = typer.Option(None, "--cache-experts", min=0,
                                                         help="Expert-cache size written into every profile."),
             force: bool = typer.Option(False, "--force",
@@ -61,8 +68,9 @@ def run_cmd(fleet_file: str = typer.Argument(..., metavar="FLEET_FILE", help="Th
 
     report, path = fleet_run(fleet_file, rig_dir(rig), address=address, timeout_s=timeout,
                              verify="full" if full else "quick", measure="always" if measure else "auto",
-                             bench=BenchSettings(seconds=seconds), cache_experts=cache_experts, force=force,
-                             on_result=hear)
+                             bench=BenchSettings(parse_presets(presets, "--bench-presets"),
+                                                 parse_lanes(lanes, "--bench-lanes"), seconds),
+                             cache_experts=cache_experts, force=force, on_result=hear)
     if json_out:
         print_result(report)
     else:
