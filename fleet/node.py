@@ -59,11 +59,18 @@ def _run(job: NodeJob) -> NodeResult:
     if not job.force and last is not None and last[0] == key and last[1].status == OK:
         return reused(last[1])
     base = {"node": job.node, "rig": rig.root, "engine": job.engine}
-    drives, problems = _verify(rig, manifest, job)
+    published, tap = None, None
+    if job.upstream is not None:
+        from replicas.upstream import upstream_from_dict
+        from replicas.upstreams import UpstreamTap
+
+        published = upstream_from_dict(job.upstream, "the fleet's upstream digests")
+        tap = UpstreamTap([rig.model.path], manifest, published)
+    drives, problems = _verify(rig, manifest, job, tap)
     status = _worst(drives)
     upstream = ""
-    if job.upstream is not None and status == OK:
-        upstream, more = _upstream(rig, manifest, job.upstream)
+    if published is not None and status == OK:
+        upstream, more = _upstream(rig, manifest, published, tap)
         problems += more
         if upstream != "match":
             status = MISMATCH if upstream == "mismatch" else MISSING
@@ -104,13 +111,13 @@ def _plan(rig: Rig, job: NodeJob, res: NodeResult) -> NodeResult:
 
 # ---- the steps --------------------------------------------------------------------------------
 
-def _verify(rig: Rig, manifest, job: NodeJob) -> tuple[tuple[DriveRow, ...], list[str]]:
+def _verify(rig: Rig, manifest, job: NodeJob, tap=None) -> tuple[tuple[DriveRow, ...], list[str]]:
     """Every member against the fleet's manifest (replicas verify --manifest: stamps and verdicts
-    only where it is the rig's own)."""
+    only where it is the rig's own); `tap` takes the primary's upstream digests on the same reads."""
     from replicas.verify import against, verify_members
 
     checked, record = against(rig, manifest, "the fleet's manifest")
-    rep = verify_members(list(rig.members), checked, rig, mode=job.verify, record=record)
+    rep = verify_members(list(rig.members), checked, rig, mode=job.verify, record=record, tap=tap)
     problems = []
     if not record:
         problems.append("the node's rig has another manifest than the fleet's (checked against the fleet's; nothing stamped)")
@@ -133,13 +140,13 @@ def _worst(drives) -> str:
     return OK
 
 
-def _upstream(rig: Rig, manifest, doc: dict) -> tuple[str, list[str]]:
-    """The primary against the model's published digests (SHA-256 is its own pass over the bytes;
-    the replicas are tied to the primary by the manifest's BLAKE3 pieces)."""
-    from replicas.upstream import upstream_from_dict
+def _upstream(rig: Rig, manifest, published, tap) -> tuple[str, list[str]]:
+    """The primary against the model's published digests: taken on verify's read where it read a
+    file whole (--full, or a stale stamp), else in a pass of their own (SHA-256 cannot come from the
+    manifest's BLAKE3). The replicas are tied to the primary by the manifest's BLAKE3 pieces."""
     from replicas.upstreams import check_upstream
 
-    check = check_upstream(rig.model.path, manifest, upstream_from_dict(doc, "the fleet's upstream digests"))
+    check = check_upstream(rig.model.path, manifest, published, known=tap.known(rig.model.path))
     return check.state, list(check.problems)
 
 

@@ -37,7 +37,7 @@ from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
 from .verdict import MISMATCH, plural
-from .upstreams import check_upstream, load_upstream, record_upstream, save_upstream
+from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
 from .verify import against, verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
@@ -280,7 +280,8 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
                                                             "or `replicas hash --json`) instead of the rig's."),
            upstream: Optional[str] = typer.Option(None, "--upstream", metavar="FILE",
                                                   help="Also check each member against the model's published digests "
-                                                       "(rig/upstream.json from `replicas upstream`): one more read per member."),
+                                                       "(rig/upstream.json from `replicas upstream`), on verify's own reads "
+                                                       "where it reads a file whole, else in a read of their own."),
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):
@@ -303,10 +304,13 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"
+    published = load_upstream(upstream) if upstream else None
+    # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
+    tap = UpstreamTap([m.path for m in members], manifest, published) if published else None
     with live_progress(not quiet) as (report, cancel):
         try:
             rep = verify_members(members, manifest, r, mode=mode, sample=sample, seed=seed, report=report, cancel=cancel,
-                                 max_rate=rate, resume=resume, record=record)
+                                 max_rate=rate, resume=resume, record=record, tap=tap)
         except Interrupted:
             if mode == "full" and record:
                 raise Interrupted("verification interrupted; the pieces done are kept: continue with "
@@ -314,7 +318,7 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
             raise
     if cancel.is_set():
         raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
-    ups = _check_upstream(upstream, members, manifest, quiet) if upstream else {}
+    ups = _check_upstream(published, tap, members, manifest, quiet) if published else {}
     if json_out:
         print_result(views.VerifyView(rep, manifest, manifest_file, mode, ups if upstream else None))
     else:
@@ -337,13 +341,13 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
         raise typer.Exit(code)
 
 
-def _check_upstream(path: str, members, manifest, quiet: bool) -> dict:
-    """Each member's copy against the upstream digests at `path`, in turn (SHA-256 is its own pass)."""
-    upstream = load_upstream(path)
+def _check_upstream(upstream, tap, members, manifest, quiet: bool) -> dict:
+    """Each member's copy against the upstream digests: those verify's reads took, and a pass of
+    their own for the files verify did not read whole (a live stamp, a sample)."""
     out_ = {}
     with live_progress(not quiet) as (report, cancel):
         for m in members:
-            out_[m.path] = check_upstream(m.path, manifest, upstream, report=report, cancel=cancel)
+            out_[m.path] = check_upstream(m.path, manifest, upstream, report=report, cancel=cancel, known=tap.known(m.path))
     if cancel.is_set():
         raise Interrupted("upstream check interrupted")
     return out_

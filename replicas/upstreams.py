@@ -66,31 +66,83 @@ def load_upstream(path: str) -> Upstream:
     return upstream_from_dict(doc, path)
 
 
+class _Digest:
+    """One file's upstream digest taken as bytes pass (the git blob header needs the size first)."""
+
+    def __init__(self, algorithm: str, size: int):
+        self.h = hashlib.sha1() if algorithm == GIT_SHA1 else hashlib.sha256()
+        if algorithm == GIT_SHA1:
+            self.h.update(f"blob {size}\0".encode())     # git's blob header: what a Hugging Face small file's etag hashes
+        self.fed = 0
+
+    def update(self, data) -> None:
+        self.h.update(data)
+        self.fed += len(data)
+
+
+class UpstreamTap:
+    """Upstream digests taken on verify's own read (`verify_members(tap=...)`): a whole-file cold
+    read of a listed file of `model_paths` (members' paths) feeds its SHA-256 too, so a --full verify
+    costs no second pass. `known(model_path)` gives the digests of the files read whole; the others
+    (stamp-trusted in a quick verify, sampled, resumed) still need `check_upstream`'s own pass."""
+
+    def __init__(self, model_paths, manifest: ModelManifest, upstream: Upstream):
+        listed = {f.path: f for f in upstream.files}
+        self.files: dict[str, tuple[str, str]] = {}        # abs path -> (model path, relative path)
+        self.algorithms = {}
+        for mp in model_paths:
+            for rel, path, _ in located_files(mp, manifest):
+                if rel in listed:
+                    self.files[path] = (mp, rel)
+                    self.algorithms[path] = listed[rel].algorithm
+        self.taken: dict[str, _Digest] = {}
+
+    def __call__(self, path: str):
+        if path not in self.files:
+            return None
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return None
+        d = self.taken[path] = _Digest(self.algorithms[path], size)
+        return d.update
+
+    def known(self, model_path: str) -> dict[str, str]:
+        """{relative path: hex} of `model_path`'s files whose every byte went through the tap."""
+        out = {}
+        for path, d in self.taken.items():
+            mp, rel = self.files[path]
+            try:
+                whole = d.fed == os.path.getsize(path)
+            except OSError:
+                whole = False
+            if mp == model_path and whole:
+                out[rel] = d.h.hexdigest()
+        return out
+
+
 def digest_file(path: str, algorithm: str, report: Reporter = None, cancel: threading.Event | None = None) -> tuple[str, int]:
     """(hex digest, bytes read) of a file by `algorithm`, read once, cold. OSError if unreadable."""
     with open_cold(path) as reader:
         size = reader.size
-        h = hashlib.sha1() if algorithm == GIT_SHA1 else hashlib.sha256()
-        if algorithm == GIT_SHA1:
-            h.update(f"blob {size}\0".encode())      # git's blob header: what a Hugging Face small file's etag hashes
-        done = 0
+        d = _Digest(algorithm, size)
         for _, view in read_sequential(reader, 0, size, cancel=cancel):
-            h.update(view)
-            done += len(view)
-            emit(report, Progress(path, "upstream", done, size))
+            d.update(view)
+            emit(report, Progress(path, "upstream", d.fed, size))
         if cancel is not None and cancel.is_set():
             raise Interrupted(f"hashing {path} cancelled")
-    return h.hexdigest(), done
+    return d.h.hexdigest(), d.fed
 
 
 def check_upstream(model_path: str, manifest: ModelManifest, upstream: Upstream, report: Reporter = None,
-                   cancel: threading.Event | None = None) -> UpstreamCheck:
-    """The copy of the model at `model_path` (a member's path) against its upstream digests."""
-    found: dict[str, str | None] = {}
+                   cancel: threading.Event | None = None, known: dict[str, str] | None = None) -> UpstreamCheck:
+    """The copy of the model at `model_path` (a member's path) against its upstream digests; `known`:
+    digests already taken on another read ({relative path: hex}, `UpstreamTap.known`), not read again."""
+    found: dict[str, str | None] = dict(known or {})
     total = 0
     listed = {f.path: f for f in upstream.files}
     for rel, path, _ in located_files(model_path, manifest):
-        if rel not in listed:
+        if rel not in listed or rel in found:
             continue
         try:
             found[rel], n = digest_file(path, listed[rel].algorithm, report, cancel)

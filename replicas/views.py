@@ -126,8 +126,8 @@ class VerifyView:
     def to_dict(self) -> dict:
         doc = verify_doc(self.report, self.manifest, self.manifest_file, self.mode)
         if self.upstream is not None:
-            doc["upstream"] = {path: {"state": c.state, "problems": list(c.problems), "files_hashed": c.checked}
-                               for path, c in self.upstream.items()}
+            doc["upstream"] = {path: {"state": c.state, "problems": list(c.problems), "files_hashed": c.checked,
+                                      "own_pass_bytes": c.bytes_read} for path, c in self.upstream.items()}
         return doc
 
 

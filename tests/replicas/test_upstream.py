@@ -52,7 +52,14 @@ def test_a_hugging_face_snapshot_ties_every_member_to_what_was_published(tmp_pat
     assert set(algos) == set(load_manifest(load_rig(rig)).names)           # every file has its published digest
     assert SHA256 in algos.values() and GIT_SHA1 in algos.values()
 
-    assert invoke("verify", "--rig", rig, "--upstream", os.path.join(rig, "upstream.json")).exit_code == 0
+    # Quick: the stamps are live, so verify reads nothing and the digests take a pass of their own;
+    # --full: they ride on verify's own read of every byte.
+    size = load_manifest(load_rig(rig)).size
+    for how, extra in (([], size), (["--full"], 0)):
+        res = invoke("verify", "--rig", rig, *how, "--upstream", os.path.join(rig, "upstream.json"), "--json")
+        assert res.exit_code == 0, res.output
+        ups = json.loads(res.stdout)["upstream"]
+        assert [(u["state"], u["own_pass_bytes"]) for u in ups.values()] == [("match", extra)] * 3
     shard = next(p for p, a in algos.items() if a == SHA256 and p.endswith(".safetensors"))
     flip_byte(os.path.join(green, shard), 1000)
     res = invoke("verify", "--rig", rig, "--upstream", os.path.join(rig, "upstream.json"), "--json")
