@@ -52,18 +52,21 @@ def fleet_file(path, nodes: dict[str, str], **top) -> str:
     return str(path)
 
 
-class HangOn:
-    """A node's work that never returns on the nodes named (as a hung drive would leave it), and is
-    the real job elsewhere: the fleet's timeout and lost-node paths without a real hang."""
+class Sabotaged:
+    """A node's work that never returns on the nodes in `hang` (as a hung drive would leave it),
+    raises on those in `broken` (a bug in the job), and is the real job elsewhere: the fleet's
+    timeout, lost-node and failed-job paths, with outcomes that never depend on timing."""
 
-    def __init__(self, *nodes: str):
-        self.nodes = frozenset(nodes)
+    def __init__(self, hang=(), broken=()):
+        self.hang, self.broken = frozenset(hang), frozenset(broken)
 
     def __call__(self, job):
         import threading
 
         from fleet.node import run_node
 
-        if job.node in self.nodes:
+        if job.node in self.hang:
             threading.Event().wait()
+        if job.node in self.broken:
+            raise RuntimeError(f"broken on purpose on {job.node}")
         return run_node(job)

@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from fleet.cli import app, exit_code
-from fleet.constants import DOWN, LOST, MISMATCH, MISSING, OK, TIMEOUT
+from fleet.constants import DOWN, FAILED, LOST, MISMATCH, MISSING, OK, TIMEOUT
 from fleet.run import fleet_run
 from replicas.checks import FilePiece
-from tests.fleet.helpers import PIECE, QUICK, HangOn, fleet_file, node_rig
+from tests.fleet.helpers import PIECE, QUICK, Sabotaged, fleet_file, node_rig
 from tests.replicas.helpers import flip_byte, runner
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_a_rerun_redoes_only_what_changed_and_a_hung_node_times_out(cluster, mod
     beta = node_rig(tmp_path / "beta", model)
     with open(fleet, "a") as f:
         f.write(f'\n[[node]]\nname = "beta"\nrig = "{beta}"\n')
-    second, _ = fleet_run(fleet, asker, timeout_s=30, bench=QUICK, work=HangOn("beta"))
+    second, _ = fleet_run(fleet, asker, timeout_s=30, bench=QUICK, work=Sabotaged(hang=["beta"]))
     by = {n.node: n for n in second.nodes}
     assert (by["alpha"].status, by["alpha"].reused) == (OK, True)
     assert by["alpha"].drives == first.nodes[0].drives and by["alpha"].plan == first.nodes[0].plan
@@ -84,18 +84,21 @@ def test_a_rerun_redoes_only_what_changed_and_a_hung_node_times_out(cluster, mod
     assert by["beta"].status == TIMEOUT and "no answer within 30 s" in by["beta"].problems[0]
 
 
-def test_a_node_removed_mid_run_is_lost_while_the_others_finish(cluster, model, tmp_path):
+def test_a_node_removed_mid_run_is_lost_and_a_job_that_raises_failed_while_the_others_finish(cluster, model, tmp_path):
     doomed = cluster.add_node(num_cpus=1, resources={"fleet:doomed": 1}, object_store_memory=80 << 20)
     cluster.wait_for_nodes()
-    fleet, asker = _setup(tmp_path, model, ("alpha",), extra={"doomed": str(tmp_path / "doomed" / "rig")})
+    fleet, asker = _setup(tmp_path, model, ("alpha",), extra={"doomed": str(tmp_path / "doomed" / "rig"),
+                                                              "gamma": str(tmp_path / "gamma" / "rig")})
 
     def hear(res):
         # doomed's job never returns; once alpha has answered, its node leaves the cluster.
         if res.node == "alpha":
             cluster.remove_node(doomed)
 
-    report, _ = fleet_run(fleet, asker, timeout_s=600, bench=QUICK, work=HangOn("doomed"), on_result=hear)
+    report, _ = fleet_run(fleet, asker, timeout_s=600, bench=QUICK, work=Sabotaged(hang=["doomed"], broken=["gamma"]),
+                          on_result=hear)
     by = {n.node: n for n in report.nodes}
     assert by["alpha"].status == OK
     assert by["doomed"].status == LOST and "left the cluster" in by["doomed"].problems[0]
-    assert exit_code(report) == 3
+    assert by["gamma"].status == FAILED and "broken on purpose on gamma" in by["gamma"].problems[0]
+    assert exit_code(report) == 1
