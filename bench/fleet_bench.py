@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,13 @@ def sh(cmd: list[str], wrap: list[str] | None = None) -> None:
 def outer() -> None:
     limits = {f"{n}-{d}": mbs for n, caps in NODES.items() for d, mbs in zip(DRIVES, caps)}
     work = tempfile.mkdtemp(prefix="fleet-bench-", dir="/var/tmp")
+    try:
+        _outer(work, limits)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)      # the model, the rigs and the reports: all ours
+
+
+def _outer(work: str, limits: dict[str, float]) -> None:
     model = os.path.join(work, "model.gguf")
     sh([PY, "-m", "engine_bridge.cli", "synth", model, *MODEL])
     with Testbed(limits, size="512M") as tb:
