@@ -20,7 +20,7 @@ from core.errors import MissingError, ReplicaTunerError
 from core.fsutil import FileIdentity
 from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
-from models.modelset import located_files
+from models.modelset import member_files
 
 from .constants import FAILED, MISMATCH, MISSING, NODE_STATE_KIND, NODE_STATE_SCHEMA, OK
 from .job import NodeJob
@@ -211,7 +211,7 @@ def job_key(rig: Rig, manifest_digest: str, job: NodeJob) -> str:
         h.update(f.read())
     files = []
     for m in rig.members:
-        for rel, path, _ in located_files(m.path, model):
+        for rel, path, _ in member_files(m, model):
             try:
                 i = FileIdentity.of(path)
                 files.append([m.name, rel, i.size, i.mtime_ns, i.inode, i.device])
