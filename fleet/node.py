@@ -39,9 +39,7 @@ def run_node(job: NodeJob) -> NodeResult:
     except Exception as e:  # noqa: BLE001 - a node reports what broke; the fleet goes on
         res = NodeResult(node=job.node, status=FAILED, rig=job.rig, engine=job.engine,
                          problems=(f"{type(e).__name__}: {e}",))
-    if res.reused:
-        return res
-    return replace(res, seconds=time.monotonic() - t0)
+    return replace(res, seconds=time.monotonic() - t0)      # this run's time (a reused result's is the look-up's)
 
 
 def _run(job: NodeJob) -> NodeResult:
