@@ -119,12 +119,17 @@ class VerifyView:
     manifest: ModelManifest
     manifest_file: str | None
     mode: str
+    upstream: dict | None = None     # --upstream: member path -> UpstreamCheck
 
     KIND: ClassVar[str] = "verify"
     SCHEMA: ClassVar[int] = 1
 
     def to_dict(self) -> dict:
-        return verify_doc(self.report, self.manifest, self.manifest_file, self.mode)
+        doc = verify_doc(self.report, self.manifest, self.manifest_file, self.mode)
+        if self.upstream is not None:
+            doc["upstream"] = {path: {"state": c.state, "problems": list(c.problems), "files_hashed": c.checked,
+                                      "own_pass_bytes": c.bytes_read} for path, c in self.upstream.items()}
+        return doc
 
 
 @dataclass(frozen=True)
