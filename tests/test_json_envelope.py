@@ -18,6 +18,8 @@ from core.results import Document, envelope
 from engine_bridge.cli import app as bridge_app
 from engine_bridge.engine.synth import synthesize
 from fleet.cli import app as fleet_app
+from fleet.constants import OK
+from fleet.report import FleetReport, NodeResult, report_to_dict
 from iobench.cli import app as iobench_app
 from planner.cli import app as planner_app
 from replicas.cli import app as replicas_app
@@ -105,9 +107,9 @@ CASES = {
     "engine-bridge profiles": (lambda t: [], "profiles"),
     "engine-bridge launch": (lambda t: ["--binary", str(t / "no-engine"), "--profile", str(t / "p.json")], "error"),
     "engine-bridge autotune": (lambda t: ["--rig", str(t / "no-rig")], "error"),
-    # The fleet's reports need a Ray cluster (tests/fleet): here, their errors.
+    # A fleet run needs a Ray cluster (tests/fleet): here, its error; `show` reads a report file.
     "fleet run": (lambda t: [str(t / "no-fleet.toml"), "--rig", str(t / "rig")], "error"),
-    "fleet show": (lambda t: ["--rig", str(t / "no-rig")], "error"),
+    "fleet show": (lambda t: [_fleet_report(t)], "fleet"),
 }
 
 
@@ -135,6 +137,13 @@ def _upstream(tmp_path):
     rig, data, paths = synced_rig(tmp_path, size=2 * MiB + 5)
     (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(paths[0])}\n")
     return [str(tmp_path / "SHA256SUMS"), "--rig", rig]
+
+
+def _fleet_report(tmp_path):
+    report = FleetReport("2026-12-01T17:00:00.000Z", "ab" * 32, (NodeResult("alpha", OK, rig="/srv/rig"),))
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report_to_dict(report)))
+    return str(path)
 
 
 def _solved(tmp_path):
