@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from . import stats
 from .constants import PLAUSIBLE_BW, PLAUSIBLE_MIN_LAT_NS
-from .model import DriveSample
+from .drivemodel import DriveSample
 from .result import GroupResult, LaneResult, Latency, MemberResult, PresetResult
 
 if TYPE_CHECKING:

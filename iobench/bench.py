@@ -40,7 +40,7 @@ from .devlimits import queue_limits
 from .iounit import QueueLimits
 from .layout import ExpertLayout
 from .meter import DeviceMeter, device_meter
-from .model import fit_drive_model
+from .drivemodel import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
 from .schedule import (
     RunOptions,

@@ -61,7 +61,7 @@ from core.topology import Topology, topology_from_dict, topology_to_dict
 
 from .constants import READ_RESULT_SCHEMAS, RESULT_KIND, RESULT_SCHEMA
 from .iounit import QueueLimits, limits_from_dict, limits_to_dict
-from .model import DriveModel, model_from_dict, model_to_dict
+from .drivemodel import DriveModel, model_from_dict, model_to_dict
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from replicas.manifests import load_manifest
 
 from .barrier import Link, links_from, shape_from_latency
 from .constants import PLAN_SCHEMAS, TAIL_LANES
-from .model import Background, CorrectedCurve, Drive
+from .drivecurves import Background, CorrectedCurve, Drive
 from .plan import PLAN_KIND, PLAN_REMEDY, Plan, Source, plan_from_dict, plan_to_dict
 
 

@@ -37,7 +37,7 @@ from engines.pattern import Pattern, Setup, Step
 
 from .barrier import LatencyShape, Link, barrier_time
 from .constants import ENGRAM_READ_BYTES, ENGRAM_READS_PER_TOKEN
-from .model import Background, Drive, busy_factor
+from .drivecurves import Background, Drive, busy_factor
 
 PREFILL_SAMPLE = 8       # prefill steps priced at most (layers of the prompt's chunks), evenly spaced
 DECODE_SAMPLE = 128      # decode steps with reads priced at most, evenly spaced

@@ -23,7 +23,7 @@ from models.modelset import FILE, discover, from_rig
 from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
-from .model import Background
+from .drivecurves import Background
 from .plans import Inputs, SavedPlan, full_members_for, holds_of, load_inputs, load_plan, parse_background, save_plan
 from .solve import Problem, solve_plan, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload

@@ -31,7 +31,7 @@ from engines.pattern import Concurrency, Setup
 
 from .barrier import Link
 from .constants import IDLE_TOLERANCE, TIE_TOLERANCE, TOP_ALTERNATIVES
-from .model import Background, Drive
+from .drivecurves import Background, Drive
 from .plan import Phase, Plan, Source
 from .pricing import Curves, PhasePrice, PhaseSteps, price_phase
 

@@ -40,7 +40,7 @@ from .constants import (
     ROW_INT8,
     STAGE_WINDOW,
 )
-from .model import Geometry, Resident
+from .resident import Geometry, Resident
 from .staging import PhaseCounters, SubmitRead, stage_reads
 
 _Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])

@@ -27,7 +27,7 @@ from models.tensortable import inspect_model as inspect_any
 from models.cache import ExpertCache
 from .idle import PHASES, idle_sources
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_WINDOW, TRACE_SCHEMA
-from .model import Geometry
+from .resident import Geometry
 from .sources import SourceSet
 from .staging import PhaseCounters, stage_reads
 

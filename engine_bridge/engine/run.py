@@ -23,7 +23,7 @@ from models.cache import ExpertCache
 from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
 from .idle import PHASES, idle_sources
 from .inference import Engine, RunOutcome, prompt_tokens, tokens_sha256
-from .model import Geometry, inspect_model, load_resident
+from .resident import Geometry, inspect_model, load_resident
 from .sources import SourceSet
 from .staging import PhaseCounters
 

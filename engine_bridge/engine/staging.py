@@ -25,7 +25,7 @@ from engines.base import Engine
 from engines.pattern import Pattern, Setup, Step
 
 from .constants import STAGE_WINDOW
-from .model import Geometry
+from .resident import Geometry
 
 SubmitRead = Callable[..., "object"]   # (Read, phase) -> ticket with .result() -> bytes and .release()
 

@@ -19,7 +19,7 @@ from models.modelset import from_rig
 
 from ..constants import PREFILL_TOKENS
 from ..measured import HarnessRun, read_results
-from ..model import Background
+from ..drivecurves import Background
 from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
 from ..rigmodel import Chosen, choose_workload, rig_problem

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from engine_bridge.cli import app
 from models.cache import ExpertCache
 from engine_bridge.engine.constants import CSV_COLUMNS
-from engine_bridge.engine.model import ExpertTensor, Geometry
+from engine_bridge.engine.resident import ExpertTensor, Geometry
 from engine_bridge.engine.replay import model_steps, replay_steps
 from models.routing import (
     COVERAGE_TOLERANCE,

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.engine.constants import CSV_COLUMNS
-from engine_bridge.engine.model import inspect_model
+from engine_bridge.engine.resident import inspect_model
 from engine_bridge.engine.run import run_model
 from engine_bridge.engine.sources import SourceSet
 from tests.engine_bridge.helpers import SPEC
@@ -157,7 +157,7 @@ def test_missing_model_is_exit_3(tmp_path):
 def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_dir, tmp_path):
     from models.cache import ExpertCache
     from engine_bridge.engine.inference import Engine, prompt_tokens, tokens_sha256
-    from engine_bridge.engine.model import load_resident
+    from engine_bridge.engine.resident import load_resident
     from engine_bridge.engine.staging import StepReads
     from engine_bridge.reader import SplitReader
     from engines.registry import get_engine

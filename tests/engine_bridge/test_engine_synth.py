@@ -9,7 +9,7 @@ from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.engine.constants import ALIGNMENT, COMPONENTS, LAYER_RESIDENT
 from engine_bridge.engine.inference import dequantize
-from engine_bridge.engine.model import inspect_model
+from engine_bridge.engine.resident import inspect_model
 from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
 
 SMALL = SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=256, vocab=64, seed=3)

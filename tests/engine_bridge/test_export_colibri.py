@@ -13,7 +13,7 @@ from core.rig import load_rig
 from engine_bridge.cli import app
 from engine_bridge.profiles.rules import SourceFacts, check_sources
 from engines import colibri
-from iobench.model import DriveModel
+from iobench.drivemodel import DriveModel
 from iobench.result import BenchResult, DriveResult, save_result
 from planner.cli import app as planner_app
 from core.drives import DriveInfo

@@ -9,7 +9,7 @@ from core.errors import MissingError, RigError
 from core.rig import Rig
 from core.topology import DISK, DriveTopology, Link, Topology, group_drives
 from iobench.iounit import QueueLimits
-from iobench.model import DriveModel
+from iobench.drivemodel import DriveModel
 from iobench.result import (
     BenchResult,
     DriveResult,

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from core.rig import Member, Rig, save_rig
 from engine_bridge.harness.arms import ArmSpec, Row, Snapshot, build_results
-from iobench.model import DriveModel
+from iobench.drivemodel import DriveModel
 from iobench.result import BenchResult, DriveResult, GroupResult, LaneResult, Latency, PresetResult, save_result
-from planner.model import Drive
+from planner.drivecurves import Drive
 from core.drives import DriveInfo
 from core.rig import with_model, with_replica
 

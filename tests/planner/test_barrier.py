@@ -17,7 +17,7 @@ from planner.barrier import (
     links_from,
     shape_from_latency,
 )
-from planner.model import Background, Drive
+from planner.drivecurves import Background, Drive
 from planner.plans import load_inputs
 from planner.pricing import PhaseSteps
 from planner.solve import Problem, predict, solve

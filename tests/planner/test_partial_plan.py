@@ -12,7 +12,7 @@ from core import rig as rigmod
 from planner.cli import app
 from planner.plans import full_members_for, load_inputs
 from engines.registry import get_engine
-from iobench.model import DriveModel
+from iobench.drivemodel import DriveModel
 from tests.planner.helpers import make_dir_rig, make_rig, write_dir_model
 
 # Bandwidth-bound drives (the test model's experts are small reads): one twice as fast as the other.

@@ -18,7 +18,7 @@ from models.geometry import stacked_geometry
 from planner import pricing as pricing_module
 from planner.barrier import Link, shape_from_latency
 from planner.constants import ENGRAM_READ_BYTES, ENGRAM_READS_PER_TOKEN
-from planner.model import Background, Drive
+from planner.drivecurves import Background, Drive
 from planner.pricing import Curves, PhaseSteps, expert_sources, price_patterns, price_phase, sample_steps
 from tests.helpers import impure_imports
 from tests.planner.helpers import FAST, LAGGY, SLOW, Flat, Paced

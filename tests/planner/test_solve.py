@@ -12,7 +12,7 @@ from engines.registry import get_engine
 from models.geometry import stacked_geometry
 from planner import solve as solve_module
 from planner.constants import IDLE_TOLERANCE, TIE_TOLERANCE
-from planner.model import Background, Drive
+from planner.drivecurves import Background, Drive
 from planner.plan import Source
 from planner.pricing import PhaseSteps, sample_steps
 from planner.solve import (

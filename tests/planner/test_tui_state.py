@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from core.errors import UsageError
 from engines.registry import get_engine
 from planner.cli import app as planner_app
-from planner.model import Background
+from planner.drivecurves import Background
 from planner.plan import Phase, Plan, plan_from_dict, plan_to_dict
 from planner.plans import load_inputs, load_plan, save_plan
 from planner.rigmodel import choose_workload, rig_problem

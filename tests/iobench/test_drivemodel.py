@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iobench.model import DriveModel, DriveSample, fit_drive_model, model_from_dict, model_to_dict
+from iobench.drivemodel import DriveModel, DriveSample, fit_drive_model, model_from_dict, model_to_dict
 
 MiB = 1 << 20
 SIZES = [4096, 1 * MiB, 1_572_864, 3_489_792, 8 * MiB, 16 * MiB]

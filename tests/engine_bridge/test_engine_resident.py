@@ -6,7 +6,7 @@ import os
 import pytest
 
 from core.errors import UsageError
-from engine_bridge.engine.model import inspect_model
+from engine_bridge.engine.resident import inspect_model
 from engine_bridge.engine.synth import SynthSpec, synthesize
 from models.geometry import Geometry
 from models.modelset import Extent
