@@ -24,7 +24,7 @@ from .pattern import Concurrency, Pattern, Read, Setup, Step
 
 NAME = "ds4-argodrive"
 
-BLOCK = 262_144                  # bytes: the split granule (256 KiB)
+BLOCK_BYTES = 262_144                  # bytes: the split granule (256 KiB)
 MAX_SOURCES = 3                  # primary + at most 2 replicas
 WEIGHT_MIN, WEIGHT_MAX = 1, 100
 PATH_FORBIDDEN = ",*"            # DS4_ARGODRIVE_REPLICAS is "path*weight,path*weight"
@@ -52,7 +52,7 @@ def block_counts(blocks: int, weights: Sequence[int]) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def split_ds4(offset: int, length: int, weights: Sequence[int], block: int = BLOCK) -> tuple[Piece, ...]:
+def split_ds4(offset: int, length: int, weights: Sequence[int], block: int = BLOCK_BYTES) -> tuple[Piece, ...]:
     """The primary reads the front (its blocks plus the tail), then source 1, then source 2;
     contiguous, covering [offset, offset+length) exactly."""
     if length < 0 or offset < 0:
@@ -310,7 +310,7 @@ def split_classes(n: int, length: int) -> tuple[np.ndarray, np.ndarray]:
     """(counts K x n, smallest weights K x n): every distinct split of a `length`-byte read the
     engine's weights can produce, with the smallest weights that produce it."""
     w = weight_space(n)
-    blocks = length // BLOCK
+    blocks = length // BLOCK_BYTES
     counts = block_counts_many(blocks, w)
     key = np.zeros(len(w), dtype=np.int64)
     for i in range(n):
@@ -323,7 +323,7 @@ def split_classes(n: int, length: int) -> tuple[np.ndarray, np.ndarray]:
 def smallest_equivalent(weights: Sequence[int], length: int) -> tuple[int, ...]:
     """The smallest weights that split a `length`-byte read exactly as `weights` do."""
     w = np.asarray([list(weights)], dtype=np.int64)
-    target = block_counts_many(length // BLOCK, w)[0]
+    target = block_counts_many(length // BLOCK_BYTES, w)[0]
     counts, smallest = split_classes(w.shape[1], length)
     hit = np.flatnonzero((counts == target).all(axis=1))
     return tuple(int(x) for x in smallest[hit[0]])
@@ -352,6 +352,6 @@ PARTIAL_REFUSAL = (f"{NAME} splits every read across every source and reads only
                    "(a regular file of the primary's size)")
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
-                granule=BLOCK, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
+                granule=BLOCK_BYTES, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
                 profile=ds4_argodrive_profile, partial_refusal=PARTIAL_REFUSAL)

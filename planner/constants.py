@@ -19,7 +19,7 @@ V41_COMPONENT_BYTES = 6_635_520     # one expert component: a Q4_K slice of 4096
 EXPERT_BYTES = 3 * V41_COMPONENT_BYTES  # gate + up + down, 19,906,560 B
 PREFILL_TOKENS = 512                # the prompt the prefill figure is for
 PREFILL_EXPERTS_PER_LAYER = 187.4   # mean union of selected experts per layer at 512 tokens
-CACHE_EXPERTS = 4600                # the largest cache that fit a 128 GB machine
+V41_CACHE_EXPERTS = 4600                # the largest cache that fit a 128 GB machine
 DECODE_MISSES_PER_TOKEN = 11.06     # expert misses per decoded token with a 4,600-expert cache
 ENGRAM_READS_PER_TOKEN = 48         # 2 tables x 24 rows, primary only
 ENGRAM_READ_BYTES = 4096            # one 264 B row costs one 4 KiB page read
@@ -27,7 +27,7 @@ ENGRAM_READ_BYTES = 4096            # one 264 B row costs one 4 KiB page read
 # Any other model: the cache holds this fraction of its routed experts unless told (ds4-v41's
 # 4,600 of 15,360), and the routing model is simulated like its calibration (docs/planner.md protocol):
 # prefill in chunks of ROUTING_CHUNK_TOKENS, then WARM decode tokens, misses averaged over MEASURE.
-CACHE_FRACTION = CACHE_EXPERTS / (LAYERS * V41_EXPERTS)
+CACHE_FRACTION = V41_CACHE_EXPERTS / (LAYERS * V41_EXPERTS)
 ROUTING_CHUNK_TOKENS = 512
 ROUTING_WARM_TOKENS = 32
 ROUTING_MEASURE_TOKENS = 168

@@ -33,7 +33,7 @@ from models.geometry import stacked_geometry
 from models.routing import Router, RoutingModel
 
 from .constants import (
-    CACHE_EXPERTS,
+    V41_CACHE_EXPERTS,
     CACHE_FRACTION,
     DECODE_MISSES_PER_TOKEN,
     EXPERT_BYTES,
@@ -97,7 +97,7 @@ class ModelWorkload:
 
 
 V41_SHAPE = ModelShape(V41_NAME, LAYERS, V41_EXPERTS, V41_TOP_K, V41_COMPONENT_BYTES, 3, EXPERT_BYTES)
-V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
+V41_TRAFFIC = Traffic(PREFILL_TOKENS, PREFILL_EXPERTS_PER_LAYER, V41_CACHE_EXPERTS, DECODE_MISSES_PER_TOKEN, "field")
 NAMED = {V41_NAME: (V41_SHAPE, V41_TRAFFIC)}
 NAMED_ARCH = {V41_NAME: "deepseek_v41"}     # its config.json model_type (colibri runs it on its V4.1 engine)
 

@@ -10,7 +10,7 @@ import typer
 from core.cli import JsonOption, RigOption, err, print_result
 from core.units import format_bytes, format_rate
 from engine_bridge.engine.constants import (
-    CACHE_EXPERTS,
+    DEFAULT_CACHE_EXPERTS,
     COLIBRI_FORMAT,
     DEQUANT_THREADS,
     GEN_TOKENS,
@@ -46,7 +46,7 @@ SHARED = dict(
                          help="A replica (its file, first split file or directory) and its base weight (repeatable)."),
     primary_weight=typer.Option(PRIMARY_WEIGHT, "--primary-weight", help="Base weight of the primary with --replica."),
     decode_weights=typer.Option(None, "--decode-weights", metavar="W,W,..", help="Decode weights, one per source."),
-    cache_experts=typer.Option(CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
+    cache_experts=typer.Option(DEFAULT_CACHE_EXPERTS, "--cache-experts", help="Expert cache size, experts."),
     lanes=typer.Option(LANES, "--lanes", help="Reader threads per source."),
     chunk_tokens=typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
     csv_file=typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),

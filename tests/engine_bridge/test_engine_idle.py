@@ -2,7 +2,7 @@
 
 from engine_bridge.engine import idle
 from engine_bridge.engine.idle import idle_sources, plan_shares
-from engines.ds4_argodrive import BLOCK
+from engines.ds4_argodrive import BLOCK_BYTES
 from tests.helpers import impure_imports
 
 COMPONENT = 557_056               # 2 blocks + 32 KiB: at 2:1:1 ds4 cuts it 1 / 1 / 0 blocks
@@ -17,7 +17,7 @@ def _phase(reads, largest, delivered, given):
 
 W = {"prefill": [2, 1, 1], "decode": [2, 1, 1]}
 PRE = _phase(4, 4 * COMPONENT, [9, 9, 9], [9, 9, 9])
-DEC = _phase(10, COMPONENT, [10 * (COMPONENT - BLOCK), 10 * BLOCK, 0], [1, 1, 0])
+DEC = _phase(10, COMPONENT, [10 * (COMPONENT - BLOCK_BYTES), 10 * BLOCK_BYTES, 0], [1, 1, 0])
 
 
 def test_a_source_the_engines_reads_give_nothing_is_a_note():
@@ -45,7 +45,7 @@ def test_a_plan_that_gave_it_a_share_makes_it_a_flag():
 
 
 def test_pieces_given_but_read_by_others_and_degraded_sources_are_flags():
-    dec = _phase(10, COMPONENT, [10 * COMPONENT, 0, 0], [COMPONENT, BLOCK, 0])
+    dec = _phase(10, COMPONENT, [10 * COMPONENT, 0, 0], [COMPONENT, BLOCK_BYTES, 0])
     out = idle_sources({"decode": dec}, {"decode": [2, 1, 1]}, PATHS, degraded=[False, False, True])
     assert [(e["source"], e["kind"]) for e in out] == [(1, "unread"), (2, "unread")]
     assert "the engine's reads gave it 1 pieces (262,144 B) that other sources read" in out[0]["message"]

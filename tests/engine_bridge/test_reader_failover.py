@@ -6,11 +6,11 @@ import pytest
 
 from core.errors import MissingError
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK
+from engines.ds4_argodrive import BLOCK_BYTES
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import FailingReader
 
-SIZE = 8 * BLOCK + 3000
+SIZE = 8 * BLOCK_BYTES + 3000
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def model(tmp_path):
 
 
 def _reads():
-    return [(i * 4096 + 17, 3 * BLOCK + 999) for i in range(40)]
+    return [(i * 4096 + 17, 3 * BLOCK_BYTES + 999) for i in range(40)]
 
 
 def _check_all(r, data, phase="prefill"):
@@ -51,7 +51,7 @@ def test_truncated_replica_mid_run(model):
     paths, data = model
     with SplitReader(paths, [1, 1, 1], lanes=2, health_interval=None) as r:
         _check_all(r, data)
-        os.truncate(paths[2], BLOCK)
+        os.truncate(paths[2], BLOCK_BYTES)
         _check_all(r, data)                    # short pieces are re-read elsewhere
         s = r.stats()
     assert r.degraded == (False, False, True)
@@ -95,7 +95,7 @@ def test_all_sources_failing_raises_missing(model):
     FailingReader.broken = {p: 0 for p in paths}
     with SplitReader(paths, [1, 1, 1], lanes=1, opener=FailingReader) as r:
         with pytest.raises(MissingError, match="no source could read"):
-            r.read(0, 3 * BLOCK)
+            r.read(0, 3 * BLOCK_BYTES)
         with pytest.raises(MissingError, match="every source is degraded"):
             r.read(0, 10)
         assert any(e.kind == "all_failed" for e in r.stats().events)

@@ -20,14 +20,14 @@ from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
 from engine_bridge.reader.readstats import healthy_split
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK
+from engines.ds4_argodrive import BLOCK_BYTES
 from engines.split import split_read
 from core.coldio import CachedReader, aligned_buffer
 from models.modelset import discover
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import impure_imports, write_split_gguf
 
-SIZE = 16 * BLOCK
+SIZE = 16 * BLOCK_BYTES
 FLOOR = 1_000_000_000          # 1 s of the test's clock: nothing is late until the test says so
 POISON = 0xEE
 runner = CliRunner()
@@ -110,7 +110,7 @@ def _reader(paths, stall, clock, events=None, lanes=2, **policy):
 
 def _warm(r, data, stall):
     """One read before the stall is armed, so every source has a delivery rate to be held to."""
-    assert bytes(r.read(0, 4 * BLOCK)) == data[:4 * BLOCK]
+    assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
     stall.active = True
 
 
@@ -142,14 +142,14 @@ def test_a_stalled_replica_is_hedged_and_the_read_completes_from_another(model):
     with _reader(paths, stall, clock) as r:
         _warm(r, data, stall)
         before = r.stats()
-        t = _hedged_read(r, stall, clock, BLOCK, 4 * BLOCK)
-        assert bytes(t.result()) == data[BLOCK:5 * BLOCK]        # while the replica still hangs
+        t = _hedged_read(r, stall, clock, BLOCK_BYTES, 4 * BLOCK_BYTES)
+        assert bytes(t.result()) == data[BLOCK_BYTES:5 * BLOCK_BYTES]        # while the replica still hangs
         s = r.stats()
         stall.gate.set()
     assert s.sources[2].late == 1 and s.sources[2].hedged == 0
     assert s.sources[0].hedged + s.sources[1].hedged == 1
     assert s.sources[2].bytes == before.sources[2].bytes       # its piece came from someone else
-    assert sum(x.bytes for x in s.sources) == 4 * BLOCK + 4 * BLOCK
+    assert sum(x.bytes for x in s.sources) == 4 * BLOCK_BYTES + 4 * BLOCK_BYTES
     assert not any(x.degraded for x in s.sources) and s.events == ()
     line = r.format_stats().splitlines()[2]
     assert "hedged=0 late=1" in line and line.startswith("source[2] ")
@@ -171,14 +171,14 @@ def test_a_stalled_part_of_a_split_set_is_hedged_and_read_from_another_replica(t
     data = {rel: (tmp_path / "internal" / rel).read_bytes() for rel in model.files}
     stall, clock = Stall(models[2].abs(second)), Clock()
     with _reader(models, stall, clock) as r:
-        assert bytes(r.read(0, 4 * BLOCK, file=second)) == data[second][:4 * BLOCK]     # every source has a rate
+        assert bytes(r.read(0, 4 * BLOCK_BYTES, file=second)) == data[second][:4 * BLOCK_BYTES]     # every source has a rate
         stall.active = True
         before = r.stats()
-        t = _hedged_read(r, stall, clock, BLOCK, 4 * BLOCK, file=second)
-        assert bytes(t.result()) == data[second][BLOCK:5 * BLOCK]          # while white's part 2 still hangs
+        t = _hedged_read(r, stall, clock, BLOCK_BYTES, 4 * BLOCK_BYTES, file=second)
+        assert bytes(t.result()) == data[second][BLOCK_BYTES:5 * BLOCK_BYTES]          # while white's part 2 still hangs
         s = r.stats()
         stall.gate.set()
-        assert bytes(r.read(100, 4 * BLOCK, file=first)) == data[first][100:100 + 4 * BLOCK]
+        assert bytes(r.read(100, 4 * BLOCK_BYTES, file=first)) == data[first][100:100 + 4 * BLOCK_BYTES]
     assert s.sources[2].late == 1 and s.sources[0].hedged + s.sources[1].hedged == 1
     assert s.sources[2].bytes == before.sources[2].bytes
     assert not any(x.degraded for x in s.sources) and s.events == ()
@@ -190,26 +190,26 @@ def test_a_late_read_never_writes_into_a_buffer_the_caller_or_a_later_read_holds
     with _reader(paths, stall, clock) as r:
         _warm(r, data, stall)
         # a pool buffer: the hedge wins, the buffer is released and reused by the next read
-        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK)
+        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
         view_a = bytes(a.result())
         a.release()
-        b = r.submit(8 * BLOCK, 4 * BLOCK)              # same size class as a's buffer
-        assert bytes(b.result()) == data[8 * BLOCK:12 * BLOCK]
+        b = r.submit(8 * BLOCK_BYTES, 4 * BLOCK_BYTES)              # same size class as a's buffer
+        assert bytes(b.result()) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]
         # a caller's buffer: once the read is done the caller reuses it for something else
-        mine = aligned_buffer(span(4 * BLOCK + 100, 4 * BLOCK))
+        mine = aligned_buffer(span(4 * BLOCK_BYTES + 100, 4 * BLOCK_BYTES))
         with stall.lock:
             stall.count = 1                             # hold the next read on that source too
-        c = _hedged_read(r, stall, clock, 4 * BLOCK + 100, 4 * BLOCK, buffer=mine)
-        assert bytes(c.result()) == data[4 * BLOCK + 100:8 * BLOCK + 100]
+        c = _hedged_read(r, stall, clock, 4 * BLOCK_BYTES + 100, 4 * BLOCK_BYTES, buffer=mine)
+        assert bytes(c.result()) == data[4 * BLOCK_BYTES + 100:8 * BLOCK_BYTES + 100]
         memoryview(mine)[:] = b"\x11" * len(mine)
         stall.gate.set()                                # both late reads now write their garbage ...
         stall.returned.acquire()
         stall.returned.acquire()
-        assert bytes(b.result()) == data[8 * BLOCK:12 * BLOCK]      # ... never into b's buffer
+        assert bytes(b.result()) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]      # ... never into b's buffer
         assert bytes(mine) == b"\x11" * len(mine)                   # nor into the caller's
-        assert view_a == data[:4 * BLOCK]
-        d = r.read(0, 4 * BLOCK)                        # the late buffer is back in use only now
-        assert bytes(d) == data[:4 * BLOCK]
+        assert view_a == data[:4 * BLOCK_BYTES]
+        d = r.read(0, 4 * BLOCK_BYTES)                        # the late buffer is back in use only now
+        assert bytes(d) == data[:4 * BLOCK_BYTES]
         assert r.stats().sources[2].late == 2
 
 
@@ -229,27 +229,27 @@ def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
     with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
                      opener=lambda p: StallingReader(p, stall), report=report) as r:
         _warm(r, data, stall)
-        for off in (0, 4 * BLOCK):
-            t = _hedged_read(r, stall, clock, off, 4 * BLOCK)
-            assert bytes(t.result()) == data[off:off + 4 * BLOCK]
+        for off in (0, 4 * BLOCK_BYTES):
+            t = _hedged_read(r, stall, clock, off, 4 * BLOCK_BYTES)
+            assert bytes(t.result()) == data[off:off + 4 * BLOCK_BYTES]
         gone.wait()
         assert r.degraded == (False, False, True)
         before = r.stats()
         held = before.sources[2].bytes
         # degraded: the split runs over the healthy two (2:1), and the slow one gets a probe
-        v = r.read(8 * BLOCK, 4 * BLOCK)
-        assert bytes(v) == data[8 * BLOCK:12 * BLOCK]
+        v = r.read(8 * BLOCK_BYTES, 4 * BLOCK_BYTES)
+        assert bytes(v) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]
         s = r.stats()
         assert s.sources[2].bytes == held and s.sources[2].slow
         assert [x.bytes - y.bytes for x, y in zip(s.sources[:2], before.sources)] == [
-            p.length for p in split_read(8 * BLOCK, 4 * BLOCK, (2, 1))]
+            p.length for p in split_read(8 * BLOCK_BYTES, 4 * BLOCK_BYTES, (2, 1))]
         assert "DEGRADED(late)" in r.format_stats().splitlines()[2]
         # the drive recovers: its held reads and the probe come back, the probe on time
         stall.active = False
         stall.gate.set()
         back.wait()
         assert r.degraded == (False, False, False)
-        assert bytes(r.read(0, 4 * BLOCK)) == data[:4 * BLOCK]
+        assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
         s = r.stats()
     assert s.sources[2].bytes > held and not s.sources[2].slow
     kinds = [e.kind for e in events]
@@ -264,15 +264,15 @@ def test_no_hedge_keeps_waiting_for_the_slow_drive(model):
     with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=False, clock=clock,
                      opener=lambda p: StallingReader(p, stall)) as r:
         stall.active = True
-        t = r.submit(0, 4 * BLOCK)
+        t = r.submit(0, 4 * BLOCK_BYTES)
         stall.entered.acquire()
         clock.advance(100 * FLOOR)
         r.wake_hedger()
         assert not t.done()             # the barrier waits for the held piece, as the engine does
         stall.gate.set()
-        assert bytes(t.result()) == data[:4 * BLOCK]
+        assert bytes(t.result()) == data[:4 * BLOCK_BYTES]
         s = r.stats()
-    assert [x.bytes for x in s.sources] == [p.length for p in split_read(0, 4 * BLOCK, (2, 1, 1))]
+    assert [x.bytes for x in s.sources] == [p.length for p in split_read(0, 4 * BLOCK_BYTES, (2, 1, 1))]
     assert all(x.late == 0 and x.hedged == 0 for x in s.sources)
     assert "hedged=0 late=0" in r.format_stats()
 
@@ -282,8 +282,8 @@ def test_close_does_not_wait_for_a_hung_drive(model):
     stall, clock = Stall(paths[2], count=1), Clock()
     r = _reader(paths, stall, clock)
     _warm(r, data, stall)
-    t = _hedged_read(r, stall, clock, 0, 4 * BLOCK)
-    assert bytes(t.result()) == data[:4 * BLOCK]
+    t = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
+    assert bytes(t.result()) == data[:4 * BLOCK_BYTES]
     r.close()                           # the hung read is still in the kernel: close returns anyway
     assert not stall.closed.is_set()    # ... leaving that source's reader open under its lane
     stall.gate.set()

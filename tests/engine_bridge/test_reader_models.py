@@ -14,14 +14,14 @@ from core.errors import MissingError, UsageError
 from engine_bridge.reader import files as files_mod
 from engine_bridge.reader.files import SourceFiles
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK
+from engines.ds4_argodrive import BLOCK_BYTES
 from engines.split import split_read
 from core.coldio import CachedReader
 from models.formats import RAW, read_safetensors_header
 from models.modelset import Extent, discover
 from tests.helpers import FailingReader, write_safetensors_dir, write_split_gguf
 
-TENSOR = 4 * BLOCK + 12_345        # bytes: a tensor splits across 3 sources (4 blocks and a tail)
+TENSOR = 4 * BLOCK_BYTES + 12_345        # bytes: a tensor splits across 3 sources (4 blocks and a tail)
 
 
 def _replicate(model, tmp_path):
@@ -213,7 +213,7 @@ def test_many_files_keep_few_descriptors_open(tmp_path):
     content = {}
     for i in range(n):
         rel = f"shard-{i:03d}.bin"
-        content[rel] = rng.randbytes(BLOCK + 1000 * i + 1)
+        content[rel] = rng.randbytes(BLOCK_BYTES + 1000 * i + 1)
         (root / rel).write_bytes(content[rel])
     models = _replicate(discover(str(root), RAW), tmp_path)
     assert len(models[0].files) == n

@@ -3,7 +3,7 @@
 import pytest
 
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK
+from engines.ds4_argodrive import BLOCK_BYTES
 from engines.split import split_read
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import FailingReader
@@ -35,7 +35,7 @@ def test_per_phase_counters_follow_the_split_exactly(model):
     assert (pre.phase, pre.reads, pre.bytes, pre.largest_read) == ("prefill", 3, 6 * COMPONENT, 2 * COMPONENT)
     assert (dec.phase, dec.reads, dec.bytes, dec.largest_read) == ("decode", 5, 5 * COMPONENT, COMPONENT)
     piece = [p.length for p in split_read(0, COMPONENT, [2, 1, 1])]
-    assert piece == [COMPONENT - BLOCK, BLOCK, 0]
+    assert piece == [COMPONENT - BLOCK_BYTES, BLOCK_BYTES, 0]
     assert [(x.bytes, x.reads, x.given_bytes, x.given_pieces) for x in dec.sources] == [
         (5 * piece[0], 5, 5 * piece[0], 5), (5 * piece[1], 5, 5 * piece[1], 5), (0, 0, 0, 0)]
     big = [p.length for p in split_read(0, 2 * COMPONENT, [2, 1, 1])]
@@ -69,5 +69,5 @@ def test_given_pieces_another_source_read_are_counted_where_they_were_given(mode
     FailingReader.broken = {}
     one = dec.sources[1]
     # its first piece was given (then re-read elsewhere); after it degraded the split left it out
-    assert one.bytes == 0 and one.reads == 0 and one.given_pieces >= 1 and one.given_bytes == one.given_pieces * BLOCK
+    assert one.bytes == 0 and one.reads == 0 and one.given_pieces >= 1 and one.given_bytes == one.given_pieces * BLOCK_BYTES
     assert sum(x.bytes for x in dec.sources) == dec.bytes == 4 * COMPONENT

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from core.errors import MissingError, UsageError
 from engine_bridge.reader.readstats import format_stats, healthy_split, last_landing, latency_summary, percentile
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK
+from engines.ds4_argodrive import BLOCK_BYTES
 from engines.split import split_read
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import impure_imports
 
-SIZE = 3 * BLOCK + 12_345          # not a multiple of 4 KiB: the last page is partial
+SIZE = 3 * BLOCK_BYTES + 12_345          # not a multiple of 4 KiB: the last page is partial
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +82,16 @@ def test_hypothesis_random_ranges_and_weights(model, data):
 def test_counters_reads_and_lands_last_add_up(model):
     paths, data = model
     with SplitReader(paths, [2, 1, 1], lanes=2) as r:
-        r.read_many([(0, 3 * BLOCK)] * 6 + [(0, 1000)])
+        r.read_many([(0, 3 * BLOCK_BYTES)] * 6 + [(0, 1000)])
         s = r.stats()
     # 3 blocks over 2:1:1 -> one block each: three pieces per big read, one piece for the small one.
     assert [x.reads for x in s.sources] == [7, 6, 6]
-    assert [x.bytes for x in s.sources] == [6 * BLOCK + 1000, 6 * BLOCK, 6 * BLOCK]
+    assert [x.bytes for x in s.sources] == [6 * BLOCK_BYTES + 1000, 6 * BLOCK_BYTES, 6 * BLOCK_BYTES]
     assert sum(x.lands_last for x in s.sources) == 6      # one per read with a race; none for the single piece
     assert all(x.gap_ns >= 0 for x in s.sources)
     assert all(x.lat_ns["p50"] > 0 and x.lat_ns["p50"] <= x.lat_ns["p99"] for x in s.sources)
     text = format_stats(s)
-    assert text.splitlines()[1].startswith(f"source[1] bytes={6 * BLOCK} reads=6 lands_last=")
+    assert text.splitlines()[1].startswith(f"source[1] bytes={6 * BLOCK_BYTES} reads=6 lands_last=")
     d = s.to_dict()
     assert set(d["sources"][0]) == {"index", "path", "weight", "decode_weight", "bytes", "reads", "lands_last",
                                     "gap_ns", "lat_ns", "degraded", "events", "failover_bytes", "hedged", "late",
@@ -101,10 +101,10 @@ def test_counters_reads_and_lands_last_add_up(model):
 def test_submit_lets_caller_overlap(model):
     paths, data = model
     with SplitReader(paths, [1, 1, 1], lanes=2) as r:
-        t1 = r.submit(0, BLOCK * 2)
-        t2 = r.submit(BLOCK, BLOCK + 7, "decode")
-        assert bytes(t2.result()) == data[BLOCK:2 * BLOCK + 7]
-        assert bytes(t1.result()) == data[:BLOCK * 2]
+        t1 = r.submit(0, BLOCK_BYTES * 2)
+        t2 = r.submit(BLOCK_BYTES, BLOCK_BYTES + 7, "decode")
+        assert bytes(t2.result()) == data[BLOCK_BYTES:2 * BLOCK_BYTES + 7]
+        assert bytes(t1.result()) == data[:BLOCK_BYTES * 2]
 
 
 def test_bad_inputs_are_refused(model, tmp_path):
@@ -145,9 +145,9 @@ def test_pure_helpers():
     assert last_landing([(0, 10)]) is None
     assert last_landing([(0, 10), (1, 30), (2, 25)]) == (1, 5)
     # all healthy: exactly split_read; one degraded: its share goes to the others.
-    assert healthy_split(0, 4 * BLOCK, (2, 1, 1), [0, 1, 2]) == [
-        (p.source, p.offset, p.length) for p in split_read(0, 4 * BLOCK, (2, 1, 1)) if p.length]
-    assert healthy_split(0, 4 * BLOCK, (2, 1, 1), [0, 2]) == [(0, 0, 3 * BLOCK), (2, 3 * BLOCK, BLOCK)]
+    assert healthy_split(0, 4 * BLOCK_BYTES, (2, 1, 1), [0, 1, 2]) == [
+        (p.source, p.offset, p.length) for p in split_read(0, 4 * BLOCK_BYTES, (2, 1, 1)) if p.length]
+    assert healthy_split(0, 4 * BLOCK_BYTES, (2, 1, 1), [0, 2]) == [(0, 0, 3 * BLOCK_BYTES), (2, 3 * BLOCK_BYTES, BLOCK_BYTES)]
 
 
 def test_caller_buffer(model):
@@ -155,12 +155,12 @@ def test_caller_buffer(model):
     from core.coldio import aligned_buffer
     paths, data = model
     with SplitReader(paths, [3, 2, 1], lanes=2) as r:
-        buf = aligned_buffer(span(100, 2 * BLOCK))
-        v = r.read(100, 2 * BLOCK, buffer=buf)
-        assert bytes(v) == data[100:100 + 2 * BLOCK]
+        buf = aligned_buffer(span(100, 2 * BLOCK_BYTES))
+        v = r.read(100, 2 * BLOCK_BYTES, buffer=buf)
+        assert bytes(v) == data[100:100 + 2 * BLOCK_BYTES]
         assert bytes(memoryview(buf)[100:110]) == data[100:110]
         with pytest.raises(UsageError, match="too small"):
-            r.read(100, 2 * BLOCK, buffer=aligned_buffer(2 * BLOCK))
+            r.read(100, 2 * BLOCK_BYTES, buffer=aligned_buffer(2 * BLOCK_BYTES))
         with pytest.raises(UsageError, match="page-aligned"):
             r.read(0, 10, buffer=memoryview(aligned_buffer(8192))[1:])
 
@@ -168,15 +168,15 @@ def test_caller_buffer(model):
 def test_released_buffers_are_reused(model):
     paths, data = model
     with SplitReader(paths, [2, 1, 1], lanes=2) as r:
-        t = r.submit(10, BLOCK + 5)
+        t = r.submit(10, BLOCK_BYTES + 5)
         first = t._buf
-        assert bytes(t.result()) == data[10:10 + BLOCK + 5]
+        assert bytes(t.result()) == data[10:10 + BLOCK_BYTES + 5]
         t.release()
         with pytest.raises(UsageError, match="after release"):
             t.result()
-        t2 = r.submit(4096 * 3 + 1, BLOCK)          # same size class: gets the same buffer back
+        t2 = r.submit(4096 * 3 + 1, BLOCK_BYTES)          # same size class: gets the same buffer back
         assert t2._buf is first
-        assert bytes(t2.result()) == data[4096 * 3 + 1:4096 * 3 + 1 + BLOCK]
+        assert bytes(t2.result()) == data[4096 * 3 + 1:4096 * 3 + 1 + BLOCK_BYTES]
         t3 = r.submit(0, 100)                       # nothing released of that class: a new one
         assert t3._buf is not first and bytes(t3.result()) == data[:100]
 

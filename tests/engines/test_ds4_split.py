@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import UsageError
-from engines.ds4_argodrive import BLOCK, COMPONENT_BYTES, block_counts, split_ds4
+from engines.ds4_argodrive import BLOCK_BYTES, COMPONENT_BYTES, block_counts, split_ds4
 from engines.split import parse_weights, split_read
 
 
@@ -22,8 +22,9 @@ def test_worked_facts_of_design_section_5(weights, blocks, nbytes):
 
 
 def test_short_read_goes_to_primary():
-    pieces = split_ds4(1000, BLOCK - 1, (1, 100, 100))
-    assert [(p.offset, p.length) for p in pieces] == [(1000, BLOCK - 1), (1000 + BLOCK - 1, 0), (1000 + BLOCK - 1, 0)]
+    pieces = split_ds4(1000, BLOCK_BYTES - 1, (1, 100, 100))
+    assert [(p.offset, p.length) for p in pieces] == [(1000, BLOCK_BYTES - 1), (1000 + BLOCK_BYTES - 1, 0),
+                                                      (1000 + BLOCK_BYTES - 1, 0)]
 
 
 def test_ties_go_to_lower_index_and_winner_is_zeroed():
@@ -41,9 +42,9 @@ def test_split_properties(offset, length, weights):
         assert p.offset == pos
         pos += p.length
     assert pos == offset + length  # covers the range exactly
-    blocks, tail = divmod(length, BLOCK)
-    assert pieces[0].length == pieces[0].blocks * BLOCK + tail  # tail on the primary
-    assert all(p.length == p.blocks * BLOCK for p in pieces[1:])
+    blocks, tail = divmod(length, BLOCK_BYTES)
+    assert pieces[0].length == pieces[0].blocks * BLOCK_BYTES + tail  # tail on the primary
+    assert all(p.length == p.blocks * BLOCK_BYTES for p in pieces[1:])
     total = sum(weights)
     for p, w in zip(pieces, weights):   # floor share plus at most one extra block
         assert blocks * w // total <= p.blocks <= blocks * w // total + 1

@@ -25,7 +25,7 @@ def test_an_unknown_engine_is_one_usage_line_naming_the_known_ones():
 def test_the_default_engine_splits_reads_on_its_block_grid():
     engine = get_engine(DEFAULT_ENGINE)
     assert DEFAULT_ENGINE == ds4_argodrive.NAME
-    assert engine.split is ds4_argodrive.split_ds4 and engine.granule == ds4_argodrive.BLOCK
+    assert engine.split is ds4_argodrive.split_ds4 and engine.granule == ds4_argodrive.BLOCK_BYTES
     assert (engine.max_sources, engine.weight_min, engine.weight_max) == (3, 1, 100)
 
 

@@ -10,7 +10,7 @@ from core.errors import UsageError
 from planner import workload as workload_module
 from planner.cli import app
 from planner.constants import (
-    CACHE_EXPERTS,
+    V41_CACHE_EXPERTS,
     DECODE_MISSES_PER_TOKEN,
     MISSES_TOLERANCE,
     PREFILL_EXPERTS_PER_LAYER,
@@ -72,7 +72,7 @@ def test_traffic_follows_the_settings():
     assert big.misses_per_token * ROUTING_MEASURE_TOKENS <= 6 * 32
     assert big.misses_per_token < short.misses_per_token
     assert simulate_traffic(small, 64, 0).misses_per_token == pytest.approx(6 * 4, rel=0.25)   # every selection
-    assert simulate_traffic(small, 64).cache_experts == round(CACHE_EXPERTS / (40 * 384) * 6 * 32)
+    assert simulate_traffic(small, 64).cache_experts == round(V41_CACHE_EXPERTS / (40 * 384) * 6 * 32)
     with pytest.raises(UsageError, match="--prompt-tokens 0"):
         simulate_traffic(small, 0)
 
