@@ -43,7 +43,7 @@ measured in several restarted trials has the median trial's rate; `trials_bw` ho
 rate (the median of its windows), `runs_bw` every window of every trial.
 
 Schema 1 (before queue limits and restarted trials) still loads: no queue, one trial per lane
-count (`trials_bw` empty), and a drive model that prices reads smoothly (`model.py`).
+count (`trials_bw` empty), and a drive model that prices reads smoothly (`drivemodel.py`).
 """
 
 from __future__ import annotations
