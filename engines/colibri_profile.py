@@ -42,6 +42,7 @@ from .profile import (
     PHASES,
     Check,
     Request,
+    RunReading,
     Setting,
     SourceFacts,
     SourceView,
@@ -49,6 +50,7 @@ from .profile import (
     bad_characters,
     exit_check,
     idle_note,
+    lines_matching,
     list_rules,
     served_nothing,
     unverified,
@@ -344,12 +346,15 @@ class Expectation:
     stripe: bool = False         # the profile asked for striping (DIRECT=1, COLI_MIR_STRIPE=1)
     variant: str = ""            # the family member that runs the model ('' : GLM)
     idle: tuple[tuple[str, ...], ...] = ()   # per drive: phases in which the plan gives it nothing
+    probe: bool = False          # mirrors without COLI_DISK_WEIGHTS: colibri measures the drives and splits itself
 
 
 def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
-    weights = tuple(request.prefill) if request.sources > 1 else ()
-    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in dict(environment),
-                       variant=request.variant, idle=request.idle)
+    env = dict(environment)
+    probe = request.sources > 1 and c.ENV_WEIGHTS not in env
+    weights = tuple(request.prefill) if request.sources > 1 and not probe else ()
+    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in env,
+                       variant=request.variant, idle=() if probe else request.idle, probe=probe)
 
 
 def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
@@ -379,6 +384,16 @@ def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
 
 
 def _weights(log: c.LogReport, expect: Expectation) -> Check:
+    if expect.probe:
+        seen = "/".join(log.split) if log.split else "none"
+        if log.drives is None:
+            return Check("weights", False, "probe", "none", "no line saying how colibri split the reads")
+        if log.drives != 1 + len(expect.mirrors):
+            return Check("weights", False, "probe", seen, f"colibri reads {log.drives} drive(s), the profile gives "
+                                                          f"{1 + len(expect.mirrors)}")
+        ok = log.split_how != c.HOW_WEIGHTS
+        return Check("weights", ok, "probe", seen, f"no {c.ENV_WEIGHTS}: colibri split the reads by '{log.split_how}'"
+                     if ok else f"colibri took {c.ENV_WEIGHTS} though the profile sets none (an inherited variable?)")
     if not expect.weights:
         return Check("weights", True, "", "", "single drive: no weights")
     want = "/".join(split_shares(expect.variant, expect.weights))
@@ -443,3 +458,67 @@ def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tu
     the member that ran (`expectation.variant`)."""
     log = read_log(text, expectation.variant)
     return (exit_check(returncode), _mirrors(log, expectation), _weights(log, expectation), _served(log, expectation))
+
+
+# ---------------------------------------------------------------------------------------------
+# The real-engine tuner: what a run says besides what it applied, and the state it keeps
+
+# c/colibri.c main, oracle mode (REF=): the generated ids, then the hit-rate line whose last field is
+# the generated tokens over generate()'s seconds (prefill and decode); the prefill progress line
+# names the prompt's tokens.
+_GLM_TOKENS = re.compile(r"^GLM C engine\s*:\s*([\d ]*\d)\s*$", re.M)
+_GLM_SPEED = re.compile(r"^Expert cache hit rate: .*\|\s*([\d.]+) tok/s\s*$", re.M)
+_GLM_PROMPT = re.compile(r"^\[prefill\] layer \d+/\d+ \S+ (\d+) token", re.M)
+# c/deepseek_v41.c main, reference mode (`binary CAP REF.json`): the ids on stdout, one line; on stderr
+# '[v41] prefill N tokens in Xs | decode M in Ys (Z tok/s)' (Z: decode alone).
+_V41_TOKENS = re.compile(r"^(\d+(?: \d+)*)\s*$", re.M)
+_V41_SPEED = re.compile(r"^\[v41\] prefill (\d+) tokens in [\d.]+s \| decode (\d+) in [\d.]+s \(([\d.]+) tok/s\)", re.M)
+
+
+def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
+    """The run's output and speed as the member prints them in its deterministic mode (the GLM
+    engine's oracle mode, REF=; DeepSeek V4.1's reference mode), and its per-drive bytes
+    (`Member.read_stats`). The V4 and GLM-5.3 engines' output lines are not read (output None)."""
+    m = member_of(variant)
+    text = stdout + "\n" + stderr
+    served = {d: s.bytes for d, s in m.read_stats(text).items()}
+    counters = lines_matching(text, c.LOG_STATS, re.compile(r"^v4_mirror"))
+    if m.name == "glm":
+        ids = _GLM_TOKENS.findall(stdout)
+        speed = _GLM_SPEED.findall(stdout)
+        prompt = _GLM_PROMPT.findall(stderr)
+        out = ids[-1].strip() if ids else None
+        return RunReading(out, float(speed[-1]) if speed else None, "run", int(prompt[-1]) if prompt else None,
+                          len(out.split()) if out else None, served,
+                          lines_matching(stdout, _GLM_SPEED) + counters)
+    if m.name == "deepseek_v41":
+        ids = _V41_TOKENS.findall(stdout)
+        speed = _V41_SPEED.findall(stderr)
+        out = ids[-1].strip() if ids else None
+        p, g, tps = speed[-1] if speed else (None, None, None)
+        return RunReading(out, float(tps) if tps else None, "decode", int(p) if p else None,
+                          int(g) if g else (len(out.split()) if out else None), served,
+                          lines_matching(stderr, _V41_SPEED) + counters)
+    return RunReading(None, None, "run", None, None, served, counters)
+
+
+ENV_USAGE_SAVE = "USAGE_SAVE"
+
+
+def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
+    """USAGE_SAVE=0 asks colibri not to write its usage history (`.coli_usage` in the model
+    directory, which later runs pin experts by). Only some engines read it (c/telemetry.h
+    `usage_save` is called from inkling.c and kimi_k3.c); the GLM engine at 4ef9a99 does not, but
+    in its oracle mode (REF=) it writes no usage file; the tuner checks the model directories
+    are unchanged after every arm either way."""
+    m = member_of(variant)
+    return ({ENV_USAGE_SAVE: "0"},
+            f"colibri's {m.name} engine keeps a usage history (.coli_usage in the model directory) that pins "
+            f"experts in later runs; {ENV_USAGE_SAVE}=0 is set (the GLM engine ignores it; its oracle mode writes none)")
+
+
+def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+    """The same model and mirrors without weights or switches: colibri probes the drives at startup
+    and picks its own split (mirror_setup: '(measured)'), reading whole experts through the page cache."""
+    drop = {c.ENV_WEIGHTS, c.ENV_DIRECT, c.ENV_STRIPE}
+    return tuple((k, v) for k, v in environment if k not in drop)

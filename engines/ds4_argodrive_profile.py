@@ -10,6 +10,7 @@ never at import (the engine module imports it to build its `ENGINE`).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -20,12 +21,14 @@ from .profile import (
     PHASES,
     Check,
     Request,
+    RunReading,
     Setting,
     SourceFacts,
     Violation,
     bad_characters,
     exit_check,
     idle_note,
+    lines_matching,
     list_rules,
     served_nothing,
     unverified,
@@ -279,3 +282,59 @@ def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tu
         out.append(_cache_budget(log, e.cache_experts))
     out.append(_prefill_staging(log, e.prefill_split))
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real-engine tuner: what a run says besides what it applied, and the state it keeps
+
+CSV_HEADER = re.compile(r"^ctx_tokens,")
+
+
+def _csv_last_row(text: str) -> dict[str, str]:
+    """The last row of ds4-bench's CSV (`ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,...`)."""
+    lines = text.splitlines()
+    row: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        if CSV_HEADER.match(line.strip()):
+            cols = line.strip().split(",")
+            for r in lines[i + 1:]:
+                parts = r.strip().split(",")
+                if len(parts) != len(cols) or not parts[0].strip().isdigit():
+                    break
+                row = dict(zip(cols, parts))
+    return row
+
+
+def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
+    """ds4-bench's CSV row (prefill and generation tok/s, docs/harness.md) as one speed: generated
+    tokens over prefill + generation seconds ('run'); the reader's per-source bytes
+    (`source[i] bytes=`, summed over reader sessions); the output: the stdout lines that are neither
+    the CSV nor a 'ds4:' log line (the generated text; unconfirmed: ds4-bench's own output was not
+    read, so a run that prints none is measured without the drift gate's evidence)."""
+    text = stdout + "\n" + stderr
+    log = ds4.read_log(text)
+    row = _csv_last_row(text)
+    tok_s = None
+    try:
+        p, pt, g, gt = (float(row[k]) for k in ("prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps"))
+        seconds = (p / pt if pt > 0 else 0.0) + (g / gt if gt > 0 else 0.0)
+        tok_s = g / seconds if seconds > 0 and g > 0 else None
+        prompt, gen = int(p), int(g)
+    except (KeyError, ValueError):
+        prompt = gen = None
+    body = [ln for ln in stdout.splitlines() if ln.strip() and not ln.startswith("ds4:")
+            and not CSV_HEADER.match(ln) and not (ln[:1].isdigit() and ln.count(",") >= 4)]
+    return RunReading("\n".join(body) if body else None, tok_s, "run", prompt, gen, dict(log.source_bytes),
+                      lines_matching(text, ds4.LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER))
+
+
+def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
+    """ds4-argodrive keeps no learned state between runs that its reader's code shows (its cache is
+    built per process); nothing to freeze (unconfirmed for the rest of ds4)."""
+    return {}, "ds4-argodrive keeps no state between runs that its reader's code shows (unconfirmed for the rest of ds4)"
+
+
+def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+    """ds4-argodrive takes replicas only with a weight each (DS4_ARGODRIVE_REPLICAS=path*weight):
+    without a profile it reads the primary alone."""
+    return None

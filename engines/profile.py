@@ -16,7 +16,7 @@ shares:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 PHASES = ("prefill", "decode")
@@ -156,6 +156,16 @@ class EngineProfile(Protocol):
     def judge(self, text: str, expectation: Any, returncode: int | None = 0) -> tuple[Check, ...]:
         """One Check per name in `checks` (some only when asked for), judged on the log."""
 
+    def read_run(self, stdout: str, stderr: str, variant: str = "") -> "RunReading":
+        """The run's output, speed and per-drive counters as the engine prints them (the tuner's arms)."""
+
+    def frozen_state(self, variant: str = "") -> tuple[dict[str, str], str]:
+        """(variables that stop the engine learning from a run, what it keeps and where that is said)."""
+
+    def default_environment(self, environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+        """A profile's environment as the engine runs by default over the same drives (no weights, no
+        switches); None when the engine takes no replicas without weights (its default: the primary alone)."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Rules every engine shares
@@ -236,3 +246,28 @@ def served_nothing(source: str, phases: Sequence[str]) -> tuple[bool, str]:
     if phases:
         return True, f"{source} served 0 bytes, expected idle: the plan gives it nothing {idle_note(phases)}"
     return False, f"{source} served nothing"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run says besides what it applied: its output and its speed (the real-engine tuner)
+
+@dataclass(frozen=True)
+class RunReading:
+    """What one run printed about its work, read by the engine's own profile (`read_run`): its
+    output as printed (the generated token ids or text; None when it printed none this reader
+    knows), its speed by its own clock (tok/s; None when it printed none), what that speed counts
+    (`speed_kind`: 'run' = generated tokens over prefill + decode seconds, 'decode' = over decode
+    seconds alone), the prompt and generated tokens it reports, bytes per drive from its own
+    counters ({} when it prints none) and the lines all this was read from, as printed."""
+    output: str | None
+    tok_s: float | None
+    speed_kind: str = "run"
+    prompt_tokens: int | None = None
+    gen_tokens: int | None = None
+    served: Mapping[int, int] = field(default_factory=dict)
+    lines: tuple[str, ...] = ()
+
+
+def lines_matching(text: str, *patterns) -> tuple[str, ...]:
+    """Every line of `text` matched by one of the compiled `patterns`, in order, stripped."""
+    return tuple(ln.strip() for ln in text.splitlines() if any(p.search(ln) for p in patterns))

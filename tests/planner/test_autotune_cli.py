@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from core.errors import Interrupted, UsageError
 from core.rig import save_rig
 from engine_bridge.cli import app
-from engine_bridge.commands.autotune import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
+from engine_bridge.tuning.split import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
 from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
 from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
 from engine_bridge.reader.split_reader import SplitReader
