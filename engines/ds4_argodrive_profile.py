@@ -24,6 +24,8 @@ from .profile import (
     RunReading,
     Setting,
     SourceFacts,
+    StandinCall,
+    StandinRun,
     Violation,
     bad_characters,
     exit_check,
@@ -338,3 +340,89 @@ def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[s
     """ds4-argodrive takes replicas only with a weight each (DS4_ARGODRIVE_REPLICAS=path*weight):
     without a profile it reads the primary alone."""
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The stand-in (engine_bridge.standin): ds4-argodrive's interface, the embedded engine's run
+
+STANDIN_PROMPT, STANDIN_GEN = "--prompt-tokens", "--gen-tokens"     # the stand-in's own (ds4-bench's prompt options are not reproduced)
+
+
+def _split_weights(text: str, n: int) -> tuple[int, ...] | None:
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != n or not all(x.isdigit() and ds4.WEIGHT_MIN <= int(x) <= ds4.WEIGHT_MAX for x in parts):
+        return None
+    return tuple(int(x) for x in parts)
+
+
+def standin_call(env: Mapping[str, str], argv: Sequence[str], look) -> StandinCall:
+    """ds4-argodrive as its reader reads a call (argodrive_read.h `ar_open`; `look(path)`: {'size',
+    'dev', 'ino'} of a file, {} when there is none): the model from -m/--model, the expert cache from
+    --ssd-streaming-cache-experts; replicas 'path*weight,...' from DS4_ARGODRIVE_REPLICAS with the
+    primary's DS4_ARGODRIVE_PRIMARY_WEIGHT; a configuration it rejects (a relative path, more than
+    MAX_SOURCES, a weight outside 1..100, another size or the same inode) closes the reader with
+    bytes=0 per source opened and the primary is read alone; a decode list of the wrong count or
+    range is ignored with its line. The prompt: the stand-in's --prompt-tokens/--gen-tokens."""
+    args = list(argv)
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        if key in (ds4.ARG_MODEL, ds4.ARG_MODEL_LONG, ds4.ARG_CACHE_EXPERTS, STANDIN_PROMPT, STANDIN_GEN, "--prompt-seed"):
+            if not eq:
+                if i + 1 >= len(args):
+                    return StandinCall(error=f"ds4: {key} needs a value", rc=2)
+                val, i = args[i + 1], i + 1
+            opts[ds4.ARG_MODEL if key == ds4.ARG_MODEL_LONG else key] = val
+        i += 1
+    model = opts.get(ds4.ARG_MODEL, "")
+    if not model or not look(model):
+        return StandinCall(error=f"ds4: cannot open model {model!r}", rc=1)
+    try:
+        cache = int(opts.get(ds4.ARG_CACHE_EXPERTS, "0"))
+        prompt, gen = int(opts.get(STANDIN_PROMPT, "32")), int(opts.get(STANDIN_GEN, "16"))
+        seed = int(opts.get("--prompt-seed", "0"))
+    except ValueError as e:
+        return StandinCall(error=f"ds4: bad number: {e}", rc=2)
+    err: list[str] = []
+    sources, weights, decode = [model], None, None
+    spec = env.get(ds4.ENV_REPLICAS, "")
+    if spec:
+        reps = [x.rpartition("*") for x in spec.split(",") if x]
+        paths = [model] + [p for p, _, _ in reps]
+        ws = [env.get(ds4.ENV_PRIMARY_WEIGHT, "1")] + [w for _, _, w in reps]
+        ok = (len(paths) <= ds4.MAX_SOURCES and all(p.startswith("/") for p in paths)
+              and all(w.strip().isdigit() and ds4.WEIGHT_MIN <= int(w) <= ds4.WEIGHT_MAX for w in ws))
+        ids = [look(p) for p in paths]
+        ok = ok and all(ids) and len({f["size"] for f in ids}) == 1 and len({(f["dev"], f["ino"]) for f in ids}) == len(ids)
+        if not ok:
+            err += [f"ds4: Argodrive source[{k}] bytes=0" for k in range(len(paths))]
+        else:
+            sources, weights = paths, tuple(int(w) for w in ws)
+            err.append(f"ds4: experimental Argodrive expert reader sources={len(paths)}; Engram unchanged")
+            text = env.get(ds4.ENV_DECODE_WEIGHTS)
+            if text is not None:
+                decode = _split_weights(text, len(paths))
+                err.append(f"ds4: Argodrive decode split {text} (prefill keeps the base weights)" if decode else
+                           f"ds4: ignoring {ds4.ENV_DECODE_WEIGHTS}={text} (want {len(paths)} comma-separated weights 1..100)")
+    if ds4.ENV_TIMING_SUMMARY in env:
+        err.append(f"ds4:   streaming expert cache budget={cache} experts entries={cache}")
+    return StandinCall(sources=tuple(sources), weights=weights or (1,) * len(sources), decode_weights=decode,
+                       cache_experts=cache, prompt_tokens=prompt, gen_tokens=gen, prompt_seed=seed, stderr=tuple(err))
+
+
+def standin_lines(call: StandinCall, run: StandinRun) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """(stdout, stderr, exit code): the reader's per-source lines (ar_close) when it read more than
+    the primary, the generated ids as the output text, and ds4-bench's CSV row (docs/harness.md)."""
+    err = list(call.stderr)
+    if len(call.sources) > 1:
+        for k, (b, reads, last, gap) in enumerate(run.sources):
+            err.append(f"ds4: Argodrive source[{k}] bytes={b}")
+            err.append(f"ds4: Argodrive source[{k}] lands_last={last} gap_ns={gap} reads={reads}")
+    gen = len(run.output)
+    cols = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps")
+    row = (len(run.prompt) + gen, len(run.prompt), round(len(run.prompt) / run.prefill_s, 3) if run.prefill_s > 0 else 0.0,
+           gen, round(gen / run.decode_s, 3) if run.decode_s > 0 else 0.0)
+    out = [" ".join(map(str, run.output)), ",".join(cols), ",".join(map(str, row))]
+    return tuple(out), tuple(err), 0

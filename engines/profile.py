@@ -271,3 +271,58 @@ class RunReading:
 def lines_matching(text: str, *patterns) -> tuple[str, ...]:
     """Every line of `text` matched by one of the compiled `patterns`, in order, stripped."""
     return tuple(ln.strip() for ln in text.splitlines() if any(p.search(ln) for p in patterns))
+
+
+# ---------------------------------------------------------------------------------------------
+# The stand-in: the embedded engine behind a real engine's interface (engine_bridge.standin)
+#
+# The engine's profile reads its call as the engine would (`standin_call`: environment and
+# arguments in, the sources it would read, its weights, switches, cache, prompt and the lines it
+# prints while it sets up) and prints its lines once the run is done (`standin_lines`). The run
+# itself, reads and compute, is the embedded engine's.
+
+@dataclass(frozen=True)
+class StandinCall:
+    """What one call of the engine asks for, as the engine reads its environment and arguments.
+    error: the one line it stops with (rc its exit code) before running; weights None with more
+    than one source: the engine measures the drives itself (`probe`)."""
+    sources: tuple[str, ...] = ()                   # model paths the engine reads, primary first
+    weights: tuple[int, ...] | None = None          # base (prefill) weights, one per source
+    decode_weights: tuple[int, ...] | None = None   # None: the base weights
+    switches: tuple[str, ...] = ()                  # the engine's switches on ('direct', 'stripe')
+    cache_experts: int = 0                          # experts in RAM over the whole model
+    cache_per_layer: int = 0                        # as the engine was asked (0: it takes the model's total)
+    reference: str = ""                             # a reference file (prompt ids, expected output) to read
+    prompt_key: str = "prompt_ids"
+    expected_key: str = ""                          # the reference's key of the expected output ids ('' none)
+    full_key: str = ""                              # ... or of prompt + output ids together
+    prompt_tokens: int = 0                          # without a reference: this many deterministic prompt ids
+    gen_tokens: int = 0
+    prompt_seed: int = 0
+    stderr: tuple[str, ...] = ()                    # lines printed while setting up
+    stdout: tuple[str, ...] = ()
+    error: str = ""
+    rc: int = 0
+    variant: str = ""
+    report: bool = True                             # print the per-drive statistics
+    how: str = ""                                   # how the weights were chosen, as its split line says
+
+
+@dataclass(frozen=True)
+class StandinRun:
+    """What the embedded engine did for a call: the prompt and output ids, the phases' seconds,
+    the cache's hits and misses, per source (bytes, reads, lands_last, gap_ns), the weights it read
+    with and how they were chosen ('COLI_DISK_WEIGHTS', 'measured', ...)."""
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    expected: tuple[int, ...] | None
+    prefill_s: float
+    decode_s: float
+    hits: int
+    misses: int
+    sources: tuple[tuple[int, int, int, int], ...]
+    weights: tuple[int, ...]
+    how: str
+    layers: int
+    experts: int
+    model_type: str = ""
