@@ -443,7 +443,9 @@ def _served(log: c.LogReport, expect: Expectation) -> Check:
         if s is None:
             continue
         phases = idle_of.get(d, ())
-        if not s.reads:
+        if not s.reads and expect.probe:      # colibri's own split may leave a small drive's slice untouched
+            notes.append(f"{names[d]} served nothing under colibri's own split")
+        elif not s.reads:
             ok, say = served_nothing(names[d], phases)
             (notes if ok else problems).append(say)
         elif set(phases) >= set(PHASES):

@@ -14,9 +14,46 @@ from core.cli import JsonOption, QuietOption, RigOption, err, print_json
 from core.errors import UsageError
 from core.rig import rig_dir
 from core.units import format_rate
+from engine_bridge.tuning.engine import DEFAULT_TIMEOUT_S
 from engine_bridge.tuning.split import REST_S, TUNER_TRIAL_S, WARMUP_S, autotune, render, tuner_measure
+from engine_bridge.tuning.verdict import DEFAULT_MIN_GAIN_PCT, DEFAULT_SHARE_TOLERANCE
 from engines.registry import DEFAULT_ENGINE, ENGINES
 from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
+
+
+def _engine_trials(root, binary, engine, args, budget, top, timeout, min_gain, tolerance, bench, rounds, prompt_tokens,
+                   cache_experts, allow_unverified, quiet, json_out) -> None:
+    """autotune --binary: the real engine's ABBA trials (`engine_bridge.tuning.engine`), progress on
+    stderr, the report on stdout; Ctrl-C once stops after the running arm (complete rounds are
+    kept), twice stops it at once."""
+    from engine_bridge.tuning.engine import render as render_trials
+    from engine_bridge.tuning.engine import tune_with_engine
+
+    cancel = threading.Event()
+    old = signal.getsignal(signal.SIGINT)
+
+    def on_int(signum, frame):
+        if cancel.is_set():
+            signal.signal(signal.SIGINT, old)
+            raise KeyboardInterrupt
+        cancel.set()
+        err.print("interrupt: stopping after this arm (again to stop it now)")
+
+    def on_event(msg: str) -> None:
+        if not quiet:
+            err.print(f"autotune: {msg}", highlight=False, soft_wrap=True, markup=False)
+
+    signal.signal(signal.SIGINT, on_int)
+    try:
+        doc, _folder = tune_with_engine(root, binary, engine, args, budget, top, timeout, min_gain, tolerance, bench,
+                                        rounds, prompt_tokens, cache_experts, allow_unverified, on_event=on_event,
+                                        stop=cancel.is_set)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if json_out:
+        print_json({k: v for k, v in doc.items() if k != "lines"})
+    else:
+        typer.echo(render_trials(doc), nl=False)
 
 
 def register(app) -> None:
@@ -26,7 +63,7 @@ def register(app) -> None:
     def autotune_cmd(
         rig: Optional[str] = RigOption,
         bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
-        engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned and measured: {', '.join(ENGINES)}."),
+        engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine whose reads are planned and measured: {', '.join(ENGINES)} (default: {DEFAULT_ENGINE}; with --binary, the engine that reads the rig's model)."),
         budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started; a budget below one trial is refused)."),
         seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
         warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive left idle may start fast)."),
@@ -39,13 +76,27 @@ def register(app) -> None:
         fit_only: bool = typer.Option(False, "--fit-only", help="Solve with iobench's fitted models alone."),
         seed: int = typer.Option(0, "--seed", help="Seed of the order in which a trial walks the phase's steps."),
         cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
+        binary: Optional[str] = typer.Option(None, "--binary", metavar="PATH", help="Run the real engine (or a stand-in: `engine-bridge standin`) on each candidate's profile instead of our split reader, and judge it by the engine's own counters and timing."),
+        timeout: float = typer.Option(DEFAULT_TIMEOUT_S, "--timeout", metavar="SECONDS", help="--binary: stop one run of the engine after this long (the arm fails; the loop goes on)."),
+        min_gain: float = typer.Option(DEFAULT_MIN_GAIN_PCT, "--min-gain", metavar="PCT", help="--binary: what a non-default arm must gain over the engine's default, %."),
+        share_tolerance: float = typer.Option(DEFAULT_SHARE_TOLERANCE, "--share-tolerance", metavar="SHARE", help="--binary: how far each drive's share of the bytes may be from the profile's promise (0.10 = 10 points)."),
+        cache_experts: Optional[int] = typer.Option(None, "--cache-experts", metavar="N", help="--binary: the expert cache the engine runs with (priced by the planner; an argument of engines whose profile takes one)."),
+        prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", metavar="N", help="--binary: the prompt the planner prices (the engine's own run decides what it reads)."),
+        allow_unverified: bool = typer.Option(False, "--allow-unverified", help="--binary: export replicas not verified against the manifest."),
         quiet: bool = QuietOption,
         json_out: bool = JsonOption,
+        engine_args: Optional[List[str]] = typer.Argument(None, metavar="-- ENGINE_ARGS", help="--binary: passed to the engine after each profile's arguments."),
     ):
-        """Solve, then measure the best candidates by executing the engine's reads through the split reader (ABBA, within --budget) and write the measured best as a plan."""
+        """Measure the planner's candidates and write the best as a plan: with our split reader executing the engine's reads (default), or with the real engine itself (--binary, ABBA within --budget, docs/harness.md)."""
         from planner.plan import plan_to_dict
 
         root = rig_dir(rig)
+        if binary is not None:
+            _engine_trials(root, binary, engine, engine_args or [], budget, top, timeout, min_gain, share_tolerance,
+                           bench, rounds, prompt_tokens, cache_experts, allow_unverified, quiet, json_out)
+            return
+        if engine_args:
+            raise UsageError(f"engine arguments ({' '.join(engine_args)}) are for --binary")
         cancel = threading.Event()
         old = signal.getsignal(signal.SIGINT)
 
@@ -63,7 +114,7 @@ def register(app) -> None:
 
         signal.signal(signal.SIGINT, on_int)
         try:
-            plan, path = autotune(root, bench, engine, tuple(background or ()), budget, seconds, top, rounds,
+            plan, path = autotune(root, bench, engine or DEFAULT_ENGINE, tuple(background or ()), budget, seconds, top, rounds,
                                   not fit_only, seed, not cached, on_trial=on_trial, stop=cancel.is_set,
                                   warmup_s=warmup, rest_s=rest, lanes=lanes, threads=threads)
         finally:
