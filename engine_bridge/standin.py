@@ -119,7 +119,8 @@ def run(engine: str, argv, env) -> int:
                         switches=tuple(call.switches))
     total = geometry.layers * geometry.experts
     cache = ExpertCache(min(call.cache_experts, total), total)
-    with SplitReader(models, sources.prefill, sources.decode, engine=engine, cold=True) as reader:
+    # no hedging: the engines do not re-issue a late piece elsewhere, so neither does their stand-in
+    with SplitReader(models, sources.prefill, sources.decode, engine=engine, cold=True, hedge=False) as reader:
         eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
                      in_flight=sources.in_flight())
         try:

@@ -101,17 +101,23 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
                 c = out[seen[k]]
                 out[seen[k]] = replace(c, predicted={**c.predicted, a.phase: dict(a.prediction)})
     else:
-        by_role: dict = {}
-        for a in arms:
-            by_role.setdefault(a.roles[0], {})[a.phase] = a
-        for role, got in by_role.items():
-            p, d = got.get("prefill"), got.get("decode")
-            p = p or d
-            d = d or p
+        # one candidate per role the planner gave both phases (its pick, alternatives, capability, equal), merged
+        # where the weights of both phases are the same
+        roles = list(dict.fromkeys(r for a in arms for r in a.roles))
+        merged: dict = {}
+        for role in roles:
+            got = {a.phase: a for a in arms if role in a.roles}
+            p, d = got.get("prefill") or got.get("decode"), got.get("decode") or got.get("prefill")
+            k = (p.weights, d.weights)
+            if k in merged:
+                c = out[merged[k]]
+                out[merged[k]] = replace(c, roles=c.roles + (role,))
+                continue
+            merged[k] = len(out)
             label = _label(p.weights, ()) + ("" if d.weights == p.weights else f" / {_label(d.weights, ())}")
-            roles = tuple(dict.fromkeys(p.roles + d.roles))
-            out.append(Candidate(label, roles, p.weights, d.weights, (), tuple(range(n)),
-                                 {ph: dict(a.prediction) for ph, a in (("prefill", p), ("decode", d)) if a is not None}))
+            out.append(Candidate(label, (role,), p.weights, d.weights, (), tuple(range(n)),
+                                 {ph: dict(a.prediction) for ph, a in (("prefill", p), ("decode", d)) if ph in got or
+                                  ph in phases}))
     # the fastest drive alone, priced on its own
     caps = choice.baselines[phases[0]]["capability"]["weights"]
     fast = max(range(n), key=lambda i: (caps[i], -i))

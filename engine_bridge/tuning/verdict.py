@@ -8,9 +8,11 @@ Gates, per arm (a failed gate disqualifies the arm; it is kept in the report wit
 - output: every trial's output equal to the reference (the engine's default arm's first output, or
   the first arm's that printed one); a drift is shown beside the reference;
 - state: nothing the engine keeps (its model directories) changed during the arm's trials;
-- bytes: each drive's share of the bytes the engine's own counters report within `tolerance` of
-  what the profile promised (the planner's prediction of the candidate); an engine without
-  per-drive counters is judged on its speed alone, and the report says so.
+- bytes: `launch`'s confirmation of the per-drive counters (every drive the profile gives bytes
+  served some), and each drive's share of the bytes the engine's own counters report within
+  `tolerance` of what the profile promised: between the shares the planner predicts for the
+  candidate's two phases (a run mixes them in its own proportions); an engine without per-drive
+  counters is judged on its speed alone, and the report says so.
 The winner: the qualified arm with the best median tok/s; a non-default arm must beat the engine's
 default by `min_gain_pct` or the default stays; the winner must then beat the runner-up again in a
 confirmation run in reverse order (runner-up first), or no gain is claimed.
@@ -24,7 +26,7 @@ from typing import Mapping, Sequence
 
 PHASES = ("prefill", "decode")
 DEFAULT_MIN_GAIN_PCT = 3.0
-DEFAULT_SHARE_TOLERANCE = 0.10      # absolute share of the bytes per drive (0.10 = 10 points)
+DEFAULT_SHARE_TOLERANCE = 0.15      # absolute share of the bytes per drive (0.15 = 15 points)
 REPORT_SCHEMA = 1
 REPORT_KIND = "engine-tune"
 
@@ -43,14 +45,30 @@ class Candidate:
     default: bool = False                                             # the engine's own default arm
     profile: str = ""                                                 # the exported profile (.json)
 
-    def promise(self, n_sources: int) -> tuple[float, ...] | None:
-        """Each plan source's predicted share of the bytes over both phases (bytes-weighted); None
-        when the planner predicts nothing for it (the engine's probe)."""
+    def phase_shares(self, n_sources: int) -> list[tuple[float, ...]]:
+        """Each phase's predicted share of the bytes per plan source."""
+        out = []
+        for p in self.predicted.values():
+            sh = [0.0] * n_sources
+            for i, s in enumerate(p.get("sources") or ()):
+                if i < len(self.sources):
+                    sh[self.sources[i]] = float(s.get("share") or 0.0)
+            if sum(sh) > 0:
+                out.append(tuple(sh))
+        return out
+
+    def promise(self, n_sources: int, prompt: int | None = None, gen: int | None = None) -> tuple[float, ...] | None:
+        """Each plan source's predicted share of the bytes over both phases; None when the planner
+        predicts nothing for it (the engine's probe). The phases weigh by the bytes the prediction
+        reads per token times the run's own tokens (`prompt`, `gen`; unknown: the prediction's)."""
         if not self.predicted:
             return None
         tot = [0.0] * n_sources
-        for p in self.predicted.values():
+        run = {"prefill": prompt, "decode": gen}
+        for ph, p in self.predicted.items():
             phase_bytes = float(p.get("throughput_Bps") or 0.0) * float(p.get("seconds") or 0.0)
+            if run.get(ph) and p.get("tokens"):
+                phase_bytes *= run[ph] / float(p["tokens"])
             for i, s in enumerate(p.get("sources") or ()):
                 if i < len(self.sources):
                     tot[self.sources[i]] += float(s.get("share") or 0.0) * phase_bytes
@@ -119,9 +137,13 @@ def arm_gate(c: Candidate, trials: Sequence[Trial], reference: str | None, n_sou
         if counters and len(c.sources) > 1:
             if not t.served:
                 return "no per-drive counters from the engine in this run"
-            promise, seen = c.promise(n_sources), shares(t.served, n_sources)
-            if promise is not None and seen is not None:     # None: counters too coarse for the bytes read
-                bad = [i for i in range(n_sources) if abs(promise[i] - seen[i]) > tolerance]
+            hull, seen = c.phase_shares(n_sources), shares(t.served, n_sources)
+            promise = c.promise(n_sources, t.prompt_tokens, t.gen_tokens)
+            if hull and seen is not None:     # None: counters too coarse for the bytes read
+                # the run's bytes mix the phases in proportions of its own: each drive's share lies
+                # between the phases' predicted shares
+                bad = [i for i in range(n_sources) if seen[i] < min(h[i] for h in hull) - tolerance
+                       or seen[i] > max(h[i] for h in hull) + tolerance]
                 if bad:
                     return (f"per-drive bytes contradict the profile: shares {_fmt(seen)} where it promised "
                             f"{_fmt(promise)} (tolerance {tolerance:.2f})")
@@ -165,8 +187,9 @@ class Verdict:
     why: str                            # how the winner was picked
     gain_over_default_pct: float | None
     gain_over_equal_pct: float | None
-    confirmation: tuple[float | None, float | None]   # (winner, runner-up) medians in the confirmation
+    confirmation: tuple[float | None, float | None]   # (challenger, runner-up) medians in the confirmation
     confirmed: bool | None              # None: no confirmation was run
+    challenger: int | None = None       # the arm the confirmation ran against the runner-up (the winner before it)
 
 
 def spread_pct(values: Sequence[float]) -> float:
@@ -208,7 +231,8 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
         seen = shares({k: sum(t.served.get(k, 0) for t in mine) for k in range(n_sources)}, n_sources) if mine else None
         why = gates[i] if i in ran else "not run (the budget ended first)"
         results.append(ArmResult(c.label, c.roles, runs, med, spread_pct(runs), i in qualified and med is not None, why,
-                                 pred, 100.0 * (pred / med - 1.0) if pred and med else None, c.promise(n_sources), seen))
+                                 pred, 100.0 * (pred / med - 1.0) if pred and med else None,
+                                 c.promise(n_sources, prompt, gen), seen))
     default = next((i for i, c in enumerate(cands) if c.default), None)
     equal = next((i for i, c in enumerate(cands) if "equal" in c.roles), None)
     ok = [i for i, a in enumerate(results) if a.qualified]
@@ -235,7 +259,7 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
     conf = [t for t in trials if t.round < 0 and not t.failed and t.tok_s is not None]
     cw = _mid([t.tok_s for t in conf if t.arm == winner])
     cr = _mid([t.tok_s for t in conf if t.arm == runner])
-    confirmed = None
+    confirmed, challenger = None, winner
     if conf and winner is not None and runner is not None:
         conf_gate = arm_gate(cands[winner], [t for t in trials if t.round < 0 and t.arm == winner], reference,
                              n_sources, tolerance, counters)
@@ -252,7 +276,7 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
         return 100.0 * (results[winner].median / results[over].median - 1.0)
 
     return Verdict(tuple(results), complete, reference, winner, runner, default, equal, best, why, gain(default),
-                   gain(equal), (cw, cr), confirmed)
+                   gain(equal), (cw, cr), confirmed, challenger)
 
 
 def _mid(xs):
@@ -289,7 +313,7 @@ def report_dict(cands: Sequence[Candidate], trials: Sequence[Trial], v: Verdict,
         "verdict": {"winner": v.winner, "runner_up": v.runner_up, "default": v.default, "equal": v.equal,
                     "best": v.best, "why": v.why, "gain_over_default_pct": v.gain_over_default_pct,
                     "gain_over_equal_pct": v.gain_over_equal_pct, "confirmation_tok_s": list(v.confirmation),
-                    "confirmed": v.confirmed},
+                    "confirmed": v.confirmed, "challenger": v.challenger},
     }
 
 
@@ -318,7 +342,8 @@ def report_lines(doc: Mapping) -> list[str]:
     if v["confirmed"] is not None:
         cw, cr = v["confirmation_tok_s"]
         ru = arms[v["runner_up"]]["label"] if v["runner_up"] is not None else "-"
-        out.append(f"confirmation in reverse order vs the runner-up {ru}: {_num(cw)} vs {_num(cr)} tok/s: "
+        ch = arms[v["challenger"]]["label"] if v.get("challenger") is not None else "-"
+        out.append(f"confirmation, runner-up first: {ch} {_num(cw)} vs runner-up {ru} {_num(cr)} tok/s: "
                    f"{'confirmed' if v['confirmed'] else 'NOT confirmed'}")
     out.append(f"output identical on every qualified arm: {_short(doc['reference_output'] or 'none printed', 60)}")
     return out
