@@ -247,7 +247,7 @@ def setting(request: Request) -> Setting:
     plan's base weights: colibri places whole experts once for every phase), striping when the
     plan stripes; no arguments (--model is COLI_MODEL)."""
     p = request.paths
-    return Setting(c.plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe), ())
+    return Setting(c.plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe, direct=request.direct), ())
 
 
 def header(request: Request, s: Setting) -> tuple[str, ...]:
@@ -260,7 +260,9 @@ def header(request: Request, s: Setting) -> tuple[str, ...]:
     if request.variant:
         lines.append(f"engine: colibri's {m.name} ({m.source}), which its launcher runs for this model's "
                      "config.json model_type")
-    if c.ENV_STRIPE in env:
+    if env.get(c.ENV_STRIPE) == "0":
+        lines.append(f"O_DIRECT reads ({c.ENV_DIRECT}=1) without striping ({c.ENV_STRIPE}=0: unset, colibri would stripe)")
+    if env.get(c.ENV_STRIPE) == "1":
         lines.append(f"striping: {c.ENV_DIRECT}=1 (O_DIRECT, the only path that stripes) and "
                      f"{c.ENV_STRIPE}=1 cut each expert read of 4 MiB or more over every drive")
     return tuple(lines)
@@ -355,7 +357,7 @@ def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
     env = dict(environment)
     probe = request.sources > 1 and c.ENV_WEIGHTS not in env
     weights = tuple(request.prefill) if request.sources > 1 and not probe else ()
-    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in env,
+    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=env.get(c.ENV_STRIPE) == "1",
                        variant=request.variant, idle=() if probe else request.idle, probe=probe)
 
 

@@ -63,6 +63,7 @@ class Request:
     prefill: tuple[int, ...]                    # base weights, one per source
     decode: tuple[int, ...]                     # decode weights, one per source
     stripe: bool = False                        # the plan's top-level "stripe" switch
+    direct: bool = False                        # the plan's top-level "direct" switch (O_DIRECT reads)
     cache_experts: int | None = None            # experts (engines whose profile takes a cache size)
     named: tuple[tuple[str, str], ...] = ()     # a named profile's environment (engines that take one)
     variant: str = ""                           # the engine variant that runs the model ('' none)
