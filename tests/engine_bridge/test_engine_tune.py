@@ -127,7 +127,7 @@ out = p.stdout
 if mode == "drift" and direct:
     out = re.sub(r"^(GLM C engine\\s*:\\s*)(\\d+)", lambda m: m.group(1) + str(int(m.group(2)) + 1), out, flags=re.M)
 if mode == "contradict" and "COLI_DISK_WEIGHTS" in os.environ:
-    out = re.sub(r"\\| mirror2 [\\d.]+ GB \\(\\d+ reads\\)", "| mirror2 0.00 GB (0 reads)", out)
+    out = re.sub(r"^MIRROR: primary [\\d.]+ GB \\(\\d+ reads\\)", "MIRROR: primary 0.00 GB (0 reads)", out, flags=re.M)
 sys.stdout.write(out)
 sys.stderr.write(p.stderr)
 sys.exit(p.returncode)
@@ -202,7 +202,7 @@ def test_an_arm_that_crashes_fails_with_its_signal(tmp_path, colibri_models):
 def test_counters_that_contradict_the_profile_fail_the_arm_with_launchs_reason(tmp_path, colibri_models):
     doc, _ = colibri_run(tmp_path, colibri_models, stand_in(tmp_path, "colibri", "contradict"))
     weighted = [a for a in doc["arms"] if a["weights"] and len(a["sources"]) > 1]
-    assert weighted and all(a["why"].startswith("not confirmed: served: mirror2 served nothing") for a in weighted)
+    assert weighted and all(a["why"].startswith("not confirmed: served: primary served nothing") for a in weighted)
     assert doc["arms"][0]["qualified"]           # the probe sets no weights: the wrapper left it alone
 
 
