@@ -25,11 +25,12 @@ import sys
 import tempfile
 import time
 
+from bench.colibri_launch_bench import require_colibri_bin
 from bench.testbed import REPO, Testbed, available, usage_exit
 
 NAMES = ("internal", "green", "white")
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
-GEN = 10
+GEN = 6
 CACHE_PER_LAYER = 2
 COLIBRI_SYNTH = ("--format", "colibri", "--layers", "4", "--experts", "16", "--top-k", "4", "--shards", "1")
 GGUF_SYNTH = ("--layers", "4", "--experts", "16", "--top-k", "4", "--dim", "1024", "--ff", "2048")
@@ -87,13 +88,15 @@ def one(kind: str, limits: dict, budget: float, out: str) -> list[str]:
                 engine_args = [str(CACHE_PER_LAYER), ref]
                 cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
         p = run("the engine's own trials", "engine_bridge.cli", "autotune", "--rig", rig, "--binary", binary,
-                "--budget", f"{budget:g}", *cache, "--json", "--", *engine_args, wrap=wrap, env=env, capture=True)
+                "--budget", f"{budget:g}", "--top", "1", *cache, "--json", "--", *engine_args, wrap=wrap, env=env, capture=True)
         if p.returncode != 0:
             raise SystemExit(f"engine_tune_bench: autotune --binary failed with exit {p.returncode}")
         doc = json.loads(p.stdout)
     head = (f"{kind}: drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s; prompt {len(PROMPT)} tokens, {GEN} "
             f"generated; budget {budget:g} s; binary {doc['binary']}")
-    return [head] + list(doc["lines"])
+    from engine_bridge.tuning.verdict import report_lines
+
+    return [head] + report_lines(doc)
 
 
 def main() -> None:
@@ -104,9 +107,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
     a = ap.parse_args()
     if a.engine == "colibri":
-        binary = os.environ.get("COLIBRI_BIN", "")
-        if not binary or not os.access(binary, os.X_OK):
-            usage_exit("set COLIBRI_BIN to colibri's engine binary (built from its source: see docs/engine.md)")
+        require_colibri_bin()
     ok, why = available()
     if not ok:
         usage_exit(f"no testbed here: {why}")

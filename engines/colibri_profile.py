@@ -53,6 +53,7 @@ from .profile import (
     exit_check,
     idle_note,
     lines_matching,
+    printed_step,
     list_rules,
     served_nothing,
     unverified,
@@ -496,7 +497,7 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
         out = ids[-1].strip() if ids else None
         return RunReading(out, float(speed[-1]) if speed else None, "run", int(prompt[-1]) if prompt else None,
                           len(out.split()) if out else None, served,
-                          lines_matching(stdout, _GLM_SPEED) + counters)
+                          lines_matching(stdout, _GLM_SPEED) + counters, printed_step(speed[-1]) if speed else None)
     if m.name == "deepseek_v41":
         ids = _V41_TOKENS.findall(stdout)
         speed = _V41_SPEED.findall(stderr)
@@ -504,7 +505,7 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
         p, g, tps = speed[-1] if speed else (None, None, None)
         return RunReading(out, float(tps) if tps else None, "decode", int(p) if p else None,
                           int(g) if g else (len(out.split()) if out else None), served,
-                          lines_matching(stderr, _V41_SPEED) + counters)
+                          lines_matching(stderr, _V41_SPEED) + counters, printed_step(tps) if tps else None)
     return RunReading(None, None, "run", None, None, served, counters)
 
 

@@ -31,6 +31,7 @@ from .profile import (
     exit_check,
     idle_note,
     lines_matching,
+    printed_step,
     list_rules,
     served_nothing,
     unverified,
@@ -326,8 +327,12 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
         prompt = gen = None
     body = [ln for ln in stdout.splitlines() if ln.strip() and not ln.startswith("ds4:")
             and not CSV_HEADER.match(ln) and not (ln[:1].isdigit() and ln.count(",") >= 4)]
+    step = None
+    if tok_s is not None:       # the CSV's rates are printed to 3 decimals: their step, carried into the speed
+        step = tok_s * max(printed_step(row["prefill_tps"]) / float(row["prefill_tps"]) if float(row["prefill_tps"]) else 0.0,
+                           printed_step(row["gen_tps"]) / float(row["gen_tps"]) if float(row["gen_tps"]) else 0.0)
     return RunReading("\n".join(body) if body else None, tok_s, "run", prompt, gen, dict(log.source_bytes),
-                      lines_matching(text, ds4.LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER))
+                      lines_matching(text, ds4.LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER), step)
 
 
 def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:

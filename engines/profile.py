@@ -267,6 +267,13 @@ class RunReading:
     gen_tokens: int | None = None
     served: Mapping[int, int] = field(default_factory=dict)
     lines: tuple[str, ...] = ()
+    resolution: float | None = None     # tok/s: the step of the printed speed (one decimal: 0.05)
+
+
+def printed_step(number: str) -> float:
+    """Half the last printed digit's step of a number as printed ('14.1' -> 0.05, '3' -> 0.5)."""
+    decimals = len(number.split(".", 1)[1]) if "." in number else 0
+    return 0.5 * 10.0 ** -decimals
 
 
 def lines_matching(text: str, *patterns) -> tuple[str, ...]:

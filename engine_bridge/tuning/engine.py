@@ -40,10 +40,12 @@ from .verdict import (
     Trial,
     abba,
     arm_gate,
+    COARSE,
     judge,
     reference_output,
     report_dict,
     report_lines,
+    too_coarse,
 )
 
 DEFAULT_BUDGET_S = 300.0
@@ -256,8 +258,9 @@ def run_arm(binary: str, c: Candidate, args: Sequence[str], run_dir: str, timeou
     elif reading.tok_s is None:
         failed = "printed nothing the tuner can read (no speed line the engine's profile knows)"
     served = {c.sources[d]: b for d, b in reading.served.items() if d < len(c.sources)}
+    wall = reading.gen_tokens / r.seconds if reading.gen_tokens and r.seconds > 0 else None
     return Trial(-1, round_, reading.tok_s, r.seconds, reading.output, served, failed, changed, reading.prompt_tokens,
-                 reading.gen_tokens, tuple(reading.lines), run_dir)
+                 reading.gen_tokens, tuple(reading.lines), run_dir, reading.resolution, wall)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +343,8 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
         trials.append(t)
         longest = max(longest, t.seconds)
         counters_seen = counters_seen or bool(t.served)
-        say(f"  arm {i + 1}: " + (f"FAILED: {t.failed}" if t.failed else f"{t.tok_s:.2f} tok/s in {t.seconds:.1f} s"))
+        say(f"  arm {i + 1}: " + (f"FAILED: {t.failed}" if t.failed else f"{t.tok_s:g} tok/s (its line; "
+                                  f"{t.wall_tok_s or 0:.3f} by its wall time) in {t.seconds:.1f} s"))
         return t
 
     def fits(reserve: int) -> bool:
@@ -368,18 +372,22 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
         rnd += 1
 
     speed_kind = _speed_kind(prof, variant)
-    v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance)
+    wall = too_coarse(trials)
+    v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance, wall)
     if not interrupted and v.winner is not None and v.runner_up is not None:
         w, r = v.winner, v.runner_up
         for i in (r, w, w, r):               # reverse order: the runner-up first
             if (stop is not None and stop()) or not fits(0) or trial(i, -1) is None:
                 break
-        v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance)
+        v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance, wall)
 
     settings = {"engine": engine, "binary": os.path.abspath(binary), "args": list(args), "budget_s": budget_s,
                 "timeout_s": timeout_s, "min_gain_pct": min_gain_pct, "share_tolerance": tolerance, "top": top,
                 "wall_s": clock() - start, "interrupted": interrupted, "stopped_by_budget": stopped,
-                "frozen_env": frozen, "state": state_note, "speed_kind": speed_kind,
+                "frozen_env": frozen, "state": state_note, "speed_kind": speed_kind, "speed_from_wall": wall,
+                "speed": ("generated tokens over the engine process's wall seconds (its printed tok/s is too coarse "
+                          f"for these runs: a step over {100 * COARSE:g} % of it)" if wall else
+                          "the engine's own tok/s line"),
                 "measured_by": ("the engine's tok/s and its per-drive byte counters" if counters_seen else
                                 "the engine's tok/s alone: it printed no per-drive counters"),
                 "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources]}

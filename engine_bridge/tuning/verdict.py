@@ -92,6 +92,20 @@ class Trial:
     gen_tokens: int | None = None
     lines: tuple[str, ...] = ()
     run_dir: str = ""
+    resolution: float | None = None     # tok/s: the step of the engine's printed speed
+    wall_tok_s: float | None = None     # generated tokens over the engine process's wall seconds
+
+    def speed(self, wall: bool = False) -> float | None:
+        return self.wall_tok_s if wall else self.tok_s
+
+
+COARSE = 0.005       # a printed speed whose step is above this share of it cannot resolve the minimum gain
+
+
+def too_coarse(trials: Sequence[Trial]) -> bool:
+    """The engine prints its speed too coarsely for these runs (colibri's one decimal at 0.7 tok/s is
+    7 %): the tuner then times the engine's process instead (generated tokens over its wall seconds)."""
+    return any(t.resolution and t.tok_s and t.resolution / t.tok_s > COARSE for t in trials if not t.failed)
 
 
 def abba(n: int, rnd: int, active: Sequence[bool]) -> list[int]:
@@ -207,8 +221,10 @@ def reference_output(cands: Sequence[Candidate], trials: Sequence[Trial]) -> str
 
 
 def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, speed_kind: str, counters: bool,
-          min_gain_pct: float = DEFAULT_MIN_GAIN_PCT, tolerance: float = DEFAULT_SHARE_TOLERANCE) -> Verdict:
-    """The verdict on every trial so far (the confirmation's trials have round -1)."""
+          min_gain_pct: float = DEFAULT_MIN_GAIN_PCT, tolerance: float = DEFAULT_SHARE_TOLERANCE,
+          wall: bool = False) -> Verdict:
+    """The verdict on every trial so far (the confirmation's trials have round -1); `wall`: speeds
+    from the engine process's wall time rather than its printed tok/s."""
     reference = reference_output(cands, trials)
     rounds = [t for t in trials if t.round >= 0]
     gates = {i: arm_gate(c, [t for t in trials if t.arm == i], reference, n_sources, tolerance, counters)
@@ -217,8 +233,8 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
     qualified = [i for i in range(len(cands)) if i in ran and not gates[i]]
     by_round: dict[int, dict[int, float]] = {}
     for t in rounds:
-        if t.arm in qualified and t.tok_s is not None:
-            by_round.setdefault(t.round, {})[t.arm] = t.tok_s
+        if t.arm in qualified and t.speed(wall) is not None:
+            by_round.setdefault(t.round, {})[t.arm] = t.speed(wall)
     complete = tuple(sorted(r for r, got in by_round.items() if all(i in got for i in qualified)))
     prompt = _mid([t.prompt_tokens for t in rounds if t.prompt_tokens])
     gen = _mid([t.gen_tokens for t in rounds if t.gen_tokens])
@@ -256,9 +272,9 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
     if winner is not None:
         rest = [i for i in ranked if i != winner]
         runner = rest[0] if rest else None
-    conf = [t for t in trials if t.round < 0 and not t.failed and t.tok_s is not None]
-    cw = _mid([t.tok_s for t in conf if t.arm == winner])
-    cr = _mid([t.tok_s for t in conf if t.arm == runner])
+    conf = [t for t in trials if t.round < 0 and not t.failed and t.speed(wall) is not None]
+    cw = _mid([t.speed(wall) for t in conf if t.arm == winner])
+    cr = _mid([t.speed(wall) for t in conf if t.arm == runner])
     confirmed, challenger = None, winner
     if conf and winner is not None and runner is not None:
         conf_gate = arm_gate(cands[winner], [t for t in trials if t.round < 0 and t.arm == winner], reference,
@@ -304,7 +320,8 @@ def report_dict(cands: Sequence[Candidate], trials: Sequence[Trial], v: Verdict,
                   "promised_shares": list(a.promise) if a.promise else None,
                   "measured_shares": list(a.measured_shares) if a.measured_shares else None}
                  for c, a in zip(cands, v.arms)],
-        "trials": [{"arm": t.arm, "round": t.round, "tok_s": t.tok_s, "seconds": t.seconds, "failed": t.failed,
+        "trials": [{"arm": t.arm, "round": t.round, "tok_s": t.tok_s, "wall_tok_s": t.wall_tok_s, "seconds": t.seconds,
+                    "failed": t.failed,
                     "output": t.output, "served": {str(k): b for k, b in t.served.items()},
                     "state_changed": list(t.state_changed), "lines": list(t.lines), "run_dir": t.run_dir}
                    for t in trials],
@@ -325,7 +342,8 @@ def report_lines(doc: Mapping) -> list[str]:
     out = [f"engine {doc.get('engine')} ({doc.get('binary')}): {len(arms)} arms, {len(doc['complete_rounds'])} complete "
            f"round(s) in {doc.get('wall_s', 0):.0f} s (budget {doc.get('budget_s', 0):.0f} s"
            + (", interrupted)" if doc.get("interrupted") else ")"),
-           f"measured by: {doc.get('measured_by')}; state: {doc.get('state')}",
+           f"measured by: {doc.get('measured_by')}; speed: {doc.get('speed')}",
+           f"state: {doc.get('state')}",
            f"{'arm':<28} {'roles':<34} {'pred tok/s':>10} {'median':>8} {'spread':>7} {'pred err':>8}  shares (promised -> "
            "measured)  gates"]
     for i, a in enumerate(arms):

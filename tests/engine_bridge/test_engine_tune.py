@@ -7,7 +7,6 @@ up here."""
 
 import json
 import os
-import shutil
 import sys
 
 import pytest
@@ -15,16 +14,13 @@ from typer.testing import CliRunner
 
 from core.errors import MismatchError, UsageError
 from engine_bridge.cli import app
-from engine_bridge.engine.synth import check_spec, synthesize
-from engine_bridge.engine.synth_colibri import synthesize_colibri
 from engine_bridge.standin import launcher_text
 from engine_bridge.tuning.engine import tune_with_engine
 from engine_bridge.tuning.verdict import Candidate, Trial, judge, predicted_tok_s
 from planner.plans import latest_plan_path, load_plan
-from tests.planner.test_autotune_cli import COLI, GGUF, rig_on
+from tests.planner.helpers import COLI, colibri_copies_in, gguf_copies_in, rig_on
 
 runner = CliRunner()
-NAMES = ("fast", "slow", "laggy")
 PROMPT = [3, 14, 15, 9, 2, 6]
 GEN = 4
 
@@ -137,10 +133,7 @@ sys.exit(p.returncode)
 @pytest.fixture(scope="module")
 def colibri_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("tune-colibri")
-    paths = [str(d / n) for n in NAMES]
-    synthesize_colibri(paths[0], COLI)
-    for p in paths[1:]:
-        shutil.copytree(paths[0], p)
+    paths = colibri_copies_in(d)
     ref = d / "ref.json"
     ref.write_text(json.dumps({"prompt_ids": PROMPT, "full_ids": PROMPT + [0] * GEN}))
     return paths, str(ref)
@@ -230,10 +223,7 @@ def test_a_budget_too_small_for_a_round_is_an_error_not_a_pick(tmp_path, colibri
 def test_the_loop_runs_colibris_v41_stand_in(tmp_path):
     from dataclasses import replace as dc_replace
 
-    paths = [str(tmp_path / n) for n in NAMES]
-    synthesize_colibri(paths[0], dc_replace(COLI, model_type="deepseek_v41"))
-    for p in paths[1:]:
-        shutil.copytree(paths[0], p)
+    paths = colibri_copies_in(tmp_path, dc_replace(COLI, model_type="deepseek_v41"))
     rig_on(str(tmp_path / "rig"), paths)
     binary = stand_in(tmp_path, "colibri")
     ref = tmp_path / "ref.json"
@@ -252,10 +242,7 @@ def test_the_loop_runs_colibris_v41_stand_in(tmp_path):
 
 
 def test_the_command_runs_ds4_argodrives_stand_in(tmp_path):
-    paths = [str(tmp_path / f"{n}.gguf") for n in NAMES]
-    synthesize(paths[0], check_spec(GGUF), lambda done, total: None)
-    for p in paths[1:]:
-        shutil.copyfile(paths[0], p)
+    paths = gguf_copies_in(tmp_path)
     rig_on(str(tmp_path / "rig"), paths)
     r = runner.invoke(app, ["autotune", "--rig", str(tmp_path / "rig"), "--binary", stand_in(tmp_path, "ds4-argodrive"),
                             "--rounds", "1", "--cache-experts", "4", "--allow-unverified", "--json", "--",
