@@ -90,10 +90,10 @@ def run(engine: str, argv, env) -> int:
     prof = ENGINES[engine].profile
     call = prof.standin_call(env, list(argv), look)
     if call.error:
-        print(call.error, file=sys.stderr)
+        _say(sys.stderr, call.error)
         return call.rc
     for line in call.stderr:
-        print(line, file=sys.stderr, flush=True)
+        _say(sys.stderr, line)
     pin_blas_threads(1)
     models = tuple(discover(p) for p in call.sources)
     geometry = inspect_model(models[0].path)
@@ -136,10 +136,9 @@ def run(engine: str, argv, env) -> int:
                       model_type=geometry.arch)
     out, err, rc = prof.standin_lines(call, done)
     for line in err:
-        print(line, file=sys.stderr)
+        _say(sys.stderr, line)
     for line in out:
-        print(line)
-    sys.stdout.flush()
+        _say(sys.stdout, line)
     return rc
 
 
@@ -155,14 +154,20 @@ def launcher_text(engine: str, python: str = sys.executable) -> str:
             f"PYTHONPATH={_sh(root)}${{PYTHONPATH:+:$PYTHONPATH}} exec {_sh(python)} -m engine_bridge.standin {engine} \"$@\"\n")
 
 
+def _say(stream, line: str) -> None:
+    """One line of the engine's own output (the stand-in is a program whose lines are its interface)."""
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def _sh(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in ENGINES or ENGINES[sys.argv[1]].profile is None:
-        print(f"usage: python -m engine_bridge.standin ENGINE [ARGS] (ENGINE: "
-              f"{', '.join(n for n, e in ENGINES.items() if e.profile is not None)})", file=sys.stderr)
+        _say(sys.stderr, f"usage: python -m engine_bridge.standin ENGINE [ARGS] (ENGINE: "
+                         f"{', '.join(n for n, e in ENGINES.items() if e.profile is not None)})")
         raise SystemExit(2)
     raise SystemExit(run(sys.argv[1], sys.argv[2:], dict(os.environ)))
 

@@ -350,7 +350,8 @@ def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[s
 # ---------------------------------------------------------------------------------------------
 # The stand-in (engine_bridge.standin): ds4-argodrive's interface, the embedded engine's run
 
-STANDIN_PROMPT, STANDIN_GEN = "--prompt-tokens", "--gen-tokens"     # the stand-in's own (ds4-bench's prompt options are not reproduced)
+# the stand-in's own prompt options (ds4-bench's are not reproduced)
+STANDIN_PROMPT, STANDIN_GEN = "--prompt-tokens", "--gen-tokens"
 
 
 def _split_weights(text: str, n: int) -> tuple[int, ...] | None:

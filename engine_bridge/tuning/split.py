@@ -288,7 +288,8 @@ def render(plan, path: str) -> str:
             continue
         joint = any("objective" in c for c in m["candidates"])
         lines.append(f"{ph}:")
-        lines.append(f"  {'weights':>20} {'predicted':>12} {'measured':>12}" + (f" {'objective':>9}" if joint else "") + "  roles")
+        lines.append(f"  {'weights':>20} {'predicted':>12} {'measured':>12}" + (f" {'objective':>9}" if joint else "")
+                     + "  roles")
         for c in m["candidates"]:
             mode = c.get("mode") or []
             mark = " <- picked" if c["weights"] == list(getattr(plan, ph).weights) and mode == picked_mode else ""

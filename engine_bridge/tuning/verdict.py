@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
+
+from core.results import Document
 
 PHASES = ("prefill", "decode")
 DEFAULT_MIN_GAIN_PCT = 3.0
@@ -306,6 +308,13 @@ def _rate(x) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # The report
+
+
+class EngineTuneReport(Document):
+    """`autotune --binary --json`: the report's document (`report_dict`)."""
+
+    KIND: ClassVar[str] = REPORT_KIND
+    SCHEMA: ClassVar[int] = REPORT_SCHEMA
 
 def report_dict(cands: Sequence[Candidate], trials: Sequence[Trial], v: Verdict, settings: Mapping) -> dict:
     """The report's JSON (REPORT_SCHEMA, kind 'engine-tune'): settings, the arms (candidate,

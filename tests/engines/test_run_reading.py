@@ -17,7 +17,8 @@ GLM C engine      : 232 232 232 232 232 232 464 132 149 402 430 49 71 366 464 13
 Matching tokens: 0/16
 N-gram speculation (DRAFT=0): 1.07 tokens/forward (15 forwards per 16 tokens)
 Expert cache hit rate: 21.7% (0 pin + 65 lru / 234 miss) | RSS: 0.11 GB | 14.1 tok/s
-MIRROR: primary 0.37 GB (615 reads) | mirror1 0.37 GB (411 reads) | mirror2 0.37 GB (378 reads) \u2014 67% of expert bytes from the mirrors
+MIRROR: primary 0.37 GB (615 reads) | mirror1 0.37 GB (411 reads) | mirror2 0.37 GB (378 reads) \u2014 67% of expert \
+bytes from the mirrors
 """
 GLM_ERR = """\
 [MIRROR] /r1: 1/1 shards (replica 1)
