@@ -232,7 +232,8 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
     gates = {i: arm_gate(c, [t for t in trials if t.arm == i], reference, n_sources, tolerance, counters)
              for i, c in enumerate(cands)}
     ran = {i for i in gates if any(t.arm == i for t in rounds)}
-    qualified = [i for i in range(len(cands)) if i in ran and not gates[i]]
+    # an arm no gate failed counts, run or not: a round that did not reach it (the budget) is not complete
+    qualified = [i for i in range(len(cands)) if not gates[i]]
     by_round: dict[int, dict[int, float]] = {}
     for t in rounds:
         if t.arm in qualified and t.speed(wall) is not None:

@@ -62,6 +62,9 @@ def test_only_rounds_every_qualified_arm_completed_count():
     trials = rounds([10.0, 11.0]) + [Trial(1, 2, 99.0, 1.0, "a", {0: 1, 1: 1})]   # round 3 cut short by the budget
     v = judge([DEFAULT, EQUAL], trials, 2, "run", counters=True)
     assert v.complete_rounds == (0, 1) and v.arms[1].runs == (11.0, 11.0)
+    # an arm the budget never reached leaves every round incomplete: no pick
+    v = judge([DEFAULT, EQUAL, FAST], rounds([10.0, 11.0]), 2, "run", counters=True)
+    assert v.complete_rounds == () and v.winner is None and v.arms[2].why == "not run (the budget ended first)"
 
 
 def test_a_winner_the_reverse_order_does_not_confirm_leaves_the_default():
