@@ -127,7 +127,7 @@ def register(app) -> None:
                                                                                                "after each profile's arguments."),
     ):
         """Measure the planner's candidates and write the best as a plan: with our split reader executing the engine's reads
-        (default), or with the real engine itself (--binary, ABBA within --budget, docs/tuner.md)."""
+        (default), or with the real engine itself (its path given, ABBA within --budget, docs/tuner.md)."""
         from planner.plans import SavedPlan
 
         root = rig_dir(rig)

@@ -145,7 +145,7 @@ def register(app) -> None:
                                    + ", ".join(n for n, e in ENGINES.items() if e.profile is not None) + "."),
     ):
         """Write an executable stand-in for a real engine: the embedded engine behind its interface (its variables, arguments,
-        read pattern and lines), for `launch` and `autotune --binary` where the real binary cannot run."""
+        read pattern and lines), for `launch` and `autotune` where the real engine cannot run."""
         from core.errors import UsageError
         from engine_bridge.standin import launcher_text
 
