@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from bench.colibri_launch_bench import require_colibri_bin
 from bench.testbed import REPO, Testbed, available, usage_exit
 
 NAMES = ("internal", "green", "white")
+KINDS = ("colibri", "colibri-v41", "ds4-argodrive")
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 GEN = 6
 CACHE_PER_LAYER = 2
@@ -50,48 +52,61 @@ def run(title: str, module: str, *args: str, wrap=(), env=None, capture=False) -
     return p
 
 
-def one(kind: str, limits: dict, budget: float, out: str) -> list[str]:
-    with Testbed(limits, size="1G") as tb:
-        drives, wrap = tb.mounts(), tb.wrap
-        rig = os.path.join(out, "rig")
-        gguf = kind == "ds4-argodrive"
-        model = os.path.join(drives["internal"], "model.gguf" if gguf else "model")
-        synth = GGUF_SYNTH if gguf else COLIBRI_SYNTH + (("--model-type", "deepseek_v41") if kind == "colibri-v41" else ())
-        run("the model", "engine_bridge.cli", "synth", model, *synth, wrap=wrap)
-        run("a rig", "replicas.cli", "init", "--rig", rig, "--model", model, "--name", "internal")
-        run("two replicas", "replicas.cli", "sync", "--rig", rig, model, drives["green"], drives["white"], "--piece-size",
-            "16M", "--quiet", wrap=wrap, capture=True)
-        run("drive ceilings", "iobench.cli", "run", "--rig", rig, "--preset", "seq,prefill,decode", "--lanes", "1,2,4",
-            "--seconds", "0.3", "--repeat", "2", "--quiet", wrap=wrap, capture=True)
-        env = {**os.environ, "CAP_RAISE": "0"}
-        if kind == "colibri":
-            binary = os.environ["COLIBRI_BIN"]
-            ref = os.path.join(out, "ref.json")
-            json.dump({"prompt_ids": PROMPT, "full_ids": PROMPT + [0] * GEN}, open(ref, "w"))
-            env["REF"] = ref
-            engine_args = [str(CACHE_PER_LAYER)]
-            cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
+def one(tb, kind: str, limits: dict, budget: float, out: str) -> list[str]:
+    """One engine's loop on the testbed's drives; its model and replicas are removed afterwards."""
+    drives, wrap = tb.mounts(), tb.wrap
+    out = os.path.join(out, kind)
+    os.makedirs(out)
+    try:
+        return _one(drives, wrap, kind, limits, budget, out)
+    finally:
+        for d in drives.values():
+            for n in os.listdir(d):
+                if n.startswith("model"):
+                    p = os.path.join(d, n)
+                    shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+
+
+def _one(drives, wrap, kind: str, limits: dict, budget: float, out: str) -> list[str]:
+    rig = os.path.join(out, "rig")
+    gguf = kind == "ds4-argodrive"
+    model = os.path.join(drives["internal"], "model.gguf" if gguf else "model")
+    synth = GGUF_SYNTH if gguf else COLIBRI_SYNTH + (("--model-type", "deepseek_v41") if kind == "colibri-v41" else ())
+    run("the model", "engine_bridge.cli", "synth", model, *synth, wrap=wrap)
+    run("a rig", "replicas.cli", "init", "--rig", rig, "--model", model, "--name", "internal")
+    run("two replicas", "replicas.cli", "sync", "--rig", rig, model, drives["green"], drives["white"], "--piece-size",
+        "16M", "--quiet", wrap=wrap, capture=True)
+    run("drive ceilings", "iobench.cli", "run", "--rig", rig, "--preset", "seq,prefill,decode", "--lanes", "1,2,4",
+        "--seconds", "0.3", "--repeat", "2", "--quiet", wrap=wrap, capture=True)
+    env = {**os.environ, "CAP_RAISE": "0"}
+    if kind == "colibri":
+        binary = os.environ["COLIBRI_BIN"]
+        ref = os.path.join(out, "ref.json")
+        json.dump({"prompt_ids": PROMPT, "full_ids": PROMPT + [0] * GEN}, open(ref, "w"))
+        env["REF"] = ref
+        engine_args = [str(CACHE_PER_LAYER)]
+        cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
+    else:
+        binary = os.path.join(out, "standin")
+        run("the stand-in", "engine_bridge.cli", "standin", binary, "--engine",
+            "ds4-argodrive" if gguf else "colibri", capture=True)
+        if gguf:
+            engine_args = ["--prompt-tokens", str(len(PROMPT)), "--gen-tokens", str(GEN)]
+            cache = ["--cache-experts", "16", "--prompt-tokens", str(len(PROMPT))]
         else:
-            binary = os.path.join(out, "standin")
-            run("the stand-in", "engine_bridge.cli", "standin", binary, "--engine",
-                "ds4-argodrive" if gguf else "colibri", capture=True)
-            if gguf:
-                engine_args = ["--prompt-tokens", str(len(PROMPT)), "--gen-tokens", str(GEN)]
-                cache = ["--cache-experts", "16", "--prompt-tokens", str(len(PROMPT))]
-            else:
-                ref = os.path.join(out, "ref.json")
-                json.dump({"prompt_ids": PROMPT, "output_ids": [0] * GEN}, open(ref, "w"))
-                # V4.1's reference mode fails on a mismatch: its own output alone is the reference
-                p = subprocess.run([binary, str(CACHE_PER_LAYER), ref], env={**env, "SNAP": model}, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                json.dump({"prompt_ids": PROMPT, "output_ids": [int(x) for x in p.stdout.split()]}, open(ref, "w"))
-                engine_args = [str(CACHE_PER_LAYER), ref]
-                cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
-        p = run("the engine's own trials", "engine_bridge.cli", "autotune", "--rig", rig, "--binary", binary,
-                "--budget", f"{budget:g}", "--top", "1", *cache, "--json", "--", *engine_args, wrap=wrap, env=env, capture=True)
-        if p.returncode != 0:
-            raise SystemExit(f"engine_tune_bench: autotune --binary failed with exit {p.returncode}")
-        doc = json.loads(p.stdout)
+            ref = os.path.join(out, "ref.json")
+            json.dump({"prompt_ids": PROMPT, "output_ids": [0] * GEN}, open(ref, "w"))
+            # V4.1's reference mode fails on a mismatch: its own output alone is the reference
+            p = subprocess.run([binary, str(CACHE_PER_LAYER), ref], env={**env, "SNAP": model}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            json.dump({"prompt_ids": PROMPT, "output_ids": [int(x) for x in p.stdout.split()]}, open(ref, "w"))
+            engine_args = [str(CACHE_PER_LAYER), ref]
+            cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
+    p = run("the engine's own trials", "engine_bridge.cli", "autotune", "--rig", rig, "--binary", binary,
+            "--budget", f"{budget:g}", "--top", "1", *cache, "--json", "--", *engine_args, wrap=wrap, env=env, capture=True)
+    if p.returncode != 0:
+        raise SystemExit(f"engine_tune_bench: autotune --binary failed with exit {p.returncode}")
+    doc = json.loads(p.stdout)
     head = (f"{kind}: drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s; prompt {len(PROMPT)} tokens, {GEN} "
             f"generated; budget {budget:g} s; binary {doc['binary']}")
     from engine_bridge.tuning.verdict import report_lines
@@ -101,20 +116,26 @@ def one(kind: str, limits: dict, budget: float, out: str) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", default="colibri", choices=("colibri", "colibri-v41", "ds4-argodrive"))
+    ap.add_argument("--engine", default="colibri", help="colibri, colibri-v41 or ds4-argodrive; several comma-separated "
+                                                        "run one after another on one testbed")
     ap.add_argument("--limits", default="60,30,30", help="Read ceilings MB/s of internal, green, white.")
     ap.add_argument("--budget", type=float, default=280.0, help="Seconds for the engine's trials (at most 300).")
+    ap.add_argument("--standin-budget", type=float, default=150.0, help="Seconds for a stand-in's trials.")
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
     a = ap.parse_args()
-    if a.engine == "colibri":
+    kinds = a.engine.split(",")
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        usage_exit(f"--engine {bad[0]}: use {', '.join(KINDS)}")
+    if "colibri" in kinds:
         require_colibri_bin()
     ok, why = available()
     if not ok:
         usage_exit(f"no testbed here: {why}")
     limits = dict(zip(NAMES, (float(x) for x in a.limits.split(","))))
-    with tempfile.TemporaryDirectory(prefix="engine-tune-", dir=a.out) as out:
-        lines = one(a.engine, limits, a.budget, out)
-    print("\n".join(lines), flush=True)
+    with tempfile.TemporaryDirectory(prefix="engine-tune-", dir=a.out) as out, Testbed(limits, size="1G") as tb:
+        for k in kinds:
+            print("\n".join(one(tb, k, limits, a.budget if k == "colibri" else a.standin_budget, out)), flush=True)
 
 
 if __name__ == "__main__":
