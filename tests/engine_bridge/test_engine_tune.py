@@ -258,3 +258,16 @@ def test_the_command_runs_ds4_argodrives_stand_in(tmp_path):
     multi = [t for t in doc["trials"] if len(doc["arms"][t["arm"]]["sources"]) > 1]
     assert multi and all(len(t["served"]) == 3 for t in multi)        # ds4's source[i] bytes= lines
     assert all(a["qualified"] for a in doc["arms"]), [a["why"] for a in doc["arms"]]
+
+
+def test_an_interrupt_keeps_the_complete_rounds_and_runs_no_confirmation(tmp_path, colibri_models):
+    events = []
+
+    def stop():           # Ctrl-C once the first round and one arm of the second have run
+        arms = int(events[0].split(" arms:")[0])
+        return sum(e.startswith("  arm ") and "tok/s" in e for e in events) > arms
+
+    doc, _ = colibri_run(tmp_path, colibri_models, stand_in(tmp_path, "colibri"), rounds=None, on_event=events.append,
+                         stop=stop)
+    assert doc["interrupted"] and doc["complete_rounds"] == [0] and len(doc["trials"]) == len(doc["arms"]) + 1
+    assert all(t["round"] >= 0 for t in doc["trials"]) and doc["verdict"]["confirmed"] is None
