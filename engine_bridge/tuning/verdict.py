@@ -349,19 +349,24 @@ def report_lines(doc: Mapping) -> list[str]:
     then the verdict."""
     arms = doc["arms"]
     v = doc["verdict"]
+    wall = bool(doc.get("speed_from_wall"))
+    complete = set(doc.get("complete_rounds") or ())
+    line = {i: _mid([t["tok_s"] for t in doc.get("trials") or () if t["arm"] == i and t["round"] in complete
+                     and not t["failed"]]) for i in range(len(arms))}
     out = [f"engine {doc.get('engine')} ({doc.get('binary')}): {len(arms)} arms, {len(doc['complete_rounds'])} complete "
            f"round(s) in {doc.get('wall_s', 0):.0f} s (budget {doc.get('budget_s', 0):.0f} s"
            + (", interrupted)" if doc.get("interrupted") else ")"),
            f"measured by: {doc.get('measured_by')}; speed: {doc.get('speed')}",
            f"state: {doc.get('state')}",
-           f"{'arm':<28} {'roles':<34} {'pred tok/s':>10} {'median':>8} {'spread':>7} {'pred err':>8}  shares (promised -> "
-           "measured)  gates"]
+           f"{'arm':<28} {'roles':<34} {'pred tok/s':>10} {'median':>8} {'spread':>7} {'pred err':>8}"
+           + (f" {'its line':>8}" if wall else "") + "  shares (promised -> measured)  gates"]
     for i, a in enumerate(arms):
         mark = " <- winner" if i == v["winner"] else ""
         sh = ("-" if not a["measured_shares"] else
               f"{_fmt(a['promised_shares']) if a['promised_shares'] else 'probe'} -> {_fmt(a['measured_shares'])}")
         out.append(f"{a['label']:<28} {', '.join(a['roles'])[:34]:<34} {_num(a['predicted_tok_s']):>10} "
-                   f"{_num(a['median_tok_s']):>8} {a['spread_pct']:>6.1f}% {_pct(a['error_pct']):>8}  {sh}  "
+                   f"{_num(a['median_tok_s']):>8} {a['spread_pct']:>6.1f}% {_pct(a['error_pct']):>8}"
+                   + (f" {_num(line[i]):>8}" if wall else "") + f"  {sh}  "
                    f"{'ok' if a['qualified'] else 'OUT: ' + a['why']}{mark}")
     w = v["winner"]
     out.append(f"winner: {arms[w]['label'] if w is not None else 'none'} ({v['why']})")
