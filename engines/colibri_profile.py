@@ -548,9 +548,11 @@ def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
     in its oracle mode (REF=) it writes no usage file; the tuner checks the model directories
     are unchanged after every arm either way."""
     m = member_of(variant)
+    which = ("the GLM engine ignores it; its oracle mode writes none" if m.name == "glm" else
+             f"whether the {m.name} engine reads it is unconfirmed; the model directories are checked after every arm")
     return ({ENV_USAGE_SAVE: "0"},
             f"colibri's {m.name} engine keeps a usage history (.coli_usage in the model directory) that pins "
-            f"experts in later runs; {ENV_USAGE_SAVE}=0 is set (the GLM engine ignores it; its oracle mode writes none)")
+            f"experts in later runs; {ENV_USAGE_SAVE}=0 is set ({which})")
 
 
 def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
