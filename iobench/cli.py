@@ -14,12 +14,15 @@ from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, pri
 from core.errors import MissingError, UsageError
 from core.events import Notice
 from core.events import Progress as ProgressEvent
-from core.rig import load_rig, rig_dir
+from core.drives import drive_label
+from core.rig import load_rig, rig_dir, unique_name
+from core.units import parse_size
 from engines.split import parse_weights
 
 from . import render
-from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
-from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
+from .bench import fio_compare, rig_component_bytes, run_bench, targets_from_paths, targets_from_rig
+from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS, SCRATCH_FOLDER
+from .scratch import bench_scratch
 from .result import latest_result, load_result, result_files, result_to_dict, save_result
 from .schedule import RunOptions, parse_groups
 from .testbed_cli import app as testbed_app
@@ -148,6 +151,42 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
     else:
         _print_result(result)            # the path once, below, as with --json
     if path and not quiet:
+        err.print(f"iobench: wrote {path}", highlight=False)
+
+
+@app.command()
+def scratch(directory: str = typer.Argument(..., metavar="DIR", help="A folder on the drive to measure (it holds no replica yet)."),
+            name: Optional[str] = typer.Option(None, "--name", help="The drive's name in the result (default: its mount point)."),
+            size: str = typer.Option("1G", "--size", help="Bytes of scratch file to write, measure and remove (binary units)."),
+            rig: Optional[str] = RigOption,
+            preset: str = PresetOption,
+            seconds: float = SecondsOption,
+            repeat: int = RepeatOption,
+            restarts: Optional[int] = RestartsOption,
+            quiet: bool = QuietOption,
+            json_out: bool = JsonOption):
+    """Measure a drive before copying to it: write a scratch file in DIR (its write speed is the copy's), read it cold
+    with the engine's shapes, remove it; writes rig/bench/scratch/<timestamp>.json for `planner whatif --add-bench`."""
+    root = rig_dir(rig)
+    the_rig = load_rig(root, must_exist=False)
+    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, together=False)
+    cancel = threading.Event()
+    with _Renderer(quiet) as progress:
+        try:
+            result = bench_scratch(directory, unique_name(name or drive_label(directory), set()), parse_size(size, "--size"), opts,
+                                   rig_component_bytes(the_rig), report=progress, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            raise
+    path = save_result(the_rig, result, SCRATCH_FOLDER)
+    if json_out:
+        print_json(dict(result_to_dict(result), path=path))
+    else:
+        _print_result(result)
+        sc = result.settings["scratch"]
+        out.print(f"write {sc['write_Bps'] / 1e6:,.1f} MB/s over {sc['size']:,} B; scratch file "
+                  f"{'removed' if sc['removed'] else 'NOT removed (it changed under us)'}", highlight=False)
+    if not quiet:
         err.print(f"iobench: wrote {path}", highlight=False)
 
 

@@ -19,8 +19,9 @@ from engines.split import parse_weights, smallest_equivalent, split_read
 
 from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
 from .plan import Plan, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
-from .rigmodel import choose_workload, rig_problem
+from .plans import latest_plan_path, load_plan, save_plan
+from .rigmodel import load_problem
+from .whatif import whatif_to_dict
 from .solve import predict, solve_plan
 from .workload import NAMED
 
@@ -94,10 +95,6 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
     out.print(t)
 
 
-def _backgrounds(specs, names):
-    return tuple(parse_background(s, names) for s in (specs or ()))
-
-
 def _page_cache(text: str) -> int:
     """--page-cache: 'auto' (the memory available now), or a size (0: none)."""
     t = str(text).strip().lower()
@@ -109,11 +106,9 @@ def _page_cache(text: str) -> int:
 def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
              fit_only: bool, tails: bool, page_cache: str = "0"):
     """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
-    names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads,
-                                       _page_cache(page_cache))
+    rp = load_problem(root, bench, engine, tuple(background or ()), lanes, threads, workload, model, prompt_tokens,
+                      cache_experts, calibrate=not fit_only, tails=tails, page_cache_bytes=_page_cache(page_cache))
+    return rp.inputs, rp.chosen, rp.problem
 
 
 @app.command()
@@ -174,6 +169,93 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
         print_json(d)
         return
     _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
+
+
+@app.command()
+def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+           add: Optional[str] = typer.Option(None, "--add", metavar="DIR",
+                                             help="A folder on the drive to add: measured now on a scratch file there "
+                                                  "(written, read cold, removed), no replica yet."),
+           add_bench: Optional[str] = typer.Option(None, "--add-bench", metavar="RESULT[:DRIVE]",
+                                                   help="The drive to add from an iobench result (`iobench scratch DIR` writes one)."),
+           add_ceiling: Optional[str] = typer.Option(None, "--add-ceiling", metavar="NAME=READ[@LAT_MS][/WRITE]",
+                                                     help="The drive to add by its read ceiling (decimal GB/s), latency of one "
+                                                          "request and write speed, e.g. usb=0.9@0.2/0.8."),
+           name: Optional[str] = typer.Option(None, "--name", help="The added drive's name (default: its mount point)."),
+           partial: Optional[float] = typer.Option(None, "--partial", metavar="FRACTION", min=0.0, max=1.0,
+                                                   help="Price the added drive as a partial member holding this share of the "
+                                                        "model's bytes, its hottest files first (a model of several files)."),
+           remove: Optional[str] = typer.Option(None, "--remove", metavar="DRIVE", help="Price the rig without this drive."),
+           timing: Optional[str] = typer.Option(None, "--timing", metavar="RUN.json|LOG",
+                                                help="A run's timing (time waiting for reads vs computing): a run result of the "
+                                                     "embedded engine, or the real engine's log (default: the newest harness arm)."),
+           scratch_size: str = typer.Option("1G", "--scratch-size", help="Scratch file for --add (binary units)."),
+           preset: str = typer.Option("seq,prefill,decode,rand4k", "--preset", help="iobench presets for --add."),
+           seconds: float = typer.Option(0.5, "--seconds", help="Seconds per iobench window for --add."),
+           repeat: int = typer.Option(3, "--repeat", help="iobench windows per trial for --add."),
+           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
+           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, page_cache: str = PageCacheOption,
+           json_out: bool = JsonOption):
+    """Before a copy: the phase speeds with a drive added (full or partial) or removed, whether the machine is
+    compute-bound, the gain per GB copied and how long the copy would take."""
+    from iobench.cli import _presets
+    from .whatifs import bench_candidate, latest_timing, measure_candidate, parse_ceiling, read_timing
+    from .whatifs import median_latency, whatif as run_whatif
+
+    if sum(x is not None for x in (add, add_bench, add_ceiling, remove)) != 1:
+        raise UsageError("give one change: --add DIR, --add-bench RESULT, --add-ceiling NAME=READ, or --remove DRIVE")
+    root = rig_dir(rig)
+    the_rig = load_rig(root, must_exist=False)
+    rp = load_problem(root, bench, engine, (), None, None, workload, model, prompt_tokens, cache_experts,
+                      calibrate=not fit_only, page_cache_bytes=_page_cache(page_cache))
+    cand = None
+    if add is not None:
+        err.print(f"measuring {add} on a scratch file of {scratch_size} (removed after) ...", highlight=False)
+        cand, path = measure_candidate(the_rig, add, name, parse_size(scratch_size, "--scratch-size"), _presets(preset),
+                                       seconds, repeat)
+        err.print(f"iobench: wrote {path}", highlight=False)
+    elif add_bench is not None:
+        path, _, drive = add_bench.partition(":") if not os.path.isfile(add_bench) else (add_bench, "", "")
+        cand = bench_candidate(path, drive or None)
+    elif add_ceiling is not None:
+        cand = parse_ceiling(add_ceiling, median_latency(rp))
+    if cand is not None and name:
+        cand = replace(cand, name=name)
+    t = read_timing(timing, engine) if timing else latest_timing(the_rig, engine)
+    w = run_whatif(rp, the_rig, add=cand, remove=remove, partial=partial, timing=t)
+    if rp.chosen.notice:
+        err.print(f"notice: {rp.chosen.notice}", markup=False)
+    if json_out:
+        print_json(whatif_to_dict(w))
+        return
+    _render_whatif(w)
+
+
+def _render_whatif(w) -> None:
+    what = f"{w.change} {w.drive}" + (" (partial)" if w.holds is not None else "") + (" (RAM)" if w.memory else "")
+    out.print(f"[bold]what if[/]: {what} — {w.engine}, {' + '.join(w.before)} -> {' + '.join(w.after)}", highlight=False)
+    if w.how:
+        out.print(f"  {w.drive}: {w.how}", highlight=False, markup=False)
+    t = Table()
+    for col in ("phase", "weights now", "weights then", "tok/s now", "tok/s then", "reads", "reads share", "end to end",
+                "per GB"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for p in w.phases:
+        per = w.gain_per_GB(p)
+        t.add_row(p.phase, ":".join(map(str, p.weights_before)), ":".join(map(str, p.weights_after)),
+                  f"{p.tok_s_before:,.2f}", f"{p.tok_s_after:,.2f}", format_signed_pct(p.gain),
+                  f"{p.read_share:.0%}" if p.read_share is not None else "-",
+                  format_signed_pct(p.end_to_end) if p.end_to_end is not None else "-",
+                  f"{per * 100:+.3f}%" if per is not None else "-")
+    out.print(t)
+    if w.copy_bytes:
+        dur = f"{w.copy_s / 60:,.1f} min at {w.write_Bps / 1e6:,.0f} MB/s" if w.copy_s else "unknown (no write speed)"
+        out.print(f"copy: {w.copy_bytes:,} B, {dur}", highlight=False)
+    if w.timing_source:
+        out.print(f"timing from {w.timing_source}", highlight=False, markup=False)
+    for n in w.notes:
+        out.print(f"note: {n}", highlight=False, markup=False)
+    out.print(f"[bold]{w.verdict()}[/]", highlight=False)
 
 
 def _render_prediction(p: dict, title: str) -> None:

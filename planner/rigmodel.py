@@ -23,7 +23,7 @@ from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
-from .plans import Inputs, holds_of
+from .plans import Inputs, holds_of, load_inputs, parse_background
 from .solve import Problem, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
@@ -93,3 +93,25 @@ def _named_geometry(wl: ModelWorkload) -> dict:
     s = wl.shape
     return {"name": s.name, "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "arch": wl.geometry.arch,
             "component_bytes": s.component_bytes, "components": s.components, "expert_bytes": s.expert_bytes}
+
+
+@dataclass(frozen=True)
+class RigProblem:
+    """What `planner solve`, `simulate` and `whatif` start from: the rig's inputs (drives, bench
+    provenance), the workload chosen and the problem built of them."""
+    inputs: Inputs
+    chosen: Chosen
+    problem: Problem
+
+
+def load_problem(rig_root: str, bench: str | None = None, engine: str = "", background: tuple[str, ...] = (),
+                 lanes: int | None = None, threads: int | None = None, workload: str | None = None,
+                 model: str | None = None, prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
+                 calibrate: bool = True, tails: bool = False, page_cache_bytes: int = 0) -> RigProblem:
+    """The rig's problem from its files: the iobench result (`bench`, else the newest), the
+    workload (`choose_workload`), other work on the drives given as SOURCE:KIND specs."""
+    inputs = load_inputs(rig_root, bench, calibrate=calibrate, tails=tails)
+    names = [s.name for s in inputs.sources]
+    chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
+    bgs = tuple(parse_background(x, names) for x in background or ())
+    return RigProblem(inputs, chosen, rig_problem(inputs, chosen, engine, bgs, lanes, threads, page_cache_bytes))
