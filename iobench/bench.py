@@ -27,8 +27,7 @@ from core import platform
 from core.coldio import ColdReader, aligned_buffer, huge_backed
 from core.constants import HUGE_PAGE
 from core.drives import drive_of
-from core.platform import available_memory
-from core.tiers import memory_fs, ram_note
+from core.tiers import memory_fs
 from models.formats import RAW, sniff
 from models.modelset import FILE, ModelSet, discover, member_set, one_file
 from models.tensortable import inspect_model
@@ -163,8 +162,8 @@ def _open(t: Target, huge: bool | None) -> _Open:
     o = _Open(t, reader, device_meter(t.path), queue)
     if memory_fs(t.drive.fs_type):
         o.memory = True
-        o.notes.append(f"{t.drive.fs_type} keeps files in RAM: measured as a RAM member (no drive behind it); "
-                       + ram_note(t.size, available_memory()))
+        o.notes.append(f"{t.drive.fs_type} keeps files in RAM: measured as a RAM member (no drive behind it), which "
+                       "takes RAM for as long as it exists and vanishes at reboot")
     elif reader.how == "fadvise":
         o.not_cold = True
         o.notes.append(f"{t.drive.fs_type or 'this file system'} has no O_DIRECT: reads may come from the page cache, "

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from core.rig import Member, Rig
 
 from core.drives import drive_of
+from core.tiers import is_memory, nearest_existing
 from .manifest import Manifest, ModelManifest
 from models.modelset import located_files, member_set
 from .records import load_verdicts
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
-from .verdict import MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
+from .verdict import GONE, MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
 
 
 @dataclass(frozen=True)
@@ -43,19 +44,21 @@ class MemberStatus:
     last_verified: float | None      # the oldest of its files' last full verifications (None: one never was)
     verdict: Verdict | None = None   # its files' verdicts rolled up (verdict.rollup_verdict)
     files: tuple[FileStatus, ...] = ()
+    memory: bool = False             # a RAM member (tmpfs): its files vanish at reboot, 'gone' rather than 'missing'
 
     @property
     def bad_pieces(self) -> int:
         return len(self.verdict.bad) if self.verdict else 0
 
 
-def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, Verdict], rig: Rig) -> FileStatus:
+def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, Verdict], rig: Rig,
+                 memory: bool = False) -> FileStatus:
     size = os.path.getsize(path) if os.path.isfile(path) else None
     verdict = verdicts.get(path)
     if fm is None or (verdict is not None and verdict.manifest != fm.digest()):
         verdict = None   # judged against another manifest: says nothing about this one
     if size is None:
-        state = MISSING
+        state = GONE if memory else MISSING
     elif fm is None:
         state = UNVERIFIED
     elif standing_mismatch(verdict, fm):
@@ -80,16 +83,17 @@ def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[M
     verdicts = load_verdicts(rig)
     rows = []
     for m in rig.members:
-        files = tuple(_file_status(rel, p, fm, verdicts, rig) for rel, p, fm in _files_of(rig, m, manifest))
+        memory = is_memory(m.path)
+        files = tuple(_file_status(rel, p, fm, verdicts, rig, memory) for rel, p, fm in _files_of(rig, m, manifest))
         sizes = [f.size for f in files if f.size is not None]
         times = [f.last_verified for f in files]
         try:
-            d = drive_of(m.path if os.path.exists(m.path) else os.path.dirname(m.path))
+            d = drive_of(m.path if os.path.exists(m.path) else nearest_existing(m.path))
             drive = (d.mount_point, d.fs_type, d.device, d.disk, d.key)
         except OSError:
             drive = ("", "", "", "", "")
         rows.append(MemberStatus(m.name, m.role, m.path, *drive, sum(sizes) if sizes else None,
                                  rollup_state([f.state for f in files], STATUS_ORDER),
                                  None if None in times else min(times), rollup_verdict([f.verdict for f in files]),
-                                 files))
+                                 files, memory))
     return rows
