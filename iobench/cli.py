@@ -22,7 +22,7 @@ from engines.split import parse_weights
 from . import render
 from .bench import fio_compare, rig_component_bytes, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS, SCRATCH_FOLDER
-from .scratch import bench_scratch
+from .scratch import bench_scratch, check_folder
 from .result import latest_result, load_result, result_files, result_to_dict, save_result
 from .schedule import RunOptions, parse_groups
 from .testbed_cli import app as testbed_app
@@ -163,13 +163,17 @@ def scratch(directory: str = typer.Argument(..., metavar="DIR", help="A folder o
             seconds: float = SecondsOption,
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
+            lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
+                                                help="Lane counts for every preset; default per preset."),
             quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Measure a drive before copying to it: write a scratch file in DIR (its write speed is the copy's), read it cold
     with the engine's shapes, remove it; writes rig/bench/scratch/<timestamp>.json for `planner whatif --add-bench`."""
     root = rig_dir(rig)
     the_rig = load_rig(root, must_exist=False)
-    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, together=False)
+    directory = check_folder(directory)
+    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
+                      together=False)
     cancel = threading.Event()
     with _Renderer(quiet) as progress:
         try:

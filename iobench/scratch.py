@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from core.coldio import aligned_buffer
 from core.errors import Interrupted, MissingError, UsageError, WriteError
 from core.events import Progress, Reporter, emit
-from core.fsutil import free_bytes
+from core.fsutil import FileIdentity, free_bytes
 
 from .bench import make_target, run_bench
 from .constants import MiB
@@ -35,20 +35,27 @@ FREE_HEADROOM = 1 << 30         # bytes left free on the drive after the scratch
 @dataclass(frozen=True)
 class Scratch:
     path: str
-    size: int          # bytes
-    device: int
-    inode: int
-    write_Bps: float   # bytes/s the write reached, fsync included
-    direct: bool       # written with O_DIRECT (no page cache between the writes and the drive)
+    size: int                    # bytes
+    identity: FileIdentity | None  # (size, mtime, inode, device) once written; None while writing
+    write_Bps: float             # bytes/s the write reached, fsync included
+    direct: bool                 # written with O_DIRECT (no page cache between the writes and the drive)
+    device: int = 0              # of the file as created (its inode may be reused once it is gone)
+    inode: int = 0
+
+
+def check_folder(directory: str) -> str:
+    """The folder, absolute; MissingError when it is not one."""
+    directory = os.path.abspath(directory)
+    if not os.path.isdir(directory):
+        raise MissingError(f"{directory}: no such folder; give a folder on the drive to measure")
+    return directory
 
 
 def write_scratch(directory: str, size: int, report: Reporter = None, cancel: threading.Event | None = None) -> Scratch:
     """Create a scratch file of `size` bytes (rounded up to WRITE_BLOCK) of random bytes in
     `directory` and time its writing to the drive. Refuses a folder that is missing, or a size
     that would leave less than FREE_HEADROOM free."""
-    directory = os.path.abspath(directory)
-    if not os.path.isdir(directory):
-        raise MissingError(f"{directory}: no such folder; give a folder on the drive to measure")
+    directory = check_folder(directory)
     size = max(WRITE_BLOCK, -(-int(size) // WRITE_BLOCK) * WRITE_BLOCK)
     free = free_bytes(directory)
     if size + FREE_HEADROOM > free:
@@ -62,7 +69,7 @@ def write_scratch(directory: str, size: int, report: Reporter = None, cancel: th
     except OSError:
         fd, direct = os.open(path, flags, 0o600), 0     # no O_DIRECT here: buffered, then fsync
     st = os.fstat(fd)
-    scratch = Scratch(path, size, st.st_dev, st.st_ino, 0.0, bool(direct))
+    scratch = Scratch(path, size, None, 0.0, bool(direct), st.st_dev, st.st_ino)
     buf = aligned_buffer(WRITE_BLOCK)
     buf[:] = secrets.token_bytes(WRITE_BLOCK)     # random: a compressing drive cannot shortcut it
     try:
@@ -79,6 +86,7 @@ def write_scratch(directory: str, size: int, report: Reporter = None, cancel: th
             emit(report, Progress(task="scratch write", phase="write", done=done, total=size))
         os.fsync(fd)
         seconds = time.perf_counter() - t0
+        ident = FileIdentity.of_fd(fd)
     except OSError as e:
         os.close(fd)
         remove_scratch(scratch)
@@ -90,17 +98,20 @@ def write_scratch(directory: str, size: int, report: Reporter = None, cancel: th
     finally:
         buf.release()
     os.close(fd)
-    return replace(scratch, write_Bps=size / seconds if seconds > 0 else 0.0)
+    return replace(scratch, identity=ident, write_Bps=size / seconds if seconds > 0 else 0.0)
 
 
 def remove_scratch(s: Scratch) -> bool:
-    """Remove the scratch file if it is still the one `write_scratch` created (same device and
-    inode); returns whether it was removed."""
+    """Remove the scratch file if it is still the one `write_scratch` created: the same device and
+    inode, and once written the same size and mtime too (a file system reuses a freed inode at
+    once); returns whether it was removed."""
     try:
-        st = os.stat(s.path)
+        now = FileIdentity.of(s.path)
     except FileNotFoundError:
         return False
-    if (st.st_dev, st.st_ino) != (s.device, s.inode) or not os.path.basename(s.path).startswith(SCRATCH_PREFIX):
+    if (now.device, now.inode) != (s.device, s.inode) or not os.path.basename(s.path).startswith(SCRATCH_PREFIX):
+        return False
+    if s.identity is not None and now != s.identity:
         return False
     os.unlink(s.path)
     return True

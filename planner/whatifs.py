@@ -73,8 +73,9 @@ def measure_candidate(rig: Rig, directory: str, name: str | None, size: int, pre
     from iobench.constants import SCRATCH_FOLDER
     from iobench.result import save_result
     from iobench.schedule import RunOptions
-    from iobench.scratch import bench_scratch
+    from iobench.scratch import bench_scratch, check_folder
 
+    directory = check_folder(directory)
     label = unique_name(name or drive_label(directory), set())
     opts = RunOptions(presets=presets, seconds=seconds, repeat=repeat, together=False)
     result = bench_scratch(directory, label, size, opts, rig_component_bytes(rig), report=report, cancel=cancel)
