@@ -193,12 +193,14 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
            preset: str = typer.Option("seq,prefill,decode,rand4k", "--preset", help="iobench presets for --add."),
            seconds: float = typer.Option(0.5, "--seconds", help="Seconds per iobench window for --add."),
            repeat: int = typer.Option(3, "--repeat", help="iobench windows per trial for --add."),
+           scratch_lanes: Optional[str] = typer.Option(None, "--scratch-lanes", metavar="1,2,4",
+                                                       help="iobench lane counts for --add (default per preset; fewer for a small scratch file)."),
            workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
            cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, page_cache: str = PageCacheOption,
            json_out: bool = JsonOption):
     """Before a copy: the phase speeds with a drive added (full or partial) or removed, whether the machine is
     compute-bound, the gain per GB copied and how long the copy would take."""
-    from iobench.cli import _presets
+    from iobench.cli import _lanes, _presets
     from .whatifs import bench_candidate, latest_timing, measure_candidate, parse_ceiling, read_timing
     from .whatifs import median_latency, whatif as run_whatif
 
@@ -212,7 +214,7 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
     if add is not None:
         err.print(f"measuring {add} on a scratch file of {scratch_size} (removed after) ...", highlight=False)
         cand, path = measure_candidate(the_rig, add, name, parse_size(scratch_size, "--scratch-size"), _presets(preset),
-                                       seconds, repeat)
+                                       seconds, repeat, _lanes(scratch_lanes))
         err.print(f"iobench: wrote {path}", highlight=False)
     elif add_bench is not None:
         path, _, drive = add_bench.partition(":") if not os.path.isfile(add_bench) else (add_bench, "", "")

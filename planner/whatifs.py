@@ -64,7 +64,7 @@ def bench_candidate(result_path: str, drive: str | None = None) -> Candidate:
 
 
 def measure_candidate(rig: Rig, directory: str, name: str | None, size: int, presets: tuple[str, ...],
-                      seconds: float, repeat: int, report: Reporter = None,
+                      seconds: float, repeat: int, lanes: tuple[int, ...] | None = None, report: Reporter = None,
                       cancel: threading.Event | None = None) -> tuple[Candidate, str]:
     """Measure a folder's drive now on a scratch file (`iobench.scratch`), save the result in
     rig/bench/scratch, and return the drive and that result's path."""
@@ -77,7 +77,7 @@ def measure_candidate(rig: Rig, directory: str, name: str | None, size: int, pre
 
     directory = check_folder(directory)
     label = unique_name(name or drive_label(directory), set())
-    opts = RunOptions(presets=presets, seconds=seconds, repeat=repeat, together=False)
+    opts = RunOptions(presets=presets, seconds=seconds, repeat=repeat, lanes=lanes, together=False)
     result = bench_scratch(directory, label, size, opts, rig_component_bytes(rig), report=report, cancel=cancel)
     path = save_result(rig, result, SCRATCH_FOLDER)
     return bench_candidate(path), path
