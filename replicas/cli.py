@@ -208,7 +208,7 @@ def _check_sums(files: List[str], json_out: bool) -> None:
 
 @app.command()
 def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of its split GGUF set, or its directory."),
-         dest_dirs: Optional[List[str]] = typer.Argument(None, metavar="[DEST_DIR]...",
+         dest_dirs: Optional[List[str]] = typer.Argument(None, metavar="DEST_DIR",
                                                          help="Directories (one per drive) to copy the model into, under its own name "
                                                               "(default: the folders of the rig's RAM members that are gone, to restore them)."),
          rig: Optional[str] = RigOption,
