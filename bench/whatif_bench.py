@@ -38,15 +38,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # noqa: E402
+from bench.plan_run_bench import tool  # noqa: E402
+from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, usage_exit  # noqa: E402
 
 PHASES = (("prefill", "prefill_tps"), ("decode", "gen_tps"))
-
-
-def tool(name: str) -> list[str]:
-    mod = {"replicas": "replicas.cli", "iobench": "iobench.cli", "planner": "planner.cli",
-           "engine-bridge": "engine_bridge.cli"}[name]
-    return [sys.executable, "-c", f"from {mod} import main; main()"]
 
 
 def step(title: str, cmd: list[str], wrap: list[str]) -> tuple[str, float]:
@@ -156,9 +151,7 @@ def main() -> int:
     names = list(drives)
     t0 = time.perf_counter()
     if args.folders:
-        mounts = {n: os.path.join(out, "drives", n) for n in names}
-        for d in mounts.values():
-            os.makedirs(d, exist_ok=True)
+        mounts = folder_drives(out, names)
         lines = bench(args, rig, out, names, mounts, [], ["--allow-same-device"])
     else:
         with Testbed(drives, write_mbs=args.write_mbs, size=args.size) as tb:

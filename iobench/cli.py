@@ -33,6 +33,8 @@ app.add_typer(testbed_app, name="testbed")
 PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode, rand4k, all, or a comma list.")
 SecondsOption = typer.Option(DEFAULT_SECONDS, "--seconds", help="Seconds per measured window.")
 RepeatOption = typer.Option(DEFAULT_REPEAT, "--repeat", help="Windows per trial; the spread is taken over them.")
+LanesOption = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
+                           help="Lane counts (requests in flight per drive) for every preset; default per preset.")
 RestartsOption = typer.Option(None, "--restarts", metavar="N",
                               help="Restarted trials per lane count, the median counts (default: decode "
                                    f"{DEFAULT_RESTARTS['decode']}, others 1).")
@@ -105,8 +107,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             seconds: float = SecondsOption,
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
-            lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
-                                                help="Lane counts (requests in flight per drive) for every preset; default per preset."),
+            lanes: Optional[str] = LanesOption,
             alone: Optional[bool] = typer.Option(None, "--alone/--together",
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
@@ -163,8 +164,7 @@ def scratch(directory: str = typer.Argument(..., metavar="DIR", help="A folder o
             seconds: float = SecondsOption,
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
-            lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
-                                                help="Lane counts for every preset; default per preset."),
+            lanes: Optional[str] = LanesOption,
             quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Measure a drive before copying to it: write a scratch file in DIR (its write speed is the copy's), read it cold

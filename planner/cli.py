@@ -201,30 +201,21 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
     """Before a copy: the phase speeds with a drive added (full or partial) or removed, whether the machine is
     compute-bound, the gain per GB copied and how long the copy would take."""
     from iobench.cli import _lanes, _presets
-    from .whatifs import bench_candidate, latest_timing, measure_candidate, parse_ceiling, read_timing
-    from .whatifs import median_latency, whatif as run_whatif
+    from .whatifs import WhatIfRequest, run_whatif
 
     if sum(x is not None for x in (add, add_bench, add_ceiling, remove)) != 1:
         raise UsageError("give one change: --add DIR, --add-bench RESULT, --add-ceiling NAME=READ, or --remove DRIVE")
-    root = rig_dir(rig)
-    the_rig = load_rig(root, must_exist=False)
-    rp = load_problem(root, bench, engine, (), None, None, workload, model, prompt_tokens, cache_experts,
-                      calibrate=not fit_only, page_cache_bytes=_page_cache(page_cache))
-    cand = None
+    req = WhatIfRequest(add=add, add_bench=add_bench, add_ceiling=add_ceiling, remove=remove, name=name, partial=partial,
+                        timing=timing, scratch_size=parse_size(scratch_size, "--scratch-size"), presets=_presets(preset),
+                        seconds=seconds, repeat=repeat, lanes=_lanes(scratch_lanes))
     if add is not None:
         err.print(f"measuring {add} on a scratch file of {scratch_size} (removed after) ...", highlight=False)
-        cand, path = measure_candidate(the_rig, add, name, parse_size(scratch_size, "--scratch-size"), _presets(preset),
-                                       seconds, repeat, _lanes(scratch_lanes))
-        err.print(f"iobench: wrote {path}", highlight=False)
-    elif add_bench is not None:
-        path, _, drive = add_bench.partition(":") if not os.path.isfile(add_bench) else (add_bench, "", "")
-        cand = bench_candidate(path, drive or None)
-    elif add_ceiling is not None:
-        cand = parse_ceiling(add_ceiling, median_latency(rp))
-    if cand is not None and name:
-        cand = replace(cand, name=name)
-    t = read_timing(timing, engine) if timing else latest_timing(the_rig, engine)
-    w = run_whatif(rp, the_rig, add=cand, remove=remove, partial=partial, timing=t)
+    root = rig_dir(rig)
+    rp = load_problem(root, bench, engine, (), None, None, workload, model, prompt_tokens, cache_experts,
+                      calibrate=not fit_only, page_cache_bytes=_page_cache(page_cache))
+    w, saved = run_whatif(rp, load_rig(root, must_exist=False), req)
+    if saved:
+        err.print(f"iobench: wrote {saved}", highlight=False)
     if rp.chosen.notice:
         err.print(f"notice: {rp.chosen.notice}", markup=False)
     if json_out:

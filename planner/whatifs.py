@@ -8,7 +8,7 @@ import glob
 import json
 import os
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from core.errors import MissingError, UsageError
 from core.events import Reporter
@@ -107,6 +107,46 @@ def median_latency(rp: RigProblem) -> float:
     """The median per-request latency of the rig's fitted drive models (s), for a drive given by its ceiling alone."""
     lats = sorted(float(v.get("lat_s") or 0.0) for v in (rp.inputs.provenance.get("drive_models") or {}).values())
     return lats[len(lats) // 2] if lats else 0.0
+
+
+@dataclass(frozen=True)
+class WhatIfRequest:
+    """What `planner whatif` was asked: one change (a folder to measure, an iobench result
+    'PATH[:DRIVE]', ceilings 'NAME=READ[@LAT_MS][/WRITE]', or a drive to remove), and how."""
+    add: str | None = None
+    add_bench: str | None = None
+    add_ceiling: str | None = None
+    remove: str | None = None
+    name: str | None = None
+    partial: float | None = None
+    timing: str | None = None          # a run result or an engine log (None: the newest harness arm)
+    scratch_size: int = 1 << 30
+    presets: tuple[str, ...] = ("seq", "prefill", "decode", "rand4k")
+    seconds: float = 0.5
+    repeat: int = 3
+    lanes: tuple[int, ...] | None = None
+
+
+def run_whatif(rp: RigProblem, rig: Rig, req: WhatIfRequest, report: Reporter = None,
+               cancel: threading.Event | None = None) -> tuple[WhatIf, str]:
+    """`planner whatif` as a function: the candidate drive as asked (measured now when `add` is a
+    folder), the run's timing, the comparison; (the result, the scratch result written or '')."""
+    cand, saved = None, ""
+    if req.add is not None:
+        cand, saved = measure_candidate(rig, req.add, req.name, req.scratch_size, req.presets, req.seconds, req.repeat,
+                                        req.lanes, report, cancel)
+    elif req.add_bench is not None:
+        path, drive = req.add_bench, None
+        if not os.path.isfile(path) and ":" in path:
+            path, _, drive = path.rpartition(":")
+        cand = bench_candidate(path, drive or None)
+    elif req.add_ceiling is not None:
+        cand = parse_ceiling(req.add_ceiling, median_latency(rp))
+    if cand is not None and req.name:
+        cand = replace(cand, name=req.name)
+    engine = rp.problem.engine.name
+    t = read_timing(req.timing, engine) if req.timing else latest_timing(rig, engine)
+    return whatif(rp, rig, add=cand, remove=req.remove, partial=req.partial, timing=t), saved
 
 
 # ---------------------------------------------------------------------------------------------
