@@ -19,7 +19,7 @@ then gives it only the reads of the files it holds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from iobench.model import DriveModel
 
@@ -87,6 +87,10 @@ class PhaseChange:
 
 @dataclass(frozen=True)
 class WhatIf:
+    """What a change of drives does to the rig's best plan (a result: `planner whatif --json`)."""
+    KIND: ClassVar[str] = "whatif"
+    SCHEMA: ClassVar[int] = 1
+
     engine: str
     change: str                      # 'add' or 'remove'
     drive: str
@@ -139,8 +143,12 @@ class WhatIf:
         return f"adding {self.drive} would not pay: best {best.phase} {best.expected:+.1%}"
 
 
+    def to_dict(self) -> dict:
+        return whatif_to_dict(self)
+
+
 def whatif_to_dict(w: WhatIf) -> dict:
-    return {"schema": 1, "kind": "whatif", "engine": w.engine, "change": w.change, "drive": w.drive,
+    return {"schema": WhatIf.SCHEMA, "kind": WhatIf.KIND, "engine": w.engine, "change": w.change, "drive": w.drive,
             "before": list(w.before), "after": list(w.after), "how": w.how, "memory": w.memory,
             "holds": list(w.holds) if w.holds is not None else None,
             "phases": [{"phase": p.phase, "weights_before": list(p.weights_before), "weights_after": list(p.weights_after),

@@ -11,7 +11,7 @@ from core.errors import UsageError
 from planner.barrier import Link
 from planner.cli import app
 from planner.model import Background, Drive
-from planner.rigmodel import load_problem
+from planner.rigmodel import RigProblem, problem_for_rig
 from planner.solve import Problem
 from planner.whatif import (
     COMPUTE_BOUND_SHARE,
@@ -28,6 +28,10 @@ from tests.helpers import impure_imports
 from tests.planner.helpers import FAST, SLOW, make_dir_rig, make_rig, write_dir_model, write_small_gguf
 
 runner = CliRunner()
+
+
+def load_problem(root, bench, engine, **kw):
+    return RigProblem(*problem_for_rig(root, bench, engine, **kw))
 
 
 def _gguf_rig(tmp_path, names=("fast", "slow"), models=(FAST, SLOW)):
