@@ -156,7 +156,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
 
 
 @app.command()
-def scratch(directory: str = typer.Argument(..., metavar="DIR", help="A folder on the drive to measure (it holds no replica yet)."),
+def scratch(directory: str = typer.Argument(..., metavar="DIR",
+                                            help="A folder on the drive to measure (it holds no replica yet)."),
             name: Optional[str] = typer.Option(None, "--name", help="The drive's name in the result (default: its mount point)."),
             size: str = typer.Option("1G", "--size", help="Bytes of scratch file to write, measure and remove (binary units)."),
             rig: Optional[str] = RigOption,
@@ -177,7 +178,8 @@ def scratch(directory: str = typer.Argument(..., metavar="DIR", help="A folder o
     cancel = threading.Event()
     with _Renderer(quiet) as progress:
         try:
-            result = bench_scratch(directory, unique_name(name or drive_label(directory), set()), parse_size(size, "--size"), opts,
+            label = unique_name(name or drive_label(directory), set())
+            result = bench_scratch(directory, label, parse_size(size, "--size"), opts,
                                    rig_component_bytes(the_rig), report=progress, cancel=cancel)
         except KeyboardInterrupt:
             cancel.set()

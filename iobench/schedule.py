@@ -290,7 +290,8 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
             if r >= 2 and _agree([sum(window_rate(x) for x in runs) for runs in trials]):
                 break
             trials.append((yield Trial(f"{name} {preset}{_nth(r, n)}", tuple(legs), r)))
-        return group_result(name, preset, trials, [suspect_cache(x, not_cold[x.name], x.name in memory) for runs in trials for x in runs])
+        return group_result(name, preset, trials,
+                            [suspect_cache(x, not_cold[x.name], x.name in memory) for runs in trials for x in runs])
 
     if opts.together:
         by_name = {t.name: t for t in targets}

@@ -176,7 +176,8 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
                                              help="A folder on the drive to add: measured now on a scratch file there "
                                                   "(written, read cold, removed), no replica yet."),
            add_bench: Optional[str] = typer.Option(None, "--add-bench", metavar="RESULT[:DRIVE]",
-                                                   help="The drive to add from an iobench result (`iobench scratch DIR` writes one)."),
+                                                   help="The drive to add from an iobench result "
+                                                        "(`iobench scratch DIR` writes one)."),
            add_ceiling: Optional[str] = typer.Option(None, "--add-ceiling", metavar="NAME=READ[@LAT_MS][/WRITE]",
                                                      help="The drive to add by its read ceiling (decimal GB/s), latency of one "
                                                           "request and write speed, e.g. usb=0.9@0.2/0.8."),
@@ -187,13 +188,15 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
            remove: Optional[str] = typer.Option(None, "--remove", metavar="DRIVE", help="Price the rig without this drive."),
            timing: Optional[str] = typer.Option(None, "--timing", metavar="RUN.json|LOG",
                                                 help="A run's timing (time waiting for reads vs computing): a run result of the "
-                                                     "embedded engine, or the real engine's log (default: the newest harness arm)."),
+                                                     "embedded engine, or the real engine's log (default: the newest "
+                                                     "harness arm)."),
            scratch_size: str = typer.Option("1G", "--scratch-size", help="Scratch file for --add (binary units)."),
            preset: str = typer.Option("seq,prefill,decode,rand4k", "--preset", help="iobench presets for --add."),
            seconds: float = typer.Option(0.5, "--seconds", help="Seconds per iobench window for --add."),
            repeat: int = typer.Option(3, "--repeat", help="iobench windows per trial for --add."),
            scratch_lanes: Optional[str] = typer.Option(None, "--scratch-lanes", metavar="1,2,4",
-                                                       help="iobench lane counts for --add (default per preset; fewer for a small scratch file)."),
+                                                       help="iobench lane counts for --add (default per preset; fewer "
+                                                            "for a small scratch file)."),
            workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
            cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, page_cache: str = PageCacheOption,
            json_out: bool = JsonOption):

@@ -99,7 +99,8 @@ def parse_ceiling(spec: str, default_lat_s: float) -> Candidate:
         raise UsageError(f"--add-ceiling {spec!r}: the read ceiling, latency and write speed must be numbers") from None
     if read_Bps <= 0 or lat_s < 0 or (write_Bps is not None and write_Bps <= 0):
         raise UsageError(f"--add-ceiling {spec!r}: the read ceiling and write speed must be positive")
-    how = f"given: reads up to {read_Bps / 1e9:g} GB/s, {lat_s * 1e3:g} ms a request" + ("" if lat else " (the rig's drives' median)")
+    how = (f"given: reads up to {read_Bps / 1e9:g} GB/s, {lat_s * 1e3:g} ms a request"
+           + ("" if lat else " (the rig's drives' median)"))
     return Candidate(unique_name(name, set()), ceiling_curve(read_Bps, lat_s), write_Bps=write_Bps, how=how)
 
 

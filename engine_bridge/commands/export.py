@@ -42,7 +42,8 @@ def register(app) -> None:
         allow_unverified: bool = typer.Option(False, "--allow-unverified",
                                               help="Export replicas not verified against the manifest; the profile says so."),
         fallbacks: bool = typer.Option(True, "--fallbacks/--no-fallbacks",
-                                       help="Also write the N-1 profiles: the plan re-solved without each drive (NAME.without-DRIVE)."),
+                                       help="Also write the N-1 profiles: the plan re-solved without each drive "
+                                            "(NAME.without-DRIVE)."),
     ):
         """Check a plan against the engine's rules and write it as an engine profile (and one per drive that could fail)."""
         root = rigmod.rig_dir(rig)
