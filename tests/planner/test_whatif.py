@@ -181,3 +181,34 @@ def test_cli_whatif_add_measures_a_scratch_file_on_the_drive_and_removes_it(tmp_
                             "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["drive"] == "new"
+
+
+def test_a_runs_timing_comes_from_a_run_result_or_the_engines_own_log(tmp_path):
+    t = read_timing(_run_result(tmp_path / "r.json", (4.0, 1.0), (8.0, 6.0)), "ds4-argodrive")
+    assert t.read_share("prefill") == 0.25 and t.read_share("decode") == 0.75
+    log = tmp_path / "colibri.log"
+    log.write_text("PROFILO PREFILL (2.00s):\nPROFILE: expert-disk 1.000s service / 0.500s wait | expert-matmul 1.000s | "
+                   "attention 0.300s (including kvb 0.000s) | lm_head 0.100s | other 0.100s\n")
+    assert read_timing(str(log), "colibri").phases == {"prefill": (2.0, 0.5)}
+    with pytest.raises(UsageError, match="gives no timing"):
+        read_timing(str(log), "ds4-argodrive")
+    (tmp_path / "empty.json").write_text(json.dumps({"schema": 1, "kind": "run", "prefill": {}}))
+    with pytest.raises(UsageError, match="read_wait_seconds"):
+        read_timing(str(tmp_path / "empty.json"), "ds4-argodrive")
+
+
+def test_the_newest_harness_arm_of_the_engine_is_the_default_timing(tmp_path):
+    from core.rig import Rig
+    from planner.whatifs import latest_timing
+
+    rig = Rig(root=str(tmp_path))
+    assert latest_timing(rig, "ds4-argodrive") is None
+    arms = tmp_path / "runs" / "20261201T000000Z" / "arms"
+    arms.mkdir(parents=True)
+    _run_result(arms / "01-a.json", (1.0, 0.5), (1.0, 0.5))
+    later = tmp_path / "runs" / "20261202T000000Z" / "arms"
+    later.mkdir(parents=True)
+    _run_result(later / "01-b.json", (1.0, 0.1), (1.0, 0.1))
+    t = latest_timing(rig, "ds4-argodrive")
+    assert t.source.endswith("01-b.json") and t.read_share("decode") == pytest.approx(0.1)
+    assert latest_timing(rig, "colibri") is None                        # another engine's runs say nothing
