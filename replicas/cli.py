@@ -235,7 +235,8 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
     file and a directory model appear under their final names only when every file verified.
     Records the model and replicas in rig.toml and the content identity in manifest.json. Warns
     when the rig will hold more copies than the target engine reads (allowed: plans choose which
-    to use).
+    to use), and of the RAM a copy in tmpfs takes (it vanishes at reboot). With no DEST_DIR, copies
+    again the rig's RAM members that are gone.
     """
     rate = _rate(max_rate)
     with live_progress(not quiet) as (report, cancel):
