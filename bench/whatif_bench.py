@@ -51,7 +51,7 @@ def step(title: str, cmd: list[str], wrap: list[str]) -> tuple[str, float]:
     dt = time.perf_counter() - t0
     print(f"  {title}: {dt:.1f}s, exit {p.returncode}", file=sys.stderr, flush=True)
     if p.returncode != 0:
-        tail = [x for x in (p.stderr + p.stdout).splitlines() if x.strip()]
+        tail = [x for x in p.stderr.splitlines() if x.strip()] or [x for x in p.stdout.splitlines() if x.strip()]
         raise SystemExit(f"whatif_bench: {title} failed (exit {p.returncode}): {tail[-1] if tail else ''}")
     return p.stdout, dt
 
@@ -135,7 +135,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--gen-tokens", type=int, default=8)
     ap.add_argument("--cache-experts", type=int, default=16)
-    ap.add_argument("--runs", type=int, default=3, help="runs of the embedded engine per drive set (medians)")
+    ap.add_argument("--runs", type=int, default=2, help="runs of the embedded engine per drive set (medians)")
     ap.add_argument("--seconds", type=float, default=0.3, help="iobench window")
     ap.add_argument("--scratch", default="320M", help="scratch file whatif writes on the drive to add")
     ap.add_argument("--out", default=None, help="working folder (default: a new folder in /var/tmp)")

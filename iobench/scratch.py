@@ -29,7 +29,7 @@ from .schedule import RunOptions
 
 SCRATCH_PREFIX = ".replica-tuner-scratch-"
 WRITE_BLOCK = 8 * MiB           # bytes per write; the scratch file's size is rounded up to it
-FREE_HEADROOM = 1 << 30         # bytes left free on the drive after the scratch file
+FREE_HEADROOM = 1 << 30         # bytes left free on the drive after the scratch file (at most; 5 % of a smaller drive)
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,10 @@ def write_scratch(directory: str, size: int, report: Reporter = None, cancel: th
     directory = check_folder(directory)
     size = max(WRITE_BLOCK, -(-int(size) // WRITE_BLOCK) * WRITE_BLOCK)
     free = free_bytes(directory)
-    if size + FREE_HEADROOM > free:
-        raise UsageError(f"{directory}: {size:,} B of scratch would leave less than {FREE_HEADROOM:,} B free "
+    st = os.statvfs(directory)
+    headroom = min(FREE_HEADROOM, st.f_frsize * st.f_blocks // 20)
+    if size + headroom > free:
+        raise UsageError(f"{directory}: {size:,} B of scratch would leave less than {headroom:,} B free "
                          f"({free:,} B free); give a smaller --scratch-size")
     path = os.path.join(directory, f"{SCRATCH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.bin")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
