@@ -15,11 +15,13 @@ from core.events import Reporter
 from core.jsonfile import read_json
 from core.platform import available_memory
 from core.rig import Rig, unique_name
-from core.tiers import is_memory, ram_note
+from core.drives import drive_of
+from core.tiers import is_memory, nearest_existing, ram_note
 from core.units import format_bytes
 from engines.registry import get_engine
 from replicas.manifests import load_manifest
 
+from .barrier import Link
 from .model import CorrectedCurve
 from .plans import measured_points
 from .rigmodel import RigProblem
@@ -37,6 +39,7 @@ from .whatif import (
 )
 
 SEQ_READ = (1 << 20, 8)      # (bytes, in flight): the primary's read a copy makes (iobench's seq preset)
+WIDE_READ = (32 << 20, 16)   # (bytes, in flight): a device's ceiling, at iobench's largest prefill shape
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +150,8 @@ def run_whatif(rp: RigProblem, rig: Rig, req: WhatIfRequest, report: Reporter = 
         cand = replace(cand, name=req.name)
     engine = rp.problem.engine.name
     t = read_timing(req.timing, engine) if req.timing else latest_timing(rig, engine)
-    return whatif(rp, rig, add=cand, remove=req.remove, partial=req.partial, timing=t), saved
+    shares = same_device(rp, cand) if cand is not None else ()
+    return whatif(rp, rig, add=cand, remove=req.remove, partial=req.partial, timing=t, shares=shares), saved
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,10 +222,23 @@ def _model_files(rp: RigProblem, rig: Rig) -> dict[str, int]:
     return out
 
 
+def same_device(rp: RigProblem, cand: Candidate) -> tuple[int, ...]:
+    """The rig's sources on the device the candidate's folder is on (its drive key, `core.drives`):
+    a copy there shares their bandwidth (two partitions or folders of one disk)."""
+    if not cand.path:
+        return ()
+    try:
+        key = drive_of(nearest_existing(cand.path)).key
+        return tuple(i for i, s in enumerate(rp.inputs.sources) if drive_of(nearest_existing(s.path)).key == key)
+    except OSError:
+        return ()
+
+
 def whatif(rp: RigProblem, rig: Rig, *, add: Candidate | None = None, remove: str | None = None,
-           partial: float | None = None, timing: Timing | None = None) -> WhatIf:
+           partial: float | None = None, timing: Timing | None = None, shares: tuple[int, ...] = ()) -> WhatIf:
     """The rig's best plan against the best plan with `add` (full, or holding the hottest
-    `partial` share of the model's files) or without the drive named `remove`."""
+    `partial` share of the model's files) or without the drive named `remove`. `shares`: the
+    sources on the added drive's device; with them it is priced as one link at the fastest's ceiling."""
     if (add is None) == (remove is None):
         raise UsageError("say what to change: a drive to add (--add DIR, --add-bench RESULT, --add-ceiling) or --remove DRIVE")
     problem, engine = rp.problem, rp.problem.engine
@@ -265,7 +282,14 @@ def whatif(rp: RigProblem, rig: Rig, *, add: Candidate | None = None, remove: st
     else:
         manifest = load_manifest(rig, required=False) if rig.model is not None else None
         copy_bytes = manifest.size if manifest is not None else model_bytes
-    after = best_prices(with_drive(problem, cand))
+    grown = with_drive(problem, cand)
+    if shares:
+        ceiling = max(float(problem.drives[i].curve.throughput(*WIDE_READ)) for i in shares)
+        link = Link(f"{cand.name}-device", tuple(shares) + (len(names),), ceiling)
+        grown = replace(grown, links=grown.links + (link,))
+        notes.append(f"{cand.name} is on the device of {', '.join(names[i] for i in shares)}: priced as sharing its "
+                     f"bandwidth ({ceiling / 1e6:,.0f} MB/s for them all), as a copy there would")
+    after = best_prices(grown)
     write = cand.write_Bps
     if write:
         src = float(problem.drives[0].curve.throughput(*SEQ_READ))

@@ -212,3 +212,17 @@ def test_the_newest_harness_arm_of_the_engine_is_the_default_timing(tmp_path):
     t = latest_timing(rig, "ds4-argodrive")
     assert t.source.endswith("01-b.json") and t.read_share("decode") == pytest.approx(0.1)
     assert latest_timing(rig, "colibri") is None                        # another engine's runs say nothing
+
+
+def test_a_drive_on_the_device_of_the_rigs_drives_is_priced_as_sharing_its_bandwidth(tmp_path):
+    from planner.whatifs import same_device
+
+    rig = _gguf_rig(tmp_path)
+    rp = load_problem(rig.root, None, "ds4-argodrive")
+    here = Candidate("folder", ceiling_curve(150e6, 2e-4), path=str(tmp_path / "another-folder"))
+    assert same_device(rp, here) == (0, 1)                    # every folder here is on tmp_path's device
+    assert same_device(rp, Candidate("given", ceiling_curve(150e6, 2e-4))) == ()   # ceilings name no device
+    apart = whatif(rp, rig, add=here)
+    shared = whatif(rp, rig, add=here, shares=(0, 1))
+    assert any("on the device of fast, slow" in n for n in shared.notes)
+    assert all(s.gain < a.gain for s, a in zip(shared.phases, apart.phases))
