@@ -284,11 +284,22 @@ def whatif(rp: RigProblem, rig: Rig, *, add: Candidate | None = None, remove: st
         copy_bytes = manifest.size if manifest is not None else model_bytes
     grown = with_drive(problem, cand)
     if shares:
-        ceiling = max(float(problem.drives[i].curve.throughput(*WIDE_READ)) for i in shares)
-        link = Link(f"{cand.name}-device", tuple(shares) + (len(names),), ceiling)
-        grown = replace(grown, links=grown.links + (link,))
+        # a link iobench measured with those drives together is the device's ceiling: the new
+        # drive joins it; else one is made at the fastest one's ceiling
+        n, joined = len(names), []
+        links = []
+        for k in grown.links:
+            if set(k.members) & set(shares):
+                k = Link(k.name, tuple(k.members) + (n,), k.ceiling_Bps)
+                joined.append(k)
+            links.append(k)
+        if not joined:
+            ceiling = max(float(problem.drives[i].curve.throughput(*WIDE_READ)) for i in shares)
+            joined.append(Link(f"{cand.name}-device", tuple(shares) + (n,), ceiling))
+            links.append(joined[-1])
+        grown = replace(grown, links=tuple(links))
         notes.append(f"{cand.name} is on the device of {', '.join(names[i] for i in shares)}: priced as sharing its "
-                     f"bandwidth ({ceiling / 1e6:,.0f} MB/s for them all), as a copy there would")
+                     f"bandwidth ({min(k.ceiling_Bps for k in joined) / 1e6:,.0f} MB/s for them all), as a copy there would")
     after = best_prices(grown)
     write = cand.write_Bps
     if write:
