@@ -38,8 +38,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.plan_run_bench import tool  # noqa: E402
-from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, usage_exit  # noqa: E402
+from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, tool, usage_exit  # noqa: E402
 
 PHASES = (("prefill", "prefill_tps"), ("decode", "gen_tps"))
 

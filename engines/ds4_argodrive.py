@@ -345,6 +345,11 @@ def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
     return f"{NAME} reads one GGUF file (-m); this model is {what}"
 
 
+# ds4-argodrive cuts every routed-expert read across every source (the split above) and its reader
+# takes a replica only as a regular file of the primary's size (docs/engine-profiles.md, the rules
+# export checks), so a replica holding part of the model cannot serve it.
+PARTIAL_REFUSAL = (f"{NAME} splits every read across every source and reads only full replicas "
+                   "(a regular file of the primary's size)")
 # A copy in RAM is no member for this engine: it cuts every read across every source, so each must
 # hold the whole model (a RAM copy of the whole 518 GB file, which no machine it runs on holds), and
 # it runs on macOS (Metal), which has no tmpfs. Our reading of its design, not a check in its code.
@@ -354,4 +359,4 @@ MEMORY_MEMBER = ("ds4-argodrive cuts every read across every source, so a RAM me
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=BLOCK, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
-                profile=ds4_argodrive_profile, memory_member=MEMORY_MEMBER)
+                profile=ds4_argodrive_profile, memory_member=MEMORY_MEMBER, partial_refusal=PARTIAL_REFUSAL)

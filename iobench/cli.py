@@ -24,7 +24,7 @@ from .bench import FioComparison, fio_compare, rig_component_bytes, run_bench, t
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS, SCRATCH_FOLDER
 from .result import latest_result, load_result, result_files, save_result
 from .scratch import bench_scratch, check_folder
-from .schedule import RunOptions, parse_groups
+from .schedule import RunOptions, parse_groups, parse_lanes, parse_presets
 from .testbed_cli import app as testbed_app
 
 app = make_app("iobench", "Measure each drive's ceilings, cold, with the engine's read shapes: alone, grouped and together.")
@@ -38,28 +38,6 @@ LanesOption = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
 RestartsOption = typer.Option(None, "--restarts", metavar="N",
                               help="Restarted trials per lane count, the median counts (default: decode "
                                    f"{DEFAULT_RESTARTS['decode']}, others 1).")
-
-
-def _presets(text: str) -> tuple[str, ...]:
-    if text == "all":
-        return PRESETS
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [x for x in items if x not in PRESETS]
-    if bad or not items:
-        raise UsageError(f"--preset {text!r}: use seq, prefill, decode, rand4k, all, or a comma list")
-    return tuple(p for p in PRESETS if p in items)
-
-
-def _lanes(text: Optional[str]) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--lanes {text!r}: give lane counts separated by commas, e.g. 1,2,4,8,16") from None
-    if not values or values[0] < 1 or values[-1] > 256:
-        raise UsageError(f"--lanes {text!r}: lane counts must be 1..256")
-    return values
 
 
 class _Renderer:
@@ -128,7 +106,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
     names = [t.name for t in targets]
-    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
+    opts = RunOptions(presets=parse_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=parse_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
                       groups=parse_groups(group or [], names),
                       weights=parse_weights(weights) if weights else None,
@@ -173,7 +151,7 @@ def scratch(directory: str = typer.Argument(..., metavar="DIR",
     root = rig_dir(rig)
     the_rig = load_rig(root, must_exist=False)
     directory = check_folder(directory)
-    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
+    opts = RunOptions(presets=parse_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=parse_lanes(lanes),
                       together=False)
     cancel = threading.Event()
     with _Renderer(quiet) as progress:

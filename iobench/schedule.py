@@ -95,6 +95,30 @@ class RunOptions:
 
 # ---- options ------------------------------------------------------------------------------------
 
+def parse_presets(text: str, option: str = "--preset") -> tuple[str, ...]:
+    """'seq,decode' -> ('seq', 'decode') in the run's order; 'all' -> every preset."""
+    if text == "all":
+        return PRESETS
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in PRESETS]
+    if bad or not items:
+        raise UsageError(f"{option} {text!r}: use seq, prefill, decode, rand4k, all, or a comma list")
+    return tuple(p for p in PRESETS if p in items)
+
+
+def parse_lanes(text: str | None, option: str = "--lanes") -> tuple[int, ...] | None:
+    """'1,2,4' -> (1, 2, 4): lane counts, 1..256, sorted; None stays None (each preset's own)."""
+    if text is None:
+        return None
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give lane counts separated by commas, e.g. 1,2,4,8,16") from None
+    if not values or values[0] < 1 or values[-1] > 256:
+        raise UsageError(f"{option} {text!r}: lane counts must be 1..256")
+    return values
+
+
 def parse_groups(items: Sequence[str], names: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """'NAME=DRIVE,DRIVE' -> (NAME, (DRIVE, DRIVE)); drives must be measured, at least two."""
     out, seen = [], set()

@@ -202,14 +202,14 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
            json_out: bool = JsonOption):
     """Before a copy: the phase speeds with a drive added (full or partial) or removed, whether the machine is
     compute-bound, the gain per GB copied and how long the copy would take."""
-    from iobench.cli import _lanes, _presets
+    from iobench.schedule import parse_lanes, parse_presets
     from .whatifs import WhatIfRequest, run_whatif
 
     if sum(x is not None for x in (add, add_bench, add_ceiling, remove)) != 1:
         raise UsageError("give one change: --add DIR, --add-bench RESULT, --add-ceiling NAME=READ, or --remove DRIVE")
     req = WhatIfRequest(add=add, add_bench=add_bench, add_ceiling=add_ceiling, remove=remove, name=name, partial=partial,
-                        timing=timing, scratch_size=parse_size(scratch_size, "--scratch-size"), presets=_presets(preset),
-                        seconds=seconds, repeat=repeat, lanes=_lanes(scratch_lanes))
+                        timing=timing, scratch_size=parse_size(scratch_size, "--scratch-size"), presets=parse_presets(preset),
+                        seconds=seconds, repeat=repeat, lanes=parse_lanes(scratch_lanes, "--scratch-lanes"))
     if add is not None:
         err.print(f"measuring {add} on a scratch file of {scratch_size} (removed after) ...", highlight=False)
     root = rig_dir(rig)

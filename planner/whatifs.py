@@ -268,6 +268,8 @@ def whatif(rp: RigProblem, rig: Rig, *, add: Candidate | None = None, remove: st
     sizes = _model_files(rp, rig)
     model_bytes = sum(sizes.values())
     if partial is not None:
+        if engine.partial_refusal:
+            raise UsageError(f"--partial: {engine.partial_refusal}")
         if rp.chosen.workload.name != "model":
             raise UsageError("--partial needs the rig's own model (its files): a named workload has none")
         if len(sizes) < 2:

@@ -176,8 +176,10 @@ def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]
     is read on the member path whatever it is."""
     facts = []
     primary_name = ""
+    partial = {os.path.realpath(m.path): m.holds for m in rig.replicas if m.partial}
     for i, s in enumerate(plan_dict["sources"]):
         path = s["path"]
+        holds = partial.get(os.path.realpath(path)) if i else None
         try:
             st = os.stat(path)
         except OSError:
@@ -187,9 +189,9 @@ def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]
         if view is None:
             state = ""
             if i:
-                state = stamp_state(path, manifest, rig) if (manifest is not None and regular) else "unverified"
+                state = stamp_state(path, manifest, rig, holds) if (manifest is not None and regular) else "unverified"
             facts.append(SourceFacts(i, path, exists=True, regular=regular, size=st.st_size,
-                                     device=st.st_dev, inode=st.st_ino, state=state))
+                                     device=st.st_dev, inode=st.st_ino, state=state, holds=holds))
             continue
         if i == 0 and not is_dir:
             primary_name = os.path.basename(path)
@@ -199,10 +201,10 @@ def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]
         config, model_type = _config(v.directory) if v.directory else ("", None)
         state = ""
         if i:
-            state = stamp_state(path, manifest, rig) if manifest is not None else "unverified"
+            state = stamp_state(path, manifest, rig, holds) if manifest is not None else "unverified"
         facts.append(SourceFacts(i, path, exists=True, regular=not is_dir, device=st.st_dev, inode=st.st_ino,
                                  state=state, directory=v.directory, not_loadable=v.not_loadable, shards=v.shards,
-                                 tokenizer=v.tokenizer, config=config, model_type=model_type))
+                                 tokenizer=v.tokenizer, config=config, model_type=model_type, holds=holds))
     return facts
 
 
@@ -358,6 +360,9 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
         **({"memory_members": list(memory)} if memory else {}),
         **({"without": plan.provenance["without"]} if plan.provenance.get("without") else {}),
     }
+    if any(f.holds is not None for f in facts):
+        # partial replicas, by source index: the files each holds (docs/replicas.md, "Partial replicas")
+        provenance["partial"] = {str(f.index): list(f.holds) for f in facts if f.holds is not None}
     return pf.build_profile(
         profile_id=profile_id, engine=engine, plan=plan_dict, layered=ctx.layered, cache_experts=ctx.cache,
         managed=pf.managed_keys(engine, ctx.definitions.values()),

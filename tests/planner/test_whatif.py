@@ -148,7 +148,7 @@ def test_a_partial_member_holds_the_hottest_files_and_is_given_only_their_reads(
     assert any("partial" in n for n in part.notes)
     # it can serve only the experts of the files it holds: less than a full copy, more than nothing
     assert all(0 < p.gain < f.gain for p, f in zip(part.phases, full.phases))
-    with pytest.raises(UsageError, match="one file"):
+    with pytest.raises(UsageError, match="full replicas"):        # ds4-argodrive reads only full replicas
         whatif(load_problem(_gguf_rig(tmp_path / "g").root, None, "ds4-argodrive"), _gguf_rig(tmp_path / "g2"),
                add=cand, partial=0.5)
 
