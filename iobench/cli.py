@@ -73,6 +73,7 @@ def _print_result(r, path: str | None = None, lanes: bool = False) -> None:
         if table is not None:
             out.print(table)
     out.print(render.bar_chart(render.ceiling_rows(r), "Ceilings (GB/s, decimal)"))
+    out.print(render.topology_text(r), end="")
     out.print(render.notes_text(r), end="")
     if path:
         out.print(f"result: {path}", style="dim", highlight=False)
@@ -90,6 +91,9 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
                                                       help="Drives sharing an uplink, measured together. Repeatable."),
+            topology: bool = typer.Option(True, "--topology/--no-topology",
+                                          help="Also measure together the drives the OS says share a disk, "
+                                               "controller, bridge or hub (Linux sysfs; default on)."),
             weights: Optional[str] = typer.Option(None, "--weights", metavar="W:W:W",
                                                   help="Prefill split weights, one per drive (default: from the seq ceilings)."),
             decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
@@ -108,7 +112,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
     names = [t.name for t in targets]
     opts = RunOptions(presets=parse_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=parse_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
-                      groups=parse_groups(group or [], names),
+                      groups=parse_groups(group or [], names), topology=topology,
                       weights=parse_weights(weights) if weights else None,
                       decode_weights=parse_weights(decode_weights) if decode_weights else None)
     previous = None

@@ -34,7 +34,7 @@ from .manifests import load_manifest, load_manifest_file
 from models.modelset import DIR, FILE, discover
 from .pacing import parse_rate
 from .repair import repair_member
-from .status import member_status
+from .status import member_status, members_topology
 from .sync import sync as sync_files
 from .verdict import MISMATCH, plural
 from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
@@ -433,15 +433,18 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
 def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """One row per member: path, drive, size, stamp state, what the last verification found and
     when the last full one was (reads no data); for a model of several files, a row under its
-    member for each file that is not verified. Exit 1 while a file's last verdict is a mismatch
+    member for each file that is not verified; then which members' drives share a disk,
+    controller, bridge or hub (Linux sysfs). Exit 1 while a file's last verdict is a mismatch
     (until `replicas repair` or a clean `replicas verify`)."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
+    topology = members_topology(r)
     if json_out:
-        print_result(views.StatusView(r.root, r.layout, r.format, manifest, rows))
+        print_result(views.StatusView(r.root, r.layout, r.format, manifest, rows, topology))
     else:
         out.print(views.status_table(r.root, manifest, rows))
+        out.print(views.topology_text(topology), end="", highlight=False, markup=False)
     if any(x.state == MISMATCH for x in rows):
         raise typer.Exit(EXIT_MISMATCH)
 

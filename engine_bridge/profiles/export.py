@@ -368,7 +368,7 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
         managed=pf.managed_keys(engine, ctx.definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
         allow_unverified=ctx.allow_unverified, unverified=unverified, provenance=provenance,
-        paths=paths, stripe=stripe, variant=prof.variant(facts))
+        paths=paths, stripe=stripe, variant=prof.variant(facts), direct=getattr(plan, "direct", False))
 
 
 # ---------------------------------------------------------------------------------------------
