@@ -103,7 +103,7 @@ def model(tmp_path):
 
 
 def _reader(paths, stall, clock, events=None, lanes=2, **policy):
-    pol = HedgePolicy(**{"floor_ns": FLOOR, **policy})
+    pol = HedgePolicy(**{"floor_ns": FLOOR, "min_busy_ns": 0, **policy})
     return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=lanes, cold=False, hedge=True, hedge_policy=pol, clock=clock,
                        opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
 
@@ -225,7 +225,7 @@ def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
         elif ev.kind == "recovered":
             back.set()
 
-    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1)
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
     with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
                      opener=lambda p: StallingReader(p, stall), report=report) as r:
         _warm(r, data, stall)
@@ -296,7 +296,7 @@ def test_many_hedges_whoever_wins_the_bytes_are_the_same(model, caller_buffers):
     wins, every read returns exactly the file's bytes, and each piece is counted once."""
     paths, data = model
     rng = random.Random(11 + caller_buffers)
-    pol = HedgePolicy(margin=1.0, floor_ns=0, late_limit=3, probe_interval_ns=0, recover_probes=1)
+    pol = HedgePolicy(margin=1.0, floor_ns=0, late_limit=3, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
     total = reads = 0
     with SplitReader(paths, [2, 1, 1], [10, 6, 6], lanes=2, cold=False, hedge=True, hedge_policy=pol) as r:
         for _ in range(30):
@@ -352,7 +352,8 @@ def test_hedging_arithmetic_is_pure_and_right():
     for bad in (dict(margin=0.5), dict(floor_ns=-1), dict(late_limit=0), dict(recover_probes=0), dict(decay=1.0)):
         with pytest.raises(ValueError):
             hedging.check_policy(HedgePolicy(**bad))
-    assert set(HedgePolicy().to_dict()) == {"margin", "floor_ms", "late_limit", "probe_interval_ms", "recover_probes"}
+    assert set(HedgePolicy().to_dict()) == {"margin", "floor_ms", "late_limit", "probe_interval_ms", "recover_probes",
+                                            "min_busy_ms"}
 
 
 def test_run_output_is_the_same_with_hedging_on_and_off(model_dir):
