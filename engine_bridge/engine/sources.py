@@ -48,11 +48,12 @@ class SourceSet:
         """Each source's model path (its file, its split set's first file, or its directory)."""
         return tuple(m.path for m in self.models)
 
-    def step_reads(self, geometry, healthy=None) -> StepReads:
+    def step_reads(self, geometry, healthy=None, weights_now=None) -> StepReads:
         """The target engine's read pattern of each step of a run over these sources; `healthy`:
-        the reader's sources still in use (asked at every step)."""
+        the reader's sources still in use, `weights_now(phase)`: the weights it cuts with now
+        (both asked at every step)."""
         return StepReads(get_engine(self.engine), geometry, {"prefill": self.prefill, "decode": self.decode},
-                         self.switches, (), healthy)
+                         self.switches, (), healthy, weights_now)
 
     def in_flight(self) -> dict:
         """Per phase, the most reads the engine keeps outstanding (None: its lanes limit it)."""

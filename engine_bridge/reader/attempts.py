@@ -8,7 +8,7 @@ import threading
 
 from core.errors import UsageError
 
-MAIN, HEDGE, PROBE = "main", "hedge", "probe"
+MAIN, HEDGE, PROBE, SAMPLE = "main", "hedge", "probe", "sample"   # sample: a re-weighting measurement
 
 
 class ReadTicket:
