@@ -148,7 +148,7 @@ def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]
         way = -1 if r < 1 / policy.band else 1 if r > policy.band else 0
         old = streak[s] if s < len(streak) else 0
         new_streak[s] = 0 if way == 0 else (old + way if old * way > 0 else way)
-    worst = max(rho, key=lambda s: max(rho[s], 1 / rho[s]))
+    worst = max(rho, key=lambda s: math.inf if rho[s] <= 0 else max(rho[s], 1 / rho[s]))
     if not any(abs(k) >= policy.confirm for k in new_streak):
         return Decision(None, tuple(new_streak), source=worst)
     moved = [m * rho[s] if s in rho else m for s, m in enumerate(mult)]

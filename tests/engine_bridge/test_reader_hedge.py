@@ -321,6 +321,32 @@ def test_bad_hedge_policy_is_one_usage_error(model):
         SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(late_limit=0))
 
 
+def test_a_burst_is_not_a_pace_until_it_rests_on_enough_busy_time():
+    """A throttled drive serves its first pieces at once: those deliveries, in no busy time, hold no
+    drive to a rate (the cause of the false degrades of healthy drives), until the estimate rests on
+    `min_busy_ns` of busy time."""
+    est = RateEstimate(decay=0.97)
+    est.observe(4 * BLOCK, 0)                      # a burst: delivered in no measurable time
+    assert est.rate() == float("inf") and est.rate(min_busy_ns=500) is None
+    est.observe(BLOCK, 400)
+    assert est.rate(min_busy_ns=500) is None and est.total_busy_ns == 400
+    est.observe(BLOCK, 200)
+    assert est.rate(min_busy_ns=500) == pytest.approx(est.bytes / est.busy_ns)
+
+
+@pytest.mark.parametrize("min_busy_ns, held", [(0, float("inf")), (FLOOR, None)])
+def test_peers_burst_holds_the_primary_only_without_the_busy_time_rule(model, min_busy_ns, held):
+    """Every piece of the first read lands while the test's clock stands still (a burst). With the
+    rule off the primary is held to an unbounded rate through the weights: any piece on it would be
+    late after the floor; with it, nothing is known yet and nothing is judged."""
+    paths, data = model
+    with _reader(paths, None, Clock(), min_busy_ns=min_busy_ns) as r:
+        assert bytes(r.read(0, 8 * BLOCK)) == data[:8 * BLOCK]
+        with r._lanes.lock:
+            own, plan = r._hedger._rates(0, "prefill", [0, 1, 2])
+    assert plan == held and own == held
+
+
 def test_hedging_arithmetic_is_pure_and_right():
     assert impure_imports(hedging) == []
     est = RateEstimate(decay=0.5)

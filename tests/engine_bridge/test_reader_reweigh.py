@@ -144,6 +144,25 @@ def test_window_rates_are_bytes_over_busy_time():
     assert nxt.outstanding == [0, 1] and nxt.start == 400
 
 
+def test_a_window_waits_for_a_long_piece_and_a_stuck_source_rates_zero():
+    w = Window(2, now=0)
+    w.queued(0, 100, 0, "prefill")
+    w.queued(1, 100, 0, "prefill")
+    w.ended(0, 100, 50)
+    assert not w.ready(50, [0, 1], 100)              # the window's time has not passed
+    assert not w.ready(150, [0, 1], 100)             # source 1 is still reading its piece
+    w.ended(1, 100, 180)
+    assert w.ready(180, [0, 1], 100)
+    stuck = Window(2, now=0)
+    stuck.queued(0, 100, 0, "prefill")
+    stuck.queued(1, 100, 0, "prefill")
+    stuck.ended(0, 100, 10)
+    assert not stuck.ready(150, [0, 1], 100) and stuck.ready(200, [0, 1], 100)   # busy 2 windows, nothing
+    assert stuck.rates([0, 1], 1)[1] == 0.0
+    d = judge((1.0, 1.0), (1, 1), stuck.rates([0, 1], 1), (0, -1), ReweighPolicy(confirm=2))
+    assert d.mult[1] == reweighting.MIN_MULT and weights_for((1, 1), d.mult, [0, 1], 0.02) == (100, 3)
+
+
 def test_judge_needs_confirm_windows_the_same_way():
     p = ReweighPolicy(band=1.5, confirm=2, snap=1.15)
     base = (2, 1, 1)
