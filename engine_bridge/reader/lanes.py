@@ -246,6 +246,8 @@ class Lanes:
                 with self._lock:
                     skip = att.piece is not None and att.piece.done
                     att.started = not skip
+                    if self.reweigher is not None and not skip:
+                        self.reweigher.started(att)
                 if skip:
                     self._end(att, att.src, ok=False)
                 else:

@@ -46,8 +46,11 @@ class Reweigher:
         self.window.ended(att.src, 0, now)
         self.window.queued(new, 0, now)
 
+    def started(self, att: Attempt) -> None:
+        att.t_start = self.clock()
+
     def ended(self, att: Attempt, s: int, delivered: bool) -> None:
-        self.window.ended(s, att.ln if delivered else 0, self.clock())
+        self.window.ended(s, att.ln if delivered else 0, self.clock(), att.t_start)
 
     # -- the reader, the lanes' lock held --------------------------------------------------------
 

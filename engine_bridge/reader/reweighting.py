@@ -87,10 +87,14 @@ class Window:
         if phase:
             self.given[phase] = self.given.get(phase, 0) + nbytes
 
-    def ended(self, s: int, nbytes: int, now: int) -> None:
-        """An attempt on `s` is over; `nbytes` it read (0: skipped or failed)."""
+    def ended(self, s: int, nbytes: int, now: int, started: int | None = None) -> None:
+        """An attempt on `s` is over; `nbytes` it read (0: skipped or failed). An attempt read since
+        `started`, before this window opened, counts only the part of its bytes read in the window
+        (pro rata of its time): a piece of seconds is not credited to the window it ends in."""
         self._advance(s, now)
         self.outstanding[s] = max(0, self.outstanding[s] - 1)
+        if nbytes and started is not None and started < self.start < now:
+            nbytes = nbytes * (now - self.start) / (now - started)
         self.bytes[s] += nbytes
         if nbytes:
             self.done[s] += 1

@@ -37,7 +37,7 @@ class Drives:
         self.latest = 0                 # the latest any lane got to
 
     def __call__(self) -> int:
-        return getattr(self.lane, "t", self.t)
+        return max(getattr(self.lane, "t", self.t), self.t)
 
     def reader(self, path):
         drives = self
@@ -98,6 +98,24 @@ def test_weight_moves_off_a_slow_source_and_back_when_it_recovers(model):
         assert r.weights_now("prefill") == (2, 1, 1) and r.weights_now("decode") == (2, 1, 1)   # the plan's again
         assert r.stats().reweighs == len([e for e in events if e.kind == "reweighted"]) >= 2
         assert r.stats().to_dict()["weights_now"] == {"prefill": [2, 1, 1], "decode": [2, 1, 1]}
+
+
+def test_the_engines_pattern_is_cut_with_the_weights_of_now(model):
+    """The embedded engine's StepReads asks the reader at every step: after a change, the next
+    step's Setup carries the new weights."""
+    from engine_bridge.engine.staging import StepReads
+    from engines.registry import get_engine
+
+    paths, data = model
+    drives = Drives(paths, [1, 2, 40])
+    events = []
+    with _reader(paths, drives, events) as r:
+        steps = StepReads(get_engine("ds4-argodrive"), None, {"prefill": (2, 1, 1), "decode": (2, 1, 1)},
+                          healthy=r.healthy, weights_now=r.weights_now)
+        assert steps.setup("prefill").weights == (2, 1, 1)
+        _read_all(r, drives, data, 30)
+        assert events and steps.setup("prefill").weights == r.weights_now("prefill") != (2, 1, 1)
+        assert steps.setup("decode").weights == r.weights_now("decode")
 
 
 def test_bursts_averaged_over_a_window_move_nothing(model):
@@ -161,6 +179,16 @@ def test_a_window_waits_for_a_long_piece_and_a_stuck_source_rates_zero():
     assert stuck.rates([0, 1], 1)[1] == 0.0
     d = judge((1.0, 1.0), (1, 1), stuck.rates([0, 1], 1), (0, -1), ReweighPolicy(confirm=2))
     assert d.mult[1] == reweighting.MIN_MULT and weights_for((1, 1), d.mult, [0, 1], 0.02) == (100, 3)
+
+
+def test_a_piece_read_across_windows_counts_in_each_for_its_time_there():
+    w = Window(1, now=1000)
+    w.queued(0, 800, 1000, "prefill")
+    w.ended(0, 800, 1400, started=200)       # read from 200 to 1400: a third of its time in this window
+    assert w.bytes[0] == pytest.approx(800 / 3) and w.done[0] == 1
+    w.queued(0, 100, 1400, "prefill")
+    w.ended(0, 100, 1500, started=1400)      # all of it in the window
+    assert w.bytes[0] == pytest.approx(800 / 3 + 100)
 
 
 def test_judge_needs_confirm_windows_the_same_way():
