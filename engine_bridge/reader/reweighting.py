@@ -6,14 +6,15 @@ per source, over a window of its own clock, the bytes the drive delivered (its p
 samples: everything it read) and the time it was busy (work queued or being read on it). Bytes
 over busy time is the rate the drive gives when it has work, whatever share it was given. At the
 end of each window every source with a rate is compared with what its weight claims: its rate per
-unit of weight over the healthy sources' mean. A window lasts `window_ns` at least, and longer
+unit of weight over the median of the measured sources' (a median: a drive that idles between
+barriers serves a burst from its throttle's unused budget and looks faster than it is). A window lasts `window_ns` at least, and longer
 until every source that had work delivered something in it (a prefill piece can take seconds)
 or has been busy twice that long without delivering (a hung or crawling drive: rate 0). A source
 off by more than `band` (either way) in
-`confirm` windows in a row moves: every source's weight is set in proportion to its measured
-rate (a multiplier on the plan's weights of each phase, so a plan with other decode weights keeps
-their ratios), never below `floor` of a read, and back to the plan's exact weights once every
-multiplier is within `snap` of the others. Bursts of a throttled drive do not move it: a window
+`confirm` windows in a row moves by what it measured: a multiplier on its plan weights (of each
+phase, so a plan with other decode weights keeps their ratios) that only goes down from 1 (off a
+drive that falls behind) and back up to 1 (when it recovers), never below `floor` of a read; the
+plan's exact weights come back once every multiplier is within `snap` of 1. Bursts of a throttled drive do not move it: a window
 holds seconds of busy time, and one window off the band is not enough (docs/reader.md
 "Re-weighting").
 """
@@ -142,26 +143,28 @@ def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]
     n = len(mult)
     if len(rates) < 2:
         return Decision(None, (0,) * n)
-    belief = {s: mult[s] * base[s] for s in rates}
-    mean = sum(rates.values()) / sum(belief.values())        # rate per unit of belief, over the measured
-    if mean <= 0:
+    k = sorted(rates[s] / (mult[s] * base[s]) for s in rates)          # rate per unit of belief
+    ref = k[len(k) // 2] if len(k) % 2 else (k[len(k) // 2 - 1] + k[len(k) // 2]) / 2
+    if ref <= 0:
         return Decision(None, (0,) * n)
-    rho = {s: rates[s] / belief[s] / mean for s in rates}
+    rho = {s: rates[s] / (mult[s] * base[s]) / ref for s in rates}
     new_streak = [0] * n
     for s, r in rho.items():
-        way = -1 if r < 1 / policy.band else 1 if r > policy.band else 0
+        way = -1 if r < 1 / policy.band else 1 if r > policy.band and mult[s] < 1.0 else 0
         old = streak[s] if s < len(streak) else 0
         new_streak[s] = 0 if way == 0 else (old + way if old * way > 0 else way)
     worst = max(rho, key=lambda s: math.inf if rho[s] <= 0 else max(rho[s], 1 / rho[s]))
-    if not any(abs(k) >= policy.confirm for k in new_streak):
+    due = [s for s in rho if abs(new_streak[s]) >= policy.confirm]
+    if not due:
         return Decision(None, tuple(new_streak), source=worst)
-    moved = [m * rho[s] if s in rho else m for s, m in enumerate(mult)]
-    top = max(moved[s] for s in rates)
-    moved = [max(MIN_MULT, m / top) for m in moved]     # a stuck drive (rate 0) keeps a multiplier: the floor decides
+    moved = list(mult)
+    for s in due:       # off its plan by what it measured, back up to its plan at most; a stuck drive (rate 0)
+        moved[s] = max(MIN_MULT, min(1.0, mult[s] * rho[s]))     # keeps a multiplier: the floor decides
     if all(m >= 1 / policy.snap for m in moved):
         moved = [1.0] * n
     why = ", ".join(f"source {s} {rates[s] * 1e3:.1f} MB/s ({rho[s]:.2f}x its weight's share)" for s in sorted(rates))
-    return Decision(tuple(moved), (0,) * n, why, worst)
+    return Decision(tuple(moved), tuple(0 if s in due else new_streak[s] for s in range(n)), why,
+                    min(due, key=lambda s: (-abs(math.log(max(rho[s], 1e-12))), s)))
 
 
 def weights_for(base: Sequence[int], mult: Sequence[float], healthy: Sequence[int], floor: float,

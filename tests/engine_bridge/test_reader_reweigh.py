@@ -197,10 +197,14 @@ def test_judge_needs_confirm_windows_the_same_way():
     slow = {0: 2.0, 1: 1.0, 2: 0.25}
     d1 = judge((1.0, 1.0, 1.0), base, slow, (0, 0, 0), p)
     assert d1.mult is None and d1.streak[2] == -1 and d1.source == 2
-    d2 = judge((1.0, 1.0, 1.0), base, {0: 2.0, 1: 1.0, 2: 2.0}, d1.streak, p)    # the other way: starts over
-    assert d2.mult is None and d2.streak[2] == 1
+    d2 = judge((1.0, 1.0, 1.0), base, {0: 2.0, 1: 1.0, 2: 2.0}, d1.streak, p)    # faster than its plan: the
+    assert d2.mult is None and d2.streak[2] == 0              # count starts over (weight only moves off a plan and back)
+    up = judge((1.0, 1.0, 0.25), base, {0: 2.0, 1: 1.0, 2: 1.0}, (0, 0, 1), p)   # below its plan, measured faster
+    assert up.mult == (1.0, 1.0, 1.0)                                              # back up, to the plan at most
     d3 = judge((1.0, 1.0, 1.0), base, slow, d1.streak, p)
-    assert d3.mult is not None and d3.mult[2] < d3.mult[1] and "source 2" in d3.why
+    assert d3.mult == (1.0, 1.0, 0.25) and "source 2" in d3.why and d3.source == 2
+    inflated = judge((1.0, 1.0, 1.0), base, {0: 5.0, 1: 0.5, 2: 1.0}, (0, -1, 0), p)   # an idle drive's burst (0)
+    assert inflated.mult == (1.0, 0.5, 1.0)          # does not make the slow one look slower: a median, not a mean
     assert judge((1.0,) * 3, base, {0: 2.0}, (0, 0, -1), p).mult is None          # one measured source: nothing to compare
     back = judge(d3.mult, base, {0: 2.0, 1: 1.0, 2: 1.0}, (0, 0, 1), p)          # recovered: the plan's weights exactly
     assert back.mult == (1.0, 1.0, 1.0)
