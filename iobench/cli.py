@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import MissingError, UsageError
 from core.events import Notice
 from core.events import Progress as ProgressEvent
@@ -18,9 +18,9 @@ from core.rig import load_rig, rig_dir
 from engines.split import parse_weights
 
 from . import render
-from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
+from .bench import FioComparison, fio_compare, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
-from .result import latest_result, load_result, result_files, result_to_dict, save_result
+from .result import latest_result, load_result, result_files, save_result
 from .schedule import RunOptions, parse_groups
 from .testbed_cli import app as testbed_app
 
@@ -103,7 +103,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
             lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
-                                                help="Lane counts (requests in flight per drive) for every preset; default per preset."),
+                                                help="Lane counts (requests in flight per drive) for every preset; default "
+                                                     "per preset."),
             alone: Optional[bool] = typer.Option(None, "--alone/--together",
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
@@ -144,7 +145,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             raise
     path = save_result(the_rig, result) if save else None
     if json_out:
-        print_json(result_to_dict(result))
+        print_result(result)
     else:
         _print_result(result)            # the path once, below, as with --json
     if path and not quiet:
@@ -163,7 +164,7 @@ def show(result: Optional[str] = typer.Argument(None, metavar="RESULT", help="A 
         the_rig = load_rig(rig_dir(rig), must_exist=False)
         r, path = latest_result(the_rig), result_files(the_rig)[-1]
     if json_out:
-        print_json(result_to_dict(r))
+        print_result(r)
     else:
         _print_result(r, path, lanes)
 
@@ -176,7 +177,7 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the bas
     ra, rb = load_result(a), load_result(b)
     rows = render.compare_rows(ra, rb)
     if json_out:
-        print_json({"a": os.path.abspath(a), "b": os.path.abspath(b), "rows": rows})
+        print_result(render.Comparison(os.path.abspath(a), os.path.abspath(b), tuple(rows)))
         return
     # The files on lines of their own, not in the table's title: a title wraps at the table's width.
     out.print(f"A = {a} ({ra.created})\nB = {b} ({rb.created})", highlight=False)
@@ -187,7 +188,8 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the bas
 @app.command()
 def fio(path: str = typer.Argument(..., metavar="PATH", help="File to read (read-only)."),
         preset: str = typer.Option("seq", "--preset", help="seq, prefill, decode or rand4k."),
-        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3, rand4k 16)."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, "
+                                                                                  "prefill 8, decode 3, rand4k 16)."),
         seconds: float = SecondsOption,
         repeat: int = RepeatOption,
         json_out: bool = JsonOption):
@@ -197,7 +199,7 @@ def fio(path: str = typer.Argument(..., metavar="PATH", help="File to read (read
     err.print(f"iobench: {preset} on {path}, then fio ...", highlight=False)
     r = fio_compare(path, preset, lanes, seconds, repeat)
     if json_out:
-        print_json(r)
+        print_result(FioComparison(r))
         return
     out.print(f"{r['preset']} on {r['path']}: {r['piece_bytes']:,} B x {r['lanes']} in flight, {r['seconds']:.1f}s each",
               highlight=False)

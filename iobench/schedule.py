@@ -149,7 +149,8 @@ def check_options(targets: Sequence[Target], opts: RunOptions, real_paths: Seque
         if w is not None:
             check_weights(w)
             if len(w) != len(targets):
-                raise UsageError(f"{what} {':'.join(map(str, w))}: give one weight per drive ({len(targets)}: {', '.join(names)})")
+                raise UsageError(f"{what} {':'.join(map(str, w))}: give one weight per drive ({len(targets)}: "
+                                 f"{', '.join(names)})")
     # Sizes: the largest piece each preset can ask of a drive, at the most lanes.
     for t in targets:
         for p in opts.presets:

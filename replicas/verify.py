@@ -238,7 +238,8 @@ def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
     groups: dict[str, list[Member]] = {}
     for m in members:
         try:
-            key = drive_of(os.path.dirname(m.path) or ".").key if os.path.exists(os.path.dirname(m.path) or ".") else "missing:" + m.path
+            folder = os.path.dirname(m.path) or "."
+            key = drive_of(folder).key if os.path.exists(folder) else "missing:" + m.path
         except OSError:
             key = "missing:" + m.path
         groups.setdefault(key, []).append(m)

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, RigOption, err, print_json
+from core.cli import JsonOption, RigOption, err, print_result
 from core.errors import UsageError
 from core.units import format_bytes, format_rate
 from engine_bridge.reader.hedging import HedgePolicy
@@ -54,7 +54,8 @@ SHARED = dict(
     chunk_tokens=typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
     csv_file=typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
     cached=typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
-    hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see docs/reader.md)."),
+    hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see "
+                                                        "docs/reader.md)."),
     hedge_min_busy=typer.Option(HedgePolicy.min_busy_ns / 1e9, "--hedge-min-busy", metavar="SECONDS",
                                 help="Busy time a drive's delivered rate must rest on before hedging holds a drive to it "
                                      "(a throttle's first burst is not its pace; 0: from the first piece)."),
@@ -106,7 +107,8 @@ def register(app) -> None:
         experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
         top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri 4)."),
         dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
-        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: dim*ff a "
+        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: "
+                                                            "dim*ff a "
                                                              "multiple of 65536; colibri: a multiple of 64."),
         vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512)."),
         seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
@@ -148,10 +150,13 @@ def register(app) -> None:
             task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
             summary = write(lambda done, total: bar.update(task, completed=done, total=total))
         if json_out:
-            print_json({"schema": 1, "kind": "synth", **summary})
+            from engine_bridge.engine.synth import SynthSummary
+
+            print_result(SynthSummary(summary))
         else:
             typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
-                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed {format_bytes(summary['routed_bytes'])}"
+                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed "
+                       f"{format_bytes(summary['routed_bytes'])}"
                        + (f", {spec.shards} shards" if fmt == COLIBRI_FORMAT else ""))
 
     @app.command("run")
@@ -169,10 +174,12 @@ def register(app) -> None:
         cache_experts: int = SHARED["cache_experts"],
         lanes: int = SHARED["lanes"],
         chunk_tokens: int = SHARED["chunk_tokens"],
-        dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts (0: inline)."),
+        dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts "
+                                                                                       "(0: inline)."),
         prompt_seed: int = typer.Option(PROMPT_SEED, "--prompt-seed", help="Seed of the prompt's token ids."),
         csv_file: Optional[str] = SHARED["csv_file"],
-        trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay --trace)."),
+        trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay "
+                                                                                          "--trace)."),
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
         hedge_min_busy: float = SHARED["hedge_min_busy"],
@@ -186,7 +193,7 @@ def register(app) -> None:
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
         from engine_bridge.engine.blas import pin_blas_threads
-        from engine_bridge.engine.run import csv_text, run_model, save_run
+        from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
         blas = pin_blas_threads(1)
@@ -194,9 +201,11 @@ def register(app) -> None:
                                 engine, tuple(switch))
         err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
-                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
+                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
+                  highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge, reweigh=reweigh,
+                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
+                                    reweigh=reweigh,
                                     hedge_policy=hedge_options(hedge_min_busy),
                                     reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out)
@@ -213,7 +222,7 @@ def register(app) -> None:
         err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
                   highlight=False, soft_wrap=True)
         if json_out:
-            print_json(result)
+            print_result(RunResults(result))
         else:
             typer.echo(csv_text(result, header=True), nl=False)
             typer.echo(f"output_sha256={result['output_sha256']} hits={result['hits']} misses={result['misses']} "
@@ -236,7 +245,8 @@ def register(app) -> None:
         lanes: int = SHARED["lanes"],
         chunk_tokens: int = SHARED["chunk_tokens"],
         routing_seed: int = typer.Option(0, "--routing-seed", help="Seed of the routing model."),
-        trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead of the model."),
+        trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead "
+                                                                                  "of the model."),
         csv_file: Optional[str] = SHARED["csv_file"],
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
@@ -251,7 +261,7 @@ def register(app) -> None:
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
-        from engine_bridge.engine.replay import replay
+        from engine_bridge.engine.replay import ReplayResults, replay
         from engine_bridge.engine.run import save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
@@ -269,7 +279,7 @@ def register(app) -> None:
         _report_reader(result)
         _report_idle(result)
         if json_out:
-            print_json(result)
+            print_result(ReplayResults(result))
             return
         typer.echo(f"prefill  {result['prefill_tokens']} tokens  {result['prefill_tps']} tok/s-equivalent  "
                    f"coverage {result['coverage']}  read {format_bytes(result['prefill']['bytes'])} at "

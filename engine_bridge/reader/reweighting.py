@@ -4,19 +4,18 @@ no clock of its own).
 The plan's weights say how fast it believed each drive to be. While reads run, the reader counts
 per source, over a window of its own clock, the bytes the drive delivered (its pieces, hedges and
 samples: everything it read) and the time it was busy (work queued or being read on it). Bytes
-over busy time is the rate the drive gives when it has work, whatever share it was given. At the
-end of each window every source with a rate is compared with what its weight claims: its rate per
-unit of weight over the median of the measured sources' (a median: a drive that idles between
-barriers serves a burst from its throttle's unused budget and looks faster than it is). A window lasts `window_ns` at least, and longer
-until every source that had work delivered something in it (a prefill piece can take seconds)
-or has been busy twice that long without delivering (a hung or crawling drive: rate 0). A source
-off by more than `band` (either way) in
-`confirm` windows in a row moves by what it measured: a multiplier on its plan weights (of each
-phase, so a plan with other decode weights keeps their ratios) that only goes down from 1 (off a
-drive that falls behind) and back up to 1 (when it recovers), never below `floor` of a read; the
-plan's exact weights come back once every multiplier is within `snap` of 1. Bursts of a throttled drive do not move it: a window
-holds seconds of busy time, and one window off the band is not enough (docs/reader.md
-"Re-weighting").
+over busy time is the rate the drive gives when it has work, whatever share it was given. A window
+lasts `window_ns` at least, and longer until every source that had work delivered something in it
+(a prefill piece can take seconds) or has been busy twice that long without delivering (a hung or
+crawling drive: rate 0). At its end every source with a rate is compared with what its weight
+claims: its rate per unit of weight over the median of the measured sources' (a median: a drive
+that idles between barriers serves a burst from its throttle's unused budget and looks faster
+than it is). A source off by more than `band` (either way) in `confirm` windows in a row moves by
+what it measured: a multiplier on its plan weights (of each phase, so a plan with other decode
+weights keeps their ratios) that only goes down from 1 (off a drive that falls behind) and back
+up to 1 (when it recovers), never below `floor` of a read; the plan's exact weights come back once
+every multiplier is within `snap` of 1. Bursts of a throttled drive do not move it: a window holds
+seconds of busy time, and one window off the band is not enough (docs/reader.md "Re-weighting").
 """
 
 from __future__ import annotations
