@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .reweighting import ReweighPolicy, Window, judge, weights_for
+from .reweighting import Decision, ReweighPolicy, Window, judge, weights_for
 
 
 class Reweigher:
@@ -65,7 +65,10 @@ class Reweigher:
         if w.ready(now, healthy, self.policy.window_ns):
             phase = w.phase()
             rates = w.rates(healthy, self.policy.min_busy_ns)
-            d = judge(self.mult, self.base[phase], rates, self.streak, self.policy)
+            if w.loaded(healthy, now) >= self.policy.loaded:
+                d = judge(self.mult, self.base[phase], rates, self.streak, self.policy)
+            else:               # the drives idled: nothing to learn of their pace, nothing to gain
+                d = Decision(None, (0,) * len(self.mult))
             self.streak = d.streak
             self.window = w.close(now)
             self.sampled = [False] * len(self.sampled)

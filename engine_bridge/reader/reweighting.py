@@ -7,7 +7,8 @@ samples: everything it read) and the time it was busy (work queued or being read
 over busy time is the rate the drive gives when it has work, whatever share it was given. A window
 lasts `window_ns` at least, and longer until every source that had work delivered something in it
 (a prefill piece can take seconds) or has been busy twice that long without delivering (a hung or
-crawling drive: rate 0). At its end every source with a rate is compared with what its weight
+crawling drive: rate 0). A window in which no drive was busy `loaded` of the time is not judged:
+the reads did not wait on the drives. At its end every source with a rate is compared with what its weight
 claims: its rate per unit of weight over the median of the measured sources' (a median: a drive
 that idles between barriers serves a burst from its throttle's unused budget and looks faster
 than it is). A source off by more than `band` (either way) in `confirm` windows in a row moves by
@@ -38,10 +39,11 @@ class ReweighPolicy:
     floor: float = 0.02              # least share of a read a healthy source keeps (it keeps being measured)
     snap: float = 1.15               # multipliers all within this factor of each other: back to the plan's weights
     min_busy_ns: int = 200_000_000   # a source busy less than this in a window has no rate in it
+    loaded: float = 0.5              # judge a window only if some source was busy this share of it (reads wait on I/O)
 
     def to_dict(self) -> dict:
         return {"window_ms": self.window_ns / 1e6, "band": self.band, "confirm": self.confirm, "floor": self.floor,
-                "snap": self.snap, "min_busy_ms": self.min_busy_ns / 1e6}
+                "snap": self.snap, "min_busy_ms": self.min_busy_ns / 1e6, "loaded": self.loaded}
 
 
 def check_reweigh(p: ReweighPolicy) -> ReweighPolicy:
@@ -56,6 +58,8 @@ def check_reweigh(p: ReweighPolicy) -> ReweighPolicy:
         raise ValueError(f"reweigh snap {p.snap!r}: must be >= 1 and below the band ({p.band})")
     if isinstance(p.confirm, bool) or not isinstance(p.confirm, int) or p.confirm < 1:
         raise ValueError(f"reweigh confirm {p.confirm!r}: must be an integer >= 1")
+    if not 0.0 < p.loaded <= 1.0:
+        raise ValueError(f"reweigh loaded {p.loaded!r}: must be a share above 0, at most 1")
     if not 0.0 < p.floor < 0.5:
         raise ValueError(f"reweigh floor {p.floor!r}: must be a share above 0 and below 0.5")
     return p
@@ -113,6 +117,13 @@ class Window:
         for s in healthy:
             self._advance(s, now)
         return all(self.busy[s] == 0 or self.done[s] or self.busy[s] >= 2 * window_ns for s in healthy)
+
+    def loaded(self, healthy: Sequence[int], now: int) -> float:
+        """The largest share of the window any healthy source was busy: near 1 when reads wait on a
+        drive; low when the drives idle between reads (compute sets the pace: weights cannot help,
+        and an idle throttled drive's bursts make its rate meaningless)."""
+        span = now - self.start
+        return max((self.busy[s] / span for s in healthy), default=0.0) if span > 0 else 0.0
 
     def rates(self, healthy: Sequence[int], min_busy_ns: int) -> dict[int, float]:
         """Bytes per ns of each healthy source busy at least `min_busy_ns` (0 for one that delivered

@@ -181,6 +181,23 @@ def test_a_window_waits_for_a_long_piece_and_a_stuck_source_rates_zero():
     assert d.mult[1] == reweighting.MIN_MULT and weights_for((1, 1), d.mult, [0, 1], 0.02) == (100, 3)
 
 
+def test_a_window_in_which_the_drives_idled_is_not_judged(model):
+    """Reads that do not wait on the drives (compute sets the pace; a throttled drive idle between
+    them serves bursts) say nothing of their pace: a source slow in that window moves nothing."""
+    paths, data = model
+    drives = Drives(paths, [1, 2, 40])
+    events = []
+    with _reader(paths, drives, events) as r:
+        for _ in range(40):
+            _read_all(r, drives, data, 1)
+            drives.t += 20 * (drives.t - r._reweigher.window.start) + 10 * MS      # the "compute" between reads
+        assert not events and r.weights_now("prefill") == (2, 1, 1)
+    w = Window(2, now=0)
+    w.queued(0, 100, 0, "prefill")
+    w.ended(0, 100, 30)
+    assert w.loaded([0, 1], 100) == pytest.approx(0.3) and w.loaded([0, 1], 0) == 0.0
+
+
 def test_a_piece_read_across_windows_counts_in_each_for_its_time_there():
     w = Window(1, now=1000)
     w.queued(0, 800, 1000, "prefill")
@@ -220,7 +237,7 @@ def test_weights_for_the_floor_the_range_and_the_plan():
 
 
 @pytest.mark.parametrize("bad", [dict(band=1.0), dict(confirm=0), dict(floor=0.0), dict(floor=0.5), dict(snap=2.0),
-                                 dict(window_ns=-1)])
+                                 dict(window_ns=-1), dict(loaded=0.0)])
 def test_policy_checks(bad):
     with pytest.raises(ValueError):
         reweighting.check_reweigh(ReweighPolicy(**bad))
