@@ -79,7 +79,8 @@ class SplitReader:
     a bare reader does exactly the engine's reads). hedge_policy: its knobs (`HedgePolicy`).
     reweigh: move weight between the sources as their delivered rates change (off here, on in the
     embedded engine); reweigh_policy: its knobs (`ReweighPolicy`).
-    clock: the hedger's and the re-weighting's clock, ns (tests inject one).
+    clock: the hedger's and the re-weighting's clock, ns (tests inject one). holds: per source, the
+    files a partial replica holds (None: every file); the engine's pattern sends it only reads of those.
     """
 
     def __init__(self, sources: Sequence[ModelSet | str], weights: Sequence[int],
@@ -88,7 +89,7 @@ class SplitReader:
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
                  pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
                  reweigh: bool = False, reweigh_policy: ReweighPolicy | None = None,
-                 clock: Callable[[], int] | None = None):
+                 clock: Callable[[], int] | None = None, holds: Sequence[frozenset[str] | None] = ()):
         models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
         paths = [m.path for m in models]
         if not paths:
@@ -117,7 +118,7 @@ class SplitReader:
         self.hedge, self.hedge_policy = bool(hedge), policy
         self.reweigh, self.reweigh_policy = bool(reweigh), rw_policy
         self._health_interval = health_interval
-        identity = check_sources(models)
+        identity = check_sources(models, holds)
         self.files = models[0].files
         self._index = {rel: i for i, rel in enumerate(self.files)}
         self.sizes = {rel: ident[2] for rel, ident in zip(self.files, identity[0])}    # bytes per file
@@ -131,6 +132,8 @@ class SplitReader:
         # one source has no replica to hedge on: no watchdog
         self._hedger = (Hedger(self._health, weights, decode, self._pool, policy, clock or time.monotonic_ns)
                         if self.hedge and len(paths) > 1 else None)
+        if self._hedger is not None:    # a hedge goes only to a source holding the piece's file
+            self._hedger.can_serve = lambda src, fi: self._sources[src].holds(fi)
         e = get_engine(engine)
         self._reweigher = (Reweigher({"prefill": weights, "decode": decode}, rw_policy, clock or time.monotonic_ns,
                                      e.weight_min, e.weight_max)
@@ -174,6 +177,8 @@ class SplitReader:
                 if src is None:
                     raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
                                        "check the drives and re-run")
+                if not self._sources[src].holds(self._file_index(read.file)) and 0 in healthy:
+                    src = 0                # a partial replica without the file: the primary holds every file
             pieces.append((src, p.offset, p.length))
         return self._start(read.offset, read.length, phase, buffer, read.file, tuple(pieces), healthy)
 
@@ -263,7 +268,7 @@ class SplitReader:
             return
         _, po, pl = max(pieces, key=lambda p: p[2])
         for s in range(len(self.paths)):
-            if s not in healthy and self._health.slow(s):
+            if s not in healthy and self._health.slow(s) and self._sources[s].holds(fi):
                 self._hedger.maybe_probe(s, po, pl, phase, fi)
 
     def _sample(self, fi: int, pieces) -> None:
@@ -274,7 +279,7 @@ class SplitReader:
         _, po, pl = max(pieces, key=lambda p: p[2])
         pl = min(pl, SAMPLE_BYTES)
         for s in owed:
-            if s in self._health.healthy():
+            if s in self._health.healthy() and self._sources[s].holds(fi):     # a partial replica: its own files only
                 self._lanes.sample(s, po, pl, fi)
 
     def read(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,
