@@ -39,7 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.testbed import Testbed, parse_drives, require_testbed, step, tool, usage_exit  # noqa: E402
+from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, step, tool, usage_exit  # noqa: E402,E501
 
 
 def newest_plan(rig: str) -> dict:
@@ -128,9 +128,7 @@ def main() -> int:
     names = list(drives)
     t0 = time.perf_counter()
     if args.folders:
-        mounts = {n: os.path.join(out, "drives", n) for n in names}
-        for d in mounts.values():
-            os.makedirs(d, exist_ok=True)
+        mounts = folder_drives(out, names)
         synth, component, plan, run = flow(args, rig, names, mounts, [], ["--allow-same-device"])
     else:
         with Testbed(drives, size=args.size) as tb:

@@ -109,6 +109,15 @@ def parse_drives(items, what: str = "--drive", zero_ok: bool = False) -> dict[st
         usage_exit(str(e))
 
 
+def folder_drives(out: str, names) -> dict[str, str]:
+    """`--folders` in a benchmark: one folder per drive name under OUT/drives, on this disk, no
+    throttles (it checks a flow where there is no testbed, not the drives)."""
+    mounts = {n: os.path.join(out, "drives", n) for n in names}
+    for d in mounts.values():
+        os.makedirs(d, exist_ok=True)
+    return mounts
+
+
 def drop_caches() -> None:
     """Write dirty pages out, then drop the page cache (root): the next read comes from the drive."""
     subprocess.run(["sync"], check=True)
