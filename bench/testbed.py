@@ -348,6 +348,10 @@ class Testbed:
         return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                 "from iobench.testbed import exec_in_group; exec_in_group(sys.argv[2], sys.argv[3:])", REPO, self.root]
 
+    def throttle(self, name: str, read_mbs: float) -> None:
+        """Change drive `name`'s read ceiling now, while commands run (a drive that slows or recovers)."""
+        testbed.set_read_limit(self.root, name, read_mbs)
+
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         """Run a command inside the testbed's blkio group (its reads and writes are throttled)."""
         return subprocess.run([*self.wrap, *cmd], **kw)  # noqa: PLW1510 (the caller decides)
