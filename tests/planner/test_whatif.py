@@ -226,3 +226,12 @@ def test_a_drive_on_the_device_of_the_rigs_drives_is_priced_as_sharing_its_bandw
     shared = whatif(rp, rig, add=here, shares=(0, 1))
     assert any("on the device of fast, slow" in n for n in shared.notes)
     assert all(s.gain < a.gain for s, a in zip(shared.phases, apart.phases))
+
+
+def test_a_removal_names_its_worst_phase():
+    from planner.whatif import PhaseChange, WhatIf
+    prefill = PhaseChange("prefill", (10, 5, 7), (3, 2), 1.0, 1.2, 10.0, 8.3, 0.74, -0.171)
+    decode = PhaseChange("decode", (1, 1, 2), (1, 1), 1.0, 1.0, 2.0, 2.0, 0.84, 0.0)
+    w = WhatIf("colibri", "remove", "green", ("a", "b", "c"), ("a", "b"), (prefill, decode), None, None, "", None,
+               False, "", ())
+    assert w.verdict() == "without green: prefill -17.1% end to end"
