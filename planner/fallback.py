@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, replace
 
 from core.errors import ReplicaTunerError
-from core.rig import load_rig
+from core.rig import Rig
 from engines.registry import get_engine
 
 from .plan import Plan
@@ -34,16 +34,16 @@ class Fallback:
     why: str = ""
 
 
-def fallback_plans(rig_root: str, plan: Plan) -> tuple[Fallback, ...]:
-    """One `Fallback` per source of a plan of two or more; () for a one-source plan."""
+def fallback_plans(rig: Rig, plan: Plan) -> tuple[Fallback, ...]:
+    """One `Fallback` per source of a plan of two or more; () for a one-source plan. `rig`: the
+    loaded rig the plan belongs to (its rig.toml is not read again)."""
     if len(plan.sources) < 2:
         return ()
     try:
-        rig = load_rig(rig_root, must_exist=False)
         prov = plan.provenance or {}
         bench = prov.get("bench") if isinstance(prov.get("bench"), str) and os.path.isfile(prov["bench"]) else None
         inputs = load_inputs(rig.root, bench, calibrate=prov.get("calibrated", True) is not False,
-                             tails=prov.get("tails") is True)
+                             tails=prov.get("tails") is True, rig=rig)
         names = [s.name for s in inputs.sources]
         if names != [s.name for s in plan.sources]:
             why = (f"the plan's sources ({', '.join(s.name for s in plan.sources)}) are not the rig's "

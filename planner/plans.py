@@ -155,7 +155,8 @@ def shared_links(result, names: list[str]) -> tuple[Link, ...]:
     return links_from(rows)
 
 
-def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True, tails: bool = False) -> Inputs:
+def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True, tails: bool = False,
+                rig: Rig | None = None) -> Inputs:
     """The rig's members (primary first) with the fitted drive models of an iobench result
     (`bench`, else the newest in rig/bench). Without a rig.toml the bench result's drive order
     is used, first = primary. A member the result does not cover is a UsageError. With
@@ -164,10 +165,11 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
     carries its measured decode latency shape and the decode barrier is priced as the expected
     maximum of independent draws (planner.barrier); off by default, because on throttled drives
     (blk-throttle's time slices make every drive's delays bursty, not independent per request)
-    it under-predicted decode by up to 50 % and chose a split 50 % slower (docs/planner.md)."""
+    it under-predicted decode by up to 50 % and chose a split 50 % slower (docs/planner.md).
+    `rig`: the rig already loaded from `rig_root` (rig.toml is then not read again)."""
     from iobench.result import latest_result, load_result, result_files
 
-    rig = load_rig(rig_root, must_exist=False)
+    rig = rig if rig is not None else load_rig(rig_root, must_exist=False)
     if bench:
         result, bench_path = load_result(bench), os.path.abspath(bench)
     else:

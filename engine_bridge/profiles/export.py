@@ -269,7 +269,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     extra: list[pf.Profile] = []
     skipped: list[tuple[str, str]] = []
     listed = {}
-    for fb in (fallback_plans(rig_root, plan) if fallbacks else ()):
+    for fb in (fallback_plans(rig, plan) if fallbacks else ()):
         fid = f"{profile_id}.without-{fb.drive}"
         why = fb.why
         if fb.plan is not None:

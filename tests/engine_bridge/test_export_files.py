@@ -233,12 +233,10 @@ def test_any_value_round_trips_through_sh(values):
 
 
 def test_export_reads_the_plan_and_rig_toml_once(tmp_path):
-    # The N-1 profiles (--fallbacks, the default) re-solve through planner.fallback, which loads
-    # the rig's inputs again per drive: this pins the export itself.
+    # The N-1 profiles (--fallbacks, the default) are re-solved from the rig export has loaded.
     root, paths, _ = make_rig(tmp_path, 3)
     plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
     with counting_opens() as opened:
-        r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "ds4-argodrive", "--cache-experts", "4600",
-                                "--no-fallbacks"])
+        r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "ds4-argodrive", "--cache-experts", "4600"])
     assert r.exit_code == 0, r.output
     assert opened[plan] == 1 and opened[os.path.join(root, "rig.toml")] == 1
