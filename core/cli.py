@@ -19,11 +19,13 @@ from typing import Optional
 
 import typer
 from rich.console import Console, ConsoleDimensions
+from typer._click import core as click_core
 from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors click (pyproject pins it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from .constants import DEBUG_ENV, RIG_ENV
 from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError
+from .rig import rig_dir
 
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
 # 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
@@ -57,8 +59,9 @@ class WholeLineConsole(Console):
         self._soft_wrap = value
 
 
-out = WholeLineConsole()                     # data and tables: stdout
-err = WholeLineConsole(stderr=True)          # progress and messages: stderr
+# No emoji codes: weights print as "27:100:43", which Rich would otherwise turn into "27💯43".
+out = WholeLineConsole(emoji=False)                     # data and tables: stdout
+err = WholeLineConsole(stderr=True, emoji=False)        # progress and messages: stderr
 
 
 def debugging() -> bool:
@@ -88,6 +91,10 @@ class ErrorBoundaryGroup(TyperGroup):
             raise typer.Exit(0)
         except FileNotFoundError as e:
             self._fail(ctx, f"{e.filename or e}: not found", EXIT_MISSING)
+        except NotADirectoryError as e:         # a path of the wrong kind the library did not foresee
+            self._fail(ctx, f"{e.filename or e}: a file where a folder was expected; give a folder", EXIT_USAGE)
+        except IsADirectoryError as e:
+            self._fail(ctx, f"{e.filename or e}: a folder where a file was expected; give a file", EXIT_USAGE)
         except PermissionError as e:
             self._fail(ctx, f"{e.filename or e}: permission denied", EXIT_MISSING)
 
@@ -161,7 +168,14 @@ def make_app(name: str, help: str) -> typer.Typer:
     return app
 
 
-RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, metavar="DIR",
+def _check_rig(ctx: typer.Context, param: typer.CallbackParam, value: Optional[str]) -> Optional[str]:
+    """A rig path of the wrong kind (a file) is refused while parsing, in every command that takes --rig."""
+    from_env = ctx.get_parameter_source(param.name) == click_core.ParameterSource.ENVIRONMENT
+    rig_dir(None if from_env else value)      # from the environment: named as $REPLICA_TUNER_RIG
+    return value
+
+
+RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, metavar="DIR", callback=_check_rig,
                          help=f"Rig folder (default: ${RIG_ENV}, else ./rig).")
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")

@@ -126,8 +126,27 @@ class Rig:
 
 
 def rig_dir(option: str | None = None) -> str:
-    """--rig DIR, else $REPLICA_TUNER_RIG, else ./rig; returned absolute."""
-    return os.path.abspath(option or os.environ.get(RIG_ENV) or DEFAULT_RIG)
+    """--rig DIR, else $REPLICA_TUNER_RIG, else ./rig; returned absolute. A folder that need not
+    exist yet, but a path whose nearest existing part is not a folder (a file given by mistake)
+    is refused here, once for every command, naming where the path came from."""
+    given = option or os.environ.get(RIG_ENV) or DEFAULT_RIG
+    root = os.path.abspath(given)
+    where = "--rig" if option else (f"${RIG_ENV}" if os.environ.get(RIG_ENV) else "the default rig")
+    check_folder_path(root, f"{where} {given}", "give the rig folder (the one holding rig.toml), or a new folder's path")
+    return root
+
+
+def check_folder_path(path: str, what: str, fix: str) -> None:
+    """Refuse a folder path that is a file, or that runs through one (it can never be a folder)."""
+    part = path
+    while part and not os.path.lexists(part):
+        parent = os.path.dirname(part)
+        if parent == part:
+            return
+        part = parent
+    if part and not os.path.isdir(part):
+        kind = "is a file" if part == path else f"runs through the file {part}"
+        raise UsageError(f"{what}: {kind}, not a folder; {fix}")
 
 
 def _bad(where: str, key: str, what: str) -> RigError:

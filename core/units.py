@@ -59,3 +59,8 @@ def format_duration(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def plural(n: int, noun: str) -> str:
+    """'1 bad piece', '3 bad pieces': a count and its noun, as a reader says them."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

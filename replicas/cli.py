@@ -29,14 +29,15 @@ from .forget import forget_member
 from models.formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
-from .manifests import load_manifest, load_manifest_file
-from models.modelset import DIR, FILE, discover
+from .manifests import files_of_model, load_manifest, load_manifest_file
+from models.modelset import DIR, FILE, NotAModel, discover
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
 from .syncplan import sync_result_to_dict
-from .verdict import MISMATCH, plural
+from .verdict import MISMATCH
+from core.units import plural
 from .verify import verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
@@ -109,7 +110,7 @@ def init(rig: Optional[str] = RigOption,
     """Create rig.toml naming the model (the primary) and every file of it; replicas are added by
     `replicas sync`."""
     root = rigmod.rig_dir(rig)
-    found = discover(model, fmt)
+    found = _discover(model, fmt, "pass --format raw to replicate it as opaque bytes")
     current = rigmod.load_rig(root, must_exist=False)
     if current.model and os.path.realpath(current.model.path) == found.path and current.format \
             and (current.layout, tuple(current.files)) != (found.layout, found.files):
@@ -182,10 +183,18 @@ def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, 
     return {**model_manifest_to_dict(ModelManifest(tuple(files), model.layout, model.format)), "path": model.path}
 
 
+def _discover(path: str, fmt: Optional[str], raw_hint: str):
+    """models.modelset.discover, with this command's way to take bytes that are no model format."""
+    try:
+        return discover(path, fmt)
+    except NotAModel as e:
+        raise NotAModel(e.what, raw_hint) from None
+
+
 def _model_at(path: str, fmt: Optional[str]):
     """The model of several files at `path` (a directory, or a file of a split GGUF set), else None."""
     if os.path.isdir(path):
-        return discover(path, fmt)
+        return _discover(path, fmt, "pass --format raw to hash its files as they are")
     match = SPLIT_NAME.match(os.path.basename(path))
     if os.path.isfile(path) and match and int(match["count"]) > 1 and sniff(path) == GGUF:
         return discover(path)
@@ -291,7 +300,12 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
             (r.layout, tuple(r.files)) != (manifest.layout, manifest.names) and not paths:
         raise UsageError(f"{manifest_file} describes a {manifest.layout} model of {plural(len(manifest.files), 'file')}, "
                          f"the rig's model is a {r.layout} of {plural(len(r.files), 'file')}; give the matching manifest")
-    members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
+    narrowed = files_of_model(manifest, paths) if manifest_file and paths else None
+    if narrowed:          # files of a multi-file model, given one by one: each against its own entry
+        root, manifest = narrowed
+        members = [Member(root, os.path.basename(root), "file")]
+    else:
+        members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"

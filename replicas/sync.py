@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from core import rig as rigmod
 from core.errors import EXIT_MISMATCH, EXIT_WRITE, Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
+from core.units import plural
 from core.fsutil import FileIdentity, fsync_dir, require_file
 from core.units import format_bytes
 from engines.registry import DEFAULT_ENGINE, get_engine
@@ -104,13 +105,13 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
             if bad:
                 if p.action == ADOPT:
                     return DestResult(p.dest_dir, p.target, p.action, "failed", bad=tuple(bad),
-                                      error=f"{p.target} exists and differs from the source ({len(bad)} pieces); pass --replace to overwrite it",
+                                      error=f"{p.target} exists and differs from the source ({plural(len(bad), 'piece')}); pass --replace to overwrite it",
                                       exit_code=EXIT_MISMATCH)
                 j = Journal(p.journal, {}, fresh=False)
                 j.withdraw([b.index for b in bad])
                 j.close()
                 return DestResult(p.dest_dir, p.target, p.action, "failed", bytes_written=written, bad=tuple(bad),
-                                  error=f"read-back found {len(bad)} bad pieces; they will be rewritten on the next run", exit_code=EXIT_MISMATCH)
+                                  error=f"read-back found {plural(len(bad), 'bad piece')}; they will be rewritten on the next run", exit_code=EXIT_MISMATCH)
         if p.action != ADOPT:
             st = os.stat(source)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -20,7 +20,7 @@ from models.formats import RAW, SPLIT_NAME, sniff
 from .journal import journal_header, read_journal
 from .manifest import Manifest
 from .manifests import load_manifest
-from models.modelset import DIR, SPLIT, ModelSet, discover, from_rig, one_file
+from models.modelset import DIR, SPLIT, ModelSet, NotAModel, discover, from_rig, one_file
 from .records import load_verdicts
 from .stamps import VERIFIED, stamp_state
 from .syncplan import (
@@ -58,7 +58,11 @@ def source_model(source: str, rig: rigmod.Rig) -> ModelSet:
         require_file(source, "source", SOURCE_FIX)
         found = one_file(source, RAW) if raw or sniff(source) is None else discover(source)
     else:
-        found = discover(source, RAW if raw else None)
+        try:
+            found = discover(source, RAW if raw else None)
+        except NotAModel as e:
+            raise NotAModel(e.what, f"to replicate it as opaque bytes, name it first with "
+                                    f"`replicas init --model {source} --format raw`") from None
     if rig_model is None:
         return found
     if os.path.realpath(found.path) not in {os.path.realpath(m.path) for m in rig.members}:

@@ -100,8 +100,10 @@ class ScrubBook:
             return 0, ()
         key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
         first, bad = resume_point(self.marks.get(path), manifest, key)
-        if first:
-            emit(self.report, Notice(path, f"resuming at piece {first} of {manifest.count}"))
+        if first >= manifest.count:
+            emit(self.report, Notice(path, f"all {manifest.count} pieces were read before the interruption: nothing left to read"))
+        elif first:      # pieces counted from 1, as a user counts them
+            emit(self.report, Notice(path, f"resuming at piece {first + 1} of {manifest.count}"))
         elif path in self.marks:
             emit(self.report, Notice(path, "the file or the manifest changed since the interrupted verify: "
                                            "starting from the first piece"))

@@ -16,7 +16,9 @@ from .checks import FileCheck, MemberCheck, VerifyReport
 from .manifest import ModelManifest
 from .repair import RepairResult
 from .status import MemberStatus
-from .verdict import MISMATCH, mismatch_text, plural, verdict_to_dict
+from core.units import plural
+
+from .verdict import MISMATCH, mismatch_text, verdict_to_dict
 
 
 def when(t: float) -> str:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from core.cli import JsonOption, RigOption, err, print_json
-from core.units import format_bytes, format_rate
+from core.units import format_bytes, format_rate, plural
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
     COLIBRI_FORMAT,
@@ -82,7 +82,7 @@ def register(app) -> None:
                                                                    "(unquantized: least compute per byte read)."),
         shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
                                                                      "one (default: 4, or --layers if fewer)."),
-        force: bool = typer.Option(False, "--force", help="colibri only: replace an existing OUT directory."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
         json_out: bool = JsonOption,
     ):
         """Write a small but complete MoE transformer laid out like the real model (GGUF, or colibri's format)."""
@@ -103,12 +103,12 @@ def register(app) -> None:
                                                 else shards}))
             write = lambda progress: synthesize_colibri(out, spec, force=force, progress=progress)  # noqa: E731
         else:
-            if shards is not None or force:
-                raise UsageError("--shards and --force are for --format colibri (a GGUF file is written whole and replaced)")
+            if shards is not None:
+                raise UsageError("--shards is for --format colibri (a GGUF model is one file)")
             from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
 
             spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))
-            write = lambda progress: synthesize(out, spec, progress)  # noqa: E731
+            write = lambda progress: synthesize(out, spec, progress, force=force)  # noqa: E731
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
@@ -168,7 +168,7 @@ def register(app) -> None:
                       f"({100 * c['read_wait_seconds'] / max(c['seconds'], 1e-9):.0f} %), read {format_bytes(c['bytes'])} "
                       f"at {format_rate(c['bytes'] / max(c['seconds'], 1e-9))}, hits {c['hits']} misses {c['misses']}",
                       highlight=False, soft_wrap=True)
-            err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {s['reads']} pieces"
+            err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {plural(s['reads'], 'piece')}"
                                                       for s in c["sources"]), highlight=False, soft_wrap=True)
         _report_idle(result)
         err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
@@ -232,5 +232,5 @@ def register(app) -> None:
                    f"{result['gen_steady_tps']})  misses/token {result['misses_per_token']}  read "
                    f"{format_bytes(result['decode']['bytes'])} at {result['decode_read_gbps']} GB/s")
         for s in result["sources"]:
-            typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {s['reads']} pieces, "
+            typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {plural(s['reads'], 'piece')}, "
                        f"lands_last {s['lands_last']}{'  DEGRADED' if s['degraded'] else ''}")

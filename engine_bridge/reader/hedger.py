@@ -32,6 +32,7 @@ import time
 from typing import Callable, Sequence
 
 from core.coldio import align_down
+from core.units import plural
 
 from .attempts import HEDGE, MAIN, PROBE, Attempt
 from .buffers import span
@@ -273,7 +274,7 @@ class Hedger:
         return True
 
     def _degrade(self, s: int, n: int) -> None:
-        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{n} pieces late in a row", slow=True):
+        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row", slow=True):
             return
         with self.cond:
             now = self.clock()

@@ -171,7 +171,9 @@ def test_interrupted_full_verify_resumes_where_it_stopped(synced, small_reads):
     assert [m.bytes_read for m in rep.members] == [0, len(data) - 4 * MiB, len(data)]
     assert [m.state for m in rep.members] == ["identical", "mismatch", "identical"]
     assert [b.index for b in rep.members[1].bad] == [1]          # remembered from before the stop
-    assert any(isinstance(e, Notice) and "resuming at piece 4 of 7" in e.message for e in events)
+    notes = [e.message for e in events if isinstance(e, Notice)]
+    assert any("resuming at piece 5 of 7" in n for n in notes)       # pieces 1..4 done, counted from 1
+    assert any("all 7 pieces were read before the interruption" in n for n in notes)   # the finished member
     assert load_scrub(r) == {} and not os.path.exists(r.scrub_file)
     assert load_verdicts(r)[paths[1]].state == "mismatch"
 
