@@ -27,7 +27,7 @@ from core import platform
 from core.coldio import ColdReader, aligned_buffer, huge_backed
 from core.constants import HUGE_PAGE
 from core.drives import drive_of
-from models.formats import RAW, sniff
+from models.formats import RAW, SPLIT_NAME, sniff
 from models.modelset import FILE, ModelSet, discover, member_set, one_file
 from models.tensortable import inspect_model
 
@@ -40,7 +40,8 @@ from .layout import ExpertLayout
 from .meter import DeviceMeter, device_meter
 from .model import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
-from .schedule import RunOptions, Target, Trial, check_options, count_trials, measure, run_plan, run_settings, shape_for
+from .schedule import (RunOptions, Target, Trial, check_options, count_trials, fitting_presets, measure, run_plan, run_settings,
+                       shape_for)
 from .trials import SYSTEM_CLOCK, Clock, Stream, StreamRun, run_trial
 
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
@@ -103,13 +104,17 @@ def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
 
 
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:
-    """Name each file by its drive's mount point (made unique)."""
+    """Name each path by its drive's mount point (made unique). A path is a file, or a model of
+    several files (its directory, any file of its split set): that model is read as a rig member
+    is, the file holding most of its experts (`model_layout`)."""
     out, taken = [], set()
     for p in paths:
-        check_file(p)
+        several = os.path.isdir(p) or (os.path.isfile(p) and SPLIT_NAME.match(os.path.basename(p)) is not None)
+        at = model_layout(discover(p)) if several else (p, None, ())
+        check_file(at[0])
         name = unique_name(drive_of(p).label, taken)
         taken.add(name)
-        out.append(make_target(p, name))
+        out.append(make_target(*at[:1], name, *at[1:]))
     return out
 
 
@@ -195,7 +200,11 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
               clock: Clock = SYSTEM_CLOCK) -> BenchResult:
     """Measure the targets; returns the result (the caller saves it). Progress: a Progress event
     (phase 'trial', done/total trials) before each trial and a Notice with its rate after.
-    `clock` times the trials (the host's unless a test passes its own)."""
+    `clock` times the trials (the host's unless a test passes its own). Presets not named that a
+    target is too small for are skipped, with a note on that drive (`fitting_presets`)."""
+    opts, skipped = fitting_presets(targets, opts)
+    for name, note in skipped:
+        emit(report, Notice(task=name, message=note))
     check_run(targets, opts)
     t_wall = time.perf_counter()
     created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -227,7 +236,8 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
         presets = m.presets[t.name]
         drives.append(DriveResult(name=t.name, path=t.path, size=t.size, cold=o.reader.how, drive=t.drive,
                                   presets=presets, model=_fit(presets, o.queue),
-                                  notes=tuple(list(t.notes) + o.notes + m.notes[t.name]), queue=o.queue))
+                                  notes=tuple(list(t.notes) + o.notes + m.notes[t.name]
+                                              + [note for name, note in skipped if name == t.name]), queue=o.queue))
     return BenchResult(created=created, drives=tuple(drives), groups=tuple(m.groups), together=tuple(m.together),
                        settings=run_settings(opts, m), host=socket.gethostname(),
                        wall_s=round(time.perf_counter() - t_wall, 3))

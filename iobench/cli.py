@@ -124,7 +124,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
     names = [t.name for t in targets]
-    opts = RunOptions(presets=_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
+    opts = RunOptions(presets=_presets(preset), skip_small=preset == "all", seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
                       groups=parse_groups(group or [], names),
                       weights=parse_weights(weights) if weights else None,
