@@ -17,8 +17,8 @@ from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import parse_weights, smallest_equivalent, split_read
 
-from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
-from .plan import Plan, plan_to_dict
+from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
+from .plan import Plan, engine_switches, plan_to_dict
 from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
 from .rigmodel import choose_workload, rig_problem
 from .solve import predict, solve_plan
@@ -227,19 +227,41 @@ def _render_plan(plan: Plan, path: str) -> None:
             if isinstance(b, dict) and "throughput_Bps" in b and phase.predicted.get("throughput_Bps"):
                 out.print(f"  vs {key} {':'.join(map(str, b.get('weights', [])))}: {format_rate(b['throughput_Bps'])} "
                           f"(plan x{phase.predicted['throughput_Bps'] / b['throughput_Bps']:.3f})")
-        alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
-                and list(a.get("weights", [])) != list(phase.weights)]
-        if alts:
-            # Each alternative's speed relative to the plan's: usually slower ("-1.2%"), but a
-            # split within the solver's tie tolerance may be a hair faster ("+0.1%").
-            out.print("  next best: " + ", ".join(f"{':'.join(map(str, a.get('weights', [])))} "
-                                                  f"({format_signed_pct(-a.get('behind', 0))})" for a in alts))
+        _render_alternatives(plan, ph, phase)
     prov = plan.provenance
     for link in (prov.get("model") or {}).get("links") or ():
         out.print(f"shared link {link.get('name')}: {', '.join(link.get('drives', []))} at most "
                   f"{format_rate(link.get('ceiling_Bps', 0))} together")
     if prov:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
+
+
+def _alt_label(a: dict, switches: tuple[str, ...]) -> str:
+    """An alternative's weights, and its switches where the engine has any (colibri: the same
+    weights with another O_DIRECT / stripe setting is another candidate)."""
+    on = [s for s in switches if a.get(s)]
+    return ":".join(map(str, a.get("weights", []))) + (f" {'+'.join(on)}" if on else " (no switches)" if switches else "")
+
+
+def _render_alternatives(plan: Plan, ph: str, phase) -> None:
+    """The solver's runners-up for a phase, never the plan's own split: ties first (as fast as the
+    best within the solver's tie tolerance; the plan took the preferred one: default switches,
+    smaller weights), then the next best, each with its speed relative to the plan's."""
+    switches = engine_switches(plan.engine)
+    own = (list(phase.weights), tuple(bool(getattr(plan, s, False)) for s in switches))
+    alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
+            and (list(a.get("weights", [])), tuple(bool(a.get(s)) for s in switches)) != own]
+    ties = [a for a in alts if a.get("tied")]
+    rest = [a for a in alts if not a.get("tied")]
+
+    def listed(group: list[dict]) -> str:
+        return ", ".join(f"{_alt_label(a, switches)} ({format_signed_pct(-a.get('behind', 0))})" for a in group)
+
+    if ties:
+        prefers = "the default switches, then the smaller weights" if switches else "the smaller weights"
+        out.print(f"  as fast within {TIE_TOLERANCE:.1%} (the plan takes {prefers}): " + listed(ties))
+    if rest:
+        out.print("  next best: " + listed(rest))
 
 
 def _render_switches(plan: Plan) -> None:

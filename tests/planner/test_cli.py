@@ -193,14 +193,23 @@ def test_show_gives_each_alternative_one_signed_delta_and_whole_paths_when_piped
     with open(path) as f:
         d = json.load(f)
     decode = [a for a in d["alternatives"] if a["phase"] == "decode"]
-    # One alternative a hair faster than the plan (within the solver's tie tolerance), one slower.
+    # One alternative a hair faster than the plan (within the solver's tie tolerance), one slower,
+    # and one with the plan's own weights (never listed as an alternative to itself).
     decode[0]["behind"], decode[1]["behind"] = -0.001, 0.012
+    decode[0]["tied"], decode[1]["tied"] = True, False
+    decode[2]["weights"] = d["decode"]["weights"]
     with open(path, "w") as f:
         json.dump(d, f)
     shown = invoke("show", path)
     assert shown.exit_code == 0, shown.output
-    (line,) = [x for x in shown.stdout.splitlines() if x.startswith("  next best") and "(+0.1%)" in x]
+    lines = shown.stdout.splitlines()
+    decode_at = next(i for i, x in enumerate(lines) if x.startswith("decode "))
+    (tie,) = [x for x in lines[decode_at:] if x.startswith("  as fast within 0.1%")]
+    (line,) = [x for x in lines[decode_at:] if x.startswith("  next best")]
+    assert "(+0.1%)" in tie and "smaller weights" in tie and "(+" not in line
     assert "(-1.2%)" in line and "--" not in line and "+-" not in line
+    own = ":".join(map(str, d["decode"]["weights"])) + " ("
+    assert own not in tie and own not in line
     sources = [x for x in shown.stdout.splitlines() if x.startswith("sources: ")]
     assert sources == ["sources: " + ", ".join(f"{i}:{s['name']}={s['path']}" for i, s in enumerate(d["sources"]))]
     assert "…" not in shown.stdout
