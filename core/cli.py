@@ -24,7 +24,7 @@ from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from .constants import DEBUG_ENV, RIG_ENV
-from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError
+from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError, UsageError
 from .rig import rig_dir
 
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
@@ -179,6 +179,17 @@ RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, metavar="DIR", callback=
                          help=f"Rig folder (default: ${RIG_ENV}, else ./rig).")
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")
+
+
+def require_terminal(what: str, instead: str) -> None:
+    """Refuse (exit 2) to open a full-screen program where no one can use it: its input and output
+    must both be a terminal. Without this a screen app piped or fed /dev/null writes escape codes
+    until killed."""
+    missing = [name for name, stream in (("input", sys.stdin), ("output", sys.stdout))
+               if stream is None or not stream.isatty()]
+    if missing:
+        raise UsageError(f"{what} needs a terminal (its {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                         f"not one); run it in a terminal, or {instead}")
 
 
 def print_json(data) -> None:
