@@ -36,7 +36,7 @@ from .constants import (
     STAMPS_DIR,
     VERDICTS_FILE,
 )
-from .errors import RigError, UsageError
+from .errors import MissingError, RigError, UsageError
 from .fsutil import atomic_write_text
 
 
@@ -115,6 +115,23 @@ class Rig:
         except FileNotFoundError:
             return []
         return [os.path.join(d, n) for n in names]
+
+    def resolve(self, ref: str, name: str, noun: str, remedy: str) -> str:
+        """What users type for a file a stage wrote (a plan, an iobench result), the same in every
+        tool: a path, 'latest' (the newest in rig/NAME), or its name in rig/NAME (with or without
+        .json). MissingError (exit 3) when nothing matches, saying where it looked and `remedy`."""
+        if os.path.lexists(ref) and ref != "latest":
+            return os.path.abspath(ref)        # a file, or a path of another kind its loader names
+        d = os.path.join(self.root, name)
+        if ref == "latest":
+            files = self.timestamped_files(name)
+            if not files:
+                raise MissingError(f"no {noun}s in {d}: {remedy}")
+            return files[-1]
+        for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(self.root, ref)):
+            if os.path.isfile(cand):
+                return cand
+        raise MissingError(f"{ref}: no such {noun} file, nor one of that name in {d}; give a file, its name there, or 'latest'")
 
     def member(self, path_or_name: str) -> Member:
         real = os.path.realpath(path_or_name)

@@ -20,7 +20,7 @@ from engines.split import parse_weights
 from . import render
 from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
-from .result import latest_result, load_result, result_files, result_to_dict, save_result
+from .result import latest_result, load_result, resolve_result_path, result_files, result_to_dict, save_result
 from .schedule import RunOptions, parse_groups
 from .testbed_cli import app as testbed_app
 
@@ -152,16 +152,15 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
 
 
 @app.command()
-def show(result: Optional[str] = typer.Argument(None, metavar="RESULT", help="A result file (default: newest in rig/bench)."),
+def show(result: Optional[str] = typer.Argument(None, metavar="RESULT",
+                                                help="A result file, its name in rig/bench, or 'latest' (default: the newest)."),
          rig: Optional[str] = RigOption,
          lanes: bool = typer.Option(False, "--lanes", help="Also show every lane count."),
          json_out: bool = JsonOption):
     """A result as a table and a bar chart of the per-drive ceilings."""
-    if result:
-        r, path = load_result(result), result
-    else:
-        the_rig = load_rig(rig_dir(rig), must_exist=False)
-        r, path = latest_result(the_rig), result_files(the_rig)[-1]
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    path = resolve_result_path(result or "latest", the_rig)
+    r = load_result(path)
     if json_out:
         print_json(result_to_dict(r))
     else:
@@ -169,10 +168,13 @@ def show(result: Optional[str] = typer.Argument(None, metavar="RESULT", help="A 
 
 
 @app.command()
-def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the baseline)."),
-            b: str = typer.Argument(..., metavar="B", help="Result file to compare with A."),
+def compare(a: str = typer.Argument(..., metavar="A", help="Result (the baseline): a file, its name in rig/bench, or 'latest'."),
+            b: str = typer.Argument(..., metavar="B", help="Result to compare with A, named as A."),
+            rig: Optional[str] = RigOption,
             json_out: bool = JsonOption):
     """Two results side by side: per drive and preset, both ceilings and B/A, with a bar chart."""
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    a, b = (resolve_result_path(x, the_rig) for x in (a, b))
     ra, rb = load_result(a), load_result(b)
     rows = render.compare_rows(ra, rb)
     if json_out:

@@ -19,7 +19,7 @@ from engines.split import parse_weights, smallest_equivalent, split_read
 
 from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
 from .plan import Plan, engine_switches, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, save_plan
+from .plans import latest_plan_path, load_inputs, load_plan, parse_background, resolve_plan_path, save_plan
 from .rigmodel import choose_workload, rig_problem
 from .solve import predict, solve_plan
 from .workload import NAMED
@@ -27,7 +27,8 @@ from .workload import NAMED
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
 
 EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned: {', '.join(ENGINES)}.")
-BenchOption = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench).")
+BenchOption = typer.Option(None, "--bench", metavar="RESULT",
+                           help="iobench result: a file, its name in rig/bench, or 'latest' (default: the newest).")
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
                                 help="Other work on a source: primary:engram (Engram rows per decoded token) or NAME:PERCENT% busy. Repeatable.")
 LanesOption = typer.Option(None, "--lanes", min=1, max=64,
@@ -295,10 +296,12 @@ def _render_workload(plan: Plan) -> None:
 
 
 @app.command()
-def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan file (default: newest in rig/plans)."),
+def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN",
+                                              help="Plan file, its name in rig/plans, or 'latest' (default: the newest)."),
          rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """A readable summary of a plan, with the split of one read drawn per source."""
-    path = plan or latest_plan_path(load_rig(rig_dir(rig), must_exist=False))
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    path = resolve_plan_path(plan, the_rig) if plan else latest_plan_path(the_rig)
     p = load_plan(path)
     if json_out:
         print_json(plan_to_dict(p))

@@ -200,8 +200,9 @@ def run_bad_input(tmp_path, args, message, code):
 
 @pytest.mark.parametrize("args, message", [
     (["show"], "no iobench results"),
+    (["show", "latest"], "no iobench results"),
     (["show", "/no/such.json"], "/no/such.json: no such iobench result file"),
-    (["compare", "/no/such.json", "/no/other.json"], "no such iobench result file"),
+    (["compare", "/no/such.json", "/no/other.json"], "/no/such.json: no such iobench result file"),
 ])
 def test_missing_result_exits_3_like_a_missing_plan(args, message):
     r = invoke(*args)

@@ -120,6 +120,22 @@ def test_malformed_plan_file_is_exit_2(tmp_path, text):
     assert "Traceback" not in r.output and r.stderr.startswith(f"planner: error: {path}")
 
 
+def test_plans_and_results_are_named_the_same_way_in_every_tool(tmp_path):
+    """`planner show latest` works as `engine-bridge run --plan latest` does: a file, 'latest' or
+    a name in rig/plans; --bench takes a result the same way (a file, 'latest', a name in rig/bench)."""
+    rig, _ = make_rig(tmp_path / "rig")
+    r = invoke("solve", "--rig", rig.root, "--bench", "latest", "--json")
+    assert r.exit_code == 0, r.output
+    path = json.loads(r.stdout)["path"]
+    name = os.path.basename(path)
+    bench = os.path.basename(json.loads(r.stdout)["provenance"]["bench"])
+    assert invoke("solve", "--rig", rig.root, "--bench", bench[:-len(".json")]).exit_code == 0
+    for ref in ("latest", name, name[:-len(".json")]):
+        shown = invoke("show", ref, "--rig", rig.root, "--json")
+        assert shown.exit_code == 0, shown.output
+    assert invoke("show", name, "--rig", rig.root).stdout.startswith(f"plan {path}")
+
+
 def test_show_without_plans_says_how_to_make_one(tmp_path):
     r = invoke("show", "--rig", tmp_path / "rig")
     assert r.exit_code == 3 and "planner solve" in r.stderr
@@ -128,6 +144,7 @@ def test_show_without_plans_says_how_to_make_one(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (("solve", "--bench", "/nonexistent/result.json"), "/nonexistent/result.json: no such iobench result file"),
     (("show", "/nonexistent/plan.json"), "/nonexistent/plan.json: no such plan file"),
+    (("show", "latest"), "no plans in"),
 ])
 def test_a_missing_result_or_plan_is_exit_3(tmp_path, args, message):
     rig, _ = make_rig(tmp_path / "rig")

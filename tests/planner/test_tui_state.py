@@ -284,7 +284,7 @@ def test_a_colibri_solution_moves_both_phases_and_the_switches_unless_the_user_c
 @pytest.mark.parametrize("setup, expect, code", [
     ("empty", "no iobench results", 3),
     ("other-plan", "is for sources", 2),
-    ("missing-plan", "not found", 3),
+    ("missing-plan", "nope: no such plan file", 3),
     ("unknown-engine", "engine 'nope' is not known", 2),
     ("plan-of-another-engine", "is for ds4-argodrive, not colibri", 2),
 ])
