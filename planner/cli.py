@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from core.cli import JsonOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.platform import available_memory
@@ -123,7 +123,7 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
           threads: Optional[int] = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
-          page_cache: str = PageCacheOption, json_out: bool = JsonOption):
+          page_cache: str = PageCacheOption, quiet: bool = QuietOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
     root = rig_dir(rig)
     inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
@@ -134,15 +134,16 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
     path = save_plan(load_rig(root, must_exist=False), plan)
     plan = load_plan(path)
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
-        err.print(f"notice: {text}", markup=False)
+    for text in ([] if quiet else [chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
+        err.print(f"notice: {text}", markup=False)     # an idle drive is said even with --quiet: it is part of the result
     if json_out:
         d = plan_to_dict(plan)
         d["path"] = path
         print_json(d)
     else:
         _render_plan(plan, path)
-    err.print(f"plan written to {path}")
+    if not quiet:
+        err.print(f"plan written to {path}")
 
 
 @app.command()

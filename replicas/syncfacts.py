@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from core import rig as rigmod
-from core.errors import MissingError, UsageError
+from core.errors import MissingError, UsageError, WriteError
 from core.events import Notice, Reporter, emit
 from core.fsutil import FileIdentity, allocated_bytes, free_bytes, require_file
 
@@ -104,8 +104,9 @@ def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, ma
             raise MissingError(f"destination {d}: no such directory (drive not mounted?); mount it or fix the path")
         if not os.path.isdir(d):
             raise UsageError(f"destination {d}: not a directory; give the directory to copy into")
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise UsageError(f"destination {d}: not writable; check its permissions or mount options")
+        if not os.access(d, os.W_OK | os.X_OK):    # a write that cannot succeed: exit 4, as the README says
+            raise WriteError(f"destination {d}: not writable (permissions or a read-only mount); check its "
+                             "permissions or mount options")
         final = model.in_dir(d)
         if os.path.realpath(final.path) == os.path.realpath(model.path):
             raise UsageError(f"destination {d} is the source's own directory; choose another drive")

@@ -231,3 +231,14 @@ def test_show_gives_each_alternative_one_signed_delta_and_whole_paths_when_piped
     assert sources == ["sources: " + ", ".join(f"{i}:{s['name']}={s['path']}" for i, s in enumerate(d["sources"]))]
     assert "…" not in shown.stdout
 
+
+
+def test_solve_takes_quiet_like_the_other_long_commands(tmp_path):
+    """`planner solve -q` was refused where sync, verify, repair, iobench run, bench and ladder take
+    -q/--quiet: the plan is the result (still printed), the notices and 'plan written' go."""
+    rig, _ = make_rig(tmp_path / "rig")
+    loud = invoke("solve", "--rig", rig.root)
+    quiet = invoke("solve", "--rig", rig.root, "-q")
+    assert loud.exit_code == quiet.exit_code == 0, quiet.output
+    assert "plan written to" in loud.stderr and quiet.stderr.strip() == ""
+    assert quiet.stdout.startswith("plan ") and "prefill" in quiet.stdout

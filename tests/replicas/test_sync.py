@@ -351,3 +351,22 @@ def test_foreign_partial_file_is_not_touched(setup):
     with pytest.raises(UsageError, match="not written by replicas"):
         sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True)
     assert read(foreign) == b"someone else's"
+
+
+def test_a_read_only_destination_is_exit_4_as_the_readme_says(setup, monkeypatch):
+    """The README's exit codes: 4 is 'a write failed (disk full, file too large, permission)'. A
+    destination sync cannot write into is refused before a byte is read, with that code."""
+    src, data, dests, rig = setup
+    os.chmod(dests[0], 0o555)
+    if os.geteuid() == 0:        # root writes through mode bits: the kernel's answer for a read-only mount
+        real = os.access
+        monkeypatch.setattr("replicas.syncfacts.os.access",
+                            lambda p, mode: False if os.path.samefile(p, dests[0]) else real(p, mode))
+    try:
+        r = CliRunner().invoke(app, ["sync", "--rig", rig, str(src), str(dests[0]), "--allow-same-device", "-q"])
+    finally:
+        os.chmod(dests[0], 0o755)
+    assert r.exit_code == 4, r.output
+    assert "not writable" in r.output and os.listdir(dests[0]) == []
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    assert "| 4 | a write failed (disk full, file too large, permission)" in readme
