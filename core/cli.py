@@ -11,8 +11,10 @@ The consoles fit a terminal; anything else (a pipe, a log file) gets whole lines
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import sys
 import traceback
 from typing import Optional
@@ -21,11 +23,14 @@ import typer
 from rich.console import Console, ConsoleDimensions
 from typer._click import core as click_core
 from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors click (pyproject pins it)
-from typer.core import TyperArgument, TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from .constants import DEBUG_ENV, RIG_ENV
 from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError, UsageError
 from .rig import rig_dir
+
+# `--json true`: a value after a flag, which Click reports as an extra argument.
+BOOL_WORD = re.compile(r"\((?:[^)]* )?(?:true|false|yes|no|on|off|1|0)(?: [^)]*)?\)", re.IGNORECASE)
 
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
 # 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
@@ -68,7 +73,74 @@ def debugging() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
-class ErrorBoundaryGroup(TyperGroup):
+def reflow(text: Optional[str]) -> Optional[str]:
+    """A docstring as help: each paragraph one line, which the help screen then wraps to the
+    terminal's width (Typer keeps a docstring's hard line breaks, so help wrapped at 80 columns
+    came out ragged). A line starting with '- ' or indented starts a line of its own (a list)."""
+    if not text:
+        return text
+    paragraphs = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in para.split("\n"):
+            if lines and line.strip() and not line.startswith((" ", "- ", "* ", "\b")):
+                lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def value_metavar(param) -> Optional[str]:
+    """What the help shows after an option: nothing for a flag (it takes no value: `--json`, not
+    `--json <bool>`), N for a count, else the option's last word in capitals (--piece-size SIZE,
+    --seconds SECONDS) instead of Typer's Python type names (`<str>`, `<float>`). None: leave it
+    (a metavar given, or choices Typer lists as a|b)."""
+    if param.metavar is not None or not isinstance(param, TyperOption):
+        return None
+    if param.is_flag:
+        return ""
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return None
+    if desc.annotation is int:
+        return "N"
+    long = max(param.opts, key=len).lstrip("-")
+    return long.rsplit("-", 1)[-1].upper()
+
+
+def plain_help(command) -> None:
+    """One help style for every command and group: reflowed prose, value words instead of type
+    names; an argument's type column is left empty (its name, in the first column, says it)."""
+    command.help = reflow(command.help)
+    command.short_help = reflow(command.short_help)
+    for param in command.params:
+        if isinstance(param, TyperArgument):
+            param.display_type_rich = lambda ctx: None      # not `<list[str]>`: DEST_DIR... says it
+            continue
+        metavar = value_metavar(param)
+        if metavar is not None:
+            param.metavar = metavar
+        if isinstance(param, TyperOption) and param.help:
+            param.help = reflow(param.help)
+
+
+class PlainHelp:
+    """Mixed into this project's command and group classes: `plain_help` on construction, and
+    for the -h/--help option Click adds later."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        plain_help(self)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class ErrorBoundaryGroup(PlainHelp, TyperGroup):
     """A Typer group whose commands' errors become one line and an exit code."""
 
     def parse_args(self, ctx, args):
@@ -103,6 +175,8 @@ class ErrorBoundaryGroup(TyperGroup):
         if isinstance(e, click_exceptions.NoArgsIsHelpError):
             raise e                                  # a bare command name: its help, as before
         message = " ".join(e.format_message().split())
+        if "unexpected extra argument" in message and BOOL_WORD.search(message):
+            message += "; a flag such as --json takes no value: give it alone to turn it on"
         # Some parser errors carry no context; the command being parsed is then the invoked one.
         where = e.ctx.command_path if e.ctx is not None else " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
         self._fail(ctx, f"{message[:1].lower()}{message[1:].rstrip('.')} (see '{where} -h')", EXIT_USAGE)
@@ -114,7 +188,7 @@ class ErrorBoundaryGroup(TyperGroup):
         raise typer.Exit(code)
 
 
-class PlainUsageCommand(TyperCommand):
+class PlainUsageCommand(PlainHelp, TyperCommand):
     """A command whose usage line names its arguments as POSIX tools do: `SOURCE DEST_DIR...`,
     `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`)."""
 

@@ -141,3 +141,32 @@ def test_usage_lines_name_arguments_plainly(app, prog):
         (usage,) = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("Usage: ")]
         assert usage.startswith(f"Usage: {prog} {' '.join(path)} ")
         assert "{" not in usage and "[[" not in usage and "]...]" not in usage, usage
+
+
+@pytest.mark.parametrize("app, prog", [(iobench_app, "iobench"), (planner_app, "planner"),
+                                       (engine_bridge_app, "engine-bridge"), (replicas_app, "replicas")])
+def test_help_names_values_not_python_types_and_reads_whole_at_80_columns(app, prog, monkeypatch):
+    """Every command's -h at 80 columns: no flag promises a value (`--json <bool>`), no Python type
+    names (<str>, <int>, <list[str]>), no text cut short with '…', and prose wrapped by the screen,
+    not by the docstring's own line breaks (no line of a paragraph ends far short of the width
+    while the next one starts with a word that would have fitted)."""
+    import rich.console
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 80)
+    monkeypatch.setattr(rich.console.Console, "is_terminal", property(lambda self: False))
+    for path, _ in [([], None), *_commands(app, prog)]:
+        r = CliRunner().invoke(app, [*path, "-h"], prog_name=prog, env={"COLUMNS": "80"})
+        assert r.exit_code == 0, (path, r.output)
+        for bad in ("<bool>", "<str>", "<int>", "<float>", "list[", "…"):
+            assert bad not in r.stdout, (path, bad, r.stdout)
+        lines = r.stdout.splitlines()
+        for a, b in zip(lines, lines[1:]):
+            if a.startswith(" ") and b.startswith(" ") and not a.strip().startswith(("│", "╭", "╰")) and a.strip() and b.strip():
+                first = b.split()[0]
+                assert len(a.rstrip()) + 1 + len(first) > 79, (path, a, b)      # `first` would have fitted (1 column of padding)
+
+
+def test_a_value_after_a_flag_says_flags_take_none():
+    r = CliRunner().invoke(replicas_app, ["status", "--json", "true"], prog_name="replicas")
+    assert r.exit_code == 2 and "takes no value" in r.stderr
