@@ -397,7 +397,9 @@ def forget(member: str = typer.Argument(..., metavar="PATH", help="The member to
     gone can be forgotten without the drive. The model (primary) goes only once no replica is left."""
     r = _rig(rig)
     m = forget_member(r, member)
-    err.print(f"forgot {m.role} '{escape(m.name)}' ({escape(m.path)}); its file is left as it is")
+    left = ("its file is left as it is" if r.layout == FILE or len(r.files) < 2      # said of the model's own kind
+            else f"its {plural(len(r.files), 'file')} are left as they are")
+    err.print(f"forgot {m.role} '{escape(m.name)}' ({escape(m.path)}); {left}")
 
 
 def main() -> None:

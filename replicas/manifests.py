@@ -38,28 +38,23 @@ def save_manifest(rig: Rig, manifest: ModelManifest) -> None:
 
 
 def files_of_model(manifest: ModelManifest, paths: list[str]) -> tuple[str, ModelManifest] | None:
-    """Files given one by one that are files of a multi-file model the manifest describes: (where
-    the model sits, the manifest of just those files), so each is checked against its own entry.
-    None when the manifest is of one file or a path is not a regular file (a model given whole).
-    A file that matches no entry, or files of two different places, are refused."""
-    if len(manifest.files) < 2 or not all(os.path.isfile(p) for p in paths):
+    """Files given one by one that are files of a directory model the manifest describes: (the
+    model's folder, the manifest of just those files), so each is checked against its own entry.
+    None when the manifest is not of a directory model (a file of a split set names the whole set,
+    as everywhere) or a path is not a regular file (the model given whole). A file that matches no
+    entry, or files of two different copies, are refused."""
+    if manifest.layout != DIR or not all(os.path.isfile(p) for p in paths):
         return None
     roots, picked = set(), []
     for p in paths:
         p = os.path.abspath(p)
-        hits = [f for f in manifest.files
-                if (p.endswith(os.sep + f.name.replace("/", os.sep)) if manifest.layout == DIR
-                    else os.path.basename(p) == f.name)]
+        hits = [f for f in manifest.files if p.endswith(os.sep + f.name.replace("/", os.sep))]
         if not hits:
-            raise UsageError(f"{p}: not a file of the {manifest.layout} model the manifest lists "
+            raise UsageError(f"{p}: not a file of the directory model the manifest lists "
                              f"({', '.join(manifest.names[:3])}{', ...' if len(manifest.names) > 3 else ''}); "
-                             f"give one of its files or the model itself")
-        f = hits[0]
-        roots.add(p[:-len(f.name) - 1] if manifest.layout == DIR else os.path.dirname(p))
-        picked.append(f)
+                             f"give one of its files or the model's folder")
+        roots.add(p[:-len(hits[0].name) - 1])
+        picked.append(hits[0])
     if len(roots) > 1:
         raise UsageError(f"the files given lie in {len(roots)} different copies of the model; give the files of one")
-    order = tuple(f for f in manifest.files if f in picked)
-    root = roots.pop()
-    # where a member keeps the model: a directory model's folder, a split set's (first given) file
-    return (root if manifest.layout == DIR else os.path.join(root, order[0].name)), replace(manifest, files=order)
+    return roots.pop(), replace(manifest, files=tuple(f for f in manifest.files if f in picked))

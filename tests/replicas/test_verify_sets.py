@@ -222,13 +222,37 @@ def test_hash_a_model_prints_a_line_per_file_and_its_manifest_verifies_another_c
     assert code == 1 and [b["file"] for b in v["members"][0]["bad"]] == [rel]
 
 
+def test_verify_against_a_manifest_takes_one_file_of_a_multi_file_model(rigset, tmp_path):
+    """`verify --manifest M FILE`, FILE one file of a directory model, checks that file against
+    its own entry (it reported the model's other files as 'Not a directory'); a file the manifest
+    does not list is refused in one line. A file of a split set names the whole set, as everywhere."""
+    rig, paths, models = rigset
+    if models[0].layout != "dir":
+        pytest.skip("a file of a split set names the whole set (the test above)")
+    doc = invoke("hash", paths[0] if models[0].layout == "dir" else models[0].paths[0], "--piece-size", "64K", "--json")
+    other = tmp_path / "other-host.json"
+    other.write_text(doc.stdout)
+    rel, path = biggest(models[2])
+    code, v = verify_json(rig, "--manifest", str(other), path)
+    assert code == 0 and v["members"][0]["state"] == "identical", v
+    assert [f["file"] for f in v["members"][0]["files"]] == [rel]
+    flip_byte(path, 5)
+    code, v = verify_json(rig, "--manifest", str(other), path)
+    assert code == 1 and [b["file"] for b in v["members"][0]["bad"]] == [rel]
+    stray = tmp_path / "stray.bin"
+    stray.write_bytes(b"x" * 100)
+    r = invoke("verify", "--rig", rig, "--manifest", str(other), str(stray))
+    assert r.exit_code == 2 and "not a file of the" in r.output and len(r.output.strip().splitlines()) == 1
+
+
 def test_forget_a_set_replica_drops_the_records_of_each_file(rigset):
     rig, paths, models = rigset
     r = rigmod.load_rig(rig)
     primary_sidecars = [sidecar_path(r, p) for p in models[0].paths]
     assert all(os.path.exists(s) for s in primary_sidecars)
     assert invoke("forget", "--rig", rig, "internal").exit_code == 2           # replicas first
-    assert invoke("forget", "--rig", rig, "white").exit_code == 0
+    gone = invoke("forget", "--rig", rig, "white")
+    assert gone.exit_code == 0 and f"its {len(models[2].files)} files are left as they are" in gone.output
     after = load_verdicts(rigmod.load_rig(rig))
     assert not [p for p in after if p.startswith(os.path.dirname(paths[2]))]
     assert all(p in after for p in models[1].paths)
