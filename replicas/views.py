@@ -129,7 +129,12 @@ def repair_text(res: RepairResult) -> tuple[str, list[str]]:
         return f"{res.path}: already identical; nothing to repair", []
     what = [f"re-copied {plural(len(res.repaired), 'piece')}"] if res.repaired or not res.restored else []
     what += [f"restored {plural(len(res.restored), 'missing file')}"] if res.restored else []
-    line = f"{res.path}: {' and '.join(what)} ({format_bytes(res.bytes_copied)}) from {res.donor}; now {res.after.state}"
+    # A model of several files: the files that were mended, by their own paths (the member's path
+    # is a split set's first file, which may not be one of them).
+    touched = {b.file for b in res.repaired} | set(res.restored)
+    where = [f.path for f in res.after.files if f.file in touched] if len(res.after.files) > 1 else []
+    line = (f"{', '.join(where) or res.path}: {' and '.join(what)} ({format_bytes(res.bytes_copied)}) from {res.donor}; "
+            + (f"{res.path} now {res.after.state}" if where else f"now {res.after.state}"))
     return line, [f"{f.path}: still {f.state}" + (f": {f.detail}" if f.detail else "")
                   for f in res.after.files if f.state != "identical"]
 

@@ -97,6 +97,14 @@ def test_a_flipped_byte_names_file_and_piece_and_repair_fixes_only_that(rigset):
         assert a.read() == b.read()
     assert invoke("verify", "--rig", rig).exit_code == 0
     assert invoke("status", "--rig", rig).exit_code == 0
+    # The human form names the file it mended (a split set's member path is its first file, which
+    # is not the one repaired here), and the member it belongs to.
+    flip_byte(path, off)
+    assert invoke("verify", "--rig", rig).exit_code == 1
+    r = invoke("repair", "--rig", rig, "white")
+    assert r.exit_code == 0, r.output
+    line = " ".join(r.stdout.split())
+    assert line.startswith(f"{path}: re-copied 1 piece") and line.endswith(f"{paths[2]} now identical"), line
 
 
 def test_a_deleted_shard_is_exit_3_named_and_the_rest_is_still_checked(rigset):
