@@ -155,7 +155,7 @@ def register(app) -> None:
         blas = pin_blas_threads(1)
         sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
                                 engine, tuple(switch))
-        err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
+        err.print(f"run: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
@@ -213,7 +213,7 @@ def register(app) -> None:
 
         sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
                                 engine, tuple(switch))
-        err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
+        err.print(f"replay: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
                   highlight=False, soft_wrap=True)

@@ -25,6 +25,7 @@ from statistics import median
 from typing import Sequence
 
 from core.errors import UsageError
+from core.units import plural
 from engines.registry import DEFAULT_ENGINE
 from planner.measured import RESULTS_KEYS, RESULTS_SCHEMA, parse_results  # noqa: F401 (RESULTS_KEYS: the shape build_results writes)
 
@@ -174,7 +175,7 @@ def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
     if unread:
         return Gate(False, "; ".join(e["message"] for e in unread))
     sat_out = "".join(f"; source {e['source']} given nothing by the split in {e['phase']}" for e in idle)
-    return Gate(True, f"{want} source(s), none degraded{sat_out}")
+    return Gate(True, f"{plural(want, 'source')}, none degraded{sat_out}")
 
 
 def gate_swap(before: Snapshot, after: Snapshot) -> Gate:
