@@ -1,11 +1,12 @@
 # `make test` works on a fresh machine: it builds .venv, installs the project with its test
-# extras, then runs pytest. `make demo` runs the main job on a generated model.
+# extras, then runs the linter (ruff, configured in pyproject.toml) and pytest. `make demo`
+# runs the main job on a generated model.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo venv clean bench
+.PHONY: test lint demo venv clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,7 +16,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
+
+test: lint
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)

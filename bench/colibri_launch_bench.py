@@ -96,7 +96,8 @@ def one(binary: str, limits: dict, out: str) -> list[str]:
     tokens = set()
     for name, d in runs:
         conf = ", ".join(f"{c['name']} {'ok' if c['ok'] else 'FAILED'}" for c in d.get("confirmations", []))
-        lines.append(f"{name:8} launch {'confirmed' if d.get('ok') else 'NOT confirmed ' + str(d.get('failed') or d.get('error'))}"
+        lines.append(f"{name:8} launch "
+                     f"{'confirmed' if d.get('ok') else 'NOT confirmed ' + str(d.get('failed') or d.get('error'))}"
                      f" ({conf}); tokens {' '.join(d['tokens'] or ['none'])}")
         if d["mirror_line"]:
             served = member.read_stats(d["mirror_line"])

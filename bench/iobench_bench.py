@@ -151,12 +151,16 @@ def report(result: dict, mbs: dict, fio: dict, wall: float) -> None:
         worst_fio = 0.0
         for (name, preset), r in fio.items():
             worst_fio = max(worst_fio, abs(r["ratio"] - 1))
-            print(f"{name:<6} {preset:<8} {r['iobench']['bw_bytes'] / 1e6:>12.1f} {r['fio']['bw_bytes'] / 1e6:>9.1f} {r['ratio']:>11.3f}")
+            print(f"{name:<6} {preset:<8} {r['iobench']['bw_bytes'] / 1e6:>12.1f} {r['fio']['bw_bytes'] / 1e6:>9.1f} "
+                  f"{r['ratio']:>11.3f}")
     print("\nsummary")
-    print(f"  seq and prefill ceilings / throttle: worst {worst['ceiling'] * 100:.1f}% off   (target < {TARGET_CEILING * 100:.0f}%)  {ok(worst['ceiling'] < TARGET_CEILING)}")
-    print(f"  spread over repeats (seq, prefill):  worst {worst['spread']:.2f}%         (target < {TARGET_SPREAD:.0f}%)  {ok(worst['spread'] < TARGET_SPREAD)}")
+    print(f"  seq and prefill ceilings / throttle: worst {worst['ceiling'] * 100:.1f}% off   (target < "
+          f"{TARGET_CEILING * 100:.0f}%)  {ok(worst['ceiling'] < TARGET_CEILING)}")
+    print(f"  spread over repeats (seq, prefill):  worst {worst['spread']:.2f}%         (target < {TARGET_SPREAD:.0f}%)  "
+          f"{ok(worst['spread'] < TARGET_SPREAD)}")
     if fio:
-        print(f"  iobench / fio, same file and shape:  worst {worst_fio * 100:.1f}% off   (target < {TARGET_FIO * 100:.0f}%)  {ok(worst_fio < TARGET_FIO)}")
+        print(f"  iobench / fio, same file and shape:  worst {worst_fio * 100:.1f}% off   (target < {TARGET_FIO * 100:.0f}%) "
+              f" {ok(worst_fio < TARGET_FIO)}")
     print(f"  wall time of --preset all, {len(result['drives'])} drives:  {wall:.1f}s (iobench's own {result['wall_s']:.1f}s)   "
           f"(target < {TARGET_WALL:.0f}s)  {ok(wall < TARGET_WALL)}")
 

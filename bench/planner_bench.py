@@ -137,8 +137,9 @@ def outer(a) -> int:
             for run in range(1, a.runs + 1):
                 out = os.path.join(tb.root, f"summary-{run}.json")
                 passthrough = [x for d in drive_specs for x in ("--drive", d)] + [x for d in iops_specs for x in ("--iops", d)]
-                inner_cmd = [sys.executable, os.path.abspath(__file__), "--inner", "--state", os.path.join(tb.root, "testbed.json"),
-                             "--summary", out, "--seed", str(a.seed + run - 1)] + passthrough + a.passthrough
+                inner_cmd = [sys.executable, os.path.abspath(__file__), "--inner",
+                             "--state", os.path.join(tb.root, "testbed.json"), "--summary", out,
+                             "--seed", str(a.seed + run - 1)] + passthrough + a.passthrough
                 log(f"[{set_name}] run {run} of {a.runs}")
                 rc = tb.run(inner_cmd).returncode
                 if rc != 0:
@@ -359,7 +360,8 @@ def inner(a) -> int:
         vs_best = seconds(ph, best) / seconds(ph, c0) - 1
         print(f"planner chose {label(*c0)}: predicted {p0 / 1e6:.1f} MB/s, measured {m0 / 1e6:.1f} MB/s")
         print(f"  prediction error per phase (chosen): {pct(p0 / m0 - 1)}   (target within 5 %)")
-        print(f"  prediction error over the grid: mean |error| {100 * np.mean(np.abs(errs)):.1f} %, max {100 * np.max(np.abs(errs)):.1f} %")
+        print(f"  prediction error over the grid: mean |error| {100 * np.mean(np.abs(errs)):.1f} %, max "
+              f"{100 * np.max(np.abs(errs)):.1f} %")
         print(f"  choice vs measured best of the grid ({label(*best)}): {pct(vs_best)} in time"
               + ("   (target within 2 %)" if not joint else "   (one vector for both phases: judged jointly below)"))
         fc = (tuple(fit_choice.weights[ph]), fit_choice.mode)
@@ -400,7 +402,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state", help=argparse.SUPPRESS)
-    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES), help="the engine whose reads are planned and measured")
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=list(ENGINES), help="the engine whose reads are planned and "
+                                                                                   "measured")
     p.add_argument("--root", help="testbed folder (default: a fresh one, deleted afterwards)")
     p.add_argument("--drive", action="append", help="NAME:MBPS read ceiling (repeat; first = primary)")
     p.add_argument("--iops", action="append", help="NAME:IOPS read-operation ceiling (repeat)")
@@ -416,15 +419,18 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=WARMUP_S, help="seconds each arm reads before its clock starts")
     p.add_argument("--rest", type=float, default=REST_S, help="seconds without reads before each arm")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all arms (forward, reversed, ...)")
-    p.add_argument("--lanes", type=int, default=None, help="reads in flight per drive (an engine that keeps them per drive; default: the engine's)")
-    p.add_argument("--threads", type=int, default=None, help="reads in flight over all drives (an engine with one pool; default: the engine's)")
+    p.add_argument("--lanes", type=int, default=None, help="reads in flight per drive (an engine that keeps them per drive; "
+                                                           "default: the engine's)")
+    p.add_argument("--threads", type=int, default=None, help="reads in flight over all drives (an engine with one pool; "
+                                                             "default: the engine's)")
     p.add_argument("--steps", type=int, default=12, help="lattice resolution of the measured grid")
     p.add_argument("--keep", type=float, default=0.25, help="grid: lattice points predicted within this of the best")
     p.add_argument("--grid", type=int, default=12, help="most candidates measured per phase")
     p.add_argument("--iobench-seconds", type=float, default=2.0, help="seconds per iobench trial")
     p.add_argument("--iobench-repeat", type=int, default=3, help="windows per iobench trial (spread)")
     p.add_argument("--iobench-lanes", default=None, help="iobench's lane counts, e.g. 1,2,4 (default: each preset's own; "
-                                                           "its prefill preset at 16 lanes needs ~600 MB of the model's largest file)")
+                                                           "its prefill preset at 16 lanes needs ~600 MB of the model's "
+                                                           "largest file)")
     p.add_argument("--sets", default="default",
                    help=f"ceiling sets to run, comma-separated: {', '.join(SETS)}, or custom (--drive/--iops)")
     p.add_argument("--runs", type=int, default=1, help="runs per ceiling set (each: iobench, solve, measure)")

@@ -106,7 +106,8 @@ def main() -> int:
         shapes.append(("decode", comps, w_dec, 9, COMPONENT_BYTES))
         print(f"reader ceiling: {args.sources} source(s) of {size >> 20} MiB in {args.dir}, {os.cpu_count()} CPUs, "
               f"best of {args.repeat}", flush=True)
-        print(f"{'shape':8} {'inflight':>8} {'weights':8} {'mode':9} {'buffers':8} {'reader GB/s':>11} {'plain GB/s':>10} {'ratio':>6}")
+        print(f"{'shape':8} {'inflight':>8} {'weights':8} {'mode':9} {'buffers':8} {'reader GB/s':>11} {'plain GB/s':>10} "
+              f"{'ratio':>6}")
         for name, ranges, w, inflight, bufsize in shapes:
             nbytes = sum(ln for _, ln in ranges)
             plain_loop(paths[0], ranges[:4], bufsize)  # warm the page tables
@@ -118,7 +119,8 @@ def main() -> int:
                     best_r = min(best_r, t)
                     best_p = min(best_p, plain_loop(paths[0], ranges, bufsize))
                 wtxt = ":".join(map(str, w))
-                print(f"{name:8} {inflight:8} {wtxt:8} {how:9} {buffers:8} {nbytes / best_r / 1e9:11.2f} {nbytes / best_p / 1e9:10.2f} "
+                print(f"{name:8} {inflight:8} {wtxt:8} {how:9} {buffers:8} {nbytes / best_r / 1e9:11.2f} "
+                      f"{nbytes / best_p / 1e9:10.2f} "
                       f"{best_p / best_r:6.2f}", flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -49,7 +49,8 @@ def main() -> None:
     ap.add_argument("--case", choices=("file", "dir", "all"), default="all")
     ap.add_argument("--size", default="2G", help="the model's bytes (dir case: all shards together)")
     ap.add_argument("--shards", type=int, default=10, help="dir case: safetensors shards")
-    ap.add_argument("--read", default="internal:300,green:150,white:150", help="NAME:MB/s read ceilings; the first holds the source")
+    ap.add_argument("--read", default="internal:300,green:150,white:150", help="NAME:MB/s read ceilings; the first holds the "
+                                                                               "source")
     ap.add_argument("--write-mbs", type=float, default=150)
     a = ap.parse_args()
     if a.shards < 1:
@@ -131,16 +132,21 @@ def file_case(size: int, ceilings: dict[str, float], a) -> None:
     ideal_readback = ideal_copy + max(size / read_bw[n] for n in dst_names)
     ideal_verify = max(size / read_bw[n] for n in [src_name] + dst_names)
     rows = [
-        ("ceilings (fio, MB/s)", " ".join(f"{n}: read {read_bw[n] / 1e6:.0f}" + (f" write {write_bw[n] / 1e6:.0f}" if n in write_bw else "") for n in read_bw)),
-        ("sync --no-verify to 2", f"{t_sync_nv:7.2f} s  ideal {ideal_copy:6.2f} s  ratio {t_sync_nv / ideal_copy:.3f}x (target <= 1.2)   rsync in turn {t_rsync:6.2f} s  ({t_rsync / t_sync_nv:.2f}x slower)"),
-        ("sync to 2 + read-back", f"{t_sync:7.2f} s  ideal {ideal_readback:6.2f} s  ratio {t_sync / ideal_readback:.3f}x (copy ideal + slowest read-back)   vs copy-only ideal {t_sync / ideal_copy:.3f}x   rsync in turn (no verify) {t_rsync:6.2f} s"),
-        ("verify --full of 3", f"{t_verify:7.2f} s  ideal {ideal_verify:6.2f} s  ratio {t_verify / ideal_verify:.3f}x (target <= 1.1)   b3sum in turn {t_b3:6.2f} s  ({t_b3 / t_verify:.2f}x slower)"),
+        ("ceilings (fio, MB/s)", " ".join(f"{n}: read {read_bw[n] / 1e6:.0f}"
+                                          + (f" write {write_bw[n] / 1e6:.0f}" if n in write_bw else "") for n in read_bw)),
+        ("sync --no-verify to 2", f"{t_sync_nv:7.2f} s  ideal {ideal_copy:6.2f} s  ratio {t_sync_nv / ideal_copy:.3f}x "
+                                  f"(target <= 1.2)   rsync in turn {t_rsync:6.2f} s  ({t_rsync / t_sync_nv:.2f}x slower)"),
+        ("sync to 2 + read-back", f"{t_sync:7.2f} s  ideal {ideal_readback:6.2f} s  ratio {t_sync / ideal_readback:.3f}x "
+                                  f"(copy ideal + slowest read-back)   vs copy-only ideal {t_sync / ideal_copy:.3f}x   rsync "
+                                  f"in turn (no verify) {t_rsync:6.2f} s"),
+        ("verify --full of 3", f"{t_verify:7.2f} s  ideal {ideal_verify:6.2f} s  ratio {t_verify / ideal_verify:.3f}x "
+                               f"(target <= 1.1)   b3sum in turn {t_b3:6.2f} s  ({t_b3 / t_verify:.2f}x slower)"),
     ]
     for k, v in rows:
         print(f"{k:24s} {v}")
-    print(json.dumps({"case": "file", "size": size, "read_bw": read_bw, "write_bw": write_bw, "rsync_s": t_rsync, "sync_noverify_s": t_sync_nv,
-                      "sync_s": t_sync, "verify_s": t_verify, "b3sum_s": t_b3, "ideal_copy_s": ideal_copy,
-                      "ideal_readback_s": ideal_readback, "ideal_verify_s": ideal_verify}))
+    print(json.dumps({"case": "file", "size": size, "read_bw": read_bw, "write_bw": write_bw, "rsync_s": t_rsync,
+                      "sync_noverify_s": t_sync_nv, "sync_s": t_sync, "verify_s": t_verify, "b3sum_s": t_b3,
+                      "ideal_copy_s": ideal_copy, "ideal_readback_s": ideal_readback, "ideal_verify_s": ideal_verify}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,11 +242,15 @@ def dir_case(size: int, shards: int, ceilings: dict[str, float], a) -> bool:
         return f"{x:.3f} of ideal ({'ok' if x >= target else 'BELOW'} target >= {target})"
 
     rows = [
-        ("ceilings (fio, MB/s)", " ".join(f"{n}: read {read_bw[n] / 1e6:.0f}" + (f" write {write_bw[n] / 1e6:.0f}" if n in write_bw else "") for n in read_bw)),
+        ("ceilings (fio, MB/s)", " ".join(f"{n}: read {read_bw[n] / 1e6:.0f}"
+                                          + (f" write {write_bw[n] / 1e6:.0f}" if n in write_bw else "") for n in read_bw)),
         (f"dir: {len(files)} files", f"{total / 1e9:.2f} GB ({shards} shards + index, config, tokenizer)"),
-        ("dir sync --no-verify to 2", f"{t_sync_nv:7.2f} s  ideal {ideal_copy:6.2f} s  {mark(of_nv, DIR_SYNC_TARGET)}   rsync -a in turn {t_rsync:6.2f} s  ({t_rsync / t_sync_nv:.2f}x slower)"),
-        ("dir sync to 2 + read-back", f"{t_sync:7.2f} s  ideal {ideal_readback:6.2f} s  {mark(of_sync, DIR_SYNC_TARGET)}   (copy ideal + slowest read-back)   rsync -a in turn (no verify) {t_rsync:6.2f} s"),
-        ("dir verify --full of 3", f"{t_verify:7.2f} s  ideal {ideal_verify:6.2f} s  {mark(of_verify, DIR_VERIFY_TARGET)}   b3sum in turn {t_b3:6.2f} s  ({t_b3 / t_verify:.2f}x slower)"),
+        ("dir sync --no-verify to 2", f"{t_sync_nv:7.2f} s  ideal {ideal_copy:6.2f} s  {mark(of_nv, DIR_SYNC_TARGET)}   "
+                                      f"rsync -a in turn {t_rsync:6.2f} s  ({t_rsync / t_sync_nv:.2f}x slower)"),
+        ("dir sync to 2 + read-back", f"{t_sync:7.2f} s  ideal {ideal_readback:6.2f} s  {mark(of_sync, DIR_SYNC_TARGET)}   "
+                                      f"(copy ideal + slowest read-back)   rsync -a in turn (no verify) {t_rsync:6.2f} s"),
+        ("dir verify --full of 3", f"{t_verify:7.2f} s  ideal {ideal_verify:6.2f} s  {mark(of_verify, DIR_VERIFY_TARGET)}   "
+                                   f"b3sum in turn {t_b3:6.2f} s  ({t_b3 / t_verify:.2f}x slower)"),
     ]
     for k, v in rows:
         print(f"{k:28s} {v}")

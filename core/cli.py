@@ -22,11 +22,13 @@ from typing import Optional
 import typer
 from rich.console import Console, ConsoleDimensions
 from typer._click import core as click_core
+from typer._click.globals import get_current_context
 from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors click (pyproject pins it)
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from .constants import DEBUG_ENV, RIG_ENV
 from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError, UsageError
+from .results import ErrorResult, Result, envelope
 from .rig import rig_dir
 
 # `--json true`: a value after a flag, which Click reports as an extra argument.
@@ -144,6 +146,9 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
     """A Typer group whose commands' errors become one line and an exit code."""
 
     def parse_args(self, ctx, args):
+        # Whether --json was asked for is known before any option is parsed, so an error in the
+        # parsing itself is a JSON document too. (ctx.meta is shared by every context of a call.)
+        ctx.meta.setdefault(JSON_WANTED, json_wanted(args))
         # The app's own options (before the command name) are parsed here, outside invoke.
         try:
             return super().parse_args(ctx, args)
@@ -185,6 +190,8 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
         if debugging():
             traceback.print_exc()
         typer.echo(f"{ctx.find_root().info_name}: error: {message}", err=True)
+        if ctx.meta.get(JSON_WANTED) and not ctx.meta.get(EMITTED):
+            print_result(ErrorResult(message, code))   # the result already printed carries its own outcome
         raise typer.Exit(code)
 
 
@@ -266,9 +273,24 @@ def require_terminal(what: str, instead: str) -> None:
                          f"not one); run it in a terminal, or {instead}")
 
 
-def print_json(data) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+JSON_WANTED = "replica_tuner.json"     # ctx.meta keys: --json was given; a result was printed
+EMITTED = "replica_tuner.emitted"
+
+
+def json_wanted(args: list[str]) -> bool:
+    """--json among a command line's options (not after `--`, where an engine's arguments are)."""
+    args = list(args)
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def print_result(result: Result) -> None:
+    """Print a command's result as JSON on stdout, in the one envelope of core.results. The only
+    way a command prints JSON: there is no entry point that takes a bare dict."""
+    sys.stdout.write(json.dumps(envelope(result), indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
+    ctx = get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[EMITTED] = True
 
 
 def run(app: typer.Typer, name: Optional[str] = None) -> None:

@@ -22,7 +22,8 @@ SCRUB_FILE = "scrub.json"          # how far an interrupted `replicas verify --f
 
 # Cold I/O.
 ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes
-IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several MiB in flight)
+IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several
+                               # MiB in flight)
 HUGE_PAGE = 2 * MiB            # bytes: a transparent huge page (x86-64 and arm64 with 4 KiB pages)
 HUGE_BUFFER_MIN = 256 * 1024   # buffers from this size on ask for huge pages (at most one HUGE_PAGE - 4 KiB unused)
 READ_AHEAD = 3                 # sequential read requests in flight per drive

@@ -138,7 +138,8 @@ def _sysfs_disk(majmin: str) -> tuple[str, str]:
         members = sorted(os.listdir(slaves))
         if members:
             inner = os.path.realpath(os.path.join(slaves, members[0]))
-            disk = os.path.basename(os.path.dirname(inner)) if os.path.exists(os.path.join(inner, "partition")) else os.path.basename(inner)
+            partition = os.path.exists(os.path.join(inner, "partition"))
+            disk = os.path.basename(os.path.dirname(inner)) if partition else os.path.basename(inner)
     return name, disk
 
 

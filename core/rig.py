@@ -264,7 +264,8 @@ def load_rig(root: str, must_exist: bool = True) -> Rig:
             text = f.read()
     except FileNotFoundError:
         if must_exist:
-            raise UsageError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or `replicas sync`, or pass --rig") from None
+            raise UsageError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or "
+                             f"`replicas sync`, or pass --rig") from None
         return Rig(root=root)
     except UnicodeDecodeError:
         raise RigError(f"{path}: not UTF-8 text; fix the file or recreate it with `replicas init`") from None

@@ -193,7 +193,8 @@ def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: b
                                f"{d!r} contains {' and '.join(repr(x) for x in found)}, which colibri uses as a separator "
                                f"in {c.ENV_MIRROR}; rename the directory"))
         if d != d.strip(" "):
-            v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename the directory"))
+            v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename "
+                                                    f"the directory"))
         if d == primary.directory or (f.device is not None and (f.device, f.inode) == (primary.device, primary.inode)):
             v.append(Violation("same-directory", where,
                                f"replica {d} is the model directory itself; colibri ignores it (a mirror must be another copy)"))

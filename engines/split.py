@@ -7,7 +7,8 @@ engine_bridge split reader all call `split_read`, which dispatches to the engine
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 from core.errors import UsageError
 
@@ -26,7 +27,8 @@ def check_weights(weights: Sequence[int], engine: str = DEFAULT_ENGINE) -> tuple
         raise UsageError(f"weights {':'.join(map(str, w))}: {engine} reads from at most {limit} sources, got {len(w)}")
     for i, x in enumerate(w):
         if isinstance(x, bool) or not isinstance(x, int) or not e.weight_min <= x <= e.weight_max:
-            raise UsageError(f"weights {':'.join(map(str, w))}: weight of source {i} is {x!r}; each must be an integer {e.weight_min}..{e.weight_max}")
+            raise UsageError(f"weights {':'.join(map(str, w))}: weight of source {i} is {x!r}; each must be an integer "
+                             f"{e.weight_min}..{e.weight_max}")
     return w
 
 
@@ -55,3 +57,30 @@ def smallest_equivalent(weights: Sequence[int], length: int, engine: str = DEFAU
     e = get_engine(engine)
     w = check_weights(weights, engine)
     return e.equivalent(w, length) if e.equivalent is not None else w
+
+
+@dataclass(frozen=True)
+class ReadSplit:
+    """`planner split`: the pieces each source reads of one read, and the smallest weights that
+    cut it the same way (a result, core.results)."""
+
+    engine: str
+    weights: tuple[int, ...]
+    offset: int                      # bytes
+    length: int                      # bytes
+    smallest_equivalent: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+
+    KIND: ClassVar[str] = "split"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "weights": list(self.weights), "offset": self.offset, "length": self.length,
+                "smallest_equivalent": list(self.smallest_equivalent),
+                "pieces": [p._asdict() for p in self.pieces]}
+
+
+def describe_split(offset: int, length: int, weights: Sequence[int], engine: str = DEFAULT_ENGINE) -> ReadSplit:
+    """One read split by `engine`'s rule, with the smallest equivalent weights."""
+    w = check_weights(weights, engine)
+    return ReadSplit(engine, w, offset, length, smallest_equivalent(w, length, engine), split_read(offset, length, w, engine))

@@ -15,9 +15,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from core.errors import MissingError, ReplicaTunerError, UsageError
+from core.results import Document
 from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import require_file
 from core.rig import Rig, unique_name
@@ -250,6 +251,13 @@ def _fit(presets: dict[str, PresetResult], queue: QueueLimits):
     if not samples:
         return None
     return fit_drive_model(samples, io_unit=DRIVE_IO_UNIT, units=queue.units())
+
+
+class FioComparison(Document):
+    """`iobench fio`: iobench's and fio's numbers for the same job on the same file (`fio_compare`)."""
+
+    KIND: ClassVar[str] = "fio-compare"
+    SCHEMA: ClassVar[int] = 1
 
 
 def fio_compare(path: str, preset: str, lanes: int | None, seconds: float, repeat: int,

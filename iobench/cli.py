@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import MissingError, UsageError
 from core.events import Notice
 from core.events import Progress as ProgressEvent
@@ -18,9 +18,9 @@ from core.rig import load_rig, rig_dir
 from engines.split import parse_weights
 
 from . import render
-from .bench import fio_compare, run_bench, targets_from_paths, targets_from_rig
+from .bench import FioComparison, fio_compare, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
-from .result import latest_result, load_result, resolve_result_path, result_files, result_to_dict, save_result
+from .result import latest_result, load_result, resolve_result_path, result_files, save_result
 from .schedule import RunOptions, parse_groups
 from .testbed_cli import app as testbed_app
 
@@ -103,7 +103,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
             lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
-                                                help="Lane counts (requests in flight per drive) for every preset; default per preset."),
+                                                help="Lane counts (requests in flight per drive) for every preset; default "
+                                                     "per preset."),
             alone: Optional[bool] = typer.Option(None, "--alone/--together",
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
@@ -112,7 +113,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
                                                   help="Prefill split weights, one per drive (default: from the seq ceilings)."),
             decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
                                                          help="Decode split weights (default: --weights)."),
-            save: bool = typer.Option(True, "--save/--no-save", help="Write the result to the rig's bench folder (rig/bench/TIME.json)."),
+            save: bool = typer.Option(True, "--save/--no-save",
+                                      help="Write the result to the rig's bench folder (rig/bench/TIME.json)."),
             quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""
@@ -124,7 +126,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
     names = [t.name for t in targets]
-    opts = RunOptions(presets=_presets(preset), skip_small=preset == "all", seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
+    opts = RunOptions(presets=_presets(preset), skip_small=preset == "all",
+                      seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
                       groups=parse_groups(group or [], names),
                       weights=parse_weights(weights) if weights else None,
@@ -144,7 +147,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             raise
     path = save_result(the_rig, result) if save else None
     if json_out:
-        print_json(result_to_dict(result))
+        print_result(result)
     else:
         _print_result(result)            # the path once, below, as with --json
     if path and not quiet:
@@ -162,7 +165,7 @@ def show(result: Optional[str] = typer.Argument(None, metavar="RESULT",
     path = resolve_result_path(result or "latest", the_rig)
     r = load_result(path)
     if json_out:
-        print_json(result_to_dict(r))
+        print_result(r)
     else:
         _print_result(r, path, lanes)
 
@@ -178,7 +181,7 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result (the baseline
     ra, rb = load_result(a), load_result(b)
     rows = render.compare_rows(ra, rb)
     if json_out:
-        print_json({"a": os.path.abspath(a), "b": os.path.abspath(b), "rows": rows})
+        print_result(render.Comparison(os.path.abspath(a), os.path.abspath(b), tuple(rows)))
         return
     # The files on lines of their own, not in the table's title: a title wraps at the table's width.
     out.print(f"A = {a} ({ra.created})\nB = {b} ({rb.created})", highlight=False)
@@ -189,7 +192,8 @@ def compare(a: str = typer.Argument(..., metavar="A", help="Result (the baseline
 @app.command()
 def fio(path: str = typer.Argument(..., metavar="PATH", help="File to read (read-only)."),
         preset: str = typer.Option("seq", "--preset", help="seq, prefill, decode or rand4k."),
-        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, prefill 8, decode 3, rand4k 16)."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=256, help="Requests in flight (default: seq 8, "
+                                                                                  "prefill 8, decode 3, rand4k 16)."),
         seconds: float = SecondsOption,
         repeat: int = RepeatOption,
         json_out: bool = JsonOption):
@@ -199,7 +203,7 @@ def fio(path: str = typer.Argument(..., metavar="PATH", help="File to read (read
     err.print(f"iobench: {preset} on {path}, then fio ...", highlight=False)
     r = fio_compare(path, preset, lanes, seconds, repeat)
     if json_out:
-        print_json(r)
+        print_result(FioComparison(r))
         return
     out.print(f"{r['preset']} on {r['path']}: {r['piece_bytes']:,} B x {r['lanes']} in flight, {r['seconds']:.1f}s each",
               highlight=False)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 from rich import box
 from rich.table import Table
@@ -176,6 +177,21 @@ def ceiling_rows(r: BenchResult, tag: str = "") -> list[tuple[str, float, str]]:
     for g in list(r.groups) + list(r.together):
         rows.append((f"{g.name} {g.preset}{tag}", g.bw_bytes, _flags(g.suspect_cache, g.spread_pct, g.trials_spread_pct)))
     return rows
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`iobench compare`: two result files and, per drive (or group) and preset, both ceilings and B/A."""
+
+    a: str                  # the baseline's path
+    b: str
+    rows: tuple[dict, ...]  # compare_rows
+
+    KIND: ClassVar[str] = "iobench-compare"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return {"a": self.a, "b": self.b, "rows": list(self.rows)}
 
 
 def compare_rows(a: BenchResult, b: BenchResult) -> list[dict]:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from core.constants import BENCH_DIR
 from core.errors import MissingError, RigError
@@ -149,6 +150,12 @@ class BenchResult:
     host: str = ""
     wall_s: float = 0.0
     schema: int = RESULT_SCHEMA
+
+    KIND: ClassVar[str] = RESULT_KIND     # a result (core.results): --json prints the file's shape
+    SCHEMA: ClassVar[int] = RESULT_SCHEMA
+
+    def to_dict(self) -> dict:
+        return result_to_dict(self)
 
     def drive(self, name: str) -> DriveResult:
         for d in self.drives:

@@ -152,7 +152,8 @@ def check_options(targets: Sequence[Target], opts: RunOptions, real_paths: Seque
         if w is not None:
             check_weights(w)
             if len(w) != len(targets):
-                raise UsageError(f"{what} {':'.join(map(str, w))}: give one weight per drive ({len(targets)}: {', '.join(names)})")
+                raise UsageError(f"{what} {':'.join(map(str, w))}: give one weight per drive ({len(targets)}: "
+                                 f"{', '.join(names)})")
     for t in targets:
         for p in opts.presets:
             why = too_small(t, p, opts)

@@ -7,11 +7,11 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, err, make_app, out, print_json
+from core.cli import JsonOption, err, make_app, out, print_result
 from core.errors import EXIT_MISMATCH
 
 from . import testbed
-from .testbed_spec import parse_pairs, parse_size, plan_drives, state_to_doc
+from .testbed_spec import parse_pairs, parse_size, plan_drives
 
 app = make_app("testbed", "Throttled test drives (Linux, root): loop devices whose I/O a cgroup caps.")
 
@@ -39,7 +39,8 @@ def up(root: str = RootOption,
                                        help="A drive and its read ceiling in MB/s (10**6 B/s). Repeatable, in order."),
        write_mbs: Optional[List[str]] = typer.Option(None, "--write-mbs", metavar="MBPS|NAME:MBPS",
                                                      help="Write ceiling: one for every drive, or per drive (default: none)."),
-       iops: Optional[List[str]] = typer.Option(None, "--iops", metavar="NAME:IOPS", help="Read IOPS ceiling of a drive (0: none)."),
+       iops: Optional[List[str]] = typer.Option(None, "--iops", metavar="NAME:IOPS", help="Read IOPS ceiling of a drive (0: "
+                                                                                          "none)."),
        write_iops: Optional[List[str]] = typer.Option(None, "--write-iops", metavar="NAME:IOPS",
                                                       help="Write IOPS ceiling of a drive (0: none)."),
        size: str = typer.Option("3G", "--size", help="Each drive's size (K, M, G, T: binary units)."),
@@ -61,7 +62,7 @@ def up(root: str = RootOption,
         for s, h in old.items():
             signal.signal(s, h)
     if json_out:
-        print_json(state_to_doc(state))
+        print_result(state)
     else:
         out.print(f"testbed up at {state.root} ({state.controller} group {state.cgroup})", highlight=False)
 
@@ -78,7 +79,7 @@ def show(root: str = RootOption, json_out: bool = JsonOption):
     """The drives, their devices, mount points and limits."""
     state = testbed.load_state(root)
     if json_out:
-        print_json(state_to_doc(state))
+        print_result(state)
         return
     out.print(f"testbed at {state.root}: {state.phase}, {state.controller} group {state.cgroup}", highlight=False)
     for d in state.drives:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from core.errors import RigError, UsageError
 
@@ -207,6 +208,12 @@ class TestbedState:
     enabled_io: bool = False    # v2: we added `io` to the parent's subtree_control
     phase: str = "building"
     created: str = ""
+
+    KIND: ClassVar[str] = STATE_KIND      # a result (core.results): `testbed up/show --json`, the file's shape
+    SCHEMA: ClassVar[int] = STATE_SCHEMA
+
+    def to_dict(self) -> dict:
+        return state_to_doc(self)
 
     def drive(self, name: str) -> DriveState:
         for d in self.drives:

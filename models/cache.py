@@ -45,7 +45,8 @@ class ExpertCache:
         keys = np.asarray(list(keys) if not isinstance(keys, np.ndarray) else keys, dtype=np.int64)
         if keys.size == 0:
             return
-        c = np.ones(keys.size) if counts is None else np.asarray(list(counts) if not isinstance(counts, np.ndarray) else counts, dtype=np.float64)
+        given = counts if counts is None or isinstance(counts, np.ndarray) else list(counts)
+        c = np.ones(keys.size) if given is None else np.asarray(given, dtype=np.float64)
         np.add.at(self.hot, keys, c)
         self.clock += 1
         self.last[keys] = self.clock

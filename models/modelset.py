@@ -135,7 +135,8 @@ def discover(path: str, fmt: str | None = None) -> ModelSet:
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if not os.path.lexists(path):
-        raise MissingError(f"model {path}: no such file or directory; give the model's file, a member of its split set, or its directory")
+        raise MissingError(f"model {path}: no such file or directory; give the model's file, a member of its split set, or "
+                           f"its directory")
     path = os.path.abspath(path)
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):

@@ -87,8 +87,8 @@ class Router:
 def coverage(selections: np.ndarray, experts: int) -> float:
     """Mean over layers of the fraction of experts chosen at least once; selections (T, layers, k)."""
     layers = selections.shape[1]
-    return float(np.mean([np.unique(selections[:, l]).size / experts for l in range(layers)]))
+    return float(np.mean([np.unique(selections[:, layer]).size / experts for layer in range(layers)]))
 
 
 def union_sizes(selections: np.ndarray) -> list[int]:
-    return [int(np.unique(selections[:, l]).size) for l in range(selections.shape[1])]
+    return [int(np.unique(selections[:, layer]).size) for layer in range(selections.shape[1])]

@@ -67,7 +67,8 @@ def open_gguf(path: str):
             raise UsageError(f"{path}: a tensor type this gguf library does not know ({e}); upgrade the gguf package") from None
         raise UsageError(f"{path}: damaged or truncated GGUF header (ValueError: {e}); re-copy or re-create the file") from None
     except Exception as e:  # the library raises IndexError/struct errors/... on damaged headers
-        raise UsageError(f"{path}: damaged or truncated GGUF header ({type(e).__name__}: {e}); re-copy or re-create the file") from None
+        raise UsageError(f"{path}: damaged or truncated GGUF header ({type(e).__name__}: {e}); re-copy or re-create the "
+                         f"file") from None
 
 
 def _scalar(field):

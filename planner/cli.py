@@ -3,54 +3,63 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.platform import available_memory
 from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
-from engines.split import parse_weights, smallest_equivalent, split_read
+from engines.split import describe_split, parse_weights
 
 from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
-from .plan import Plan, engine_switches, plan_to_dict
-from .plans import latest_plan_path, load_inputs, load_plan, parse_background, resolve_plan_path, save_plan
-from .rigmodel import choose_workload, rig_problem
-from .solve import predict, solve_plan
+from .plan import Plan, engine_switches
+from .plans import latest_plan_path, load_plan, resolve_plan_path
+from .rigmodel import problem_for_rig, solve_rig
+from .solve import PhasePrediction, predict
 from .workload import NAMED
 
-app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the solver, plans.")
+app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the "
+                          "solver, plans.")
 
 EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned: {', '.join(ENGINES)}.")
 BenchOption = typer.Option(None, "--bench", metavar="RESULT",
                            help="iobench result: a file, its name in rig/bench, or 'latest' (default: the newest).")
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
-                                help="Other work on a source: primary:engram (Engram rows per decoded token) or NAME:PERCENT% busy. Repeatable.")
+                                help="Other work on a source: primary:engram (Engram rows per decoded token) or "
+                                     "NAME:PERCENT% busy. Repeatable.")
 LanesOption = typer.Option(None, "--lanes", min=1, max=64,
-                           help="Reads in flight per drive, for an engine that keeps them per drive (default: the engine's; ds4-argodrive's prefill lanes, 8).")
+                           help="Reads in flight per drive, for an engine that keeps them per drive (default: the engine's; "
+                                "ds4-argodrive's prefill lanes, 8).")
 ThreadsOption = typer.Option(None, "--threads", min=1, max=256,
                              help="Reads in flight over all drives, for an engine that shares one pool (default: the engine's; "
                                   "ds4-argodrive's decode pread pool, 9; colibri's expert loads, 8).")
 WorkloadOption = typer.Option(None, "--workload", metavar="NAME",
-                              help=f"Plan a named workload instead of the rig's model: {', '.join(NAMED)} (DeepSeek V4.1 Flash's reads, see docs/planner.md).")
+                              help=f"Plan a named workload instead of the rig's model: {', '.join(NAMED)} (DeepSeek V4.1 "
+                                   f"Flash's reads, see docs/planner.md).")
 ModelOption = typer.Option(None, "--model", metavar="PATH",
-                           help="Plan this model (GGUF file, split set member, safetensors directory; a header-only copy will do) instead of the rig's.")
+                           help="Plan this model (GGUF file, split set member, safetensors directory; a header-only copy "
+                                "will do) instead of the rig's.")
 PromptOption = typer.Option(PREFILL_TOKENS, "--prompt-tokens", min=1, help="Prompt tokens the prefill prediction is for.")
-CacheOption = typer.Option(None, "--cache-experts", min=0, help="Experts the engine's cache holds (default: 30% of the model's routed experts, ds4-v41's 4,600 of 15,360).")
-FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its measurements near each shape.")
-TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from each drive's measured latency quantiles as independent "
-                           "draws (off by default: on throttled test drives it under-predicted decode by up to 50 %; see docs/planner.md).")
+CacheOption = typer.Option(None, "--cache-experts", min=0, help="Experts the engine's cache holds (default: 30% of the "
+                                                                "model's routed experts, ds4-v41's 4,600 of 15,360).")
+FitOnlyOption = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone, not corrected by its "
+                                                       "measurements near each shape.")
+TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from each drive's measured latency quantiles as "
+                                                  "independent "
+                           "draws (off by default: on throttled test drives it under-predicted decode by up to 50 %; see "
+                           "docs/planner.md).")
 PageCacheOption = typer.Option("auto", "--page-cache", metavar="SIZE",
                                help="RAM the page cache can give the model, for an engine whose reads go through it "
                                     "(colibri without DIRECT=1): re-reads of that share come from RAM. 'auto': the "
                                     "memory available now; 0: every read from a drive (docs/planner.md).")
 ModeOption = typer.Option([], "--switch", metavar="NAME",
-                          help="An engine switch to price on (repeatable): colibri's direct (DIRECT=1) and stripe (COLI_MIR_STRIPE, needs direct).")
+                          help="An engine switch to price on (repeatable): colibri's direct (DIRECT=1) and stripe "
+                               "(COLI_MIR_STRIPE, needs direct).")
 
 BAR = 40
 
@@ -72,20 +81,16 @@ def _bar(part: int, whole: int) -> str:
 
 @app.command()
 def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help="Integer weights, primary first, e.g. 10:5:5."),
-          length: str = typer.Option("6635520", "--length", help="Bytes in the read (default: a DeepSeek V4.1 Q4 expert component)."),
+          length: str = typer.Option("6635520", "--length", help="Bytes in the read (default: a DeepSeek V4.1 Q4 expert "
+                                                                 "component)."),
           offset: str = typer.Option("0", "--offset", help="Byte offset of the read in the file."),
           engine: str = EngineOption, json_out: bool = JsonOption):
     """The pieces each source reads of one read, exactly as an engine that cuts reads computes them (docs/engine-profiles.md)."""
-    w = parse_weights(weights, engine)
-    n_len = _int(length, "--length")
-    n_off = _int(offset, "--offset")
-    pieces = split_read(n_off, n_len, w, engine)
-    smallest = smallest_equivalent(w, n_len, engine)
+    r = describe_split(_int(offset, "--offset"), _int(length, "--length"), parse_weights(weights, engine), engine)
     if json_out:
-        print_json({"engine": engine, "weights": list(w), "offset": n_off, "length": n_len,
-                    "smallest_equivalent": list(smallest),
-                    "pieces": [{"source": p.source, "offset": p.offset, "length": p.length, "blocks": p.blocks} for p in pieces]})
+        print_result(r)
         return
+    w, smallest, n_len, n_off, pieces = r.weights, r.smallest_equivalent, r.length, r.offset, r.pieces
     t = Table(title=f"{engine} split of {n_len:,} B at {n_off:,} by {':'.join(map(str, w))}"
                     + (f" (same as {':'.join(map(str, smallest))})" if smallest != w else ""))
     for col in ("source", "offset", "blocks", "bytes", "share"):
@@ -93,10 +98,6 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
     for p in pieces:
         t.add_row(str(p.source), f"{p.offset:,}", str(p.blocks), f"{p.length:,}", _bar(p.length, n_len))
     out.print(t)
-
-
-def _backgrounds(specs, names):
-    return tuple(parse_background(s, names) for s in (specs or ()))
 
 
 def _page_cache(text: str) -> int:
@@ -107,43 +108,34 @@ def _page_cache(text: str) -> int:
     return 0 if t == "0" else parse_size(text, "--page-cache")
 
 
-def _problem(root: str, bench, engine: str, background, lanes, threads, workload, model, prompt_tokens, cache_experts,
-             fit_only: bool, tails: bool, page_cache: str = "0"):
-    """(inputs, the chosen workload, the problem) for `solve` and `simulate`."""
-    inputs = load_inputs(root, bench, calibrate=not fit_only, tails=tails)
-    names = [s.name for s in inputs.sources]
-    chosen = choose_workload(root, engine, workload, model, prompt_tokens, cache_experts)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, _backgrounds(background, names), lanes, threads,
-                                       _page_cache(page_cache))
+def _problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only: bool, tails: bool,
+                     page_cache: str) -> dict:
+    """`solve` and `simulate`'s options as `rigmodel.problem_for_rig`'s keywords."""
+    return dict(lanes=lanes, threads=threads, workload=workload, model=model, prompt_tokens=prompt_tokens,
+                cache_experts=cache_experts, calibrate=not fit_only, tails=tails, page_cache_bytes=_page_cache(page_cache))
 
 
 @app.command()
 def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
           background: Optional[List[str]] = BackgroundOption, lanes: Optional[int] = LanesOption,
-          threads: Optional[int] = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to keep per phase."),
+          threads: Optional[int] = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to "
+                                                                                                          "keep per phase."),
           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
           page_cache: str = PageCacheOption, quiet: bool = QuietOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
-    root = rig_dir(rig)
-    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails, page_cache)
-    plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=top)
-    record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
-    plan = replace(plan, geometry=chosen.geometry, workload=record)
-    path = save_plan(load_rig(root, must_exist=False), plan)
-    plan = load_plan(path)
+    saved = solve_rig(rig_dir(rig), bench, engine, background or (), top,
+                      **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only, tails,
+                                         page_cache))
     # Said once the plan is written, so a failing command still says one line.
-    for text in ([] if quiet else [chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]:
-        err.print(f"notice: {text}", markup=False)     # an idle drive is said even with --quiet: it is part of the result
+    for text in () if quiet else saved.notices:
+        err.print(f"notice: {text}", markup=False)
     if json_out:
-        d = plan_to_dict(plan)
-        d["path"] = path
-        print_json(d)
+        print_result(saved)
     else:
-        _render_plan(plan, path)
+        _render_plan(saved.plan, saved.path)
     if not quiet:
-        err.print(f"plan written to {path}")
+        err.print(f"plan written to {saved.path}")
 
 
 @app.command()
@@ -156,24 +148,26 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
              fit_only: bool = FitOnlyOption, switch: List[str] = ModeOption, tails: bool = TailsOption,
              page_cache: str = PageCacheOption,
              json_out: bool = JsonOption):
-    """Predict one weight vector for the rig's model: each drive's bytes, pieces and busy time, the phase's speed, who lands last."""
+    """Predict one weight vector for the rig's model: each drive's bytes, pieces and busy time, the phase's speed, who
+    lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
     w = parse_weights(weights, engine)
     e = get_engine(engine)
     for k in switch:
         if k not in e.switches:
-            raise UsageError(f"--switch {k}: {engine} has " + (f"the switches {', '.join(e.switches)}" if e.switches else "no switches"))
+            has = f"the switches {', '.join(e.switches)}" if e.switches else "no switches"
+            raise UsageError(f"--switch {k}: {engine} has {has}")
     if "stripe" in switch and "direct" not in switch:
         raise UsageError("--switch stripe needs --switch direct: the engine stripes only O_DIRECT reads")
-    root = rig_dir(rig)
-    inputs, chosen, problem = _problem(root, bench, engine, background, lanes, threads, workload, model, prompt_tokens,
-                                       cache_experts, fit_only, tails, page_cache)
+    _, chosen, problem = problem_for_rig(rig_dir(rig), bench, engine, background or (),
+                                         **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts,
+                                                            fit_only, tails, page_cache))
     d = predict(problem, phase, w, frozenset(switch))
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)
     if json_out:
-        print_json(d)
+        print_result(PhasePrediction(d))
         return
     _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
 
@@ -277,7 +271,8 @@ def _render_switches(plan: Plan) -> None:
     if plan.prefill.weights == plan.decode.weights:
         line = f"weights {':'.join(map(str, plan.prefill.weights))} for both phases; " + line
     if len(scores) > 1:
-        line += "; objective " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()) + " (sum over phases of seconds / the phase's fastest)"
+        line += ("; objective " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
+                 + " (sum over phases of seconds / the phase's fastest)")
     out.print(line, markup=False)
 
 
@@ -305,7 +300,7 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN",
     path = resolve_plan_path(plan, the_rig) if plan else latest_plan_path(the_rig)
     p = load_plan(path)
     if json_out:
-        print_json(plan_to_dict(p))
+        print_result(p)
     else:
         _render_plan(p, os.path.abspath(path))
 
@@ -313,8 +308,10 @@ def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN",
 @app.command()
 def tune(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption,
          plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN",
-                                            help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' (default: the newest; solved in the tuner if there is none)."),
-         engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine to tune: {', '.join(ENGINES)} (default: the plan's; "
+                                            help="Plan to start from and reset to: a file, a name in rig/plans or 'latest' "
+                                                 "(default: the newest; solved in the tuner if there is none)."),
+         engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine to tune: {', '.join(ENGINES)} (default: the "
+                                                                     f"plan's; "
                                               "with no --plan, the newest plan for it, else solved in the tuner)."),
          fit_only: bool = FitOnlyOption):
     """Open the split tuner: nudge weights per phase and the engine's switches, read the prediction, save a plan."""

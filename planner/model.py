@@ -46,7 +46,8 @@ class CorrectedCurve:
         k = max(1, int(in_flight))
         q = min({p[1] for p in pts}, key=lambda x: (abs(math.log2(x / k)), x))
         size, lanes, bw = min((p for p in pts if p[1] == q), key=lambda p: abs(math.log2(p[0] / size_bytes)))
-        w = max(0.0, 1.0 - abs(math.log2(size / size_bytes)) / self.reach) * max(0.0, 1.0 - abs(math.log2(lanes / k)) / self.reach)
+        w = (max(0.0, 1.0 - abs(math.log2(size / size_bytes)) / self.reach)
+             * max(0.0, 1.0 - abs(math.log2(lanes / k)) / self.reach))
         base = float(self.base.throughput(size, lanes))
         return (bw / base) ** w if base > 0 and w > 0 else 1.0
 

@@ -37,6 +37,7 @@ Plans without it (every plan before it, and `planner solve`'s) load as before (`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from core.constants import PLANS_DIR
 from core.errors import RigError, UsageError
@@ -79,6 +80,12 @@ class Plan:
     workload: dict = field(default_factory=dict)     # each phase's reads (empty in schema 1 plans)
     stripe: bool = False                             # the engine's stripe switch (colibri: COLI_MIR_STRIPE)
     direct: bool = False                             # the engine's O_DIRECT switch (colibri: DIRECT=1)
+
+    KIND: ClassVar[str] = PLAN_KIND                  # a result (core.results): --json prints the file's shape
+    SCHEMA: ClassVar[int] = PLAN_SCHEMA
+
+    def to_dict(self) -> dict:
+        return plan_to_dict(self)
 
     def __post_init__(self):
         for phase in (self.prefill, self.decode):

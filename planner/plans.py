@@ -10,7 +10,7 @@ import hashlib
 import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from core.constants import PLANS_DIR
 from core.errors import MissingError, UsageError
@@ -31,6 +31,22 @@ def utc_now() -> str:
 def plan_name(created: str) -> str:
     """'2026-11-29T19:00:00.123Z' -> '20261129T190000.123Z.json' (fixed width: sorts by time)."""
     return created.replace("-", "").replace(":", "") + ".json"
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """A plan a command wrote (`planner solve`, `engine-bridge autotune`): --json prints the plan
+    file's document plus where it was written (`path`); `notices` are said on stderr."""
+
+    plan: Plan
+    path: str
+    notices: tuple[str, ...] = ()
+
+    KIND: ClassVar[str] = PLAN_KIND
+    SCHEMA: ClassVar[int] = Plan.SCHEMA
+
+    def to_dict(self) -> dict:
+        return {**plan_to_dict(self.plan), "path": self.path}
 
 
 def save_plan(rig: Rig, plan: Plan) -> str:
@@ -101,7 +117,8 @@ def measured_points(drive_result) -> tuple[tuple[int, int, float], ...]:
     for p in drive_result.presets.values():
         if p.suspect_cache:
             continue
-        pts.extend((int(p.piece_bytes), int(x.lanes), float(x.bw_bytes)) for x in p.lanes if x.bw_bytes > 0 and not x.suspect_cache)
+        pts.extend((int(p.piece_bytes), int(x.lanes), float(x.bw_bytes))
+                   for x in p.lanes if x.bw_bytes > 0 and not x.suspect_cache)
     return tuple(pts)
 
 
@@ -172,7 +189,8 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
     drives = []
     for name, _, d in picked:
         if d.model is None:
-            raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and decode presets")
+            raise UsageError(f"{bench_path}: drive '{d.name}' has no fitted model; re-run `iobench run` with the prefill and "
+                             f"decode presets")
         drives.append(Drive(name, CorrectedCurve(d.model, measured_points(d)) if calibrate else d.model,
                             latency_shape(d) if tails else None))
     links = shared_links(result, [d.name for _, _, d in picked])

@@ -12,7 +12,8 @@ of a chosen workload on the rig's drives, the one `planner solve` and `engine-br
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 from core.errors import MissingError, UsageError
 from core.rig import load_rig
@@ -23,8 +24,8 @@ from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
-from .plans import Inputs, holds_of
-from .solve import Problem, with_concurrency
+from .plans import Inputs, SavedPlan, holds_of, load_inputs, load_plan, parse_background, save_plan
+from .solve import Problem, solve_plan, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
 
@@ -87,6 +88,35 @@ def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Backg
     e = get_engine(engine) if isinstance(engine, str) else engine
     return Problem(with_concurrency(e, lanes, threads), g, inputs.drives, chosen.workload.phases, tuple(backgrounds),
                    inputs.links, holds, page_cache_bytes)
+
+
+def problem_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
+                    lanes: int | None = None, threads: int | None = None, workload: str | None = None,
+                    model: str | None = None, prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
+                    calibrate: bool = True, tails: bool = False,
+                    page_cache_bytes: int = 0) -> tuple[Inputs, Chosen, Problem]:
+    """(inputs, the chosen workload, the problem) of `planner solve` and `simulate`: the rig's bench
+    result (`bench`, default the newest), the workload (`choose_workload`), other work given as
+    `SOURCE:KIND` specs (`plans.parse_background`)."""
+    inputs = load_inputs(rig_root, bench, calibrate=calibrate, tails=tails)
+    names = [s.name for s in inputs.sources]
+    chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
+    bgs = tuple(parse_background(s, names) for s in backgrounds)
+    return inputs, chosen, rig_problem(inputs, chosen, engine, bgs, lanes, threads, page_cache_bytes)
+
+
+def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (), top: int = 5,
+              **problem) -> SavedPlan:
+    """`planner solve`: solve the rig's problem (`problem_for_rig`'s options), record the workload
+    in the plan, write it to rig/plans/<timestamp>.json and read it back (what a later command
+    will load). The notices: the planner's choice of workload, and each source it leaves idle."""
+    inputs, chosen, prob = problem_for_rig(rig_root, bench, engine, backgrounds, **problem)
+    plan, choice = solve_plan(inputs.sources, prob, inputs.provenance, top=top)
+    record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
+    plan = replace(plan, geometry=chosen.geometry, workload=record)
+    path = save_plan(load_rig(rig_root, must_exist=False), plan)
+    notices = ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]
+    return SavedPlan(load_plan(path), path, tuple(notices))
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

@@ -20,11 +20,12 @@ every drive within IDLE_TOLERANCE; when none exists, the plan names the idle dri
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
 from core.errors import UsageError
+from core.results import Document
 from engines.base import Engine
 from engines.pattern import Concurrency, Setup
 
@@ -340,6 +341,14 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
             base[f"gain_over_{key}"] = p["seconds"] / best if best else 1.0
         baselines[ph] = base
     return Choice(weights, mode, predicted, baselines, tuple(alts), {k: v for k, v in idle.items() if v}, scores)
+
+
+class PhasePrediction(Document):
+    """`planner simulate`: one weight vector's prediction for one phase (the dict `prediction`
+    builds, the same block a plan's phase carries as `predicted`)."""
+
+    KIND: ClassVar[str] = "prediction"
+    SCHEMA: ClassVar[int] = 1
 
 
 def predict(problem: Problem, phase: str, weights: Sequence[int], mode: frozenset[str] = frozenset()) -> dict:

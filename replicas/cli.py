@@ -15,9 +15,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_json, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, Interrupted, ReplicaTunerError, UsageError
 from core.events import Notice
+from core.results import ErrorResult
 from core.rig import Member
 from core.units import format_bytes, format_rate, parse_size
 
@@ -35,7 +36,6 @@ from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status
 from .sync import sync as sync_files
-from .syncplan import sync_result_to_dict
 from .verdict import MISMATCH
 from core.units import plural
 from .verify import verify_members
@@ -120,15 +120,16 @@ def init(rig: Optional[str] = RigOption,
                                 found.files)
     rigmod.save_rig(updated)
     if json_out:
-        print_json({"schema": 1, "kind": "init", "rig": root, "path": updated.model.path, "name": updated.model.name,
-                    "layout": found.layout, "format": found.format, "files": list(found.files)})
+        print_result(views.InitView(root, updated.model.path, updated.model.name, found.layout, found.format, tuple(found.files)))
     what = "" if found.layout == FILE else f" ({found.layout}, {plural(len(found.files), 'file')})"
     err.print(f"rig at {root}: model {escape(updated.model.path)}{what}, {found.format}, on drive '{updated.model.name}'")
 
 
 @app.command("hash")
-def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files or models to hash (with --check: b3sum check files; - reads standard input)."),
-             check: bool = typer.Option(False, "--check", "-c", help="Read b3sum check files and check every file they name, as `b3sum --check` does."),
+def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files or models to hash (with --check: b3sum check "
+                                                                         "files; - reads standard input)."),
+             check: bool = typer.Option(False, "--check", "-c", help="Read b3sum check files and check every file they name, "
+                                                                     "as `b3sum --check` does."),
              piece_size: str = typer.Option("64M", "--piece-size", help="Piece size for --json (binary units: 64M = 64 MiB)."),
              fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
                                                help="For a directory: raw takes any files as the model (default: a "
@@ -157,7 +158,11 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
                 failures.append(e)
                 typer.echo(f"replicas: error: {e}", err=True)
     if json_out:
-        print_json(docs[0] if len(paths) == 1 and docs else docs)
+        if failures and not docs:           # nothing hashed: the failure is the result
+            worst = max(failures, key=lambda e: e.exit_code)
+            print_result(ErrorResult(str(worst), worst.exit_code))
+        else:
+            print_result(views.ManifestView(docs[0]) if len(paths) == 1 else views.HashesView(tuple(docs)))
     if failures:
         raise typer.Exit(max(e.exit_code for e in failures))
 
@@ -209,21 +214,25 @@ def _check_sums(files: List[str], json_out: bool) -> None:
             typer.echo(check_line(res.name, res.ok, res.reason))
     failed = sum(not r.ok for r in results)
     if json_out:
-        print_json({"schema": 1, "kind": "check", "failed": failed, "files": [dataclasses.asdict(r) for r in results]})
+        print_result(views.CheckView(tuple(results)))
     if failed:
         typer.echo(failures_warning("replicas", failed), err=True)
         raise typer.Exit(EXIT_MISMATCH)
 
 
 @app.command()
-def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of its split GGUF set, or its directory."),
-         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy the model into, under its own name."),
+def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of "
+                                                                  "its split GGUF set, or its directory."),
+         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy the model "
+                                                                             "into, under its own name."),
          rig: Optional[str] = RigOption,
          piece_size: str = typer.Option("64M", "--piece-size", help="Manifest piece size (binary units)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be copied, write nothing."),
          no_verify: bool = typer.Option(False, "--no-verify", help="Skip the cold read-back (the replica stays unverified)."),
-         replace: bool = typer.Option(False, "--replace", help="Overwrite an existing different file at a destination (atomically, after the copy verifies)."),
-         allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical drive as another member."),
+         replace: bool = typer.Option(False, "--replace", help="Overwrite an existing different file at a destination "
+                                                               "(atomically, after the copy verifies)."),
+         allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical "
+                                                                                   "drive as another member."),
          max_rate: Optional[str] = MaxRateOption,
          quiet: bool = QuietOption,
          json_out: bool = JsonOption):
@@ -241,7 +250,7 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
                          dry_run=dry_run, verify=not no_verify, replace_existing=replace,
                          allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate)
     if json_out:
-        print_json(sync_result_to_dict(res))
+        print_result(res)
     else:
         t = Table(title=f"sync {res.source} ({format_bytes(res.size)})" + (" — dry run" if res.dry_run else ""))
         for col in ("destination", "action", "outcome", "written", "rate", "stamp", "note"):
@@ -265,10 +274,12 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
 
 
 @app.command()
-def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", help="Members to check (default: all); with --manifest, any files."),
+def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", help="Members to check (default: all); with "
+                                                                                  "--manifest, any files."),
            rig: Optional[str] = RigOption,
            full: bool = typer.Option(False, "--full", help="Re-read every byte cold, whatever the stamps say."),
-           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted --full verification where each member stopped (implies --full)."),
+           resume: bool = typer.Option(False, "--resume", help="Continue an interrupted --full verification where each "
+                                                               "member stopped (implies --full)."),
            sample: Optional[float] = typer.Option(None, "--sample", metavar="PCT", min=0.0, max=100.0,
                                                   help="Check a random PCT% of the pieces of each member (cold)."),
            seed: Optional[int] = typer.Option(None, "--seed", help="Seed for --sample (printed when omitted)."),
@@ -321,7 +332,7 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     if cancel.is_set():
         raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
     if json_out:
-        print_json(views.verify_doc(rep, manifest, manifest_file, mode))
+        print_result(views.VerifyView(rep, manifest, manifest_file, mode))
     else:
         out.print(views.verify_table(rep, manifest, manifest_file, mode))
         if rep.sample_seed is not None:
@@ -345,7 +356,9 @@ def _member_or_file(r, path: str, any_file: bool) -> Member:
 @app.command()
 def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to repair (its path or drive name)."),
            rig: Optional[str] = RigOption,
-           from_: Optional[str] = typer.Option(None, "--from", metavar="PATH", help="Member to copy good pieces from (default: any member whose piece verifies)."),
+           from_: Optional[str] = typer.Option(None, "--from", metavar="PATH", help="Member to copy good pieces from "
+                                                                                    "(default: any member whose piece "
+                                                                                    "verifies)."),
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):
@@ -362,7 +375,7 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
     with live_progress(not quiet) as (report, cancel):
         res = repair_member(target, donors, manifest, r, report=report, cancel=cancel, max_rate=rate)
     if json_out:
-        print_json(views.repair_doc(res))
+        print_result(views.RepairView(res))
     else:
         line, still = views.repair_text(res)
         out.print(line)
@@ -382,7 +395,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
     if json_out:
-        print_json(views.status_doc(r.root, r.layout, r.format, manifest, rows))
+        print_result(views.StatusView(r.root, r.layout, r.format, manifest, rows))
     else:
         out.print(views.status_table(r.root, manifest, rows))
     if any(x.state == MISMATCH for x in rows):

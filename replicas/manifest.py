@@ -39,7 +39,8 @@ class Manifest:
 
     def __post_init__(self):
         if len(self.pieces) != piece_count(self.size, self.piece_size):
-            raise ValueError(f"manifest has {len(self.pieces)} piece hashes; size {self.size} at piece size {self.piece_size} needs {piece_count(self.size, self.piece_size)}")
+            raise ValueError(f"manifest has {len(self.pieces)} piece hashes; size {self.size} at piece size "
+                             f"{self.piece_size} needs {piece_count(self.size, self.piece_size)}")
 
     def piece(self, index: int) -> PieceRange:
         return piece_range(index, self.size, self.piece_size)
@@ -181,7 +182,8 @@ def manifest_from_dict(d: dict, where: str = "manifest.json") -> ModelManifest:
     if not isinstance(d, dict):
         raise RigError(f"{where}: expected a JSON object; re-create it with `replicas sync` or `replicas hash --json`")
     if d.get("schema") not in MANIFEST_SCHEMAS or isinstance(d.get("schema"), bool):
-        raise RigError(f"{where}: schema {d.get('schema')!r} is not one of {MANIFEST_SCHEMAS}; re-create the manifest with `replicas sync`")
+        raise RigError(f"{where}: schema {d.get('schema')!r} is not one of {MANIFEST_SCHEMAS}; re-create the manifest with "
+                       f"`replicas sync`")
     if d["schema"] == 1:
         return ModelManifest(files=(_file_from_dict(d, where, str(d.get("name", ""))),), layout="file", format="")
     files = d.get("files")
@@ -197,5 +199,6 @@ def manifest_from_dict(d: dict, where: str = "manifest.json") -> ModelManifest:
     except ValueError as e:
         raise RigError(f"{where}: {e}; re-create the manifest with `replicas sync`") from None
     if "digest" in d and d["digest"] != m.digest():
-        raise RigError(f"{where}: key 'digest' does not match its files (edited by hand?); re-create the manifest with `replicas sync`")
+        raise RigError(f"{where}: key 'digest' does not match its files (edited by hand?); re-create the manifest with "
+                       f"`replicas sync`")
     return m

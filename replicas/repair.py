@@ -100,7 +100,8 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
     t0 = time.monotonic()
     model = as_model(manifest)
     if target.role == "primary":
-        raise UsageError(f"{target.path} is the primary (your model file); replicas never write to it — copy a verified replica over it yourself if it is damaged")
+        raise UsageError(f"{target.path} is the primary (your model file); replicas never write to it — copy a verified "
+                         f"replica over it yourself if it is damaged")
     located = located_files(target.path, model)
     home = target.path if model.layout == DIR else os.path.dirname(target.path)
     if (model.layout == FILE and not os.path.exists(target.path)) or not os.path.isdir(home):
@@ -121,7 +122,8 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
         for rel, p, _ in located_files(d.path, model):
             donor_files[rel].append(p)
     # The first file of a split set is the one engines open: it is restored last, after the others.
-    todo = sorted((f for f in before.files if f.state != IDENTICAL), key=lambda f: f.path == target.path and model.layout == SPLIT)
+    todo = sorted((f for f in before.files if f.state != IDENTICAL),
+                  key=lambda f: f.path == target.path and model.layout == SPLIT)
     total = sum(model.file(f.file).size if f.state == MISSING else sum(b.length for b in f.bad) for f in todo)
     progress = _Progress(report, target.path, total)
     fixed, restored, used = [], [], set()
@@ -134,7 +136,8 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
             _restore(f.path, fm, source, pace, progress, cancel)
             restored.append(f.file)
         else:
-            fixed += [FilePiece(f.file, r.index, r.offset, r.length) for r in _patch(f.path, fm, f.bad, source, rig, pace, progress, cancel)]
+            fixed += [FilePiece(f.file, r.index, r.offset, r.length)
+                      for r in _patch(f.path, fm, f.bad, source, rig, pace, progress, cancel)]
         used |= source.used
     after = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace)
     _remember(rig, target, model, after)

@@ -105,13 +105,15 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
             if bad:
                 if p.action == ADOPT:
                     return DestResult(p.dest_dir, p.target, p.action, "failed", bad=tuple(bad),
-                                      error=f"{p.target} exists and differs from the source ({plural(len(bad), 'piece')}); pass --replace to overwrite it",
+                                      error=f"{p.target} exists and differs from the source ({plural(len(bad), 'piece')}); "
+                                            f"pass --replace to overwrite it",
                                       exit_code=EXIT_MISMATCH)
                 j = Journal(p.journal, {}, fresh=False)
                 j.withdraw([b.index for b in bad])
                 j.close()
                 return DestResult(p.dest_dir, p.target, p.action, "failed", bytes_written=written, bad=tuple(bad),
-                                  error=f"read-back found {plural(len(bad), 'bad piece')}; they will be rewritten on the next run", exit_code=EXIT_MISMATCH)
+                                  error=f"read-back found {plural(len(bad), 'bad piece')}; they will be rewritten on the "
+                                        f"next run", exit_code=EXIT_MISMATCH)
         if p.action != ADOPT:
             st = os.stat(source)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))

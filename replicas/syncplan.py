@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Sequence
 
 from core.errors import EXIT_MISMATCH, EXIT_OK, MismatchError, UsageError, WriteError
 from core.constants import ALIGNMENT, IO_BLOCK
@@ -111,10 +111,16 @@ class SyncResult:
     format: str = ""
     files: tuple[str, ...] = ()     # the model's relative paths, in order
 
+    KIND: ClassVar[str] = "sync"    # a result (core.results): `replicas sync --json`
+    SCHEMA: ClassVar[int] = 1
+
     @property
     def exit_code(self) -> int:
         """A mismatch outranks every other failure; otherwise the highest code."""
         return worst_exit(d.exit_code for d in self.dests)
+
+    def to_dict(self) -> dict:
+        return sync_result_to_dict(self)
 
 
 def worst_exit(codes: Iterable[int]) -> int:
@@ -140,7 +146,8 @@ def combine_results(dest_dir: str, target: str, files: Sequence[DestResult], ext
     if len(files) == 1:
         error = files[0].error
     else:
-        error = "; ".join(f"{f.file}: {f.error}" for f in failed[:1]) + (f" (and {len(failed) - 1} more files)" if len(failed) > 1 else "")
+        error = ("; ".join(f"{f.file}: {f.error}" for f in failed[:1])
+                 + (f" (and {len(failed) - 1} more files)" if len(failed) > 1 else ""))
     stamps = sorted({f.stamped for f in files if f.stamped})
     return DestResult(
         dest_dir, target, max((f.action for f in files), key=lambda a: _ACTION_RANK.get(a, 0)), outcome,
@@ -264,7 +271,8 @@ def set_space_needed(files: Iterable[tuple[int, int]]) -> int:
     return sum(max(0, s - a) for s, a in files) + headroom(sum(s for s, _ in files))
 
 
-def extra_files(model_files: Iterable[str], found: Iterable[str], ours: Iterable[str] = (PARTIAL_SUFFIX, JOURNAL_SUFFIX)) -> tuple[str, ...]:
+def extra_files(model_files: Iterable[str], found: Iterable[str],
+                ours: Iterable[str] = (PARTIAL_SUFFIX, JOURNAL_SUFFIX)) -> tuple[str, ...]:
     """The files found in a destination's model tree that the model does not have, sorted; a
     model file's own NAME.partial and journal (an interrupted copy of ours) are not extra."""
     model = set(model_files)

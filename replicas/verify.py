@@ -101,7 +101,8 @@ class ScrubBook:
         key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
         first, bad = resume_point(self.marks.get(path), manifest, key)
         if first >= manifest.count:
-            emit(self.report, Notice(path, f"all {manifest.count} pieces were read before the interruption: nothing left to read"))
+            emit(self.report, Notice(path, f"all {manifest.count} pieces were read before the interruption: "
+                                           "nothing left to read"))
         elif first:      # pieces counted from 1, as a user counts them
             emit(self.report, Notice(path, f"resuming at piece {first + 1} of {manifest.count}"))
         elif path in self.marks:
@@ -240,7 +241,8 @@ def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
     groups: dict[str, list[Member]] = {}
     for m in members:
         try:
-            key = drive_of(os.path.dirname(m.path) or ".").key if os.path.exists(os.path.dirname(m.path) or ".") else "missing:" + m.path
+            folder = os.path.dirname(m.path) or "."
+            key = drive_of(folder).key if os.path.exists(folder) else "missing:" + m.path
         except OSError:
             key = "missing:" + m.path
         groups.setdefault(key, []).append(m)

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
 
 from rich.table import Table
 
+from core.results import Document
 from core.units import format_bytes, format_rate
 
 from .checks import FileCheck, MemberCheck, VerifyReport
+from .checksums import CheckResult
+from .constants import MANIFEST_SCHEMA
 from .manifest import ModelManifest
 from .repair import RepairResult
 from .status import MemberStatus
@@ -50,6 +55,107 @@ def _count(files, state: str) -> str:
     """'2 of 12 files' in that state; '' for the good state."""
     n = sum(f.state == state for f in files)
     return "" if state in ("identical", "verified") else f"{n} of {len(files)} files"
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands' results (core.results): what each prints with --json.
+
+@dataclass(frozen=True)
+class InitView:
+    """`replicas init`: the rig and the model it names."""
+
+    rig: str
+    path: str
+    name: str
+    layout: str
+    format: str
+    files: tuple[str, ...]
+
+    KIND: ClassVar[str] = "init"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "files": list(self.files)}
+
+
+class ManifestView(Document):
+    """`replicas hash --json FILE`: the file's (or model's) manifest, plus `path`; `verify
+    --manifest` reads it back."""
+
+    KIND: ClassVar[str] = "manifest"
+    SCHEMA: ClassVar[int] = MANIFEST_SCHEMA
+
+
+@dataclass(frozen=True)
+class HashesView:
+    """`replicas hash --json A B ...`: one manifest per argument hashed."""
+
+    manifests: tuple[dict, ...]
+
+    KIND: ClassVar[str] = "hashes"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return {"manifests": list(self.manifests)}
+
+
+@dataclass(frozen=True)
+class CheckView:
+    """`replicas hash --check --json`: each file a check file names, OK or not."""
+
+    files: tuple[CheckResult, ...]
+
+    KIND: ClassVar[str] = "check"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return {"failed": sum(not r.ok for r in self.files), "files": [dataclasses.asdict(r) for r in self.files]}
+
+
+@dataclass(frozen=True)
+class VerifyView:
+    """`replicas verify`: the report against the manifest it checked."""
+
+    report: VerifyReport
+    manifest: ModelManifest
+    manifest_file: str | None
+    mode: str
+
+    KIND: ClassVar[str] = "verify"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return verify_doc(self.report, self.manifest, self.manifest_file, self.mode)
+
+
+@dataclass(frozen=True)
+class RepairView:
+    """`replicas repair`."""
+
+    result: RepairResult
+
+    KIND: ClassVar[str] = "repair"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return repair_doc(self.result)
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """`replicas status`: a row per member (and file)."""
+
+    root: str
+    layout: str
+    format: str
+    manifest: ModelManifest | None
+    rows: Sequence[MemberStatus]
+
+    KIND: ClassVar[str] = "status"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return status_doc(self.root, self.layout, self.format, self.manifest, list(self.rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +278,8 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
     if manifest:
         n = f", {plural(len(manifest.files), 'file')}" if len(manifest.files) > 1 else ""
         one = one_blake3(manifest)
-        title = f" — model {format_bytes(manifest.size)}{n}, " + (f"BLAKE3 {one[:16]}…" if one else f"digest {manifest.digest()[:16]}…")
+        title = f" — model {format_bytes(manifest.size)}{n}, " + (f"BLAKE3 {one[:16]}…" if one else f"digest "
+                                                                                                    f"{manifest.digest()[:16]}…")
     else:
         title = " — no manifest yet"
     t = Table(title=f"rig {root}" + title)

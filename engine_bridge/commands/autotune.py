@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 import typer
 
-from core.cli import JsonOption, QuietOption, RigOption, err, print_json
+from core.cli import JsonOption, QuietOption, RigOption, err, print_result
 from core.errors import Interrupted, UsageError
 from core.rig import load_rig, rig_dir
 from core.units import format_rate
@@ -291,7 +291,8 @@ def render(plan, path: str) -> str:
             continue
         joint = any("objective" in c for c in m["candidates"])
         lines.append(f"{ph}:")
-        lines.append(f"  {'weights':>20} {'predicted':>12} {'measured':>12}" + (f" {'objective':>9}" if joint else "") + "  roles")
+        lines.append(f"  {'weights':>20} {'predicted':>12} {'measured':>12}" + (f" {'objective':>9}" if joint else "")
+                     + "  roles")
         for c in m["candidates"]:
             mode = c.get("mode") or []
             mark = " <- picked" if c["weights"] == list(getattr(plan, ph).weights) and mode == picked_mode else ""
@@ -333,25 +334,39 @@ def register(app) -> None:
     @app.command("autotune")
     def autotune_cmd(
         rig: Optional[str] = RigOption,
-        bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
-        engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned and measured: {', '.join(ENGINES)}."),
-        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would overrun it is not started; a budget below one trial is refused)."),
+        bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in "
+                                                                                    "rig/bench)."),
+        engine: str = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned and measured: "
+                                                                    f"{', '.join(ENGINES)}."),
+        budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would "
+                                                                        "overrun it is not started; a budget below one trial "
+                                                                        "is refused)."),
         seconds: float = typer.Option(DEFAULT_TRIAL_S, "--seconds", help="Seconds per measured trial."),
-        warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive left idle may start fast)."),
-        rest: float = typer.Option(REST_S, "--rest", help="Seconds without reads before each trial, so a rate limiter forgets the budget the previous trial left unused (0: none)."),
-        top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best candidates measured (plus capability and equal weights)."),
-        rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as fit the budget)."),
-        background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve --background`."),
-        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=64, help="Reads in flight per drive, for an engine that keeps them per drive (default: the engine's)."),
-        threads: Optional[int] = typer.Option(None, "--threads", min=1, max=256, help="Reads in flight over all drives, for an engine that shares one pool (default: the engine's)."),
+        warmup: float = typer.Option(WARMUP_S, "--warmup", help="Seconds each trial reads before its clock starts (a drive "
+                                                                "left idle may start fast)."),
+        rest: float = typer.Option(REST_S, "--rest", help="Seconds without reads before each trial, so a rate limiter "
+                                                          "forgets the budget the previous trial left unused (0: none)."),
+        top: int = typer.Option(DEFAULT_TOP, "--top", min=1, max=20, help="The model's best candidates measured (plus "
+                                                                          "capability and equal weights)."),
+        rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="At most this many rounds (default: as many as "
+                                                                           "fit the budget)."),
+        background: Optional[List[str]] = typer.Option(None, "--background", metavar="SOURCE:KIND", help="As `planner solve "
+                                                                                                         "--background`."),
+        lanes: Optional[int] = typer.Option(None, "--lanes", min=1, max=64, help="Reads in flight per drive, for an engine "
+                                                                                 "that keeps them per drive (default: the "
+                                                                                 "engine's)."),
+        threads: Optional[int] = typer.Option(None, "--threads", min=1, max=256, help="Reads in flight over all drives, for "
+                                                                                      "an engine that shares one pool "
+                                                                                      "(default: the engine's)."),
         fit_only: bool = typer.Option(False, "--fit-only", help="Solve with iobench's fitted models alone."),
         seed: int = typer.Option(0, "--seed", help="Seed of the order in which a trial walks the phase's steps."),
         cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
         quiet: bool = QuietOption,
         json_out: bool = JsonOption,
     ):
-        """Solve, then measure the best candidates by executing the engine's reads through the split reader (ABBA, within --budget) and write the measured best as a plan."""
-        from planner.plan import plan_to_dict
+        """Solve, then measure the best candidates by executing the engine's reads through the split reader (ABBA,
+        within --budget) and write the measured best as a plan."""
+        from planner.plans import SavedPlan
 
         root = rig_dir(rig)
         cancel = threading.Event()
@@ -380,22 +395,23 @@ def register(app) -> None:
             for v in (plan.workload.get("idle") or {}).values():
                 err.print(f"notice: {v['why']}", markup=False)
         if json_out:
-            d = plan_to_dict(plan)
-            d["path"] = path
-            print_json(d)
+            print_result(SavedPlan(plan, path))
         else:
             typer.echo(render(plan, path), nl=False)
 
     @app.command("tune")
     def tune_cmd(
         rig: Optional[str] = RigOption,
-        bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench)."),
-        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan to start from and reset to (default: the newest)."),
+        bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in "
+                                                                                    "rig/bench)."),
+        plan: Optional[str] = typer.Option(None, "--plan", metavar="PLAN", help="Plan to start from and reset to (default: "
+                                                                                "the newest)."),
         seconds: float = typer.Option(TUNER_TRIAL_S, "--seconds", help="Seconds of the measuring key's trial."),
         fit_only: bool = typer.Option(False, "--fit-only", help="Use iobench's fitted drive models alone."),
         cached: bool = typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (not a drive measurement)."),
     ):
-        """Open the planner's split tuner with `m` measuring the weights on screen: the engine's reads of the phase through the split reader."""
+        """Open the planner's split tuner with `m` measuring the weights on screen: the engine's reads of the phase
+        through the split reader."""
         from planner.tui.app import run_tuner
 
         if seconds <= 0:

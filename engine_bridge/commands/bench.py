@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, QuietOption, RigOption, err, print_json
-from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS
+from core.cli import JsonOption, QuietOption, RigOption, err, print_result
+from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS, BenchResults
 
 
 def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
@@ -39,7 +39,7 @@ def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
         signal.signal(signal.SIGINT, old)
     failures = render_failures(doc) + render_idle(doc)
     if json_out:
-        print_json(doc)
+        print_result(BenchResults(doc))
         typer.echo(failures, err=True, nl=False)         # stdout holds only the JSON
     else:
         typer.echo(render_console(doc, paths) + failures, nl=False)

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import JsonOption, RigOption, err, out, print_json
+from core.cli import JsonOption, RigOption, err, out, print_result
 from core.errors import MismatchError
 from core.units import plural
 from engine_bridge.profiles import export as ex
@@ -26,14 +26,16 @@ def register(app) -> None:
     @app.command("export")
     def export_cmd(
         rig: Optional[str] = RigOption,
-        plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in rig/plans, or 'latest'."),
+        plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in "
+                                                                     "rig/plans, or 'latest'."),
         fmt: str = typer.Option(..., "--format", metavar="|".join(pf.FORMATS),
                                 help="An engine's name: its shell file + JSON (e.g. colibri: its mirror/weight variables); "
                                      "json: the plan's engine's profile as data."),
         profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME",
                                               help="Name of the exported profile (default: the plan file's name)."),
         base: Optional[str] = typer.Option(None, "--base", metavar="PROFILE",
-                                           help=f"Named profile to build on (default {ex.DEFAULT_BASE}; a name or a .toml file)."),
+                                           help=f"Named profile to build on (default {ex.DEFAULT_BASE}; a name or a .toml "
+                                                f"file)."),
         cache_experts: Optional[int] = typer.Option(None, "--cache-experts", metavar="N",
                                                     help="Expert-cache size in experts (an engine argument)."),
         output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",
@@ -67,12 +69,7 @@ def register(app) -> None:
         defs = ex.all_definitions(root)
         exported = ex.exported_profiles(root)
         if json_out:
-            print_json({"schema": 1, "kind": "profiles",
-                        "definitions": [pf.definition_to_dict(d, defs) for d in defs.values()],
-                        "exported": [{"id": p.id, "engine": p.engine, "sources": p.sources,
-                                      "weights": [p.primary_weight, *p.replica_weights],
-                                      "decode_weights": list(p.decode_weights), "cache_experts": p.cache_experts,
-                                      "unverified": list(p.unverified)} for p in exported]})
+            print_result(ex.ProfileList(defs, tuple(exported)))
             return
         # Plain lines, not a table: variable names are long and a delta must be readable whole.
         for d in defs.values():
@@ -103,10 +100,12 @@ def register(app) -> None:
 
     @app.command("launch")
     def launch_cmd(
-        binary: str = typer.Option(..., "--binary", metavar="PATH", help="The ds4 / ds4-bench executable, or colibri's (coli or its engine binary)."),
+        binary: str = typer.Option(..., "--binary", metavar="PATH", help="The ds4 / ds4-bench executable, or colibri's (coli "
+                                                                         "or its engine binary)."),
         profile: str = typer.Option(..., "--profile", metavar="FILE", help="An exported profile (.json or its .env)."),
         rig: Optional[str] = RigOption,
-        out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default rig/runs/launch-NAME-TIME)."),
+        out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default "
+                                                                                 "rig/runs/launch-NAME-TIME)."),
         timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS", help="Stop the engine after this long."),
         json_out: bool = JsonOption,
         engine_args: Optional[List[str]] = typer.Argument(None, metavar="-- ENGINE_ARGS",
@@ -119,12 +118,12 @@ def register(app) -> None:
             err.print(f"[yellow]dead knobs:[/] {escape(path)} never names {', '.join(dead)}; setting them changes nothing",
                       soft_wrap=True)
         if p.unverified:
-            err.print("[yellow]warning:[/] this profile was exported with unverified replicas: " + escape(", ".join(p.unverified)),
-                      soft_wrap=True)
+            err.print("[yellow]warning:[/] this profile was exported with unverified replicas: "
+                      + escape(", ".join(p.unverified)), soft_wrap=True)
         err.print(f"launching {escape(path)} with profile {p.id!r} ({plural(p.sources, 'source')})", soft_wrap=True)
         r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
         if json_out:
-            print_json(ln.launch_to_dict(r))
+            print_result(r)
         else:
             out.print(f"confirmations ({r.run_dir})", highlight=False, markup=False)
             t = Table()

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, RigOption, err, print_json
+from core.cli import JsonOption, RigOption, err, print_result
 from core.units import format_bytes, format_rate, plural
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
@@ -51,7 +51,8 @@ SHARED = dict(
     chunk_tokens=typer.Option(PREFILL_CHUNK_TOKENS, "--chunk-tokens", help="Prefill chunk, tokens."),
     csv_file=typer.Option(None, "--csv", metavar="FILE", help="Append the ds4-bench CSV row here."),
     cached=typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
-    hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see docs/reader.md)."),
+    hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see "
+                                                        "docs/reader.md)."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
                         "the one that reads this model: ds4-argodrive for a GGUF file, colibri for a safetensors directory). "
                         "With --plan: the plan's."),
@@ -74,7 +75,8 @@ def register(app) -> None:
         experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
         top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri 4)."),
         dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
-        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: dim*ff a "
+        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: "
+                                                            "dim*ff a "
                                                              "multiple of 65536; colibri: a multiple of 64."),
         vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512)."),
         seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
@@ -116,10 +118,13 @@ def register(app) -> None:
             task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
             summary = write(lambda done, total: bar.update(task, completed=done, total=total))
         if json_out:
-            print_json({"schema": 1, "kind": "synth", **summary})
+            from engine_bridge.engine.synth import SynthSummary
+
+            print_result(SynthSummary(summary))
         else:
             typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
-                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed {format_bytes(summary['routed_bytes'])}"
+                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed "
+                       f"{format_bytes(summary['routed_bytes'])}"
                        + (f", {spec.shards} shards" if fmt == COLIBRI_FORMAT else ""))
 
     @app.command("run")
@@ -137,10 +142,12 @@ def register(app) -> None:
         cache_experts: int = SHARED["cache_experts"],
         lanes: int = SHARED["lanes"],
         chunk_tokens: int = SHARED["chunk_tokens"],
-        dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts (0: inline)."),
+        dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts "
+                                                                                       "(0: inline)."),
         prompt_seed: int = typer.Option(PROMPT_SEED, "--prompt-seed", help="Seed of the prompt's token ids."),
         csv_file: Optional[str] = SHARED["csv_file"],
-        trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay --trace)."),
+        trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay "
+                                                                                          "--trace)."),
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
         engine: Optional[str] = SHARED["engine"],
@@ -149,7 +156,7 @@ def register(app) -> None:
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
         from engine_bridge.engine.blas import pin_blas_threads
-        from engine_bridge.engine.run import csv_text, run_model, save_run
+        from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
         blas = pin_blas_threads(1)
@@ -157,7 +164,8 @@ def register(app) -> None:
                                 engine, tuple(switch))
         err.print(f"run: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
-                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}", highlight=False, soft_wrap=True)
+                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
+                  highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
                                     chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out)
@@ -174,7 +182,7 @@ def register(app) -> None:
         err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
                   highlight=False, soft_wrap=True)
         if json_out:
-            print_json(result)
+            print_result(RunResults(result))
         else:
             typer.echo(csv_text(result, header=True), nl=False)
             typer.echo(f"output_sha256={result['output_sha256']} hits={result['hits']} misses={result['misses']} "
@@ -197,7 +205,8 @@ def register(app) -> None:
         lanes: int = SHARED["lanes"],
         chunk_tokens: int = SHARED["chunk_tokens"],
         routing_seed: int = typer.Option(0, "--routing-seed", help="Seed of the routing model."),
-        trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead of the model."),
+        trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead "
+                                                                                  "of the model."),
         csv_file: Optional[str] = SHARED["csv_file"],
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
@@ -207,7 +216,7 @@ def register(app) -> None:
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
-        from engine_bridge.engine.replay import replay
+        from engine_bridge.engine.replay import ReplayResults, replay
         from engine_bridge.engine.run import save_run
         from engine_bridge.engine.sources import build_sources, resolve_model
 
@@ -223,7 +232,7 @@ def register(app) -> None:
         _report_reader(result)
         _report_idle(result)
         if json_out:
-            print_json(result)
+            print_result(ReplayResults(result))
             return
         typer.echo(f"prefill  {result['prefill_tokens']} tokens  {result['prefill_tps']} tok/s-equivalent  "
                    f"coverage {result['coverage']}  read {format_bytes(result['prefill']['bytes'])} at "

@@ -229,7 +229,7 @@ def _fold_head(T: _Table, p: str, D: int, H: int, qn: int, qr: int, vh: int, ql:
 def _colibri_resident(g: Geometry) -> Resident:
     """The resident weights of a colibri-format directory, plus the routed experts' per-row scales."""
     T = _Table(g.path)
-    D, I, V = T.cfg("hidden_size"), T.cfg("moe_intermediate_size"), T.cfg("vocab_size")
+    D, F, V = T.cfg("hidden_size"), T.cfg("moe_intermediate_size"), T.cfg("vocab_size")
     H, layers = T.cfg("num_attention_heads"), T.cfg("num_hidden_layers")
     qn, qr, vh = T.cfg("qk_nope_head_dim"), T.cfg("qk_rope_head_dim"), T.cfg("v_head_dim")
     ql, kl, shared = T.cfg("q_lora_rank"), T.cfg("kv_lora_rank"), T.cfg("n_shared_experts")
@@ -239,10 +239,10 @@ def _colibri_resident(g: Geometry) -> Resident:
                          "computes colibri models whose every layer routes (first_k_dense_replace 0)")
     if shared < 1:
         raise UsageError(f"{g.path}: n_shared_experts is {shared}; the engine computes a shared expert")
-    if g.component_bytes != D * I:
+    if g.component_bytes != D * F:
         raise UsageError(f"{g.path}: an expert component is {g.component_bytes} B, not hidden_size x "
-                         f"moe_intermediate_size = {D * I} int8 bytes")
-    sI = I * shared
+                         f"moe_intermediate_size = {D * F} int8 bytes")
+    sI = F * shared
     out_layers, scales = [], []
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -257,12 +257,12 @@ def _colibri_resident(g: Geometry) -> Resident:
         for e in range(g.experts):
             n = f"{p}mlp.experts.{e}."
             per.append(tuple(T.f32(f"{n}{c}_proj.weight{COLIBRI_SCALE_SUFFIX}", rows)
-                             for c, rows in (("gate", I), ("up", I), ("down", D))))
+                             for c, rows in (("gate", F), ("up", F), ("down", D))))
         scales.append(tuple(per))
     synth = T.meta.get("replica_tuner_synth")
     seed = synth.get("seed", 0) if isinstance(synth, dict) else 0
     first = out_layers[0]
     return Resident(embed=T.rows("model.embed_tokens.weight", V, D), output_norm=T.f32("model.norm.weight", D),
-                    output=T.rows("lm_head.weight", V, D), layers=tuple(out_layers), dim=D, ff=I,
+                    output=T.rows("lm_head.weight", V, D), layers=tuple(out_layers), dim=D, ff=F,
                     attn=int(first["attn_q"].shape[0]), vocab=V, qtype=ROW_INT8, seed=int(seed),
                     row_scales=tuple(scales))

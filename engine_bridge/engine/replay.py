@@ -13,11 +13,12 @@ misses behind a per-layer barrier.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
 from core.errors import RigError, UsageError
+from core.results import Document
 from core.jsonfile import read_json
 from models.routing import Router, RoutingModel
 from models.modelset import FILE, ModelSet
@@ -29,6 +30,13 @@ from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_WINDOW, TRACE_
 from .model import Geometry
 from .sources import SourceSet
 from .staging import PhaseCounters, stage_reads
+
+
+class ReplayResults(Document):
+    """`engine-bridge replay --json`: the replay's results (kind "replay")."""
+
+    KIND: ClassVar[str] = "replay"
+    SCHEMA: ClassVar[int] = REPLAY_SCHEMA
 
 
 def load_trace(path: str) -> dict:
@@ -157,7 +165,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
 
     return {
         "schema": REPLAY_SCHEMA,
-        "kind": "replay",
+        "kind": ReplayResults.KIND,
         "ctx_tokens": tp + td,
         "prefill_tokens": tp,
         "prefill_tps": rate(tp, pre.seconds),

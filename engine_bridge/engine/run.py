@@ -8,8 +8,10 @@ import csv
 import io
 import json
 import os
+from typing import ClassVar
 
 from core.errors import UsageError
+from core.results import Document
 from core.fsutil import atomic_write_text
 from engine_bridge.reader import SplitReader
 
@@ -22,14 +24,21 @@ from .sources import SourceSet
 from .staging import PhaseCounters
 
 
+class RunResults(Document):
+    """`engine-bridge run --json`: the run's results (`run_result`, kind "run")."""
+
+    KIND: ClassVar[str] = "run"
+    SCHEMA: ClassVar[int] = RUN_SCHEMA
+
+
 def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
               prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
               trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True) -> dict:
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
     `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
-    sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on another replica (on by default: one slow drive
-    must not hold every read)."""
+    sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on
+    another replica (on by default: one slow drive must not hold every read)."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
@@ -87,7 +96,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
     idle = idle_sources(phases, weights, sources.paths, [s.degraded for s in stats.sources], sources.planned)
     return {
         "schema": RUN_SCHEMA,
-        "kind": "run",
+        "kind": RunResults.KIND,
         **row,
         "output_sha256": tokens_sha256(o.tokens),
         "cache_experts": requested,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 import numpy as np
 
 from core.errors import UsageError, WriteError
+from core.results import Document
 
 from .constants import (
     ALIGNMENT,
@@ -40,6 +41,13 @@ from .constants import (
     SYNTH_DEFAULTS,
     expert_tensor_name,
 )
+
+
+class SynthSummary(Document):
+    """`engine-bridge synth --json`: what `synthesize` (or `synthesize_colibri`) wrote."""
+
+    KIND: ClassVar[str] = "synth"
+    SCHEMA: ClassVar[int] = 1
 
 
 @dataclass(frozen=True)

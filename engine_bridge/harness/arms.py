@@ -4,7 +4,7 @@ the harness feeds measured facts in, these functions say what they mean.
 
 results.json (schema 1):
 
-    {"schema": 1, "kind": "bench-results", "created": ISO, "order": "ABBA",
+    {"schema": 1, "kind": BenchResults.KIND, "created": ISO, "order": "ABBA",
      "sequence": ["A", "B", "B", "A"], "control": "A", "reference": "A",
      "settings": {"prompt_tokens", "gen_tokens", "cache_experts", "max_other_cpu", ...},
      "arms": {NAME: {"plan", "sources": [paths], "prefill_weights", "decode_weights"}},
@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from core.errors import UsageError
+from core.results import Document
 from core.units import plural
 from engines.registry import DEFAULT_ENGINE
-from planner.measured import RESULTS_KEYS, RESULTS_SCHEMA, parse_results  # noqa: F401 (RESULTS_KEYS: the shape build_results writes)
+from planner.measured import RESULTS_SCHEMA, parse_results
 
 CSV_COLUMNS = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps",
                "gen_first_ms", "gen_steady_tokens", "gen_steady_tps", "kvcache_bytes")
@@ -325,6 +326,13 @@ def summarize(rows: Sequence[dict], arms: Sequence[str], control: str) -> dict:
             cl[k] = "gain" if d and all(x > 0 for x in d) else "loss" if d and all(x < 0 for x in d) else "unclear"
         claims[a] = cl
     return {"medians": medians, "gains": gains, "pairs": pairs, "claims": claims}
+
+
+class BenchResults(Document):
+    """`engine-bridge bench/ladder --json`: the run folder's results.json (`build_results`)."""
+
+    KIND: ClassVar[str] = "bench-results"
+    SCHEMA: ClassVar[int] = RESULTS_SCHEMA
 
 
 def build_results(specs: Sequence[ArmSpec], order: str, sequence: Sequence[str], rows: Sequence[Row],

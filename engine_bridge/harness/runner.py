@@ -231,7 +231,7 @@ def subprocess_runner(spec: ArmSpec, settings: dict, workdir: str, seq: int) -> 
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:
-        tail = [l for l in _read(log).splitlines() if l.strip()]
+        tail = [line for line in _read(log).splitlines() if line.strip()]
         raise ArmFailed(f"exit {proc.returncode}: {tail[-1] if tail else 'no message'} (log {log})")
     try:
         result = json.loads(proc.stdout)

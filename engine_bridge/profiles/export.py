@@ -14,6 +14,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass
+from typing import ClassVar
 from datetime import datetime, timezone
 from importlib import metadata, resources
 
@@ -79,6 +80,25 @@ def user_definitions(rig_root: str) -> dict[str, pf.Definition]:
             raise RigError(f"{path}: profile name {d.name!r} is also defined in {out[d.name].origin}; rename one")
         out[d.name] = d
     return out
+
+
+@dataclass(frozen=True)
+class ProfileList:
+    """`engine-bridge profiles --json`: the named profiles (shipped and the rig's) with their
+    deltas, and the profiles exported into the rig."""
+
+    definitions: dict          # name -> pf.Definition, as all_definitions returns them
+    exported: tuple            # pf.Profile, as exported_profiles returns them
+
+    KIND: ClassVar[str] = "profiles"
+    SCHEMA: ClassVar[int] = 1
+
+    def to_dict(self) -> dict:
+        return {"definitions": [pf.definition_to_dict(d, self.definitions) for d in self.definitions.values()],
+                "exported": [{"id": p.id, "engine": p.engine, "sources": p.sources,
+                              "weights": [p.primary_weight, *p.replica_weights],
+                              "decode_weights": list(p.decode_weights), "cache_experts": p.cache_experts,
+                              "unverified": list(p.unverified)} for p in self.exported]}
 
 
 def all_definitions(rig_root: str) -> dict[str, pf.Definition]:

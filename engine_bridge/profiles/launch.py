@@ -25,7 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from core.constants import RUNS_DIR
 from core.errors import UsageError
@@ -71,6 +71,12 @@ class LaunchResult:
     seconds: float = 0.0
     schema: int = LAUNCH_SCHEMA
 
+    KIND: ClassVar[str] = "launch"          # a result (core.results): `launch --json`, launch.json's shape
+    SCHEMA: ClassVar[int] = LAUNCH_SCHEMA
+
+    def to_dict(self) -> dict:
+        return launch_to_dict(self)
+
     @property
     def metrics(self) -> dict:
         """The last CSV row (ds4-bench writes one per context frontier)."""
@@ -95,7 +101,7 @@ class LaunchResult:
 def launch_to_dict(r: LaunchResult) -> dict:
     return {
         "schema": r.schema,
-        "kind": "launch",
+        "kind": LaunchResult.KIND,
         "ok": r.ok,
         "failed": list(r.failed),
         "profile": r.profile,

@@ -342,7 +342,8 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
         return RigError(f"{where}: key '{key}' {what}; export the profile again with `engine-bridge export`")
 
     if not isinstance(d, dict) or d.get("kind") != "profile":
-        raise RigError(f"{where}: not a profile file (no \"kind\": \"profile\"); give the .json written by `engine-bridge export`")
+        raise RigError(f"{where}: not a profile file (no \"kind\": \"profile\"); give the .json written by `engine-bridge "
+                       f"export`")
     if d.get("schema") != PROFILE_SCHEMA:
         raise bad("schema", f"is {d.get('schema')!r}, this version reads {PROFILE_SCHEMA}")
     for key, typ in (("id", str), ("engine", str), ("environment", dict), ("unset", list), ("argv", list),

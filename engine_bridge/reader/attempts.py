@@ -15,8 +15,8 @@ class ReadTicket:
     """One read in flight: `result()` waits for its barrier and returns exactly its bytes.
     file: the model's file it reads (relative path), fi: that file's index in the model's files."""
 
-    __slots__ = ("file", "fi", "offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error", "_pool",
-                 "_own_buf", "_work", "_writers", "_patches", "_orphan")
+    __slots__ = ("file", "fi", "offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error",
+                 "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan")
 
     def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
                  own_buf: bool | None = None, work=None, file: str = "", fi: int = 0):

@@ -35,7 +35,8 @@ PLAN = plan_to_dict(Plan((Source("a", "/m/a.gguf"),), Phase((1,)), Phase((1,)), 
 PROFILE = profile_to_dict(Profile(id="p", engine="ds4-argodrive", environment=(("DS4_ARGODRIVE_PRIMARY_WEIGHT", "10"),),
                                   unset=(), argv=("--metal",), primary="/m/a.gguf", primary_weight=10, replicas=(),
                                   replica_weights=(), decode_weights=(), cache_experts=4600))
-MANIFEST = model_manifest_to_dict(ModelManifest((Manifest(size=10, blake3="ab" * 32, piece_size=4, pieces=("a", "b", "c"), name="m.gguf"),)))
+MANIFEST = model_manifest_to_dict(ModelManifest((Manifest(size=10, blake3="ab" * 32, piece_size=4, pieces=("a", "b", "c"),
+                                                          name="m.gguf"),)))
 RESULT = result_to_dict(BenchResult(created="2026-11-29T19:00:00.000Z", drives=()))
 TRACE = {"schema": 1, "kind": "routing-trace", "layers": 1, "experts": 4, "top_k": 2,
          "steps": [{"phase": "decode", "layers": [[[0, 1]]]}]}

@@ -27,7 +27,8 @@ def test_a_source_the_engines_reads_give_nothing_is_a_note():
     assert set(e) == {"phase", "source", "path", "kind", "by", "planned_share", "message"}
     assert (e["phase"], e["source"], e["path"], e["kind"], e["by"], e["planned_share"]) == \
         ("decode", 2, PATHS[2], "split", "weights", None)
-    assert e["message"] == "source[2] read nothing in decode: the engine's reads at 2:1:1 gave it nothing in the 10 reads of the phase"
+    assert e["message"] == ("source[2] read nothing in decode: the engine's reads at 2:1:1 gave it nothing in the 10 reads "
+                            "of the phase")
 
 
 def test_a_plan_that_gave_it_a_share_makes_it_a_flag():

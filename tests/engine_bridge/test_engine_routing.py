@@ -31,9 +31,9 @@ COMPONENT = 6_635_520
 
 def field_geometry() -> Geometry:
     per = FIELD_EXPERTS * COMPONENT
-    tensors = tuple(ExpertTensor(l, c, 4096 + (3 * l + i) * per, per, COMPONENT, "Q4_K", (7168, 2048, FIELD_EXPERTS),
+    tensors = tuple(ExpertTensor(layer, c, 4096 + (3 * layer + i) * per, per, COMPONENT, "Q4_K", (7168, 2048, FIELD_EXPERTS),
                                  "field.gguf")
-                    for l in range(FIELD_LAYERS) for i, c in enumerate(("gate", "up", "down")))
+                    for layer in range(FIELD_LAYERS) for i, c in enumerate(("gate", "up", "down")))
     return Geometry("/field.gguf", 4096 + 3 * FIELD_LAYERS * per, "deepseek", FIELD_LAYERS, FIELD_EXPERTS, FIELD_TOP_K,
                     COMPONENT, tensors, 4096)
 
@@ -113,7 +113,8 @@ def test_replay_reads_through_the_split_reader_and_reports(model_dir):
 def test_a_recorded_trace_replays_the_runs_exact_cache_behaviour(model_dir, tmp_path):
     d = model_dir
     common = ["--model", str(d / "model.gguf"), "--cache-experts", "5", "--json"]
-    r = runner.invoke(app, ["run", *common, "--prompt-tokens", "40", "--gen-tokens", "6", "--trace-out", str(tmp_path / "t.json")])
+    r = runner.invoke(app, ["run", *common, "--prompt-tokens", "40", "--gen-tokens", "6",
+                            "--trace-out", str(tmp_path / "t.json")])
     assert r.exit_code == 0, r.output
     run = json.loads(r.stdout)
     r = runner.invoke(app, ["replay", *common, "--trace", str(tmp_path / "t.json")])
@@ -143,8 +144,8 @@ def test_the_planners_simulated_traffic_is_the_replays_exactly(cache):
 
     layers, experts, top_k, prompt = 4, 16, 2, 700
     per = experts * 8192
-    tensors = tuple(ExpertTensor(l, c, (3 * l + i) * per, per, 8192, "F32", (1, 1, experts), "m.gguf")
-                    for l in range(layers) for i, c in enumerate(("gate", "up", "down")))
+    tensors = tuple(ExpertTensor(layer, c, (3 * layer + i) * per, per, 8192, "F32", (1, 1, experts), "m.gguf")
+                    for layer in range(layers) for i, c in enumerate(("gate", "up", "down")))
     g = Geometry("/m.gguf", 3 * layers * per, "x", layers, experts, top_k, 8192, tensors, 4096)
     zero = memoryview(bytearray(1 << 20))
     submit = lambda read, phase: _Done(zero[:read.length])  # noqa: E731

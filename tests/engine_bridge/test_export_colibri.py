@@ -180,7 +180,8 @@ def test_the_member_colibri_runs_for_the_models_config_sets_the_rules(tmp_path):
     json.dump(doc, open(plan, "w"))
     r = export(root, plan, out, "--allow-unverified")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert "stripe: the plan stripes reads, but colibri's glm53 engine (c/glm53.c, model_type 'glm5_next') never stripes" in r.stderr
+    assert ("stripe: the plan stripes reads, but colibri's glm53 engine (c/glm53.c, model_type 'glm5_next') never "
+            "stripes") in r.stderr
 
 
 def test_a_model_type_colibri_does_not_run_is_refused(tmp_path):

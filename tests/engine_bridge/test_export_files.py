@@ -37,7 +37,7 @@ def export(tmp_path, drives, prefill, decode, *args):
 def body(path):
     """The file without its comment header, and the header alone."""
     lines = open(path).read().splitlines()
-    return [l for l in lines if not l.startswith("#")], [l for l in lines if l.startswith("#")]
+    return [line for line in lines if not line.startswith("#")], [line for line in lines if line.startswith("#")]
 
 
 def test_three_drives_10_5_5_prefill_10_6_6_decode(tmp_path):

@@ -7,7 +7,6 @@ import pytest
 
 from core.errors import UsageError
 from engine_bridge.harness.arms import (
-    RESULTS_KEYS,
     ArmSpec,
     Row,
     Snapshot,
@@ -23,6 +22,7 @@ from engine_bridge.harness.arms import (
     parse_arm,
 )
 from engine_bridge.harness.render import render_failures, render_idle, render_markdown, render_svg
+from planner.measured import RESULTS_KEYS
 from tests.helpers import impure_imports
 
 

@@ -44,7 +44,8 @@ if reps and dw and "decode" not in OMIT:
     if len(dw.split(",")) == len(paths):
         print("ds4: Argodrive decode split %s (prefill keeps the base weights)" % dw, file=err)
     else:
-        print("ds4: ignoring DS4_ARGODRIVE_DECODE_WEIGHTS=%s (want %d comma-separated weights 1..100)" % (dw, len(paths)), file=err)
+        print("ds4: ignoring DS4_ARGODRIVE_DECODE_WEIGHTS=%s (want %d comma-separated weights 1..100)" % (dw, len(paths)),
+              file=err)
 if REJECT:
     print("ds4: Argodrive prefill stage rejected: reader invalid=0 sources=1", file=err)
 time.sleep(SLEEP)
@@ -57,7 +58,8 @@ if "csv" not in OMIT:
     out.write("\\n".join(csv) + "\\n")
     out.flush()
 if "cache" not in OMIT and os.environ.get("DS4_METAL_STREAMING_EXPERT_TIMING_SUMMARY"):
-    print("ds4:   streaming expert cache budget=%d experts entries=10 hit_rate=0.5" % (min(cache, CAP) if CAP else cache), file=err)
+    print("ds4:   streaming expert cache budget=%d experts entries=10 hit_rate=0.5" % (min(cache, CAP) if CAP else cache),
+          file=err)
 if reps and "bytes" not in OMIT:
     for i, p in enumerate(paths):
         with open(p, "rb") as f:

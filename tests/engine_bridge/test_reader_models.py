@@ -148,7 +148,8 @@ def test_a_short_part_in_one_replica_is_refused_at_open_naming_member_and_file(s
 
 
 def test_a_replica_holding_another_model_is_refused(split_gguf, st_dir):
-    with pytest.raises(UsageError, match="source 1 .*: lists files .* but the primary has .*; every source must be the same model"):
+    with pytest.raises(UsageError, match="source 1 .*: lists files .* but the primary has .*; every source must be the same "
+                                         "model"):
         SplitReader([split_gguf[0], st_dir[1]], [1, 1])
 
 

@@ -202,7 +202,8 @@ def test_the_engine_computes_it_with_one_hash_for_every_cache_and_replica_set(co
     g = inspect_model(str(colibri_dir / "model"))
     r = load_resident(g)
     assert r.qtype == ROW_INT8 and r.seed == 7 and (r.dim, r.ff, r.vocab) == (512, 1536, 300)
-    assert len(r.row_scales) == 2 and len(r.row_scales[1]) == 8 and [s.shape for s in r.row_scales[1][7]] == [(1536,), (1536,), (512,)]
+    assert len(r.row_scales) == 2 and len(r.row_scales[1]) == 8
+    assert [s.shape for s in r.row_scales[1][7]] == [(1536,), (1536,), (512,)]
     results = [run(colibri_dir, **c) for c in CONFIGS]
     assert len({x["output_sha256"] for x in results}) == 1, [x["output_sha256"] for x in results]
     # the reads really were split over three copies (at 1:100:37 a 3-block component gives the primary none)
@@ -271,7 +272,8 @@ def colibri(model, tmp_path, cap=1, **env):
     ref.write_text(json.dumps({"prompt_ids": PROMPT_IDS, "full_ids": PROMPT_IDS + [0] * NEW}))
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAP": str(model), "REF": str(ref),
             "CAP_RAISE": "0", "PROF": "1", **env}
-    p = subprocess.run([COLIBRI_BIN, str(cap)], env=full, capture_output=True, text=True, errors="replace", timeout=300, cwd=tmp_path)
+    p = subprocess.run([COLIBRI_BIN, str(cap)], env=full, capture_output=True, text=True, errors="replace", timeout=300,
+                       cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     m = re.search(r"^GLM C engine\s*: ([\d ]+)$", p.stdout, re.M)
     assert m, p.stdout

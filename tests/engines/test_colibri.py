@@ -193,7 +193,7 @@ LOG = """\
 [MIRROR] 3 drives | read split 60% / 20% / 20% (COLI_DISK_WEIGHTS)
 Expert cache hit rate: 62.0% (0 pin + 10 lru / 6 miss) | RSS: 12.00 GB | 1.1 tok/s
 MIRROR: primary 12.34 GB (617 reads) | mirror1 4.10 GB (205 reads) | mirror2 4.00 GB (200 reads) \u2014 50% of expert bytes from the mirrors
-"""
+"""  # noqa: E501 (the engine's log line, verbatim)
 
 
 def test_read_log_on_colibris_lines():
@@ -208,7 +208,8 @@ def test_read_log_on_colibris_lines():
 
 
 def test_read_log_weights_rejected_probe_and_no_mirror():
-    text = ("[MIRROR] invalid COLI_DISK_WEIGHTS '9,3' (want 3 positive comma-separated weights, e.g. 9,3) \u2014 probing instead\n"
+    text = ("[MIRROR] invalid COLI_DISK_WEIGHTS '9,3' (want 3 positive comma-separated weights, e.g. 9,3) \u2014 probing "
+            "instead\n"
             "[MIRROR] probe: primary 6.10 GB/s | mirror 3.02 GB/s | mirror 2.90 GB/s\n"
             "[MIRROR] 3 drives | read split 51% / 25% / 24% (measured)\n"
             "[MIRROR] read error on the mirror copy \u2014 falling back to the primary drive\n")

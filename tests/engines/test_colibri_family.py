@@ -187,8 +187,9 @@ def test_cuts_refuse_what_no_engine_computes(member):
 def test_the_glm_member_is_the_existing_glm_rules():
     for w in ((10, 5, 5), (9, 3, 3), (1047, 515), (1, 1, 1, 1, 254)):
         assert GLM.cuts(w) == c.cuts(w)
-    assert all(GLM.bucket(l, e) == c.expert_hash(l, e) for l in range(8) for e in range(64))
-    assert all(GLM.route(l, e, None, (9, 3, 3)) == c.place_expert(l, e, (9, 3, 3)) for l in range(8) for e in range(64))
+    assert all(GLM.bucket(layer, e) == c.expert_hash(layer, e) for layer in range(8) for e in range(64))
+    assert all(GLM.route(layer, e, None, (9, 3, 3)) == c.place_expert(layer, e, (9, 3, 3))
+               for layer in range(8) for e in range(64))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +262,7 @@ def test_glm53_placement_matches_the_compiled_source(weights, counts, signature)
 
 @pytest.mark.parametrize("member", list(c.FAMILY.values()), ids=lambda m: m.name)
 def test_one_drive_serves_everything(member):
-    assert all(member.route(l, e, 256, (7,)) == 0 for l in range(4) for e in range(64))
+    assert all(member.route(layer, e, 256, (7,)) == 0 for layer in range(4) for e in range(64))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,7 +429,7 @@ def test_buckets_many_equals_bucket(member, layers, experts, epl):
     assert got.shape == (layers, experts)
     want_epl = experts if epl is None else epl
     assert [[int(x) for x in row] for row in got] == [
-        [member.bucket(l, e, want_epl) for e in range(experts)] for l in range(layers)]
+        [member.bucket(layer, e, want_epl) for e in range(experts)] for layer in range(layers)]
 
 
 @settings(max_examples=200, deadline=None)

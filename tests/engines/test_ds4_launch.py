@@ -17,7 +17,7 @@ ds4: Argodrive source[0] bytes=1200000000
 ds4: Argodrive source[1] bytes=700000000
 ds4: Argodrive source[2] bytes=690000000
 ds4: Argodrive source[0] lands_last=10 gap_ns=100 reads=50
-"""
+"""  # noqa: E501 (the engine's log line, verbatim)
 E3 = Expectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True)
 
 
@@ -83,8 +83,10 @@ def test_a_rejected_replica_configuration_is_named_as_such():
 
 
 def test_source_bytes_missing_zero_extra_and_summed():
-    assert "source[2] reported no bytes" in verdict(GOOD3.replace("ds4: Argodrive source[2] bytes=690000000\n", ""))["source-bytes"].detail
-    assert "source[1] read 0 bytes" in verdict(GOOD3.replace("source[1] bytes=700000000", "source[1] bytes=0"))["source-bytes"].detail
+    no_bytes = verdict(GOOD3.replace("ds4: Argodrive source[2] bytes=690000000\n", ""))["source-bytes"]
+    assert "source[2] reported no bytes" in no_bytes.detail
+    zero = verdict(GOOD3.replace("source[1] bytes=700000000", "source[1] bytes=0"))["source-bytes"]
+    assert "source[1] read 0 bytes" in zero.detail
     extra = GOOD3 + "ds4: Argodrive source[3] bytes=5\n"
     assert "source[3] was not requested" in verdict(extra)["source-bytes"].detail
     # Two reader sessions: the first read nothing from source 1, the second did; the total counts.

@@ -32,10 +32,10 @@ def write_header_only(path, layers=V41_LAYERS, experts=V41_EXPERTS, arch="deepse
     qt = gguf.GGMLQuantizationType[qtype]
     values, nbytes = gguf.GGML_QUANT_SIZES[qt]
     row = ne0 // values * nbytes
-    names = names or [f"blk.{l}.ffn_{c}_exps.weight" for l in range(layers) for c in ("gate", "up", "down")]
+    names = names or [f"blk.{layer}.ffn_{c}_exps.weight" for layer in range(layers) for c in ("gate", "up", "down")]
     tensors = [(n, (experts, ne1, row)) for n in names]
     if shared is not None:
-        tensors += [(f"blk.{l}.ffn_{c}_shexp.weight", (ne1 * shared, row)) for l in range(layers)
+        tensors += [(f"blk.{layer}.ffn_{c}_shexp.weight", (ne1 * shared, row)) for layer in range(layers)
                     for c in ("gate", "up", "down")]
     total = 0
     for n, shape in tensors:
@@ -62,12 +62,12 @@ def write_moe_split_gguf(dir, prefix, layers=3, experts=4, top_k=2, dim=64, ff=3
     w = gguf.GGUFWriter(str(dir / f"{prefix}.gguf"), arch, split_max_tensors=per_part)
     w.add_uint32(f"{arch}.expert_used_count", top_k)
     w.add_uint32(f"{arch}.expert_count", experts)
-    for l in range(layers):
-        w.add_tensor(f"blk.{l}.ffn_gate_inp.weight", rng.standard_normal((experts, dim), dtype=np.float32))
+    for layer in range(layers):
+        w.add_tensor(f"blk.{layer}.ffn_gate_inp.weight", rng.standard_normal((experts, dim), dtype=np.float32))
         for c in ("gate", "up", "down"):
             shape = (experts, dim, ff) if c == "down" else (experts, ff, dim)
             a = rng.standard_normal(shape, dtype=np.float32)
-            w.add_tensor(f"blk.{l}.ffn_{c}_exps.weight", a if c == "down" else a.astype(np.float16))
+            w.add_tensor(f"blk.{layer}.ffn_{c}_exps.weight", a if c == "down" else a.astype(np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -95,18 +95,18 @@ def write_moe_safetensors(dir, naming=QWEN3, layers=2, experts=4, top_k=2, dim=3
     rng = np.random.default_rng(seed)
     pattern, comp = naming
     tensors = {"model.embed_tokens.weight": rng.standard_normal((8, dim), dtype=np.float32)}
-    for l in range(layers):
-        tensors[f"model.layers.{l}.input_layernorm.weight"] = np.ones(dim, np.float32)
-        if l < first_dense:
+    for layer in range(layers):
+        tensors[f"model.layers.{layer}.input_layernorm.weight"] = np.ones(dim, np.float32)
+        if layer < first_dense:
             for c in ("gate_proj", "up_proj", "down_proj"):
-                tensors[f"model.layers.{l}.mlp.{c}.weight"] = rng.standard_normal((ff, dim), dtype=np.float32)
+                tensors[f"model.layers.{layer}.mlp.{c}.weight"] = rng.standard_normal((ff, dim), dtype=np.float32)
             continue
-        tensors[f"model.layers.{l}.mlp.gate.weight"] = rng.standard_normal((experts, dim), dtype=np.float32)
+        tensors[f"model.layers.{layer}.mlp.gate.weight"] = rng.standard_normal((experts, dim), dtype=np.float32)
         for e in range(experts):
             for c in ("gate", "up", "down"):
                 shape = (dim, ff) if c == "down" else (ff, dim)
                 a = rng.standard_normal(shape, dtype=np.float32)
-                tensors[pattern.format(l=l, e=e, c=comp[c])] = a if c == "down" else a.astype(np.float16)
+                tensors[pattern.format(l=layer, e=e, c=comp[c])] = a if c == "down" else a.astype(np.float16)
     names = list(tensors)
     weight_map = {}
     for s in range(shards):

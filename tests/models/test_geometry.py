@@ -143,7 +143,7 @@ def _table(names, fmt="gguf", meta=None, shape=(8, 4, 4), nbytes=256):
 
 
 def test_the_pure_parse_on_a_table_alone():
-    names = [f"blk.{l}.ffn_{c}_exps.weight" for l in (0, 1) for c in ("gate", "up", "down")]
+    names = [f"blk.{layer}.ffn_{c}_exps.weight" for layer in (0, 1) for c in ("gate", "up", "down")]
     g = geometry_from_table(_table(names))
     assert isinstance(g, Geometry) and (g.layers, g.experts, g.top_k, g.component_bytes) == (2, 4, 2, 64)
     # expert 3 of layer 1's down tensor: that tensor's offset + 3 slices
@@ -163,7 +163,7 @@ def test_the_pure_parse_on_a_table_alone():
 
 def test_the_geometry_record_keys_are_pinned():
     """Plans record Geometry.as_dict (planner plan schema 2): its keys are a contract."""
-    names = [f"blk.{l}.ffn_{c}_exps.weight" for l in (0, 1) for c in ("gate", "up", "down")]
+    names = [f"blk.{layer}.ffn_{c}_exps.weight" for layer in (0, 1) for c in ("gate", "up", "down")]
     d = geometry_from_table(_table(names)).as_dict()
     assert list(d) == ["path", "file_size", "arch", "layers", "experts", "top_k", "component_bytes", "expert_bytes",
                        "alignment", "format", "layout", "stacked", "components", "component_sizes", "shared_experts"]

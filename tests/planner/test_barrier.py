@@ -99,7 +99,8 @@ def test_heavy_tail_costs_more_than_the_max_of_means():
         assert a["tail_s"] == 0 and b["tail_s"] > 0
         assert b["seconds"] > a["seconds"] * 1.05                   # the tailed drive holds a piece of every group
     idle = predict(problem(tailed), "decode", (100, 100, 1))         # laggy's share rounds to 0 blocks
-    assert idle["sources"][2]["bytes"] == 0 and idle["seconds"] == pytest.approx(predict(problem(plain), "decode", (100, 100, 1))["seconds"])
+    assert idle["sources"][2]["bytes"] == 0
+    assert idle["seconds"] == pytest.approx(predict(problem(plain), "decode", (100, 100, 1))["seconds"])
 
 
 def test_zero_spread_tails_predict_exactly_as_the_mean_model():

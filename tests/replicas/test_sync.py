@@ -101,14 +101,16 @@ def test_same_device_is_refused_by_default(setup):
 
 def test_missing_destination_is_exit_3(setup):
     src, data, dests, rig = setup
-    r = CliRunner().invoke(app, ["sync", "--rig", rig, "--piece-size", "1M", "--allow-same-device", str(src), str(dests[0].parent / "unplugged")])
+    r = CliRunner().invoke(app, ["sync", "--rig", rig, "--piece-size", "1M", "--allow-same-device", str(src),
+                                 str(dests[0].parent / "unplugged")])
     assert r.exit_code == 3
     assert "no such directory" in r.output and "Traceback" not in r.output
 
 
 def test_dry_run_writes_nothing(setup):
     src, data, dests, rig = setup
-    r = CliRunner().invoke(app, ["sync", "--rig", rig, "--dry-run", "--json", "--piece-size", "1M", "--allow-same-device", str(src), str(dests[0])])
+    r = CliRunner().invoke(app, ["sync", "--rig", rig, "--dry-run", "--json", "--piece-size", "1M", "--allow-same-device",
+                                 str(src), str(dests[0])])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["dry_run"] and doc["destinations"][0]["bytes_to_write"] == len(data)
