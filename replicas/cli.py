@@ -11,11 +11,11 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
+from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, Interrupted, ReplicaTunerError, UsageError
 from core.events import Notice
 from core.results import ErrorResult
@@ -59,7 +59,7 @@ def live_progress(enabled: bool = True):
     (--quiet): no bars and no notices."""
     cancel = threading.Event()
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
-                    DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(), console=err,
+                    DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
                     transient=False, disable=not enabled or not err.is_terminal and not os.environ.get("REPLICAS_PROGRESS"))
     tasks: dict[tuple[str, str], int] = {}
     lock = threading.Lock()

@@ -170,3 +170,32 @@ def test_help_names_values_not_python_types_and_reads_whole_at_80_columns(app, p
 def test_a_value_after_a_flag_says_flags_take_none():
     r = CliRunner().invoke(replicas_app, ["status", "--json", "true"], prog_name="replicas")
     assert r.exit_code == 2 and "takes no value" in r.stderr
+
+
+def test_a_progress_rate_is_what_was_moved_over_the_time_taken():
+    """A copy reports durable bytes in batches: two landing 0.1 s apart read as GB/s to Rich's
+    speed (steps over the span between reports) whatever the drive's pace. The rate column is the
+    bytes moved since the first report over the time until now, once a second has passed; a report
+    stepping back (a file started over) restarts it."""
+    from rich.progress import Progress
+
+    from core.cli import AverageRateColumn
+
+    MiB = 1 << 20
+    now = {"t": 10.0}
+    column = AverageRateColumn()
+    bars = Progress(column, get_time=lambda: now["t"], disable=True)
+    task_id = bars.add_task("copy", total=4096 * MiB)
+    task = bars.tasks[0]
+    for t, done in ((10.0, 256 * MiB), (10.1, 512 * MiB)):       # two fdatasync batches close together
+        now["t"] = t
+        bars.update(task_id, completed=done)
+        assert column.render(task).plain == ""                   # under a second: no rate yet
+    now["t"] = 12.6                                              # the next batch is still being paced
+    assert task.speed > 2e9                                      # Rich: 256 MiB in 0.1 s
+    assert column.render(task).plain == "103 MB/s"               # 256 MiB moved in 2.6 s
+    bars.update(task_id, completed=128 * MiB)                    # started over
+    assert column.render(task).plain == ""
+    now["t"] = 13.6
+    bars.update(task_id, completed=228 * MiB)
+    assert column.render(task).plain == "105 MB/s"

@@ -156,6 +156,14 @@ def test_show_and_compare(two_files):
     assert r.exit_code == 0 and "B/A" in r.stdout
     r = invoke("show", a)
     assert r.exit_code == 0 and "seq" in r.stdout
+    # every column of every table has a header (the flags column had none)
+    from iobench import render
+    from iobench.result import load_result
+
+    ra, rb = load_result(a), load_result(b)
+    tables = [render.drives_table(ra), render.compare_table(render.compare_rows(ra, rb)), render.groups_table(ra)]
+    for t in filter(None, tables):
+        assert all(str(c.header).strip() for c in t.columns), [c.header for c in t.columns]
 
 
 @pytest.mark.parametrize("args,message", [
