@@ -74,6 +74,9 @@ out = WholeLineConsole(emoji=False)                     # data and tables: stdou
 err = WholeLineConsole(stderr=True, emoji=False)        # progress and messages: stderr
 
 
+# What a Ctrl-C no command caught says: the README's promise for exit 130.
+INTERRUPTED = "interrupted; the work made durable is kept: run the same command again to resume"
+
 RATE_AFTER_S = 1.0     # a progress rate is shown once its reports span this long
 
 
@@ -191,8 +194,8 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
             self._usage(ctx, e)
         except ReplicaTunerError as e:
             self._fail(ctx, str(e), e.exit_code)
-        except KeyboardInterrupt:
-            self._fail(ctx, "interrupted", EXIT_INTERRUPTED)
+        except KeyboardInterrupt:    # a Ctrl-C no command caught (before its own handler, or a second one)
+            self._fail(ctx, INTERRUPTED, EXIT_INTERRUPTED)
         except BrokenPipeError:
             raise typer.Exit(0)
         except FileNotFoundError as e:

@@ -48,6 +48,9 @@ MaxRateOption = typer.Option(None, "--max-rate", metavar="RATE",
                                   "(500M = 500 MB/s), so a drive that serves the model keeps serving.")
 
 
+SYNC_STOPPED = "sync interrupted; durable pieces are kept: run the same command again to resume"
+
+
 def _rate(text: Optional[str]) -> Optional[float]:
     return parse_rate(text, "--max-rate") if text is not None else None
 
@@ -246,9 +249,12 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
     """
     rate = _rate(max_rate)
     with live_progress(not quiet) as (report, cancel):
-        res = sync_files(source, dest_dirs, rigmod.rig_dir(rig), piece_size=parse_size(piece_size, "--piece-size"),
-                         dry_run=dry_run, verify=not no_verify, replace_existing=replace,
-                         allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate)
+        try:
+            res = sync_files(source, dest_dirs, rigmod.rig_dir(rig), piece_size=parse_size(piece_size, "--piece-size"),
+                             dry_run=dry_run, verify=not no_verify, replace_existing=replace,
+                             allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate)
+        except (Interrupted, KeyboardInterrupt):     # wherever it landed: the copy or its read-back
+            raise Interrupted(SYNC_STOPPED) from None
     if json_out:
         print_result(res)
     else:
@@ -320,17 +326,19 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"
+    # Whenever the Ctrl-C lands (in a read, between members, after the last piece, or a second
+    # Ctrl-C that aborts at once), the message says how to go on.
+    stopped = ("verification interrupted; the pieces done are kept: continue with `replicas verify --full --resume`"
+               if mode == "full" and record else
+               "verification interrupted; nothing was stamped for unfinished members: run it again")
     with live_progress(not quiet) as (report, cancel):
         try:
             rep = verify_members(members, manifest, r, mode=mode, sample=sample, seed=seed, report=report, cancel=cancel,
                                  max_rate=rate, resume=resume, record=record)
-        except Interrupted:
-            if mode == "full" and record:
-                raise Interrupted("verification interrupted; the pieces done are kept: continue with "
-                                  "`replicas verify --full --resume`") from None
-            raise
+        except (Interrupted, KeyboardInterrupt):
+            raise Interrupted(stopped) from None
     if cancel.is_set():
-        raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
+        raise Interrupted(stopped)
     if json_out:
         print_result(views.VerifyView(rep, manifest, manifest_file, mode))
     else:

@@ -199,3 +199,22 @@ def test_a_progress_rate_is_what_was_moved_over_the_time_taken():
     now["t"] = 13.6
     bars.update(task_id, completed=228 * MiB)
     assert column.render(task).plain == "105 MB/s"
+
+
+def test_a_ctrl_c_no_command_caught_still_says_how_to_go_on():
+    """A Ctrl-C before a command installs its own handler (or a second one that aborts at once)
+    reached the boundary as a bare 'interrupted'; it says, as exit 130 promises, to run it again."""
+    app = make_app("tiny", "A small app.")
+
+    @app.command()
+    def stop():
+        """Interrupted at once."""
+        raise KeyboardInterrupt
+
+    @app.command()
+    def other():
+        """A second command."""
+
+    r = CliRunner().invoke(app, ["stop"], prog_name="tiny")
+    assert r.exit_code == 130
+    assert r.stderr.strip() == "tiny: error: interrupted; the work made durable is kept: run the same command again to resume"
