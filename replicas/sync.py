@@ -118,6 +118,8 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
             st = os.stat(source)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         stamped = write_stamp(path, manifest, rig, tag_file=True) if (verify or p.action == ADOPT) else None
+        if p.action != ADOPT:      # after the stamp (a read-only mode would refuse its attribute)
+            os.chmod(path, st.st_mode & PERMISSIONS)      # the source's mode: 0600 shards stay 0600
         if p.action != ADOPT and rename:
             stamped = _rename_into_place(p, manifest, rig, stamped)
         return DestResult(p.dest_dir, p.target, p.action, "copied" if p.action != ADOPT else "identical",
@@ -128,6 +130,9 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
         raise
     except OSError as e:
         return DestResult(p.dest_dir, p.target, p.action, "failed", error=write_error_text(e), exit_code=EXIT_WRITE)
+
+
+PERMISSIONS = 0o777      # a copy keeps its source's read/write/execute bits (never setuid and the like)
 
 
 def _rename_into_place(p: DestPlan, manifest: Manifest, rig: rigmod.Rig, stamped: str | None) -> str | None:

@@ -372,3 +372,14 @@ def test_a_read_only_destination_is_exit_4_as_the_readme_says(setup, monkeypatch
     assert "not writable" in r.output and os.listdir(dests[0]) == []
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     assert "| 4 | a write failed (disk full, file too large, permission)" in readme
+
+
+def test_a_copy_keeps_the_source_files_mode(setup):
+    """Shards kept 0600 (private) came out 0644 on every replica: each copy takes its source's
+    permission bits (a file repair restores whole takes its donor's: test_verify_sets)."""
+    src, data, dests, rig = setup
+    os.chmod(src, 0o600)
+    res = sync(str(src), [str(d) for d in dests], rig, piece_size=PIECE, allow_same_device=True)
+    assert res.exit_code == 0
+    for d in dests:
+        assert os.stat(d / "model.gguf").st_mode & 0o777 == 0o600

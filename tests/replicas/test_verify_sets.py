@@ -110,6 +110,8 @@ def test_a_flipped_byte_names_file_and_piece_and_repair_fixes_only_that(rigset):
 def test_a_deleted_shard_is_exit_3_named_and_the_rest_is_still_checked(rigset):
     rig, paths, models = rigset
     rel, path = biggest(models[1])
+    for m in models:                     # private shards: the restored copy must stay private too
+        os.chmod(m.abs(rel), 0o600)
     os.unlink(path)
     code, doc = verify_json(rig, "--full")
     assert code == 3
@@ -132,6 +134,7 @@ def test_a_deleted_shard_is_exit_3_named_and_the_rest_is_still_checked(rigset):
     rep = json.loads(r.stdout)
     assert rep["restored"] == [rel] and rep["repaired"] == [] and rep["bytes_copied"] == os.path.getsize(path)
     assert not [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".repair")]
+    assert os.stat(path).st_mode & 0o777 == 0o600                        # the donor's mode, not 0644
     assert invoke("verify", "--rig", rig).exit_code == 0                 # stamped by repair's own verify
 
 
