@@ -37,7 +37,7 @@ from core.events import Notice, Progress, Reporter, emit
 from core.units import plural
 from core.fsutil import FileIdentity, fsync_dir, require_file
 from core.units import format_bytes
-from engines.registry import DEFAULT_ENGINE, get_engine
+from engines.registry import DEFAULT_ENGINE, get_engine, path_refusals
 
 from .constants import PIECE_SIZE
 from core.drives import drive_label
@@ -208,6 +208,11 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     warning = too_many_sources(len(copies), engine.name, engine.max_sources)
     if warning:
         emit(report, Notice(model.path, warning))
+    for sp in plans:         # a copy an engine cannot be pointed at: said now, not at export
+        for name, chars in path_refusals(sp.target, model.format, model.layout, model.files):
+            emit(report, Notice(sp.target, f"warning: {name} refuses a source path containing "
+                                           f"{' or '.join(repr(c) for c in chars)} (its list separators), so a profile "
+                                           f"using this copy would be refused at export; rename the folder to use it there"))
     if dry_run:
         dests = tuple(combine_results(sp.dest_dir, sp.target, [
             DestResult(p.dest_dir, p.target, p.action, "planned", bytes_to_write=bytes_to_write(p, sizes[rel], piece_size),

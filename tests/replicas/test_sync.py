@@ -383,3 +383,25 @@ def test_a_copy_keeps_the_source_files_mode(setup):
     assert res.exit_code == 0
     for d in dests:
         assert os.stat(d / "model.gguf").st_mode & 0o777 == 0o600
+
+
+def test_a_destination_an_engine_cannot_be_given_is_warned_at_sync(setup, tmp_path):
+    """A copy under a folder with ',' was accepted, and only export refused it later: sync asks
+    the engines that read the model which characters they refuse and warns naming them."""
+    from core.events import Notice
+    from engines.registry import ENGINES
+    from tests.helpers import write_split_gguf
+
+    _, _, dests, rig = setup
+    (src,) = write_split_gguf(tmp_path / "gguf", "m", 1, tensor_bytes=1 << 20)   # a model ds4-argodrive reads
+    odd = tmp_path / "drive,2"
+    odd.mkdir()
+    events = []
+    res = sync(str(src), [str(odd)], rig, piece_size=PIECE, allow_same_device=True, report=events.append)
+    assert res.exit_code == 0                                   # allowed: only a warning
+    warned = [e.message for e in events if isinstance(e, Notice) and "refuses a source path" in e.message]
+    assert len(warned) == 1 and "ds4-argodrive" in warned[0] and "','" in warned[0]
+    assert "," in ENGINES["ds4-argodrive"].path_forbidden       # the engine's own rule, not a list here
+    events.clear()
+    sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True, report=events.append)
+    assert not [e for e in events if isinstance(e, Notice) and "refuses a source path" in e.message]
