@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from core.results import Document
@@ -282,15 +283,23 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
                                                                                                     f"{manifest.digest()[:16]}…")
     else:
         title = " — no manifest yet"
+    # Six columns that fit 80 terminal columns: the name and its role, the drive's mount point,
+    # file system and device as words that wrap, and a path folded rather than cut to "/…" (a
+    # pipe gets every row on one line, see core.cli). A state never wraps inside a word.
     t = Table(title=f"rig {root}" + title)
-    for col in ("name", "role", "path", "drive", "fs", "device", "size", "state", "last full verify"):
-        t.add_column(col)
+    t.add_column("member", overflow="fold", max_width=14)
+    t.add_column("path", overflow="fold")
+    t.add_column("drive", overflow="fold", max_width=14)
+    t.add_column("size", no_wrap=True, justify="right")
+    t.add_column("state", min_width=10)
+    t.add_column("last full verify")
     for x in rows:
         several = len(x.files) > 1
-        t.add_row(x.name, x.role, x.path, x.mount_point, x.fs_type, f"{x.device} ({x.disk})",
+        t.add_row(f"{escape(x.name)} [dim]({x.role})[/]", x.path,
+                  f"{x.mount_point} {x.fs_type} {x.device} ({x.disk})",
                   format_bytes(x.size) if x.size is not None else "—",
                   _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))
         for f in _listed(x.files, "verified") if several else ():
-            t.add_row("", "", f"  {f.file}", "", "", "", format_bytes(f.size) if f.size is not None else "—",
+            t.add_row("", f"  {f.file}", "", format_bytes(f.size) if f.size is not None else "—",
                       _status_text(f), _when_or_never(f.last_verified))
     return t
