@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,25 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # noqa: E402
-
-
-def tool(name: str) -> list[str]:
-    """argv prefix of one of the project's console scripts, in this interpreter."""
-    mod = {"replicas": "replicas.cli", "iobench": "iobench.cli", "planner": "planner.cli",
-           "engine-bridge": "engine_bridge.cli"}[name]
-    return [sys.executable, "-c", f"from {mod} import main; main()"]
-
-
-def step(title: str, cmd: list[str], wrap: list[str]) -> str:
-    """Run one step inside the drives' group; its stdout. A failed step stops the benchmark."""
-    t0 = time.perf_counter()
-    p = subprocess.run([*wrap, *cmd], text=True, capture_output=True, cwd=ROOT)
-    print(f"  {title}: {time.perf_counter() - t0:.1f}s, exit {p.returncode}", file=sys.stderr, flush=True)
-    if p.returncode != 0:
-        tail = [x for x in p.stderr.splitlines() if x.strip()]
-        raise SystemExit(f"plan_run_bench: {title} failed (exit {p.returncode}): {tail[-1] if tail else ''}")
-    return p.stdout
+from bench.testbed import Testbed, parse_drives, require_testbed, step, tool, usage_exit  # noqa: E402
 
 
 def newest_plan(rig: str) -> dict:

@@ -57,6 +57,26 @@ def say(msg: str) -> None:
     print(f"{_prog()}: {msg}", file=sys.stderr, flush=True)
 
 
+def tool(name: str) -> list[str]:
+    """argv prefix of one of the project's console scripts, in this interpreter (run from the
+    repository, so its modules are the ones imported)."""
+    mod = {"replicas": "replicas.cli", "iobench": "iobench.cli", "planner": "planner.cli",
+           "engine-bridge": "engine_bridge.cli"}[name]
+    return [sys.executable, "-c", f"from {mod} import main; main()"]
+
+
+def step(title: str, cmd: list[str], wrap: list[str]) -> str:
+    """Run one step (inside the drives' group with a testbed's `wrap`); its stdout. A failed step
+    stops the benchmark with its last error line."""
+    t0 = time.perf_counter()
+    p = subprocess.run([*wrap, *cmd], text=True, capture_output=True, cwd=REPO)
+    print(f"  {title}: {time.perf_counter() - t0:.1f}s, exit {p.returncode}", file=sys.stderr, flush=True)
+    if p.returncode != 0:
+        tail = [x for x in p.stderr.splitlines() if x.strip()]
+        raise SystemExit(f"{_prog()}: {title} failed (exit {p.returncode}): {tail[-1] if tail else ''}")
+    return p.stdout
+
+
 def usage_exit(msg: str) -> NoReturn:
     """One line on stderr, exit 2: bad input, or no testbed this benchmark can use."""
     say(msg)

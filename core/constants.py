@@ -15,6 +15,7 @@ BENCH_DIR = "bench"                # iobench results, <UTC>.json
 PLANS_DIR = "plans"                # planner output, <UTC>.json
 PROFILES_DIR = "profiles"          # exported engine profiles (.env, .json) and the user's named profiles (.toml)
 RUNS_DIR = "runs"                  # harness and launcher runs, one folder each
+USAGE_DIR = "usage"                # expert usage history (per-expert misses of each run or replay), <UTC>.json
 STAMPS_DIR = "stamps"              # sidecar stamps for files we may not or cannot tag
 RESULTS_FILE = "results.json"      # a harness run's results, in runs/<stamp>/
 VERDICTS_FILE = "verdicts.json"    # replicas verify's last verdict per member (status remembers it)

@@ -12,6 +12,7 @@ rig.toml:
     [[replica]]             # in engine order: source 1, source 2
     path = "/abs/green/model.gguf"
     name = "green"
+    holds = ["model-00003-of-00009.safetensors"]   # a partial replica: the files it holds (absent: all)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .constants import (
     RUNS_DIR,
     SCRUB_FILE,
     STAMPS_DIR,
+    USAGE_DIR,
     VERDICTS_FILE,
 )
 from .errors import MissingError, RigError, UsageError
@@ -45,6 +47,16 @@ class Member:
     path: str        # absolute path of the file
     name: str        # drive label
     role: str        # 'primary' or 'replica'
+    # A partial replica: the model's files (relative paths) this member holds; None: every file.
+    # A file outside it is not the member's, so it is never "missing" there (docs/replicas.md).
+    holds: tuple[str, ...] | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.holds is not None
+
+    def holds_file(self, rel: str) -> bool:
+        return self.holds is None or rel in self.holds
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,10 @@ class Rig:
     @property
     def runs_dir(self) -> str:
         return os.path.join(self.root, RUNS_DIR)
+
+    @property
+    def usage_dir(self) -> str:
+        return os.path.join(self.root, USAGE_DIR)
 
     @property
     def stamps_dir(self) -> str:
@@ -186,7 +202,7 @@ def parse_rig(text: str, root: str, where: str) -> Rig:
     def member(d, key, role):
         if not isinstance(d, dict):
             raise _bad(where, key, "must be a table")
-        known = {"path", "name"} | (set(MODEL_KEYS) if role == "primary" else set())
+        known = {"path", "name"} | (set(MODEL_KEYS) if role == "primary" else {"holds"})
         extra = set(d) - known
         if extra:
             raise _bad(where, f"{key}.{sorted(extra)[0]}", f"is not known (expected {', '.join(sorted(known))})")
@@ -198,7 +214,13 @@ def parse_rig(text: str, root: str, where: str) -> Rig:
         name = d.get("name", "")
         if not isinstance(name, str) or not name or any(c in name for c in ",= *"):
             raise _bad(where, f"{key}.name", f"must be a non-empty label without ',', '=', '*' or spaces, got {name!r}")
-        return Member(path=path, name=name, role=role)
+        holds = d.get("holds")
+        if holds is not None:
+            if not isinstance(holds, list) or not all(isinstance(f, str) and f for f in holds) \
+                    or len(set(holds)) != len(holds):
+                raise _bad(where, f"{key}.holds", "must be a list of the model's files, each once")
+            holds = tuple(sorted(holds))
+        return Member(path=path, name=name, role=role, holds=holds)
 
     model = member(doc["model"], "model", "primary") if "model" in doc else None
     layout, fmt, files = _model_keys(doc.get("model") or {}, where)
@@ -206,6 +228,10 @@ def parse_rig(text: str, root: str, where: str) -> Rig:
     if not isinstance(reps, list):
         raise _bad(where, "replica", "must be an array of tables ([[replica]])")
     replicas = tuple(member(r, f"replica[{i}]", "replica") for i, r in enumerate(reps))
+    for i, r in enumerate(replicas):
+        stray = sorted(set(r.holds or ()) - set(files)) if files else []
+        if stray:
+            raise _bad(where, f"replica[{i}].holds", f"names {stray[0]!r}, which is not one of model.files")
     if replicas and model is None:
         raise _bad(where, "model", "is missing but replicas are listed")
     seen_names, seen_paths = {}, {}
@@ -252,7 +278,8 @@ def render_rig(rig: Rig) -> str:
         if rig.format:
             doc["model"] |= {"layout": rig.layout, "format": rig.format, "files": list(rig.files)}
     if rig.replicas:
-        doc["replica"] = [{"path": m.path, "name": m.name} for m in rig.replicas]
+        doc["replica"] = [{"path": m.path, "name": m.name} | ({"holds": list(m.holds)} if m.partial else {})
+                          for m in rig.replicas]
     head = "# replica-tuner rig: the model (primary, the engine's -m) and its replicas, in engine order.\n"
     return head + tomli_w.dumps(doc)
 
@@ -299,10 +326,17 @@ def with_model(rig: Rig, path: str, name: str, layout: str = "file", fmt: str = 
                    files=tuple(files))
 
 
-def with_replica(rig: Rig, path: str, name: str) -> Rig:
+def with_replica(rig: Rig, path: str, name: str, holds: tuple[str, ...] | None = None, *,
+                 keep_holds: bool = True) -> Rig:
+    """The rig with this replica; `holds`: the files a partial replica holds (None: every file).
+    An existing member keeps what it holds unless `keep_holds` is False (sync set it again)."""
     path = os.path.abspath(path)
-    for m in rig.members:
+    holds = tuple(sorted(holds)) if holds is not None else None
+    for i, m in enumerate(rig.members):
         if os.path.realpath(m.path) == os.path.realpath(path):
-            return rig
+            if keep_holds or m.role != "replica" or m.holds == holds:
+                return rig
+            k = i - (1 if rig.model else 0)
+            return replace(rig, replicas=rig.replicas[:k] + (replace(m, holds=holds),) + rig.replicas[k + 1:])
     taken = {m.name for m in rig.members}
-    return replace(rig, replicas=rig.replicas + (Member(path, unique_name(name, taken), "replica"),))
+    return replace(rig, replicas=rig.replicas + (Member(path, unique_name(name, taken), "replica", holds),))

@@ -55,3 +55,11 @@ class Engine:
     # What export writes for the engine and how launch confirms it from the log: an object (its
     # profile module) giving engines.profile.EngineProfile; None: the engine has no profile
     profile: Any = None
+    # Partial replicas (docs/replicas.md, "Partial replicas"): '' when the engine reads a replica
+    # that holds some of the model's files (the rest from the primary), else one line why it
+    # cannot; plans for it leave such members out and say so.
+    partial_refusal: str = ""
+    # (geometry, layer, expert, held files) -> bytes of that expert a replica holding those files
+    # serves when the engine routes the expert to it (its fallback rule for a missing file); None:
+    # each component by its own file (a read falls back on its own)
+    replica_serves: Optional[Callable[[Any, int, int, frozenset], int]] = None

@@ -806,6 +806,15 @@ def read_pattern(geometry, step: Step, setup: Setup) -> Pattern:
     return Pattern(step, tuple(g for g in groups if g))
 
 
+def replica_serves(geometry, layer: int, expert: int, held: frozenset) -> int:
+    """Bytes of expert (layer, expert) a mirror holding the files `held` serves when colibri
+    routes the expert to it: its family member's fallback for a missing shard (`Member.serve`:
+    the GLM engine's anchor tensor, DeepSeek V4's shard, V4.1's tensor, GLM-5.3's whole expert)."""
+    ext = geometry.expert_ranges(layer, expert)
+    srcs = member_for(geometry.arch).serve(1, [x.file for x in ext], lambda src, f: src == 0 or f in held)
+    return sum(x.length for x, src in zip(ext, srcs) if src == 1)
+
+
 def buffered(setup: Setup) -> bool:
     """Without DIRECT=1 expert_load_impl reads with plain pread: through the page cache."""
     return not setup.direct
@@ -865,4 +874,4 @@ ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weigh
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
                 switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile,
-                buffered=buffered)
+                buffered=buffered, replica_serves=replica_serves)

@@ -181,7 +181,9 @@ def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: b
     want = dict(primary.shards)
     for f in facts[1:]:
         where = f"sources[{f.index}]"
-        if not f.exists or f.state == "missing":
+        lost = f.exists and f.directory and f.holds is not None and \
+            any(b not in dict(f.shards) for b in want if b in _basenames(f.holds))
+        if not f.exists or (f.state == "missing" and not lost):
             v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
             continue
         d = f.directory
@@ -204,19 +206,31 @@ def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: b
         if long:
             v.append(Violation("path-length", where, f"{d}/{long[0]} is longer than the {c.SHARD_PATH_MAX} "
                                                      "characters colibri can open; use a shorter directory path"))
-        absent = [b for b in want if b not in have]
-        if absent:
+        held = want if f.holds is None else {b: n for b, n in want.items() if b in _basenames(f.holds)}
+        absent = [b for b in held if b not in have]
+        if absent and f.holds is None:
             v.append(Violation("partial-mirror", where,
                                f"replica {d} lacks {len(absent)} of {len(want)} shards ({absent[0]}"
                                f"{', ...' if len(absent) > 1 else ''}); colibri would read them from the model drive; "
-                               "run `replicas sync`"))
+                               "run `replicas sync` (or `replicas sync --partial` to make it a partial replica the plan "
+                               "is solved for)"))
+        elif absent:
+            v.append(Violation("partial-mirror", where,
+                               f"partial replica {d} lacks {len(absent)} of the {len(held)} shards the rig says it holds "
+                               f"({absent[0]}{', ...' if len(absent) > 1 else ''}); colibri would read them from the "
+                               "model drive, against the plan's weights; run `replicas repair`"))
         resized = [b for b in want if b in have and have[b] != want[b]]
         if resized:
             v.append(Violation("size", where, f"replica {d}/{resized[0]} is {have[resized[0]]} bytes, the model's "
                                               f"{want[resized[0]]}; colibri would skip it; run `replicas repair`"))
-        if f.state != "verified" and not allow_unverified:
+        if f.state not in ("verified", "missing") and not allow_unverified:
             v.append(unverified(f, where))
     return v
+
+
+def _basenames(files) -> set[str]:
+    """The shard names among a partial replica's files (colibri looks a mirror's shard up by name)."""
+    return {posixpath.basename(f) for f in files if f.endswith(c.SHARD_SUFFIX)}
 
 
 def _member_rules(primary: SourceFacts, request: Request) -> list[Violation]:
@@ -257,6 +271,12 @@ def header(request: Request, s: Setting) -> tuple[str, ...]:
     if request.variant:
         lines.append(f"engine: colibri's {m.name} ({m.source}), which its launcher runs for this model's "
                      "config.json model_type")
+    for i, path in enumerate(request.paths[1:], 1):
+        holds = request.holds_of(i)
+        if holds is not None:
+            lines.append(f"mirror {i} {path} is a partial replica holding {len(_basenames(holds))} shard(s) "
+                         f"({', '.join(sorted(_basenames(holds)))}); colibri reads the others from the model drive "
+                         "(c/st.h st_mirror_add); the weights were solved for what it holds")
     if c.ENV_STRIPE in env:
         lines.append(f"striping: {c.ENV_DIRECT}=1 (O_DIRECT, the only path that stripes) and "
                      f"{c.ENV_STRIPE}=1 cut each expert read of 4 MiB or more over every drive")
@@ -345,12 +365,16 @@ class Expectation:
     stripe: bool = False         # the profile asked for striping (DIRECT=1, COLI_MIR_STRIPE=1)
     variant: str = ""            # the family member that runs the model ('' : GLM)
     idle: tuple[tuple[str, ...], ...] = ()   # per drive: phases in which the plan gives it nothing
+    shards: tuple[int | None, ...] = ()      # per mirror: the shards a partial replica holds (None: every one)
 
 
 def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
     weights = tuple(request.prefill) if request.sources > 1 else ()
+    shards = tuple(None if request.holds_of(i) is None else len(_basenames(request.holds_of(i)))
+                   for i in range(1, request.sources))
+    shards = shards if any(x is not None for x in shards) else ()
     return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in dict(environment),
-                       variant=request.variant, idle=request.idle)
+                       variant=request.variant, idle=request.idle, shards=shards)
 
 
 def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
@@ -368,13 +392,17 @@ def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
             problems.append(f"mirror {want} did not load" + (f" ({why[-1]})" if why else " (no line saying it loaded)"))
             continue
         m = got[-1]
-        if m.shards < m.total:
-            problems.append(f"mirror {want} loaded {m.shards}/{m.total} shards; colibri reads the others from the primary")
+        partial = expect.shards[k - 1] if k - 1 < len(expect.shards) else None
+        if m.shards < (m.total if partial is None else partial):
+            problems.append(f"mirror {want} loaded {m.shards}/{m.total} shards"
+                            + (f", the partial replica holds {partial}" if partial is not None else "")
+                            + "; colibri reads the others from the primary")
         if m.replica != k:
             problems.append(f"mirror {want} is drive {m.replica}, not {k}: an earlier mirror did not load, "
                             "so the weights no longer line up with the drives")
     problems += [f"colibri skipped {path} ({what} differs from the primary)" for path, what in log.files_skipped]
-    expected = f"{len(expect.mirrors)} mirror(s), every shard"
+    expected = f"{len(expect.mirrors)} mirror(s), every shard" if not any(x is not None for x in expect.shards) else \
+        f"{len(expect.mirrors)} mirror(s), " + ", ".join("every shard" if x is None else f"{x} shard(s)" for x in expect.shards)
     return Check("mirrors", not problems, expected, observed,
                  "; ".join(problems) if problems else f"every mirror loaded whole ({len(expect.mirrors)})")
 

@@ -345,7 +345,13 @@ def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
     return f"{NAME} reads one GGUF file (-m); this model is {what}"
 
 
+# ds4-argodrive cuts every routed-expert read across every source (the split above) and its reader
+# takes a replica only as a regular file of the primary's size (docs/engine-profiles.md, the rules
+# export checks), so a replica holding part of the model cannot serve it.
+PARTIAL_REFUSAL = (f"{NAME} splits every read across every source and reads only full replicas "
+                   "(a regular file of the primary's size)")
+
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=BLOCK, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
-                profile=ds4_argodrive_profile)
+                profile=ds4_argodrive_profile, partial_refusal=PARTIAL_REFUSAL)

@@ -43,6 +43,8 @@ class SourceFacts:
     tokenizer: bool = False
     config: str = ""
     model_type: str | None = None
+    # A partial replica (the rig's rig.toml `holds`): the model's files it holds; None: every file.
+    holds: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,15 @@ class Request:
     variant: str = ""                           # the engine variant that runs the model ('' none)
     # per source: the phases in which the plan gives it nothing (launch: an expected-idle drive)
     idle: tuple[tuple[str, ...], ...] = ()
+    # per source: the model's files a partial replica holds (None, or no entry: every file)
+    holds: tuple[tuple[str, ...] | None, ...] = ()
 
     @property
     def sources(self) -> int:
         return len(self.paths)
+
+    def holds_of(self, source: int) -> tuple[str, ...] | None:
+        return self.holds[source] if source < len(self.holds) else None
 
     def idle_in(self, source: int) -> tuple[str, ...]:
         return self.idle[source] if source < len(self.idle) else ()

@@ -32,6 +32,7 @@ class ExpertCache:
         self.tokens = 0
         self.hits = 0
         self.misses = 0
+        self.miss_counts = np.zeros(total_experts, dtype=np.int64)   # per expert: the usage history (models.usage)
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -65,7 +66,14 @@ class ExpertCache:
             self.hits += 1
             return True, self.values[key]
         self.misses += 1
+        self.miss_counts[key] += 1
         return False, None
+
+    def count_misses(self, keys: Iterable[int]) -> None:
+        """Record misses found without `lookup` (replay asks `resident` for a whole layer at once)."""
+        keys = np.asarray(list(keys), dtype=np.int64)
+        self.misses += int(keys.size)
+        np.add.at(self.miss_counts, keys, 1)
 
     def victim(self, protect: Iterable[int] = ()) -> int | None:
         """The resident expert to evict: lowest count, then least recently used; None if none."""

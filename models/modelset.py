@@ -105,6 +105,13 @@ def located_files(member_path: str, manifest) -> list[tuple[str, str, object]]:
     return [(f.name, model.abs(f.name), f) for f in manifest.files]
 
 
+def member_files(member, manifest) -> list[tuple[str, str, object]]:
+    """`located_files` for the files a rig member (core.rig.Member) holds: every file, or a
+    partial replica's own set (docs/replicas.md, "Partial replicas"). A file outside that set is
+    not the member's: nothing checks, stamps, repairs or reports it there."""
+    return [x for x in located_files(member.path, manifest) if member.holds_file(x[0])]
+
+
 def one_file(path: str, fmt: str = RAW) -> ModelSet:
     path = os.path.abspath(path)
     return ModelSet(path, FILE, fmt, (os.path.basename(path),))

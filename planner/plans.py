@@ -244,3 +244,30 @@ def holds_of(sources, files: Sequence[str]) -> tuple[frozenset[str] | None, ...]
         have = frozenset(f for f in files if os.path.isfile(os.path.join(root, f)))
         out.append(None if len(have) == len(files) else have)
     return tuple(out)
+
+
+def full_members_for(inputs: Inputs, engine) -> tuple[Inputs, tuple[dict, ...]]:
+    """The inputs an engine can use: an engine that cannot read a partial replica
+    (`Engine.partial_refusal`) gets the rig's full members only. Returns (inputs, the members left
+    out, each {name, path, why}); the drive links are re-indexed over the sources kept."""
+    if not engine.partial_refusal:
+        return inputs, ()
+    rig = load_rig(inputs.provenance.get("rig") or ".", must_exist=False)
+    partial = {os.path.realpath(m.path): m for m in rig.replicas if m.partial}
+    keep, out = [], []
+    for i, s in enumerate(inputs.sources):
+        m = partial.get(os.path.realpath(s.path)) if i else None
+        if m is None:
+            keep.append(i)
+        else:
+            n = len(rig.files) or "?"
+            out.append({"name": s.name, "path": s.path,
+                        "why": f"replica '{s.name}' holds {len(m.holds)} of the model's {n} files; {engine.partial_refusal}: "
+                               "left out of this plan (`replicas sync` without --partial makes it whole)"})
+    if not out:
+        return inputs, ()
+    where = {old: new for new, old in enumerate(keep)}
+    links = tuple(Link(x.name, tuple(where[i] for i in x.members if i in where), x.ceiling_Bps) for x in inputs.links)
+    links = tuple(x for x in links if len(x.members) > 1)
+    provenance = dict(inputs.provenance, left_out=out)
+    return Inputs(tuple(inputs.sources[i] for i in keep), tuple(inputs.drives[i] for i in keep), provenance, links), tuple(out)

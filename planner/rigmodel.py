@@ -24,7 +24,7 @@ from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
-from .plans import Inputs, SavedPlan, holds_of, load_inputs, load_plan, parse_background, save_plan
+from .plans import Inputs, SavedPlan, full_members_for, holds_of, load_inputs, load_plan, parse_background, save_plan
 from .solve import Problem, solve_plan, with_concurrency
 from .workload import ModelWorkload, model_workload, named_workload
 
@@ -98,7 +98,8 @@ def problem_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: 
     """(inputs, the chosen workload, the problem) of `planner solve` and `simulate`: the rig's bench
     result (`bench`, default the newest), the workload (`choose_workload`), other work given as
     `SOURCE:KIND` specs (`plans.parse_background`)."""
-    inputs = load_inputs(rig_root, bench, calibrate=calibrate, tails=tails)
+    # an engine that cannot read a partial replica plans the full members only (provenance.left_out)
+    inputs, _ = full_members_for(load_inputs(rig_root, bench, calibrate=calibrate, tails=tails), get_engine(engine))
     names = [s.name for s in inputs.sources]
     chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
     bgs = tuple(parse_background(s, names) for s in backgrounds)
@@ -115,7 +116,8 @@ def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequen
     record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
     plan = replace(plan, geometry=chosen.geometry, workload=record)
     path = save_plan(load_rig(rig_root, must_exist=False), plan)
-    notices = ([chosen.notice] if chosen.notice else []) + [v["why"] for v in choice.idle.values()]
+    notices = ([chosen.notice] if chosen.notice else []) + [x["why"] for x in inputs.provenance.get("left_out", ())] \
+        + [v["why"] for v in choice.idle.values()]
     return SavedPlan(load_plan(path), path, tuple(notices))
 
 

@@ -237,6 +237,11 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
          allow_same_device: bool = typer.Option(False, "--allow-same-device", help="Allow a destination on the same physical "
                                                                                    "drive as another member."),
          max_rate: Optional[str] = MaxRateOption,
+         partial: Optional[str] = typer.Option(None, "--partial", metavar="SIZE",
+                                               help="Make each DEST_DIR a partial replica of at most SIZE (64G, 25%, or "
+                                                    "auto: its free space less a reserve): the shards carrying the most "
+                                                    "cache-miss bytes, sized to its bandwidth share; run again to grow, "
+                                                    "shrink or re-balance it."),
          quiet: bool = QuietOption,
          json_out: bool = JsonOption):
     """Copy the model at SOURCE into every DEST_DIR at once: one read of each file fanned out, resumable, verified, stamped.
@@ -252,12 +257,15 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
         try:
             res = sync_files(source, dest_dirs, rigmod.rig_dir(rig), piece_size=parse_size(piece_size, "--piece-size"),
                              dry_run=dry_run, verify=not no_verify, replace_existing=replace,
-                             allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate)
+                             allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate,
+                             partial=partial)
         except (Interrupted, KeyboardInterrupt):     # wherever it landed: the copy or its read-back
             raise Interrupted(SYNC_STOPPED) from None
     if json_out:
         print_result(res)
     else:
+        for line in views.partial_lines(res.partial):
+            err.print(line, soft_wrap=True, highlight=False)
         t = Table(title=f"sync {res.source} ({format_bytes(res.size)})" + (" — dry run" if res.dry_run else ""))
         for col in ("destination", "action", "outcome", "written", "rate", "stamp", "note"):
             t.add_column(col)
@@ -275,6 +283,9 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
             if d.extra:
                 err.print(f"{d.target}: kept {len(d.extra)} file(s) the model does not have: {', '.join(d.extra)}",
                           soft_wrap=True)
+            if d.dropped:
+                err.print(f"{d.target}: removed {len(d.dropped)} copy(ies) the partial replica no longer holds: "
+                          f"{', '.join(d.dropped)}", soft_wrap=True)
     if res.exit_code:
         raise typer.Exit(res.exit_code)
 

@@ -23,7 +23,7 @@ from core.coldio import align_up, aligned_buffer, open_cold
 from core.drives import drive_of
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, PieceRange
-from models.modelset import DIR, FILE, SPLIT, located_files
+from models.modelset import DIR, FILE, SPLIT, member_files
 from .records import record_verdicts
 from .stamps import clear_stamp
 from .throttle import Clock, Pace, Pacers
@@ -102,7 +102,7 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
     if target.role == "primary":
         raise UsageError(f"{target.path} is the primary (your model file); replicas never write to it — copy a verified "
                          f"replica over it yourself if it is damaged")
-    located = located_files(target.path, model)
+    located = member_files(target, model)
     home = target.path if model.layout == DIR else os.path.dirname(target.path)
     if (model.layout == FILE and not os.path.exists(target.path)) or not os.path.isdir(home):
         raise MissingError(f"{target.path}: no such {'directory' if model.layout == DIR else 'file'}; "
@@ -119,8 +119,9 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
         raise MissingError(f"{f.path}: {f.state}: {f.detail}")
     donor_files = {rel: [] for rel, _, _ in located}
     for d in donors:
-        for rel, p, _ in located_files(d.path, model):
-            donor_files[rel].append(p)
+        for rel, p, _ in member_files(d, model):
+            if rel in donor_files:
+                donor_files[rel].append(p)
     # The first file of a split set is the one engines open: it is restored last, after the others.
     todo = sorted((f for f in before.files if f.state != IDENTICAL),
                   key=lambda f: f.path == target.path and model.layout == SPLIT)

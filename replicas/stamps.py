@@ -86,14 +86,17 @@ def clear_stamp(path: str, rig: Rig) -> None:
     _drop_sidecar(rig, path)
 
 
-def stamp_state(path: str, manifest: Manifest | ModelManifest, rig: Rig) -> str:
+def stamp_state(path: str, manifest: Manifest | ModelManifest, rig: Rig,
+                holds: tuple[str, ...] | None = None) -> str:
     """'verified' (a stamp still matches), 'stale' (a stamp exists but the file or manifest
     changed), 'unverified' (no stamp) or 'missing' (no such file).
 
     Given a ModelManifest, `path` is a member's path (file, first file or directory) and the
-    answer rolls up the stamp of each of its files: verified only when every file's is."""
+    answer rolls up the stamp of each of its files: verified only when every file's is (a partial
+    replica: every file of `holds`, the files it holds)."""
     if isinstance(manifest, ModelManifest):
-        states = [stamp_state(p, fm, rig) for _, p, fm in located_files(path, manifest)]
+        states = [stamp_state(p, fm, rig) for rel, p, fm in located_files(path, manifest)
+                  if holds is None or rel in holds] or [VERIFIED]
         return next(s for s in (MISSING, STALE, UNVERIFIED, VERIFIED) if s in states)
     try:
         ident = FileIdentity.of(path)

@@ -12,7 +12,7 @@ from core.rig import Member, Rig
 
 from core.drives import drive_of
 from .manifest import Manifest, ModelManifest
-from models.modelset import located_files, member_set
+from models.modelset import member_files, member_set
 from .records import load_verdicts
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
 from .verdict import MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
@@ -43,6 +43,7 @@ class MemberStatus:
     last_verified: float | None      # the oldest of its files' last full verifications (None: one never was)
     verdict: Verdict | None = None   # its files' verdicts rolled up (verdict.rollup_verdict)
     files: tuple[FileStatus, ...] = ()
+    holds: tuple[str, ...] | None = None   # a partial replica: the files it holds (None: every file)
 
     @property
     def bad_pieces(self) -> int:
@@ -67,11 +68,11 @@ def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, V
 
 def _files_of(rig: Rig, member: Member, manifest: ModelManifest | None) -> list[tuple[str, str, Manifest | None]]:
     if manifest is not None:
-        return located_files(member.path, manifest)
+        return member_files(member, manifest)
     model = member_set(rig, member)
     if len(model.files) == 1 and model.layout == "file":
         return [(model.files[0], member.path, None)]
-    return [(rel, model.abs(rel), None) for rel in model.files]
+    return [(rel, model.abs(rel), None) for rel in model.files if member.holds_file(rel)]
 
 
 def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[MemberStatus]:
@@ -91,5 +92,5 @@ def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[M
         rows.append(MemberStatus(m.name, m.role, m.path, *drive, sum(sizes) if sizes else None,
                                  rollup_state([f.state for f in files], STATUS_ORDER),
                                  None if None in times else min(times), rollup_verdict([f.verdict for f in files]),
-                                 files))
+                                 files, m.holds))
     return rows

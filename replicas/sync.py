@@ -49,10 +49,12 @@ from .manifests import save_manifest
 from models.modelset import FILE, SPLIT, ModelSet
 from .records import record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
+from .partials import choose_members
 from .syncfacts import SOURCE_FIX, check_free_space, drive_key, plan_destinations, source_model, trusted_manifests
 from .syncplan import (
     ADOPT,
     NOOP,
+    SKIP,
     DestPlan,
     DestResult,
     SetPlan,
@@ -93,6 +95,8 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
     t = time.monotonic()
     if p.action == NOOP:
         return DestResult(p.dest_dir, p.target, p.action, "identical", verified=True)
+    if p.action == SKIP:
+        return DestResult(p.dest_dir, p.target, p.action, "not held")
     if w is not None and w.error is not None:
         return DestResult(p.dest_dir, p.target, p.action, "failed", bytes_written=w.bytes_written,
                           error=write_error_text(w.error) + "; durable pieces are kept, re-run to resume", exit_code=EXIT_WRITE)
@@ -174,9 +178,12 @@ def _publish(sp: SetPlan, model: ModelSet, results: list[DestResult], manifests:
 def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = PIECE_SIZE, dry_run: bool = False,
          verify: bool = True, replace_existing: bool = False, allow_same_device: bool = False,
          report: Reporter = None, cancel: threading.Event | None = None,
-         max_rate: float | None = None, clock: Clock | None = None) -> SyncResult:
+         max_rate: float | None = None, clock: Clock | None = None, partial: str | None = None) -> SyncResult:
     """Copy the model at `source` into every directory of `dest_dirs` (see the module's docstring).
-    `max_rate` (bytes/s) paces each drive's reads and writes, by `clock` (the wall clock)."""
+    `max_rate` (bytes/s) paces each drive's reads and writes, by `clock` (the wall clock).
+    `partial` (SIZE, PCT% or auto): each destination becomes a partial replica holding the shards
+    `partials.choose_members` picks within that budget; files it keeps are not copied again, and
+    copies of ours it no longer holds are removed (docs/replicas.md, "Partial replicas")."""
     t0 = time.monotonic()
     check_piece_size(piece_size)
     if not dest_dirs:
@@ -193,8 +200,11 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     if kept is not None and kept != piece_size:
         emit(report, Notice(model.path, f"the manifest uses piece size {format_bytes(kept)}; keeping it"))
         piece_size = kept
+    choices = choose_members(model, dest_dirs, rig, partial, report) if partial else []
+    holds = {c.dest: c.holds for c in choices}
     plans = plan_destinations(model, dest_dirs, rig, manifests, idents, piece_size=piece_size,
-                              replace_existing=replace_existing, allow_same_device=allow_same_device, report=report)
+                              replace_existing=replace_existing, allow_same_device=allow_same_device, report=report,
+                              holds=holds)
     for sp in plans:
         for p in sp.files:
             if p.reason:
@@ -218,7 +228,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
             DestResult(p.dest_dir, p.target, p.action, "planned", bytes_to_write=bytes_to_write(p, sizes[rel], piece_size),
                        file=rel) for rel, p in zip(sp.rels, sp.files)], sp.extra, dry_run=True) for sp in plans)
         known = None if None in manifests.values() else _model_manifest(model, manifests)
-        return _result(model, known, piece_size, dests, 0, time.monotonic() - t0, dry_run=True)
+        return _result(model, known, piece_size, dests, 0, time.monotonic() - t0, dry_run=True, partial=choices)
     check_free_space(plans, sizes, report)
     block = copy_block(piece_size)
     pacers = Pacers(max_rate, clock, cancel)
@@ -291,15 +301,19 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
             files.append(DestResult(p.dest_dir, model.in_dir(sp.dest_dir).abs(rel), p.action, "skipped",
                                     error="not copied: a write failed here earlier", file=rel))
         error = _publish(sp, model, files, manifests, rig) if sp.target not in failed else ""
-        r = combine_results(sp.dest_dir, sp.target, files, sp.extra, seconds=max((f.seconds for f in files), default=0.0))
+        dropped = _drop_unheld(sp, model, manifests, rig, holds[sp.dest_dir], report) \
+            if sp.dest_dir in holds and sp.target not in failed and not error else ()
+        r = combine_results(sp.dest_dir, sp.target, files, sp.extra, seconds=max((f.seconds for f in files), default=0.0),
+                            dropped=dropped)
         if error:
             r = dataclasses.replace(r, outcome="failed", error=error, exit_code=EXIT_WRITE)
         elif sp.target not in failed:
             published.add(sp.target)
         dests.append(r)
 
-    _record(rig_root, model, manifests, plans, dests, published, source_verified, idents)
-    return _result(model, _model_manifest(model, manifests), piece_size, tuple(dests), read_total, time.monotonic() - t0)
+    _record(rig_root, model, manifests, plans, dests, published, source_verified, idents, holds)
+    return _result(model, _model_manifest(model, manifests), piece_size, tuple(dests), read_total, time.monotonic() - t0,
+                   partial=choices)
 
 
 def _model_manifest(model: ModelSet, manifests: dict[str, Manifest]) -> ModelManifest:
@@ -308,18 +322,43 @@ def _model_manifest(model: ModelSet, manifests: dict[str, Manifest]) -> ModelMan
 
 
 def _result(model: ModelSet, mm: ModelManifest | None, piece_size: int, dests, read: int, seconds: float,
-            dry_run: bool = False) -> SyncResult:
+            dry_run: bool = False, partial=()) -> SyncResult:
     digest = mm.digest() if mm else ""
     blake = (mm.files[0].blake3 if model.layout == FILE else digest) if mm else ""
     return SyncResult(model.path, sum(f.size for f in mm.files) if mm else _size(model), blake, piece_size, dests, read,
-                      seconds, dry_run=dry_run, digest=digest, layout=model.layout, format=model.format, files=model.files)
+                      seconds, dry_run=dry_run, digest=digest, layout=model.layout, format=model.format, files=model.files,
+                      partial=tuple(partial))
+
+
+def _drop_unheld(sp: SetPlan, model: ModelSet, manifests: dict[str, Manifest], rig: rigmod.Rig,
+                 holds: tuple[str, ...], report: Reporter) -> tuple[str, ...]:
+    """A partial replica that shrank: remove the model files there it no longer holds, but only
+    a copy the tool verified and stamped (its bytes are the primary's, so nothing unique is lost);
+    anything else is kept and named. Returns the relative paths removed."""
+    final = model.in_dir(sp.dest_dir)
+    if not any(os.path.realpath(m.path) == os.path.realpath(final.path) for m in rig.replicas):
+        return ()                   # not a member yet: whatever is there was not put there by us
+    dropped = []
+    for rel in model.files:
+        path = final.abs(rel)
+        if rel in holds or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        if stamp_state(path, manifests[rel], rig) == VERIFIED:
+            os.unlink(path)
+            dropped.append(rel)
+        else:
+            emit(report, Notice(path, "no longer held by this partial replica, but not a verified copy of ours: kept"))
+    if dropped:
+        fsync_dir(os.path.dirname(final.abs(dropped[0])))
+        record_verdicts(rig, {final.abs(rel): None for rel in dropped})
+    return tuple(dropped)
 
 
 def _size(model: ModelSet) -> int:
     return sum(os.path.getsize(p) for p in model.paths)
 
 
-def _record(rig_root, model, manifests, plans, dests, published, source_verified, idents) -> None:
+def _record(rig_root, model, manifests, plans, dests, published, source_verified, idents, holds=None) -> None:
     """Record what is now true in the rig: the model, the replicas, the manifest, the verdicts."""
     rig = rigmod.load_rig(rig_root, must_exist=False)
     if rig.model is None:
@@ -328,7 +367,9 @@ def _record(rig_root, model, manifests, plans, dests, published, source_verified
         rig = rigmod.with_model(rig, rig.model.path, rig.model.name, model.layout, model.format, model.files)
     for sp, r in zip(plans, dests):
         if r.outcome in ("copied", "identical"):
-            rig = rigmod.with_replica(rig, sp.target, drive_label(sp.target))
+            # a destination synced whole becomes (or stays) a full replica; --partial records its files
+            rig = rigmod.with_replica(rig, sp.target, drive_label(sp.target), (holds or {}).get(sp.dest_dir),
+                                      keep_holds=False)
     rigmod.save_rig(rig)
     save_manifest(rig, _model_manifest(model, manifests))
     # What sync proved replaces what `status` remembers (a replica copied again after a mismatch),

@@ -25,6 +25,7 @@ from .records import load_verdicts
 from .stamps import VERIFIED, stamp_state
 from .syncplan import (
     RESTART_REASON,
+    SKIP,
     DestPlan,
     ExistingTarget,
     PartialState,
@@ -89,7 +90,10 @@ def trusted_manifests(rig: rigmod.Rig, model: ModelSet) -> dict[str, Manifest | 
 
 def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, manifests: dict[str, Manifest | None],
                       idents: dict[str, FileIdentity], *, piece_size: int, replace_existing: bool,
-                      allow_same_device: bool, report: Reporter = None) -> list[SetPlan]:
+                      allow_same_device: bool, report: Reporter = None,
+                      holds: dict[str, tuple[str, ...]] | None = None) -> list[SetPlan]:
+    """One SetPlan per destination (refusing a bad one with the fix); `holds`: per destination
+    directory, the files a partial replica there holds (the others are not-held, never touched)."""
     try:
         src_key = drive_of(model.path).key
     except OSError:
@@ -120,11 +124,12 @@ def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, ma
                 raise UsageError(f"destination {d} is on the same physical drive as {clash} ({key}); a replica there "
                                  "adds no bandwidth — use --allow-same-device to copy anyway")
         seen_keys[key] = d
-        plans.append(_plan_set(model, final, d, rig, manifests, idents, piece_size, replace_existing, report))
+        plans.append(_plan_set(model, final, d, rig, manifests, idents, piece_size, replace_existing, report,
+                               (holds or {}).get(d)))
     return plans
 
 
-def _plan_set(model, final, d, rig, manifests, idents, piece_size, replace_existing, report) -> SetPlan:
+def _plan_set(model, final, d, rig, manifests, idents, piece_size, replace_existing, report, holds=None) -> SetPlan:
     staging, work = "", final
     if model.layout == DIR:
         if os.path.lexists(final.path):
@@ -139,6 +144,9 @@ def _plan_set(model, final, d, rig, manifests, idents, piece_size, replace_exist
     files = []
     for rel, source in zip(model.files, model.paths):
         target = work.abs(rel)
+        if holds is not None and rel not in holds:
+            files.append(DestPlan(os.path.dirname(target), target, SKIP))
+            continue
         files.append(_plan_one(source, idents[rel], os.path.dirname(target), target, rig, manifests[rel], piece_size,
                                replace_existing, report))
     return SetPlan(d, final.path, tuple(files), model.files, staging, extra_files(model.files, _tree(model, work)))

@@ -26,12 +26,15 @@ from .constants import (
     PARTIAL_SUFFIX,
 )
 from .manifest import PieceRange
+from .partial import choice_to_dict
 
 if TYPE_CHECKING:
     from core.fsutil import FileIdentity
 
 # What happens to one destination.
 COPY, RESUME, NOOP, ADOPT, REPLACE = "copy", "resume", "noop", "adopt", "replace"
+# A file a partial replica does not hold (docs/replicas.md, "Partial replicas"): never touched there.
+SKIP = "not-held"
 RESTART_REASON = "restart (source changed)"
 
 # The one headline of every way a copy finds its source changed (identity or bytes).
@@ -42,7 +45,7 @@ SOURCE_CHANGED = "the source changed during the copy"
 class DestPlan:
     dest_dir: str
     target: str
-    action: str                     # copy / resume / noop / adopt (verify an existing file) / replace
+    action: str                     # copy / resume / noop / adopt (verify an existing file) / replace / not-held
     durable: frozenset = frozenset()  # pieces already durable in the partial (resume)
     reason: str = ""
 
@@ -94,6 +97,7 @@ class DestResult:
     file: str = ""                  # a file's result: its path relative to the model
     files: tuple["DestResult", ...] = ()   # a destination's result: one per model file, in order
     extra: tuple[str, ...] = ()     # files the model does not have, reported and kept
+    dropped: tuple[str, ...] = ()   # a partial replica that shrank: the copies of ours it no longer holds, removed
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class SyncResult:
     layout: str = "file"
     format: str = ""
     files: tuple[str, ...] = ()     # the model's relative paths, in order
+    partial: tuple = ()             # `sync --partial`: one replicas.partial.PartialChoice per destination
 
     KIND: ClassVar[str] = "sync"    # a result (core.results): `replicas sync --json`
     SCHEMA: ClassVar[int] = 1
@@ -129,11 +134,11 @@ def worst_exit(codes: Iterable[int]) -> int:
 
 
 # How far-reaching each action is: a destination's action is its files' furthest.
-_ACTION_RANK = {NOOP: 0, ADOPT: 1, COPY: 2, RESUME: 3, REPLACE: 4}
+_ACTION_RANK = {SKIP: -1, NOOP: 0, ADOPT: 1, COPY: 2, RESUME: 3, REPLACE: 4}
 
 
 def combine_results(dest_dir: str, target: str, files: Sequence[DestResult], extra: tuple[str, ...] = (),
-                    seconds: float = 0.0, dry_run: bool = False) -> DestResult:
+                    seconds: float = 0.0, dry_run: bool = False, dropped: tuple[str, ...] = ()) -> DestResult:
     """One destination's result from its files' (in the model's order). A one-file model keeps
     the file's own words; a failure of a set names its first failing file."""
     failed = [f for f in files if f.outcome == "failed"]
@@ -152,10 +157,10 @@ def combine_results(dest_dir: str, target: str, files: Sequence[DestResult], ext
     return DestResult(
         dest_dir, target, max((f.action for f in files), key=lambda a: _ACTION_RANK.get(a, 0)), outcome,
         bytes_written=sum(f.bytes_written for f in files), bytes_to_write=sum(f.bytes_to_write for f in files),
-        seconds=seconds, verified=bool(files) and all(f.verified for f in files),
+        seconds=seconds, verified=any(f.action != SKIP for f in files) and all(f.verified for f in files if f.action != SKIP),
         stamped="+".join(stamps) if stamps else None,
         bad=tuple(b for f in files for b in f.bad), error=error, exit_code=worst_exit(f.exit_code for f in files),
-        files=tuple(files), extra=tuple(extra))
+        files=tuple(files), extra=tuple(extra), dropped=tuple(dropped))
 
 
 def _piece_dict(b: PieceRange, file: str | None = None) -> dict:
@@ -178,11 +183,12 @@ def sync_result_to_dict(res: SyncResult) -> dict:
                       "bytes_written": d.bytes_written, "bytes_to_write": d.bytes_to_write,
                       "seconds": round(d.seconds, 3), "verified": d.verified, "stamped": d.stamped, "bad": bad,
                       "error": d.error, "exit_code": d.exit_code, "extra": list(d.extra),
-                      "files": [_file_dict(f) for f in d.files]})
+                      "dropped": list(d.dropped), "files": [_file_dict(f) for f in d.files]})
     return {"schema": 1, "kind": "sync", "source": res.source, "size": res.size, "blake3": res.blake3,
             "digest": res.digest, "layout": res.layout, "format": res.format, "files": list(res.files),
             "piece_size": res.piece_size, "dry_run": res.dry_run, "source_bytes_read": res.source_bytes_read,
-            "seconds": round(res.seconds, 3), "exit_code": res.exit_code, "destinations": dests}
+            "seconds": round(res.seconds, 3), "exit_code": res.exit_code, "destinations": dests,
+            "partial": [choice_to_dict(c) for c in res.partial]}
 
 
 @dataclass(frozen=True)

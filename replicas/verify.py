@@ -11,6 +11,7 @@ unfinished, how far it got, so `--resume` continues there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import threading
@@ -27,7 +28,7 @@ from core.coldio import open_cold, read_sequential
 from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, bad_pieces
-from models.modelset import located_files
+from models.modelset import member_files
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
@@ -217,13 +218,17 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
                  cancel: threading.Event | None = None, pace: Pace | None = None, trust_stamp: bool = True,
                  untrusted: frozenset[str] = frozenset(), stamp: bool = True,
                  scrub: ScrubBook | None = None) -> MemberCheck:
-    """Verify every file of the model where `member` keeps it, in the model's order, each against
+    """Verify every file of the model where `member` keeps it (a partial replica: the files it
+    holds; the others are not its own and never "missing"), in the model's order, each against
     its own manifest (`check_file`); a missing file is named and the others are still checked.
 
     `untrusted`: file paths whose stamp quick verify must not trust (a mismatch was found since).
     """
     model = as_model(manifest)
-    located = located_files(member.path, model)
+    located = member_files(member, model)
+    if len(located) != len(model.files):    # a partial replica: draw among the files it holds
+        held = {rel for rel, _, _ in located}
+        model = dataclasses.replace(model, files=tuple(f for f in model.files if f.name in held)) if held else model
     draws = sample_indices(model, sample or 0, rng or random.Random()) if mode == "sample" else [None] * len(located)
     files = []
     for (rel, path, fm), indices in zip(located, draws):
@@ -273,7 +278,7 @@ def verify_members(members: list[Member], manifest: Manifest | ModelManifest, ri
         try:
             for m in group:
                 rng = random.Random(f"{seed}:{m.path}") if seed is not None else None
-                untrusted = frozenset(p for _, p, fm in located_files(m.path, model)
+                untrusted = frozenset(p for _, p, fm in member_files(m, model)
                                       if standing_mismatch(verdicts.get(p), fm))
                 results[m.path] = check_member(m, model, rig, mode=mode, sample=sample, rng=rng, report=report,
                                                cancel=cancel, pace=pacers.for_drive(key), untrusted=untrusted,
@@ -289,7 +294,7 @@ def verify_members(members: list[Member], manifest: Manifest | ModelManifest, ri
             t.join()
         if scrub is not None and not errors:
             for m in members:
-                for _, p, _ in located_files(m.path, model):
+                for _, p, _ in member_files(m, model):
                     scrub.mark(p, None)      # the run is over: nothing is left to resume
     finally:
         if scrub is not None:

@@ -295,7 +295,9 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
     t.add_column("last full verify")
     for x in rows:
         several = len(x.files) > 1
-        t.add_row(f"{escape(x.name)} [dim]({x.role})[/]", x.path,
+        of = len(manifest.files) if manifest else "?"
+        role = x.role if x.holds is None else f"{x.role}, partial: {len(x.holds)} of {of} files"
+        t.add_row(f"{escape(x.name)} [dim]({role})[/]", x.path,
                   f"{x.mount_point} {x.fs_type} {x.device} ({x.disk})",
                   format_bytes(x.size) if x.size is not None else "—",
                   _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))
@@ -303,3 +305,20 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
             t.add_row("", f"  {f.file}", "", format_bytes(f.size) if f.size is not None else "—",
                       _status_text(f), _when_or_never(f.last_verified))
     return t
+
+
+def partial_lines(choices) -> list[str]:
+    """`sync --partial`: per destination, what it holds and what that is predicted to buy."""
+    lines = []
+    for c in choices:
+        pct = 100 * c.bytes / c.model_bytes if c.model_bytes else 0.0
+        line = (f"partial {c.dest}: {len(c.holds)} shard(s), {format_bytes(c.bytes)} of {format_bytes(c.model_bytes)} "
+                f"({pct:.0f} %, budget {format_bytes(c.budget)}, stopped: {c.stop}); carries {100 * c.coverage_held:.1f} % "
+                f"of the held-out miss bytes ({100 * c.coverage_rank:.1f} % of the ranked)")
+        if c.share is not None:
+            line += f"; bandwidth share {100 * c.share:.1f} %"
+        if c.gain is not None and c.gain_full is not None:
+            line += f"; predicted gain +{100 * c.gain:.1f} % (a full replica: +{100 * c.gain_full:.1f} %)"
+        lines.append(line)
+        lines.append(f"  ranking: {c.history}")
+    return lines

@@ -156,7 +156,7 @@ def register(app) -> None:
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
         from engine_bridge.engine.blas import pin_blas_threads
-        from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run
+        from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run, usage_dir_of
         from engine_bridge.engine.sources import build_sources, resolve_model
 
         blas = pin_blas_threads(1)
@@ -168,7 +168,8 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
                                     chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
-                                    dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out)
+                                    dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
+                          usage_dir=usage_dir_of(rig, sources.paths[0]))
         _report_reader(result)
         for ph in ("prefill", "decode"):
             c = result[ph]
@@ -217,7 +218,7 @@ def register(app) -> None:
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
         from engine_bridge.engine.replay import ReplayResults, replay
-        from engine_bridge.engine.run import save_run
+        from engine_bridge.engine.run import save_run, usage_dir_of
         from engine_bridge.engine.sources import build_sources, resolve_model
 
         sources = build_sources(resolve_model(model, plan, rig), replica, primary_weight, decode_weights, plan, rig,
@@ -228,7 +229,8 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached, hedge=hedge), csv_file=csv_file)
+                                 cold=not cached, hedge=hedge), csv_file=csv_file,
+                          usage_dir=usage_dir_of(rig, sources.paths[0]))
         _report_reader(result)
         _report_idle(result)
         if json_out:

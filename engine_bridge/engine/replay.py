@@ -94,6 +94,7 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit_rea
                 unions.append(int(union.size))
             cache.select(union + base, counts)
             missing = [int(e) for e in union if not cache.resident[base + e]]
+            cache.count_misses([base + e for e in missing])
             c.hits += int(union.size) - len(missing)
             c.misses += len(missing)
             for e, _bufs, release in stage_reads(submit_read, reads_of, g, layer, missing, phase, c, window,
@@ -146,9 +147,10 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     total = g.layers * g.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
+    holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, engine=sources.engine) as reader:
-        out = replay_steps(g, steps, g.layers, cache, reader.submit_read, sources.step_reads(g, reader.healthy),
+                     hedge=hedge, engine=sources.engine, holds=holds) as reader:
+        out = replay_steps(g, steps, g.layers, cache, reader.submit_read, sources.step_reads(g, reader.healthy, holds),
                            in_flight=sources.in_flight())
         reader_stats = reader.stats()
         stats = reader_stats.to_dict()
@@ -198,6 +200,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
         "idle": idle_sources(stats["phases"], weights, sources.paths, [s.degraded for s in reader_stats.sources],
                              sources.planned),
         "reader": {"reads": stats["reads"], "bytes": stats["bytes"], "text": text},
+        "expert_misses": cache.miss_counts.reshape(g.layers, g.experts),
     }
 
 

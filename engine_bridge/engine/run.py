@@ -8,11 +8,14 @@ import csv
 import io
 import json
 import os
+import time
 from typing import ClassVar
 
 from core.errors import UsageError
 from core.results import Document
 from core.fsutil import atomic_write_text
+from core.jsonfile import write_json
+from models.usage import MISSES, usage_of, usage_to_dict
 from engine_bridge.reader import SplitReader
 
 from models.cache import ExpertCache
@@ -47,9 +50,10 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     total = geometry.layers * geometry.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
+    holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, engine=sources.engine) as reader:
-        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
+                     hedge=hedge, engine=sources.engine, holds=holds) as reader:
+        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy, holds), cache,
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
         try:
@@ -59,7 +63,9 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
         stats = reader.stats()
         text = reader.format_stats()
         hedging = hedge_settings(reader)
-    return run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text, hedging)
+    result = run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text, hedging)
+    result["expert_misses"] = cache.miss_counts.reshape(geometry.layers, geometry.experts)
+    return result
 
 
 def hedge_settings(reader: SplitReader) -> dict:
@@ -154,10 +160,30 @@ def trace_doc(result: dict, trace: list) -> dict:
             "top_k": m["top_k"], "steps": [{"phase": ph, "layers": sel} for ph, sel in trace]}
 
 
-def save_run(result: dict, csv_file: str | None = None, trace_out: str | None = None) -> dict:
-    """Write what a run or replay leaves: its CSV row appended to `csv_file`, and (a run recorded
-    with trace=True) its routing trace to `trace_out`. Returns the result without its raw trace."""
+def usage_dir_of(rig_root: str | None, primary: str) -> str | None:
+    """The rig's usage/ folder when the run's primary is the rig's model (its history), else None."""
+    from core.rig import load_rig, rig_dir
+
+    the_rig = load_rig(rig_dir(rig_root), must_exist=False)
+    if the_rig.model is None or os.path.realpath(the_rig.model.path) != os.path.realpath(primary):
+        return None
+    return the_rig.usage_dir
+
+
+def save_run(result: dict, csv_file: str | None = None, trace_out: str | None = None,
+             usage_dir: str | None = None) -> dict:
+    """Write what a run or replay leaves: its CSV row appended to `csv_file`, (a run recorded
+    with trace=True) its routing trace to `trace_out`, and each expert's misses as a usage record
+    in `usage_dir` (the rig's usage/, which `replicas sync --partial` ranks shards by). Returns the
+    result without its raw trace and counts."""
     trace = result.pop("trace", None)
+    misses = result.pop("expert_misses", None)
+    if usage_dir and misses is not None and misses.sum() > 0:
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        doc = usage_to_dict(usage_of(misses, MISSES, f"engine-bridge {result.get('kind', 'run')}", created))
+        os.makedirs(usage_dir, exist_ok=True)
+        name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000_000:09d}Z.json"
+        write_json(os.path.join(usage_dir, name), doc, indent=None)
     if trace_out:
         atomic_write_text(trace_out, json.dumps(trace_doc(result, trace)) + "\n")
     if csv_file:

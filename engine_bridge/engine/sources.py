@@ -38,6 +38,8 @@ class SourceSet:
     planned: dict = field(default_factory=dict)
     engine: str = DEFAULT_ENGINE
     switches: tuple[str, ...] = ()    # the engine's switches that are on ('direct', 'stripe')
+    # per source: the files a partial replica holds (the rig's rig.toml `holds`); None or no entry: every file
+    partial: tuple[tuple[str, ...] | None, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "models", tuple(m if isinstance(m, ModelSet) else one_file(os.fspath(m))
@@ -48,11 +50,16 @@ class SourceSet:
         """Each source's model path (its file, its split set's first file, or its directory)."""
         return tuple(m.path for m in self.models)
 
-    def step_reads(self, geometry, healthy=None) -> StepReads:
+    def holds(self) -> tuple[frozenset[str] | None, ...]:
+        """Per source, the model files its copy holds when it is a partial replica (None: every
+        file, as the primary and a full replica hold)."""
+        return tuple(None if h is None else frozenset(h) for h in self.partial) or (None,) * len(self.models)
+
+    def step_reads(self, geometry, healthy=None, holds=()) -> StepReads:
         """The target engine's read pattern of each step of a run over these sources; `healthy`:
-        the reader's sources still in use (asked at every step)."""
+        the reader's sources still in use (asked at every step); `holds`: what each holds (`holds()`)."""
         return StepReads(get_engine(self.engine), geometry, {"prefill": self.prefill, "decode": self.decode},
-                         self.switches, (), healthy)
+                         self.switches, holds, healthy)
 
     def in_flight(self) -> dict:
         """Per phase, the most reads the engine keeps outstanding (None: its lanes limit it)."""
@@ -153,5 +160,7 @@ def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int,
         # no engine reads, a split GGUF set, is still replayed with the engine asked for.)
         check_reads_model(engine, model.format, model.layout, model.files, model.path)
     models = (model,) + tuple(member_model(p, the_rig, model) for p in paths[1:])
+    partial = {os.path.realpath(m.path): m.holds for m in the_rig.replicas if m.partial}
+    holds = (None,) + tuple(partial.get(os.path.realpath(p)) for p in paths[1:])
     return SourceSet(models=models, prefill=prefill, decode=decode, planned=planned, engine=engine,
-                     switches=tuple(switches))
+                     switches=tuple(switches), partial=holds if any(h is not None for h in holds) else ())

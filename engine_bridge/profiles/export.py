@@ -172,8 +172,10 @@ def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]
     is read on the member path whatever it is."""
     facts = []
     primary_name = ""
+    partial = {os.path.realpath(m.path): m.holds for m in rig.replicas if m.partial}
     for i, s in enumerate(plan_dict["sources"]):
         path = s["path"]
+        holds = partial.get(os.path.realpath(path)) if i else None
         try:
             st = os.stat(path)
         except OSError:
@@ -183,9 +185,9 @@ def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]
         if view is None:
             state = ""
             if i:
-                state = stamp_state(path, manifest, rig) if (manifest is not None and regular) else "unverified"
+                state = stamp_state(path, manifest, rig, holds) if (manifest is not None and regular) else "unverified"
             facts.append(SourceFacts(i, path, exists=True, regular=regular, size=st.st_size,
-                                     device=st.st_dev, inode=st.st_ino, state=state))
+                                     device=st.st_dev, inode=st.st_ino, state=state, holds=holds))
             continue
         if i == 0 and not is_dir:
             primary_name = os.path.basename(path)
@@ -195,10 +197,10 @@ def source_facts(plan_dict: dict, manifest, rig, view=None) -> list[SourceFacts]
         config, model_type = _config(v.directory) if v.directory else ("", None)
         state = ""
         if i:
-            state = stamp_state(path, manifest, rig) if manifest is not None else "unverified"
+            state = stamp_state(path, manifest, rig, holds) if manifest is not None else "unverified"
         facts.append(SourceFacts(i, path, exists=True, regular=not is_dir, device=st.st_dev, inode=st.st_ino,
                                  state=state, directory=v.directory, not_loadable=v.not_loadable, shards=v.shards,
-                                 tokenizer=v.tokenizer, config=config, model_type=model_type))
+                                 tokenizer=v.tokenizer, config=config, model_type=model_type, holds=holds))
     return facts
 
 
@@ -283,6 +285,9 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         "tool": f"replica-tuner {_version()}",
         "format": fmt,
     }
+    if any(f.holds is not None for f in facts):
+        # partial replicas, by source index: the files each holds (docs/replicas.md, "Partial replicas")
+        provenance["partial"] = {str(f.index): list(f.holds) for f in facts if f.holds is not None}
     profile = pf.build_profile(
         profile_id=profile_id, engine=engine, plan=plan_dict, layered=layered, cache_experts=cache,
         managed=pf.managed_keys(engine, definitions.values()),

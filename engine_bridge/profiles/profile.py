@@ -253,7 +253,14 @@ def request_of(p: Profile) -> Request:
     """What a profile asks its engine for (the request it was built from, as the file keeps it)."""
     return Request(paths=(p.primary,) + p.replicas, prefill=(p.primary_weight,) + p.replica_weights,
                    decode=p.decode_weights, stripe=bool(p.plan.get("stripe", False)), cache_experts=p.cache_experts,
-                   variant=p.variant, idle=idle_phases(p.plan, p.sources))
+                   variant=p.variant, idle=idle_phases(p.plan, p.sources), holds=partial_holds(p))
+
+
+def partial_holds(p: Profile) -> tuple[tuple[str, ...] | None, ...]:
+    """Per source, the files a partial replica holds, as export recorded them (provenance 'partial')."""
+    part = (p.provenance or {}).get("partial") or {}
+    n = 1 + len(p.replicas)
+    return tuple(tuple(part[str(i)]) if str(i) in part else None for i in range(n))
 
 
 def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered | None,

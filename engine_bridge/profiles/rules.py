@@ -37,7 +37,7 @@ def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Seque
     Returns all violations, each with its reason; an empty list means the engine will take it.
     """
     request = Request(paths=tuple(f.directory or f.path for f in facts), prefill=tuple(prefill),
-                      decode=tuple(decode), stripe=stripe)
+                      decode=tuple(decode), stripe=stripe, holds=tuple(f.holds for f in facts))
     return profile_of(engine).check(facts, request, allow_unverified=allow_unverified, manifest_size=manifest_size)
 
 

@@ -93,7 +93,13 @@ class SourceFiles:
         for r in readers:
             _close(r)
 
+    def holds(self, fi: int) -> bool:
+        """Whether this source holds file `fi` (a partial replica holds some of the model's files)."""
+        return self.identity[fi] is not None
+
     def _open_checked(self, fi: int) -> ColdReader:
+        if self.identity[fi] is None:
+            raise OSError(errno.ENOENT, "a file this partial replica does not hold", self.paths[fi])
         r = self.opener(self.paths[fi])
         fd = getattr(r, "fd", None)
         if isinstance(fd, int) and fd >= 0:

@@ -72,6 +72,9 @@ class Hedger:
         self.lanes = None
         self.cond: threading.Condition | None = None
         self._thread: threading.Thread | None = None
+        # (source, file index) -> whether the source holds that file (a partial replica does not
+        # hold every file); the reader sets it
+        self.can_serve: Callable[[int, int], bool] = lambda src, fi: True
 
     def attach(self, lanes) -> None:
         """Share the lanes' lock and start the watchdog (Lanes calls this)."""
@@ -257,7 +260,7 @@ class Hedger:
         if att.src not in piece.tried:
             piece.tried.append(att.src)
         healthy = self.health.healthy()
-        cands = [i for i in healthy if i not in piece.tried]
+        cands = [i for i in healthy if i not in piece.tried and self.can_serve(i, att.fi)]
         phase = piece.ticket.phase
         rates = {i: self._rate(i, phase, healthy) for i in cands}
         h = pick_hedge_source(att.src, cands, self.outstanding, piece.ln, rates, self.weights[phase])

@@ -35,9 +35,11 @@ def source_name(i: int, model: ModelSet) -> str:
     return f"source {i} ({model.path})"
 
 
-def check_sources(models: Sequence[ModelSet]) -> list[tuple[Identity, ...]]:
+def check_sources(models: Sequence[ModelSet], holds: Sequence[frozenset[str] | None] = ()) -> list[tuple[Identity | None, ...]]:
     """Per source, the (device, inode, size) of each of the model's files; refuses what the
-    engine would refuse, naming the member and the file."""
+    engine would refuse, naming the member and the file. `holds`: per source, the files a
+    partial replica holds (None, or no entry: every file); a file it does not hold has no
+    identity (None) and is never read there."""
     primary = models[0]
     for i, m in enumerate(models[1:], 1):
         if m.layout != primary.layout or (m.layout != FILE and m.files != primary.files):
@@ -49,7 +51,11 @@ def check_sources(models: Sequence[ModelSet]) -> list[tuple[Identity, ...]]:
         # one file: "source 1 /g/model.gguf: …"; several: "source 1 (/g/model): file /g/model/a.safetensors: …"
         role = f"source {i}" if m.layout == FILE else f"{source_name(i, m)}: file"
         per: list[Identity] = []
+        held = holds[i] if i and i < len(holds) else None
         for fi, (rel, p) in enumerate(zip(m.files, m.paths)):
+            if held is not None and rel not in held:
+                per.append(None)
+                continue
             st = require_file(p, role, FIX)
             if ident and st.st_size != ident[0][fi][2]:
                 raise UsageError(f"{role} {p}: size {st.st_size} differs from the primary's {ident[0][fi][2]} "
@@ -80,8 +86,10 @@ def open_sources(models: Sequence[ModelSet], identity: Sequence[Sequence[Identit
         for i, m in enumerate(models):
             files = SourceFiles(m.paths, identity[i], opener)
             out.append(files)
-            files.acquire(0)
-            files.release(0)
+            first = next((fi for fi, x in enumerate(identity[i]) if x is not None), None)
+            if first is not None:          # a partial replica: its first file it holds
+                files.acquire(first)
+                files.release(first)
     except OSError as e:
         close_sources(out)
         rel = m.files[0]
@@ -221,6 +229,8 @@ class SourceHealth:
             if failed:
                 continue
             for fi, (rel, p) in enumerate(zip(m.files, m.paths)):
+                if self.identity[i][fi] is None:      # a file this partial replica does not hold
+                    continue
                 why = source_change(p, self.identity[i][fi])
                 if why:
                     self.event("vanished", i, f"{p}: {why}", file=rel)

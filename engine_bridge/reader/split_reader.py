@@ -67,7 +67,8 @@ class SplitReader:
     CachedReader); tests inject failing readers through it. pool_bytes: released buffers kept.
     hedge: re-issue late pieces on another replica (the embedded engine turns it on; off here so
     a bare reader does exactly the engine's reads). hedge_policy: its knobs (`HedgePolicy`).
-    clock: the hedger's clock, ns (tests inject one).
+    clock: the hedger's clock, ns (tests inject one). holds: per source, the files a partial
+    replica holds (None: every file); the engine's pattern sends it only reads of those.
     """
 
     def __init__(self, sources: Sequence[ModelSet | str], weights: Sequence[int],
@@ -75,7 +76,7 @@ class SplitReader:
                  lanes: int = 8, engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
                  pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
-                 clock: Callable[[], int] | None = None):
+                 clock: Callable[[], int] | None = None, holds: Sequence[frozenset[str] | None] = ()):
         models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
         paths = [m.path for m in models]
         if not paths:
@@ -101,7 +102,7 @@ class SplitReader:
         self.engine, self.lanes, self.cold = engine, lanes, cold
         self.hedge, self.hedge_policy = bool(hedge), policy
         self._health_interval = health_interval
-        identity = check_sources(models)
+        identity = check_sources(models, holds)
         self.files = models[0].files
         self._index = {rel: i for i, rel in enumerate(self.files)}
         self.sizes = {rel: ident[2] for rel, ident in zip(self.files, identity[0])}    # bytes per file
@@ -115,6 +116,8 @@ class SplitReader:
         # one source has no replica to hedge on: no watchdog
         self._hedger = (Hedger(self._health, weights, decode, self._pool, policy, clock or time.monotonic_ns)
                         if self.hedge and len(paths) > 1 else None)
+        if self._hedger is not None:    # a hedge goes only to a source holding the piece's file
+            self._hedger.can_serve = lambda src, fi: self._sources[src].holds(fi)
         self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger)
 
     # -- reads ------------------------------------------------------------------------------
@@ -154,6 +157,8 @@ class SplitReader:
                 if src is None:
                     raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
                                        "check the drives and re-run")
+                if not self._sources[src].holds(self._file_index(read.file)) and 0 in healthy:
+                    src = 0                # a partial replica without the file: the primary holds every file
             pieces.append((src, p.offset, p.length))
         return self._start(read.offset, read.length, phase, buffer, read.file, tuple(pieces), healthy)
 
@@ -219,7 +224,7 @@ class SplitReader:
             return
         _, po, pl = max(pieces, key=lambda p: p[2])
         for s in range(len(self.paths)):
-            if s not in healthy and self._health.slow(s):
+            if s not in healthy and self._health.slow(s) and self._sources[s].holds(fi):
                 self._hedger.maybe_probe(s, po, pl, phase, fi)
 
     def read(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,

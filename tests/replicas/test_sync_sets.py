@@ -111,9 +111,9 @@ def test_round_trip_two_destinations(setup):
 
 
 SYNC_KEYS = {"schema", "kind", "source", "size", "blake3", "digest", "layout", "format", "files", "piece_size",
-             "dry_run", "source_bytes_read", "seconds", "exit_code", "destinations"}
+             "dry_run", "source_bytes_read", "seconds", "exit_code", "destinations", "partial"}
 DEST_KEYS = {"dest_dir", "target", "action", "outcome", "bytes_written", "bytes_to_write", "seconds", "verified",
-             "stamped", "bad", "error", "exit_code", "extra", "files"}
+             "stamped", "bad", "error", "exit_code", "extra", "files", "dropped"}
 FILE_KEYS = {"file", "target", "action", "outcome", "bytes_written", "bytes_to_write", "verified", "stamped", "bad",
              "error", "exit_code"}
 
