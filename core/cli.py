@@ -15,7 +15,9 @@ import inspect
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from typing import Optional
 
@@ -188,6 +190,9 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
             self._usage(ctx, e)
 
     def invoke(self, ctx):
+        if threading.current_thread() is threading.main_thread() and \
+                getattr(signal.getsignal(signal.SIGINT), "before_command", False):
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on Ctrl-C is caught below
         try:
             return super().invoke(ctx)
         except click_exceptions.UsageError as e:      # the command's arguments, or an unknown command
@@ -326,5 +331,16 @@ def print_result(result: Result) -> None:
 
 
 def run(app: typer.Typer, name: Optional[str] = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point. A Ctrl-C while the command line is still being parsed (nothing
+    has been done yet) is the one line and exit 130, not Typer's silent 130 or a traceback; once a
+    command runs, the boundary (ErrorBoundaryGroup.invoke) takes Ctrl-C back as KeyboardInterrupt."""
+    prog = name or os.path.basename(sys.argv[0])
+    if threading.current_thread() is threading.main_thread():
+        def before_command(signum, frame):
+            sys.stderr.write(f"{prog}: error: {INTERRUPTED}\n")
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)       # nothing has started: nothing to clean up
+        before_command.before_command = True
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:    # not where Ctrl-C is ignored
+            signal.signal(signal.SIGINT, before_command)
     app(prog_name=name)

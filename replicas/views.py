@@ -287,9 +287,9 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
     # file system and device as words that wrap, and a path folded rather than cut to "/…" (a
     # pipe gets every row on one line, see core.cli). A state never wraps inside a word.
     t = Table(title=f"rig {root}" + title)
-    t.add_column("member", overflow="fold", max_width=14)
+    t.add_column("member", overflow="fold")
     t.add_column("path", overflow="fold")
-    t.add_column("drive", overflow="fold", max_width=14)
+    t.add_column("drive", overflow="fold")
     t.add_column("size", no_wrap=True, justify="right")
     t.add_column("state", min_width=10)
     t.add_column("last full verify")
