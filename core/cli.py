@@ -79,13 +79,15 @@ err = WholeLineConsole(stderr=True, emoji=False)        # progress and messages:
 # What a Ctrl-C no command caught says: the README's promise for exit 130.
 INTERRUPTED = "interrupted; the work made durable is kept: run the same command again to resume"
 
-RATE_AFTER_S = 1.0     # a progress rate is shown once its reports span this long
+# A progress rate is shown once its reports span this long: bytes arrive in blocks (16 MiB
+# at 40 MB/s is one every 0.4 s), so a rate over a shorter span is off by a block or more.
+RATE_AFTER_S = 3.0
 
 
 class AverageRateColumn(ProgressColumn):
     """A progress bar's rate: the bytes the task has moved since its first report over the time
     since (until now, not until the last report), in decimal units (core.units.format_rate), shown
-    once a second has passed. Rich's own speed column divides the steps of recent reports by the
+    once RATE_AFTER_S have passed. Rich's own speed column divides the steps of recent reports by the
     time between the first and the last of them: a copy reports durable bytes in coarse batches
     (after each fdatasync), and two batches landing close together read as GB/s under
     --max-rate 100M; a report that steps back (a file started over) and forward counted twice."""
