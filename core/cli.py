@@ -98,6 +98,8 @@ class AverageRateColumn(ProgressColumn):
 
     def render(self, task) -> Text:
         now = task.get_time()
+        if task.finished and task.finished_time is not None and task.start_time is not None:
+            now = task.start_time + task.finished_time        # a finished bar keeps its rate
         first_time, first_done = self._first.setdefault(task.id, (now, task.completed))
         if task.completed < first_done:                 # the task started over: so does its average
             self._first[task.id] = first_time, first_done = now, task.completed

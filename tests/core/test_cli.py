@@ -199,6 +199,11 @@ def test_a_progress_rate_is_what_was_moved_over_the_time_taken():
     now["t"] = 16.2
     bars.update(task_id, completed=228 * MiB)
     assert column.render(task).plain == "35 MB/s"                # 100 MiB in the 3 s since
+    now["t"] = 19.2
+    bars.update(task_id, completed=4096 * MiB)                   # done: the rate is the one at the end
+    done = column.render(task).plain
+    now["t"] = 60.0
+    assert column.render(task).plain == done == "693 MB/s"       # (4096 - 128) MiB in 6 s, not decaying after
 
 
 def test_a_ctrl_c_no_command_caught_still_says_how_to_go_on():
