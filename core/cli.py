@@ -33,6 +33,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from .constants import DEBUG_ENV, RIG_ENV
 from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError, UsageError
 from .results import ErrorResult, Result, envelope
+from .interrupt import INTERRUPTED, guard, guarded
 from .rig import rig_dir
 from .units import format_rate
 
@@ -75,9 +76,6 @@ class WholeLineConsole(Console):
 out = WholeLineConsole(emoji=False)                     # data and tables: stdout
 err = WholeLineConsole(stderr=True, emoji=False)        # progress and messages: stderr
 
-
-# What a Ctrl-C no command caught says: the README's promise for exit 130.
-INTERRUPTED = "interrupted; the work made durable is kept: run the same command again to resume"
 
 # A progress rate is shown once its reports span this long: bytes arrive in blocks (16 MiB
 # at 40 MB/s is one every 0.4 s), so a rate over a shorter span is off by a block or more.
@@ -194,8 +192,7 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
             self._usage(ctx, e)
 
     def invoke(self, ctx):
-        if threading.current_thread() is threading.main_thread() and \
-                getattr(signal.getsignal(signal.SIGINT), "before_command", False):
+        if threading.current_thread() is threading.main_thread() and guarded():
             signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on Ctrl-C is caught below
         try:
             return super().invoke(ctx)
@@ -338,13 +335,5 @@ def run(app: typer.Typer, name: Optional[str] = None) -> None:
     """Console-script entry point. A Ctrl-C while the command line is still being parsed (nothing
     has been done yet) is the one line and exit 130, not Typer's silent 130 or a traceback; once a
     command runs, the boundary (ErrorBoundaryGroup.invoke) takes Ctrl-C back as KeyboardInterrupt."""
-    prog = name or os.path.basename(sys.argv[0])
-    if threading.current_thread() is threading.main_thread():
-        def before_command(signum, frame):
-            sys.stderr.write(f"{prog}: error: {INTERRUPTED}\n")
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)       # nothing has started: nothing to clean up
-        before_command.before_command = True
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:    # not where Ctrl-C is ignored
-            signal.signal(signal.SIGINT, before_command)
+    guard(name or os.path.basename(sys.argv[0]))     # usually already on, from the package's __init__
     app(prog_name=name)
