@@ -1,8 +1,11 @@
 """Which drive a file lives on: mount point, file system, device and the physical disk behind it.
 
 Linux reads /proc/self/mountinfo and /sys/dev/block; macOS asks `diskutil info -plist` (parsed
-by a pure function that is tested anywhere). Device numbers change across re-plugs, so the
-stable key is the volume UUID, else a hash of the disk serial, else the disk name.
+by a pure function that is tested anywhere). Device numbers change across re-plugs and reboots,
+so beside the device number (`devno`) each drive records what does not: its file system's UUID
+(udev's /dev/disk/by-uuid, else the file system's own superblock: `core/sysfs.py`) and its
+disk's serial and WWN as the kernel reports them. The stable key is the file system UUID, else a
+hash of the serial (or WWN), else the disk name.
 
 A loop device counts as its own disk: that is what the OS presents, and the testbed's throttled
 drives are loop devices.
@@ -15,8 +18,10 @@ import os
 import plistlib
 import subprocess
 from dataclasses import dataclass
+from typing import Sequence
 
-from . import platform
+from . import platform, sysfs
+from .topology import DISK, DriveTopology, Link, Topology, group_drives
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,18 @@ class DriveInfo:
     disk: str            # physical disk behind it, e.g. nvme0n1, loop3, disk0
     key: str             # stable identity: uuid:..., serial:<sha1>, or disk:<name>
     xattrs: bool | None = None   # whether user xattrs are known to work (None: not probed)
+    devno: str = ""      # 'MAJ:MIN' of the file system's device now (changes across re-plugs)
+    fs_uuid: str = ""    # the file system's UUID (volume UUID on macOS), '' when unknown
+    serial: str = ""     # the disk's serial number as the kernel reports it, '' when unknown
+    wwn: str = ""        # the disk's world wide name (NVMe eui./nvme., SCSI naa./t10.), '' when unknown
+
+    @property
+    def disk_key(self) -> str:
+        """The physical disk's identity, shared by every file system on it: its serial (or WWN),
+        else its name (a loop device is its own disk), else `key`."""
+        if self.serial or self.wwn:
+            return identity_key("", self.serial, self.wwn, self.disk, "")
+        return f"disk:{self.disk}" if self.disk else self.key
 
     @property
     def label(self) -> str:
@@ -104,6 +121,7 @@ def parse_diskutil_plist(data: bytes) -> dict:
         "device": "/dev/" + d.get("DeviceIdentifier", "") if d.get("DeviceIdentifier") else "",
         "disk": disk,
         "key": f"uuid:{uuid}" if uuid else f"disk:{disk}",
+        "fs_uuid": d.get("VolumeUUID") or "",
     }
 
 
@@ -154,21 +172,12 @@ def queue_dir(majmin: str, sys_root: str = "/sys") -> str:
     return q if os.path.isdir(q) else ""
 
 
-def _linux_key(device_name: str, disk: str) -> str:
-    try:
-        for u in os.listdir("/dev/disk/by-uuid"):
-            if os.path.basename(os.path.realpath(os.path.join("/dev/disk/by-uuid", u))) == device_name:
-                return f"uuid:{u}"
-    except OSError:
-        pass
-    for rel in ("device/serial", "device/wwid", "serial", "wwid"):
-        try:
-            with open(os.path.join("/sys/block", disk, rel)) as f:
-                serial = f.read().strip()
-            if serial:
-                return "serial:" + hashlib.sha1(serial.encode()).hexdigest()[:16]
-        except OSError:
-            continue
+def identity_key(fs_uuid: str, serial: str, wwn: str, disk: str, device_name: str) -> str:
+    """The stable key (pure): uuid:<fs uuid>, else serial:<sha1 of serial or WWN>, else the disk's name."""
+    if fs_uuid:
+        return f"uuid:{fs_uuid}"
+    if serial or wwn:
+        return "serial:" + hashlib.sha1((serial or wwn).encode()).hexdigest()[:16]
     return f"disk:{disk}" if disk else f"dev:{device_name}"
 
 
@@ -182,15 +191,40 @@ def drive_of(path: str) -> DriveInfo:
             entry = mount_for(real, parse_mountinfo(f.read()))
         name, disk = _sysfs_disk(majmin)
         if entry is None:
-            return DriveInfo("/", "", "", disk, f"dev:{majmin}")
+            return DriveInfo("/", "", "", disk, f"dev:{majmin}", devno=majmin)
         device = f"/dev/{name}" if name else entry.source
-        key = _linux_key(name, disk) if name else f"dev:{majmin}"
-        return DriveInfo(entry.mount_point, entry.fs_type, device, disk or entry.source, key)
+        if not name:
+            return DriveInfo(entry.mount_point, entry.fs_type, device, disk or entry.source, f"dev:{majmin}", devno=majmin)
+        uuid, _ = sysfs.fs_uuid(name)
+        serial, wwn = sysfs.disk_identity(majmin)
+        return DriveInfo(entry.mount_point, entry.fs_type, device, disk or entry.source,
+                         identity_key(uuid, serial, wwn, disk, name), devno=majmin, fs_uuid=uuid, serial=serial, wwn=wwn)
     if platform.is_darwin():
         try:
             out = subprocess.run(["diskutil", "info", "-plist", real], capture_output=True, check=True, timeout=20).stdout
             info = parse_diskutil_plist(out)
-            return DriveInfo(info["mount_point"] or "/", info["fs_type"], info["device"], info["disk"], info["key"])
+            return DriveInfo(info["mount_point"] or "/", info["fs_type"], info["device"], info["disk"], info["key"],
+                             devno=majmin, fs_uuid=info["fs_uuid"])
         except (OSError, subprocess.SubprocessError, plistlib.InvalidFileException):
             pass
-    return DriveInfo("/", "", "", f"dev{majmin}", f"dev:{majmin}")
+    return DriveInfo("/", "", "", f"dev{majmin}", f"dev:{majmin}", devno=majmin)
+
+
+def drives_topology(named: Sequence[tuple[str, str]], sys_root: str = "/sys") -> Topology:
+    """What the drives holding these files (drive name, path) share, read before anything is
+    measured: on Linux from sysfs (`core/sysfs.py`: partitions, md/dm members, loop files, NVMe
+    controllers, PCI bridges, USB hubs); on macOS only whether two sit on one physical disk (the
+    APFS physical store `diskutil` names; controllers and hubs are not read there); elsewhere
+    nothing."""
+    if platform.is_linux():
+        return sysfs.sysfs_topology([(name, sysfs.dev_of(path)) for name, path in named], sys_root)
+    drives = []
+    for name, path in named:
+        disk = drive_of(path).disk if platform.is_darwin() and os.path.exists(path) else ""
+        if disk:
+            drives.append(DriveTopology(name, disk, (Link(DISK, f"disk:{disk}", disk),),
+                                        "macOS: only the physical disk is read; a shared controller or hub is not (unconfirmed)"))
+        else:
+            drives.append(DriveTopology(name, "", (), "no device tree read on this system"))
+    drives = tuple(drives)
+    return Topology("diskutil" if platform.is_darwin() else "none", drives, group_drives(drives))

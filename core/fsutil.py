@@ -7,7 +7,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
-from .errors import MissingError, UsageError, WriteError
+from .errors import MissingError, RigError, UsageError, WriteError
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,19 @@ def require_file(path: str, role: str, fix: str, *, executable: bool = False) ->
     if executable and not os.access(path, os.X_OK):
         raise UsageError(f"{what}: not executable (chmod +x); {fix}")
     return st
+
+
+def read_text(path: str, what: str, remedy: str) -> str:
+    """A UTF-8 text file the user gives (a fleet file, a sums file): missing is MissingError (exit 3),
+    unreadable or not UTF-8 is RigError (exit 2); each one line naming the file, `what` it is and the
+    `remedy`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise MissingError(f"{path}: no such {what}; {remedy}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RigError(f"{path}: cannot be read as a {what} ({e}); {remedy}") from None
 
 
 def fsync_dir(path: str) -> None:

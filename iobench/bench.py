@@ -27,7 +27,8 @@ from engines.ds4_argodrive import COMPONENT_BYTES
 from core import platform
 from core.coldio import ColdReader, aligned_buffer, huge_backed
 from core.constants import HUGE_PAGE
-from core.drives import drive_of
+from core.drives import drive_of, drives_topology
+from core.topology import topology_lines
 from models.formats import RAW, SPLIT_NAME, sniff
 from models.modelset import FILE, ModelSet, discover, member_set, one_file
 from models.tensortable import inspect_model
@@ -41,8 +42,19 @@ from .layout import ExpertLayout
 from .meter import DeviceMeter, device_meter
 from .model import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
-from .schedule import (RunOptions, Target, Trial, check_options, count_trials, fitting_presets, measure, run_plan, run_settings,
-                       shape_for)
+from .schedule import (
+    RunOptions,
+    Target,
+    Trial,
+    check_options,
+    count_trials,
+    fitting_presets,
+    measure,
+    run_plan,
+    run_settings,
+    shape_for,
+    with_topology,
+)
 from .trials import SYSTEM_CLOCK, Clock, Stream, StreamRun, run_trial
 
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
@@ -201,12 +213,19 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
               clock: Clock = SYSTEM_CLOCK) -> BenchResult:
     """Measure the targets; returns the result (the caller saves it). Progress: a Progress event
     (phase 'trial', done/total trials) before each trial and a Notice with its rate after.
-    `clock` times the trials (the host's unless a test passes its own). Presets not named that a
+    `clock` times the trials (the host's unless a test passes its own). With `opts.topology`, the
+    drives the OS says share a disk, controller, bridge or hub are also measured together
+    (`schedule.with_topology`) and the result keeps what the OS said. Presets not named that a
     target is too small for are skipped, with a note on that drive (`fitting_presets`)."""
     opts, skipped = fitting_presets(targets, opts)
     for name, note in skipped:
         emit(report, Notice(task=name, message=note))
     check_run(targets, opts)
+    topology = drives_topology([(t.name, t.path) for t in targets]) if opts.topology else None
+    if topology is not None:
+        opts = with_topology(opts, topology, [t.name for t in targets])
+        for line in topology_lines(topology):
+            emit(report, Notice(task="topology", message=line))
     t_wall = time.perf_counter()
     created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     huge = _huge_buffers()
@@ -241,7 +260,7 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
                                               + [note for name, note in skipped if name == t.name]), queue=o.queue))
     return BenchResult(created=created, drives=tuple(drives), groups=tuple(m.groups), together=tuple(m.together),
                        settings=run_settings(opts, m), host=socket.gethostname(),
-                       wall_s=round(time.perf_counter() - t_wall, 3))
+                       wall_s=round(time.perf_counter() - t_wall, 3), topology=topology)
 
 
 def _fit(presets: dict[str, PresetResult], queue: QueueLimits):

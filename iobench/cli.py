@@ -21,7 +21,7 @@ from . import render
 from .bench import FioComparison, fio_compare, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
 from .result import latest_result, load_result, resolve_result_path, result_files, save_result
-from .schedule import RunOptions, parse_groups
+from .schedule import RunOptions, parse_groups, parse_lanes, parse_presets
 from .testbed_cli import app as testbed_app
 
 app = make_app("iobench", "Measure each drive's ceilings, cold, with the engine's read shapes: alone, grouped and together.")
@@ -33,28 +33,6 @@ RepeatOption = typer.Option(DEFAULT_REPEAT, "--repeat", help="Windows per trial;
 RestartsOption = typer.Option(None, "--restarts", metavar="N",
                               help="Restarted trials per lane count, the median counts (default: decode "
                                    f"{DEFAULT_RESTARTS['decode']}, others 1).")
-
-
-def _presets(text: str) -> tuple[str, ...]:
-    if text == "all":
-        return PRESETS
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    bad = [x for x in items if x not in PRESETS]
-    if bad or not items:
-        raise UsageError(f"--preset {text!r}: use seq, prefill, decode, rand4k, all, or a comma list")
-    return tuple(p for p in PRESETS if p in items)
-
-
-def _lanes(text: Optional[str]) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise UsageError(f"--lanes {text!r}: give lane counts separated by commas, e.g. 1,2,4,8,16") from None
-    if not values or values[0] < 1 or values[-1] > 256:
-        raise UsageError(f"--lanes {text!r}: lane counts must be 1..256")
-    return values
 
 
 class _Renderer:
@@ -90,6 +68,7 @@ def _print_result(r, path: str | None = None, lanes: bool = False) -> None:
         if table is not None:
             out.print(table)
     out.print(render.bar_chart(render.ceiling_rows(r), "Ceilings (GB/s, decimal)"))
+    out.print(render.topology_text(r), end="")
     out.print(render.notes_text(r), end="")
     if path:
         out.print(f"result: {path}", style="dim", highlight=False)
@@ -109,6 +88,9 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
                                                       help="Drives sharing an uplink, measured together. Repeatable."),
+            topology: bool = typer.Option(True, "--topology/--no-topology",
+                                          help="Also measure together the drives the OS says share a disk, "
+                                               "controller, bridge or hub (Linux sysfs; default on)."),
             weights: Optional[str] = typer.Option(None, "--weights", metavar="W:W:W",
                                                   help="Prefill split weights, one per drive (default: from the seq ceilings)."),
             decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
@@ -126,10 +108,10 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
     names = [t.name for t in targets]
-    opts = RunOptions(presets=_presets(preset), skip_small=preset == "all",
-                      seconds=seconds, repeat=repeat, restarts=restarts, lanes=_lanes(lanes),
+    opts = RunOptions(presets=parse_presets(preset), skip_small=preset == "all", seconds=seconds, repeat=repeat,
+                      restarts=restarts, lanes=parse_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
-                      groups=parse_groups(group or [], names),
+                      groups=parse_groups(group or [], names), topology=topology,
                       weights=parse_weights(weights) if weights else None,
                       decode_weights=parse_weights(decode_weights) if decode_weights else None)
     previous = None

@@ -241,6 +241,29 @@ def compare_chart(a: BenchResult, b: BenchResult) -> Text:
     return bar_chart(rows, "Ceilings, A vs B")
 
 
+def topology_text(r: BenchResult) -> Text:
+    """What the OS said the drives share, and which group run measured each set."""
+    text = Text()
+    if r.topology is None:
+        return text
+    measured = set(r.settings.get("topology_groups") or ())
+    ran = {g.name for g in r.groups}
+    runs = {frozenset(members): g for g, members in (r.settings.get("groups") or {}).items() if g in ran}
+    everyone = frozenset(d.name for d in r.drives)
+    for g in r.topology.groups:
+        members = frozenset(g.drives)
+        run = runs.get(members)
+        how = (f"measured together as group {run}" + ("" if run in measured else " (--group)") if run else
+               "measured together in the together run" if members == everyone and r.together else "not measured together")
+        text.append(f"shared ({r.topology.source}): {', '.join(g.drives)} share {g.reason()}; {how}\n")
+    if not r.topology.groups and len(r.drives) > 1 and any(d.links for d in r.topology.drives):
+        text.append(f"shared ({r.topology.source}): no two drives share a disk, controller, bus or hub\n", style="dim")
+    for d in r.topology.drives:
+        if d.note:
+            text.append(f"{d.name}: {d.note}\n", style="dim")
+    return text
+
+
 def notes_text(r: BenchResult) -> Text:
     text = Text()
     for d in r.drives:

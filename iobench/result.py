@@ -13,6 +13,7 @@ JSON shape (schema 2), written to rig/bench/<timestamp>.json by `iobench run`:
                  "notes": [...]}],
      "groups":   [GROUP, ...],      # one per --group and preset
      "together": [GROUP, ...],      # all drives at once, one per preset
+     "topology": TOPOLOGY | null,   # what the drives share, read from the OS before measuring
      "wall_s": 42.0}
 
     PRESET = {"preset": "prefill", "piece_bytes": N, "bw_bytes": B/s, "iops": N/s,
@@ -30,6 +31,11 @@ JSON shape (schema 2), written to rig/bench/<timestamp>.json by `iobench run`:
               "buffers_contiguous", "unit"}
               (request_bytes: the cut over scattered 4 KiB pages; buffers_contiguous: iobench's
               buffers lay in huge pages; unit: the cut its reads got, `iounit.QueueLimits.unit`)
+    TOPOLOGY = {"source": "sysfs" | "diskutil" | "none",
+                "drives": [{"name", "device", "note", "links": [{"kind", "id", "name"}, ...]}],
+                "groups": [{"name", "drives", "reason", "shares": [{"link", "drives"}]}]}
+              (`core.topology.topology_to_dict`; the groups measured for it are named in
+              settings.topology_groups)
 
 Rates are bytes/s (shown as decimal GB/s), latencies ns. A preset's headline numbers are those of
 its best lane count; `knee_lanes` is the lowest lane count within 5 % of that best. A lane count
@@ -51,6 +57,7 @@ from core.errors import MissingError, RigError
 from core.jsonfile import read_json, write_json
 from core.rig import Rig
 from core.drives import DriveInfo
+from core.topology import Topology, topology_from_dict, topology_to_dict
 
 from .constants import READ_RESULT_SCHEMAS, RESULT_KIND, RESULT_SCHEMA
 from .iounit import QueueLimits, limits_from_dict, limits_to_dict
@@ -150,6 +157,7 @@ class BenchResult:
     host: str = ""
     wall_s: float = 0.0
     schema: int = RESULT_SCHEMA
+    topology: Topology | None = None   # what the drives share, from the OS (None: not read)
 
     KIND: ClassVar[str] = RESULT_KIND     # a result (core.results): --json prints the file's shape
     SCHEMA: ClassVar[int] = RESULT_SCHEMA
@@ -212,6 +220,7 @@ def result_to_dict(r: BenchResult) -> dict:
                    for d in r.drives],
         "groups": [_group_to(g) for g in r.groups],
         "together": [_group_to(g) for g in r.together],
+        "topology": topology_to_dict(r.topology) if r.topology is not None else None,
         "wall_s": r.wall_s,
     }
 
@@ -276,10 +285,12 @@ def result_from_dict(d: dict, where: str = "result") -> BenchResult:
         groups = tuple(_group_from(g) for g in d.get("groups", ()))
         key = "together"
         together = tuple(_group_from(g) for g in d.get("together", ()))
+        key = "topology"
+        topology = topology_from_dict(d["topology"]) if d.get("topology") else None
         key = "settings"
         return BenchResult(created=str(d.get("created", "")), drives=tuple(drives), groups=groups, together=together,
                            settings=dict(d.get("settings") or {}), host=str(d.get("host", "")),
-                           wall_s=float(d.get("wall_s", 0.0)))
+                           wall_s=float(d.get("wall_s", 0.0)), topology=topology)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RigError(f"{where}: key '{key}' is malformed ({type(e).__name__}: {e}); re-run `iobench run`") from None
 

@@ -1,7 +1,8 @@
 """What `iobench run` measures and in what order (pure).
 
 Order (docs/iobench.md): every drive alone (seq first, so its ceilings can set the split weights of
-the other presets), then each `--group` of drives together, then all drives together. Each
+the other presets), then each `--group` of drives together (and each set of drives the OS says
+share a disk, controller, bridge or hub: `with_topology`), then all drives together. Each
 lane count of each preset is one trial of `repeat` back-to-back windows of `seconds`; the
 spread is taken over those windows. A preset with restarts (decode, by default) measures each
 lane count in that many trials, each started afresh (new lanes, new offsets), round-robin over
@@ -45,6 +46,7 @@ from .shapes import Shape, decode_shape, min_slots, prefill_shape, rand4k_shape,
 
 if TYPE_CHECKING:
     from core.drives import DriveInfo
+    from core.topology import Topology
 
     from .trials import StreamRun
 
@@ -84,6 +86,8 @@ class RunOptions:
     decode_weights: tuple[int, ...] | None = None  # decode split (default: weights)
     seed: int = 0
     restarts: int | None = None                   # trials per lane count, overrides every preset's
+    topology: bool = True                         # also measure together the drives the OS says share something
+    topology_groups: tuple[str, ...] = ()         # which of `groups` came from the topology (`with_topology`)
     # The presets were not named (--preset all, the default): one the files are too small for is
     # skipped with a note (`fitting_presets`) instead of refusing the run.
     skip_small: bool = False
@@ -97,6 +101,30 @@ class RunOptions:
 
 
 # ---- options ------------------------------------------------------------------------------------
+
+def parse_presets(text: str, option: str = "--preset") -> tuple[str, ...]:
+    """'seq,decode' -> ('seq', 'decode') in the run's order; 'all' -> every preset."""
+    if text == "all":
+        return PRESETS
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in PRESETS]
+    if bad or not items:
+        raise UsageError(f"{option} {text!r}: use seq, prefill, decode, rand4k, all, or a comma list")
+    return tuple(p for p in PRESETS if p in items)
+
+
+def parse_lanes(text: str | None, option: str = "--lanes") -> tuple[int, ...] | None:
+    """'1,2,4' -> (1, 2, 4): lane counts, 1..256, sorted; None stays None (each preset's own)."""
+    if text is None:
+        return None
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: give lane counts separated by commas, e.g. 1,2,4,8,16") from None
+    if not values or values[0] < 1 or values[-1] > 256:
+        raise UsageError(f"{option} {text!r}: lane counts must be 1..256")
+    return values
+
 
 def parse_groups(items: Sequence[str], names: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """'NAME=DRIVE,DRIVE' -> (NAME, (DRIVE, DRIVE)); drives must be measured, at least two."""
@@ -116,6 +144,25 @@ def parse_groups(items: Sequence[str], names: Sequence[str]) -> tuple[tuple[str,
         seen.add(gname)
         out.append((gname.strip(), members))
     return tuple(out)
+
+
+def with_topology(opts: RunOptions, topology: "Topology", names: Sequence[str]) -> RunOptions:
+    """`opts` with a group run for each set of drives the OS says share something
+    (`core.topology`), unless a --group already measures that set or it is all the drives (the
+    together run measures those). The topology's own group name is kept where it is free."""
+    have = {frozenset(members) for _, members in opts.groups}
+    taken = {g for g, _ in opts.groups} | {"together"}
+    extra = []
+    for g in topology.groups:
+        members = tuple(x for x in names if x in g.drives)
+        if len(members) < 2 or frozenset(members) in have or set(members) == set(names):
+            continue
+        name, i = g.name, 2
+        while name in taken:
+            name, i = f"{g.name}-{i}", i + 1
+        taken.add(name)
+        extra.append((name, members))
+    return replace(opts, groups=opts.groups + tuple(extra), topology_groups=tuple(n for n, _ in extra))
 
 
 def check_options(targets: Sequence[Target], opts: RunOptions, real_paths: Sequence[str] | None = None) -> None:
@@ -370,6 +417,7 @@ def run_settings(opts: RunOptions, m: Measured) -> dict:
         "alone": opts.alone,
         "together": opts.together,
         "groups": {g: list(members) for g, members in opts.groups},
+        "topology_groups": list(opts.topology_groups),
         "weights": list(m.weights) if m.weights else None,
         "decode_weights": list(m.decode_weights) if m.decode_weights else None,
         "weights_from": m.weights_from or None,

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from core import rig as rigmod
 from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
-from core.errors import EXIT_MISMATCH, Interrupted, ReplicaTunerError, UsageError
+from core.errors import EXIT_MISMATCH, EXIT_MISSING, Interrupted, ReplicaTunerError, UsageError
 from core.events import Notice
 from core.results import ErrorResult
 from core.rig import Member
@@ -34,11 +34,12 @@ from .manifests import files_of_model, load_manifest, load_manifest_file
 from models.modelset import DIR, FILE, NotAModel, discover
 from .pacing import parse_rate
 from .repair import repair_member
-from .status import member_status
+from .status import member_status, members_topology
 from .sync import sync as sync_files
 from .verdict import MISMATCH
 from core.units import plural
-from .verify import verify_members
+from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
+from .verify import against, verify_members
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
 
@@ -303,6 +304,10 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
            manifest_file: Optional[str] = typer.Option(None, "--manifest", metavar="FILE",
                                                        help="Verify against this manifest (e.g. manifest.json from another host, "
                                                             "or `replicas hash --json`) instead of the rig's."),
+           upstream: Optional[str] = typer.Option(None, "--upstream", metavar="FILE",
+                                                  help="Also check each member against the model's published digests "
+                                                       "(rig/upstream.json from `replicas upstream`), on verify's own reads "
+                                                       "where it reads a file whole, else in a read of their own."),
            max_rate: Optional[str] = MaxRateOption,
            quiet: bool = QuietOption,
            json_out: bool = JsonOption):
@@ -319,17 +324,10 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
         raise UsageError("--full (or --resume) and --sample exclude each other")
     rate = _rate(max_rate)
     r = rigmod.load_rig(rigmod.rig_dir(rig), must_exist=not (manifest_file and paths))
-    own = load_manifest(r, required=manifest_file is None)
-    manifest = load_manifest_file(manifest_file) if manifest_file else own
-    # Stamps and verdicts are about the rig's own manifest; another one (from another host) is
-    # only a check, unless it is the same, file for file.
-    record = own is not None and [f.digest() for f in own.files] == [f.digest() for f in manifest.files]
-    if manifest_file and r.model is not None and r.format and manifest.format and \
-            (r.layout, tuple(r.files)) != (manifest.layout, manifest.names) and not paths:
-        raise UsageError(f"{manifest_file} describes a {manifest.layout} model of {plural(len(manifest.files), 'file')}, "
-                         f"the rig's model is a {r.layout} of {plural(len(r.files), 'file')}; give the matching manifest")
+    manifest, record = against(r, load_manifest_file(manifest_file) if manifest_file else None, manifest_file or "",
+                               any_files=bool(paths))
     narrowed = files_of_model(manifest, paths) if manifest_file and paths else None
-    if narrowed:          # files of a multi-file model, given one by one: each against its own entry
+    if narrowed:          # files of a directory model, given one by one: each against its own entry
         root, manifest = narrowed
         members = [Member(root, os.path.basename(root), "file")]
     else:
@@ -337,6 +335,9 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"
+    published = load_upstream(upstream) if upstream else None
+    # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
+    tap = UpstreamTap([m.path for m in members], manifest, published) if published else None
     # Whenever the Ctrl-C lands (in a read, between members, after the last piece, or a second
     # Ctrl-C that aborts at once), the message says how to go on.
     stopped = ("verification interrupted; the pieces done are kept: continue with `replicas verify --full --resume`"
@@ -345,21 +346,64 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     with live_progress(not quiet) as (report, cancel):
         try:
             rep = verify_members(members, manifest, r, mode=mode, sample=sample, seed=seed, report=report, cancel=cancel,
-                                 max_rate=rate, resume=resume, record=record)
+                                 max_rate=rate, resume=resume, record=record, tap=tap)
         except (Interrupted, KeyboardInterrupt):
             raise Interrupted(stopped) from None
     if cancel.is_set():
         raise Interrupted(stopped)
+    ups = _check_upstream(published, tap, members, manifest, quiet) if published else {}
     if json_out:
-        print_result(views.VerifyView(rep, manifest, manifest_file, mode))
+        print_result(views.VerifyView(rep, manifest, manifest_file, mode, ups if upstream else None))
     else:
         out.print(views.verify_table(rep, manifest, manifest_file, mode))
         if rep.sample_seed is not None:
             err.print(f"sample seed {rep.sample_seed} (repeat with --seed {rep.sample_seed})")
         for line in views.verify_problems(rep):
             err.print(line, soft_wrap=True)
-    if rep.exit_code:
-        raise typer.Exit(rep.exit_code)
+        for path, c in ups.items():
+            err.print(f"{path}: upstream digests: {c.state}" + (f" ({c.checked} file(s) hashed)" if c.checked else ""),
+                      soft_wrap=True, markup=False)
+            for line in c.problems:
+                err.print(line, soft_wrap=True, markup=False)
+    code = rep.exit_code
+    if any(c.state == "mismatch" for c in ups.values()):
+        code = EXIT_MISMATCH
+    elif any(c.state == "missing" for c in ups.values()) and not code:
+        code = EXIT_MISSING
+    if code:
+        raise typer.Exit(code)
+
+
+def _check_upstream(upstream, tap, members, manifest, quiet: bool) -> dict:
+    """Each member's copy against the upstream digests: those verify's reads took, and a pass of
+    their own for the files verify did not read whole (a live stamp, a sample)."""
+    out_ = {}
+    with live_progress(not quiet) as (report, cancel):
+        for m in members:
+            out_[m.path] = check_upstream(m.path, manifest, upstream, report=report, cancel=cancel, known=tap.known(m.path))
+    if cancel.is_set():
+        raise Interrupted("upstream check interrupted")
+    return out_
+
+
+@app.command("upstream")
+def upstream_cmd(source: str = typer.Argument(..., metavar="SOURCE",
+                                              help="A Hugging Face cache snapshot folder, a sha256sum file or an OCI "
+                                                   "image manifest."),
+                 rig: Optional[str] = RigOption, json_out: bool = JsonOption):
+    """Record the model's published digests (SHA-256 per file) in rig/upstream.json, from what you
+    have: a Hugging Face snapshot (its blob names), a sha256sum file or an OCI manifest's layers.
+    `replicas verify --upstream rig/upstream.json` and `fleet run` check copies against them."""
+    r = _rig(rig)
+    up = record_upstream(source, load_manifest(r))
+    path = save_upstream(r, up)
+    if json_out:
+        print_result(up)
+    else:
+        for f in up.files:
+            out.print(f"{f.algorithm}  {f.digest}  {f.path}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"wrote {path} ({len(up.files)} of {len(load_manifest(r).files)} file(s) have a published digest)",
+              markup=False)
 
 
 def _member_or_file(r, path: str, any_file: bool) -> Member:
@@ -408,15 +452,18 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
 def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """One row per member: path, drive, size, stamp state, what the last verification found and
     when the last full one was (reads no data); for a model of several files, a row under its
-    member for each file that is not verified. Exit 1 while a file's last verdict is a mismatch
+    member for each file that is not verified; then which members' drives share a disk,
+    controller, bridge or hub (Linux sysfs). Exit 1 while a file's last verdict is a mismatch
     (until `replicas repair` or a clean `replicas verify`)."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
+    topology = members_topology(r)
     if json_out:
-        print_result(views.StatusView(r.root, r.layout, r.format, manifest, rows))
+        print_result(views.StatusView(r.root, r.layout, r.format, manifest, rows, topology))
     else:
         out.print(views.status_table(r.root, manifest, rows))
+        out.print(views.topology_text(topology), end="", highlight=False, markup=False)
     if any(x.state == MISMATCH for x in rows):
         raise typer.Exit(EXIT_MISMATCH)
 

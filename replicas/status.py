@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from core.rig import Member, Rig
 
-from core.drives import drive_of
+from core.drives import drive_of, drives_topology
+from core.topology import Topology
 from .manifest import Manifest, ModelManifest
 from models.modelset import member_files, member_set
 from .records import load_verdicts
@@ -44,6 +45,10 @@ class MemberStatus:
     verdict: Verdict | None = None   # its files' verdicts rolled up (verdict.rollup_verdict)
     files: tuple[FileStatus, ...] = ()
     holds: tuple[str, ...] | None = None   # a partial replica: the files it holds (None: every file)
+    devno: str = ""                  # the drive's device number now ('MAJ:MIN'); the next three survive a reboot
+    fs_uuid: str = ""
+    serial: str = ""
+    wwn: str = ""
 
     @property
     def bad_pieces(self) -> int:
@@ -85,12 +90,23 @@ def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[M
         sizes = [f.size for f in files if f.size is not None]
         times = [f.last_verified for f in files]
         try:
-            d = drive_of(m.path if os.path.exists(m.path) else os.path.dirname(m.path))
-            drive = (d.mount_point, d.fs_type, d.device, d.disk, d.key)
+            d = drive_of(_where(m))
+            drive, ident = (d.mount_point, d.fs_type, d.device, d.disk, d.key), (d.devno, d.fs_uuid, d.serial, d.wwn)
         except OSError:
-            drive = ("", "", "", "", "")
+            drive, ident = ("", "", "", "", ""), ("", "", "", "")
         rows.append(MemberStatus(m.name, m.role, m.path, *drive, sum(sizes) if sizes else None,
                                  rollup_state([f.state for f in files], STATUS_ORDER),
                                  None if None in times else min(times), rollup_verdict([f.verdict for f in files]),
-                                 files, m.holds))
+                                 files, m.holds, *ident))
     return rows
+
+
+def _where(m: Member) -> str:
+    """The member's path, or the folder that would hold it while it is missing."""
+    return m.path if os.path.exists(m.path) else os.path.dirname(m.path)
+
+
+def members_topology(rig: Rig) -> Topology:
+    """What the members' drives share (a disk, an md/dm array, a loop file's disk, an NVMe
+    controller, a PCI bridge, a USB hub), read from the OS (`core.drives.drives_topology`)."""
+    return drives_topology([(m.name, _where(m)) for m in rig.members])

@@ -95,13 +95,13 @@ def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, ma
     """One SetPlan per destination (refusing a bad one with the fix); `holds`: per destination
     directory, the files a partial replica there holds (the others are not-held, never touched)."""
     try:
-        src_key = drive_of(model.path).key
+        src_key = drive_of(model.path).disk_key
     except OSError:
         src_key = None
     member_keys = {}
     for m in rig.members:
         if os.path.realpath(m.path) != os.path.realpath(model.path) and os.path.exists(m.path):
-            member_keys[os.path.realpath(m.path)] = drive_of(m.path).key
+            member_keys[os.path.realpath(m.path)] = drive_of(m.path).disk_key
     plans, seen_keys, seen_targets = [], {}, set()
     for d in dest_dirs:
         if not os.path.exists(d):
@@ -117,7 +117,7 @@ def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, ma
         if os.path.realpath(final.path) in seen_targets:
             raise UsageError(f"destination {d} is given twice")
         seen_targets.add(os.path.realpath(final.path))
-        key = drive_of(d).key
+        key = drive_of(d).disk_key         # two partitions of one disk are one drive
         if not allow_same_device:
             clash = drive_clash(key, src_key, seen_keys, member_keys, os.path.realpath(final.path), model.path)
             if clash:

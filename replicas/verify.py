@@ -18,21 +18,27 @@ import threading
 import time
 from typing import Callable
 
-from core.errors import Interrupted
+from core.errors import Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import FileIdentity
 from core.rig import Member, Rig
+from core.units import plural
 
 from .checks import IDENTICAL, MISMATCH, MISSING, UNREADABLE, FileCheck, MemberCheck, VerifyReport
 from core.coldio import open_cold, read_sequential
 from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, bad_pieces
+from .manifests import load_manifest
 from models.modelset import member_files
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
 from .verdict import ScrubMark, Verdict, resume_point, standing_mismatch, verdict_of_check
+
+
+# Given a file's path, a sink for every byte a whole-file verify reads of it, or None.
+Tap = Callable[[str], Callable[[memoryview], None] | None]
 
 
 def runs_of(indices: list[int]) -> list[tuple[int, int]]:
@@ -49,11 +55,13 @@ def runs_of(indices: list[int]) -> list[tuple[int, int]]:
 def hash_pieces(path: str, manifest: Manifest, indices: list[int] | None = None, *, task: str | None = None,
                 phase: str = "verify", report: Reporter = None, cancel: threading.Event | None = None,
                 pace: Pace | None = None,
-                on_piece: Callable[[int, str], None] | None = None) -> tuple[dict[int, str], int]:
+                on_piece: Callable[[int, str], None] | None = None,
+                on_bytes: Callable[[memoryview], None] | None = None) -> tuple[dict[int, str], int]:
     """Cold-read the given pieces (all by default) and hash each. Returns ({index: hex}, bytes read).
 
     Reads stop at end of file: pieces a short file cannot hold are simply absent. `pace` paces
-    the reads (--max-rate); `on_piece(index, hex)` hears of each piece as it is hashed.
+    the reads (--max-rate); `on_piece(index, hex)` hears of each piece as it is hashed; `on_bytes`
+    is fed every byte read, in order (another digest taken on the same read, e.g. an upstream SHA-256).
     Raises OSError (unreadable) and Interrupted.
     """
     idx = list(range(manifest.count)) if indices is None else sorted(set(indices))
@@ -68,6 +76,8 @@ def hash_pieces(path: str, manifest: Manifest, indices: list[int] | None = None,
                 continue
             h = PieceHasher(manifest.piece_size, start, whole=False)
             for _, view in read_sequential(reader, start, end, cancel=cancel, pace=pace):
+                if on_bytes is not None:
+                    on_bytes(view)
                 for i in h.update(view):
                     hashes[i] = h.pieces[i]
                     if on_piece is not None:
@@ -134,14 +144,15 @@ def as_model(manifest: Manifest | ModelManifest) -> ModelManifest:
 def check_file(path: str, rel: str, manifest: Manifest, rig: Rig, *, mode: str = "quick",
                indices: list[int] | None = None, report: Reporter = None, cancel: threading.Event | None = None,
                pace: Pace | None = None, trust_stamp: bool = True, stamp: bool = True, tag_file: bool = False,
-               scrub: ScrubBook | None = None) -> FileCheck:
+               scrub: ScrubBook | None = None, tap: Tap | None = None) -> FileCheck:
     """Verify one file of a member against its own manifest. mode: 'quick' (a live stamp is
     trusted, else full), 'full', 'sample' (only `indices` are read).
 
     trust_stamp=False makes quick re-read (a mismatch was found since the stamp); stamp=False
     records nothing on the file or in the rig; tag_file: the stamp may go in the file's xattr
     (a replica we wrote), else a sidecar. `scrub` (full mode) resumes at, and keeps, the file's
-    progress mark.
+    progress mark. `tap(path)` may give a sink fed every byte of a whole-file read (`hash_pieces`'s
+    `on_bytes`); a read that starts past the first byte (a resumed scrub) or a sample feeds none.
     """
     t0 = time.monotonic()
     base = dict(file=rel, path=path)
@@ -176,8 +187,9 @@ def check_file(path: str, rel: str, manifest: Manifest, rig: Rig, *, mode: str =
         if indices is not None and not indices:
             hashes, nread = {}, 0         # a sample that drew no piece of this file checks its size only
         else:
+            sink = tap(path) if tap is not None and indices is None else None
             hashes, nread = hash_pieces(path, manifest, indices, report=report, cancel=cancel, pace=pace,
-                                        on_piece=on_piece)
+                                        on_piece=on_piece, on_bytes=sink)
     except OSError as e:
         return FileCheck(**base, state=UNREADABLE, how=how, size=ident.size, detail=f"read failed: {e.strerror or e}",
                          seconds=time.monotonic() - t0)
@@ -217,7 +229,7 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
                  sample: float | None = None, rng: random.Random | None = None, report: Reporter = None,
                  cancel: threading.Event | None = None, pace: Pace | None = None, trust_stamp: bool = True,
                  untrusted: frozenset[str] = frozenset(), stamp: bool = True,
-                 scrub: ScrubBook | None = None) -> MemberCheck:
+                 scrub: ScrubBook | None = None, tap: Tap | None = None) -> MemberCheck:
     """Verify every file of the model where `member` keeps it (a partial replica: the files it
     holds; the others are not its own and never "missing"), in the model's order, each against
     its own manifest (`check_file`); a missing file is named and the others are still checked.
@@ -234,7 +246,7 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
     for (rel, path, fm), indices in zip(located, draws):
         files.append(check_file(path, rel, fm, rig, mode=mode, indices=indices, report=report, cancel=cancel,
                                 pace=pace, trust_stamp=trust_stamp and path not in untrusted, stamp=stamp,
-                                tag_file=member.role == "replica", scrub=scrub))
+                                tag_file=member.role == "replica", scrub=scrub, tap=tap))
     return MemberCheck(member.path, member.name, member.role, tuple(files))
 
 
@@ -254,15 +266,33 @@ def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
     return list(groups.items())
 
 
+def against(rig: Rig, other: ModelManifest | None = None, where: str = "", any_files: bool = False) -> tuple[ModelManifest, bool]:
+    """The manifest a verify of `rig` checks against and whether it records (stamps, verdicts):
+    the rig's own, or `other` (from `where`: another host's manifest.json, `replicas hash --json`).
+    Stamps and verdicts are about the rig's own manifest, so another one only checks, unless it is
+    the same, file for file. A manifest of another model layout than the rig's is refused
+    (UsageError) unless `any_files` (the files to check are given one by one)."""
+    own = load_manifest(rig, required=other is None)
+    manifest = other if other is not None else own
+    record = own is not None and [f.digest() for f in own.files] == [f.digest() for f in manifest.files]
+    if other is not None and rig.model is not None and rig.format and manifest.format and \
+            (rig.layout, tuple(rig.files)) != (manifest.layout, manifest.names) and not any_files:
+        raise UsageError(f"{where or 'the manifest'} describes a {manifest.layout} model of "
+                         f"{plural(len(manifest.files), 'file')}, the rig's model is a {rig.layout} of "
+                         f"{plural(len(rig.files), 'file')}; give the matching manifest")
+    return manifest, record
+
+
 def verify_members(members: list[Member], manifest: Manifest | ModelManifest, rig: Rig, *, mode: str = "quick",
                    sample: float | None = None, seed: int | None = None, report: Reporter = None,
                    cancel: threading.Event | None = None, max_rate: float | None = None, clock: Clock | None = None,
-                   resume: bool = False, record: bool = True) -> VerifyReport:
+                   resume: bool = False, record: bool = True, tap: Tap | None = None) -> VerifyReport:
     """Check members, one thread per physical drive, each member's files in the model's order.
     `max_rate` (bytes/s, per drive) paces the reads by `clock` (the wall clock by default).
     `record` (the manifest is the rig's own): stamp files that verify, remember each file's
     verdict in the rig, and in full mode keep the progress of an interrupted run for `resume`.
     A quick run re-reads a file whose last verdict is a mismatch: its stamp may predate the damage.
+    `tap`: see `check_file` (each drive's thread feeds the sinks of its own files).
     """
     t0 = time.monotonic()
     model = as_model(manifest)
@@ -282,7 +312,8 @@ def verify_members(members: list[Member], manifest: Manifest | ModelManifest, ri
                                       if standing_mismatch(verdicts.get(p), fm))
                 results[m.path] = check_member(m, model, rig, mode=mode, sample=sample, rng=rng, report=report,
                                                cancel=cancel, pace=pacers.for_drive(key), untrusted=untrusted,
-                                               stamp=record and m.role in ("primary", "replica"), scrub=scrub)
+                                               stamp=record and m.role in ("primary", "replica"), scrub=scrub,
+                                               tap=tap)
         except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(e)
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core.results import Document
+from core.topology import Topology, topology_lines, topology_to_dict
 from core.units import format_bytes, format_rate
 
 from .checks import FileCheck, MemberCheck, VerifyReport
@@ -121,12 +122,17 @@ class VerifyView:
     manifest: ModelManifest
     manifest_file: str | None
     mode: str
+    upstream: dict | None = None     # --upstream: member path -> UpstreamCheck
 
     KIND: ClassVar[str] = "verify"
     SCHEMA: ClassVar[int] = 1
 
     def to_dict(self) -> dict:
-        return verify_doc(self.report, self.manifest, self.manifest_file, self.mode)
+        doc = verify_doc(self.report, self.manifest, self.manifest_file, self.mode)
+        if self.upstream is not None:
+            doc["upstream"] = {path: {"state": c.state, "problems": list(c.problems), "files_hashed": c.checked,
+                                      "own_pass_bytes": c.bytes_read} for path, c in self.upstream.items()}
+        return doc
 
 
 @dataclass(frozen=True)
@@ -151,12 +157,13 @@ class StatusView:
     format: str
     manifest: ModelManifest | None
     rows: Sequence[MemberStatus]
+    topology: Topology | None = None     # what the members' drives share (None: not read)
 
     KIND: ClassVar[str] = "status"
     SCHEMA: ClassVar[int] = 1
 
     def to_dict(self) -> dict:
-        return status_doc(self.root, self.layout, self.format, self.manifest, list(self.rows))
+        return status_doc(self.root, self.layout, self.format, self.manifest, list(self.rows), self.topology)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,11 +265,20 @@ def member_status_json(x: MemberStatus) -> dict:
                        "verdict": verdict_to_dict(f.verdict) if f.verdict else None} for f in x.files]}
 
 
-def status_doc(root: str, layout: str, fmt: str, manifest: ModelManifest | None, rows: list[MemberStatus]) -> dict:
+def status_doc(root: str, layout: str, fmt: str, manifest: ModelManifest | None, rows: list[MemberStatus],
+               topology: Topology | None = None) -> dict:
     return {"schema": 1, "kind": "status", "rig": root, "manifest_blake3": one_blake3(manifest),
             "model_digest": manifest.digest() if manifest else None,
             "layout": manifest.layout if manifest else layout, "format": (manifest.format if manifest else "") or fmt,
-            "members": [member_status_json(x) for x in rows]}
+            "members": [member_status_json(x) for x in rows],
+            "topology": topology_to_dict(topology) if topology is not None else None}
+
+
+def topology_text(topology: Topology) -> str:
+    """What the members' drives share, one line each (nothing for a rig of one drive)."""
+    if len(topology.drives) < 2:
+        return ""
+    return "".join(f"{line}\n" for line in topology_lines(topology))
 
 
 def _status_text(x, extra: str = "") -> str:

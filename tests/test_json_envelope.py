@@ -2,7 +2,7 @@
 whose first keys are `schema` (an int) and `kind` (a str), then the data; an error with --json is
 a document too (kind "error", the message and the exit code).
 
-The list of commands is read from the four apps, so a command that gains --json without a case
+The list of commands is read from the five apps, so a command that gains --json without a case
 here fails `test_every_json_command_has_a_case` until it is added."""
 
 import json
@@ -17,6 +17,7 @@ from core.cli import print_result
 from core.results import Document, envelope
 from engine_bridge.cli import app as bridge_app
 from engine_bridge.engine.synth import synthesize
+from fleet.cli import app as fleet_app
 from iobench.cli import app as iobench_app
 from planner.cli import app as planner_app
 from replicas.cli import app as replicas_app
@@ -25,7 +26,8 @@ from tests.helpers import write_random
 from tests.planner.helpers import tuner_rig
 from tests.replicas.helpers import synced_rig
 
-APPS = {"replicas": replicas_app, "iobench": iobench_app, "planner": planner_app, "engine-bridge": bridge_app}
+APPS = {"replicas": replicas_app, "iobench": iobench_app, "planner": planner_app, "engine-bridge": bridge_app,
+        "fleet": fleet_app}
 MiB = 1 << 20
 
 
@@ -81,6 +83,7 @@ CASES = {
     "replicas verify": (lambda t: ["--rig", _replicas(t)[0]], "verify"),
     "replicas repair": (lambda t: (lambda r: ["--rig", r[0], r[1][1]])(_replicas(t)), "repair"),
     "replicas status": (lambda t: ["--rig", _replicas(t)[0]], "status"),
+    "replicas upstream": (lambda t: _upstream(t), "upstream"),
     "iobench run": (lambda t: [_write(t / "a.bin", 4 * MiB), "--preset", "seq", "--seconds", "0.05", "--repeat", "2",
                                "--lanes", "1", "--no-save"], "iobench"),
     "iobench show": (lambda t: [_iobench_results(t)], "iobench"),
@@ -102,6 +105,9 @@ CASES = {
     "engine-bridge profiles": (lambda t: [], "profiles"),
     "engine-bridge launch": (lambda t: ["--binary", str(t / "no-engine"), "--profile", str(t / "p.json")], "error"),
     "engine-bridge autotune": (lambda t: ["--rig", str(t / "no-rig")], "error"),
+    # The fleet's reports need a Ray cluster (tests/fleet): here, their errors.
+    "fleet run": (lambda t: [str(t / "no-fleet.toml"), "--rig", str(t / "rig")], "error"),
+    "fleet show": (lambda t: ["--rig", str(t / "no-rig")], "error"),
 }
 
 
@@ -120,6 +126,15 @@ def _sums(tmp_path):
     r = CliRunner().invoke(replicas_app, ["hash", f])
     (tmp_path / "sums").write_text(r.stdout)
     return ["-c", str(tmp_path / "sums")]
+
+
+def _upstream(tmp_path):
+    """A synced rig and a sha256sum file of its model: `replicas upstream SUMS --rig RIG`."""
+    import hashlib
+
+    rig, data, paths = synced_rig(tmp_path, size=2 * MiB + 5)
+    (tmp_path / "SHA256SUMS").write_text(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(paths[0])}\n")
+    return [str(tmp_path / "SHA256SUMS"), "--rig", rig]
 
 
 def _solved(tmp_path):
@@ -203,7 +218,7 @@ def test_no_command_module_prints_json_of_its_own():
     """JSON reaches stdout only through core.cli.print_result."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     found = []
-    for pkg in ("replicas", "iobench", "planner", "engine_bridge"):
+    for pkg in ("replicas", "iobench", "planner", "engine_bridge", "fleet"):
         for dirpath, _, files in os.walk(os.path.join(root, pkg)):
             for f in files:
                 if f.endswith(".py"):

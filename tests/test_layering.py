@@ -1,12 +1,12 @@
 """The layers import only downward (docs/architecture.md): core <- models <- engines <- replicas <- iobench <- planner
-<- engine_bridge. Every import is walked, including those inside functions."""
+<- engine_bridge <- fleet. Every import is walked, including those inside functions."""
 
 import ast
 import os
 
 import pytest
 
-LAYERS = ("core", "models", "engines", "replicas", "iobench", "planner", "engine_bridge")
+LAYERS = ("core", "models", "engines", "replicas", "iobench", "planner", "engine_bridge", "fleet")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -21,6 +21,8 @@ from engine_bridge.cli import app as bridge_app
 from engine_bridge.engine.replay import load_trace
 from engine_bridge.profiles.export import load_profile
 from engine_bridge.profiles.profile import Profile, profile_to_dict
+from fleet.report import FleetReport, NodeResult, report_to_dict
+from fleet.run import load_report
 from iobench.cli import app as iobench_app
 from iobench.result import BenchResult, load_result, result_to_dict
 from planner.cli import app as planner_app
@@ -30,6 +32,8 @@ from planner.plans import load_plan
 from replicas.cli import app as replicas_app
 from replicas.manifest import Manifest, ModelManifest, model_manifest_to_dict
 from replicas.manifests import load_manifest
+from replicas.upstream import SHA256, Upstream, UpstreamFile, upstream_to_dict
+from replicas.upstreams import load_upstream
 
 PLAN = plan_to_dict(Plan((Source("a", "/m/a.gguf"),), Phase((1,)), Phase((1,)), created="2026-11-29T19:00:00Z"))
 PROFILE = profile_to_dict(Profile(id="p", engine="ds4-argodrive", environment=(("DS4_ARGODRIVE_PRIMARY_WEIGHT", "10"),),
@@ -37,6 +41,8 @@ PROFILE = profile_to_dict(Profile(id="p", engine="ds4-argodrive", environment=((
                                   replica_weights=(), decode_weights=(), cache_experts=4600))
 MANIFEST = model_manifest_to_dict(ModelManifest((Manifest(size=10, blake3="ab" * 32, piece_size=4, pieces=("a", "b", "c"),
                                                           name="m.gguf"),)))
+FLEET = report_to_dict(FleetReport("2026-12-01T17:00:00.000Z", "ab" * 32, (NodeResult("alpha", "ok"),)))
+UPSTREAM = upstream_to_dict(Upstream((UpstreamFile("m.gguf", SHA256, "cd" * 32),), "SHA256SUMS"))
 RESULT = result_to_dict(BenchResult(created="2026-11-29T19:00:00.000Z", drives=()))
 TRACE = {"schema": 1, "kind": "routing-trace", "layers": 1, "experts": 4, "top_k": 2,
          "steps": [{"phase": "decode", "layers": [[[0, 1]]]}]}
@@ -65,6 +71,8 @@ KINDS = [
     Kind("routing trace", "t.json", load_trace, TRACE, PLAN, dict),
     Kind("profile", "rig/profiles/p.json", load_profile, PROFILE, PLAN, Profile),
     Kind("harness results", "rig/runs/x/results.json", read_results, RESULTS, PLAN, HarnessRun),
+    Kind("fleet report", "rig/fleet/r.json", load_report, FLEET, PLAN, FleetReport),
+    Kind("upstream digests", "rig/upstream.json", load_upstream, UPSTREAM, PLAN, Upstream),
 ]
 IDS = [k.name for k in KINDS]
 

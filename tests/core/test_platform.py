@@ -55,4 +55,4 @@ def test_diskutil_plist_picks_the_apfs_physical_store():
     })
     info = parse_diskutil_plist(plist)
     assert info == {"mount_point": "/Volumes/Green", "fs_type": "apfs", "device": "/dev/disk5s1",
-                    "disk": "disk4", "key": "uuid:1234-ABCD"}
+                    "disk": "disk4", "key": "uuid:1234-ABCD", "fs_uuid": "1234-ABCD"}

@@ -296,3 +296,41 @@ def test_quiet_run_prints_the_result_and_nothing_on_stderr(two_files):
     r = invoke("run", *two_files, "--preset", "seq", *FAST, "--quiet")
     assert r.exit_code == 0, r.output
     assert r.stderr == "" and "seq" in r.stdout
+
+
+def _block_device_of(path):
+    from core.sysfs import dev_of, device_dir
+    return device_dir(dev_of(path) or "")
+
+
+def test_run_measures_together_the_drives_sharing_a_disk_and_says_so(tmp_path):
+    """Two files on tmp_path's disk and one in /dev/shm (no block device): the two form a group
+    from sysfs, measured as its own group run before the together run of all three."""
+    if not _block_device_of(str(tmp_path)):
+        pytest.skip("tmp_path sits on no block device sysfs shows")
+    if not os.path.isdir("/dev/shm") or _block_device_of("/dev/shm"):
+        pytest.skip("needs /dev/shm on a memory file system")
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    write_random(a, 12 * MiB, seed=1)
+    write_random(b, 12 * MiB, seed=2)
+    shm = os.path.join("/dev/shm", f"rt-topology-{os.getpid()}-{tmp_path.name}.bin")
+    try:
+        write_random(shm, 12 * MiB, seed=3)
+        r = invoke("run", a, b, shm, "--preset", "seq", "--lanes", "1", *FAST, "--json")
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.stdout)
+        names = [x["name"] for x in d["drives"]]
+        g, = d["topology"]["groups"]
+        assert g["drives"] == names[:2] and g["reason"].startswith("disk ")
+        assert d["settings"]["topology_groups"] == [g["name"]]
+        assert [(x["name"], x["drives"]) for x in d["groups"]] == [(g["name"], names[:2])]
+        assert "no block device" in d["topology"]["drives"][2]["note"]
+        r = invoke("show")
+        assert f"share {g['reason']}; measured together as group {g['name']}" in r.stdout
+        r = invoke("run", a, b, shm, "--preset", "seq", "--lanes", "1", "--alone", *FAST)
+        assert f"share {g['reason']}; not measured together" in r.stdout
+        r = invoke("run", a, b, shm, "--preset", "seq", "--lanes", "1", "--no-topology", "--alone", *FAST, "--json")
+        d = json.loads(r.stdout)
+        assert d["topology"] is None and d["groups"] == []
+    finally:
+        os.unlink(shm)

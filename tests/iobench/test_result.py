@@ -7,6 +7,7 @@ import pytest
 
 from core.errors import MissingError, RigError
 from core.rig import Rig
+from core.topology import DISK, DriveTopology, Link, Topology, group_drives
 from iobench.iounit import QueueLimits
 from iobench.model import DriveModel
 from iobench.result import (
@@ -39,7 +40,8 @@ def sample_result(created="2026-11-29T19:00:00.123Z", bw=1e8) -> BenchResult:
                         max_segment_size=65536, logical_block_size=512, physical_block_size=512, optimal_io_size=0,
                         minimum_io_size=512, rotational=False, nr_requests=128)
     drive = DriveResult(name="fast", path="/mnt/fast/model.gguf", size=10 ** 9, cold="o_direct",
-                        drive=DriveInfo("/mnt/fast", "ext4", "/dev/loop0", "loop0", "disk:loop0"),
+                        drive=DriveInfo("/mnt/fast", "ext4", "/dev/loop0", "loop0", "uuid:6e8d422a", devno="7:0",
+                                        fs_uuid="6e8d422a", serial="S4EW", wwn="eui.0025"),
                         presets={"prefill": pre}, model=DriveModel(1e-4, bw, bw, fit_err_pct=1.2, samples=4),
                         notes=("rates from the device's own counter",), queue=queue)
     other = DriveResult(name="slow", path="/mnt/slow/model.gguf", size=10 ** 9, cold="fadvise",
@@ -48,8 +50,11 @@ def sample_result(created="2026-11-29T19:00:00.123Z", bw=1e8) -> BenchResult:
     member = MemberResult(name="fast", lanes=4, piece_bytes=16 << 20, bw_bytes=bw, iops=6.0, lat_ns=lat)
     g = GroupResult(name="hub", preset="prefill", drives=("fast",), bw_bytes=bw, members=(member,), runs_bw=(bw,),
                     trials_bw=(bw, bw), trials_spread_pct=0.0)
+    links = (Link(DISK, "virtual/block/loop0", "loop0"), Link(DISK, "pci0000:00/0000:00:02.0/virtio1/block/vda", "vda"))
+    drives = (DriveTopology("fast", "loop0", links), DriveTopology("slow", "", (), "no block device"),
+              DriveTopology("third", "loop1", links[1:]))
     return BenchResult(created=created, drives=(drive, other), groups=(g,), together=(g,), settings={"seconds": 0.5},
-                       host="h", wall_s=12.5)
+                       host="h", wall_s=12.5, topology=Topology("sysfs", drives, group_drives(drives)))
 
 
 def test_round_trip_through_json():
@@ -60,10 +65,14 @@ def test_round_trip_through_json():
 
 def test_keys_are_pinned():
     d = result_to_dict(sample_result())
-    assert set(d) == {"schema", "kind", "created", "host", "settings", "drives", "groups", "together", "wall_s"}
+    assert set(d) == {"schema", "kind", "created", "host", "settings", "drives", "groups", "together", "topology", "wall_s"}
     assert d["schema"] == 2 and d["kind"] == "iobench"
     drive = d["drives"][0]
     assert set(drive) == {"name", "path", "size", "cold", "drive", "queue", "presets", "model", "notes"}
+    assert set(drive["drive"]) == {"mount_point", "fs_type", "device", "disk", "key", "xattrs",
+                                   "devno", "fs_uuid", "serial", "wwn"}
+    assert set(d["topology"]) == {"source", "drives", "groups"}
+    assert d["topology"]["groups"][0]["drives"] == ["fast", "third"] and d["topology"]["groups"][0]["reason"] == "disk vda"
     assert set(drive["queue"]) == {"source", "device", "max_sectors_kb", "max_hw_sectors_kb", "max_segments",
                                    "max_segment_size", "logical_block_size", "physical_block_size", "optimal_io_size",
                                    "minimum_io_size", "rotational", "nr_requests", "request_bytes",

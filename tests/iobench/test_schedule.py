@@ -262,3 +262,22 @@ def test_restarts_by_default_for_decode_only_and_checked():
     m = run_plan(measure(targets("a"), RunOptions(presets=("seq", "decode"), lanes=(1,), weights=(1,)), {"a": False}),
                  restart_runner([]))
     assert run_settings(RunOptions(presets=("seq", "decode")), m)["restarts"] == {"seq": 1, "decode": 3}
+
+
+def test_topology_groups_are_added_unless_measured_already():
+    from core.topology import DISK, USB_HUB, DriveTopology, Link, Topology, group_drives
+    drives = (DriveTopology("internal", "a", (Link(DISK, "d0", "nvme0n1"),)),
+              DriveTopology("green", "b", (Link(DISK, "d1", "sdc"), Link(USB_HUB, "h", "2-1"))),
+              DriveTopology("white", "c", (Link(DISK, "d2", "sdd"), Link(USB_HUB, "h", "2-1"))))
+    topo = Topology("sysfs", drives, group_drives(drives))
+    names = ["internal", "green", "white"]
+    opts = schedule.with_topology(RunOptions(presets=("seq",), restarts=1), topo, names)
+    assert opts.groups == (("hub-2-1", ("green", "white")),) and opts.topology_groups == ("hub-2-1",)
+    assert count_trials(targets(*names), opts) == count_trials(targets(*names), RunOptions(presets=("seq",), restarts=1)) + 1
+    given = RunOptions(groups=(("hub", ("white", "green")),))
+    assert schedule.with_topology(given, topo, names) == given                 # a --group measures that set
+    taken = schedule.with_topology(RunOptions(groups=(("hub-2-1", ("internal", "green")),)), topo, names)
+    assert taken.groups[-1] == ("hub-2-1-2", ("green", "white"))
+    everyone = (drives[0], DriveTopology("green", "b", (Link(DISK, "d0", "nvme0n1"),)))
+    assert schedule.with_topology(RunOptions(), Topology("sysfs", everyone, group_drives(everyone)),
+                                  ["internal", "green"]).groups == ()       # the together run measures all

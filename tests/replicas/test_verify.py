@@ -144,8 +144,14 @@ def test_status_states(rig3):
     assert [m["state"] for m in doc["members"]] == ["verified", "stale", "missing"]
     assert doc["members"][0]["fs_type"] and doc["members"][0]["mount_point"]
     assert doc["members"][0]["last_verified"] is not None
+    assert doc["members"][0]["devno"] and {"fs_uuid", "serial", "wwn"} <= set(doc["members"][0])
     r = invoke("status", "--rig", rig)
     assert r.exit_code == 0 and "stale" in r.output
+    t = doc["topology"]
+    if t["source"] == "sysfs" and t["drives"][0]["links"]:     # all three in one folder: one disk (the missing one's folder)
+        g, = t["groups"]
+        assert g["drives"] == [m["name"] for m in doc["members"]]
+        assert f"share {g['reason']}" in " ".join(r.output.split())
 
 
 @pytest.mark.parametrize("text, key", [
