@@ -96,7 +96,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
                                                          help="Decode split weights (default: --weights)."),
             save: bool = typer.Option(True, "--save/--no-save",
-                                      help="Write the result to the rig's bench folder (rig/bench/TIME.json)."),
+                                      help="Write the result to the rig's bench folder."),
             quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from core.cli import PIPE_WIDTH, WholeLineConsole, make_app, out
 from engine_bridge.cli import app as engine_bridge_app
+from fleet.cli import app as fleet_app
 from iobench.cli import app as iobench_app
 from planner.cli import app as planner_app
 from replicas.cli import app as replicas_app
@@ -144,13 +145,15 @@ def test_usage_lines_name_arguments_plainly(app, prog):
 
 
 @pytest.mark.parametrize("app, prog", [(iobench_app, "iobench"), (planner_app, "planner"),
-                                       (engine_bridge_app, "engine-bridge"), (replicas_app, "replicas")])
+                                       (engine_bridge_app, "engine-bridge"), (replicas_app, "replicas"),
+                                       (fleet_app, "fleet")])
 def test_help_names_values_not_python_types_and_reads_whole_at_80_columns(app, prog, monkeypatch):
     """Every command's -h at 80 columns: no flag promises a value (`--json <bool>`), no Python type
     names (<str>, <int>, <list[str]>), no text cut short with '…', and prose wrapped by the screen,
     not by the docstring's own line breaks (no line of a paragraph ends far short of the width
     while the next one starts with a word that would have fitted)."""
     import rich.console
+    import typer.rich_utils
 
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 80)
@@ -237,7 +240,7 @@ def test_a_ctrl_c_while_a_tool_is_still_starting_is_the_one_line():
 
 
 def test_importing_a_package_as_a_library_leaves_ctrl_c_alone():
-    code = ("import signal, replicas, iobench, planner, engine_bridge; "
+    code = ("import signal, replicas, iobench, planner, engine_bridge, fleet; "
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
