@@ -244,3 +244,22 @@ def test_importing_a_package_as_a_library_leaves_ctrl_c_alone():
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+@pytest.mark.parametrize("app, prog, command", [(replicas_app, "replicas", ["status"]), (iobench_app, "iobench", ["show"]),
+                                                (planner_app, "planner", ["show"]),
+                                                (engine_bridge_app, "engine-bridge", ["profiles"])])
+@pytest.mark.parametrize("how", ["option", "environment", "through a file"])
+def test_a_rig_path_of_the_wrong_kind_is_one_line_in_every_tool(tmp_path, app, prog, command, how):
+    """--rig (or $REPLICA_TUNER_RIG) at a file was a NotADirectoryError traceback in all four tools;
+    it is refused while parsing, naming where the path came from (exit 2)."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a rig")
+    path = str(afile / "rig") if how == "through a file" else str(afile)
+    args, env = ([*command], {"REPLICA_TUNER_RIG": path}) if how == "environment" else ([*command, "--rig", path], {})
+    r = CliRunner().invoke(app, args, prog_name=prog, env=env)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    named = "$REPLICA_TUNER_RIG" if how == "environment" else "--rig"
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: {named} {path}: ") and "not a folder" in lines[0]
+    assert "Traceback" not in r.output
