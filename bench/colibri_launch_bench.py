@@ -109,15 +109,21 @@ def one(binary: str, limits: dict, out: str) -> list[str]:
     return lines
 
 
+def require_colibri_bin() -> str:
+    """COLIBRI_BIN, once it names an executable; else one line, exit 2."""
+    binary = os.environ.get("COLIBRI_BIN", "")
+    if not binary or not os.access(binary, os.X_OK):
+        usage_exit("set COLIBRI_BIN to colibri's engine binary (built from its source: see docs/engine.md)")
+    return binary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limits", default="60,30,30", help="Read ceilings MB/s of internal, green, white.")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
     a = ap.parse_args()
-    binary = os.environ.get("COLIBRI_BIN", "")
-    if not binary or not os.access(binary, os.X_OK):
-        usage_exit("set COLIBRI_BIN to colibri's engine binary (built from its source: see docs/engine.md)")
+    binary = require_colibri_bin()
     ok, why = available()
     if not ok:
         usage_exit(f"no testbed here: {why}")

@@ -16,7 +16,7 @@ asking the engine which it reads) copied byte for byte onto each drive, this ben
    alternatives, what iobench's fitted models alone would choose (`--fit-only`), then rows of the
    engine's own weight grid nearest a lattice of shares predicted within `--keep` of the best,
    best first, up to `--grid` candidates; candidates that give the engine identical reads are
-   one (`engine_bridge.commands.autotune.reads_key`);
+   one (`engine_bridge.tuning.split.reads_key`);
 4. measures every candidate on each phase by executing the engine's read pattern of the phase's
    steps through the split reader (`PatternMeasure`, what `engine-bridge autotune` measures
    with: each step's groups issued and waited for as the embedded engine does), interleaved over
@@ -60,7 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.testbed import Testbed, parse_drives, wait_writeback  # noqa: E402
-from engine_bridge.commands.autotune import REST_S, WARMUP_S  # noqa: E402
+from engine_bridge.tuning.split import REST_S, WARMUP_S  # noqa: E402
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine  # noqa: E402
 
 PHASES = ("prefill", "decode")
@@ -206,7 +206,7 @@ def label(w, mode) -> str:
 def grid_for(problem, choice, fit_choice, a) -> list[tuple[tuple[int, ...], frozenset]]:
     """The candidates (weights, mode) measured on every phase of a one-vector engine, or per phase
     (a dict phase -> list) for an engine with weights per phase: see the module docstring, step 3."""
-    from engine_bridge.commands.autotune import reads_key
+    from engine_bridge.tuning.split import reads_key
     from planner.solve import Pricer, nearest
 
     e, g, n = problem.engine, problem.geometry, len(problem.drives)
@@ -259,7 +259,7 @@ def grid_for(problem, choice, fit_choice, a) -> list[tuple[tuple[int, ...], froz
 
 def inner(a) -> int:
     from core.rig import Member, Rig, save_rig
-    from engine_bridge.commands.autotune import PatternMeasure
+    from engine_bridge.tuning.split import PatternMeasure
     from iobench.bench import RunOptions, run_bench, targets_from_rig
     from iobench.result import save_result
     from models.modelset import discover

@@ -238,16 +238,21 @@ def split_percents(weights: Sequence[float]) -> tuple[str, ...]:
 
 
 def plan_environment(model_dir: str, mirrors: Sequence[str], weights: Sequence[int],
-                     stripe: bool = False) -> tuple[tuple[str, str], ...]:
+                     stripe: bool = False, direct: bool = False) -> tuple[tuple[str, str], ...]:
     """The variables for a model directory, its mirror directories and one weight per drive
     (primary first). COLI_MODEL for the coli launcher, SNAP for the engine binary; a single
     drive needs no mirror list and no weights; striping needs DIRECT=1 (O_DIRECT is the only
-    path that stripes) and says COLI_MIR_STRIPE=1 rather than rely on its default."""
+    path that stripes) and says COLI_MIR_STRIPE=1 rather than rely on its default. O_DIRECT
+    without striping (`direct`) says COLI_MIR_STRIPE=0 over mirrors: unset, colibri stripes."""
     env = [(ENV_MODEL, model_dir), (ENV_SNAP, model_dir)]
     if mirrors:
         env += [(ENV_MIRROR, MIRROR_SEPARATOR.join(mirrors)), (ENV_WEIGHTS, ",".join(map(str, weights)))]
         if stripe:
             env += [(ENV_DIRECT, "1"), (ENV_STRIPE, "1")]
+        elif direct:
+            env += [(ENV_DIRECT, "1"), (ENV_STRIPE, "0")]
+    elif direct:
+        env += [(ENV_DIRECT, "1")]
     return tuple(env)
 
 

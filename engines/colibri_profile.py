@@ -42,13 +42,18 @@ from .profile import (
     PHASES,
     Check,
     Request,
+    RunReading,
     Setting,
     SourceFacts,
     SourceView,
+    StandinCall,
+    StandinRun,
     Violation,
     bad_characters,
     exit_check,
     idle_note,
+    lines_matching,
+    printed_step,
     list_rules,
     served_nothing,
     unverified,
@@ -258,7 +263,7 @@ def setting(request: Request) -> Setting:
     plan's base weights: colibri places whole experts once for every phase), striping when the
     plan stripes; no arguments (--model is COLI_MODEL)."""
     p = request.paths
-    return Setting(c.plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe), ())
+    return Setting(c.plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe, direct=request.direct), ())
 
 
 def header(request: Request, s: Setting) -> tuple[str, ...]:
@@ -277,7 +282,9 @@ def header(request: Request, s: Setting) -> tuple[str, ...]:
             lines.append(f"mirror {i} {path} is a partial replica holding {len(_basenames(holds))} shard(s) "
                          f"({', '.join(sorted(_basenames(holds)))}); colibri reads the others from the model drive "
                          "(c/st.h st_mirror_add); the weights were solved for what it holds")
-    if c.ENV_STRIPE in env:
+    if env.get(c.ENV_STRIPE) == "0":
+        lines.append(f"O_DIRECT reads ({c.ENV_DIRECT}=1) without striping ({c.ENV_STRIPE}=0: unset, colibri would stripe)")
+    if env.get(c.ENV_STRIPE) == "1":
         lines.append(f"striping: {c.ENV_DIRECT}=1 (O_DIRECT, the only path that stripes) and "
                      f"{c.ENV_STRIPE}=1 cut each expert read of 4 MiB or more over every drive")
     return tuple(lines)
@@ -366,15 +373,18 @@ class Expectation:
     variant: str = ""            # the family member that runs the model ('' : GLM)
     idle: tuple[tuple[str, ...], ...] = ()   # per drive: phases in which the plan gives it nothing
     shards: tuple[int | None, ...] = ()      # per mirror: the shards a partial replica holds (None: every one)
+    probe: bool = False          # mirrors without COLI_DISK_WEIGHTS: colibri measures the drives and splits itself
 
 
 def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
-    weights = tuple(request.prefill) if request.sources > 1 else ()
+    env = dict(environment)
+    probe = request.sources > 1 and c.ENV_WEIGHTS not in env
+    weights = tuple(request.prefill) if request.sources > 1 and not probe else ()
     shards = tuple(None if request.holds_of(i) is None else len(_basenames(request.holds_of(i)))
                    for i in range(1, request.sources))
     shards = shards if any(x is not None for x in shards) else ()
-    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=c.ENV_STRIPE in dict(environment),
-                       variant=request.variant, idle=request.idle, shards=shards)
+    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=env.get(c.ENV_STRIPE) == "1",
+                       variant=request.variant, idle=() if probe else request.idle, shards=shards, probe=probe)
 
 
 def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
@@ -408,6 +418,16 @@ def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
 
 
 def _weights(log: c.LogReport, expect: Expectation) -> Check:
+    if expect.probe:
+        seen = "/".join(log.split) if log.split else "none"
+        if log.drives is None:
+            return Check("weights", False, "probe", "none", "no line saying how colibri split the reads")
+        if log.drives != 1 + len(expect.mirrors):
+            return Check("weights", False, "probe", seen, f"colibri reads {log.drives} drive(s), the profile gives "
+                                                          f"{1 + len(expect.mirrors)}")
+        ok = log.split_how != c.HOW_WEIGHTS
+        return Check("weights", ok, "probe", seen, f"no {c.ENV_WEIGHTS}: colibri split the reads by '{log.split_how}'"
+                     if ok else f"colibri took {c.ENV_WEIGHTS} though the profile sets none (an inherited variable?)")
     if not expect.weights:
         return Check("weights", True, "", "", "single drive: no weights")
     want = "/".join(split_shares(expect.variant, expect.weights))
@@ -455,7 +475,9 @@ def _served(log: c.LogReport, expect: Expectation) -> Check:
         if s is None:
             continue
         phases = idle_of.get(d, ())
-        if not s.reads:
+        if not s.reads and expect.probe:      # colibri's own split may leave a small drive's slice untouched
+            notes.append(f"{names[d]} served nothing under colibri's own split")
+        elif not s.reads:
             ok, say = served_nothing(names[d], phases)
             (notes if ok else problems).append(say)
         elif set(phases) >= set(PHASES):
@@ -472,3 +494,208 @@ def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tu
     the member that ran (`expectation.variant`)."""
     log = read_log(text, expectation.variant)
     return (exit_check(returncode), _mirrors(log, expectation), _weights(log, expectation), _served(log, expectation))
+
+
+# ---------------------------------------------------------------------------------------------
+# The real-engine tuner: what a run says besides what it applied, and the state it keeps
+
+# c/colibri.c main, oracle mode (REF=): the generated ids, then the hit-rate line whose last field is
+# the generated tokens over generate()'s seconds (prefill and decode); the prefill progress line
+# names the prompt's tokens.
+_GLM_TOKENS = re.compile(r"^GLM C engine\s*:\s*([\d ]*\d)\s*$", re.M)
+_GLM_SPEED = re.compile(r"^Expert cache hit rate: .*\|\s*([\d.]+) tok/s\s*$", re.M)
+_GLM_PROMPT = re.compile(r"^\[prefill\] layer \d+/\d+ \S+ (\d+) token", re.M)
+# c/deepseek_v41.c main, reference mode (`binary CAP REF.json`): the ids on stdout, one line; on stderr
+# '[v41] prefill N tokens in Xs | decode M in Ys (Z tok/s)' (Z: decode alone).
+_V41_TOKENS = re.compile(r"^(\d+(?: \d+)*)\s*$", re.M)
+_V41_SPEED = re.compile(r"^\[v41\] prefill (\d+) tokens in [\d.]+s \| decode (\d+) in [\d.]+s \(([\d.]+) tok/s\)", re.M)
+
+
+def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
+    """The run's output and speed as the member prints them in its deterministic mode (the GLM
+    engine's oracle mode, REF=; DeepSeek V4.1's reference mode), and its per-drive bytes
+    (`Member.read_stats`). The V4 and GLM-5.3 engines' output lines are not read (output None)."""
+    m = member_of(variant)
+    text = stdout + "\n" + stderr
+    served = {d: s.bytes for d, s in m.read_stats(text).items()}
+    counters = lines_matching(text, c.LOG_STATS, re.compile(r"^v4_mirror"))
+    if m.name == "glm":
+        ids = _GLM_TOKENS.findall(stdout)
+        speed = _GLM_SPEED.findall(stdout)
+        prompt = _GLM_PROMPT.findall(stderr)
+        out = ids[-1].strip() if ids else None
+        return RunReading(out, float(speed[-1]) if speed else None, "run", int(prompt[-1]) if prompt else None,
+                          len(out.split()) if out else None, served,
+                          lines_matching(stdout, _GLM_SPEED) + counters, printed_step(speed[-1]) if speed else None)
+    if m.name == "deepseek_v41":
+        ids = _V41_TOKENS.findall(stdout)
+        speed = _V41_SPEED.findall(stderr)
+        out = ids[-1].strip() if ids else None
+        p, g, tps = speed[-1] if speed else (None, None, None)
+        return RunReading(out, float(tps) if tps else None, "decode", int(p) if p else None,
+                          int(g) if g else (len(out.split()) if out else None), served,
+                          lines_matching(stderr, _V41_SPEED) + counters, printed_step(tps) if tps else None)
+    return RunReading(None, None, "run", None, None, served, counters)
+
+
+ENV_USAGE_SAVE = "USAGE_SAVE"
+
+
+def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
+    """USAGE_SAVE=0 asks colibri not to write its usage history (`.coli_usage` in the model
+    directory, which later runs pin experts by). Only some engines read it (c/telemetry.h
+    `usage_save` is called from inkling.c and kimi_k3.c); the GLM engine at 4ef9a99 does not, but
+    in its oracle mode (REF=) it writes no usage file; the tuner checks the model directories
+    are unchanged after every arm either way."""
+    m = member_of(variant)
+    which = ("the GLM engine ignores it; its oracle mode writes none" if m.name == "glm" else
+             f"whether the {m.name} engine reads it is unconfirmed; the model directories are checked after every arm")
+    return ({ENV_USAGE_SAVE: "0"},
+            f"colibri's {m.name} engine keeps a usage history (.coli_usage in the model directory) that pins "
+            f"experts in later runs; {ENV_USAGE_SAVE}=0 is set ({which})")
+
+
+def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+    """The same model and mirrors without weights or switches: colibri probes the drives at startup
+    and picks its own split (mirror_setup: '(measured)'), reading whole experts through the page cache."""
+    drop = {c.ENV_WEIGHTS, c.ENV_DIRECT, c.ENV_STRIPE}
+    return tuple((k, v) for k, v in environment if k not in drop)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stand-in (engine_bridge.standin): colibri's interface, the embedded engine's run
+
+DEFAULT_CACHE_PER_LAYER = 8      # argv[1] absent (c/deepseek_v41.c main: `cap = argc > 1 ? ... : 8`)
+
+
+def _atoi(text: str | None) -> int:
+    m = re.match(r"\s*([+-]?\d+)", text or "")
+    return int(m.group(1)) if m else 0
+
+
+def standin_call(env: Mapping[str, str], argv: Sequence[str], look) -> StandinCall:
+    """colibri's engine binary as it reads its call (`look(path)`: {'model_type', 'layers', 'shards':
+    {name: (bytes, header)}} for a directory, {} when there is none): SNAP (or COLI_MODEL) the model
+    directory, argv[1] the expert cache per layer; the member by config.json model_type; mirrors
+    from COLI_MODEL_MIRROR (or SNAP_MIRROR), each admitted with the shards whose size and header equal
+    the primary's (st_mirror_add), at most MAX_MIRRORS; COLI_DISK_WEIGHTS as the member parses it
+    (rejected or absent: it probes); DIRECT=1 and COLI_MIR_STRIPE (unset: on) where the member stripes.
+    Oracle mode: the GLM engine's REF=<json> (prompt_ids, full_ids), DeepSeek V4.1's argv[2]
+    (prompt_ids, output_ids); without one the stand-in refuses, as neither runs a prompt it was not given here."""
+    snap = env.get(c.ENV_SNAP) or env.get(c.ENV_MODEL) or ""
+    if not snap:
+        return StandinCall(error="SNAP=<container dir> is required", rc=2)
+    facts = look(snap)
+    if not facts:
+        return StandinCall(error=f"[cfg] {snap}/config.json: No such file or directory", rc=1)
+    try:
+        m = c.member_for(facts.get("model_type"))
+    except UsageError as e:
+        return StandinCall(error=str(e), rc=1)
+    cap = _atoi(argv[0]) if argv else DEFAULT_CACHE_PER_LAYER
+    if m.name == "glm":
+        ref, keys = env.get("REF", ""), ("prompt_ids", "", "full_ids")
+    elif m.name == "deepseek_v41":
+        ref, keys = (argv[1] if len(argv) > 1 else ""), ("prompt_ids", "output_ids", "")
+    else:
+        return StandinCall(error=f"the stand-in speaks colibri's glm and deepseek_v41 engines, not {m.name} ({m.source})",
+                           rc=2)
+    if not ref:
+        return StandinCall(error=("REF=<json> (prompt_ids, full_ids) is required: the stand-in runs colibri's oracle mode"
+                                  if m.name == "glm" else f"usage: SNAP=<dir> {m.name} <cap> <ref.json>"), rc=2)
+    primary = dict(facts.get("shards") or {})
+    err, loaded = [], []
+    for d in c.mirror_list(env.get(c.ENV_MIRROR), env.get(c.ENV_LEGACY_MIRROR)):
+        if len(loaded) >= c.MAX_MIRRORS:
+            err.append(f"[MIRROR] {d}: too many mirrors (max {c.MAX_MIRRORS}) \u2014 ignored")
+            continue
+        if posixpath.normpath(d) == posixpath.normpath(snap):
+            err.append(f"[MIRROR] {d} equals the model dir \u2014 ignored")
+            continue
+        theirs = dict((look(d) or {}).get("shards") or {})
+        same = [n for n, f in primary.items() if theirs.get(n) == f]
+        for n in primary:
+            if n in theirs and theirs[n] != primary[n]:
+                what = "size" if theirs[n][0] != primary[n][0] else "header"
+                err.append(f"[MIRROR] {d}/{n}: {what} differs from the primary copy \u2014 skipped")
+        if not same:
+            err.append(f"[MIRROR] {d}: no usable shard (missing or divergent copy) \u2014 ignored")
+            continue
+        loaded.append(d)
+        err.append(f"[MIRROR] {d}: {len(same)}/{len(primary)} shards (replica {len(loaded)})")
+    n = 1 + len(loaded)
+    text = env.get(c.ENV_WEIGHTS)
+    weights = None
+    if n > 1 and text:
+        parsed = m.parse_weights(text, n)
+        if parsed is None:
+            err.append(f"[MIRROR] invalid COLI_DISK_WEIGHTS '{text}' (want {n} positive weights, e.g. 9,3) \u2014 probing "
+                       "instead")
+        elif all(float(w).is_integer() for w in parsed):
+            weights = tuple(int(w) for w in parsed)
+        else:       # the reader takes integer weights: the smallest integers with the same cuts out of 256
+            weights = _integer_weights(m, parsed)
+    direct = _atoi(env.get(c.ENV_DIRECT)) == 1
+    stripe = direct and m.stripes and _atoi(env.get(c.ENV_STRIPE, "1")) != 0 and n > 1
+    layers = int(facts.get("layers") or 0)
+    return StandinCall(sources=(snap, *loaded), weights=weights if n > 1 else (1,), switches=(("direct",) if direct else ())
+                       + (("stripe",) if stripe else ()), cache_experts=cap * layers, cache_per_layer=cap,
+                       reference=ref, prompt_key=keys[0], expected_key=keys[1], full_key=keys[2], stderr=tuple(err),
+                       variant=m.name, report=_atoi(env.get(c.ENV_PROF)) == 1 or m.name == "deepseek_v41",
+                       how=c.HOW_WEIGHTS)
+
+
+def _integer_weights(m: c.Member, weights: Sequence[float]) -> tuple[int, ...]:
+    """Integers whose cuts equal the float weights' (scaled by 1000, rounded; the cuts are out of 256)."""
+    want = m.cuts(weights)
+    for scale in (1, 10, 100, 1000, 10000):
+        top = max(weights)
+        w = tuple(max(1, round(x / top * scale)) for x in weights)
+        if m.cuts(w) == want:
+            return w
+    return tuple(max(1, round(x / max(weights) * 10000)) for x in weights)
+
+
+def standin_lines(call: StandinCall, run: StandinRun) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """(stdout lines, stderr lines, exit code) as the member prints them after its setup lines
+    (`_GLM_*`, `_V41_*` above; the MIRROR: line of `Member.read_stats`)."""
+    m = member_of(call.variant)
+    n = len(call.sources)
+    out, err = [], list(call.stderr)
+    mb = [b for b, *_ in run.sources]
+    total = sum(mb)
+    stats = (f"MIRROR: primary {mb[0] / 1e9:.2f} GB ({run.sources[0][1]} reads)"
+             + "".join(f" | mirror{r} {mb[r] / 1e9:.2f} GB ({run.sources[r][1]} reads)" for r in range(1, n))
+             + f" \u2014 {100.0 * (total - mb[0]) / total if total else 0.0:.0f}% of expert bytes from the mirrors")
+    matched = sum(1 for a, b in zip(run.output, run.expected or ()) if a == b)
+    seconds = run.prefill_s + run.decode_s
+    if m.name == "glm":
+        if n > 1:
+            shares = " / ".join(f"{p}%" for p in split_shares("glm", run.weights))
+            err.append(f"[MIRROR] {n} drives | read split {shares} ({run.how})")
+        err.append(f"[prefill] layer {run.layers}/{run.layers} \u00b7 {len(run.prompt)} token \u00b7 +{run.prefill_s:.2f}s")
+        out += [f"== GLM C engine ({run.model_type}), cache={call.cache_per_layer} experts/layer | replica-tuner stand-in: "
+                "the embedded engine ==", "",
+                "Reference (oracle): " + "".join(f"{x} " for x in (run.expected or ())),
+                "GLM C engine      : " + "".join(f"{x} " for x in run.output),
+                f"Matching tokens: {matched}/{len(run.output)}",
+                f"Expert cache hit rate: {100.0 * run.hits / max(run.hits + run.misses, 1):.1f}% (0 pin + {run.hits} lru / "
+                f"{run.misses} miss) | RSS: 0.00 GB | {len(run.output) / seconds if seconds > 0 else 0.0:.1f} tok/s"]
+        if n > 1 and call.report:
+            out.append(stats)
+        return tuple(out), tuple(err), 0
+    if n > 1:
+        shares = " ".join(f"{'primary' if i == 0 else 'mirror'} {p}%" for i, p in enumerate(split_shares(m.name, run.weights)))
+        err.append(f"[MIRROR] {n} replicas, split {run.how}: {shares}")
+    err.append(f"[v41] {run.layers} layers, {run.experts} experts/layer — replica-tuner stand-in: the embedded engine")
+    out.append(" ".join(map(str, run.output)))
+    for i, (a, b) in enumerate(zip(run.output, run.expected or ())):
+        if a != b:
+            err.append(f"[mismatch] step {i}: got {a}, reference {b}")
+    err.append(f"Matching tokens: {matched}/{len(run.expected or ())}")
+    err.append(f"[v41] prefill {len(run.prompt)} tokens in {run.prefill_s:.2f}s | decode {len(run.output)} in "
+               f"{run.decode_s:.2f}s ({len(run.output) / (run.decode_s if run.decode_s > 0 else 1):.2f} tok/s)")
+    if n > 1:
+        err.append(stats)
+    ok = run.expected is not None and matched == len(run.expected) == len(run.output)
+    return tuple(out), tuple(err), 0 if ok else 1

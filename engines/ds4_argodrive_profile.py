@@ -10,6 +10,7 @@ never at import (the engine module imports it to build its `ENGINE`).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -22,12 +23,17 @@ from .profile import (
     PHASES,
     Check,
     Request,
+    RunReading,
     Setting,
     SourceFacts,
+    StandinCall,
+    StandinRun,
     Violation,
     bad_characters,
     exit_check,
     idle_note,
+    lines_matching,
+    printed_step,
     list_rules,
     served_nothing,
     unverified,
@@ -281,3 +287,150 @@ def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tu
         out.append(_cache_budget(log, e.cache_experts))
     out.append(_prefill_staging(log, e.prefill_split))
     return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real-engine tuner: what a run says besides what it applied, and the state it keeps
+
+CSV_HEADER = re.compile(r"^ctx_tokens,")
+
+
+def _csv_last_row(text: str) -> dict[str, str]:
+    """The last row of ds4-bench's CSV (`ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,...`)."""
+    lines = text.splitlines()
+    row: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        if CSV_HEADER.match(line.strip()):
+            cols = line.strip().split(",")
+            for r in lines[i + 1:]:
+                parts = r.strip().split(",")
+                if len(parts) != len(cols) or not parts[0].strip().isdigit():
+                    break
+                row = dict(zip(cols, parts))
+    return row
+
+
+def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
+    """ds4-bench's CSV row (prefill and generation tok/s, docs/harness.md) as one speed: generated
+    tokens over prefill + generation seconds ('run'); the reader's per-source bytes
+    (`source[i] bytes=`, summed over reader sessions); the output: the stdout lines that are neither
+    the CSV nor a 'ds4:' log line (the generated text; unconfirmed: ds4-bench's own output was not
+    read, so a run that prints none is measured without the drift gate's evidence)."""
+    text = stdout + "\n" + stderr
+    log = ds4.read_log(text)
+    row = _csv_last_row(text)
+    tok_s = None
+    try:
+        p, pt, g, gt = (float(row[k]) for k in ("prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps"))
+        seconds = (p / pt if pt > 0 else 0.0) + (g / gt if gt > 0 else 0.0)
+        tok_s = g / seconds if seconds > 0 and g > 0 else None
+        prompt, gen = int(p), int(g)
+    except (KeyError, ValueError):
+        prompt = gen = None
+    body = [ln for ln in stdout.splitlines() if ln.strip() and not ln.startswith("ds4:")
+            and not CSV_HEADER.match(ln) and not (ln[:1].isdigit() and ln.count(",") >= 4)]
+    step = None
+    if tok_s is not None:       # the CSV's rates are printed to 3 decimals: their step, carried into the speed
+        step = tok_s * max(printed_step(row["prefill_tps"]) / float(row["prefill_tps"]) if float(row["prefill_tps"]) else 0.0,
+                           printed_step(row["gen_tps"]) / float(row["gen_tps"]) if float(row["gen_tps"]) else 0.0)
+    return RunReading("\n".join(body) if body else None, tok_s, "run", prompt, gen, dict(log.source_bytes),
+                      lines_matching(text, ds4.LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER), step)
+
+
+def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
+    """ds4-argodrive keeps no learned state between runs that its reader's code shows (its cache is
+    built per process); nothing to freeze (unconfirmed for the rest of ds4)."""
+    return {}, "ds4-argodrive keeps no state between runs that its reader's code shows (unconfirmed for the rest of ds4)"
+
+
+def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+    """ds4-argodrive takes replicas only with a weight each (DS4_ARGODRIVE_REPLICAS=path*weight):
+    without a profile it reads the primary alone."""
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The stand-in (engine_bridge.standin): ds4-argodrive's interface, the embedded engine's run
+
+# the stand-in's own prompt options (ds4-bench's are not reproduced)
+STANDIN_PROMPT, STANDIN_GEN = "--prompt-tokens", "--gen-tokens"
+
+
+def _split_weights(text: str, n: int) -> tuple[int, ...] | None:
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != n or not all(x.isdigit() and ds4.WEIGHT_MIN <= int(x) <= ds4.WEIGHT_MAX for x in parts):
+        return None
+    return tuple(int(x) for x in parts)
+
+
+def standin_call(env: Mapping[str, str], argv: Sequence[str], look) -> StandinCall:
+    """ds4-argodrive as its reader reads a call (argodrive_read.h `ar_open`; `look(path)`: {'size',
+    'dev', 'ino'} of a file, {} when there is none): the model from -m/--model, the expert cache from
+    --ssd-streaming-cache-experts; replicas 'path*weight,...' from DS4_ARGODRIVE_REPLICAS with the
+    primary's DS4_ARGODRIVE_PRIMARY_WEIGHT; a configuration it rejects (a relative path, more than
+    MAX_SOURCES, a weight outside 1..100, another size or the same inode) closes the reader with
+    bytes=0 per source opened and the primary is read alone; a decode list of the wrong count or
+    range is ignored with its line. The prompt: the stand-in's --prompt-tokens/--gen-tokens."""
+    args = list(argv)
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        key, eq, val = a.partition("=")
+        if key in (ds4.ARG_MODEL, ds4.ARG_MODEL_LONG, ds4.ARG_CACHE_EXPERTS, STANDIN_PROMPT, STANDIN_GEN, "--prompt-seed"):
+            if not eq:
+                if i + 1 >= len(args):
+                    return StandinCall(error=f"ds4: {key} needs a value", rc=2)
+                val, i = args[i + 1], i + 1
+            opts[ds4.ARG_MODEL if key == ds4.ARG_MODEL_LONG else key] = val
+        i += 1
+    model = opts.get(ds4.ARG_MODEL, "")
+    if not model or not look(model):
+        return StandinCall(error=f"ds4: cannot open model {model!r}", rc=1)
+    try:
+        cache = int(opts.get(ds4.ARG_CACHE_EXPERTS, "0"))
+        prompt, gen = int(opts.get(STANDIN_PROMPT, "32")), int(opts.get(STANDIN_GEN, "16"))
+        seed = int(opts.get("--prompt-seed", "0"))
+    except ValueError as e:
+        return StandinCall(error=f"ds4: bad number: {e}", rc=2)
+    err: list[str] = []
+    sources, weights, decode = [model], None, None
+    spec = env.get(ds4.ENV_REPLICAS, "")
+    if spec:
+        reps = [x.rpartition("*") for x in spec.split(",") if x]
+        paths = [model] + [p for p, _, _ in reps]
+        ws = [env.get(ds4.ENV_PRIMARY_WEIGHT, "1")] + [w for _, _, w in reps]
+        ok = (len(paths) <= ds4.MAX_SOURCES and all(p.startswith("/") for p in paths)
+              and all(w.strip().isdigit() and ds4.WEIGHT_MIN <= int(w) <= ds4.WEIGHT_MAX for w in ws))
+        ids = [look(p) for p in paths]
+        ok = ok and all(ids) and len({f["size"] for f in ids}) == 1 and len({(f["dev"], f["ino"]) for f in ids}) == len(ids)
+        if not ok:
+            err += [f"ds4: Argodrive source[{k}] bytes=0" for k in range(len(paths))]
+        else:
+            sources, weights = paths, tuple(int(w) for w in ws)
+            err.append(f"ds4: experimental Argodrive expert reader sources={len(paths)}; Engram unchanged")
+            text = env.get(ds4.ENV_DECODE_WEIGHTS)
+            if text is not None:
+                decode = _split_weights(text, len(paths))
+                err.append(f"ds4: Argodrive decode split {text} (prefill keeps the base weights)" if decode else
+                           f"ds4: ignoring {ds4.ENV_DECODE_WEIGHTS}={text} (want {len(paths)} comma-separated weights 1..100)")
+    if ds4.ENV_TIMING_SUMMARY in env:
+        err.append(f"ds4:   streaming expert cache budget={cache} experts entries={cache}")
+    return StandinCall(sources=tuple(sources), weights=weights or (1,) * len(sources), decode_weights=decode,
+                       cache_experts=cache, prompt_tokens=prompt, gen_tokens=gen, prompt_seed=seed, stderr=tuple(err))
+
+
+def standin_lines(call: StandinCall, run: StandinRun) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """(stdout, stderr, exit code): the reader's per-source lines (ar_close) when it read more than
+    the primary, the generated ids as the output text, and ds4-bench's CSV row (docs/harness.md)."""
+    err = list(call.stderr)
+    if len(call.sources) > 1:
+        for k, (b, reads, last, gap) in enumerate(run.sources):
+            err.append(f"ds4: Argodrive source[{k}] bytes={b}")
+            err.append(f"ds4: Argodrive source[{k}] lands_last={last} gap_ns={gap} reads={reads}")
+    gen = len(run.output)
+    cols = ("ctx_tokens", "prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps")
+    row = (len(run.prompt) + gen, len(run.prompt), round(len(run.prompt) / run.prefill_s, 3) if run.prefill_s > 0 else 0.0,
+           gen, round(gen / run.decode_s, 3) if run.decode_s > 0 else 0.0)
+    out = [" ".join(map(str, run.output)), ",".join(cols), ",".join(map(str, row))]
+    return tuple(out), tuple(err), 0

@@ -16,7 +16,7 @@ shares:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 PHASES = ("prefill", "decode")
@@ -65,6 +65,7 @@ class Request:
     prefill: tuple[int, ...]                    # base weights, one per source
     decode: tuple[int, ...]                     # decode weights, one per source
     stripe: bool = False                        # the plan's top-level "stripe" switch
+    direct: bool = False                        # the plan's top-level "direct" switch (O_DIRECT reads)
     cache_experts: int | None = None            # experts (engines whose profile takes a cache size)
     named: tuple[tuple[str, str], ...] = ()     # a named profile's environment (engines that take one)
     variant: str = ""                           # the engine variant that runs the model ('' none)
@@ -163,6 +164,16 @@ class EngineProfile(Protocol):
     def judge(self, text: str, expectation: Any, returncode: int | None = 0) -> tuple[Check, ...]:
         """One Check per name in `checks` (some only when asked for), judged on the log."""
 
+    def read_run(self, stdout: str, stderr: str, variant: str = "") -> "RunReading":
+        """The run's output, speed and per-drive counters as the engine prints them (the tuner's arms)."""
+
+    def frozen_state(self, variant: str = "") -> tuple[dict[str, str], str]:
+        """(variables that stop the engine learning from a run, what it keeps and where that is said)."""
+
+    def default_environment(self, environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+        """A profile's environment as the engine runs by default over the same drives (no weights, no
+        switches); None when the engine takes no replicas without weights (its default: the primary alone)."""
+
 
 # ---------------------------------------------------------------------------------------------
 # Rules every engine shares
@@ -243,3 +254,90 @@ def served_nothing(source: str, phases: Sequence[str]) -> tuple[bool, str]:
     if phases:
         return True, f"{source} served 0 bytes, expected idle: the plan gives it nothing {idle_note(phases)}"
     return False, f"{source} served nothing"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run says besides what it applied: its output and its speed (the real-engine tuner)
+
+@dataclass(frozen=True)
+class RunReading:
+    """What one run printed about its work, read by the engine's own profile (`read_run`): its
+    output as printed (the generated token ids or text; None when it printed none this reader
+    knows), its speed by its own clock (tok/s; None when it printed none), what that speed counts
+    (`speed_kind`: 'run' = generated tokens over prefill + decode seconds, 'decode' = over decode
+    seconds alone), the prompt and generated tokens it reports, bytes per drive from its own
+    counters ({} when it prints none) and the lines all this was read from, as printed."""
+    output: str | None
+    tok_s: float | None
+    speed_kind: str = "run"
+    prompt_tokens: int | None = None
+    gen_tokens: int | None = None
+    served: Mapping[int, int] = field(default_factory=dict)
+    lines: tuple[str, ...] = ()
+    resolution: float | None = None     # tok/s: the step of the printed speed (one decimal: 0.05)
+
+
+def printed_step(number: str) -> float:
+    """Half the last printed digit's step of a number as printed ('14.1' -> 0.05, '3' -> 0.5)."""
+    decimals = len(number.split(".", 1)[1]) if "." in number else 0
+    return 0.5 * 10.0 ** -decimals
+
+
+def lines_matching(text: str, *patterns) -> tuple[str, ...]:
+    """Every line of `text` matched by one of the compiled `patterns`, in order, stripped."""
+    return tuple(ln.strip() for ln in text.splitlines() if any(p.search(ln) for p in patterns))
+
+
+# ---------------------------------------------------------------------------------------------
+# The stand-in: the embedded engine behind a real engine's interface (engine_bridge.standin)
+#
+# The engine's profile reads its call as the engine would (`standin_call`: environment and
+# arguments in, the sources it would read, its weights, switches, cache, prompt and the lines it
+# prints while it sets up) and prints its lines once the run is done (`standin_lines`). The run
+# itself, reads and compute, is the embedded engine's.
+
+@dataclass(frozen=True)
+class StandinCall:
+    """What one call of the engine asks for, as the engine reads its environment and arguments.
+    error: the one line it stops with (rc its exit code) before running; weights None with more
+    than one source: the engine measures the drives itself (`probe`)."""
+    sources: tuple[str, ...] = ()                   # model paths the engine reads, primary first
+    weights: tuple[int, ...] | None = None          # base (prefill) weights, one per source
+    decode_weights: tuple[int, ...] | None = None   # None: the base weights
+    switches: tuple[str, ...] = ()                  # the engine's switches on ('direct', 'stripe')
+    cache_experts: int = 0                          # experts in RAM over the whole model
+    cache_per_layer: int = 0                        # as the engine was asked (0: it takes the model's total)
+    reference: str = ""                             # a reference file (prompt ids, expected output) to read
+    prompt_key: str = "prompt_ids"
+    expected_key: str = ""                          # the reference's key of the expected output ids ('' none)
+    full_key: str = ""                              # ... or of prompt + output ids together
+    prompt_tokens: int = 0                          # without a reference: this many deterministic prompt ids
+    gen_tokens: int = 0
+    prompt_seed: int = 0
+    stderr: tuple[str, ...] = ()                    # lines printed while setting up
+    stdout: tuple[str, ...] = ()
+    error: str = ""
+    rc: int = 0
+    variant: str = ""
+    report: bool = True                             # print the per-drive statistics
+    how: str = ""                                   # how the weights were chosen, as its split line says
+
+
+@dataclass(frozen=True)
+class StandinRun:
+    """What the embedded engine did for a call: the prompt and output ids, the phases' seconds,
+    the cache's hits and misses, per source (bytes, reads, lands_last, gap_ns), the weights it read
+    with and how they were chosen ('COLI_DISK_WEIGHTS', 'measured', ...)."""
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    expected: tuple[int, ...] | None
+    prefill_s: float
+    decode_s: float
+    hits: int
+    misses: int
+    sources: tuple[tuple[int, int, int, int], ...]
+    weights: tuple[int, ...]
+    how: str
+    layers: int
+    experts: int
+    model_type: str = ""

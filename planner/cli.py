@@ -225,6 +225,7 @@ def _render_plan(plan: Plan, path: str) -> None:
                           f"(plan x{phase.predicted['throughput_Bps'] / b['throughput_Bps']:.3f})")
         _render_alternatives(plan, ph, phase)
     prov = plan.provenance
+    _render_engine_trials(prov.get("engine_trials") or {})
     for link in (prov.get("model") or {}).get("links") or ():
         out.print(f"shared link {link.get('name')}: {', '.join(link.get('drives', []))} at most "
                   f"{format_rate(link.get('ceiling_Bps', 0))} together")
@@ -258,6 +259,25 @@ def _render_alternatives(plan: Plan, ph: str, phase) -> None:
         out.print(f"  as fast within {TIE_TOLERANCE:.1%} (the plan takes {prefers}): " + listed(ties))
     if rest:
         out.print("  next best: " + listed(rest))
+
+
+def _render_engine_trials(t: dict) -> None:
+    """What the engine itself measured (`engine-bridge autotune --binary`): every arm's predicted and
+    measured tok/s, the winner and its gains."""
+    if not t:
+        return
+    out.print(f"measured by the engine {t.get('engine')} ({t.get('measured_by')}); report {t.get('report')}", markup=False)
+    for a in t.get("arms") or ():
+        med, pred, e = a.get("median_tok_s"), a.get("predicted_tok_s"), a.get("error_pct")
+        out.print(f"  {a.get('label'):<28} {', '.join(a.get('roles') or [])[:36]:<36} "
+                  f"predicted {'-' if pred is None else f'{pred:.2f}':>8}  measured {'-' if med is None else f'{med:.2f}':>8} "
+                  f"tok/s (spread {a.get('spread_pct', 0.0):.1f} %, prediction {'-' if e is None else f'{e:+.1f} %'})"
+                  + ("" if a.get("qualified") else f"  OUT: {a.get('why')}"), markup=False)
+
+    def pct(x):
+        return "-" if x is None else f"{x:+.1f} %"
+    out.print(f"  winner {t.get('winner')} ({t.get('why')}); gain over the engine's default "
+              f"{pct(t.get('gain_over_default_pct'))}, over equal weights {pct(t.get('gain_over_equal_pct'))}", markup=False)
 
 
 def _render_switches(plan: Plan) -> None:

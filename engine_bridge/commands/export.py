@@ -13,10 +13,12 @@ from rich.table import Table
 from core import rig as rigmod
 from core.cli import JsonOption, RigOption, err, out, print_result
 from core.errors import MismatchError
+from core.fsutil import atomic_write_text
 from core.units import plural
 from engine_bridge.profiles import export as ex
 from engine_bridge.profiles import launch as ln
 from engine_bridge.profiles import profile as pf
+from engines.registry import ENGINES
 from planner.plans import resolve_plan_path
 
 
@@ -137,3 +139,21 @@ def register(app) -> None:
         if not r.ok:
             why = "; ".join(f"{c.name} ({c.detail})" for c in r.confirmations if not c.ok)
             raise MismatchError(f"arm failed, not confirmed by the engine log: {why}; logs in {r.run_dir}")
+
+    @app.command("standin")
+    def standin_cmd(
+        path: str = typer.Argument(..., metavar="PATH", help="The executable to write."),
+        engine: str = typer.Option(..., "--engine", metavar="NAME", help="The engine whose interface it speaks: "
+                                   + ", ".join(n for n, e in ENGINES.items() if e.profile is not None) + "."),
+    ):
+        """Write an executable stand-in for a real engine: the embedded engine behind its interface (its variables, arguments,
+        read pattern and lines), for `launch` and `autotune` where the real engine cannot run."""
+        from core.errors import UsageError
+        from engine_bridge.standin import launcher_text
+
+        if engine not in ENGINES or ENGINES[engine].profile is None:
+            names = ", ".join(n for n, e in ENGINES.items() if e.profile is not None)
+            raise UsageError(f"--engine {engine!r}: use one of {names}")
+        atomic_write_text(os.path.abspath(path), launcher_text(engine))
+        os.chmod(path, 0o755)
+        typer.echo(os.path.abspath(path))

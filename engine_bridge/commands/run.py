@@ -85,6 +85,9 @@ def register(app) -> None:
         shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
                                                                      "one (default: 4, or --layers if fewer)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
+        model_type: Optional[str] = typer.Option(None, "--model-type", help="colibri only: config.json model_type (default "
+                                                 "glm_moe_dsa, the GLM engine's; another member's gives a GLM-shaped model "
+                                                 "read by that member's rules, for the stand-in engines)."),
         json_out: bool = JsonOption,
     ):
         """Write a small but complete MoE transformer laid out like the real model (GGUF, or colibri's format)."""
@@ -100,13 +103,13 @@ def register(app) -> None:
                 raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
             from engine_bridge.engine.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
 
-            base = ColibriSpec(**shape, seed=seed)
+            base = ColibriSpec(**shape, seed=seed, **({"model_type": model_type} if model_type else {}))
             spec = check_colibri(ColibriSpec(**{**base.__dict__, "shards": min(base.shards, base.layers) if shards is None
                                                 else shards}))
             write = lambda progress: synthesize_colibri(out, spec, force=force, progress=progress)  # noqa: E731
         else:
-            if shards is not None:
-                raise UsageError("--shards is for --format colibri (a GGUF model is one file)")
+            if shards is not None or model_type is not None:
+                raise UsageError("--shards and --model-type are for --format colibri (a GGUF model is one file)")
             from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
 
             spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))

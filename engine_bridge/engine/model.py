@@ -67,7 +67,11 @@ _INT8_DTYPES = ("U8", "I8")
 def _check_colibri(g: Geometry) -> Geometry:
     """A safetensors directory `run` computes: colibri's GLM layout, one tensor per expert and
     component, every routed component int8 rows of one size."""
-    if g.arch != COLIBRI_MODEL_TYPE:
+    from engines.colibri import known_model_types
+
+    # another member's model_type in the same GLM-shaped layout: `synth --model-type` writes one so that
+    # member's read rules can be run (the stand-in engines); the layers are computed as the GLM's
+    if g.arch != COLIBRI_MODEL_TYPE and not (g.arch in known_model_types() and _synthesized(g)):
         raise UsageError(f"{g.path}: config.json model_type is {g.arch!r}; `run` computes a safetensors directory only in "
                          f"colibri's {COLIBRI_MODEL_TYPE} int8-row format (write one with `engine-bridge synth --format "
                          "colibri`; `engine-bridge replay` reads any model)")
@@ -79,6 +83,18 @@ def _check_colibri(g: Geometry) -> Geometry:
         raise UsageError(f"{g.path}: routed experts are {', '.join(dtypes)}; the engine computes colibri's pre-quantised "
                          "int8 rows (U8 or I8 weights with F32 NAME.qs per-row scales)")
     return _uniform(g)
+
+
+def _synthesized(g: Geometry) -> bool:
+    """The model directory's config.json says `engine-bridge synth` wrote it (GLM-shaped whatever its model_type)."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(g.path if os.path.isdir(g.path) else os.path.dirname(g.path), "config.json")) as f:
+            return "replica_tuner_synth" in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 def _uniform(g: Geometry) -> Geometry:

@@ -86,6 +86,10 @@ class ColibriSpec:
     qk_nope: int = 48
     qk_rope: int = 16
     v_head: int = 64
+    # config.json model_type: colibri's launcher picks the engine by it. The GLM engine's by default;
+    # another member's (deepseek_v41, ...) gives a GLM-shaped model that member's read rules place
+    # (the stand-in engine's demos): the real engine of that member cannot run it.
+    model_type: str = COLIBRI_MODEL_TYPE
 
     @property
     def qk_head(self) -> int:
@@ -111,7 +115,13 @@ def max_vocab() -> int:
 
 def check_spec(s: ColibriSpec) -> ColibriSpec:
     """Refuse shapes colibri (or this writer) cannot take, with the fix in the message."""
+    from engines.colibri import known_model_types
+
+    if s.model_type not in known_model_types():
+        raise UsageError(f"--model-type {s.model_type!r}: use one of colibri's {', '.join(known_model_types())}")
     for name, v in asdict(s).items():
+        if name == "model_type":
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and name != "seed") or v < 0:
             raise UsageError(f"--{name.replace('_', '-')} {v!r}: must be a positive integer")
     if s.top_k > s.experts:
@@ -207,7 +217,7 @@ def config_doc(s: ColibriSpec) -> dict:
     eos = s.vocab - len(SPECIAL_TOKENS)         # <|endoftext|>
     return {
         "architectures": ["GlmMoeDsaForCausalLM"],
-        "model_type": COLIBRI_MODEL_TYPE,
+        "model_type": s.model_type,
         "hidden_size": s.dim,
         "num_hidden_layers": s.layers,
         "num_attention_heads": s.heads,

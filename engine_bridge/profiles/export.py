@@ -293,7 +293,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         managed=pf.managed_keys(engine, definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
         allow_unverified=allow_unverified, unverified=unverified, provenance=provenance,
-        paths=paths, stripe=stripe, variant=prof.variant(facts))
+        paths=paths, stripe=stripe, variant=prof.variant(facts), direct=getattr(plan, "direct", False))
 
     doc = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n"
     if fmt == pf.JSON_FORMAT:

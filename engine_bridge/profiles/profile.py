@@ -252,7 +252,8 @@ def idle_phases(plan: dict, sources: int) -> tuple[tuple[str, ...], ...]:
 def request_of(p: Profile) -> Request:
     """What a profile asks its engine for (the request it was built from, as the file keeps it)."""
     return Request(paths=(p.primary,) + p.replicas, prefill=(p.primary_weight,) + p.replica_weights,
-                   decode=p.decode_weights, stripe=bool(p.plan.get("stripe", False)), cache_experts=p.cache_experts,
+                   decode=p.decode_weights, stripe=bool(p.plan.get("stripe", False)),
+                   direct=bool(p.plan.get("direct", False)), cache_experts=p.cache_experts,
                    variant=p.variant, idle=idle_phases(p.plan, p.sources), holds=partial_holds(p))
 
 
@@ -267,7 +268,8 @@ def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered 
                   cache_experts: int | None, managed: Sequence[str], model_size: int | None = None,
                   model_blake3: str = "", allow_unverified: bool = False,
                   unverified: Sequence[str] = (), provenance: dict | None = None,
-                  paths: Sequence[str] | None = None, stripe: bool = False, variant: str = "") -> Profile:
+                  paths: Sequence[str] | None = None, stripe: bool = False, variant: str = "",
+                  direct: bool = False) -> Profile:
     """The profile for a checked plan (`plan` is planner.plan.plan_to_dict's shape). `paths`:
     what the engine is given for each source when not the plan's paths (a directory-loading
     engine: the directories it loads); `stripe`: the plan's stripe switch; `variant`: the engine
@@ -279,7 +281,8 @@ def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered 
     primary, replicas = paths[0], tuple(paths[1:])
     named = layered.environment if (layered is not None and profile_of(engine).named_profiles) else ()
     s = profile_of(engine).setting(Request(paths=tuple(paths), prefill=tuple(prefill), decode=tuple(decode),
-                                           stripe=stripe, cache_experts=cache_experts, named=tuple(named),
+                                           stripe=stripe, direct=direct, cache_experts=cache_experts,
+                                           named=tuple(named),
                                            variant=variant))
     env = dict(s.environment)
     unset = tuple(sorted(k for k in managed if k not in env))

@@ -178,6 +178,9 @@ def test_plan_environment():
         ("COLI_MODEL", "/m"), ("SNAP", "/m"), ("COLI_MODEL_MIRROR", "/g;/w"), ("COLI_DISK_WEIGHTS", "9,3,3"))
     assert c.plan_environment("/m", ("/g",), (2, 1), stripe=True)[-2:] == (("DIRECT", "1"), ("COLI_MIR_STRIPE", "1"))
     assert c.plan_environment("/m", (), (), stripe=True) == (("COLI_MODEL", "/m"), ("SNAP", "/m"))
+    # O_DIRECT without stripes must say so: colibri stripes when COLI_MIR_STRIPE is unset
+    assert c.plan_environment("/m", ("/g",), (2, 1), direct=True)[-2:] == (("DIRECT", "1"), ("COLI_MIR_STRIPE", "0"))
+    assert c.plan_environment("/m", (), (), direct=True)[-1] == ("DIRECT", "1")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,9 +74,21 @@ def test_an_idle_drive_that_served_is_said_but_not_failed():
 def test_the_expectation_a_request_gives():
     r = Request(paths=("/m", "/g", "/w"), prefill=(9, 3, 3), decode=(10, 6, 6), variant="glm53",
                 idle=((), ("decode",), ()))
-    assert expect(r, {"COLI_MIR_STRIPE": "1"}) == Expectation(mirrors=("/g", "/w"), weights=(9, 3, 3), stripe=True,
-                                                              variant="glm53", idle=((), ("decode",), ()))
+    assert expect(r, {"COLI_MIR_STRIPE": "1", "COLI_DISK_WEIGHTS": "9,3,3"}) == Expectation(
+        mirrors=("/g", "/w"), weights=(9, 3, 3), stripe=True, variant="glm53", idle=((), ("decode",), ()))
     assert expect(Request(paths=("/m",), prefill=(1,), decode=(1,)), {}) == Expectation(mirrors=(), weights=())
+    # mirrors without weights: colibri probes the drives (the tuner's arm of the engine's default)
+    assert expect(r, {}) == Expectation(mirrors=("/g", "/w"), weights=(), variant="glm53", probe=True)
+
+
+def test_a_probe_arm_is_confirmed_by_a_split_colibri_chose_itself():
+    probe = Expectation(mirrors=("/g", "/w"), weights=(), probe=True)
+    measured = LOAD + "[MIRROR] 3 drives | read split 52% / 24% / 24% (measured)\n"
+    stats = "MIRROR: primary 0.50 GB (10 reads) | mirror1 0.20 GB (5 reads) | mirror2 0.20 GB (5 reads)\n"
+    v = verdict(measured + stats, probe)
+    assert v["weights"].ok and v["weights"].observed == "52/24/24" and v["served"].ok
+    taken = LOAD + "[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n" + stats
+    assert not verdict(taken, probe)["weights"].ok
 
 
 # ---------------------------------------------------------------------------------------------

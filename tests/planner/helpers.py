@@ -201,3 +201,64 @@ async def no_blink(pilot):
     for w in pilot.app.query("*"):
         if hasattr(w, "cursor_blink"):
             w.cursor_blink = False
+
+
+# -- small generated models with two copies each, and a rig on them (the measured tuners' tests) --------
+
+NAMES = ("fast", "slow", "laggy")
+
+
+def _gguf_spec():
+    from engine_bridge.engine.synth import SynthSpec
+
+    # 2 layers x 8 experts, top-2: 557,056 B components (2 split blocks + 32 KiB), about 27 MB
+    return SynthSpec(2, 8, 2, 512, 1024, 256, 1, "q8_0")
+
+
+def _coli_spec():
+    from engine_bridge.engine.synth_colibri import ColibriSpec
+
+    # 2 layers x 8 experts, top-2, two shards: 32 KiB components whose tensors are not 4 KiB-aligned
+    # (so colibri's O_DIRECT windows read more than the expert), about 2 MB
+    return ColibriSpec(layers=2, experts=8, top_k=2, dim=128, ff=256, vocab=300, shards=2, seed=3)
+
+
+GGUF = _gguf_spec()
+COLI = _coli_spec()
+
+
+def gguf_copies_in(d, spec=GGUF):
+    """A synthesised GGUF in folder `d` and two byte-identical copies (distinct inodes): their paths, primary first."""
+    from engine_bridge.engine.synth import check_spec, synthesize
+
+    paths = [os.path.join(str(d), f"{n}.gguf") for n in NAMES]
+    synthesize(paths[0], check_spec(spec), lambda done, total: None)
+    for p in paths[1:]:
+        shutil.copyfile(paths[0], p)
+    return paths
+
+
+def colibri_copies_in(d, spec=COLI):
+    """A synthesised colibri directory in folder `d` and two copies: their paths, primary first."""
+    from engine_bridge.engine.synth_colibri import synthesize_colibri
+
+    paths = [os.path.join(str(d), n) for n in NAMES]
+    synthesize_colibri(paths[0], spec)
+    for p in paths[1:]:
+        shutil.copytree(paths[0], p)
+    return paths
+
+
+def rig_on(root, paths):
+    """make_rig's three drives (and their iobench result), its members holding the copies at `paths`."""
+    from dataclasses import replace
+
+    from models.modelset import discover
+
+    rig, _ = make_rig(str(root))
+    m = discover(paths[0])
+    rig = replace(rig, model=replace(rig.model, path=paths[0]),
+                  replicas=tuple(replace(r, path=p) for r, p in zip(rig.replicas, paths[1:])),
+                  layout=m.layout, format=m.format, files=m.files)
+    save_rig(rig)
+    return rig

@@ -4,9 +4,7 @@ ds4-argodrive reads, a safetensors directory colibri reads) with three copies.""
 
 import json
 import os
-import shutil
 from collections import Counter
-from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,11 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from core.errors import Interrupted, UsageError
-from core.rig import save_rig
 from engine_bridge.cli import app
-from engine_bridge.commands.autotune import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
-from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
-from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+from engine_bridge.tuning.split import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
 from engine_bridge.reader.split_reader import SplitReader
 from engines.pattern import Concurrency, Setup
 from engines.registry import get_engine
@@ -28,49 +23,20 @@ from planner.plan import Source
 from planner.plans import load_plan, plan_files
 from planner.solve import Problem
 from planner.workload import model_workload
-from tests.planner.helpers import drives3, make_rig
+from tests.planner.helpers import NAMES, colibri_copies_in, drives3, gguf_copies_in, make_rig, rig_on
 
 runner = CliRunner()
 DS4, COLIBRI = "ds4-argodrive", "colibri"
-NAMES = ("fast", "slow", "laggy")
-# 2 layers x 8 experts, top-2: 557,056 B components (2 split blocks + 32 KiB), about 27 MB
-GGUF = SynthSpec(2, 8, 2, 512, 1024, 256, 1, "q8_0")
-# 2 layers x 8 experts, top-2, two shards: 32 KiB components whose tensors are not 4 KiB-aligned
-# (so colibri's O_DIRECT windows read more than the expert), about 2 MB
-COLI = ColibriSpec(layers=2, experts=8, top_k=2, dim=128, ff=256, vocab=300, shards=2, seed=3)
-
-
 @pytest.fixture(scope="module")
 def gguf_copies(tmp_path_factory):
     """A synthesised GGUF and two byte-identical copies (distinct inodes): their paths, primary first."""
-    d = tmp_path_factory.mktemp("gguf")
-    paths = [str(d / f"{n}.gguf") for n in NAMES]
-    synthesize(paths[0], check_spec(GGUF), lambda done, total: None)
-    for p in paths[1:]:
-        shutil.copyfile(paths[0], p)
-    return paths
+    return gguf_copies_in(tmp_path_factory.mktemp("gguf"))
 
 
 @pytest.fixture(scope="module")
 def colibri_copies(tmp_path_factory):
     """A synthesised colibri directory and two copies: their paths, primary first."""
-    d = tmp_path_factory.mktemp("colibri")
-    paths = [str(d / n) for n in NAMES]
-    synthesize_colibri(paths[0], COLI)
-    for p in paths[1:]:
-        shutil.copytree(paths[0], p)
-    return paths
-
-
-def rig_on(root, paths):
-    """make_rig's three drives (and their iobench result), its members holding the copies at `paths`."""
-    rig, _ = make_rig(root)
-    m = discover(paths[0])
-    rig = replace(rig, model=replace(rig.model, path=paths[0]),
-                  replicas=tuple(replace(r, path=p) for r, p in zip(rig.replicas, paths[1:])),
-                  layout=m.layout, format=m.format, files=m.files)
-    save_rig(rig)
-    return rig
+    return colibri_copies_in(tmp_path_factory.mktemp("colibri"))
 
 
 def problem_of(engine, paths):

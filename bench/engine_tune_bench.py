@@ -1,0 +1,142 @@
+"""The real-engine tuner (`engine-bridge autotune --binary`) on throttled drives: a generated model
+with two replicas, the planner's candidates (its best few, each mode — colibri's stripes on and
+off —, capability-proportional, equal), the engine's default (colibri: its startup probe, no
+weights; ds4-argodrive: the primary alone) and the fastest drive alone, run by the engine itself in
+ABBA order within the budget and judged by its own counters and timing; the report's lines.
+
+    COLIBRI_BIN=/path/to/colibri python -m bench.engine_tune_bench --engine colibri
+    python -m bench.engine_tune_bench --engine colibri-v41        # colibri's DeepSeek V4.1 engine's stand-in
+    python -m bench.engine_tune_bench --engine ds4-argodrive      # ds4-argodrive's stand-in
+
+colibri: the real binary named by COLIBRI_BIN (its GLM engine, built from colibri's source: see
+docs/engine.md) on an `engine-bridge synth --format colibri` model, in its oracle mode (REF=: fixed
+prompt ids, greedy), its expert cache 2 per layer (CAP_RAISE=0: colibri would raise it).
+colibri-v41 and ds4-argodrive: their stand-ins (`engine-bridge standin`: the embedded engine behind
+the engine's interface); no real binary of either runs here. MB = 10**6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.colibri_launch_bench import require_colibri_bin
+from bench.testbed import REPO, Testbed, available, usage_exit
+
+NAMES = ("internal", "green", "white")
+KINDS = ("colibri", "colibri-v41", "ds4-argodrive")
+PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+GEN = 6
+CACHE_PER_LAYER = 2
+COLIBRI_SYNTH = ("--format", "colibri", "--layers", "4", "--experts", "16", "--top-k", "4", "--shards", "1")
+GGUF_SYNTH = ("--layers", "4", "--experts", "16", "--top-k", "4", "--dim", "1024", "--ff", "2048")
+
+
+def run(title: str, module: str, *args: str, wrap=(), env=None, capture=False) -> subprocess.CompletedProcess:
+    """A command of this checkout (python -m MODULE ...), its I/O under the testbed's throttles."""
+    print(f"== {title}\n$ {module} {' '.join(args)}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    e = dict(env or os.environ)
+    e["PYTHONPATH"] = REPO + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    p = subprocess.run([*wrap, sys.executable, "-m", module, *args], env=e, cwd=REPO, text=True,
+                       stdout=subprocess.PIPE if capture else None)
+    print(f"   ({time.perf_counter() - t0:.1f}s, exit {p.returncode})", file=sys.stderr, flush=True)
+    if p.returncode != 0 and not capture:
+        raise SystemExit(f"engine_tune_bench: step '{title}' failed with exit {p.returncode}")
+    return p
+
+
+def one(tb, kind: str, limits: dict, budget: float, out: str) -> list[str]:
+    """One engine's loop on the testbed's drives; its model and replicas are removed afterwards."""
+    drives, wrap = tb.mounts(), tb.wrap
+    out = os.path.join(out, kind)
+    os.makedirs(out)
+    try:
+        return _one(drives, wrap, kind, limits, budget, out)
+    finally:
+        for d in drives.values():
+            for n in os.listdir(d):
+                if n.startswith("model"):
+                    p = os.path.join(d, n)
+                    shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+
+
+def _one(drives, wrap, kind: str, limits: dict, budget: float, out: str) -> list[str]:
+    rig = os.path.join(out, "rig")
+    gguf = kind == "ds4-argodrive"
+    model = os.path.join(drives["internal"], "model.gguf" if gguf else "model")
+    synth = GGUF_SYNTH if gguf else COLIBRI_SYNTH + (("--model-type", "deepseek_v41") if kind == "colibri-v41" else ())
+    run("the model", "engine_bridge.cli", "synth", model, *synth, wrap=wrap)
+    run("a rig", "replicas.cli", "init", "--rig", rig, "--model", model, "--name", "internal")
+    run("two replicas", "replicas.cli", "sync", "--rig", rig, model, drives["green"], drives["white"], "--piece-size",
+        "16M", "--quiet", wrap=wrap, capture=True)
+    run("drive ceilings", "iobench.cli", "run", "--rig", rig, "--preset", "seq,prefill,decode", "--lanes", "1,2,4",
+        "--seconds", "0.3", "--repeat", "2", "--quiet", wrap=wrap, capture=True)
+    env = {**os.environ, "CAP_RAISE": "0"}
+    if kind == "colibri":
+        binary = os.environ["COLIBRI_BIN"]
+        ref = os.path.join(out, "ref.json")
+        json.dump({"prompt_ids": PROMPT, "full_ids": PROMPT + [0] * GEN}, open(ref, "w"))
+        env["REF"] = ref
+        engine_args = [str(CACHE_PER_LAYER)]
+        cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
+    else:
+        binary = os.path.join(out, "standin")
+        run("the stand-in", "engine_bridge.cli", "standin", binary, "--engine",
+            "ds4-argodrive" if gguf else "colibri", capture=True)
+        if gguf:
+            engine_args = ["--prompt-tokens", str(len(PROMPT)), "--gen-tokens", str(GEN)]
+            cache = ["--cache-experts", "16", "--prompt-tokens", str(len(PROMPT))]
+        else:
+            ref = os.path.join(out, "ref.json")
+            json.dump({"prompt_ids": PROMPT, "output_ids": [0] * GEN}, open(ref, "w"))
+            # V4.1's reference mode fails on a mismatch: its own output alone is the reference
+            p = subprocess.run([binary, str(CACHE_PER_LAYER), ref], env={**env, "SNAP": model}, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            json.dump({"prompt_ids": PROMPT, "output_ids": [int(x) for x in p.stdout.split()]}, open(ref, "w"))
+            engine_args = [str(CACHE_PER_LAYER), ref]
+            cache = ["--cache-experts", str(CACHE_PER_LAYER * 4), "--prompt-tokens", str(len(PROMPT))]
+    p = run("the engine's own trials", "engine_bridge.cli", "autotune", "--rig", rig, "--binary", binary,
+            "--budget", f"{budget:g}", "--top", "1", *cache, "--json", "--", *engine_args, wrap=wrap, env=env, capture=True)
+    if p.returncode != 0:
+        raise SystemExit(f"engine_tune_bench: autotune --binary failed with exit {p.returncode}")
+    doc = json.loads(p.stdout)
+    head = (f"{kind}: drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s; prompt {len(PROMPT)} tokens, {GEN} "
+            f"generated; budget {budget:g} s; binary {doc['binary']}")
+    from engine_bridge.tuning.verdict import report_lines
+
+    return [head] + report_lines(doc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", default="colibri", help="colibri, colibri-v41 or ds4-argodrive; several comma-separated "
+                                                        "run one after another on one testbed")
+    ap.add_argument("--limits", default="60,30,30", help="Read ceilings MB/s of internal, green, white.")
+    ap.add_argument("--budget", type=float, default=280.0, help="Seconds for the engine's trials (at most 300).")
+    ap.add_argument("--standin-budget", type=float, default=150.0, help="Seconds for a stand-in's trials.")
+    ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
+    a = ap.parse_args()
+    kinds = a.engine.split(",")
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        usage_exit(f"--engine {bad[0]}: use {', '.join(KINDS)}")
+    if "colibri" in kinds:
+        require_colibri_bin()
+    ok, why = available()
+    if not ok:
+        usage_exit(f"no testbed here: {why}")
+    limits = dict(zip(NAMES, (float(x) for x in a.limits.split(","))))
+    with tempfile.TemporaryDirectory(prefix="engine-tune-", dir=a.out) as out, Testbed(limits, size="1G") as tb:
+        for k in kinds:
+            print("\n".join(one(tb, k, limits, a.budget if k == "colibri" else a.standin_budget, out)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

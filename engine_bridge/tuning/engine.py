@@ -1,0 +1,446 @@
+"""Tuning with the real engine (`engine-bridge autotune --binary PATH`, docs/harness.md "Tuning with
+the real engine"): the planner's candidates for the rig's model, each exported as the engine's
+profile, run by the engine itself in ABBA order within a time budget, judged by the engine's own
+counters and timing (`engine_bridge.tuning.verdict`).
+
+Candidates: the planner's best few (`planner.autotune.arms_for`: its pick and alternatives, each of
+the engine's modes at the pick's weights — colibri's stripes on and off — capability-proportional
+and equal weights), the engine's default (its profile's `default_environment`: colibri's startup
+probe, no weights; an engine that takes no replicas without weights runs the primary alone) and
+the fastest drive alone. Each arm is one fresh process started by `launch` (clean environment +
+profile, confirmed from its log) after the model's files are dropped from the page cache, with the
+engine's learned state frozen (its profile's `frozen_state`) and its model directories checked
+unchanged afterwards.
+
+Nothing here knows an engine by name: its profile reads its lines (`read_run`) and says what it
+keeps and how it runs by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Callable, Mapping, Sequence
+
+from core.constants import RUNS_DIR
+from core.errors import Interrupted, MismatchError, UsageError
+from core.fsutil import atomic_write_text
+from core.platform import drop_cached
+from core.rig import load_rig
+from engines.pattern import PHASES
+from engines.registry import get_engine
+
+from .verdict import (
+    DEFAULT_MIN_GAIN_PCT,
+    DEFAULT_SHARE_TOLERANCE,
+    Candidate,
+    Trial,
+    abba,
+    arm_gate,
+    COARSE,
+    judge,
+    reference_output,
+    report_dict,
+    report_lines,
+    too_coarse,
+)
+
+DEFAULT_BUDGET_S = 300.0
+DEFAULT_TOP = 2                  # the planner's best candidates run (besides the modes, capability, equal, default, alone)
+DEFAULT_TIMEOUT_S = 600.0        # one arm, s (also cut to what is left of the budget)
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidates
+
+def _label(weights, mode) -> str:
+    return ":".join(map(str, weights)) + (f" {'+'.join(sorted(mode))}" if mode else "")
+
+
+def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = DEFAULT_TOP,
+               prompt_tokens: int | None = None, cache_experts: int | None = None, calibrate: bool = True):
+    """(the solved plan, the candidates): solved as `planner solve` does for the rig's model (drives
+    priced cold), the planner's arms grouped into candidates, plus the engine's default and the
+    fastest drive alone. The engine's default comes first (the reference output is its)."""
+    from planner.autotune import arms_for
+    from planner.plans import load_inputs
+    from planner.rigmodel import choose_workload, rig_problem
+    from planner.solve import Pricer, prediction, solve_plan
+
+    from .split import reads_key
+
+    inputs = load_inputs(rig_root, bench, calibrate=calibrate)
+    kw = {"prompt_tokens": prompt_tokens} if prompt_tokens else {}
+    chosen = choose_workload(rig_root, engine, cache_experts=cache_experts, **kw)
+    if chosen.why is not None:
+        raise UsageError(f"autotune --binary runs {engine} on the rig's own model, and {chosen.why}; give the rig a model "
+                         "its drives hold (`replicas init --model PATH`)")
+    problem = rig_problem(inputs, chosen, engine)
+    plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=max(top, 1))
+    plan = replace(plan, geometry=chosen.geometry, workload=dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle))
+    pricer = Pricer(problem)
+    joint = not problem.engine.phase_weights
+    phases = tuple(ph for ph in PHASES if problem.phases[ph].steps)
+    n = len(inputs.sources)
+
+    def predict(ph, w, m):
+        return prediction(pricer.price(ph, w, m), w, m, problem.drives)
+
+    arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
+    out: list[Candidate] = []
+    if joint:
+        seen: dict = {}
+        for a in arms:
+            k = (a.weights, a.mode)
+            if k not in seen:
+                seen[k] = len(out)
+                out.append(Candidate(_label(a.weights, a.mode), a.roles, a.weights, None, tuple(sorted(a.mode)),
+                                     tuple(range(n)), {a.phase: dict(a.prediction)}))
+            else:
+                c = out[seen[k]]
+                out[seen[k]] = replace(c, predicted={**c.predicted, a.phase: dict(a.prediction)})
+    else:
+        # one candidate per role the planner gave both phases (its pick, alternatives, capability, equal), merged
+        # where the weights of both phases are the same
+        roles = list(dict.fromkeys(r for a in arms for r in a.roles))
+        merged: dict = {}
+        for role in roles:
+            got = {a.phase: a for a in arms if role in a.roles}
+            p, d = got.get("prefill") or got.get("decode"), got.get("decode") or got.get("prefill")
+            k = (p.weights, d.weights)
+            if k in merged:
+                c = out[merged[k]]
+                out[merged[k]] = replace(c, roles=c.roles + (role,))
+                continue
+            merged[k] = len(out)
+            label = _label(p.weights, ()) + ("" if d.weights == p.weights else f" / {_label(d.weights, ())}")
+            out.append(Candidate(label, (role,), p.weights, d.weights, (), tuple(range(n)),
+                                 {ph: dict(a.prediction) for ph, a in (("prefill", p), ("decode", d)) if ph in got or
+                                  ph in phases}))
+    # the fastest drive alone, priced on its own
+    caps = choice.baselines[phases[0]]["capability"]["weights"]
+    fast = max(range(n), key=lambda i: (caps[i], -i))
+    sub = replace(problem, drives=(problem.drives[fast],), links=(),
+                  holds=(problem.holds[fast],) if problem.holds else ())
+    sp = Pricer(sub)
+    alone = Candidate(f"{inputs.sources[fast].name} alone", ("fastest drive alone",), (1,), None, (), (fast,),
+                      {ph: prediction(sp.price(ph, (1,), frozenset()), (1,), frozenset(), sub.drives) for ph in phases})
+    prof = get_engine(engine).profile
+    probe = prof.default_environment(()) is not None
+    if probe:
+        first = Candidate("engine default (probe)", ("engine default",), None, None, (), tuple(range(n)), {}, default=True)
+        out = [first] + out + [alone]
+    elif fast == 0:
+        out = [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
+    else:
+        sub0 = replace(problem, drives=(problem.drives[0],), links=(), holds=(problem.holds[0],) if problem.holds else ())
+        p0 = Pricer(sub0)
+        primary = Candidate(f"{inputs.sources[0].name} alone", ("engine default",), (1,), None, (), (0,),
+                            {ph: prediction(p0.price(ph, (1,), frozenset()), (1,), frozenset(), sub0.drives)
+                             for ph in phases}, default=True)
+        out = [primary] + out + [alone]
+    return plan, out
+
+
+def export_candidates(rig_root: str, plan, cands: Sequence[Candidate], folder: str, engine: str,
+                      cache_experts: int | None = None, allow_unverified: bool = False) -> list[Candidate]:
+    """Each candidate as a plan (folder/plans/armK.json) exported as the engine's profile
+    (folder/profiles/armK.env + .json) by `engine-bridge export`'s own checks; the engine's default
+    is the profile over the same drives with the variables its profile's `default_environment`
+    drops moved to the unset lines."""
+    from engine_bridge.profiles import profile as pf
+    from engine_bridge.profiles.export import export_profile, load_profile
+    from planner.plan import Phase, Source, plan_to_dict
+
+    os.makedirs(os.path.join(folder, "plans"), exist_ok=True)
+    prof = get_engine(engine).profile
+    out = []
+    for k, c in enumerate(cands):
+        srcs = tuple(Source(plan.sources[i].name, plan.sources[i].path) for i in c.sources)
+        w = c.weights or (1,) * len(srcs)
+        dw = c.decode_weights or w
+        p = replace(plan, sources=srcs, prefill=Phase(tuple(w), dict(c.predicted.get("prefill") or {})),
+                    decode=Phase(tuple(dw), dict(c.predicted.get("decode") or {})),
+                    direct="direct" in c.mode, stripe="stripe" in c.mode)
+        plan_path = os.path.join(folder, "plans", f"arm{k + 1}.json")
+        atomic_write_text(plan_path, json.dumps(plan_to_dict(p), indent=2) + "\n")
+        env_path = os.path.join(folder, "profiles", f"arm{k + 1}.env")
+        os.makedirs(os.path.dirname(env_path), exist_ok=True)
+        r = export_profile(rig_root=rig_root, plan_path=plan_path, fmt=engine, name=f"arm{k + 1}",
+                           cache_experts=cache_experts, output=env_path, allow_unverified=allow_unverified)
+        json_path = r.files[-1]
+        if c.weights is None:
+            q = load_profile(json_path)
+            env = prof.default_environment(q.environment)
+            dropped = tuple(k2 for k2, _ in q.environment if k2 not in dict(env))
+            q = replace(q, environment=tuple(env), unset=tuple(dict.fromkeys(q.unset + dropped)))
+            atomic_write_text(json_path, json.dumps(pf.profile_to_dict(q), indent=2) + "\n")
+            atomic_write_text(env_path, pf.render_env(q))
+        out.append(replace(c, profile=json_path))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# One arm
+
+def _dirs(paths: Sequence[str]) -> list[str]:
+    return sorted({p if os.path.isdir(p) else os.path.dirname(p) for p in paths})
+
+
+def fingerprint(dirs: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Every file at the top of the model directories: (bytes, mtime ns). An engine that learns from
+    a run (colibri's .coli_usage) changes it."""
+    out = {}
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            try:
+                st = os.stat(os.path.join(d, n))
+            except OSError:
+                continue
+            out[os.path.join(d, n)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def evict(paths: Sequence[str]) -> None:
+    """Drop the models' files from the page cache (clean pages; no root needed): every arm starts cold."""
+    for d in paths:
+        files = [os.path.join(d, n) for n in os.listdir(d)] if os.path.isdir(d) else [d]
+        for f in files:
+            if os.path.isfile(f):
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    drop_cached(fd)
+                finally:
+                    os.close(fd)
+
+
+def run_arm(binary: str, c: Candidate, args: Sequence[str], run_dir: str, timeout: float, inherited: Mapping[str, str],
+            engine: str, round_: int) -> Trial:
+    """One fresh run of the engine with the arm's profile; its verdict on the run, the engine's reading."""
+    from engine_bridge.profiles.export import load_profile
+    from engine_bridge.profiles.launch import launch_arm
+
+    prof = get_engine(engine).profile
+    p = load_profile(c.profile)
+    paths = (p.primary,) + tuple(p.replicas)
+    before = fingerprint(_dirs(paths))
+    evict(paths)
+    t0 = time.monotonic()
+    try:
+        r = launch_arm(binary, c.profile, list(args), run_dir=run_dir, timeout=timeout, inherited=inherited)
+    except OSError as e:
+        return Trial(-1, round_, None, time.monotonic() - t0, failed=f"could not start {binary}: {e.strerror or e}",
+                     run_dir=run_dir)
+    with open(r.stdout_path, encoding="utf-8", errors="replace") as f:
+        stdout = f.read()
+    with open(r.stderr_path, encoding="utf-8", errors="replace") as f:
+        stderr = f.read()
+    reading = prof.read_run(stdout, stderr, p.variant)
+    after = fingerprint(_dirs(paths))
+    changed = tuple(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)))
+    rc = r.returncode
+    failed = ""
+    if rc is None:
+        failed = f"hung past the arm's timeout ({timeout:.0f} s): killed"
+    elif rc < 0:
+        failed = f"crashed: killed by signal {-rc}"
+    elif rc != 0:
+        failed = f"crashed: exit code {rc}"
+    elif not r.ok:
+        failed = "not confirmed: " + "; ".join(f"{x.name}: {x.detail}" for x in r.confirmations if not x.ok)
+    elif reading.tok_s is None:
+        failed = "printed nothing the tuner can read (no speed line the engine's profile knows)"
+    served = {c.sources[d]: b for d, b in reading.served.items() if d < len(c.sources)}
+    wall = reading.gen_tokens / r.seconds if reading.gen_tokens and r.seconds > 0 else None
+    return Trial(-1, round_, reading.tok_s, r.seconds, reading.output, served, failed, changed, reading.prompt_tokens,
+                 reading.gen_tokens, tuple(reading.lines), run_dir, reading.resolution, wall)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args: Sequence[str] = (),
+                     budget_s: float = DEFAULT_BUDGET_S, top: int = DEFAULT_TOP, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     min_gain_pct: float = DEFAULT_MIN_GAIN_PCT, tolerance: float = DEFAULT_SHARE_TOLERANCE,
+                     bench: str | None = None, rounds: int | None = None, prompt_tokens: int | None = None,
+                     cache_experts: int | None = None, allow_unverified: bool = False,
+                     inherited: Mapping[str, str] | None = None, on_event: Callable[[str], None] | None = None,
+                     stop: Callable[[], bool] | None = None, clock=time.monotonic) -> tuple[dict, str]:
+    """Run the candidates on the real engine in ABBA rounds within `budget_s`, then the winner
+    against the runner-up in reverse order; write the report (report.json, report.md), the
+    winning profile (winner.env/.json) into rig/runs/engine-tune-TIME/ and the plan with the
+    engine's figures into rig/plans. Returns (the report dict, its folder).
+
+    A trial starts only when what is left of the budget holds the longest trial so far plus two
+    more (the confirmation); an arm's run is stopped after `timeout_s` or what is left of the budget.
+    An arm that fails a gate is not run again. `stop()` true (Ctrl-C) ends the run before the next
+    trial; a KeyboardInterrupt during a trial kills the engine and drops that trial. Refused before
+    any run: a missing or non-executable binary, a budget that is not positive. No complete round:
+    the report is written and the command fails (MismatchError when no arm qualified, UsageError
+    when the budget ended first, Interrupted when interrupted)."""
+    from engine_bridge.profiles.launch import read_binary, which
+    from engines.registry import engine_for_model
+    from planner.plan import Phase
+    from planner.plans import load_plan, save_plan
+
+    say = on_event or (lambda msg: None)
+    if budget_s <= 0 or timeout_s <= 0:
+        raise UsageError(f"--budget {budget_s:g} / --timeout {timeout_s:g}: give positive seconds")
+    binary = which(binary)
+    read_binary(binary)                      # one line for a missing or non-executable binary
+    rig = load_rig(rig_root, must_exist=False)
+    if engine is None:
+        if not rig.model:
+            raise UsageError("the rig has no model; give it one (`replicas init --model PATH`) or --engine")
+        from engine_bridge.engine.sources import member_model
+
+        m = member_model(rig.model.path, rig)
+        engine = engine_for_model(m.format, m.layout, m.files)
+    prof = get_engine(engine).profile
+    if prof is None or not hasattr(prof, "read_run"):
+        raise UsageError(f"{engine} has no profile whose lines the tuner reads")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder = os.path.join(rig.root, RUNS_DIR, f"engine-tune-{stamp}")
+    os.makedirs(folder, exist_ok=True)
+    plan, cands = candidates(rig_root, engine, bench, top, prompt_tokens, cache_experts)
+    cands = export_candidates(rig_root, plan, cands, folder, engine, cache_experts, allow_unverified)
+    from engine_bridge.profiles.export import load_profile
+
+    variant = load_profile(cands[0].profile).variant
+    frozen, state_note = prof.frozen_state(variant)
+    env = dict(os.environ if inherited is None else inherited)
+    env.update(frozen)
+    n_sources = len(plan.sources)
+    say(f"{len(cands)} arms: " + ", ".join(f"{k + 1} {c.label}" for k, c in enumerate(cands)))
+
+    trials: list[Trial] = []
+    active = [True] * len(cands)
+    start = clock()
+    longest = 0.0
+    interrupted = stopped = False
+    counters_seen = False
+
+    def trial(i: int, rnd: int) -> Trial | None:
+        nonlocal longest, interrupted, counters_seen
+        left = budget_s - (clock() - start)
+        where = f"round {rnd + 1}" if rnd >= 0 else "confirmation"
+        say(f"arm {i + 1} of {len(cands)} ({cands[i].label}), {where}; {clock() - start:.0f}/{budget_s:.0f} s")
+        run_dir = os.path.join(folder, f"{len(trials) + 1:03d}-arm{i + 1}")
+        try:
+            t = run_arm(binary, cands[i], args, run_dir, max(1.0, min(timeout_s, left)), env, engine, rnd)
+        except KeyboardInterrupt:
+            interrupted = True
+            say("interrupted: the running arm was stopped and dropped")
+            return None
+        t = replace(t, arm=i)
+        trials.append(t)
+        longest = max(longest, t.seconds)
+        counters_seen = counters_seen or bool(t.served)
+        say(f"  arm {i + 1}: " + (f"FAILED: {t.failed}" if t.failed else f"{t.tok_s:g} tok/s (its line; "
+                                  f"{t.wall_tok_s or 0:.3f} by its wall time) in {t.seconds:.1f} s"))
+        return t
+
+    def fits(reserve: int) -> bool:
+        return clock() - start + longest * (1 + reserve) <= budget_s
+
+    rnd = 0
+    while not interrupted and not stopped and (rounds is None or rnd < rounds):
+        order = abba(len(cands), rnd, active)
+        if not order:
+            break
+        for i in order:
+            if stop is not None and stop():
+                interrupted = True
+                break
+            if trials and not fits(2):
+                stopped = True
+                break
+            if trial(i, rnd) is None:
+                break
+            ref = reference_output(cands, trials)
+            why = arm_gate(cands[i], [t for t in trials if t.arm == i], ref, n_sources, tolerance, counters_seen)
+            if why:
+                active[i] = False
+                say(f"  arm {i + 1} is out: {why}")
+        rnd += 1
+
+    speed_kind = _speed_kind(prof, variant)
+    wall = too_coarse(trials)
+    v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance, wall)
+    if not interrupted and v.winner is not None and v.runner_up is not None:
+        w, r = v.winner, v.runner_up
+        for i in (r, w, w, r):               # reverse order: the runner-up first
+            if (stop is not None and stop()) or not fits(0) or trial(i, -1) is None:
+                break
+        v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance, wall)
+
+    settings = {"engine": engine, "binary": os.path.abspath(binary), "args": list(args), "budget_s": budget_s,
+                "timeout_s": timeout_s, "min_gain_pct": min_gain_pct, "share_tolerance": tolerance, "top": top,
+                "wall_s": clock() - start, "interrupted": interrupted, "stopped_by_budget": stopped,
+                "frozen_env": frozen, "state": state_note, "speed_kind": speed_kind, "speed_from_wall": wall,
+                "speed": ("generated tokens over the engine process's wall seconds (its printed tok/s is too coarse "
+                          f"for these runs: a step over {100 * COARSE:g} % of it)" if wall else
+                          "the engine's own tok/s line"),
+                "measured_by": ("the engine's tok/s and its per-drive byte counters" if counters_seen else
+                                "the engine's tok/s alone: it printed no per-drive counters"),
+                "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources]}
+    doc = report_dict(cands, trials, v, settings)
+    lines = report_lines(doc)
+    atomic_write_text(os.path.join(folder, "report.json"), json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(os.path.join(folder, "report.md"), "# engine-tune report\n\n```\n" + "\n".join(lines) + "\n```\n")
+    doc["folder"] = folder
+    doc["lines"] = lines
+    if v.winner is not None:
+        win = cands[v.winner]
+        base = win.profile[:-len(".json")]
+        for ext in (".json", ".env"):
+            with open(base + ext, encoding="utf-8") as f:
+                atomic_write_text(os.path.join(folder, "winner" + ext), f.read())
+        doc["winner_profile"] = os.path.join(folder, "winner.json")
+        summary = {"report": os.path.join(folder, "report.json"), "engine": engine, "winner": win.label,
+                   "why": v.why, "gain_over_default_pct": v.gain_over_default_pct,
+                   "gain_over_equal_pct": v.gain_over_equal_pct, "confirmed": v.confirmed, "measured_by":
+                   settings["measured_by"],
+                   "arms": [{"label": a["label"], "roles": a["roles"], "predicted_tok_s": a["predicted_tok_s"],
+                             "median_tok_s": a["median_tok_s"], "spread_pct": a["spread_pct"],
+                             "error_pct": a["error_pct"], "qualified": a["qualified"], "why": a["why"]}
+                            for a in doc["arms"]]}
+        out = plan
+        if win.weights is not None and len(win.sources) == n_sources:
+            out = replace(plan, prefill=Phase(tuple(win.weights), dict(win.predicted.get("prefill") or {})),
+                          decode=Phase(tuple(win.decode_weights or win.weights), dict(win.predicted.get("decode") or {})),
+                          direct="direct" in win.mode, stripe="stripe" in win.mode)
+        out = replace(out, provenance={**out.provenance, "engine_trials": summary})
+        doc["plan"] = save_plan(rig, out)
+        load_plan(doc["plan"])
+    if not v.complete_rounds or v.winner is None:
+        where = f"; report in {folder}"
+        if interrupted:
+            raise Interrupted("autotune --binary: interrupted before a complete round" + where)
+        if trials and not any(a.qualified for a in v.arms) and all(not a for a in active):
+            raise MismatchError("autotune --binary: no arm qualified: "
+                                + "; ".join(f"{c.label}: {a.why}" for c, a in zip(cands, v.arms)) + where)
+        raise UsageError(f"autotune --binary: no complete round of the arms within --budget {budget_s:g} s (a round "
+                         f"is {len(cands)} runs; the longest took {longest:.0f} s); give a larger --budget" + where)
+    return doc, folder
+
+
+def _speed_kind(prof, variant: str) -> str:
+    """What the engine's speed counts, as its profile reads it (from any run's lines)."""
+    return prof.read_run("", "", variant).speed_kind
+
+
+def render(doc: Mapping) -> str:
+    lines = list(doc.get("lines") or report_lines(doc))
+    lines.append(f"report: {doc.get('folder')}/report.md (and report.json)")
+    if doc.get("winner_profile"):
+        lines.append(f"winning profile: {doc['winner_profile']}; plan: {doc.get('plan')}")
+    return "\n".join(lines) + "\n"
+
