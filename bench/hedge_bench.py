@@ -43,9 +43,11 @@ from engine_bridge.harness.arms import ArmSpec  # noqa: E402
 from engine_bridge.harness.runner import run_bench, subprocess_runner  # noqa: E402
 
 def hedge_runner(spec, settings, workdir, seq):
-    """The harness's runner with the arm's hedging switch added to `run`'s arguments."""
+    """The harness's runner with the arm's hedging switch added to `run`'s arguments (re-weighting
+    off in every arm: this bench measures hedging alone; bench/reweigh_bench.py measures both)."""
     flag = "--no-hedge" if spec.name == "no-hedge" else "--hedge"
-    return subprocess_runner(spec, {**settings, "run_args": list(settings.get("run_args") or []) + [flag]}, workdir, seq)
+    return subprocess_runner(spec, {**settings, "run_args": list(settings.get("run_args") or []) + [flag, "--no-reweigh"]},
+                             workdir, seq)
 
 
 def main() -> int:

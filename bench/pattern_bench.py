@@ -127,6 +127,7 @@ def one(engine: str, limits: dict, out: str) -> list[str]:
         ladder = os.path.join(out, "ladder")
         step("the ladder", "engine-bridge", "ladder", "--rig", rig, "--plan", "latest", "--prompt-tokens", str(PROMPT),
              "--gen-tokens", str(GEN), "--cache-experts", str(CACHE), "--max-other-cpu", "2", "--run-arg", "--no-hedge",
+             "--run-arg", "--no-reweigh",
              "--out", ladder, "--quiet", wrap=wrap, capture=True)
         return report(engine, model, trace, plan, ladder, limits)
 

@@ -39,7 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.testbed import Testbed, parse_drives, require_testbed, step, tool, usage_exit  # noqa: E402
+from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, step, tool, usage_exit  # noqa: E402,E501
 
 
 def newest_plan(rig: str) -> dict:
@@ -128,9 +128,7 @@ def main() -> int:
     names = list(drives)
     t0 = time.perf_counter()
     if args.folders:
-        mounts = {n: os.path.join(out, "drives", n) for n in names}
-        for d in mounts.values():
-            os.makedirs(d, exist_ok=True)
+        mounts = folder_drives(out, names)
         synth, component, plan, run = flow(args, rig, names, mounts, [], ["--allow-same-device"])
     else:
         with Testbed(drives, size=args.size) as tb:
@@ -161,7 +159,7 @@ def flow(args, rig: str, names: list[str], mounts: dict[str, str], w: list[str],
     step("planner solve", tool("planner") + ["solve", "--rig", rig], [])
     plan = newest_plan(rig)
     run = json.loads(step("engine-bridge run --plan", tool("engine-bridge") + [
-        "run", "--rig", rig, "--plan", "latest", "--no-hedge", "--prompt-tokens", str(args.prompt_tokens),
+        "run", "--rig", rig, "--plan", "latest", "--no-hedge", "--no-reweigh", "--prompt-tokens", str(args.prompt_tokens),
         "--gen-tokens", str(args.gen_tokens), "--cache-experts", str(args.cache_experts), "--json"], w))
     return synth, component, plan, run
 

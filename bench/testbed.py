@@ -109,6 +109,15 @@ def parse_drives(items, what: str = "--drive", zero_ok: bool = False) -> dict[st
         usage_exit(str(e))
 
 
+def folder_drives(out: str, names) -> dict[str, str]:
+    """`--folders` in a benchmark: one folder per drive name under OUT/drives, on this disk, no
+    throttles (it checks a flow where there is no testbed, not the drives)."""
+    mounts = {n: os.path.join(out, "drives", n) for n in names}
+    for d in mounts.values():
+        os.makedirs(d, exist_ok=True)
+    return mounts
+
+
 def drop_caches() -> None:
     """Write dirty pages out, then drop the page cache (root): the next read comes from the drive."""
     subprocess.run(["sync"], check=True)
@@ -338,6 +347,10 @@ class Testbed:
         joins the group and execs the command, light enough not to weigh on timed commands."""
         return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                 "from iobench.testbed import exec_in_group; exec_in_group(sys.argv[2], sys.argv[3:])", REPO, self.root]
+
+    def throttle(self, name: str, read_mbs: float) -> None:
+        """Change drive `name`'s read ceiling now, while commands run (a drive that slows or recovers)."""
+        testbed.set_read_limit(self.root, name, read_mbs)
 
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         """Run a command inside the testbed's blkio group (its reads and writes are throttled)."""

@@ -52,6 +52,12 @@ class Engine:
     buffered: Callable[[Any], bool] = lambda setup: False
     # (weights, read length) -> the smallest weights that cut such a read the same (engines that cut reads)
     equivalent: Optional[Callable[[Sequence[int], int], tuple[int, ...]]] = None
+    # '' when a source may be a copy kept in RAM (tmpfs, /dev/shm: no drive behind it), else one
+    # line why the engine cannot use one (export and `planner whatif` refuse it with that line)
+    memory_member: str = ""
+    # (log text) -> {phase: (seconds, seconds waiting for reads)} from the engine's own timing
+    # lines (None: its log says nothing this tool reads; `planner whatif` then needs a run result)
+    timing: Optional[Callable[[str], dict[str, tuple[float, float]]]] = None
     # What export writes for the engine and how launch confirms it from the log: an object (its
     # profile module) giving engines.profile.EngineProfile; None: the engine has no profile
     profile: Any = None

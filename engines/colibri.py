@@ -291,6 +291,12 @@ LOG_WEIGHTS_INVALID = re.compile(r"^\[MIRROR\] invalid COLI_DISK_WEIGHTS '(.*)' 
 LOG_SPLIT = re.compile(r"^\[MIRROR\] (\d+) drives \| read split ([\d% /]+?) \((.+)\)\s*$", re.M)
 LOG_READ_ERROR = re.compile(r"^\[MIRROR\] read error on the mirror copy", re.M)
 LOG_STATS = re.compile(r"^MIRROR: primary ([\d.]+) GB \((\d+) reads\)(.*)$", re.M)
+# c/colibri.c `profile_print` (always printed): the phase's time by part, the expert reads' wait first.
+# The first such line after `PROFILO PREFILL (Xs):` is the prompt's; the last one is the decode's
+# (`profile_reset` runs between them). Unconfirmed for the V4, V4.1 and GLM-5.3 engines.
+LOG_PREFILL_TIME = re.compile(r"^PROFILO PREFILL \(([\d.]+)s\):\s*$", re.M)
+LOG_PROFILE = re.compile(r"^PROFILE: expert-disk ([\d.]+)s service / ([\d.]+)s wait \| expert-matmul ([\d.]+)s \| "
+                         r"attention ([\d.]+)s \(including kvb [\d.]+s\) \| lm_head ([\d.]+)s \| other (-?[\d.]+)s", re.M)
 LOG_STATS_MIRROR = re.compile(r"\| mirror(\d*) ([\d.]+) GB \((\d+) reads\)")
 HOW_WEIGHTS = ENV_WEIGHTS        # the split line's '(COLI_DISK_WEIGHTS)': the weights were taken
 STATS_RESOLUTION = 10_000_000    # bytes: the MIRROR: line prints GB with two decimals
@@ -355,6 +361,24 @@ def read_log(text: str) -> LogReport:
                      weights_rejected=bad[-1][0] if bad else None, weights_wanted=int(bad[-1][1]) if bad else None,
                      drives=drives, split=split, split_how=how, read_error=bool(LOG_READ_ERROR.search(text)),
                      served=served)
+
+
+def read_timing(text: str) -> dict[str, tuple[float, float]]:
+    """{phase: (seconds, seconds waiting for expert reads)} from colibri's PROFILE lines: the
+    line right after `PROFILO PREFILL (Xs):` is the prompt's (its seconds that header's), the
+    last other one the decode's (its seconds the sum of its parts, as `profile_print` derives
+    'other')."""
+    out: dict[str, tuple[float, float]] = {}
+    pre = LOG_PREFILL_TIME.search(text)
+    rows = list(LOG_PROFILE.finditer(text))
+    for m in rows:
+        service, wait, matmul, attention, head, other = (float(x) for x in m.groups())
+        total = wait + matmul + attention + head + max(0.0, other)
+        if pre is not None and m.start() > pre.end() and "prefill" not in out:
+            out["prefill"] = (float(pre.group(1)) or total, wait)
+        elif pre is None or m.start() > pre.end():
+            out["decode"] = (total, wait)
+    return out
 
 
 # =============================================================================================
@@ -879,4 +903,4 @@ ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weigh
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
                 switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile,
-                buffered=buffered, replica_serves=replica_serves)
+                buffered=buffered, timing=read_timing, replica_serves=replica_serves)

@@ -350,8 +350,13 @@ def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
 # export checks), so a replica holding part of the model cannot serve it.
 PARTIAL_REFUSAL = (f"{NAME} splits every read across every source and reads only full replicas "
                    "(a regular file of the primary's size)")
+# A copy in RAM is no member for this engine: it cuts every read across every source, so each must
+# hold the whole model (a RAM copy of the whole 518 GB file, which no machine it runs on holds), and
+# it runs on macOS (Metal), which has no tmpfs. Our reading of its design, not a check in its code.
+MEMORY_MEMBER = ("ds4-argodrive cuts every read across every source, so a RAM member would have to hold the whole "
+                 "model in RAM, and it runs on macOS, which has no tmpfs; keep RAM members for colibri")
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=BLOCK, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
-                profile=ds4_argodrive_profile, partial_refusal=PARTIAL_REFUSAL)
+                profile=ds4_argodrive_profile, memory_member=MEMORY_MEMBER, partial_refusal=PARTIAL_REFUSAL)

@@ -26,9 +26,12 @@ def window_rate(run: "StreamRun") -> float:
     return stats.median([w[0] for w in run.windows])
 
 
-def suspect_cache(run: "StreamRun", not_cold: bool) -> bool:
+def suspect_cache(run: "StreamRun", not_cold: bool, memory: bool = False) -> bool:
     """The page cache may have answered: not cold, faster than any drive, or bytes the device
-    never delivered."""
+    never delivered. A RAM member (`memory`: a copy in tmpfs, measured as the tier it is) is
+    never suspect: RAM is what it is meant to answer from."""
+    if memory:
+        return False
     if not_cold:
         return True
     if window_rate(run) > PLAUSIBLE_BW:
@@ -49,7 +52,7 @@ def _pooled_lat(runs: Sequence["StreamRun"]) -> Latency:
     return latency([x for r in runs for x in r.lat_ns])
 
 
-def lane_result(runs: Sequence["StreamRun"], not_cold: bool) -> LaneResult:
+def lane_result(runs: Sequence["StreamRun"], not_cold: bool, memory: bool = False) -> LaneResult:
     """One lane count of one drive alone, from its restarted trials (one run each, in order):
     the median trial's rate, the spread over every window and over the trials."""
     if not runs:
@@ -60,7 +63,7 @@ def lane_result(runs: Sequence["StreamRun"], not_cold: bool) -> LaneResult:
                       iops=stats.median([stats.median([w[1] for w in r.windows]) for r in runs]),
                       lat_ns=_pooled_lat(runs), requests=sum(r.requests for r in runs), runs_bw=bws,
                       spread_pct=round(stats.spread_pct(bws), 3),
-                      suspect_cache=any(suspect_cache(r, not_cold) for r in runs),
+                      suspect_cache=any(suspect_cache(r, not_cold, memory) for r in runs),
                       trials_bw=trial_bw if len(runs) > 1 else (),
                       trials_spread_pct=round(stats.spread_pct(trial_bw), 3))
 

@@ -28,6 +28,7 @@ from core import platform
 from core.coldio import ColdReader, aligned_buffer, huge_backed
 from core.constants import HUGE_PAGE
 from core.drives import drive_of, drives_topology
+from core.tiers import memory_fs
 from core.topology import topology_lines
 from models.formats import RAW, SPLIT_NAME, sniff
 from models.modelset import FILE, ModelSet, discover, member_set, one_file
@@ -57,7 +58,6 @@ from .schedule import (
 )
 from .trials import SYSTEM_CLOCK, Clock, Stream, StreamRun, run_trial
 
-MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
 
 
 # ---- targets ---------------------------------------------------------------------------------
@@ -116,6 +116,19 @@ def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
     return model_layout(model)
 
 
+def rig_component_bytes(rig: Rig) -> int:
+    """The decode read of the rig's model (its component, from its header, as `model_layout`
+    takes it), else the engine's default component: a scratch file is read in those pieces."""
+    if rig.model is not None and os.path.exists(rig.model.path):
+        try:
+            _, layout, _ = rig_layout(rig, rig.model)
+            if layout is not None:
+                return layout.component_bytes
+        except (ReplicaTunerError, OSError):
+            pass
+    return COMPONENT_BYTES
+
+
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:
     """Name each path by its drive's mount point (made unique). A path is a file, or a model of
     several files (its directory, any file of its split set): that model is read as a rig member
@@ -157,6 +170,7 @@ class _Open:
     queue: QueueLimits
     notes: list[str] = field(default_factory=list)
     not_cold: bool = False
+    memory: bool = False          # a RAM member: measured as RAM, never flagged as the page cache
 
 
 def _open(t: Target, huge: bool | None) -> _Open:
@@ -164,9 +178,10 @@ def _open(t: Target, huge: bool | None) -> _Open:
     reader = ColdReader(t.path)
     queue = replace(queue_limits(t.path, t.drive.disk), buffers_contiguous=huge)
     o = _Open(t, reader, device_meter(t.path), queue)
-    if t.drive.fs_type in MEMORY_FS:
-        o.not_cold = True
-        o.notes.append(f"{t.drive.fs_type} keeps files in memory: this is not a drive, results are flagged")
+    if memory_fs(t.drive.fs_type):
+        o.memory = True
+        o.notes.append(f"{t.drive.fs_type} keeps files in RAM: measured as a RAM member (no drive behind it), which "
+                       "takes RAM for as long as it exists and vanishes at reboot")
     elif reader.how == "fadvise":
         o.not_cold = True
         o.notes.append(f"{t.drive.fs_type or 'this file system'} has no O_DIRECT: reads may come from the page cache, "
@@ -245,7 +260,8 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
         return runs
 
     try:
-        m = run_plan(measure(targets, opts, {n: o.not_cold for n, o in opened.items()}, previous), run)
+        m = run_plan(measure(targets, opts, {n: o.not_cold for n, o in opened.items()}, previous,
+                             memory={n for n, o in opened.items() if o.memory}), run)
     finally:
         for o in opened.values():
             o.reader.close()

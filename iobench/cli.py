@@ -14,13 +14,16 @@ from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, pri
 from core.errors import MissingError, UsageError
 from core.events import Notice
 from core.events import Progress as ProgressEvent
-from core.rig import load_rig, rig_dir
+from core.drives import drive_label
+from core.rig import load_rig, rig_dir, unique_name
+from core.units import parse_size
 from engines.split import parse_weights
 
 from . import render
-from .bench import FioComparison, fio_compare, run_bench, targets_from_paths, targets_from_rig
-from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS
+from .bench import FioComparison, fio_compare, rig_component_bytes, run_bench, targets_from_paths, targets_from_rig
+from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS, SCRATCH_FOLDER
 from .result import latest_result, load_result, resolve_result_path, result_files, save_result
+from .scratch import bench_scratch, check_folder
 from .schedule import RunOptions, parse_groups, parse_lanes, parse_presets
 from .testbed_cli import app as testbed_app
 
@@ -30,6 +33,8 @@ app.add_typer(testbed_app, name="testbed")
 PresetOption = typer.Option("all", "--preset", help="seq, prefill, decode, rand4k, all, or a comma list.")
 SecondsOption = typer.Option(DEFAULT_SECONDS, "--seconds", help="Seconds per measured window.")
 RepeatOption = typer.Option(DEFAULT_REPEAT, "--repeat", help="Windows per trial; the spread is taken over them.")
+LanesOption = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
+                           help="Lane counts (requests in flight per drive) for every preset; default per preset.")
 RestartsOption = typer.Option(None, "--restarts", metavar="N",
                               help="Restarted trials per lane count, the median counts (default: decode "
                                    f"{DEFAULT_RESTARTS['decode']}, others 1).")
@@ -81,9 +86,7 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
             seconds: float = SecondsOption,
             repeat: int = RepeatOption,
             restarts: Optional[int] = RestartsOption,
-            lanes: Optional[str] = typer.Option(None, "--lanes", metavar="1,2,4,8,16",
-                                                help="Lane counts (requests in flight per drive) for every preset; default "
-                                                     "per preset."),
+            lanes: Optional[str] = LanesOption,
             alone: Optional[bool] = typer.Option(None, "--alone/--together",
                                                  help="Only drives alone, or only groups and all together (default: both)."),
             group: Optional[List[str]] = typer.Option(None, "--group", metavar="NAME=DRIVE,DRIVE",
@@ -133,6 +136,47 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
     else:
         _print_result(result)            # the path once, below, as with --json
     if path and not quiet:
+        err.print(f"iobench: wrote {path}", highlight=False)
+
+
+@app.command()
+def scratch(directory: str = typer.Argument(..., metavar="DIR",
+                                            help="A folder on the drive to measure (it holds no replica yet)."),
+            name: Optional[str] = typer.Option(None, "--name", help="The drive's name in the result (default: its mount point)."),
+            size: str = typer.Option("1G", "--size", help="Bytes of scratch file to write, measure and remove (binary units)."),
+            rig: Optional[str] = RigOption,
+            preset: str = PresetOption,
+            seconds: float = SecondsOption,
+            repeat: int = RepeatOption,
+            restarts: Optional[int] = RestartsOption,
+            lanes: Optional[str] = LanesOption,
+            quiet: bool = QuietOption,
+            json_out: bool = JsonOption):
+    """Measure a drive before copying to it: write a scratch file in DIR (its write speed is the copy's), read it cold
+    with the engine's shapes, remove it; writes rig/bench/scratch/<timestamp>.json for `planner whatif --add-bench`."""
+    root = rig_dir(rig)
+    the_rig = load_rig(root, must_exist=False)
+    directory = check_folder(directory)
+    opts = RunOptions(presets=parse_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=parse_lanes(lanes),
+                      together=False)
+    cancel = threading.Event()
+    with _Renderer(quiet) as progress:
+        try:
+            label = unique_name(name or drive_label(directory), set())
+            result = bench_scratch(directory, label, parse_size(size, "--size"), opts,
+                                   rig_component_bytes(the_rig), report=progress, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            raise
+    path = save_result(the_rig, result, SCRATCH_FOLDER)
+    if json_out:
+        print_result(result)
+    else:
+        _print_result(result)
+        sc = result.settings["scratch"]
+        out.print(f"write {sc['write_Bps'] / 1e6:,.1f} MB/s over {sc['size']:,} B; scratch file "
+                  f"{'removed' if sc['removed'] else 'NOT removed (it changed under us)'}", highlight=False)
+    if not quiet:
         err.print(f"iobench: wrote {path}", highlight=False)
 
 

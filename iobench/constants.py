@@ -39,3 +39,6 @@ PLAUSIBLE_MIN_LAT_NS = 5_000    # no cold read from a drive lands in under 5 us 
 RESIDENT_WARN = 0.05            # macOS F_NOCACHE: >5 % of the file already cached taints a run
 
 DRIVE_IO_UNIT = 1 * MiB         # bytes per device request, when neither the queue nor the fit says
+
+SCRATCH_FOLDER = "scratch"      # rig/bench/scratch: results of drives measured on a scratch file (no replica yet)
+SCRATCH_SIZE = 1 << 30          # bytes of scratch file by default: every preset's deepest lanes fit many times

@@ -315,9 +315,11 @@ def result_name(created: str) -> str:
     return created.replace("-", "").replace(":", "") + ".json"
 
 
-def save_result(rig: Rig, r: BenchResult) -> str:
-    """Write rig/bench/<timestamp>.json atomically; returns its path."""
-    return write_json(os.path.join(rig.subdir(BENCH_DIR), result_name(r.created)), result_to_dict(r))
+def save_result(rig: Rig, r: BenchResult, folder: str = "") -> str:
+    """Write rig/bench/<timestamp>.json atomically (rig/bench/FOLDER/... with `folder`: a
+    measurement that is not of the rig's members, such as a scratch file's); returns its path."""
+    d = rig.subdir(os.path.join(BENCH_DIR, folder) if folder else BENCH_DIR)
+    return write_json(os.path.join(d, result_name(r.created)), result_to_dict(r))
 
 
 def resolve_result_path(ref: str, rig: Rig) -> str:

@@ -21,7 +21,7 @@ opens the files and runs the trials; tests feed it made-up runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Generator, Mapping, Sequence
 
 from core.errors import UsageError
 from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
@@ -320,9 +320,10 @@ Plan = Generator[Trial, "list[StreamRun]", Measured]
 
 
 def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, bool],
-            previous: BenchResult | None = None) -> Plan:
+            previous: BenchResult | None = None, memory: Collection[str] = ()) -> Plan:
     """The run as a plan (see the module's docstring). `not_cold`: drive name -> its reads may
-    come from the page cache (memory file system, no O_DIRECT), so its results are flagged."""
+    come from the page cache (no O_DIRECT, a cached file under F_NOCACHE), so its results are
+    flagged. `memory`: the names of RAM members (tmpfs copies), measured as RAM and never flagged."""
     m = Measured(presets={t.name: {} for t in targets}, notes={t.name: [] for t in targets},
                  order=[p for p in PRESETS if p in opts.presets])
     shapes: dict[tuple[str, str], Shape | None] = {}
@@ -347,7 +348,7 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
                         continue
                     run, = yield Trial(f"{t.name} {preset} x{lanes}{_nth(r, n)}", (Leg(t.name, shape, lanes),), r)
                     runs[lanes].append(run)
-            lanes_res = [lane_result(runs[lanes], not_cold[t.name]) for lanes in counts]
+            lanes_res = [lane_result(runs[lanes], not_cold[t.name], t.name in memory) for lanes in counts]
             m.presets[t.name][preset] = preset_result(preset, shape.piece_bytes, lanes_res)
 
     def together_run(name: str, members: Sequence[Target], preset: str):
@@ -365,7 +366,8 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
             if r >= 2 and _agree([sum(window_rate(x) for x in runs) for runs in trials]):
                 break
             trials.append((yield Trial(f"{name} {preset}{_nth(r, n)}", tuple(legs), r)))
-        return group_result(name, preset, trials, [suspect_cache(x, not_cold[x.name]) for runs in trials for x in runs])
+        return group_result(name, preset, trials,
+                            [suspect_cache(x, not_cold[x.name], x.name in memory) for runs in trials for x in runs])
 
     if opts.together:
         by_name = {t.name: t for t in targets}

@@ -15,6 +15,7 @@ and refuses a group that already exists. MB here is 10**6 bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import glob
 import os
@@ -183,6 +184,18 @@ def _limit(state: TestbedState, majmin: str, limits: DriveLimits) -> None:
     else:
         for fname, line in v1_lines(majmin, limits):
             _write(os.path.join(state.cgroup, fname), line)
+
+
+def set_read_limit(root: str, name: str, read_mbs: float) -> None:
+    """Change drive `name`'s read ceiling while the testbed is up (a drive that slows or recovers
+    mid-run); its other limits stay. The change is not written to the state file: `down` needs
+    only the devices."""
+    state = load_state(root)
+    for d in state.drives:
+        if d.name == name:
+            _limit(state, d.majmin, dataclasses.replace(d.limits, read_mbs=read_mbs))
+            return
+    raise UsageError(f"testbed at {root}: no drive named {name!r} (it has {', '.join(x.name for x in state.drives)})")
 
 
 # ---- down --------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ completed a request and at least `min_warmup` s after the gate (a throttle or a 
 for a moment after going busy), run back to back, and are the same instants for every drive.
 At each window edge it samples every drive's device counter (`meter`); lanes keep issuing until
 the last edge is sampled, so every drive is busy for the whole of every window. A window is
-stretched when a drive would complete only a few (large) requests in it.
+stretched when a drive would complete only a few (large) requests in it, and closes only once
+every drive has completed a request in it (a host too busy to schedule the lanes for a short
+window would otherwise measure a drive at 0 B/s).
 
 Every instant comes from one `Clock`: the host's monotonic clock unless told otherwise. Tests pass
 a virtual one, so what they check follows from the trial's arguments, not from the host's load.
@@ -172,13 +174,23 @@ def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_wa
             edges.append(sample())
             trace.append(edges[-1])
             for i in range(1, windows + 1):
-                target = edges[0][0] + i * step
+                start = edges[-1][0]
+                target = start + step
                 while not stopping():
                     left = target - now_ns()
                     if left <= 0:
                         break
                     clock.sleep(min(left / 1e9, SAMPLE_S))
                     if meters and target - now_ns() > SAMPLE_S * 1e9 / 2:
+                        trace.append(sample())
+                # A window closes only once every stream has completed a request in it: on a
+                # starved host (threads not scheduled for a short window's length) a window could
+                # otherwise hold no completion at all and report a drive at 0 B/s that was never
+                # given the CPU to read. A drive that truly delivers nothing is cut off at the cap.
+                while not stopping() and not _completed_since(records, start) \
+                        and now_ns() - target < MAX_WARMUP_S * 1e9:
+                    clock.sleep(SAMPLE_S)
+                    if meters:
                         trace.append(sample())
                 if stopping():
                     break
@@ -239,6 +251,11 @@ def _summarise(streams, records, edges, trace) -> list[StreamRun]:
                              app_bytes=app, device_bytes=dev_total,
                              short_reads=int((nb < s.shape.piece_bytes).sum())))
     return out
+
+
+def _completed_since(records, t0_ns: int) -> bool:
+    """Whether every stream has a request that completed after `t0_ns`."""
+    return all(any(r[1] > t0_ns for lane in per_lane for r in list(lane)[-1:]) for per_lane in records)
 
 
 def _window_s(streams, records, seconds: float, elapsed_ns: int) -> float:

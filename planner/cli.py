@@ -19,7 +19,7 @@ from engines.split import describe_split, parse_weights
 from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
 from .plan import Plan, engine_switches
 from .plans import latest_plan_path, load_plan, resolve_plan_path
-from .rigmodel import problem_for_rig, solve_rig
+from .rigmodel import RigProblem, problem_for_rig, solve_rig
 from .solve import PhasePrediction, predict
 from .workload import NAMED
 
@@ -170,6 +170,90 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
         print_result(PhasePrediction(d))
         return
     _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
+
+
+@app.command()
+def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+           add: Optional[str] = typer.Option(None, "--add", metavar="DIR",
+                                             help="A folder on the drive to add: measured now on a scratch file there "
+                                                  "(written, read cold, removed), no replica yet."),
+           add_bench: Optional[str] = typer.Option(None, "--add-bench", metavar="RESULT[:DRIVE]",
+                                                   help="The drive to add from an iobench result "
+                                                        "(`iobench scratch DIR` writes one)."),
+           add_ceiling: Optional[str] = typer.Option(None, "--add-ceiling", metavar="NAME=READ[@LAT_MS][/WRITE]",
+                                                     help="The drive to add by its read ceiling (decimal GB/s), latency of one "
+                                                          "request and write speed, e.g. usb=0.9@0.2/0.8."),
+           name: Optional[str] = typer.Option(None, "--name", help="The added drive's name (default: its mount point)."),
+           partial: Optional[float] = typer.Option(None, "--partial", metavar="FRACTION", min=0.0, max=1.0,
+                                                   help="Price the added drive as a partial member holding this share of the "
+                                                        "model's bytes, its hottest files first (a model of several files)."),
+           remove: Optional[str] = typer.Option(None, "--remove", metavar="DRIVE", help="Price the rig without this drive."),
+           timing: Optional[str] = typer.Option(None, "--timing", metavar="RUN.json|LOG",
+                                                help="A run's timing (time waiting for reads vs computing): a run result of the "
+                                                     "embedded engine, or the real engine's log (default: the newest "
+                                                     "harness arm)."),
+           scratch_size: str = typer.Option("1G", "--scratch-size", help="Scratch file for --add (binary units)."),
+           preset: str = typer.Option("seq,prefill,decode,rand4k", "--preset", help="iobench presets for --add."),
+           seconds: float = typer.Option(0.5, "--seconds", help="Seconds per iobench window for --add."),
+           repeat: int = typer.Option(3, "--repeat", help="iobench windows per trial for --add."),
+           scratch_lanes: Optional[str] = typer.Option(None, "--scratch-lanes", metavar="1,2,4",
+                                                       help="iobench lane counts for --add (default per preset; fewer "
+                                                            "for a small scratch file)."),
+           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
+           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, page_cache: str = PageCacheOption,
+           json_out: bool = JsonOption):
+    """Before a copy: the phase speeds with a drive added (full or partial) or removed, whether the machine is
+    compute-bound, the gain per GB copied and how long the copy would take."""
+    from iobench.schedule import parse_lanes, parse_presets
+    from .whatifs import WhatIfRequest, run_whatif
+
+    if sum(x is not None for x in (add, add_bench, add_ceiling, remove)) != 1:
+        raise UsageError("give one change: --add DIR, --add-bench RESULT, --add-ceiling NAME=READ, or --remove DRIVE")
+    req = WhatIfRequest(add=add, add_bench=add_bench, add_ceiling=add_ceiling, remove=remove, name=name, partial=partial,
+                        timing=timing, scratch_size=parse_size(scratch_size, "--scratch-size"), presets=parse_presets(preset),
+                        seconds=seconds, repeat=repeat, lanes=parse_lanes(scratch_lanes, "--scratch-lanes"))
+    if add is not None:
+        err.print(f"measuring {add} on a scratch file of {scratch_size} (removed after) ...", highlight=False)
+    root = rig_dir(rig)
+    rp = RigProblem(*problem_for_rig(root, bench, engine, workload=workload, model=model, prompt_tokens=prompt_tokens,
+                                     cache_experts=cache_experts, calibrate=not fit_only,
+                                     page_cache_bytes=_page_cache(page_cache)))
+    w, saved = run_whatif(rp, load_rig(root, must_exist=False), req)
+    if saved:
+        err.print(f"iobench: wrote {saved}", highlight=False)
+    if rp.chosen.notice:
+        err.print(f"notice: {rp.chosen.notice}", markup=False)
+    if json_out:
+        print_result(w)
+        return
+    _render_whatif(w)
+
+
+def _render_whatif(w) -> None:
+    what = f"{w.change} {w.drive}" + (" (partial)" if w.holds is not None else "") + (" (RAM)" if w.memory else "")
+    out.print(f"[bold]what if[/]: {what} — {w.engine}, {' + '.join(w.before)} -> {' + '.join(w.after)}", highlight=False)
+    if w.how:
+        out.print(f"  {w.drive}: {w.how}", highlight=False, markup=False)
+    t = Table()
+    for col in ("phase", "weights now", "weights then", "tok/s now", "tok/s then", "reads", "reads share", "end to end",
+                "per GB"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for p in w.phases:
+        per = w.gain_per_GB(p)
+        t.add_row(p.phase, ":".join(map(str, p.weights_before)), ":".join(map(str, p.weights_after)),
+                  f"{p.tok_s_before:,.2f}", f"{p.tok_s_after:,.2f}", format_signed_pct(p.gain),
+                  f"{p.read_share:.0%}" if p.read_share is not None else "-",
+                  format_signed_pct(p.end_to_end) if p.end_to_end is not None else "-",
+                  f"{per * 100:+.3f}%" if per is not None else "-")
+    out.print(t)
+    if w.copy_bytes:
+        dur = f"{w.copy_s / 60:,.1f} min at {w.write_Bps / 1e6:,.0f} MB/s" if w.copy_s else "unknown (no write speed)"
+        out.print(f"copy: {w.copy_bytes:,} B, {dur}", highlight=False)
+    if w.timing_source:
+        out.print(f"timing from {w.timing_source}", highlight=False, markup=False)
+    for n in w.notes:
+        out.print(f"note: {n}", highlight=False, markup=False)
+    out.print(f"[bold]{w.verdict()}[/]", highlight=False)
 
 
 def _render_prediction(p: dict, title: str) -> None:

@@ -16,17 +16,19 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from core.errors import MissingError, UsageError
-from core.rig import load_rig
+from core.rig import Rig, load_rig
 from engines.registry import check_reads_model, get_engine
 from models.formats import RAW
 from models.modelset import FILE, discover, from_rig
+from engines.base import Engine
 from models.tensortable import inspect_model
 
 from .constants import PREFILL_TOKENS, V41_NAME
 from .model import Background
+from .plan import Plan
 from .plans import Inputs, SavedPlan, full_members_for, holds_of, load_inputs, load_plan, parse_background, save_plan
-from .solve import Problem, solve_plan, with_concurrency
-from .workload import ModelWorkload, model_workload, named_workload
+from .solve import Problem, recorded_concurrency, solve_plan, with_concurrency
+from .workload import NAMED, ModelWorkload, model_workload, named_workload
 
 
 @dataclass(frozen=True)
@@ -125,3 +127,53 @@ def _named_geometry(wl: ModelWorkload) -> dict:
     s = wl.shape
     return {"name": s.name, "layers": s.layers, "experts": s.experts, "top_k": s.top_k, "arch": wl.geometry.arch,
             "component_bytes": s.component_bytes, "components": s.components, "expert_bytes": s.expert_bytes}
+
+
+@dataclass(frozen=True)
+class RigProblem:
+    """What `planner whatif` starts from: `problem_for_rig`'s three, named (the rig's inputs, the
+    workload chosen and the problem built of them)."""
+    inputs: Inputs
+    chosen: Chosen
+    problem: Problem
+
+
+# ---- a plan's problem, as it was solved -------------------------------------------------------
+
+def plan_workload(rig: Rig, engine: str, plan: Plan | None) -> tuple[Chosen, bool]:
+    """(the workload the plan was solved for, whether it is a named one): its named workload, or
+    the other model it names, or the rig's model, with the plan's prompt and cache."""
+    w = plan.workload if plan is not None else {}
+    traffic = w.get("traffic") if isinstance(w.get("traffic"), dict) else {}
+    prompt = traffic.get("prompt_tokens")
+    cache = traffic.get("cache_experts")
+    prompt = prompt if isinstance(prompt, int) and prompt >= 1 else PREFILL_TOKENS
+    cache = cache if isinstance(cache, int) and cache >= 0 else None
+    if w.get("name") in NAMED:
+        return choose_workload(rig.root, engine, w["name"], None, prompt, cache), True
+    path = (plan.geometry or {}).get("path") if plan is not None else None
+    found = from_rig(rig)
+    other = (isinstance(path, str) and os.path.exists(path)
+             and (found is None or os.path.realpath(path) != os.path.realpath(found.path)))
+    return choose_workload(rig.root, engine, None, path if other else None, prompt, cache), False
+
+
+def recorded_backgrounds(record: dict, names) -> tuple[Background, ...]:
+    """The background work a plan was solved with (its provenance `model.background`)."""
+    out = []
+    for b in record.get("background") or ():
+        if isinstance(b, dict) and b.get("source") in names and b.get("kind") in ("engram", "busy"):
+            out.append(Background(list(names).index(b["source"]), b["kind"], float(b.get("value") or 0.0)))
+    return tuple(out)
+
+
+def plan_problem(rig: Rig, inputs: Inputs, engine: Engine, plan: Plan | None) -> tuple[Chosen, Problem]:
+    """The problem a plan was solved for, on `inputs`' drives: its engine with the reads in flight
+    it recorded, its workload (`plan_workload`), the background work and page cache it recorded."""
+    prov = plan.provenance if plan is not None else {}
+    record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
+    names = [s.name for s in inputs.sources]
+    chosen, _ = plan_workload(rig, engine.name, plan)
+    problem = rig_problem(inputs, chosen, recorded_concurrency(engine, record.get("concurrency")),
+                          recorded_backgrounds(record, names), page_cache_bytes=int(record.get("page_cache_bytes") or 0))
+    return chosen, problem

@@ -227,8 +227,10 @@ def _check_sums(files: List[str], json_out: bool) -> None:
 @app.command()
 def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to copy (read-only): its file, any member of "
                                                                   "its split GGUF set, or its directory."),
-         dest_dirs: List[str] = typer.Argument(..., metavar="DEST_DIR", help="Directories (one per drive) to copy the model "
-                                                                             "into, under its own name."),
+         dest_dirs: Optional[List[str]] = typer.Argument(None, metavar="DEST_DIR",
+                                                         help="Directories (one per drive) to copy the model into, under its "
+                                                              "own name (default: the folders of the rig's RAM members that "
+                                                              "are gone, to restore them)."),
          rig: Optional[str] = RigOption,
          piece_size: str = typer.Option("64M", "--piece-size", help="Manifest piece size (binary units)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be copied, write nothing."),
@@ -251,12 +253,14 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
     file and a directory model appear under their final names only when every file verified.
     Records the model and replicas in rig.toml and the content identity in manifest.json. Warns
     when the rig will hold more copies than the target engine reads (allowed: plans choose which
-    to use).
+    to use), and of the RAM a copy in tmpfs takes (it vanishes at reboot). With no DEST_DIR, copies
+    again the rig's RAM members that are gone.
     """
     rate = _rate(max_rate)
     with live_progress(not quiet) as (report, cancel):
         try:
-            res = sync_files(source, dest_dirs, rigmod.rig_dir(rig), piece_size=parse_size(piece_size, "--piece-size"),
+            res = sync_files(source, list(dest_dirs or ()), rigmod.rig_dir(rig),
+                             piece_size=parse_size(piece_size, "--piece-size"),
                              dry_run=dry_run, verify=not no_verify, replace_existing=replace,
                              allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate,
                              partial=partial)

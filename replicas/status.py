@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from core.rig import Member, Rig
 
 from core.drives import drive_of, drives_topology
+from core.tiers import is_memory, nearest_existing
 from core.topology import Topology
 from .manifest import Manifest, ModelManifest
 from models.modelset import member_files, member_set
 from .records import load_verdicts
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
-from .verdict import MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
+from .verdict import GONE, MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
 
 
 @dataclass(frozen=True)
@@ -49,19 +50,21 @@ class MemberStatus:
     fs_uuid: str = ""
     serial: str = ""
     wwn: str = ""
+    memory: bool = False             # a RAM member (tmpfs): its files vanish at reboot, 'gone' rather than 'missing'
 
     @property
     def bad_pieces(self) -> int:
         return len(self.verdict.bad) if self.verdict else 0
 
 
-def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, Verdict], rig: Rig) -> FileStatus:
+def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, Verdict], rig: Rig,
+                 memory: bool = False) -> FileStatus:
     size = os.path.getsize(path) if os.path.isfile(path) else None
     verdict = verdicts.get(path)
     if fm is None or (verdict is not None and verdict.manifest != fm.digest()):
         verdict = None   # judged against another manifest: says nothing about this one
     if size is None:
-        state = MISSING
+        state = GONE if memory else MISSING
     elif fm is None:
         state = UNVERIFIED
     elif standing_mismatch(verdict, fm):
@@ -86,7 +89,8 @@ def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[M
     verdicts = load_verdicts(rig)
     rows = []
     for m in rig.members:
-        files = tuple(_file_status(rel, p, fm, verdicts, rig) for rel, p, fm in _files_of(rig, m, manifest))
+        memory = is_memory(m.path)
+        files = tuple(_file_status(rel, p, fm, verdicts, rig, memory) for rel, p, fm in _files_of(rig, m, manifest))
         sizes = [f.size for f in files if f.size is not None]
         times = [f.last_verified for f in files]
         try:
@@ -97,13 +101,14 @@ def member_status(rig: Rig, manifest: ModelManifest | Manifest | None) -> list[M
         rows.append(MemberStatus(m.name, m.role, m.path, *drive, sum(sizes) if sizes else None,
                                  rollup_state([f.state for f in files], STATUS_ORDER),
                                  None if None in times else min(times), rollup_verdict([f.verdict for f in files]),
-                                 files, m.holds, *ident))
+                                 files, m.holds, *ident, memory))
     return rows
 
 
 def _where(m: Member) -> str:
-    """The member's path, or the folder that would hold it while it is missing."""
-    return m.path if os.path.exists(m.path) else os.path.dirname(m.path)
+    """The member's path, or the nearest folder that would hold it while it is missing (a RAM
+    member's own folder goes with the rest of tmpfs at reboot)."""
+    return m.path if os.path.exists(m.path) else nearest_existing(m.path)
 
 
 def members_topology(rig: Rig) -> Topology:

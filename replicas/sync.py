@@ -36,6 +36,8 @@ from core.errors import EXIT_MISMATCH, EXIT_WRITE, Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.units import plural
 from core.fsutil import FileIdentity, fsync_dir, require_file
+from core.platform import available_memory
+from core.tiers import is_memory, ram_note
 from core.units import format_bytes
 from engines.registry import DEFAULT_ENGINE, get_engine, path_refusals
 
@@ -175,6 +177,13 @@ def _publish(sp: SetPlan, model: ModelSet, results: list[DestResult], manifests:
 # ---------------------------------------------------------------------------------------------
 # The whole job.
 
+def gone_ram_dirs(rig: rigmod.Rig) -> list[str]:
+    """The folders to copy into again to restore the rig's RAM members that are gone (tmpfs
+    emptied at reboot): each such replica's parent folder, where sync put it under the model's name."""
+    return [os.path.dirname(m.path.rstrip(os.sep)) for m in rig.replicas
+            if not os.path.exists(m.path) and is_memory(m.path)]
+
+
 def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = PIECE_SIZE, dry_run: bool = False,
          verify: bool = True, replace_existing: bool = False, allow_same_device: bool = False,
          report: Reporter = None, cancel: threading.Event | None = None,
@@ -186,9 +195,16 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     copies of ours it no longer holds are removed (docs/replicas.md, "Partial replicas")."""
     t0 = time.monotonic()
     check_piece_size(piece_size)
-    if not dest_dirs:
-        raise UsageError("give at least one destination directory")
     rig = rigmod.load_rig(rig_root, must_exist=False)
+    if not dest_dirs:
+        dest_dirs = gone_ram_dirs(rig)
+        if not dest_dirs:
+            raise UsageError("give at least one destination directory (no RAM member of the rig is gone to restore)")
+    for d in dest_dirs:
+        # a RAM member's folder goes with the rest of tmpfs at reboot: make it again (a missing
+        # folder on a drive still means the drive is not mounted, and stays an error)
+        if not os.path.exists(d) and is_memory(d):
+            os.makedirs(d, exist_ok=True)
     model = source_model(source, rig)
     for path in model.paths:
         require_file(path, "source", SOURCE_FIX)
@@ -212,6 +228,9 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
         if sp.extra:
             emit(report, Notice(sp.target, f"{len(sp.extra)} file(s) here that the model does not have, kept: "
                                            f"{', '.join(sp.extra[:5])}{' …' if len(sp.extra) > 5 else ''}"))
+    for sp in plans:
+        if is_memory(sp.dest_dir):
+            emit(report, Notice(sp.target, "in RAM (tmpfs): " + ram_note(total, available_memory())))
     engine = get_engine(DEFAULT_ENGINE)
     copies = {os.path.realpath(m.path) for m in rig.members} | {os.path.realpath(model.path)} | \
         {os.path.realpath(sp.target) for sp in plans}

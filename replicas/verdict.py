@@ -45,7 +45,9 @@ class ScrubMark:
 
 # Worst first: a member (or a model's roll-up) takes the worst state any of its files has.
 CHECK_ORDER = ("mismatch", "missing", "unreadable", "identical")
-STATUS_ORDER = (MISMATCH, MISSING, UNREADABLE, "stale", "unverified", VERIFIED)
+# 'gone': a RAM member's file that is not there (tmpfs is emptied at reboot): expected, no alarm.
+GONE = "gone"
+STATUS_ORDER = (MISMATCH, MISSING, UNREADABLE, GONE, "stale", "unverified", VERIFIED)
 
 
 def rollup_state(states, order=CHECK_ORDER) -> str:

@@ -42,7 +42,7 @@ def one_blake3(manifest: ModelManifest | None) -> str | None:
 
 
 def _styled(state: str, extra: str = "") -> str:
-    style = {"identical": "green", "verified": "green", "mismatch": "red", "missing": "red"}.get(state, "yellow")
+    style = {"identical": "green", "verified": "green", "mismatch": "red", "missing": "red", "gone": "blue"}.get(state, "yellow")
     return f"[{style}]{state}[/]" + (f" ({extra})" if extra else "")
 
 
@@ -311,12 +311,15 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
     t.add_column("last full verify")
     for x in rows:
         several = len(x.files) > 1
+        extra = _count(x.files, x.state) if several else ""
+        if x.state == "gone":
+            extra = ", ".join(e for e in (extra, "RAM, emptied at reboot: `replicas sync` restores it") if e)
         of = len(manifest.files) if manifest else "?"
         role = x.role if x.holds is None else f"{x.role}, partial: {len(x.holds)} of {of} files"
         t.add_row(f"{escape(x.name)} [dim]({role})[/]", x.path,
-                  f"{x.mount_point} {x.fs_type} {x.device} ({x.disk})",
+                  f"{x.mount_point} {x.fs_type}{' (RAM)' if x.memory else ''} {x.device} ({x.disk})",
                   format_bytes(x.size) if x.size is not None else "—",
-                  _status_text(x, _count(x.files, x.state) if several else ""), _when_or_never(x.last_verified))
+                  _status_text(x, extra), _when_or_never(x.last_verified))
         for f in _listed(x.files, "verified") if several else ():
             t.add_row("", f"  {f.file}", "", format_bytes(f.size) if f.size is not None else "—",
                       _status_text(f), _when_or_never(f.last_verified))

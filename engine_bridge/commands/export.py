@@ -44,13 +44,21 @@ def register(app) -> None:
                                              help="Write here ('-' = stdout) instead of rig/profiles/NAME.env + .json."),
         allow_unverified: bool = typer.Option(False, "--allow-unverified",
                                               help="Export replicas not verified against the manifest; the profile says so."),
+        fallbacks: bool = typer.Option(True, "--fallbacks/--no-fallbacks",
+                                       help="Also write the N-1 profiles: the plan re-solved without each drive "
+                                            "(NAME.without-DRIVE)."),
     ):
-        """Check a plan against the engine's rules and write it as an engine profile."""
+        """Check a plan against the engine's rules and write it as an engine profile (and one per drive that could fail)."""
         root = rigmod.rig_dir(rig)
         plan_path = resolve_plan_path(plan, rigmod.load_rig(root, must_exist=False))
         result = ex.export_profile(rig_root=root, plan_path=plan_path, fmt=fmt, name=profile, base=base,
-                                   cache_experts=cache_experts, output=output, allow_unverified=allow_unverified)
+                                   cache_experts=cache_experts, output=output, allow_unverified=allow_unverified,
+                                   fallbacks=fallbacks)
         p = result.profile
+        for path in p.provenance.get("memory_members") or ():
+            err.print(f"[yellow]warning:[/] {escape(path)} is in RAM (tmpfs): it takes RAM for as long as it exists and "
+                      "vanishes at reboot (`replicas sync` restores it; until then launch names the profile without it)",
+                      soft_wrap=True)
         if p.unverified:
             err.print("[yellow]warning:[/] not verified against the manifest (exported with --allow-unverified): "
                       + escape(", ".join(p.unverified)), soft_wrap=True)
@@ -63,6 +71,10 @@ def register(app) -> None:
         err.print(f"profile {p.id!r} ({', '.join(said)}) written:", soft_wrap=True)
         for f in result.files:
             typer.echo(f)
+        for drive, path in result.fallbacks:
+            err.print(f"without {escape(drive)}: {escape(path)}", soft_wrap=True)
+        for drive, why in result.skipped:
+            err.print(f"[yellow]no N-1 profile without {escape(drive)}:[/] {escape(why)}", soft_wrap=True)
 
     @app.command("profiles")
     def profiles_cmd(rig: Optional[str] = RigOption, json_out: bool = JsonOption):

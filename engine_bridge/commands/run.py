@@ -8,7 +8,10 @@ from typing import List, Optional
 import typer
 
 from core.cli import JsonOption, RigOption, err, print_result
+from core.errors import UsageError
 from core.units import format_bytes, format_rate, plural
+from engine_bridge.reader.hedging import HedgePolicy
+from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
 from engine_bridge.engine.constants import (
     CACHE_EXPERTS,
     COLIBRI_FORMAT,
@@ -53,12 +56,41 @@ SHARED = dict(
     cached=typer.Option(False, "--cached", help="Page-cache reads instead of cold reads (reader ceiling only)."),
     hedge=typer.Option(True, "--hedge/--no-hedge", help="Re-read a late piece from another replica (default on; see "
                                                         "docs/reader.md)."),
+    hedge_min_busy=typer.Option(HedgePolicy.min_busy_ns / 1e9, "--hedge-min-busy", metavar="SECONDS",
+                                help="Busy time a drive's delivered rate must rest on before hedging holds a drive to it "
+                                     "(a throttle's first burst is not its pace; 0: from the first piece)."),
+    reweigh=typer.Option(True, "--reweigh/--no-reweigh", help="Move weight between the drives as their delivered rates change "
+                         "(default on; each change is a 'reweighted' event; see docs/reader.md)."),
+    reweigh_floor=typer.Option(ReweighPolicy.floor, "--reweigh-floor", metavar="SHARE",
+                               help="Least share of a read a drive keeps when weight moves off it (0 < SHARE < 0.5)."),
+    reweigh_band=typer.Option(ReweighPolicy.band, "--reweigh-band", metavar="X",
+                              help="A drive's rate per weight must be off by more than this factor to move it (> 1)."),
+    reweigh_window=typer.Option(ReweighPolicy.window_ns / 1e9, "--reweigh-window", metavar="SECONDS",
+                                help="Seconds of reads each re-weighting decision looks at."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
                         "the one that reads this model: ds4-argodrive for a GGUF file, colibri for a safetensors directory). "
                         "With --plan: the plan's."),
     switch=typer.Option([], "--switch", metavar="NAME", help="With --replica: an engine switch to turn on (repeatable): "
                         "colibri's direct (O_DIRECT, DIRECT=1) and stripe (COLI_MIR_STRIPE)."),
 )
+
+
+def hedge_options(min_busy_s: float) -> HedgePolicy:
+    """The hedging knob `run` and `replay` take, checked (exit 2 naming the option)."""
+    if not min_busy_s >= 0:
+        raise UsageError(f"--hedge-min-busy {min_busy_s!r}: must be seconds >= 0")
+    return HedgePolicy(min_busy_ns=int(round(min_busy_s * 1e9)))
+
+
+def reweigh_options(floor: float, band: float, window_s: float) -> ReweighPolicy:
+    """The re-weighting knobs `run` and `replay` take, checked (exit 2 naming the option)."""
+    try:
+        return check_reweigh(ReweighPolicy(window_ns=int(round(window_s * 1e9)), band=band, floor=floor,
+                                           snap=min(ReweighPolicy.snap, (1 + band) / 2)))
+    except ValueError as e:
+        opt = {"floor": "--reweigh-floor", "band": "--reweigh-band", "window_ns": "--reweigh-window"}
+        name = next((o for k, o in opt.items() if f"reweigh {k} " in str(e)), "--reweigh-*")
+        raise UsageError(f"{name}: {e}") from None
 
 
 def register(app) -> None:
@@ -153,6 +185,11 @@ def register(app) -> None:
                                                                                           "--trace)."),
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
+        hedge_min_busy: float = SHARED["hedge_min_busy"],
+        reweigh: bool = SHARED["reweigh"],
+        reweigh_floor: float = SHARED["reweigh_floor"],
+        reweigh_band: float = SHARED["reweigh_band"],
+        reweigh_window: float = SHARED["reweigh_window"],
         engine: Optional[str] = SHARED["engine"],
         switch: List[str] = SHARED["switch"],
         json_out: bool = JsonOption,
@@ -171,6 +208,9 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
                                     chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
+                                    reweigh=reweigh,
+                                    hedge_policy=hedge_options(hedge_min_busy),
+                                    reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
                           usage_dir=usage_dir_of(rig, sources.paths[0]))
         _report_reader(result)
@@ -214,6 +254,11 @@ def register(app) -> None:
         csv_file: Optional[str] = SHARED["csv_file"],
         cached: bool = SHARED["cached"],
         hedge: bool = SHARED["hedge"],
+        hedge_min_busy: float = SHARED["hedge_min_busy"],
+        reweigh: bool = SHARED["reweigh"],
+        reweigh_floor: float = SHARED["reweigh_floor"],
+        reweigh_band: float = SHARED["reweigh_band"],
+        reweigh_window: float = SHARED["reweigh_window"],
         engine: Optional[str] = SHARED["engine"],
         switch: List[str] = SHARED["switch"],
         json_out: bool = JsonOption,
@@ -232,8 +277,9 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached, hedge=hedge), csv_file=csv_file,
-                          usage_dir=usage_dir_of(rig, sources.paths[0]))
+                                 cold=not cached, hedge=hedge, reweigh=reweigh, hedge_policy=hedge_options(hedge_min_busy),
+                                 reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window)),
+                          csv_file=csv_file, usage_dir=usage_dir_of(rig, sources.paths[0]))
         _report_reader(result)
         _report_idle(result)
         if json_out:

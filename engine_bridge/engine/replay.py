@@ -121,9 +121,10 @@ def replay_geometry(model: ModelSet) -> Geometry:
 
 def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
            chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
-           cold: bool = True, hedge: bool = True) -> dict:
+           cold: bool = True, hedge: bool = True, reweigh: bool = True, reweigh_policy=None, hedge_policy=None) -> dict:
     """Replay a run's expert reads against `sources` (the primary's geometry); returns the replay
-    result (REPLAY_SCHEMA). hedge: re-issue a late piece on another replica (on by default, as in `run`)."""
+    result (REPLAY_SCHEMA). hedge: re-issue a late piece on another replica; reweigh: move weight
+    between the drives as their rates change (both on by default, as in `run`)."""
     from engine_bridge.reader import SplitReader
 
     from .run import hedge_settings, phase_dict
@@ -149,8 +150,10 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     cache = ExpertCache(applied, total)
     holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, engine=sources.engine, holds=holds) as reader:
-        out = replay_steps(g, steps, g.layers, cache, reader.submit_read, sources.step_reads(g, reader.healthy, holds),
+                     hedge=hedge, hedge_policy=hedge_policy, reweigh=reweigh, reweigh_policy=reweigh_policy,
+                     engine=sources.engine, holds=holds) as reader:
+        out = replay_steps(g, steps, g.layers, cache, reader.submit_read,
+                           sources.step_reads(g, reader.healthy, holds, reader.weights_now),
                            in_flight=sources.in_flight())
         reader_stats = reader.stats()
         stats = reader_stats.to_dict()
@@ -193,6 +196,8 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
         "routing": routing,
         "lanes": lanes,
         **hedging,
+        "weights_now": stats["weights_now"],
+        "reweighs": stats["reweighs"],
         "model": g.as_dict(),
         "prefill": phase_dict(pre, stats["phases"]["prefill"]),
         "decode": phase_dict(dec, stats["phases"]["decode"]),

@@ -17,6 +17,8 @@ from core.fsutil import atomic_write_text
 from core.jsonfile import write_json
 from models.usage import MISSES, usage_of, usage_to_dict
 from engine_bridge.reader import SplitReader
+from engine_bridge.reader.hedging import HedgePolicy
+from engine_bridge.reader.reweighting import ReweighPolicy
 
 from models.cache import ExpertCache
 from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
@@ -36,12 +38,15 @@ class RunResults(Document):
 
 def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
               prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
-              trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True) -> dict:
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True,
+              reweigh: bool = True, reweigh_policy: ReweighPolicy | None = None,
+              hedge_policy: HedgePolicy | None = None) -> dict:
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
     `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
     sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on
-    another replica (on by default: one slow drive must not hold every read)."""
+    another replica (on by default: one slow drive must not hold every read). reweigh: move weight
+    between the drives as their delivered rates change (on by default; docs/reader.md "Re-weighting")."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
@@ -52,8 +57,10 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     cache = ExpertCache(applied, total)
     holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, engine=sources.engine, holds=holds) as reader:
-        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy, holds), cache,
+                     hedge=hedge, hedge_policy=hedge_policy, reweigh=reweigh, reweigh_policy=reweigh_policy,
+                     engine=sources.engine, holds=holds) as reader:
+        eng = Engine(geometry, resident, reader.submit_read,
+                     sources.step_reads(geometry, reader.healthy, holds, reader.weights_now), cache,
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
         try:
@@ -69,8 +76,9 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
 
 
 def hedge_settings(reader: SplitReader) -> dict:
-    """What a result records of the reader's hedging: on or off, and its knobs."""
-    return {"hedge": reader.hedge, "hedge_policy": reader.hedge_policy.to_dict() if reader.hedge else None}
+    """What a result records of the reader's hedging and re-weighting: on or off, and their knobs."""
+    return {"hedge": reader.hedge, "hedge_policy": reader.hedge_policy.to_dict() if reader.hedge else None,
+            "reweigh": reader.reweigh, "reweigh_policy": reader.reweigh_policy.to_dict() if reader.reweigh else None}
 
 
 def bench_row(o: RunOutcome) -> dict:
@@ -116,7 +124,9 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "sources": sd["sources"],
         "events": sd["events"],
         "lanes": lanes,
-        **(hedging or {"hedge": False, "hedge_policy": None}),
+        **(hedging or {"hedge": False, "hedge_policy": None, "reweigh": False, "reweigh_policy": None}),
+        "weights_now": sd["weights_now"],
+        "reweighs": sd["reweighs"],
         "model": g.as_dict(),
         "prefill": phase_dict(o.prefill, phases["prefill"]),
         "decode": phase_dict(o.decode, phases["decode"]),

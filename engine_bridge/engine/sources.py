@@ -55,11 +55,12 @@ class SourceSet:
         file, as the primary and a full replica hold)."""
         return tuple(None if h is None else frozenset(h) for h in self.partial) or (None,) * len(self.models)
 
-    def step_reads(self, geometry, healthy=None, holds=()) -> StepReads:
+    def step_reads(self, geometry, healthy=None, holds=(), weights_now=None) -> StepReads:
         """The target engine's read pattern of each step of a run over these sources; `healthy`:
-        the reader's sources still in use (asked at every step); `holds`: what each holds (`holds()`)."""
+        the reader's sources still in use and `weights_now(phase)` the weights it cuts with now
+        (both asked at every step); `holds`: what each holds (`holds()`)."""
         return StepReads(get_engine(self.engine), geometry, {"prefill": self.prefill, "decode": self.decode},
-                         self.switches, holds, healthy)
+                         self.switches, holds, healthy, weights_now)
 
     def in_flight(self) -> dict:
         """Per phase, the most reads the engine keeps outstanding (None: its lanes limit it)."""

@@ -48,20 +48,24 @@ class PhaseCounters:
 
 class StepReads:
     """The target engine's read pattern for each step of a run: its weights per phase, its
-    switches, what each source holds, and the sources the reader still uses (`healthy`, asked
-    at every step: a degraded drive's share goes to the others)."""
+    switches, what each source holds, the sources the reader still uses (`healthy`, asked
+    at every step: a degraded drive's share goes to the others) and the weights the reader cuts
+    with now (`weights_now(phase)`, asked at every step: the reader's re-weighting moves them;
+    weights only say where bytes are read, never which bytes, so the output is the same)."""
 
     def __init__(self, engine: Engine, geometry: Geometry, weights: dict[str, Sequence[int]],
                  switches: Sequence[str] = (), holds: Sequence[frozenset[str] | None] = (),
-                 healthy: Callable[[], Sequence[int]] | None = None):
+                 healthy: Callable[[], Sequence[int]] | None = None,
+                 weights_now: Callable[[str], Sequence[int]] | None = None):
         self.engine, self.geometry = engine, geometry
         self.weights = {ph: tuple(int(x) for x in w) for ph, w in weights.items()}
         self.direct, self.stripe = "direct" in switches, "stripe" in switches
         self.holds = tuple(holds)
         self.healthy = healthy
+        self.weights_now = weights_now
 
     def setup(self, phase: str) -> Setup:
-        w = self.weights[phase]
+        w = tuple(self.weights_now(phase)) if self.weights_now is not None else self.weights[phase]
         alive = tuple(self.healthy()) if self.healthy is not None else None
         if alive is not None and len(alive) == len(w):
             alive = None

@@ -155,12 +155,38 @@ def gate_cache(result: dict, requested: int | None) -> Gate:
     return Gate(True, f"cache {applied} experts as requested")
 
 
+PLAN_CHANGES = ("degraded", "recovered", "reweighted")     # reader events after which reads ran another plan
+
+
+def plan_changes(result: dict) -> list[str]:
+    """What changed the plan during a run, from its reader events, one phrase per source: degraded
+    (and recovered, for a drive that came back: the arm still ran without it for a while) and
+    re-weighted (weights moved with the drives' rates). Empty: the whole run read the plan asked for."""
+    events = [e for e in result.get("events") or () if e.get("kind") in PLAN_CHANGES]
+    if not events:
+        return []
+    t0 = min(e.get("t_ns", 0) for e in result.get("events") or ())
+    out: list[str] = []
+    for src in sorted({e.get("source", -1) for e in events if e["kind"] != "reweighted"}):
+        mine = [e for e in events if e.get("source") == src and e["kind"] != "reweighted"]
+        out.append(f"source {src} " + ", ".join(f"{e['kind']} at {(e.get('t_ns', 0) - t0) / 1e9:.1f} s" for e in mine))
+    rw = [e for e in events if e["kind"] == "reweighted"]
+    if rw:
+        last = (rw[-1].get("detail") or {}).get("new") or {}
+        now = "; ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in last.items())
+        out.append(f"re-weighted {len(rw)} time(s) from {(rw[0].get('t_ns', 0) - t0) / 1e9:.1f} s"
+                   + (f", last to {now}" if now else ""))
+    return out
+
+
 def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
     """The arm measured the plan it asked for: every source read, none degraded by the reader's
     failover (a degraded arm ran a different plan; its speed says nothing about the one asked),
-    and none read nothing in a phase it was given bytes in (the run's `idle` entries of kind
-    'unread'). A source the split gave nothing in a phase (kind 'split') passes, named in the
-    detail: the arm ran what was asked, and the reader of the results should know a drive sat out."""
+    the plan never changed during the run (no source degraded, even one that recovered, and no
+    re-weighting: `plan_changes`), and none read nothing in a phase it was given bytes in (the
+    run's `idle` entries of kind 'unread'). A source the split gave nothing in a phase (kind
+    'split') passes, named in the detail: the arm ran what was asked, and the reader of the results
+    should know a drive sat out."""
     sources = result.get("sources") or []
     if not sources:
         return Gate(False, "run reported no per-source counters")
@@ -171,6 +197,9 @@ def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
     if bad:
         return Gate(False, f"source(s) {', '.join(map(str, bad))} degraded during the run "
                            f"({len(result.get('events') or [])} reader events)")
+    changed = plan_changes(result)
+    if changed:
+        return Gate(False, "plan changed during the run, so the arm measured another plan: " + "; ".join(changed))
     idle = result.get("idle") or []
     unread = [e for e in idle if e.get("kind") == "unread"]
     if unread:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 from datetime import datetime, timezone
 from importlib import metadata, resources
@@ -23,12 +23,14 @@ from core.constants import PROFILES_DIR
 from core.errors import MissingError, ReplicaTunerError, RigError, UsageError
 from core.fsutil import atomic_write_text
 from core.jsonfile import read_json
+from core.tiers import is_memory
 from engine_bridge.profiles import profile as pf
 from engine_bridge.profiles import rules
 from engines.profile import SourceFacts
 from engines.registry import DEFAULT_ENGINE
 from models.modelset import discover
 from models.tensortable import CONFIG_JSON
+from planner.fallback import fallback_plans
 from planner.plan import plan_to_dict
 from planner.plans import load_plan
 from replicas.manifests import load_manifest
@@ -43,6 +45,8 @@ class ExportResult:
     profile: pf.Profile
     files: tuple[str, ...]       # written, absolute ('-' for stdout)
     text: str = ""               # what went to stdout when the output is '-'
+    fallbacks: tuple[tuple[str, str], ...] = ()   # (drive, the N-1 profile's JSON written without it)
+    skipped: tuple[tuple[str, str], ...] = ()     # (drive, why no N-1 profile was written without it)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,29 +224,21 @@ def _companion(path: str) -> str:
 
 def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None = None,
                    base: str | None = None, cache_experts: int | None = None, output: str | None = None,
-                   allow_unverified: bool = False) -> ExportResult:
+                   allow_unverified: bool = False, fallbacks: bool = True) -> ExportResult:
     """Check the plan against the engine's rules and write its profile; raises on any violation.
     `fmt`: an engine's name (its env file and JSON), or 'json' (the plan's engine's profile as
-    JSON alone)."""
+    JSON alone). With `fallbacks` (and a file to write), also the N-1 profiles beside it: the plan
+    re-solved without each of its drives (`planner.fallback`), named NAME.without-DRIVE; the
+    chosen profile's provenance lists them (`fallbacks`), for `launch` to name when a drive is gone."""
     if fmt not in pf.FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
     plan = load_plan(plan_path)
     engine = plan.engine if fmt == pf.JSON_FORMAT else fmt
     prof = rules.profile_of(engine)
-    plan_dict = plan_to_dict(plan)
     # A profile for an engine other than the default one carries the engine's name by default.
     profile_id = name or os.path.splitext(os.path.basename(plan_path))[0] + (f"-{engine}" if engine != DEFAULT_ENGINE else "")
     if not pf.valid_name(profile_id):
         raise UsageError(f"--profile {profile_id!r}: use letters, digits, '.', '_' or '-'")
-
-    # The model first: an engine that cannot read it at all is refused in one line, naming the
-    # engine that can, rather than by every rule its files break.
-    kind = model_kind(plan_dict["sources"][0]["path"])
-    if kind is not None:
-        why, readers = rules.check_model(engine, *kind)
-        if why and readers:
-            raise UsageError(f"plan {plan_path}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
-                             f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     rig = rigmod.load_rig(rig_root, must_exist=False)
     manifest = load_manifest(rig, required=False)    # the model: every file, one digest (its identity)
@@ -256,15 +252,92 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
             base = d.name
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
+    ctx = _Context(fmt, engine, rig, manifest, definitions, layered, cache, allow_unverified)
+    profile = _profile_for(ctx, plan, plan_path, profile_id)
+
+    if output == "-":
+        text = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n" if fmt == pf.JSON_FORMAT else pf.render_env(profile)
+        return ExportResult(profile, ("-",), text)
+    if fmt == pf.JSON_FORMAT:
+        main = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".json")
+    else:
+        main = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")
+    folder, stem = os.path.dirname(main), os.path.splitext(os.path.basename(main))[0]
+    extra: list[pf.Profile] = []
+    skipped: list[tuple[str, str]] = []
+    listed = {}
+    for fb in (fallback_plans(rig_root, plan) if fallbacks else ()):
+        fid = f"{profile_id}.without-{fb.drive}"
+        why = fb.why
+        if fb.plan is not None:
+            try:
+                extra.append(_profile_for(ctx, fb.plan, plan_path, fid))
+            except ReplicaTunerError as e:
+                why = str(e)
+        if why:
+            skipped.append((fb.drive, why))
+        else:
+            listed[fb.drive] = {"path": fb.path, "profile": f"{stem}.without-{fb.drive}.json"}
+    if listed or skipped:
+        profile = replace(profile, provenance={**profile.provenance, "fallbacks": listed,
+                                               "fallbacks_skipped": dict(skipped)})
+    files = _write(profile, fmt, main)
+    written = []
+    for p in extra:
+        drive = p.id.rsplit(".without-", 1)[1]
+        written.append((drive, _write(p, fmt, os.path.join(folder, f"{stem}.without-{drive}{os.path.splitext(main)[1]}"))[-1]))
+    return ExportResult(profile, files, fallbacks=tuple(written), skipped=tuple(skipped))
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every profile of one export shares."""
+    fmt: str
+    engine: str
+    rig: rigmod.Rig
+    manifest: object
+    definitions: dict
+    layered: object
+    cache: int | None
+    allow_unverified: bool
+
+
+def _write(profile: pf.Profile, fmt: str, path: str) -> tuple[str, ...]:
+    """Write a profile: its JSON at `path` (format json), else its env file there and the JSON beside it."""
+    doc = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n"
+    if fmt == pf.JSON_FORMAT:
+        atomic_write_text(path, doc)
+        return (path,)
+    json_path = _companion(path)
+    atomic_write_text(path, pf.render_env(profile))
+    atomic_write_text(json_path, doc)
+    return (path, json_path)
+
+
+def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Profile:
+    """The profile of one plan, every rule checked (raises on a violation)."""
+    engine, rig, manifest = ctx.engine, ctx.rig, ctx.manifest
+    prof = rules.profile_of(engine)
+    plan_dict = plan_to_dict(plan)
+    # The model first: an engine that cannot read it at all is refused in one line, naming the
+    # engine that can, rather than by every rule its files break.
+    kind = model_kind(plan_dict["sources"][0]["path"])
+    if kind is not None:
+        why, readers = rules.check_model(engine, *kind)
+        if why and readers:
+            raise UsageError(f"plan {plan_path}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
+                             f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     facts = source_facts(plan_dict, manifest, rig, prof.source_view)
     stripe = plan.stripe        # the plan's top-level switch (only engines with the switch write it)
     violations = rules.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
-                                     allow_unverified=allow_unverified,
+                                     allow_unverified=ctx.allow_unverified,
                                      manifest_size=manifest.size if manifest else None, stripe=stripe)
     violations += rules.check_engine(plan.engine, engine)
+    memory = tuple(s["path"] for s in plan_dict["sources"] if is_memory(s["path"]))
+    violations += rules.check_memory(engine, [i for i, s in enumerate(plan_dict["sources"]) if s["path"] in memory])
     if prof.cache_experts:
-        violations += rules.check_cache(cache)
+        violations += rules.check_cache(ctx.cache)
     if violations:
         err = rules.refusal(f"plan {plan_path}", violations)
         if all(v.rule == "missing" for v in violations):
@@ -278,37 +351,24 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
         "plan_file": os.path.abspath(plan_path),
         "plan_created": plan.created,
         "plan_provenance": plan.provenance,
-        "chain": list(layered.chain) if layered else [],
+        "chain": list(ctx.layered.chain) if ctx.layered else [],
         "rig": rig.root,
         "manifest_digest": manifest.digest() if manifest else "",
         "exported_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "tool": f"replica-tuner {_version()}",
-        "format": fmt,
+        "format": ctx.fmt,
+        **({"memory_members": list(memory)} if memory else {}),
+        **({"without": plan.provenance["without"]} if plan.provenance.get("without") else {}),
     }
     if any(f.holds is not None for f in facts):
         # partial replicas, by source index: the files each holds (docs/replicas.md, "Partial replicas")
         provenance["partial"] = {str(f.index): list(f.holds) for f in facts if f.holds is not None}
-    profile = pf.build_profile(
-        profile_id=profile_id, engine=engine, plan=plan_dict, layered=layered, cache_experts=cache,
-        managed=pf.managed_keys(engine, definitions.values()),
+    return pf.build_profile(
+        profile_id=profile_id, engine=engine, plan=plan_dict, layered=ctx.layered, cache_experts=ctx.cache,
+        managed=pf.managed_keys(engine, ctx.definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
-        allow_unverified=allow_unverified, unverified=unverified, provenance=provenance,
+        allow_unverified=ctx.allow_unverified, unverified=unverified, provenance=provenance,
         paths=paths, stripe=stripe, variant=prof.variant(facts), direct=getattr(plan, "direct", False))
-
-    doc = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n"
-    if fmt == pf.JSON_FORMAT:
-        if output == "-":
-            return ExportResult(profile, ("-",), doc)
-        path = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".json")
-        atomic_write_text(path, doc)
-        return ExportResult(profile, (path,))
-    if output == "-":
-        return ExportResult(profile, ("-",), pf.render_env(profile))
-    env_path = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")
-    json_path = _companion(env_path)
-    atomic_write_text(env_path, pf.render_env(profile))
-    atomic_write_text(json_path, doc)
-    return ExportResult(profile, (env_path, json_path))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,8 +28,9 @@ from datetime import datetime, timezone
 from typing import ClassVar, Mapping, Sequence
 
 from core.constants import RUNS_DIR
-from core.errors import UsageError
+from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text, require_file
+from core.tiers import is_memory
 from engines.registry import ENGINES
 
 from .confirm import (
@@ -157,6 +158,9 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     from .export import load_profile
 
     p = load_profile(profile_path)
+    gone = fallback_for(p, profile_path)
+    if gone:
+        raise MissingError(f"{profile_path}: {gone}")
     if p.engine not in ENGINES or ENGINES[p.engine].profile is None:
         launchable = ", ".join(n for n, e in ENGINES.items() if e.profile is not None)
         raise UsageError(f"{profile_path}: a {p.engine} profile; launch confirms {launchable} log lines only")
@@ -230,10 +234,39 @@ def which(binary: str) -> str:
     return shutil.which(binary) or binary
 
 
+def gone_sources(p: Profile) -> list[tuple[str, str]]:
+    """(name, path) of the profile's sources that are not there (a drive unplugged, a RAM member
+    after a reboot)."""
+    return [(str(s.get("name", "")), str(s.get("path", ""))) for s in (p.plan or {}).get("sources") or ()
+            if isinstance(s, dict) and s.get("path") and not os.path.exists(str(s["path"]))]
+
+
+def fallback_for(p: Profile, profile_path: str) -> str:
+    """'' when every source of the profile is there; else one line naming the gone sources and
+    the N-1 profile export wrote for that case (beside this one), or saying there is none."""
+    gone = gone_sources(p)
+    if not gone:
+        return ""
+    names = ", ".join(f"{n} ({path})" for n, path in gone)
+    listed = (p.provenance or {}).get("fallbacks") or {}
+    if len(gone) == 1 and gone[0][0] in listed:
+        alt = os.path.join(os.path.dirname(os.path.abspath(profile_path)), str(listed[gone[0][0]].get("profile", "")))
+        ok = os.path.isfile(alt)
+        return (f"{names} is gone, and the engine fails closed without it: launch with --profile {alt}"
+                + ("" if ok else " (not found: export the plan again)") + ", the plan re-solved without it"
+                + ("; `replicas sync` restores a RAM member" if is_memory(gone[0][1]) else ""))
+    return (f"{names} {'is' if len(gone) == 1 else 'are'} gone, and the engine fails closed without "
+            f"{'it' if len(gone) == 1 else 'them'}; no N-1 profile covers this: solve and export for the drives left")
+
+
 def preflight(binary: str, profile_path: str) -> tuple[Profile, list[str]]:
-    """Before launching: the profile, and the variables it would set that the binary never names."""
+    """Before launching: the profile, and the variables it would set that the binary never names.
+    A source that is gone is refused here (MissingError naming the N-1 profile to use)."""
     from .export import load_profile
 
     p = load_profile(profile_path)
+    gone = fallback_for(p, profile_path)
+    if gone:
+        raise MissingError(f"{profile_path}: {gone}")
     blob = read_binary(which(binary))
     return p, dead_knobs(blob, list(p.env) + [k for k in report_env(p) if k not in p.env])

@@ -62,6 +62,12 @@ def check_model(engine: str, fmt: str, layout: str, files: Sequence[str]) -> tup
     return why, readers
 
 
+def check_memory(engine: str, sources: Sequence[int]) -> list[Violation]:
+    """A source kept in RAM (tmpfs) for an engine that cannot use one (`Engine.memory_member`)."""
+    why = get_engine(engine).memory_member
+    return [Violation("memory-member", f"sources[{i}]", f"is in RAM (tmpfs): {why}") for i in sources] if why else []
+
+
 def refusal(where: str, violations: Sequence[Violation]) -> UsageError:
     """One line naming every violation (exit 2)."""
     n = len(violations)

@@ -47,6 +47,7 @@ class Hedger:
 
     def __init__(self, health: SourceHealth, weights: Sequence[int], decode_weights: Sequence[int], pool,
                  policy: HedgePolicy, clock: Callable[[], int] = time.monotonic_ns):
+        # `weights` are the ones reads are cut with: the reader sets new ones when it re-weights (lock held)
         n = len(weights)
         self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
@@ -157,6 +158,10 @@ class Hedger:
             self._queue(att, now, front=True)
             self.lanes.put_front(att)
 
+    def sampled(self, att: Attempt) -> None:
+        """A re-weighting sample is queued on its source (lock held): counted as work outstanding there."""
+        self._queue(att, self.clock())
+
     def wake(self) -> None:
         """Run the watchdog now (tests advance their clock, then call this)."""
         with self.cond:
@@ -180,14 +185,19 @@ class Hedger:
             self.busy_all[s] += now - self.tick_at[s]
         self.tick_at[s] = now
 
-    def _too_slow(self, s: int, att: Attempt) -> bool:
+    def _too_slow(self, s: int, att: Attempt) -> str | None:
         """What `s` delivered lately, late pieces and the busy time since its last delivery included,
-        is below what it is held to over the margin."""
+        is below what it is held to over the margin: why, in words (the figures the degrade event
+        carries), else None."""
         seen = self.seen[s]
         busy = seen.busy_ns + self.busy_all[s]
         delivered = None if seen.n == 0 and busy > 0 else (math.inf if busy <= 0 else seen.bytes / busy)
-        held = self._rate(s, att.piece.ticket.phase, self.health.healthy())
-        return too_slow(delivered, held, self.policy.margin)
+        own, plan = self._rates(s, att.piece.ticket.phase, self.health.healthy())
+        held = expected_rate(own, plan)
+        if not too_slow(delivered, held, self.policy.margin):
+            return None
+        return (f"delivered {_mbs(delivered)} in {busy / 1e9:.2f} s busy, held to {_mbs(held)} "
+                f"(own {_mbs(own)}, by the weights {_mbs(plan)})")
 
     def _queue(self, att: Attempt, now: int, front: bool = False) -> None:
         s = att.src
@@ -200,8 +210,14 @@ class Hedger:
             self.jumped[s] += att.ln
 
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
-        peers = {i: self.est[i].rate() for i in healthy if i != s}
-        return expected_rate(self.est[s].rate(), plan_rate(s, self.weights[phase], peers))
+        return expected_rate(*self._rates(s, phase, healthy))
+
+    def _rates(self, s: int, phase: str, healthy: Sequence[int]) -> tuple[float | None, float | None]:
+        """(own, plan): the rate `s` delivered itself and what the weights promise from its peers',
+        each only once it rests on `min_busy_ns` of busy time."""
+        least = self.policy.min_busy_ns
+        peers = {i: self.est[i].rate(least) for i in healthy if i != s}
+        return self.est[s].rate(least), plan_rate(s, self.weights[phase], peers)
 
     def _deadline(self, att: Attempt) -> int | None:
         """When `att` is late: what was queued ahead of it, plus what jumped the queue since (a hedge
@@ -249,10 +265,12 @@ class Hedger:
         self.late[s] += 1
         self.streak[s] += 1
         self._hedge(att, now)
-        if self.streak[s] >= self.policy.late_limit and not self.health.slow(s) and self._too_slow(s, att):
-            n = self.streak[s]
-            self.streak[s] = 0
-            actions.append(lambda: self._degrade(s, n))
+        if self.streak[s] >= self.policy.late_limit and not self.health.slow(s):
+            why = self._too_slow(s, att)
+            if why is not None:
+                n = self.streak[s]
+                self.streak[s] = 0
+                actions.append(lambda: self._degrade(s, n, why))
 
     def _hedge(self, att: Attempt, now: int) -> bool:
         """Put a hedge of `att`'s piece at the front of the healthiest other source (lock held)."""
@@ -276,8 +294,9 @@ class Hedger:
         self.lanes.put_front(hatt)
         return True
 
-    def _degrade(self, s: int, n: int) -> None:
-        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row", slow=True):
+    def _degrade(self, s: int, n: int, why: str = "") -> None:
+        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row"
+                                                                      + (f"; {why}" if why else ""), slow=True):
             return
         with self.cond:
             now = self.clock()
@@ -294,3 +313,10 @@ class Hedger:
                 self.busy[s] = self.busy_all[s] = 0
                 self.seen[s] = RateEstimate(self.policy.decay)     # judged afresh from here on
                 self.tick_at[s] = self.clock()
+
+
+def _mbs(rate: float | None) -> str:
+    """A rate in bytes per ns as MB/s for an event's message."""
+    if rate is None:
+        return "unknown"
+    return "unbounded" if math.isinf(rate) else f"{rate * 1e3:.1f} MB/s"

@@ -28,17 +28,21 @@ class HedgePolicy:
     recover_probes: int = 2         # on-time probes in a row that bring it back
     decay: float = 0.97             # weight of the past in the rate estimate, per delivered piece (~30 pieces:
                                     # throttled drives deliver in bursts and stalls, the mean is what counts)
+    min_busy_ns: int = 500_000_000  # a rate estimate holds a drive (its own, or a peer's through the weights) only
+                                    # once it rests on this much busy time: a throttle's first burst, served in
+                                    # microseconds, is not the drive's pace (docs/reader.md "Bursts")
 
     def to_dict(self) -> dict:
         return {"margin": self.margin, "floor_ms": self.floor_ns / 1e6, "late_limit": self.late_limit,
-                "probe_interval_ms": self.probe_interval_ns / 1e6, "recover_probes": self.recover_probes}
+                "probe_interval_ms": self.probe_interval_ns / 1e6, "recover_probes": self.recover_probes,
+                "min_busy_ms": self.min_busy_ns / 1e6}
 
 
 def check_policy(p: HedgePolicy) -> HedgePolicy:
     """The policy, or ValueError naming the knob that makes no sense."""
     if not (p.margin >= 1.0 and math.isfinite(p.margin)):
         raise ValueError(f"hedge margin {p.margin!r}: must be a finite number >= 1")
-    for name in ("floor_ns", "probe_interval_ns"):
+    for name in ("floor_ns", "probe_interval_ns", "min_busy_ns"):
         v = getattr(p, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"hedge {name} {v!r}: must be an integer >= 0")
@@ -55,25 +59,29 @@ class RateEstimate:
     """A source's recent delivery rate: decayed sums of bytes delivered and busy time spent.
 
     `observe(nbytes, busy_ns)`: a piece of `nbytes` landed on time, `busy_ns` of busy time (time
-    with work outstanding on the source) since the previous observation. `rate()`: bytes per ns,
-    math.inf when it delivered in no measurable time, None before any observation.
+    with work outstanding on the source) since the previous observation. `rate(min_busy_ns)`: bytes
+    per ns, math.inf when it delivered in no measurable time, None before any observation or while
+    the observations rest on less than `min_busy_ns` of busy time in all (`total_busy_ns`, not
+    decayed): a burst of pieces served at once says nothing yet of the drive's pace.
     """
 
-    __slots__ = ("decay", "bytes", "busy_ns", "n")
+    __slots__ = ("decay", "bytes", "busy_ns", "n", "total_busy_ns")
 
     def __init__(self, decay: float = 0.9):
         self.decay = decay
         self.bytes = 0.0
         self.busy_ns = 0.0
         self.n = 0
+        self.total_busy_ns = 0
 
     def observe(self, nbytes: int, busy_ns: int) -> None:
         self.bytes = self.bytes * self.decay + nbytes
         self.busy_ns = self.busy_ns * self.decay + max(0, busy_ns)
+        self.total_busy_ns += max(0, busy_ns)
         self.n += 1
 
-    def rate(self) -> float | None:
-        if self.n == 0:
+    def rate(self, min_busy_ns: int = 0) -> float | None:
+        if self.n == 0 or self.total_busy_ns < min_busy_ns:
             return None
         if self.busy_ns <= 0:
             return math.inf

@@ -29,8 +29,9 @@ from typing import Sequence
 from core.errors import MissingError
 from core.coldio import ColdReader, align_down, align_up, aligned_buffer
 
-from .attempts import HEDGE, MAIN, Attempt, Piece, ReadTicket
+from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Piece, ReadTicket
 from .files import SourceFiles
+from .buffers import span
 from .readstats import last_landing, latency_summary
 from .sources import ShortRead, SourceHealth
 
@@ -124,9 +125,10 @@ def read_piece(reader: ColdReader, buf, base: int, off: int, ln: int, scratch) -
 class Lanes:
     """`lanes` threads per source serving the attempts put on its queue; counters of what they did.
     sources: each source's files. hedger: a `hedger.Hedger` (deadlines, hedges, probes) sharing
-    this object's lock, or None."""
+    this object's lock, or None. reweigher: a `reweigher.Reweigher` fed under this object's lock, or None."""
 
-    def __init__(self, sources: Sequence[SourceFiles], health: SourceHealth, lanes: int, pool=None, hedger=None):
+    def __init__(self, sources: Sequence[SourceFiles], health: SourceHealth, lanes: int, pool=None, hedger=None,
+                 reweigher=None):
         n = len(sources)
         self.sources, self.health, self.lanes, self.pool = tuple(sources), health, lanes, pool
         self._lock = threading.Lock()
@@ -143,6 +145,7 @@ class Lanes:
         self._abandoned = [False] * n     # closed while a read on it hangs: its last lane closes its reader
         self._queues = [LaneQueue() for _ in range(n)]
         self.hedger = hedger
+        self.reweigher = reweigher
         if hedger is not None:
             hedger.attach(self)
         self._threads = []
@@ -169,6 +172,8 @@ class Lanes:
             ticket._writers += 1
             if self.hedger is not None:
                 self.hedger.enqueued(att)
+            if self.reweigher is not None:
+                self.reweigher.queued(att)
         self._queues[src].put(att)
 
     def _tally(self, phase: str) -> PhaseTally:
@@ -179,8 +184,21 @@ class Lanes:
         return t
 
     def put_front(self, att: Attempt) -> None:
-        """Queue a hedge or probe at the front of its source's queue (the hedger calls this)."""
+        """Queue a hedge or probe at the front of its source's queue (the hedger calls this, the lock held)."""
+        if self.reweigher is not None:
+            self.reweigher.queued(att)
         self._queues[att.src].put(att, front=True)
+
+    def sample(self, src: int, off: int, ln: int, fi: int) -> None:
+        """Queue a re-weighting sample on `src`: bytes [off, off+ln) of file `fi` read into a private
+        buffer at the back of its queue (nobody waits for it; it only measures the drive)."""
+        att = Attempt(None, src, SAMPLE, off, ln, self.pool.get(span(off, ln)), align_down(off), fi)
+        with self._lock:
+            if self.hedger is not None:
+                self.hedger.sampled(att)
+            if self.reweigher is not None:
+                self.reweigher.queued(att)
+        self._queues[src].put(att)
 
     def counters(self) -> LaneCounters:
         with self._lock:
@@ -228,6 +246,8 @@ class Lanes:
                 with self._lock:
                     skip = att.piece is not None and att.piece.done
                     att.started = not skip
+                    if self.reweigher is not None and not skip:
+                        self.reweigher.started(att)
                 if skip:
                     self._end(att, att.src, ok=False)
                 else:
@@ -260,6 +280,8 @@ class Lanes:
                     if nxt is not None:
                         if self.hedger is not None:
                             self.hedger.moved(att, nxt)
+                        if self.reweigher is not None:
+                            self.reweigher.moved(att, nxt)
                         att.src = nxt
                 if nxt is None:
                     self._end(att, s, ok=False, failed=not piece.done)
@@ -282,6 +304,8 @@ class Lanes:
         with self._lock:
             if self.hedger is not None:
                 actions = self.hedger.ended(att, s, ok)
+            if self.reweigher is not None:
+                self.reweigher.ended(att, s, ok and att.started)
             if ok:
                 self._lat[s].append(t1 - t0)
             if piece is None:
@@ -330,6 +354,8 @@ class Lanes:
     def _fail_piece(self, att: Attempt, e: BaseException) -> None:
         piece = att.piece
         with self._lock:
+            if self.reweigher is not None:
+                self.reweigher.ended(att, att.src, False)
             piece.active -= 1
             if att.kind == MAIN:
                 piece.ticket._writers -= 1

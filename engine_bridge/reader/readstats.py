@@ -19,7 +19,8 @@ from engines.split import split_read
 class ReaderEvent:
     """Something the reader did beyond the engine: a failed piece, a failover, a lost source."""
 
-    kind: str          # 'read_failed', 'short_read', 'failover', 'degraded', 'recovered', 'vanished', 'all_failed'
+    kind: str          # 'read_failed', 'short_read', 'failover', 'degraded', 'recovered', 'vanished', 'all_failed',
+                       # 'reweighted'
     source: int        # index of the source concerned (0 = primary)
     path: str          # the source's model path (its file, split set's first file, or directory)
     message: str       # one line: what happened and what the reader did about it
@@ -27,10 +28,14 @@ class ReaderEvent:
     length: int = 0
     t_ns: int = 0      # monotonic clock
     file: str = ""     # the model's file the piece is in (relative, as in ModelSet.files); "" when about the source
+    detail: dict | None = None   # 'reweighted': {"old", "new": phase -> weights, "rates_mbs", "why"}
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "source": self.source, "path": self.path, "message": self.message,
-                "file": self.file, "offset": self.offset, "length": self.length, "t_ns": self.t_ns}
+        d = {"kind": self.kind, "source": self.source, "path": self.path, "message": self.message,
+             "file": self.file, "offset": self.offset, "length": self.length, "t_ns": self.t_ns}
+        if self.detail is not None:
+            d["detail"] = self.detail
+        return d
 
 
 @dataclass(frozen=True)
@@ -95,10 +100,13 @@ class ReaderStats:
     reads: int = 0              # whole reads (barriers) completed
     bytes: int = 0              # bytes returned to callers
     phases: tuple[PhaseStats, ...] = ()    # the same counted per phase, prefill then decode
+    weights_now: dict | None = None        # phase -> the weights reads are cut with at the end (re-weighting)
+    reweighs: int = 0                      # times re-weighting changed them
 
     def to_dict(self) -> dict:
         return {"reads": self.reads, "bytes": self.bytes, "sources": [s.to_dict() for s in self.sources],
-                "events": [e.to_dict() for e in self.events], "phases": {p.phase: p.to_dict() for p in self.phases}}
+                "events": [e.to_dict() for e in self.events], "phases": {p.phase: p.to_dict() for p in self.phases},
+                "weights_now": self.weights_now, "reweighs": self.reweighs}
 
 
 def percentile(sorted_values: Sequence[int], q: float) -> int:

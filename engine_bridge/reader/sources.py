@@ -163,9 +163,10 @@ class SourceHealth:
             slow = tuple(s and not d for d, s in zip(self._degraded, self._slow))
             return tuple(self._out()), tuple(self._src_events), tuple(self._events), slow
 
-    def event(self, kind: str, src: int, message: str, off: int = 0, ln: int = 0, file: str = "") -> None:
+    def event(self, kind: str, src: int, message: str, off: int = 0, ln: int = 0, file: str = "",
+              detail: dict | None = None) -> None:
         """Keep and report an event; `file` (relative, as in the model's files) when it is about one."""
-        ev = ReaderEvent(kind, src, self.paths[src], message, off, ln, time.monotonic_ns(), file)
+        ev = ReaderEvent(kind, src, self.paths[src], message, off, ln, time.monotonic_ns(), file, detail)
         with self._lock:
             self._events.append(ev)
             self._src_events[src] += 1

@@ -23,6 +23,13 @@ piece that misses its deadline is re-issued on the healthiest other replica and 
 complete copy wins; a drive late again and again is degraded and probed until it recovers
 (`hedger.py`, `hedging.py`; docs/reader.md).
 
+With `reweigh=True` the weights themselves follow the drives: from what each source delivered
+over its busy time in windows of seconds, weight moves away from a drive that falls behind and back
+when it recovers (never below a floor share, never off the last healthy source, only after
+`confirm` windows off a band: bursts do not move it). The new weights cut the following reads:
+`submit`'s, and the engine's read pattern, which asks `weights_now(phase)` at every step. Every
+change is a 'reweighted' event (`reweigher.py`, `reweighting.py`).
+
 This module is the facade: it checks the configuration, hands pieces to the lanes and puts the
 lanes' and the sources' counters together.
 """
@@ -34,7 +41,7 @@ import time
 from typing import Callable, Sequence
 
 from core.errors import MissingError, UsageError
-from engines.registry import DEFAULT_ENGINE
+from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights
 from core.coldio import CachedReader, ColdReader, align_down
 from models.modelset import ModelSet, one_file
@@ -44,10 +51,13 @@ from .hedger import Hedger
 from .hedging import HedgePolicy, check_policy
 from .lanes import Lanes, ReadTicket
 from .readstats import PhaseSourceStats, PhaseStats, ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
+from .reweigher import Reweigher
+from .reweighting import ReweighPolicy, check_reweigh
 from .sources import SourceHealth, check_sources, close_sources, open_sources
 
 PHASES = ("prefill", "decode")
 HEALTH_INTERVAL_S = 1.0        # how often submit() re-stats the source files (vanished/truncated)
+SAMPLE_BYTES = 1 << 20         # the most a re-weighting sample reads
 
 __all__ = ["SplitReader", "ReadTicket", "CachedReader", "ReaderStats", "SourceStats", "ReaderEvent", "format_stats",
            "span"]
@@ -67,8 +77,10 @@ class SplitReader:
     CachedReader); tests inject failing readers through it. pool_bytes: released buffers kept.
     hedge: re-issue late pieces on another replica (the embedded engine turns it on; off here so
     a bare reader does exactly the engine's reads). hedge_policy: its knobs (`HedgePolicy`).
-    clock: the hedger's clock, ns (tests inject one). holds: per source, the files a partial
-    replica holds (None: every file); the engine's pattern sends it only reads of those.
+    reweigh: move weight between the sources as their delivered rates change (off here, on in the
+    embedded engine); reweigh_policy: its knobs (`ReweighPolicy`).
+    clock: the hedger's and the re-weighting's clock, ns (tests inject one). holds: per source, the
+    files a partial replica holds (None: every file); the engine's pattern sends it only reads of those.
     """
 
     def __init__(self, sources: Sequence[ModelSet | str], weights: Sequence[int],
@@ -76,6 +88,7 @@ class SplitReader:
                  lanes: int = 8, engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
                  pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
+                 reweigh: bool = False, reweigh_policy: ReweighPolicy | None = None,
                  clock: Callable[[], int] | None = None, holds: Sequence[frozenset[str] | None] = ()):
         models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
         paths = [m.path for m in models]
@@ -93,14 +106,17 @@ class SplitReader:
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise UsageError(f"split reader: lanes must be an integer >= 1, got {lanes!r}")
         policy = hedge_policy or HedgePolicy()
+        rw_policy = reweigh_policy or ReweighPolicy()
         try:
             check_policy(policy)
+            check_reweigh(rw_policy)
         except ValueError as e:
             raise UsageError(f"split reader: {e}") from None
         self.models, self.paths = tuple(models), tuple(paths)
         self.weights, self.decode_weights = weights, decode
         self.engine, self.lanes, self.cold = engine, lanes, cold
         self.hedge, self.hedge_policy = bool(hedge), policy
+        self.reweigh, self.reweigh_policy = bool(reweigh), rw_policy
         self._health_interval = health_interval
         identity = check_sources(models, holds)
         self.files = models[0].files
@@ -118,7 +134,12 @@ class SplitReader:
                         if self.hedge and len(paths) > 1 else None)
         if self._hedger is not None:    # a hedge goes only to a source holding the piece's file
             self._hedger.can_serve = lambda src, fi: self._sources[src].holds(fi)
-        self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger)
+        e = get_engine(engine)
+        self._reweigher = (Reweigher({"prefill": weights, "decode": decode}, rw_policy, clock or time.monotonic_ns,
+                                     e.weight_min, e.weight_max)
+                           if self.reweigh and len(paths) > 1 else None)
+        self._owed: list[int] = []      # sources owed a re-weighting sample (taken from the next read)
+        self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger, self._reweigher)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -138,8 +159,7 @@ class SplitReader:
         `ticket.release()` hands back for reuse once the caller is done with the bytes.
         """
         healthy = self._healthy_now()
-        weights = self.decode_weights if phase == "decode" else self.weights
-        pieces = tuple(healthy_split(offset, length, weights, healthy, self.engine))
+        pieces = tuple(healthy_split(offset, length, self.weights_now(phase), healthy, self.engine))
         return self._start(offset, length, phase, buffer, file, pieces, healthy)
 
     def submit_read(self, read, phase: str = "prefill", buffer=None) -> ReadTicket:
@@ -166,6 +186,26 @@ class SplitReader:
         """The sources reads may go to now (not degraded)."""
         return tuple(self._health.healthy())
 
+    def weights_now(self, phase: str) -> tuple[int, ...]:
+        """The weights reads of `phase` are cut with now: the plan's, or re-weighting's latest."""
+        if self._reweigher is None:
+            return self.decode_weights if phase == "decode" else self.weights
+        with self._lanes.lock:
+            return self._reweigher.weights(phase)
+
+    def _reweigh(self, healthy: list[int]) -> None:
+        """Judge re-weighting's window if it is over; a change is announced and cuts later reads."""
+        with self._lanes.lock:
+            change, owed = self._reweigher.step(healthy)
+            if change is not None and self._hedger is not None:
+                self._hedger.weights = {ph: tuple(w) for ph, w in change["new"].items()}
+            self._owed += [s for s in owed if s not in self._owed]
+        if change is not None:
+            fmt = lambda d: ", ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in d.items())  # noqa: E731
+            self._health.event("reweighted", change["source"],
+                               f"weights {fmt(change['old'])} -> {fmt(change['new'])}: {change['why']}",
+                               detail={k: change[k] for k in ("old", "new", "rates_mbs", "why")})
+
     def _healthy_now(self) -> list[int]:
         if self._closed:
             raise UsageError("split reader: read after close()")
@@ -175,6 +215,8 @@ class SplitReader:
         if not healthy:
             raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
                                "check the drives and re-run")
+        if self._reweigher is not None:
+            self._reweigh(healthy)
         return healthy
 
     def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy) -> ReadTicket:
@@ -204,6 +246,8 @@ class SplitReader:
             self._lanes.put(s, ticket, po, pl)
         if self._hedger is not None and len(healthy) < len(self.paths):
             self._probe(fi, pieces, phase, healthy)
+        if self._owed and pieces:
+            self._sample(fi, pieces)
         return ticket
 
     def _file_index(self, file: str | None) -> int:
@@ -226,6 +270,17 @@ class SplitReader:
         for s in range(len(self.paths)):
             if s not in healthy and self._health.slow(s) and self._sources[s].holds(fi):
                 self._hedger.maybe_probe(s, po, pl, phase, fi)
+
+    def _sample(self, fi: int, pieces) -> None:
+        """Send each source owed a re-weighting sample a copy of (the first SAMPLE_BYTES of) this
+        read's largest piece: enough to time a drive, never seconds of a crawling one's time."""
+        with self._lanes.lock:
+            owed, self._owed = self._owed, []
+        _, po, pl = max(pieces, key=lambda p: p[2])
+        pl = min(pl, SAMPLE_BYTES)
+        for s in owed:
+            if s in self._health.healthy() and self._sources[s].holds(fi):     # a partial replica: its own files only
+                self._lanes.sample(s, po, pl, fi)
 
     def read(self, offset: int, length: int, phase: str = "prefill", buffer=None, *,
              file: str | None = None) -> memoryview:
@@ -269,8 +324,14 @@ class SplitReader:
             degraded=degraded[i], events=src_events[i], failover_bytes=c.failover_bytes[i], hedged=c.hedged[i],
             late=c.late[i], slow=slow[i])
             for i in range(len(self.paths)))
+        now = {ph: list(self.weights_now(ph)) for ph in PHASES}
+        changes = 0
+        if self._reweigher is not None:
+            with self._lanes.lock:
+                changes = self._reweigher.changes
         return ReaderStats(sources=srcs, events=events, reads=c.reads_done, bytes=c.bytes_done,
-                           phases=tuple(self._phase_stats(ph, c.phases.get(ph)) for ph in PHASES))
+                           phases=tuple(self._phase_stats(ph, c.phases.get(ph)) for ph in PHASES),
+                           weights_now=now, reweighs=changes)
 
     def _phase_stats(self, phase: str, t) -> PhaseStats:
         n = len(self.paths)

@@ -15,16 +15,12 @@ from core.constants import RESULTS_FILE
 from core.errors import ReplicaTunerError, UsageError
 from core.rig import Rig, load_rig
 from engines.registry import DEFAULT_ENGINE, get_engine
-from models.modelset import from_rig
 
-from ..constants import PREFILL_TOKENS
 from ..measured import HarnessRun, read_results
-from ..model import Background
 from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
-from ..rigmodel import Chosen, choose_workload, rig_problem
-from ..solve import PHASES, recorded_concurrency, solve
-from ..workload import NAMED
+from ..rigmodel import plan_problem
+from ..solve import PHASES, solve
 from .state import Measured, Solution, TunerState, new_state, tuned_plan
 
 
@@ -55,11 +51,7 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     if plan is not None and [s.name for s in plan.sources] != names:
         raise UsageError(f"plan {plan_name} is for sources {', '.join(s.name for s in plan.sources)}; the rig has "
                          f"{', '.join(names)}: run `planner solve --rig {rig.root}` or give another --plan")
-    record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
-    chosen, named = _workload(rig, name, plan)
-    problem = rig_problem(inputs, chosen, recorded_concurrency(eng, record.get("concurrency")),
-                          recorded_backgrounds(record, names),
-                          page_cache_bytes=int(record.get("page_cache_bytes") or 0))
+    chosen, problem = plan_problem(rig, inputs, eng, plan)
     solution = None
     if plan is not None:
         solution = Solution({ph: getattr(plan, ph).weights for ph in PHASES},
@@ -85,33 +77,6 @@ def _newest_plan(rig: Rig, engine: str | None) -> tuple[Plan, str] | None:
         if plan.engine == engine:
             return plan, path
     return None
-
-
-def _workload(rig: Rig, engine: str, plan: Plan | None) -> tuple[Chosen, bool]:
-    """(the workload the plan was solved for, whether it is a named one): its named workload, or
-    the other model it names, or the rig's model, with the plan's prompt and cache."""
-    w = plan.workload if plan is not None else {}
-    traffic = w.get("traffic") if isinstance(w.get("traffic"), dict) else {}
-    prompt = traffic.get("prompt_tokens")
-    cache = traffic.get("cache_experts")
-    prompt = prompt if isinstance(prompt, int) and prompt >= 1 else PREFILL_TOKENS
-    cache = cache if isinstance(cache, int) and cache >= 0 else None
-    if w.get("name") in NAMED:
-        return choose_workload(rig.root, engine, w["name"], None, prompt, cache), True
-    path = (plan.geometry or {}).get("path") if plan is not None else None
-    found = from_rig(rig)
-    other = (isinstance(path, str) and os.path.exists(path)
-             and (found is None or os.path.realpath(path) != os.path.realpath(found.path)))
-    return choose_workload(rig.root, engine, None, path if other else None, prompt, cache), False
-
-
-def recorded_backgrounds(record: dict, names) -> tuple[Background, ...]:
-    """The background work a plan was solved with (its provenance `model.background`)."""
-    out = []
-    for b in record.get("background") or ():
-        if isinstance(b, dict) and b.get("source") in names and b.get("kind") in ("engram", "busy"):
-            out.append(Background(list(names).index(b["source"]), b["kind"], float(b.get("value") or 0.0)))
-    return tuple(out)
 
 
 def solve_weights(state: TunerState) -> Solution:

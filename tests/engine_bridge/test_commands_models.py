@@ -18,7 +18,7 @@ from models.tensortable import inspect_model
 from tests.models.geometry_helpers import write_moe_safetensors, write_moe_split_gguf
 
 runner = CliRunner()
-SHORT = ["--prompt-tokens", "8", "--gen-tokens", "2", "--cache-experts", "0", "--lanes", "2", "--no-hedge",
+SHORT = ["--prompt-tokens", "8", "--gen-tokens", "2", "--cache-experts", "0", "--lanes", "2", "--no-hedge", "--no-reweigh",
          "--json"]
 
 

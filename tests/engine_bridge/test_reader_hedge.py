@@ -103,7 +103,7 @@ def model(tmp_path):
 
 
 def _reader(paths, stall, clock, events=None, lanes=2, **policy):
-    pol = HedgePolicy(**{"floor_ns": FLOOR, **policy})
+    pol = HedgePolicy(**{"floor_ns": FLOOR, "min_busy_ns": 0, **policy})
     return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=lanes, cold=False, hedge=True, hedge_policy=pol, clock=clock,
                        opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
 
@@ -225,7 +225,7 @@ def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
         elif ev.kind == "recovered":
             back.set()
 
-    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1)
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
     with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
                      opener=lambda p: StallingReader(p, stall), report=report) as r:
         _warm(r, data, stall)
@@ -296,7 +296,7 @@ def test_many_hedges_whoever_wins_the_bytes_are_the_same(model, caller_buffers):
     wins, every read returns exactly the file's bytes, and each piece is counted once."""
     paths, data = model
     rng = random.Random(11 + caller_buffers)
-    pol = HedgePolicy(margin=1.0, floor_ns=0, late_limit=3, probe_interval_ns=0, recover_probes=1)
+    pol = HedgePolicy(margin=1.0, floor_ns=0, late_limit=3, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
     total = reads = 0
     with SplitReader(paths, [2, 1, 1], [10, 6, 6], lanes=2, cold=False, hedge=True, hedge_policy=pol) as r:
         for _ in range(30):
@@ -319,6 +319,32 @@ def test_bad_hedge_policy_is_one_usage_error(model):
         SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(margin=0.5))
     with pytest.raises(UsageError, match="late_limit"):
         SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(late_limit=0))
+
+
+def test_a_burst_is_not_a_pace_until_it_rests_on_enough_busy_time():
+    """A throttled drive serves its first pieces at once: those deliveries, in no busy time, hold no
+    drive to a rate (the cause of the false degrades of healthy drives), until the estimate rests on
+    `min_busy_ns` of busy time."""
+    est = RateEstimate(decay=0.97)
+    est.observe(4 * BLOCK, 0)                      # a burst: delivered in no measurable time
+    assert est.rate() == float("inf") and est.rate(min_busy_ns=500) is None
+    est.observe(BLOCK, 400)
+    assert est.rate(min_busy_ns=500) is None and est.total_busy_ns == 400
+    est.observe(BLOCK, 200)
+    assert est.rate(min_busy_ns=500) == pytest.approx(est.bytes / est.busy_ns)
+
+
+@pytest.mark.parametrize("min_busy_ns, held", [(0, float("inf")), (FLOOR, None)])
+def test_peers_burst_holds_the_primary_only_without_the_busy_time_rule(model, min_busy_ns, held):
+    """Every piece of the first read lands while the test's clock stands still (a burst). With the
+    rule off the primary is held to an unbounded rate through the weights: any piece on it would be
+    late after the floor; with it, nothing is known yet and nothing is judged."""
+    paths, data = model
+    with _reader(paths, None, Clock(), min_busy_ns=min_busy_ns) as r:
+        assert bytes(r.read(0, 8 * BLOCK)) == data[:8 * BLOCK]
+        with r._lanes.lock:
+            own, plan = r._hedger._rates(0, "prefill", [0, 1, 2])
+    assert plan == held and own == held
 
 
 def test_hedging_arithmetic_is_pure_and_right():
@@ -352,7 +378,8 @@ def test_hedging_arithmetic_is_pure_and_right():
     for bad in (dict(margin=0.5), dict(floor_ns=-1), dict(late_limit=0), dict(recover_probes=0), dict(decay=1.0)):
         with pytest.raises(ValueError):
             hedging.check_policy(HedgePolicy(**bad))
-    assert set(HedgePolicy().to_dict()) == {"margin", "floor_ms", "late_limit", "probe_interval_ms", "recover_probes"}
+    assert set(HedgePolicy().to_dict()) == {"margin", "floor_ms", "late_limit", "probe_interval_ms", "recover_probes",
+                                            "min_busy_ms"}
 
 
 def test_run_output_is_the_same_with_hedging_on_and_off(model_dir):

@@ -220,24 +220,53 @@ def test_missing_result_exits_3_like_a_missing_plan(args, message):
     assert "Traceback" not in r.output
 
 
-def test_page_cache_file_system_is_flagged_not_a_ceiling(tmp_path):
+def test_a_file_in_tmpfs_is_measured_as_a_ram_member_not_flagged(tmp_path):
+    from core.tiers import is_memory
+
     shm = "/dev/shm"
-    if not os.path.isdir(shm) or not os.access(shm, os.W_OK):
+    if not os.path.isdir(shm) or not os.access(shm, os.W_OK) or not is_memory(shm):
         pytest.skip("no writable /dev/shm (tmpfs) here")
     p = os.path.join(shm, f"iobench-test-{os.getpid()}.bin")
     try:
-        write_random(p, 12 * MiB, seed=4)
-        r = invoke("run", p, "--preset", "seq", *FAST, "--json")
+        write_random(p, 32 * MiB, seed=4)
+        r = invoke("run", p, "--preset", "seq,decode", "--lanes", "1,2", *FAST, "--json")
         assert r.exit_code == 0, r.output
         d = json.loads(r.stdout)
-        seq = d["drives"][0]["presets"]["seq"]
-        assert seq["suspect_cache"] is True
-        assert d["drives"][0]["model"] is None          # a flagged run is not a drive to model
-        assert any("in memory" in n or "no O_DIRECT" in n for n in d["drives"][0]["notes"])
-        r = invoke("show")
-        assert "CACHE?" in r.stdout
+        drive = d["drives"][0]
+        assert drive["presets"]["seq"]["suspect_cache"] is False          # RAM is what a RAM member answers from
+        assert drive["model"] is not None and drive["model"]["bw_max"] > 0  # so the planner can price it
+        assert any("RAM member" in n and "reboot" in n for n in drive["notes"])
     finally:
         os.remove(p)
+
+
+def test_scratch_measures_a_folder_and_removes_only_its_own_file(tmp_path):
+    folder = tmp_path / "drive"
+    folder.mkdir()
+    (folder / "mine.bin").write_bytes(b"x" * 4096)
+    r = invoke("scratch", folder, "--size", "32M", "--name", "new", "--preset", "seq,decode", "--lanes", "1,2", *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    sc = d["settings"]["scratch"]
+    assert sc["removed"] is True and sc["size"] == 32 * MiB and sc["write_Bps"] > 0
+    assert d["drives"][0]["name"] == "new" and d["drives"][0]["model"] is not None
+    assert sorted(os.listdir(folder)) == ["mine.bin"]
+    assert len(os.listdir(os.path.join(bench_dir(), "scratch"))) == 1            # kept apart from the rig's results
+    assert not [f for f in os.listdir(bench_dir()) if f.endswith(".json")]
+
+
+def test_a_scratch_file_that_changed_under_us_is_not_removed(tmp_path):
+    from iobench.scratch import remove_scratch, write_scratch
+
+    s = write_scratch(str(tmp_path), 1)
+    assert os.path.getsize(s.path) == 8 * MiB and s.write_Bps > 0
+    os.remove(s.path)
+    with open(s.path, "wb") as f:           # something else now has this name: never ours to delete
+        f.write(b"other")
+    assert remove_scratch(s) is False and os.path.exists(s.path)
+    os.remove(s.path)
+    r = invoke("scratch", tmp_path / "nope")
+    assert r.exit_code == 3 and "no such folder" in r.output
 
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")

@@ -265,6 +265,52 @@ def test_windows_start_once_every_lane_completed_a_request_and_stretch_for_a_slo
         assert (bw, iops) == pytest.approx((MiB / service, 1 / service), rel=1e-9)
 
 
+class StallingDrive(FakeDrive):
+    """A FakeDrive whose requests after the first `fast` take `slow` s: a lane the host stopped
+    scheduling, or a drive gone slow, for longer than a whole window."""
+
+    def __init__(self, clock, fast, slow):
+        super().__init__(clock, "stall", 0.005)
+        self.fast, self.slow, self.delivered = fast, slow, 0
+
+    @property
+    def service(self):
+        return 0.005 if len(self.calls) <= self.fast else self.slow
+
+    @service.setter
+    def service(self, value):
+        pass
+
+    def serve(self, buf, offset):
+        return len(buf)
+
+    def read_into(self, buf, offset):
+        n = super().read_into(buf, offset)
+        with self.lock:
+            self.delivered += n           # a device counts a read once it has delivered it
+        return n
+
+
+class DeliveredMeter:
+    def __init__(self, drive):
+        self.drive, self.key = drive, "7:9"
+
+    def read_bytes(self):
+        with self.drive.lock:
+            return self.drive.delivered
+
+
+def test_a_window_closes_only_once_every_drive_completed_a_request_in_it():
+    # Requests take 0.5 s after the warm-up, five times the 0.1 s window (and past its 3x stretch):
+    # a window closed on time would hold no completion and report the drive at 0 B/s.
+    clock = VirtualClock()
+    r = StallingDrive(clock, fast=20, slow=0.5)
+    run_, = run(clock, [Stream("d", r, seq_shape(64 * MiB), 1, DeliveredMeter(r))],
+                seconds=0.1, windows=2, min_warmup=0.02)
+    assert all(bw > 0 for bw, _ in run_.windows)
+    assert run_.device_bytes > 0
+
+
 def test_random_shape_reads_component_pieces():
     clock = VirtualClock()
     r = FakeDrive(clock, service=0.001)

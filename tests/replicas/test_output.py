@@ -86,7 +86,7 @@ def test_help_words():
     assert "PCT%" in v and "PCT%%" not in v
     usage = {cmd: next(line.strip() for line in invoke(cmd, "--help").stdout.splitlines() if "Usage:" in line)
              for cmd in ("sync", "verify", "hash", "repair", "forget", "status")}
-    assert usage["sync"] == "Usage: replicas sync [OPTIONS] SOURCE DEST_DIR..."
+    assert usage["sync"] == "Usage: replicas sync [OPTIONS] SOURCE [DEST_DIR]..."   # none: restore RAM members
     assert usage["verify"] == "Usage: replicas verify [OPTIONS] [PATH]..."
     assert usage["hash"] == "Usage: replicas hash [OPTIONS] FILE..."
     assert usage["repair"] == "Usage: replicas repair [OPTIONS] PATH"

@@ -1,0 +1,93 @@
+"""The split reader's re-weighting: its window of per-source counters, fed by the lanes, and the
+weights the next reads are cut with (the rules are pure, in `reweighting.py`; docs/reader.md
+"Re-weighting").
+
+The lanes call `queued`, `moved` and `ended` for every attempt under their lock; the reader calls
+`step` under the same lock when a read is submitted: once a window is over it is judged, and a
+change of weights comes back to be announced as an event. A source moved below its plan that got
+no work in the window is owed a *sample*: a copy of a piece of the next read, read at the back of
+its queue into a private buffer, so a drive that recovers is seen to recover even when its floor
+share rounds to no piece at all.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .attempts import MAIN, Attempt
+from .reweighting import Decision, ReweighPolicy, Window, judge, weights_for
+
+
+class Reweigher:
+    """Per-source windows and the current weights of each phase for one SplitReader.
+    weights: phase -> the plan's weights; wmin/wmax: the engine's weight range."""
+
+    def __init__(self, weights: dict[str, Sequence[int]], policy: ReweighPolicy, clock: Callable[[], int],
+                 wmin: int = 1, wmax: int = 100):
+        self.base = {ph: tuple(w) for ph, w in weights.items()}
+        n = len(next(iter(self.base.values())))
+        self.policy, self.clock, self.wmin, self.wmax = policy, clock, wmin, wmax
+        self.current = dict(self.base)
+        self.mult = (1.0,) * n
+        self.streak = (0,) * n
+        self.window = Window(n, clock())
+        self.sampled = [False] * n
+        self.changes = 0
+
+    # -- lanes, their lock held ----------------------------------------------------------------
+
+    def queued(self, att: Attempt) -> None:
+        phase = att.piece.ticket.phase if att.kind == MAIN and att.piece is not None else ""
+        self.window.queued(att.src, att.ln, self.clock(), phase)
+
+    def moved(self, att: Attempt, new: int) -> None:
+        """A failing attempt goes on to source `new` (failover)."""
+        now = self.clock()
+        self.window.ended(att.src, 0, now)
+        self.window.queued(new, 0, now)
+
+    def started(self, att: Attempt) -> None:
+        att.t_start = self.clock()
+
+    def ended(self, att: Attempt, s: int, delivered: bool) -> None:
+        self.window.ended(s, att.ln if delivered else 0, self.clock(), att.t_start)
+
+    # -- the reader, the lanes' lock held --------------------------------------------------------
+
+    def weights(self, phase: str) -> tuple[int, ...]:
+        return self.current[phase]
+
+    def step(self, healthy: Sequence[int]) -> tuple[dict | None, list[int]]:
+        """Judge the window if it is over: (the change, for the event, or None; sources owed a sample)."""
+        now = self.clock()
+        w = self.window
+        change = None
+        if w.ready(now, healthy, self.policy.window_ns):
+            phase = w.phase()
+            rates = w.rates(healthy, self.policy.min_busy_ns)
+            if w.loaded(healthy, now) >= self.policy.loaded:
+                d = judge(self.mult, self.base[phase], rates, self.streak, self.policy)
+            else:               # the drives idled: nothing to learn of their pace, nothing to gain
+                d = Decision(None, (0,) * len(self.mult))
+            self.streak = d.streak
+            self.window = w.close(now)
+            self.sampled = [False] * len(self.sampled)
+            if d.mult is not None:
+                new = {ph: weights_for(b, d.mult, healthy, self.policy.floor, self.wmin, self.wmax)
+                       for ph, b in self.base.items()}
+                self.mult = d.mult
+                if new != self.current:
+                    change = {"source": d.source, "old": {ph: list(v) for ph, v in self.current.items()},
+                              "new": {ph: list(v) for ph, v in new.items()}, "why": d.why,
+                              "rates_mbs": {str(s): round(r * 1e3, 3) for s, r in sorted(rates.items())},
+                              "t_ns": now}
+                    self.current = new
+                    self.changes += 1
+        owed = []
+        if now - self.window.start >= self.policy.window_ns // 2:
+            for s in healthy:
+                if self.mult[s] < 1.0 and not self.sampled[s] and self.window.bytes[s] == 0 \
+                        and self.window.outstanding[s] == 0:
+                    self.sampled[s] = True
+                    owed.append(s)
+        return change, owed

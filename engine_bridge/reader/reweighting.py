@@ -1,0 +1,198 @@
+"""When the reader moves weight between its sources, and to which weights (pure: no disk, no threads,
+no clock of its own).
+
+The plan's weights say how fast it believed each drive to be. While reads run, the reader counts
+per source, over a window of its own clock, the bytes the drive delivered (its pieces, hedges and
+samples: everything it read) and the time it was busy (work queued or being read on it). Bytes
+over busy time is the rate the drive gives when it has work, whatever share it was given. A window
+lasts `window_ns` at least, and longer until every source that had work delivered something in it
+(a prefill piece can take seconds) or has been busy twice that long without delivering (a hung or
+crawling drive: rate 0). A window in which no drive was busy `loaded` of the time is not judged:
+the reads did not wait on the drives. At its end every source with a rate is compared with what its weight
+claims: its rate per unit of weight over the median of the measured sources' (a median: a drive
+that idles between barriers serves a burst from its throttle's unused budget and looks faster
+than it is). A source off by more than `band` (either way) in `confirm` windows in a row moves by
+what it measured: a multiplier on its plan weights (of each phase, so a plan with other decode
+weights keeps their ratios) that only goes down from 1 (off a drive that falls behind) and back
+up to 1 (when it recovers), never below `floor` of a read; the plan's exact weights come back once
+every multiplier is within `snap` of 1. Bursts of a throttled drive do not move it: a window holds
+seconds of busy time, and one window off the band is not enough (docs/reader.md "Re-weighting").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+MIN_MULT = 1e-4       # the least multiplier: a drive measured at 0 is far below any floor, and can be measured up again
+
+
+@dataclass(frozen=True)
+class ReweighPolicy:
+    """The knobs of re-weighting (SplitReader's `reweigh_policy`; `run --reweigh-*`)."""
+
+    window_ns: int = 2_000_000_000   # a decision looks at this much of the reader's clock at least
+    band: float = 1.5                # a source moves only when its rate per weight is off by more than this factor
+    confirm: int = 2                 # ... in this many windows in a row, the same way
+    floor: float = 0.02              # least share of a read a healthy source keeps (it keeps being measured)
+    snap: float = 1.15               # multipliers all within this factor of each other: back to the plan's weights
+    min_busy_ns: int = 200_000_000   # a source busy less than this in a window has no rate in it
+    loaded: float = 0.5              # judge a window only if some source was busy this share of it (reads wait on I/O)
+
+    def to_dict(self) -> dict:
+        return {"window_ms": self.window_ns / 1e6, "band": self.band, "confirm": self.confirm, "floor": self.floor,
+                "snap": self.snap, "min_busy_ms": self.min_busy_ns / 1e6, "loaded": self.loaded}
+
+
+def check_reweigh(p: ReweighPolicy) -> ReweighPolicy:
+    """The policy, or ValueError naming the knob that makes no sense."""
+    for name in ("window_ns", "min_busy_ns"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"reweigh {name} {v!r}: must be an integer >= 0")
+    if not (math.isfinite(p.band) and p.band > 1.0):
+        raise ValueError(f"reweigh band {p.band!r}: must be a finite number > 1")
+    if not (math.isfinite(p.snap) and 1.0 <= p.snap < p.band):
+        raise ValueError(f"reweigh snap {p.snap!r}: must be >= 1 and below the band ({p.band})")
+    if isinstance(p.confirm, bool) or not isinstance(p.confirm, int) or p.confirm < 1:
+        raise ValueError(f"reweigh confirm {p.confirm!r}: must be an integer >= 1")
+    if not 0.0 < p.loaded <= 1.0:
+        raise ValueError(f"reweigh loaded {p.loaded!r}: must be a share above 0, at most 1")
+    if not 0.0 < p.floor < 0.5:
+        raise ValueError(f"reweigh floor {p.floor!r}: must be a share above 0 and below 0.5")
+    return p
+
+
+class Window:
+    """What each source delivered and how long it was busy since the window opened (fed by the
+    lanes with the reader's clock, under their lock)."""
+
+    __slots__ = ("start", "bytes", "busy", "given", "outstanding", "tick", "done")
+
+    def __init__(self, n: int, now: int, outstanding: Sequence[int] | None = None):
+        self.start = now
+        self.bytes = [0] * n
+        self.busy = [0] * n
+        self.done = [0] * n                 # attempts that delivered bytes
+        self.given = {}                     # phase -> bytes the split gave in the window
+        self.outstanding = list(outstanding) if outstanding is not None else [0] * n
+        self.tick = [now] * n
+
+    def _advance(self, s: int, now: int) -> None:
+        if self.outstanding[s] > 0:
+            self.busy[s] += max(0, now - self.tick[s])
+        self.tick[s] = now
+
+    def queued(self, s: int, nbytes: int, now: int, phase: str = "") -> None:
+        self._advance(s, now)
+        self.outstanding[s] += 1
+        if phase:
+            self.given[phase] = self.given.get(phase, 0) + nbytes
+
+    def ended(self, s: int, nbytes: int, now: int, started: int | None = None) -> None:
+        """An attempt on `s` is over; `nbytes` it read (0: skipped or failed). An attempt read since
+        `started`, before this window opened, counts only the part of its bytes read in the window
+        (pro rata of its time): a piece of seconds is not credited to the window it ends in."""
+        self._advance(s, now)
+        self.outstanding[s] = max(0, self.outstanding[s] - 1)
+        if nbytes and started is not None and started < self.start < now:
+            nbytes = nbytes * (now - self.start) / (now - started)
+        self.bytes[s] += nbytes
+        if nbytes:
+            self.done[s] += 1
+
+    def close(self, now: int) -> Window:
+        """Count busy time up to `now`; returns the next window (work still out carries over)."""
+        for s in range(len(self.busy)):
+            self._advance(s, now)
+        return Window(len(self.busy), now, self.outstanding)
+
+    def ready(self, now: int, healthy: Sequence[int], window_ns: int) -> bool:
+        """The window can be judged: `window_ns` have passed, and every healthy source that had work
+        delivered something or has been busy 2 x `window_ns` (stuck: its rate is 0)."""
+        if now - self.start < window_ns:
+            return False
+        for s in healthy:
+            self._advance(s, now)
+        return all(self.busy[s] == 0 or self.done[s] or self.busy[s] >= 2 * window_ns for s in healthy)
+
+    def loaded(self, healthy: Sequence[int], now: int) -> float:
+        """The largest share of the window any healthy source was busy: near 1 when reads wait on a
+        drive; low when the drives idle between reads (compute sets the pace: weights cannot help,
+        and an idle throttled drive's bursts make its rate meaningless)."""
+        span = now - self.start
+        return max((self.busy[s] / span for s in healthy), default=0.0) if span > 0 else 0.0
+
+    def rates(self, healthy: Sequence[int], min_busy_ns: int) -> dict[int, float]:
+        """Bytes per ns of each healthy source busy at least `min_busy_ns` (0 for one that delivered
+        nothing in all that time)."""
+        return {s: self.bytes[s] / self.busy[s] for s in healthy if self.busy[s] >= max(1, min_busy_ns)}
+
+    def phase(self) -> str:
+        """The phase that gave the most bytes in the window ('prefill' when none)."""
+        return max(self.given, key=lambda p: self.given[p]) if self.given else "prefill"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A window's verdict: the multipliers to use from now on (None: keep them) and why."""
+
+    mult: tuple[float, ...] | None
+    streak: tuple[int, ...]          # per source: windows in a row off the band (+ slower, - faster)
+    why: str = ""
+    source: int = -1                 # the source most off its weight (the event's source)
+
+
+def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float], streak: Sequence[int],
+          policy: ReweighPolicy) -> Decision:
+    """One window's verdict. mult: the multipliers in use (1.0: the plan's weights); base: the
+    plan's weights of the phase the window read; rates: bytes/ns of the sources measured (healthy
+    ones only); streak: the previous verdict's."""
+    n = len(mult)
+    if len(rates) < 2:
+        return Decision(None, (0,) * n)
+    k = sorted(rates[s] / (mult[s] * base[s]) for s in rates)          # rate per unit of belief
+    ref = k[len(k) // 2] if len(k) % 2 else (k[len(k) // 2 - 1] + k[len(k) // 2]) / 2
+    if ref <= 0:
+        return Decision(None, (0,) * n)
+    rho = {s: rates[s] / (mult[s] * base[s]) / ref for s in rates}
+    new_streak = [0] * n
+    for s, r in rho.items():
+        way = -1 if r < 1 / policy.band else 1 if r > policy.band and mult[s] < 1.0 else 0
+        old = streak[s] if s < len(streak) else 0
+        new_streak[s] = 0 if way == 0 else (old + way if old * way > 0 else way)
+    worst = max(rho, key=lambda s: math.inf if rho[s] <= 0 else max(rho[s], 1 / rho[s]))
+    due = [s for s in rho if abs(new_streak[s]) >= policy.confirm]
+    if not due:
+        return Decision(None, tuple(new_streak), source=worst)
+    moved = list(mult)
+    for s in due:       # off its plan by what it measured, back up to its plan at most; a stuck drive (rate 0)
+        moved[s] = max(MIN_MULT, min(1.0, mult[s] * rho[s]))     # keeps a multiplier: the floor decides
+    if all(m >= 1 / policy.snap for m in moved):
+        moved = [1.0] * n
+    why = ", ".join(f"source {s} {rates[s] * 1e3:.1f} MB/s ({rho[s]:.2f}x its weight's share)" for s in sorted(rates))
+    return Decision(tuple(moved), tuple(0 if s in due else new_streak[s] for s in range(n)), why,
+                    min(due, key=lambda s: (-abs(math.log(max(rho[s], 1e-12))), s)))
+
+
+def weights_for(base: Sequence[int], mult: Sequence[float], healthy: Sequence[int], floor: float,
+                wmin: int = 1, wmax: int = 100) -> tuple[int, ...]:
+    """The engine's integer weights for multipliers `mult` on `base` (the plan's weights of a
+    phase): exactly `base` when every multiplier is 1; else scaled so the largest is `wmax`, each
+    within [wmin, wmax], and each healthy source at least `floor` of the healthy sources' sum."""
+    if all(m == 1.0 for m in mult):
+        return tuple(base)
+    raw = [b * m for b, m in zip(base, mult)]
+    top = max(raw[s] for s in healthy) if healthy else max(raw)
+    w = [min(wmax, max(wmin, round(wmax * r / top))) for r in raw]
+    for _ in range(len(w)):
+        total = sum(w[s] for s in healthy)
+        low = [s for s in healthy if w[s] < floor * total]
+        if not low:
+            break
+        rest = sum(w[s] for s in healthy if s not in low)
+        for s in low:
+            w[s] = min(wmax, max(wmin, math.ceil(floor * rest / (1 - floor * len(low)))))
+    return tuple(w)
