@@ -193,7 +193,7 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
                                                      "embedded engine, or the real engine's log (default: the newest "
                                                      "harness arm)."),
            scratch_size: str = typer.Option("1G", "--scratch-size", help="Scratch file for --add (binary units)."),
-           preset: str = typer.Option("seq,prefill,decode,rand4k", "--preset", help="iobench presets for --add."),
+           preset: str = typer.Option("all", "--preset", help="iobench presets for --add (all: seq, prefill, decode, rand4k)."),
            seconds: float = typer.Option(0.5, "--seconds", help="Seconds per iobench window for --add."),
            repeat: int = typer.Option(3, "--repeat", help="iobench windows per trial for --add."),
            scratch_lanes: Optional[str] = typer.Option(None, "--scratch-lanes", metavar="1,2,4",
