@@ -23,6 +23,7 @@ Run it as root:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import subprocess
@@ -54,12 +55,23 @@ def synth_on_drives(paths, layers, experts, top_k, dim, ff, quant) -> int:
     return os.path.getsize(paths[0])
 
 
+def ceiling_weights(ceilings) -> tuple[int, ...]:
+    """The ceilings' ratio as the smallest integer weights (30:15:15 MB/s -> 2:1:1), at most 100."""
+    tenths = [max(1, round(c * 10)) for c in ceilings]
+    g = math.gcd(*tenths)
+    w = [x // g for x in tenths]
+    if max(w) > 100:
+        w = [max(1, round(x * 100 / max(w))) for x in w]
+    return tuple(w)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drive", action="append", default=[], metavar="NAME:MBPS",
                     help="drive and its read ceiling in MB/s, primary first (default a:30 b:15 c:15)")
     ap.add_argument("--size", default="1G", help="size of each drive")
-    ap.add_argument("--weights", default="2:1:1", help="prefill weights (default: the ceilings' ratio)")
+    ap.add_argument("--weights", default=None, help="prefill weights (default: the drives' read ceilings' ratio, "
+                                                     "2:1:1 for the default drives)")
     ap.add_argument("--decode-weights", default=None, help="decode weights (default: the prefill weights)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=32)
@@ -82,7 +94,8 @@ def main() -> int:
         usage_exit("give exactly three --drive NAME:MBPS (primary first)")
     if sum(ceilings) > 450:
         usage_exit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")
-    pre = tuple(int(x) for x in args.weights.replace(",", ":").split(":"))
+    pre = (tuple(int(x) for x in args.weights.replace(",", ":").split(":")) if args.weights
+           else ceiling_weights(ceilings))
     dec = tuple(int(x) for x in args.decode_weights.replace(",", ":").split(":")) if args.decode_weights else pre
     require_testbed()
 

@@ -431,12 +431,19 @@ def main() -> int:
     p.add_argument("--iobench-lanes", default=None, help="iobench's lane counts, e.g. 1,2,4 (default: each preset's own; "
                                                            "its prefill preset at 16 lanes needs ~600 MB of the model's "
                                                            "largest file)")
-    p.add_argument("--sets", default="default",
-                   help=f"ceiling sets to run, comma-separated: {', '.join(SETS)}, or custom (--drive/--iops)")
+    p.add_argument("--sets", default=None,
+                   help=f"ceiling sets to run, comma-separated: {', '.join(SETS)}, or custom (--drive/--iops; "
+                        "the default when --drive or --iops is given, else default)")
     p.add_argument("--runs", type=int, default=1, help="runs per ceiling set (each: iobench, solve, measure)")
     p.add_argument("--summary", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=7)
     a = p.parse_args()
+    own = a.drive is not None or a.iops is not None
+    if a.sets is None:
+        a.sets = "custom" if own else "default"          # --drive alone means: measure these drives
+    elif own and "custom" not in a.sets.split(",") and not a.inner:
+        p.error(f"--drive/--iops are the 'custom' set, which --sets {a.sets} does not run: add custom to --sets, "
+                "or drop --drive/--iops")
     a.drive = a.drive or SETS["default"][0]
     a.iops = a.iops if a.iops is not None else SETS["default"][1]
     if a.ff is None:

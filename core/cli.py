@@ -11,21 +11,34 @@ The consoles fit a terminal; anything else (a pipe, a log file) gets whole lines
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
+import signal
 import sys
+import threading
 import traceback
 from typing import Optional
 
 import typer
 from rich.console import Console, ConsoleDimensions
+from rich.progress import ProgressColumn
+from rich.text import Text
+from typer._click import core as click_core
 from typer._click.globals import get_current_context
 from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors click (pyproject pins it)
-from typer.core import TyperArgument, TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from .constants import DEBUG_ENV, RIG_ENV
-from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError
+from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError, UsageError
 from .results import ErrorResult, Result, envelope
+from .interrupt import INTERRUPTED, guard, guarded
+from .rig import rig_dir
+from .units import format_rate
+
+# `--json true`: a value after a flag, which Click reports as an extra argument.
+BOOL_WORD = re.compile(r"\((?:[^)]* )?(?:true|false|yes|no|on|off|1|0)(?: [^)]*)?\)", re.IGNORECASE)
 
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
 # 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
@@ -59,15 +72,113 @@ class WholeLineConsole(Console):
         self._soft_wrap = value
 
 
-out = WholeLineConsole()                     # data and tables: stdout
-err = WholeLineConsole(stderr=True)          # progress and messages: stderr
+# No emoji codes: weights print as "27:100:43", which Rich would otherwise turn into "27💯43".
+out = WholeLineConsole(emoji=False)                     # data and tables: stdout
+err = WholeLineConsole(stderr=True, emoji=False)        # progress and messages: stderr
+
+
+# A progress rate is shown once its reports span this long: bytes arrive in blocks (16 MiB
+# at 40 MB/s is one every 0.4 s), so a rate over a shorter span is off by a block or more.
+RATE_AFTER_S = 3.0
+
+
+class AverageRateColumn(ProgressColumn):
+    """A progress bar's rate: the bytes the task has moved since its first report over the time
+    since (until now, not until the last report), in decimal units (core.units.format_rate), shown
+    once RATE_AFTER_S have passed. Rich's own speed column divides the steps of recent reports by the
+    time between the first and the last of them: a copy reports durable bytes in coarse batches
+    (after each fdatasync), and two batches landing close together read as GB/s under
+    --max-rate 100M; a report that steps back (a file started over) and forward counted twice."""
+
+    def __init__(self):
+        super().__init__()
+        self._first: dict[int, tuple[float, float]] = {}
+
+    def render(self, task) -> Text:
+        now = task.get_time()
+        if task.finished and task.finished_time is not None and task.start_time is not None:
+            now = task.start_time + task.finished_time        # a finished bar keeps its rate
+        first_time, first_done = self._first.setdefault(task.id, (now, task.completed))
+        if task.completed < first_done:                 # the task started over: so does its average
+            self._first[task.id] = first_time, first_done = now, task.completed
+        seconds = now - first_time
+        if seconds < RATE_AFTER_S or task.completed <= first_done:
+            return Text("", style="progress.data.speed")
+        return Text(format_rate((task.completed - first_done) / seconds), style="progress.data.speed")
 
 
 def debugging() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
-class ErrorBoundaryGroup(TyperGroup):
+def reflow(text: Optional[str]) -> Optional[str]:
+    """A docstring as help: each paragraph one line, which the help screen then wraps to the
+    terminal's width (Typer keeps a docstring's hard line breaks, so help wrapped at 80 columns
+    came out ragged). A line starting with '- ' or indented starts a line of its own (a list)."""
+    if not text:
+        return text
+    paragraphs = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in para.split("\n"):
+            if lines and line.strip() and not line.startswith((" ", "- ", "* ", "\b")):
+                lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def value_metavar(param) -> Optional[str]:
+    """What the help shows after an option: nothing for a flag (it takes no value: `--json`, not
+    `--json <bool>`), N for a count, else the option's last word in capitals (--piece-size SIZE,
+    --seconds SECONDS) instead of Typer's Python type names (`<str>`, `<float>`). None: leave it
+    (a metavar given, or choices Typer lists as a|b)."""
+    if param.metavar is not None or not isinstance(param, TyperOption):
+        return None
+    if param.is_flag:
+        return ""
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return None
+    if desc.annotation is int:
+        return "N"
+    long = max(param.opts, key=len).lstrip("-")
+    return long.rsplit("-", 1)[-1].upper()
+
+
+def plain_help(command) -> None:
+    """One help style for every command and group: reflowed prose, value words instead of type
+    names; an argument's type column is left empty (its name, in the first column, says it)."""
+    command.help = reflow(command.help)
+    command.short_help = reflow(command.short_help)
+    for param in command.params:
+        if isinstance(param, TyperArgument):
+            param.display_type_rich = lambda ctx: None      # not `<list[str]>`: DEST_DIR... says it
+            continue
+        metavar = value_metavar(param)
+        if metavar is not None:
+            param.metavar = metavar
+        if isinstance(param, TyperOption) and param.help:
+            param.help = reflow(param.help)
+
+
+class PlainHelp:
+    """Mixed into this project's command and group classes: `plain_help` on construction, and
+    for the -h/--help option Click adds later."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        plain_help(self)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class ErrorBoundaryGroup(PlainHelp, TyperGroup):
     """A Typer group whose commands' errors become one line and an exit code."""
 
     def parse_args(self, ctx, args):
@@ -81,18 +192,24 @@ class ErrorBoundaryGroup(TyperGroup):
             self._usage(ctx, e)
 
     def invoke(self, ctx):
+        if threading.current_thread() is threading.main_thread() and guarded():
+            signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on Ctrl-C is caught below
         try:
             return super().invoke(ctx)
         except click_exceptions.UsageError as e:      # the command's arguments, or an unknown command
             self._usage(ctx, e)
         except ReplicaTunerError as e:
             self._fail(ctx, str(e), e.exit_code)
-        except KeyboardInterrupt:
-            self._fail(ctx, "interrupted", EXIT_INTERRUPTED)
+        except KeyboardInterrupt:    # a Ctrl-C no command caught (before its own handler, or a second one)
+            self._fail(ctx, INTERRUPTED, EXIT_INTERRUPTED)
         except BrokenPipeError:
             raise typer.Exit(0)
         except FileNotFoundError as e:
             self._fail(ctx, f"{e.filename or e}: not found", EXIT_MISSING)
+        except NotADirectoryError as e:         # a path of the wrong kind the library did not foresee
+            self._fail(ctx, f"{e.filename or e}: a file where a folder was expected; give a folder", EXIT_USAGE)
+        except IsADirectoryError as e:
+            self._fail(ctx, f"{e.filename or e}: a folder where a file was expected; give a file", EXIT_USAGE)
         except PermissionError as e:
             self._fail(ctx, f"{e.filename or e}: permission denied", EXIT_MISSING)
 
@@ -101,6 +218,8 @@ class ErrorBoundaryGroup(TyperGroup):
         if isinstance(e, click_exceptions.NoArgsIsHelpError):
             raise e                                  # a bare command name: its help, as before
         message = " ".join(e.format_message().split())
+        if "unexpected extra argument" in message and BOOL_WORD.search(message):
+            message += "; a flag such as --json takes no value: give it alone to turn it on"
         # Some parser errors carry no context; the command being parsed is then the invoked one.
         where = e.ctx.command_path if e.ctx is not None else " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
         self._fail(ctx, f"{message[:1].lower()}{message[1:].rstrip('.')} (see '{where} -h')", EXIT_USAGE)
@@ -114,7 +233,7 @@ class ErrorBoundaryGroup(TyperGroup):
         raise typer.Exit(code)
 
 
-class PlainUsageCommand(TyperCommand):
+class PlainUsageCommand(PlainHelp, TyperCommand):
     """A command whose usage line names its arguments as POSIX tools do: `SOURCE DEST_DIR...`,
     `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`)."""
 
@@ -168,10 +287,28 @@ def make_app(name: str, help: str) -> typer.Typer:
     return app
 
 
-RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, metavar="DIR",
+def _check_rig(ctx: typer.Context, param: typer.CallbackParam, value: Optional[str]) -> Optional[str]:
+    """A rig path of the wrong kind (a file) is refused while parsing, in every command that takes --rig."""
+    from_env = ctx.get_parameter_source(param.name) == click_core.ParameterSource.ENVIRONMENT
+    rig_dir(None if from_env else value)      # from the environment: named as $REPLICA_TUNER_RIG
+    return value
+
+
+RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, show_envvar=False, metavar="DIR", callback=_check_rig,
                          help=f"Rig folder (default: ${RIG_ENV}, else ./rig).")
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")
+
+
+def require_terminal(what: str, instead: str) -> None:
+    """Refuse (exit 2) to open a full-screen program where no one can use it: its input and output
+    must both be a terminal. Without this a screen app piped or fed /dev/null writes escape codes
+    until killed."""
+    missing = [name for name, stream in (("input", sys.stdin), ("output", sys.stdout))
+               if stream is None or not stream.isatty()]
+    if missing:
+        raise UsageError(f"{what} needs a terminal (its {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                         f"not one); run it in a terminal, or {instead}")
 
 
 JSON_WANTED = "replica_tuner.json"     # ctx.meta keys: --json was given; a result was printed
@@ -195,5 +332,8 @@ def print_result(result: Result) -> None:
 
 
 def run(app: typer.Typer, name: Optional[str] = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point. A Ctrl-C while the command line is still being parsed (nothing
+    has been done yet) is the one line and exit 130, not Typer's silent 130 or a traceback; once a
+    command runs, the boundary (ErrorBoundaryGroup.invoke) takes Ctrl-C back as KeyboardInterrupt."""
+    guard(name or os.path.basename(sys.argv[0]))     # usually already on, from the package's __init__
     app(prog_name=name)

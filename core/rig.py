@@ -37,7 +37,7 @@ from .constants import (
     USAGE_DIR,
     VERDICTS_FILE,
 )
-from .errors import RigError, UsageError
+from .errors import MissingError, RigError, UsageError
 from .fsutil import atomic_write_text
 
 
@@ -127,6 +127,23 @@ class Rig:
             return []
         return [os.path.join(d, n) for n in names]
 
+    def resolve(self, ref: str, name: str, noun: str, remedy: str) -> str:
+        """What users type for a file a stage wrote (a plan, an iobench result), the same in every
+        tool: a path, 'latest' (the newest in rig/NAME), or its name in rig/NAME (with or without
+        .json). MissingError (exit 3) when nothing matches, saying where it looked and `remedy`."""
+        if os.path.lexists(ref) and ref != "latest":
+            return os.path.abspath(ref)        # a file, or a path of another kind its loader names
+        d = os.path.join(self.root, name)
+        if ref == "latest":
+            files = self.timestamped_files(name)
+            if not files:
+                raise MissingError(f"no {noun}s in {d}: {remedy}")
+            return files[-1]
+        for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(self.root, ref)):
+            if os.path.isfile(cand):
+                return cand
+        raise MissingError(f"{ref}: no such {noun} file, nor one of that name in {d}; give a file, its name there, or 'latest'")
+
     def member(self, path_or_name: str) -> Member:
         real = os.path.realpath(path_or_name)
         for m in self.members:
@@ -137,8 +154,27 @@ class Rig:
 
 
 def rig_dir(option: str | None = None) -> str:
-    """--rig DIR, else $REPLICA_TUNER_RIG, else ./rig; returned absolute."""
-    return os.path.abspath(option or os.environ.get(RIG_ENV) or DEFAULT_RIG)
+    """--rig DIR, else $REPLICA_TUNER_RIG, else ./rig; returned absolute. A folder that need not
+    exist yet, but a path whose nearest existing part is not a folder (a file given by mistake)
+    is refused here, once for every command, naming where the path came from."""
+    given = option or os.environ.get(RIG_ENV) or DEFAULT_RIG
+    root = os.path.abspath(given)
+    where = "--rig" if option else (f"${RIG_ENV}" if os.environ.get(RIG_ENV) else "the default rig")
+    check_folder_path(root, f"{where} {given}", "give the rig folder (the one holding rig.toml), or a new folder's path")
+    return root
+
+
+def check_folder_path(path: str, what: str, fix: str) -> None:
+    """Refuse a folder path that is a file, or that runs through one (it can never be a folder)."""
+    part = path
+    while part and not os.path.lexists(part):
+        parent = os.path.dirname(part)
+        if parent == part:
+            return
+        part = parent
+    if part and not os.path.isdir(part):
+        kind = "is a file" if part == path else f"runs through the file {part}"
+        raise UsageError(f"{what}: {kind}, not a folder; {fix}")
 
 
 def _bad(where: str, key: str, what: str) -> RigError:

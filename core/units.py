@@ -51,3 +51,7 @@ def format_signed_pct(fraction: float, digits: int = 1) -> str:
         return f"{0:.{digits}f}%"
     return f"{value:+.{digits}f}%"
 
+
+def plural(n: int, noun: str) -> str:
+    """'1 bad piece', '3 bad pieces': a count and its noun, as a reader says them."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from core.units import plural
+
 from . import ds4_argodrive as ds4
 from .profile import (
     NO_SOURCES,
@@ -195,7 +197,7 @@ def _sources(log: ds4.LogReport, n: int) -> Check:
         return Check("sources", True, "1", "none", "single source: the engine reads the primary alone")
     ok = log.sources == n
     return Check("sources", ok, str(n), str(log.sources),
-                 f"engine opened {log.sources} source(s)" + ("" if ok else f", {n} requested"))
+                 f"engine opened {plural(log.sources, 'source')}" + ("" if ok else f", {n} requested"))
 
 
 def _decode_split(log: ds4.LogReport, want: str) -> Check:

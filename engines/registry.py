@@ -6,6 +6,7 @@ from core.errors import UsageError
 
 from . import colibri, ds4_argodrive
 from .base import Engine
+from .profile import bad_characters
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (ds4_argodrive.ENGINE, colibri.ENGINE)}
 DEFAULT_ENGINE = ds4_argodrive.NAME
@@ -36,3 +37,17 @@ def engine_for_model(fmt: str, layout: str, files) -> str:
         if e.reads_model is not None and not e.reads_model(fmt, layout, tuple(files)):
             return e.name
     return DEFAULT_ENGINE
+
+
+def path_refusals(path: str, fmt: str, layout: str, files) -> list[tuple[str, list[str]]]:
+    """(engine, the characters it refuses) for each registered engine that reads a model of this
+    format and layout and could not be given `path` as a source (its `path_forbidden`: the list
+    separators of its environment variables). Asked of the engines, never listed here."""
+    out = []
+    for e in ENGINES.values():
+        if e.reads_model is not None and e.reads_model(fmt, layout, tuple(files)):
+            continue                                      # this engine does not read the model anyway
+        bad = bad_characters(path, e.path_forbidden)
+        if bad:
+            out.append((e.name, bad))
+    return out

@@ -30,7 +30,7 @@ from core.constants import HUGE_PAGE
 from core.drives import drive_of, drives_topology
 from core.tiers import memory_fs
 from core.topology import topology_lines
-from models.formats import RAW, sniff
+from models.formats import RAW, SPLIT_NAME, sniff
 from models.modelset import FILE, ModelSet, discover, member_set, one_file
 from models.tensortable import inspect_model
 
@@ -49,6 +49,7 @@ from .schedule import (
     Trial,
     check_options,
     count_trials,
+    fitting_presets,
     measure,
     run_plan,
     run_settings,
@@ -129,13 +130,17 @@ def rig_component_bytes(rig: Rig) -> int:
 
 
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:
-    """Name each file by its drive's mount point (made unique)."""
+    """Name each path by its drive's mount point (made unique). A path is a file, or a model of
+    several files (its directory, any file of its split set): that model is read as a rig member
+    is, the file holding most of its experts (`model_layout`)."""
     out, taken = [], set()
     for p in paths:
-        check_file(p)
+        several = os.path.isdir(p) or (os.path.isfile(p) and SPLIT_NAME.match(os.path.basename(p)) is not None)
+        at = model_layout(discover(p)) if several else (p, None, ())
+        check_file(at[0])
         name = unique_name(drive_of(p).label, taken)
         taken.add(name)
-        out.append(make_target(p, name))
+        out.append(make_target(*at[:1], name, *at[1:]))
     return out
 
 
@@ -225,7 +230,11 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
     (phase 'trial', done/total trials) before each trial and a Notice with its rate after.
     `clock` times the trials (the host's unless a test passes its own). With `opts.topology`, the
     drives the OS says share a disk, controller, bridge or hub are also measured together
-    (`schedule.with_topology`) and the result keeps what the OS said."""
+    (`schedule.with_topology`) and the result keeps what the OS said. Presets not named that a
+    target is too small for are skipped, with a note on that drive (`fitting_presets`)."""
+    opts, skipped = fitting_presets(targets, opts)
+    for name, note in skipped:
+        emit(report, Notice(task=name, message=note))
     check_run(targets, opts)
     topology = drives_topology([(t.name, t.path) for t in targets]) if opts.topology else None
     if topology is not None:
@@ -263,7 +272,8 @@ def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchRes
         presets = m.presets[t.name]
         drives.append(DriveResult(name=t.name, path=t.path, size=t.size, cold=o.reader.how, drive=t.drive,
                                   presets=presets, model=_fit(presets, o.queue),
-                                  notes=tuple(list(t.notes) + o.notes + m.notes[t.name]), queue=o.queue))
+                                  notes=tuple(list(t.notes) + o.notes + m.notes[t.name]
+                                              + [note for name, note in skipped if name == t.name]), queue=o.queue))
     return BenchResult(created=created, drives=tuple(drives), groups=tuple(m.groups), together=tuple(m.together),
                        settings=run_settings(opts, m), host=socket.gethostname(),
                        wall_s=round(time.perf_counter() - t_wall, 3), topology=topology)

@@ -22,7 +22,7 @@ from engines.split import parse_weights
 from . import render
 from .bench import FioComparison, fio_compare, rig_component_bytes, run_bench, targets_from_paths, targets_from_rig
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS, SCRATCH_FOLDER
-from .result import latest_result, load_result, result_files, save_result
+from .result import latest_result, load_result, resolve_result_path, result_files, save_result
 from .scratch import bench_scratch, check_folder
 from .schedule import RunOptions, parse_groups, parse_lanes, parse_presets
 from .testbed_cli import app as testbed_app
@@ -98,7 +98,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
                                                   help="Prefill split weights, one per drive (default: from the seq ceilings)."),
             decode_weights: Optional[str] = typer.Option(None, "--decode-weights", metavar="W:W:W",
                                                          help="Decode split weights (default: --weights)."),
-            save: bool = typer.Option(True, "--save/--no-save", help="Write rig/bench/<timestamp>.json."),
+            save: bool = typer.Option(True, "--save/--no-save",
+                                      help="Write the result to the rig's bench folder."),
             quiet: bool = QuietOption,
             json_out: bool = JsonOption):
     """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""
@@ -110,7 +111,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
     names = [t.name for t in targets]
-    opts = RunOptions(presets=parse_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=parse_lanes(lanes),
+    opts = RunOptions(presets=parse_presets(preset), skip_small=preset == "all", seconds=seconds, repeat=repeat,
+                      restarts=restarts, lanes=parse_lanes(lanes),
                       alone=alone is not False, together=alone is not True,
                       groups=parse_groups(group or [], names), topology=topology,
                       weights=parse_weights(weights) if weights else None,
@@ -179,16 +181,15 @@ def scratch(directory: str = typer.Argument(..., metavar="DIR",
 
 
 @app.command()
-def show(result: Optional[str] = typer.Argument(None, metavar="RESULT", help="A result file (default: newest in rig/bench)."),
+def show(result: Optional[str] = typer.Argument(None, metavar="RESULT",
+                                                help="A result file, its name in rig/bench, or 'latest' (default: the newest)."),
          rig: Optional[str] = RigOption,
          lanes: bool = typer.Option(False, "--lanes", help="Also show every lane count."),
          json_out: bool = JsonOption):
     """A result as a table and a bar chart of the per-drive ceilings."""
-    if result:
-        r, path = load_result(result), result
-    else:
-        the_rig = load_rig(rig_dir(rig), must_exist=False)
-        r, path = latest_result(the_rig), result_files(the_rig)[-1]
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    path = resolve_result_path(result or "latest", the_rig)
+    r = load_result(path)
     if json_out:
         print_result(r)
     else:
@@ -196,10 +197,13 @@ def show(result: Optional[str] = typer.Argument(None, metavar="RESULT", help="A 
 
 
 @app.command()
-def compare(a: str = typer.Argument(..., metavar="A", help="Result file (the baseline)."),
-            b: str = typer.Argument(..., metavar="B", help="Result file to compare with A."),
+def compare(a: str = typer.Argument(..., metavar="A", help="Result (the baseline): a file, its name in rig/bench, or 'latest'."),
+            b: str = typer.Argument(..., metavar="B", help="Result to compare with A, named as A."),
+            rig: Optional[str] = RigOption,
             json_out: bool = JsonOption):
     """Two results side by side: per drive and preset, both ceilings and B/A, with a bar chart."""
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    a, b = (resolve_result_path(x, the_rig) for x in (a, b))
     ra, rb = load_result(a), load_result(b)
     rows = render.compare_rows(ra, rb)
     if json_out:

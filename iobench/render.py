@@ -40,9 +40,10 @@ def trials_cell(trials_bw, trials_spread_pct: float) -> str:
 
 
 def _table(title: str, columns: Sequence[str], left: Sequence[str] = ()) -> Table:
+    """Every column named (the last, "flags", holds CACHE? and spread: a result to distrust)."""
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in columns:
-        t.add_column(col, justify="left" if col in left or not col else "right",
+        t.add_column(col, justify="left" if col in left or col == "flags" else "right",
                      no_wrap=col in ("drive", "preset", "group", "drive/group"), min_width=7 if col == "preset" else None)
     return t
 
@@ -51,7 +52,7 @@ def drives_table(r: BenchResult) -> Table:
     """One row per drive and preset: the best lane count's numbers (p95 and more in --json)."""
     t = _table("Drives alone (GB/s decimal; latency at the best lane count; spr% over the windows, "
                "trials: restarted trials and their spread %)",
-               ("drive", "preset", "MiB", "GB/s", "IOPS", "p50 ms", "p99 ms", "knee", "spr%", "trials", ""),
+               ("drive", "preset", "MiB", "GB/s", "IOPS", "p50 ms", "p99 ms", "knee", "spr%", "trials", "flags"),
                ("drive", "preset"))
     for d in r.drives:
         for name in PRESETS:
@@ -122,7 +123,7 @@ def groups_table(r: BenchResult) -> Table | None:
     if not rows:
         return None
     t = _table("Together (one gate, one shared window; ratio = GB/s / sum alone)",
-               ("group", "preset", "GB/s", "alone", "ratio", "members GB/s", "spr%", "trials", ""),
+               ("group", "preset", "GB/s", "alone", "ratio", "members GB/s", "spr%", "trials", "flags"),
                ("group", "preset", "members GB/s"))
     for g in rows:
         s = alone_sum(r, g)
@@ -221,7 +222,7 @@ def compare_rows(a: BenchResult, b: BenchResult) -> list[dict]:
 def compare_table(rows: Sequence[dict]) -> Table:
     """Both results' ceilings per drive (or group) and preset; which file is A and which B is said
     above the table (a title holding paths would wrap at the table's width)."""
-    t = _table("", ("drive/group", "preset", "A GB/s", "B GB/s", "B/A", ""), ("drive/group", "preset"))
+    t = _table("", ("drive/group", "preset", "A GB/s", "B GB/s", "B/A", "flags"), ("drive/group", "preset"))
     for row in rows:
         t.add_row(row["name"], row["preset"], gbs(row["a_bw_bytes"]) if row["a_bw_bytes"] is not None else "-",
                   gbs(row["b_bw_bytes"]) if row["b_bw_bytes"] is not None else "-",

@@ -322,6 +322,11 @@ def save_result(rig: Rig, r: BenchResult, folder: str = "") -> str:
     return write_json(os.path.join(d, result_name(r.created)), result_to_dict(r))
 
 
+def resolve_result_path(ref: str, rig: Rig) -> str:
+    """A result as users name it, the same as a plan: a file, 'latest', or its name in rig/bench."""
+    return rig.resolve(ref, BENCH_DIR, "iobench result", f"run `iobench run --rig {rig.root}` first")
+
+
 def latest_result(rig: Rig) -> BenchResult:
     """The newest result in rig/bench; MissingError (exit 3, like a missing plan) when there is none."""
     files = result_files(rig)

@@ -88,6 +88,9 @@ class RunOptions:
     restarts: int | None = None                   # trials per lane count, overrides every preset's
     topology: bool = True                         # also measure together the drives the OS says share something
     topology_groups: tuple[str, ...] = ()         # which of `groups` came from the topology (`with_topology`)
+    # The presets were not named (--preset all, the default): one the files are too small for is
+    # skipped with a note (`fitting_presets`) instead of refusing the run.
+    skip_small: bool = False
 
     def lanes_for(self, preset: str) -> tuple[int, ...]:
         return tuple(self.lanes) if self.lanes else DEFAULT_LANES[preset]
@@ -198,18 +201,44 @@ def check_options(targets: Sequence[Target], opts: RunOptions, real_paths: Seque
             if len(w) != len(targets):
                 raise UsageError(f"{what} {':'.join(map(str, w))}: give one weight per drive ({len(targets)}: "
                                  f"{', '.join(names)})")
-    # Sizes: the largest piece each preset can ask of a drive, at the most lanes.
     for t in targets:
         for p in opts.presets:
-            # together runs use the alone best lane count, or the engine's default without alone runs
-            lanes = tuple(opts.lanes_for(p)) if opts.alone else (TOGETHER_LANES[p],)
-            probe = shape_for(t, p, 0, (1,), (1,))        # unsplit: the largest piece
-            need = min_slots(lanes)
-            if probe.slots < need:
-                step = probe.step
-                raise UsageError(f"{t.path}: {t.size:,} bytes is too small for the {p} preset at {max(lanes)} lanes "
-                                 f"(needs {need} requests of {step:,} B apart, about {need * step + probe.piece_bytes:,} bytes); "
-                                 f"give a bigger file or fewer --lanes")
+            why = too_small(t, p, opts)
+            if why:
+                raise UsageError(f"{why}; give a bigger file or fewer --lanes")
+
+
+def too_small(t: Target, preset: str, opts: RunOptions) -> str | None:
+    """Why `t` cannot hold the preset's requests at the most lanes (None: it can). The largest
+    piece the preset can ask of a drive, unsplit, as many times apart as lanes run at once."""
+    # together runs use the alone best lane count, or the engine's default without alone runs
+    lanes = tuple(opts.lanes_for(preset)) if opts.alone else (TOGETHER_LANES[preset],)
+    probe = shape_for(t, preset, 0, (1,), (1,))
+    need = min_slots(lanes)
+    if probe.slots >= need:
+        return None
+    return (f"{t.path}: {t.size:,} bytes is too small for the {preset} preset at {max(lanes)} lanes "
+            f"(needs {need} requests of {probe.step:,} B apart, about {need * probe.step + probe.piece_bytes:,} bytes)")
+
+
+def fitting_presets(targets: Sequence[Target], opts: RunOptions) -> tuple[RunOptions, list[tuple[str, str]]]:
+    """(the options without the presets some target is too small for, (drive, note) per preset skipped)
+    when the presets were not named (`skip_small`); else the options as they are (a named preset
+    that does not fit is refused by `check_options`). No preset left: refused with the first reason."""
+    if not opts.skip_small:
+        return opts, []
+    keep, notes, first = [], [], None
+    for p in opts.presets:
+        small = [(t.name, w) for t, w in ((t, too_small(t, p, opts)) for t in targets) if w]
+        if not small:
+            keep.append(p)
+            continue
+        first = first or small[0][1]
+        notes += [(name, f"{p} preset skipped: {why}; to measure it name it with --preset {p} and fewer --lanes")
+                  for name, why in small]
+    if not keep:
+        raise UsageError(f"{first}; give a bigger file or fewer --lanes")
+    return replace(opts, presets=tuple(keep)), notes
 
 
 def shape_for(t: Target, preset: str, index: int, weights, decode_weights) -> Shape | None:

@@ -39,6 +39,16 @@ LAYOUTS = (FILE, SPLIT, DIR)
 HF_INDEX = "model.safetensors.index.json"
 
 
+class NotAModel(UsageError):
+    """Bytes that are no model format this project reads. Its message says only what the path is;
+    a command that can take such bytes anyway (replicas' --format raw) says how, not this module:
+    `NotAModel(e.what, its_fix)`."""
+
+    def __init__(self, what: str, fix: str):
+        super().__init__(f"{what}; {fix}")
+        self.what = what
+
+
 @dataclass(frozen=True)
 class ModelSet:
     path: str                  # absolute: the file, the split set's first file, or the directory
@@ -148,8 +158,8 @@ def discover(path: str, fmt: str | None = None) -> ModelSet:
     if fmt == RAW:
         return one_file(path, RAW)
     if found is None:
-        raise UsageError(f"model {path}: not a GGUF or safetensors file (its first bytes say neither); "
-                         "pass --format raw to replicate it as opaque bytes")
+        raise NotAModel(f"model {path}: not a GGUF or safetensors file (its first bytes say neither)",
+                        "give a model's GGUF or safetensors file, any file of its split set, or its directory")
     if fmt is not None and fmt != found:
         raise UsageError(f"model {path}: --format {fmt} given but the file is {found}")
     m = SPLIT_NAME.match(os.path.basename(path))
@@ -210,8 +220,8 @@ def _directory(path: str, fmt: str | None) -> ModelSet:
                        "re-download it")
     found = SAFETENSORS if SAFETENSORS in kinds.values() else GGUF if GGUF in kinds.values() else None
     if found is None:
-        raise UsageError(f"model directory {path}: holds no GGUF or safetensors file; pass --format raw to "
-                         "replicate it as opaque bytes")
+        raise NotAModel(f"model directory {path}: holds no GGUF or safetensors file",
+                        "give a model's directory, GGUF or safetensors file")
     if fmt is not None and fmt != found:
         raise UsageError(f"model directory {path}: --format {fmt} given but its model files are {found}")
     if found == SAFETENSORS:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from core.cli import JsonOption, RigOption, err, make_app, out, print_result, run
+from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
 from core.platform import available_memory
@@ -16,9 +16,9 @@ from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import describe_split, parse_weights
 
-from .constants import PREFILL_TOKENS, V41_COMPONENT_BYTES
-from .plan import Plan
-from .plans import latest_plan_path, load_plan
+from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
+from .plan import Plan, engine_switches
+from .plans import latest_plan_path, load_plan, resolve_plan_path
 from .rigmodel import RigProblem, problem_for_rig, solve_rig
 from .solve import PhasePrediction, predict
 from .workload import NAMED
@@ -27,7 +27,8 @@ app = make_app("planner", "Split reads across replicas: exact split arithmetic, 
                           "solver, plans.")
 
 EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned: {', '.join(ENGINES)}.")
-BenchOption = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in rig/bench).")
+BenchOption = typer.Option(None, "--bench", metavar="RESULT",
+                           help="iobench result: a file, its name in rig/bench, or 'latest' (default: the newest).")
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
                                 help="Other work on a source: primary:engram (Engram rows per decoded token) or "
                                      "NAME:PERCENT% busy. Repeatable.")
@@ -121,19 +122,20 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
                                                                                                           "keep per phase."),
           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
-          page_cache: str = PageCacheOption, json_out: bool = JsonOption):
+          page_cache: str = PageCacheOption, quiet: bool = QuietOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
     saved = solve_rig(rig_dir(rig), bench, engine, background or (), top,
                       **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only, tails,
                                          page_cache))
     # Said once the plan is written, so a failing command still says one line.
-    for text in saved.notices:
+    for text in () if quiet else saved.notices:
         err.print(f"notice: {text}", markup=False)
     if json_out:
         print_result(saved)
     else:
         _render_plan(saved.plan, saved.path)
-    err.print(f"plan written to {saved.path}")
+    if not quiet:
+        err.print(f"plan written to {saved.path}")
 
 
 @app.command()
@@ -191,7 +193,7 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
                                                      "embedded engine, or the real engine's log (default: the newest "
                                                      "harness arm)."),
            scratch_size: str = typer.Option("1G", "--scratch-size", help="Scratch file for --add (binary units)."),
-           preset: str = typer.Option("seq,prefill,decode,rand4k", "--preset", help="iobench presets for --add."),
+           preset: str = typer.Option("all", "--preset", help="iobench presets for --add (all: seq, prefill, decode, rand4k)."),
            seconds: float = typer.Option(0.5, "--seconds", help="Seconds per iobench window for --add."),
            repeat: int = typer.Option(3, "--repeat", help="iobench windows per trial for --add."),
            scratch_lanes: Optional[str] = typer.Option(None, "--scratch-lanes", metavar="1,2,4",
@@ -305,13 +307,7 @@ def _render_plan(plan: Plan, path: str) -> None:
             if isinstance(b, dict) and "throughput_Bps" in b and phase.predicted.get("throughput_Bps"):
                 out.print(f"  vs {key} {':'.join(map(str, b.get('weights', [])))}: {format_rate(b['throughput_Bps'])} "
                           f"(plan x{phase.predicted['throughput_Bps'] / b['throughput_Bps']:.3f})")
-        alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
-                and list(a.get("weights", [])) != list(phase.weights)]
-        if alts:
-            # Each alternative's speed relative to the plan's: usually slower ("-1.2%"), but a
-            # split within the solver's tie tolerance may be a hair faster ("+0.1%").
-            out.print("  next best: " + ", ".join(f"{':'.join(map(str, a.get('weights', [])))} "
-                                                  f"({format_signed_pct(-a.get('behind', 0))})" for a in alts))
+        _render_alternatives(plan, ph, phase)
     prov = plan.provenance
     _render_engine_trials(prov.get("engine_trials") or {})
     for link in (prov.get("model") or {}).get("links") or ():
@@ -319,6 +315,34 @@ def _render_plan(plan: Plan, path: str) -> None:
                   f"{format_rate(link.get('ceiling_Bps', 0))} together")
     if prov:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
+
+
+def _alt_label(a: dict, switches: tuple[str, ...]) -> str:
+    """An alternative's weights, and its switches where the engine has any (colibri: the same
+    weights with another O_DIRECT / stripe setting is another candidate)."""
+    on = [s for s in switches if a.get(s)]
+    return ":".join(map(str, a.get("weights", []))) + (f" {'+'.join(on)}" if on else " (no switches)" if switches else "")
+
+
+def _render_alternatives(plan: Plan, ph: str, phase) -> None:
+    """The solver's runners-up for a phase, never the plan's own split: ties first (as fast as the
+    best within the solver's tie tolerance; the plan took the preferred one: default switches,
+    smaller weights), then the next best, each with its speed relative to the plan's."""
+    switches = engine_switches(plan.engine)
+    own = (list(phase.weights), tuple(bool(getattr(plan, s, False)) for s in switches))
+    alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
+            and (list(a.get("weights", [])), tuple(bool(a.get(s)) for s in switches)) != own]
+    ties = [a for a in alts if a.get("tied")]
+    rest = [a for a in alts if not a.get("tied")]
+
+    def listed(group: list[dict]) -> str:
+        return ", ".join(f"{_alt_label(a, switches)} ({format_signed_pct(-a.get('behind', 0))})" for a in group)
+
+    if ties:
+        prefers = "the default switches, then the smaller weights" if switches else "the smaller weights"
+        out.print(f"  as fast within {TIE_TOLERANCE:.1%} (the plan takes {prefers}): " + listed(ties))
+    if rest:
+        out.print("  next best: " + listed(rest))
 
 
 def _render_engine_trials(t: dict) -> None:
@@ -372,10 +396,12 @@ def _render_workload(plan: Plan) -> None:
 
 
 @app.command()
-def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN", help="Plan file (default: newest in rig/plans)."),
+def show(plan: Optional[str] = typer.Argument(None, metavar="PLAN",
+                                              help="Plan file, its name in rig/plans, or 'latest' (default: the newest)."),
          rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """A readable summary of a plan, with the split of one read drawn per source."""
-    path = plan or latest_plan_path(load_rig(rig_dir(rig), must_exist=False))
+    the_rig = load_rig(rig_dir(rig), must_exist=False)
+    path = resolve_plan_path(plan, the_rig) if plan else latest_plan_path(the_rig)
     p = load_plan(path)
     if json_out:
         print_result(p)

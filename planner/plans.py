@@ -76,19 +76,16 @@ def latest_plan_path(rig: Rig) -> str:
 
 
 def resolve_plan_path(ref: str, rig: Rig | None) -> str:
-    """What users type after --plan: a plan file, 'latest' (the newest in <rig>/plans), or a
-    plan's name in <rig>/plans (with or without .json). MissingError when nothing matches."""
-    if os.path.isfile(ref):
-        return os.path.abspath(ref)
-    if rig is not None:
-        if ref == "latest":
-            return latest_plan_path(rig)
-        d = rig.plans_dir
-        for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(rig.root, ref)):
-            if os.path.isfile(cand):
-                return cand
-    raise MissingError(f"plan {ref}: not found" + (f" (nor in {rig.plans_dir})" if rig else "")
-                       + "; give a plan file written by `planner solve`, or 'latest'")
+    """What users type after --plan or as `planner show PLAN`: a plan file, 'latest' (the newest
+    in <rig>/plans), or a plan's name in <rig>/plans (with or without .json) (`Rig.resolve`).
+    MissingError when nothing matches."""
+    if os.path.lexists(ref) and ref != "latest":
+        return os.path.abspath(ref)        # a file, or a path of another kind load_plan names
+    if rig is None:
+        raise MissingError(f"{ref}: no such plan file; give a plan file written by `planner solve`, or 'latest'")
+    if ref == "latest":
+        return latest_plan_path(rig)
+    return rig.resolve(ref, PLANS_DIR, "plan", f"run `planner solve --rig {rig.root}` first")
 
 
 def latest_plan(rig: Rig) -> Plan:
@@ -167,11 +164,12 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
     (blk-throttle's time slices make every drive's delays bursty, not independent per request)
     it under-predicted decode by up to 50 % and chose a split 50 % slower (docs/planner.md).
     `rig`: the rig already loaded from `rig_root` (rig.toml is then not read again)."""
-    from iobench.result import latest_result, load_result, result_files
+    from iobench.result import latest_result, load_result, resolve_result_path, result_files
 
     rig = rig if rig is not None else load_rig(rig_root, must_exist=False)
     if bench:
-        result, bench_path = load_result(bench), os.path.abspath(bench)
+        bench_path = resolve_result_path(bench, rig)
+        result = load_result(bench_path)
     else:
         result = latest_result(rig)
         bench_path = result_files(rig)[-1]

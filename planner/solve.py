@@ -261,6 +261,13 @@ def _pick(scored: dict, key, every: Callable[[object], bool]) -> object:
     return chosen
 
 
+def _tied(scored: dict, candidate) -> bool:
+    """Whether a candidate is as fast as the best within TIE_TOLERANCE: the pick among such ties is
+    by preference (default mode, smaller weights), so a tied alternative may be a hair faster than
+    the pick; it is listed as a tie, not as "next best"."""
+    return scored[candidate] <= min(scored.values()) * (1 + TIE_TOLERANCE)
+
+
 def _idle_note(pricer: Pricer, phase: str, pr: PhasePrice, weights, scored_full: bool) -> dict:
     names = [pricer.p.drives[i].name for i in idle_sources(pr)]
     if not names:
@@ -290,7 +297,8 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
             idle[ph] = _idle_note(pricer, ph, pr, weights[ph], len(scored) == len(grid))
             ranked = [r for r in sorted(scored, key=lambda r: (scored[r], r)) if r != row][:top]
             alts += [dict(prediction(pricer.price(ph, grid[r]), grid[r], frozenset(), problem.drives),
-                          behind=1.0 - scored[row] / scored[r] if scored[r] else 0.0) for r in ranked]
+                          behind=1.0 - scored[row] / scored[r] if scored[r] else 0.0, tied=_tied(scored, r))
+                     for r in ranked]
         mode = frozenset()
     else:
         grid = e.grid(n, problem.geometry, "decode")
@@ -321,7 +329,8 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
         for mi2, r in ranked:
             for ph in PHASES:
                 a = prediction(pricer.price(ph, grid[r], mlist[mi2]), grid[r], mlist[mi2], problem.drives)
-                alts.append(dict(a, behind=1.0 - predicted[ph]["seconds"] / a["seconds"] if a["seconds"] else 0.0))
+                alts.append(dict(a, behind=1.0 - predicted[ph]["seconds"] / a["seconds"] if a["seconds"] else 0.0,
+                                 tied=_tied(scored, (mi2, r))))
     for ph in PHASES:
         cap = capability_weights(pricer, ph)
         best = predicted[ph]["seconds"]

@@ -11,11 +11,11 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
+from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, EXIT_MISSING, Interrupted, ReplicaTunerError, UsageError
 from core.events import Notice
 from core.results import ErrorResult
@@ -30,13 +30,14 @@ from .forget import forget_member
 from models.formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
-from .manifests import load_manifest, load_manifest_file
-from models.modelset import DIR, FILE, discover
+from .manifests import files_of_model, load_manifest, load_manifest_file
+from models.modelset import DIR, FILE, NotAModel, discover
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status, members_topology
 from .sync import sync as sync_files
-from .verdict import MISMATCH, plural
+from .verdict import MISMATCH
+from core.units import plural
 from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
 from .verify import against, verify_members
 
@@ -46,6 +47,9 @@ app = make_app("replicas", "Keep byte-identical replicas of a model file on seve
 MaxRateOption = typer.Option(None, "--max-rate", metavar="RATE",
                              help="Pace each drive to at most RATE bytes per second, in decimal units "
                                   "(500M = 500 MB/s), so a drive that serves the model keeps serving.")
+
+
+SYNC_STOPPED = "sync interrupted; durable pieces are kept: run the same command again to resume"
 
 
 def _rate(text: Optional[str]) -> Optional[float]:
@@ -59,7 +63,7 @@ def live_progress(enabled: bool = True):
     (--quiet): no bars and no notices."""
     cancel = threading.Event()
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
-                    DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeRemainingColumn(), console=err,
+                    DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
                     transient=False, disable=not enabled or not err.is_terminal and not os.environ.get("REPLICAS_PROGRESS"))
     tasks: dict[tuple[str, str], int] = {}
     lock = threading.Lock()
@@ -110,7 +114,7 @@ def init(rig: Optional[str] = RigOption,
     """Create rig.toml naming the model (the primary) and every file of it; replicas are added by
     `replicas sync`."""
     root = rigmod.rig_dir(rig)
-    found = discover(model, fmt)
+    found = _discover(model, fmt, "pass --format raw to replicate it as opaque bytes")
     current = rigmod.load_rig(root, must_exist=False)
     if current.model and os.path.realpath(current.model.path) == found.path and current.format \
             and (current.layout, tuple(current.files)) != (found.layout, found.files):
@@ -188,10 +192,18 @@ def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, 
     return {**model_manifest_to_dict(ModelManifest(tuple(files), model.layout, model.format)), "path": model.path}
 
 
+def _discover(path: str, fmt: Optional[str], raw_hint: str):
+    """models.modelset.discover, with this command's way to take bytes that are no model format."""
+    try:
+        return discover(path, fmt)
+    except NotAModel as e:
+        raise NotAModel(e.what, raw_hint) from None
+
+
 def _model_at(path: str, fmt: Optional[str]):
     """The model of several files at `path` (a directory, or a file of a split GGUF set), else None."""
     if os.path.isdir(path):
-        return discover(path, fmt)
+        return _discover(path, fmt, "pass --format raw to hash its files as they are")
     match = SPLIT_NAME.match(os.path.basename(path))
     if os.path.isfile(path) and match and int(match["count"]) > 1 and sniff(path) == GGUF:
         return discover(path)
@@ -246,10 +258,14 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
     """
     rate = _rate(max_rate)
     with live_progress(not quiet) as (report, cancel):
-        res = sync_files(source, list(dest_dirs or ()), rigmod.rig_dir(rig), piece_size=parse_size(piece_size, "--piece-size"),
-                         dry_run=dry_run, verify=not no_verify, replace_existing=replace,
-                         allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate,
-                         partial=partial)
+        try:
+            res = sync_files(source, list(dest_dirs or ()), rigmod.rig_dir(rig),
+                             piece_size=parse_size(piece_size, "--piece-size"),
+                             dry_run=dry_run, verify=not no_verify, replace_existing=replace,
+                             allow_same_device=allow_same_device, report=report, cancel=cancel, max_rate=rate,
+                             partial=partial)
+        except (Interrupted, KeyboardInterrupt):     # wherever it landed: the copy or its read-back
+            raise Interrupted(SYNC_STOPPED) from None
     if json_out:
         print_result(res)
     else:
@@ -314,24 +330,31 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     r = rigmod.load_rig(rigmod.rig_dir(rig), must_exist=not (manifest_file and paths))
     manifest, record = against(r, load_manifest_file(manifest_file) if manifest_file else None, manifest_file or "",
                                any_files=bool(paths))
-    members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
+    narrowed = files_of_model(manifest, paths) if manifest_file and paths else None
+    if narrowed:          # files of a directory model, given one by one: each against its own entry
+        root, manifest = narrowed
+        members = [Member(root, os.path.basename(root), "file")]
+    else:
+        members = [_member_or_file(r, p, manifest_file is not None) for p in paths] if paths else list(r.members)
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"
     published = load_upstream(upstream) if upstream else None
     # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
     tap = UpstreamTap([m.path for m in members], manifest, published) if published else None
+    # Whenever the Ctrl-C lands (in a read, between members, after the last piece, or a second
+    # Ctrl-C that aborts at once), the message says how to go on.
+    stopped = ("verification interrupted; the pieces done are kept: continue with `replicas verify --full --resume`"
+               if mode == "full" and record else
+               "verification interrupted; nothing was stamped for unfinished members: run it again")
     with live_progress(not quiet) as (report, cancel):
         try:
             rep = verify_members(members, manifest, r, mode=mode, sample=sample, seed=seed, report=report, cancel=cancel,
                                  max_rate=rate, resume=resume, record=record, tap=tap)
-        except Interrupted:
-            if mode == "full" and record:
-                raise Interrupted("verification interrupted; the pieces done are kept: continue with "
-                                  "`replicas verify --full --resume`") from None
-            raise
+        except (Interrupted, KeyboardInterrupt):
+            raise Interrupted(stopped) from None
     if cancel.is_set():
-        raise Interrupted("verification interrupted; nothing was stamped for unfinished members")
+        raise Interrupted(stopped)
     ups = _check_upstream(published, tap, members, manifest, quiet) if published else {}
     if json_out:
         print_result(views.VerifyView(rep, manifest, manifest_file, mode, ups if upstream else None))
@@ -457,7 +480,9 @@ def forget(member: str = typer.Argument(..., metavar="PATH", help="The member to
     gone can be forgotten without the drive. The model (primary) goes only once no replica is left."""
     r = _rig(rig)
     m = forget_member(r, member)
-    err.print(f"forgot {m.role} '{escape(m.name)}' ({escape(m.path)}); its file is left as it is")
+    left = ("its file is left as it is" if r.layout == FILE or len(r.files) < 2      # said of the model's own kind
+            else f"its {plural(len(r.files), 'file')} are left as they are")
+    err.print(f"forgot {m.role} '{escape(m.name)}' ({escape(m.path)}); {left}")
 
 
 def main() -> None:

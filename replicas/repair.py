@@ -214,6 +214,9 @@ def _restore(path: str, fm: Manifest, source: _Donors, pace: Pace | None, progre
         os.close(fd)
         if not done:
             os.unlink(tmp)
+    modes = [os.stat(p).st_mode & 0o777 for p in source.paths if os.path.exists(p)]
+    if modes:
+        os.chmod(tmp, modes[0])           # the donor's mode, as sync keeps the source's
     os.rename(tmp, path)
     fsync_dir(folder)
 

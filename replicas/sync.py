@@ -34,11 +34,12 @@ from concurrent.futures import ThreadPoolExecutor
 from core import rig as rigmod
 from core.errors import EXIT_MISMATCH, EXIT_WRITE, Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
+from core.units import plural
 from core.fsutil import FileIdentity, fsync_dir, require_file
 from core.platform import available_memory
 from core.tiers import is_memory, ram_note
 from core.units import format_bytes
-from engines.registry import DEFAULT_ENGINE, get_engine
+from engines.registry import DEFAULT_ENGINE, get_engine, path_refusals
 
 from .constants import PIECE_SIZE
 from core.drives import drive_label
@@ -110,19 +111,21 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
             if bad:
                 if p.action == ADOPT:
                     return DestResult(p.dest_dir, p.target, p.action, "failed", bad=tuple(bad),
-                                      error=f"{p.target} exists and differs from the source ({len(bad)} pieces); pass "
-                                            "--replace to overwrite it",
+                                      error=f"{p.target} exists and differs from the source ({plural(len(bad), 'piece')}); "
+                                            f"pass --replace to overwrite it",
                                       exit_code=EXIT_MISMATCH)
                 j = Journal(p.journal, {}, fresh=False)
                 j.withdraw([b.index for b in bad])
                 j.close()
                 return DestResult(p.dest_dir, p.target, p.action, "failed", bytes_written=written, bad=tuple(bad),
-                                  error=f"read-back found {len(bad)} bad pieces; they will be rewritten on the next "
-                                        "run", exit_code=EXIT_MISMATCH)
+                                  error=f"read-back found {plural(len(bad), 'bad piece')}; they will be rewritten on the "
+                                        f"next run", exit_code=EXIT_MISMATCH)
         if p.action != ADOPT:
             st = os.stat(source)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         stamped = write_stamp(path, manifest, rig, tag_file=True) if (verify or p.action == ADOPT) else None
+        if p.action != ADOPT:      # after the stamp (a read-only mode would refuse its attribute)
+            os.chmod(path, st.st_mode & PERMISSIONS)      # the source's mode: 0600 shards stay 0600
         if p.action != ADOPT and rename:
             stamped = _rename_into_place(p, manifest, rig, stamped)
         return DestResult(p.dest_dir, p.target, p.action, "copied" if p.action != ADOPT else "identical",
@@ -133,6 +136,9 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
         raise
     except OSError as e:
         return DestResult(p.dest_dir, p.target, p.action, "failed", error=write_error_text(e), exit_code=EXIT_WRITE)
+
+
+PERMISSIONS = 0o777      # a copy keeps its source's read/write/execute bits (never setuid and the like)
 
 
 def _rename_into_place(p: DestPlan, manifest: Manifest, rig: rigmod.Rig, stamped: str | None) -> str | None:
@@ -231,6 +237,11 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     warning = too_many_sources(len(copies), engine.name, engine.max_sources)
     if warning:
         emit(report, Notice(model.path, warning))
+    for sp in plans:         # a copy an engine cannot be pointed at: said now, not at export
+        for name, chars in path_refusals(sp.target, model.format, model.layout, model.files):
+            emit(report, Notice(sp.target, f"warning: {name} refuses a source path containing "
+                                           f"{' or '.join(repr(c) for c in chars)} (its list separators), so a profile "
+                                           f"using this copy would be refused at export; rename the folder to use it there"))
     if dry_run:
         dests = tuple(combine_results(sp.dest_dir, sp.target, [
             DestResult(p.dest_dir, p.target, p.action, "planned", bytes_to_write=bytes_to_write(p, sizes[rel], piece_size),

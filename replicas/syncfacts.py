@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from core import rig as rigmod
-from core.errors import MissingError, UsageError
+from core.errors import MissingError, UsageError, WriteError
 from core.events import Notice, Reporter, emit
 from core.fsutil import FileIdentity, allocated_bytes, free_bytes, require_file
 
@@ -20,7 +20,7 @@ from models.formats import RAW, SPLIT_NAME, sniff
 from .journal import journal_header, read_journal
 from .manifest import Manifest
 from .manifests import load_manifest
-from models.modelset import DIR, SPLIT, ModelSet, discover, from_rig, one_file
+from models.modelset import DIR, SPLIT, ModelSet, NotAModel, discover, from_rig, one_file
 from .records import load_verdicts
 from .stamps import VERIFIED, stamp_state
 from .syncplan import (
@@ -59,7 +59,11 @@ def source_model(source: str, rig: rigmod.Rig) -> ModelSet:
         require_file(source, "source", SOURCE_FIX)
         found = one_file(source, RAW) if raw or sniff(source) is None else discover(source)
     else:
-        found = discover(source, RAW if raw else None)
+        try:
+            found = discover(source, RAW if raw else None)
+        except NotAModel as e:
+            raise NotAModel(e.what, f"to replicate it as opaque bytes, name it first with "
+                                    f"`replicas init --model {source} --format raw`") from None
     if rig_model is None:
         return found
     if os.path.realpath(found.path) not in {os.path.realpath(m.path) for m in rig.members}:
@@ -104,8 +108,9 @@ def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, ma
             raise MissingError(f"destination {d}: no such directory (drive not mounted?); mount it or fix the path")
         if not os.path.isdir(d):
             raise UsageError(f"destination {d}: not a directory; give the directory to copy into")
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise UsageError(f"destination {d}: not writable; check its permissions or mount options")
+        if not os.access(d, os.W_OK | os.X_OK):    # a write that cannot succeed: exit 4, as the README says
+            raise WriteError(f"destination {d}: not writable (permissions or a read-only mount); check its "
+                             "permissions or mount options")
         final = model.in_dir(d)
         if os.path.realpath(final.path) == os.path.realpath(model.path):
             raise UsageError(f"destination {d} is the source's own directory; choose another drive")

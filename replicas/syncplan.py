@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Iterable, Iterator, Sequence
 
 from core.errors import EXIT_MISMATCH, EXIT_OK, MismatchError, UsageError, WriteError
 from core.constants import ALIGNMENT, IO_BLOCK
-from core.units import format_bytes
+from core.units import format_bytes, plural
 
 from .constants import (
     HEADROOM_FRACTION,
@@ -240,7 +240,7 @@ def partial_plan(plan: DestPlan, partial: PartialState) -> DestPlan:
         return DestPlan(plan.dest_dir, plan.target, plan.action, reason=RESTART_REASON)
     if partial.durable:
         return DestPlan(plan.dest_dir, plan.target, RESUME if plan.action == COPY else plan.action,
-                        frozenset(partial.durable), reason=f"resuming: {len(partial.durable)} pieces already durable")
+                        frozenset(partial.durable), reason=f"resuming: {plural(len(partial.durable), 'piece')} already durable")
     return plan
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import RigError
+from core.units import plural
 
 from .constants import SCRUB_SCHEMA, VERDICTS_SCHEMA
 from .manifest import Manifest, PieceRange
@@ -73,11 +74,6 @@ def rollup_verdict(verdicts: list[Verdict | None]) -> Verdict | None:
     newest = max(worst, key=lambda v: v.at)
     detail = newest.detail if len(worst) == 1 else plural(len(worst), "file") + f" {state}"
     return Verdict(state, newest.at, newest.manifest, newest.how, tuple(b for v in worst for b in v.bad), detail)
-
-
-def plural(n: int, noun: str) -> str:
-    """'1 bad piece', '3 bad pieces'."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def verdict_of_check(state: str, at: float, manifest: Manifest, how: str, bad=(), detail: str = "") -> Verdict | None:

@@ -22,6 +22,7 @@ from core.errors import Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import FileIdentity
 from core.rig import Member, Rig
+from core.units import plural
 
 from .checks import IDENTICAL, MISMATCH, MISSING, UNREADABLE, FileCheck, MemberCheck, VerifyReport
 from core.coldio import open_cold, read_sequential
@@ -33,7 +34,7 @@ from models.modelset import member_files
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
-from .verdict import ScrubMark, Verdict, plural, resume_point, standing_mismatch, verdict_of_check
+from .verdict import ScrubMark, Verdict, resume_point, standing_mismatch, verdict_of_check
 
 
 # Given a file's path, a sink for every byte a whole-file verify reads of it, or None.
@@ -110,8 +111,11 @@ class ScrubBook:
             return 0, ()
         key = (ident.size, ident.mtime_ns, ident.inode, ident.device)
         first, bad = resume_point(self.marks.get(path), manifest, key)
-        if first:
-            emit(self.report, Notice(path, f"resuming at piece {first} of {manifest.count}"))
+        if first >= manifest.count:
+            emit(self.report, Notice(path, f"all {manifest.count} pieces were read before the interruption: "
+                                           "nothing left to read"))
+        elif first:      # pieces counted from 1, as a user counts them
+            emit(self.report, Notice(path, f"resuming at piece {first + 1} of {manifest.count}"))
         elif path in self.marks:
             emit(self.report, Notice(path, "the file or the manifest changed since the interrupted verify: "
                                            "starting from the first piece"))

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from core.results import Document
@@ -22,7 +23,9 @@ from .constants import MANIFEST_SCHEMA
 from .manifest import ModelManifest
 from .repair import RepairResult
 from .status import MemberStatus
-from .verdict import MISMATCH, mismatch_text, plural, verdict_to_dict
+from core.units import plural
+
+from .verdict import MISMATCH, mismatch_text, verdict_to_dict
 
 
 def when(t: float) -> str:
@@ -240,7 +243,12 @@ def repair_text(res: RepairResult) -> tuple[str, list[str]]:
         return f"{res.path}: already identical; nothing to repair", []
     what = [f"re-copied {plural(len(res.repaired), 'piece')}"] if res.repaired or not res.restored else []
     what += [f"restored {plural(len(res.restored), 'missing file')}"] if res.restored else []
-    line = f"{res.path}: {' and '.join(what)} ({format_bytes(res.bytes_copied)}) from {res.donor}; now {res.after.state}"
+    # A model of several files: the files that were mended, by their own paths (the member's path
+    # is a split set's first file, which may not be one of them).
+    touched = {b.file for b in res.repaired} | set(res.restored)
+    where = [f.path for f in res.after.files if f.file in touched] if len(res.after.files) > 1 else []
+    line = (f"{', '.join(where) or res.path}: {' and '.join(what)} ({format_bytes(res.bytes_copied)}) from {res.donor}; "
+            + (f"{res.path} now {res.after.state}" if where else f"now {res.after.state}"))
     return line, [f"{f.path}: still {f.state}" + (f": {f.detail}" if f.detail else "")
                   for f in res.after.files if f.state != "identical"]
 
@@ -291,21 +299,29 @@ def status_table(root: str, manifest: ModelManifest | None, rows: list[MemberSta
                                                                                                     f"{manifest.digest()[:16]}…")
     else:
         title = " — no manifest yet"
+    # Six columns that fit 80 terminal columns: the name and its role, the drive's mount point,
+    # file system and device as words that wrap, and a path folded rather than cut to "/…" (a
+    # pipe gets every row on one line, see core.cli). A state never wraps inside a word.
     t = Table(title=f"rig {root}" + title)
-    for col in ("name", "role", "path", "drive", "fs", "device", "size", "state", "last full verify"):
-        t.add_column(col)
+    t.add_column("member", overflow="fold")
+    t.add_column("path", overflow="fold")
+    t.add_column("drive", overflow="fold")
+    t.add_column("size", no_wrap=True, justify="right")
+    t.add_column("state", min_width=10)
+    t.add_column("last full verify")
     for x in rows:
         several = len(x.files) > 1
         extra = _count(x.files, x.state) if several else ""
         if x.state == "gone":
             extra = ", ".join(e for e in (extra, "RAM, emptied at reboot: `replicas sync` restores it") if e)
         of = len(manifest.files) if manifest else "?"
-        role = x.role if x.holds is None else f"{x.role} (partial: {len(x.holds)} of {of} files)"
-        t.add_row(x.name, role, x.path, x.mount_point, x.fs_type + (" (RAM)" if x.memory else ""), f"{x.device} ({x.disk})",
+        role = x.role if x.holds is None else f"{x.role}, partial: {len(x.holds)} of {of} files"
+        t.add_row(f"{escape(x.name)} [dim]({role})[/]", x.path,
+                  f"{x.mount_point} {x.fs_type}{' (RAM)' if x.memory else ''} {x.device} ({x.disk})",
                   format_bytes(x.size) if x.size is not None else "—",
                   _status_text(x, extra), _when_or_never(x.last_verified))
         for f in _listed(x.files, "verified") if several else ():
-            t.add_row("", "", f"  {f.file}", "", "", "", format_bytes(f.size) if f.size is not None else "—",
+            t.add_row("", f"  {f.file}", "", format_bytes(f.size) if f.size is not None else "—",
                       _status_text(f), _when_or_never(f.last_verified))
     return t
 

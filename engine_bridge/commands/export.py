@@ -14,6 +14,7 @@ from core import rig as rigmod
 from core.cli import JsonOption, RigOption, err, out, print_result
 from core.errors import MismatchError
 from core.fsutil import atomic_write_text
+from core.units import plural
 from engine_bridge.profiles import export as ex
 from engine_bridge.profiles import launch as ln
 from engine_bridge.profiles import profile as pf
@@ -62,8 +63,9 @@ def register(app) -> None:
             sys.stdout.write(result.text)
             sys.stdout.flush()
             return
-        chain = " + ".join(p.provenance.get("chain") or []) or "-"
-        err.print(f"profile {p.id!r} ({p.engine}, {p.sources} source(s), named profile {chain}) written:", soft_wrap=True)
+        chain = " + ".join(p.provenance.get("chain") or [])
+        said = [p.engine, plural(p.sources, "source")] + ([f"named profile {chain}"] if chain else [])
+        err.print(f"profile {p.id!r} ({', '.join(said)}) written:", soft_wrap=True)
         for f in result.files:
             typer.echo(f)
         for drive, path in result.fallbacks:
@@ -129,7 +131,7 @@ def register(app) -> None:
         if p.unverified:
             err.print("[yellow]warning:[/] this profile was exported with unverified replicas: "
                       + escape(", ".join(p.unverified)), soft_wrap=True)
-        err.print(f"launching {escape(path)} with profile {p.id!r} ({p.sources} source(s))", soft_wrap=True)
+        err.print(f"launching {escape(path)} with profile {p.id!r} ({plural(p.sources, 'source')})", soft_wrap=True)
         r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
         if json_out:
             print_result(r)

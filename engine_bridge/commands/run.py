@@ -9,7 +9,7 @@ import typer
 
 from core.cli import JsonOption, RigOption, err, print_result
 from core.errors import UsageError
-from core.units import format_bytes, format_rate
+from core.units import format_bytes, format_rate, plural
 from engine_bridge.reader.hedging import HedgePolicy
 from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
 from engine_bridge.engine.constants import (
@@ -116,7 +116,7 @@ def register(app) -> None:
                                                                    "(unquantized: least compute per byte read)."),
         shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
                                                                      "one (default: 4, or --layers if fewer)."),
-        force: bool = typer.Option(False, "--force", help="colibri only: replace an existing OUT directory."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
         model_type: Optional[str] = typer.Option(None, "--model-type", help="colibri only: config.json model_type (default "
                                                  "glm_moe_dsa, the GLM engine's; another member's gives a GLM-shaped model "
                                                  "read by that member's rules, for the stand-in engines)."),
@@ -140,13 +140,12 @@ def register(app) -> None:
                                                 else shards}))
             write = lambda progress: synthesize_colibri(out, spec, force=force, progress=progress)  # noqa: E731
         else:
-            if shards is not None or force or model_type is not None:
-                raise UsageError("--shards, --force and --model-type are for --format colibri (a GGUF file is written whole "
-                                 "and replaced)")
+            if shards is not None or model_type is not None:
+                raise UsageError("--shards and --model-type are for --format colibri (a GGUF model is one file)")
             from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
 
             spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))
-            write = lambda progress: synthesize(out, spec, progress)  # noqa: E731
+            write = lambda progress: synthesize(out, spec, progress, force=force)  # noqa: E731
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
@@ -204,7 +203,7 @@ def register(app) -> None:
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
                              tuple(switch))
-        err.print(f"run: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
+        err.print(f"run: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
                   highlight=False, soft_wrap=True)
@@ -222,7 +221,7 @@ def register(app) -> None:
                       f"({100 * c['read_wait_seconds'] / max(c['seconds'], 1e-9):.0f} %), read {format_bytes(c['bytes'])} "
                       f"at {format_rate(c['bytes'] / max(c['seconds'], 1e-9))}, hits {c['hits']} misses {c['misses']}",
                       highlight=False, soft_wrap=True)
-            err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {s['reads']} pieces"
+            err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {plural(s['reads'], 'piece')}"
                                                       for s in c["sources"]), highlight=False, soft_wrap=True)
         _report_idle(result)
         err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
@@ -274,7 +273,7 @@ def register(app) -> None:
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
                              tuple(switch))
-        err.print(f"replay: {len(sources.paths)} source(s), prefill {':'.join(map(str, sources.prefill))}, decode "
+        err.print(f"replay: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
                   highlight=False, soft_wrap=True)
@@ -295,5 +294,5 @@ def register(app) -> None:
                    f"{result['gen_steady_tps']})  misses/token {result['misses_per_token']}  read "
                    f"{format_bytes(result['decode']['bytes'])} at {result['decode_read_gbps']} GB/s")
         for s in result["sources"]:
-            typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {s['reads']} pieces, "
+            typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {plural(s['reads'], 'piece')}, "
                        f"lands_last {s['lands_last']}{'  DEGRADED' if s['degraded'] else ''}")

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from core.units import plural
+
 PHASES = ("prefill", "decode")
 SPLIT, UNREAD = "split", "unread"
 
@@ -51,8 +53,8 @@ def idle_sources(phases: Mapping[str, dict], weights: Mapping[str, Sequence[int]
             if i < len(degraded) and degraded[i]:
                 kind, msg = UNREAD, "degraded by the reader: its pieces went to the other sources"
             elif s["given_pieces"] > 0:
-                kind, msg = UNREAD, (f"the engine's reads gave it {s['given_pieces']} pieces ({s['given_bytes']:,} B) that "
-                                     "other sources read (failover or hedge)")
+                kind, msg = UNREAD, (f"the engine's reads gave it {plural(s['given_pieces'], 'piece')} "
+                                     f"({s['given_bytes']:,} B) that other sources read (failover or hedge)")
             elif plan and share > 0:
                 kind, msg = UNREAD, (f"the plan gives it {share:.1%} of the phase's bytes, but the engine's reads of this "
                                      f"model at {w} gave it nothing (re-solve the plan for this model: `planner solve`)")

@@ -167,8 +167,11 @@ def _generate(t: _Tensor, seed: int, index: int) -> np.ndarray:
     return out
 
 
-def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] | None = None) -> dict:
+def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] | None = None,
+               force: bool = False) -> dict:
     """Write the model to `path` (through `path.tmp-PID`, then rename); returns a summary dict.
+    Anything already at `path` is refused unless `force` (one typo must not replace a model or a
+    replica); with `force` a file is replaced atomically, a folder never.
 
     progress(done_bytes, total_bytes) is called after each tensor.
     """
@@ -181,6 +184,10 @@ def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] 
     d = os.path.dirname(path)
     if not os.path.isdir(d):
         raise UsageError(f"{path}: directory {d} does not exist; create it first")
+    if os.path.isdir(path):
+        raise UsageError(f"{path}: is a folder; give the .gguf file to write")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"{path}: already exists; give another name, or --force to replace it")
     tmp = f"{path}.tmp-{os.getpid()}"
     w = gguf.GGUFWriter(tmp, ARCH)
     try:

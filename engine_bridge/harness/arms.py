@@ -26,6 +26,7 @@ from typing import ClassVar, Sequence
 
 from core.errors import UsageError
 from core.results import Document
+from core.units import plural
 from engines.registry import DEFAULT_ENGINE
 from planner.measured import RESULTS_SCHEMA
 
@@ -204,7 +205,7 @@ def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:
     if unread:
         return Gate(False, "; ".join(e["message"] for e in unread))
     sat_out = "".join(f"; source {e['source']} given nothing by the split in {e['phase']}" for e in idle)
-    return Gate(True, f"{want} source(s), none degraded{sat_out}")
+    return Gate(True, f"{plural(want, 'source')}, none degraded{sat_out}")
 
 
 def gate_swap(before: Snapshot, after: Snapshot) -> Gate:

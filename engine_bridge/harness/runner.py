@@ -33,6 +33,7 @@ from core.errors import Interrupted, MismatchError, MissingError, UsageError
 from core.events import Notice, emit
 from core.fsutil import atomic_write_text
 from core.rig import Rig, load_rig, rig_dir
+from core.units import plural
 from engines.registry import DEFAULT_ENGINE, engine_for_model, get_engine
 from engines.split import check_weights, parse_weights
 from models.modelset import member_set
@@ -138,7 +139,7 @@ def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[
     n = min(len(paths), len(prefill))
     if n < 2 or len(decode) < n:
         raise UsageError(f"ladder: needs a primary and at least one replica with a weight each "
-                         f"(got {len(paths)} source(s), weights {':'.join(map(str, prefill))})")
+                         f"(got {plural(len(paths), 'source')}, weights {':'.join(map(str, prefill))})")
     return [ArmSpec(f"{k}drive" + ("s" if k > 1 else ""), tuple(paths[:k]), prefill[:k], decode[:k],
                     plan=plan if k == len(paths) else "", engine=engine, switches=tuple(switches))
             for k in range(1, n + 1)]
@@ -326,7 +327,7 @@ def run_bench(specs: Sequence[ArmSpec], order: str, settings: dict, out_dir: str
         if cancel is not None and cancel.is_set():
             raise Interrupted(f"bench interrupted after {seq} of {len(sequence)} arms; partial rows in {out_dir}")
         spec = by_name[name]
-        emit(report, Notice(name, f"arm {seq + 1}/{len(sequence)} {name}: {len(spec.sources)} source(s), prefill "
+        emit(report, Notice(name, f"arm {seq + 1}/{len(sequence)} {name}: {plural(len(spec.sources), 'source')}, prefill "
                                   f"{':'.join(map(str, spec.prefill_weights))}, decode "
                                   f"{':'.join(map(str, spec.decode_weights))}"))
         before = probe()

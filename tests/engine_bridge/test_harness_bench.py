@@ -103,7 +103,7 @@ def test_resolve_arm_inline_and_plan(rig, tmp_path):
         resolve_arm("x", "1:1:1:1", rig)
     with pytest.raises(UsageError, match="decode weights"):
         resolve_arm("x", "2:1/1", rig)
-    with pytest.raises(Exception, match="not found"):
+    with pytest.raises(Exception, match="no such plan file"):
         resolve_arm("x", "nope.json", rig)
 
 

@@ -179,7 +179,7 @@ def test_cli_writes_the_directory_and_refuses_an_existing_one(tmp_path):
     r = runner.invoke(app, args + ["--force", "--quant", "q4_0"])
     assert r.exit_code == 2 and "--quant is for --format gguf" in r.output
     r = runner.invoke(app, ["synth", str(tmp_path / "x.gguf"), "--shards", "2"])
-    assert r.exit_code == 2 and "--format colibri" in r.output
+    assert r.exit_code == 2 and "--shards and --model-type are for --format colibri" in r.output
 
 
 # -- the embedded engine ---------------------------------------------------------------------------

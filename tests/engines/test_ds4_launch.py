@@ -50,7 +50,7 @@ def test_sources_line_missing_or_wrong():
     assert failed(text) == ["sources"]
     assert "did not open the split reader" in verdict(text)["sources"].detail
     c = verdict(GOOD3.replace("sources=3", "sources=2"))["sources"]
-    assert not c.ok and c.detail == "engine opened 2 source(s), 3 requested"
+    assert not c.ok and c.detail == "engine opened 2 sources, 3 requested"
 
 
 def test_decode_split_missing_ignored_or_different():

@@ -52,6 +52,23 @@ def test_run_seq_on_two_files_prints_json_and_writes_the_result(two_files):
         assert json.load(f) == d
 
 
+def test_a_directory_model_or_a_split_set_given_by_path_is_read_as_a_rig_member_is(tmp_path):
+    """A path names a model as everywhere else (its directory, any file of its split set): the
+    file holding most of it is read, not refused as 'not a regular file'; the default presets a
+    model is too small for are skipped with a note on that drive, not the whole run refused."""
+    from tests.helpers import write_safetensors_dir, write_split_gguf
+
+    d = write_safetensors_dir(tmp_path / "m", shards=2, shard_bytes=12 * MiB)
+    split = write_split_gguf(tmp_path / "s", "split", 3, tensor_bytes=6 * MiB)
+    r = invoke("run", d, split[1], *FAST, "--json")
+    assert r.exit_code == 0, r.output
+    drives = json.loads(r.stdout)["drives"]
+    assert [os.path.dirname(x["path"]) for x in drives] == [str(d), str(tmp_path / "s")]
+    assert all(x["path"].endswith((".safetensors", ".gguf")) for x in drives)
+    assert all("prefill preset skipped" in " ".join(x["notes"]) for x in drives)
+    assert "prefill" not in drives[0]["presets"] and "seq" in drives[0]["presets"]
+
+
 def test_run_from_the_rig_with_a_group_and_every_preset(tmp_path):
     paths = []
     for i, name in enumerate(("internal", "green", "white")):
@@ -139,11 +156,19 @@ def test_show_and_compare(two_files):
     assert r.exit_code == 0 and "B/A" in r.stdout
     r = invoke("show", a)
     assert r.exit_code == 0 and "seq" in r.stdout
+    # every column of every table has a header (the flags column had none)
+    from iobench import render
+    from iobench.result import load_result
+
+    ra, rb = load_result(a), load_result(b)
+    tables = [render.drives_table(ra), render.compare_table(render.compare_rows(ra, rb)), render.groups_table(ra)]
+    for t in filter(None, tables):
+        assert all(str(c.header).strip() for c in t.columns), [c.header for c in t.columns]
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "{tmp}"], "not a regular file"),
-    (["run", "{small}"], "too small"),
+    (["run", "{tmp}"], "holds no GGUF or safetensors file"),
+    (["run", "{small}", "--preset", "seq"], "too small"),
     (["run", "{a}", "--lanes", "x"], "--lanes"),
     (["run", "{a}", "--lanes", "0"], "--lanes"),
     (["run", "{a}", "--preset", "bogus"], "--preset"),
@@ -183,8 +208,9 @@ def run_bad_input(tmp_path, args, message, code):
 
 @pytest.mark.parametrize("args, message", [
     (["show"], "no iobench results"),
+    (["show", "latest"], "no iobench results"),
     (["show", "/no/such.json"], "/no/such.json: no such iobench result file"),
-    (["compare", "/no/such.json", "/no/other.json"], "no such iobench result file"),
+    (["compare", "/no/such.json", "/no/other.json"], "/no/such.json: no such iobench result file"),
 ])
 def test_missing_result_exits_3_like_a_missing_plan(args, message):
     r = invoke(*args)

@@ -13,6 +13,7 @@ from iobench.schedule import (
     Target,
     check_options,
     count_trials,
+    fitting_presets,
     measure,
     run_plan,
     run_settings,
@@ -132,6 +133,24 @@ def test_options_are_checked_before_any_read():
         check_options(ts, RunOptions(weights=(1, 2, 3)))
     with pytest.raises(UsageError, match="too small for the seq preset"):
         check_options(targets("a", size=MiB), RunOptions(presets=("seq",)))
+
+
+def test_presets_not_named_that_a_file_is_too_small_for_are_skipped_with_a_note():
+    """The default (every preset): a model smaller than the prefill preset's reads is measured
+    with the presets it can hold, and each drive says which preset was skipped and why. A preset
+    the user named is refused instead; nothing left to measure is refused too."""
+    small = targets("a", "b", size=200 * MiB)          # holds seq, decode, rand4k; not 17 x 32 MiB apart
+    opts, notes = fitting_presets(small, RunOptions(skip_small=True))
+    assert opts.presets == ("seq", "decode", "rand4k") and [n for n, _ in notes] == ["a", "b"]
+    assert all("prefill preset skipped" in note and "too small" in note and "--preset prefill" in note for _, note in notes)
+    check_options(small, opts)
+    named = RunOptions(presets=("seq", "prefill"))
+    assert fitting_presets(small, named) == (named, [])
+    with pytest.raises(UsageError, match="too small for the prefill preset"):
+        check_options(small, named)
+    with pytest.raises(UsageError, match="too small for the"):
+        fitting_presets(targets("a", size=4096), RunOptions(skip_small=True))
+    assert fitting_presets(targets("a"), RunOptions(skip_small=True)) == (RunOptions(skip_small=True), [])
 
 
 def test_what_the_cache_may_have_answered():

@@ -120,6 +120,22 @@ def test_malformed_plan_file_is_exit_2(tmp_path, text):
     assert "Traceback" not in r.output and r.stderr.startswith(f"planner: error: {path}")
 
 
+def test_plans_and_results_are_named_the_same_way_in_every_tool(tmp_path):
+    """`planner show latest` works as `engine-bridge run --plan latest` does: a file, 'latest' or
+    a name in rig/plans; --bench takes a result the same way (a file, 'latest', a name in rig/bench)."""
+    rig, _ = make_rig(tmp_path / "rig")
+    r = invoke("solve", "--rig", rig.root, "--bench", "latest", "--json")
+    assert r.exit_code == 0, r.output
+    path = json.loads(r.stdout)["path"]
+    name = os.path.basename(path)
+    bench = os.path.basename(json.loads(r.stdout)["provenance"]["bench"])
+    assert invoke("solve", "--rig", rig.root, "--bench", bench[:-len(".json")]).exit_code == 0
+    for ref in ("latest", name, name[:-len(".json")]):
+        shown = invoke("show", ref, "--rig", rig.root, "--json")
+        assert shown.exit_code == 0, shown.output
+    assert invoke("show", name, "--rig", rig.root).stdout.startswith(f"plan {path}")
+
+
 def test_show_without_plans_says_how_to_make_one(tmp_path):
     r = invoke("show", "--rig", tmp_path / "rig")
     assert r.exit_code == 3 and "planner solve" in r.stderr
@@ -128,6 +144,7 @@ def test_show_without_plans_says_how_to_make_one(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (("solve", "--bench", "/nonexistent/result.json"), "/nonexistent/result.json: no such iobench result file"),
     (("show", "/nonexistent/plan.json"), "/nonexistent/plan.json: no such plan file"),
+    (("show", "latest"), "no plans in"),
 ])
 def test_a_missing_result_or_plan_is_exit_3(tmp_path, args, message):
     rig, _ = make_rig(tmp_path / "rig")
@@ -193,15 +210,35 @@ def test_show_gives_each_alternative_one_signed_delta_and_whole_paths_when_piped
     with open(path) as f:
         d = json.load(f)
     decode = [a for a in d["alternatives"] if a["phase"] == "decode"]
-    # One alternative a hair faster than the plan (within the solver's tie tolerance), one slower.
+    # One alternative a hair faster than the plan (within the solver's tie tolerance), one slower,
+    # and one with the plan's own weights (never listed as an alternative to itself).
     decode[0]["behind"], decode[1]["behind"] = -0.001, 0.012
+    decode[0]["tied"], decode[1]["tied"] = True, False
+    decode[2]["weights"] = d["decode"]["weights"]
     with open(path, "w") as f:
         json.dump(d, f)
     shown = invoke("show", path)
     assert shown.exit_code == 0, shown.output
-    (line,) = [x for x in shown.stdout.splitlines() if x.startswith("  next best") and "(+0.1%)" in x]
+    lines = shown.stdout.splitlines()
+    decode_at = next(i for i, x in enumerate(lines) if x.startswith("decode "))
+    (tie,) = [x for x in lines[decode_at:] if x.startswith("  as fast within 0.1%")]
+    (line,) = [x for x in lines[decode_at:] if x.startswith("  next best")]
+    assert "(+0.1%)" in tie and "smaller weights" in tie and "(+" not in line
     assert "(-1.2%)" in line and "--" not in line and "+-" not in line
+    own = ":".join(map(str, d["decode"]["weights"])) + " ("
+    assert own not in tie and own not in line
     sources = [x for x in shown.stdout.splitlines() if x.startswith("sources: ")]
     assert sources == ["sources: " + ", ".join(f"{i}:{s['name']}={s['path']}" for i, s in enumerate(d["sources"]))]
     assert "…" not in shown.stdout
 
+
+
+def test_solve_takes_quiet_like_the_other_long_commands(tmp_path):
+    """`planner solve -q` was refused where sync, verify, repair, iobench run, bench and ladder take
+    -q/--quiet: the plan is the result (still printed), the notices and 'plan written' go."""
+    rig, _ = make_rig(tmp_path / "rig")
+    loud = invoke("solve", "--rig", rig.root)
+    quiet = invoke("solve", "--rig", rig.root, "-q")
+    assert loud.exit_code == quiet.exit_code == 0, quiet.output
+    assert "plan written to" in loud.stderr and quiet.stderr.strip() == ""
+    assert quiet.stdout.startswith("plan ") and "prefill" in quiet.stdout

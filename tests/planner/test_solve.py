@@ -88,6 +88,10 @@ def test_ds4_search_finds_the_exhaustive_optimum():
         # the alternatives are the next best splits priced, each behind the plan
         alts = [a for a in ch.alternatives if a["phase"] == phase]
         assert len(alts) == 2 and all(a["seconds"] >= ch.predicted[phase]["seconds"] * (1 - TIE_TOLERANCE) for a in alts)
+        # an alternative faster than the pick can only be a tie, and is marked as one
+        assert all(a["tied"] == (a["seconds"] <= best * (1 + TIE_TOLERANCE)) for a in alts)
+        assert all(a["tied"] for a in alts if a["seconds"] < ch.predicted[phase]["seconds"])
+        assert all(list(a["weights"]) != list(ch.weights[phase]) for a in alts)
 
 
 def test_a_small_grid_is_priced_whole():

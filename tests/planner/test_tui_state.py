@@ -284,7 +284,7 @@ def test_a_colibri_solution_moves_both_phases_and_the_switches_unless_the_user_c
 @pytest.mark.parametrize("setup, expect, code", [
     ("empty", "no iobench results", 3),
     ("other-plan", "is for sources", 2),
-    ("missing-plan", "not found", 3),
+    ("missing-plan", "nope: no such plan file", 3),
     ("unknown-engine", "engine 'nope' is not known", 2),
     ("plan-of-another-engine", "is for ds4-argodrive, not colibri", 2),
 ])
@@ -329,3 +329,16 @@ def test_tuning_colibri_on_a_gguf_rig_is_refused_naming_the_engine_that_reads_it
     assert r.exit_code == 2, r.output
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "--engine ds4-argodrive" in lines[0]
+
+
+@pytest.mark.parametrize("module", ["planner.cli", "engine_bridge.cli"])
+def test_the_tuner_without_a_terminal_says_so_and_exits_2_instead_of_drawing(tmp_path, module):
+    """`planner tune </dev/null | cat` (and engine-bridge's) wrote escape codes until killed: with
+    no terminal on either side it is one line and exit 2, and no screen is drawn."""
+    rig, _ = rig_with_plan(tmp_path / "rig")
+    r = subprocess.run([sys.executable, "-m", module, "tune", "--rig", rig.root], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and "\x1b" not in r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "needs a terminal" in lines[0] and "planner solve" in lines[0]

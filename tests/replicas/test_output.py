@@ -92,3 +92,31 @@ def test_help_words():
     assert usage["repair"] == "Usage: replicas repair [OPTIONS] PATH"
     assert usage["forget"] == "Usage: replicas forget [OPTIONS] PATH"
     assert usage["status"] == "Usage: replicas status [OPTIONS]"
+
+
+def test_status_reads_whole_on_an_80_column_terminal(deep):
+    """At 80 columns status cut paths and states to '/…' and 'verifi…': now every path is there
+    (folded), every state word whole, nothing cut with '…' below the title."""
+    import io
+
+    from rich.console import Console
+
+    from core import rig as rigmod
+    from replicas import views
+    from replicas.manifests import load_manifest
+    from replicas.status import member_status
+
+    rig, data, paths = deep
+    r = rigmod.load_rig(rig)
+    manifest = load_manifest(r)
+    buf = io.StringIO()
+    Console(file=buf, width=80, force_terminal=True, color_system=None).print(
+        views.status_table(r.root, manifest, member_status(r, manifest)))
+    lines = buf.getvalue().splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if line.startswith("┏")):]   # the title abbreviates the digest
+    assert all(len(line) <= 80 for line in lines)
+    assert not any("…" in line for line in body), "\n".join(lines)
+    cells = ["".join(line.split("│")[2].strip() for line in body if line.startswith("│"))]
+    for p in paths:
+        assert p in cells[0]                                   # the path column, folded, holds each path whole
+    assert sum(line.count("verified") for line in body) == len(paths)

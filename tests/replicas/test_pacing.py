@@ -171,7 +171,9 @@ def test_interrupted_full_verify_resumes_where_it_stopped(synced, small_reads):
     assert [m.bytes_read for m in rep.members] == [0, len(data) - 4 * MiB, len(data)]
     assert [m.state for m in rep.members] == ["identical", "mismatch", "identical"]
     assert [b.index for b in rep.members[1].bad] == [1]          # remembered from before the stop
-    assert any(isinstance(e, Notice) and "resuming at piece 4 of 7" in e.message for e in events)
+    notes = [e.message for e in events if isinstance(e, Notice)]
+    assert any("resuming at piece 5 of 7" in n for n in notes)       # pieces 1..4 done, counted from 1
+    assert any("all 7 pieces were read before the interruption" in n for n in notes)   # the finished member
     assert load_scrub(r) == {} and not os.path.exists(r.scrub_file)
     assert load_verdicts(r)[paths[1]].state == "mismatch"
 
@@ -228,3 +230,30 @@ def test_ctrl_c_on_the_command_line_keeps_progress_for_resume(synced, monkeypatc
     r = invoke("verify", "--rig", rig, "--resume", "--json")
     assert r.exit_code == 0
     assert [m["bytes_read"] for m in json.loads(r.stdout)["members"]] == [0, len(data) - 3 * MiB, len(data)]
+
+
+@pytest.mark.parametrize("when", ["in a read", "after the last piece", "second ctrl-c"])
+def test_a_ctrl_c_wherever_it_lands_in_a_full_verify_says_how_to_resume(synced, small_reads, monkeypatch, when):
+    """Whether the cancel flag stops a read, comes after the last piece was checked, or a second
+    Ctrl-C aborts at once (KeyboardInterrupt), `verify --full` ends with exit 130 and the resume
+    hint; one of them used to end with a bare 'interrupted' or without the hint."""
+    import replicas.cli as cli
+
+    rig, data, paths = synced
+    real = verify.verify_members
+
+    def interrupted(members, manifest, r, **kw):
+        cancel = kw["cancel"]
+        if when == "second ctrl-c":
+            raise KeyboardInterrupt
+        if when == "in a read":
+            cancel.set()
+            return real(members, manifest, r, **kw)
+        rep = real(members, manifest, r, **kw)
+        cancel.set()
+        return rep
+
+    monkeypatch.setattr(cli, "verify_members", interrupted)
+    r = invoke("verify", "--rig", rig, "--full", "-q")
+    assert r.exit_code == 130, r.output
+    assert "continue with `replicas verify --full --resume`" in r.stderr

@@ -353,3 +353,55 @@ def test_foreign_partial_file_is_not_touched(setup):
     with pytest.raises(UsageError, match="not written by replicas"):
         sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True)
     assert read(foreign) == b"someone else's"
+
+
+def test_a_read_only_destination_is_exit_4_as_the_readme_says(setup, monkeypatch):
+    """The README's exit codes: 4 is 'a write failed (disk full, file too large, permission)'. A
+    destination sync cannot write into is refused before a byte is read, with that code."""
+    src, data, dests, rig = setup
+    os.chmod(dests[0], 0o555)
+    if os.geteuid() == 0:        # root writes through mode bits: the kernel's answer for a read-only mount
+        real = os.access
+        monkeypatch.setattr("replicas.syncfacts.os.access",
+                            lambda p, mode: False if os.path.samefile(p, dests[0]) else real(p, mode))
+    try:
+        r = CliRunner().invoke(app, ["sync", "--rig", rig, str(src), str(dests[0]), "--allow-same-device", "-q"])
+    finally:
+        os.chmod(dests[0], 0o755)
+    assert r.exit_code == 4, r.output
+    assert "not writable" in r.output and os.listdir(dests[0]) == []
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    assert "| 4 | a write failed (disk full, file too large, permission)" in readme
+
+
+def test_a_copy_keeps_the_source_files_mode(setup):
+    """Shards kept 0600 (private) came out 0644 on every replica: each copy takes its source's
+    permission bits (a file repair restores whole takes its donor's: test_verify_sets)."""
+    src, data, dests, rig = setup
+    os.chmod(src, 0o600)
+    res = sync(str(src), [str(d) for d in dests], rig, piece_size=PIECE, allow_same_device=True)
+    assert res.exit_code == 0
+    for d in dests:
+        assert os.stat(d / "model.gguf").st_mode & 0o777 == 0o600
+
+
+def test_a_destination_an_engine_cannot_be_given_is_warned_at_sync(setup, tmp_path):
+    """A copy under a folder with ',' was accepted, and only export refused it later: sync asks
+    the engines that read the model which characters they refuse and warns naming them."""
+    from core.events import Notice
+    from engines.registry import ENGINES
+    from tests.helpers import write_split_gguf
+
+    _, _, dests, rig = setup
+    (src,) = write_split_gguf(tmp_path / "gguf", "m", 1, tensor_bytes=1 << 20)   # a model ds4-argodrive reads
+    odd = tmp_path / "drive,2"
+    odd.mkdir()
+    events = []
+    res = sync(str(src), [str(odd)], rig, piece_size=PIECE, allow_same_device=True, report=events.append)
+    assert res.exit_code == 0                                   # allowed: only a warning
+    warned = [e.message for e in events if isinstance(e, Notice) and "refuses a source path" in e.message]
+    assert len(warned) == 1 and "ds4-argodrive" in warned[0] and "','" in warned[0]
+    assert "," in ENGINES["ds4-argodrive"].path_forbidden       # the engine's own rule, not a list here
+    events.clear()
+    sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True, report=events.append)
+    assert not [e for e in events if isinstance(e, Notice) and "refuses a source path" in e.message]

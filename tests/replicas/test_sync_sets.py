@@ -286,7 +286,7 @@ def test_a_differing_file_is_named_in_the_human_output(setup):
     r = CliRunner().invoke(app, ["sync", "--rig", rig, "--piece-size", "64K", "--allow-same-device",
                                  model.path, dests[0]], env={"COLUMNS": "400"})
     assert r.exit_code == 1, r.output
-    assert f"{victim}: {victim} exists and differs from the source (1 pieces); pass --replace" in r.stderr
+    assert f"{victim}: {victim} exists and differs from the source (1 piece); pass --replace" in r.stderr
     assert f"{victim}: bad piece {len(data) // 2 // PIECE} at byte {len(data) // 2 // PIECE * PIECE}" in r.stderr
     assert "Traceback" not in r.output
     assert read(victim) == bytes(data)    # never overwritten without --replace

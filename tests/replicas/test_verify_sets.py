@@ -97,11 +97,21 @@ def test_a_flipped_byte_names_file_and_piece_and_repair_fixes_only_that(rigset):
         assert a.read() == b.read()
     assert invoke("verify", "--rig", rig).exit_code == 0
     assert invoke("status", "--rig", rig).exit_code == 0
+    # The human form names the file it mended (a split set's member path is its first file, which
+    # is not the one repaired here), and the member it belongs to.
+    flip_byte(path, off)
+    assert invoke("verify", "--rig", rig).exit_code == 1
+    r = invoke("repair", "--rig", rig, "white")
+    assert r.exit_code == 0, r.output
+    line = " ".join(r.stdout.split())
+    assert line.startswith(f"{path}: re-copied 1 piece") and line.endswith(f"{paths[2]} now identical"), line
 
 
 def test_a_deleted_shard_is_exit_3_named_and_the_rest_is_still_checked(rigset):
     rig, paths, models = rigset
     rel, path = biggest(models[1])
+    for m in models:                     # private shards: the restored copy must stay private too
+        os.chmod(m.abs(rel), 0o600)
     os.unlink(path)
     code, doc = verify_json(rig, "--full")
     assert code == 3
@@ -124,6 +134,7 @@ def test_a_deleted_shard_is_exit_3_named_and_the_rest_is_still_checked(rigset):
     rep = json.loads(r.stdout)
     assert rep["restored"] == [rel] and rep["repaired"] == [] and rep["bytes_copied"] == os.path.getsize(path)
     assert not [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".repair")]
+    assert os.stat(path).st_mode & 0o777 == 0o600                        # the donor's mode, not 0644
     assert invoke("verify", "--rig", rig).exit_code == 0                 # stamped by repair's own verify
 
 
@@ -222,13 +233,37 @@ def test_hash_a_model_prints_a_line_per_file_and_its_manifest_verifies_another_c
     assert code == 1 and [b["file"] for b in v["members"][0]["bad"]] == [rel]
 
 
+def test_verify_against_a_manifest_takes_one_file_of_a_multi_file_model(rigset, tmp_path):
+    """`verify --manifest M FILE`, FILE one file of a directory model, checks that file against
+    its own entry (it reported the model's other files as 'Not a directory'); a file the manifest
+    does not list is refused in one line. A file of a split set names the whole set, as everywhere."""
+    rig, paths, models = rigset
+    if models[0].layout != "dir":
+        pytest.skip("a file of a split set names the whole set (the test above)")
+    doc = invoke("hash", paths[0] if models[0].layout == "dir" else models[0].paths[0], "--piece-size", "64K", "--json")
+    other = tmp_path / "other-host.json"
+    other.write_text(doc.stdout)
+    rel, path = biggest(models[2])
+    code, v = verify_json(rig, "--manifest", str(other), path)
+    assert code == 0 and v["members"][0]["state"] == "identical", v
+    assert [f["file"] for f in v["members"][0]["files"]] == [rel]
+    flip_byte(path, 5)
+    code, v = verify_json(rig, "--manifest", str(other), path)
+    assert code == 1 and [b["file"] for b in v["members"][0]["bad"]] == [rel]
+    stray = tmp_path / "stray.bin"
+    stray.write_bytes(b"x" * 100)
+    r = invoke("verify", "--rig", rig, "--manifest", str(other), str(stray))
+    assert r.exit_code == 2 and "not a file of the" in r.output and len(r.output.strip().splitlines()) == 1
+
+
 def test_forget_a_set_replica_drops_the_records_of_each_file(rigset):
     rig, paths, models = rigset
     r = rigmod.load_rig(rig)
     primary_sidecars = [sidecar_path(r, p) for p in models[0].paths]
     assert all(os.path.exists(s) for s in primary_sidecars)
     assert invoke("forget", "--rig", rig, "internal").exit_code == 2           # replicas first
-    assert invoke("forget", "--rig", rig, "white").exit_code == 0
+    gone = invoke("forget", "--rig", rig, "white")
+    assert gone.exit_code == 0 and f"its {len(models[2].files)} files are left as they are" in gone.output
     after = load_verdicts(rigmod.load_rig(rig))
     assert not [p for p in after if p.startswith(os.path.dirname(paths[2]))]
     assert all(p in after for p in models[1].paths)

@@ -1,0 +1,49 @@
+"""A Ctrl-C before any command has started: one line and exit 130, however early it lands.
+
+Python turns SIGINT into KeyboardInterrupt wherever the main thread is; while a console script
+is still importing its modules or parsing its command line, that became a traceback or Typer's
+silent exit 130. Nothing has been done yet then, so the guard writes the one line and exits at
+once; `core.cli.ErrorBoundaryGroup.invoke` hands Ctrl-C back (KeyboardInterrupt, caught there
+and by the commands that keep durable work) as soon as a command runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from .errors import EXIT_INTERRUPTED
+
+# What an interrupted command says (the README's promise for exit 130).
+INTERRUPTED = "interrupted; the work made durable is kept: run the same command again to resume"
+
+
+def guard(prog: str) -> None:
+    """Until a command runs, Ctrl-C exits at once with the one line. Left alone where Ctrl-C is
+    ignored (a background job) or handled by someone else, and off the main thread."""
+    def before_command(signum, frame):
+        sys.stderr.write(f"{prog}: error: {INTERRUPTED}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
+
+    before_command.before_command = True
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, before_command)
+    except ValueError:       # not the main thread
+        pass
+
+
+def guarded() -> bool:
+    return bool(getattr(signal.getsignal(signal.SIGINT), "before_command", False))
+
+
+def guard_if_started(module: str, prog: str) -> None:
+    """From a package's __init__: guard when this package's CLI is the program starting (its
+    console script PROG, or `python -m MODULE`), so the time its imports take is covered too. An
+    import as a library (tests, another program) is left alone."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    as_module = "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == module
+    if as_module or os.path.basename(sys.argv[0] if sys.argv else "") == prog:
+        guard(prog)
