@@ -39,7 +39,7 @@ from core.fsutil import FileIdentity, fsync_dir, require_file
 from core.platform import available_memory
 from core.tiers import is_memory, ram_note
 from core.units import format_bytes
-from engines.registry import DEFAULT_ENGINE, get_engine, path_refusals
+from engines.registry import engine_for_model, get_engine, path_refusals
 
 from .constants import PIECE_SIZE
 from core.drives import drive_label
@@ -231,7 +231,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     for sp in plans:
         if is_memory(sp.dest_dir):
             emit(report, Notice(sp.target, "in RAM (tmpfs): " + ram_note(total, available_memory())))
-    engine = get_engine(DEFAULT_ENGINE)
+    engine = get_engine(engine_for_model(model.format, model.layout, model.files))   # the engine that reads this model
     copies = {os.path.realpath(m.path) for m in rig.members} | {os.path.realpath(model.path)} | \
         {os.path.realpath(sp.target) for sp in plans}
     warning = too_many_sources(len(copies), engine.name, engine.max_sources)

@@ -104,3 +104,34 @@ def test_sync_warns_once_when_the_rig_holds_more_copies_than_the_engine_reads(tm
     res = invoke("sync", "--rig", rig, "--piece-size", "1M", "--allow-same-device", "--quiet", src, *dests)
     assert res.exit_code == 0 and "reads at most" not in res.stderr
     assert "identical" in res.stdout
+
+
+def test_the_copies_warning_asks_the_engine_that_reads_the_rigs_model(tmp_path):
+    """A colibri model: colibri's limit (the primary and its mirrors) decides, not the default
+    engine's; the warning names colibri."""
+    from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+    from engines.registry import engine_for_model
+    from models.modelset import discover
+
+    primary = str(tmp_path / "internal" / "moe")
+    os.makedirs(os.path.dirname(primary))
+    synthesize_colibri(primary, ColibriSpec(layers=2, experts=4, top_k=2, dim=64, ff=64, vocab=300, shards=1, q_lora=64,
+                                            kv_lora=64, seed=5))
+    found = discover(primary)
+    colibri = get_engine(engine_for_model(found.format, found.layout, found.files))
+    assert colibri.name != DEFAULT_ENGINE and colibri.max_sources > get_engine(DEFAULT_ENGINE).max_sources
+    dests = []
+    for i in range(colibri.max_sources):
+        (tmp_path / f"d{i}").mkdir()
+        dests.append(str(tmp_path / f"d{i}"))
+    rig = str(tmp_path / "rig")
+    events = []
+    # The primary and max_sources - 1 replicas: more than the default engine reads, within colibri's limit.
+    assert sync(primary, dests[:-1], rig, piece_size=PIECE, allow_same_device=True, report=events.append).exit_code == 0
+    assert not [e for e in events if isinstance(e, Notice) and "reads at most" in e.message], events
+    events.clear()
+    assert sync(primary, dests, rig, piece_size=PIECE, allow_same_device=True, report=events.append).exit_code == 0
+    said = [e.message for e in events if isinstance(e, Notice) and "reads at most" in e.message]
+    assert said == [f"the rig will hold {colibri.max_sources + 1} copies of the model; {colibri.name} reads at most "
+                    f"{colibri.max_sources} (the primary and {colibri.max_sources - 1} replicas): allowed, and plans choose "
+                    f"which to use"], events
