@@ -38,5 +38,6 @@ MISSES_TOLERANCE = 0.15             # relative
 
 TOP_ALTERNATIVES = 5
 TIE_TOLERANCE = 0.001           # predicted times within 0.1 % of the best are ties: the smaller weights win
+NO_READS = 1e-9                 # a phase whose fastest is under this share of the run's reads (next to) nothing
 IDLE_TOLERANCE = 0.01           # a split using every drive within 1 % of the fastest wins over one leaving a drive idle
 TAIL_LANES = 3                  # the decode preset's lane count whose latency quantiles shape a drive's tail (--tails)

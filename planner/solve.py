@@ -9,7 +9,9 @@ engine's read pattern: no engine is named here.
 An engine with one weight vector per phase (ds4: base weights for prefill, decode weights) is
 solved phase by phase. An engine with one vector for both (colibri places each expert once) is
 solved jointly: the sum over phases of (predicted seconds) / (the phase's fastest), within TIE
-tolerance the first mode (the engine's default), then the smaller weights.
+tolerance the first mode (the engine's default), then the smaller weights. A phase whose fastest
+reads nothing (every read a page-cache hit, say) is measured against the run's fastest instead
+(`phase_units`), so a mode that does read in it costs its seconds, not a division by zero.
 
 A large grid (ds4's prefill at 32 MiB reads: 8,006 splits over three drives) is searched coarse to
 fine in share space: a lattice of shares first, then ever closer neighbours of the best few, so at
@@ -20,7 +22,7 @@ every drive within IDLE_TOLERANCE; when none exists, the plan names the idle dri
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +32,7 @@ from engines.base import Engine
 from engines.pattern import Concurrency, Setup
 
 from .barrier import Link
-from .constants import IDLE_TOLERANCE, TIE_TOLERANCE, TOP_ALTERNATIVES
+from .constants import IDLE_TOLERANCE, NO_READS, TIE_TOLERANCE, TOP_ALTERNATIVES
 from .drivecurves import Background, Drive
 from .plan import Phase, Plan, Source
 from .pricing import Curves, PhasePrice, PhaseSteps, price_phase
@@ -279,6 +281,14 @@ def _idle_note(pricer: Pricer, phase: str, pr: PhasePrice, weights, scored_full:
     return {"sources": names, "why": why}
 
 
+def phase_units(fastest: Mapping[str, float]) -> dict[str, float]:
+    """The joint objective's unit of time for each phase: its fastest seconds, or, for a phase
+    whose fastest reads (next to) nothing, the fastest seconds of the whole run (1 s when no phase
+    reads anything): a phase with no reads must not divide by a near-zero time."""
+    run = sum(f for f in fastest.values() if f < float("inf"))
+    return {ph: f if f > run * NO_READS else (run or 1.0) for ph, f in fastest.items()}
+
+
 def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
     pricer = Pricer(problem)
     e, n = problem.engine, len(problem.drives)
@@ -303,15 +313,14 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
     else:
         grid = e.grid(n, problem.geometry, "decode")
         seeds = [nearest(grid, (1,) * n), nearest(grid, capability_weights(pricer, "decode"))]
-        fastest = {ph: min(pricer.price(ph, grid[s], m).seconds for s in seeds for m in mlist) for ph in PHASES}
+        unit = phase_units({ph: min(pricer.price(ph, grid[s], m).seconds for s in seeds for m in mlist) for ph in PHASES})
         scored: dict = {}
         for mi, m in enumerate(mlist):
-            part = search(grid, lambda r: sum(pricer.price(ph, grid[r], m).seconds / max(fastest[ph], 1e-300)
-                                              for ph in PHASES), seeds)
+            part = search(grid, lambda r: sum(pricer.price(ph, grid[r], m).seconds / unit[ph] for ph in PHASES), seeds)
             scored.update({(mi, r): s for r, s in part.items()})
         # the objective's denominators are the fastest of each phase over all that was priced
-        fastest = {ph: min(pricer.price(ph, grid[r], mlist[mi]).seconds for mi, r in scored) for ph in PHASES}
-        scored = {(mi, r): sum(pricer.price(ph, grid[r], mlist[mi]).seconds / max(fastest[ph], 1e-300) for ph in PHASES)
+        unit = phase_units({ph: min(pricer.price(ph, grid[r], mlist[mi]).seconds for mi, r in scored) for ph in PHASES})
+        scored = {(mi, r): sum(pricer.price(ph, grid[r], mlist[mi]).seconds / unit[ph] for ph in PHASES)
                   for mi, r in scored}
         chosen = _pick(scored, lambda c: (c[0], c[1]),
                        lambda c: not any(idle_sources(pricer.price(ph, grid[c[1]], mlist[c[0]])) for ph in PHASES))

@@ -3,6 +3,7 @@ the experts each drive serves for every member of colibri's family, a model an e
 read refused in one line, and the plan's switch keys."""
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -178,3 +179,20 @@ def test_buffered_re_reads_come_from_the_page_cache_that_holds_them(tmp_path):
     direct_cold = sim("--page-cache", "0", "--switch", "direct")
     direct_warm = sim("--page-cache", "1T", "--switch", "direct")
     assert direct_cold["seconds"] == direct_warm["seconds"]
+
+
+def test_a_phase_that_reads_nothing_leaves_the_objective_a_ratio_of_seconds(tmp_path):
+    """No expert cache and a page cache holding the whole model: decode's reads are all hits by
+    default (0 s) while O_DIRECT still reads. The objective measures such a phase against the
+    run's fastest, so every mode's score stays a plain ratio of seconds (it was 1.9e299: a
+    division by a 1e-300 floor) and the printed objective has no 300-digit numbers."""
+    rig, _ = dir_rig(tmp_path, drives=2)
+    r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--cache-experts", "0", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["decode"]["predicted"]["seconds"] == 0.0 and not d["direct"]       # the phase reads nothing
+    scores = d["provenance"]["model"]["scores"]
+    assert scores["default"] == 1.0 and scores["direct"] > 1.0                   # O_DIRECT reads in decode: it costs more
+    assert all(s < 1e6 for s in scores.values()), scores                       # a ratio of seconds of one run
+    shown = invoke("show", d["path"])
+    assert shown.exit_code == 0 and not re.search(r"\d{13}", shown.stdout), shown.stdout
