@@ -297,7 +297,7 @@ def _check_rig(ctx: typer.Context, param: typer.CallbackParam, value: Optional[s
 RigOption = typer.Option(None, "--rig", envvar=RIG_ENV, show_envvar=False, metavar="DIR", callback=_check_rig,
                          help=f"Rig folder (default: ${RIG_ENV}, else ./rig).")
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
-QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result and errors.")
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress and no notices: only the result, warnings and errors.")
 
 
 def require_terminal(what: str, instead: str) -> None:

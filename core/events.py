@@ -22,6 +22,7 @@ class Progress:
 class Notice:
     task: str
     message: str       # something the user should know (fallback used, no-op, resumed...)
+    warning: bool = False   # something that may go wrong later (a path an engine refuses): --quiet still shows it
 
 
 Event = Progress | Notice

@@ -61,7 +61,7 @@ class _Renderer:
             if self.task is None:
                 self.task = self.bar.add_task(ev.task, total=ev.total)
             self.bar.update(self.task, description=ev.task, completed=ev.done, total=ev.total)
-        elif isinstance(ev, Notice) and not self.quiet:
+        elif isinstance(ev, Notice) and (ev.warning or not self.quiet):
             self.bar.console.print(f"  {ev.task:<28} {ev.message}", highlight=False)
 
 

@@ -60,7 +60,7 @@ def _rate(text: Optional[str]) -> Optional[float]:
 def live_progress(enabled: bool = True):
     """Render progress events on stderr, one bar per task (destination / member); Ctrl-C sets
     the cancel flag so durable work is journaled before the command exits. Not `enabled`
-    (--quiet): no bars and no notices."""
+    (--quiet): no bars and no notices, but warnings (a Notice marked `warning`) still print."""
     cancel = threading.Event()
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
                     DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
@@ -70,7 +70,7 @@ def live_progress(enabled: bool = True):
 
     def report(ev):
         if isinstance(ev, Notice):
-            if enabled:
+            if enabled or ev.warning:
                 err.print(f"[dim]{escape(ev.task)}:[/] {escape(ev.message)}")
             return
         key = (ev.task, ev.phase)

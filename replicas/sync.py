@@ -230,7 +230,7 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
                                            f"{', '.join(sp.extra[:5])}{' …' if len(sp.extra) > 5 else ''}"))
     for sp in plans:
         if is_memory(sp.dest_dir):
-            emit(report, Notice(sp.target, "in RAM (tmpfs): " + ram_note(total, available_memory())))
+            emit(report, Notice(sp.target, "in RAM (tmpfs): " + ram_note(total, available_memory()), warning=True))
     engine = get_engine(engine_for_model(model.format, model.layout, model.files))   # the engine that reads this model
     copies = {os.path.realpath(m.path) for m in rig.members} | {os.path.realpath(model.path)} | \
         {os.path.realpath(sp.target) for sp in plans}
@@ -241,7 +241,8 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
         for name, chars in path_refusals(sp.target, model.format, model.layout, model.files):
             emit(report, Notice(sp.target, f"warning: {name} refuses a source path containing "
                                            f"{' or '.join(repr(c) for c in chars)} (its list separators), so a profile "
-                                           f"using this copy would be refused at export; rename the folder to use it there"))
+                                           f"using this copy would be refused at export; rename the folder to use it there",
+                                warning=True))
     if dry_run:
         dests = tuple(combine_results(sp.dest_dir, sp.target, [
             DestResult(p.dest_dir, p.target, p.action, "planned", bytes_to_write=bytes_to_write(p, sizes[rel], piece_size),

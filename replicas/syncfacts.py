@@ -226,6 +226,6 @@ def check_free_space(plans: list[SetPlan], sizes: dict[str, int], report: Report
                                     if p.writes) for sp in group)
         notice = check_space([sp.dest_dir for sp in group], need, free_space(group[0].dest_dir))
         if notice:
-            emit(report, Notice(", ".join(sp.dest_dir for sp in group), notice))
+            emit(report, Notice(", ".join(sp.dest_dir for sp in group), notice, warning=True))
 
 

@@ -405,3 +405,22 @@ def test_a_destination_an_engine_cannot_be_given_is_warned_at_sync(setup, tmp_pa
     events.clear()
     sync(str(src), [str(dests[0])], rig, piece_size=PIECE, allow_same_device=True, report=events.append)
     assert not [e for e in events if isinstance(e, Notice) and "refuses a source path" in e.message]
+
+
+def test_quiet_silences_progress_and_notices_but_not_warnings(tmp_path):
+    """`sync --quiet` with a destination an engine refuses: the warning still prints (it was a
+    notice --quiet silenced), the ordinary notices do not."""
+    from tests.helpers import write_split_gguf
+
+    (src,) = write_split_gguf(tmp_path / "gguf", "m", 1, tensor_bytes=1 << 20)
+    odd = tmp_path / "drive,2"
+    odd.mkdir()
+    rig = str(tmp_path / "rig")
+    args = ["sync", "--rig", rig, "--piece-size", "1M", "--allow-same-device", str(src), str(odd)]
+    r = CliRunner().invoke(app, [*args[:1], "--quiet", *args[1:]])
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "refuses a source path containing ','" in " ".join(r.stderr.split()), r.stderr
+    again = CliRunner().invoke(app, [*args[:1], "--quiet", *args[1:]])                 # identical now: no notices
+    assert again.exit_code == 0 and "identical" in again.stdout
+    assert "refuses a source path" in " ".join(again.stderr.split())
