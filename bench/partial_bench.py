@@ -143,8 +143,12 @@ def flow(args, out: str, mounts: list[str], w: list[str]) -> dict:
     for arm in ARMS:
         replica, holds, _ = copies.get(arm, (None, None, 0))
         rigs[arm] = arm_rig(out, arm, main_rig, replica, holds, bench_file)
+        # priced for the runs' own workload: the planner's default prompt (512) and cache (30 % of the
+        # routed experts) give another miss rate, and whole-expert decode gains from a slower second
+        # drive only when a layer misses several experts (docs/planner.md)
         step(f"planner solve {arm}", tool("planner") + ["solve", "--rig", rigs[arm], "--engine", "colibri",
-                                                        "--page-cache", "0", "--json"], [])
+                                                        "--page-cache", "0", "--prompt-tokens", str(args.prompt_tokens),
+                                                        "--cache-experts", str(args.cache_experts), "--json"], [])
         with open(newest(os.path.join(rigs[arm], "plans"))) as f:
             plans[arm] = json.load(f)
     runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}

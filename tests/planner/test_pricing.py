@@ -124,6 +124,22 @@ def test_colibri_decode_of_whole_experts_by_hand():
                  frozenset({"direct"})).seconds == pytest.approx(pr.seconds)
 
 
+def test_colibri_decode_gains_from_a_slower_second_drive_only_when_a_layer_misses_several_experts():
+    """Two independent drives at 40 and 20 MB/s, whole experts, the token's layer one barrier (all its
+    reads in flight: 3 experts x 3 components < 8 threads). One missed expert takes s / 40 MB/s on the
+    primary alone; hashed to the mirror (expert 1 at 1:1) it takes s / 20 MB/s: twice as long, so a layer
+    that misses one expert only loses. Three missed experts (0, 2 on the primary, 1 on the mirror) take
+    3 s / 40 MB/s on one drive, max(2 s / 40, s / 20) = 2 s / 40 MB/s on two: 1.5 x faster."""
+    g = stacked_geometry("m", 1, 4, 2, V41_COMPONENT, arch="glm_moe_dsa")
+    expert = 3 * V41_COMPONENT
+    one = (Drive("a", Flat(40e6)),)
+    two = (Drive("a", Flat(40e6)), Drive("b", Flat(20e6)))
+    for experts, alone, both in (((1,), expert / 40e6, expert / 20e6), ((0, 1, 2), 3 * expert / 40e6, 2 * expert / 40e6)):
+        steps = one_step("decode", Step("decode", 0, experts))
+        assert price(COLIBRI, g, one, steps, (1,)).seconds == pytest.approx(alone)
+        assert price(COLIBRI, g, two, steps, (1, 1)).seconds == pytest.approx(both)
+
+
 def test_colibri_prefill_waits_for_each_block_of_64_experts():
     """A prefill step of 80 experts is two groups (64 + 16): each waits for its slowest drive."""
     g = stacked_geometry("m", 1, 80, 4, MB, arch="glm_moe_dsa")

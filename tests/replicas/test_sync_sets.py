@@ -175,12 +175,18 @@ def test_resume_after_kill_9_in_the_second_file_writes_only_what_was_not_durable
                 never.wait()
             return real_pwrite(fd, data, offset)
         os.pwrite = drive
+        reached = set()
         def report(ev):
+            # The kill waits for EVERY destination to have its first pieces of the second file
+            # durable (each gets there: only pieces from the fourth on are held back), so a
+            # destination running behind under load is never killed with nothing to resume.
             if isinstance(ev, Progress) and ev.phase == "copy" and ev.done >= {kill_at}:
-                os.kill(os.getpid(), signal.SIGKILL)
+                reached.add(ev.task)
+                if len(reached) == {len(dests)}:
+                    os.kill(os.getpid(), signal.SIGKILL)
         sync({model.path!r}, {dests!r}, {rig!r}, piece_size={PIECE}, allow_same_device=True, report=report)
     """)
-    p = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), capture_output=True)
+    p = subprocess.run([sys.executable, "-c", script], cwd=os.getcwd(), capture_output=True, timeout=300)
     assert p.returncode == -signal.SIGKILL, p.stderr.decode()
     second, durable = model.files[1], {}
     for d in dests:
@@ -189,9 +195,8 @@ def test_resume_after_kill_9_in_the_second_file_writes_only_what_was_not_durable
         work = model.at(final.path + ".partial") if kind == "dir" else final
         journal = work.abs(second) + ".partial.journal"
         durable[d] = durable_bytes(journal, sizes[1])
-        assert durable[d] <= 3 * PIECE < sizes[1]               # the second file is not finished
+        assert 2 * PIECE <= durable[d] <= 3 * PIECE < sizes[1]  # the second file is not finished
         assert not os.path.exists(work.abs(model.files[2]) + ".partial")   # the third not started
-    assert max(durable.values()) >= 2 * PIECE
     res = sync(model.path, dests, rig, piece_size=PIECE, allow_same_device=True)
     assert res.exit_code == 0, [d.error for d in res.dests]
     for dr in res.dests:
