@@ -245,7 +245,9 @@ def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
     solved = _solve_colibri(root)
     assert solved["stripe"] is False and solved["prefill"]["weights"] == solved["decode"]["weights"]
     out = str(tmp_path / "twins.env")
-    r = export(root, solved["path"], out, "--allow-unverified")
+    # --no-fallbacks: the N-1 re-solves are tested in test_fallback_profiles.py, and each is a
+    # full colibri search of this geometry (tens of seconds)
+    r = export(root, solved["path"], out, "--allow-unverified", "--no-fallbacks")
     assert r.exit_code == 0, r.output
     w = solved["prefill"]["weights"]
     lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
@@ -262,7 +264,7 @@ def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
     shares = [s["share"] for s in solved["prefill"]["predicted"]["sources"]]
     assert shares[2] < shares[0] / 4 and shares[2] < shares[1] / 4
     out = str(tmp_path / "whole.env")
-    assert export(root2, solved["path"], out, "--allow-unverified").exit_code == 0
+    assert export(root2, solved["path"], out, "--allow-unverified", "--no-fallbacks").exit_code == 0
     lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
     assert f"export COLI_DISK_WEIGHTS='{','.join(map(str, solved['prefill']['weights']))}'" in lines
     assert "unset COLI_MIR_STRIPE" in lines
