@@ -209,13 +209,14 @@ def arms_for(choice: Choice, top: int = DEFAULT_TOP, joint: bool | None = None, 
     return joint_candidates(ranked, extra, top, phases, key)
 
 
+def round_order(n: int, rnd: int) -> range:
+    """The arms of round `rnd` over n arms, in order: even rounds forward, odd rounds backward."""
+    return range(n) if rnd % 2 == 0 else range(n - 1, -1, -1)
+
+
 def abba_order(n: int, rounds: int) -> list[tuple[int, int]]:
     """(round, arm) for `rounds` rounds over n arms: even rounds forward, odd rounds backward."""
-    out = []
-    for r in range(rounds):
-        seq = range(n) if r % 2 == 0 else range(n - 1, -1, -1)
-        out.extend((r, i) for i in seq)
-    return out
+    return [(r, i) for r in range(rounds) for i in round_order(n, r)]
 
 
 def rounds_that_fit(arms: int, trial_s: float, budget_s: float) -> int:

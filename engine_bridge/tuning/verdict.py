@@ -25,6 +25,7 @@ from statistics import median
 from typing import ClassVar, Mapping, Sequence
 
 from core.results import Document
+from planner.autotune import round_order
 
 PHASES = ("prefill", "decode")
 DEFAULT_MIN_GAIN_PCT = 3.0
@@ -111,9 +112,9 @@ def too_coarse(trials: Sequence[Trial]) -> bool:
 
 
 def abba(n: int, rnd: int, active: Sequence[bool]) -> list[int]:
-    """Round `rnd`'s order over the arms still in the running: forward on even rounds, backward on odd."""
-    seq = range(n) if rnd % 2 == 0 else range(n - 1, -1, -1)
-    return [i for i in seq if active[i]]
+    """Round `rnd`'s order over the arms still in the running: forward on even rounds, backward on odd
+    (the embedded tuner's order, planner.autotune.round_order)."""
+    return [i for i in round_order(n, rnd) if active[i]]
 
 
 def shares(served: Mapping[int, int], n: int) -> tuple[float, ...] | None:
