@@ -25,7 +25,7 @@ from statistics import median
 from typing import ClassVar, Mapping, Sequence
 
 from core.results import Document
-from planner.autotune import round_order
+from planner.autotune import round_order, spread_pct
 
 PHASES = ("prefill", "decode")
 DEFAULT_MIN_GAIN_PCT = 3.0
@@ -207,11 +207,6 @@ class Verdict:
     confirmation: tuple[float | None, float | None]   # (challenger, runner-up) medians in the confirmation
     confirmed: bool | None              # None: no confirmation was run
     challenger: int | None = None       # the arm the confirmation ran against the runner-up (the winner before it)
-
-
-def spread_pct(values: Sequence[float]) -> float:
-    vals = [v for v in values if v > 0]
-    return 100.0 * (max(vals) - min(vals)) / median(vals) if len(vals) > 1 else 0.0
 
 
 def reference_output(cands: Sequence[Candidate], trials: Sequence[Trial]) -> str | None:
