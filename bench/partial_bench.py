@@ -100,7 +100,7 @@ def flow(args, out: str, mounts: list[str], w: list[str]) -> dict:
     os.sync()
     step("replicas init", tool("replicas") + ["init", "--rig", rig, "--model", model, "--name", "a"], [])
     run_args = ["--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
-                "--cache-experts", str(args.cache_experts), "--no-hedge", "--json"]
+                "--cache-experts", str(args.cache_experts), "--no-hedge", "--no-balance", "--json"]
     for i in range(2):      # the usage history: one run ranks the shards, the other is held out
         step(f"history run {i + 1}", tool("engine-bridge") + ["run", "--rig", rig, "--model", model,
                                                               "--engine", "colibri", "--prompt-seed", str(100 + i),

@@ -159,7 +159,8 @@ def flow(args, rig: str, names: list[str], mounts: dict[str, str], w: list[str],
     step("planner solve", tool("planner") + ["solve", "--rig", rig], [])
     plan = newest_plan(rig)
     run = json.loads(step("engine-bridge run --plan", tool("engine-bridge") + [
-        "run", "--rig", rig, "--plan", "latest", "--no-hedge", "--no-reweigh", "--prompt-tokens", str(args.prompt_tokens),
+        "run", "--rig", rig, "--plan", "latest", "--no-hedge", "--no-reweigh", "--no-balance",
+        "--prompt-tokens", str(args.prompt_tokens),
         "--gen-tokens", str(args.gen_tokens), "--cache-experts", str(args.cache_experts), "--json"], w))
     return synth, component, plan, run
 

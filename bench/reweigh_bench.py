@@ -45,9 +45,10 @@ from engine_bridge.harness.runner import run_bench, subprocess_runner  # noqa: E
 CRAWL_MBS = 1.0
 REST_S = 1.0          # between arms: a throttle's unused budget must not carry into the next arm
 
-FLAGS = {"reweigh": ["--hedge", "--reweigh"], "hedge": ["--hedge", "--no-reweigh"],
-         "neither": ["--no-hedge", "--no-reweigh"], "alone": ["--no-hedge", "--no-reweigh"],
-         "best": ["--no-hedge", "--no-reweigh"], "hedge-burst": ["--hedge", "--no-reweigh", "--hedge-min-busy", "0"]}
+FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", "--no-reweigh", "--no-balance"],
+         "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
+         "best": ["--no-hedge", "--no-reweigh", "--no-balance"],
+         "hedge-burst": ["--hedge", "--no-reweigh", "--no-balance", "--hedge-min-busy", "0"]}
 ARMS = {"crawl": ("reweigh", "hedge", "neither", "alone"), "half": ("reweigh", "hedge", "neither", "best"),
         "healthy": ("reweigh", "hedge", "neither", "hedge-burst")}
 

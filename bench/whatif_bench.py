@@ -60,7 +60,7 @@ def runs(args, rig: str, w: list[str], label: str, out: str) -> tuple[dict, str]
     results = []
     for i in range(args.runs):
         text, _ = step(f"run {label} {i + 1}/{args.runs}", tool("engine-bridge") + [
-            "run", "--rig", rig, "--plan", "latest", "--no-hedge", "--prompt-tokens", str(args.prompt_tokens),
+            "run", "--rig", rig, "--plan", "latest", "--no-hedge", "--no-balance", "--prompt-tokens", str(args.prompt_tokens),
             "--gen-tokens", str(args.gen_tokens), "--cache-experts", str(args.cache_experts), "--json"], w)
         results.append(json.loads(text))
     path = os.path.join(out, f"run-{label}.json")

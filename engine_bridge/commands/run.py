@@ -9,8 +9,9 @@ import typer
 
 from core.cli import JsonOption, RigOption, err, print_result
 from core.errors import UsageError
-from core.units import format_bytes, format_rate, plural
+from core.units import format_bytes, format_rate, parse_size, plural
 from engine_bridge.reader.hedging import HedgePolicy
+from engine_bridge.reader.balancing import BalancePolicy, check_balance
 from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
 from engine_bridge.engine.constants import (
     DEFAULT_CACHE_EXPERTS,
@@ -67,6 +68,13 @@ SHARED = dict(
                               help="A drive's rate per weight must be off by more than this factor to move it (> 1)."),
     reweigh_window=typer.Option(ReweighPolicy.window_ns / 1e9, "--reweigh-window", metavar="SECONDS",
                                 help="Seconds of reads each re-weighting decision looks at."),
+    balance=typer.Option(True, "--balance/--no-balance", help="Queue pieces as chunks and let an idle drive take queued "
+                         "chunks of a slower one (default on; counted as stolen_bytes; the bench harness turns it off to "
+                         "measure a plan as cut; see docs/reader.md)."),
+    balance_chunk=typer.Option("2MiB", "--balance-chunk", metavar="SIZE",
+                               help="Largest chunk a piece is queued as when balancing (a multiple of 4 KiB)."),
+    balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
+                               help="Most of a drive's own pace it keeps in the kernel when balancing (0: one chunk)."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
                         "the one that reads this model: ds4-argodrive for a GGUF file, colibri for a safetensors directory). "
                         "With --plan: the plan's."),
@@ -91,6 +99,17 @@ def reweigh_options(floor: float, band: float, window_s: float) -> ReweighPolicy
         opt = {"floor": "--reweigh-floor", "band": "--reweigh-band", "window_ns": "--reweigh-window"}
         name = next((o for k, o in opt.items() if f"reweigh {k} " in str(e)), "--reweigh-*")
         raise UsageError(f"{name}: {e}") from None
+
+
+def balance_options(chunk: str, depth_s: float) -> BalancePolicy:
+    """The balancing knobs `run` and `replay` take, checked (exit 2 naming the option)."""
+    size = parse_size(chunk, "--balance-chunk")
+    if not depth_s >= 0:
+        raise UsageError(f"--balance-depth {depth_s!r}: must be seconds >= 0")
+    try:
+        return check_balance(BalancePolicy(chunk_bytes=size, depth_ns=int(round(depth_s * 1e9))))
+    except ValueError as e:
+        raise UsageError(f"--balance-chunk {chunk}: {e}") from None
 
 
 def register(app) -> None:
@@ -190,6 +209,9 @@ def register(app) -> None:
         reweigh_floor: float = SHARED["reweigh_floor"],
         reweigh_band: float = SHARED["reweigh_band"],
         reweigh_window: float = SHARED["reweigh_window"],
+        balance: bool = SHARED["balance"],
+        balance_chunk: str = SHARED["balance_chunk"],
+        balance_depth: float = SHARED["balance_depth"],
         engine: Optional[str] = SHARED["engine"],
         switch: List[str] = SHARED["switch"],
         json_out: bool = JsonOption,
@@ -199,6 +221,8 @@ def register(app) -> None:
         from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run, usage_dir_of
         from engine_bridge.engine.sources import model_of, run_inputs, sources_of
 
+        knobs = (hedge_options(hedge_min_busy), reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
+                 balance_options(balance_chunk, balance_depth))      # bad knobs fail before any file is read
         blas = pin_blas_threads(1)
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
@@ -209,9 +233,8 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
                                     chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
-                                    reweigh=reweigh,
-                                    hedge_policy=hedge_options(hedge_min_busy),
-                                    reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
+                                    reweigh=reweigh, hedge_policy=knobs[0], reweigh_policy=knobs[1],
+                                    balance=balance, balance_policy=knobs[2],
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
                           usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
         _report_reader(result)
@@ -260,6 +283,9 @@ def register(app) -> None:
         reweigh_floor: float = SHARED["reweigh_floor"],
         reweigh_band: float = SHARED["reweigh_band"],
         reweigh_window: float = SHARED["reweigh_window"],
+        balance: bool = SHARED["balance"],
+        balance_chunk: str = SHARED["balance_chunk"],
+        balance_depth: float = SHARED["balance_depth"],
         engine: Optional[str] = SHARED["engine"],
         switch: List[str] = SHARED["switch"],
         json_out: bool = JsonOption,
@@ -270,6 +296,8 @@ def register(app) -> None:
         from engine_bridge.engine.run import save_run, usage_dir_of
         from engine_bridge.engine.sources import model_of, run_inputs, sources_of
 
+        knobs = (hedge_options(hedge_min_busy), reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
+                 balance_options(balance_chunk, balance_depth))      # bad knobs fail before any file is read
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
                              tuple(switch))
@@ -279,8 +307,8 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached, hedge=hedge, reweigh=reweigh, hedge_policy=hedge_options(hedge_min_busy),
-                                 reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window)),
+                                 cold=not cached, hedge=hedge, reweigh=reweigh, hedge_policy=knobs[0],
+                                 reweigh_policy=knobs[1], balance=balance, balance_policy=knobs[2]),
                           csv_file=csv_file, usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
         _report_reader(result)
         _report_idle(result)

@@ -121,10 +121,12 @@ def replay_geometry(model: ModelSet) -> Geometry:
 
 def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
            chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
-           cold: bool = True, hedge: bool = True, reweigh: bool = True, reweigh_policy=None, hedge_policy=None) -> dict:
+           cold: bool = True, hedge: bool = True, reweigh: bool = True, reweigh_policy=None, hedge_policy=None,
+           balance: bool = True, balance_policy=None) -> dict:
     """Replay a run's expert reads against `sources` (the primary's geometry); returns the replay
     result (REPLAY_SCHEMA). hedge: re-issue a late piece on another replica; reweigh: move weight
-    between the drives as their rates change (both on by default, as in `run`)."""
+    between the drives as their rates change; balance: an idle drive takes queued chunks of a slower
+    one (all on by default, as in `run`)."""
     from engine_bridge.reader import SplitReader
 
     from .run import hedge_settings, phase_dict
@@ -151,7 +153,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
                      hedge=hedge, hedge_policy=hedge_policy, reweigh=reweigh, reweigh_policy=reweigh_policy,
-                     engine=sources.engine, holds=holds) as reader:
+                     balance=balance, balance_policy=balance_policy, engine=sources.engine, holds=holds) as reader:
         out = replay_steps(g, steps, g.layers, cache, reader.submit_read,
                            sources.step_reads(g, reader.healthy, holds, reader.weights_now),
                            in_flight=sources.in_flight())

@@ -161,10 +161,14 @@ PLAN_CHANGES = ("degraded", "recovered", "reweighted")     # reader events after
 def plan_changes(result: dict) -> list[str]:
     """What changed the plan during a run, from its reader events, one phrase per source: degraded
     (and recovered, for a drive that came back: the arm still ran without it for a while) and
-    re-weighted (weights moved with the drives' rates). Empty: the whole run read the plan asked for."""
+    re-weighted (weights moved with the drives' rates); and balanced (a drive read pieces the cut gave
+    another: `run --balance`). Empty: the whole run read the plan asked for."""
     events = [e for e in result.get("events") or () if e.get("kind") in PLAN_CHANGES]
+    took = [(s.get("index", i), s["stolen_bytes"]) for i, s in enumerate(result.get("sources") or ())
+            if s.get("stolen_bytes")]
+    balanced = ["balanced: " + ", ".join(f"source {i} read {n / 1e6:.1f} MB of others' pieces" for i, n in took)] if took else []
     if not events:
-        return []
+        return balanced
     t0 = min(e.get("t_ns", 0) for e in result.get("events") or ())
     out: list[str] = []
     for src in sorted({e.get("source", -1) for e in events if e["kind"] != "reweighted"}):
@@ -176,7 +180,7 @@ def plan_changes(result: dict) -> list[str]:
         now = "; ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in last.items())
         out.append(f"re-weighted {len(rw)} time(s) from {(rw[0].get('t_ns', 0) - t0) / 1e9:.1f} s"
                    + (f", last to {now}" if now else ""))
-    return out
+    return out + balanced
 
 
 def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:

@@ -209,7 +209,7 @@ def engine_command(spec: ArmSpec, settings: dict, plan_path: str) -> list[str]:
     where = ["--rig", settings["rig"]] if settings.get("rig") else ["--model", spec.sources[0]]
     cmd = list(settings.get("wrap") or []) + [
         sys.executable, "-c", "from engine_bridge.cli import main; main()", "run",
-        *where, "--plan", plan_path, "--json"]
+        *where, "--plan", plan_path, "--json", "--no-balance"]   # a plan is measured as cut (run_args may say --balance)
     for key, opt in (("prompt_tokens", "--prompt-tokens"), ("gen_tokens", "--gen-tokens"),
                      ("cache_experts", "--cache-experts"), ("lanes", "--lanes")):
         if settings.get(key) is not None:

@@ -77,7 +77,7 @@ class Attempt:
     the model's file `fi` (a piece's is its read's)."""
 
     __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
-                 "phase", "jumped", "t_start")
+                 "phase", "jumped", "t_start", "stolen")
 
     def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
@@ -89,3 +89,4 @@ class Attempt:
         self.phase = ""            # a probe's phase (a piece's is its ticket's)
         self.jumped = 0            # the source's front-of-queue bytes counter when queued
         self.t_start = 0           # re-weighting's clock, ns, when a lane took it
+        self.stolen = False        # taken from another source's queue (balancing)

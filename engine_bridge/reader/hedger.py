@@ -105,6 +105,29 @@ class Hedger:
         self._tick(new, now)
         self.outstanding[new] += att.ln
 
+    def stolen(self, att: Attempt, new: int) -> None:
+        """A queued main attempt is taken by idle source `new` (balancing): queued there now, with a
+        deadline of its own."""
+        now = self.clock()
+        self._tick(att.src, now)
+        self.outstanding[att.src] -= att.ln
+        self.pending[att.src].discard(att)
+        att.src = new
+        self.enqueued(att)
+
+    def started(self, att: Attempt, inflight: int) -> None:
+        """A lane took `att` with `inflight` bytes (itself included) in the kernel on its source: when
+        balancing keeps most of a share queued, a piece's deadline runs from here, over what is
+        really ahead of it."""
+        if att.kind != MAIN or att not in self.pending[att.src]:
+            return
+        att.t_enq, att.ahead, att.jumped = self.clock(), inflight, self.jumped[att.src]
+        due = self._deadline(att)
+        if due is not None:
+            heapq.heappush(self._heap, (due, next(self._seq), att))
+            if self._heap[0][2] is att:
+                self.cond.notify()
+
     def ended(self, att: Attempt, s: int, ok: bool) -> list:
         """An attempt on source `s` is over; returns what to do once the lock is released."""
         now = self.clock()

@@ -19,6 +19,7 @@ over theirs, and the old buffer is kept until its last writer returns (`ReadTick
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from array import array
@@ -30,6 +31,8 @@ from core.errors import MissingError
 from core.coldio import ColdReader, align_down, align_up, aligned_buffer
 
 from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Piece, ReadTicket
+from .balancing import BalancePolicy, chunks, depth_limit, pick_victim
+from .hedging import RateEstimate
 from .files import SourceFiles
 from .buffers import span
 from .readstats import last_landing, latency_summary
@@ -37,26 +40,26 @@ from .sources import ShortRead, SourceHealth
 
 __all__ = ["Lanes", "LaneQueue", "LaneCounters", "ReadTicket", "read_piece"]
 
-class LaneQueue:
-    """A source's queue: FIFO, with hedges and probes put at the front (a read is waiting on them)."""
+PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt (balancing)
+STEAL_SCAN = 64           # queued attempts looked at per source for one to take
+STEAL_LOOK_S = 0.02       # an idle lane looks again this often while work waits on another source
 
-    def __init__(self):
-        self._items: deque = deque()
-        self._cv = threading.Condition(threading.Lock())
+class LaneQueue:
+    """A source's queue: FIFO, with hedges and probes put at the front (a read is waiting on them).
+    Its lanes wait on `cond`, a Condition of the lanes' one lock: every method is called with that
+    lock held (work can then move between queues and counters in one step)."""
+
+    def __init__(self, cond: threading.Condition):
+        self.items: deque = deque()
+        self.cond = cond
+        self.idle = 0                 # lanes of this source waiting for work
 
     def put(self, item, front: bool = False) -> None:
-        with self._cv:
-            if front:
-                self._items.appendleft(item)
-            else:
-                self._items.append(item)
-            self._cv.notify()
-
-    def get(self):
-        with self._cv:
-            while not self._items:
-                self._cv.wait()
-            return self._items.popleft()
+        if front:
+            self.items.appendleft(item)
+        else:
+            self.items.append(item)
+        self.cond.notify()
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class LaneCounters:
     hedged: tuple[int, ...] = ()     # hedge reads served for another source's late piece
     late: tuple[int, ...] = ()       # pieces that missed their deadline
     phases: dict = field(default_factory=dict)   # phase -> PhaseTally (a copy): the same per phase
+    stolen: tuple[int, ...] = ()     # bytes read of pieces given to another source (balancing)
 
 
 class PhaseTally:
@@ -128,7 +132,7 @@ class Lanes:
     this object's lock, or None. reweigher: a `reweigher.Reweigher` fed under this object's lock, or None."""
 
     def __init__(self, sources: Sequence[SourceFiles], health: SourceHealth, lanes: int, pool=None, hedger=None,
-                 reweigher=None):
+                 reweigher=None, balance: BalancePolicy | None = None):
         n = len(sources)
         self.sources, self.health, self.lanes, self.pool = tuple(sources), health, lanes, pool
         self._lock = threading.Lock()
@@ -143,7 +147,14 @@ class Lanes:
         self._phases: dict[str, PhaseTally] = {}
         self._alive = [lanes] * n
         self._abandoned = [False] * n     # closed while a read on it hangs: its last lane closes its reader
-        self._queues = [LaneQueue() for _ in range(n)]
+        self._queues = [LaneQueue(threading.Condition(self._lock)) for _ in range(n)]
+        self.balance = balance          # None: each source reads exactly the pieces it was given
+        self._inflight = [0] * n        # bytes of attempts a lane of the source has started, not yet ended
+        self._pace = [RateEstimate(PACE_DECAY) for _ in range(n)]   # bytes over time with reads in the kernel
+        self._pace_busy = [0] * n       # ns with reads in the kernel since the source's last delivery
+        self._pace_tick = [0] * n
+        self._stolen = [0] * n          # bytes a source read of pieces given to another (balancing)
+        self._closing = False
         self.hedger = hedger
         self.reweigher = reweigher
         if hedger is not None:
@@ -159,22 +170,33 @@ class Lanes:
     def lock(self) -> threading.Lock:
         return self._lock
 
+    def parts(self, ln_off: tuple[int, int]) -> list[tuple[int, int]]:
+        """How a piece (offset, length) is queued: whole, or in chunks when balancing."""
+        off, ln = ln_off
+        return [(off, ln)] if self.balance is None else chunks(off, ln, self.balance.chunk_bytes)
+
     def put(self, src: int, ticket: ReadTicket, off: int, ln: int) -> None:
-        """Queue piece [off, off+ln) of `ticket` on source `src` (its main attempt)."""
-        piece = Piece(ticket, src, off, ln)
-        att = Attempt(piece, src, MAIN, off, ln, ticket._work, ticket._base)
+        """Queue piece [off, off+ln) of `ticket` on source `src` (its main attempt; one per chunk
+        when balancing: the ticket counts `len(self.parts((off, ln)))` pieces for it)."""
+        atts = []
+        for co, cl in self.parts((off, ln)):
+            piece = Piece(ticket, src, co, cl)
+            atts.append(Attempt(piece, src, MAIN, co, cl, ticket._work, ticket._base))
         with self._lock:
             tally = self._tally(ticket.phase)
             tally.given_bytes[src] += ln
             tally.given_pieces[src] += 1
             tally.largest_read = max(tally.largest_read, ticket.length)
-            piece.active = 1
-            ticket._writers += 1
-            if self.hedger is not None:
-                self.hedger.enqueued(att)
-            if self.reweigher is not None:
-                self.reweigher.queued(att)
-        self._queues[src].put(att)
+            for att in atts:
+                att.piece.active = 1
+                ticket._writers += 1
+                if self.hedger is not None:
+                    self.hedger.enqueued(att)
+                if self.reweigher is not None:
+                    self.reweigher.queued(att)
+                self._queues[src].put(att)
+            if self.balance is not None:
+                self._offer(src)
 
     def _tally(self, phase: str) -> PhaseTally:
         """The phase's counters (lock held), made on its first read."""
@@ -198,7 +220,7 @@ class Lanes:
                 self.hedger.sampled(att)
             if self.reweigher is not None:
                 self.reweigher.queued(att)
-        self._queues[src].put(att)
+            self._queues[src].put(att)
 
     def counters(self) -> LaneCounters:
         with self._lock:
@@ -207,8 +229,10 @@ class Lanes:
                     tuple(self._gap_ns), self._reads_done, self._bytes_done)
             hl = self.hedger.counters() if self.hedger is not None else ((0,) * len(self.sources),) * 2
             phases = {ph: t.copy() for ph, t in self._phases.items()}
+            stolen = tuple(self._stolen)
         b, r, fb, ll, gap, rd, bd = snap
-        return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd, hl[0], hl[1], phases)
+        return LaneCounters(b, r, fb, ll, gap, tuple(latency_summary(a) for a in lat), rd, bd, hl[0], hl[1], phases,
+                            stolen)
 
     def close(self) -> list[int]:
         """Stop every lane after the attempts already queued and wait for them, except the lanes of a
@@ -220,34 +244,132 @@ class Lanes:
             for s in range(len(self.sources)):
                 self._abandoned[s] = self.hedger is not None and self.hedger.stuck(s)
             abandoned = list(self._abandoned)
-        for q in self._queues:
-            for _ in range(self.lanes):
-                q.put(None)
+            self._closing = True
+            for q in self._queues:
+                for _ in range(self.lanes):
+                    q.put(None)
+                q.cond.notify_all()
         for i, t in enumerate(self._threads):
             if not abandoned[i // self.lanes]:
                 t.join()
         return [s for s in range(len(self.sources)) if not abandoned[s]]
 
+    # -- balancing (the lock held) ---------------------------------------------------------
+
+    def _tick_pace(self, s: int, now: int) -> None:
+        if self._inflight[s] > 0:
+            self._pace_busy[s] += now - self._pace_tick[s]
+        self._pace_tick[s] = now
+
+    def _inflight_add(self, s: int, nbytes: int) -> None:
+        self._tick_pace(s, time.monotonic_ns())
+        self._inflight[s] += nbytes
+
+    def _pace_now(self, s: int) -> float | None:
+        """Bytes per ns source `s` reads while it has reads in the kernel, the time since its last
+        delivery included (a drive that stops delivering falls to 0); None until that rests on
+        `depth_ns` of such time (a throttle's first burst is not its pace)."""
+        self._tick_pace(s, time.monotonic_ns())
+        e, busy = self._pace[s], self._pace_busy[s]
+        if e.total_busy_ns + busy < max(1, self.balance.depth_ns):
+            return None
+        return e.bytes / (e.busy_ns + busy) if e.busy_ns + busy > 0 else math.inf
+
+    def _room(self, s: int, nbytes: int) -> bool:
+        """Whether source `s` may start `nbytes` more: it has nothing in the kernel, or what it has
+        plus these stays within `depth_ns` of its pace."""
+        return self._inflight[s] == 0 or self._inflight[s] + nbytes <= depth_limit(self._pace_now(s), self.balance)
+
+    def _offers(self, thief: int) -> dict[int, tuple[int, Attempt]]:
+        """Per other source, the first attempt of its queue `thief` could take: a main attempt of a
+        piece nobody delivered or hedged, in a file `thief` holds."""
+        out = {}
+        for v, q in enumerate(self._queues):
+            if v == thief:
+                continue
+            for k, att in enumerate(q.items):
+                if k >= STEAL_SCAN:
+                    break
+                if att is not None and att.kind == MAIN and not att.piece.done and not att.piece.hedged \
+                        and self.sources[thief].holds(att.fi):
+                    out[v] = (k, att)
+                    break
+        return out
+
+    def _steal(self, t: int) -> Attempt | None:
+        """The attempt idle source `t` takes from another's queue, moved to `t`; None when taking
+        any would not bring a read's barrier nearer."""
+        if t not in self.health.healthy():
+            return None
+        offers = self._offers(t)
+        if not offers:
+            return None
+        rates = {s: self._pace_now(s) for s in (t, *offers)}
+        v = pick_victim(t, {s: att.ln for s, (_, att) in offers.items()}, self._inflight, rates)
+        if v is None or not self._room(t, offers[v][1].ln):
+            return None
+        k, att = offers[v]
+        del self._queues[v].items[k]
+        if self.reweigher is not None:
+            self.reweigher.moved(att, t)
+        if self.hedger is not None:
+            self.hedger.stolen(att, t)
+        att.src = t
+        att.stolen = True
+        return att
+
+    def _offer(self, src: int) -> None:
+        """Work was queued on `src`: wake one idle lane of every source with nothing of its own to do."""
+        for t, q in enumerate(self._queues):
+            if t != src and q.idle and not q.items:
+                q.cond.notify()
+
+    def _take(self, src: int) -> Attempt | None:
+        """The next attempt for a lane of `src` (the lock held; waits for one): the head of its
+        queue (when balancing, once it has room in the kernel), else, when balancing, a chunk taken
+        from another's queue; None: close."""
+        q = self._queues[src]
+        while True:
+            if q.items:
+                head = q.items[0]
+                if (head is None or self.balance is None or head.kind != MAIN or head.piece.done
+                        or self._room(src, head.ln)):
+                    return q.items.popleft()
+            elif self.balance is not None and not self._closing:
+                att = self._steal(src)
+                if att is not None:
+                    return att
+            # while work waits on another queue, one lane looks again soon: taking it may become worth it
+            look = (self.balance is not None and not q.items and q.idle == 0
+                    and any(o.items for o in self._queues if o is not q))
+            q.idle += 1
+            q.cond.wait(STEAL_LOOK_S if look else None)
+            q.idle -= 1
+
     # -- the lane threads -----------------------------------------------------------------
 
     def _lane(self, src: int) -> None:
-        q = self._queues[src]
         scratch = memoryview(aligned_buffer(2 * ColdReader.alignment))
         while True:
-            att = q.get()
-            if att is None:
-                with self._lock:
+            with self._lock:
+                att = self._take(src)
+                if att is None:
                     self._alive[src] -= 1
                     last = self._alive[src] == 0 and self._abandoned[src]
+                else:
+                    skip = att.piece is not None and att.piece.done
+                    att.started = not skip
+                    if not skip:
+                        self._inflight_add(att.src, att.ln)
+                        if self.reweigher is not None:
+                            self.reweigher.started(att)
+                        if self.hedger is not None and self.balance is not None:
+                            self.hedger.started(att, self._inflight[att.src])
+            if att is None:
                 if last:
                     self.sources[src].close()
                 return
             try:
-                with self._lock:
-                    skip = att.piece is not None and att.piece.done
-                    att.started = not skip
-                    if self.reweigher is not None and not skip:
-                        self.reweigher.started(att)
                 if skip:
                     self._end(att, att.src, ok=False)
                 else:
@@ -278,6 +400,8 @@ class Lanes:
                         piece.tried.append(s)
                     nxt = None if piece.done else health.failover_source(piece.tried)
                     if nxt is not None:
+                        self._inflight_add(s, -att.ln)
+                        self._inflight_add(nxt, att.ln)
                         if self.hedger is not None:
                             self.hedger.moved(att, nxt)
                         if self.reweigher is not None:
@@ -306,6 +430,12 @@ class Lanes:
                 actions = self.hedger.ended(att, s, ok)
             if self.reweigher is not None:
                 self.reweigher.ended(att, s, ok and att.started)
+            if att.started:
+                self._inflight_add(s, -att.ln)
+                self._queues[s].cond.notify()       # room in the kernel for a lane waiting on it
+                if ok:
+                    self._pace[s].observe(att.ln, self._pace_busy[s])
+                    self._pace_busy[s] = 0
             if ok:
                 self._lat[s].append(t1 - t0)
             if piece is None:
@@ -325,7 +455,9 @@ class Lanes:
                     tally = self._tally(ticket.phase)
                     tally.bytes[s] += att.ln
                     tally.reads[s] += 1
-                    if att.kind == MAIN and s != piece.src:
+                    if att.kind == MAIN and att.stolen and s == att.src:
+                        self._stolen[s] += att.ln
+                    elif att.kind == MAIN and s != piece.src:
                         self._failover_bytes[s] += att.ln
                     if att.kind == HEDGE:
                         ticket._patches.append(att)
@@ -356,6 +488,8 @@ class Lanes:
         with self._lock:
             if self.reweigher is not None:
                 self.reweigher.ended(att, att.src, False)
+            if att.started:
+                self._inflight_add(att.src, -att.ln)
             piece.active -= 1
             if att.kind == MAIN:
                 piece.ticket._writers -= 1

@@ -54,13 +54,15 @@ class SourceStats:
     failover_bytes: int = 0     # bytes this source re-read for another, failed source
     hedged: int = 0             # hedge reads this source served for another source's late piece
     late: int = 0               # pieces of this source that missed their deadline (and were hedged if they could be)
+    stolen_bytes: int = 0       # bytes this source read of pieces given to another (balancing took them)
     slow: bool = False          # degraded for lateness (probed, may come back), not failed
 
     def to_dict(self) -> dict:
         return {"index": self.index, "path": self.path, "weight": self.weight, "decode_weight": self.decode_weight,
                 "bytes": self.bytes, "reads": self.reads, "lands_last": self.lands_last, "gap_ns": self.gap_ns,
                 "lat_ns": dict(self.lat_ns), "degraded": self.degraded, "events": self.events,
-                "failover_bytes": self.failover_bytes, "hedged": self.hedged, "late": self.late, "slow": self.slow}
+                "failover_bytes": self.failover_bytes, "hedged": self.hedged, "late": self.late, "slow": self.slow,
+                "stolen_bytes": self.stolen_bytes}
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ def format_stats(stats: ReaderStats) -> str:
                 f"lat_p99_us={s.lat_ns['p99'] / 1e3:.0f} weight={s.weight} decode_weight={s.decode_weight}")
         if s.failover_bytes:
             line += f" failover_bytes={s.failover_bytes}"
+        if s.stolen_bytes:
+            line += f" stolen_bytes={s.stolen_bytes}"
         if s.degraded:
             line += " DEGRADED(late)" if s.slow else " DEGRADED"
         lines.append(line + f" path={s.path}")

@@ -30,6 +30,10 @@ when it recovers (never below a floor share, never off the last healthy source, 
 `submit`'s, and the engine's read pattern, which asks `weights_now(phase)` at every step. Every
 change is a 'reweighted' event (`reweigher.py`, `reweighting.py`).
 
+With `balance=True` the reads already cut follow the drives too: pieces are queued as chunks, a
+drive keeps only a short queue in the kernel, and an idle drive takes the first chunk of a slower
+one's queue when it would finish it sooner (`balancing.py`; counted as `stolen_bytes`).
+
 This module is the facade: it checks the configuration, hands pieces to the lanes and puts the
 lanes' and the sources' counters together.
 """
@@ -49,6 +53,7 @@ from models.modelset import ModelSet, one_file
 from .buffers import POOL_BYTES, BufferPool, check_buffer, span
 from .hedger import Hedger
 from .hedging import HedgePolicy, check_policy
+from .balancing import BalancePolicy, check_balance
 from .lanes import Lanes, ReadTicket
 from .readstats import PhaseSourceStats, PhaseStats, ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
 from .reweigher import Reweigher
@@ -79,6 +84,9 @@ class SplitReader:
     a bare reader does exactly the engine's reads). hedge_policy: its knobs (`HedgePolicy`).
     reweigh: move weight between the sources as their delivered rates change (off here, on in the
     embedded engine); reweigh_policy: its knobs (`ReweighPolicy`).
+    balance: queue pieces as chunks, keep a drive's kernel queue short, and let an idle drive take
+    queued chunks of a slower one (off here, on in `engine-bridge run`); balance_policy: its knobs
+    (`BalancePolicy`).
     clock: the hedger's and the re-weighting's clock, ns (tests inject one). holds: per source, the
     files a partial replica holds (None: every file); the engine's pattern sends it only reads of those.
     """
@@ -89,6 +97,7 @@ class SplitReader:
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
                  pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
                  reweigh: bool = False, reweigh_policy: ReweighPolicy | None = None,
+                 balance: bool = False, balance_policy: BalancePolicy | None = None,
                  clock: Callable[[], int] | None = None, holds: Sequence[frozenset[str] | None] = ()):
         models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
         paths = [m.path for m in models]
@@ -107,9 +116,11 @@ class SplitReader:
             raise UsageError(f"split reader: lanes must be an integer >= 1, got {lanes!r}")
         policy = hedge_policy or HedgePolicy()
         rw_policy = reweigh_policy or ReweighPolicy()
+        bal_policy = balance_policy or BalancePolicy()
         try:
             check_policy(policy)
             check_reweigh(rw_policy)
+            check_balance(bal_policy)
         except ValueError as e:
             raise UsageError(f"split reader: {e}") from None
         self.models, self.paths = tuple(models), tuple(paths)
@@ -117,6 +128,7 @@ class SplitReader:
         self.engine, self.lanes, self.cold = engine, lanes, cold
         self.hedge, self.hedge_policy = bool(hedge), policy
         self.reweigh, self.reweigh_policy = bool(reweigh), rw_policy
+        self.balance, self.balance_policy = bool(balance) and len(paths) > 1, bal_policy
         self._health_interval = health_interval
         identity = check_sources(models, holds)
         self.files = models[0].files
@@ -139,7 +151,8 @@ class SplitReader:
                                      e.weight_min, e.weight_max)
                            if self.reweigh and len(paths) > 1 else None)
         self._owed: list[int] = []      # sources owed a re-weighting sample (taken from the next read)
-        self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger, self._reweigher)
+        self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger, self._reweigher,
+                            bal_policy if self.balance else None)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -230,18 +243,19 @@ class SplitReader:
             raise UsageError(f"split reader: read ({offset}, {length}) is outside {where} (size {size})")
         if sum(pl for _, _, pl in pieces) != length:
             raise UsageError(f"split reader: pieces of {sum(pl for _, _, pl in pieces)} B for a {length}-byte read")
+        queued = sum(len(self._lanes.parts((po, pl))) for _, po, pl in pieces)     # chunks, when balancing
         if buffer is None:
             buf = self._pool.get(span(offset, length))
-            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), self._pool, file=rel, fi=fi)
+            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), queued, self._pool, file=rel, fi=fi)
         elif self._hedger is not None:
             # a late read cannot be stopped once in the kernel: it must never write into memory the
             # caller gets back, so the pieces land in a buffer of ours, copied over at the barrier
             buf = check_buffer(buffer, offset, length)
-            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), len(pieces), None, own_buf=False,
+            ticket = ReadTicket(offset, length, phase, buf, align_down(offset), queued, None, own_buf=False,
                                 work=self._pool.get(span(offset, length)), file=rel, fi=fi)
         else:
             ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
-                                len(pieces), None, file=rel, fi=fi)
+                                queued, None, file=rel, fi=fi)
         for s, po, pl in pieces:
             self._lanes.put(s, ticket, po, pl)
         if self._hedger is not None and len(healthy) < len(self.paths):
@@ -322,7 +336,7 @@ class SplitReader:
             index=i, path=self.paths[i], weight=self.weights[i], decode_weight=self.decode_weights[i],
             bytes=c.bytes[i], reads=c.reads[i], lands_last=c.lands_last[i], gap_ns=c.gap_ns[i], lat_ns=c.lat_ns[i],
             degraded=degraded[i], events=src_events[i], failover_bytes=c.failover_bytes[i], hedged=c.hedged[i],
-            late=c.late[i], slow=slow[i])
+            late=c.late[i], slow=slow[i], stolen_bytes=c.stolen[i] if c.stolen else 0)
             for i in range(len(self.paths)))
         now = {ph: list(self.weights_now(ph)) for ph in PHASES}
         changes = 0

@@ -19,6 +19,7 @@ from tests.models.geometry_helpers import write_moe_safetensors, write_moe_split
 
 runner = CliRunner()
 SHORT = ["--prompt-tokens", "8", "--gen-tokens", "2", "--cache-experts", "0", "--lanes", "2", "--no-hedge", "--no-reweigh",
+         "--no-balance",
          "--json"]
 
 

@@ -29,7 +29,7 @@ def expected_bytes(model: str, trace: str, engine: str, weights, switches=()) ->
 def _run(tmp_path, model, replicas, weights, extra=()):
     trace = str(tmp_path / "trace.json")
     args = ["run", "--model", model, "--primary-weight", str(weights[0]), "--prompt-tokens", str(PROMPT),
-            "--gen-tokens", str(GEN), "--cache-experts", str(CACHE), "--lanes", "2", "--no-hedge", "--no-reweigh",
+            "--gen-tokens", str(GEN), "--cache-experts", str(CACHE), "--lanes", "2", "--no-hedge", "--no-reweigh", "--no-balance",
             "--trace-out", trace, "--json"]
     for r, w in zip(replicas, weights[1:]):
         args += ["--replica", f"{r}*{w}"]

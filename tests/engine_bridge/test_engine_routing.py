@@ -98,7 +98,7 @@ def test_replay_reads_through_the_split_reader_and_reports(model_dir):
     r = runner.invoke(app, ["replay", "--model", str(d / "model.gguf"), "--replica", f"{d / 'r1.gguf'}*5",
                             "--replica", f"{d / 'r2.gguf'}*5", "--decode-weights", "10:6:6", "--prompt-tokens", "64",
                             "--gen-tokens", "20", "--cache-experts", "6", "--lanes", "2", "--json",
-                            "--no-hedge", "--no-reweigh"])   # exact counters: nothing may move a piece
+                            "--no-hedge", "--no-reweigh", "--no-balance"])   # exact counters: nothing may move a piece
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     for k in CSV_COLUMNS + ("schema", "kind", "coverage", "hits", "misses", "misses_per_token", "sources", "events",

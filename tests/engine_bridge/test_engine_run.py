@@ -66,7 +66,8 @@ def test_json_keys_csv_row_and_counters(model_dir, tmp_path):
     csv_path = tmp_path / "bench.csv"
     args = ["run", "--model", str(d / "model.gguf"), "--replica", f"{d / 'r1.gguf'}*5", "--replica", f"{d / 'r2.gguf'}*5",
             "--decode-weights", "10,6,6", "--prompt-tokens", PROMPT, "--gen-tokens", GEN, "--cache-experts", 4,
-            "--lanes", 2, "--no-hedge", "--no-reweigh", "--csv", csv_path, "--json"]   # exact counters: nothing may move a piece
+            "--lanes", 2, "--no-hedge", "--no-reweigh", "--no-balance", "--csv", csv_path,
+            "--json"]   # exact counters: nothing may move a piece
     r = runner.invoke(app, [str(a) for a in args])
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
@@ -249,7 +250,8 @@ def _v41_plan(d, weights=(2, 1, 1)):
 
 def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(model_dir):
     assert SPEC.component_bytes == 557_056                   # 2 blocks + 32 KiB: 1 / 1 / 0 blocks at 2:1:1
-    r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, hedge=False, reweigh=False)
+    r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, hedge=False, reweigh=False,
+            balance=False)
     for ph in ("prefill", "decode"):
         assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "groups", "seconds", "read_wait_seconds",
                               "largest_read", "sources"}
@@ -272,7 +274,7 @@ def test_run_warns_when_the_plan_gave_a_source_bytes_it_never_read(model_dir, tm
     d = model_dir
     (tmp_path / "p.json").write_text(json.dumps(_v41_plan(d)))
     args = ["run", "--model", str(d / "model.gguf"), "--plan", str(tmp_path / "p.json"), "--prompt-tokens", str(PROMPT),
-            "--gen-tokens", str(GEN), "--cache-experts", "4", "--lanes", "2", "--no-hedge", "--no-reweigh"]
+            "--gen-tokens", str(GEN), "--cache-experts", "4", "--lanes", "2", "--no-hedge", "--no-reweigh", "--no-balance"]
     r = runner.invoke(app, args + ["--json"])
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)

@@ -1,0 +1,160 @@
+"""Balancing: pieces are queued as chunks, a drive keeps a short kernel queue, and an idle drive
+takes queued chunks of a slower one; the bytes are the same whoever reads them.
+
+The slow source is a stand-in reader that blocks on an Event the test holds (`Stall`, shared with
+the hedging tests): which drive is slow is decided by the test. The test waits for what the lanes
+do (ordering waits, never a time limit) and asserts only on what was read where.
+"""
+
+import math
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from core.errors import UsageError
+from engine_bridge.cli import app
+from engine_bridge.harness.arms import ArmSpec, plan_changes
+from engine_bridge.harness.runner import engine_command
+from engine_bridge.reader.balancing import BalancePolicy, check_balance, chunks, depth_limit, pick_victim
+from engine_bridge.reader.split_reader import SplitReader
+from engines.ds4_argodrive import BLOCK_BYTES
+from tests.engine_bridge.helpers import primary_and_copies
+from tests.engine_bridge.test_reader_hedge import Stall, StallingReader, _until
+
+SIZE = 16 * BLOCK_BYTES
+CHUNK = BLOCK_BYTES // 4
+runner = CliRunner()
+
+
+@pytest.fixture
+def model(tmp_path):
+    return primary_and_copies(tmp_path, SIZE, seed=23)
+
+
+def _reader(paths, stall, **kw):
+    return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=kw.pop("lanes", 1), cold=False, balance=True,
+                       balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0),
+                       opener=lambda p: StallingReader(p, stall), **kw)
+
+
+def test_chunks_are_cut_at_multiples_of_the_chunk_and_cover_the_piece():
+    assert chunks(0, 10, 4) == [(0, 4), (4, 4), (8, 2)]
+    assert chunks(3, 10, 4) == [(3, 1), (4, 4), (8, 4), (12, 1)]
+    assert chunks(8, 4, 4) == [(8, 4)]
+    assert chunks(5, 0, 4) == []
+    rng = random.Random(3)
+    for _ in range(200):
+        off, ln, c = rng.randrange(1 << 20), rng.randrange(1, 1 << 20), 4096 * rng.randrange(1, 64)
+        got = chunks(off, ln, c)
+        assert got[0][0] == off and sum(n for _, n in got) == ln
+        assert all(a + n == b for (a, n), (b, _) in zip(got, got[1:]))
+        assert all(o % c == 0 for o, _ in got[1:]) and all(0 < n <= c for _, n in got)
+
+
+def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_a_chunk():
+    p = BalancePolicy(chunk_bytes=1 << 20, depth_ns=250_000_000)
+    assert depth_limit(None, p) == math.inf                      # pace unknown: the lanes bound it
+    assert depth_limit(0.03, p) == pytest.approx(7.5e6)          # 30 MB/s: a quarter second of it
+    assert depth_limit(0.001, p) == 1 << 20                      # a crawl: still one chunk
+    assert depth_limit(0.0, p) == 1 << 20
+
+
+def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
+    n = 1 << 20
+    fast, slow = 0.03, 0.0075            # bytes per ns: 30 and 7.5 MB/s
+    # the slow drive has a chunk in the kernel: the idle fast one takes its next
+    assert pick_victim(0, {1: n}, [0, n, 0], {0: fast, 1: slow}) == 1
+    # a crawling drive never takes the fast one's work (it would be the barrier)
+    assert pick_victim(1, {0: n}, [n, 0, 0], {0: fast, 1: 1e-6}) is None
+    # equal pace: take from the one with more in the kernel; never from one with less
+    assert pick_victim(0, {1: n}, [0, 2 * n, 0], {0: fast, 1: fast}) == 1
+    assert pick_victim(0, {1: n}, [3 * n, 0, 0], {0: fast, 1: fast}) is None
+    # a drive that delivered nothing while busy (pace 0) is always worth taking from
+    assert pick_victim(2, {1: n}, [0, n, 0], {1: 0.0, 2: 1e-3}) == 1
+    # pace unknown on either side: compared on the bytes ahead
+    assert pick_victim(0, {1: n}, [0, n, 0], {0: None, 1: None}) == 1
+    assert pick_victim(0, {1: n}, [0, n, 0], {0: fast, 1: None}) == 1
+    # the victim it gains most on
+    assert pick_victim(0, {1: n, 2: n}, [0, n, n], {0: fast, 1: slow, 2: fast / 2}) == 1
+
+
+@pytest.mark.parametrize("bad", [BalancePolicy(chunk_bytes=1000), BalancePolicy(chunk_bytes=0),
+                                 BalancePolicy(depth_ns=-1), BalancePolicy(chunk_bytes=True)])
+def test_policy_checks(bad):
+    with pytest.raises(ValueError):
+        check_balance(bad)
+
+
+def test_bad_balance_policy_is_one_usage_error(model):
+    paths, _ = model
+    with pytest.raises(UsageError, match="chunk_bytes"):
+        SplitReader(paths, [2, 1, 1], balance=True, balance_policy=BalancePolicy(chunk_bytes=5000))
+
+
+def test_a_stalled_drives_queued_chunks_are_taken_by_the_others(model):
+    """Source 2 hangs on the first chunk it starts; the chunks still queued behind it are read by the
+    idle sources, so at most the one in its kernel is left for it once it returns."""
+    paths, data = model
+    stall = Stall(paths[2])
+    with _reader(paths, stall) as r:
+        assert bytes(r.read(0, SIZE)) == data               # warm-up: every drive has a pace
+        before = r.stats()
+        stall.active = True
+        t = r.submit(0, SIZE)                                # 2:1:1 of 16 blocks: source 2 is given 4 blocks, 16 chunks
+        held = []
+        _until(lambda: t.done() or held or (stall.entered.acquire(blocking=False) and not held.append(1)))
+        if held:                                             # its lane is inside a chunk: the rest is taken from it
+            _until(lambda: sum(r.stats().sources[i].bytes - before.sources[i].bytes for i in (0, 1)) == SIZE - CHUNK)
+            assert not t.done()                              # the chunk in its kernel still holds the barrier
+        stall.gate.set()                                     # (else the others took every chunk before its lane woke)
+        assert bytes(t.result()) == data
+        s = r.stats()
+    assert s.sources[2].bytes - before.sources[2].bytes == (CHUNK if held else 0)
+    took = sum(s.sources[i].stolen_bytes - before.sources[i].stolen_bytes for i in (0, 1))
+    assert took >= 4 * BLOCK_BYTES - (CHUNK if held else 0)   # all of source 2's share but a chunk it held
+    assert s.sources[2].stolen_bytes - before.sources[2].stolen_bytes <= CHUNK  # the one it may hold is all it takes
+    assert sum(x.bytes for x in s.sources) - sum(x.bytes for x in before.sources) == SIZE
+    given = s.phases[0].sources                                       # the engine's cut is still what was given
+    assert [g.given_bytes for g in given] == [2 * 8 * BLOCK_BYTES, 2 * 4 * BLOCK_BYTES, 2 * 4 * BLOCK_BYTES]
+    assert "stolen_bytes=" in r.format_stats()
+    assert s.to_dict()["sources"][0]["stolen_bytes"] == s.sources[0].stolen_bytes
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_balanced_reads_return_exactly_the_bytes_and_count_each_once(model, lanes):
+    paths, data = model
+    rng = random.Random(lanes)
+    ranges = [(o, rng.randrange(1, SIZE - o)) for o in (rng.randrange(SIZE - 1) for _ in range(40))]
+    with _reader(paths, None, lanes=lanes) as r:
+        got = r.read_many(ranges)
+        assert [bytes(g) for g in got] == [data[o:o + n] for o, n in ranges]
+        s = r.stats()
+    assert sum(x.bytes for x in s.sources) == sum(n for _, n in ranges)
+    assert s.reads == len(ranges) and s.bytes == sum(n for _, n in ranges)
+    assert sum(x.failover_bytes for x in s.sources) == 0 and not any(x.degraded for x in s.sources)
+
+
+def test_balancing_is_off_unless_asked_and_with_one_source(model):
+    paths, _ = model
+    with SplitReader(paths, [2, 1, 1]) as r:
+        assert not r.balance
+    with SplitReader(paths[:1], [1], balance=True) as r:
+        assert not r.balance                               # nobody to take work from
+
+
+def test_the_harness_measures_a_plan_as_cut_and_the_gate_says_when_a_drive_took_others_pieces():
+    spec = ArmSpec("p", ("/m/a.gguf", "/m/b.gguf"), (2, 1), (2, 1))
+    cmd = engine_command(spec, {}, "/tmp/plan.json")
+    assert "--no-balance" in cmd
+    assert engine_command(spec, {"run_args": ["--balance"]}, "/tmp/plan.json")[-1] == "--balance"   # later wins
+    result = {"events": [], "sources": [{"index": 0, "stolen_bytes": 0}, {"index": 1, "stolen_bytes": 3_000_000}]}
+    assert plan_changes(result) == ["balanced: source 1 read 3.0 MB of others' pieces"]
+    assert plan_changes({"events": [], "sources": [{"index": 0, "stolen_bytes": 0}]}) == []
+
+
+def test_run_rejects_a_bad_balance_knob_in_one_line(tmp_path):
+    for args, what in ((["--balance-chunk", "5000"], "--balance-chunk"), (["--balance-depth", "-1"], "--balance-depth")):
+        r = runner.invoke(app, ["run", "--model", str(tmp_path / "m.gguf"), *args])
+        assert r.exit_code == 2, r.output
+        assert what in r.output
