@@ -230,8 +230,9 @@ def test_a_ctrl_c_no_command_caught_still_says_how_to_go_on():
 
 def _python_with_ctrl_c(code: str) -> list[str]:
     """argv running `code` in a Python whose Ctrl-C has its default disposition whatever this
-    process's is: a child inherits an ignored SIGINT (a pytest-xdist worker ignores it, as does a
-    job started in the background), and Python then installs no handler of its own."""
+    process's is: a child inherits an ignored SIGINT (a suite started as a background job by a
+    shell without job control runs with SIGINT ignored), and Python then installs no handler of
+    its own."""
     return [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
             "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])", code]
 
