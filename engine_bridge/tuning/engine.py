@@ -148,15 +148,12 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
 def export_candidates(rig_root: str, plan, cands: Sequence[Candidate], folder: str, engine: str,
                       cache_experts: int | None = None, allow_unverified: bool = False) -> list[Candidate]:
     """Each candidate as a plan (folder/plans/armK.json) exported as the engine's profile
-    (folder/profiles/armK.env + .json) by `engine-bridge export`'s own checks; the engine's default
-    is the profile over the same drives with the variables its profile's `default_environment`
-    drops moved to the unset lines."""
-    from engine_bridge.profiles import profile as pf
-    from engine_bridge.profiles.export import export_profile, load_profile
+    (folder/profiles/armK.env + .json) by `engine-bridge export`'s own checks (`export_arm`),
+    without the N-1 profiles: an arm is a trial, and only the winner's are written (each is a full
+    re-solve of the rig's model)."""
     from planner.plan import Phase, Source, plan_to_dict
 
     os.makedirs(os.path.join(folder, "plans"), exist_ok=True)
-    prof = get_engine(engine).profile
     out = []
     for k, c in enumerate(cands):
         srcs = tuple(Source(plan.sources[i].name, plan.sources[i].path) for i in c.sources)
@@ -169,18 +166,31 @@ def export_candidates(rig_root: str, plan, cands: Sequence[Candidate], folder: s
         atomic_write_text(plan_path, json.dumps(plan_to_dict(p), indent=2) + "\n")
         env_path = os.path.join(folder, "profiles", f"arm{k + 1}.env")
         os.makedirs(os.path.dirname(env_path), exist_ok=True)
-        r = export_profile(rig_root=rig_root, plan_path=plan_path, fmt=engine, name=f"arm{k + 1}",
-                           cache_experts=cache_experts, output=env_path, allow_unverified=allow_unverified)
-        json_path = r.files[-1]
-        if c.weights is None:
-            q = load_profile(json_path)
-            env = prof.default_environment(q.environment)
-            dropped = tuple(k2 for k2, _ in q.environment if k2 not in dict(env))
-            q = replace(q, environment=tuple(env), unset=tuple(dict.fromkeys(q.unset + dropped)))
-            atomic_write_text(json_path, json.dumps(pf.profile_to_dict(q), indent=2) + "\n")
-            atomic_write_text(env_path, pf.render_env(q))
+        json_path = export_arm(rig_root, c, plan_path, env_path, f"arm{k + 1}", engine, cache_experts, allow_unverified)
         out.append(replace(c, profile=json_path))
     return out
+
+
+def export_arm(rig_root: str, c: Candidate, plan_path: str, env_path: str, name: str, engine: str,
+               cache_experts: int | None = None, allow_unverified: bool = False, fallbacks: bool = False) -> str:
+    """The candidate's plan exported as the engine's profile at `env_path` (and its .json, whose
+    path is returned); with `fallbacks`, its N-1 profiles beside it. The engine's default is the
+    profile over the same drives with the variables its profile's `default_environment` drops moved
+    to the unset lines."""
+    from engine_bridge.profiles import profile as pf
+    from engine_bridge.profiles.export import export_profile, load_profile
+
+    r = export_profile(rig_root=rig_root, plan_path=plan_path, fmt=engine, name=name, cache_experts=cache_experts,
+                       output=env_path, allow_unverified=allow_unverified, fallbacks=fallbacks)
+    json_path = r.files[-1]
+    if c.weights is None:
+        q = load_profile(json_path)
+        env = get_engine(engine).profile.default_environment(q.environment)
+        dropped = tuple(k for k, _ in q.environment if k not in dict(env))
+        q = replace(q, environment=tuple(env), unset=tuple(dict.fromkeys(q.unset + dropped)))
+        atomic_write_text(json_path, json.dumps(pf.profile_to_dict(q), indent=2) + "\n")
+        atomic_write_text(env_path, pf.render_env(q))
+    return json_path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,11 +409,11 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     doc["lines"] = lines
     if v.winner is not None:
         win = cands[v.winner]
-        base = win.profile[:-len(".json")]
-        for ext in (".json", ".env"):
-            with open(base + ext, encoding="utf-8") as f:
-                atomic_write_text(os.path.join(folder, "winner" + ext), f.read())
-        doc["winner_profile"] = os.path.join(folder, "winner.json")
+        # the winner's profile again, beside the report, now with its N-1 profiles (winner.without-DRIVE),
+        # which its provenance names relative to it
+        doc["winner_profile"] = export_arm(rig_root, win, os.path.join(folder, "plans", f"arm{v.winner + 1}.json"),
+                                           os.path.join(folder, "winner.env"), f"arm{v.winner + 1}", engine,
+                                           cache_experts, allow_unverified, fallbacks=True)
         summary = {"report": os.path.join(folder, "report.json"), "engine": engine, "winner": win.label,
                    "why": v.why, "gain_over_default_pct": v.gain_over_default_pct,
                    "gain_over_equal_pct": v.gain_over_equal_pct, "confirmed": v.confirmed, "measured_by":

@@ -228,13 +228,22 @@ def test_a_ctrl_c_no_command_caught_still_says_how_to_go_on():
     assert r.stderr.strip() == "tiny: error: interrupted; the work made durable is kept: run the same command again to resume"
 
 
+def _python_with_ctrl_c(code: str) -> list[str]:
+    """argv running `code` in a Python whose Ctrl-C has its default disposition whatever this
+    process's is: a child inherits an ignored SIGINT (a suite started as a background job by a
+    shell without job control runs with SIGINT ignored), and Python then installs no handler of
+    its own."""
+    return [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+            "os.execv(sys.executable, [sys.executable, '-c', sys.argv[1]])", code]
+
+
 def test_a_ctrl_c_while_a_tool_is_still_starting_is_the_one_line():
     """Until a command runs, a Ctrl-C (during imports or parsing) printed a traceback or nothing
     (exit 130 either way); the guard writes the one line. The signal is sent by the process to
     itself, so nothing here depends on timing."""
     code = ("import os, signal, time; from core.interrupt import guard; guard('replicas'); "
             "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(_python_with_ctrl_c(code), capture_output=True, text=True, timeout=60)
     assert r.returncode == 130 and r.stdout == ""
     assert r.stderr == "replicas: error: interrupted; the work made durable is kept: run the same command again to resume\n"
 
@@ -242,7 +251,7 @@ def test_a_ctrl_c_while_a_tool_is_still_starting_is_the_one_line():
 def test_importing_a_package_as_a_library_leaves_ctrl_c_alone():
     code = ("import signal, replicas, iobench, planner, engine_bridge, fleet; "
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(_python_with_ctrl_c(code), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 

@@ -165,6 +165,10 @@ def test_the_loop_runs_colibris_stand_in_and_writes_the_report_the_profile_and_t
     assert doc["verdict"]["winner"] is not None and doc["complete_rounds"] == [0]
     for f in ("report.json", "report.md", "winner.json", "winner.env"):
         assert os.path.isfile(os.path.join(folder, f))
+    # the arms are exported without N-1 profiles, the winner with them, beside it as its provenance names them
+    assert not list((tmp_path / "rig" / "runs").glob("engine-tune-*/profiles/*.without-*"))
+    fallbacks = json.load(open(os.path.join(folder, "winner.json")))["provenance"]["fallbacks"]
+    assert len(fallbacks) == 3 and all(os.path.isfile(os.path.join(folder, f["profile"])) for f in fallbacks.values())
     assert any(e.startswith(f"arm 1 of {len(doc['arms'])} (engine default (probe)), round 1; 0/300 s") for e in events)
     plan = load_plan(latest_plan_path(__import__("core.rig", fromlist=["load_rig"]).load_rig(str(tmp_path / "rig"))))
     t = plan.provenance["engine_trials"]

@@ -9,16 +9,14 @@ import subprocess
 
 from typer.testing import CliRunner
 
-from core.rig import load_rig
 from engine_bridge.cli import app
 from engine_bridge.profiles.rules import SourceFacts, check_sources
 from engines import colibri
 from iobench.drivemodel import DriveModel
-from iobench.result import BenchResult, DriveResult, save_result
 from planner.cli import app as planner_app
-from core.drives import DriveInfo
 from tests.engine_bridge.export_helpers import DRIVES, make_dir_rig, make_rig, write_plan, write_shard
-from tests.planner.helpers import FAST
+from tests.planner.helpers import FAST, write_dir_model
+from tests.planner.helpers import make_dir_rig as make_planner_dir_rig
 
 runner = CliRunner()
 
@@ -222,31 +220,31 @@ def test_rules_on_facts_blank_edges_long_paths_and_the_mirror_list_length():
     assert [x.rule for x in v] == ["weight-count"]
 
 
-def _bench_for(root, dirs, models):
-    """An iobench result for the directory rig's members (internal, green, white) with fitted models."""
-    info = DriveInfo(mount_point="/", fs_type="ext4", device="/dev/x", disk="x", key="disk:x")
-    result = BenchResult(created="2026-11-29T19:00:00.000Z",
-                         drives=tuple(DriveResult(name=DRIVES[i], path=d, size=1 << 30, cold="o_direct", drive=info,
-                                                  model=m, presets={}) for i, (d, m) in enumerate(zip(dirs, models))))
-    save_result(load_rig(root), result)
-
-
 def _solve_colibri(root):
-    r = runner.invoke(planner_app, ["solve", "--rig", root, "--engine", "colibri", "--workload", "ds4-v41", "--json"])
+    r = runner.invoke(planner_app, ["solve", "--rig", root, "--engine", "colibri", "--json"])
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
 
+def _v41_rig(tmp_path, models):
+    """A rig whose model is a small DeepSeek V4.1 directory (config.json model_type deepseek_v41, 4
+    layers x 16 experts) copied whole to two more drives, with an iobench result of `models`."""
+    model = write_dir_model(tmp_path / "v41", "deepseek_v41")
+    rig, _ = make_planner_dir_rig(tmp_path / "rig", model, names=DRIVES, models=models)
+    return rig.root, [rig.model.path] + [m.path for m in rig.replicas]
+
+
 def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
-    # ds4-v41 is DeepSeek V4.1 Flash: colibri runs it on its V4.1 engine, which never stripes, so
-    # the plan has one weight vector for both phases and no stripe, and the profile says so
-    root, dirs = make_dir_rig(tmp_path, 3)
-    _bench_for(root, dirs, (FAST, FAST, FAST))
+    # colibri runs a DeepSeek V4.1 model on its V4.1 engine, which never stripes, so the plan has one
+    # weight vector for both phases and no stripe, and the profile says so. The rig's own small model:
+    # the named workload ds4-v41 (the released model's geometry) takes the same path at tens of
+    # seconds per solve
+    root, dirs = _v41_rig(tmp_path, (FAST, FAST, FAST))
     solved = _solve_colibri(root)
+    assert solved["geometry"]["arch"] == "deepseek_v41"
     assert solved["stripe"] is False and solved["prefill"]["weights"] == solved["decode"]["weights"]
     out = str(tmp_path / "twins.env")
-    # --no-fallbacks: the N-1 re-solves are tested in test_fallback_profiles.py, and each is a
-    # full colibri search of this geometry (tens of seconds)
+    # --no-fallbacks: the N-1 re-solves are tested in test_fallback_profiles.py
     r = export(root, solved["path"], out, "--allow-unverified", "--no-fallbacks")
     assert r.exit_code == 0, r.output
     w = solved["prefill"]["weights"]
@@ -257,8 +255,7 @@ def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
     doc = json.load(open(str(tmp_path / "twins.json")))
     assert colibri.parse_disk_weights(doc["environment"]["COLI_DISK_WEIGHTS"], 3) == tuple(map(float, w))
     # a drive 8x slower gets a small share of the whole experts
-    root2, dirs2 = make_dir_rig(tmp_path / "mixed", 3)
-    _bench_for(root2, dirs2, (FAST, FAST, DriveModel(lat_s=100e-6, stream_bw=20e6, bw_max=25e6)))
+    root2, dirs2 = _v41_rig(tmp_path / "mixed", (FAST, FAST, DriveModel(lat_s=100e-6, stream_bw=20e6, bw_max=25e6)))
     solved = _solve_colibri(root2)
     assert solved["stripe"] is False
     shares = [s["share"] for s in solved["prefill"]["predicted"]["sources"]]

@@ -79,7 +79,8 @@ def test_run_from_the_rig_with_a_group_and_every_preset(tmp_path):
     root = os.environ["REPLICA_TUNER_RIG"]
     save_rig(Rig(root=root, model=Member(paths[0], "internal", "primary"),
                  replicas=(Member(paths[1], "green", "replica"), Member(paths[2], "white", "replica"))))
-    r = invoke("run", "--lanes", "1", "--group", "hub=green,white", "--weights", "10:5:5", *FAST, "--json")
+    # --restarts 1: decode's restarts are test_decode_restarts_its_trials_and_keeps_their_spread's (each a trial here)
+    r = invoke("run", "--lanes", "1", "--group", "hub=green,white", "--weights", "10:5:5", *FAST, "--restarts", "1", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert [x["name"] for x in d["drives"]] == ["internal", "green", "white"]

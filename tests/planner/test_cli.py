@@ -8,7 +8,8 @@ from core.rig import Rig
 from planner.cli import app
 from planner.plan import Phase, Plan, Source, plan_from_dict, plan_to_dict
 from planner.plans import latest_plan, load_plan, save_plan
-from tests.planner.helpers import make_rig, tuner_rig
+from iobench.drivemodel import DriveModel
+from tests.planner.helpers import FAST, SLOW, make_rig, tuner_rig
 
 runner = CliRunner()
 COMPONENT_BYTES = 6_635_520        # DeepSeek V4.1 Flash Q4's expert component (the named workload ds4-v41)
@@ -123,7 +124,7 @@ def test_malformed_plan_file_is_exit_2(tmp_path, text):
 def test_plans_and_results_are_named_the_same_way_in_every_tool(tmp_path):
     """`planner show latest` works as `engine-bridge run --plan latest` does: a file, 'latest' or
     a name in rig/plans; --bench takes a result the same way (a file, 'latest', a name in rig/bench)."""
-    rig, _ = make_rig(tmp_path / "rig")
+    rig, _ = tuner_rig(tmp_path / "rig")          # a small model: each solve of the named ds4-v41 took seconds
     r = invoke("solve", "--rig", rig.root, "--bench", "latest", "--json")
     assert r.exit_code == 0, r.output
     path = json.loads(r.stdout)["path"]
@@ -236,9 +237,12 @@ def test_show_gives_each_alternative_one_signed_delta_and_whole_paths_when_piped
 def test_solve_takes_quiet_like_the_other_long_commands(tmp_path):
     """`planner solve -q` was refused where sync, verify, repair, iobench run, bench and ladder take
     -q/--quiet: the plan is the result (still printed), the notices and 'plan written' go."""
-    rig, _ = make_rig(tmp_path / "rig")
+    # a small model (each solve of the named ds4-v41 took seconds) on drives one of which is too slow to
+    # be given reads: the notice that says so
+    rig, _ = tuner_rig(tmp_path / "rig", models=(FAST, SLOW, DriveModel(lat_s=20e-3, stream_bw=1e6, bw_max=1e6)))
     loud = invoke("solve", "--rig", rig.root)
     quiet = invoke("solve", "--rig", rig.root, "-q")
     assert loud.exit_code == quiet.exit_code == 0, quiet.output
-    assert "plan written to" in loud.stderr and quiet.stderr.strip() == ""
+    assert "plan written to" in loud.stderr and "notice: decode: laggy reads nothing" in loud.stderr
+    assert quiet.stderr.strip() == ""
     assert quiet.stdout.startswith("plan ") and "prefill" in quiet.stdout
