@@ -13,7 +13,7 @@ byte ranges, measured side by side in one run (ratio = reader / plain):
 on tmpfs falls back to coldio's 'fadvise' mode (tmpfs has no O_DIRECT and its pages cannot be
 dropped, so it only adds the fadvise call) and is shown for completeness.
 
-  .venv/bin/python bench/reader_bench.py [--dir /dev/shm] [--size 512M] [--sources 3] [--repeat 3]
+  .venv/bin/python bench/reader_bench.py [--dir /dev/shm] [--size 512M] [--sources 3] [--repeat 3] [--balance]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def plain_loop(path: str, ranges, bufsize: int) -> float:
 
 
 def reader_loop(paths, weights, ranges, inflight: int, phase: str, cold: bool, lanes: int,
-                bufsize: int, buffers: str) -> tuple[float, str]:
+                bufsize: int, buffers: str, balance: bool = False) -> tuple[float, str]:
     """buffers: 'staged' reads into `inflight` caller buffers, 'pooled' lets the reader reuse
     its own (ticket.release()), 'fresh' takes a new buffer per read and never gives it back
     (its page faults cost more than the copy on a small VM)."""
@@ -76,7 +76,7 @@ def reader_loop(paths, weights, ranges, inflight: int, phase: str, cold: bool, l
             if buffers == "pooled":
                 t.release()
 
-    with SplitReader(paths, weights, weights, lanes=lanes, cold=cold) as r:
+    with SplitReader(paths, weights, weights, lanes=lanes, cold=cold, balance=balance) as r:
         batch(r, ranges[:inflight])   # warm-up, untimed: lanes started, the pool filled once
         t0 = time.perf_counter()
         for i in range(0, len(ranges), inflight):
@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--sources", type=int, default=3, choices=(1, 2, 3))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--inflight", default="1,8", help="prefill chunks in flight (comma list)")
+    ap.add_argument("--balance", action="store_true", help="the reader balances (chunks, short kernel queues, idle "
+                                                          "drives take queued chunks: `engine-bridge run`'s default)")
     args = ap.parse_args()
     size = parse_size(args.size)
     rng = random.Random(1)
@@ -105,7 +107,7 @@ def main() -> int:
         shapes = [("prefill", chunks, w_pre, int(k), PREFILL_CHUNK) for k in args.inflight.split(",")]
         shapes.append(("decode", comps, w_dec, 9, COMPONENT_BYTES))
         print(f"reader ceiling: {args.sources} source(s) of {size >> 20} MiB in {args.dir}, {os.cpu_count()} CPUs, "
-              f"best of {args.repeat}", flush=True)
+              f"best of {args.repeat}{', balancing' if args.balance else ''}", flush=True)
         print(f"{'shape':8} {'inflight':>8} {'weights':8} {'mode':9} {'buffers':8} {'reader GB/s':>11} {'plain GB/s':>10} "
               f"{'ratio':>6}")
         for name, ranges, w, inflight, bufsize in shapes:
@@ -115,7 +117,7 @@ def main() -> int:
                                   (False, "fresh")):
                 best_r, best_p, how = float("inf"), float("inf"), ""
                 for _ in range(args.repeat):
-                    t, how = reader_loop(paths, w, ranges, inflight, name, cold, 8, bufsize, buffers)
+                    t, how = reader_loop(paths, w, ranges, inflight, name, cold, 8, bufsize, buffers, args.balance)
                     best_r = min(best_r, t)
                     best_p = min(best_p, plain_loop(paths[0], ranges, bufsize))
                 wtxt = ":".join(map(str, w))

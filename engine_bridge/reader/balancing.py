@@ -69,8 +69,8 @@ def depth_limit(rate: float | None, policy: BalancePolicy) -> float:
 def finish_ns(inflight: int, nbytes: int, rate: float | None, other: float | None) -> float:
     """When a source with `inflight` bytes in the kernel would have read `nbytes` more, ns from now;
     a source whose pace is unknown is taken to have `other`'s (the two compare on the bytes ahead);
-    neither known: the bytes themselves (the same unit on both sides)."""
-    r = rate if rate is not None else other
+    neither known, or the other's 0 (it delivers nothing: any pace beats it): the bytes themselves."""
+    r = rate if rate is not None else (other or None)
     if r is None:
         return float(inflight + nbytes)
     if r <= 0:

@@ -170,16 +170,15 @@ class Lanes:
     def lock(self) -> threading.Lock:
         return self._lock
 
-    def parts(self, ln_off: tuple[int, int]) -> list[tuple[int, int]]:
-        """How a piece (offset, length) is queued: whole, or in chunks when balancing."""
-        off, ln = ln_off
+    def parts(self, off: int, ln: int) -> list[tuple[int, int]]:
+        """How piece [off, off+ln) is queued: whole, or in chunks when balancing."""
         return [(off, ln)] if self.balance is None else chunks(off, ln, self.balance.chunk_bytes)
 
     def put(self, src: int, ticket: ReadTicket, off: int, ln: int) -> None:
         """Queue piece [off, off+ln) of `ticket` on source `src` (its main attempt; one per chunk
-        when balancing: the ticket counts `len(self.parts((off, ln)))` pieces for it)."""
+        when balancing: the ticket counts `len(self.parts(off, ln))` pieces for it)."""
         atts = []
-        for co, cl in self.parts((off, ln)):
+        for co, cl in self.parts(off, ln):
             piece = Piece(ticket, src, co, cl)
             atts.append(Attempt(piece, src, MAIN, co, cl, ticket._work, ticket._base))
         with self._lock:

@@ -243,7 +243,7 @@ class SplitReader:
             raise UsageError(f"split reader: read ({offset}, {length}) is outside {where} (size {size})")
         if sum(pl for _, _, pl in pieces) != length:
             raise UsageError(f"split reader: pieces of {sum(pl for _, _, pl in pieces)} B for a {length}-byte read")
-        queued = sum(len(self._lanes.parts((po, pl))) for _, po, pl in pieces)     # chunks, when balancing
+        queued = sum(len(self._lanes.parts(po, pl)) for _, po, pl in pieces)     # chunks, when balancing
         if buffer is None:
             buf = self._pool.get(span(offset, length))
             ticket = ReadTicket(offset, length, phase, buf, align_down(offset), queued, self._pool, file=rel, fi=fi)

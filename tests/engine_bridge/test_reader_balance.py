@@ -19,7 +19,11 @@ from engine_bridge.harness.runner import engine_command
 from engine_bridge.reader.balancing import BalancePolicy, check_balance, chunks, depth_limit, pick_victim
 from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK_BYTES
+from engines.base import Piece
+from engines.pattern import Read
+from models.modelset import discover
 from tests.engine_bridge.helpers import primary_and_copies
+from tests.helpers import write_split_gguf
 from tests.engine_bridge.test_reader_hedge import Stall, StallingReader, _until
 
 SIZE = 16 * BLOCK_BYTES
@@ -72,6 +76,8 @@ def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
     assert pick_victim(0, {1: n}, [3 * n, 0, 0], {0: fast, 1: fast}) is None
     # a drive that delivered nothing while busy (pace 0) is always worth taking from
     assert pick_victim(2, {1: n}, [0, n, 0], {1: 0.0, 2: 1e-3}) == 1
+    # a thief whose pace is not known yet still takes from a drive that delivers nothing
+    assert pick_victim(2, {0: n}, [n, 0, 0], {0: 0.0, 2: None}) == 0
     # pace unknown on either side: compared on the bytes ahead
     assert pick_victim(0, {1: n}, [0, n, 0], {0: None, 1: None}) == 1
     assert pick_victim(0, {1: n}, [0, n, 0], {0: fast, 1: None}) == 1
@@ -158,3 +164,33 @@ def test_run_rejects_a_bad_balance_knob_in_one_line(tmp_path):
         r = runner.invoke(app, ["run", "--model", str(tmp_path / "m.gguf"), *args])
         assert r.exit_code == 2, r.output
         assert what in r.output
+
+
+def test_a_drive_never_takes_a_chunk_of_a_file_its_partial_replica_does_not_hold(tmp_path):
+    """green holds only the first part of a split set: while the primary hangs on the second part,
+    white (which holds it) takes the queued chunks, green never does."""
+    parts = write_split_gguf(tmp_path / "internal", "moe", 2, tensors_per_part=1, tensor_bytes=SIZE, seed=8)
+    model = discover(str(parts[0]))
+    first, second = model.files
+    models = [model]
+    for name, rels in (("green", (first,)), ("white", model.files)):
+        (tmp_path / name).mkdir()
+        for rel in rels:
+            (tmp_path / name / rel).write_bytes((tmp_path / "internal" / rel).read_bytes())
+        models.append(model.in_dir(str(tmp_path / name)))
+    data = (tmp_path / "internal" / second).read_bytes()
+    stall = Stall(models[0].abs(second))
+    n = 4 * BLOCK_BYTES
+    read = Read(second, 0, n, (Piece(0, 0, n, 4),))           # the pattern gives the primary the whole read
+    with _reader(models, stall, holds=(None, frozenset({first}), None)) as r:
+        stall.active = True
+        t = r.submit_read(read)
+        held = []
+        _until(lambda: t.done() or held or (stall.entered.acquire(blocking=False) and not held.append(1)))
+        if held:
+            _until(lambda: r.stats().sources[2].bytes == n - CHUNK)
+        stall.gate.set()
+        assert bytes(t.result()) == data[:n]
+        s = r.stats()
+    assert s.sources[1].bytes == 0 and s.sources[1].stolen_bytes == 0
+    assert s.sources[2].stolen_bytes == n - (CHUNK if held else 0)
