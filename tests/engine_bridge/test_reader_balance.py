@@ -24,7 +24,8 @@ from engines.pattern import Read
 from models.modelset import discover
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import write_split_gguf
-from tests.engine_bridge.test_reader_hedge import Stall, StallingReader, _until
+from engine_bridge.reader.hedging import HedgePolicy
+from tests.engine_bridge.test_reader_hedge import FLOOR, Clock, Stall, StallingReader, _until
 
 SIZE = 16 * BLOCK_BYTES
 CHUNK = BLOCK_BYTES // 4
@@ -194,3 +195,30 @@ def test_a_drive_never_takes_a_chunk_of_a_file_its_partial_replica_does_not_hold
         s = r.stats()
     assert s.sources[1].bytes == 0 and s.sources[1].stolen_bytes == 0
     assert s.sources[2].stolen_bytes == n - (CHUNK if held else 0)
+
+
+def test_with_hedging_the_chunk_a_hung_drive_holds_is_hedged_and_the_read_never_waits_for_it(model):
+    """Balancing takes the queued chunks, hedging the one in the hung drive's kernel: its deadline
+    runs from when its lane started it (over the bytes then in that kernel), so the read completes
+    while the drive still hangs."""
+    paths, data = model
+    stall, clock = Stall(paths[2]), Clock()
+    pol = HedgePolicy(floor_ns=FLOOR, min_busy_ns=0)
+    with _reader(paths, stall, hedge=True, hedge_policy=pol, clock=clock) as r:
+        assert bytes(r.read(0, SIZE)) == data               # warm-up: every drive has a rate
+        before = r.stats()
+        stall.active = True
+        t = r.submit(0, SIZE)
+        held = []
+        _until(lambda: t.done() or held or (stall.entered.acquire(blocking=False) and not held.append(1)))
+        if held:
+            _until(lambda: sum(r.stats().sources[i].bytes - before.sources[i].bytes for i in (0, 1)) == SIZE - CHUNK)
+            assert not t.done()
+            clock.advance(FLOOR + 1)                         # the held chunk, started at 0, is now late
+            r.wake_hedger()
+        assert bytes(t.result()) == data                    # while source 2 still hangs (when it held one)
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late - before.sources[2].late == (1 if held else 0)
+    assert sum(s.sources[i].hedged - before.sources[i].hedged for i in (0, 1)) == (1 if held else 0)
+    assert s.sources[2].bytes == before.sources[2].bytes
