@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, replace
 
 from core.errors import ReplicaTunerError
+from core.events import Notice, Reporter, emit
 from core.rig import Rig
 from engines.registry import get_engine
 
@@ -34,9 +35,10 @@ class Fallback:
     why: str = ""
 
 
-def fallback_plans(rig: Rig, plan: Plan) -> tuple[Fallback, ...]:
+def fallback_plans(rig: Rig, plan: Plan, report: Reporter = None) -> tuple[Fallback, ...]:
     """One `Fallback` per source of a plan of two or more; () for a one-source plan. `rig`: the
-    loaded rig the plan belongs to (its rig.toml is not read again)."""
+    loaded rig the plan belongs to (its rig.toml is not read again). `report` gets a Notice before
+    each re-solve (one can take tens of seconds on a big model)."""
     if len(plan.sources) < 2:
         return ()
     try:
@@ -59,6 +61,7 @@ def fallback_plans(rig: Rig, plan: Plan) -> tuple[Fallback, ...]:
             out.append(Fallback(s.name, s.path, None, f"without the primary, {plan.sources[1].name} would be the "
                                                       "primary, and it holds only part of the model"))
             continue
+        emit(report, Notice(s.name, f"re-solving the plan without {s.name} ({i + 1} of {len(plan.sources)})"))
         try:
             left = tuple(x for j, x in enumerate(plan.sources) if j != i)
             prov = dict(plan.provenance or {}, without=s.name, solved_from=plan.created)

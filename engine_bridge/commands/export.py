@@ -50,7 +50,8 @@ def register(app) -> None:
         """Check a plan against the engine's rules and write it as an engine profile (and one per drive that could fail)."""
         result = ex.export_profile(rig_root=rigmod.rig_dir(rig), plan_path=plan, fmt=fmt, name=profile, base=base,
                                    cache_experts=cache_experts, output=output, allow_unverified=allow_unverified,
-                                   fallbacks=fallbacks)
+                                   fallbacks=fallbacks,
+                                   report=lambda ev: err.print(f"export: {ev.message}", highlight=False, soft_wrap=True))
         p = result.profile
         for path in p.provenance.get("memory_members") or ():
             err.print(f"[yellow]warning:[/] {escape(path)} is in RAM (tmpfs): it takes RAM for as long as it exists and "

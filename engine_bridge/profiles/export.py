@@ -22,6 +22,7 @@ from core import rig as rigmod
 from core.constants import PROFILES_DIR
 from core.errors import MissingError, ReplicaTunerError, RigError, UsageError
 from core.fsutil import atomic_write_text
+from core.events import Reporter
 from core.jsonfile import read_json
 from core.tiers import is_memory
 from engine_bridge.profiles import profile as pf
@@ -224,14 +225,14 @@ def _companion(path: str) -> str:
 
 def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None = None,
                    base: str | None = None, cache_experts: int | None = None, output: str | None = None,
-                   allow_unverified: bool = False, fallbacks: bool = True) -> ExportResult:
+                   allow_unverified: bool = False, fallbacks: bool = True, report: Reporter = None) -> ExportResult:
     """Check the plan against the engine's rules and write its profile; raises on any violation.
     `plan_path`: a plan file, 'latest' or a plan's name in <rig>/plans (rig.toml and the plan are
     each read once). `fmt`: an engine's name (its env file and JSON), or 'json' (the plan's
     engine's profile as JSON alone). With `fallbacks` (and a file to write), also the N-1 profiles
     beside it: the plan re-solved without each of its drives (`planner.fallback`), named
     NAME.without-DRIVE; the chosen profile's provenance lists them (`fallbacks`), for `launch` to
-    name when a drive is gone."""
+    name when a drive is gone; `report` gets a Notice before each re-solve."""
     if fmt not in pf.FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
     rig = rigmod.load_rig(rig_root, must_exist=False)
@@ -269,7 +270,7 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     extra: list[pf.Profile] = []
     skipped: list[tuple[str, str]] = []
     listed = {}
-    for fb in (fallback_plans(rig, plan) if fallbacks else ()):
+    for fb in (fallback_plans(rig, plan, report) if fallbacks else ()):
         fid = f"{profile_id}.without-{fb.drive}"
         why = fb.why
         if fb.plan is not None:

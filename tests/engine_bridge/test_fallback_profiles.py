@@ -35,8 +35,11 @@ def solved(tmp_path):
 
 def test_export_writes_one_profile_per_drive_that_could_fail(solved, tmp_path):
     root, dirs, plan = solved
-    res = export_profile(rig_root=root, plan_path=plan, fmt="colibri", name="p", allow_unverified=True)
+    notices = []
+    res = export_profile(rig_root=root, plan_path=plan, fmt="colibri", name="p", allow_unverified=True,
+                         report=notices.append)
     assert [d for d, _ in res.fallbacks] == list(DRIVES) and not res.skipped
+    assert [n.message for n in notices] == [f"re-solving the plan without {d} ({i + 1} of 2)" for i, d in enumerate(DRIVES)]
     listed = res.profile.provenance["fallbacks"]
     for drive, path in res.fallbacks:
         assert os.path.isfile(path) and os.path.isfile(path[:-5] + ".env")
@@ -49,6 +52,10 @@ def test_export_writes_one_profile_per_drive_that_could_fail(solved, tmp_path):
     r = runner.invoke(bridge, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "--profile", "q",
                                "--allow-unverified", "--no-fallbacks"])
     assert r.exit_code == 0 and not [f for f in os.listdir(os.path.join(root, "profiles")) if f.startswith("q.without")]
+    assert "re-solving" not in r.stderr
+    r = runner.invoke(bridge, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "--profile", "r",
+                               "--allow-unverified"])
+    assert r.exit_code == 0 and "export: re-solving the plan without green (2 of 2)" in r.stderr
 
 
 def test_launch_names_the_n_minus_1_profile_when_a_drive_is_gone(solved, tmp_path):
