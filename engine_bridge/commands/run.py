@@ -71,7 +71,7 @@ SHARED = dict(
     balance=typer.Option(True, "--balance/--no-balance", help="Queue pieces as chunks and let an idle drive take queued "
                          "chunks of a slower one (default on; counted as stolen_bytes; the bench harness turns it off to "
                          "measure a plan as cut; see docs/reader.md)."),
-    balance_chunk=typer.Option("2MiB", "--balance-chunk", metavar="SIZE",
+    balance_chunk=typer.Option("1MiB", "--balance-chunk", metavar="SIZE",
                                help="Largest chunk a piece is queued as when balancing (a multiple of 4 KiB)."),
     balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
                                help="Most of a drive's own pace it keeps in the kernel when balancing (0: one chunk)."),

@@ -7,8 +7,9 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
 
 - a piece of the engine's cut is queued as *chunks* of at most `chunk_bytes`, cut at multiples of
   `chunk_bytes` in the file (so every chunk but a piece's edges is aligned for O_DIRECT);
-- a drive keeps at most `depth_ns` of its own pace in the kernel (never less than one chunk): the
-  rest of its share waits in its queue, where another drive can still take it;
+- a drive keeps at most `depth_ns` of its own pace in the kernel, but never fewer than two chunks
+  (so it never waits on us between two requests): the rest of its share waits in its queue, where
+  another drive can still take it;
 - a drive with nothing queued of its own *takes* the first chunk of another's queue when it would
   finish it sooner than the drive it was given to (`pick_victim`).
 
@@ -27,7 +28,7 @@ from typing import Mapping, Sequence
 class BalancePolicy:
     """The knobs of balancing (SplitReader's `balance_policy`; `run --balance-*`)."""
 
-    chunk_bytes: int = 2 << 20        # a queued piece is cut into chunks of at most this much
+    chunk_bytes: int = 1 << 20        # a queued piece is cut into chunks of at most this much
     depth_ns: int = 250_000_000       # a drive keeps at most this much of its own pace in the kernel
 
     def to_dict(self) -> dict:
@@ -58,12 +59,16 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
     return out
 
 
+MIN_CHUNKS = 2      # a drive always has the next request queued behind the one it reads: one at a time,
+                    # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
+
+
 def depth_limit(rate: float | None, policy: BalancePolicy) -> float:
     """Bytes a source at `rate` (bytes/ns; None: not known yet) may have in the kernel: `depth_ns`
-    of its pace, at least one chunk; unbounded while its pace is unknown."""
+    of its pace, at least MIN_CHUNKS chunks; unbounded while its pace is unknown."""
     if rate is None or math.isinf(rate):
         return math.inf
-    return max(float(policy.chunk_bytes), rate * policy.depth_ns)
+    return max(float(MIN_CHUNKS * policy.chunk_bytes), rate * policy.depth_ns)
 
 
 def finish_ns(inflight: int, nbytes: int, rate: float | None, other: float | None) -> float:

@@ -61,8 +61,8 @@ def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_a_chunk():
     p = BalancePolicy(chunk_bytes=1 << 20, depth_ns=250_000_000)
     assert depth_limit(None, p) == math.inf                      # pace unknown: the lanes bound it
     assert depth_limit(0.03, p) == pytest.approx(7.5e6)          # 30 MB/s: a quarter second of it
-    assert depth_limit(0.001, p) == 1 << 20                      # a crawl: still one chunk
-    assert depth_limit(0.0, p) == 1 << 20
+    assert depth_limit(0.001, p) == 2 << 20                      # a crawl: still two chunks (one queued
+    assert depth_limit(0.0, p) == 2 << 20                        # behind the one being read)
 
 
 def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
