@@ -44,7 +44,7 @@ def make_files(d: str, size: int, n: int) -> list[str]:
 def faulted(nbytes: int):
     """An aligned buffer with every page already faulted in (long-lived staging buffers are)."""
     buf = aligned_buffer(nbytes)
-    buf.write(bytes(len(buf)))
+    memoryview(buf).cast("B")[:] = bytes(len(buf))     # aligned_buffer gives a memoryview now, not an mmap
     return buf
 
 
