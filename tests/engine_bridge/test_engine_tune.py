@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from core.errors import MismatchError, UsageError
 from engine_bridge.cli import app
+from engine_bridge.profiles.export import load_profile
 from engine_bridge.standin import launcher_text
 from engine_bridge.tuning.engine import tune_with_engine
 from engine_bridge.tuning.verdict import Candidate, Trial, judge, predicted_tok_s
@@ -167,8 +168,10 @@ def test_the_loop_runs_colibris_stand_in_and_writes_the_report_the_profile_and_t
         assert os.path.isfile(os.path.join(folder, f))
     # the arms are exported without N-1 profiles, the winner with them, beside it as its provenance names them
     assert not list((tmp_path / "rig" / "runs").glob("engine-tune-*/profiles/*.without-*"))
-    fallbacks = json.load(open(os.path.join(folder, "winner.json")))["provenance"]["fallbacks"]
-    assert len(fallbacks) == 3 and all(os.path.isfile(os.path.join(folder, f["profile"])) for f in fallbacks.values())
+    winner = load_profile(os.path.join(folder, "winner.json"))
+    fallbacks = winner.provenance.get("fallbacks", {})      # the winner is whichever arm measured fastest here:
+    assert len(fallbacks) == (winner.sources if winner.sources > 1 else 0)    # one drive alone has no N-1 profile
+    assert all(os.path.isfile(os.path.join(folder, f["profile"])) for f in fallbacks.values())
     assert any(e.startswith(f"arm 1 of {len(doc['arms'])} (engine default (probe)), round 1; 0/300 s") for e in events)
     plan = load_plan(latest_plan_path(__import__("core.rig", fromlist=["load_rig"]).load_rig(str(tmp_path / "rig"))))
     t = plan.provenance["engine_trials"]
