@@ -112,6 +112,15 @@ def balance_options(chunk: str, depth_s: float) -> BalancePolicy:
         raise UsageError(f"--balance-chunk {chunk}: {e}") from None
 
 
+def reader_options(hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_floor: float, reweigh_band: float,
+                   reweigh_window: float, balance: bool, balance_chunk: str, balance_depth: float) -> dict:
+    """The split reader's settings `run` and `replay` pass on (`run_model` / `replay` keywords),
+    checked before any file is read (exit 2 naming the option)."""
+    return {"hedge": hedge, "hedge_policy": hedge_options(hedge_min_busy),
+            "reweigh": reweigh, "reweigh_policy": reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
+            "balance": balance, "balance_policy": balance_options(balance_chunk, balance_depth)}
+
+
 def register(app) -> None:
     """Add this module's commands to the engine-bridge app."""
 
@@ -221,8 +230,8 @@ def register(app) -> None:
         from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run, usage_dir_of
         from engine_bridge.engine.sources import model_of, run_inputs, sources_of
 
-        knobs = (hedge_options(hedge_min_busy), reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
-                 balance_options(balance_chunk, balance_depth))      # bad knobs fail before any file is read
+        reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+                                balance, balance_chunk, balance_depth)
         blas = pin_blas_threads(1)
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
@@ -232,9 +241,7 @@ def register(app) -> None:
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
                   highlight=False, soft_wrap=True)
         result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), hedge=hedge,
-                                    reweigh=reweigh, hedge_policy=knobs[0], reweigh_policy=knobs[1],
-                                    balance=balance, balance_policy=knobs[2],
+                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), **reader,
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
                           usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
         _report_reader(result)
@@ -296,8 +303,8 @@ def register(app) -> None:
         from engine_bridge.engine.run import save_run, usage_dir_of
         from engine_bridge.engine.sources import model_of, run_inputs, sources_of
 
-        knobs = (hedge_options(hedge_min_busy), reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
-                 balance_options(balance_chunk, balance_depth))      # bad knobs fail before any file is read
+        reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+                                balance, balance_chunk, balance_depth)
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
                              tuple(switch))
@@ -307,8 +314,7 @@ def register(app) -> None:
                   highlight=False, soft_wrap=True)
         result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached, hedge=hedge, reweigh=reweigh, hedge_policy=knobs[0],
-                                 reweigh_policy=knobs[1], balance=balance, balance_policy=knobs[2]),
+                                 cold=not cached, **reader),
                           csv_file=csv_file, usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
         _report_reader(result)
         _report_idle(result)
