@@ -88,10 +88,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="run folder (default: a new folder in /var/tmp)")
     args = ap.parse_args()
 
-    drives = parse_drives(args.drive or ["a:30", "b:15", "c:15"])
+    drives = parse_drives(args.drive or ["a:30", "b:15", "c:15"], three="primary first")
     ceilings = list(drives.values())
-    if len(drives) != 3:
-        usage_exit("give exactly three --drive NAME:MBPS (primary first)")
     if sum(ceilings) > 450:
         usage_exit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")
     pre = (tuple(int(x) for x in args.weights.replace(",", ":").split(":")) if args.weights

@@ -71,9 +71,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="run folder (default: a new folder in /var/tmp)")
     args = ap.parse_args()
 
-    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:1"])
-    if len(drives) != 3:
-        usage_exit("give exactly three --drive NAME:MBPS (primary first, the slow replica last)")
+    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:1"], three="primary first, the slow replica last")
     ceilings = list(drives.values())
     if sum(ceilings) > 450:
         usage_exit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")

@@ -116,9 +116,7 @@ def main() -> int:
                     help="three folders on this disk, no throttles (checks the flow where there is no testbed)")
     args = ap.parse_args()
 
-    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:15"])
-    if len(drives) != 3:
-        usage_exit("give exactly three --drive NAME:MBPS (primary first)")
+    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:15"], three="primary first")
     if sum(drives.values()) > 450:
         usage_exit("keep the sum of read ceilings at or below 450 MB/s (the backing disk is shared)")
     if not args.folders:

@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.engine_bench import synth_on_drives  # noqa: E402
-from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # noqa: E402
+from bench.testbed import Testbed, parse_drives, require_testbed  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes  # noqa: E402
 from engine_bridge.harness.runner import run_bench, subprocess_runner  # noqa: E402
 
@@ -116,9 +116,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:15"])
-    if len(drives) != 3:
-        usage_exit("give exactly three --drive NAME:MBPS (primary first)")
+    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:15"], three="primary first")
     weights = tuple(int(x) for x in args.weights.split(":"))
     best = tuple(int(x) for x in args.best_half.split(":"))
     scenarios = args.scenario or ["crawl", "half", "healthy"]

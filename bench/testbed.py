@@ -100,13 +100,17 @@ def require_testbed() -> str:
     return why
 
 
-def parse_drives(items, what: str = "--drive", zero_ok: bool = False) -> dict[str, float]:
+def parse_drives(items, what: str = "--drive", zero_ok: bool = False, three: str = "") -> dict[str, float]:
     """'a:200,b:120' or ['a:200', 'b:120'] -> {'a': 200.0, 'b': 120.0} (NAME:NUMBER, order kept;
-    0 only where `zero_ok`, e.g. an IOPS ceiling of 0 is none); anything else: one line, exit 2."""
+    0 only where `zero_ok`, e.g. an IOPS ceiling of 0 is none); anything else: one line, exit 2.
+    `three`: the bench takes exactly three drives, in this order (e.g. "primary first")."""
     try:
-        return parse_pairs(items, what, zero_ok)
+        drives = parse_pairs(items, what, zero_ok)
     except ReplicaTunerError as e:
         usage_exit(str(e))
+    if three and len(drives) != 3:
+        usage_exit(f"give exactly three {what} NAME:MBPS ({three})")
+    return drives
 
 
 def folder_drives(out: str, names) -> dict[str, str]:

@@ -38,7 +38,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, tool, usage_exit  # noqa: E402
+from bench.testbed import Testbed, folder_drives, parse_drives, require_testbed, tool  # noqa: E402
 
 PHASES = (("prefill", "prefill_tps"), ("decode", "gen_tps"))
 
@@ -140,9 +140,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="working folder (default: a new folder in /var/tmp)")
     ap.add_argument("--folders", action="store_true", help="folders on this disk, no throttles (checks the flow)")
     args = ap.parse_args()
-    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:20"])
-    if len(drives) != 3:
-        usage_exit("give exactly three --drive NAME:MBPS (primary first)")
+    drives = parse_drives(args.drive or ["internal:30", "green:15", "white:20"], three="primary first")
     if not args.folders:
         require_testbed()
     out = args.out or tempfile.mkdtemp(prefix="whatif-bench-", dir="/var/tmp")
