@@ -51,7 +51,7 @@ def launch(tb, rig: str, binary: str, profile: str, out: str, ref: str) -> dict:
 
 
 def one(binary: str, limits: dict, out: str) -> list[str]:
-    from engines.colibri import member_for
+    from engines.colibri.family import member_for
     from models.tensortable import inspect_model
 
     with Testbed(limits, size="1G") as tb:

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
-from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
 from core.coldio import aligned_buffer  # noqa: E402
 
 

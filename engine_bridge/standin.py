@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from core.coldio import aligned_buffer, open_cold
-from engines.profile import StandinRun
+from engines.handoff import StandinRun
 from engines.registry import ENGINES
 
 PROBE_BYTES = 8 << 20            # bytes each drive is timed reading when the engine probes

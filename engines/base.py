@@ -5,7 +5,7 @@ step, setup)`. Beside it, what the stages above need to ask instead of testing t
 its limits, the weights it accepts (`grid`: the distinct ones the solver searches), how many reads
 it keeps in flight per phase, its switches, which model layouts it can read, and its `profile`: the
 environment and arguments a plan gives it, its rules, its log lines and the verdict on a launch
-(`engines.profile`, docs/architecture.md "Adding an engine")."""
+(`engines.handoff`, docs/architecture.md "Adding an engine")."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Engine:
     # lines (None: its log says nothing this tool reads; `planner whatif` then needs a run result)
     timing: Optional[Callable[[str], dict[str, tuple[float, float]]]] = None
     # What export writes for the engine and how launch confirms it from the log: an object (its
-    # profile module) giving engines.profile.EngineProfile; None: the engine has no profile
+    # profile module) giving engines.handoff.EngineProfile; None: the engine has no profile
     profile: Any = None
     # Partial replicas (docs/replicas.md, "Partial replicas"): '' when the engine reads a replica
     # that holds some of the model's files (the rest from the primary), else one line why it

@@ -6,7 +6,7 @@ from core.errors import UsageError
 
 from . import colibri, ds4_argodrive
 from .base import Engine
-from .profile import bad_characters
+from .handoff import bad_characters
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (ds4_argodrive.ENGINE, colibri.ENGINE)}
 DEFAULT_ENGINE = ds4_argodrive.NAME

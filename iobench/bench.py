@@ -23,7 +23,7 @@ from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import require_file
 from core.rig import Rig, unique_name
 from core.units import format_rate
-from engines.ds4_argodrive import COMPONENT_BYTES
+from engines.ds4_argodrive.constants import COMPONENT_BYTES
 from core import platform
 from core.coldio import ColdReader, aligned_buffer, huge_backed
 from core.constants import HUGE_PAGE

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Collection, Generator, Mapping, Sequence
 
 from core.errors import UsageError
-from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
+from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK
 from engines.split import check_weights
 
 from . import stats

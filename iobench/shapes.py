@@ -17,7 +17,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
-from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
+from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK
 from engines.split import split_read
 from core.constants import ALIGNMENT
 

@@ -67,7 +67,7 @@ _INT8_DTYPES = ("U8", "I8")
 def _check_colibri(g: Geometry) -> Geometry:
     """A safetensors directory `run` computes: colibri's GLM layout, one tensor per expert and
     component, every routed component int8 rows of one size."""
-    from engines.colibri import known_model_types
+    from engines.colibri.family import known_model_types
 
     # another member's model_type in the same GLM-shaped layout: `synth --model-type` writes one so that
     # member's read rules can be run (the stand-in engines); the layers are computed as the GLM's

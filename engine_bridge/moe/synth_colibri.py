@@ -109,7 +109,7 @@ def max_vocab() -> int:
 
 def check_spec(s: ColibriSpec) -> ColibriSpec:
     """Refuse shapes colibri (or this writer) cannot take, with the fix in the message."""
-    from engines.colibri import known_model_types
+    from engines.colibri.family import known_model_types
 
     if s.model_type not in known_model_types():
         raise UsageError(f"--model-type {s.model_type!r}: use one of colibri's {', '.join(known_model_types())}")

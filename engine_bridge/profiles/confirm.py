@@ -5,7 +5,7 @@ what the profile asked for was applied — a requested setting is not proof. Tex
 Nothing here knows an engine: what to add so the engine reports what it applied, which inherited
 variables to drop, which arguments the profile owns, and the verdict on the log are the engine's
 own (`Engine.profile`: `report_env`, `clear_prefix`, `profile_args`, `expect` and `judge`, in
-`engines.ds4_argodrive_profile` and `engines.colibri_profile`). Here: asking them for a profile,
+`engines.ds4_argodrive.ds4_profile` and `engines.colibri.colibri_profile`). Here: asking them for a profile,
 the dead-knob scan of a binary, and the ds4-bench CSV a run printed or wrote.
 """
 
@@ -15,7 +15,7 @@ import re
 from typing import Mapping, Sequence
 
 from core.errors import UsageError
-from engines.profile import Check
+from engines.handoff import Check
 
 from .profile import Profile, request_of
 from .rules import profile_of

@@ -27,7 +27,7 @@ from core.jsonfile import read_json
 from core.tiers import is_memory
 from engine_bridge.profiles import profile as pf
 from engine_bridge.profiles import rules
-from engines.profile import SourceFacts
+from engines.handoff import SourceFacts
 from engines.registry import DEFAULT_ENGINE
 from models.modelset import discover
 from models.tensortable import CONFIG_JSON

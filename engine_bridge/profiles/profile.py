@@ -1,7 +1,7 @@
 """Engine profiles (pure): the environment and arguments an engine needs to run a plan, named
 profiles layered as "base plus exactly these keys", and the renderings (the engine's shell file,
 JSON). What an engine is given, and what its env file says, is the engine's own (`Engine.profile`,
-`engines.profile`: `engines.ds4_argodrive_profile`, `engines.colibri_profile`); the checks a plan
+`engines.handoff`: `engines.ds4_argodrive.ds4_profile`, `engines.colibri.colibri_profile`); the checks a plan
 must pass first are the engine's too, asked through `engine_bridge.profiles.rules`. Nothing here
 touches the disk, and nothing here tests an engine's name.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from core.errors import RigError, UsageError
-from engines.profile import PHASES, Request, Setting
+from engines.handoff import PHASES, Request, Setting
 from engines.registry import ENGINES
 
 from .rules import check_cache, profile_of

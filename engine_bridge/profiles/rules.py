@@ -4,7 +4,7 @@ way, or ignore with no more than a log line, judged on facts about the plan's so
 Nothing here touches the disk, and nothing here knows an engine: facts about files (size, inode,
 verification state, the directory an engine loads) arrive as `SourceFacts` gathered by
 `engine_bridge.profiles.export`; the rules themselves are the engine's own, asked through
-`Engine.profile.check` (`engines.profile`); which models an engine reads through
+`Engine.profile.check` (`engines.handoff`); which models an engine reads through
 `Engine.reads_model`.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from core.errors import UsageError
-from engines.profile import NO_SOURCES, Request, SourceFacts, Violation, check_cache
+from engines.handoff import NO_SOURCES, Request, SourceFacts, Violation, check_cache
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 
 __all__ = ["NO_SOURCES", "SourceFacts", "Violation", "check_cache", "check_engine", "check_model", "check_sources",
@@ -21,7 +21,7 @@ __all__ = ["NO_SOURCES", "SourceFacts", "Violation", "check_cache", "check_engin
 
 
 def profile_of(engine: str):
-    """The engine's profile (`engines.profile.EngineProfile`); UsageError when it has none."""
+    """The engine's profile (`engines.handoff.EngineProfile`); UsageError when it has none."""
     prof = get_engine(engine).profile
     if prof is None:
         with_profile = ", ".join(n for n, e in ENGINES.items() if e.profile is not None)

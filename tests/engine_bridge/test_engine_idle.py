@@ -2,7 +2,7 @@
 
 from engine_bridge.moe import idle
 from engine_bridge.moe.idle import idle_sources, plan_shares
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from tests.helpers import impure_imports
 
 COMPONENT = 557_056               # 2 blocks + 32 KiB: at 2:1:1 ds4 cuts it 1 / 1 / 0 blocks

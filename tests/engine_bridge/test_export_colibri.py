@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.profiles.rules import SourceFacts, check_sources
-from engines import colibri
+from engines.colibri.mirror_env import mirror_list, parse_disk_weights
 from iobench.drivemodel import DriveModel
 from planner.cli import app as planner_app
 from tests.engine_bridge.export_helpers import DRIVES, make_dir_rig, make_rig, write_plan, write_shard
@@ -63,8 +63,8 @@ def test_a_directory_model_with_two_replicas_line_by_line(tmp_path):
     assert doc["primary"] == d0 and doc["replicas"] == [d1, d2] and doc["replica_weights"] == [3, 3]
     # What colibri itself would make of the variables: its mirror list and its weights.
     env = doc["environment"]
-    assert colibri.mirror_list(env["COLI_MODEL_MIRROR"]) == (d1, d2)
-    assert colibri.parse_disk_weights(env["COLI_DISK_WEIGHTS"], 3) == (9.0, 3.0, 3.0)
+    assert mirror_list(env["COLI_MODEL_MIRROR"]) == (d1, d2)
+    assert parse_disk_weights(env["COLI_DISK_WEIGHTS"], 3) == (9.0, 3.0, 3.0)
     got = subprocess.run(["sh", "-c", '. "$1"; printf "%s|%s|%s" "$COLI_MODEL_MIRROR" "$SNAP" "${SNAP_MIRROR-unset}"',
                           "sh", out], capture_output=True, text=True, check=True,
                          env={"PATH": os.environ["PATH"], "SNAP_MIRROR": "/old", "DIRECT": "1"}).stdout
@@ -117,7 +117,7 @@ def test_a_gguf_model_is_refused_with_one_line(tmp_path):
 
 
 def test_a_single_shard_member_stands_for_its_folder_end_to_end(tmp_path):
-    # the rule itself is engines.colibri_profile.source_view (tests/engines); here the export
+    # the rule itself is engines.colibri.colibri_profile.source_view (tests/engines); here the export
     # looks at real folders: a lone shard with its tokenizer and config is its folder
     folders = []
     for d in ("a", "b"):
@@ -253,7 +253,7 @@ def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
                          f"export COLI_MODEL_MIRROR='{dirs[1]};{dirs[2]}'", f"export COLI_DISK_WEIGHTS='{','.join(map(str, w))}'"]
     assert "unset COLI_MIR_STRIPE" in lines
     doc = json.load(open(str(tmp_path / "twins.json")))
-    assert colibri.parse_disk_weights(doc["environment"]["COLI_DISK_WEIGHTS"], 3) == tuple(map(float, w))
+    assert parse_disk_weights(doc["environment"]["COLI_DISK_WEIGHTS"], 3) == tuple(map(float, w))
     # a drive 8x slower gets a small share of the whole experts
     root2, dirs2 = _v41_rig(tmp_path / "mixed", (FAST, FAST, DriveModel(lat_s=100e-6, stream_bw=20e6, bw_max=25e6)))
     solved = _solve_colibri(root2)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from engine_bridge.cli import app
 from engine_bridge.profiles.export import export_profile
 from engine_bridge.profiles.launch import launch_arm
-from engines import colibri_profile
+from engines.colibri import colibri_profile
 from tests.engine_bridge.export_helpers import make_dir_rig, write_plan
 
 CHECKS = colibri_profile.checks

@@ -115,7 +115,7 @@ COLIBRI_BIN = os.environ.get("COLIBRI_BIN", "")
 @pytest.mark.skipif(not COLIBRI_BIN or not os.access(COLIBRI_BIN, os.X_OK),
                     reason="COLIBRI_BIN is not set to a built colibri binary (docs/engine.md)")
 def test_the_real_colibri_reads_a_mirror_in_ram_with_the_same_tokens_and_times_its_reads(tmp_path, shm_dir):
-    from engines.colibri import read_timing
+    from engines.colibri.colibri_log import read_timing
     from tests.engine_bridge.test_synth_colibri import colibri as run_colibri
 
     model = tmp_path / "model"
@@ -131,7 +131,7 @@ def test_the_real_colibri_reads_a_mirror_in_ram_with_the_same_tokens_and_times_i
 
 
 def test_colibri_times_its_phases_from_its_profile_lines():
-    from engines.colibri import read_timing
+    from engines.colibri.colibri_log import read_timing
 
     text = ("PROFILO PREFILL (1.50s):\n"
             "PROFILE: expert-disk 0.400s service / 0.300s wait | expert-matmul 0.500s | attention 0.200s "

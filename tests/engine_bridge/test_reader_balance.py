@@ -18,7 +18,7 @@ from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
 from engine_bridge.reader.balancing import BalancePolicy, check_balance, chunks, depth_limit, pick_victim
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.base import Piece
 from engines.pattern import Read
 from models.modelset import discover

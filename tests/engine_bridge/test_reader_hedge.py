@@ -20,7 +20,7 @@ from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
 from engine_bridge.reader.readstats import healthy_split
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from core.coldio import CachedReader, aligned_buffer
 from models.modelset import discover

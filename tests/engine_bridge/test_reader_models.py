@@ -14,7 +14,7 @@ from core.errors import MissingError, UsageError
 from engine_bridge.reader import files as files_mod
 from engine_bridge.reader.files import SourceFiles
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from core.coldio import CachedReader
 from models.formats import RAW, read_safetensors_header

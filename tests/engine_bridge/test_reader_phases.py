@@ -3,7 +3,7 @@
 import pytest
 
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import FailingReader

@@ -16,7 +16,7 @@ from engine_bridge.harness.arms import ArmSpec, gate_plan, plan_changes
 from engine_bridge.reader import reweighting
 from engine_bridge.reader.reweighting import ReweighPolicy, Window, judge, weights_for
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from core.coldio import CachedReader
 from tests.engine_bridge.helpers import primary_and_copies
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from core.errors import MissingError, UsageError
 from engine_bridge.reader.readstats import format_stats, healthy_split, last_landing, latency_summary, percentile
 from engine_bridge.reader.split_reader import SplitReader
-from engines.ds4_argodrive import BLOCK_BYTES
+from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import impure_imports

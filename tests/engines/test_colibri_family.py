@@ -1,4 +1,4 @@
-"""colibri's family of engines (engines.colibri Member, FAMILY): each member's mirror rules,
+"""colibri's family of engines (engines.colibri.family: FamilyMember, FAMILY): each member's mirror rules,
 against worked examples computed by hand or by compiling the engine's own C function.
 
 "Compiled" below means: the function was copied verbatim from the engine's source into a small
@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines import colibri as c
+from core.errors import UsageError
+from engines.colibri import colibri_log, family, mirror_env, placement
+from engines.colibri.colibri_log import Served
 
 MIB = 1 << 20
 
@@ -44,9 +46,9 @@ def legs(pieces):
     ((1, 1), 0, (0, 1), 4 * MIB + 4096, [(0, 0, 2_101_248), (1, 2_101_248, 2_097_152)]),
 ])
 def test_weighted_legs_match_the_compiled_plan(weights, routed, holders, length, expected):
-    assert legs(c.stripe_read(0, length, routed, holders, weights, legs="weighted")) == expected
+    assert legs(placement.stripe_read(0, length, routed, holders, weights, legs="weighted")) == expected
     base = 1 << 30
-    assert legs(c.stripe_read(base, length, routed, holders, weights, legs="weighted")) == [
+    assert legs(placement.stripe_read(base, length, routed, holders, weights, legs="weighted")) == [
         (s, base + o, n) for s, o, n in expected]
 
 
@@ -54,29 +56,29 @@ def test_weighted_legs_keep_the_source_contract():
     # tests/test_mirror_stripe_split.c (colibri's own test of mir_stripe_plan): a 4 % leg gets
     # under half an equal third, a 51 % leg over 1.3 equal thirds; equal weights split evenly.
     n = 19 * MIB
-    sizes = [p.length for p in c.stripe_read(0, n, 0, (0, 1, 2), (51, 45, 4), legs="weighted")]
+    sizes = [p.length for p in placement.stripe_read(0, n, 0, (0, 1, 2), (51, 45, 4), legs="weighted")]
     assert sizes[2] < n // 3 // 2 and sizes[0] > n // 3 * 13 // 10
-    a, b = (p.length for p in c.stripe_read(0, n, 0, (0, 1), (50, 50), legs="weighted"))
+    a, b = (p.length for p in placement.stripe_read(0, n, 0, (0, 1), (50, 50), legs="weighted"))
     assert abs(a - b) <= 8192
 
 
 def test_weighted_legs_leave_what_colibri_does_not_stripe_whole():
     # Under 4 MiB, or one holder: one read on the routed drive, as with equal legs.
-    assert legs(c.stripe_read(0, 4 * MIB - 4096, 1, (0, 1), (1, 1), legs="weighted")) == [(1, 0, 4 * MIB - 4096)]
-    assert legs(c.stripe_read(0, 8 * MIB, 1, (1,), (1, 1), legs="weighted")) == [(1, 0, 8 * MIB)]
+    assert legs(placement.stripe_read(0, 4 * MIB - 4096, 1, (0, 1), (1, 1), legs="weighted")) == [(1, 0, 4 * MIB - 4096)]
+    assert legs(placement.stripe_read(0, 8 * MIB, 1, (1,), (1, 1), legs="weighted")) == [(1, 0, 8 * MIB)]
 
 
 def test_weighted_legs_need_the_weights_of_every_holder():
     with pytest.raises(ValueError):
-        c.stripe_read(0, 8 * MIB, 0, (0, 1), legs="weighted")
+        placement.stripe_read(0, 8 * MIB, 0, (0, 1), legs="weighted")
     with pytest.raises(ValueError):
-        c.stripe_read(0, 8 * MIB, 0, (0, 1, 2), (1, 1), legs="weighted")
+        placement.stripe_read(0, 8 * MIB, 0, (0, 1, 2), (1, 1), legs="weighted")
     with pytest.raises(ValueError):
-        c.stripe_read(0, 8 * MIB, 0, (0, 1), (1, 1), legs="proportional")
+        placement.stripe_read(0, 8 * MIB, 0, (0, 1), (1, 1), legs="proportional")
 
 
 def test_equal_legs_stay_the_default():
-    assert c.stripe_read(0, 19 * MIB, 1, (0, 1, 2)) == c.stripe_read(0, 19 * MIB, 1, (0, 1, 2), (51, 45, 4))
+    assert placement.stripe_read(0, 19 * MIB, 1, (0, 1, 2)) == placement.stripe_read(0, 19 * MIB, 1, (0, 1, 2), (51, 45, 4))
 
 
 @settings(max_examples=300, deadline=None)
@@ -86,14 +88,14 @@ def test_weighted_legs_cover_the_window_exactly(weights, length, data):
     n = len(weights)
     holders = tuple(sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1))))
     routed = data.draw(st.sampled_from(holders))
-    pieces = c.stripe_read(4096, length, routed, holders, weights, legs="weighted")
+    pieces = placement.stripe_read(4096, length, routed, holders, weights, legs="weighted")
     pos = 4096
     for p in pieces:
         assert p.offset == pos and p.length > 0 and p.source in holders
         pos += p.length
     assert pos == 4096 + length
     assert len({p.source for p in pieces}) == len(pieces)
-    if c.stripes(length, len(holders)):
+    if placement.stripes(length, len(holders)):
         assert all(p.offset % 4096 == 0 for p in pieces)
         assert pieces[0].source == holders[routed % len(holders)]
 
@@ -101,12 +103,12 @@ def test_weighted_legs_cover_the_window_exactly(weights, length, data):
 # ---------------------------------------------------------------------------------------------
 # The family and colibri's dispatch by model_type (c/family_registry.py family_for_config)
 
-GLM, V4, V41, GLM53 = (c.FAMILY[n] for n in ("glm", "deepseek_v4", "deepseek_v41", "glm53"))
+GLM, V4, V41, GLM53 = (family.FAMILY[n] for n in ("glm", "deepseek_v4", "deepseek_v41", "glm53"))
 
 
 def test_the_family_as_read_from_each_source():
     assert {n: (m.source, m.integer_weights, m.stripes, m.fallback, m.stats, m.placement)
-            for n, m in c.FAMILY.items()} == {
+            for n, m in family.FAMILY.items()} == {
         "glm": ("c/colibri.c", False, True, "anchor", "stdout", "xor"),
         "deepseek_v4": ("c/deepseek_v4.c", False, False, "shard", "stderr", "flat"),
         "deepseek_v41": ("c/deepseek_v41.c", False, False, "tensor", "stderr", "flat"),
@@ -123,7 +125,7 @@ def test_the_family_as_read_from_each_source():
     (" GLM_MOE_DSA ", "glm"),              # _normalize_model_type: strip().lower()
 ])
 def test_member_for_dispatches_like_the_family_registry(model_type, member):
-    assert c.member_for(model_type).name == member
+    assert family.member_for(model_type).name == member
 
 
 @pytest.mark.parametrize("model_type, says", [
@@ -134,8 +136,8 @@ def test_member_for_dispatches_like_the_family_registry(model_type, member):
     (None, "no model_type"), ("  ", "no model_type"),       # FamilyConfigError
 ])
 def test_member_for_refuses_what_colibri_refuses(model_type, says):
-    with pytest.raises(c.UsageError) as e:
-        c.member_for(model_type)
+    with pytest.raises(UsageError) as e:
+        family.member_for(model_type)
     message = str(e.value)
     assert says in message and "\n" not in message
     assert "glm5_next_text" in message and "deepseek_v41" in message   # names the known model types
@@ -177,7 +179,7 @@ def test_glm53_cuts_refuse_non_integer_weights():
     assert GLM53.cuts((9.0, 3.0)) == GLM53.cuts((9, 3))
 
 
-@pytest.mark.parametrize("member", list(c.FAMILY.values()), ids=lambda m: m.name)
+@pytest.mark.parametrize("member", list(family.FAMILY.values()), ids=lambda m: m.name)
 def test_cuts_refuse_what_no_engine_computes(member):
     for bad in ((), (0, 1), (-1, 2), (float("nan"), 1), (float("inf"), 1)):
         with pytest.raises(ValueError):
@@ -186,8 +188,8 @@ def test_cuts_refuse_what_no_engine_computes(member):
 
 def test_the_glm_member_is_the_existing_glm_rules():
     for w in ((10, 5, 5), (9, 3, 3), (1047, 515), (1, 1, 1, 1, 254)):
-        assert GLM.cuts(w) == c.cuts(w)
-    assert all(GLM.bucket(layer, e) == c.expert_hash(layer, e) for layer in range(8) for e in range(64))
+        assert GLM.cuts(w) == placement.cuts(w)
+    assert all(GLM.bucket(layer, e) == placement.expert_hash(layer, e) for layer in range(8) for e in range(64))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +260,7 @@ def test_glm53_placement_matches_the_compiled_source(weights, counts, signature)
     assert grid(GLM53, 45, 288, None, weights) == (counts, signature)
 
 
-@pytest.mark.parametrize("member", list(c.FAMILY.values()), ids=lambda m: m.name)
+@pytest.mark.parametrize("member", list(family.FAMILY.values()), ids=lambda m: m.name)
 def test_one_drive_serves_everything(member):
     assert all(member.route(layer, e, 256, (7,)) == 0 for layer in range(4) for e in range(64))
 
@@ -330,7 +332,7 @@ def test_glm53_whole_expert_preflight():
 ])
 @pytest.mark.parametrize("member", [GLM, V4, V41], ids=lambda m: m.name)
 def test_atof_weights(member, text, loaded, parsed):
-    assert member.parse_weights(text, loaded) == parsed
+    assert mirror_env.parse_weights(member, text, loaded) == parsed
 
 
 @pytest.mark.parametrize("text, loaded, parsed", [
@@ -358,16 +360,16 @@ def test_atof_weights(member, text, loaded, parsed):
     ("9,3", 3, None), ("", 1, None),
 ])
 def test_glm53_strtol_weights(text, loaded, parsed):
-    assert GLM53.parse_weights(text, loaded) == (None if parsed is None else tuple(map(float, parsed)))
-    assert c.strtol_weights(text, loaded) == parsed
+    assert mirror_env.parse_weights(GLM53, text, loaded) == (None if parsed is None else tuple(map(float, parsed)))
+    assert mirror_env.strtol_weights(text, loaded) == parsed
 
 
 def test_glm53_keeps_511_characters():
     # char wb[512]: past 511 characters the text is cut (compiled: the same four answers).
-    assert c.strtol_weights("1,1," + " " * 600 + "7", 2) == (1, 1)        # the 7 is cut off
-    assert c.strtol_weights("1,1," + " " * 500 + "7", 2) is None          # a third weight
-    assert c.strtol_weights("1," + " " * 600 + "1", 2) is None            # the second weight is cut off
-    assert c.strtol_weights("1,1" + " " * 600, 2) == (1, 1)
+    assert mirror_env.strtol_weights("1,1," + " " * 600 + "7", 2) == (1, 1)        # the 7 is cut off
+    assert mirror_env.strtol_weights("1,1," + " " * 500 + "7", 2) is None          # a third weight
+    assert mirror_env.strtol_weights("1," + " " * 600 + "1", 2) is None            # the second weight is cut off
+    assert mirror_env.strtol_weights("1,1" + " " * 600, 2) == (1, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,9 +382,9 @@ def test_glm_stats_line():
             "\u2014 50% of expert bytes from the mirrors\n"
             "MIRROR: primary 12.34 GB (617 reads) | mirror1 4.10 GB (205 reads) | mirror2 4.00 GB (200 reads) "
             "\u2014 40% of expert bytes from the mirrors\n")
-    assert GLM.read_stats(text) == {0: c.Served(12_340_000_000, 617), 1: c.Served(4_100_000_000, 205),
-                                    2: c.Served(4_000_000_000, 200)}
-    assert GLM.read_stats(text) == c.read_log(text).served
+    assert colibri_log.read_stats(GLM, text) == {0: Served(12_340_000_000, 617), 1: Served(4_100_000_000, 205),
+                                    2: Served(4_000_000_000, 200)}
+    assert colibri_log.read_stats(GLM, text) == colibri_log.read_glm_log(text).served
 
 
 def test_v41_stats_lines_are_summed():
@@ -391,7 +393,7 @@ def test_v41_stats_lines_are_summed():
     text = ("[v41] expert I/O: 12 misses, 225.6 MB in 0.10s (2.26 GB/s); prefill 0.0 MB, disk 0.00s, matmul 0.00s, wall 0.20s\n"
             "MIRROR: primary 1.50 GB (30 reads) | mirror1 0.75 GB (15 reads) \u2014 33% of expert bytes from the mirrors\n"
             "MIRROR: primary 0.25 GB (6 reads) | mirror1 0.05 GB (1 reads) \u2014 17% of expert bytes from the mirrors\n")
-    assert V41.read_stats(text) == {0: c.Served(1_750_000_000, 36), 1: c.Served(800_000_000, 16)}
+    assert colibri_log.read_stats(V41, text) == {0: Served(1_750_000_000, 36), 1: Served(800_000_000, 16)}
 
 
 def test_v4_stats_lines():
@@ -399,24 +401,24 @@ def test_v4_stats_lines():
     # every mirror spelled "mirror"; at the CLI's exit the same after "v4_mirror drives=%d".
     serve = ("v4_mirror primary=1.00GiB/10 mirror=0.50GiB/5\n"
              "v4_mirror primary=2.50GiB/20 mirror=1.25GiB/9 mirror=0.00GiB/0\n")
-    assert V4.read_stats(serve) == {0: c.Served(2_684_354_560, 20), 1: c.Served(1_342_177_280, 9), 2: c.Served(0, 0)}
+    assert colibri_log.read_stats(V4, serve) == {0: Served(2_684_354_560, 20), 1: Served(1_342_177_280, 9), 2: Served(0, 0)}
     cli = "TUNE decode: 20 tokens in 3.000s\nv4_mirror drives=2 primary=0.75GiB/12 mirror=0.25GiB/4\n"
-    assert V4.read_stats(cli) == {0: c.Served(805_306_368, 12), 1: c.Served(268_435_456, 4)}
+    assert colibri_log.read_stats(V4, cli) == {0: Served(805_306_368, 12), 1: Served(268_435_456, 4)}
     # The setup lines are not statistics.
-    assert V4.read_stats("[MIRROR] 2 drives | read split 50% / 50% (COLI_DISK_WEIGHTS)\n") == {}
+    assert colibri_log.read_stats(V4, "[MIRROR] 2 drives | read split 50% / 50% (COLI_DISK_WEIGHTS)\n") == {}
 
 
 def test_who_prints_which_line():
     glm_line = "MIRROR: primary 1.00 GB (10 reads) | mirror1 0.50 GB (5 reads) \u2014 33% of expert bytes from the mirrors\n"
-    assert V4.read_stats(glm_line) == {}
-    assert GLM.read_stats("v4_mirror primary=1.00GiB/10 mirror=0.50GiB/5\n") == {}
-    assert GLM53.read_stats(glm_line + "v4_mirror primary=1.00GiB/10 mirror=0.50GiB/5\n") == {}   # glm53 prints none
+    assert colibri_log.read_stats(V4, glm_line) == {}
+    assert colibri_log.read_stats(GLM, "v4_mirror primary=1.00GiB/10 mirror=0.50GiB/5\n") == {}
+    assert colibri_log.read_stats(GLM53, glm_line + "v4_mirror primary=1.00GiB/10 mirror=0.50GiB/5\n") == {}   # glm53 prints none
 
 
 # ---------------------------------------------------------------------------------------------
 # Vectorised == scalar
 
-MEMBERS = st.sampled_from(list(c.FAMILY.values()))
+MEMBERS = st.sampled_from(list(family.FAMILY.values()))
 
 
 @settings(max_examples=200, deadline=None)
@@ -430,7 +432,7 @@ def test_cuts_many_equals_cuts(member, data):
                                  st.floats(1e-3, 1e6, allow_nan=False, allow_infinity=False)),
                        min_size=n, max_size=n)
     rows = data.draw(st.lists(row, min_size=1, max_size=8))
-    got = c.cuts_many(member, rows)
+    got = family.cuts_many(member, rows)
     assert [tuple(int(x) for x in r) for r in got] == [member.cuts(r) for r in rows]
 
 
@@ -448,6 +450,6 @@ def test_route_is_the_bucket_s_slice(member, weights, layer, expert):
 
 def test_vectorised_rejects_what_the_scalar_rejects():
     with pytest.raises(ValueError):
-        c.cuts_many(GLM53, [[9.5, 3]])
+        family.cuts_many(GLM53, [[9.5, 3]])
     with pytest.raises(ValueError):
-        c.cuts_many(GLM, [[0, 1]])
+        family.cuts_many(GLM, [[0, 1]])

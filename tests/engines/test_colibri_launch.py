@@ -1,15 +1,16 @@
-"""colibri's verdict on a launch log (engines.colibri_profile, pure), on lines copied from each
+"""colibri's verdict on a launch log (engines.colibri.colibri_profile, pure), on lines copied from each
 family member's formats: GLM (c/colibri.c), DeepSeek V4 (c/deepseek_v4.c), V4.1
 (c/deepseek_v41.c) and GLM-5.3 (c/glm53.c). A drive the plan leaves idle is expected to serve
 nothing; a member that prints no per-drive counters is confirmed by what it does print."""
 
 import pytest
 
-from engines import colibri
-from engines.colibri_profile import Expectation, expect, judge, read_log, report_env, split_shares
-from engines.profile import Request
+from engines.colibri.colibri_log import read_log, split_percents, split_shares
+from engines.colibri.colibri_profile import MirrorExpectation, expect, judge, report_env
+from engines.colibri.family import FAMILY
+from engines.handoff import Request
 
-E3 = Expectation(mirrors=("/g", "/w"), weights=(10, 5, 5))
+E3 = MirrorExpectation(mirrors=("/g", "/w"), weights=(10, 5, 5))
 
 LOAD = "[MIRROR] /g: 4/4 shards (replica 1)\n[MIRROR] /w: 4/4 shards (replica 2)\n"
 GOOD = (LOAD + "[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n"
@@ -40,7 +41,7 @@ def test_judgement_on_good_lines_and_each_way_to_fail():
 
 @pytest.mark.parametrize("text, ok", [("", True), ("[MIRROR] /x: 2/2 shards (replica 1)\n", False)])
 def test_a_single_drive_judgement(text, ok):
-    v = verdict(text, Expectation(mirrors=(), weights=()))
+    v = verdict(text, MirrorExpectation(mirrors=(), weights=()))
     assert v["mirrors"].ok is ok and v["weights"].ok and v["served"].ok
 
 
@@ -51,7 +52,7 @@ IDLE2 = GOOD.replace("mirror2 1.00 GB (5 reads)", "mirror2 0.00 GB (0 reads)")
 
 
 def test_a_drive_the_plan_leaves_idle_served_nothing_as_expected():
-    e = Expectation(mirrors=("/g", "/w"), weights=(10, 5, 5), idle=((), (), ("prefill", "decode")))
+    e = MirrorExpectation(mirrors=("/g", "/w"), weights=(10, 5, 5), idle=((), (), ("prefill", "decode")))
     c = verdict(IDLE2, e)["served"]
     assert c.ok, c
     assert "mirror2 served 0 bytes, expected idle: the plan gives it nothing in prefill and decode" in c.detail
@@ -66,7 +67,7 @@ def test_a_drive_the_plan_leaves_idle_served_nothing_as_expected():
 
 
 def test_an_idle_drive_that_served_is_said_but_not_failed():
-    e = Expectation(mirrors=("/g", "/w"), weights=(10, 5, 5), idle=((), (), ("prefill", "decode")))
+    e = MirrorExpectation(mirrors=("/g", "/w"), weights=(10, 5, 5), idle=((), (), ("prefill", "decode")))
     c = verdict(GOOD, e)["served"]
     assert c.ok and "mirror2 served 1000000000 B though the plan gives it nothing" in c.detail
 
@@ -74,15 +75,15 @@ def test_an_idle_drive_that_served_is_said_but_not_failed():
 def test_the_expectation_a_request_gives():
     r = Request(paths=("/m", "/g", "/w"), prefill=(9, 3, 3), decode=(10, 6, 6), variant="glm53",
                 idle=((), ("decode",), ()))
-    assert expect(r, {"COLI_MIR_STRIPE": "1", "COLI_DISK_WEIGHTS": "9,3,3"}) == Expectation(
+    assert expect(r, {"COLI_MIR_STRIPE": "1", "COLI_DISK_WEIGHTS": "9,3,3"}) == MirrorExpectation(
         mirrors=("/g", "/w"), weights=(9, 3, 3), stripe=True, variant="glm53", idle=((), ("decode",), ()))
-    assert expect(Request(paths=("/m",), prefill=(1,), decode=(1,)), {}) == Expectation(mirrors=(), weights=())
+    assert expect(Request(paths=("/m",), prefill=(1,), decode=(1,)), {}) == MirrorExpectation(mirrors=(), weights=())
     # mirrors without weights: colibri probes the drives (the tuner's arm of the engine's default)
-    assert expect(r, {}) == Expectation(mirrors=("/g", "/w"), weights=(), variant="glm53", probe=True)
+    assert expect(r, {}) == MirrorExpectation(mirrors=("/g", "/w"), weights=(), variant="glm53", probe=True)
 
 
 def test_a_probe_arm_is_confirmed_by_a_split_colibri_chose_itself():
-    probe = Expectation(mirrors=("/g", "/w"), weights=(), probe=True)
+    probe = MirrorExpectation(mirrors=("/g", "/w"), weights=(), probe=True)
     measured = LOAD + "[MIRROR] 3 drives | read split 52% / 24% / 24% (measured)\n"
     stats = "MIRROR: primary 0.50 GB (10 reads) | mirror1 0.20 GB (5 reads) | mirror2 0.20 GB (5 reads)\n"
     v = verdict(measured + stats, probe)
@@ -97,18 +98,18 @@ def test_a_probe_arm_is_confirmed_by_a_split_colibri_chose_itself():
 def test_deepseek_v4_counters_come_from_its_v4_mirror_line_in_gib():
     text = (LOAD + "[MIRROR] 3 drives | read split 50% / 25% / 25% (COLI_DISK_WEIGHTS)\n"
             "v4_mirror primary=2.00GiB/10 mirror=1.00GiB/5 mirror=0.50GiB/2\n")
-    v = verdict(text, Expectation(mirrors=("/g", "/w"), weights=(10, 5, 5), variant="deepseek_v4"))
+    v = verdict(text, MirrorExpectation(mirrors=("/g", "/w"), weights=(10, 5, 5), variant="deepseek_v4"))
     assert all(c.ok for c in v.values()), v
     assert v["served"].observed == f"0:{2 << 30}B/10r, 1:{1 << 30}B/5r, 2:{1 << 29}B/2r"
     # GLM's MIRROR: line is not V4's: without its own line V4's counters are missing
-    v = verdict(GOOD, Expectation(mirrors=("/g", "/w"), weights=(10, 5, 5), variant="deepseek_v4"))
+    v = verdict(GOOD, MirrorExpectation(mirrors=("/g", "/w"), weights=(10, 5, 5), variant="deepseek_v4"))
     assert not v["served"].ok and "no 'v4_mirror' statistics line" in v["served"].detail
 
 
 def test_deepseek_v41_prints_its_split_its_own_way_and_sums_its_turns():
     split = "[MIRROR] 3 replicas, split COLI_DISK_WEIGHTS: primary 50% mirror 25% mirror 25%\n"
     turn = "MIRROR: primary 1.00 GB (5 reads) | mirror1 0.50 GB (2 reads) | mirror2 0.50 GB (3 reads) \u2014 50% of x\n"
-    e = Expectation(mirrors=("/g", "/w"), weights=(10, 5, 5), variant="deepseek_v41")
+    e = MirrorExpectation(mirrors=("/g", "/w"), weights=(10, 5, 5), variant="deepseek_v41")
     v = verdict(LOAD + split + turn + turn, e)
     assert all(c.ok for c in v.values()), v
     assert v["weights"].observed == "50/25/25"
@@ -125,7 +126,7 @@ G53 = ("[GLM53 MIRROR] replica 1: /g (4/4 shards)\n[GLM53 MIRROR] replica 2: /w 
 
 
 def test_glm53_is_confirmed_by_its_own_lines_and_its_bytes_are_said_unchecked():
-    e = Expectation(mirrors=("/g", "/w"), weights=(9, 3, 3), variant="glm53")
+    e = MirrorExpectation(mirrors=("/g", "/w"), weights=(9, 3, 3), variant="glm53")
     v = verdict(G53, e)
     assert all(c.ok for c in v.values()), v
     assert v["mirrors"].observed == "/g 4/4 shards replica 1; /w 4/4 shards replica 2"
@@ -152,11 +153,11 @@ def test_glm53_skips_read_from_its_own_lines():
 
 def test_each_member_prints_the_shares_of_its_own_cuts():
     # 9:3:3 -> cuts 154/205/256 (GLM: +0.5 then (int)); glm53's integer cuts give the same here
-    assert split_shares("glm", (9, 3, 3)) == ("60", "20", "20") == colibri.split_percents((9, 3, 3))
+    assert split_shares("glm", (9, 3, 3)) == ("60", "20", "20") == split_percents((9, 3, 3))
     assert split_shares("glm53", (9, 3, 3)) == ("60", "20", "20")
     # a slice of 32/256 is 12.5%: printf's %.0f rounds it to even (12), the integer (x*100+128)/256 up (13)
     w = (32, 224)
-    assert colibri.FAMILY["glm"].cuts(w) == (32, 256)
+    assert FAMILY["glm"].cuts(w) == (32, 256)
     assert split_shares("glm", w) == ("12", "88") and split_shares("deepseek_v41", w) == ("13", "88")
     assert split_shares("glm53", w) == ("13", "88")
     assert split_shares("", w) == split_shares("glm", w)       # a profile without a variant: the GLM engine

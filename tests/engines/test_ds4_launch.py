@@ -1,10 +1,10 @@
-"""ds4-argodrive's verdict on a launch log (engines.ds4_argodrive_profile, pure): every
+"""ds4-argodrive's verdict on a launch log (engines.ds4_argodrive.ds4_profile, pure): every
 confirmation, on captured text; a source the plan leaves idle is expected to serve nothing."""
 
 import pytest
 
-from engines.ds4_argodrive_profile import Expectation, expect, judge
-from engines.profile import Request
+from engines.ds4_argodrive.ds4_profile import ReaderExpectation, expect, judge
+from engines.handoff import Request
 
 # Lines as the ds4-argodrive engine prints them (its reader's fprintf formats).
 GOOD3 = """\
@@ -18,7 +18,7 @@ ds4: Argodrive source[1] bytes=700000000
 ds4: Argodrive source[2] bytes=690000000
 ds4: Argodrive source[0] lands_last=10 gap_ns=100 reads=50
 """  # noqa: E501 (the engine's log line, verbatim)
-E3 = Expectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True)
+E3 = ReaderExpectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True)
 
 
 def verdict(text, expect=E3, rc=0):
@@ -66,7 +66,7 @@ def test_decode_split_missing_ignored_or_different():
 def test_a_decode_split_with_blanks_is_the_same_split():
     spaced = GOOD3.replace("decode split 10,6,6", "decode split 10, 6, 6")
     assert verdict(spaced)["decode-split"].ok
-    assert verdict(spaced, Expectation(sources=3, decode_split="10, 6, 6", cache_experts=4600,
+    assert verdict(spaced, ReaderExpectation(sources=3, decode_split="10, 6, 6", cache_experts=4600,
                                        prefill_split=True))["decode-split"].ok
 
 
@@ -104,18 +104,18 @@ def test_cache_budget_missing_reduced_or_capped():
     c = verdict(GOOD3 + "ds4: Argodrive decode cache requested=4600 effective=4100 reserve_bytes=0\n")["cache-budget"]
     assert not c.ok and "4100 of 4600" in c.detail
     assert verdict(GOOD3 + "ds4: Argodrive decode cache requested=4600 effective=4600 reserve_bytes=0\n")["cache-budget"].ok
-    assert "cache-budget" not in verdict(GOOD3, Expectation(sources=3, decode_split="10,6,6"))
+    assert "cache-budget" not in verdict(GOOD3, ReaderExpectation(sources=3, decode_split="10,6,6"))
 
 
 def test_prefill_rejection_fails_only_when_staging_was_requested():
     text = GOOD3 + "ds4: Argodrive prefill stage rejected: reader invalid=0 sources=1\n"
     c = verdict(text)["prefill-staging"]
     assert not c.ok and "reader invalid=0 sources=1" in c.detail
-    assert verdict(text, Expectation(sources=3, decode_split="10,6,6", cache_experts=4600))["prefill-staging"].ok
+    assert verdict(text, ReaderExpectation(sources=3, decode_split="10,6,6", cache_experts=4600))["prefill-staging"].ok
 
 
 def test_single_source_needs_no_reader_lines_but_checks_them_when_present():
-    e1 = Expectation(sources=1, cache_experts=3600)
+    e1 = ReaderExpectation(sources=1, cache_experts=3600)
     log = "ds4:   streaming expert cache budget=3600 experts entries=1\n"
     v = verdict(log, e1)
     assert all(c.ok for c in v.values()), v
@@ -130,7 +130,7 @@ IDLE2 = GOOD3.replace("source[2] bytes=690000000", "source[2] bytes=0")
 
 
 def test_a_source_the_plan_leaves_idle_in_both_phases_may_serve_nothing():
-    e = Expectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True,
+    e = ReaderExpectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True,
                     idle=((), (), ("prefill", "decode")))
     c = verdict(IDLE2, e)["source-bytes"]
     assert c.ok and "source[2] served 0 bytes, expected idle: the plan gives it nothing in prefill and decode" in c.detail
@@ -143,7 +143,7 @@ def test_a_source_the_plan_leaves_idle_in_both_phases_may_serve_nothing():
 def test_a_source_idle_in_one_phase_that_served_nothing_is_not_a_failure():
     # a run's counters add both phases; a run that only decoded reads nothing from a source the
     # plan leaves idle in decode
-    e = Expectation(sources=3, decode_split="10,6,6", idle=((), (), ("decode",)))
+    e = ReaderExpectation(sources=3, decode_split="10,6,6", idle=((), (), ("decode",)))
     c = verdict(IDLE2, e)["source-bytes"]
     assert c.ok and "expected idle: the plan gives it nothing in decode" in c.detail
     # with bytes it is simply a source that delivered
@@ -151,13 +151,13 @@ def test_a_source_idle_in_one_phase_that_served_nothing_is_not_a_failure():
 
 
 def test_an_idle_source_that_read_bytes_is_said_but_not_failed():
-    e = Expectation(sources=3, decode_split="10,6,6", idle=((), (), ("prefill", "decode")))
+    e = ReaderExpectation(sources=3, decode_split="10,6,6", idle=((), (), ("prefill", "decode")))
     c = verdict(GOOD3, e)["source-bytes"]
     assert c.ok and "source[2] read 690000000 bytes though the plan gives it nothing in prefill and decode" in c.detail
 
 
 def test_a_missing_line_or_a_rejected_configuration_fails_even_for_an_idle_source():
-    e = Expectation(sources=3, decode_split="10,6,6", idle=((), (), ("prefill", "decode")))
+    e = ReaderExpectation(sources=3, decode_split="10,6,6", idle=((), (), ("prefill", "decode")))
     c = verdict(GOOD3.replace("ds4: Argodrive source[2] bytes=690000000\n", ""), e)["source-bytes"]
     assert not c.ok and "source[2] reported no bytes" in c.detail
     rejected = "ds4: Argodrive source[0] bytes=0\nds4: Argodrive source[1] bytes=0\nds4: Argodrive source[2] bytes=0\n"
@@ -168,6 +168,6 @@ def test_the_expectation_a_request_gives():
     env = {"DS4_ARGODRIVE_DECODE_WEIGHTS": "10, 6, 6", "DS4_ARGODRIVE_PREFILL_SPLIT": "1"}
     r = Request(paths=("/a", "/b", "/c"), prefill=(10, 5, 5), decode=(10, 6, 6), cache_experts=4600,
                 idle=((), (), ("decode",)))
-    assert expect(r, env) == Expectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True,
+    assert expect(r, env) == ReaderExpectation(sources=3, decode_split="10,6,6", cache_experts=4600, prefill_split=True,
                                          idle=((), (), ("decode",)))
-    assert expect(Request(paths=("/a",), prefill=(1,), decode=()), {}) == Expectation(sources=1)
+    assert expect(Request(paths=("/a",), prefill=(1,), decode=()), {}) == ReaderExpectation(sources=1)

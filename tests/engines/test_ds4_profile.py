@@ -1,8 +1,8 @@
 """ds4-argodrive's environment, arguments and log lines (docs/engine-profiles.md), as the engine module holds them."""
 
-from engines import colibri
-from engines import ds4_argodrive as ds4
-from engines.ds4_argodrive import LogReport, read_log
+from engines.colibri import constants as coli, mirror_env
+from engines.ds4_argodrive import constants as ds4, ds4_log, ds4_profile
+from engines.ds4_argodrive.ds4_log import ReaderLog, read_log
 
 # Lines as the engine prints them (its reader's fprintf formats), two reader sessions.
 LOG = """\
@@ -26,7 +26,7 @@ ds4: Argodrive source[0] bytes=1
 
 
 def test_a_log_without_engine_lines_reports_nothing():
-    assert read_log("ds4-bench: loading\nctx_tokens,prefill_tokens\n") == LogReport()
+    assert read_log("ds4-bench: loading\nctx_tokens,prefill_tokens\n") == ReaderLog()
 
 
 def test_every_line_the_launcher_confirms_is_read():
@@ -45,7 +45,7 @@ def test_a_decode_list_with_blanks_is_read_like_the_engine_reads_it():
     # ar_open parses the list with strtoul, which skips the blank after each comma, and prints
     # it verbatim: "10, 6, 6" is applied and confirmed as 10,6,6.
     r = read_log("ds4: Argodrive decode split 10, 6, 6 (prefill keeps the base weights)\n")
-    assert r.decode_split == "10,6,6" and ds4.weights_text(" 10, 6,\t6") == "10,6,6"
+    assert r.decode_split == "10,6,6" and ds4_log.weights_text(" 10, 6,\t6") == "10,6,6"
     r = read_log("ds4: ignoring DS4_ARGODRIVE_DECODE_WEIGHTS=10, 6 (want 3 comma-separated weights 1..100)\n")
     assert r.decode_ignored == "10, 6" and r.decode_split is None
 
@@ -65,16 +65,16 @@ def test_lands_last_lines_are_not_byte_counts():
 
 
 def test_the_split_environment_of_three_sources():
-    env = ds4.split_environment(10, ("/g/model.gguf", "/w/model.gguf"), (5, 5), (10, 6, 6))
+    env = ds4_profile.split_environment(10, ("/g/model.gguf", "/w/model.gguf"), (5, 5), (10, 6, 6))
     assert env == (("DS4_ARGODRIVE_PRIMARY_WEIGHT", "10"),
                    ("DS4_ARGODRIVE_REPLICAS", "/g/model.gguf*5,/w/model.gguf*5"),
                    ("DS4_ARGODRIVE_DECODE_WEIGHTS", "10,6,6"))
     assert tuple(k for k, _ in env) == ds4.SPLIT_KEYS
-    assert ds4.split_environment(10, (), (), (10,)) == ()     # one source: no split, no keys
+    assert ds4_profile.split_environment(10, (), (), (10,)) == ()     # one source: no split, no keys
 
 
 def test_the_arguments_a_profile_owns():
-    args = ds4.engine_args("/i/model.gguf", 4600)
+    args = ds4_profile.engine_args("/i/model.gguf", 4600)
     assert args == ("--ssd-streaming", "-m", "/i/model.gguf", "--ssd-streaming-cache-experts", "4600")
     # The launcher refuses these after `--`: the profile already gives them.
     assert ds4.PROFILE_ARGS == {"-m", "--model", "--ssd-streaming-cache-experts"}
@@ -90,8 +90,8 @@ def test_known_keys_are_presence_flags_or_values_and_never_split_keys():
 
 def test_colibri_environment():
     # The coli launcher reads COLI_MODEL, the engine binary SNAP: a profile gives both.
-    assert colibri.plan_environment("/i/m", (), (10,)) == (("COLI_MODEL", "/i/m"), ("SNAP", "/i/m"))
-    assert colibri.plan_environment("/i/m", ("/g/m", "/w/m"), (10, 5, 5)) == (
+    assert mirror_env.plan_environment("/i/m", (), (10,)) == (("COLI_MODEL", "/i/m"), ("SNAP", "/i/m"))
+    assert mirror_env.plan_environment("/i/m", ("/g/m", "/w/m"), (10, 5, 5)) == (
         ("COLI_MODEL", "/i/m"), ("SNAP", "/i/m"), ("COLI_MODEL_MIRROR", "/g/m;/w/m"), ("COLI_DISK_WEIGHTS", "10,5,5"))
-    assert set(colibri.ENV_KEYS) == {"COLI_MODEL", "SNAP", "COLI_MODEL_MIRROR", "COLI_DISK_WEIGHTS", "SNAP_MIRROR",
+    assert set(coli.ENV_KEYS) == {"COLI_MODEL", "SNAP", "COLI_MODEL_MIRROR", "COLI_DISK_WEIGHTS", "SNAP_MIRROR",
                                      "COLI_MODEL_DIRS", "DIRECT", "COLI_MIR_STRIPE"}

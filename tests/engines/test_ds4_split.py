@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import UsageError
-from engines.ds4_argodrive import BLOCK_BYTES, COMPONENT_BYTES, block_counts, split_ds4
+from engines.ds4_argodrive.blocks import block_counts, split_ds4
+from engines.ds4_argodrive.constants import BLOCK_BYTES, COMPONENT_BYTES
 from engines.split import parse_weights, split_read
 
 

@@ -1,4 +1,4 @@
-"""Engine profiles (engines.profile and each engine's profile module, pure): every engine with a
+"""Engine profiles (engines.handoff and each engine's profile module, pure): every engine with a
 profile answers every question export and launch ask; the environment and arguments a plan gives
 each engine; the rules that refuse bad input, each violation one line; which models each engine
 reads; which directory colibri loads for a plan source and which member of its family runs it."""
@@ -7,8 +7,14 @@ import inspect
 
 import pytest
 
-from engines import colibri, colibri_profile, ds4_argodrive, ds4_argodrive_profile
-from engines.profile import EngineProfile, Request, Setting, SourceFacts, SourceView
+from engines import colibri, ds4_argodrive
+from engines.colibri import colibri_profile
+from engines.colibri import constants as coli
+from engines.colibri.colibri_reads import reads_model as colibri_reads_model
+from engines.ds4_argodrive import constants as ds4
+from engines.ds4_argodrive import ds4_profile as ds4_argodrive_profile
+from engines.ds4_argodrive.ds4_reads import reads_model as ds4_reads_model
+from engines.handoff import EngineProfile, Request, Setting, SourceFacts, SourceView
 from engines.registry import ENGINES
 from tests.helpers import impure_imports
 
@@ -26,7 +32,7 @@ def test_every_engine_answers_every_question_export_and_launch_ask(name):
     assert isinstance(prof.report_env(), dict) and ENGINES[name].reads_model is not None
 
 
-@pytest.mark.parametrize("module", [ds4_argodrive_profile, colibri_profile, __import__("engines.profile").profile])
+@pytest.mark.parametrize("module", [ds4_argodrive_profile, colibri_profile, __import__("engines.handoff").handoff])
 def test_profile_modules_are_pure(module):
     assert impure_imports(module) == []
 
@@ -55,8 +61,8 @@ def test_ds4_three_sources_named_keys_after_the_plans():
 
 def test_ds4_manages_its_split_keys_its_knobs_and_the_named_profiles_keys():
     keys = ds4_argodrive_profile.managed_keys(["DS4_NEW", "DS4_ARGODRIVE_PREFILL_LANES"])
-    assert keys[:3] == ds4_argodrive.SPLIT_KEYS and keys[-1] == "DS4_NEW" and len(keys) == len(set(keys))
-    assert set(ds4_argodrive.PRESENCE_FLAGS) <= set(keys)
+    assert keys[:3] == ds4.SPLIT_KEYS and keys[-1] == "DS4_NEW" and len(keys) == len(set(keys))
+    assert set(ds4.PRESENCE_FLAGS) <= set(keys)
     assert ds4_argodrive_profile.clear_prefix() == "DS4_" and ds4_argodrive_profile.named_profiles
 
 
@@ -66,7 +72,7 @@ def test_colibri_one_weight_vector_directories_and_stripe():
     s = colibri_profile.setting(r)
     assert s == Setting((("COLI_MODEL", "/i/glm"), ("SNAP", "/i/glm"), ("COLI_MODEL_MIRROR", "/g/glm;/w/glm"),
                          ("COLI_DISK_WEIGHTS", "9,3,3"), ("DIRECT", "1"), ("COLI_MIR_STRIPE", "1")), ())
-    assert colibri_profile.managed_keys(["DS4_X"]) == colibri.ENV_KEYS     # named profiles do not apply
+    assert colibri_profile.managed_keys(["DS4_X"]) == coli.ENV_KEYS     # named profiles do not apply
     header = colibri_profile.header(r, s)
     assert "COLI_DISK_WEIGHTS are the plan's base weights 9:3:3" in header[1]
     assert header[2] == "engine: colibri's glm (c/colibri.c), which its launcher runs for this model's config.json model_type"
@@ -167,6 +173,6 @@ def test_a_single_shard_stands_for_its_folder_only_when_colibri_would_load_just_
     ("safetensors", "file", ("model.safetensors",), False, ""),
 ])
 def test_which_models_each_engine_reads(fmt, layout, files, ds4_ok, colibri_needle):
-    assert (ds4_argodrive.reads_model(fmt, layout, files) == "") is ds4_ok
-    why = colibri.reads_model(fmt, layout, files)
+    assert (ds4_reads_model(fmt, layout, files) == "") is ds4_ok
+    why = colibri_reads_model(fmt, layout, files)
     assert (why == "") if not colibri_needle else (colibri_needle in why and "\n" not in why)

@@ -4,6 +4,8 @@ import pytest
 
 from core.errors import EXIT_USAGE, UsageError
 from engines import colibri, ds4_argodrive
+from engines.ds4_argodrive.blocks import split_ds4
+from engines.ds4_argodrive.constants import BLOCK_BYTES, COMPONENT_BYTES
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import check_weights, split_read
 
@@ -25,14 +27,14 @@ def test_an_unknown_engine_is_one_usage_line_naming_the_known_ones():
 def test_the_default_engine_splits_reads_on_its_block_grid():
     engine = get_engine(DEFAULT_ENGINE)
     assert DEFAULT_ENGINE == ds4_argodrive.NAME
-    assert engine.split is ds4_argodrive.split_ds4 and engine.granule == ds4_argodrive.BLOCK_BYTES
+    assert engine.split is split_ds4 and engine.granule == BLOCK_BYTES
     assert (engine.max_sources, engine.weight_min, engine.weight_max) == (3, 1, 100)
 
 
 def test_colibri_has_no_split_rule_and_split_read_says_which_engines_do():
     assert get_engine(colibri.NAME).split is None
     with pytest.raises(UsageError) as info:
-        split_read(0, ds4_argodrive.COMPONENT_BYTES, (10, 5), engine=colibri.NAME)
+        split_read(0, COMPONENT_BYTES, (10, 5), engine=colibri.NAME)
     assert str(info.value) == "engine 'colibri' does not split reads across sources; engines that do: ds4-argodrive"
 
 

@@ -5,8 +5,9 @@ tuner (`read_run`, pure), on lines as the engines print them: colibri's GLM engi
 
 import pytest
 
-from engines import colibri_profile, ds4_argodrive_profile
-from engines.profile import printed_step
+from engines.colibri import colibri_profile
+from engines.ds4_argodrive import ds4_profile as ds4_argodrive_profile
+from engines.handoff import printed_step
 
 GLM_OUT = """\
 == GLM C engine (glm_moe_dsa), cache=2 experts/layer | experts@8-bit dense@8-bit | idot: avx512-vnni ==

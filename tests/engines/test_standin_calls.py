@@ -1,7 +1,8 @@
 """How each engine's profile reads a call for its stand-in (`standin_call`, pure): the variables and
 arguments as the engine reads them, with the facts of the paths given here."""
 
-from engines import colibri_profile, ds4_argodrive_profile
+from engines.colibri import colibri_profile, colibri_standin
+from engines.ds4_argodrive import ds4_profile as ds4_argodrive_profile
 
 SHARDS = {"out-00000.safetensors": (100, b"h0"), "out-00001.safetensors": (200, b"h1")}
 DIRS = {"/m": {"model_type": "glm_moe_dsa", "layers": 4, "shards": SHARDS},
@@ -24,7 +25,7 @@ def test_colibri_admits_mirrors_by_size_and_header_and_takes_or_rejects_the_weig
     probe = coli({"COLI_MODEL_MIRROR": "/g", "COLI_DISK_WEIGHTS": "2,1,1"})
     assert probe.weights is None and any("invalid COLI_DISK_WEIGHTS '2,1,1' (want 2" in x for x in probe.stderr)
     assert coli({"COLI_MODEL_MIRROR": "/g", "DIRECT": "1", "COLI_MIR_STRIPE": "0"}).switches == ("direct",)
-    assert coli({}, ()).cache_per_layer == colibri_profile.DEFAULT_CACHE_PER_LAYER
+    assert coli({}, ()).cache_per_layer == colibri_standin.DEFAULT_CACHE_PER_LAYER
 
 
 def test_colibri_refuses_what_the_engine_refuses():

@@ -4,7 +4,7 @@ their runs add up — fed made-up runs, no drive and no thread."""
 import pytest
 
 from core.errors import UsageError
-from engines.ds4_argodrive import PREFILL_CHUNK
+from engines.ds4_argodrive.constants import PREFILL_CHUNK
 from iobench import aggregate, schedule
 from iobench.aggregate import group_result, lane_result, preset_result, suspect_cache
 from iobench.constants import PLAUSIBLE_BW, TOGETHER_LANES

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from engines.ds4_argodrive import COMPONENT_BYTES, PREFILL_CHUNK
+from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK
 from iobench.bench import model_layout
 from iobench.shapes import SlotTable, decode_shape, min_slots, prefill_shape, seq_shape
 from models.formats import GGUF, RAW

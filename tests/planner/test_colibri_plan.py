@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from core.errors import RigError
-from engines.colibri import member_for
+from engines.colibri.family import member_for
 from models.tensortable import inspect_model
 from planner.cli import app
 from planner.plan import Phase, Plan, Source, plan_from_dict, plan_to_dict

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engines.base import Piece
-from engines.colibri import FAMILY
+from engines.colibri.family import FAMILY
 from engines.pattern import Concurrency, Pattern, Read, Setup, Step
 from engines.registry import get_engine
 from models.geometry import stacked_geometry

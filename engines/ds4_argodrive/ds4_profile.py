@@ -1,11 +1,10 @@
-"""ds4-argodrive's profile (`engines.profile.EngineProfile`): the environment and arguments a
+"""ds4-argodrive's profile (`engines.handoff.EngineProfile`): the environment and arguments a
 plan gives the engine, the rules its reader would otherwise discover the hard way, and whether a
 run's log proves the profile was applied (docs/engine-profiles.md). Pure.
 
-The names, formats and log lines are the engine's own, in `engines.ds4_argodrive` (read from its
-reader, argodrive_read.h: `ar_open` parses the split, `ar_close` prints the per-source bytes).
-This module is the engine's `Engine.profile`; it reads the engine module's names when called,
-never at import (the engine module imports it to build its `ENGINE`).
+The names are the engine's (`constants`), its log lines are read by `ds4_log` (from its reader,
+argodrive_read.h: `ar_open` parses the split, `ar_close` prints the per-source bytes). This module
+is the engine's `Engine.profile`.
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from typing import Iterable, Mapping, Sequence
 
 from core.units import plural
 
-from . import ds4_argodrive as ds4
-from .profile import (
+from . import constants as ds4
+from ..handoff import (
     NO_SOURCES,
     PHASES,
     Check,
@@ -39,6 +38,27 @@ from .profile import (
     unverified,
     weight_rules,
 )
+from .ds4_log import LOG_SOURCE_BYTES, ReaderLog, read_log as read_reader_log, weights_text
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment and arguments (docs/engine-profiles.md)
+
+def split_environment(primary_weight: int, replicas: Sequence[str], replica_weights: Sequence[int],
+                      decode_weights: Sequence[int]) -> tuple[tuple[str, str], ...]:
+    """The split keys for base weights (primary first) and decode weights (one per source);
+    none for a single source, which the engine reads without a split."""
+    if not replicas:
+        return ()
+    return ((ds4.ENV_PRIMARY_WEIGHT, str(primary_weight)),
+            (ds4.ENV_REPLICAS, ",".join(f"{p}*{w}" for p, w in zip(replicas, replica_weights))),
+            (ds4.ENV_DECODE_WEIGHTS, ",".join(map(str, decode_weights))))
+
+
+def engine_args(primary: str, cache_experts: int | None) -> tuple[str, ...]:
+    """The arguments a profile gives: stream experts from `primary`, `cache_experts` of them in RAM."""
+    return (ds4.ARG_STREAMING, ds4.ARG_MODEL, primary, ds4.ARG_CACHE_EXPERTS, str(cache_experts))
+
 
 named_profiles = True       # io-base, stack-levers, rig/profiles/*.toml: ds4 knobs under the plan's keys
 cache_experts = True        # --ssd-streaming-cache-experts is an argument every profile gives
@@ -131,9 +151,9 @@ def setting(request: Request) -> Setting:
     """The split keys (base weights primary first, the decode list), then the named profile's
     keys; the arguments stream experts from the primary with the requested cache."""
     p = request.paths
-    env = dict(ds4.split_environment(request.prefill[0], p[1:], request.prefill[1:], request.decode))
+    env = dict(split_environment(request.prefill[0], p[1:], request.prefill[1:], request.decode))
     env.update((k, v) for k, v in request.named if k not in env)
-    return Setting(tuple(env.items()), ds4.engine_args(p[0], request.cache_experts))
+    return Setting(tuple(env.items()), engine_args(p[0], request.cache_experts))
 
 
 def header(request: Request, s: Setting) -> tuple[str, ...]:
@@ -162,12 +182,12 @@ def report_env(variant: str = "") -> dict[str, str]:
     return {ds4.ENV_TIMING_SUMMARY: "1"}
 
 
-def read_log(text: str, variant: str = "") -> ds4.LogReport:
-    return ds4.read_log(text)
+def read_log(text: str, variant: str = "") -> ReaderLog:
+    return read_reader_log(text)
 
 
 @dataclass(frozen=True)
-class Expectation:
+class ReaderExpectation:
     sources: int                 # 1 = primary only
     decode_split: str = ""       # e.g. "10,6,6"; "" when there is no split
     cache_experts: int | None = None
@@ -175,9 +195,9 @@ class Expectation:
     idle: tuple[tuple[str, ...], ...] = ()   # per source: phases in which the plan gives it nothing
 
 
-def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
+def expect(request: Request, environment: Mapping[str, str]) -> ReaderExpectation:
     env = dict(environment)
-    return Expectation(sources=request.sources, decode_split=ds4.weights_text(env.get(ds4.ENV_DECODE_WEIGHTS, "")),
+    return ReaderExpectation(sources=request.sources, decode_split=weights_text(env.get(ds4.ENV_DECODE_WEIGHTS, "")),
                        cache_experts=request.cache_experts, prefill_split=ds4.ENV_PREFILL_SPLIT in env,
                        idle=request.idle)
 
@@ -187,7 +207,7 @@ REJECTED = ("the engine rejected the replica configuration: every source it had 
             "outside 1..100, or a replica of another size or the same inode)")
 
 
-def _sources(log: ds4.LogReport, n: int) -> Check:
+def _sources(log: ReaderLog, n: int) -> Check:
     if log.sources is None:
         if n > 1 and log.rejected:
             return Check("sources", False, str(n), "rejected", REJECTED)
@@ -200,7 +220,7 @@ def _sources(log: ds4.LogReport, n: int) -> Check:
                  f"engine opened {plural(log.sources, 'source')}" + ("" if ok else f", {n} requested"))
 
 
-def _decode_split(log: ds4.LogReport, want: str) -> Check:
+def _decode_split(log: ReaderLog, want: str) -> Check:
     if not want:
         return Check("decode-split", True, "", "", "no decode split requested (single source)")
     if log.decode_ignored is not None:
@@ -208,12 +228,12 @@ def _decode_split(log: ds4.LogReport, want: str) -> Check:
                      f"engine ignored {ds4.ENV_DECODE_WEIGHTS}={log.decode_ignored} (wrong count or range)")
     if log.decode_split is None:
         return Check("decode-split", False, want, "none", "no 'decode split' line: decode would use the base weights")
-    ok = log.decode_split == ds4.weights_text(want)
+    ok = log.decode_split == weights_text(want)
     return Check("decode-split", ok, want, log.decode_split,
                  "engine applied the decode split" if ok else f"engine applied decode split {log.decode_split}")
 
 
-def _source_bytes(log: ds4.LogReport, n: int, idle: Sequence[Sequence[str]] = ()) -> Check:
+def _source_bytes(log: ReaderLog, n: int, idle: Sequence[Sequence[str]] = ()) -> Check:
     per = log.source_bytes
     # bytes=0 lines appear even when the reader rejected its configuration (the split is off),
     # so a source must show bytes > 0, not just a line — unless the plan leaves it idle in a
@@ -248,7 +268,7 @@ def _source_bytes(log: ds4.LogReport, n: int, idle: Sequence[Sequence[str]] = ()
     return Check("source-bytes", True, expected, observed, "; ".join([busy] + notes))
 
 
-def _cache_budget(log: ds4.LogReport, req: int) -> Check:
+def _cache_budget(log: ReaderLog, req: int) -> Check:
     budgets = log.cache_budgets
     decode_cut = [(a, b) for a, b in log.decode_cache if b < a]
     observed = ",".join(map(str, budgets)) or "none"
@@ -266,7 +286,7 @@ def _cache_budget(log: ds4.LogReport, req: int) -> Check:
     return Check("cache-budget", True, str(req), observed, "requested cache honoured")
 
 
-def _prefill_staging(log: ds4.LogReport, requested: bool) -> Check:
+def _prefill_staging(log: ReaderLog, requested: bool) -> Check:
     rejected = log.prefill_rejected
     if requested and rejected is not None:
         return Check("prefill-staging", False, "staged", "rejected",
@@ -275,12 +295,12 @@ def _prefill_staging(log: ds4.LogReport, requested: bool) -> Check:
                  "rejected" if rejected is not None else "", "no rejection reported")
 
 
-def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tuple[Check, ...]:
+def judge(text: str, expectation: ReaderExpectation, returncode: int | None = 0) -> tuple[Check, ...]:
     """Judge a ds4 log (stdout + stderr) against what the profile asked for, one Check per name in
     `checks` ('cache-budget' only when a cache size was asked for). returncode None means the
     engine was stopped (timeout); negative, killed by that signal."""
     e = expectation
-    log = ds4.read_log(text)
+    log = read_reader_log(text)
     out = [exit_check(returncode), _sources(log, e.sources), _decode_split(log, e.decode_split),
            _source_bytes(log, e.sources, e.idle)]
     if e.cache_experts is not None:
@@ -317,7 +337,7 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
     the CSV nor a 'ds4:' log line (the generated text; unconfirmed: ds4-bench's own output was not
     read, so a run that prints none is measured without the drift gate's evidence)."""
     text = stdout + "\n" + stderr
-    log = ds4.read_log(text)
+    log = read_reader_log(text)
     row = _csv_last_row(text)
     tok_s = None
     try:
@@ -334,7 +354,7 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
         step = tok_s * max(printed_step(row["prefill_tps"]) / float(row["prefill_tps"]) if float(row["prefill_tps"]) else 0.0,
                            printed_step(row["gen_tps"]) / float(row["gen_tps"]) if float(row["gen_tps"]) else 0.0)
     return RunReading("\n".join(body) if body else None, tok_s, "run", prompt, gen, dict(log.source_bytes),
-                      lines_matching(text, ds4.LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER), step)
+                      lines_matching(text, LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER), step)
 
 
 def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:

@@ -1,43 +1,27 @@
-"""colibri's profile (`engines.profile.EngineProfile`): the variables a plan gives colibri, the rules
+"""colibri's profile (`engines.handoff.EngineProfile`): the variables a plan gives colibri, the rules
 its launcher and mirror code would otherwise discover the hard way, and whether a run's log proves
 the profile was applied (docs/engine-profiles.md, "colibri"). Pure.
 
-colibri runs each model family on its own engine (`engines.colibri.FAMILY`), chosen by the model
+colibri runs each model family on its own engine (`family.FAMILY`), chosen by the model
 directory's config.json `model_type` (`member_for`, as colibri's launcher does). The profile's
 *variant* is that member's name; export and launch use its rules: how it parses
 COLI_DISK_WEIGHTS (glm53: integers only), whether it stripes (only the GLM engine), the lines in
-which it says which mirrors loaded and how it split the reads, and its per-drive statistics line
-(`Member.read_stats`; glm53 prints none, so its per-drive bytes cannot be checked).
-
-The load and split lines, as each engine's fprintf prints them (docs/engine-profiles.md, "What
-each engine prints"):
-
-- GLM (c/colibri.c `mirror_setup`) and DeepSeek V4 (c/deepseek_v4.c `coli_st_mirror_setup`):
-  `[MIRROR] DIR: N/M shards (replica K)`, `[MIRROR] N drives | read split 50% / 25% / 25% (HOW)`,
-  each share printed `%.0f` of 100·slice/256;
-- DeepSeek V4.1 (c/deepseek_v41.c `mirror_setup`): the same load lines, then
-  `[MIRROR] N replicas, split HOW: primary 50% mirror 25% mirror 25%`, each share
-  `(slice·100 + 128) / 256` in integers;
-- GLM-5.3 (c/glm53.c `glm53_mirror_setup`): `[GLM53 MIRROR] replica K: DIR (N/M shards)`,
-  `[GLM53 MIRROR] N drives | routing 50% / 25% / 25% (COLI_DISK_WEIGHTS)` (or `(startup bandwidth
-  probe)`), each share `(100·slice + 128) / 256` in integers; `[GLM53 MIRROR] invalid
-  COLI_DISK_WEIGHTS 'TEXT' for N drives; probing bandwidth`.
-
-This module is colibri's `Engine.profile`; it reads the engine module's names when called, never
-at import (the engine module imports it to build its `ENGINE`).
+which it says which mirrors loaded and how it split the reads (`colibri_log`), and its per-drive
+statistics line (`colibri_log.read_stats`; glm53 prints none, so its per-drive bytes cannot be
+checked). This module is colibri's `Engine.profile`.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from core.errors import UsageError
 
-from . import colibri as c
-from .profile import (
+from . import constants as c
+from ..handoff import (
     NO_SOURCES,
     PHASES,
     Check,
@@ -46,8 +30,6 @@ from .profile import (
     Setting,
     SourceFacts,
     SourceView,
-    StandinCall,
-    StandinRun,
     Violation,
     bad_characters,
     exit_check,
@@ -59,11 +41,15 @@ from .profile import (
     unverified,
     weight_rules,
 )
+from .colibri_log import LOG_STATS, STATS_LINE, MirrorLog, read_log, read_stats, split_shares
+# the stand-in's side of the profile (engine_bridge.standin asks `Engine.profile` for both)
+from .colibri_standin import standin_call as standin_call, standin_lines as standin_lines
+from .family import DEFAULT_VARIANT, FamilyMember, member_for, member_of
+from .mirror_env import plan_environment
 
 named_profiles = False      # every colibri key comes from the plan; named profiles hold ds4 knobs
 cache_experts = False       # colibri sizes its expert cache itself (--ram, COLI_RAM): no profile argument
 checks = ("exit", "mirrors", "weights", "served")
-DEFAULT_VARIANT = "glm"     # a profile exported before the family was known: the GLM engine's rules
 
 
 def clear_prefix() -> str:
@@ -115,7 +101,7 @@ def source_view(path: str, is_dir: bool, listing: Sequence[tuple[str, int]], mod
     return SourceView(folder, "", found, tokenizer)
 
 
-def _member(primary: SourceFacts) -> tuple[c.Member | None, str]:
+def _member(primary: SourceFacts) -> tuple[FamilyMember | None, str]:
     """The family member colibri's launcher runs for the model directory, or why none."""
     d = primary.directory
     if primary.config == "":
@@ -124,18 +110,10 @@ def _member(primary: SourceFacts) -> tuple[c.Member | None, str]:
     if primary.config != "ok":
         return None, f"{d}/config.json {primary.config}; colibri's launcher picks its engine by its model_type"
     try:
-        return c.member_for(primary.model_type), ""
+        return member_for(primary.model_type), ""
     except UsageError as e:
         return None, f"model directory {d}: {e}"
 
-
-def member_of(name: str) -> c.Member:
-    """The member a profile names ('' : the GLM engine, whose rules profiles had before the family)."""
-    try:
-        return c.FAMILY[name or DEFAULT_VARIANT]
-    except KeyError:
-        raise UsageError(f"colibri has no engine {name!r} in its family; known: {', '.join(c.FAMILY)} "
-                         "(export the profile again)") from None
 
 
 def variant(facts: Sequence[SourceFacts]) -> str:
@@ -263,7 +241,7 @@ def setting(request: Request) -> Setting:
     plan's base weights: colibri places whole experts once for every phase), striping when the
     plan stripes; no arguments (--model is COLI_MODEL)."""
     p = request.paths
-    return Setting(c.plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe, direct=request.direct), ())
+    return Setting(plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe, direct=request.direct), ())
 
 
 def header(request: Request, s: Setting) -> tuple[str, ...]:
@@ -306,67 +284,14 @@ def report_env(variant: str = "") -> dict[str, str]:
     serve loop prints its per-turn MIRROR: line only with V41_STATS=1 (c/deepseek_v41.c)."""
     env = {c.ENV_PROF: "1"}
     if (variant or DEFAULT_VARIANT) == "deepseek_v41":
-        env[ENV_V41_STATS] = "1"
+        env[c.ENV_V41_STATS] = "1"
     return env
 
 
-ENV_V41_STATS = "V41_STATS"
-_STATS_LINE = {"glm": "MIRROR:", "deepseek_v41": "MIRROR:", "deepseek_v4": "v4_mirror"}
-_V41_SPLIT = re.compile(r"^\[MIRROR\] (\d+) replicas, split (.+?):((?: (?:primary|mirror) \d+%)+)[ \t]*$", re.M)
-_V41_SHARE = re.compile(r" (?:primary|mirror) (\d+)%")
-_G53 = r"^\[GLM53 MIRROR\] "
-_G53_LOADED = re.compile(_G53 + r"replica (\d+): (.+) \((\d+)/(\d+) shards\)[ \t]*$", re.M)
-_G53_NO_SHARD = re.compile(_G53 + r"(.+): no usable shards -- ignored", re.M)
-_G53_IS_MODEL = re.compile(_G53 + r"(.+) equals primary model dir -- ignored", re.M)
-_G53_TOO_MANY = re.compile(_G53 + r"too many mirrors; max (\d+) -- (.+) ignored", re.M)
-_G53_WEIGHTS_INVALID = re.compile(_G53 + r"invalid COLI_DISK_WEIGHTS '(.*)' for (\d+) drives; probing bandwidth", re.M)
-_G53_SPLIT = re.compile(_G53 + r"(\d+) drives \| routing ([\d% /]+?) \((.+)\)[ \t]*$", re.M)
-
-
-def read_log(text: str, variant: str = "") -> c.LogReport:
-    """What the member's log says it did with its mirrors, as `engines.colibri.LogReport`: the
-    load and skip lines, the split line (its shares, '%' dropped, and how the split was chosen),
-    and `served` from the member's own statistics line (`Member.read_stats`; {} when it prints
-    none)."""
-    m = member_of(variant)
-    if m.name == "glm53":
-        loaded = tuple(c.MirrorLoad(p, int(k), int(t), int(r)) for r, p, k, t in _G53_LOADED.findall(text))
-        skipped = [(p, "no usable shards") for p in _G53_NO_SHARD.findall(text)]
-        skipped += [(p, f"too many mirrors (max {n})") for n, p in _G53_TOO_MANY.findall(text)]
-        skipped += [(p, "equals the model dir") for p in _G53_IS_MODEL.findall(text)]
-        bad = _G53_WEIGHTS_INVALID.findall(text)
-        drives, split, how = c.last_split(_G53_SPLIT.findall(text))
-        return c.LogReport(loaded=loaded, skipped=tuple(skipped),
-                           files_skipped=tuple(c.LOG_FILE_SKIPPED.findall(text)),
-                           weights_rejected=bad[-1][0] if bad else None,
-                           weights_wanted=int(bad[-1][1]) if bad else None,
-                           drives=drives, split=split, split_how=how, served={})
-    log = c.read_log(text)
-    if m.name == "deepseek_v41":
-        found = _V41_SPLIT.findall(text)
-        if found:
-            n, how, shares = found[-1]
-            log = replace(log, drives=int(n), split=tuple(_V41_SHARE.findall(shares)), split_how=how)
-        else:
-            log = replace(log, drives=None, split=(), split_how="")
-    return replace(log, served=m.read_stats(text))
-
-
-def split_shares(variant: str, weights: Sequence[int]) -> tuple[str, ...]:
-    """The shares the member's split line prints for one weight per drive: the slices of its cuts,
-    `%.0f` of 100·slice/256 (GLM, DeepSeek V4: `engines.colibri.split_percents`) or
-    (100·slice + 128) / 256 in integers (DeepSeek V4.1, GLM-5.3)."""
-    m = member_of(variant)
-    cuts, lo, out = m.cuts(weights), 0, []
-    for x in cuts:
-        s = x - lo
-        out.append(f"{100.0 * s / 256:.0f}" if m.name in ("glm", "deepseek_v4") else str((100 * s + 128) // 256))
-        lo = x
-    return tuple(out)
 
 
 @dataclass(frozen=True)
-class Expectation:
+class MirrorExpectation:
     mirrors: tuple[str, ...]     # mirror directories, in COLI_MODEL_MIRROR order
     weights: tuple[int, ...]     # one per drive, primary first (() for a single drive)
     stripe: bool = False         # the profile asked for striping (DIRECT=1, COLI_MIR_STRIPE=1)
@@ -376,18 +301,18 @@ class Expectation:
     probe: bool = False          # mirrors without COLI_DISK_WEIGHTS: colibri measures the drives and splits itself
 
 
-def expect(request: Request, environment: Mapping[str, str]) -> Expectation:
+def expect(request: Request, environment: Mapping[str, str]) -> MirrorExpectation:
     env = dict(environment)
     probe = request.sources > 1 and c.ENV_WEIGHTS not in env
     weights = tuple(request.prefill) if request.sources > 1 and not probe else ()
     shards = tuple(None if request.holds_of(i) is None else len(_basenames(request.holds_of(i)))
                    for i in range(1, request.sources))
     shards = shards if any(x is not None for x in shards) else ()
-    return Expectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=env.get(c.ENV_STRIPE) == "1",
+    return MirrorExpectation(mirrors=tuple(request.paths[1:]), weights=weights, stripe=env.get(c.ENV_STRIPE) == "1",
                        variant=request.variant, idle=() if probe else request.idle, shards=shards, probe=probe)
 
 
-def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
+def _mirrors(log: MirrorLog, expect: MirrorExpectation) -> Check:
     observed = "; ".join(f"{m.path} {m.shards}/{m.total} shards replica {m.replica}" for m in log.loaded) or "none"
     if not expect.mirrors:
         if log.loaded:
@@ -417,7 +342,7 @@ def _mirrors(log: c.LogReport, expect: Expectation) -> Check:
                  "; ".join(problems) if problems else f"every mirror loaded whole ({len(expect.mirrors)})")
 
 
-def _weights(log: c.LogReport, expect: Expectation) -> Check:
+def _weights(log: MirrorLog, expect: MirrorExpectation) -> Check:
     if expect.probe:
         seen = "/".join(log.split) if log.split else "none"
         if log.drives is None:
@@ -449,7 +374,7 @@ def _weights(log: c.LogReport, expect: Expectation) -> Check:
                  else "colibri's read split differs from the weights' cuts")
 
 
-def _served(log: c.LogReport, expect: Expectation) -> Check:
+def _served(log: MirrorLog, expect: MirrorExpectation) -> Check:
     n = 1 + len(expect.mirrors)
     m = member_of(expect.variant)
     observed = ", ".join(f"{d}:{s.bytes}B/{s.reads}r" for d, s in sorted(log.served.items())) or "none"
@@ -466,7 +391,7 @@ def _served(log: c.LogReport, expect: Expectation) -> Check:
     if not log.served:
         asked = ", ".join(f"{k}={v}" for k, v in report_env(expect.variant).items())
         return Check("served", False, expected, "none",
-                     f"no '{_STATS_LINE.get(m.name, 'MIRROR:')}' statistics line from colibri's {m.name} engine "
+                     f"no '{STATS_LINE.get(m.name, 'MIRROR:')}' statistics line from colibri's {m.name} engine "
                      f"({m.source}, on {m.stats}; {asked} was set; it prints it when a run ends)")
     problems = [f"{names[d]} is not in the statistics line" for d in range(n) if d not in log.served]
     notes = []
@@ -489,7 +414,7 @@ def _served(log: c.LogReport, expect: Expectation) -> Check:
     return Check("served", not problems, expected, observed, detail)
 
 
-def judge(text: str, expectation: Expectation, returncode: int | None = 0) -> tuple[Check, ...]:
+def judge(text: str, expectation: MirrorExpectation, returncode: int | None = 0) -> tuple[Check, ...]:
     """Judge a colibri log (stdout + stderr), one Check per name in `checks`, with the lines of
     the member that ran (`expectation.variant`)."""
     log = read_log(text, expectation.variant)
@@ -514,11 +439,11 @@ _V41_SPEED = re.compile(r"^\[v41\] prefill (\d+) tokens in [\d.]+s \| decode (\d
 def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
     """The run's output and speed as the member prints them in its deterministic mode (the GLM
     engine's oracle mode, REF=; DeepSeek V4.1's reference mode), and its per-drive bytes
-    (`Member.read_stats`). The V4 and GLM-5.3 engines' output lines are not read (output None)."""
+    (`read_stats`). The V4 and GLM-5.3 engines' output lines are not read (output None)."""
     m = member_of(variant)
     text = stdout + "\n" + stderr
-    served = {d: s.bytes for d, s in m.read_stats(text).items()}
-    counters = lines_matching(text, c.LOG_STATS, re.compile(r"^v4_mirror"))
+    served = {d: s.bytes for d, s in read_stats(m, text).items()}
+    counters = lines_matching(text, LOG_STATS, re.compile(r"^v4_mirror"))
     if m.name == "glm":
         ids = _GLM_TOKENS.findall(stdout)
         speed = _GLM_SPEED.findall(stdout)
@@ -538,9 +463,6 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
     return RunReading(None, None, "run", None, None, served, counters)
 
 
-ENV_USAGE_SAVE = "USAGE_SAVE"
-
-
 def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
     """USAGE_SAVE=0 asks colibri not to write its usage history (`.coli_usage` in the model
     directory, which later runs pin experts by). Only some engines read it (c/telemetry.h
@@ -550,9 +472,9 @@ def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
     m = member_of(variant)
     which = ("the GLM engine ignores it; its oracle mode writes none" if m.name == "glm" else
              f"whether the {m.name} engine reads it is unconfirmed; the model directories are checked after every arm")
-    return ({ENV_USAGE_SAVE: "0"},
-            f"colibri's {m.name} engine keeps a usage history (.coli_usage in the model directory) that pins "
-            f"experts in later runs; {ENV_USAGE_SAVE}=0 is set ({which})")
+    return ({c.ENV_USAGE_SAVE: "0"},
+            f"colibri's {m.name} engine keeps a usage history ({c.USAGE_FILE} in the model directory) that pins "
+            f"experts in later runs; {c.ENV_USAGE_SAVE}=0 is set ({which})")
 
 
 def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
@@ -562,140 +484,3 @@ def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[s
     return tuple((k, v) for k, v in environment if k not in drop)
 
 
-# ---------------------------------------------------------------------------------------------
-# The stand-in (engine_bridge.standin): colibri's interface, the embedded engine's run
-
-DEFAULT_CACHE_PER_LAYER = 8      # argv[1] absent (c/deepseek_v41.c main: `cap = argc > 1 ? ... : 8`)
-
-
-def _atoi(text: str | None) -> int:
-    m = re.match(r"\s*([+-]?\d+)", text or "")
-    return int(m.group(1)) if m else 0
-
-
-def standin_call(env: Mapping[str, str], argv: Sequence[str], look) -> StandinCall:
-    """colibri's engine binary as it reads its call (`look(path)`: {'model_type', 'layers', 'shards':
-    {name: (bytes, header)}} for a directory, {} when there is none): SNAP (or COLI_MODEL) the model
-    directory, argv[1] the expert cache per layer; the member by config.json model_type; mirrors
-    from COLI_MODEL_MIRROR (or SNAP_MIRROR), each admitted with the shards whose size and header equal
-    the primary's (st_mirror_add), at most MAX_MIRRORS; COLI_DISK_WEIGHTS as the member parses it
-    (rejected or absent: it probes); DIRECT=1 and COLI_MIR_STRIPE (unset: on) where the member stripes.
-    Oracle mode: the GLM engine's REF=<json> (prompt_ids, full_ids), DeepSeek V4.1's argv[2]
-    (prompt_ids, output_ids); without one the stand-in refuses, as neither runs a prompt it was not given here."""
-    snap = env.get(c.ENV_SNAP) or env.get(c.ENV_MODEL) or ""
-    if not snap:
-        return StandinCall(error="SNAP=<container dir> is required", rc=2)
-    facts = look(snap)
-    if not facts:
-        return StandinCall(error=f"[cfg] {snap}/config.json: No such file or directory", rc=1)
-    try:
-        m = c.member_for(facts.get("model_type"))
-    except UsageError as e:
-        return StandinCall(error=str(e), rc=1)
-    cap = _atoi(argv[0]) if argv else DEFAULT_CACHE_PER_LAYER
-    if m.name == "glm":
-        ref, keys = env.get("REF", ""), ("prompt_ids", "", "full_ids")
-    elif m.name == "deepseek_v41":
-        ref, keys = (argv[1] if len(argv) > 1 else ""), ("prompt_ids", "output_ids", "")
-    else:
-        return StandinCall(error=f"the stand-in speaks colibri's glm and deepseek_v41 engines, not {m.name} ({m.source})",
-                           rc=2)
-    if not ref:
-        return StandinCall(error=("REF=<json> (prompt_ids, full_ids) is required: the stand-in runs colibri's oracle mode"
-                                  if m.name == "glm" else f"usage: SNAP=<dir> {m.name} <cap> <ref.json>"), rc=2)
-    primary = dict(facts.get("shards") or {})
-    err, loaded = [], []
-    for d in c.mirror_list(env.get(c.ENV_MIRROR), env.get(c.ENV_LEGACY_MIRROR)):
-        if len(loaded) >= c.MAX_MIRRORS:
-            err.append(f"[MIRROR] {d}: too many mirrors (max {c.MAX_MIRRORS}) \u2014 ignored")
-            continue
-        if posixpath.normpath(d) == posixpath.normpath(snap):
-            err.append(f"[MIRROR] {d} equals the model dir \u2014 ignored")
-            continue
-        theirs = dict((look(d) or {}).get("shards") or {})
-        same = [n for n, f in primary.items() if theirs.get(n) == f]
-        for n in primary:
-            if n in theirs and theirs[n] != primary[n]:
-                what = "size" if theirs[n][0] != primary[n][0] else "header"
-                err.append(f"[MIRROR] {d}/{n}: {what} differs from the primary copy \u2014 skipped")
-        if not same:
-            err.append(f"[MIRROR] {d}: no usable shard (missing or divergent copy) \u2014 ignored")
-            continue
-        loaded.append(d)
-        err.append(f"[MIRROR] {d}: {len(same)}/{len(primary)} shards (replica {len(loaded)})")
-    n = 1 + len(loaded)
-    text = env.get(c.ENV_WEIGHTS)
-    weights = None
-    if n > 1 and text:
-        parsed = m.parse_weights(text, n)
-        if parsed is None:
-            err.append(f"[MIRROR] invalid COLI_DISK_WEIGHTS '{text}' (want {n} positive weights, e.g. 9,3) \u2014 probing "
-                       "instead")
-        elif all(float(w).is_integer() for w in parsed):
-            weights = tuple(int(w) for w in parsed)
-        else:       # the reader takes integer weights: the smallest integers with the same cuts out of 256
-            weights = _integer_weights(m, parsed)
-    direct = _atoi(env.get(c.ENV_DIRECT)) == 1
-    stripe = direct and m.stripes and _atoi(env.get(c.ENV_STRIPE, "1")) != 0 and n > 1
-    layers = int(facts.get("layers") or 0)
-    return StandinCall(sources=(snap, *loaded), weights=weights if n > 1 else (1,), switches=(("direct",) if direct else ())
-                       + (("stripe",) if stripe else ()), cache_experts=cap * layers, cache_per_layer=cap,
-                       reference=ref, prompt_key=keys[0], expected_key=keys[1], full_key=keys[2], stderr=tuple(err),
-                       variant=m.name, report=_atoi(env.get(c.ENV_PROF)) == 1 or m.name == "deepseek_v41",
-                       how=c.HOW_WEIGHTS)
-
-
-def _integer_weights(m: c.Member, weights: Sequence[float]) -> tuple[int, ...]:
-    """Integers whose cuts equal the float weights' (scaled by 1000, rounded; the cuts are out of 256)."""
-    want = m.cuts(weights)
-    for scale in (1, 10, 100, 1000, 10000):
-        top = max(weights)
-        w = tuple(max(1, round(x / top * scale)) for x in weights)
-        if m.cuts(w) == want:
-            return w
-    return tuple(max(1, round(x / max(weights) * 10000)) for x in weights)
-
-
-def standin_lines(call: StandinCall, run: StandinRun) -> tuple[tuple[str, ...], tuple[str, ...], int]:
-    """(stdout lines, stderr lines, exit code) as the member prints them after its setup lines
-    (`_GLM_*`, `_V41_*` above; the MIRROR: line of `Member.read_stats`)."""
-    m = member_of(call.variant)
-    n = len(call.sources)
-    out, err = [], list(call.stderr)
-    mb = [b for b, *_ in run.sources]
-    total = sum(mb)
-    stats = (f"MIRROR: primary {mb[0] / 1e9:.2f} GB ({run.sources[0][1]} reads)"
-             + "".join(f" | mirror{r} {mb[r] / 1e9:.2f} GB ({run.sources[r][1]} reads)" for r in range(1, n))
-             + f" \u2014 {100.0 * (total - mb[0]) / total if total else 0.0:.0f}% of expert bytes from the mirrors")
-    matched = sum(1 for a, b in zip(run.output, run.expected or ()) if a == b)
-    seconds = run.prefill_s + run.decode_s
-    if m.name == "glm":
-        if n > 1:
-            shares = " / ".join(f"{p}%" for p in split_shares("glm", run.weights))
-            err.append(f"[MIRROR] {n} drives | read split {shares} ({run.how})")
-        err.append(f"[prefill] layer {run.layers}/{run.layers} \u00b7 {len(run.prompt)} token \u00b7 +{run.prefill_s:.2f}s")
-        out += [f"== GLM C engine ({run.model_type}), cache={call.cache_per_layer} experts/layer | replica-tuner stand-in: "
-                "the embedded engine ==", "",
-                "Reference (oracle): " + "".join(f"{x} " for x in (run.expected or ())),
-                "GLM C engine      : " + "".join(f"{x} " for x in run.output),
-                f"Matching tokens: {matched}/{len(run.output)}",
-                f"Expert cache hit rate: {100.0 * run.hits / max(run.hits + run.misses, 1):.1f}% (0 pin + {run.hits} lru / "
-                f"{run.misses} miss) | RSS: 0.00 GB | {len(run.output) / seconds if seconds > 0 else 0.0:.1f} tok/s"]
-        if n > 1 and call.report:
-            out.append(stats)
-        return tuple(out), tuple(err), 0
-    if n > 1:
-        shares = " ".join(f"{'primary' if i == 0 else 'mirror'} {p}%" for i, p in enumerate(split_shares(m.name, run.weights)))
-        err.append(f"[MIRROR] {n} replicas, split {run.how}: {shares}")
-    err.append(f"[v41] {run.layers} layers, {run.experts} experts/layer — replica-tuner stand-in: the embedded engine")
-    out.append(" ".join(map(str, run.output)))
-    for i, (a, b) in enumerate(zip(run.output, run.expected or ())):
-        if a != b:
-            err.append(f"[mismatch] step {i}: got {a}, reference {b}")
-    err.append(f"Matching tokens: {matched}/{len(run.expected or ())}")
-    err.append(f"[v41] prefill {len(run.prompt)} tokens in {run.prefill_s:.2f}s | decode {len(run.output)} in "
-               f"{run.decode_s:.2f}s ({len(run.output) / (run.decode_s if run.decode_s > 0 else 1):.2f} tok/s)")
-    if n > 1:
-        err.append(stats)
-    ok = run.expected is not None and matched == len(run.expected) == len(run.output)
-    return tuple(out), tuple(err), 0 if ok else 1
