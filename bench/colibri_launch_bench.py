@@ -52,6 +52,7 @@ def launch(tb, rig: str, binary: str, profile: str, out: str, ref: str) -> dict:
 
 def one(binary: str, limits: dict, out: str) -> list[str]:
     from engines.colibri.family import member_for
+    from engines.registry import get_engine
     from models.tensortable import inspect_model
 
     with Testbed(limits, size="1G") as tb:
@@ -88,7 +89,7 @@ def one(binary: str, limits: dict, out: str) -> list[str]:
             runs.append((name, launch(tb, r, binary, prof, os.path.join(out, f"launch-{k}-{name}"), ref)))
     member = member_for(g.arch)
     lines = [f"colibri's {member.name} engine ({member.source}), plan {':'.join(map(str, plan['prefill']['weights']))}"
-             + "".join(f", {k} on" for k in ("direct", "stripe") if plan.get(k))
+             + "".join(f", {k} on" for k in sorted(get_engine(plan["engine"]).switches.read(plan)))
              + f"; drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s; prompt {len(PROMPT)} tokens, {GEN} generated"]
     pred = {ph: [s["share"] for s in plan[ph]["predicted"]["sources"]] for ph in ("prefill", "decode")}
     lines.append(f"plan predicts shares: prefill {'/'.join(f'{x:.2f}' for x in pred['prefill'])}, "

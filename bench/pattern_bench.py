@@ -56,15 +56,17 @@ def expected(model: str, trace: str, engine: str, weights, switches) -> dict:
     from models.tensortable import inspect_model
 
     g = inspect_model(model)
-    s = SourceSet((model,) * len(weights), tuple(weights), tuple(weights), engine=engine, switches=tuple(switches))
+    s = SourceSet((model,) * len(weights), tuple(weights), tuple(weights), engine=engine, switches=frozenset(switches))
     return pattern_bytes(g, trace_steps(load_trace(trace), trace), CACHE, s.step_reads(g), s.in_flight())
 
 
 def report(engine: str, model: str, trace: str, plan: dict, ladder: str, limits: dict) -> list[str]:
+    from engines.registry import get_engine
+
     doc = json.load(open(os.path.join(ladder, "results.json")))
     lines = [f"engine {engine}: plan {':'.join(map(str, plan['prefill']['weights']))} / "
              f"{':'.join(map(str, plan['decode']['weights']))}"
-             + "".join(f", {k} on" for k in ("direct", "stripe") if plan.get(k))
+             + "".join(f", {k} on" for k in sorted(get_engine(plan["engine"]).switches.read(plan)))
              + f"; drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s"]
     exact = True
     lines.append(f"{'arm':8} {'phase':7} {'bytes read per drive':>34} {'pattern gives':>34} {'equal':>5} "

@@ -207,6 +207,7 @@ def grid_for(problem, choice, fit_choice, a) -> list[tuple[tuple[int, ...], froz
     """The candidates (weights, mode) measured on every phase of a one-vector engine, or per phase
     (a dict phase -> list) for an engine with weights per phase: see the module docstring, step 3."""
     from engine_bridge.tuning.embedded import reads_key
+    from planner.autotune import mode_of
     from planner.solve import Pricer, nearest
 
     e, g, n = problem.engine, problem.geometry, len(problem.drives)
@@ -234,7 +235,7 @@ def grid_for(problem, choice, fit_choice, a) -> list[tuple[tuple[int, ...], froz
         first = [(w0, m0)] + [(w0, m) for m in modes if m != m0]
         first += [(eq, m0), (tuple(choice.baselines["decode"]["capability"]["weights"]), m0),
                   (tuple(fit_choice.weights["prefill"]), fit_choice.mode)]
-        first += list(dict.fromkeys((tuple(x["weights"]), frozenset(k for k in ("direct", "stripe") if x.get(k)))
+        first += list(dict.fromkeys((tuple(x["weights"]), mode_of(x))
                                     for x in choice.alternatives))
         cands = [(tuple(int(x) for x in grid[r]), m) for r in rows for m in modes]
         secs = {c: {ph: pricer.price(ph, c[0], c[1]).seconds for ph in PHASES} for c in cands}

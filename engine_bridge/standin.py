@@ -116,7 +116,7 @@ def run(engine: str, argv, env) -> int:
         weights, how = probe_weights(models), "measured"
     decode = call.decode_weights or weights
     sources = SourceSet(models=models, prefill=tuple(weights), decode=tuple(decode), engine=engine,
-                        switches=tuple(call.switches))
+                        switches=frozenset(call.switches))
     total = geometry.layers * geometry.experts
     cache = ExpertCache(min(call.cache_experts, total), total)
     # no hedging: the engines do not re-issue a late piece elsewhere, so neither does their stand-in

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
+from .switches import NONE, Switches
+
 
 class Piece(NamedTuple):
     """One source's part of a read (a tuple: patterns are built for every candidate the solver prices)."""
@@ -37,6 +39,9 @@ class Engine:
     path_forbidden: str             # characters a source path may not contain (the list separators)
     # (geometry, Step, Setup) -> Pattern: which drive reads which bytes, in barrier groups
     pattern: Optional[Callable[[Any, Any, Any], Any]] = None
+    # one clause: what the engine does with a decode weight list of another count than its sources
+    # ('' : nothing worth saying), quoted where such a list is refused
+    decode_miscount: str = ""
     # phase -> Concurrency: the reads the engine keeps in flight
     concurrency: Optional[Callable[[str], Any]] = None
     # (sources, geometry) -> K x sources int array: every distinct weight vector the solver tries,
@@ -44,7 +49,9 @@ class Engine:
     grid: Optional[Callable[[int, Any], Any]] = None
     # (format, layout, files) -> '' when the engine reads such a model, else one line saying why not
     reads_model: Optional[Callable[[str, str, Sequence[str]], str]] = None
-    switches: tuple[str, ...] = ()      # Setup switches this engine has ('direct', 'stripe')
+    # the switches the engine declares (names, what each does, which sets are legal: engines.switches);
+    # a Setup, a plan and a request carry the ones on as a frozenset of their names
+    switches: Switches = NONE
     # geometry -> the switch settings that make a difference on this model, the default (none on) first
     modes: Callable[[Any], tuple[frozenset[str], ...]] = lambda geometry: (frozenset(),)
     phase_weights: bool = True          # one weight vector per phase (False: one for both phases)

@@ -64,8 +64,7 @@ class Request:
     paths: tuple[str, ...]                      # primary first: files, or the directories the engine loads
     prefill: tuple[int, ...]                    # base weights, one per source
     decode: tuple[int, ...]                     # decode weights, one per source
-    stripe: bool = False                        # the plan's top-level "stripe" switch
-    direct: bool = False                        # the plan's top-level "direct" switch (O_DIRECT reads)
+    switches: frozenset[str] = frozenset()      # the plan's switches that are on (the engine's own names)
     cache_experts: int | None = None            # experts (engines whose profile takes a cache size)
     named: tuple[tuple[str, str], ...] = ()     # a named profile's environment (engines that take one)
     variant: str = ""                           # the engine variant that runs the model ('' none)
@@ -301,7 +300,7 @@ class StandinCall:
     sources: tuple[str, ...] = ()                   # model paths the engine reads, primary first
     weights: tuple[int, ...] | None = None          # base (prefill) weights, one per source
     decode_weights: tuple[int, ...] | None = None   # None: the base weights
-    switches: tuple[str, ...] = ()                  # the engine's switches on ('direct', 'stripe')
+    switches: frozenset[str] = frozenset()          # the engine's switches on, as it reads them from its call
     cache_experts: int = 0                          # experts in RAM over the whole model
     cache_per_layer: int = 0                        # as the engine was asked (0: it takes the model's total)
     reference: str = ""                             # a reference file (prompt ids, expected output) to read

@@ -43,17 +43,19 @@ class Setup:
     """What a pattern depends on besides the model and the step.
 
     weights: this phase's weight per source, primary first (each engine checks its own range).
-    direct: O_DIRECT reads where the engine has the switch (colibri's DIRECT=1); a buffered
-    engine's re-reads can come from the page cache. stripe: the engine's stripe switch (colibri's
-    COLI_MIR_STRIPE; only with direct). holds: per source, the model files its copy holds (None, or
-    a missing entry: every file; the primary always holds every file). healthy: the sources that
+    switches: the engine's switches that are on (`engines.switches`; what each does to the reads
+    is the engine's pattern's own). holds: per source, the model files its copy holds (None, or a
+    missing entry: every file; the primary always holds every file). healthy: the sources that
     may serve (None: all) — the reader's failover, not the engine's: what a run does once a drive
     has failed."""
     weights: tuple[int, ...]
-    direct: bool = False
-    stripe: bool = False
+    switches: frozenset[str] = frozenset()
     holds: tuple[frozenset[str] | None, ...] = ()
     healthy: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.switches, frozenset):
+            object.__setattr__(self, "switches", frozenset(self.switches))
 
     @property
     def sources(self) -> int:

@@ -47,14 +47,14 @@ class Arm:
     predicts (bytes/s) and its mode (the engine's switches on; empty: the default)."""
     phase: str
     weights: tuple[int, ...]
-    roles: tuple[str, ...]          # 'model #1' (the solver's choice), 'model #2', 'capability', 'equal', 'mode direct'
+    roles: tuple[str, ...]          # 'model #1' (the solver's choice), 'model #2', 'capability', 'equal', 'mode NAME'
     predicted_Bps: float
     prediction: Mapping = field(default_factory=dict, compare=False)   # the model's prediction dict
     mode: frozenset[str] = frozenset()
 
     @property
     def label(self) -> str:
-        """'6:3:2', or '6:3:2 direct+stripe' in a mode."""
+        """'6:3:2', or '6:3:2 a+b' with switches a and b in a mode."""
         return ":".join(map(str, self.weights)) + (f" {mode_name(self.mode)}" if self.mode else "")
 
 
@@ -64,8 +64,8 @@ def mode_name(mode: frozenset[str]) -> str:
 
 
 def mode_of(prediction: Mapping) -> frozenset[str]:
-    """The mode a prediction dict was made in (the switches it records on)."""
-    return frozenset(k for k in ("direct", "stripe") if prediction.get(k))
+    """The mode a prediction dict was made in (the switches it records on, `planner.solve.prediction`)."""
+    return frozenset(prediction.get("switches") or ())
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def arms_for(choice: Choice, top: int = DEFAULT_TOP, joint: bool | None = None, 
     joint: one weight vector for both phases (default: whether the solver scored jointly,
     `choice.scores`). Then every candidate is measured on every phase, and with `predict(phase,
     weights, mode) -> prediction dict` (`planner.solve.predict` on the problem) the candidates
-    also hold the pick's weights in each other mode the solver scored ('mode direct'), and a
+    also hold the pick's weights in each other mode the solver scored ('mode NAME'), and a
     phase's capability weights where they differ from the other phase's. key(phase, weights,
     mode): equal for candidates that give the same reads (measured once). phases: the phases to
     measure (a phase that reads nothing has nothing to measure)."""
@@ -382,10 +382,7 @@ def measured_plan(plan: Plan, arms: Sequence[Arm], tally: Tally, picks: Mapping[
         arm = arms[p.arm]
         phases[ph] = Phase(arm.weights, dict(arm.prediction) or dict(base.predicted), phase_measured(arms, tally, p))
     modes = {arms[p.arm].mode for p in picks.values()}
-    switches = {}
-    if len(modes) == 1:
-        mode = modes.pop()
-        switches = {"direct": "direct" in mode, "stripe": "stripe" in mode}
+    switches = {"switches": modes.pop()} if len(modes) == 1 else {}
     prov = dict(plan.provenance)
     prov["autotune"] = {
         **dict(settings),
@@ -395,7 +392,7 @@ def measured_plan(plan: Plan, arms: Sequence[Arm], tally: Tally, picks: Mapping[
         "interrupted": tally.interrupted,
         "wall_s": tally.wall_s,
         "solved": {ph: list(getattr(plan, ph).weights) for ph in PHASES},
-        "solved_mode": sorted(k for k in ("direct", "stripe") if getattr(plan, k, False)),
+        "solved_mode": sorted(plan.switches),
         "arms": [{"phase": a.phase, "weights": list(a.weights), "mode": sorted(a.mode), "roles": list(a.roles)}
                  for a in arms],
         "trials": [{"arm": t.arm, "round": t.round, "Bps": t.Bps, "start_s": t.start_s, "seconds": t.seconds}

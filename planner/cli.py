@@ -15,6 +15,7 @@ from core.platform import available_memory
 from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import describe_split, parse_weights
+from engines.switches import Switches, switch_label
 
 from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
 from .plan import Plan, engine_switches
@@ -55,11 +56,11 @@ TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from
                            "docs/planner.md).")
 PageCacheOption = typer.Option("auto", "--page-cache", metavar="SIZE",
                                help="RAM the page cache can give the model, for an engine whose reads go through it "
-                                    "(colibri without DIRECT=1): re-reads of that share come from RAM. 'auto': the "
+                                    "(in the switches it is priced on): re-reads of that share come from RAM. 'auto': the "
                                     "memory available now; 0: every read from a drive (docs/planner.md).")
 ModeOption = typer.Option([], "--switch", metavar="NAME",
-                          help="An engine switch to price on (repeatable): colibri's direct (DIRECT=1) and stripe "
-                               "(COLI_MIR_STRIPE, needs direct).")
+                          help="An engine switch to price on (repeatable, or NAME,NAME); each engine's own: "
+                               + " | ".join(f"{e.name}: {e.switches.help()}" for e in ENGINES.values() if e.switches) + ".")
 
 BAR = 40
 
@@ -153,23 +154,17 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
     w = parse_weights(weights, engine)
-    e = get_engine(engine)
-    for k in switch:
-        if k not in e.switches:
-            has = f"the switches {', '.join(e.switches)}" if e.switches else "no switches"
-            raise UsageError(f"--switch {k}: {engine} has {has}")
-    if "stripe" in switch and "direct" not in switch:
-        raise UsageError("--switch stripe needs --switch direct: the engine stripes only O_DIRECT reads")
+    switches = get_engine(engine).switches.parse(switch, engine)
     _, chosen, problem = problem_for_rig(rig_dir(rig), bench, engine, background or (),
                                          **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts,
                                                             fit_only, tails, page_cache))
-    d = predict(problem, phase, w, frozenset(switch))
+    d = predict(problem, phase, w, switches)
     if chosen.notice:
         err.print(f"notice: {chosen.notice}", markup=False)
     if json_out:
         print_result(PhasePrediction(d))
         return
-    _render_prediction(d, f"{phase} {':'.join(map(str, w))}")
+    _render_prediction(d, f"{phase} {':'.join(map(str, w))}", get_engine(engine).switches)
 
 
 @app.command()
@@ -256,13 +251,13 @@ def _render_whatif(w) -> None:
     out.print(f"[bold]{w.verdict()}[/]", highlight=False)
 
 
-def _render_prediction(p: dict, title: str) -> None:
-    """One phase's prediction: the phase's speed, and per drive its share of the bytes, its pieces
-    and busy time per layer, and how often it lands last."""
+def _render_prediction(p: dict, title: str, declared: Switches) -> None:
+    """One phase's prediction: the phase's speed (and the engine's switches it was made with), and
+    per drive its share of the bytes, its pieces and busy time per layer, and how often it lands last."""
     if "seconds" not in p:                     # a plan from before the one pricing
         out.print(f"[bold]{title}[/]: {format_rate(p.get('throughput_Bps', 0))}", markup=True)
         return
-    sw = [k for k in ("direct", "stripe") if p.get(k)]
+    sw = sorted(declared.read(p))
     out.print(f"[bold]{title}[/]{' (' + ', '.join(sw) + ')' if sw else ''}: {format_rate(p['throughput_Bps'])}, "
               f"{p['tok_s']:,.1f} tok/s of reads; {p['time_per_layer_s'] * 1e3:.3f} ms per layer, "
               f"{p['reads_per_layer']:.2f} reads of {p['read_bytes']:,.0f} B in {p['groups_per_layer']:.2f} groups per layer")
@@ -290,7 +285,7 @@ def _render_plan(plan: Plan, path: str) -> None:
     for ph in ("prefill", "decode"):
         phase = getattr(plan, ph)
         if phase.predicted:
-            _render_prediction(phase.predicted, f"{ph} {':'.join(map(str, phase.weights))}")
+            _render_prediction(phase.predicted, f"{ph} {':'.join(map(str, phase.weights))}", engine_switches(plan.engine))
         else:
             out.print(f"[bold]{ph}[/] {':'.join(map(str, phase.weights))} (no prediction)")
         m = phase.measured
@@ -317,11 +312,11 @@ def _render_plan(plan: Plan, path: str) -> None:
         out.print(f"from bench {prov.get('bench')} (rig {prov.get('rig')}, manifest {prov.get('manifest') or 'none'})")
 
 
-def _alt_label(a: dict, switches: tuple[str, ...]) -> str:
-    """An alternative's weights, and its switches where the engine has any (colibri: the same
-    weights with another O_DIRECT / stripe setting is another candidate)."""
-    on = [s for s in switches if a.get(s)]
-    return ":".join(map(str, a.get("weights", []))) + (f" {'+'.join(on)}" if on else " (no switches)" if switches else "")
+def _alt_label(a: dict, declared: Switches) -> str:
+    """An alternative's weights, and its switches where the engine has any (the same weights with
+    other switches on is another candidate)."""
+    on = switch_label(declared.read(a))
+    return ":".join(map(str, a.get("weights", []))) + (f" {on}" if on else " (no switches)" if declared else "")
 
 
 def _render_alternatives(plan: Plan, ph: str, phase) -> None:
@@ -329,9 +324,9 @@ def _render_alternatives(plan: Plan, ph: str, phase) -> None:
     best within the solver's tie tolerance; the plan took the preferred one: default switches,
     smaller weights), then the next best, each with its speed relative to the plan's."""
     switches = engine_switches(plan.engine)
-    own = (list(phase.weights), tuple(bool(getattr(plan, s, False)) for s in switches))
+    own = (list(phase.weights), plan.switches)
     alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
-            and (list(a.get("weights", [])), tuple(bool(a.get(s)) for s in switches)) != own]
+            and (list(a.get("weights", [])), switches.read(a)) != own]
     ties = [a for a in alts if a.get("tied")]
     rest = [a for a in alts if not a.get("tied")]
 
@@ -366,10 +361,10 @@ def _render_engine_trials(t: dict) -> None:
 
 def _render_switches(plan: Plan) -> None:
     """An engine with switches: which the plan turns on, and the objective per setting."""
-    names = get_engine(plan.engine).switches
+    names = get_engine(plan.engine).switches.names
     if not names:
         return
-    on = [k for k in names if getattr(plan, k, False)]
+    on = [k for k in names if k in plan.switches]
     scores = (plan.provenance.get("model") or {}).get("scores") or {}
     line = f"switches: {', '.join(on) if on else 'none'} (of {', '.join(names)})"
     if plan.prefill.weights == plan.decode.weights:

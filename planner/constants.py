@@ -7,8 +7,8 @@ Flash Q4 on ds4 (docs/planner.md), kept as the named workload `ds4-v41`: what th
 asked to plan that model from its header alone, and the calibration the routing model is held to.
 """
 
-PLAN_SCHEMA = 2                     # 2: the plan records the geometry and workload it was solved for
-PLAN_SCHEMAS = (1, 2)               # what loads (schema 1 plans have neither)
+PLAN_SCHEMA = 3                     # 2: the geometry and workload it was solved for; 3: its switches as one list
+PLAN_SCHEMAS = (1, 2, 3)            # what loads (schema 1 plans have no geometry or workload; 1 and 2 a key per switch)
 
 # The named workload ds4-v41 (docs/planner.md).
 V41_NAME = "ds4-v41"

@@ -1,19 +1,19 @@
-"""A plan: the two weight vectors the engine needs (prefill, decode) and where they came from.
+"""A plan: the two weight vectors the engine needs (prefill, decode), its switches, and where they came from.
 
-JSON shape (schema 2), written to rig/plans/<timestamp>.json by `planner solve`:
+JSON shape (schema 3), written to rig/plans/<timestamp>.json by `planner solve`:
 
-    {"schema": 2, "kind": "plan", "engine": "ds4-argodrive", "created": "2026-11-29T19:00:00Z",
+    {"schema": 3, "kind": "plan", "engine": "ds4-argodrive", "created": "2026-11-29T19:00:00Z",
      "sources": [{"name": "internal", "path": "/abs/internal/model.gguf"}, ...],   # primary first
      "prefill": {"weights": [10, 5, 5], "predicted": {...}},
      "decode":  {"weights": [10, 6, 6], "predicted": {...}, "measured": {...}},
      "baselines": {...}, "alternatives": [...], "provenance": {...},
-     "geometry": {...}, "workload": {...}}
+     "geometry": {...}, "workload": {...}, "switches": []}
 
-A plan for an engine with switches also records them at the top level (after `workload`): colibri's
-`"direct": true|false` (O_DIRECT reads, DIRECT=1) and `"stripe": true|false` (each large expert read
-striped over the drives, COLI_MIR_STRIPE, which needs direct; one setting for both
-phases; `engine-bridge export` reads it). Other engines' plans have no such key; a plan without it
-loads with `stripe` false, so schema 2 stands.
+`switches` names the engine's switches the plan turns on, one setting for both phases (sorted;
+each name is one the engine declares, `engines.switches`: e.g. colibri's O_DIRECT reads and its
+stripes; `engine-bridge export` gives them to the engine's profile). A plan of schema 2 held one
+true/false key per switch instead, named after it; it loads through the engine's
+`Switches.read`, and a switch whose key is missing there is on when a switch that needs it is.
 
 `geometry` is the model the plan was solved for as its header describes it
 (`models.geometry.Geometry.as_dict`, or the named workload's shape) and `workload` the reads
@@ -43,6 +43,7 @@ from core.constants import PLANS_DIR
 from core.errors import RigError, UsageError
 from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import check_weights
+from engines.switches import NONE, Switches
 
 from .constants import PLAN_SCHEMA, PLAN_SCHEMAS
 
@@ -77,8 +78,7 @@ class Plan:
     schema: int = PLAN_SCHEMA
     geometry: dict = field(default_factory=dict)     # the model solved for (empty in schema 1 plans)
     workload: dict = field(default_factory=dict)     # each phase's reads (empty in schema 1 plans)
-    stripe: bool = False                             # the engine's stripe switch (colibri: COLI_MIR_STRIPE)
-    direct: bool = False                             # the engine's O_DIRECT switch (colibri: DIRECT=1)
+    switches: frozenset[str] = frozenset()           # the engine's switches the plan turns on (both phases)
 
     KIND: ClassVar[str] = PLAN_KIND                  # a result (core.results): --json prints the file's shape
     SCHEMA: ClassVar[int] = PLAN_SCHEMA
@@ -87,6 +87,11 @@ class Plan:
         return plan_to_dict(self)
 
     def __post_init__(self):
+        if not isinstance(self.switches, frozenset):
+            object.__setattr__(self, "switches", frozenset(self.switches))
+        why = get_engine(self.engine).switches.problem(self.switches, self.engine, "switch")
+        if why:
+            raise ValueError(why)
         for phase in (self.prefill, self.decode):
             check_weights(phase.weights, self.engine)
             if len(phase.weights) != len(self.sources):
@@ -114,17 +119,17 @@ def plan_to_dict(p: Plan) -> dict:
         "provenance": p.provenance,
         "geometry": p.geometry,
         "workload": p.workload,
-        **{k: getattr(p, k) for k in engine_switches(p.engine)},
+        "switches": sorted(p.switches),
     }
 
 
-def engine_switches(engine: str) -> tuple[str, ...]:
-    """The switches a plan for `engine` records (colibri's 'direct' and 'stripe'); none for an
-    unknown engine, whose plan is refused elsewhere, by name."""
+def engine_switches(engine: str) -> Switches:
+    """The switches `engine` declares; none for an unknown engine, whose plan is refused
+    elsewhere, by name."""
     try:
         return get_engine(engine).switches
     except UsageError:
-        return ()
+        return NONE
 
 
 def plan_from_dict(d: dict, where: str = "plan") -> Plan:
@@ -138,9 +143,18 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
     for key in ("geometry", "workload"):
         if not isinstance(d.get(key) or {}, dict):
             raise bad(key, "is not an object")
-    for key in ("stripe", "direct"):
-        if not isinstance(d.get(key, False), bool):
-            raise bad(key, f"must be true or false, got {d.get(key)!r}")
+    declared = engine_switches(d.get("engine", DEFAULT_ENGINE))
+    if "switches" in d:
+        if not isinstance(d["switches"], list) or not all(isinstance(x, str) for x in d["switches"]):
+            raise bad("switches", f"must be a list of switch names, got {d['switches']!r}")
+    else:
+        for key in declared.names:          # schema 1 and 2: one true/false key per switch
+            if not isinstance(d.get(key, False), bool):
+                raise bad(key, f"must be true or false, got {d.get(key)!r}")
+    switches = declared.read(d)
+    why = declared.problem(switches, d.get("engine", DEFAULT_ENGINE), "switch")
+    if why:
+        raise bad("switches", f"is not a setting the engine takes ({why})")
     srcs = d.get("sources")
     if not isinstance(srcs, list) or not srcs:
         raise bad("sources", "is missing or empty")
@@ -169,7 +183,5 @@ def plan_from_dict(d: dict, where: str = "plan") -> Plan:
                 engine=d.get("engine", DEFAULT_ENGINE), created=str(d.get("created", "")),
                 baselines=dict(d.get("baselines") or {}), alternatives=tuple(d.get("alternatives") or ()),
                 provenance=dict(d.get("provenance") or {}), geometry=dict(d.get("geometry") or {}),
-                workload=dict(d.get("workload") or {}), stripe=d.get("stripe", False),
-                # a plan from before 'direct' was recorded stripes only with O_DIRECT on
-                direct=d.get("direct", d.get("stripe", False)))
+                workload=dict(d.get("workload") or {}), switches=switches)
 

@@ -115,7 +115,7 @@ class Pricer:
         self._memo: dict = {}
 
     def setup(self, weights: Sequence[int], mode: frozenset[str] = frozenset()) -> Setup:
-        return Setup(tuple(int(x) for x in weights), "direct" in mode, "stripe" in mode, self.p.holds)
+        return Setup(tuple(int(x) for x in weights), mode, self.p.holds)
 
     def price(self, phase: str, weights: Sequence[int], mode: frozenset[str] = frozenset()) -> PhasePrice:
         key = (phase, tuple(int(x) for x in weights), mode)
@@ -198,8 +198,8 @@ def prediction(pr: PhasePrice, weights: Sequence[int], mode: frozenset[str], dri
                 "lands_last": pr.lands_last[i] / groups if pr.groups else 0.0}
                for i, d in enumerate(drives)]
     last = int(np.argmax(pr.lands_last)) if pr.groups else 0
-    return {"phase": pr.phase, "weights": [int(x) for x in weights], "direct": "direct" in mode,
-            "stripe": "stripe" in mode, "throughput_Bps": pr.throughput_Bps, "seconds": pr.seconds,
+    return {"phase": pr.phase, "weights": [int(x) for x in weights], "switches": sorted(mode),
+            "throughput_Bps": pr.throughput_Bps, "seconds": pr.seconds,
             "tokens": pr.tokens, "tok_s": pr.tokens / pr.seconds if pr.seconds > 0 else 0.0,
             "time_per_layer_s": pr.seconds / steps, "time_per_group_s": pr.seconds / groups if pr.groups else 0.0,
             "time_per_read_s": pr.seconds / pr.reads if pr.reads else 0.0,
@@ -378,7 +378,7 @@ def solve_plan(sources: Sequence[Source], problem: Problem, provenance: dict | N
     plan = Plan(sources=tuple(sources), prefill=Phase(ch.weights["prefill"], ch.predicted["prefill"]),
                 decode=Phase(ch.weights["decode"], ch.predicted["decode"]), engine=problem.engine.name,
                 created=created, baselines=ch.baselines, alternatives=ch.alternatives, provenance=prov,
-                stripe="stripe" in ch.mode, direct="direct" in ch.mode)
+                switches=ch.mode)
     return plan, ch
 
 

@@ -10,6 +10,7 @@ import typer
 from core.cli import JsonOption, RigOption, err, print_result
 from core.errors import UsageError
 from core.units import format_bytes, format_rate, parse_size, plural
+from engines.registry import ENGINES
 from engine_bridge.reader.hedging import HedgePolicy
 from engine_bridge.reader.balancing import BalancePolicy, check_balance
 from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
@@ -76,10 +77,11 @@ SHARED = dict(
     balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
                                help="Most of a drive's own pace it keeps in the kernel when balancing (0: one chunk)."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
-                        "the one that reads this model: ds4-argodrive for a GGUF file, colibri for a safetensors directory). "
-                        "With --plan: the plan's."),
-    switch=typer.Option([], "--switch", metavar="NAME", help="With --replica: an engine switch to turn on (repeatable): "
-                        "colibri's direct (O_DIRECT, DIRECT=1) and stripe (COLI_MIR_STRIPE)."),
+                        "the engine that reads this model, by the preference each engine states; known: "
+                        + ", ".join(ENGINES) + "). With --plan: the plan's."),
+    switch=typer.Option([], "--switch", metavar="NAME", help="With --replica: an engine switch to turn on (repeatable, or "
+                        "NAME,NAME); each engine's own: "
+                        + " | ".join(f"{e.name}: {e.switches.help()}" for e in ENGINES.values() if e.switches) + "."),
 )
 
 

@@ -57,11 +57,11 @@ class ArmSpec:
     decode_weights: tuple[int, ...]
     plan: str = ""
     engine: str = DEFAULT_ENGINE     # whose reads the arm performs
-    switches: tuple[str, ...] = ()   # the engine's switches on in the arm
+    switches: frozenset[str] = frozenset()   # the engine's switches on in the arm
 
     def to_dict(self) -> dict:
         return {"plan": self.plan, "sources": list(self.sources), "prefill_weights": list(self.prefill_weights),
-                "decode_weights": list(self.decode_weights), "engine": self.engine, "switches": list(self.switches)}
+                "decode_weights": list(self.decode_weights), "engine": self.engine, "switches": sorted(self.switches)}
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from core.events import Notice, emit
 from core.fsutil import atomic_write_text
 from core.rig import Rig, load_rig, rig_dir
 from core.units import plural
-from engines.registry import DEFAULT_ENGINE, engine_for_model, get_engine
+from engines.registry import DEFAULT_ENGINE, engine_for_model
 from engines.split import check_weights, parse_weights
 from models.modelset import member_set
 from planner.plan import Phase, Plan, Source, plan_to_dict
@@ -84,18 +84,13 @@ def resolve_arm(name: str, ref: str, rig: Rig | None) -> ArmSpec:
     path = resolve_plan_path(ref, rig)
     plan = load_plan(path)
     return ArmSpec(name, tuple(s.path for s in plan.sources), tuple(plan.prefill.weights),
-                   tuple(plan.decode.weights), plan=path, engine=plan.engine, switches=plan_switches(plan))
+                   tuple(plan.decode.weights), plan=path, engine=plan.engine, switches=plan.switches)
 
 
 def rig_engine(rig: Rig) -> str:
     """The engine whose reads inline weights perform: the one that reads the rig's model."""
     m = member_set(rig, rig.model)
     return engine_for_model(m.format, m.layout, m.files)
-
-
-def plan_switches(plan) -> tuple[str, ...]:
-    """The engine switches a plan turns on."""
-    return tuple(k for k in get_engine(plan.engine).switches if getattr(plan, k, False))
 
 
 def bench_arms(arms: Sequence[str], rig_option: str | None) -> tuple[list[ArmSpec], Rig]:
@@ -119,7 +114,7 @@ def ladder_arms(rig_option: str | None, plan: str | None = None, weights: str | 
             raise UsageError(f"the rig at {rig.root} has no model; run `replicas init` / `replicas sync` first")
         prefill = parse_weights(weights)
         paths = [m.path for m in rig.members]
-        engine, switches = rig_engine(rig), ()
+        engine, switches = rig_engine(rig), frozenset()
     else:
         spec = resolve_arm("plan", resolve_plan_path(plan or "latest", rig), rig)
         paths, prefill, engine, switches = list(spec.sources), spec.prefill_weights, spec.engine, spec.switches
@@ -130,7 +125,7 @@ def ladder_arms(rig_option: str | None, plan: str | None = None, weights: str | 
 
 
 def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[int] | None = None,
-                 plan: str = "", engine: str = DEFAULT_ENGINE, switches: Sequence[str] = ()) -> list[ArmSpec]:
+                 plan: str = "", engine: str = DEFAULT_ENGINE, switches: frozenset[str] = frozenset()) -> list[ArmSpec]:
     """One drive (the primary alone: the control), plus one replica, plus two (docs/harness.md),
     each performing `engine`'s reads with `switches` on. `plan`: the plan file the paths and
     weights came from, recorded on the rung that runs all of its sources."""
@@ -141,7 +136,7 @@ def ladder_specs(paths: Sequence[str], prefill: Sequence[int], decode: Sequence[
         raise UsageError(f"ladder: needs a primary and at least one replica with a weight each "
                          f"(got {plural(len(paths), 'source')}, weights {':'.join(map(str, prefill))})")
     return [ArmSpec(f"{k}drive" + ("s" if k > 1 else ""), tuple(paths[:k]), prefill[:k], decode[:k],
-                    plan=plan if k == len(paths) else "", engine=engine, switches=tuple(switches))
+                    plan=plan if k == len(paths) else "", engine=engine, switches=frozenset(switches))
             for k in range(1, n + 1)]
 
 
@@ -158,7 +153,7 @@ def write_arm_plan(spec: ArmSpec, path: str) -> str:
     plan = Plan(sources=tuple(Source(f"source{i}", p) for i, p in enumerate(spec.sources)),
                 prefill=Phase(tuple(spec.prefill_weights), predicted("prefill", spec.prefill_weights)),
                 decode=Phase(tuple(spec.decode_weights), predicted("decode", spec.decode_weights)),
-                engine=spec.engine, stripe="stripe" in spec.switches, direct="direct" in spec.switches,
+                engine=spec.engine, switches=spec.switches,
                 created=_now(), provenance={"by": "engine-bridge bench", "arm": spec.name, "from": spec.plan,
                                             **({"model": src.provenance["model"]} if same and "model" in src.provenance
                                                else {})},

@@ -38,7 +38,7 @@ class SourceSet:
     decode: tuple[int, ...]
     planned: dict = field(default_factory=dict)
     engine: str = DEFAULT_ENGINE
-    switches: tuple[str, ...] = ()    # the engine's switches that are on ('direct', 'stripe')
+    switches: frozenset[str] = frozenset()   # the engine's switches that are on (its own names)
     # per source: the files a partial replica holds (the rig's rig.toml `holds`); None or no entry: every file
     partial: tuple[tuple[str, ...] | None, ...] = ()
 
@@ -131,6 +131,12 @@ def parse_replica(text: str) -> tuple[str, int]:
     return os.path.abspath(path), weight
 
 
+def _miscount(engine: str) -> str:
+    """What the engine does with a decode weight list of another count, for the message that refuses one."""
+    note = get_engine(engine).decode_miscount
+    return f" (with another count {note})" if note else ""
+
+
 def build_sources(model: ModelSet, replicas: Sequence[str], primary_weight: int, decode_weights: Optional[str],
                   plan: Optional[str], rig: Optional[str], engine: Optional[str] = None,
                   switches: Sequence[str] = ()) -> SourceSet:
@@ -155,14 +161,14 @@ def sources_of(model: ModelSet, replicas: Sequence[str], primary_weight: int, de
             raise UsageError(f"--engine {engine}: the plan {path} is for {p.engine}; drop --engine or solve a plan for "
                              f"{engine} (`planner solve --engine {engine}`)")
         if switches:
-            raise UsageError("--direct/--stripe come from the plan with --plan; drop them or solve another plan")
+            raise UsageError("--switch: the switches come from the plan with --plan; drop --switch or solve another plan")
         engine = p.engine
         paths = tuple(os.path.abspath(s.path) for s in p.sources)
         if os.path.realpath(paths[0]) != os.path.realpath(model.path):
             raise UsageError(f"--model {model.path} is not the plan's primary {paths[0]} ({path}); run the plan's model "
                              "or re-solve the plan for this one")
         prefill, decode = tuple(p.prefill.weights), tuple(p.decode.weights)
-        switches = tuple(k for k in get_engine(engine).switches if getattr(p, k, False))
+        on = p.switches
         planned = {ph: plan_shares(getattr(p, ph).predicted, len(paths)) for ph in PHASES}
         if decode_weights:
             decode = parse_weights(decode_weights, engine)
@@ -171,10 +177,7 @@ def sources_of(model: ModelSet, replicas: Sequence[str], primary_weight: int, de
         chosen = engine is not None
         engine = engine or engine_for_model(model.format, model.layout, model.files)
         e = get_engine(engine)
-        for k in switches:
-            if k not in e.switches:
-                raise UsageError(f"--{k}: {engine} has no such switch" + (f" (it has {', '.join('--' + x for x in e.switches)})"
-                                                                          if e.switches else ""))
+        on = e.switches.parse(switches, engine)
         reps = [parse_replica(r) for r in replicas]
         paths = (model.path,) + tuple(rep_path for rep_path, _ in reps)
         prefill = check_weights((primary_weight,) + tuple(w for _, w in reps), engine)
@@ -182,8 +185,7 @@ def sources_of(model: ModelSet, replicas: Sequence[str], primary_weight: int, de
         planned = {}
     if len(decode) != len(paths):
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {len(decode)} weights for {len(paths)} sources; "
-                         "give exactly one per source, primary first (with another count ds4 logs \"ds4: ignoring "
-                         "DS4_ARGODRIVE_DECODE_WEIGHTS=...\" and reads with the base weights)")
+                         "give exactly one per source, primary first" + _miscount(engine))
     if decode != prefill and not get_engine(engine).phase_weights:
         raise UsageError(f"--decode-weights {':'.join(map(str, decode))}: {engine} reads both phases with one weight "
                          f"vector ({':'.join(map(str, prefill))}); drop --decode-weights")
@@ -195,4 +197,4 @@ def sources_of(model: ModelSet, replicas: Sequence[str], primary_weight: int, de
     partial = {os.path.realpath(m.path): m.holds for m in the_rig.replicas if m.partial}
     holds = (None,) + tuple(partial.get(os.path.realpath(p)) for p in paths[1:])
     return SourceSet(models=models, prefill=prefill, decode=decode, planned=planned, engine=engine,
-                     switches=tuple(switches), partial=holds if any(h is not None for h in holds) else ())
+                     switches=on, partial=holds if any(h is not None for h in holds) else ())

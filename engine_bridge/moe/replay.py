@@ -191,7 +191,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
         "misses": pre.misses + dec.misses,
         "misses_per_token": round(dec.misses / td, 4) if td else 0.0,
         "engine": sources.engine,
-        "switches": list(sources.switches),
+        "switches": sorted(sources.switches),
         "weights": weights,
         "sources": stats["sources"],
         "events": stats["events"],

@@ -125,7 +125,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "misses": misses,
         "misses_per_token": round(o.decode.misses / gen, 4) if gen else 0.0,
         "engine": sources.engine,
-        "switches": list(sources.switches),
+        "switches": sorted(sources.switches),
         "weights": weights,
         "sources": sd["sources"],
         "events": sd["events"],

@@ -54,12 +54,12 @@ class StepReads:
     weights only say where bytes are read, never which bytes, so the output is the same)."""
 
     def __init__(self, engine: Engine, geometry: Geometry, weights: dict[str, Sequence[int]],
-                 switches: Sequence[str] = (), holds: Sequence[frozenset[str] | None] = (),
+                 switches: frozenset[str] = frozenset(), holds: Sequence[frozenset[str] | None] = (),
                  healthy: Callable[[], Sequence[int]] | None = None,
                  weights_now: Callable[[str], Sequence[int]] | None = None):
         self.engine, self.geometry = engine, geometry
         self.weights = {ph: tuple(int(x) for x in w) for ph, w in weights.items()}
-        self.direct, self.stripe = "direct" in switches, "stripe" in switches
+        self.switches = frozenset(switches)
         self.holds = tuple(holds)
         self.healthy = healthy
         self.weights_now = weights_now
@@ -69,7 +69,7 @@ class StepReads:
         alive = tuple(self.healthy()) if self.healthy is not None else None
         if alive is not None and len(alive) == len(w):
             alive = None
-        return Setup(w, self.direct, self.stripe, self.holds, alive)
+        return Setup(w, self.switches, self.holds, alive)
 
     def __call__(self, step: Step) -> Pattern:
         return self.engine.pattern(self.geometry, step, self.setup(step.phase))

@@ -246,10 +246,10 @@ def config_doc(s: ColibriSpec) -> dict:
 
 def _byte_symbols() -> list[str]:
     """GPT-2 ByteLevel: the printable symbol of each byte 0..255 (tok.h tk_build_bytemap)."""
-    direct = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
+    printable = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
     out, n = [], 0
     for b in range(256):
-        if b in direct:
+        if b in printable:
             out.append(chr(b))
         else:
             out.append(chr(256 + n))

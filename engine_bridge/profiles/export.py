@@ -333,10 +333,9 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
                              f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     facts = source_facts(plan_dict, manifest, rig, prof.source_view)
-    stripe = plan.stripe        # the plan's top-level switch (only engines with the switch write it)
     violations = rules.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
                                      allow_unverified=ctx.allow_unverified,
-                                     manifest_size=manifest.size if manifest else None, stripe=stripe)
+                                     manifest_size=manifest.size if manifest else None, switches=plan.switches)
     violations += rules.check_engine(plan.engine, engine)
     memory = tuple(s["path"] for s in plan_dict["sources"] if is_memory(s["path"]))
     violations += rules.check_memory(engine, [i for i, s in enumerate(plan_dict["sources"]) if s["path"] in memory])
@@ -372,7 +371,7 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
         managed=pf.managed_keys(engine, ctx.definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
         allow_unverified=ctx.allow_unverified, unverified=unverified, provenance=provenance,
-        paths=paths, stripe=stripe, variant=prof.variant(facts), direct=getattr(plan, "direct", False))
+        paths=paths, switches=plan.switches, variant=prof.variant(facts))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -252,9 +252,15 @@ def idle_phases(plan: dict, sources: int) -> tuple[tuple[str, ...], ...]:
 def request_of(p: Profile) -> Request:
     """What a profile asks its engine for (the request it was built from, as the file keeps it)."""
     return Request(paths=(p.primary,) + p.replicas, prefill=(p.primary_weight,) + p.replica_weights,
-                   decode=p.decode_weights, stripe=bool(p.plan.get("stripe", False)),
-                   direct=bool(p.plan.get("direct", False)), cache_experts=p.cache_experts,
+                   decode=p.decode_weights, switches=plan_switches(p), cache_experts=p.cache_experts,
                    variant=p.variant, idle=idle_phases(p.plan, p.sources), holds=partial_holds(p))
+
+
+def plan_switches(p: Profile) -> frozenset[str]:
+    """The switches of the plan a profile was exported from, as the file keeps its copy of the plan
+    (a list since plan schema 3, a true/false key per switch before: the engine's `Switches.read`)."""
+    e = ENGINES.get(p.engine)
+    return e.switches.read(p.plan) if e is not None else frozenset(p.plan.get("switches") or ())
 
 
 def partial_holds(p: Profile) -> tuple[tuple[str, ...] | None, ...]:
@@ -268,11 +274,11 @@ def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered 
                   cache_experts: int | None, managed: Sequence[str], model_size: int | None = None,
                   model_blake3: str = "", allow_unverified: bool = False,
                   unverified: Sequence[str] = (), provenance: dict | None = None,
-                  paths: Sequence[str] | None = None, stripe: bool = False, variant: str = "",
-                  direct: bool = False) -> Profile:
+                  paths: Sequence[str] | None = None, switches: frozenset[str] = frozenset(),
+                  variant: str = "") -> Profile:
     """The profile for a checked plan (`plan` is planner.plan.plan_to_dict's shape). `paths`:
     what the engine is given for each source when not the plan's paths (a directory-loading
-    engine: the directories it loads); `stripe`: the plan's stripe switch; `variant`: the engine
+    engine: the directories it loads); `switches`: the plan's switches that are on; `variant`: the engine
     variant that runs the model. The environment and arguments are the engine's
     (`Engine.profile.setting`)."""
     paths = list(paths) if paths is not None else [s["path"] for s in plan["sources"]]
@@ -281,7 +287,7 @@ def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered 
     primary, replicas = paths[0], tuple(paths[1:])
     named = layered.environment if (layered is not None and profile_of(engine).named_profiles) else ()
     s = profile_of(engine).setting(Request(paths=tuple(paths), prefill=tuple(prefill), decode=tuple(decode),
-                                           stripe=stripe, direct=direct, cache_experts=cache_experts,
+                                           switches=frozenset(switches), cache_experts=cache_experts,
                                            named=tuple(named),
                                            variant=variant))
     env = dict(s.environment)

@@ -110,8 +110,9 @@ class SplitReader:
         decode = weights if decode_weights is None else check_weights(tuple(decode_weights), engine)
         if len(decode) != len(paths):
             raise UsageError(f"split reader: {len(decode)} decode weights ({':'.join(map(str, decode))}) for "
-                             f"{len(paths)} sources; give exactly one per source (with another count ds4 logs \"ds4: ignoring "
-                             "DS4_ARGODRIVE_DECODE_WEIGHTS=...\" and reads with the base weights)")
+                             f"{len(paths)} sources; give exactly one per source"
+                             + (f" (with another count {get_engine(engine).decode_miscount})"
+                                if get_engine(engine).decode_miscount else ""))
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise UsageError(f"split reader: lanes must be an integer >= 1, got {lanes!r}")
         policy = hedge_policy or HedgePolicy()

@@ -106,11 +106,7 @@ class PatternMeasure:
         if not steps:
             raise UsageError(f"{phase}: the workload reads nothing in this phase (every expert it needs is cached); "
                              "nothing to measure")
-        mode = frozenset(mode)
-        unknown = sorted(mode - set(engine.switches))
-        if unknown:
-            raise UsageError(f"mode {'+'.join(unknown)}: {engine.name} has "
-                             + (f"the switches {', '.join(engine.switches)}" if engine.switches else "no switches"))
+        mode = engine.switches.check(mode, engine.name, option="mode")
         # a source given by path is the primary's model where that path keeps it
         models = self.sources if sources is None else [m if isinstance(m, ModelSet) else self.sources[0].at(str(m))
                                                         for m in sources]
@@ -120,7 +116,7 @@ class PatternMeasure:
         rename = dict(zip(self.sources[0].files, models[0].files))
         weights = tuple(int(x) for x in weights)
         with SplitReader(models, weights, weights, lanes=lanes, engine=engine.name, cold=self.cold) as r:
-            reads_of = StepReads(engine, p.geometry, {phase: weights}, tuple(sorted(mode)), holds, r.healthy)
+            reads_of = StepReads(engine, p.geometry, {phase: weights}, mode, holds, r.healthy)
 
             def submit(read, ph):
                 f = rename.get(read.file, read.file)
@@ -281,7 +277,7 @@ def render(plan, path: str) -> str:
                  f"{auto.get('wall_s', 0):.0f} s (budget {auto.get('budget_s', 0):.0f} s"
                  + (", stopped by the budget)" if auto.get("stopped_by_budget") else
                     ", interrupted)" if auto.get("interrupted") else ")"))
-    picked_mode = sorted(k for k in ("direct", "stripe") if getattr(plan, k, False))
+    picked_mode = sorted(plan.switches)
     for ph in PHASES:
         m = getattr(plan, ph).measured
         if not m:

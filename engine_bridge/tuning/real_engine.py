@@ -161,7 +161,7 @@ def export_candidates(rig_root: str, plan, cands: Sequence[Candidate], folder: s
         dw = c.decode_weights or w
         p = replace(plan, sources=srcs, prefill=Phase(tuple(w), dict(c.predicted.get("prefill") or {})),
                     decode=Phase(tuple(dw), dict(c.predicted.get("decode") or {})),
-                    direct="direct" in c.mode, stripe="stripe" in c.mode)
+                    switches=frozenset(c.mode))
         plan_path = os.path.join(folder, "plans", f"arm{k + 1}.json")
         atomic_write_text(plan_path, json.dumps(plan_to_dict(p), indent=2) + "\n")
         env_path = os.path.join(folder, "profiles", f"arm{k + 1}.env")
@@ -426,7 +426,7 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
         if win.weights is not None and len(win.sources) == n_sources:
             out = replace(plan, prefill=Phase(tuple(win.weights), dict(win.predicted.get("prefill") or {})),
                           decode=Phase(tuple(win.decode_weights or win.weights), dict(win.predicted.get("decode") or {})),
-                          direct="direct" in win.mode, stripe="stripe" in win.mode)
+                          switches=frozenset(win.mode))
         out = replace(out, provenance={**out.provenance, "engine_trials": summary})
         doc["plan"] = save_plan(rig, out)
         load_plan(doc["plan"])

@@ -43,10 +43,10 @@ from ..base import Engine
 from . import colibri_profile
 from .colibri_log import read_timing
 from .colibri_reads import buffered, concurrency, modes, read_pattern, reads_model, replica_serves, weight_grid
-from .constants import ALIGN, MAX_SOURCES, NAME, PATH_FORBIDDEN, WEIGHT_MAX, WEIGHT_MIN
+from .constants import ALIGN, MAX_SOURCES, NAME, PATH_FORBIDDEN, SWITCHES, WEIGHT_MAX, WEIGHT_MIN
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
-                switches=("direct", "stripe"), modes=modes, phase_weights=False, profile=colibri_profile,
+                switches=SWITCHES, modes=modes, phase_weights=False, profile=colibri_profile,
                 buffered=buffered, timing=read_timing, replica_serves=replica_serves)

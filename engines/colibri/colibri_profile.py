@@ -228,11 +228,11 @@ def _member_rules(primary: SourceFacts, request: Request) -> list[Violation]:
             v.append(Violation("integer-weights", "prefill.weights",
                                f"colibri's {m.name} engine ({m.source}) reads {c.ENV_WEIGHTS} with strtol: integers "
                                f"only, not {odd[0]!r}"))
-    if request.stripe and not m.stripes:
-        v.append(Violation("stripe", "stripe",
+    if c.STRIPE in request.switches and not m.stripes:
+        v.append(Violation("stripe", "switches",
                            f"the plan stripes reads, but colibri's {m.name} engine ({m.source}, model_type "
-                           f"{primary.model_type!r}) never stripes; its predictions assume striping: set \"stripe\": "
-                           "false in the plan or solve it again"))
+                           f"{primary.model_type!r}) never stripes; its predictions assume striping: solve the plan "
+                           f"again without the {c.STRIPE} switch"))
     return v
 
 
@@ -241,7 +241,7 @@ def setting(request: Request) -> Setting:
     plan's base weights: colibri places whole experts once for every phase), striping when the
     plan stripes; no arguments (--model is COLI_MODEL)."""
     p = request.paths
-    return Setting(plan_environment(p[0], p[1:], request.prefill, stripe=request.stripe, direct=request.direct), ())
+    return Setting(plan_environment(p[0], p[1:], request.prefill, request.switches), ())
 
 
 def header(request: Request, s: Setting) -> tuple[str, ...]:

@@ -28,11 +28,13 @@ from ..base import Piece
 from ..pattern import Concurrency, Pattern, Read, Setup, Step
 from .constants import (
     ALIGN,
+    DIRECT,
     HASH_BUCKETS,
     NAME,
     PREFILL_BLOCK,
     READ_THREADS,
     SHARD_SUFFIX,
+    STRIPE,
     STRIPE_LEGS,
     TOKENIZER,
     WEIGHT_MAX,
@@ -136,11 +138,13 @@ def expert_reads(geometry, member: FamilyMember, layer: int, expert: int, setup:
                 runs[-1] = (x.file, runs[-1][1], runs[-1][2] + x.length, s)
             else:
                 runs.append((x.file, x.offset, x.length, s))
+    direct = DIRECT in setup.switches
+    striped = direct and STRIPE in setup.switches and member.stripes
     out = []
     for file, off, n, s in runs:
-        if setup.direct:
+        if direct:
             off, n = _window(geometry, file, off, n)
-        if setup.direct and setup.stripe and member.stripes:
+        if striped:
             holders = [h for h in usable if setup.holds_file(h, file)]
             pieces = stripe_read(off, n, s, holders, setup.weights, STRIPE_LEGS)
         else:
@@ -174,14 +178,14 @@ def replica_serves(geometry, layer: int, expert: int, held: frozenset) -> int:
 
 def buffered(setup: Setup) -> bool:
     """Without DIRECT=1 expert_load_impl reads with plain pread: through the page cache."""
-    return not setup.direct
+    return DIRECT not in setup.switches
 
 
 def modes(geometry) -> tuple[frozenset[str], ...]:
     """Buffered reads (colibri's default), O_DIRECT (DIRECT=1), and O_DIRECT striped where the
     member running this model stripes (COLI_MIR_STRIPE; only on the O_DIRECT path)."""
-    out = (frozenset(), frozenset({"direct"}))
-    return out + (frozenset({"direct", "stripe"}),) if member_for(geometry.arch).stripes else out
+    out = (frozenset(), frozenset({DIRECT}))
+    return out + (frozenset({DIRECT, STRIPE}),) if member_for(geometry.arch).stripes else out
 
 
 def concurrency(phase: str) -> Concurrency:

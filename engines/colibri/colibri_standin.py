@@ -88,8 +88,9 @@ def standin_call(env: Mapping[str, str], argv: Sequence[str], look) -> StandinCa
     direct = _atoi(env.get(c.ENV_DIRECT)) == 1
     stripe = direct and m.stripes and _atoi(env.get(c.ENV_STRIPE, "1")) != 0 and n > 1
     layers = int(facts.get("layers") or 0)
-    return StandinCall(sources=(snap, *loaded), weights=weights if n > 1 else (1,), switches=(("direct",) if direct else ())
-                       + (("stripe",) if stripe else ()), cache_experts=cap * layers, cache_per_layer=cap,
+    on = frozenset(((c.DIRECT,) if direct else ()) + ((c.STRIPE,) if stripe else ()))
+    return StandinCall(sources=(snap, *loaded), weights=weights if n > 1 else (1,), switches=on,
+                       cache_experts=cap * layers, cache_per_layer=cap,
                        reference=ref, prompt_key=keys[0], expected_key=keys[1], full_key=keys[2], stderr=tuple(err),
                        variant=m.name, report=_atoi(env.get(c.ENV_PROF)) == 1 or m.name == "deepseek_v41",
                        how=c.HOW_WEIGHTS)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from ..switches import Switch, Switches
+
 NAME = "colibri"
 
 MAX_MIRRORS = 4                  # ST_MAX_MIR (c/st.h)
@@ -43,6 +45,15 @@ GLM53_WEIGHTS_MAX = 511          # chars of COLI_DISK_WEIGHTS glm53_mirror_setup
 V4_STATS_RESOLUTION = (1 << 30) // 100   # bytes: the v4_mirror line prints GiB with two decimals
 DSV41_EXPERTS_PER_LAYER = 384    # c/deepseek_v41.c g_mir_epl default (n_routed of the released model)
 DSV4_EXPERTS_PER_LAYER = 256     # c/deepseek_v4.c g_v4_mir_epl default (n_routed of V4 Flash)
+
+# The switches (engines.switches): what each does to the reads is colibri_reads', to the environment
+# mirror_env's, and to the log colibri_log's.
+DIRECT, STRIPE = "direct", "stripe"
+SWITCHES = Switches((
+    Switch(DIRECT, "O_DIRECT expert reads of 4 KiB-aligned windows, past the page cache (DIRECT=1)"),
+    Switch(STRIPE, "each expert read of 4 MiB or more striped over the drives holding it (COLI_MIR_STRIPE=1)",
+           needs=(DIRECT,), why="the engine stripes only O_DIRECT reads"),
+))
 
 PREFILL_BLOCK = 64               # unique experts moe() resolves (and loads) per block (ESlot ws[64])
 READ_THREADS = 8                 # loads in flight (assumed: PIPE_WORKERS' default)

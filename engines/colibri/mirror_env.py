@@ -8,6 +8,7 @@ import re
 from typing import Sequence
 
 from .constants import (
+    DIRECT,
     ENV_DIRECT,
     ENV_MIRROR,
     ENV_MODEL,
@@ -19,6 +20,7 @@ from .constants import (
     MAX_SOURCES,
     MIRROR_LIST_MAX,
     MIRROR_SEPARATOR,
+    STRIPE,
     WEIGHTS_MAX,
 )
 from .family import FamilyMember
@@ -59,12 +61,13 @@ def parse_disk_weights(text: str, loaded: int) -> tuple[float, ...] | None:
 
 
 def plan_environment(model_dir: str, mirrors: Sequence[str], weights: Sequence[int],
-                     stripe: bool = False, direct: bool = False) -> tuple[tuple[str, str], ...]:
+                     switches: frozenset[str] = frozenset()) -> tuple[tuple[str, str], ...]:
     """The variables for a model directory, its mirror directories and one weight per drive
     (primary first). COLI_MODEL for the coli launcher, SNAP for the engine binary; a single
     drive needs no mirror list and no weights; striping needs DIRECT=1 (O_DIRECT is the only
     path that stripes) and says COLI_MIR_STRIPE=1 rather than rely on its default. O_DIRECT
     without striping (`direct`) says COLI_MIR_STRIPE=0 over mirrors: unset, colibri stripes."""
+    stripe, direct = STRIPE in switches, DIRECT in switches
     env = [(ENV_MODEL, model_dir), (ENV_SNAP, model_dir)]
     if mirrors:
         env += [(ENV_MIRROR, MIRROR_SEPARATOR.join(mirrors)), (ENV_WEIGHTS, ",".join(map(str, weights)))]

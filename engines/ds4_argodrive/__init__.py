@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..base import Engine
 from . import ds4_profile
 from .blocks import smallest_equivalent, split_ds4, weight_grid
-from .constants import BLOCK_BYTES, MAX_SOURCES, NAME, PATH_FORBIDDEN, WEIGHT_MAX, WEIGHT_MIN
+from .constants import BLOCK_BYTES, ENV_DECODE_WEIGHTS, MAX_SOURCES, NAME, PATH_FORBIDDEN, WEIGHT_MAX, WEIGHT_MIN
 from .ds4_reads import concurrency, read_pattern, reads_model
 
 # ds4-argodrive cuts every routed-expert read across every source (the split above) and its reader
@@ -30,7 +30,11 @@ PARTIAL_REFUSAL = (f"{NAME} splits every read across every source and reads only
 MEMORY_MEMBER = ("ds4-argodrive cuts every read across every source, so a RAM member would have to hold the whole "
                  "model in RAM, and it runs on macOS, which has no tmpfs; keep RAM members for colibri")
 
+# ar_open drops a decode list of the wrong count with one log line and reads with the base weights.
+DECODE_MISCOUNT = f'ds4 logs "ds4: ignoring {ENV_DECODE_WEIGHTS}=..." and reads with the base weights'
+
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=BLOCK_BYTES, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
-                profile=ds4_profile, memory_member=MEMORY_MEMBER, partial_refusal=PARTIAL_REFUSAL)
+                profile=ds4_profile, memory_member=MEMORY_MEMBER, partial_refusal=PARTIAL_REFUSAL,
+                decode_miscount=DECODE_MISCOUNT)

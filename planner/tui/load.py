@@ -55,7 +55,7 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     solution = None
     if plan is not None:
         solution = Solution({ph: getattr(plan, ph).weights for ph in PHASES},
-                            frozenset(k for k in eng.switches if getattr(plan, k, False)))
+                            plan.switches)
     geometry = plan.geometry if plan is not None and plan.geometry else chosen.geometry
     workload = plan.workload if plan is not None and plan.workload else dict(chosen.workload.as_dict(), engine=name)
     return new_state(inputs.sources, problem, solution, plan_name=plan_name, provenance=inputs.provenance,

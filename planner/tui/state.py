@@ -284,10 +284,9 @@ def tuned_plan(state: TunerState, created: str = "") -> Plan:
                      "solved": {ph: list(state.solved[ph].weights) for ph in PHASES} if state.solved else None,
                      "solved_switches": sorted(state.solved_mode) if state.solved else None,
                      "changed": list(changed(state))}
-    switches = {k: k in state.mode for k in state.engine.switches}
     return Plan(sources=state.sources, prefill=phases["prefill"], decode=phases["decode"], engine=state.engine.name,
                 created=created, baselines=baselines, alternatives=(), provenance=prov, geometry=dict(state.geometry),
-                workload=dict(state.workload), **switches)
+                workload=dict(state.workload), switches=state.mode)
 
 
 def start_trial(state: TunerState) -> TunerState:

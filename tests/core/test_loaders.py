@@ -137,7 +137,7 @@ def test_messages_say_what_is_wrong_and_the_fix(tmp_path):
         "directory": f"is a directory, not a plan file; {fix}",
         "bad json": f"not valid JSON (Expecting property name enclosed in double quotes at line 1 column 14); {fix}",
         "wrong kind": f"not a plan file (kind is 'profile', expected 'plan'); {fix}",
-        "wrong schema": f"plan schema 99 is not 1 or 2, those this version reads; {fix}",
+        "wrong schema": f"plan schema 99 is not 1 or 2 or 3, those this version reads; {fix}",
     }
 
 

@@ -22,7 +22,7 @@ PROMPT, GEN, CACHE = 40, 5, 3
 def expected_bytes(model: str, trace: str, engine: str, weights, switches=()) -> dict:
     """Per phase, the bytes each source reads when `engine` performs the traced run's steps."""
     g = inspect_model(model)
-    s = SourceSet((model,) * len(weights), tuple(weights), tuple(weights), engine=engine, switches=tuple(switches))
+    s = SourceSet((model,) * len(weights), tuple(weights), tuple(weights), engine=engine, switches=frozenset(switches))
     return pattern_bytes(g, trace_steps(load_trace(trace), trace), CACHE, s.step_reads(g), s.in_flight())
 
 

@@ -6,10 +6,13 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
+from engine_bridge.profiles.export import load_profile
+from engine_bridge.profiles.profile import request_of
 from engine_bridge.profiles.rules import SourceFacts, check_sources
 from engines.colibri.mirror_env import mirror_list, parse_disk_weights
 from iobench.drivemodel import DriveModel
@@ -83,17 +86,22 @@ def test_striping_variables_only_when_the_plan_stripes(tmp_path):
     root, dirs = make_dir_rig(tmp_path, 2)
     plan = colibri_plan(tmp_path, dirs, (2, 1), (2, 1))
     doc = json.load(open(plan))
-    doc["stripe"] = True
-    json.dump(doc, open(plan, "w"))
     out = str(tmp_path / "s.env")
-    assert export(root, plan, out, "--allow-unverified").exit_code == 0
-    lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
-    assert lines == [f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'", f"export COLI_MODEL_MIRROR='{dirs[1]}'",
-                     "export COLI_DISK_WEIGHTS='2,1'", "export DIRECT='1'", "export COLI_MIR_STRIPE='1'",
-                     "unset COLI_MODEL_DIRS", "unset SNAP_MIRROR"]
-    assert any("O_DIRECT, the only path that stripes" in x for x in open(out).read().splitlines())
-    doc["stripe"] = "yes"
-    json.dump(doc, open(plan, "w"))
+    # the plan's switches (schema 3), and a plan of schema 2 that has only its "stripe" key (before
+    # "direct" was recorded: it striped with O_DIRECT on): the same profile
+    for striped in ({**doc, "switches": ["direct", "stripe"]},
+                    {**{k: v for k, v in doc.items() if k != "switches"}, "schema": 2, "stripe": True}):
+        json.dump(striped, open(plan, "w"))
+        assert export(root, plan, out, "--allow-unverified").exit_code == 0
+        lines = [x for x in open(out).read().splitlines() if not x.startswith("#")]
+        assert lines == [f"export COLI_MODEL='{dirs[0]}'", f"export SNAP='{dirs[0]}'", f"export COLI_MODEL_MIRROR='{dirs[1]}'",
+                         "export COLI_DISK_WEIGHTS='2,1'", "export DIRECT='1'", "export COLI_MIR_STRIPE='1'",
+                         "unset COLI_MODEL_DIRS", "unset SNAP_MIRROR"]
+        assert any("O_DIRECT, the only path that stripes" in x for x in open(out).read().splitlines())
+    json.dump({**doc, "switches": "yes"}, open(plan, "w"))
+    r = export(root, plan, out, "--allow-unverified")
+    assert r.exit_code == 2 and "key 'switches' must be a list of switch names" in r.stderr
+    json.dump({**{k: v for k, v in doc.items() if k != "switches"}, "schema": 2, "stripe": "yes"}, open(plan, "w"))
     r = export(root, plan, out, "--allow-unverified")
     assert r.exit_code == 2 and "key 'stripe' must be true or false" in r.stderr
 
@@ -176,11 +184,11 @@ def test_the_member_colibri_runs_for_the_models_config_sets_the_rules(tmp_path):
         open(out).read().splitlines()
     assert json.load(open(str(tmp_path / "g53.json")))["variant"] == "glm53"
     doc = json.load(open(plan))
-    doc["stripe"] = True
+    doc["switches"] = ["direct", "stripe"]
     json.dump(doc, open(plan, "w"))
     r = export(root, plan, out, "--allow-unverified")
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert ("stripe: the plan stripes reads, but colibri's glm53 engine (c/glm53.c, model_type 'glm5_next') never "
+    assert ("switches: the plan stripes reads, but colibri's glm53 engine (c/glm53.c, model_type 'glm5_next') never "
             "stripes") in r.stderr
 
 
@@ -234,6 +242,23 @@ def _v41_rig(tmp_path, models):
     return rig.root, [rig.model.path] + [m.path for m in rig.replicas]
 
 
+
+def test_a_profile_exported_before_the_switches_list_asks_for_what_its_plan_had(tmp_path):
+    """A profile keeps a copy of its plan; one exported from a schema-2 plan has a key per switch
+    there, and launch reads the request back through the engine's switches."""
+    root, dirs = make_dir_rig(tmp_path, 2)
+    plan = colibri_plan(tmp_path, dirs, (2, 1), (2, 1))
+    doc = json.load(open(plan))
+    json.dump({**doc, "switches": ["direct", "stripe"]}, open(plan, "w"))
+    out = str(tmp_path / "p.env")
+    assert export(root, plan, out, "--allow-unverified").exit_code == 0
+    profile = load_profile(str(tmp_path / "p.json"))
+    assert request_of(profile).switches == frozenset({"direct", "stripe"})
+    old = dict(profile.plan)
+    del old["switches"]
+    assert request_of(replace(profile, plan={**old, "schema": 2, "stripe": True})).switches == frozenset({"direct", "stripe"})
+    assert request_of(replace(profile, plan={**old, "schema": 2, "direct": True, "stripe": False})).switches == {"direct"}
+
 def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
     # colibri runs a DeepSeek V4.1 model on its V4.1 engine, which never stripes, so the plan has one
     # weight vector for both phases and no stripe, and the profile says so. The rig's own small model:
@@ -242,7 +267,7 @@ def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
     root, dirs = _v41_rig(tmp_path, (FAST, FAST, FAST))
     solved = _solve_colibri(root)
     assert solved["geometry"]["arch"] == "deepseek_v41"
-    assert solved["stripe"] is False and solved["prefill"]["weights"] == solved["decode"]["weights"]
+    assert "stripe" not in solved["switches"] and solved["prefill"]["weights"] == solved["decode"]["weights"]
     out = str(tmp_path / "twins.env")
     # --no-fallbacks: the N-1 re-solves are tested in test_fallback_profiles.py
     r = export(root, solved["path"], out, "--allow-unverified", "--no-fallbacks")
@@ -257,7 +282,7 @@ def test_a_solved_colibri_plan_exports_end_to_end_with_two_replicas(tmp_path):
     # a drive 8x slower gets a small share of the whole experts
     root2, dirs2 = _v41_rig(tmp_path / "mixed", (FAST, FAST, DriveModel(lat_s=100e-6, stream_bw=20e6, bw_max=25e6)))
     solved = _solve_colibri(root2)
-    assert solved["stripe"] is False
+    assert "stripe" not in solved["switches"]
     shares = [s["share"] for s in solved["prefill"]["predicted"]["sources"]]
     assert shares[2] < shares[0] / 4 and shares[2] < shares[1] / 4
     out = str(tmp_path / "whole.env")

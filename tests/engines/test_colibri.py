@@ -193,11 +193,13 @@ def test_plan_environment():
     assert mirror_env.plan_environment("/m", (), ()) == (("COLI_MODEL", "/m"), ("SNAP", "/m"))
     assert mirror_env.plan_environment("/m", ("/g", "/w"), (9, 3, 3)) == (
         ("COLI_MODEL", "/m"), ("SNAP", "/m"), ("COLI_MODEL_MIRROR", "/g;/w"), ("COLI_DISK_WEIGHTS", "9,3,3"))
-    assert mirror_env.plan_environment("/m", ("/g",), (2, 1), stripe=True)[-2:] == (("DIRECT", "1"), ("COLI_MIR_STRIPE", "1"))
-    assert mirror_env.plan_environment("/m", (), (), stripe=True) == (("COLI_MODEL", "/m"), ("SNAP", "/m"))
+    striped = mirror_env.plan_environment("/m", ("/g",), (2, 1), frozenset({"direct", "stripe"}))
+    assert striped[-2:] == (("DIRECT", "1"), ("COLI_MIR_STRIPE", "1"))
+    assert mirror_env.plan_environment("/m", (), (), frozenset({"stripe"})) == (("COLI_MODEL", "/m"), ("SNAP", "/m"))
     # O_DIRECT without stripes must say so: colibri stripes when COLI_MIR_STRIPE is unset
-    assert mirror_env.plan_environment("/m", ("/g",), (2, 1), direct=True)[-2:] == (("DIRECT", "1"), ("COLI_MIR_STRIPE", "0"))
-    assert mirror_env.plan_environment("/m", (), (), direct=True)[-1] == ("DIRECT", "1")
+    direct = mirror_env.plan_environment("/m", ("/g",), (2, 1), frozenset({"direct"}))
+    assert direct[-2:] == (("DIRECT", "1"), ("COLI_MIR_STRIPE", "0"))
+    assert mirror_env.plan_environment("/m", (), (), frozenset({"direct"}))[-1] == ("DIRECT", "1")
 
 
 # ---------------------------------------------------------------------------------------------

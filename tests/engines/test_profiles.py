@@ -67,8 +67,8 @@ def test_ds4_manages_its_split_keys_its_knobs_and_the_named_profiles_keys():
 
 
 def test_colibri_one_weight_vector_directories_and_stripe():
-    r = Request(paths=("/i/glm", "/g/glm", "/w/glm"), prefill=(9, 3, 3), decode=(10, 6, 6), stripe=True,
-                variant="glm")
+    r = Request(paths=("/i/glm", "/g/glm", "/w/glm"), prefill=(9, 3, 3), decode=(10, 6, 6),
+                switches=frozenset({"direct", "stripe"}), variant="glm")
     s = colibri_profile.setting(r)
     assert s == Setting((("COLI_MODEL", "/i/glm"), ("SNAP", "/i/glm"), ("COLI_MODEL_MIRROR", "/g/glm;/w/glm"),
                          ("COLI_DISK_WEIGHTS", "9,3,3"), ("DIRECT", "1"), ("COLI_MIR_STRIPE", "1")), ())
@@ -94,8 +94,8 @@ def dir_facts(n=3, model_type="glm_moe_dsa", config="ok"):
     return out
 
 
-def request(n=3, w=(9, 3, 3), stripe=False):
-    return Request(paths=tuple(f"/d{i}" for i in range(n)), prefill=w[:n], decode=w[:n], stripe=stripe)
+def request(n=3, w=(9, 3, 3), switches=frozenset()):
+    return Request(paths=tuple(f"/d{i}" for i in range(n)), prefill=w[:n], decode=w[:n], switches=frozenset(switches))
 
 
 def test_colibri_takes_a_good_directory_plan_and_names_the_member():
@@ -118,8 +118,8 @@ def test_glm53_takes_integer_weights_only():
 
 
 def test_only_the_glm_engine_stripes():
-    assert colibri_profile.check(dir_facts(), request(stripe=True)) == []
-    v = colibri_profile.check(dir_facts(model_type="deepseek_v4"), request(stripe=True))
+    assert colibri_profile.check(dir_facts(), request(switches={"direct", "stripe"})) == []
+    v = colibri_profile.check(dir_facts(model_type="deepseek_v4"), request(switches={"direct", "stripe"}))
     assert [x.rule for x in v] == ["stripe"]
     assert "colibri's deepseek_v4 engine (c/deepseek_v4.c, model_type 'deepseek_v4') never stripes" in str(v[0])
 

@@ -17,14 +17,14 @@ def coli(env, argv=("2",)):
 
 def test_colibri_admits_mirrors_by_size_and_header_and_takes_or_rejects_the_weights():
     c = coli({"COLI_MODEL_MIRROR": "/g;/w;/e", "COLI_DISK_WEIGHTS": "2,1,1", "DIRECT": "1"})
-    assert c.sources == ("/m", "/g", "/w") and c.weights == (2, 1, 1) and c.switches == ("direct", "stripe")
+    assert c.sources == ("/m", "/g", "/w") and c.weights == (2, 1, 1) and c.switches == frozenset({"direct", "stripe"})
     assert c.cache_experts == 8 and c.reference == "/ref.json" and c.full_key == "full_ids"
     assert "[MIRROR] /w: 1/2 shards (replica 2)" in c.stderr
     assert "[MIRROR] /w/out-00001.safetensors: header differs from the primary copy \u2014 skipped" in c.stderr
     assert "[MIRROR] /e: no usable shard (missing or divergent copy) \u2014 ignored" in c.stderr
     probe = coli({"COLI_MODEL_MIRROR": "/g", "COLI_DISK_WEIGHTS": "2,1,1"})
     assert probe.weights is None and any("invalid COLI_DISK_WEIGHTS '2,1,1' (want 2" in x for x in probe.stderr)
-    assert coli({"COLI_MODEL_MIRROR": "/g", "DIRECT": "1", "COLI_MIR_STRIPE": "0"}).switches == ("direct",)
+    assert coli({"COLI_MODEL_MIRROR": "/g", "DIRECT": "1", "COLI_MIR_STRIPE": "0"}).switches == frozenset({"direct"})
     assert coli({}, ()).cache_per_layer == colibri_standin.DEFAULT_CACHE_PER_LAYER
 
 

@@ -182,7 +182,7 @@ def colibri_tuner_rig(tmp_path):
     model = write_dir_model(tmp_path / "glm", "glm_moe_dsa")
     rig, _ = make_dir_rig(tmp_path / "rig", model, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY))
     inputs = load_inputs(rig.root)
-    save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((2, 1, 1)), engine="colibri", direct=True,
+    save_plan(rig, Plan(inputs.sources, Phase((2, 1, 1)), Phase((2, 1, 1)), engine="colibri", switches=frozenset({"direct"}),
                         created="2026-11-29T19:30:00.000Z", provenance=inputs.provenance))
     return rig
 

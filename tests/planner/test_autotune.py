@@ -220,7 +220,7 @@ def test_arms_for_an_engine_with_one_vector_measures_each_candidate_on_both_phas
     assert {r for x in pre for r in x.roles if r.startswith("mode ")} == {f"mode {m}" for m in others}
     for x in a:
         assert x.predicted_Bps > 0 and x.prediction["phase"] == x.phase and list(x.weights) == x.prediction["weights"]
-        assert x.mode == frozenset(k for k in ("direct", "stripe") if x.prediction[k])
+        assert x.mode == frozenset(x.prediction["switches"])
     assert {"capability", "equal"} <= {r for x in pre for r in x.roles}
     assert len({(x.weights, x.mode) for x in pre}) == len(pre)
     # without a predictor: no other modes (their predictions are not in the Choice)
@@ -305,7 +305,7 @@ def test_a_joint_measured_plan_takes_the_picked_mode():
     rates = [x.predicted_Bps * (3.0 if x.mode == frozenset({"direct"}) else 1.0) for x in a]
     t = tally_of(a, rates)
     out = measured_plan(plan, a, t, pick(a, t, joint=True), {"joint": True})
-    assert out.direct and not out.stripe and out.prefill.weights == out.decode.weights == a[direct].weights
+    assert out.switches == frozenset({"direct"}) and out.prefill.weights == out.decode.weights == a[direct].weights
     cands = out.decode.measured["candidates"]
     assert all("objective" in c and c["mode"] in ([], ["direct"], ["direct", "stripe"]) for c in cands)
     assert plan_from_dict(json.loads(json.dumps(plan_to_dict(out)))) == out

@@ -75,7 +75,7 @@ def test_pattern_measure_reads_what_the_engines_pattern_gives_each_source(engine
     m = PatternMeasure([discover(x) for x in paths], p, warmup=0.0, rest=0.0, clock=Ticks())
     assert m(phase, weights, 2 * len(steps), frozenset(mode)) > 0
     assert Counter(m.steps) == Counter(steps * 2)                     # every step twice, whatever the order
-    setup = Setup(weights, "direct" in mode, "stripe" in mode)
+    setup = Setup(weights, frozenset(mode))
     want_bytes = np.sum([p.engine.pattern(p.geometry, st, setup).source_bytes(3) for st in m.steps], axis=0)
     want_pieces = np.sum([p.engine.pattern(p.geometry, st, setup).source_pieces(3) for st in m.steps], axis=0)
     got = next(x for x in m.stats.phases if x.phase == phase)
@@ -201,7 +201,7 @@ def test_autotune_measures_colibris_candidates_on_both_phases_and_picks_them_joi
     assert any(c["mode"] == ["direct"] for c in pre["candidates"])       # the engine's modes are candidates
     assert all(c["measured_Bps"] > 0 and "objective" in c for c in pre["candidates"] + dec["candidates"])
     picked = next(c for c in pre["candidates"] if c["weights"] == list(plan.prefill.weights)
-                  and c["mode"] == sorted(k for k in ("direct", "stripe") if getattr(plan, k)))
+                  and c["mode"] == sorted(plan.switches))
     assert picked["objective"] == min(c["objective"] for c in pre["candidates"])
     assert pre["picked_by"] == dec["picked_by"] == "measured"
     text = render(plan, path)

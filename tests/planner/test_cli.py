@@ -162,8 +162,8 @@ def test_plan_schema_keys_are_pinned_and_round_trip(tmp_path):
                 provenance={"bench": "/r/bench/x.json"})
     d = plan_to_dict(plan)
     assert list(d) == ["schema", "kind", "engine", "created", "sources", "prefill", "decode",
-                       "baselines", "alternatives", "provenance", "geometry", "workload"]
-    assert d["schema"] == 2 and d["kind"] == "plan"
+                       "baselines", "alternatives", "provenance", "geometry", "workload", "switches"]
+    assert d["schema"] == 3 and d["kind"] == "plan" and d["switches"] == []
     assert list(d["prefill"]) == ["weights", "predicted"] and list(d["sources"][0]) == ["name", "path"]
     rig = Rig(root=str(tmp_path / "rig"))
     path = save_plan(rig, plan)

@@ -62,7 +62,7 @@ def test_solve_colibri_writes_one_weight_vector_and_its_switches(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["engine"] == "colibri" and d["prefill"]["weights"] == d["decode"]["weights"]
-    assert isinstance(d["direct"], bool) and isinstance(d["stripe"], bool)
+    assert d["schema"] == 3 and set(d["switches"]) <= {"direct", "stripe"}
     assert d["workload"]["engine"] == "colibri" and d["workload"]["name"] == "model"
     assert d["geometry"]["arch"] == "glm_moe_dsa" and d["geometry"]["layout"] == "dir"
     assert set(d["provenance"]["model"]["scores"]) == {"default", "direct", "direct+stripe"}
@@ -98,7 +98,7 @@ def test_simulate_reports_the_experts_each_drive_serves_for_every_family_member(
             want[member.route(st.layer, e, g.experts, weights)] += steps.scale
     assert [s["experts"] for s in d["sources"]] == pytest.approx([x / steps.total_steps for x in want])
     assert all(x > 0 for x in want)                 # the hash spreads the model's experts over all three
-    assert d["weights"] == list(weights) and d["direct"] is False
+    assert d["weights"] == list(weights) and d["switches"] == []
 
 
 def test_a_mirror_without_the_models_shards_serves_no_expert(tmp_path):
@@ -117,7 +117,7 @@ def test_simulate_prices_the_switches_asked_and_refuses_the_ones_the_engine_lack
     base = ["simulate", "--rig", rig.root, "--engine", "colibri", "--phase", "prefill", "--weights", "2:1:1", "--json"]
     plain = json.loads(invoke(*base).stdout)
     direct = json.loads(invoke(*base, "--switch", "direct").stdout)
-    assert direct["direct"] is True and plain["direct"] is False
+    assert direct["switches"] == ["direct"] and plain["switches"] == []
     assert direct["sources"][0]["bytes"] > plain["sources"][0]["bytes"]     # O_DIRECT reads whole 4 KiB pages
     r = invoke(*base, "--switch", "stripe")
     assert r.exit_code == 2 and "--switch stripe needs --switch direct" in one_error_line(r)
@@ -131,7 +131,7 @@ def test_a_solved_plan_is_simulated_to_the_same_prediction(tmp_path):
     r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--top", "0", "--json")
     assert r.exit_code == 0, r.output
     p = load_plan(json.loads(r.stdout)["path"])
-    switches = [a for k in ("direct", "stripe") if getattr(p, k) for a in ("--switch", k)]
+    switches = [a for k in sorted(p.switches) for a in ("--switch", k)]
     for ph in ("prefill", "decode"):
         sim = invoke("simulate", "--rig", rig.root, "--engine", "colibri", "--phase", ph,
                      "--weights", ":".join(map(str, getattr(p, ph).weights)), *switches, "--json")
@@ -141,22 +141,34 @@ def test_a_solved_plan_is_simulated_to_the_same_prediction(tmp_path):
         assert doc == pytest.approx(getattr(p, ph).predicted)
 
 
-def test_the_switch_keys_are_pinned_for_colibri_only_and_old_plans_load():
+def test_the_switches_are_one_key_and_old_plans_with_a_key_per_switch_load():
     src = (Source("a", "/a"), Source("b", "/b"))
-    plan = Plan(sources=src, prefill=Phase((2, 1)), decode=Phase((2, 1)), engine="colibri", stripe=True, direct=True)
+    plan = Plan(sources=src, prefill=Phase((2, 1)), decode=Phase((2, 1)), engine="colibri",
+                switches=frozenset({"stripe", "direct"}))
     d = plan_to_dict(plan)
     assert list(d) == ["schema", "kind", "engine", "created", "sources", "prefill", "decode", "baselines",
-                       "alternatives", "provenance", "geometry", "workload", "direct", "stripe"]
-    assert d["schema"] == 2 and plan_from_dict(json.loads(json.dumps(d))) == plan
+                       "alternatives", "provenance", "geometry", "workload", "switches"]
+    assert d["schema"] == 3 and d["switches"] == ["direct", "stripe"]
+    assert plan_from_dict(json.loads(json.dumps(d))) == plan
     ds4 = plan_to_dict(Plan(sources=src, prefill=Phase((2, 1)), decode=Phase((2, 1))))
-    assert "stripe" not in ds4 and "direct" not in ds4
-    del d["direct"]                                            # a plan from before 'direct': it striped only with O_DIRECT
-    assert plan_from_dict(d).direct is True
-    del d["stripe"]
-    assert plan_from_dict(d).stripe is False
-    d["stripe"] = "yes"
+    assert ds4["switches"] == [] and "stripe" not in ds4 and "direct" not in ds4
+    # schema 2: a true/false key per switch, named after it
+    old = {**{k: v for k, v in d.items() if k != "switches"}, "schema": 2, "direct": True, "stripe": True}
+    assert plan_from_dict(old).switches == frozenset({"direct", "stripe"})
+    del old["direct"]                                          # a plan from before 'direct': it striped only with O_DIRECT
+    assert plan_from_dict(old).switches == frozenset({"direct", "stripe"})
+    del old["stripe"]
+    assert plan_from_dict(old).switches == frozenset()
+    old["stripe"] = "yes"
     with pytest.raises(RigError, match="p.json: key 'stripe' must be true or false, got 'yes'"):
-        plan_from_dict(d, "p.json")
+        plan_from_dict(old, "p.json")
+    with pytest.raises(RigError, match="key 'switches' is not a setting the engine takes "
+                                       r"\(switch stripe needs switch direct"):
+        plan_from_dict({**d, "switches": ["stripe"]}, "p.json")
+    with pytest.raises(RigError, match="switch prefetch: colibri has the switches direct, stripe"):
+        plan_from_dict({**d, "switches": ["prefetch"]}, "p.json")
+    with pytest.raises(RigError, match="key 'switches' must be a list of switch names"):
+        plan_from_dict({**d, "switches": "direct"}, "p.json")
 
 
 def test_buffered_re_reads_come_from_the_page_cache_that_holds_them(tmp_path):
@@ -190,7 +202,7 @@ def test_a_phase_that_reads_nothing_leaves_the_objective_a_ratio_of_seconds(tmp_
     r = invoke("solve", "--rig", rig.root, "--engine", "colibri", "--cache-experts", "0", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert d["decode"]["predicted"]["seconds"] == 0.0 and not d["direct"]       # the phase reads nothing
+    assert d["decode"]["predicted"]["seconds"] == 0.0 and "direct" not in d["switches"]   # the phase reads nothing
     scores = d["provenance"]["model"]["scores"]
     assert scores["default"] == 1.0 and scores["direct"] > 1.0                   # O_DIRECT reads in decode: it costs more
     assert all(s < 1e6 for s in scores.values()), scores                       # a ratio of seconds of one run

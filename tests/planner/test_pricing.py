@@ -35,7 +35,7 @@ def one_step(phase, step, layers=1, tokens=1, empty=0):
 
 
 def price(engine, geometry, drives, steps, weights, mode=frozenset(), backgrounds=(), links=()):
-    setup = Setup(tuple(weights), "direct" in mode, "stripe" in mode)
+    setup = Setup(tuple(weights), frozenset(mode))
     return price_phase(steps, setup, lambda st, su: engine.pattern(geometry, st, su), Curves(drives), engine,
                        backgrounds, links, geometry)
 

@@ -119,7 +119,7 @@ def test_solve_plans_the_rigs_own_model_and_records_geometry_and_workload(tmp_pa
     r = invoke("solve", "--rig", rig.root, "--json")
     assert r.exit_code == 0, r.output
     p = load_plan(json.loads(r.stdout)["path"])
-    assert p.schema == 2 and p.geometry["component_bytes"] == SMALL_COMPONENT and p.geometry["layers"] == 6
+    assert p.schema == 3 and p.geometry["component_bytes"] == SMALL_COMPONENT and p.geometry["layers"] == 6
     assert p.workload["name"] == "model" and p.workload["engine"] == "ds4-argodrive"
     assert p.workload["traffic"]["source"] == "routing-model" and p.workload["decode"]["steps"] > 0
     # a decode read is 2 blocks of 256 KiB and a tail: three drives cannot all take part
