@@ -51,7 +51,6 @@ def launch(tb, rig: str, binary: str, profile: str, out: str, ref: str) -> dict:
 
 
 def one(binary: str, limits: dict, out: str) -> list[str]:
-    from engines.colibri.family import member_for
     from engines.registry import get_engine
     from models.tensortable import inspect_model
 
@@ -87,8 +86,9 @@ def one(binary: str, limits: dict, out: str) -> list[str]:
         for k, name in enumerate(("mirrors", "alone", "alone", "mirrors")):
             r, prof = arms[name]
             runs.append((name, launch(tb, r, binary, prof, os.path.join(out, f"launch-{k}-{name}"), ref)))
-    member = member_for(g.arch)
-    lines = [f"colibri's {member.name} engine ({member.source}), plan {':'.join(map(str, plan['prefill']['weights']))}"
+    engine = get_engine(plan["engine"])                  # the plan's engine reads its own lines
+    variant = json.load(open(arms["mirrors"][1])).get("variant", "")
+    lines = [f"{engine.name}'s {variant or 'default'} engine, plan {':'.join(map(str, plan['prefill']['weights']))}"
              + "".join(f", {k} on" for k in sorted(get_engine(plan["engine"]).switches.read(plan)))
              + f"; drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s; prompt {len(PROMPT)} tokens, {GEN} generated"]
     pred = {ph: [s["share"] for s in plan[ph]["predicted"]["sources"]] for ph in ("prefill", "decode")}
@@ -101,10 +101,10 @@ def one(binary: str, limits: dict, out: str) -> list[str]:
                      f"{'confirmed' if d.get('ok') else 'NOT confirmed ' + str(d.get('failed') or d.get('error'))}"
                      f" ({conf}); tokens {' '.join(d['tokens'] or ['none'])}")
         if d["mirror_line"]:
-            served = member.read_stats(d["mirror_line"])
-            tot = sum(s.bytes for s in served.values()) or 1
+            served = engine.profile.read_run(d["mirror_line"], "", variant).served
+            tot = sum(served.values()) or 1
             lines.append(f"         {d['mirror_line']}")
-            lines.append(f"         shares served: {'/'.join(f'{served[i].bytes / tot:.2f}' for i in sorted(served))}")
+            lines.append(f"         shares served: {'/'.join(f'{served[i] / tot:.2f}' for i in sorted(served))}")
         tokens.add(tuple(d["tokens"] or ()))
     lines.append(f"token ids identical with and without mirrors on every arm: {'yes' if len(tokens) == 1 else 'NO'}")
     return lines

@@ -30,7 +30,7 @@ import sys
 import time
 
 from bench.testbed import Testbed, available
-from engines import ds4_argodrive
+from engines.registry import engine_for_model
 
 BIN = os.path.dirname(sys.executable)
 NAMES = ("internal", "green", "white")
@@ -86,8 +86,9 @@ def flow(out: str, drives: dict[str, str], wrap: list[str] | None, same_device: 
     weights = ":".join(map(str, newest_plan(rig)["prefill"]["weights"]))
     step("one expert component read (1,114,112 B), split by the plan's prefill weights as the engine would",
          "planner", "split", "--weights", weights, "--length", "1114112")
-    step(f"the engine profile for {ds4_argodrive.NAME}", "engine-bridge", "export", "--rig", rig, "--plan", "latest",
-         "--format", ds4_argodrive.NAME, "--profile", "demo", "--cache-experts", "32")
+    engine = engine_for_model("gguf", "file", (os.path.basename(model),))     # the engine that reads the synth GGUF
+    step(f"the engine profile for {engine}", "engine-bridge", "export", "--rig", rig, "--plan", "latest",
+         "--format", engine, "--profile", "demo", "--cache-experts", "32")
     step("the embedded engine, experts streamed through the split reads of the plan",
          "engine-bridge", "run", "--rig", rig, "--model", model, "--plan", "latest",
          "--prompt-tokens", "64", "--gen-tokens", "8", "--cache-experts", "32", wrap=wrap)

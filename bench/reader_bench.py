@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
-from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK  # noqa: E402
+from iobench.shapes import engine_shapes  # noqa: E402
 from core.coldio import aligned_buffer  # noqa: E402
 
 
@@ -99,13 +99,15 @@ def main() -> int:
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
     try:
         paths = make_files(d, size, args.sources)
-        chunks = [(o, PREFILL_CHUNK) for o in range(0, size - PREFILL_CHUNK + 1, PREFILL_CHUNK)] * 2
-        comps = [(rng.randrange(0, (size - COMPONENT_BYTES) // COMPONENT_BYTES) * COMPONENT_BYTES, COMPONENT_BYTES)
-                 for _ in range(max(60, 2 * size // COMPONENT_BYTES))]
+        shape = engine_shapes()                    # the engine's staging chunk and component, as iobench's presets
+        chunk, comp = shape.prefill_bytes, shape.decode_bytes
+        chunks = [(o, chunk) for o in range(0, size - chunk + 1, chunk)] * 2
+        comps = [(rng.randrange(0, (size - comp) // comp) * comp, comp)
+                 for _ in range(max(60, 2 * size // comp))]
         w_pre = (2, 1, 1)[:args.sources]
         w_dec = (10, 6, 6)[:args.sources]
-        shapes = [("prefill", chunks, w_pre, int(k), PREFILL_CHUNK) for k in args.inflight.split(",")]
-        shapes.append(("decode", comps, w_dec, 9, COMPONENT_BYTES))
+        shapes = [("prefill", chunks, w_pre, int(k), chunk) for k in args.inflight.split(",")]
+        shapes.append(("decode", comps, w_dec, 9, comp))
         print(f"reader ceiling: {args.sources} source(s) of {size >> 20} MiB in {args.dir}, {os.cpu_count()} CPUs, "
               f"best of {args.repeat}{', balancing' if args.balance else ''}", flush=True)
         print(f"{'shape':8} {'inflight':>8} {'weights':8} {'mode':9} {'buffers':8} {'reader GB/s':>11} {'plain GB/s':>10} "

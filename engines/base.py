@@ -49,6 +49,14 @@ class Engine:
     grid: Optional[Callable[[int, Any], Any]] = None
     # (format, layout, files) -> '' when the engine reads such a model, else one line saying why not
     reads_model: Optional[Callable[[str, str, Sequence[str]], str]] = None
+    # config.json model_type values the engine runs (its own models' first; () for an engine that
+    # does not pick by it): what a model written in its format says it is
+    model_types: tuple[str, ...] = ()
+    # (format, layout, files) -> how strongly the engine claims a model it reads, for choosing a
+    # model's default engine (`engines.registry.engine_for_model`): 0 it reads it, 1 the format is
+    # its own, 2 the model's family is its own. The highest wins; a tie goes to the name that sorts
+    # first, so the choice never depends on the order engines were registered. None: 0.
+    preference: Optional[Callable[[str, str, Sequence[str]], int]] = None
     # the switches the engine declares (names, what each does, which sets are legal: engines.switches);
     # a Setup, a plan and a request carry the ones on as a frozenset of their names
     switches: Switches = NONE
@@ -62,6 +70,9 @@ class Engine:
     # '' when a source may be a copy kept in RAM (tmpfs, /dev/shm: no drive behind it), else one
     # line why the engine cannot use one (export and `planner whatif` refuse it with that line)
     memory_member: str = ""
+    # (the model's expert component in bytes, or None when no header is at hand) -> ReadShapes: its
+    # typical read per phase, which iobench's presets measure (None: the engine states none)
+    read_shapes: Optional[Callable[[Optional[int]], Any]] = None
     # (log text) -> {phase: (seconds, seconds waiting for reads)} from the engine's own timing
     # lines (None: its log says nothing this tool reads; `planner whatif` then needs a run result)
     timing: Optional[Callable[[str], dict[str, tuple[float, float]]]] = None
@@ -72,6 +83,11 @@ class Engine:
     # that holds some of the model's files (the rest from the primary), else one line why it
     # cannot; plans for it leave such members out and say so.
     partial_refusal: str = ""
+    # A usage history the engine keeps in the model's directory (its file name; '' none) and how to
+    # read it: (its bytes, where, the model's layers, routed experts per layer) -> models.usage.Usage,
+    # ValueError when it cannot be used. `replicas sync --partial` ranks shards by it.
+    usage_file: str = ""
+    read_usage: Optional[Callable[[bytes, str, Optional[int], Optional[int]], Any]] = None
     # (geometry, layer, expert, held files) -> bytes of that expert a replica holding those files
     # serves when the engine routes the expert to it (its fallback rule for a missing file); None:
     # each component by its own file (a read falls back on its own)

@@ -111,6 +111,16 @@ class Pattern:
 
 
 @dataclass(frozen=True)
+class ReadShapes:
+    """The engine's typical read in each phase, as a drive benchmark reproduces it (iobench's
+    prefill and decode presets): bytes of one prefill read (a staging chunk) and of one decode
+    read (an expert component), for a model whose component is known, or for the engine's own
+    model when it is not."""
+    prefill_bytes: int
+    decode_bytes: int
+
+
+@dataclass(frozen=True)
 class Concurrency:
     """How many reads an engine keeps in flight in a phase: `per_source` pieces on each drive (each
     drive has its own lanes), or `shared` by all drives (one pool of threads); None where not

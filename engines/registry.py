@@ -1,6 +1,13 @@
-"""The engines this tool plans for, by name. Adding an engine is adding its module and a line here."""
+"""The engines this tool plans for, by name. Adding an engine is adding its package and a line here.
+
+`register` adds an engine for as long as a `with` block runs (a test's own engine, defined in the
+tests folder, goes through every stage that way) and takes it out again.
+"""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 from core.errors import UsageError
 
@@ -25,18 +32,36 @@ def check_reads_model(engine: str, fmt: str, layout: str, files, path: str) -> N
     e = get_engine(engine)
     why = e.reads_model(fmt, layout, tuple(files)) if e.reads_model is not None else ""
     if why:
-        can = [x.name for x in ENGINES.values() if x.reads_model is not None and not x.reads_model(fmt, layout, tuple(files))]
+        can = [x.name for x in readers_of(fmt, layout, files)]
         hint = f"plan and run it with --engine {' or --engine '.join(can)}" if can else "no engine this tool plans for reads it"
         raise UsageError(f"{path}: {why}; {hint}")
 
 
+def readers_of(fmt: str, layout: str, files) -> list[Engine]:
+    """The registered engines that read a model of this format and layout, the one each states it
+    prefers most first (`Engine.preference`: highest first, a tie to the name that sorts first)."""
+    files = tuple(files)
+    found = [e for e in ENGINES.values() if e.reads_model is not None and not e.reads_model(fmt, layout, files)]
+    return sorted(found, key=lambda e: (-(e.preference(fmt, layout, files) if e.preference else 0), e.name))
+
+
 def engine_for_model(fmt: str, layout: str, files) -> str:
-    """The first registered engine that reads a model of this format and layout; the default
-    engine when none does (its reads can still be replayed on any geometry)."""
-    for e in ENGINES.values():
-        if e.reads_model is not None and not e.reads_model(fmt, layout, tuple(files)):
-            return e.name
-    return DEFAULT_ENGINE
+    """The engine that reads a model of this format and layout and claims it most (`readers_of`);
+    the default engine when none does (its reads can still be replayed on any geometry)."""
+    readers = readers_of(fmt, layout, files)
+    return readers[0].name if readers else DEFAULT_ENGINE
+
+
+@contextmanager
+def register(engine: Engine) -> Iterator[Engine]:
+    """`engine` is known by its name until the block ends (UsageError for a name already taken)."""
+    if engine.name in ENGINES:
+        raise UsageError(f"engine {engine.name!r} is already registered")
+    ENGINES[engine.name] = engine
+    try:
+        yield engine
+    finally:
+        ENGINES.pop(engine.name, None)
 
 
 def path_refusals(path: str, fmt: str, layout: str, files) -> list[tuple[str, list[str]]]:

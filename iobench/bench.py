@@ -23,7 +23,6 @@ from core.events import Notice, Progress, Reporter, emit
 from core.fsutil import require_file
 from core.rig import Rig, unique_name
 from core.units import format_rate
-from engines.ds4_argodrive.constants import COMPONENT_BYTES
 from core import platform
 from core.coldio import ColdReader, aligned_buffer, huge_backed
 from core.constants import HUGE_PAGE
@@ -43,6 +42,7 @@ from .layout import ExpertLayout
 from .meter import DeviceMeter, device_meter
 from .drivemodel import fit_drive_model
 from .result import BenchResult, DriveResult, PresetResult
+from .shapes import engine_shapes
 from .schedule import (
     RunOptions,
     Target,
@@ -92,7 +92,8 @@ def model_layout(model: ModelSet) -> tuple[str, ExpertLayout | None, list[str]]:
         g = inspect_model(model)
     except ReplicaTunerError as e:
         largest = max(model.paths, key=os.path.getsize)
-        why = [] if model.format == RAW else [f"{e}; decode uses {COMPONENT_BYTES:,} B components over the whole file"]
+        default = engine_shapes().decode_bytes
+        why = [] if model.format == RAW else [f"{e}; decode uses {default:,} B components over the whole file"]
         return largest, None, why
     largest = [t for t in g.tensors if t.component_bytes == g.component_bytes]
     held = Counter()
@@ -126,7 +127,7 @@ def rig_component_bytes(rig: Rig) -> int:
                 return layout.component_bytes
         except (ReplicaTunerError, OSError):
             pass
-    return COMPONENT_BYTES
+    return engine_shapes().decode_bytes
 
 
 def targets_from_paths(paths: Sequence[str]) -> list[Target]:

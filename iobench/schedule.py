@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Collection, Generator, Mapping, Sequence
 
 from core.errors import UsageError
-from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK
 from engines.split import check_weights
 
 from . import stats
@@ -42,7 +41,7 @@ from .constants import (
 )
 from .layout import ExpertLayout
 from .result import BenchResult, GroupResult, PresetResult
-from .shapes import Shape, decode_shape, min_slots, prefill_shape, rand4k_shape, seq_shape
+from .shapes import Shape, decode_shape, engine_shapes, min_slots, prefill_shape, rand4k_shape, seq_shape
 
 if TYPE_CHECKING:
     from core.drives import DriveInfo
@@ -66,7 +65,7 @@ class Target:
 
     @property
     def component_bytes(self) -> int:
-        return self.layout.component_bytes if self.layout else COMPONENT_BYTES
+        return engine_shapes(self.layout.component_bytes if self.layout else None).decode_bytes
 
     @property
     def regions(self) -> tuple[tuple[int, int], ...]:
@@ -246,7 +245,7 @@ def shape_for(t: Target, preset: str, index: int, weights, decode_weights) -> Sh
     if preset == "seq":
         return seq_shape(t.size)
     if preset == "prefill":
-        return prefill_shape(t.size, weights, index, PREFILL_CHUNK)
+        return prefill_shape(t.size, weights, index, engine_shapes().prefill_bytes)
     if preset == "rand4k":
         return rand4k_shape(t.size)
     return decode_shape(t.size, decode_weights, index, t.component_bytes, t.regions)
@@ -423,7 +422,7 @@ def run_settings(opts: RunOptions, m: Measured) -> dict:
         "weights": list(m.weights) if m.weights else None,
         "decode_weights": list(m.decode_weights) if m.decode_weights else None,
         "weights_from": m.weights_from or None,
-        "prefill_chunk": PREFILL_CHUNK,
+        "prefill_chunk": engine_shapes().prefill_bytes,
         "seq_piece": SEQ_PIECE,
         "seed": opts.seed,
     }

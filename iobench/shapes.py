@@ -1,10 +1,15 @@
 """The engine's read shapes, per drive and preset: request size and where requests fall (pure).
 
+The prefill and decode presets are the reads of the engine that cuts every read across drives by
+weight, the registry's default engine (SHAPES_ENGINE): its read sizes are asked of it
+(`Engine.read_shapes`, `engine_shapes`) and its pieces cut by its rule (`engines.split.split_read`).
+
 - seq:     1 MiB requests, sequential through the file.
-- prefill: the drive's piece of each 32 MiB staging chunk, split by the prefill weights with the
-           engine's rule (`engines.split.split_read`); consecutive chunks.
-- decode:  the drive's piece of one expert component, split by the decode weights, at a random
-           component of the expert tensors (of the whole file when it is not a GGUF).
+- prefill: the drive's piece of each staging chunk (ds4-argodrive's: 32 MiB), split by the prefill
+           weights; consecutive chunks.
+- decode:  the drive's piece of one expert component (the model's, from its header), split by the
+           decode weights, at a random component of the expert tensors (of the whole file when it
+           is not a GGUF).
 - rand4k:  4 KiB at random aligned offsets of the whole file (per-request latency, IOPS ceiling).
 
 A shape is a table of "slots" (possible request offsets) over one or more regions of the file;
@@ -17,11 +22,21 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
-from engines.ds4_argodrive.constants import COMPONENT_BYTES, PREFILL_CHUNK
+from engines.pattern import ReadShapes
+from engines.registry import DEFAULT_ENGINE, get_engine
 from engines.split import split_read
 from core.constants import ALIGNMENT
 
 from .constants import RAND_PIECE, SEQ_PIECE
+
+
+SHAPES_ENGINE = DEFAULT_ENGINE          # whose reads the prefill and decode presets are
+
+
+def engine_shapes(component_bytes: int | None = None) -> ReadShapes:
+    """The prefill and decode reads of SHAPES_ENGINE for a model whose expert component is
+    `component_bytes` (None: no header at hand, the engine's own model)."""
+    return get_engine(SHAPES_ENGINE).read_shapes(component_bytes)
 
 
 def align_up(n: int, a: int = ALIGNMENT) -> int:
@@ -71,7 +86,7 @@ class SlotTable:
 
 def piece_of(length: int, weights: Sequence[int], index: int) -> tuple[int, int]:
     """(offset inside the range, bytes) of source `index`'s piece of a `length`-byte read."""
-    p = split_read(0, length, weights)[index]
+    p = split_read(0, length, weights, SHAPES_ENGINE)[index]
     return p.offset, p.length
 
 
@@ -83,18 +98,20 @@ def rand4k_shape(size: int) -> Shape:
     return Shape("rand4k", RAND_PIECE, "random", RAND_PIECE, 0, ((0, size),))
 
 
-def prefill_shape(size: int, weights: Sequence[int], index: int, chunk: int = PREFILL_CHUNK) -> Shape | None:
-    """None when the weights give this drive no bytes of a chunk."""
+def prefill_shape(size: int, weights: Sequence[int], index: int, chunk: int | None = None) -> Shape | None:
+    """None when the weights give this drive no bytes of a chunk (default: the engine's chunk)."""
+    chunk = engine_shapes().prefill_bytes if chunk is None else chunk
     first, length = piece_of(chunk, weights, index)
     if length == 0:
         return None
     return Shape("prefill", align_up(length), "seq", chunk, first, ((0, size),))
 
 
-def decode_shape(size: int, weights: Sequence[int], index: int, component: int = COMPONENT_BYTES,
+def decode_shape(size: int, weights: Sequence[int], index: int, component: int | None = None,
                  regions: Sequence[tuple[int, int]] = ()) -> Shape | None:
     """Components of the expert tensors (`regions`), else of the whole file; None when the
-    weights give this drive no bytes of a component."""
+    weights give this drive no bytes of a component (default: the engine's own model's)."""
+    component = engine_shapes().decode_bytes if component is None else component
     first, length = piece_of(component, weights, index)
     if length == 0:
         return None

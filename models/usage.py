@@ -6,13 +6,10 @@ A partial replica should hold the experts that carry the most *miss* bytes (docs
 - the embedded engine: every `engine-bridge run` and `replay` with a rig records each expert's
   cache misses (the reads it asked the drives for) as `rig/usage/<UTC>.json`, kind `usage`
   (`usage_to_dict`). One record per run, so records have an order.
-- colibri: `<model dir>/.coli_usage`, which every colibri engine rewrites after a turn (c/route_trace.h
-  `rt_save`, read by `rt_read_ex`): text, one `<layer> <expert> <count>` per line, non-zero
-  counts only, after two header records `-1 <n_layers> <n_experts>` and
-  `-2 <format_version> <engine_id>` (a history written before the header has none: legacy text);
-  or inkling's binary `IKU1` (uint32 magic 0x31554B49, n_layers, n_experts, then a dense
-  uint32[n_layers][n_experts]). colibri counts *routings* (router selections, `rt_count`), not
-  misses, accumulated over every run; the kind says which, since a cache flattens misses.
+- a target engine that keeps a history of its own beside the model (`Engine.usage_file`, read by
+  its `Engine.read_usage` into a `Usage`: colibri's `.coli_usage`, engines/colibri/usage_file.py).
+  Such a history may count *routings* (router selections) rather than misses; the kind says which,
+  since a cache flattens misses.
 
 A held-out split keeps the ranking honest: shards are ranked on one part and the coverage is
 reported on the other (`split_history`). Several records: alternate records, oldest first; one
@@ -22,7 +19,6 @@ halves with a fixed seed, which for event counts is an exact random split of the
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,8 +27,6 @@ USAGE_KIND = "usage"
 USAGE_SCHEMA = 1
 MISSES, ROUTINGS = "misses", "routings"
 
-COLI_USAGE = ".coli_usage"          # colibri's history file, in the model directory (c/colibri.c main)
-IKU1_MAGIC = 0x31554B49             # c/route_trace.h RT_IKU1_MAGIC ("IKU1", inkling)
 SPLIT_SEED = 21                     # the binomial split's seed: one split per history, every run
 
 
@@ -44,7 +38,7 @@ class Usage:
     experts: int
     counts: tuple[tuple[int, ...], ...]
     kind: str = MISSES
-    source: str = ""          # who wrote it: 'engine-bridge run', 'engine-bridge replay', '.coli_usage'
+    source: str = ""          # who wrote it: 'engine-bridge run', 'engine-bridge replay', an engine's usage file
     created: str = ""         # UTC, ISO 8601 ('' unknown)
 
     def array(self) -> np.ndarray:
@@ -86,55 +80,6 @@ def usage_from_dict(d: dict, where: str) -> Usage:
             raise ValueError(f"{where}: counts[{i}] is not [layer, expert, count] inside the model")
         a[r[0], r[1]] += r[2]
     return usage_of(a, d.get("events", MISSES), str(d.get("source", "")), str(d.get("created", "")))
-
-
-def parse_coli_usage(data: bytes, where: str, layers: int | None = None, experts: int | None = None) -> Usage:
-    """colibri's `.coli_usage` (see the module doc). `layers`/`experts`: the model's, used for a
-    legacy file without the dimensions record and checked against one that has it (colibri refuses
-    a history of other dimensions, `rt_read_ex`; so does this). ValueError on anything else."""
-    if len(data) >= 12 and struct.unpack_from("<I", data)[0] == IKU1_MAGIC:
-        nl, ne = struct.unpack_from("<II", data, 4)
-        body = np.frombuffer(data, dtype="<u4", offset=12)
-        if body.size < nl * ne:
-            raise ValueError(f"{where}: IKU1 history of {nl}x{ne} experts is cut short")
-        a = body[: nl * ne].astype(np.int64).reshape(nl, ne)
-        return _checked(a, where, layers, experts)
-    dims = None
-    cells: list[tuple[int, int, int]] = []
-    for n, line in enumerate(data.decode("ascii", errors="replace").splitlines(), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        try:
-            lay, e, c = (int(x) for x in parts[:3])
-        except ValueError:
-            break                    # colibri's fscanf loop stops at the first record it cannot parse
-        if len(parts) < 3:
-            break
-        if lay == -1:
-            dims = (e, c)
-        elif lay >= 0:
-            cells.append((lay, e, c))
-    if dims is None:
-        if layers is None or experts is None:
-            raise ValueError(f"{where}: a legacy history (no '-1 layers experts' record) needs the model's geometry")
-        dims = (layers, experts)
-    a = np.zeros(dims, dtype=np.int64)
-    for lay, e, c in cells:
-        if 0 <= lay < dims[0] and 0 <= e < dims[1]:
-            a[lay, e] += c
-    return _checked(a, where, layers, experts)
-
-
-def _checked(a: np.ndarray, where: str, layers: int | None, experts: int | None) -> Usage:
-    # colibri keeps one row more than the MoE layers for GLM's MTP layer (route_trace.h rt_init:
-    # rows 0..n_layers): an all-zero trailing row is dropped; the experts must agree.
-    if layers is not None and a.shape[0] == layers + 1 and not a[layers].any():
-        a = a[:layers]
-    if (layers is not None and a.shape[0] != layers) or (experts is not None and a.shape[1] != experts):
-        raise ValueError(f"{where}: history of {a.shape[0]} layers x {a.shape[1]} experts, the model has "
-                         f"{layers} x {experts}")
-    return usage_of(a, ROUTINGS, COLI_USAGE)
 
 
 @dataclass(frozen=True)

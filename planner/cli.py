@@ -17,7 +17,9 @@ from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import describe_split, parse_weights
 from engines.switches import Switches, switch_label
 
-from .constants import PREFILL_TOKENS, TIE_TOLERANCE, V41_COMPONENT_BYTES
+from models.constants import V41_COMPONENT_BYTES
+
+from .constants import PREFILL_TOKENS, TIE_TOLERANCE
 from .plan import Plan, engine_switches
 from .plans import latest_plan_path, load_plan, resolve_plan_path
 from .rigmodel import RigProblem, problem_for_rig, solve_rig

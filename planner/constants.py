@@ -7,6 +7,8 @@ Flash Q4 on ds4 (docs/planner.md), kept as the named workload `ds4-v41`: what th
 asked to plan that model from its header alone, and the calibration the routing model is held to.
 """
 
+from models.constants import V41_COMPONENT_BYTES
+
 PLAN_SCHEMA = 3                     # 2: the geometry and workload it was solved for; 3: its switches as one list
 PLAN_SCHEMAS = (1, 2, 3)            # what loads (schema 1 plans have no geometry or workload; 1 and 2 a key per switch)
 
@@ -15,7 +17,6 @@ V41_NAME = "ds4-v41"
 LAYERS = 40                         # layers with routed experts
 V41_EXPERTS = 384                   # routed experts per layer
 V41_TOP_K = 6                       # experts chosen per token
-V41_COMPONENT_BYTES = 6_635_520     # one expert component: a Q4_K slice of 4096 x 2880 values
 EXPERT_BYTES = 3 * V41_COMPONENT_BYTES  # gate + up + down, 19,906,560 B
 PREFILL_TOKENS = 512                # the prompt the prefill figure is for
 PREFILL_EXPERTS_PER_LAYER = 187.4   # mean union of selected experts per layer at 512 tokens

@@ -29,6 +29,7 @@ import numpy as np
 from core.errors import UsageError
 from engines.pattern import Step
 from models.cache import ExpertCache
+from models.constants import V41_COMPONENT_BYTES
 from models.geometry import stacked_geometry
 from models.routing import Router, RoutingModel
 
@@ -45,7 +46,6 @@ from .constants import (
     ROUTING_SEED,
     ROUTING_WARM_TOKENS,
     V41_EXPERTS,
-    V41_COMPONENT_BYTES,
     V41_NAME,
     V41_TOP_K,
 )

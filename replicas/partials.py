@@ -3,7 +3,8 @@
 
 - the model's routed experts, from its headers (`models.tensortable.inspect_model`);
 - the usage history: the rig's `usage/*.json` (each embedded-engine run or replay on the rig's
-  model) and colibri's `.coli_usage` in the model's directory, read only (`models.usage`);
+  model) and the history a target engine keeps in the model's directory, read only through the
+  engine that writes it (`Engine.usage_file`, `Engine.read_usage`: colibri's `.coli_usage`);
 - the drives' ceilings: the newest iobench result in the rig, read by its documented JSON shape
   (`drives[].drive.key` and `drives[].presets.<preset>.bw_bytes`, iobench/result.py): replicas
   sits below iobench, so it reads the file, not the module;
@@ -21,46 +22,54 @@ from core.events import Notice, Reporter, emit
 from core.fsutil import free_bytes
 from core.jsonfile import read_json
 from core.units import format_bytes, parse_size
-from engines.registry import engine_for_model, get_engine
+from engines.registry import ENGINES, engine_for_model, get_engine
 from models.modelset import DIR, ModelSet
 from models.tensortable import inspect_model
-from models.usage import COLI_USAGE, USAGE_KIND, Usage, parse_coli_usage, split_history, usage_from_dict
+from models.usage import USAGE_KIND, Usage, split_history, usage_from_dict
 
 from .partial import ExpertTable, PartialChoice, ShardUse, choose_partial
 from .syncfacts import drive_key
 from .syncplan import headroom
 
 CEILING_PRESETS = ("decode", "prefill", "seq")    # a partial replica serves misses: decode's shape first
-NO_HISTORY = ("no usage history yet: shards ranked evenly by their routed-expert bytes; run the model "
-              "(`engine-bridge run` or `replay` with this rig, or colibri, which keeps .coli_usage) and sync "
-              "--partial again to re-balance")
+
+
+def no_history() -> str:
+    """What sync says when there is no history, naming the engines that keep one of their own."""
+    keepers = "".join(f", or {e.name}, which keeps {e.usage_file}" for e in ENGINES.values() if e.usage_file)
+    return ("no usage history yet: shards ranked evenly by their routed-expert bytes; run the model "
+            f"(`engine-bridge run` or `replay` with this rig{keepers}) and sync --partial again to re-balance")
 
 
 def load_history(rig: rigmod.Rig, model: ModelSet, layers: int, experts: int,
                  report: Reporter = None) -> list[Usage]:
-    """Every usage record of this model: the rig's, then colibri's `.coli_usage` (one line per
-    file that cannot be used, and it is skipped)."""
+    """Every usage record of this model: the rig's, then each engine's own history in the model's
+    directory (`Engine.usage_file`; one line per file that cannot be used, and it is skipped)."""
     out = []
     for path in rig.timestamped_files(os.path.basename(rig.usage_dir)):
         try:
             out.append(usage_from_dict(read_json(path, USAGE_KIND, "delete it or run the model again"), path))
         except (ValueError, RigError) as e:
             emit(report, Notice(path, f"usage record skipped: {e}"))
-    if model.layout == DIR:
-        path = os.path.join(model.path, COLI_USAGE)
+    if model.layout != DIR:
+        return out
+    for e in ENGINES.values():
+        if not e.usage_file or e.read_usage is None:
+            continue
+        path = os.path.join(model.path, e.usage_file)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             data = None
-        except OSError as e:
-            emit(report, Notice(path, f"colibri's usage history skipped: {e.strerror or e}"))
+        except OSError as err:
+            emit(report, Notice(path, f"{e.name}'s usage history skipped: {err.strerror or err}"))
             data = None
         if data:
             try:
-                out.append(parse_coli_usage(data, path, layers, experts))
-            except ValueError as e:
-                emit(report, Notice(path, f"colibri's usage history skipped: {e}"))
+                out.append(e.read_usage(data, path, layers, experts))
+            except ValueError as err:
+                emit(report, Notice(path, f"{e.name}'s usage history skipped: {err}"))
     return out
 
 
@@ -140,9 +149,9 @@ def choose_members(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, spec:
     sizes = [(rel, os.path.getsize(p)) for rel, p in zip(model.files, model.paths)]
     records = load_history(rig, model, g.layers, g.experts, report)
     split = split_history(records, g.layers, g.experts)
-    history = NO_HISTORY if split is None else f"{split.kind} history, {split.how}"
+    history = no_history() if split is None else f"{split.kind} history, {split.how}"
     if split is None:
-        emit(report, Notice(model.path, NO_HISTORY))
+        emit(report, Notice(model.path, no_history()))
     engine = get_engine(engine_for_model(model.format, model.layout, model.files))
     uses, table = expert_table(g, sizes, None if split is None else split.rank, None if split is None else split.held,
                                engine.replica_serves)

@@ -27,6 +27,7 @@ from engine_bridge.moe.constants import (
     SYNTH_DEFAULTS,
     SYNTH_FORMATS,
 )
+from engine_bridge.moe.synth_colibri import model_types as synth_model_types
 
 
 def _report_reader(result: dict) -> None:
@@ -148,8 +149,8 @@ def register(app) -> None:
                                                                      "one (default: 4, or --layers if fewer)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
         model_type: Optional[str] = typer.Option(None, "--model-type", help="colibri only: config.json model_type (default "
-                                                 "glm_moe_dsa, the GLM engine's; another member's gives a GLM-shaped model "
-                                                 "read by that member's rules, for the stand-in engines)."),
+                                                 f"{synth_model_types()[0]}, the reading engine's own; another it runs gives a "
+                                                 "model of that shape read by that type's rules, for the stand-in engines)."),
         json_out: bool = JsonOption,
     ):
         """Write a small but complete MoE transformer laid out like the real model (GGUF, or colibri's format)."""

@@ -23,9 +23,9 @@ def expert_tensor_name(layer: int, component: str) -> str:
 LAYER_RESIDENT = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                   "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
-# colibri's GLM engine (c/colibri.c): the model_type its launcher sends to it, the suffix of a
-# pre-quantised weight's per-row F32 scales (`NAME.qs`), and colibri's name for int8 rows (fmt=1).
-COLIBRI_MODEL_TYPE = "glm_moe_dsa"
+# colibri's GLM engine (c/colibri.c): the suffix of a pre-quantised weight's per-row F32 scales
+# (`NAME.qs`), and colibri's name for int8 rows (fmt=1). The model_type it runs is the engine's own
+# (`Engine.model_types`, asked in synth_colibri).
 SYNTH_FORMATS = ("gguf", "colibri")         # `synth --format`: a GGUF file, or the directory colibri's GLM engine loads
 GGUF_FORMAT, COLIBRI_FORMAT = SYNTH_FORMATS
 COLIBRI_SCALE_SUFFIX = ".qs"

@@ -32,7 +32,6 @@ from models.tensortable import open_gguf, read_tensor_table
 
 from .constants import (
     ARCH,
-    COLIBRI_MODEL_TYPE,
     COLIBRI_SCALE_SUFFIX,
     COMPONENTS,
     KV_ATTN,
@@ -40,6 +39,7 @@ from .constants import (
     LAYER_RESIDENT,
     ROW_INT8,
 )
+from .synth_colibri import model_types
 
 __all__ = ["ExpertTensor", "Geometry", "inspect_model", "Resident", "load_resident"]
 
@@ -67,13 +67,12 @@ _INT8_DTYPES = ("U8", "I8")
 def _check_colibri(g: Geometry) -> Geometry:
     """A safetensors directory `run` computes: colibri's GLM layout, one tensor per expert and
     component, every routed component int8 rows of one size."""
-    from engines.colibri.family import known_model_types
-
     # another member's model_type in the same GLM-shaped layout: `synth --model-type` writes one so that
     # member's read rules can be run (the stand-in engines); the layers are computed as the GLM's
-    if g.arch != COLIBRI_MODEL_TYPE and not (g.arch in known_model_types() and _synthesized(g)):
+    native = model_types()[0]
+    if g.arch != native and not (g.arch in model_types() and _synthesized(g)):
         raise UsageError(f"{g.path}: config.json model_type is {g.arch!r}; `run` computes a safetensors directory only in "
-                         f"colibri's {COLIBRI_MODEL_TYPE} int8-row format (write one with `engine-bridge synth --format "
+                         f"colibri's {native} int8-row format (write one with `engine-bridge synth --format "
                          "colibri`; `engine-bridge replay` reads any model)")
     if g.stacked or g.components != COMPONENTS:
         raise UsageError(f"{g.path}: routed experts are {'stacked' if g.stacked else '/'.join(g.components)}; colibri's "

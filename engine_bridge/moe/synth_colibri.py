@@ -9,7 +9,8 @@ safetensors shards plus config.json and tokenizer.json (c/colibri.c `model_init`
   first_k_dense_replace, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
   v_head_dim, n_shared_experts, vocab_size, n_group (must be 1), topk_group, norm_topk_prob,
   rms_norm_eps, routed_scaling_factor, rope_parameters.rope_theta, eos_token_id, index_topk
-  (0: no DSA indexer). model_type `glm_moe_dsa` is what the `coli` launcher sends to this engine
+  (0: no DSA indexer). model_type `glm_moe_dsa` (the reading engine's first `Engine.model_types`) is
+  what the `coli` launcher sends to this engine
   (c/coli `model_arch`: everything not inkling/kimi/olmoe/deepseek_v4 is GLM).
 - every 2-D weight pre-quantised as colibri's converter writes it (c/tools/convert_fp8_to_int4.py
   `quant_int8`, `convert_shard`): `NAME` = the int8 rows as a flat U8 tensor of O*I bytes and
@@ -47,7 +48,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -55,9 +56,25 @@ import numpy as np
 from core.errors import UsageError, WriteError
 from core.fsutil import fsync_dir
 
-from .constants import COLIBRI_MODEL_TYPE, COLIBRI_SCALE_SUFFIX
+from engines.base import Engine
+from engines.registry import engine_for_model, get_engine
+
+from .constants import COLIBRI_SCALE_SUFFIX
 
 SHARD_NAME = "out-{:05d}.safetensors"          # the converter's naming (convert_fp8_to_int4.py)
+# What this writes, as an engine is asked about a model (`Engine.reads_model`): the engine that loads
+# it says which model types it runs (`Engine.model_types`, its own models' first).
+WRITTEN = ("safetensors", "dir", ("config.json", SHARD_NAME.format(0), "tokenizer.json"))
+
+
+def reading_engine() -> Engine:
+    """The engine that loads the directories this module writes."""
+    return get_engine(engine_for_model(*WRITTEN))
+
+
+def model_types() -> tuple[str, ...]:
+    """The config.json model_type values the reading engine runs, its own models' first."""
+    return reading_engine().model_types
 SPECIAL_TOKENS = ("<|endoftext|>", "[gMASK]", "<sop>")   # run_text looks these up by content
 # cl100k's split rule, which colibri's tok.h implements (it only checks the pattern for o200k/Han).
 PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -89,7 +106,7 @@ class ColibriSpec:
     # config.json model_type: colibri's launcher picks the engine by it. The GLM engine's by default;
     # another member's (deepseek_v41, ...) gives a GLM-shaped model that member's read rules place
     # (the stand-in engine's demos): the real engine of that member cannot run it.
-    model_type: str = COLIBRI_MODEL_TYPE
+    model_type: str = field(default_factory=lambda: model_types()[0])
 
     @property
     def qk_head(self) -> int:
@@ -109,10 +126,9 @@ def max_vocab() -> int:
 
 def check_spec(s: ColibriSpec) -> ColibriSpec:
     """Refuse shapes colibri (or this writer) cannot take, with the fix in the message."""
-    from engines.colibri.family import known_model_types
-
-    if s.model_type not in known_model_types():
-        raise UsageError(f"--model-type {s.model_type!r}: use one of colibri's {', '.join(known_model_types())}")
+    known = sorted(model_types())
+    if s.model_type not in known:
+        raise UsageError(f"--model-type {s.model_type!r}: use one of {reading_engine().name}'s {', '.join(known)}")
     for name, v in asdict(s).items():
         if name == "model_type":
             continue

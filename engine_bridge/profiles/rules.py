@@ -14,7 +14,7 @@ from typing import Sequence
 
 from core.errors import UsageError
 from engines.handoff import NO_SOURCES, Request, SourceFacts, Violation, check_cache
-from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
+from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine, readers_of
 
 __all__ = ["NO_SOURCES", "SourceFacts", "Violation", "check_cache", "check_engine", "check_model", "check_sources",
            "profile_of", "refusal"]
@@ -57,8 +57,7 @@ def check_model(engine: str, fmt: str, layout: str, files: Sequence[str]) -> tup
     why = e.reads_model(fmt, layout, files) if e.reads_model is not None else ""
     if not why:
         return "", ()
-    readers = tuple(n for n, x in ENGINES.items()
-                    if x is not e and x.reads_model is not None and not x.reads_model(fmt, layout, files))
+    readers = tuple(x.name for x in readers_of(fmt, layout, files) if x is not e)
     return why, readers
 
 

@@ -32,7 +32,7 @@ weight-sized stripe legs (`mir_stripe_plan`), read from derived copies of a newe
 
 The package holds one module per thing the engine is asked: its facts (`constants`), where an
 expert is read from (`placement`, `family`), what it makes of its variables (`mirror_env`), its
-read pattern (`colibri_reads`), its log lines (`colibri_log`), its profile, export's and
+read pattern (`colibri_reads`), its log lines (`colibri_log`), its usage history (`usage_file`), its profile, export's and
 launch's side (`colibri_profile`, with the stand-in's in `colibri_standin`). This file assembles
 them into the `Engine` the registry holds; no module of the package imports it.
 """
@@ -42,11 +42,24 @@ from __future__ import annotations
 from ..base import Engine
 from . import colibri_profile
 from .colibri_log import read_timing
-from .colibri_reads import buffered, concurrency, modes, read_pattern, reads_model, replica_serves, weight_grid
-from .constants import ALIGN, MAX_SOURCES, NAME, PATH_FORBIDDEN, SWITCHES, WEIGHT_MAX, WEIGHT_MIN
+from .colibri_reads import (
+    buffered,
+    concurrency,
+    modes,
+    preference,
+    read_pattern,
+    reads_model,
+    replica_serves,
+    weight_grid,
+)
+from .constants import ALIGN, GLM_MODEL_TYPE, MAX_SOURCES, NAME, PATH_FORBIDDEN, SWITCHES, USAGE_FILE, WEIGHT_MAX, WEIGHT_MIN
+from .family import known_model_types
+from .usage_file import read_usage
 
 ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weight_max=WEIGHT_MAX,
                 granule=ALIGN, split=None, path_forbidden=PATH_FORBIDDEN,
                 pattern=read_pattern, concurrency=concurrency, grid=weight_grid, reads_model=reads_model,
                 switches=SWITCHES, modes=modes, phase_weights=False, profile=colibri_profile,
-                buffered=buffered, timing=read_timing, replica_serves=replica_serves)
+                buffered=buffered, timing=read_timing, replica_serves=replica_serves,
+                usage_file=USAGE_FILE, read_usage=read_usage, preference=preference,
+                model_types=(GLM_MODEL_TYPE,) + tuple(t for t in known_model_types() if t != GLM_MODEL_TYPE))

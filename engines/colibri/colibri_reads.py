@@ -66,6 +66,12 @@ def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:
 
 
 
+def preference(fmt: str, layout: str, files: Sequence[str]) -> int:
+    """1: a directory of safetensors shards (or a lone shard standing for its folder) is the format
+    colibri loads (asked only of a model it reads)."""
+    return 1
+
+
 def _window(geometry, file: str, offset: int, length: int) -> tuple[int, int]:
     """The O_DIRECT window of [offset, offset+length), clipped to the file's end when known."""
     o, n = direct_window(offset, length)

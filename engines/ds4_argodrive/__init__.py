@@ -17,7 +17,7 @@ from ..base import Engine
 from . import ds4_profile
 from .blocks import smallest_equivalent, split_ds4, weight_grid
 from .constants import BLOCK_BYTES, ENV_DECODE_WEIGHTS, MAX_SOURCES, NAME, PATH_FORBIDDEN, WEIGHT_MAX, WEIGHT_MIN
-from .ds4_reads import concurrency, read_pattern, reads_model
+from .ds4_reads import concurrency, preference, read_pattern, read_shapes, reads_model
 
 # ds4-argodrive cuts every routed-expert read across every source (the split above) and its reader
 # takes a replica only as a regular file of the primary's size (docs/engine-profiles.md, the rules
@@ -37,4 +37,5 @@ ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weigh
                 granule=BLOCK_BYTES, split=split_ds4, path_forbidden=PATH_FORBIDDEN, pattern=read_pattern,
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
                 profile=ds4_profile, memory_member=MEMORY_MEMBER, partial_refusal=PARTIAL_REFUSAL,
-                decode_miscount=DECODE_MISCOUNT)
+                decode_miscount=DECODE_MISCOUNT, read_shapes=read_shapes,
+                preference=preference)

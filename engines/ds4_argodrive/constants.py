@@ -5,6 +5,8 @@ Read from the engine's expert reader and profile handling (docs/engine-profiles.
 
 from __future__ import annotations
 
+from models.constants import V41_COMPONENT_BYTES
+
 NAME = "ds4-argodrive"
 
 BLOCK_BYTES = 262_144                  # bytes: the split granule (256 KiB)
@@ -19,7 +21,7 @@ DECODE_THREADS = 9               # the expert pread pool (DS4_METAL_STREAMING_EX
 DECODE_BATCH = 3                 # component reads issued together: one missed expert (gate, up, down)
 # One expert component of DeepSeek V4.1 Flash Q4, the engine's model: the decode read size used
 # only when no model header is at hand to ask.
-COMPONENT_BYTES = 6_635_520
+COMPONENT_BYTES = V41_COMPONENT_BYTES
 
 # ---------------------------------------------------------------------------------------------
 # Environment and arguments (docs/engine-profiles.md)

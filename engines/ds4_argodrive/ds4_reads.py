@@ -9,9 +9,9 @@ from typing import Sequence
 from models.modelset import Extent
 
 from ..base import Piece
-from ..pattern import Concurrency, Pattern, Read, Setup, Step
+from ..pattern import Concurrency, Pattern, Read, ReadShapes, Setup, Step
 from .blocks import split_ds4
-from .constants import DECODE_THREADS, NAME, PREFILL_CHUNK, PREFILL_LANES
+from .constants import COMPONENT_BYTES, DECODE_THREADS, NAME, PREFILL_CHUNK, PREFILL_LANES
 
 # ---------------------------------------------------------------------------------------------
 # The read pattern: what the engine reads for one step, cut by its rule (docs/engine-profiles.md)
@@ -104,6 +104,20 @@ def read_pattern(geometry, step: Step, setup: Setup) -> Pattern:
 def concurrency(phase: str) -> Concurrency:
     """Prefill keeps PREFILL_LANES reads in flight on each drive; decode shares a pool of DECODE_THREADS."""
     return Concurrency(per_source=PREFILL_LANES) if phase == "prefill" else Concurrency(shared=DECODE_THREADS)
+
+
+def read_shapes(component_bytes: int | None = None) -> ReadShapes:
+    """A prefill staging chunk (PREFILL_CHUNK, or the component when it is larger, as
+    `staged_extents` stages) and a decode component: the model's, else V4.1's (COMPONENT_BYTES)."""
+    if component_bytes is None:
+        return ReadShapes(PREFILL_CHUNK, COMPONENT_BYTES)
+    return ReadShapes(max(PREFILL_CHUNK, component_bytes), component_bytes)
+
+
+def preference(fmt: str, layout: str, files: Sequence[str]) -> int:
+    """1: one GGUF file is the format ds4 is made for (asked only of a model it reads). Its models
+    are DeepSeek V4's, but the question is asked of the format, layout and files alone."""
+    return 1
 
 
 def reads_model(fmt: str, layout: str, files: Sequence[str]) -> str:

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from core.errors import UsageError
 from engine_bridge.cli import app
-from engine_bridge.moe.constants import COLIBRI_MODEL_TYPE, ROW_INT8
+from engine_bridge.moe.constants import ROW_INT8
+from engines.colibri.constants import GLM_MODEL_TYPE as COLIBRI_MODEL_TYPE
 from engine_bridge.moe.resident import inspect_model, load_resident
 from engine_bridge.moe.session import run_model
 from engine_bridge.moe.inputs import SourceSet

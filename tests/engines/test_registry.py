@@ -1,12 +1,14 @@
 """The registry of target engines: lookup, the default, and which engines split reads."""
 
+from dataclasses import replace
+
 import pytest
 
 from core.errors import EXIT_USAGE, UsageError
 from engines import colibri, ds4_argodrive
 from engines.ds4_argodrive.blocks import split_ds4
 from engines.ds4_argodrive.constants import BLOCK_BYTES, COMPONENT_BYTES
-from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
+from engines.registry import DEFAULT_ENGINE, ENGINES, engine_for_model, get_engine, readers_of, register
 from engines.split import check_weights, split_read
 
 
@@ -46,3 +48,29 @@ def test_weight_limits_are_the_named_engines():
         check_weights((1,) * 4)
     with pytest.raises(UsageError, match="unknown-engine"):
         check_weights((1,), "unknown-engine")
+
+
+def test_a_models_default_engine_is_the_one_that_claims_it_most_never_the_first_registered():
+    gguf = ("gguf", "file", ("m.gguf",))
+    ds4 = get_engine(ds4_argodrive.NAME)
+    assert engine_for_model(*gguf) == ds4.name and engine_for_model("safetensors", "dir", ("a.safetensors",
+                                                                                             "tokenizer.json")) == colibri.NAME
+
+    def reads_gguf(fmt, layout, files):
+        return "" if fmt == "gguf" else "reads GGUF only"
+
+    shy = replace(ds4, name="000-reader", reads_model=reads_gguf, preference=None)          # claims 0
+    made_for = replace(ds4, name="zzz-reader", reads_model=reads_gguf, preference=lambda *m: 2)
+    tie = replace(ds4, name="aaa-reader", reads_model=reads_gguf, preference=lambda *m: 1)
+    with register(shy):
+        assert engine_for_model(*gguf) == ds4.name          # registered first and sorts first, but claims less
+        with register(made_for):
+            assert engine_for_model(*gguf) == "zzz-reader"
+            assert [e.name for e in readers_of(*gguf)] == ["zzz-reader", ds4.name, "000-reader"]
+    with register(tie):
+        assert engine_for_model(*gguf) == "aaa-reader"      # a tie goes to the name that sorts first
+    assert set(ENGINES) == {ds4_argodrive.NAME, colibri.NAME}
+    with pytest.raises(UsageError, match="engine 'colibri' is already registered"):
+        with register(get_engine(colibri.NAME)):
+            pass
+    assert get_engine(colibri.NAME) is colibri.ENGINE

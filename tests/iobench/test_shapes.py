@@ -94,3 +94,12 @@ def test_layout_of_non_gguf_and_broken_gguf(tmp_path):
     broken.write_bytes(b"GGUF" + b"\xff" * 100)
     path, lay, notes = model_layout(one_file(str(broken), GGUF))    # a model file that cannot be read: said
     assert (path, lay) == (str(broken), None) and len(notes) == 1 and "decode uses 6,635,520 B components" in notes[0]
+
+
+def test_the_presets_read_sizes_are_asked_of_the_engine_for_the_models_component():
+    from engines.pattern import ReadShapes
+    from iobench.shapes import engine_shapes
+
+    assert engine_shapes() == ReadShapes(PREFILL_CHUNK, COMPONENT_BYTES)        # no header at hand: the engine's model
+    assert engine_shapes(557_056) == ReadShapes(PREFILL_CHUNK, 557_056)
+    assert engine_shapes(48 * MiB) == ReadShapes(48 * MiB, 48 * MiB)            # a chunk stages at least one component

@@ -13,8 +13,10 @@ import pytest
 from core import rig as rigmod
 from core.jsonfile import write_json
 from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
-from models.usage import (COLI_USAGE, IKU1_MAGIC, MISSES, ROUTINGS, parse_coli_usage, split_history, usage_from_dict,
-                          usage_of, usage_to_dict)
+from engines.colibri.constants import USAGE_FILE as COLI_USAGE
+from engines.colibri.usage_file import IKU1_MAGIC
+from engines.colibri.usage_file import read_usage as parse_coli_usage
+from models.usage import MISSES, ROUTINGS, split_history, usage_from_dict, usage_of, usage_to_dict
 from replicas.partial import (BUDGET, NOTHING, SHARE, ExpertTable, ShardUse, choose_partial, coverage,
                               predicted_gain)
 from tests.replicas.helpers import flip_byte, invoke
