@@ -30,8 +30,8 @@ def register(app) -> None:
         plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in "
                                                                      "rig/plans, or 'latest'."),
         fmt: str = typer.Option(..., "--format", metavar="FORMAT",
-                                help=f"{' or '.join(pf.FORMATS[:-1])}: that engine's shell file + JSON (e.g. colibri: its "
-                                     f"mirror/weight variables); {pf.FORMATS[-1]}: the plan's engine's profile as data."),
+                                help=f"{' or '.join(pf.formats()[:-1])}: that engine's shell file + JSON (the "
+                                     f"engine's variables); {pf.JSON_FORMAT}: the plan's engine's profile as data."),
         profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME",
                                               help="Name of the exported profile (default: the plan file's name)."),
         base: Optional[str] = typer.Option(None, "--base", metavar="PROFILE",

@@ -233,8 +233,8 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     beside it: the plan re-solved without each of its drives (`planner.fallback`), named
     NAME.without-DRIVE; the chosen profile's provenance lists them (`fallbacks`), for `launch` to
     name when a drive is gone; `report` gets a Notice before each re-solve."""
-    if fmt not in pf.FORMATS:
-        raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.FORMATS)}")
+    if fmt not in pf.formats():
+        raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.formats())}")
     rig = rigmod.load_rig(rig_root, must_exist=False)
     plan_path = resolve_plan_path(plan_path, rig)
     plan = load_plan(plan_path)

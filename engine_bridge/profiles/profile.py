@@ -38,9 +38,16 @@ PROFILE_SCHEMA = 1
 DEFINITION_SCHEMA = 1
 # An engine's name writes its profile as a shell file and JSON; json: the plan's engine's profile as JSON alone.
 JSON_FORMAT = "json"
-FORMATS = tuple(n for n, e in ENGINES.items() if e.profile is not None) + (JSON_FORMAT,)
-# Variables only a plan sets (every engine's): a named profile may not.
-PLAN_KEYS = frozenset(k for e in ENGINES.values() if e.profile is not None for k in e.profile.plan_keys())
+
+
+def formats() -> tuple[str, ...]:
+    """What `export --format` takes: each registered engine with a profile, then json."""
+    return tuple(n for n, e in ENGINES.items() if e.profile is not None) + (JSON_FORMAT,)
+
+
+def plan_keys() -> frozenset[str]:
+    """Variables only a plan sets (every registered engine's): a named profile may not."""
+    return frozenset(k for e in ENGINES.values() if e.profile is not None for k in e.profile.plan_keys())
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -148,7 +155,7 @@ def parse_definition(text: str, where: str, origin: str = "") -> Definition:
     for k, val in sets.items():
         if not _KEY_RE.match(k):
             raise bad(f"set.{k}", "is not an environment variable name")
-        if k in PLAN_KEYS:
+        if k in plan_keys():
             raise bad(f"set.{k}", "comes from the plan, not from a profile; remove it")
         if isinstance(val, bool) or not isinstance(val, (str, int)):
             raise bad(f"set.{k}", "must be a string or an integer")

@@ -1,23 +1,37 @@
 """The contract every registered engine keeps: its read pattern is deterministic, well formed,
 covers every byte of every expert the step reads exactly once (with no switch on; a switch may
-widen a read, as an O_DIRECT window reads a neighbour's edge too), uses only the sources that may serve and hold the file,
-and its weight grid, concurrency and modes are answers the planner can use. Adding an engine is
-adding its module, its registry line and its row in ARCH below."""
+widen a read, as an O_DIRECT window reads a neighbour's edge too), uses only the sources that may
+serve and hold the file, and its weight grid, concurrency and modes are answers the planner can
+use. Adding an engine is adding its package, its registry line and its row in ARCH below. The toy
+engine the tests define (tests/engines/toy_engine.py) is held to the same contract, registered for
+each of its cases."""
 
 import pytest
 
 from engines.pattern import PHASES, Concurrency, Setup, Step, check_pattern
-from engines.registry import ENGINES
+from engines.registry import ENGINES, get_engine
 from engines.split import check_weights
 from models.geometry import stacked_geometry
+from tests.engines import toy_engine
 
 # a config.json model_type (or GGUF architecture) each engine reads, for a model of that family
-ARCH = {"ds4-argodrive": "?", "colibri": "glm_moe_dsa"}
+ARCH = {"ds4-argodrive": "?", "colibri": "glm_moe_dsa", toy_engine.NAME: "?"}
 COMPONENT = 557_056 + 4096          # not a multiple of 4 KiB experts: windows and cuts meet edges
+NAMES = sorted(ENGINES) + [toy_engine.NAME]
 
 
 def test_every_engine_has_a_contract_row():
-    assert set(ARCH) == set(ENGINES)
+    assert set(ARCH) == set(ENGINES) | {toy_engine.NAME}
+
+
+@pytest.fixture
+def engine(name):
+    """The engine under test, the toy one registered while its case runs."""
+    if name != toy_engine.NAME:
+        yield get_engine(name)
+        return
+    with toy_engine.registered() as e:
+        yield e
 
 
 def geometry(name):
@@ -47,11 +61,11 @@ def times(spans, file, a, b):
     return min(counts), max(counts)
 
 
-@pytest.mark.parametrize("name", sorted(ENGINES))
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("weights", [(1,), (3, 1), (5, 2, 3)])
-def test_patterns_are_deterministic_well_formed_and_read_each_expert_byte_once(name, phase, weights):
-    e, g = ENGINES[name], geometry(name)
+def test_patterns_are_deterministic_well_formed_and_read_each_expert_byte_once(engine, name, phase, weights):
+    e, g = engine, geometry(name)
     sizes = dict(g.file_sizes)
     for mode in e.modes(g):
         setup = Setup(weights, mode)
@@ -70,9 +84,9 @@ def test_patterns_are_deterministic_well_formed_and_read_each_expert_byte_once(n
                 assert sum(r.length for r in p.reads) == sum(n for _, _, n in extents(g, step))
 
 
-@pytest.mark.parametrize("name", sorted(ENGINES))
-def test_only_sources_that_may_serve_and_hold_the_file_get_pieces(name):
-    e, g = ENGINES[name], geometry(name)
+@pytest.mark.parametrize("name", NAMES)
+def test_only_sources_that_may_serve_and_hold_the_file_get_pieces(engine, name):
+    e, g = engine, geometry(name)
     step = Step("decode", 1, tuple(range(g.experts)))
     healthy = e.pattern(g, step, Setup((4, 2, 3), healthy=(0, 2)))
     assert {pc.source for r in healthy.reads for pc in r.pieces} <= {0, 2}
@@ -81,9 +95,9 @@ def test_only_sources_that_may_serve_and_hold_the_file_get_pieces(name):
     check_pattern(partial, 3, dict(g.file_sizes))
 
 
-@pytest.mark.parametrize("name", sorted(ENGINES))
-def test_the_grid_concurrency_and_modes_are_answers_the_planner_can_use(name):
-    e, g = ENGINES[name], geometry(name)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_grid_concurrency_and_modes_are_answers_the_planner_can_use(engine, name):
+    e, g = engine, geometry(name)
     for n in range(1, min(3, e.max_sources) + 1):
         for ph in PHASES:
             grid = e.grid(n, g, ph)
