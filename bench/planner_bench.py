@@ -264,7 +264,7 @@ def inner(a) -> int:
     from iobench.bench import RunOptions, run_bench, targets_from_rig
     from iobench.result import save_result
     from models.modelset import discover
-    from planner.autotune import Arm, Tally, Trial, joint_pick
+    from planner.autotune import Arm, Tally, ArmTrial, joint_pick
     from planner.plans import load_inputs, save_plan
     from planner.rigmodel import choose_workload, rig_problem
     from planner.solve import Pricer, prediction, solve, solve_plan
@@ -377,7 +377,7 @@ def inner(a) -> int:
         cands = grids["prefill"]
         arms = tuple(Arm(ph, c[0], (label(*c),), pred[(ph, c)]["throughput_Bps"], pred[(ph, c)], c[1])
                      for ph in PHASES for c in cands)
-        trials = tuple(Trial(i, 0, med[(x.phase, "split", (x.weights, x.mode))], 0.0, 0.0) for i, x in enumerate(arms))
+        trials = tuple(ArmTrial(i, 0, med[(x.phase, "split", (x.weights, x.mode))], 0.0, 0.0) for i, x in enumerate(arms))
         picks = joint_pick(arms, Tally(trials, 1, False, 0.0))
         obj = picks["prefill"].objective
         best_i = picks["prefill"].arm

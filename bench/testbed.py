@@ -203,7 +203,7 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
-class Interrupted(SystemExit):
+class TestbedInterrupted(SystemExit):
     """A signal stopped the benchmark; raised from the handler so the testbed still comes down."""
 
     def __init__(self, signum: int):
@@ -253,7 +253,7 @@ class Testbed:
             finally:
                 self._deferring = False
             if self._pending is not None:
-                raise Interrupted(self._pending)
+                raise TestbedInterrupted(self._pending)
         except BaseException as e:
             self._leave(e)
             raise
@@ -272,11 +272,11 @@ class Testbed:
                 self._release_lock()
                 self._restore_handlers()
         finally:
-            if isinstance(exc, Interrupted):
+            if isinstance(exc, TestbedInterrupted):
                 say(f"interrupted by {signal.Signals(exc.signum).name}; the testbed is down")
         if self._pending is not None and exc is None:
             say(f"interrupted by {signal.Signals(self._pending).name}; the testbed is down")
-            raise Interrupted(self._pending)
+            raise TestbedInterrupted(self._pending)
 
     def _down(self) -> None:
         """Kill what still runs in the group, take the drives down, delete a root we made."""
@@ -334,7 +334,7 @@ class Testbed:
         if self._deferring:
             self._pending = signum
             return
-        raise Interrupted(signum)
+        raise TestbedInterrupted(signum)
 
     # ---- using the drives --------------------------------------------------------------------
 

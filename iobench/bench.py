@@ -56,7 +56,7 @@ from .schedule import (
     shape_for,
     with_topology,
 )
-from .trials import SYSTEM_CLOCK, Clock, Stream, StreamRun, run_trial
+from .trials import SYSTEM_CLOCK, TrialClock, Stream, StreamRun, run_trial
 
 
 
@@ -226,7 +226,7 @@ def _resident(path: str, size: int) -> float:
 
 def run_bench(targets: Sequence[Target], opts: RunOptions, *, previous: BenchResult | None = None,
               report: Reporter = None, cancel: threading.Event | None = None,
-              clock: Clock = SYSTEM_CLOCK) -> BenchResult:
+              clock: TrialClock = SYSTEM_CLOCK) -> BenchResult:
     """Measure the targets; returns the result (the caller saves it). Progress: a Progress event
     (phase 'trial', done/total trials) before each trial and a Notice with its rate after.
     `clock` times the trials (the host's unless a test passes its own). With `opts.topology`, the

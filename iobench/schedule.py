@@ -14,7 +14,7 @@ takes.
 `measure` is the whole run as a plan that never touches a drive: a generator that yields each
 `Trial` and is sent back that trial's runs (one `StreamRun` per leg, in order), because what
 comes next depends on what was measured (the split weights on the seq ceilings, the lanes of a
-together run on the alone runs' best). Its return value is the `Measured` tally. `bench.py`
+together run on the alone runs' best). Its return value is the `RunFindings` tally. `bench.py`
 opens the files and runs the trials; tests feed it made-up runs.
 """
 
@@ -302,7 +302,7 @@ class Trial:
 
 
 @dataclass
-class Measured:
+class RunFindings:
     """What a run found, filled in as its trials come back."""
 
     presets: dict[str, dict[str, PresetResult]]    # drive name -> preset -> alone result
@@ -315,7 +315,7 @@ class Measured:
     weights_from: str = ""
 
 
-Plan = Generator[Trial, "list[StreamRun]", Measured]
+Plan = Generator[Trial, "list[StreamRun]", RunFindings]
 
 
 def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, bool],
@@ -323,7 +323,7 @@ def measure(targets: Sequence[Target], opts: RunOptions, not_cold: Mapping[str, 
     """The run as a plan (see the module's docstring). `not_cold`: drive name -> its reads may
     come from the page cache (no O_DIRECT, a cached file under F_NOCACHE), so its results are
     flagged. `memory`: the names of RAM members (tmpfs copies), measured as RAM and never flagged."""
-    m = Measured(presets={t.name: {} for t in targets}, notes={t.name: [] for t in targets},
+    m = RunFindings(presets={t.name: {} for t in targets}, notes={t.name: [] for t in targets},
                  order=[p for p in PRESETS if p in opts.presets])
     shapes: dict[tuple[str, str], Shape | None] = {}
     for preset in m.order:
@@ -393,7 +393,7 @@ def _nth(r: int, n: int) -> str:
     return f" ({r + 1}/{n})" if n > 1 else ""
 
 
-def run_plan(plan: Plan, run: Callable[[Trial], "list[StreamRun]"]) -> Measured:
+def run_plan(plan: Plan, run: Callable[[Trial], "list[StreamRun]"]) -> RunFindings:
     """Carry a plan out: `run` each trial it yields and send back the runs; its tally at the end."""
     try:
         trial = next(plan)
@@ -407,7 +407,7 @@ def run_plan(plan: Plan, run: Callable[[Trial], "list[StreamRun]"]) -> Measured:
             return done.value
 
 
-def run_settings(opts: RunOptions, m: Measured) -> dict:
+def run_settings(opts: RunOptions, m: RunFindings) -> dict:
     """The `settings` of a result: what was asked and what the plan chose."""
     return {
         "seconds": opts.seconds,

@@ -12,7 +12,7 @@ stretched when a drive would complete only a few (large) requests in it, and clo
 every drive has completed a request in it (a host too busy to schedule the lanes for a short
 window would otherwise measure a drive at 0 B/s).
 
-Every instant comes from one `Clock`: the host's monotonic clock unless told otherwise. Tests pass
+Every instant comes from one `TrialClock`: the host's monotonic clock unless told otherwise. Tests pass
 a virtual one, so what they check follows from the trial's arguments, not from the host's load.
 
 A drive's bytes in a window are what its device delivered (the meter's difference); without a
@@ -45,7 +45,7 @@ MIN_REQUESTS = 8        # requests per drive per window, at least, by stretching
 MAX_STRETCH = 3.0       # ... to at most this many times the requested window
 
 
-class Clock:
+class TrialClock:
     """Where a trial's time comes from: `now_ns()` (monotonic, ns) stamps the gate, every request
     and every meter sample; `sleep(s)` paces the trial's own thread between samples; `stop()` is
     called once the lanes have been told to stop, before they are joined.
@@ -63,7 +63,7 @@ class Clock:
         pass
 
 
-SYSTEM_CLOCK = Clock()
+SYSTEM_CLOCK = TrialClock()
 
 
 @dataclass
@@ -92,7 +92,7 @@ class StreamRun:
 
 
 class _Shared:
-    def __init__(self, lanes: int, clock: Clock):
+    def __init__(self, lanes: int, clock: TrialClock):
         self.lock = threading.Lock()
         self.pending = lanes        # lanes yet to complete their first request
         self.gate_ns = 0
@@ -109,7 +109,7 @@ class _Shared:
 
 def run_trial(streams: list[Stream], seconds: float, windows: int = 1, *, min_warmup: float = MIN_WARMUP_S,
               max_warmup: float = MAX_WARMUP_S, cancel: threading.Event | None = None,
-              clock: Clock = SYSTEM_CLOCK) -> list[StreamRun]:
+              clock: TrialClock = SYSTEM_CLOCK) -> list[StreamRun]:
     """Run all streams at once over `windows` windows of `seconds` each; one StreamRun per stream.
 
     Raises MissingError when a read fails (the drive or file went away) and Interrupted when

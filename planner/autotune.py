@@ -69,7 +69,7 @@ def mode_of(prediction: Mapping) -> frozenset[str]:
 
 
 @dataclass(frozen=True)
-class Trial:
+class ArmTrial:
     arm: int                        # index into the arms
     round: int
     Bps: float                      # measured bytes/s
@@ -79,7 +79,7 @@ class Trial:
 
 @dataclass(frozen=True)
 class Tally:
-    trials: tuple[Trial, ...]
+    trials: tuple[ArmTrial, ...]
     rounds_planned: int
     stopped_by_budget: bool         # the budget ended the run before the planned rounds
     wall_s: float
@@ -230,7 +230,7 @@ def rounds_that_fit(arms: int, trial_s: float, budget_s: float) -> int:
 
 def run_trials(arms: Sequence[Arm], measure: Callable[[Arm, float], float], clock: Callable[[], float],
                budget_s: float = DEFAULT_BUDGET_S, trial_s: float = DEFAULT_TRIAL_S,
-               rounds: int | None = None, on_trial: Callable[[Trial, Arm], None] | None = None,
+               rounds: int | None = None, on_trial: Callable[[ArmTrial, Arm], None] | None = None,
                stop: Callable[[], bool] | None = None, overhead_s: float = 0.0) -> Tally:
     """Measure the arms in ABBA order within the budget.
 
@@ -245,7 +245,7 @@ def run_trials(arms: Sequence[Arm], measure: Callable[[Arm, float], float], cloc
     planned = rounds if rounds is not None else max(1, rounds_that_fit(len(arms), nominal, budget_s))
     start = clock()
     longest = nominal
-    trials: list[Trial] = []
+    trials: list[ArmTrial] = []
     stopped = interrupted = False
     for r, i in abba_order(len(arms), planned):
         if stop is not None and stop():
@@ -258,7 +258,7 @@ def run_trials(arms: Sequence[Arm], measure: Callable[[Arm, float], float], cloc
         v = float(measure(arms[i], trial_s))
         t1 = clock()
         longest = max(longest, t1 - t0)
-        trial = Trial(i, r, v, t0 - start, t1 - t0)
+        trial = ArmTrial(i, r, v, t0 - start, t1 - t0)
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial, arms[i])

@@ -161,7 +161,7 @@ def barrier_time(mean_s: np.ndarray, shapes: Sequence[LatencyShape], in_flight: 
 
 
 @dataclass(frozen=True)
-class Link:
+class SharedLink:
     """Drives behind one uplink: the bytes/s all `members` (source indices) move together is at
     most `ceiling_Bps` (measured by iobench with the group read at once)."""
     name: str
@@ -169,7 +169,7 @@ class Link:
     ceiling_Bps: float
 
 
-def link_times(nbytes: np.ndarray, links: Sequence[Link], reads_per_batch: int = 1) -> np.ndarray:
+def link_times(nbytes: np.ndarray, links: Sequence[SharedLink], reads_per_batch: int = 1) -> np.ndarray:
     """(N, L) seconds each link needs to carry its members' bytes of one batch.
 
     nbytes: (N, n) bytes per source per read; a batch is `reads_per_batch` reads."""
@@ -180,7 +180,7 @@ def link_times(nbytes: np.ndarray, links: Sequence[Link], reads_per_batch: int =
     return out
 
 
-def links_from(groups: Sequence[tuple[str, Sequence[int], float, float]]) -> tuple[Link, ...]:
+def links_from(groups: Sequence[tuple[str, Sequence[int], float, float]]) -> tuple[SharedLink, ...]:
     """Links from measured groups: (name, member indices, bytes/s together, sum of the members'
     bytes/s alone), one tuple per preset measured. A group is a shared link when in some preset it
     moved less than SHARED_BELOW of its members' sum alone; its ceiling is the most it carried in
@@ -192,4 +192,4 @@ def links_from(groups: Sequence[tuple[str, Sequence[int], float, float]]) -> tup
             continue
         top, shared = seen.get((name, mem), (0.0, False))
         seen[(name, mem)] = (max(top, float(together)), shared or together < SHARED_BELOW * alone)
-    return tuple(Link(name, mem, top) for (name, mem), (top, shared) in seen.items() if shared)
+    return tuple(SharedLink(name, mem, top) for (name, mem), (top, shared) in seen.items() if shared)

@@ -18,7 +18,7 @@ from core.jsonfile import read_json, write_json
 from core.rig import Rig, load_rig
 from replicas.manifests import load_manifest
 
-from .barrier import Link, links_from, shape_from_latency
+from .barrier import SharedLink, links_from, shape_from_latency
 from .constants import PLAN_SCHEMAS, TAIL_LANES
 from .drivecurves import Background, CorrectedCurve, Drive
 from .plan import PLAN_KIND, PLAN_REMEDY, Plan, Source, plan_from_dict, plan_to_dict
@@ -100,7 +100,7 @@ class Inputs:
     sources: tuple[Source, ...]        # primary first
     drives: tuple[Drive, ...]          # the same order
     provenance: dict
-    links: tuple[Link, ...] = ()       # drives sharing an uplink (source indices), from grouped runs
+    links: tuple[SharedLink, ...] = ()       # drives sharing an uplink (source indices), from grouped runs
 
 
 def file_sha256(path: str) -> str:
@@ -136,7 +136,7 @@ def latency_shape(drive_result, lanes: int = TAIL_LANES):
     return shape if shape.spread else None
 
 
-def shared_links(result, names: list[str]) -> tuple[Link, ...]:
+def shared_links(result, names: list[str]) -> tuple[SharedLink, ...]:
     """The result's groups (and its all-together runs) that behave as one shared link, as
     `barrier.links_from` judges them; members are indices into `names` (result drive names, in
     the model's source order). A group naming a drive outside `names` is left out."""
@@ -269,7 +269,7 @@ def full_members_for(inputs: Inputs, engine) -> tuple[Inputs, tuple[dict, ...]]:
     if not out:
         return inputs, ()
     where = {old: new for new, old in enumerate(keep)}
-    links = tuple(Link(x.name, tuple(where[i] for i in x.members if i in where), x.ceiling_Bps) for x in inputs.links)
+    links = tuple(SharedLink(x.name, tuple(where[i] for i in x.members if i in where), x.ceiling_Bps) for x in inputs.links)
     links = tuple(x for x in links if len(x.members) > 1)
     provenance = dict(inputs.provenance, left_out=out)
     return Inputs(tuple(inputs.sources[i] for i in keep), tuple(inputs.drives[i] for i in keep), provenance, links), tuple(out)

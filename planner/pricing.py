@@ -35,7 +35,7 @@ import numpy as np
 from engines.base import Engine
 from engines.pattern import Pattern, Setup, Step
 
-from .barrier import LatencyShape, Link, barrier_time
+from .barrier import LatencyShape, SharedLink, barrier_time
 from .constants import ENGRAM_READ_BYTES, ENGRAM_READS_PER_TOKEN
 from .drivecurves import Background, Drive, busy_factor
 
@@ -176,7 +176,7 @@ def expert_sources(pattern: Pattern, geometry, n: int) -> np.ndarray:
 
 
 def price_patterns(patterns: Sequence[Pattern], steps: PhaseSteps, curves: Curves, engine: Engine,
-                   backgrounds: Sequence[Background] = (), links: Sequence[Link] = (), geometry=None) -> PhasePrice:
+                   backgrounds: Sequence[Background] = (), links: Sequence[SharedLink] = (), geometry=None) -> PhasePrice:
     """The phase's price from the patterns of its sampled steps (one per step, same order).
     `geometry` (the model's) lets it count each source's experts; without it they are 0."""
     drives = curves.drives
@@ -267,7 +267,7 @@ Patterner = Callable[[Step, Setup], Pattern]
 
 
 def price_phase(steps: PhaseSteps, setup: Setup, patterner: Patterner, curves: Curves, engine: Engine,
-                backgrounds: Sequence[Background] = (), links: Sequence[Link] = (), geometry=None,
+                backgrounds: Sequence[Background] = (), links: Sequence[SharedLink] = (), geometry=None,
                 page_cache: float = 0.0) -> PhasePrice:
     """Price one phase at one setup: the engine's pattern of each sampled step, then its price.
 

@@ -31,7 +31,7 @@ from core.results import Document
 from engines.base import Engine
 from engines.pattern import Concurrency, Setup
 
-from .barrier import Link
+from .barrier import SharedLink
 from .constants import IDLE_TOLERANCE, NO_READS, TIE_TOLERANCE, TOP_ALTERNATIVES
 from .drivecurves import Background, Drive
 from .plan import Phase, Plan, Source
@@ -55,7 +55,7 @@ class Problem:
     drives: tuple[Drive, ...]
     phases: dict[str, PhaseSteps]
     backgrounds: tuple[Background, ...] = ()
-    links: tuple[Link, ...] = ()
+    links: tuple[SharedLink, ...] = ()
     holds: tuple[frozenset[str] | None, ...] = ()
     page_cache_bytes: int = 0
 
@@ -404,7 +404,7 @@ def _conc_dict(c: Concurrency) -> dict:
     return {"per_source": c.per_source, "shared": c.shared}
 
 
-def link_to_dict(link: Link, drives: Sequence[Drive]) -> dict:
+def link_to_dict(link: SharedLink, drives: Sequence[Drive]) -> dict:
     return {"name": link.name, "drives": [drives[i].name for i in link.members], "ceiling_Bps": link.ceiling_Bps}
 
 

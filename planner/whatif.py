@@ -23,7 +23,7 @@ from typing import ClassVar, Sequence
 
 from iobench.drivemodel import DriveModel
 
-from .barrier import Link
+from .barrier import SharedLink
 from .drivecurves import Background, Drive, DriveCurve
 from .solve import PHASES, Problem, solve
 
@@ -33,7 +33,7 @@ GB = 1e9                       # gain per GB: decimal gigabytes copied
 
 
 @dataclass(frozen=True)
-class Candidate:
+class CandidateDrive:
     """A drive that holds no replica yet, as the pricing would see it."""
     name: str
     curve: DriveCurve
@@ -169,7 +169,7 @@ def _holds(problem: Problem) -> tuple[frozenset[str] | None, ...]:
     return tuple(problem.holds) + (None,) * (n - len(problem.holds))
 
 
-def with_drive(problem: Problem, cand: Candidate) -> Problem:
+def with_drive(problem: Problem, cand: CandidateDrive) -> Problem:
     """The problem with `cand` as one more source (last); a UsageError when the engine reads fewer."""
     return replace(problem, drives=problem.drives + (Drive(cand.name, cand.curve),),
                    holds=_holds(problem) + (cand.holds,))
@@ -180,7 +180,7 @@ def without_drive(problem: Problem, index: int) -> Problem:
     links lose the member (a link left with one drive is no constraint), background work on it goes."""
     keep = [i for i in range(len(problem.drives)) if i != index]
     where = {old: new for new, old in enumerate(keep)}
-    links = tuple(Link(k.name, tuple(where[m] for m in k.members if m in where), k.ceiling_Bps) for k in problem.links)
+    links = tuple(SharedLink(k.name, tuple(where[m] for m in k.members if m in where), k.ceiling_Bps) for k in problem.links)
     holds = _holds(problem)
     return replace(problem, drives=tuple(problem.drives[i] for i in keep),
                    holds=tuple(holds[i] for i in keep) if problem.holds else (),

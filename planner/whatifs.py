@@ -21,12 +21,12 @@ from core.units import format_bytes
 from engines.registry import get_engine
 from replicas.manifests import load_manifest
 
-from .barrier import Link
+from .barrier import SharedLink
 from .drivecurves import CorrectedCurve
 from .plans import measured_points
 from .rigmodel import RigProblem
 from .whatif import (
-    Candidate,
+    CandidateDrive,
     Timing,
     WhatIf,
     best_prices,
@@ -45,7 +45,7 @@ WIDE_READ = (32 << 20, 16)   # (bytes, in flight): a device's ceiling, at iobenc
 # ---------------------------------------------------------------------------------------------
 # The drive to add
 
-def bench_candidate(result_path: str, drive: str | None = None) -> Candidate:
+def bench_candidate(result_path: str, drive: str | None = None) -> CandidateDrive:
     """A drive from an iobench result (a scratch file's, `iobench scratch`, or any run): its fitted
     model corrected by its measurements, and the write speed the scratch file was written at."""
     from iobench.result import load_result
@@ -62,13 +62,13 @@ def bench_candidate(result_path: str, drive: str | None = None) -> Candidate:
                          "measure it again with `iobench scratch DIR`")
     sc = r.settings.get("scratch") or {}
     where = sc.get("directory") or os.path.dirname(d.path)
-    return Candidate(d.name, CorrectedCurve(d.model, measured_points(d)), write_Bps=sc.get("write_Bps") or None,
+    return CandidateDrive(d.name, CorrectedCurve(d.model, measured_points(d)), write_Bps=sc.get("write_Bps") or None,
                      memory=is_memory(where), how=f"measured by iobench ({os.path.abspath(result_path)})", path=where)
 
 
 def measure_candidate(rig: Rig, directory: str, name: str | None, size: int, presets: tuple[str, ...],
                       seconds: float, repeat: int, lanes: tuple[int, ...] | None = None, report: Reporter = None,
-                      cancel: threading.Event | None = None) -> tuple[Candidate, str]:
+                      cancel: threading.Event | None = None) -> tuple[CandidateDrive, str]:
     """Measure a folder's drive now on a scratch file (`iobench.scratch`), save the result in
     rig/bench/scratch, and return the drive and that result's path."""
     from core.drives import drive_label
@@ -86,7 +86,7 @@ def measure_candidate(rig: Rig, directory: str, name: str | None, size: int, pre
     return bench_candidate(path), path
 
 
-def parse_ceiling(spec: str, default_lat_s: float) -> Candidate:
+def parse_ceiling(spec: str, default_lat_s: float) -> CandidateDrive:
     """'NAME=READ_GBPS[@LAT_MS][/WRITE_GBPS]' -> a drive given by its read ceiling (decimal GB/s),
     the latency of one request (ms; default: the rig's drives' median) and its write speed."""
     name, _, rest = str(spec).partition("=")
@@ -104,7 +104,7 @@ def parse_ceiling(spec: str, default_lat_s: float) -> Candidate:
         raise UsageError(f"--add-ceiling {spec!r}: the read ceiling and write speed must be positive")
     how = (f"given: reads up to {read_Bps / 1e9:g} GB/s, {lat_s * 1e3:g} ms a request"
            + ("" if lat else " (the rig's drives' median)"))
-    return Candidate(unique_name(name, set()), ceiling_curve(read_Bps, lat_s), write_Bps=write_Bps, how=how)
+    return CandidateDrive(unique_name(name, set()), ceiling_curve(read_Bps, lat_s), write_Bps=write_Bps, how=how)
 
 
 def median_latency(rp: RigProblem) -> float:
@@ -222,7 +222,7 @@ def _model_files(rp: RigProblem, rig: Rig) -> dict[str, int]:
     return out
 
 
-def same_device(rp: RigProblem, cand: Candidate) -> tuple[int, ...]:
+def same_device(rp: RigProblem, cand: CandidateDrive) -> tuple[int, ...]:
     """The rig's sources on the device the candidate's folder is on (its drive key, `core.drives`):
     a copy there shares their bandwidth (two partitions or folders of one disk)."""
     if not cand.path:
@@ -234,7 +234,7 @@ def same_device(rp: RigProblem, cand: Candidate) -> tuple[int, ...]:
         return ()
 
 
-def whatif(rp: RigProblem, rig: Rig, *, add: Candidate | None = None, remove: str | None = None,
+def whatif(rp: RigProblem, rig: Rig, *, add: CandidateDrive | None = None, remove: str | None = None,
            partial: float | None = None, timing: Timing | None = None, shares: tuple[int, ...] = ()) -> WhatIf:
     """The rig's best plan against the best plan with `add` (full, or holding the hottest
     `partial` share of the model's files) or without the drive named `remove`. `shares`: the
@@ -292,12 +292,12 @@ def whatif(rp: RigProblem, rig: Rig, *, add: Candidate | None = None, remove: st
         links = []
         for k in grown.links:
             if set(k.members) & set(shares):
-                k = Link(k.name, tuple(k.members) + (n,), k.ceiling_Bps)
+                k = SharedLink(k.name, tuple(k.members) + (n,), k.ceiling_Bps)
                 joined.append(k)
             links.append(k)
         if not joined:
             ceiling = max(float(problem.drives[i].curve.throughput(*WIDE_READ)) for i in shares)
-            joined.append(Link(f"{cand.name}-device", tuple(shares) + (n,), ceiling))
+            joined.append(SharedLink(f"{cand.name}-device", tuple(shares) + (n,), ceiling))
             links.append(joined[-1])
         grown = replace(grown, links=tuple(links))
         notes.append(f"{cand.name} is on the device of {', '.join(names[i] for i in shares)}: priced as sharing its "

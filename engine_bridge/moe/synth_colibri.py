@@ -154,7 +154,7 @@ def check_spec(s: ColibriSpec) -> ColibriSpec:
 # -- the tensors ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Tensor:
+class _RowTensor:
     name: str
     shape: tuple[int, ...]      # (O, I) for int8 rows; (n,) for F32 vectors, (E, D) for the router
     std: float                  # of the weights
@@ -163,15 +163,15 @@ class _Tensor:
     layer: int = -1             # -1: global (embeddings, final norm, lm_head)
 
 
-def tensor_plan(s: ColibriSpec) -> list[_Tensor]:
+def tensor_plan(s: ColibriSpec) -> list[_RowTensor]:
     """Every tensor of the model in a fixed order (the generator index); pure."""
     d, f, e, h = s.dim, s.ff, s.experts, s.heads
-    out = [_Tensor("model.embed_tokens.weight", (s.vocab, d), 1.0, rows=True)]
+    out = [_RowTensor("model.embed_tokens.weight", (s.vocab, d), 1.0, rows=True)]
     for i in range(s.layers):
         p = f"model.layers.{i}."
 
         def T(name, shape, std, offset=0.0, rows=False):
-            return _Tensor(p + name, shape, std, offset, rows, i)
+            return _RowTensor(p + name, shape, std, offset, rows, i)
 
         out += [
             T("input_layernorm.weight", (d,), 0.05, 1.0),
@@ -193,11 +193,11 @@ def tensor_plan(s: ColibriSpec) -> list[_Tensor]:
             out += [T(f"mlp.experts.{x}.gate_proj.weight", (f, d), d ** -0.5, rows=True),
                     T(f"mlp.experts.{x}.up_proj.weight", (f, d), d ** -0.5, rows=True),
                     T(f"mlp.experts.{x}.down_proj.weight", (d, f), f ** -0.5, rows=True)]
-    out += [_Tensor("model.norm.weight", (d,), 0.05, 1.0), _Tensor("lm_head.weight", (s.vocab, d), d ** -0.5, rows=True)]
+    out += [_RowTensor("model.norm.weight", (d,), 0.05, 1.0), _RowTensor("lm_head.weight", (s.vocab, d), d ** -0.5, rows=True)]
     return out
 
 
-def _generate(t: _Tensor, seed: int, index: int) -> dict[str, np.ndarray]:
+def _generate(t: _RowTensor, seed: int, index: int) -> dict[str, np.ndarray]:
     """The tensor's entries of a shard: {name: F32} or {name: U8 int8 rows (flat), name.qs: F32 [O]}."""
     rng = np.random.default_rng([seed, index])
     if not t.rows:
@@ -214,7 +214,7 @@ def shard_of_layer(s: ColibriSpec) -> list[int]:
     return [i * s.shards // s.layers for i in range(s.layers)]
 
 
-def _shard_of(t: _Tensor, s: ColibriSpec, layer_shard: list[int]) -> int:
+def _shard_of(t: _RowTensor, s: ColibriSpec, layer_shard: list[int]) -> int:
     if t.layer >= 0:
         return layer_shard[t.layer]
     return 0 if t.name == "model.embed_tokens.weight" else s.shards - 1
@@ -337,7 +337,7 @@ def synthesize_colibri(path: str, spec: ColibriSpec, force: bool = False,
         raise UsageError(f"{path}: already exists; give another destination or --force to replace it")
     plan = tensor_plan(spec)
     layer_shard = shard_of_layer(spec)
-    by_shard: list[list[tuple[int, _Tensor]]] = [[] for _ in range(spec.shards)]
+    by_shard: list[list[tuple[int, _RowTensor]]] = [[] for _ in range(spec.shards)]
     for idx, t in enumerate(plan):
         by_shard[_shard_of(t, spec, layer_shard)].append((idx, t))
     total = sum(int(np.prod(t.shape)) * (1 if t.rows else 4) + (4 * t.shape[0] if t.rows else 0) for t in plan)

@@ -35,7 +35,7 @@ REPORT_KIND = "engine-tune"
 
 
 @dataclass(frozen=True)
-class Candidate:
+class EngineArm:
     """One arm: what the engine is run with. weights None: the engine's default (no weights: it
     probes, or reads one drive). sources: the plan's sources it reads (indexes, primary first)."""
     label: str
@@ -80,7 +80,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Trial:
+class EngineRun:
     """One run of one arm. failed: '' or why the run does not count (timeout, crash, a confirmation,
     nothing readable); served: bytes per plan source from the engine's counters ({} none)."""
     arm: int
@@ -105,7 +105,7 @@ class Trial:
 COARSE = 0.005       # a printed speed whose step is above this share of it cannot resolve the minimum gain
 
 
-def too_coarse(trials: Sequence[Trial]) -> bool:
+def too_coarse(trials: Sequence[EngineRun]) -> bool:
     """The engine prints its speed too coarsely for these runs (colibri's one decimal at 0.7 tok/s is
     7 %): the tuner then times the engine's process instead (generated tokens over its wall seconds)."""
     return any(t.resolution and t.tok_s and t.resolution / t.tok_s > COARSE for t in trials if not t.failed)
@@ -122,7 +122,7 @@ def shares(served: Mapping[int, int], n: int) -> tuple[float, ...] | None:
     return tuple(served.get(i, 0) / tot for i in range(n)) if tot > 0 else None
 
 
-def predicted_tok_s(c: Candidate, kind: str, prompt: int | None, gen: int | None) -> float | None:
+def predicted_tok_s(c: EngineArm, kind: str, prompt: int | None, gen: int | None) -> float | None:
     """The planner's prediction in the engine's own figure (I/O alone: the planner prices reads,
     not compute): 'decode', a decoded token's seconds; 'run', the generated tokens over the
     prompt's and their seconds, each phase's seconds per token from its prediction."""
@@ -139,7 +139,7 @@ def predicted_tok_s(c: Candidate, kind: str, prompt: int | None, gen: int | None
     return gen / seconds if seconds > 0 else None
 
 
-def arm_gate(c: Candidate, trials: Sequence[Trial], reference: str | None, n_sources: int,
+def arm_gate(c: EngineArm, trials: Sequence[EngineRun], reference: str | None, n_sources: int,
              tolerance: float, counters: bool) -> str:
     """'' when every trial of the arm passes the gates, else the first reason it does not."""
     for t in trials:
@@ -192,7 +192,7 @@ class ArmResult:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class TuningVerdict:
     arms: tuple[ArmResult, ...]
     complete_rounds: tuple[int, ...]
     reference: str | None
@@ -209,7 +209,7 @@ class Verdict:
     challenger: int | None = None       # the arm the confirmation ran against the runner-up (the winner before it)
 
 
-def reference_output(cands: Sequence[Candidate], trials: Sequence[Trial]) -> str | None:
+def reference_output(cands: Sequence[EngineArm], trials: Sequence[EngineRun]) -> str | None:
     """The output every arm must print: the engine default's first, else the first arm's that printed one."""
     ok = [t for t in trials if not t.failed and t.output is not None]
     for t in ok:
@@ -218,9 +218,9 @@ def reference_output(cands: Sequence[Candidate], trials: Sequence[Trial]) -> str
     return ok[0].output if ok else None
 
 
-def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, speed_kind: str, counters: bool,
+def judge(cands: Sequence[EngineArm], trials: Sequence[EngineRun], n_sources: int, speed_kind: str, counters: bool,
           min_gain_pct: float = DEFAULT_MIN_GAIN_PCT, tolerance: float = DEFAULT_SHARE_TOLERANCE,
-          wall: bool = False) -> Verdict:
+          wall: bool = False) -> TuningVerdict:
     """The verdict on every trial so far (the confirmation's trials have round -1); `wall`: speeds
     from the engine process's wall time rather than its printed tok/s."""
     reference = reference_output(cands, trials)
@@ -290,7 +290,7 @@ def judge(cands: Sequence[Candidate], trials: Sequence[Trial], n_sources: int, s
             return None
         return 100.0 * (results[winner].median / results[over].median - 1.0)
 
-    return Verdict(tuple(results), complete, reference, winner, runner, default, equal, best, why, gain(default),
+    return TuningVerdict(tuple(results), complete, reference, winner, runner, default, equal, best, why, gain(default),
                    gain(equal), (cw, cr), confirmed, challenger)
 
 
@@ -313,7 +313,7 @@ class EngineTuneReport(Document):
     KIND: ClassVar[str] = REPORT_KIND
     SCHEMA: ClassVar[int] = REPORT_SCHEMA
 
-def report_dict(cands: Sequence[Candidate], trials: Sequence[Trial], v: Verdict, settings: Mapping) -> dict:
+def report_dict(cands: Sequence[EngineArm], trials: Sequence[EngineRun], v: TuningVerdict, settings: Mapping) -> dict:
     """The report's JSON (REPORT_SCHEMA, kind 'engine-tune'): settings, the arms (candidate,
     prediction, gates, medians, spreads, per-drive counters), every trial, the verdict."""
     return {

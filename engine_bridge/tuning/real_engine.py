@@ -36,8 +36,8 @@ from engines.registry import get_engine
 from .judge import (
     DEFAULT_MIN_GAIN_PCT,
     DEFAULT_SHARE_TOLERANCE,
-    Candidate,
-    Trial,
+    EngineArm,
+    EngineRun,
     abba,
     arm_gate,
     COARSE,
@@ -90,14 +90,14 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
         return prediction(pricer.price(ph, w, m), w, m, problem.drives)
 
     arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
-    out: list[Candidate] = []
+    out: list[EngineArm] = []
     if joint:
         seen: dict = {}
         for a in arms:
             k = (a.weights, a.mode)
             if k not in seen:
                 seen[k] = len(out)
-                out.append(Candidate(_label(a.weights, a.mode), a.roles, a.weights, None, tuple(sorted(a.mode)),
+                out.append(EngineArm(_label(a.weights, a.mode), a.roles, a.weights, None, tuple(sorted(a.mode)),
                                      tuple(range(n)), {a.phase: dict(a.prediction)}))
             else:
                 c = out[seen[k]]
@@ -117,7 +117,7 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
                 continue
             merged[k] = len(out)
             label = _label(p.weights, ()) + ("" if d.weights == p.weights else f" / {_label(d.weights, ())}")
-            out.append(Candidate(label, (role,), p.weights, d.weights, (), tuple(range(n)),
+            out.append(EngineArm(label, (role,), p.weights, d.weights, (), tuple(range(n)),
                                  {ph: dict(a.prediction) for ph, a in (("prefill", p), ("decode", d)) if ph in got or
                                   ph in phases}))
     # the fastest drive alone, priced on its own
@@ -126,27 +126,27 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
     sub = replace(problem, drives=(problem.drives[fast],), links=(),
                   holds=(problem.holds[fast],) if problem.holds else ())
     sp = Pricer(sub)
-    alone = Candidate(f"{inputs.sources[fast].name} alone", ("fastest drive alone",), (1,), None, (), (fast,),
+    alone = EngineArm(f"{inputs.sources[fast].name} alone", ("fastest drive alone",), (1,), None, (), (fast,),
                       {ph: prediction(sp.price(ph, (1,), frozenset()), (1,), frozenset(), sub.drives) for ph in phases})
     prof = get_engine(engine).profile
     probe = prof.default_environment(()) is not None
     if probe:
-        first = Candidate("engine default (probe)", ("engine default",), None, None, (), tuple(range(n)), {}, default=True)
+        first = EngineArm("engine default (probe)", ("engine default",), None, None, (), tuple(range(n)), {}, default=True)
         out = [first] + out + [alone]
     elif fast == 0:
         out = [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
     else:
         sub0 = replace(problem, drives=(problem.drives[0],), links=(), holds=(problem.holds[0],) if problem.holds else ())
         p0 = Pricer(sub0)
-        primary = Candidate(f"{inputs.sources[0].name} alone", ("engine default",), (1,), None, (), (0,),
+        primary = EngineArm(f"{inputs.sources[0].name} alone", ("engine default",), (1,), None, (), (0,),
                             {ph: prediction(p0.price(ph, (1,), frozenset()), (1,), frozenset(), sub0.drives)
                              for ph in phases}, default=True)
         out = [primary] + out + [alone]
     return plan, out
 
 
-def export_candidates(rig_root: str, plan, cands: Sequence[Candidate], folder: str, engine: str,
-                      cache_experts: int | None = None, allow_unverified: bool = False) -> list[Candidate]:
+def export_candidates(rig_root: str, plan, cands: Sequence[EngineArm], folder: str, engine: str,
+                      cache_experts: int | None = None, allow_unverified: bool = False) -> list[EngineArm]:
     """Each candidate as a plan (folder/plans/armK.json) exported as the engine's profile
     (folder/profiles/armK.env + .json) by `engine-bridge export`'s own checks (`export_arm`),
     without the N-1 profiles: an arm is a trial, and only the winner's are written (each is a full
@@ -171,7 +171,7 @@ def export_candidates(rig_root: str, plan, cands: Sequence[Candidate], folder: s
     return out
 
 
-def export_arm(rig_root: str, c: Candidate, plan_path: str, env_path: str, name: str, engine: str,
+def export_arm(rig_root: str, c: EngineArm, plan_path: str, env_path: str, name: str, engine: str,
                cache_experts: int | None = None, allow_unverified: bool = False, fallbacks: bool = False) -> str:
     """The candidate's plan exported as the engine's profile at `env_path` (and its .json, whose
     path is returned); with `fallbacks`, its N-1 profiles beside it. The engine's default is the
@@ -231,8 +231,8 @@ def evict(paths: Sequence[str]) -> None:
                     os.close(fd)
 
 
-def run_arm(binary: str, c: Candidate, args: Sequence[str], run_dir: str, timeout: float, inherited: Mapping[str, str],
-            engine: str, round_: int) -> Trial:
+def run_arm(binary: str, c: EngineArm, args: Sequence[str], run_dir: str, timeout: float, inherited: Mapping[str, str],
+            engine: str, round_: int) -> EngineRun:
     """One fresh run of the engine with the arm's profile; its verdict on the run, the engine's reading."""
     from engine_bridge.profiles.export import load_profile
     from engine_bridge.profiles.launch import launch_arm
@@ -246,7 +246,7 @@ def run_arm(binary: str, c: Candidate, args: Sequence[str], run_dir: str, timeou
     try:
         r = launch_arm(binary, c.profile, list(args), run_dir=run_dir, timeout=timeout, inherited=inherited)
     except OSError as e:
-        return Trial(-1, round_, None, time.monotonic() - t0, failed=f"could not start {binary}: {e.strerror or e}",
+        return EngineRun(-1, round_, None, time.monotonic() - t0, failed=f"could not start {binary}: {e.strerror or e}",
                      run_dir=run_dir)
     with open(r.stdout_path, encoding="utf-8", errors="replace") as f:
         stdout = f.read()
@@ -269,7 +269,7 @@ def run_arm(binary: str, c: Candidate, args: Sequence[str], run_dir: str, timeou
         failed = "printed nothing the tuner can read (no speed line the engine's profile knows)"
     served = {c.sources[d]: b for d, b in reading.served.items() if d < len(c.sources)}
     wall = reading.gen_tokens / r.seconds if reading.gen_tokens and r.seconds > 0 else None
-    return Trial(-1, round_, reading.tok_s, r.seconds, reading.output, served, failed, changed, reading.prompt_tokens,
+    return EngineRun(-1, round_, reading.tok_s, r.seconds, reading.output, served, failed, changed, reading.prompt_tokens,
                  reading.gen_tokens, tuple(reading.lines), run_dir, reading.resolution, wall)
 
 
@@ -330,14 +330,14 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     n_sources = len(plan.sources)
     say(f"{len(cands)} arms: " + ", ".join(f"{k + 1} {c.label}" for k, c in enumerate(cands)))
 
-    trials: list[Trial] = []
+    trials: list[EngineRun] = []
     active = [True] * len(cands)
     start = clock()
     longest = 0.0
     interrupted = stopped = False
     counters_seen = False
 
-    def trial(i: int, rnd: int) -> Trial | None:
+    def trial(i: int, rnd: int) -> EngineRun | None:
         nonlocal longest, interrupted, counters_seen
         left = budget_s - (clock() - start)
         where = f"round {rnd + 1}" if rnd >= 0 else "confirmation"

@@ -21,7 +21,7 @@ from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
 from ..rigmodel import plan_problem
 from ..solve import PHASES, solve
-from .state import Measured, Solution, TunerState, new_state, tuned_plan
+from .state import MeasuredArm, Solution, TunerState, new_state, tuned_plan
 
 
 def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = None,
@@ -85,7 +85,7 @@ def solve_weights(state: TunerState) -> Solution:
     return Solution(dict(ch.weights), ch.mode)
 
 
-def latest_measured(rig_root: str) -> tuple[Measured, ...]:
+def latest_measured(rig_root: str) -> tuple[MeasuredArm, ...]:
     """Arms and medians of the newest readable rig/runs/*/results.json; () when there is none.
     Read-only context for the screen, so an unreadable run is skipped rather than an error."""
     d = Rig(root=rig_root).runs_dir
@@ -101,9 +101,9 @@ def latest_measured(rig_root: str) -> tuple[Measured, ...]:
     return ()
 
 
-def measured_from_run(results: HarnessRun, run: str) -> tuple[Measured, ...]:
+def measured_from_run(results: HarnessRun, run: str) -> tuple[MeasuredArm, ...]:
     """The tuner's rows for one harness run (named by its folder)."""
-    return tuple(Measured(run, a.name, a.weights, a.n, a.tps) for a in results.arms)
+    return tuple(MeasuredArm(run, a.name, a.weights, a.n, a.tps) for a in results.arms)
 
 
 def save_tuned(rig_root: str, state: TunerState) -> str:

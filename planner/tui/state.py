@@ -23,7 +23,7 @@ from ..solve import PHASES, Pricer, Problem, capability_weights, model_record, p
 
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredArm:
     """One arm of the newest harness run (rig/runs/*/results.json): its weights and medians."""
     run: str                          # the run folder's name
     arm: str
@@ -73,7 +73,7 @@ class TunerState:
     provenance: Mapping = field(default_factory=dict)   # where the drive models came from
     geometry: Mapping = field(default_factory=dict)     # the plan's `geometry` block (the model tuned for)
     workload: Mapping = field(default_factory=dict)     # the plan's `workload` block
-    measured: tuple[Measured, ...] = ()
+    measured: tuple[MeasuredArm, ...] = ()
     trials: tuple[TrialRun, ...] = ()                   # measured here with `m`, oldest first
     measuring: bool = False                             # a trial is running
     message: str = ""
@@ -134,7 +134,7 @@ def opening_weights(problem: Problem, pricer: Pricer | None = None) -> dict[str,
 
 def new_state(sources: Sequence[Source], problem: Problem, solution: Solution | None = None, *,
               plan_name: str = "", provenance: Mapping | None = None, geometry: Mapping | None = None,
-              workload: Mapping | None = None, measured: Sequence[Measured] = (), message: str = "") -> TunerState:
+              workload: Mapping | None = None, measured: Sequence[MeasuredArm] = (), message: str = "") -> TunerState:
     """The opening state: the solution's weights and switches (a loaded plan), else capability
     weights with the engine's default switches, still to be solved; the prefill phase, the primary
     selected."""

@@ -17,7 +17,7 @@ from engine_bridge.cli import app
 from engine_bridge.profiles.export import load_profile
 from engine_bridge.standin import launcher_text
 from engine_bridge.tuning.real_engine import tune_with_engine
-from engine_bridge.tuning.judge import Candidate, Trial, judge, predicted_tok_s
+from engine_bridge.tuning.judge import EngineArm, EngineRun, judge, predicted_tok_s
 from planner.plans import latest_plan_path, load_plan
 from tests.planner.helpers import COLI, colibri_copies_in, gguf_copies_in, rig_on
 
@@ -33,16 +33,16 @@ def pred(share, tokens=10.0, seconds=1.0, bps=100.0):
     return {"tokens": tokens, "seconds": seconds, "throughput_Bps": bps, "sources": [{"share": s} for s in share]}
 
 
-DEFAULT = Candidate("probe", ("engine default",), None, default=True, sources=(0, 1))
-EQUAL = Candidate("1:1", ("equal",), (1, 1), sources=(0, 1),
+DEFAULT = EngineArm("probe", ("engine default",), None, default=True, sources=(0, 1))
+EQUAL = EngineArm("1:1", ("equal",), (1, 1), sources=(0, 1),
                   predicted={"prefill": pred((0.5, 0.5)), "decode": pred((0.5, 0.5))})
-FAST = Candidate("3:1", ("model #1",), (3, 1), sources=(0, 1),
+FAST = EngineArm("3:1", ("model #1",), (3, 1), sources=(0, 1),
                  predicted={"prefill": pred((0.75, 0.25)), "decode": pred((0.7, 0.3))})
 
 
 def rounds(speeds, outputs=None, served=None, rnd=range(2)):
     """Trials of every arm in every round: speeds[arm] tok/s, outputs[arm] ('a' default)."""
-    return [Trial(i, r, v, 1.0, (outputs or {}).get(i, "a"), (served or {}).get(i, {0: 50, 1: 50}))
+    return [EngineRun(i, r, v, 1.0, (outputs or {}).get(i, "a"), (served or {}).get(i, {0: 50, 1: 50}))
             for r in rnd for i, v in enumerate(speeds)]
 
 
@@ -60,7 +60,7 @@ def test_drift_disqualifies_the_arm_and_shows_both_outputs():
 
 
 def test_only_rounds_every_qualified_arm_completed_count():
-    trials = rounds([10.0, 11.0]) + [Trial(1, 2, 99.0, 1.0, "a", {0: 1, 1: 1})]   # round 3 cut short by the budget
+    trials = rounds([10.0, 11.0]) + [EngineRun(1, 2, 99.0, 1.0, "a", {0: 1, 1: 1})]   # round 3 cut short by the budget
     v = judge([DEFAULT, EQUAL], trials, 2, "run", counters=True)
     assert v.complete_rounds == (0, 1) and v.arms[1].runs == (11.0, 11.0)
     # an arm the budget never reached leaves every round incomplete: no pick
@@ -69,10 +69,11 @@ def test_only_rounds_every_qualified_arm_completed_count():
 
 
 def test_a_winner_the_reverse_order_does_not_confirm_leaves_the_default():
-    trials = rounds([10.0, 12.0]) + [Trial(0, -1, 11.0, 1.0, "a", {0: 1, 1: 1}), Trial(1, -1, 10.0, 1.0, "a", {0: 1, 1: 1})]
+    trials = rounds([10.0, 12.0]) + [EngineRun(0, -1, 11.0, 1.0, "a", {0: 1, 1: 1}),
+                                     EngineRun(1, -1, 10.0, 1.0, "a", {0: 1, 1: 1})]
     v = judge([DEFAULT, EQUAL], trials, 2, "run", counters=True)
     assert v.confirmed is False and v.winner == 0 and v.challenger == 1 and "not confirmed in reverse order" in v.why
-    trials[-1] = Trial(1, -1, 12.5, 1.0, "a", {0: 1, 1: 1})
+    trials[-1] = EngineRun(1, -1, 12.5, 1.0, "a", {0: 1, 1: 1})
     v = judge([DEFAULT, EQUAL], trials, 2, "run", counters=True)
     assert v.confirmed is True and v.winner == 1
 
@@ -87,7 +88,7 @@ def test_per_drive_bytes_outside_the_phases_predictions_fail_the_arm():
 
 
 def test_the_prediction_in_the_engines_own_figure():
-    c = Candidate("x", (), (1,), sources=(0,), predicted={"prefill": pred((1,), tokens=100, seconds=1.0),
+    c = EngineArm("x", (), (1,), sources=(0,), predicted={"prefill": pred((1,), tokens=100, seconds=1.0),
                                                           "decode": pred((1,), tokens=10, seconds=2.0)})
     assert predicted_tok_s(c, "decode", None, None) == pytest.approx(5.0)
     # 8 prompt tokens at 0.01 s and 4 generated at 0.2 s

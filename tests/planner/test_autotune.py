@@ -14,7 +14,7 @@ from models.geometry import stacked_geometry
 from planner.autotune import (
     Arm,
     Tally,
-    Trial,
+    ArmTrial,
     abba_order,
     arms_for,
     candidates,
@@ -161,9 +161,9 @@ def test_stop_ends_the_run_before_the_next_trial_and_keeps_what_was_measured():
 
 def test_pick_uses_complete_rounds_only():
     a = arms("decode", (1, 1), (2, 1), (3, 1))
-    trials = [Trial(0, 0, 10.0, 0, 1), Trial(1, 0, 30.0, 1, 1), Trial(2, 0, 20.0, 2, 1),
-              Trial(2, 1, 21.0, 3, 1), Trial(1, 1, 29.0, 4, 1), Trial(0, 1, 11.0, 5, 1),
-              Trial(0, 2, 99.0, 6, 1)]                              # a round cut short: not counted
+    trials = [ArmTrial(0, 0, 10.0, 0, 1), ArmTrial(1, 0, 30.0, 1, 1), ArmTrial(2, 0, 20.0, 2, 1),
+              ArmTrial(2, 1, 21.0, 3, 1), ArmTrial(1, 1, 29.0, 4, 1), ArmTrial(0, 1, 11.0, 5, 1),
+              ArmTrial(0, 2, 99.0, 6, 1)]                              # a round cut short: not counted
     p = pick(a, Tally(tuple(trials), 3, True, 7.0))["decode"]
     assert p.by == "measured" and p.arm == 1 and p.rounds == (0, 1)
     assert p.medians == {0: 10.5, 1: 29.5, 2: 20.5}
@@ -171,9 +171,9 @@ def test_pick_uses_complete_rounds_only():
 
 def test_pick_ties_go_to_the_model_order_and_no_round_keeps_the_model_choice():
     a = arms("prefill", (2, 1), (1, 1))
-    same = (Trial(0, 0, 5.0, 0, 1), Trial(1, 0, 5.0, 1, 1))
+    same = (ArmTrial(0, 0, 5.0, 0, 1), ArmTrial(1, 0, 5.0, 1, 1))
     assert pick(a, Tally(same, 1, False, 2.0))["prefill"].arm == 0
-    p = pick(a, Tally((Trial(1, 0, 50.0, 0, 1),), 1, True, 1.0))["prefill"]
+    p = pick(a, Tally((ArmTrial(1, 0, 50.0, 0, 1),), 1, True, 1.0))["prefill"]
     assert (p.arm, p.by, p.rounds) == (0, "model", ())
 
 
@@ -253,7 +253,7 @@ def joint_arms(specs):
 
 
 def tally_of(arms, rates, rounds=2):
-    trials = [Trial(i, r, rates[i], 0.0, 1.0) for r in range(rounds) for i in range(len(arms))]
+    trials = [ArmTrial(i, r, rates[i], 0.0, 1.0) for r in range(rounds) for i in range(len(arms))]
     return Tally(tuple(trials), rounds, False, float(len(trials)))
 
 
@@ -290,7 +290,7 @@ def test_the_joint_pick_weighs_seconds_not_rates():
 def test_the_joint_pick_needs_a_round_of_every_arm_and_ties_go_to_the_model_order():
     a = joint_arms([((2, 1), frozenset(), {"prefill": (1.0, 1.0), "decode": (1.0, 1.0)}),
                     ((1, 1), frozenset(), {"prefill": (1.0, 1.0), "decode": (1.0, 1.0)})])
-    cut = Tally((Trial(0, 0, 1.0, 0, 1), Trial(1, 0, 9.0, 1, 1), Trial(2, 0, 1.0, 2, 1)), 1, True, 3.0)
+    cut = Tally((ArmTrial(0, 0, 1.0, 0, 1), ArmTrial(1, 0, 9.0, 1, 1), ArmTrial(2, 0, 1.0, 2, 1)), 1, True, 3.0)
     picks = pick(a, cut, joint=True)
     assert [(p.arm, p.by) for p in picks.values()] == [(0, "model"), (2, "model")]
     even = pick(a, tally_of(a, [5.0] * 4), joint=True)
@@ -365,7 +365,7 @@ def test_plans_without_measurements_load_and_write_as_before():
 
 def test_no_complete_round_keeps_the_solved_weights_and_says_so():
     plan, a, _, _ = _measured_run()
-    tally = Tally((Trial(1, 0, 1e12, 0.0, 4.0),), 1, True, 4.0)
+    tally = Tally((ArmTrial(1, 0, 1e12, 0.0, 4.0),), 1, True, 4.0)
     out = measured_plan(plan, a, tally, pick(a, tally), {})
     assert out.prefill.weights == plan.prefill.weights and out.decode.weights == plan.decode.weights
     assert out.prefill.measured["picked_by"] == "model" and out.prefill.measured["throughput_Bps"] is None

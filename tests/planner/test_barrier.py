@@ -10,7 +10,7 @@ from models.geometry import stacked_geometry
 from planner.barrier import (
     ATOMS,
     LatencyShape,
-    Link,
+    SharedLink,
     barrier_time,
     expected_max,
     link_times,
@@ -121,13 +121,13 @@ def test_a_tailed_drive_gets_less_of_the_decode_read():
 
 def test_link_time_is_the_members_bytes_over_the_ceiling():
     nbytes = np.array([[100, 50, 50], [10, 20, 70]])
-    t = link_times(nbytes, (Link("hub", (1, 2), 10.0), Link("all", (0, 1, 2), 50.0)), reads_per_batch=3)
+    t = link_times(nbytes, (SharedLink("hub", (1, 2), 10.0), SharedLink("all", (0, 1, 2), 50.0)), reads_per_batch=3)
     assert t == pytest.approx(np.array([[30.0, 12.0], [27.0, 6.0]]))
 
 
 def test_a_shared_link_caps_both_phases_and_the_solver_moves_bytes_off_it():
     d = (Drive("a", FAST), Drive("b", SLOW), Drive("c", SLOW))
-    hub = Link("hub", (1, 2), 100e6)              # b and c together move what one moves alone
+    hub = SharedLink("hub", (1, 2), 100e6)              # b and c together move what one moves alone
     for ph in ("prefill", "decode"):
         free, capped = predict(problem(d), ph, (2, 1, 1)), predict(problem(d, links=(hub,)), ph, (2, 1, 1))
         assert capped["seconds"] > free["seconds"] and capped["bound"] == "hub" and free["bound"] == ""
@@ -145,7 +145,7 @@ def test_links_from_keeps_groups_that_fell_short_at_their_highest_rate():
                         ("hub", (1, 2), 190.0, 195.0),          # seq: carried 190
                         ("dock", (0, 1), 99.0, 100.0),          # never short: independent drives
                         ("solo", (0,), 10.0, 100.0)])           # one drive is no link
-    assert links == (Link("hub", (1, 2), 190.0),)
+    assert links == (SharedLink("hub", (1, 2), 190.0),)
 
 
 def test_load_inputs_reads_tails_and_shared_links_from_the_bench_result(tmp_path):
@@ -160,7 +160,7 @@ def test_load_inputs_reads_tails_and_shared_links_from_the_bench_result(tmp_path
     assert inputs.drives[1].tail is None                        # no spread measured
     assert inputs.drives[2].tail == shape_from_latency(800, 3000, 7000, 1200)
     assert inputs.drives[0].tail.spread
-    assert inputs.links == (Link("hub", (1, 2), 200e6),)
+    assert inputs.links == (SharedLink("hub", (1, 2), 200e6),)
     assert inputs.provenance["links"] == [{"name": "hub", "drives": ["slow", "laggy"], "ceiling_Bps": 200e6}]
 
 

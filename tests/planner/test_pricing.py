@@ -16,7 +16,7 @@ from engines.pattern import Concurrency, Pattern, Read, Setup, Step
 from engines.registry import get_engine
 from models.geometry import stacked_geometry
 from planner import pricing as pricing_module
-from planner.barrier import Link, shape_from_latency
+from planner.barrier import SharedLink, shape_from_latency
 from planner.constants import ENGRAM_READ_BYTES, ENGRAM_READS_PER_TOKEN
 from planner.drivecurves import Background, Drive
 from planner.pricing import Curves, PhaseSteps, expert_sources, price_patterns, price_phase, sample_steps
@@ -180,11 +180,11 @@ def test_links_bound_a_group():
     g = stacked_geometry("m", 1, 4, 2, V41_COMPONENT)
     drives = (Drive("a", Flat(100e6)), Drive("b", Flat(50e6)), Drive("c", Flat(50e6)))
     steps = one_step("decode", Step("decode", 0, (1,)))
-    hub = Link("hub", (1, 2), 10e6)             # b and c together move 10 MB/s: the hub sets the time
+    hub = SharedLink("hub", (1, 2), 10e6)             # b and c together move 10 MB/s: the hub sets the time
     free, capped = price(DS4, g, drives, steps, (10, 6, 6)), price(DS4, g, drives, steps, (10, 6, 6), links=(hub,))
     assert capped.seconds == pytest.approx(2 * 3 * 1_835_008 / 10e6) and capped.bound == "hub"
     assert free.bound == "" and free.seconds < capped.seconds
-    wide = Link("wide", (1, 2), 1e12)           # a link it never fills changes nothing
+    wide = SharedLink("wide", (1, 2), 1e12)           # a link it never fills changes nothing
     assert price(DS4, g, drives, steps, (10, 6, 6), links=(wide,)).seconds == pytest.approx(free.seconds)
 
 

@@ -8,14 +8,14 @@ import pytest
 from typer.testing import CliRunner
 
 from core.errors import UsageError
-from planner.barrier import Link
+from planner.barrier import SharedLink
 from planner.cli import app
 from planner.drivecurves import Background, Drive
 from planner.rigmodel import RigProblem, problem_for_rig
 from planner.solve import Problem
 from planner.whatif import (
     COMPUTE_BOUND_SHARE,
-    Candidate,
+    CandidateDrive,
     Timing,
     ceiling_curve,
     hottest_files,
@@ -68,17 +68,17 @@ def test_with_and_without_a_drive_keep_links_holds_and_background_work_in_step()
     from engines.registry import get_engine
 
     drives = (Drive("a", FAST), Drive("b", SLOW), Drive("c", SLOW))
-    p = Problem(get_engine("colibri"), None, drives, {}, (Background(2, "busy", 0.5),), (Link("hub", (1, 2), 1e8),),
+    p = Problem(get_engine("colibri"), None, drives, {}, (Background(2, "busy", 0.5),), (SharedLink("hub", (1, 2), 1e8),),
                 (None, frozenset({"x"}), None))
     q = without_drive(p, 1)
     assert [d.name for d in q.drives] == ["a", "c"]
     assert q.links == ()                                  # a link left with one drive is no constraint
     assert q.backgrounds == (Background(1, "busy", 0.5),)
     assert q.holds == (None, None)
-    r = with_drive(p, Candidate("d", SLOW, holds=frozenset({"y"})))
+    r = with_drive(p, CandidateDrive("d", SLOW, holds=frozenset({"y"})))
     assert [d.name for d in r.drives] == ["a", "b", "c", "d"] and r.holds[-1] == frozenset({"y"})
     with pytest.raises(UsageError, match="1..3 sources"):   # ds4 reads at most 3: a fourth is refused
-        with_drive(Problem(get_engine("ds4-argodrive"), None, drives, {}), Candidate("d", SLOW))
+        with_drive(Problem(get_engine("ds4-argodrive"), None, drives, {}), CandidateDrive("d", SLOW))
 
 
 def test_the_end_to_end_gain_counts_only_the_reads_share_of_the_phase():
@@ -108,7 +108,7 @@ def test_ceilings_given_by_hand_make_a_drive_that_reads_up_to_them():
 def test_adding_a_drive_is_priced_against_the_rigs_best_plan_and_a_removal_loses(tmp_path):
     rig = _gguf_rig(tmp_path)
     rp = load_problem(rig.root, None, "ds4-argodrive")
-    add = whatif(rp, rig, add=Candidate("usb", ceiling_curve(150e6, 2e-4), write_Bps=100e6))
+    add = whatif(rp, rig, add=CandidateDrive("usb", ceiling_curve(150e6, 2e-4), write_Bps=100e6))
     assert add.after == ("fast", "slow", "usb")
     assert all(len(p.weights_after) == 3 and p.gain > 0.1 for p in add.phases)    # a third drive of 150 MB/s on 200 + 100
     assert add.copy_bytes == os.path.getsize(rig.model.path)
@@ -124,7 +124,7 @@ def test_adding_a_drive_is_priced_against_the_rigs_best_plan_and_a_removal_loses
 def test_a_compute_bound_machine_is_told_the_copy_would_not_pay(tmp_path):
     rig = _gguf_rig(tmp_path)
     rp = load_problem(rig.root, None, "ds4-argodrive")
-    cand = Candidate("usb", ceiling_curve(150e6, 2e-4), write_Bps=100e6)
+    cand = CandidateDrive("usb", ceiling_curve(150e6, 2e-4), write_Bps=100e6)
     t = read_timing(_run_result(tmp_path / "run.json", (10.0, 0.2), (10.0, 0.3)), "ds4-argodrive")
     w = whatif(rp, rig, add=cand, timing=t)
     assert w.compute_bound == ("prefill", "decode") and w.pays is False
@@ -139,7 +139,7 @@ def test_a_partial_member_holds_the_hottest_files_and_is_given_only_their_reads(
     model = write_dir_model(tmp_path / "m", "glm_moe_dsa", layers=4, experts=16, shards=4, dim=256, ff=128)
     rig, _ = make_dir_rig(tmp_path / "rig", model, names=("fast",), models=(FAST,))
     rp = load_problem(rig.root, None, "colibri", cache_experts=0)
-    cand = Candidate("usb", ceiling_curve(400e6, 5e-5), write_Bps=100e6)    # twice the primary's ceiling
+    cand = CandidateDrive("usb", ceiling_curve(400e6, 5e-5), write_Bps=100e6)    # twice the primary's ceiling
     full = whatif(rp, rig, add=cand)
     part = whatif(rp, rig, add=cand, partial=0.5)
     shards = sorted(f for f in os.listdir(model) if f.endswith(".safetensors"))
@@ -219,9 +219,9 @@ def test_a_drive_on_the_device_of_the_rigs_drives_is_priced_as_sharing_its_bandw
 
     rig = _gguf_rig(tmp_path)
     rp = load_problem(rig.root, None, "ds4-argodrive")
-    here = Candidate("folder", ceiling_curve(150e6, 2e-4), path=str(tmp_path / "another-folder"))
+    here = CandidateDrive("folder", ceiling_curve(150e6, 2e-4), path=str(tmp_path / "another-folder"))
     assert same_device(rp, here) == (0, 1)                    # every folder here is on tmp_path's device
-    assert same_device(rp, Candidate("given", ceiling_curve(150e6, 2e-4))) == ()   # ceilings name no device
+    assert same_device(rp, CandidateDrive("given", ceiling_curve(150e6, 2e-4))) == ()   # ceilings name no device
     apart = whatif(rp, rig, add=here)
     shared = whatif(rp, rig, add=here, shares=(0, 1))
     assert any("on the device of fast, slow" in n for n in shared.notes)
