@@ -1,4 +1,6 @@
-"""A Ctrl-C before any command has started: one line and exit 130, however early it lands.
+"""Ctrl-C: one line and exit 130 before any command has started, however early it lands; and the
+one policy of the long commands once they run, first Ctrl-C cancels, second aborts
+(`cancel_on_interrupt`).
 
 Python turns SIGINT into KeyboardInterrupt wherever the main thread is; while a console script
 is still importing its modules or parsing its command line, that became a traceback or Typer's
@@ -12,6 +14,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from .errors import EXIT_INTERRUPTED
 
@@ -47,3 +52,31 @@ def guard_if_started(module: str, prog: str) -> None:
     as_module = "-m" in argv and argv.index("-m") + 1 < len(argv) and argv[argv.index("-m") + 1] == module
     if as_module or os.path.basename(sys.argv[0] if sys.argv else "") == prog:
         guard(prog)
+
+
+@contextmanager
+def cancel_on_interrupt(say: Callable[[str], None], what: str) -> Iterator[threading.Event]:
+    """The one Ctrl-C policy of a long command: the first Ctrl-C sets the event it yields (the work
+    stops at its next safe point, keeping what it made durable or measured) and `say`s `what`
+    (what stopping means, e.g. 'stopping after this arm (again to abort)'); a second one aborts at
+    once (KeyboardInterrupt, which the CLI boundary turns into the one line and exit 130). The
+    handler before it is back when the block ends. Off the main thread, which takes no signals,
+    the event is yielded and Ctrl-C never sets it."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_int(signum, frame):
+        if cancel.is_set():
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        cancel.set()
+        say(what)
+
+    signal.signal(signal.SIGINT, on_int)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import List, Optional
 
 import typer
 
 from core.cli import JsonOption, QuietOption, RigOption, err, print_result
+from core.interrupt import cancel_on_interrupt
 from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS, BenchResults
 
 
@@ -18,25 +17,14 @@ def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
     from engine_bridge.harness.runner import check_hashes, run_bench, run_folder
 
     out_dir = run_folder(out, rig)
-    cancel = threading.Event()
-    old = signal.getsignal(signal.SIGINT)
-
-    def on_int(signum, frame):  # finish the running arm's bookkeeping, then stop
-        if cancel.is_set():
-            signal.signal(signal.SIGINT, old)
-            raise KeyboardInterrupt
-        cancel.set()
-        err.print("interrupt: stopping after this arm (again to abort)")
 
     def report(ev):
         if not quiet:
             err.print(f"bench: {ev.message}", highlight=False, markup=False, soft_wrap=True)
 
-    signal.signal(signal.SIGINT, on_int)
-    try:
+    # finish the running arm's bookkeeping, then stop
+    with cancel_on_interrupt(err.print, "interrupt: stopping after this arm (again to abort)") as cancel:
         doc, paths = run_bench(specs, order, settings, out_dir, repeat=repeat, report=report, cancel=cancel)
-    finally:
-        signal.signal(signal.SIGINT, old)
     failures = render_failures(doc) + render_idle(doc)
     if json_out:
         print_result(BenchResults(doc))

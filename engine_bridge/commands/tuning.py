@@ -4,13 +4,12 @@ split reader by default, `engine_bridge.tuning.embedded`; with the real engine g
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import List, Optional
 
 import typer
 
 from core.cli import JsonOption, QuietOption, RigOption, err, print_result
+from core.interrupt import cancel_on_interrupt
 from core.errors import UsageError
 from core.rig import rig_dir
 from core.units import format_rate
@@ -29,27 +28,14 @@ def _engine_trials(root, binary, engine, args, budget, top, timeout, min_gain, t
     from engine_bridge.tuning.real_engine import render as render_trials
     from engine_bridge.tuning.real_engine import tune_with_engine
 
-    cancel = threading.Event()
-    old = signal.getsignal(signal.SIGINT)
-
-    def on_int(signum, frame):
-        if cancel.is_set():
-            signal.signal(signal.SIGINT, old)
-            raise KeyboardInterrupt
-        cancel.set()
-        err.print("interrupt: stopping after this arm (again to stop it now)")
-
     def on_event(msg: str) -> None:
         if not quiet:
             err.print(f"autotune: {msg}", highlight=False, soft_wrap=True, markup=False)
 
-    signal.signal(signal.SIGINT, on_int)
-    try:
+    with cancel_on_interrupt(err.print, "interrupt: stopping after this arm (again to stop it now)") as cancel:
         doc, _folder = tune_with_engine(root, binary, engine, args, budget, top, timeout, min_gain, tolerance, bench,
                                         rounds, prompt_tokens, cache_experts, allow_unverified, on_event=on_event,
                                         stop=cancel.is_set)
-    finally:
-        signal.signal(signal.SIGINT, old)
     if json_out:
         from engine_bridge.tuning.judge import EngineTuneReport
 
@@ -137,28 +123,16 @@ def register(app) -> None:
             return
         if engine_args:
             raise UsageError(f"engine arguments ({' '.join(engine_args)}) are for --binary")
-        cancel = threading.Event()
-        old = signal.getsignal(signal.SIGINT)
-
-        def on_int(signum, frame):     # finish the running trial, keep what was measured; again to abort
-            if cancel.is_set():
-                signal.signal(signal.SIGINT, old)
-                raise KeyboardInterrupt
-            cancel.set()
-            err.print("interrupt: stopping after this trial (again to abort)")
-
         def on_trial(t, arm):
             if not quiet:
                 err.print(f"autotune: round {t.round + 1} {arm.phase} {arm.label} ({', '.join(arm.roles)}): "
                           f"{format_rate(t.Bps)}, predicted {format_rate(arm.predicted_Bps)}", highlight=False, soft_wrap=True)
 
-        signal.signal(signal.SIGINT, on_int)
-        try:
+        # finish the running trial, keep what was measured; again to abort
+        with cancel_on_interrupt(err.print, "interrupt: stopping after this trial (again to abort)") as cancel:
             plan, path = autotune(root, bench, engine or DEFAULT_ENGINE, tuple(background or ()), budget, seconds, top, rounds,
                                   not fit_only, seed, not cached, on_trial=on_trial, stop=cancel.is_set,
                                   warmup_s=warmup, rest_s=rest, lanes=lanes, threads=threads)
-        finally:
-            signal.signal(signal.SIGINT, old)
         if not quiet:       # said once the plan is written, so a failing command says one line
             for v in (plan.workload.get("idle") or {}).values():
                 err.print(f"notice: {v['why']}", markup=False)

@@ -272,3 +272,25 @@ def test_a_rig_path_of_the_wrong_kind_is_one_line_in_every_tool(tmp_path, app, p
     named = "$REPLICA_TUNER_RIG" if how == "environment" else "--rig"
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: {named} {path}: ") and "not a folder" in lines[0]
     assert "Traceback" not in r.output
+
+
+def test_the_one_ctrl_c_policy_first_cancels_second_aborts_then_restores_the_handler():
+    """core.interrupt.cancel_on_interrupt, which every long command runs under: the first Ctrl-C
+    sets the cancel flag and says what stopping means, the second raises KeyboardInterrupt (the
+    boundary's exit 130), and the handler before it is back afterwards. Real signals, sent by the
+    process to itself, so nothing depends on timing."""
+    code = ("import os, signal, time\n"
+            "from core.interrupt import cancel_on_interrupt\n"
+            "said, before = [], signal.getsignal(signal.SIGINT)\n"
+            "try:\n"
+            "    with cancel_on_interrupt(said.append, 'stopping after this arm') as cancel:\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        print(cancel.is_set(), said)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        time.sleep(30)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('aborted')\n"
+            "print(signal.getsignal(signal.SIGINT) is before)\n")
+    r = subprocess.run(_python_with_ctrl_c(code), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["True ['stopping after this arm']", "aborted", "True"]
