@@ -331,6 +331,15 @@ def print_result(result: Result) -> None:
         ctx.meta[EMITTED] = True
 
 
+def finish(code: int) -> None:
+    """End a command that has printed its result with the exit code its outcome gives (0: return
+    normally; a result's own `exit_code`, or the command's documented code for what it found). With
+    the boundary's map from errors to codes (`ErrorBoundaryGroup`), the one way a command ends with
+    a code."""
+    if code:
+        raise typer.Exit(code)
+
+
 def run(app: typer.Typer, name: Optional[str] = None) -> None:
     """Console-script entry point. A Ctrl-C while the command line is still being parsed (nothing
     has been done yet) is the one line and exit 130, not Typer's silent 130 or a traceback; once a

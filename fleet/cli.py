@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
+from core.cli import JsonOption, QuietOption, RigOption, err, finish, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, EXIT_MISSING
 from core.rig import load_rig, rig_dir
 
@@ -77,9 +77,7 @@ def run_cmd(fleet_file: str = typer.Argument(..., metavar="FLEET_FILE", help="Th
         out.print(render_table(report), markup=False, highlight=False, soft_wrap=True, end="")
     if not quiet:
         err.print(f"fleet: wrote {path}", markup=False)
-    code = exit_code(report)
-    if code:
-        raise typer.Exit(code)
+    finish(exit_code(report))
 
 
 @app.command()

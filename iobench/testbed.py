@@ -26,8 +26,7 @@ import time
 from typing import Callable
 
 from core.errors import MismatchError, MissingError, UsageError, WriteError
-from core.fsutil import atomic_write_text
-from core.jsonfile import read_json
+from core.jsonfile import read_json, write_json
 
 from .testbed_spec import (
     STATE_FILE,
@@ -43,7 +42,7 @@ from .testbed_spec import (
     mounted_devices,
     new_state,
     state_from_doc,
-    state_text,
+    state_to_doc,
     v1_lines,
     v2_line,
 )
@@ -94,7 +93,7 @@ def load_state(root: str) -> TestbedState:
 
 
 def _save(state: TestbedState) -> None:
-    atomic_write_text(os.path.join(state.root, STATE_FILE), state_text(state))
+    write_json(os.path.join(state.root, STATE_FILE), state_to_doc(state))
 
 
 def _sh(*cmd: str) -> str:

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from core.cli import JsonOption, err, make_app, out, print_result
+from core.cli import JsonOption, err, finish, make_app, out, print_result
 from core.errors import EXIT_MISMATCH
 
 from . import testbed
@@ -25,7 +25,7 @@ def check():
     _, why = testbed.controller()
     if problems:
         typer.echo(f"unavailable: {'; '.join(problems)}")
-        raise typer.Exit(EXIT_MISMATCH)
+        finish(EXIT_MISMATCH)
     typer.echo(f"ok: root, loop devices, {why}")
 
 

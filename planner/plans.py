@@ -49,11 +49,19 @@ class SavedPlan:
         return {**plan_to_dict(self.plan), "path": self.path}
 
 
+def write_plan(path: str, plan: Plan) -> str:
+    """Write a plan file at `path` atomically (stamping `created` if empty): the one way a plan is
+    written (`save_plan` into the rig; a harness run's arm plans into its run folder). Returns the path."""
+    if not plan.created:
+        plan = replace(plan, created=utc_now())
+    return write_json(path, plan_to_dict(plan))
+
+
 def save_plan(rig: Rig, plan: Plan) -> str:
     """Write rig/plans/<timestamp>.json atomically (stamping `created` if empty); returns the path."""
     if not plan.created:
         plan = replace(plan, created=utc_now())
-    return write_json(os.path.join(rig.subdir(PLANS_DIR), plan_name(plan.created)), plan_to_dict(plan))
+    return write_plan(os.path.join(rig.subdir(PLANS_DIR), plan_name(plan.created)), plan)
 
 
 def load_plan(path: str) -> Plan:

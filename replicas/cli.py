@@ -15,8 +15,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from core import rig as rigmod
-from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
+from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, finish, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, EXIT_MISSING, Interrupted, ReplicaTunerError, UsageError
+from core.interrupt import cancel_on_interrupt
 from core.events import Notice
 from core.results import ErrorResult
 from core.rig import Member
@@ -59,9 +60,9 @@ def _rate(text: Optional[str]) -> Optional[float]:
 @contextmanager
 def live_progress(enabled: bool = True):
     """Render progress events on stderr, one bar per task (destination / member); Ctrl-C sets
-    the cancel flag so durable work is journaled before the command exits. Not `enabled`
-    (--quiet): no bars and no notices, but warnings (a Notice marked `warning`) still print."""
-    cancel = threading.Event()
+    the cancel flag so durable work is journaled before the command exits (the one Ctrl-C policy,
+    `core.interrupt.cancel_on_interrupt`). Not `enabled` (--quiet): no bars and no notices, but
+    warnings (a Notice marked `warning`) still print."""
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
                     DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
                     transient=False, disable=not enabled or not err.is_terminal and not os.environ.get("REPLICAS_PROGRESS"))
@@ -79,22 +80,9 @@ def live_progress(enabled: bool = True):
                 tasks[key] = bars.add_task(ev.task, total=ev.total, phase=ev.phase)
             bars.update(tasks[key], completed=ev.done, total=ev.total)
 
-    previous = signal.getsignal(signal.SIGINT)
-
-    def on_int(signum, frame):
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-        err.print("[yellow]interrupting: finishing durable pieces (Ctrl-C again to abort now)[/]")
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_int)
-    try:
-        with bars:
-            yield report, cancel
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, previous)
+    with cancel_on_interrupt(err.print, "[yellow]interrupting: finishing durable pieces (Ctrl-C again to abort now)[/]") \
+            as cancel, bars:
+        yield report, cancel
 
 
 def _rig(rig_opt):
@@ -167,8 +155,7 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
             print_result(ErrorResult(str(worst), worst.exit_code))
         else:
             print_result(views.ManifestView(docs[0]) if len(paths) == 1 else views.HashesView(tuple(docs)))
-    if failures:
-        raise typer.Exit(max(e.exit_code for e in failures))
+    finish(max((e.exit_code for e in failures), default=0))
 
 
 def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, cancel) -> dict:
@@ -221,7 +208,7 @@ def _check_sums(files: List[str], json_out: bool) -> None:
         print_result(views.CheckView(tuple(results)))
     if failed:
         typer.echo(failures_warning("replicas", failed), err=True)
-        raise typer.Exit(EXIT_MISMATCH)
+    finish(EXIT_MISMATCH if failed else 0)
 
 
 @app.command()
@@ -291,8 +278,7 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
             if d.dropped:
                 err.print(f"{d.target}: removed {len(d.dropped)} copy(ies) the partial replica no longer holds: "
                           f"{', '.join(d.dropped)}", soft_wrap=True)
-    if res.exit_code:
-        raise typer.Exit(res.exit_code)
+    finish(res.exit_code)
 
 
 @app.command()
@@ -374,8 +360,7 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
         code = EXIT_MISMATCH
     elif any(c.state == "missing" for c in ups.values()) and not code:
         code = EXIT_MISSING
-    if code:
-        raise typer.Exit(code)
+    finish(code)
 
 
 def _check_upstream(upstream, tap, members, manifest, quiet: bool) -> dict:
@@ -448,8 +433,7 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
         out.print(line)
         for text in still:
             err.print(text, soft_wrap=True)
-    if res.after.state != "identical":
-        raise typer.Exit(1)
+    finish(EXIT_MISMATCH if res.after.state != "identical" else 0)
 
 
 @app.command()
@@ -468,8 +452,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     else:
         out.print(views.status_table(r.root, manifest, rows))
         out.print(views.topology_text(topology), end="", highlight=False, markup=False)
-    if any(x.state == MISMATCH for x in rows):
-        raise typer.Exit(EXIT_MISMATCH)
+    finish(EXIT_MISMATCH if any(x.state == MISMATCH for x in rows) else 0)
 
 
 @app.command()

@@ -32,13 +32,14 @@ from core.constants import RUNS_DIR
 from core.errors import Interrupted, MismatchError, MissingError, UsageError
 from core.events import Notice, emit
 from core.fsutil import atomic_write_text
+from core.jsonfile import write_json
 from core.rig import Rig, load_rig, rig_dir
 from core.units import plural
 from engines.registry import DEFAULT_ENGINE, engine_for_model
 from engines.split import check_weights, parse_weights
 from models.modelset import member_set
-from planner.plan import Phase, Plan, Source, plan_to_dict
-from planner.plans import load_plan, resolve_plan_path
+from planner.plan import Phase, Plan, Source
+from planner.plans import load_plan, resolve_plan_path, write_plan
 
 from .arms import (
     CSV_COLUMNS,
@@ -158,8 +159,7 @@ def write_arm_plan(spec: ArmSpec, path: str) -> str:
                                             **({"model": src.provenance["model"]} if same and "model" in src.provenance
                                                else {})},
                 workload=dict(src.workload) if same else {}, geometry=dict(src.geometry) if same else {})
-    atomic_write_text(path, json.dumps(plan_to_dict(plan), indent=1) + "\n")
-    return path
+    return write_plan(path, plan)
 
 
 # -- system facts -------------------------------------------------------------------------
@@ -334,7 +334,7 @@ def run_bench(specs: Sequence[ArmSpec], order: str, settings: dict, out_dir: str
         after = probe()
         rows.append(Row(seq, name, result, error, before, after, log))
         if result is not None:
-            atomic_write_text(os.path.join(out_dir, "arms", f"{seq:02d}-{name}.json"), json.dumps(result, indent=1) + "\n")
+            write_json(os.path.join(out_dir, "arms", f"{seq:02d}-{name}.json"), result)
             emit(report, Notice(name, f"arm {seq + 1}/{len(sequence)} {name}: prefill {result.get('prefill_tps')} tok/s, "
                                       f"steady {result.get('gen_steady_tps')} tok/s, sha "
                                       f"{str(result.get('output_sha256'))[:12]}"))
@@ -344,7 +344,7 @@ def run_bench(specs: Sequence[ArmSpec], order: str, settings: dict, out_dir: str
     paths = {"dir": out_dir, "results": os.path.join(out_dir, "results.json"),
              "summary": os.path.join(out_dir, "summary.md"), "chart": os.path.join(out_dir, "chart.svg"),
              "csv": os.path.join(out_dir, "runs.csv")}
-    atomic_write_text(paths["results"], json.dumps(doc, indent=1) + "\n")
+    write_json(paths["results"], doc)
     atomic_write_text(paths["summary"], render_markdown(doc))
     atomic_write_text(paths["chart"], render_svg(doc))
     atomic_write_text(paths["csv"], runs_csv(doc))

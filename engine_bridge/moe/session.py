@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import time
 from typing import ClassVar
 
 from core.errors import UsageError
 from core.results import Document
-from core.fsutil import atomic_write_text
 from core.rig import Rig
 from core.jsonfile import write_json
 from models.usage import MISSES, usage_of, usage_to_dict
@@ -200,7 +198,7 @@ def save_run(result: dict, csv_file: str | None = None, trace_out: str | None = 
         name = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000_000:09d}Z.json"
         write_json(os.path.join(usage_dir, name), doc, indent=None)
     if trace_out:
-        atomic_write_text(trace_out, json.dumps(trace_doc(result, trace)) + "\n")
+        write_json(trace_out, trace_doc(result, trace), indent=None)
     if csv_file:
         append_csv(csv_file, result)
     return result

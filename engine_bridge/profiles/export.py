@@ -23,7 +23,7 @@ from core.constants import PROFILES_DIR
 from core.errors import MissingError, ReplicaTunerError, RigError, UsageError
 from core.fsutil import atomic_write_text
 from core.events import Reporter
-from core.jsonfile import read_json
+from core.jsonfile import read_json, write_json
 from core.tiers import is_memory
 from engine_bridge.profiles import profile as pf
 from engine_bridge.profiles import rules
@@ -32,7 +32,7 @@ from engines.registry import DEFAULT_ENGINE
 from models.modelset import discover
 from models.tensortable import CONFIG_JSON
 from planner.fallback import fallback_plans
-from planner.plan import plan_to_dict
+from planner.plan import Plan, plan_to_dict
 from planner.plans import load_plan, resolve_plan_path
 from replicas.manifests import load_manifest
 from replicas.stamps import stamp_state
@@ -223,12 +223,15 @@ def _companion(path: str) -> str:
     return path[: -len(".env")] + ".json" if path.endswith(".env") else path + ".json"
 
 
-def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None = None,
+def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | None = None,
                    base: str | None = None, cache_experts: int | None = None, output: str | None = None,
-                   allow_unverified: bool = False, fallbacks: bool = True, report: Reporter = None) -> ExportResult:
+                   allow_unverified: bool = False, fallbacks: bool = True, report: Reporter = None,
+                   plan: Plan | None = None) -> ExportResult:
     """Check the plan against the engine's rules and write its profile; raises on any violation.
     `plan_path`: a plan file, 'latest' or a plan's name in <rig>/plans (rig.toml and the plan are
-    each read once). `fmt`: an engine's name (its env file and JSON), or 'json' (the plan's
+    each read once); or `plan`, a plan value never written to a file (the real-engine tuner's arms:
+    then `name` is needed, and the provenance names no plan file). `fmt`: an engine's name (its env
+    file and JSON), or 'json' (the plan's
     engine's profile as JSON alone). With `fallbacks` (and a file to write), also the N-1 profiles
     beside it: the plan re-solved without each of its drives (`planner.fallback`), named
     NAME.without-DRIVE; the chosen profile's provenance lists them (`fallbacks`), for `launch` to
@@ -236,8 +239,11 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     if fmt not in pf.formats():
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.formats())}")
     rig = rigmod.load_rig(rig_root, must_exist=False)
-    plan_path = resolve_plan_path(plan_path, rig)
-    plan = load_plan(plan_path)
+    if plan is None:
+        plan_path = resolve_plan_path(plan_path, rig)
+        plan = load_plan(plan_path)
+    elif not name:
+        raise UsageError("export of a plan value: give the profile a name")
     engine = plan.engine if fmt == pf.JSON_FORMAT else fmt
     prof = rules.profile_of(engine)
     # A profile for an engine other than the default one carries the engine's name by default.
@@ -285,11 +291,12 @@ def export_profile(*, rig_root: str, plan_path: str, fmt: str, name: str | None 
     if listed or skipped:
         profile = replace(profile, provenance={**profile.provenance, "fallbacks": listed,
                                                "fallbacks_skipped": dict(skipped)})
-    files = _write(profile, fmt, main)
+    files = write_profile(profile, fmt, main)
     written = []
     for p in extra:
         drive = p.id.rsplit(".without-", 1)[1]
-        written.append((drive, _write(p, fmt, os.path.join(folder, f"{stem}.without-{drive}{os.path.splitext(main)[1]}"))[-1]))
+        path = os.path.join(folder, f"{stem}.without-{drive}{os.path.splitext(main)[1]}")
+        written.append((drive, write_profile(p, fmt, path)[-1]))
     return ExportResult(profile, files, fallbacks=tuple(written), skipped=tuple(skipped))
 
 
@@ -306,16 +313,13 @@ class _Context:
     allow_unverified: bool
 
 
-def _write(profile: pf.Profile, fmt: str, path: str) -> tuple[str, ...]:
-    """Write a profile: its JSON at `path` (format json), else its env file there and the JSON beside it."""
-    doc = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n"
+def write_profile(profile: pf.Profile, fmt: str, path: str) -> tuple[str, ...]:
+    """Write a profile (atomically): its JSON at `path` (format json), else its env file there and
+    the JSON beside it. Returns the files written, the JSON last."""
     if fmt == pf.JSON_FORMAT:
-        atomic_write_text(path, doc)
-        return (path,)
-    json_path = _companion(path)
+        return (write_json(path, pf.profile_to_dict(profile), indent=2),)
     atomic_write_text(path, pf.render_env(profile))
-    atomic_write_text(json_path, doc)
-    return (path, json_path)
+    return (path, write_json(_companion(path), pf.profile_to_dict(profile), indent=2))
 
 
 def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Profile:
@@ -329,7 +333,7 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
     if kind is not None:
         why, readers = rules.check_model(engine, *kind)
         if why and readers:
-            raise UsageError(f"plan {plan_path}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
+            raise UsageError(f"plan {plan_path or profile_id}: {why}; {' or '.join(readers)} reads it: solve the plan for it "
                              f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     facts = source_facts(plan_dict, manifest, rig, prof.source_view)
@@ -342,7 +346,7 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
     if prof.cache_experts:
         violations += rules.check_cache(ctx.cache)
     if violations:
-        err = rules.refusal(f"plan {plan_path}", violations)
+        err = rules.refusal(f"plan {plan_path or profile_id}", violations)
         if all(v.rule == "missing" for v in violations):
             raise MissingError(str(err))
         raise err
@@ -351,7 +355,7 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
     # an engine that loads directories is given the directories, not the member paths
     paths = tuple(f.directory for f in facts) if prof.source_view is not None else None
     provenance = {
-        "plan_file": os.path.abspath(plan_path),
+        "plan_file": os.path.abspath(plan_path) if plan_path else "",
         "plan_created": plan.created,
         "plan_provenance": plan.provenance,
         "chain": list(ctx.layered.chain) if ctx.layered else [],

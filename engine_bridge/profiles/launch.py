@@ -18,7 +18,6 @@ Launch record (schema 1), written to RUN_DIR/launch.json and printed by `launch 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from typing import ClassVar, Mapping, Sequence
 from core.constants import RUNS_DIR
 from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text, require_file
+from core.jsonfile import write_json
 from core.tiers import is_memory
 from engines.registry import ENGINES
 
@@ -206,7 +206,7 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
                           argv=tuple(argv), environment=added, dead_knobs=dead, returncode=rc, run_dir=run_dir,
                           stdout_path=out_path, stderr_path=err_path, csv_path=csv_path, csv_rows=rows,
                           started=started, seconds=round(seconds, 3))
-    atomic_write_text(os.path.join(run_dir, "launch.json"), json.dumps(launch_to_dict(result), indent=2) + "\n")
+    write_json(os.path.join(run_dir, "launch.json"), launch_to_dict(result), indent=2)
     return result
 
 

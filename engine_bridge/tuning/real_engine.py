@@ -18,7 +18,6 @@ keeps and how it runs by default.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import replace
@@ -28,6 +27,7 @@ from typing import Callable, Mapping, Sequence
 from core.constants import RUNS_DIR
 from core.errors import Interrupted, MismatchError, UsageError
 from core.fsutil import atomic_write_text
+from core.jsonfile import write_json
 from core.platform import drop_cached
 from core.rig import load_rig
 from engines.pattern import PHASES
@@ -145,51 +145,49 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
     return plan, out
 
 
+def arm_plan(plan, c: EngineArm):
+    """The candidate as a plan: the solved plan over the arm's sources, with its weights (the
+    engine's default: 1 each) and switches. A value export takes; never written to a file."""
+    from planner.plan import Phase, Source
+
+    srcs = tuple(Source(plan.sources[i].name, plan.sources[i].path) for i in c.sources)
+    w = c.weights or (1,) * len(srcs)
+    dw = c.decode_weights or w
+    return replace(plan, sources=srcs, prefill=Phase(tuple(w), dict(c.predicted.get("prefill") or {})),
+                   decode=Phase(tuple(dw), dict(c.predicted.get("decode") or {})), switches=frozenset(c.mode))
+
+
 def export_candidates(rig_root: str, plan, cands: Sequence[EngineArm], folder: str, engine: str,
                       cache_experts: int | None = None, allow_unverified: bool = False) -> list[EngineArm]:
-    """Each candidate as a plan (folder/plans/armK.json) exported as the engine's profile
-    (folder/profiles/armK.env + .json) by `engine-bridge export`'s own checks (`export_arm`),
-    without the N-1 profiles: an arm is a trial, and only the winner's are written (each is a full
-    re-solve of the rig's model)."""
-    from planner.plan import Phase, Source, plan_to_dict
-
-    os.makedirs(os.path.join(folder, "plans"), exist_ok=True)
+    """Each candidate's plan (`arm_plan`) exported as the engine's profile (folder/profiles/armK.env
+    + .json) by `engine-bridge export`'s own checks (`export_arm`), without the N-1 profiles: an arm
+    is a trial, and only the winner's are written (each is a full re-solve of the rig's model)."""
+    os.makedirs(os.path.join(folder, "profiles"), exist_ok=True)
     out = []
     for k, c in enumerate(cands):
-        srcs = tuple(Source(plan.sources[i].name, plan.sources[i].path) for i in c.sources)
-        w = c.weights or (1,) * len(srcs)
-        dw = c.decode_weights or w
-        p = replace(plan, sources=srcs, prefill=Phase(tuple(w), dict(c.predicted.get("prefill") or {})),
-                    decode=Phase(tuple(dw), dict(c.predicted.get("decode") or {})),
-                    switches=frozenset(c.mode))
-        plan_path = os.path.join(folder, "plans", f"arm{k + 1}.json")
-        atomic_write_text(plan_path, json.dumps(plan_to_dict(p), indent=2) + "\n")
         env_path = os.path.join(folder, "profiles", f"arm{k + 1}.env")
-        os.makedirs(os.path.dirname(env_path), exist_ok=True)
-        json_path = export_arm(rig_root, c, plan_path, env_path, f"arm{k + 1}", engine, cache_experts, allow_unverified)
+        json_path = export_arm(rig_root, c, arm_plan(plan, c), env_path, f"arm{k + 1}", engine, cache_experts,
+                               allow_unverified)
         out.append(replace(c, profile=json_path))
     return out
 
 
-def export_arm(rig_root: str, c: EngineArm, plan_path: str, env_path: str, name: str, engine: str,
+def export_arm(rig_root: str, c: EngineArm, plan, env_path: str, name: str, engine: str,
                cache_experts: int | None = None, allow_unverified: bool = False, fallbacks: bool = False) -> str:
     """The candidate's plan exported as the engine's profile at `env_path` (and its .json, whose
     path is returned); with `fallbacks`, its N-1 profiles beside it. The engine's default is the
     profile over the same drives with the variables its profile's `default_environment` drops moved
     to the unset lines."""
-    from engine_bridge.profiles import profile as pf
-    from engine_bridge.profiles.export import export_profile, load_profile
+    from engine_bridge.profiles.export import export_profile, load_profile, write_profile
 
-    r = export_profile(rig_root=rig_root, plan_path=plan_path, fmt=engine, name=name, cache_experts=cache_experts,
+    r = export_profile(rig_root=rig_root, plan=plan, fmt=engine, name=name, cache_experts=cache_experts,
                        output=env_path, allow_unverified=allow_unverified, fallbacks=fallbacks)
     json_path = r.files[-1]
     if c.weights is None:
         q = load_profile(json_path)
         env = get_engine(engine).profile.default_environment(q.environment)
         dropped = tuple(k for k, _ in q.environment if k not in dict(env))
-        q = replace(q, environment=tuple(env), unset=tuple(dict.fromkeys(q.unset + dropped)))
-        atomic_write_text(json_path, json.dumps(pf.profile_to_dict(q), indent=2) + "\n")
-        atomic_write_text(env_path, pf.render_env(q))
+        write_profile(replace(q, environment=tuple(env), unset=tuple(dict.fromkeys(q.unset + dropped))), engine, env_path)
     return json_path
 
 
@@ -403,7 +401,7 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
                 "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources]}
     doc = report_dict(cands, trials, v, settings)
     lines = report_lines(doc)
-    atomic_write_text(os.path.join(folder, "report.json"), json.dumps(doc, indent=2) + "\n")
+    write_json(os.path.join(folder, "report.json"), doc, indent=2)
     atomic_write_text(os.path.join(folder, "report.md"), "# engine-tune report\n\n```\n" + "\n".join(lines) + "\n```\n")
     doc["folder"] = folder
     doc["lines"] = lines
@@ -411,7 +409,7 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
         win = cands[v.winner]
         # the winner's profile again, beside the report, now with its N-1 profiles (winner.without-DRIVE),
         # which its provenance names relative to it
-        doc["winner_profile"] = export_arm(rig_root, win, os.path.join(folder, "plans", f"arm{v.winner + 1}.json"),
+        doc["winner_profile"] = export_arm(rig_root, win, arm_plan(plan, win),
                                            os.path.join(folder, "winner.env"), f"arm{v.winner + 1}", engine,
                                            cache_experts, allow_unverified, fallbacks=True)
         summary = {"report": os.path.join(folder, "report.json"), "engine": engine, "winner": win.label,
