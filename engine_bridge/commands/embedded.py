@@ -124,212 +124,213 @@ def reader_options(hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_fl
             "balance": balance, "balance_policy": balance_options(balance_chunk, balance_depth)}
 
 
+def synth_cmd(
+    out: str = typer.Argument(..., metavar="OUT", help="Model to write: a .gguf file, or a directory with --format colibri."),
+    fmt: str = typer.Option("gguf", "--format", metavar="gguf|colibri",
+                            help="gguf: one GGUF file for the embedded engine (default). colibri: a directory of "
+                                 "safetensors shards + config.json + tokenizer.json that colibri's GLM engine loads "
+                                 "(int8 rows + per-row scales; `run` computes it too)."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4)."),
+    experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri 4)."),
+    dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
+    ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: "
+                                                        "dim*ff a "
+                                                         "multiple of 65536; colibri: a multiple of 64."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512)."),
+    seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
+    quant: Optional[str] = typer.Option(None, "--quant", help="gguf only: routed expert type, q8_0 (default), q4_0, or f32 "
+                                                               "(unquantized: least compute per byte read)."),
+    shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
+                                                                 "one (default: 4, or --layers if fewer)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
+    model_type: Optional[str] = typer.Option(None, "--model-type", help="colibri only: config.json model_type (default "
+                                             f"{synth_model_types()[0]}, the reading engine's own; another it runs gives a "
+                                             "model of that shape read by that type's rules, for the stand-in engines)."),
+    json_out: bool = JsonOption,
+):
+    """Write a small but complete MoE transformer laid out like the real model (GGUF, or colibri's format)."""
+    from core.errors import UsageError
+
+    fmt = fmt.lower()
+    if fmt not in SYNTH_FORMATS:
+        raise UsageError(f"--format {fmt!r}: use {' or '.join(SYNTH_FORMATS)}")
+    shape = {k: v for k, v in dict(layers=layers, experts=experts, top_k=top_k, dim=dim, ff=ff, vocab=vocab).items()
+             if v is not None}
+    if fmt == COLIBRI_FORMAT:
+        if quant is not None:
+            raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
+        from engine_bridge.moe.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
+
+        base = ColibriSpec(**shape, seed=seed, **({"model_type": model_type} if model_type else {}))
+        spec = check_colibri(ColibriSpec(**{**base.__dict__, "shards": min(base.shards, base.layers) if shards is None
+                                            else shards}))
+        write = lambda progress: synthesize_colibri(out, spec, force=force, progress=progress)  # noqa: E731
+    else:
+        if shards is not None or model_type is not None:
+            raise UsageError("--shards and --model-type are for --format colibri (a GGUF model is one file)")
+        from engine_bridge.moe.synth import SynthSpec, check_spec, synthesize
+
+        spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))
+        write = lambda progress: synthesize(out, spec, progress, force=force)  # noqa: E731
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=err, transient=True, disable=json_out) as bar:
+        task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
+        summary = write(lambda done, total: bar.update(task, completed=done, total=total))
+    if json_out:
+        from engine_bridge.moe.synth import SynthSummary
+
+        print_result(SynthSummary(summary))
+    else:
+        typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
+                   f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed "
+                   f"{format_bytes(summary['routed_bytes'])}"
+                   + (f", {spec.shards} shards" if fmt == COLIBRI_FORMAT else ""))
+
+def run_cmd(
+    model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
+                                        help="Primary model (source 0): its file, any file of its split set, or its "
+                                             "directory; default: the plan's primary, else the rig's model."),
+    rig: Optional[str] = RigOption,
+    plan: Optional[str] = SHARED["plan"],
+    replica: List[str] = SHARED["replica"],
+    primary_weight: int = SHARED["primary_weight"],
+    decode_weights: Optional[str] = SHARED["decode_weights"],
+    prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt length (deterministic ids)."),
+    gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Tokens to generate greedily."),
+    cache_experts: int = SHARED["cache_experts"],
+    lanes: int = SHARED["lanes"],
+    chunk_tokens: int = SHARED["chunk_tokens"],
+    dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts "
+                                                                                   "(0: inline)."),
+    prompt_seed: int = typer.Option(PROMPT_SEED, "--prompt-seed", help="Seed of the prompt's token ids."),
+    csv_file: Optional[str] = SHARED["csv_file"],
+    trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay "
+                                                                                      "--trace)."),
+    cached: bool = SHARED["cached"],
+    hedge: bool = SHARED["hedge"],
+    hedge_min_busy: float = SHARED["hedge_min_busy"],
+    reweigh: bool = SHARED["reweigh"],
+    reweigh_floor: float = SHARED["reweigh_floor"],
+    reweigh_band: float = SHARED["reweigh_band"],
+    reweigh_window: float = SHARED["reweigh_window"],
+    balance: bool = SHARED["balance"],
+    balance_chunk: str = SHARED["balance_chunk"],
+    balance_depth: float = SHARED["balance_depth"],
+    engine: Optional[str] = SHARED["engine"],
+    switch: List[str] = SHARED["switch"],
+    json_out: bool = JsonOption,
+):
+    """Run the embedded MoE engine with routed experts streamed through split reads."""
+    from engine_bridge.moe.blas import pin_blas_threads
+    from engine_bridge.moe.session import RunResults, csv_text, run_model, save_run, usage_dir_of
+    from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
+
+    reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+                            balance, balance_chunk, balance_depth)
+    blas = pin_blas_threads(1)
+    inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
+    sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
+                         tuple(switch))
+    err.print(f"run: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
+              f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
+              f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
+              highlight=False, soft_wrap=True)
+    result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
+                                chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), **reader,
+                                dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
+                      usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
+    _report_reader(result)
+    for ph in ("prefill", "decode"):
+        c = result[ph]
+        err.print(f"{ph}: {c['seconds']:.3f} s, waiting for reads {c['read_wait_seconds']:.3f} s "
+                  f"({100 * c['read_wait_seconds'] / max(c['seconds'], 1e-9):.0f} %), read {format_bytes(c['bytes'])} "
+                  f"at {format_rate(c['bytes'] / max(c['seconds'], 1e-9))}, hits {c['hits']} misses {c['misses']}",
+                  highlight=False, soft_wrap=True)
+        err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {plural(s['reads'], 'piece')}"
+                                                  for s in c["sources"]), highlight=False, soft_wrap=True)
+    _report_idle(result)
+    err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
+              highlight=False, soft_wrap=True)
+    if json_out:
+        print_result(RunResults(result))
+    else:
+        typer.echo(csv_text(result, header=True), nl=False)
+        typer.echo(f"output_sha256={result['output_sha256']} hits={result['hits']} misses={result['misses']} "
+                   f"misses_per_token={result['misses_per_token']}")
+
+def replay_cmd(
+    model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
+                                        help="Primary model (a MoE GGUF file or split set, or a safetensors directory; "
+                                             "only its headers are read for geometry); default: the plan's primary, "
+                                             "else the rig's model."),
+    rig: Optional[str] = RigOption,
+    plan: Optional[str] = SHARED["plan"],
+    replica: List[str] = SHARED["replica"],
+    primary_weight: int = SHARED["primary_weight"],
+    decode_weights: Optional[str] = SHARED["decode_weights"],
+    prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt tokens (routing model)."),
+    gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Decode tokens (routing model)."),
+    cache_experts: int = SHARED["cache_experts"],
+    lanes: int = SHARED["lanes"],
+    chunk_tokens: int = SHARED["chunk_tokens"],
+    routing_seed: int = typer.Option(0, "--routing-seed", help="Seed of the routing model."),
+    trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead "
+                                                                              "of the model."),
+    csv_file: Optional[str] = SHARED["csv_file"],
+    cached: bool = SHARED["cached"],
+    hedge: bool = SHARED["hedge"],
+    hedge_min_busy: float = SHARED["hedge_min_busy"],
+    reweigh: bool = SHARED["reweigh"],
+    reweigh_floor: float = SHARED["reweigh_floor"],
+    reweigh_band: float = SHARED["reweigh_band"],
+    reweigh_window: float = SHARED["reweigh_window"],
+    balance: bool = SHARED["balance"],
+    balance_chunk: str = SHARED["balance_chunk"],
+    balance_depth: float = SHARED["balance_depth"],
+    engine: Optional[str] = SHARED["engine"],
+    switch: List[str] = SHARED["switch"],
+    json_out: bool = JsonOption,
+):
+    """Replay the engine's expert reads (no compute) with the model's real geometry and a
+    calibrated routing model or a recorded trace: what the plan delivers on these drives."""
+    from engine_bridge.moe.replay import ReplayResults, replay
+    from engine_bridge.moe.session import save_run, usage_dir_of
+    from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
+
+    reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+                            balance, balance_chunk, balance_depth)
+    inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
+    sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
+                         tuple(switch))
+    err.print(f"replay: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
+              f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
+              + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
+              highlight=False, soft_wrap=True)
+    result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
+                             chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
+                             cold=not cached, **reader),
+                      csv_file=csv_file, usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
+    _report_reader(result)
+    _report_idle(result)
+    if json_out:
+        print_result(ReplayResults(result))
+        return
+    typer.echo(f"prefill  {result['prefill_tokens']} tokens  {result['prefill_tps']} tok/s-equivalent  "
+               f"coverage {result['coverage']}  read {format_bytes(result['prefill']['bytes'])} at "
+               f"{result['prefill_read_gbps']} GB/s")
+    typer.echo(f"decode   {result['gen_tokens']} tokens  {result['gen_tps']} tok/s-equivalent (steady "
+               f"{result['gen_steady_tps']})  misses/token {result['misses_per_token']}  read "
+               f"{format_bytes(result['decode']['bytes'])} at {result['decode_read_gbps']} GB/s")
+    for s in result["sources"]:
+        typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {plural(s['reads'], 'piece')}, "
+                   f"lands_last {s['lands_last']}{'  DEGRADED' if s['degraded'] else ''}")
+
+
 def register(app) -> None:
     """Add this module's commands to the engine-bridge app."""
-
-    @app.command("synth")
-    def synth_cmd(
-        out: str = typer.Argument(..., metavar="OUT", help="Model to write: a .gguf file, or a directory with --format colibri."),
-        fmt: str = typer.Option("gguf", "--format", metavar="gguf|colibri",
-                                help="gguf: one GGUF file for the embedded engine (default). colibri: a directory of "
-                                     "safetensors shards + config.json + tokenizer.json that colibri's GLM engine loads "
-                                     "(int8 rows + per-row scales; `run` computes it too)."),
-        layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4)."),
-        experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
-        top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri 4)."),
-        dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
-        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: "
-                                                            "dim*ff a "
-                                                             "multiple of 65536; colibri: a multiple of 64."),
-        vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512)."),
-        seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
-        quant: Optional[str] = typer.Option(None, "--quant", help="gguf only: routed expert type, q8_0 (default), q4_0, or f32 "
-                                                                   "(unquantized: least compute per byte read)."),
-        shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
-                                                                     "one (default: 4, or --layers if fewer)."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
-        model_type: Optional[str] = typer.Option(None, "--model-type", help="colibri only: config.json model_type (default "
-                                                 f"{synth_model_types()[0]}, the reading engine's own; another it runs gives a "
-                                                 "model of that shape read by that type's rules, for the stand-in engines)."),
-        json_out: bool = JsonOption,
-    ):
-        """Write a small but complete MoE transformer laid out like the real model (GGUF, or colibri's format)."""
-        from core.errors import UsageError
-
-        fmt = fmt.lower()
-        if fmt not in SYNTH_FORMATS:
-            raise UsageError(f"--format {fmt!r}: use {' or '.join(SYNTH_FORMATS)}")
-        shape = {k: v for k, v in dict(layers=layers, experts=experts, top_k=top_k, dim=dim, ff=ff, vocab=vocab).items()
-                 if v is not None}
-        if fmt == COLIBRI_FORMAT:
-            if quant is not None:
-                raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
-            from engine_bridge.moe.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
-
-            base = ColibriSpec(**shape, seed=seed, **({"model_type": model_type} if model_type else {}))
-            spec = check_colibri(ColibriSpec(**{**base.__dict__, "shards": min(base.shards, base.layers) if shards is None
-                                                else shards}))
-            write = lambda progress: synthesize_colibri(out, spec, force=force, progress=progress)  # noqa: E731
-        else:
-            if shards is not None or model_type is not None:
-                raise UsageError("--shards and --model-type are for --format colibri (a GGUF model is one file)")
-            from engine_bridge.moe.synth import SynthSpec, check_spec, synthesize
-
-            spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))
-            write = lambda progress: synthesize(out, spec, progress, force=force)  # noqa: E731
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                      console=err, transient=True, disable=json_out) as bar:
-            task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
-            summary = write(lambda done, total: bar.update(task, completed=done, total=total))
-        if json_out:
-            from engine_bridge.moe.synth import SynthSummary
-
-            print_result(SynthSummary(summary))
-        else:
-            typer.echo(f"{summary['path']}: {format_bytes(summary['bytes'])}, {spec.layers} layers x {spec.experts} experts "
-                       f"(top-{spec.top_k}), component {summary['component_bytes']} B, routed "
-                       f"{format_bytes(summary['routed_bytes'])}"
-                       + (f", {spec.shards} shards" if fmt == COLIBRI_FORMAT else ""))
-
-    @app.command("run")
-    def run_cmd(
-        model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
-                                            help="Primary model (source 0): its file, any file of its split set, or its "
-                                                 "directory; default: the plan's primary, else the rig's model."),
-        rig: Optional[str] = RigOption,
-        plan: Optional[str] = SHARED["plan"],
-        replica: List[str] = SHARED["replica"],
-        primary_weight: int = SHARED["primary_weight"],
-        decode_weights: Optional[str] = SHARED["decode_weights"],
-        prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt length (deterministic ids)."),
-        gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Tokens to generate greedily."),
-        cache_experts: int = SHARED["cache_experts"],
-        lanes: int = SHARED["lanes"],
-        chunk_tokens: int = SHARED["chunk_tokens"],
-        dequant_threads: int = typer.Option(DEQUANT_THREADS, "--dequant-threads", help="Helper threads dequantizing experts "
-                                                                                       "(0: inline)."),
-        prompt_seed: int = typer.Option(PROMPT_SEED, "--prompt-seed", help="Seed of the prompt's token ids."),
-        csv_file: Optional[str] = SHARED["csv_file"],
-        trace_out: Optional[str] = typer.Option(None, "--trace-out", metavar="FILE", help="Record the routing (for replay "
-                                                                                          "--trace)."),
-        cached: bool = SHARED["cached"],
-        hedge: bool = SHARED["hedge"],
-        hedge_min_busy: float = SHARED["hedge_min_busy"],
-        reweigh: bool = SHARED["reweigh"],
-        reweigh_floor: float = SHARED["reweigh_floor"],
-        reweigh_band: float = SHARED["reweigh_band"],
-        reweigh_window: float = SHARED["reweigh_window"],
-        balance: bool = SHARED["balance"],
-        balance_chunk: str = SHARED["balance_chunk"],
-        balance_depth: float = SHARED["balance_depth"],
-        engine: Optional[str] = SHARED["engine"],
-        switch: List[str] = SHARED["switch"],
-        json_out: bool = JsonOption,
-    ):
-        """Run the embedded MoE engine with routed experts streamed through split reads."""
-        from engine_bridge.moe.blas import pin_blas_threads
-        from engine_bridge.moe.session import RunResults, csv_text, run_model, save_run, usage_dir_of
-        from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
-
-        reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
-                                balance, balance_chunk, balance_depth)
-        blas = pin_blas_threads(1)
-        inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
-        sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
-                             tuple(switch))
-        err.print(f"run: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
-                  f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
-                  f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
-                  highlight=False, soft_wrap=True)
-        result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), **reader,
-                                    dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
-                          usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
-        _report_reader(result)
-        for ph in ("prefill", "decode"):
-            c = result[ph]
-            err.print(f"{ph}: {c['seconds']:.3f} s, waiting for reads {c['read_wait_seconds']:.3f} s "
-                      f"({100 * c['read_wait_seconds'] / max(c['seconds'], 1e-9):.0f} %), read {format_bytes(c['bytes'])} "
-                      f"at {format_rate(c['bytes'] / max(c['seconds'], 1e-9))}, hits {c['hits']} misses {c['misses']}",
-                      highlight=False, soft_wrap=True)
-            err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {plural(s['reads'], 'piece')}"
-                                                      for s in c["sources"]), highlight=False, soft_wrap=True)
-        _report_idle(result)
-        err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
-                  highlight=False, soft_wrap=True)
-        if json_out:
-            print_result(RunResults(result))
-        else:
-            typer.echo(csv_text(result, header=True), nl=False)
-            typer.echo(f"output_sha256={result['output_sha256']} hits={result['hits']} misses={result['misses']} "
-                       f"misses_per_token={result['misses_per_token']}")
-
-    @app.command("replay")
-    def replay_cmd(
-        model: Optional[str] = typer.Option(None, "--model", metavar="PATH",
-                                            help="Primary model (a MoE GGUF file or split set, or a safetensors directory; "
-                                                 "only its headers are read for geometry); default: the plan's primary, "
-                                                 "else the rig's model."),
-        rig: Optional[str] = RigOption,
-        plan: Optional[str] = SHARED["plan"],
-        replica: List[str] = SHARED["replica"],
-        primary_weight: int = SHARED["primary_weight"],
-        decode_weights: Optional[str] = SHARED["decode_weights"],
-        prompt_tokens: int = typer.Option(PROMPT_TOKENS, "--prompt-tokens", help="Prompt tokens (routing model)."),
-        gen_tokens: int = typer.Option(GEN_TOKENS, "--gen-tokens", help="Decode tokens (routing model)."),
-        cache_experts: int = SHARED["cache_experts"],
-        lanes: int = SHARED["lanes"],
-        chunk_tokens: int = SHARED["chunk_tokens"],
-        routing_seed: int = typer.Option(0, "--routing-seed", help="Seed of the routing model."),
-        trace: Optional[str] = typer.Option(None, "--trace", metavar="FILE", help="Replay a recorded routing trace instead "
-                                                                                  "of the model."),
-        csv_file: Optional[str] = SHARED["csv_file"],
-        cached: bool = SHARED["cached"],
-        hedge: bool = SHARED["hedge"],
-        hedge_min_busy: float = SHARED["hedge_min_busy"],
-        reweigh: bool = SHARED["reweigh"],
-        reweigh_floor: float = SHARED["reweigh_floor"],
-        reweigh_band: float = SHARED["reweigh_band"],
-        reweigh_window: float = SHARED["reweigh_window"],
-        balance: bool = SHARED["balance"],
-        balance_chunk: str = SHARED["balance_chunk"],
-        balance_depth: float = SHARED["balance_depth"],
-        engine: Optional[str] = SHARED["engine"],
-        switch: List[str] = SHARED["switch"],
-        json_out: bool = JsonOption,
-    ):
-        """Replay the engine's expert reads (no compute) with the model's real geometry and a
-        calibrated routing model or a recorded trace: what the plan delivers on these drives."""
-        from engine_bridge.moe.replay import ReplayResults, replay
-        from engine_bridge.moe.session import save_run, usage_dir_of
-        from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
-
-        reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
-                                balance, balance_chunk, balance_depth)
-        inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
-        sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
-                             tuple(switch))
-        err.print(f"replay: {plural(len(sources.paths), 'source')}, prefill {':'.join(map(str, sources.prefill))}, decode "
-                  f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
-                  + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
-                  highlight=False, soft_wrap=True)
-        result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
-                                 chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached, **reader),
-                          csv_file=csv_file, usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
-        _report_reader(result)
-        _report_idle(result)
-        if json_out:
-            print_result(ReplayResults(result))
-            return
-        typer.echo(f"prefill  {result['prefill_tokens']} tokens  {result['prefill_tps']} tok/s-equivalent  "
-                   f"coverage {result['coverage']}  read {format_bytes(result['prefill']['bytes'])} at "
-                   f"{result['prefill_read_gbps']} GB/s")
-        typer.echo(f"decode   {result['gen_tokens']} tokens  {result['gen_tps']} tok/s-equivalent (steady "
-                   f"{result['gen_steady_tps']})  misses/token {result['misses_per_token']}  read "
-                   f"{format_bytes(result['decode']['bytes'])} at {result['decode_read_gbps']} GB/s")
-        for s in result["sources"]:
-            typer.echo(f"source[{s['index']}] {s['path']}: {format_bytes(s['bytes'])} in {plural(s['reads'], 'piece')}, "
-                       f"lands_last {s['lands_last']}{'  DEGRADED' if s['degraded'] else ''}")
+    app.command("synth")(synth_cmd)
+    app.command("run")(run_cmd)
+    app.command("replay")(replay_cmd)

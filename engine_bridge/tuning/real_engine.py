@@ -38,6 +38,7 @@ from .judge import (
     DEFAULT_SHARE_TOLERANCE,
     EngineArm,
     EngineRun,
+    TuningVerdict,
     abba,
     arm_gate,
     COARSE,
@@ -293,10 +294,8 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     any run: a missing or non-executable binary, a budget that is not positive. No complete round:
     the report is written and the command fails (MismatchError when no arm qualified, UsageError
     when the budget ended first, Interrupted when interrupted)."""
+    from engine_bridge.profiles.export import load_profile
     from engine_bridge.profiles.launch import read_binary, which
-    from engines.registry import engine_for_model
-    from planner.plan import Phase
-    from planner.plans import load_plan, save_plan
 
     say = on_event or (lambda msg: None)
     if budget_s <= 0 or timeout_s <= 0:
@@ -304,13 +303,7 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     binary = which(binary)
     read_binary(binary)                      # one line for a missing or non-executable binary
     rig = load_rig(rig_root, must_exist=False)
-    if engine is None:
-        if not rig.model:
-            raise UsageError("the rig has no model; give it one (`replicas init --model PATH`) or --engine")
-        from engine_bridge.moe.inputs import member_model
-
-        m = member_model(rig.model.path, rig)
-        engine = engine_for_model(m.format, m.layout, m.files)
+    engine = engine or _rig_engine(rig)
     prof = get_engine(engine).profile
     if prof is None or not hasattr(prof, "read_run"):
         raise UsageError(f"{engine} has no profile whose lines the tuner reads")
@@ -319,92 +312,32 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     os.makedirs(folder, exist_ok=True)
     plan, cands = candidates(rig_root, engine, bench, top, prompt_tokens, cache_experts)
     cands = export_candidates(rig_root, plan, cands, folder, engine, cache_experts, allow_unverified)
-    from engine_bridge.profiles.export import load_profile
-
     variant = load_profile(cands[0].profile).variant
     frozen, state_note = prof.frozen_state(variant)
     env = dict(os.environ if inherited is None else inherited)
     env.update(frozen)
-    n_sources = len(plan.sources)
     say(f"{len(cands)} arms: " + ", ".join(f"{k + 1} {c.label}" for k, c in enumerate(cands)))
 
-    trials: list[EngineRun] = []
-    active = [True] * len(cands)
-    start = clock()
-    longest = 0.0
-    interrupted = stopped = False
-    counters_seen = False
-
-    def trial(i: int, rnd: int) -> EngineRun | None:
-        nonlocal longest, interrupted, counters_seen
-        left = budget_s - (clock() - start)
-        where = f"round {rnd + 1}" if rnd >= 0 else "confirmation"
-        say(f"arm {i + 1} of {len(cands)} ({cands[i].label}), {where}; {clock() - start:.0f}/{budget_s:.0f} s")
-        run_dir = os.path.join(folder, f"{len(trials) + 1:03d}-arm{i + 1}")
-        try:
-            t = run_arm(binary, cands[i], args, run_dir, max(1.0, min(timeout_s, left)), env, engine, rnd)
-        except KeyboardInterrupt:
-            interrupted = True
-            say("interrupted: the running arm was stopped and dropped")
-            return None
-        t = replace(t, arm=i)
-        trials.append(t)
-        longest = max(longest, t.seconds)
-        counters_seen = counters_seen or bool(t.served)
-        say(f"  arm {i + 1}: " + (f"FAILED: {t.failed}" if t.failed else f"{t.tok_s:g} tok/s (its line; "
-                                  f"{t.wall_tok_s or 0:.3f} by its wall time) in {t.seconds:.1f} s"))
-        return t
-
-    def fits(reserve: int) -> bool:
-        return clock() - start + longest * (1 + reserve) <= budget_s
-
-    rnd = 0
-    while not interrupted and not stopped and (rounds is None or rnd < rounds):
-        order = abba(len(cands), rnd, active)
-        if not order:
-            break
-        for i in order:
-            if stop is not None and stop():
-                interrupted = True
-                break
-            if trials and not fits(2):
-                stopped = True
-                break
-            if trial(i, rnd) is None:
-                break
-            ref = reference_output(cands, trials)
-            why = arm_gate(cands[i], [t for t in trials if t.arm == i], ref, n_sources, tolerance, counters_seen)
-            if why:
-                active[i] = False
-                say(f"  arm {i + 1} is out: {why}")
-        rnd += 1
-
+    runs = _ArmRuns(cands, len(plan.sources), binary, args, folder, env, engine, budget_s, timeout_s, tolerance,
+                    say, stop, clock)
+    runs.rounds(rounds)
     speed_kind = _speed_kind(prof, variant)
-    wall = too_coarse(trials)
-    v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance, wall)
-    if not interrupted and v.winner is not None and v.runner_up is not None:
-        w, r = v.winner, v.runner_up
-        for i in (r, w, w, r):               # reverse order: the runner-up first
-            if (stop is not None and stop()) or not fits(0) or trial(i, -1) is None:
-                break
-        v = judge(cands, trials, n_sources, speed_kind, counters_seen, min_gain_pct, tolerance, wall)
+    wall = too_coarse(runs.trials)
+    v = judge(cands, runs.trials, runs.n_sources, speed_kind, runs.counters_seen, min_gain_pct, tolerance, wall)
+    if runs.confirm(v):
+        v = judge(cands, runs.trials, runs.n_sources, speed_kind, runs.counters_seen, min_gain_pct, tolerance, wall)
 
     settings = {"engine": engine, "binary": os.path.abspath(binary), "args": list(args), "budget_s": budget_s,
                 "timeout_s": timeout_s, "min_gain_pct": min_gain_pct, "share_tolerance": tolerance, "top": top,
-                "wall_s": clock() - start, "interrupted": interrupted, "stopped_by_budget": stopped,
+                "wall_s": clock() - runs.start, "interrupted": runs.interrupted, "stopped_by_budget": runs.stopped,
                 "frozen_env": frozen, "state": state_note, "speed_kind": speed_kind, "speed_from_wall": wall,
                 "speed": ("generated tokens over the engine process's wall seconds (its printed tok/s is too coarse "
                           f"for these runs: a step over {100 * COARSE:g} % of it)" if wall else
                           "the engine's own tok/s line"),
-                "measured_by": ("the engine's tok/s and its per-drive byte counters" if counters_seen else
+                "measured_by": ("the engine's tok/s and its per-drive byte counters" if runs.counters_seen else
                                 "the engine's tok/s alone: it printed no per-drive counters"),
                 "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources]}
-    doc = report_dict(cands, trials, v, settings)
-    lines = report_lines(doc)
-    write_json(os.path.join(folder, "report.json"), doc, indent=2)
-    atomic_write_text(os.path.join(folder, "report.md"), "# engine-tune report\n\n```\n" + "\n".join(lines) + "\n```\n")
-    doc["folder"] = folder
-    doc["lines"] = lines
+    doc = _write_report(folder, report_dict(cands, runs.trials, v, settings))
     if v.winner is not None:
         win = cands[v.winner]
         # the winner's profile again, beside the report, now with its N-1 profiles (winner.without-DRIVE),
@@ -412,32 +345,149 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
         doc["winner_profile"] = export_arm(rig_root, win, arm_plan(plan, win),
                                            os.path.join(folder, "winner.env"), f"arm{v.winner + 1}", engine,
                                            cache_experts, allow_unverified, fallbacks=True)
-        summary = {"report": os.path.join(folder, "report.json"), "engine": engine, "winner": win.label,
-                   "why": v.why, "gain_over_default_pct": v.gain_over_default_pct,
-                   "gain_over_equal_pct": v.gain_over_equal_pct, "confirmed": v.confirmed, "measured_by":
-                   settings["measured_by"],
-                   "arms": [{"label": a["label"], "roles": a["roles"], "predicted_tok_s": a["predicted_tok_s"],
-                             "median_tok_s": a["median_tok_s"], "spread_pct": a["spread_pct"],
-                             "error_pct": a["error_pct"], "qualified": a["qualified"], "why": a["why"]}
-                            for a in doc["arms"]]}
-        out = plan
-        if win.weights is not None and len(win.sources) == n_sources:
-            out = replace(plan, prefill=Phase(tuple(win.weights), dict(win.predicted.get("prefill") or {})),
-                          decode=Phase(tuple(win.decode_weights or win.weights), dict(win.predicted.get("decode") or {})),
-                          switches=frozenset(win.mode))
-        out = replace(out, provenance={**out.provenance, "engine_trials": summary})
-        doc["plan"] = save_plan(rig, out)
-        load_plan(doc["plan"])
+        doc["plan"] = _save_winner(rig, plan, win, _summary(folder, engine, win, v, settings, doc))
     if not v.complete_rounds or v.winner is None:
-        where = f"; report in {folder}"
-        if interrupted:
-            raise Interrupted("autotune --binary: interrupted before a complete round" + where)
-        if trials and not any(a.qualified for a in v.arms) and all(not a for a in active):
-            raise MismatchError("autotune --binary: no arm qualified: "
-                                + "; ".join(f"{c.label}: {a.why}" for c, a in zip(cands, v.arms)) + where)
-        raise UsageError(f"autotune --binary: no complete round of the arms within --budget {budget_s:g} s (a round "
-                         f"is {len(cands)} runs; the longest took {longest:.0f} s); give a larger --budget" + where)
+        raise _no_winner(runs, v, folder, budget_s)
     return doc, folder
+
+
+def _rig_engine(rig) -> str:
+    """The engine that reads the rig's model (the tuner's default)."""
+    from engine_bridge.moe.inputs import member_model
+    from engines.registry import engine_for_model
+
+    if not rig.model:
+        raise UsageError("the rig has no model; give it one (`replicas init --model PATH`) or --engine")
+    m = member_model(rig.model.path, rig)
+    return engine_for_model(m.format, m.layout, m.files)
+
+
+class _ArmRuns:
+    """The arms' runs in ABBA rounds within the budget, then the confirmation: every trial kept in
+    order, which arms are still in, and why the runs ended (`interrupted`: Ctrl-C; `stopped`: the
+    budget). A trial starts only when what is left of the budget holds the longest trial so far
+    plus `reserve` more (two during the rounds: the confirmation's)."""
+
+    def __init__(self, cands: Sequence[EngineArm], n_sources: int, binary: str, args: Sequence[str], folder: str,
+                 env: Mapping[str, str], engine: str, budget_s: float, timeout_s: float, tolerance: float,
+                 say: Callable[[str], None], stop: Callable[[], bool] | None, clock):
+        self.cands, self.n_sources, self.binary, self.args, self.folder = cands, n_sources, binary, args, folder
+        self.env, self.engine, self.budget_s, self.timeout_s, self.tolerance = env, engine, budget_s, timeout_s, tolerance
+        self.say, self.stop, self.clock = say, stop or (lambda: False), clock
+        self.trials: list[EngineRun] = []
+        self.active = [True] * len(cands)
+        self.start = clock()
+        self.longest = 0.0
+        self.interrupted = self.stopped = self.counters_seen = False
+
+    def fits(self, reserve: int) -> bool:
+        return self.clock() - self.start + self.longest * (1 + reserve) <= self.budget_s
+
+    def run(self, i: int, rnd: int) -> EngineRun | None:
+        """One fresh run of arm `i` (round `rnd`, -1: the confirmation); None when Ctrl-C stopped it."""
+        left = self.budget_s - (self.clock() - self.start)
+        where = f"round {rnd + 1}" if rnd >= 0 else "confirmation"
+        self.say(f"arm {i + 1} of {len(self.cands)} ({self.cands[i].label}), {where}; "
+                 f"{self.clock() - self.start:.0f}/{self.budget_s:.0f} s")
+        run_dir = os.path.join(self.folder, f"{len(self.trials) + 1:03d}-arm{i + 1}")
+        try:
+            t = run_arm(self.binary, self.cands[i], self.args, run_dir, max(1.0, min(self.timeout_s, left)), self.env,
+                        self.engine, rnd)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.say("interrupted: the running arm was stopped and dropped")
+            return None
+        t = replace(t, arm=i)
+        self.trials.append(t)
+        self.longest = max(self.longest, t.seconds)
+        self.counters_seen = self.counters_seen or bool(t.served)
+        self.say(f"  arm {i + 1}: " + (f"FAILED: {t.failed}" if t.failed else f"{t.tok_s:g} tok/s (its line; "
+                                       f"{t.wall_tok_s or 0:.3f} by its wall time) in {t.seconds:.1f} s"))
+        return t
+
+    def rounds(self, rounds: int | None) -> None:
+        """ABBA rounds over the arms still in (an arm that fails a gate is not run again) until
+        `rounds` are done, the budget would be overrun, or Ctrl-C."""
+        rnd = 0
+        while not self.interrupted and not self.stopped and (rounds is None or rnd < rounds):
+            order = abba(len(self.cands), rnd, self.active)
+            if not order:
+                break
+            for i in order:
+                if self.stop():
+                    self.interrupted = True
+                    break
+                if self.trials and not self.fits(2):
+                    self.stopped = True
+                    break
+                if self.run(i, rnd) is None:
+                    break
+                ref = reference_output(self.cands, self.trials)
+                why = arm_gate(self.cands[i], [t for t in self.trials if t.arm == i], ref, self.n_sources,
+                               self.tolerance, self.counters_seen)
+                if why:
+                    self.active[i] = False
+                    self.say(f"  arm {i + 1} is out: {why}")
+            rnd += 1
+
+    def confirm(self, v: TuningVerdict) -> bool:
+        """The winner against the runner-up in reverse order (the runner-up first), as far as the
+        budget goes; whether it ran (the verdict is then to be judged again)."""
+        if self.interrupted or v.winner is None or v.runner_up is None:
+            return False
+        w, r = v.winner, v.runner_up
+        for i in (r, w, w, r):
+            if self.stop() or not self.fits(0) or self.run(i, -1) is None:
+                break
+        return True
+
+
+def _write_report(folder: str, doc: dict) -> dict:
+    """report.json and report.md in the run folder; the report with its folder and lines."""
+    lines = report_lines(doc)
+    write_json(os.path.join(folder, "report.json"), doc, indent=2)
+    atomic_write_text(os.path.join(folder, "report.md"), "# engine-tune report\n\n```\n" + "\n".join(lines) + "\n```\n")
+    return {**doc, "folder": folder, "lines": lines}
+
+
+def _summary(folder: str, engine: str, win: EngineArm, v: TuningVerdict, settings: Mapping, doc: Mapping) -> dict:
+    """What the saved plan's provenance keeps of the trials (`engine_trials`)."""
+    return {"report": os.path.join(folder, "report.json"), "engine": engine, "winner": win.label,
+            "why": v.why, "gain_over_default_pct": v.gain_over_default_pct,
+            "gain_over_equal_pct": v.gain_over_equal_pct, "confirmed": v.confirmed, "measured_by": settings["measured_by"],
+            "arms": [{"label": a["label"], "roles": a["roles"], "predicted_tok_s": a["predicted_tok_s"],
+                      "median_tok_s": a["median_tok_s"], "spread_pct": a["spread_pct"],
+                      "error_pct": a["error_pct"], "qualified": a["qualified"], "why": a["why"]}
+                     for a in doc["arms"]]}
+
+
+def _save_winner(rig, plan, win: EngineArm, summary: dict) -> str:
+    """The solved plan at the winner's weights and switches (when it ran every source with weights;
+    else the solved plan as it was), with the trials in its provenance, saved into rig/plans."""
+    from planner.plan import Phase
+    from planner.plans import load_plan, save_plan
+
+    out = plan
+    if win.weights is not None and len(win.sources) == len(plan.sources):
+        out = replace(plan, prefill=Phase(tuple(win.weights), dict(win.predicted.get("prefill") or {})),
+                      decode=Phase(tuple(win.decode_weights or win.weights), dict(win.predicted.get("decode") or {})),
+                      switches=frozenset(win.mode))
+    path = save_plan(rig, replace(out, provenance={**out.provenance, "engine_trials": summary}))
+    load_plan(path)
+    return path
+
+
+def _no_winner(runs: _ArmRuns, v: TuningVerdict, folder: str, budget_s: float) -> Exception:
+    """Why the tuner has no result: interrupted before a complete round, no arm qualified, or the
+    budget ended first (the report is written either way)."""
+    where = f"; report in {folder}"
+    if runs.interrupted:
+        return Interrupted("autotune --binary: interrupted before a complete round" + where)
+    if runs.trials and not any(a.qualified for a in v.arms) and all(not a for a in runs.active):
+        return MismatchError("autotune --binary: no arm qualified: "
+                             + "; ".join(f"{c.label}: {a.why}" for c, a in zip(runs.cands, v.arms)) + where)
+    return UsageError(f"autotune --binary: no complete round of the arms within --budget {budget_s:g} s (a round "
+                      f"is {len(runs.cands)} runs; the longest took {runs.longest:.0f} s); give a larger --budget" + where)
 
 
 def _speed_kind(prof, variant: str) -> str:
