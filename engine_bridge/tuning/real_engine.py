@@ -91,59 +91,66 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
         return prediction(pricer.price(ph, w, m), w, m, problem.drives)
 
     arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
-    out: list[EngineArm] = []
-    if joint:
-        seen: dict = {}
-        for a in arms:
-            k = (a.weights, a.mode)
-            if k not in seen:
-                seen[k] = len(out)
-                out.append(EngineArm(_label(a.weights, a.mode), a.roles, a.weights, None, tuple(sorted(a.mode)),
-                                     tuple(range(n)), {a.phase: dict(a.prediction)}))
-            else:
-                c = out[seen[k]]
-                out[seen[k]] = replace(c, predicted={**c.predicted, a.phase: dict(a.prediction)})
-    else:
-        # one candidate per role the planner gave both phases (its pick, alternatives, capability, equal), merged
-        # where the weights of both phases are the same
-        roles = list(dict.fromkeys(r for a in arms for r in a.roles))
-        merged: dict = {}
-        for role in roles:
-            got = {a.phase: a for a in arms if role in a.roles}
-            p, d = got.get("prefill") or got.get("decode"), got.get("decode") or got.get("prefill")
-            k = (p.weights, d.weights)
-            if k in merged:
-                c = out[merged[k]]
-                out[merged[k]] = replace(c, roles=c.roles + (role,))
-                continue
-            merged[k] = len(out)
-            label = _label(p.weights, ()) + ("" if d.weights == p.weights else f" / {_label(d.weights, ())}")
-            out.append(EngineArm(label, (role,), p.weights, d.weights, (), tuple(range(n)),
-                                 {ph: dict(a.prediction) for ph, a in (("prefill", p), ("decode", d)) if ph in got or
-                                  ph in phases}))
+    out = _joint_arms(arms, n) if joint else _phase_arms(arms, n, phases)
     # the fastest drive alone, priced on its own
     caps = choice.baselines[phases[0]]["capability"]["weights"]
     fast = max(range(n), key=lambda i: (caps[i], -i))
-    sub = replace(problem, drives=(problem.drives[fast],), links=(),
-                  holds=(problem.holds[fast],) if problem.holds else ())
-    sp = Pricer(sub)
-    alone = EngineArm(f"{inputs.sources[fast].name} alone", ("fastest drive alone",), (1,), None, (), (fast,),
-                      {ph: prediction(sp.price(ph, (1,), frozenset()), (1,), frozenset(), sub.drives) for ph in phases})
-    prof = get_engine(engine).profile
-    probe = prof.default_environment(()) is not None
-    if probe:
+    alone = _alone(problem, inputs.sources, fast, phases, ("fastest drive alone",))
+    if get_engine(engine).profile.default_environment(()) is not None:       # the engine probes its drives itself
         first = EngineArm("engine default (probe)", ("engine default",), None, None, (), tuple(range(n)), {}, default=True)
-        out = [first] + out + [alone]
-    elif fast == 0:
-        out = [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
-    else:
-        sub0 = replace(problem, drives=(problem.drives[0],), links=(), holds=(problem.holds[0],) if problem.holds else ())
-        p0 = Pricer(sub0)
-        primary = EngineArm(f"{inputs.sources[0].name} alone", ("engine default",), (1,), None, (), (0,),
-                            {ph: prediction(p0.price(ph, (1,), frozenset()), (1,), frozenset(), sub0.drives)
-                             for ph in phases}, default=True)
-        out = [primary] + out + [alone]
-    return plan, out
+        return plan, [first] + out + [alone]
+    if fast == 0:
+        return plan, [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
+    primary = replace(_alone(problem, inputs.sources, 0, phases, ("engine default",)), default=True)
+    return plan, [primary] + out + [alone]
+
+
+def _joint_arms(arms, n: int) -> list[EngineArm]:
+    """An engine with one weight vector for both phases: one candidate per (weights, switches),
+    with each phase's prediction."""
+    out: list[EngineArm] = []
+    seen: dict = {}
+    for a in arms:
+        k = (a.weights, a.mode)
+        if k not in seen:
+            seen[k] = len(out)
+            out.append(EngineArm(_label(a.weights, a.mode), a.roles, a.weights, None, tuple(sorted(a.mode)),
+                                 tuple(range(n)), {a.phase: dict(a.prediction)}))
+        else:
+            c = out[seen[k]]
+            out[seen[k]] = replace(c, predicted={**c.predicted, a.phase: dict(a.prediction)})
+    return out
+
+
+def _phase_arms(arms, n: int, phases) -> list[EngineArm]:
+    """An engine with weights per phase: one candidate per role the planner gave both phases (its
+    pick, alternatives, capability, equal), merged where the weights of both phases are the same."""
+    out: list[EngineArm] = []
+    merged: dict = {}
+    for role in dict.fromkeys(r for a in arms for r in a.roles):
+        got = {a.phase: a for a in arms if role in a.roles}
+        p, d = got.get("prefill") or got.get("decode"), got.get("decode") or got.get("prefill")
+        k = (p.weights, d.weights)
+        if k in merged:
+            c = out[merged[k]]
+            out[merged[k]] = replace(c, roles=c.roles + (role,))
+            continue
+        merged[k] = len(out)
+        label = _label(p.weights, ()) + ("" if d.weights == p.weights else f" / {_label(d.weights, ())}")
+        out.append(EngineArm(label, (role,), p.weights, d.weights, (), tuple(range(n)),
+                             {ph: dict(a.prediction) for ph, a in (("prefill", p), ("decode", d)) if ph in got or
+                              ph in phases}))
+    return out
+
+
+def _alone(problem, sources, i: int, phases, roles: tuple[str, ...]) -> EngineArm:
+    """Source `i` alone (weight 1), priced on its own."""
+    from planner.solve import Pricer, prediction
+
+    sub = replace(problem, drives=(problem.drives[i],), links=(), holds=(problem.holds[i],) if problem.holds else ())
+    pricer = Pricer(sub)
+    return EngineArm(f"{sources[i].name} alone", roles, (1,), None, (), (i,),
+                     {ph: prediction(pricer.price(ph, (1,), frozenset()), (1,), frozenset(), sub.drives) for ph in phases})
 
 
 def arm_plan(plan, c: EngineArm):

@@ -161,53 +161,63 @@ def check(facts: Sequence[SourceFacts], request: Request, *, allow_unverified: b
         v.append(Violation("mirror-list-length", "sources",
                            f"the mirror list is longer than the {c.MIRROR_LIST_MAX} characters colibri keeps; "
                            "use shorter directory paths"))
-    want = dict(primary.shards)
     for f in facts[1:]:
-        where = f"sources[{f.index}]"
-        lost = f.exists and f.directory and f.holds is not None and \
-            any(b not in dict(f.shards) for b in want if b in _basenames(f.holds))
-        if not f.exists or (f.state == "missing" and not lost):
-            v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
-            continue
-        d = f.directory
-        if not d:
-            continue
-        found = bad_characters(d, c.PATH_FORBIDDEN)
-        if found:
-            v.append(Violation("bad-character", where,
-                               f"{d!r} contains {' and '.join(repr(x) for x in found)}, which colibri uses as a separator "
-                               f"in {c.ENV_MIRROR}; rename the directory"))
-        if d != d.strip(" "):
-            v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename "
-                                                    "the directory"))
-        if d == primary.directory or (f.device is not None and (f.device, f.inode) == (primary.device, primary.inode)):
-            v.append(Violation("same-directory", where,
-                               f"replica {d} is the model directory itself; colibri ignores it (a mirror must be another copy)"))
-            continue
-        have = dict(f.shards)
-        long = [b for b in want if len(f"{d}/{b}") > c.SHARD_PATH_MAX]
-        if long:
-            v.append(Violation("path-length", where, f"{d}/{long[0]} is longer than the {c.SHARD_PATH_MAX} "
-                                                     "characters colibri can open; use a shorter directory path"))
-        held = want if f.holds is None else {b: n for b, n in want.items() if b in _basenames(f.holds)}
-        absent = [b for b in held if b not in have]
-        if absent and f.holds is None:
-            v.append(Violation("partial-mirror", where,
-                               f"replica {d} lacks {len(absent)} of {len(want)} shards ({absent[0]}"
-                               f"{', ...' if len(absent) > 1 else ''}); colibri would read them from the model drive; "
-                               "run `replicas sync` (or `replicas sync --partial` to make it a partial replica the plan "
-                               "is solved for)"))
-        elif absent:
-            v.append(Violation("partial-mirror", where,
-                               f"partial replica {d} lacks {len(absent)} of the {len(held)} shards the rig says it holds "
-                               f"({absent[0]}{', ...' if len(absent) > 1 else ''}); colibri would read them from the "
-                               "model drive, against the plan's weights; run `replicas repair`"))
-        resized = [b for b in want if b in have and have[b] != want[b]]
-        if resized:
-            v.append(Violation("size", where, f"replica {d}/{resized[0]} is {have[resized[0]]} bytes, the model's "
-                                              f"{want[resized[0]]}; colibri would skip it; run `replicas repair`"))
-        if f.state not in ("verified", "missing") and not allow_unverified:
-            v.append(unverified(f, where))
+        v += _mirror_rules(f, primary, allow_unverified)
+    return v
+
+
+def _mirror_rules(f: SourceFacts, primary: SourceFacts, allow_unverified: bool) -> list[Violation]:
+    """What colibri's mirror_setup and st_mirror_add ask of one mirror: it exists, its directory
+    name survives the mirror list, it is not the model directory, its shard paths fit, it holds
+    every shard of the model (or, a partial replica, the ones the rig says) at the model's sizes,
+    and the manifest has vouched for it."""
+    want = dict(primary.shards)
+    v: list[Violation] = []
+    where = f"sources[{f.index}]"
+    lost = f.exists and f.directory and f.holds is not None and \
+        any(b not in dict(f.shards) for b in want if b in _basenames(f.holds))
+    if not f.exists or (f.state == "missing" and not lost):
+        v.append(Violation("missing", where, f"replica {f.path} does not exist; run `replicas sync`"))
+        return v
+    d = f.directory
+    if not d:
+        return v
+    found = bad_characters(d, c.PATH_FORBIDDEN)
+    if found:
+        v.append(Violation("bad-character", where,
+                           f"{d!r} contains {' and '.join(repr(x) for x in found)}, which colibri uses as a separator "
+                           f"in {c.ENV_MIRROR}; rename the directory"))
+    if d != d.strip(" "):
+        v.append(Violation("edge-blank", where, f"{d!r} starts or ends with a blank, which colibri trims away; rename "
+                                                "the directory"))
+    if d == primary.directory or (f.device is not None and (f.device, f.inode) == (primary.device, primary.inode)):
+        v.append(Violation("same-directory", where,
+                           f"replica {d} is the model directory itself; colibri ignores it (a mirror must be another copy)"))
+        return v
+    have = dict(f.shards)
+    long = [b for b in want if len(f"{d}/{b}") > c.SHARD_PATH_MAX]
+    if long:
+        v.append(Violation("path-length", where, f"{d}/{long[0]} is longer than the {c.SHARD_PATH_MAX} "
+                                                 "characters colibri can open; use a shorter directory path"))
+    held = want if f.holds is None else {b: n for b, n in want.items() if b in _basenames(f.holds)}
+    absent = [b for b in held if b not in have]
+    if absent and f.holds is None:
+        v.append(Violation("partial-mirror", where,
+                           f"replica {d} lacks {len(absent)} of {len(want)} shards ({absent[0]}"
+                           f"{', ...' if len(absent) > 1 else ''}); colibri would read them from the model drive; "
+                           "run `replicas sync` (or `replicas sync --partial` to make it a partial replica the plan "
+                           "is solved for)"))
+    elif absent:
+        v.append(Violation("partial-mirror", where,
+                           f"partial replica {d} lacks {len(absent)} of the {len(held)} shards the rig says it holds "
+                           f"({absent[0]}{', ...' if len(absent) > 1 else ''}); colibri would read them from the "
+                           "model drive, against the plan's weights; run `replicas repair`"))
+    resized = [b for b in want if b in have and have[b] != want[b]]
+    if resized:
+        v.append(Violation("size", where, f"replica {d}/{resized[0]} is {have[resized[0]]} bytes, the model's "
+                                          f"{want[resized[0]]}; colibri would skip it; run `replicas repair`"))
+    if f.state not in ("verified", "missing") and not allow_unverified:
+        v.append(unverified(f, where))
     return v
 
 
