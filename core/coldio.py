@@ -6,7 +6,7 @@ over plain buffered reads. Buffers come from `aligned_buffer` (private anonymous
 page-aligned, as O_DIRECT wants; large ones in huge pages, so a read's device requests do not
 vary). Offsets and lengths handed to `read_into` must be multiples of `alignment`; `read_range`
 serves any range through the covering aligned one. Every reader passes the same contract tests
-(tests/replicas/test_coldio_contract.py).
+(tests/core/test_coldio_contract.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ V4.1 engine).
     python -m engine_bridge.standin ENGINE [ENGINE ARGS]      (ENGINE: ds4-argodrive or colibri)
 
 It reads the same environment variables and arguments as the engine (the engine's profile reads
-them: `standin_call` in engines/*_profile.py), reads the model's experts in the engine's read
+them: `standin_call` of its `Engine.profile`), reads the model's experts in the engine's read
 pattern with real reads through the split reader while the embedded engine computes the tokens
 (greedy), and prints the engine's own lines (`standin_lines`): the load and split lines, the
 per-drive counters, the output and the timing. `engine-bridge standin PATH --engine NAME` writes an

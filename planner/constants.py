@@ -32,7 +32,7 @@ CACHE_FRACTION = V41_CACHE_EXPERTS / (LAYERS * V41_EXPERTS)
 ROUTING_CHUNK_TOKENS = 512
 ROUTING_WARM_TOKENS = 32
 ROUTING_MEASURE_TOKENS = 168
-ROUTING_SEED = 2                    # the seed the decode calibration was measured with (planner/routing.py)
+ROUTING_SEED = 2                    # the seed the decode calibration was measured with (models/routing.py)
 # How close the simulation must come to the field on V4.1's geometry (tests/planner/test_workload.py).
 PREFILL_TOLERANCE = 0.03            # coverage, absolute (11.5 of 384 experts)
 MISSES_TOLERANCE = 0.15             # relative
