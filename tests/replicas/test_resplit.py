@@ -99,6 +99,22 @@ def test_a_set_the_gguf_library_split_is_resplit_tensor_by_tensor(tmp_path):
     assert got == want and len(doc["files"]) == len(want) == 12
 
 
+def test_a_source_with_its_own_alignment_keeps_it_in_the_first_member(tmp_path):
+    """synth's models declare general.alignment 4096: the first member keeps it (its data section
+    and tensor offsets on it), the others are 32-aligned, and every tensor reads back the same.
+    (llama-gguf-split pads that first member to 32, so it is read at the wrong offset.)"""
+    from engine_bridge.moe.synth import SynthSpec, synthesize
+
+    synthesize(str(tmp_path / "a.gguf"), SynthSpec(layers=1, experts=2, top_k=1, dim=256, ff=256, vocab=64))
+    (tmp_path / "out").mkdir()
+    doc = resplit(str(tmp_path / "a.gguf"), str(tmp_path / "out"))
+    src = {t.name: np.asarray(t.data).tobytes() for t in gguf.GGUFReader(str(tmp_path / "a.gguf")).tensors}
+    for i, n in enumerate(doc["files"]):
+        r = gguf.GGUFReader(str(tmp_path / "out" / n))
+        assert r.alignment == (4096 if i == 0 else 32) and r.data_offset % r.alignment == 0
+        assert np.asarray(r.tensors[0].data).tobytes() == src[r.tensors[0].name]
+
+
 def test_nothing_existing_is_replaced_and_a_cancel_leaves_nothing(model, tmp_path):
     mine = tmp_path / "tiny-00007-of-00075.gguf"
     mine.write_bytes(b"mine")
