@@ -144,21 +144,21 @@ def register(app) -> None:
                                      "safetensors shards + config.json + tokenizer.json that colibri's GLM engine loads "
                                      "(int8 rows + per-row scales; `run` computes it too). qwen3moe: one GGUF file "
                                      "llama.cpp runs, with a BPE tokenizer (`run` computes it too)."),
-        layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4)."),
+        layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4; qwen3moe 6)."),
         experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
         top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri and "
                                                                   "qwen3moe 4)."),
-        dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
-        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: "
-                                                            "dim*ff a "
-                                                             "multiple of 65536; colibri: a multiple of 64."),
+        dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf and qwen3moe 512, colibri 1024)."),
+        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536, qwen3moe "
+                                                            "256); gguf: dim*ff a multiple of 65536; colibri: a multiple of "
+                                                            "64; qwen3moe: of 32."),
         vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512; qwen3moe: every merge "
                                                                   "its tokenizer learns, 331)."),
         size: Optional[str] = typer.Option(None, "--size", metavar="SIZE", help="qwen3moe only: the file's size to come "
                                            "close to (e.g. 500M); the expert width is solved from it."),
         seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
-        quant: Optional[str] = typer.Option(None, "--quant", help="gguf only: routed expert type, q8_0 (default), q4_0, or f32 "
-                                                                   "(unquantized: least compute per byte read)."),
+        quant: Optional[str] = typer.Option(None, "--quant", help="gguf and qwen3moe: routed expert type, q8_0 (default), "
+                                                                   "q4_0, or f32 (unquantized: least compute per byte read)."),
         shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
                                                                      "one (default: 4, or --layers if fewer)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
@@ -183,7 +183,7 @@ def register(app) -> None:
             spec, write = qwen3moe_synth(out, shape, seed, quant, size, force)
         elif fmt == COLIBRI_FORMAT:
             if quant is not None:
-                raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
+                raise UsageError("--quant is for --format gguf and qwen3moe; colibri's format is int8 rows with per-row scales")
             from engine_bridge.moe.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
 
             base = ColibriSpec(**shape, seed=seed, **({"model_type": model_type} if model_type else {}))
