@@ -37,7 +37,7 @@ from engine_bridge.moe.synth_qwen3moe import (
 from models.modelset import discover
 from models.tensortable import inspect_model as inspect_any
 from replicas.resplit import resplit
-from tests.helpers import llama_completion, llama_cpp_bin, needs_llama_cpp
+from tests.helpers import llama_completion, llama_cpp_bin, llama_simple, needs_llama_cpp
 
 # 6 layers (75 tensors, the shape of the one-tensor-per-file set) x 8 experts, top-2, width 64: ~1 MB.
 SPEC = Qwen3MoeSpec(layers=6, experts=8, top_k=2, dim=64, ff=64, heads=2, kv_heads=1, head_dim=32, seed=3)
@@ -251,11 +251,17 @@ def test_prompt_ids_are_the_prompt(qwen):
 
 # -- the real llama.cpp -----------------------------------------------------------------------------------
 
-@needs_llama_cpp("llama-completion")
+@needs_llama_cpp("llama-completion", "llama-simple")
 def test_llama_cpp_loads_it_and_generates_the_same_bytes_twice(qwen, tmp_path):
-    a = llama_completion(qwen / "m.gguf", "hello world", 16, cwd=tmp_path)
-    b = llama_completion(qwen / "m.gguf", "hello world", 16, cwd=tmp_path)
-    assert a == b and len(a) >= 16                                  # 16 tokens, each at least one byte
+    """llama-simple prints every token from its main thread: two runs, the same 16 tokens.
+    llama-completion (what benchmarks run) loads it and generates the same text; its stdout may be
+    cut short by its unflushed logger (tests.helpers.llama_completion), so each run's stdout must be
+    a prefix of that text plus its closing "\\n\\n", and all of it when its stderr says it is complete."""
+    text = llama_simple(qwen / "m.gguf", "hello world", 16, cwd=tmp_path)
+    assert llama_simple(qwen / "m.gguf", "hello world", 16, cwd=tmp_path) == text and len(text) >= 16
+    for _ in range(2):
+        out, complete = llama_completion(qwen / "m.gguf", "hello world", 16, cwd=tmp_path)
+        assert (text + b"\n\n").startswith(out) and (out == text + b"\n\n" or not complete), (out, text)
 
 
 @needs_llama_cpp("llama-tokenize")
@@ -267,7 +273,7 @@ def test_llama_cpp_tokenizes_as_our_encoder_does(qwen):
         assert json.loads(p.stdout.strip().splitlines()[-1]) == encode(text, max_vocab()), text
 
 
-@needs_llama_cpp("llama-completion")
+@needs_llama_cpp("llama-simple")
 def test_our_greedy_tokens_are_llama_cpps_with_f32_experts(qwen, tmp_path):
     """Both compute the same qwen3moe layer; with F32 experts neither quantizes activations, so the
     arithmetic differs only in summation order and llama.cpp's F16 KV cache. Measured
@@ -278,5 +284,5 @@ def test_our_greedy_tokens_are_llama_cpps_with_f32_experts(qwen, tmp_path):
         ids = encode(prompt, max_vocab())
         ours = run_model(SourceSet((discover(str(qwen / "f32.gguf")),), (10,), (10,)), len(ids), 15, 64, 2, 0,
                          prompt_ids=ids)["output_ids"]
-        theirs = llama_completion(qwen / "f32.gguf", prompt, 16, cwd=tmp_path)
+        theirs = llama_simple(qwen / "f32.gguf", prompt, 16, cwd=tmp_path)
         assert decode(ours, max_vocab()) == theirs, prompt

@@ -19,7 +19,7 @@ from engine_bridge.moe.synth_qwen3moe import Qwen3MoeSpec, synthesize_qwen3moe
 from models.modelset import SPLIT, discover
 from models.tensortable import inspect_model
 from replicas.resplit import resplit
-from tests.helpers import llama_completion, llama_cpp_bin, needs_llama_cpp
+from tests.helpers import llama_cpp_bin, llama_simple, needs_llama_cpp
 from tests.models.geometry_helpers import write_moe_split_gguf
 
 SPEC = Qwen3MoeSpec(layers=6, experts=8, top_k=2, dim=64, ff=64, heads=2, kv_heads=1, head_dim=32, seed=5)
@@ -137,7 +137,7 @@ def test_nothing_existing_is_replaced_and_a_cancel_leaves_nothing(model, tmp_pat
         resplit(str(model), str(tmp_path), max_tensors=0)
 
 
-@needs_llama_cpp("llama-gguf-split", "llama-completion")
+@needs_llama_cpp("llama-gguf-split", "llama-simple")
 def test_the_set_is_llama_gguf_splits_byte_for_byte_and_runs_as_the_file(model, tmp_path):
     theirs, ours = tmp_path / "theirs", tmp_path / "ours"
     theirs.mkdir()
@@ -147,5 +147,5 @@ def test_the_set_is_llama_gguf_splits_byte_for_byte_and_runs_as_the_file(model, 
     assert p.returncode == 0, p.stdout + p.stderr
     resplit(str(model), str(ours))
     assert len(digest(theirs)) == 75 and digest(ours) == digest(theirs)
-    alone = llama_completion(model, "hello world", 16, cwd=tmp_path)
-    assert llama_completion(ours / "tiny-00001-of-00075.gguf", "hello world", 16, cwd=tmp_path) == alone
+    alone = llama_simple(model, "hello world", 16, cwd=tmp_path)
+    assert llama_simple(ours / "tiny-00001-of-00075.gguf", "hello world", 16, cwd=tmp_path) == alone
