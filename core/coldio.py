@@ -109,13 +109,13 @@ class ColdReader:
 
     @property
     def in_memory(self) -> bool:
-        """True when the file lies in RAM (tmpfs, ramfs: there is no drive, so nothing is cold)
-        and this reader reads it plainly: `read_sequential` then serves views of a read-only map
-        of the file instead of copying it into buffers (what reads fastest there; b3sum does the
-        same). A reader that serves its own `read_into` (a test double) is never mapped."""
+        """True when the file lies in RAM (tmpfs, ramfs: there is no drive, so nothing is cold;
+        newer kernels' tmpfs takes O_DIRECT, which is then only a copy) and this reader reads it
+        plainly: `read_sequential` then serves views of a read-only map of the file instead of
+        copying it into buffers (what reads fastest there; b3sum does the same). A reader that
+        serves its own `read_into` (a test double) is never mapped."""
         if self._in_memory is None:
-            self._in_memory = (self.how == "fadvise" and type(self).read_into is ColdReader.read_into
-                               and is_memory(self.path))
+            self._in_memory = type(self).read_into is ColdReader.read_into and is_memory(self.path)
         return self._in_memory
 
     def read_into(self, buffer, offset: int) -> int:
