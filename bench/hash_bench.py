@@ -12,12 +12,12 @@ afterwards), each pair run side by side A B A B A B, the median of 3 compared:
 Each line also gives the CPU seconds (user + system) of both sides, less sensitive than the wall
 clock to other work on the machine.
 
-On throttled drives (bench/testbed.py: root, Linux; skipped with --no-testbed): a model on the
+On throttled drives (bench/testbed.py: root, Linux): a model on the
 first drive, `replicas sync` to the other two (with its read-back) and `replicas verify --full` of
 the three, each against its ideal from fio ceilings measured in the same run (as in
-bench/replicas_bench.py).                                                  target >= 0.95 of ideal
+bench/replicas_bench.py; --part ram skips it).                             target >= 0.95 of ideal
 
-  python bench/hash_bench.py [--size 3G] [--ram /dev/shm] [--no-testbed] [--testbed-size 1G]
+  python bench/hash_bench.py [--part ram|drives|all] [--size 3G] [--ram /dev/shm] [--testbed-size 1G]
                              [--read internal:300,green:150,white:150] [--write-mbs 150]
 """
 
@@ -159,7 +159,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="3G", help="the file's bytes in RAM (3 copies are kept there at once)")
     ap.add_argument("--ram", default="/dev/shm", help="a folder on tmpfs")
-    ap.add_argument("--no-testbed", action="store_true", help="only the RAM part")
+    ap.add_argument("--part", choices=("ram", "drives", "all"), default="all",
+                    help="ram: from RAM only; drives: the throttled drives only")
     ap.add_argument("--testbed-size", default="1G", help="the file's bytes on the throttled drives")
     ap.add_argument("--read", default="internal:300,green:150,white:150", help="NAME:MB/s read ceilings, the source first")
     ap.add_argument("--write-mbs", type=float, default=150)
@@ -167,8 +168,10 @@ def main() -> None:
     for tool in ("b3sum", "cp", "dd"):
         if shutil.which(tool) is None:
             raise SystemExit(f"hash_bench: {tool} not found (apt-get install b3sum coreutils)")
-    ok = ram_case(parse_size(a.size), a.ram)
-    if not a.no_testbed:
+    ok = True
+    if a.part in ("ram", "all"):
+        ok &= ram_case(parse_size(a.size), a.ram)
+    if a.part in ("drives", "all"):
         ok &= drives_case(parse_size(a.testbed_size), a)
     sys.exit(0 if ok else 1)
 
