@@ -15,7 +15,6 @@ import mmap
 import os
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
 from . import platform
@@ -227,6 +226,8 @@ def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, 
     if reader.in_memory:
         yield from _mapped_blocks(reader, start, end, block, cancel, pace)
         return
+    from concurrent.futures import ThreadPoolExecutor    # here: a file in RAM needs no threads, and the import costs
+
     bufs = [aligned_buffer(block) for _ in range(depth + 1)]
     pending: deque = deque()
     next_off = start
