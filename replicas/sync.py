@@ -39,7 +39,6 @@ from core.fsutil import FileIdentity, fsync_dir, require_file
 from core.platform import available_memory
 from core.tiers import is_memory, ram_note
 from core.units import format_bytes
-from engines.registry import engine_for_model, get_engine, path_refusals
 
 from .constants import PIECE_SIZE
 from core.drives import drive_label
@@ -52,7 +51,6 @@ from models.modelset import FILE, SPLIT, ModelSet
 from models.parsecheck import check_parses, file_format
 from .records import record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
-from .partials import choose_members
 from .syncfacts import SOURCE_FIX, check_free_space, drive_key, plan_destinations, source_model, trusted_manifests
 from .syncplan import (
     ADOPT,
@@ -274,7 +272,11 @@ def _plan(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int, 
     if kept is not None and kept != piece_size:
         emit(report, Notice(model.path, f"the manifest uses piece size {format_bytes(kept)}; keeping it"))
         piece_size = kept
-    choices = choose_members(model, dest_dirs, rig, partial, report) if partial else []
+    choices = []
+    if partial:
+        from .partials import choose_members    # the routing history and the engines: only for --partial
+
+        choices = choose_members(model, dest_dirs, rig, partial, report)
     holds = {c.dest: c.holds for c in choices}
     plans = plan_destinations(model, dest_dirs, rig, manifests, idents, piece_size=piece_size,
                               replace_existing=replace_existing, allow_same_device=allow_same_device, report=report,
@@ -286,6 +288,9 @@ def _plan(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int, 
 def _announce(job: _Job, report: Reporter) -> None:
     """Say what the plan means before a byte is written: each file's reason, extra files kept, a
     RAM destination, more copies than the engine reads, a path the engine would refuse."""
+    # The engines' modules (and numpy under them) load here, not when any `replicas` command starts.
+    from engines.registry import engine_for_model, get_engine, path_refusals
+
     model, plans = job.model, job.plans
     for sp in plans:
         for p in sp.files:
