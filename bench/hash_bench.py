@@ -17,7 +17,7 @@ first drive, `replicas sync` to the other two (with its read-back) and `replicas
 the three, each against its ideal from fio ceilings measured in the same run (as in
 bench/replicas_bench.py; --part ram skips it).                             target >= 0.95 of ideal
 
-  python bench/hash_bench.py [--part ram|drives|all] [--size 3G] [--ram /dev/shm] [--testbed-size 1G]
+  python bench/hash_bench.py [--part ram|drives|all] [--size 3G] [--ram /dev/shm] [--testbed-size 2G]
                              [--read internal:300,green:150,white:150] [--write-mbs 150]
 """
 
@@ -40,6 +40,11 @@ REPLICAS = os.path.join(os.path.dirname(sys.executable), "replicas")
 RUNS = 3
 HASH_TARGET = VERIFY_TARGET = 0.9      # x b3sum's speed
 DRIVES_TARGET = 0.95                   # of the ideal
+
+
+def load() -> str:
+    """The machine's load averages: what else was running while this was measured."""
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores"
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:
@@ -82,7 +87,7 @@ def ram_case(size: int, ram: str) -> bool:
         subprocess.run(["dd", "if=/dev/urandom", f"of={src}", "bs=16M", f"count={size >> 24}", "iflag=fullblock",
                         "status=none"], check=True)
         size = os.path.getsize(src)
-        print(f"from RAM ({ram}): a {size / 2**30:.2f} GiB file, median of {RUNS}, run A B A B", flush=True)
+        print(f"from RAM ({ram}): a {size / 2**30:.2f} GiB file, median of {RUNS}, run A B A B; {load()}", flush=True)
         ok = True
 
         (h_w, h_c), (b_w, b_c) = abab("hash", lambda: timed([REPLICAS, "hash", src]), lambda: timed(["b3sum", src]))
@@ -119,6 +124,7 @@ def ram_case(size: int, ram: str) -> bool:
         print(f"verify --full of 3 replicas {v_w:6.3f} s ({3 * size / v_w / 1e9:5.2f} GB/s, cpu {v_c:5.2f} s)   b3sum of 3 "
               f"{b_w:6.3f} s ({3 * size / b_w / 1e9:5.2f} GB/s, cpu {b_c:5.2f} s)   {b_w / v_w:.2f}x b3sum "
               f"(target >= {VERIFY_TARGET})", flush=True)
+        print(f"(after: {load()})", flush=True)
         return ok
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -133,7 +139,8 @@ def drives_case(size: int, a) -> bool:
     src_name, dst_names = names[0], names[1:3]
     with Testbed(ceilings, write_mbs=a.write_mbs) as tb:
         src = os.path.join(tb.mount(src_name), "model.bin")
-        print(f"throttled drives: read {a.read} MB/s, write {a.write_mbs:g} MB/s; a {size / 1e9:.2f} GB file", flush=True)
+        print(f"throttled drives: read {a.read} MB/s, write {a.write_mbs:g} MB/s; a {size / 1e9:.2f} GB file; {load()}",
+              flush=True)
         write_random([src], size, seed=1)
         read_bw, write_bw = measure_ceilings(tb, src_name, src, size, dst_names, min(size, 512 << 20))
         dirs = [os.path.join(tb.mount(n), "replica") for n in dst_names]
@@ -152,6 +159,7 @@ def drives_case(size: int, a) -> bool:
           f"{ideal_sync / t_sync:.3f} of ideal (target >= {DRIVES_TARGET})")
     print(f"verify --full of 3 {t_verify:7.2f} s   ideal {ideal_verify:6.2f} s (the slowest drive's read)   "
           f"{ideal_verify / t_verify:.3f} of ideal (target >= {DRIVES_TARGET})", flush=True)
+    print(f"(after: {load()})", flush=True)
     return ideal_sync / t_sync >= DRIVES_TARGET and ideal_verify / t_verify >= DRIVES_TARGET
 
 
@@ -161,7 +169,7 @@ def main() -> None:
     ap.add_argument("--ram", default="/dev/shm", help="a folder on tmpfs")
     ap.add_argument("--part", choices=("ram", "drives", "all"), default="all",
                     help="ram: from RAM only; drives: the throttled drives only")
-    ap.add_argument("--testbed-size", default="1G", help="the file's bytes on the throttled drives")
+    ap.add_argument("--testbed-size", default="2G", help="the file's bytes on the throttled drives")
     ap.add_argument("--read", default="internal:300,green:150,white:150", help="NAME:MB/s read ceilings, the source first")
     ap.add_argument("--write-mbs", type=float, default=150)
     a = ap.parse_args()
