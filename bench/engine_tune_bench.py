@@ -109,7 +109,7 @@ def _one(drives, wrap, kind: str, limits: dict, budget: float, out: str) -> list
     doc = json.loads(p.stdout)
     head = (f"{kind}: drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s; prompt {len(PROMPT)} tokens, {GEN} "
             f"generated; budget {budget:g} s; binary {doc['binary']}")
-    from engine_bridge.tuning.verdict import report_lines
+    from engine_bridge.tuning.judge import report_lines
 
     return [head] + report_lines(doc)
 

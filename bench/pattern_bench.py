@@ -51,8 +51,8 @@ def step(title: str, *cmd: str, wrap: list[str] | None = None, capture: bool = F
 
 def expected(model: str, trace: str, engine: str, weights, switches) -> dict:
     """Per phase, the bytes each source reads when `engine` performs the traced steps at `weights`."""
-    from engine_bridge.engine.replay import load_trace, pattern_bytes, trace_steps
-    from engine_bridge.engine.sources import SourceSet
+    from engine_bridge.moe.replay import load_trace, pattern_bytes, trace_steps
+    from engine_bridge.moe.inputs import SourceSet
     from models.tensortable import inspect_model
 
     g = inspect_model(model)

@@ -15,7 +15,7 @@ then run through the embedded engine with that plan (`engine-bridge run --plan l
 - the run's prefill bytes per source as shares of the phase beside the plan's prefill shares
   (the engine's prefill reads are staged runs of experts of many sizes, so shares, not bytes per
   read);
-- the run's idle sources (engine_bridge/engine/idle.py), if any.
+- the run's idle sources (engine_bridge/moe/idle.py), if any.
 
 Exit 0 when the decode pieces add up and match, 1 when not, 2 where there is no testbed. Small
 settings (8 layers x 16 experts, ~230 MB: iobench's prefill preset at 4 lanes needs ~200 MB;

@@ -4,7 +4,7 @@ the engine's own reads?
 
 On three throttled drives (different ceilings, one IOPS-limited), with a generated model the
 target engine reads (`--engine`: ds4-argodrive reads a GGUF file, colibri a safetensors directory;
-the model is written by `engine_bridge.engine.synth` / `synth_colibri`, the format chosen by
+the model is written by `engine_bridge.moe.synth` / `synth_colibri`, the format chosen by
 asking the engine which it reads) copied byte for byte onto each drive, this benchmark:
 
 1. measures each drive with iobench's own trials on the rig's model (its expert layout and
@@ -16,7 +16,7 @@ asking the engine which it reads) copied byte for byte onto each drive, this ben
    alternatives, what iobench's fitted models alone would choose (`--fit-only`), then rows of the
    engine's own weight grid nearest a lattice of shares predicted within `--keep` of the best,
    best first, up to `--grid` candidates; candidates that give the engine identical reads are
-   one (`engine_bridge.tuning.split.reads_key`);
+   one (`engine_bridge.tuning.embedded.reads_key`);
 4. measures every candidate on each phase by executing the engine's read pattern of the phase's
    steps through the split reader (`PatternMeasure`, what `engine-bridge autotune` measures
    with: each step's groups issued and waited for as the embedded engine does), interleaved over
@@ -60,7 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from bench.testbed import Testbed, parse_drives, wait_writeback  # noqa: E402
-from engine_bridge.tuning.split import REST_S, WARMUP_S  # noqa: E402
+from engine_bridge.tuning.embedded import REST_S, WARMUP_S  # noqa: E402
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine  # noqa: E402
 
 PHASES = ("prefill", "decode")
@@ -106,13 +106,13 @@ def write_model(a, mounts: list[str]) -> list[str]:
     name = SYNTH_FORMATS[fmt][1]
     paths = [os.path.join(m, name) for m in mounts]
     if fmt == "gguf":
-        from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
+        from engine_bridge.moe.synth import SynthSpec, check_spec, synthesize
 
         info = synthesize(paths[0], check_spec(SynthSpec(a.layers, a.experts, a.top_k, a.dim, a.ff, 256, a.seed, "q8_0")))
         for p in paths[1:]:
             shutil.copyfile(paths[0], p)
     else:
-        from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+        from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
 
         info = synthesize_colibri(paths[0], ColibriSpec(layers=a.layers, experts=a.experts, top_k=a.top_k, dim=a.dim,
                                                         ff=a.ff, vocab=300, shards=1, seed=a.seed))
@@ -206,7 +206,7 @@ def label(w, mode) -> str:
 def grid_for(problem, choice, fit_choice, a) -> list[tuple[tuple[int, ...], frozenset]]:
     """The candidates (weights, mode) measured on every phase of a one-vector engine, or per phase
     (a dict phase -> list) for an engine with weights per phase: see the module docstring, step 3."""
-    from engine_bridge.tuning.split import reads_key
+    from engine_bridge.tuning.embedded import reads_key
     from planner.solve import Pricer, nearest
 
     e, g, n = problem.engine, problem.geometry, len(problem.drives)
@@ -259,7 +259,7 @@ def grid_for(problem, choice, fit_choice, a) -> list[tuple[tuple[int, ...], froz
 
 def inner(a) -> int:
     from core.rig import Member, Rig, save_rig
-    from engine_bridge.tuning.split import PatternMeasure
+    from engine_bridge.tuning.embedded import PatternMeasure
     from iobench.bench import RunOptions, run_bench, targets_from_rig
     from iobench.result import save_result
     from models.modelset import discover

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from core.cli import make_app, run
 
-from .commands import autotune as cli_autotune
-from .commands import bench as cli_bench
-from .commands import export as cli_export
-from .commands import run as cli_run
+from .commands import embedded as cli_embedded
+from .commands import harness as cli_harness
+from .commands import profiles as cli_profiles
+from .commands import tuning as cli_tuning
 
 app = make_app("engine-bridge", "Run plans: split reads, the embedded MoE engine, the harness, and engine profiles.")
 
-for _module in (cli_run, cli_bench, cli_export, cli_autotune):
+for _module in (cli_embedded, cli_harness, cli_profiles, cli_tuning):
     _module.register(app)
 
 

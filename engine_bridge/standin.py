@@ -79,10 +79,10 @@ def probe_weights(models) -> tuple[int, ...]:
 
 
 def run(engine: str, argv, env) -> int:
-    from engine_bridge.engine.blas import pin_blas_threads
-    from engine_bridge.engine.inference import Engine, prompt_tokens
-    from engine_bridge.engine.resident import inspect_model, load_resident
-    from engine_bridge.engine.sources import SourceSet
+    from engine_bridge.moe.blas import pin_blas_threads
+    from engine_bridge.moe.inference import EmbeddedEngine, prompt_tokens
+    from engine_bridge.moe.resident import inspect_model, load_resident
+    from engine_bridge.moe.inputs import SourceSet
     from engine_bridge.reader import SplitReader
     from models.cache import ExpertCache
     from models.modelset import discover
@@ -121,7 +121,7 @@ def run(engine: str, argv, env) -> int:
     cache = ExpertCache(min(call.cache_experts, total), total)
     # no hedging: the engines do not re-issue a late piece elsewhere, so neither does their stand-in
     with SplitReader(models, sources.prefill, sources.decode, engine=engine, cold=True, hedge=False) as reader:
-        eng = Engine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
+        eng = EmbeddedEngine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
                      in_flight=sources.in_flight())
         try:
             o = eng.run(prompt, max(gen - 1, 0))     # the first token comes from the prefill's logits

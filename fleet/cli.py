@@ -15,7 +15,7 @@ from iobench.schedule import parse_lanes, parse_presets
 from .constants import DEFAULT_TIMEOUT_S, FAILED, MISMATCH, OK
 from .job import BenchSettings
 from .report import render_table
-from .run import fleet_run, latest_report, load_report
+from .asker import fleet_run, latest_report, load_report
 
 app = make_app("fleet", "Verify, measure, solve and export on every node of a Ray cluster; one report for the fleet.")
 

@@ -10,7 +10,7 @@ what a hotness cache exploits in decode.
 Calibration (DeepSeek V4.1 Flash geometry: 40 layers, 384 experts, top-6; prefill as one chunk,
 cache warmed by a 512-token prefill and 32 decode tokens, misses averaged over the next 168),
 as measured by tests/engine_bridge/test_engine_routing.py through the embedded engine's replay
-(`engine_bridge.engine.replay.replay_steps`) and by tests/planner/test_workload.py through
+(`engine_bridge.moe.replay.replay_steps`) and by tests/planner/test_workload.py through
 `planner.workload` (the same cache policy, simulated without reads):
 
     fact (docs/planner.md)                         field     this model

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from core.cli import print_result
 from core.results import Document, envelope
 from engine_bridge.cli import app as bridge_app
-from engine_bridge.engine.synth import synthesize
+from engine_bridge.moe.synth import synthesize
 from fleet.cli import app as fleet_app
 from fleet.constants import OK
 from fleet.report import FleetReport, NodeResult, report_to_dict

@@ -1,5 +1,5 @@
 """The harness's pure parts: arm orders, gates, medians, gains, pair deltas and the results
-shape (docs/harness.md); `render.py` turns the results into Markdown and SVG. No processes, no disk:
+shape (docs/harness.md); `summary.py` turns the results into Markdown and SVG. No processes, no disk:
 the harness feeds measured facts in, these functions say what they mean.
 
 results.json (schema 1):

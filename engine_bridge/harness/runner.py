@@ -52,7 +52,7 @@ from .arms import (
     parse_arm,
     without_passing_arm,
 )
-from .render import render_markdown, render_svg
+from .summary import render_markdown, render_svg
 
 Runner = Callable[[ArmSpec, dict, str, int], tuple[dict, str]]
 _WEIGHTS_RE = re.compile(r"^\d+([:,]\d+)*(/\d+([:,]\d+)*)?$")

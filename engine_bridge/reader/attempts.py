@@ -1,5 +1,5 @@
 """A read in flight and the attempts at its pieces: `ReadTicket` (what the caller waits on, and
-whose buffers nobody may write into once handed back), `Piece` (one source's share of a read) and
+whose buffers nobody may write into once handed back), `PieceInFlight` (one source's share of a read) and
 `Attempt` (one read of a piece, or a probe, on one source). The lanes and the hedger move them."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ReadTicket:
             pool.put(buf)
 
 
-class Piece:
+class PieceInFlight:
     """One piece of a read: where it is planned, and the attempts at it."""
 
     __slots__ = ("ticket", "src", "off", "ln", "done", "active", "tried", "hedged")
@@ -79,7 +79,7 @@ class Attempt:
     __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
                  "phase", "jumped", "t_start", "stolen")
 
-    def __init__(self, piece: Piece | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
+    def __init__(self, piece: PieceInFlight | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
         self.fi = piece.ticket.fi if piece is not None else fi
         self.t_enq = 0             # hedger clock, ns, when queued on `src`

@@ -30,7 +30,7 @@ from typing import Sequence
 from core.errors import MissingError
 from core.coldio import ColdReader, align_down, align_up, aligned_buffer
 
-from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Piece, ReadTicket
+from .attempts import HEDGE, MAIN, SAMPLE, Attempt, PieceInFlight, ReadTicket
 from .balancing import BalancePolicy, chunks, depth_limit, pick_victim
 from .hedging import RateEstimate
 from .files import SourceFiles
@@ -179,7 +179,7 @@ class Lanes:
         when balancing: the ticket counts `len(self.parts(off, ln))` pieces for it)."""
         atts = []
         for co, cl in self.parts(off, ln):
-            piece = Piece(ticket, src, co, cl)
+            piece = PieceInFlight(ticket, src, co, cl)
             atts.append(Attempt(piece, src, MAIN, co, cl, ticket._work, ticket._base))
         with self._lock:
             tally = self._tally(ticket.phase)
@@ -475,7 +475,7 @@ class Lanes:
         if finish is not None:
             self._finish(*finish)
 
-    def _no_source(self, piece: Piece) -> MissingError:
+    def _no_source(self, piece: PieceInFlight) -> MissingError:
         t = piece.ticket
         where = f" of {t.file}" if len(self.health.models[0].files) > 1 else ""
         return MissingError(f"split reader: no source could read ({piece.off}, {piece.ln}){where} of read "

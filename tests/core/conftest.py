@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine_bridge.engine.synth import SynthSpec, synthesize
+from engine_bridge.moe.synth import SynthSpec, synthesize
 
 
 @pytest.fixture(scope="session")

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 from core.errors import EXIT_MISSING, EXIT_USAGE, MissingError, RigError
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app as bridge_app
-from engine_bridge.engine.replay import load_trace
+from engine_bridge.moe.replay import load_trace
 from engine_bridge.profiles.export import load_profile
 from engine_bridge.profiles.profile import Profile, profile_to_dict
 from fleet.report import FleetReport, NodeResult, report_to_dict
-from fleet.run import load_report
+from fleet.asker import load_report
 from iobench.cli import app as iobench_app
 from iobench.result import BenchResult, load_result, result_to_dict
 from planner.cli import app as planner_app

@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from engine_bridge.engine.synth import synthesize
-from engine_bridge.engine.synth_colibri import synthesize_colibri
+from engine_bridge.moe.synth import synthesize
+from engine_bridge.moe.synth_colibri import synthesize_colibri
 from tests.engine_bridge.helpers import COLIBRI_SPEC, SPEC
 
 

@@ -1,7 +1,7 @@
 """Plain helpers of the engine_bridge tests."""
 
-from engine_bridge.engine.synth import SynthSpec
-from engine_bridge.engine.synth_colibri import ColibriSpec
+from engine_bridge.moe.synth import SynthSpec
+from engine_bridge.moe.synth_colibri import ColibriSpec
 from tests.helpers import write_random
 
 # 3 layers x 8 experts, top-2; each component 557,056 B (2 split blocks + 32 KiB tail), so decode

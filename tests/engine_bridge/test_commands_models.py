@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app
-from engine_bridge.engine.sources import build_sources, resolve_model
+from engine_bridge.moe.inputs import build_sources, resolve_model
 from models.modelset import DIR, SPLIT, discover
 from models.tensortable import inspect_model
 from tests.models.geometry_helpers import write_moe_safetensors, write_moe_split_gguf

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from core.errors import MissingError, UsageError
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app
-from engine_bridge.engine.sources import resolve_model
+from engine_bridge.moe.inputs import resolve_model
 from tests.helpers import counting_opens
 
 runner = CliRunner()
@@ -75,7 +75,7 @@ def test_run_usage_errors_are_one_line_and_exit_2(args, message):
 
 
 def test_run_reads_the_plan_and_rig_toml_once(model_dir, tmp_path):
-    """The primary and the sources come from one reading of each (engine_bridge.engine.sources.run_inputs)."""
+    """The primary and the sources come from one reading of each (engine_bridge.moe.inputs.run_inputs)."""
     plan = write_plan(tmp_path / "p.json", model_dir)
     rig = Rig(root=str(tmp_path / "rig"), model=Member(str(model_dir / "model.gguf"), "internal", "primary"))
     save_rig(rig)

@@ -1,7 +1,7 @@
 """No silent idle drive: which source read nothing in a phase, and whether the engine's reads or the run is why."""
 
-from engine_bridge.engine import idle
-from engine_bridge.engine.idle import idle_sources, plan_shares
+from engine_bridge.moe import idle
+from engine_bridge.moe.idle import idle_sources, plan_shares
 from engines.ds4_argodrive import BLOCK_BYTES
 from tests.helpers import impure_imports
 

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
-from engine_bridge.engine.replay import load_trace, pattern_bytes, trace_steps
-from engine_bridge.engine.sources import SourceSet
-from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+from engine_bridge.moe.replay import load_trace, pattern_bytes, trace_steps
+from engine_bridge.moe.inputs import SourceSet
+from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
 from models.tensortable import inspect_model
 
 runner = CliRunner()

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from core.errors import UsageError
-from engine_bridge.engine.resident import inspect_model
-from engine_bridge.engine.synth import SynthSpec, synthesize
+from engine_bridge.moe.resident import inspect_model
+from engine_bridge.moe.synth import SynthSpec, synthesize
 from models.geometry import Geometry
 from models.modelset import Extent
 from models.tensortable import inspect_model as inspect_any

@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from models.cache import ExpertCache
-from engine_bridge.engine.constants import CSV_COLUMNS
-from engine_bridge.engine.resident import ExpertTensor, Geometry
-from engine_bridge.engine.replay import model_steps, replay_steps
+from engine_bridge.moe.constants import CSV_COLUMNS
+from engine_bridge.moe.resident import ExpertTensor, Geometry
+from engine_bridge.moe.replay import model_steps, replay_steps
 from models.routing import (
     COVERAGE_TOLERANCE,
     FIELD_COVERAGE,
@@ -66,7 +66,7 @@ def test_prefill_coverage_matches_the_field():
 
 def one_drive(g):
     """ds4-argodrive's reads of this geometry from one drive."""
-    from engine_bridge.engine.staging import StepReads
+    from engine_bridge.moe.staging import StepReads
     from engines.registry import get_engine
 
     return StepReads(get_engine("ds4-argodrive"), g, {"prefill": (1,), "decode": (1,)})

@@ -6,10 +6,10 @@ import pytest
 from typer.testing import CliRunner
 
 from engine_bridge.cli import app
-from engine_bridge.engine.constants import CSV_COLUMNS
-from engine_bridge.engine.resident import inspect_model
-from engine_bridge.engine.run import run_model
-from engine_bridge.engine.sources import SourceSet
+from engine_bridge.moe.constants import CSV_COLUMNS
+from engine_bridge.moe.resident import inspect_model
+from engine_bridge.moe.session import run_model
+from engine_bridge.moe.inputs import SourceSet
 from tests.engine_bridge.helpers import SPEC
 
 PROMPT, GEN = 48, 6
@@ -157,9 +157,9 @@ def test_missing_model_is_exit_3(tmp_path):
 
 def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_dir, tmp_path):
     from models.cache import ExpertCache
-    from engine_bridge.engine.inference import Engine, prompt_tokens, tokens_sha256
-    from engine_bridge.engine.resident import load_resident
-    from engine_bridge.engine.staging import StepReads
+    from engine_bridge.moe.inference import EmbeddedEngine, prompt_tokens, tokens_sha256
+    from engine_bridge.moe.resident import load_resident
+    from engine_bridge.moe.staging import StepReads
     from engine_bridge.reader import SplitReader
     from engines.registry import get_engine
 
@@ -173,7 +173,7 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
         os.truncate(victim, g.tensor(0, "gate").offset)     # after the reader checked it: every expert read is short
         reads_of = StepReads(get_engine("ds4-argodrive"), g, {"prefill": (10, 5, 5), "decode": (10, 6, 6)},
                              healthy=reader.healthy)
-        eng = Engine(g, res, reader.submit_read, reads_of, ExpertCache(4, g.layers * g.experts))
+        eng = EmbeddedEngine(g, res, reader.submit_read, reads_of, ExpertCache(4, g.layers * g.experts))
         out = eng.run(prompt_tokens(PROMPT, res.vocab, 11), GEN)
         eng.close()
         stats = reader.stats()
@@ -183,7 +183,7 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
 
 @pytest.mark.parametrize("quant", ["q4_0", "f32"])
 def test_other_expert_types_give_one_hash_across_sources_and_caches(tmp_path, quant):
-    from engine_bridge.engine.synth import SynthSpec, synthesize
+    from engine_bridge.moe.synth import SynthSpec, synthesize
 
     m = tmp_path / "m.gguf"
     synthesize(str(m), SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=512, vocab=64, seed=1, quant=quant))
@@ -200,7 +200,7 @@ def test_pin_blas_threads_sets_the_bundled_openblas():
 
     import numpy as np
 
-    from engine_bridge.engine.blas import pin_blas_threads
+    from engine_bridge.moe.blas import pin_blas_threads
 
     get = None
     for lib in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "libscipy_openblas*.so*")):
@@ -218,8 +218,8 @@ def test_pin_blas_threads_sets_the_bundled_openblas():
 
 
 def test_save_run_appends_the_csv_row_and_writes_a_trace_replay_reads(model_dir, tmp_path):
-    from engine_bridge.engine.replay import load_trace, trace_steps
-    from engine_bridge.engine.run import save_run
+    from engine_bridge.moe.replay import load_trace, trace_steps
+    from engine_bridge.moe.session import save_run
 
     csv_path, trace_path = tmp_path / "runs.csv", tmp_path / "t.json"
     result = save_run(run(model_dir, trace=True), csv_file=str(csv_path), trace_out=str(trace_path))

@@ -7,10 +7,10 @@ from typer.testing import CliRunner
 
 from core.errors import UsageError
 from engine_bridge.cli import app
-from engine_bridge.engine.constants import ALIGNMENT, COMPONENTS, LAYER_RESIDENT
-from engine_bridge.engine.inference import dequantize
-from engine_bridge.engine.resident import inspect_model
-from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
+from engine_bridge.moe.constants import ALIGNMENT, COMPONENTS, LAYER_RESIDENT
+from engine_bridge.moe.inference import dequantize
+from engine_bridge.moe.resident import inspect_model
+from engine_bridge.moe.synth import SynthSpec, check_spec, synthesize
 
 SMALL = SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=256, vocab=64, seed=3)
 

@@ -1,8 +1,8 @@
-"""`engine-bridge autotune --binary`: the real-engine tuner (engine_bridge.tuning.engine) run end to
+"""`engine-bridge autotune --binary`: the real-engine tuner (engine_bridge.tuning.real_engine) run end to
 end against the stand-ins of colibri (its GLM and DeepSeek V4.1 engines) and ds4-argodrive on small
 generated models with three copies, its gates tested with stand-ins that misbehave on purpose
 (small wrappers written here: one drifts, one hangs, one crashes, one whose counters contradict the
-profile, one that prints nothing), and its judgement (engine_bridge.tuning.verdict) on trials made
+profile, one that prints nothing), and its judgement (engine_bridge.tuning.judge) on trials made
 up here."""
 
 import json
@@ -16,8 +16,8 @@ from core.errors import MismatchError, UsageError
 from engine_bridge.cli import app
 from engine_bridge.profiles.export import load_profile
 from engine_bridge.standin import launcher_text
-from engine_bridge.tuning.engine import tune_with_engine
-from engine_bridge.tuning.verdict import Candidate, Trial, judge, predicted_tok_s
+from engine_bridge.tuning.real_engine import tune_with_engine
+from engine_bridge.tuning.judge import Candidate, Trial, judge, predicted_tok_s
 from planner.plans import latest_plan_path, load_plan
 from tests.planner.helpers import COLI, colibri_copies_in, gguf_copies_in, rig_on
 

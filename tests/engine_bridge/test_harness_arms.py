@@ -20,7 +20,7 @@ from engine_bridge.harness.arms import (
     other_cpu,
     parse_arm,
 )
-from engine_bridge.harness.render import render_failures, render_idle, render_markdown, render_svg
+from engine_bridge.harness.summary import render_failures, render_idle, render_markdown, render_svg
 from planner.measured import RESULTS_KEYS, parse_results
 from tests.helpers import impure_imports
 
@@ -167,6 +167,6 @@ def test_markdown_and_svg():
 
 
 def test_the_pure_parts_stay_pure():
-    from engine_bridge.harness import arms, render
+    from engine_bridge.harness import arms, summary
 
-    assert impure_imports(arms) == [] and impure_imports(render) == []
+    assert impure_imports(arms) == [] and impure_imports(summary) == []

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from core import rig as rigmod
 from engine_bridge.cli import app
-from engine_bridge.engine.run import run_model
-from engine_bridge.engine.sources import build_sources
-from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+from engine_bridge.moe.session import run_model
+from engine_bridge.moe.inputs import build_sources
+from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
 from models.modelset import discover
 from models.tensortable import inspect_model
 from replicas.cli import app as replicas_app

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from core.tiers import is_memory
 from engine_bridge.cli import app as bridge
-from engine_bridge.engine.synth_colibri import synthesize_colibri
+from engine_bridge.moe.synth_colibri import synthesize_colibri
 from engines.registry import get_engine
 from iobench.cli import app as iobench
 from planner.cli import app as planner

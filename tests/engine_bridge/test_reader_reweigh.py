@@ -103,7 +103,7 @@ def test_weight_moves_off_a_slow_source_and_back_when_it_recovers(model):
 def test_the_engines_pattern_is_cut_with_the_weights_of_now(model):
     """The embedded engine's StepReads asks the reader at every step: after a change, the next
     step's Setup carries the new weights."""
-    from engine_bridge.engine.staging import StepReads
+    from engine_bridge.moe.staging import StepReads
     from engines.registry import get_engine
 
     paths, data = model

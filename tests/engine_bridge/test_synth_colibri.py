@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from core.errors import UsageError
 from engine_bridge.cli import app
-from engine_bridge.engine.constants import COLIBRI_MODEL_TYPE, ROW_INT8
-from engine_bridge.engine.resident import inspect_model, load_resident
-from engine_bridge.engine.run import run_model
-from engine_bridge.engine.sources import SourceSet
-from engine_bridge.engine.synth_colibri import (
+from engine_bridge.moe.constants import COLIBRI_MODEL_TYPE, ROW_INT8
+from engine_bridge.moe.resident import inspect_model, load_resident
+from engine_bridge.moe.session import run_model
+from engine_bridge.moe.inputs import SourceSet
+from engine_bridge.moe.synth_colibri import (
     SHARD_NAME,
     SPECIAL_TOKENS,
     ColibriSpec,

@@ -3,7 +3,7 @@
 import os
 import shutil
 
-from engine_bridge.engine.synth import SynthSpec, synthesize
+from engine_bridge.moe.synth import SynthSpec, synthesize
 from fleet.job import BenchSettings
 from replicas.sync import sync
 from tests.replicas.helpers import invoke

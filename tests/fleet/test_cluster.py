@@ -9,7 +9,7 @@ import pytest
 
 from fleet.cli import app, exit_code
 from fleet.constants import DOWN, FAILED, LOST, MISMATCH, MISSING, OK, TIMEOUT
-from fleet.run import fleet_run
+from fleet.asker import fleet_run
 from replicas.checks import FilePiece
 from tests.fleet.helpers import PIECE, QUICK, Sabotaged, fleet_file, node_rig
 from tests.replicas.helpers import flip_byte, runner

@@ -209,14 +209,14 @@ NAMES = ("fast", "slow", "laggy")
 
 
 def _gguf_spec():
-    from engine_bridge.engine.synth import SynthSpec
+    from engine_bridge.moe.synth import SynthSpec
 
     # 2 layers x 8 experts, top-2: 557,056 B components (2 split blocks + 32 KiB), about 27 MB
     return SynthSpec(2, 8, 2, 512, 1024, 256, 1, "q8_0")
 
 
 def _coli_spec():
-    from engine_bridge.engine.synth_colibri import ColibriSpec
+    from engine_bridge.moe.synth_colibri import ColibriSpec
 
     # 2 layers x 8 experts, top-2, two shards: 32 KiB components whose tensors are not 4 KiB-aligned
     # (so colibri's O_DIRECT windows read more than the expert), about 2 MB
@@ -229,7 +229,7 @@ COLI = _coli_spec()
 
 def gguf_copies_in(d, spec=GGUF):
     """A synthesised GGUF in folder `d` and two byte-identical copies (distinct inodes): their paths, primary first."""
-    from engine_bridge.engine.synth import check_spec, synthesize
+    from engine_bridge.moe.synth import check_spec, synthesize
 
     paths = [os.path.join(str(d), f"{n}.gguf") for n in NAMES]
     synthesize(paths[0], check_spec(spec), lambda done, total: None)
@@ -240,7 +240,7 @@ def gguf_copies_in(d, spec=GGUF):
 
 def colibri_copies_in(d, spec=COLI):
     """A synthesised colibri directory in folder `d` and two copies: their paths, primary first."""
-    from engine_bridge.engine.synth_colibri import synthesize_colibri
+    from engine_bridge.moe.synth_colibri import synthesize_colibri
 
     paths = [os.path.join(str(d), n) for n in NAMES]
     synthesize_colibri(paths[0], spec)

@@ -8,7 +8,7 @@ from functools import lru_cache
 import pytest
 
 from core.errors import RigError
-from engine_bridge.engine.constants import COLIBRI_MODEL_TYPE
+from engine_bridge.moe.constants import COLIBRI_MODEL_TYPE
 from engines.registry import get_engine
 from models.geometry import stacked_geometry
 from planner.autotune import (

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from core.errors import Interrupted, UsageError
 from engine_bridge.cli import app
-from engine_bridge.tuning.split import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
+from engine_bridge.tuning.embedded import PatternMeasure, autotune, reader_concurrency, render, timed_rate, tuner_measure
 from engine_bridge.reader.split_reader import SplitReader
 from engines.pattern import Concurrency, Setup
 from engines.registry import get_engine

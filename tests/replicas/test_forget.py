@@ -109,7 +109,7 @@ def test_sync_warns_once_when_the_rig_holds_more_copies_than_the_engine_reads(tm
 def test_the_copies_warning_asks_the_engine_that_reads_the_rigs_model(tmp_path):
     """A colibri model: colibri's limit (the primary and its mirrors) decides, not the default
     engine's; the warning names colibri."""
-    from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+    from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
     from engines.registry import engine_for_model
     from models.modelset import discover
 

@@ -12,7 +12,7 @@ import pytest
 
 from core import rig as rigmod
 from core.jsonfile import write_json
-from engine_bridge.engine.synth_colibri import ColibriSpec, synthesize_colibri
+from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
 from models.usage import (COLI_USAGE, IKU1_MAGIC, MISSES, ROUTINGS, parse_coli_usage, split_history, usage_from_dict,
                           usage_of, usage_to_dict)
 from replicas.partial import (BUDGET, NOTHING, SHARE, ExpertTable, ShardUse, choose_partial, coverage,

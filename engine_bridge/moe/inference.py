@@ -123,7 +123,7 @@ class RunOutcome:
     trace: list | None = None             # routing per step if recorded: [phase, [[layer selections...]...]]
 
 
-class Engine:
+class EmbeddedEngine:
     def __init__(self, geometry: Geometry, resident: Resident, submit_read: SubmitRead, reads_of, cache: ExpertCache,
                  chunk_tokens: int = PREFILL_CHUNK_TOKENS, window: int = STAGE_WINDOW, record_trace: bool = False,
                  dequant_threads: int = DEQUANT_THREADS, in_flight: dict | None = None):

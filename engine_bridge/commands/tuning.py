@@ -1,6 +1,6 @@
 """engine-bridge commands: autotune (measure the planner's candidates and keep the best: with our
-split reader by default, `engine_bridge.tuning.split`; with the real engine given --binary,
-`engine_bridge.tuning.engine`) and tune (the planner's split tuner with a key that measures)."""
+split reader by default, `engine_bridge.tuning.embedded`; with the real engine given --binary,
+`engine_bridge.tuning.real_engine`) and tune (the planner's split tuner with a key that measures)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,20 @@ from core.cli import JsonOption, QuietOption, RigOption, err, print_result
 from core.errors import UsageError
 from core.rig import rig_dir
 from core.units import format_rate
-from engine_bridge.tuning.engine import DEFAULT_TIMEOUT_S
-from engine_bridge.tuning.split import REST_S, TUNER_TRIAL_S, WARMUP_S, autotune, render, tuner_measure
-from engine_bridge.tuning.verdict import DEFAULT_MIN_GAIN_PCT, DEFAULT_SHARE_TOLERANCE
+from engine_bridge.tuning.real_engine import DEFAULT_TIMEOUT_S
+from engine_bridge.tuning.embedded import REST_S, TUNER_TRIAL_S, WARMUP_S, autotune, render, tuner_measure
+from engine_bridge.tuning.judge import DEFAULT_MIN_GAIN_PCT, DEFAULT_SHARE_TOLERANCE
 from engines.registry import DEFAULT_ENGINE, ENGINES
 from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
 
 
 def _engine_trials(root, binary, engine, args, budget, top, timeout, min_gain, tolerance, bench, rounds, prompt_tokens,
                    cache_experts, allow_unverified, quiet, json_out) -> None:
-    """autotune --binary: the real engine's ABBA trials (`engine_bridge.tuning.engine`), progress on
+    """autotune --binary: the real engine's ABBA trials (`engine_bridge.tuning.real_engine`), progress on
     stderr, the report on stdout; Ctrl-C once stops after the running arm (complete rounds are
     kept), twice stops it at once."""
-    from engine_bridge.tuning.engine import render as render_trials
-    from engine_bridge.tuning.engine import tune_with_engine
+    from engine_bridge.tuning.real_engine import render as render_trials
+    from engine_bridge.tuning.real_engine import tune_with_engine
 
     cancel = threading.Event()
     old = signal.getsignal(signal.SIGINT)
@@ -51,7 +51,7 @@ def _engine_trials(root, binary, engine, args, budget, top, timeout, min_gain, t
     finally:
         signal.signal(signal.SIGINT, old)
     if json_out:
-        from engine_bridge.tuning.verdict import EngineTuneReport
+        from engine_bridge.tuning.judge import EngineTuneReport
 
         print_result(EngineTuneReport({k: v for k, v in doc.items() if k != "lines"}))
     else:

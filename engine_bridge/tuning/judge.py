@@ -1,6 +1,6 @@
 """The real-engine tuner's judgement (pure): candidates and trials in, the verdict out — medians over
 the complete rounds, each arm's gates, the winner, its gains and the report (docs/harness.md, "Tuning
-with the real engine"). `engine_bridge.tuning.engine` runs the engine and calls these.
+with the real engine"). `engine_bridge.tuning.real_engine` runs the engine and calls these.
 
 Gates, per arm (a failed gate disqualifies the arm; it is kept in the report with the reason):
 - the run: it exited cleanly within its timeout, `launch`'s confirmations passed (the profile was

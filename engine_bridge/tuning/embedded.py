@@ -1,7 +1,7 @@
 """The measured tuner with our own split reader (`engine-bridge autotune` without --binary, and the
 tuner's `m` key): solve, then measure the best candidates by executing the engine's read pattern
 through the split reader, and keep the measured best. (The real engine's own trials are
-`engine_bridge.tuning.engine`.)
+`engine_bridge.tuning.real_engine`.)
 
 Why this lives here and not in `planner`: a measured candidate has to be read by the real split
 reader (`engine_bridge.reader.SplitReader`, what the embedded engine reads with), and the planner
@@ -48,7 +48,7 @@ def reader_concurrency(conc: Concurrency, sources: int) -> tuple[int, int | None
     if conc.per_source is not None:
         return conc.per_source, (conc.shared if conc.per_read else None)
     if conc.shared is None:
-        from engine_bridge.engine.constants import LANES
+        from engine_bridge.moe.constants import LANES
 
         return LANES, None
     if conc.per_read:
@@ -96,7 +96,7 @@ class PatternMeasure:
         """Bytes/s at `weights` in `mode` over `seconds` after the rest and the warm-up
         (`timed_rate`); `sources`: a subset of the sources to read instead (one drive alone, say),
         weights to match (each must hold the whole model)."""
-        from engine_bridge.engine.staging import PhaseCounters, StepReads, stage_reads
+        from engine_bridge.moe.staging import PhaseCounters, StepReads, stage_reads
         from engine_bridge.reader.split_reader import SplitReader
         from models.modelset import ModelSet
 
@@ -188,7 +188,7 @@ def reads_key(problem):
 def rig_sources(rig_root: str, sources) -> list:
     """Each plan source's copy of the model (`ModelSet`): where the rig member with that path keeps
     it (a split set or a directory as the rig describes it), else the file at that path."""
-    from engine_bridge.engine.sources import member_model
+    from engine_bridge.moe.inputs import member_model
 
     rig = load_rig(rig_root, must_exist=False)
     return [member_model(s.path, rig) for s in sources]

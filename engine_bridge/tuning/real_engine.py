@@ -1,7 +1,7 @@
 """Tuning with the real engine (`engine-bridge autotune --binary PATH`, docs/harness.md "Tuning with
 the real engine"): the planner's candidates for the rig's model, each exported as the engine's
 profile, run by the engine itself in ABBA order within a time budget, judged by the engine's own
-counters and timing (`engine_bridge.tuning.verdict`).
+counters and timing (`engine_bridge.tuning.judge`).
 
 Candidates: the planner's best few (`planner.autotune.arms_for`: its pick and alternatives, each of
 the engine's modes at the pick's weights — colibri's stripes on and off — capability-proportional
@@ -33,7 +33,7 @@ from core.rig import load_rig
 from engines.pattern import PHASES
 from engines.registry import get_engine
 
-from .verdict import (
+from .judge import (
     DEFAULT_MIN_GAIN_PCT,
     DEFAULT_SHARE_TOLERANCE,
     Candidate,
@@ -70,7 +70,7 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
     from planner.rigmodel import choose_workload, rig_problem
     from planner.solve import Pricer, prediction, solve_plan
 
-    from .split import reads_key
+    from .embedded import reads_key
 
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
     kw = {"prompt_tokens": prompt_tokens} if prompt_tokens else {}
@@ -309,7 +309,7 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     if engine is None:
         if not rig.model:
             raise UsageError("the rig has no model; give it one (`replicas init --model PATH`) or --engine")
-        from engine_bridge.engine.sources import member_model
+        from engine_bridge.moe.inputs import member_model
 
         m = member_model(rig.model.path, rig)
         engine = engine_for_model(m.format, m.layout, m.files)

@@ -14,7 +14,7 @@ from engine_bridge.harness.arms import MAX_OTHER_CPU, ORDERS, BenchResults
 
 def _execute(specs, order, settings, out, rig, repeat, json_out, quiet=False):
     """Run the arms into their run folder, Ctrl-C stopping after the running arm; print the table."""
-    from engine_bridge.harness.render import render_console, render_failures, render_idle
+    from engine_bridge.harness.summary import render_console, render_failures, render_idle
     from engine_bridge.harness.runner import check_hashes, run_bench, run_folder
 
     out_dir = run_folder(out, rig)

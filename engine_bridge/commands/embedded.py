@@ -13,7 +13,7 @@ from core.units import format_bytes, format_rate, parse_size, plural
 from engine_bridge.reader.hedging import HedgePolicy
 from engine_bridge.reader.balancing import BalancePolicy, check_balance
 from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
-from engine_bridge.engine.constants import (
+from engine_bridge.moe.constants import (
     DEFAULT_CACHE_EXPERTS,
     COLIBRI_FORMAT,
     DEQUANT_THREADS,
@@ -161,7 +161,7 @@ def register(app) -> None:
         if fmt == COLIBRI_FORMAT:
             if quant is not None:
                 raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
-            from engine_bridge.engine.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
+            from engine_bridge.moe.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
 
             base = ColibriSpec(**shape, seed=seed, **({"model_type": model_type} if model_type else {}))
             spec = check_colibri(ColibriSpec(**{**base.__dict__, "shards": min(base.shards, base.layers) if shards is None
@@ -170,7 +170,7 @@ def register(app) -> None:
         else:
             if shards is not None or model_type is not None:
                 raise UsageError("--shards and --model-type are for --format colibri (a GGUF model is one file)")
-            from engine_bridge.engine.synth import SynthSpec, check_spec, synthesize
+            from engine_bridge.moe.synth import SynthSpec, check_spec, synthesize
 
             spec = check_spec(SynthSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower()))
             write = lambda progress: synthesize(out, spec, progress, force=force)  # noqa: E731
@@ -181,7 +181,7 @@ def register(app) -> None:
             task = bar.add_task(f"synth {os.path.basename(out)}", total=None)
             summary = write(lambda done, total: bar.update(task, completed=done, total=total))
         if json_out:
-            from engine_bridge.engine.synth import SynthSummary
+            from engine_bridge.moe.synth import SynthSummary
 
             print_result(SynthSummary(summary))
         else:
@@ -226,9 +226,9 @@ def register(app) -> None:
         json_out: bool = JsonOption,
     ):
         """Run the embedded MoE engine with routed experts streamed through split reads."""
-        from engine_bridge.engine.blas import pin_blas_threads
-        from engine_bridge.engine.run import RunResults, csv_text, run_model, save_run, usage_dir_of
-        from engine_bridge.engine.sources import model_of, run_inputs, sources_of
+        from engine_bridge.moe.blas import pin_blas_threads
+        from engine_bridge.moe.session import RunResults, csv_text, run_model, save_run, usage_dir_of
+        from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
 
         reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                                 balance, balance_chunk, balance_depth)
@@ -299,9 +299,9 @@ def register(app) -> None:
     ):
         """Replay the engine's expert reads (no compute) with the model's real geometry and a
         calibrated routing model or a recorded trace: what the plan delivers on these drives."""
-        from engine_bridge.engine.replay import ReplayResults, replay
-        from engine_bridge.engine.run import save_run, usage_dir_of
-        from engine_bridge.engine.sources import model_of, run_inputs, sources_of
+        from engine_bridge.moe.replay import ReplayResults, replay
+        from engine_bridge.moe.session import save_run, usage_dir_of
+        from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
 
         reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                                 balance, balance_chunk, balance_depth)

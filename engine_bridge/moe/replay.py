@@ -28,7 +28,7 @@ from models.cache import ExpertCache
 from .idle import PHASES, idle_sources
 from .constants import PREFILL_CHUNK_TOKENS, REPLAY_SCHEMA, STAGE_WINDOW, TRACE_SCHEMA
 from .resident import Geometry
-from .sources import SourceSet
+from .inputs import SourceSet
 from .staging import PhaseCounters, stage_reads
 
 
@@ -129,7 +129,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     one (all on by default, as in `run`)."""
     from engine_bridge.reader import SplitReader
 
-    from .run import hedge_settings, phase_dict
+    from .session import hedge_settings, phase_dict
 
     g = replay_geometry(sources.models[0])
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),

@@ -1,4 +1,4 @@
-"""A whole run of the embedded engine (the I/O ring around `inference.Engine`): the model's
+"""A whole run of the embedded engine (the I/O ring around `inference.EmbeddedEngine`): the model's
 sources in, the run result out (RUN_SCHEMA, `kind: "run"`), plus the files a run may leave
 (the ds4-bench CSV row, the routing trace for `replay --trace`)."""
 
@@ -25,9 +25,9 @@ from engine_bridge.reader.reweighting import ReweighPolicy
 from models.cache import ExpertCache
 from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
 from .idle import PHASES, idle_sources
-from .inference import Engine, RunOutcome, prompt_tokens, tokens_sha256
+from .inference import EmbeddedEngine, RunOutcome, prompt_tokens, tokens_sha256
 from .resident import Geometry, inspect_model, load_resident
-from .sources import SourceSet
+from .inputs import SourceSet
 from .staging import PhaseCounters
 
 
@@ -64,7 +64,7 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
                      hedge=hedge, hedge_policy=hedge_policy, reweigh=reweigh, reweigh_policy=reweigh_policy,
                      balance=balance, balance_policy=balance_policy, engine=sources.engine, holds=holds) as reader:
-        eng = Engine(geometry, resident, reader.submit_read,
+        eng = EmbeddedEngine(geometry, resident, reader.submit_read,
                      sources.step_reads(geometry, reader.healthy, holds, reader.weights_now), cache,
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
