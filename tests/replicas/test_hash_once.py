@@ -91,25 +91,22 @@ def run_console_script(*args, cwd):
                           capture_output=True, text=True, cwd=cwd, env={**os.environ, "REPLICAS_PROGRESS": ""})
 
 
-def test_the_console_scripts_quick_hash_prints_what_the_full_command_prints(tmp_path):
+def test_the_console_scripts_quick_hash_prints_what_the_full_command_prints(tmp_path, monkeypatch):
     names = ["plain.bin", "with space.bin", "back\\slash.bin", "empty.bin"]
     for i, n in enumerate(names):
         write_random(tmp_path / n, 0 if n == "empty.bin" else MiB + 7 * i, seed=i)
     quick = run_console_script("hash", *names, cwd=tmp_path)
-    os.chdir(tmp_path)
-    try:
-        full = invoke("hash", *names)
-        assert quick.returncode == full.exit_code == 0
-        assert quick.stdout == full.stdout and quick.stdout.splitlines()[2].startswith("\\")
-        # A missing file, or an option: the full command answers (the same lines, errors and code).
-        missing = run_console_script("hash", "plain.bin", "gone.bin", cwd=tmp_path)
-        full = invoke("hash", "plain.bin", "gone.bin")
-        assert missing.returncode == full.exit_code == 3
-        assert missing.stdout == full.stdout and missing.stderr.strip() == "replicas: error: gone.bin: no such file"
-        doc = json.loads(run_console_script("hash", "--json", "plain.bin", cwd=tmp_path).stdout)
-        assert doc["kind"] == "manifest" and len(doc["pieces"]) == 1
-    finally:
-        os.chdir(os.path.dirname(tmp_path))
+    monkeypatch.chdir(tmp_path)         # restored after the test: later tests (and Ray's workers) need the repository's
+    full = invoke("hash", *names)
+    assert quick.returncode == full.exit_code == 0
+    assert quick.stdout == full.stdout and quick.stdout.splitlines()[2].startswith("\\")
+    # A missing file, or an option: the full command answers (the same lines, errors and code).
+    missing = run_console_script("hash", "plain.bin", "gone.bin", cwd=tmp_path)
+    full = invoke("hash", "plain.bin", "gone.bin")
+    assert missing.returncode == full.exit_code == 3
+    assert missing.stdout == full.stdout and missing.stderr.strip() == "replicas: error: gone.bin: no such file"
+    doc = json.loads(run_console_script("hash", "--json", "plain.bin", cwd=tmp_path).stdout)
+    assert doc["kind"] == "manifest" and len(doc["pieces"]) == 1
 
 
 def test_a_corrupted_byte_is_named_to_its_piece(synced):
