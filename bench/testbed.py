@@ -79,7 +79,7 @@ def say(msg: str) -> None:
 def tool(name: str) -> list[str]:
     """argv prefix of one of the project's console scripts, in this interpreter (run from the
     repository, so its modules are the ones imported)."""
-    mod = {"replicas": "replicas.cli", "iobench": "iobench.cli", "planner": "planner.cli",
+    mod = {"replicas": "replicas.main", "iobench": "iobench.cli", "planner": "planner.cli",
            "engine-bridge": "engine_bridge.cli"}[name]
     return [sys.executable, "-c", f"from {mod} import main; main()"]
 

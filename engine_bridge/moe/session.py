@@ -8,7 +8,9 @@ import csv
 import io
 import os
 import time
-from typing import ClassVar
+from typing import ClassVar, Sequence
+
+import numpy as np
 
 from core.errors import UsageError
 from core.results import Document
@@ -41,7 +43,7 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
               trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True,
               reweigh: bool = True, reweigh_policy: ReweighPolicy | None = None,
               hedge_policy: HedgePolicy | None = None, balance: bool = True,
-              balance_policy: BalancePolicy | None = None) -> dict:
+              balance_policy: BalancePolicy | None = None, prompt_ids: Sequence[int] | None = None) -> dict:
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
     `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
@@ -49,12 +51,20 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     another replica (on by default: one slow drive must not hold every read). reweigh: move weight
     between the drives as their delivered rates change (on by default; docs/reader.md "Re-weighting").
     balance: an idle drive takes queued chunks of a slower one (on by default; docs/reader.md
-    "Balancing")."""
+    "Balancing"). prompt_ids: the prompt's token ids (a tokenized text) instead of `prompt` ids
+    drawn from `prompt_seed`."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
+    if prompt_ids is not None:
+        ids = np.asarray(list(prompt_ids), dtype=np.int64)
+        if ids.size and not (0 <= ids.min() and ids.max() < resident.vocab):
+            raise UsageError(f"prompt ids must be in 0..{resident.vocab - 1} (the model's vocabulary)")
+        prompt = int(ids.size)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
         if v < lo:
             raise UsageError(f"{name} {v}: must be at least {lo}")
+    if prompt_ids is None:
+        ids = prompt_tokens(prompt, resident.vocab, prompt_seed)
     total = geometry.layers * geometry.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
@@ -67,7 +77,7 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
         try:
-            outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
+            outcome = eng.run(ids, gen)
         finally:
             eng.close()
         stats = reader.stats()
@@ -138,6 +148,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "planned": {ph: sources.planned.get(ph) for ph in PHASES},
         "idle": idle,
         "output_tokens": len(o.tokens),
+        "output_ids": list(o.tokens),
         "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text},
         **({"trace": o.trace} if o.trace is not None else {}),
     }
