@@ -13,6 +13,7 @@ from core.units import format_bytes, format_rate, parse_size, plural
 from engine_bridge.reader.hedging import HedgePolicy
 from engine_bridge.reader.balancing import BalancePolicy, check_balance
 from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
+from engine_bridge.reader.settings import ReaderSettings, check_settings
 from engine_bridge.moe.constants import (
     DEFAULT_CACHE_EXPERTS,
     COLIBRI_FORMAT,
@@ -112,13 +113,17 @@ def balance_options(chunk: str, depth_s: float) -> BalancePolicy:
         raise UsageError(f"--balance-chunk {chunk}: {e}") from None
 
 
-def reader_options(hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_floor: float, reweigh_band: float,
-                   reweigh_window: float, balance: bool, balance_chunk: str, balance_depth: float) -> dict:
-    """The split reader's settings `run` and `replay` pass on (`run_model` / `replay` keywords),
-    checked before any file is read (exit 2 naming the option)."""
-    return {"hedge": hedge, "hedge_policy": hedge_options(hedge_min_busy),
-            "reweigh": reweigh, "reweigh_policy": reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
-            "balance": balance, "balance_policy": balance_options(balance_chunk, balance_depth)}
+def reader_options(lanes: int, hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_floor: float,
+                   reweigh_band: float, reweigh_window: float, balance: bool, balance_chunk: str,
+                   balance_depth: float) -> ReaderSettings:
+    """The split reader's settings `run` and `replay` pass on (one `ReaderSettings`), checked
+    before any file is read (exit 2 naming the option)."""
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+        raise UsageError(f"--lanes {lanes!r}: must be an integer >= 1")
+    return check_settings(ReaderSettings(
+        lanes=lanes, hedge=hedge, hedge_policy=hedge_options(hedge_min_busy),
+        reweigh=reweigh, reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
+        balance=balance, balance_policy=balance_options(balance_chunk, balance_depth)))
 
 
 def register(app) -> None:
@@ -230,7 +235,7 @@ def register(app) -> None:
         from engine_bridge.moe.session import RunResults, csv_text, run_model, save_run, usage_dir_of
         from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
 
-        reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+        reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                                 balance, balance_chunk, balance_depth)
         blas = pin_blas_threads(1)
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
@@ -240,8 +245,8 @@ def register(app) -> None:
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
                   highlight=False, soft_wrap=True)
-        result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), **reader,
+        result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, reader, prompt_seed,
+                                    chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
                                     dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
                           usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
         _report_reader(result)
@@ -303,7 +308,7 @@ def register(app) -> None:
         from engine_bridge.moe.session import save_run, usage_dir_of
         from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
 
-        reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+        reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                                 balance, balance_chunk, balance_depth)
         inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
         sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
@@ -312,9 +317,9 @@ def register(app) -> None:
                   f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
                   + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
                   highlight=False, soft_wrap=True)
-        result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
+        result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, reader,
                                  chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                                 cold=not cached, **reader),
+                                 cold=not cached),
                           csv_file=csv_file, usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
         _report_reader(result)
         _report_idle(result)
