@@ -60,7 +60,8 @@ SHARED = dict(
                                                         "docs/reader.md)."),
     hedge_min_busy=typer.Option(HedgePolicy.min_busy_ns / 1e9, "--hedge-min-busy", metavar="SECONDS",
                                 help="Busy time a drive's delivered rate must rest on before hedging holds a drive to it "
-                                     "(a throttle's first burst is not its pace; 0: from the first piece)."),
+                                     "(0, the default: from its first delivery; a drive is degraded only on evidence "
+                                     "that holds against bursts, see docs/reader.md)."),
     reweigh=typer.Option(True, "--reweigh/--no-reweigh", help="Move weight between the drives as their delivered rates change "
                          "(default on; each change is a 'reweighted' event; see docs/reader.md)."),
     reweigh_floor=typer.Option(ReweighPolicy.floor, "--reweigh-floor", metavar="SHARE",
@@ -75,7 +76,8 @@ SHARED = dict(
     balance_chunk=typer.Option("1MiB", "--balance-chunk", metavar="SIZE",
                                help="Largest chunk a piece is queued as when balancing (a multiple of 4 KiB)."),
     balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
-                               help="Most of a drive's own pace it keeps in the kernel when balancing (0: one chunk)."),
+                               help="Most of a drive's own pace it keeps in the kernel when balancing (0, the default: "
+                                    "what it reads while the fastest drive reads a chunk per lane)."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
                         "the one that reads this model: ds4-argodrive for a GGUF file, colibri for a safetensors directory). "
                         "With --plan: the plan's."),

@@ -135,6 +135,7 @@ class SplitReader:
         if self._hedger is not None:    # a hedge goes only to a source holding the piece's file
             self._hedger.can_serve = lambda src, fi: self._sources[src].holds(fi)
         e = get_engine(engine)
+        self._split = e.split           # the engine's cut of a read by weight (None: it places whole reads)
         self._reweigher = (Reweigher({"prefill": weights, "decode": decode}, st.reweigh_policy,
                                      clock or time.monotonic_ns, e.weight_min, e.weight_max)
                            if st.reweigh else None)
@@ -177,7 +178,7 @@ class SplitReader:
         """
         healthy = self._healthy_now()
         pieces = tuple(healthy_split(offset, length, self.weights_now(phase), healthy, self.engine))
-        return self._start(offset, length, phase, buffer, file, pieces, healthy)
+        return self._start(offset, length, phase, buffer, file, pieces, healthy, cut_now=True)
 
     def submit_read(self, read, phase: str = "prefill", buffer=None) -> ReadTicket:
         """Start one read of an engine's read pattern (`engines.pattern.Read`: its file, range and
@@ -197,7 +198,17 @@ class SplitReader:
                 if not self._sources[src].holds(self._file_index(read.file)) and 0 in healthy:
                     src = 0                # a partial replica without the file: the primary holds every file
             pieces.append((src, p.offset, p.length))
-        return self._start(read.offset, read.length, phase, buffer, read.file, tuple(pieces), healthy)
+        pieces = tuple(pieces)
+        return self._start(read.offset, read.length, phase, buffer, read.file, pieces, healthy,
+                           cut_now=self._cut_now(read, pieces, phase, healthy))
+
+    def _cut_now(self, read, pieces, phase: str, healthy: list[int]) -> bool:
+        """Whether an engine's read was cut with the weights in force (re-weighting judges only
+        those): for an engine that cuts reads by weight, its pieces are the engine's cut of the read
+        with them; an engine that places whole reads is not judged by this."""
+        if self._reweigher is None or self._split is None:
+            return True
+        return pieces == tuple(healthy_split(read.offset, read.length, self.weights_now(phase), healthy, self.engine))
 
     def healthy(self) -> tuple[int, ...]:
         """The sources reads may go to now (not degraded)."""
@@ -236,7 +247,8 @@ class SplitReader:
             self._reweigh(healthy)
         return healthy
 
-    def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy) -> ReadTicket:
+    def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy,
+               cut_now: bool = True) -> ReadTicket:
         if phase not in PHASES:
             raise UsageError(f"split reader: phase {phase!r} is not one of {', '.join(PHASES)}")
         fi = self._file_index(file)
@@ -260,6 +272,9 @@ class SplitReader:
         else:
             ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
                                 queued, None, file=rel, fi=fi)
+        if self._reweigher is not None:
+            with self._lanes.lock:
+                ticket.epoch = self._reweigher.epoch if cut_now else -1
         for s, po, pl in pieces:
             self._lanes.put(s, ticket, po, pl)
         if self._hedger is not None and len(healthy) < len(self.paths):
@@ -281,10 +296,12 @@ class SplitReader:
         return fi
 
     def _probe(self, fi: int, pieces, phase: str, healthy: list[int]) -> None:
-        """Offer each source degraded for lateness a probe: a copy of this read's largest piece."""
+        """Offer each source degraded for lateness a probe: a copy of (the first chunk of) this
+        read's largest piece — a read of the size its lanes would make, timed in its own units."""
         if not pieces:
             return
         _, po, pl = max(pieces, key=lambda p: p[2])
+        pl = min(pl, self.settings.balance_policy.chunk_bytes if self.balance else SAMPLE_BYTES)
         for s in range(len(self.paths)):
             if s not in healthy and self._health.slow(s) and self._sources[s].holds(fi):
                 self._hedger.maybe_probe(s, po, pl, phase, fi)
