@@ -32,7 +32,7 @@ class HedgePolicy:
 
     margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
     floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise on a busy machine)
-    late_limit: int = 4             # late pieces in a row (no on-time piece between; one per engine cut, each
+    late_limit: int = 3             # late pieces in a row (no on-time piece between; one per engine cut, each
                                     # started after the previous was judged) that, with the drive behind its
                                     # share of the others' bytes over the margin, degrade a source
     probe_interval_ns: int = 0      # least time between two probes of a degraded-for-lateness source, ns (it has

@@ -239,52 +239,71 @@ def test_a_drive_that_crawls_from_its_first_read_holds_two_chunks_not_one_per_la
     assert sum(x.bytes for x in s.sources) == SIZE
 
 
-class HoldAt(CachedReader):
-    """A source whose read at file offset `at` blocks until `gate` is set — whichever source reads
-    it first (balancing decides who): that drive is the one that hangs."""
+class Hang:
+    """The drive that first reads file offset `at` hangs from then on: that read and every later
+    read of its copy block until `gate` is set (balancing decides which drive it is)."""
 
-    def __init__(self, path, at: int, gate: threading.Event, entered: threading.Semaphore, once: list):
-        super().__init__(path)
-        self.at, self.gate, self.entered, self.once = at, gate, entered, once
+    def __init__(self, at: int):
+        self.at, self.path = at, None
+        self.gate, self.entered, self.lock = threading.Event(), threading.Semaphore(0), threading.Lock()
 
-    def read_into(self, buffer, offset):
-        if offset == self.at and not self.once:
-            self.once.append(self.path)
-            self.entered.release()
-            self.gate.wait()
-        return super().read_into(buffer, offset)
+    def reader(self, path):
+        hang = self
+
+        class Hanging(CachedReader):
+            def read_into(self, buffer, offset):
+                with hang.lock:
+                    if hang.path is None and offset == hang.at:
+                        hang.path = path
+                    held = hang.path == path
+                if held:
+                    hang.entered.release()
+                    hang.gate.wait()
+                return super().read_into(buffer, offset)
+
+        return Hanging(path)
 
 
-def test_an_idle_drive_copies_a_chunk_overdue_in_a_hung_drives_kernel_before_its_deadline(model):
-    """A chunk is past twice its expected time in a hung drive's kernel (the test's clock says so)
-    and short of its deadline: an idle drive reads a copy of it and the read completes while the
-    drive still hangs; at its deadline the chunk is still judged late (counted) but not hedged again."""
+def test_an_idle_drive_copies_a_chunk_overdue_in_a_late_drives_kernel_before_its_deadline(model):
+    """A drive hangs: its first chunk is judged late at its deadline (the test's clock) and hedged.
+    A chunk it starts after that is past twice its expected time, short of its deadline: an idle
+    drive reads a copy of it, and the read completes while the drive still hangs; at its deadline
+    the chunk is still judged late (counted) but not hedged again."""
     paths, data = model
-    clock, gate, entered, once = Clock(), threading.Event(), threading.Semaphore(0), []
-    at = 5 * CHUNK
-    settings = ReaderSettings(lanes=2, hedge=True, hedge_policy=HedgePolicy(floor_ns=FLOOR, margin=1000.0),
+    clock, hang = Clock(), Hang(5 * CHUNK)
+    settings = ReaderSettings(lanes=3, hedge=True, hedge_policy=HedgePolicy(floor_ns=FLOOR, margin=1000.0),
                               balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
-    with SplitReader(paths, [1, 1, 1], settings=settings, cold=False, clock=clock,
-                     opener=lambda p: HoldAt(p, at, gate, entered, once)) as r:
-        assert bytes(r.read(at + CHUNK, 4 * CHUNK)) == data[at + CHUNK:at + 5 * CHUNK]   # warm-up: paces known
+    with SplitReader(paths, [1, 1, 1], settings=settings, cold=False, clock=clock, opener=hang.reader) as r:
+        assert bytes(r.read(SIZE // 2, SIZE // 2)) == data[SIZE // 2:]          # warm-up: paces known
         before = r.stats()
-        t = r.submit(0, SIZE)
-        entered.acquire()                                            # some drive's lane hangs on that chunk
-        _until(lambda: sum(x.bytes - y.bytes for x, y in zip(r.stats().sources, before.sources)) == SIZE - CHUNK)
-        assert not t.done()
-        clock.advance(FLOOR // 2)        # expected ~0 (a page-cache pace), the deadline a floor and more away
-        assert bytes(t.result()) == data                             # the copy landed while the drive hangs
+        first = r.submit(5 * CHUNK, CHUNK)       # one chunk: the drive that reads it hangs on it, and from now on
+        hang.entered.acquire()
+        h = paths.index(hang.path)
+        clock.advance(FLOOR + 1)
+        r.wake_hedger()
+        assert bytes(first.result()) == data[5 * CHUNK:6 * CHUNK]    # hedged at its deadline
         s = r.stats()
-        assert sum(x.hedged - y.hedged for x, y in zip(s.sources, before.sources)) == 1
-        assert sum(x.late for x in s.sources) == 0                   # not late: its deadline has not come
+        assert s.sources[h].late == 1 and sum(x.hedged - y.hedged for x, y in zip(s.sources, before.sources)) == 1
+        second, held = r.submit(SIZE // 2, SIZE // 2), []
+
+        def settled():          # every chunk of it is read by the others, or in the hung drive's kernel
+            while hang.entered.acquire(blocking=False):
+                held.append(1)
+            return sum(x.bytes - y.bytes for x, y in zip(r.stats().sources, s.sources)) + len(held) * CHUNK == SIZE // 2
+
+        _until(settled)
+        clock.advance(FLOOR // 2)        # past twice its expected time (a page-cache pace: ~0), half its floor
+        assert bytes(second.result()) == data[SIZE // 2:]           # while the drive still hangs
+        mid = r.stats()
+        assert sum(x.hedged - y.hedged for x, y in zip(mid.sources, s.sources)) == len(held)   # copied ...
+        assert mid.sources[h].late == 1                                                      # ... not yet late
         clock.advance(FLOOR * 2000)
         r.wake_hedger()
-        _until(lambda: sum(x.late for x in r.stats().sources) == 1)
-        s = r.stats()
-        gate.set()
-    held = next(i for i, p in enumerate(paths) if p == once[0])
-    assert s.sources[held].late == 1 and s.sources[held].hedged == before.sources[held].hedged
-    assert sum(x.hedged - y.hedged for x, y in zip(s.sources, before.sources)) == 1    # judged, never hedged twice
+        _until(lambda: r.stats().sources[h].late == 1 + len(held))
+        end = r.stats()
+        hang.gate.set()
+    assert sum(x.hedged - y.hedged for x, y in zip(end.sources, mid.sources)) == 0      # judged, never hedged twice
+    assert end.sources[h].hedged == before.sources[h].hedged
 
 
 def test_a_stall_that_holds_every_piece_at_once_is_one_lateness_and_degrades_nothing(model):
