@@ -64,6 +64,7 @@ from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa:
 DRIVES = ("internal", "green", "white")
 UNTHROTTLED = 100_000.0          # MB/s: a ceiling no loop device here reaches
 CLASSES = {"slow": (20.0, 1.0), "medium": (150.0, 5.0), "fast": (UNTHROTTLED, 10.0)}   # (drive, crawl) MB/s
+RECOVER = {"slow": (0.5, 2.0), "medium": (0.3, 0.6), "fast": (0.3, 0.6)}   # recover: crawl at, for (s after "run:")
 SCENARIOS = ("crawl", "recover", "half", "healthy")
 ARMS = {"crawl": ("reweigh", "hedge", "neither", "alone"), "recover": ("reweigh", "hedge", "neither", "alone"),
         "half": ("reweigh", "hedge", "neither", "best"), "healthy": ("reweigh", "hedge", "neither")}
@@ -134,29 +135,34 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         log.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        timer = None
-        if scenario == "recover":
-            def crawl_then_recover():
-                while proc.poll() is None and "run: " not in open(base + ".log", encoding="utf-8").read():
-                    time.sleep(0.005)
-                t0 = time.monotonic()
-                while proc.poll() is None and time.monotonic() - t0 < args.crawl_at:
-                    time.sleep(0.005)
-                tb.throttle("white", crawl)
-                while proc.poll() is None and time.monotonic() - t0 < args.crawl_at + args.crawl_for:
-                    time.sleep(0.005)
-                tb.throttle("white", drive)
-            timer = threading.Thread(target=crawl_then_recover, daemon=True)
-            timer.start()
+        at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
+        seen = []
+
+        def watch():            # the run's "run:" line starts its clock; recover: the crawl, then back
+            while proc.poll() is None and "run: " not in open(base + ".log", encoding="utf-8").read():
+                time.sleep(0.005)
+            seen.append(time.monotonic())
+            if scenario != "recover":
+                return
+            while proc.poll() is None and time.monotonic() - seen[0] < at:
+                time.sleep(0.005)
+            tb.throttle("white", crawl)
+            while proc.poll() is None and time.monotonic() - seen[0] < at + span:
+                time.sleep(0.005)
+            tb.throttle("white", drive)
+
+        timer = threading.Thread(target=watch, daemon=True)
+        timer.start()
         out, _ = proc.communicate()
-        if timer is not None:
-            timer.join()
+        ended = time.monotonic()
+        timer.join()
     for n in DRIVES:
         tb.throttle(n, drive)
     if proc.returncode != 0:
         tail = [x for x in open(base + ".log", encoding="utf-8").read().splitlines() if x.strip()]
         return {"error": f"exit {proc.returncode}: {tail[-1] if tail else ''}"}
     result = json.loads(out)
+    result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
     with open(base + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     return result
@@ -224,8 +230,12 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--ff", type=int, default=1024)
-    ap.add_argument("--crawl-at", type=float, default=1.0, help="recover: seconds after the run's 'run:' line")
-    ap.add_argument("--crawl-for", type=float, default=1.5, help="recover: seconds the crawl lasts")
+    ap.add_argument("--crawl-at", type=float, default=None,
+                    help="recover: seconds after the run's 'run:' line (default per class: " +
+                         ", ".join(f"{c} {a:g}" for c, (a, _) in RECOVER.items()) + ")")
+    ap.add_argument("--crawl-for", type=float, default=None,
+                    help="recover: seconds the crawl lasts (default per class: " +
+                         ", ".join(f"{c} {b:g}" for c, (_, b) in RECOVER.items()) + ")")
     ap.add_argument("--size", default="1G")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -242,8 +252,11 @@ def main() -> int:
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
         head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
                 f"{args.ff}, q8_0), plan 1:1:1; prompts {args.short} and {args.long} tokens, {args.gen_tokens} "
-                f"generated, {args.cache_experts}-expert cache; recover: white crawls {args.crawl_at:g} s after "
-                f"'run:' for {args.crawl_for:g} s; {args.runs} runs per arm")
+                f"generated, {args.cache_experts}-expert cache; recover: white crawls "
+                + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
+                            ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
+                             else RECOVER).items() if c in classes)
+                + f"; {args.runs} runs per arm")
         print(head, flush=True)
         lines.append(head)
         for cls in classes:
@@ -270,7 +283,9 @@ def main() -> int:
                         continue
                     hashes.setdefault(prompt, set()).add(r["output_sha256"])
                     print(f"  {cls} {prompt} {sc:8} {arm:8} prefill {r['prefill_tps']:8.2f} steady "
-                          f"{r['gen_steady_tps']:7.2f}  {changes(r)}", file=sys.stderr, flush=True)
+                          f"{r['gen_steady_tps']:7.2f} (prefill {r['prefill']['seconds']:.2f} s, decode "
+                          f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s)  {changes(r)}",
+                          file=sys.stderr, flush=True)
                 block = summary(cls, prompt, rows)
                 print("\n".join(block), flush=True)
                 lines += block

@@ -170,8 +170,8 @@ class Lanes:
     # -- what a lane does next (the lock held) -------------------------------------------------
 
     def _offer(self, src: int) -> None:
-        """Work was queued on `src`, or a drive's pace changed: wake one idle lane of every other
-        source with nothing of its own to do."""
+        """Work was queued on `src`: wake one idle lane of every other source with nothing of its own
+        to do (as paces change, the one lane of each that looks again every STEAL_LOOK_S sees it)."""
         for t, q in enumerate(self._queues):
             if t != src and q.idle and not q.items:
                 q.cond.notify()
@@ -321,8 +321,6 @@ class Lanes:
             if att.started and self.balancer is not None:
                 self.balancer.ended(att, s, ok)
                 self._queues[s].cond.notify()       # room in the kernel for a lane waiting on it
-                if ok:
-                    self._offer(s)                  # its pace changed: an idle drive may now take or copy
             if piece is None:
                 free.append(att.buf)
             else:
