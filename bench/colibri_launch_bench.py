@@ -11,6 +11,10 @@ is `engine-bridge synth --format colibri` (a GLM-shaped safetensors directory, i
 prompt is fixed and decoding greedy (colibri's oracle mode, REF=), its expert cache 2 per layer
 (CAP_RAISE=0: colibri would raise it) so experts keep coming from the drives. Arms: the plan's
 profile (mirrors) and the primary alone, page cache dropped before each, in the order A B B A.
+Every step after the model is written runs under the testbed's RAM budget (`--ram`, default RAM
+below): the reference rig's share of the model's bytes for the page cache (128 GB for 518 GB),
+plus what `engine-bridge launch` and colibri hold of their own (measured: colibri's peak resident
+117 MB on this model with 2 experts per layer cached). `--ram none` runs without a budget.
 MB = 10**6 bytes.
 """
 
@@ -33,6 +37,7 @@ PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 GEN = 16
 CACHE_PER_LAYER = 2
 TOKENS = re.compile(r"^GLM C engine\s*:\s*([\d ]+)$", re.M)
+RAM = "ref+256M"       # the page cache's share at the reference ratio + the launcher's and colibri's own memory
 
 
 def launch(tb, rig: str, binary: str, profile: str, out: str, ref: str) -> dict:
@@ -50,17 +55,18 @@ def launch(tb, rig: str, binary: str, profile: str, out: str, ref: str) -> dict:
     return doc
 
 
-def one(binary: str, limits: dict, out: str) -> list[str]:
+def one(binary: str, limits: dict, out: str, ram: str = RAM) -> list[str]:
     from engines.colibri import member_for
     from models.tensortable import inspect_model
 
-    with Testbed(limits, size="1G") as tb:
+    with Testbed(limits, size="1G", ram=ram) as tb:
         drives, wrap = tb.mounts(), tb.wrap
         rig, rig1 = os.path.join(out, "rig"), os.path.join(out, "rig1")
         model = os.path.join(drives["internal"], "model")
         ref = os.path.join(out, "ref.json")
         json.dump({"prompt_ids": PROMPT, "full_ids": PROMPT + [0] * GEN}, open(ref, "w"))
         step("the model", "engine-bridge", "synth", model, *SYNTH, wrap=wrap)
+        tb.set_ram_for([model])
         step("a rig", "replicas", "init", "--rig", rig, "--model", model, "--name", "internal")
         step("two replicas", "replicas", "sync", "--rig", rig, model, drives["green"], drives["white"], "--piece-size", "16M",
              "--quiet", wrap=wrap, capture=True)
@@ -122,6 +128,8 @@ def main() -> None:
     ap.add_argument("--limits", default="60,30,30", help="Read ceilings MB/s of internal, green, white.")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
+    ap.add_argument("--ram", default=RAM, help=f"The testbed's RAM budget, as `iobench testbed up --ram` takes it "
+                                               f"(default {RAM}; none: no budget).")
     a = ap.parse_args()
     binary = require_colibri_bin()
     ok, why = available()
@@ -130,7 +138,7 @@ def main() -> None:
     limits = dict(zip(NAMES, (float(x) for x in a.limits.split(","))))
     for k in range(a.runs):
         with tempfile.TemporaryDirectory(prefix="colibri-launch-", dir=a.out) as out:
-            lines = one(binary, limits, out)
+            lines = one(binary, limits, out, a.ram)
         print(f"-- run {k + 1} of {a.runs}")
         print("\n".join(lines), flush=True)
 

@@ -15,7 +15,14 @@ Elsewhere the drives are folders on one disk, the report says so and why, and th
 show a gain. The testbed holds the testbed lock while it is up and is always taken down, on
 success, on failure and on SIGINT, SIGTERM or SIGHUP (exit 130).
 
-    python -m bench.demo [--out demo-out] [--keep] [--folders]
+RAM: on the testbed every step after the model is written runs under a RAM budget (`--ram`,
+default RAM below): the reference rig's 128 GB for its 518 GB model, the same share of this
+model's bytes for the page cache, plus what the demo's own processes hold at their peak (the
+ladder and one `engine-bridge run`, whose 32 cached experts are dequantized in RAM). So the
+page cache keeps about a quarter of the model while the engine runs, as on the reference rig,
+instead of all of it; `--ram none` runs without a budget. The header line says which.
+
+    python -m bench.demo [--out demo-out] [--keep] [--folders] [--ram ref+768M|none]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ SEED_GBS = (12.9, 7.08, 7.08)        # the reference rig's drives (GB/s): the ra
 PRIMARY_MBS = 30.0                    # the primary's ceiling on the testbed, MB/s; the others in ratio
 DRIVE_SIZE = "1G"
 MARKER = ".replica-tuner-demo"
+RAM = "ref+768M"      # the page cache's share at the reference ratio + the processes' own memory at their peak
 # 2 layers x 32 experts, top-2, dim 1024, ff 1024, q8_0: expert components of 1,114,112 B (4.25 split
 # blocks, so a 2:1:1-ish split gives every drive a piece of each read), ~220 MB of experts; a 64-token
 # prompt routes to nearly all of them, ~7 s at 30 MB/s on one drive against ~1 s of numpy.
@@ -66,14 +74,17 @@ def newest_plan(rig: str) -> dict:
         return json.load(f)
 
 
-def flow(out: str, drives: dict[str, str], wrap: list[str] | None, same_device: bool) -> str:
-    """Every step, from the model to the ladder; returns the ladder's run folder."""
+def flow(out: str, drives: dict[str, str], wrap: list[str] | None, same_device: bool, on_model=None) -> str:
+    """Every step, from the model to the ladder; returns the ladder's run folder. `on_model` is
+    told the model's path once it is written (the testbed's RAM budget is a share of it)."""
     rig = os.path.join(out, "rig")
     model = os.path.join(drives["internal"], "model.gguf")
     ladder_out = os.path.join(out, "ladder")
     allow = ["--allow-same-device"] if same_device else []
     step("a small MoE model laid out like the real one (experts 4 KiB-aligned, expert-major)",
          "engine-bridge", "synth", model, *MODEL, wrap=wrap)
+    if on_model:
+        on_model([model])
     step("name the model in a rig", "replicas", "init", "--rig", rig, "--model", model, "--name", "internal")
     step("copy it to two drives at once: one read, fanned out, verified, stamped",
          "replicas", "sync", "--rig", rig, model, drives["green"], drives["white"], "--piece-size", "16M", *allow, wrap=wrap)
@@ -135,6 +146,8 @@ def main() -> None:
     ap.add_argument("--out", default="demo-out", help="Working folder (created; removed first unless --keep).")
     ap.add_argument("--keep", action="store_true", help="Keep an existing working folder (resume).")
     ap.add_argument("--folders", action="store_true", help="Use folders on this disk even where a testbed could run.")
+    ap.add_argument("--ram", default=RAM, help=f"The testbed's RAM budget, as `iobench testbed up --ram` takes it "
+                                               f"(default {RAM}; none: no budget).")
     a = ap.parse_args()
     out = os.path.abspath(a.out)
     if os.path.exists(out) and not a.keep:
@@ -150,8 +163,8 @@ def main() -> None:
         limits = ceilings()
         print(f"demo: three throttled drives ({why}): "
               f"{', '.join(f'{n} {v:g} MB/s' for n, v in limits.items())}", flush=True)
-        with Testbed(limits, size=DRIVE_SIZE) as tb:
-            ladder_out = flow(out, tb.mounts(), tb.wrap, same_device=False)
+        with Testbed(limits, size=DRIVE_SIZE, ram=a.ram) as tb:
+            ladder_out = flow(out, tb.mounts(), tb.wrap, same_device=False, on_model=tb.set_ram_for)
         print("\ndemo: the testbed is down (drives unmounted, loop devices detached, group removed)", flush=True)
         lines = report(ladder_out, limits, None)
     else:

@@ -7,6 +7,12 @@ plus two, each arm a fresh `engine-bridge run` process inside the drives' blkio 
 prefill and steady decode tok/s at 1/2/3 drives with their ratios to one drive, next to the ideal
 ratio (sum of the ceilings over the primary's).
 
+RAM: every arm runs under the testbed's RAM budget (`--ram`, default RAM below): the reference
+rig's share of the model's bytes (128 GB for 518 GB) for the page cache, plus what the ladder and
+one `engine-bridge run` hold of their own at the defaults (measured: 843 MiB for the run, whose 32
+cached experts are dequantized in RAM, and ~70 MiB for the ladder). With another --cache-experts
+or model, give --ram ref+SIZE to match (an OOM kill says so); `--ram none` runs without a budget.
+
 Sizing: 4 layers x 32 experts, top-2, dim 1024, ff 1024 (q8_0), 64 prompt tokens: prefill reads
 ~420 MB of routed experts (31 of 32 experts per layer), while its numpy work takes ~1-2 s on this shared 2-core
 machine: at 30:15:15 MB/s (14 s on one drive, 7 s on three) the drives, not numpy, set the pace.
@@ -38,6 +44,7 @@ from bench.testbed import Testbed, parse_drives, require_testbed, usage_exit  # 
 from engine_bridge.harness.runner import ladder_specs, run_bench  # noqa: E402
 
 ENGINE = [sys.executable, "-c", "from engine_bridge.cli import main; main()"]
+RAM = "ref+960M"       # the page cache's share at the reference ratio + the processes' own memory at their peak
 
 
 def sh(cmd, **kw):
@@ -86,6 +93,8 @@ def main() -> int:
                     help="load gate, cores; this machine is shared, so by default it only records")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default=None, help="run folder (default: a new folder in /var/tmp)")
+    ap.add_argument("--ram", default=RAM, help=f"the testbed's RAM budget, as `iobench testbed up --ram` takes it "
+                                               f"(default {RAM}; none: no budget)")
     args = ap.parse_args()
 
     drives = parse_drives(args.drive or ["a:30", "b:15", "c:15"], three="primary first")
@@ -98,10 +107,11 @@ def main() -> int:
     require_testbed()
 
     out = args.out or tempfile.mkdtemp(prefix="engine-bench-run-", dir="/var/tmp")
-    with Testbed(drives, size=args.size) as tb:
+    with Testbed(drives, size=args.size, ram=args.ram) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         t0 = time.time()
         size = synth_on_drives(paths, args.layers, args.experts, args.top_k, args.dim, args.ff, args.quant)
+        tb.set_ram_for(size)
         print(f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, top-{args.top_k}, "
               f"dim {args.dim}, ff {args.ff}, {args.quant}) on {len(paths)} drives at "
               f"{':'.join(f'{c:g}' for c in ceilings)} MB/s, synth+copy {time.time() - t0:.0f}s", flush=True)

@@ -13,6 +13,11 @@ docs/engine.md) on an `engine-bridge synth --format colibri` model, in its oracl
 prompt ids, greedy), its expert cache 2 per layer (CAP_RAISE=0: colibri would raise it).
 colibri-v41 and ds4-argodrive: their stand-ins (`engine-bridge standin`: the embedded engine behind
 the engine's interface); no real binary of either runs here. MB = 10**6 bytes.
+
+RAM: each engine's steps after its model is written run under the testbed's RAM budget (`--ram`,
+default per engine in RAM below): the reference rig's share of the model's bytes (128 GB for
+518 GB) for the page cache, plus what the tuner and the engine hold of their own at the defaults.
+`--ram SPEC` gives one budget to every engine; `--ram none` runs without a budget.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ GEN = 6
 CACHE_PER_LAYER = 2
 COLIBRI_SYNTH = ("--format", "colibri", "--layers", "4", "--experts", "16", "--top-k", "4", "--shards", "1")
 GGUF_SYNTH = ("--layers", "4", "--experts", "16", "--top-k", "4", "--dim", "1024", "--ff", "2048")
+# The page cache's share at the reference ratio + the processes' own memory at their peak (autotune and the engine),
+# measured at the defaults: colibri's peak resident 117 MB (2 experts per layer cached); ds4-argodrive's stand-in (the
+# embedded engine, 16 experts dequantized) and autotune together 939 MiB; colibri-v41's stand-in and autotune 503 MiB.
+RAM = {"colibri": "ref+256M", "colibri-v41": "ref+576M", "ds4-argodrive": "ref+1G"}
 
 
 def run(title: str, module: str, *args: str, wrap=(), env=None, capture=False) -> subprocess.CompletedProcess:
@@ -52,13 +61,14 @@ def run(title: str, module: str, *args: str, wrap=(), env=None, capture=False) -
     return p
 
 
-def one(tb, kind: str, limits: dict, budget: float, out: str) -> list[str]:
-    """One engine's loop on the testbed's drives; its model and replicas are removed afterwards."""
-    drives, wrap = tb.mounts(), tb.wrap
+def one(tb, kind: str, limits: dict, budget: float, out: str, ram: str | None = None) -> list[str]:
+    """One engine's loop on the testbed's drives, under the RAM budget `ram` (default: the
+    engine's in RAM); its model and replicas are removed afterwards."""
+    drives = tb.mounts()
     out = os.path.join(out, kind)
     os.makedirs(out)
     try:
-        return _one(drives, wrap, kind, limits, budget, out)
+        return _one(tb, drives, kind, limits, budget, out, ram or RAM[kind])
     finally:
         for d in drives.values():
             for n in os.listdir(d):
@@ -67,12 +77,14 @@ def one(tb, kind: str, limits: dict, budget: float, out: str) -> list[str]:
                     shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
 
 
-def _one(drives, wrap, kind: str, limits: dict, budget: float, out: str) -> list[str]:
+def _one(tb, drives, kind: str, limits: dict, budget: float, out: str, ram: str) -> list[str]:
+    wrap = tb.wrap
     rig = os.path.join(out, "rig")
     gguf = kind == "ds4-argodrive"
     model = os.path.join(drives["internal"], "model.gguf" if gguf else "model")
     synth = GGUF_SYNTH if gguf else COLIBRI_SYNTH + (("--model-type", "deepseek_v41") if kind == "colibri-v41" else ())
     run("the model", "engine_bridge.cli", "synth", model, *synth, wrap=wrap)
+    ram_line = tb.set_ram_for([model], ram)
     run("a rig", "replicas.cli", "init", "--rig", rig, "--model", model, "--name", "internal")
     run("two replicas", "replicas.cli", "sync", "--rig", rig, model, drives["green"], drives["white"], "--piece-size",
         "16M", "--quiet", wrap=wrap, capture=True)
@@ -111,7 +123,7 @@ def _one(drives, wrap, kind: str, limits: dict, budget: float, out: str) -> list
             f"generated; budget {budget:g} s; binary {doc['binary']}")
     from engine_bridge.tuning.judge import report_lines
 
-    return [head] + report_lines(doc)
+    return [head, ram_line] + report_lines(doc)
 
 
 def main() -> None:
@@ -122,6 +134,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=280.0, help="Seconds for the engine's trials (at most 300).")
     ap.add_argument("--standin-budget", type=float, default=150.0, help="Seconds for a stand-in's trials.")
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
+    ap.add_argument("--ram", default=None, help="The testbed's RAM budget for every engine, as `iobench testbed up "
+                                                "--ram` takes it (default: each engine's in RAM; none: no budget).")
     a = ap.parse_args()
     kinds = a.engine.split(",")
     bad = [k for k in kinds if k not in KINDS]
@@ -135,7 +149,7 @@ def main() -> None:
     limits = dict(zip(NAMES, (float(x) for x in a.limits.split(","))))
     with tempfile.TemporaryDirectory(prefix="engine-tune-", dir=a.out) as out, Testbed(limits, size="1G") as tb:
         for k in kinds:
-            print("\n".join(one(tb, k, limits, a.budget if k == "colibri" else a.standin_budget, out)), flush=True)
+            print("\n".join(one(tb, k, limits, a.budget if k == "colibri" else a.standin_budget, out, a.ram)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,28 @@
 """The throttled test drives every benchmark (and `make demo`) runs on: the project's own testbed
-(`iobench testbed`, iobench/testbed.py) behind a `with` block, plus the lock, dropping caches,
-waiting for writeback and writing random files.
+(`iobench testbed`, iobench/testbed.py) behind a `with` block, plus the lock, the RAM budget,
+dropping caches, waiting for writeback and writing random files.
 
-    with Testbed({"internal": 300, "green": 150, "white": 150}, write_mbs=150) as tb:
+    with Testbed({"internal": 300, "green": 150, "white": 150}, write_mbs=150, ram="ref+768M") as tb:
         path = os.path.join(tb.mount("green"), "model.bin")
         write_random([path], 2 << 30, seed=1)
+        tb.set_ram_for([path])         # a share's budget is set once the model is there; prints the header
         wait_writeback()
-        tb.run(["b3sum", path])        # a command whose I/O sees the throttles
+        tb.run(["b3sum", path])        # a command whose I/O sees the throttles and the RAM budget
         drop_caches()
 
 The drives are loop devices with direct I/O, ext4, throttled by the kernel's block I/O
 controller (cgroup v2 io.max, or cgroup v1 blkio.throttle); they need root and Linux. Where the
 machine cannot host them (`iobench testbed check`), the benchmark says why in one line and exits 2.
+
+The RAM budget (`ram`, as `iobench testbed up --ram` takes it: "2G", "25%", "ref", "ref+768M",
+"none") holds every command run in the testbed to that much memory, page cache included, so a
+model larger than the budget is read again from the drives (docs/iobench.md). A size applies
+from the start; a share of the model once `set_ram_for` names the model (which then drops the
+page cache: pages cached by a process outside the testbed are not charged to its budget and
+would stay cached for it). `header()` is the one line every benchmark prints
+first: the drives' ceilings and the budget (printed when the testbed is up, or, for a share,
+when the budget is set). A command the kernel's OOM killer ends is said so in one line on its
+stderr (the budget is smaller than the processes' own memory).
 
 A Testbed holds LOCK from before the drives go up until after they are down: two benchmarks
 never measure each other (a script wrapped in `flock LOCK` is recognised and not blocked by its
@@ -41,7 +52,15 @@ if REPO not in sys.path:        # `python bench/x.py` as well as `python -m benc
 
 from core.errors import ReplicaTunerError  # noqa: E402
 from iobench import testbed  # noqa: E402
-from iobench.testbed_spec import STATE_FILE, parse_pairs, parse_size, plan_drives, state_to_doc  # noqa: E402
+from iobench.testbed_spec import (  # noqa: E402
+    STATE_FILE,
+    RamState,
+    parse_pairs,
+    parse_ram,
+    parse_size,
+    plan_drives,
+    state_to_doc,
+)
 
 LOCK = "/tmp/replica-tuner-testbed.lock"    # machine-wide on purpose: every clone shares the disk
 EXIT_USAGE = 2
@@ -60,7 +79,7 @@ def say(msg: str) -> None:
 def tool(name: str) -> list[str]:
     """argv prefix of one of the project's console scripts, in this interpreter (run from the
     repository, so its modules are the ones imported)."""
-    mod = {"replicas": "replicas.cli", "iobench": "iobench.cli", "planner": "planner.cli",
+    mod = {"replicas": "replicas.main", "iobench": "iobench.cli", "planner": "planner.cli",
            "engine-bridge": "engine_bridge.cli"}[name]
     return [sys.executable, "-c", f"from {mod} import main; main()"]
 
@@ -217,20 +236,24 @@ class Testbed:
     read_mbs: {name: read ceiling in MB/s}, in order (the first is usually the primary);
     write_mbs: one write ceiling for every drive (0: none); iops: {name: read IOPS ceiling};
     size: each drive's image size ("3G"); root: the testbed folder (default: a new one in
-    /var/tmp, deleted afterwards; a given root is only removed if it is left empty).
+    /var/tmp, deleted afterwards; a given root is only removed if it is left empty);
+    ram: the RAM budget, as `iobench testbed up --ram` takes it (None or "none": no budget).
     """
 
     def __init__(self, read_mbs: dict[str, float], *, write_mbs: float = 0, iops: dict[str, float] | None = None,
-                 size: str = "3G", root: str | None = None):
+                 size: str = "3G", root: str | None = None, ram: str | None = None):
         self.read_mbs, self.write_mbs, self.iops, self.size = dict(read_mbs), write_mbs, dict(iops or {}), size
+        self.ram_spec = ram
         self._given_root = root
         self.root = ""
         self.controller = ""
         self.state: dict = {}
+        self.ram = RamState()
         self._lock_fd: int | None = None
         self._handlers: dict = {}
         self._deferring = False
         self._pending: int | None = None
+        self._ram = None
 
     # ---- entering and leaving ----------------------------------------------------------------
 
@@ -239,15 +262,22 @@ class Testbed:
         try:
             drives = plan_drives(self.read_mbs, self.write_mbs, self.iops)
             size = parse_size(self.size)
+            self._ram = parse_ram(self.ram_spec) if self.ram_spec else None
         except ReplicaTunerError as e:
             usage_exit(str(e))
+        memory, why = testbed.memory_controller()
+        if self._ram and memory is None:     # the drives still differ: measure them, and say what is missing
+            say(f"--ram {self.ram_spec}: {why}, so no RAM budget: the page cache may keep the whole model")
+            self._ram = None
         try:
             self._install_handlers()
             self._take_lock()
             self.root = os.path.realpath(self._given_root or tempfile.mkdtemp(prefix="rt-testbed-", dir="/var/tmp"))
             self._deferring = True      # `up` runs to its end (or undoes itself): no half-built testbed to guess at
             try:
-                self.state = state_to_doc(testbed.up(self.root, drives, size))
+                sized = self._ram if self._ram and not self._ram.needs_model else None
+                up = testbed.up(self.root, drives, size, ram=sized)
+                self.state, self.ram = state_to_doc(up), up.ram
             except ReplicaTunerError as e:
                 raise SystemExit(f"{_prog()}: testbed up failed: {e}") from None
             finally:
@@ -257,6 +287,7 @@ class Testbed:
         except BaseException as e:
             self._leave(e)
             raise
+        print(self.header(), flush=True)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -336,6 +367,45 @@ class Testbed:
             return
         raise Interrupted(signum)
 
+    # ---- the header and the RAM budget ------------------------------------------------------
+
+    def header(self) -> str:
+        """The line every benchmark prints first: the drives' read ceilings, the throttle and the RAM budget."""
+        drives = ", ".join(f"{n} {v:g}" for n, v in self.read_mbs.items())
+        iops = "".join(f", {n} {v:g} IOPS" for n, v in self.iops.items() if v)
+        ram = self.ram.text()
+        if self.ram.cgroup and self.ram.limit:
+            ram += f" (cgroup {self.ram.controller} memory)"
+        elif self._ram and self._ram.needs_model:
+            ram = f"RAM budget {self._ram.text} of the model: set once the model is written"
+        elif self.ram_spec and not self._ram:
+            ram += f" (--ram {self.ram_spec})"
+        return f"testbed: drives {drives} MB/s read{iops} ({self.controller}); {ram}"
+
+    def set_ram_for(self, model, ram: str | None = None) -> str:
+        """Set the RAM budget for the model now on the drives (its file or folder paths, or its
+        bytes): the share given as `ram` here or to the Testbed, of the model's bytes; then drop
+        the page cache, so pages cached by a process outside the testbed (a copy the benchmark
+        made itself) are read again under the budget. Prints the header and returns it. Called
+        again for another model (or with another `ram`), it sets the budget again; a size or no
+        budget is left as it is, and so is everything where the machine has no memory controller."""
+        spec = self._ram
+        if ram is not None:
+            try:
+                spec = parse_ram(ram)
+            except ReplicaTunerError as e:
+                raise SystemExit(f"{_prog()}: {e}") from None
+        if spec is not None and spec.needs_model and self.ram.cgroup:
+            nbytes = model if isinstance(model, int) else testbed.bytes_of([str(p) for p in model])
+            try:
+                self.ram = testbed.set_ram(self.root, spec, nbytes).ram
+            except ReplicaTunerError as e:
+                raise SystemExit(f"{_prog()}: the RAM budget: {e}") from None
+            drop_caches()
+        line = self.header()
+        print(line, flush=True)
+        return line
+
     # ---- using the drives --------------------------------------------------------------------
 
     def mount(self, name: str) -> str:
@@ -347,17 +417,20 @@ class Testbed:
 
     @property
     def wrap(self) -> list[str]:
-        """The prefix that runs a command inside the testbed's group (throttled): a Python that
-        joins the group and execs the command, light enough not to weigh on timed commands."""
+        """The prefix that runs a command inside the testbed's groups (throttled, held to the RAM
+        budget): a Python outside the groups that starts the command in them, waits for it, exits
+        with its code and says an OOM kill in one line on stderr; light enough not to weigh on
+        timed commands, and its own memory is not charged to the budget."""
         return [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                "from iobench.testbed import exec_in_group; exec_in_group(sys.argv[2], sys.argv[3:])", REPO, self.root]
+                "from iobench.testbed import run_command; "
+                "sys.exit(run_command(sys.argv[2:], lambda m: print('testbed:', m, file=sys.stderr)))", REPO, self.root]
 
     def throttle(self, name: str, read_mbs: float) -> None:
         """Change drive `name`'s read ceiling now, while commands run (a drive that slows or recovers)."""
         testbed.set_read_limit(self.root, name, read_mbs)
 
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
-        """Run a command inside the testbed's blkio group (its reads and writes are throttled)."""
+        """Run a command inside the testbed's groups (its reads and writes throttled, its memory held to the budget)."""
         return subprocess.run([*self.wrap, *cmd], **kw)  # noqa: PLW1510 (the caller decides)
 
     def timed(self, cmd: list[str], cold: bool = True, warm: list[str] | None = None) -> float:

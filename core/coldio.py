@@ -15,10 +15,10 @@ import mmap
 import os
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
 from . import platform
+from .tiers import is_memory
 from .constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE, IO_BLOCK, READ_AHEAD
 
 _PRIVATE_ANON = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
@@ -96,6 +96,7 @@ class ColdReader:
         self.path = path
         self.fd, self.how = self._open(path)
         self.size = os.fstat(self.fd).st_size
+        self._in_memory: bool | None = None
 
     def _open(self, path: str) -> tuple[int, str]:
         return platform.open_direct(path)
@@ -104,6 +105,17 @@ class ColdReader:
     def direct(self) -> bool:
         """True when reads bypass the page cache (O_DIRECT, F_NOCACHE)."""
         return self.how in ("o_direct", "f_nocache")
+
+    @property
+    def in_memory(self) -> bool:
+        """True when the file lies in RAM (tmpfs, ramfs: there is no drive, so nothing is cold;
+        newer kernels' tmpfs takes O_DIRECT, which is then only a copy) and this reader reads it
+        plainly: `read_sequential` then serves views of a read-only map of the file instead of
+        copying it into buffers (what reads fastest there; b3sum does the same). A reader that
+        serves its own `read_into` (a test double) is never mapped."""
+        if self._in_memory is None:
+            self._in_memory = type(self).read_into is ColdReader.read_into and is_memory(self.path)
+        return self._in_memory
 
     def read_into(self, buffer, offset: int) -> int:
         """Fill `buffer` (aligned, length a multiple of alignment) from `offset`; returns bytes
@@ -164,6 +176,35 @@ def read_range(reader: ColdReader, offset: int, length: int, buffer=None) -> mem
     return memoryview(buf)[lo:max(lo, hi)]
 
 
+def _mapped_blocks(reader: ColdReader, start: int, end: int, block: int, cancel: threading.Event | None,
+                   pace: Callable[[int], None] | None) -> Iterator[tuple[int, memoryview]]:
+    """`read_sequential` for a file in RAM: views of a read-only shared map, `block` bytes each
+    (short only at the end of the file, as reads are)."""
+    end = min(end, os.fstat(reader.fd).st_size)
+    if start >= end:
+        return
+    m = mmap.mmap(reader.fd, end, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    try:
+        if hasattr(m, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+            m.madvise(mmap.MADV_SEQUENTIAL)
+        view = memoryview(m)
+        for off in range(start, end, block):
+            if cancel is not None and cancel.is_set():
+                return
+            n = min(block, end - off)
+            if pace is not None:
+                pace(n)
+            part = view[off:off + n]
+            yield off, part
+            part.release()
+        view.release()
+    finally:
+        try:
+            m.close()
+        except BufferError:       # a caller kept a view: the map goes with the last one
+            pass
+
+
 def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, block: int = IO_BLOCK,
                     depth: int = READ_AHEAD, cancel: threading.Event | None = None,
                     pace: Callable[[int], None] | None = None) -> Iterator[tuple[int, memoryview]]:
@@ -174,13 +215,19 @@ def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, 
     yielded is valid until the next iteration. Raises OSError from the read that failed; a read
     that comes back short before `end` ends the iteration early (the caller sees fewer bytes).
     `pace(nbytes)`, if given, is called before each read is issued and returns when it may go
-    (--max-rate).
+    (--max-rate). A file in RAM (`reader.in_memory`) is served as views of a map of it, block by
+    block, paced and cancellable the same way: no copy, no threads.
     """
     end = reader.size if end is None else end
     if start % reader.alignment or block % reader.alignment:
         raise ValueError("start and block must be aligned")
     if start >= end:
         return
+    if reader.in_memory:
+        yield from _mapped_blocks(reader, start, end, block, cancel, pace)
+        return
+    from concurrent.futures import ThreadPoolExecutor    # here: a file in RAM needs no threads, and the import costs
+
     bufs = [aligned_buffer(block) for _ in range(depth + 1)]
     pending: deque = deque()
     next_off = start

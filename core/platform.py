@@ -8,7 +8,6 @@ functions of `sys.platform`-like names so it can be tested on any machine.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 import sys
@@ -95,6 +94,8 @@ _libc = None
 def _mincore():
     global _libc
     if _libc is None:
+        import ctypes.util      # here, not at the top: it costs `replicas hash` more than hashing a small file
+
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         _libc.mincore.restype = ctypes.c_int

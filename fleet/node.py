@@ -126,12 +126,14 @@ def _verify(rig: Rig, manifest, job: NodeJob, tap=None) -> tuple[tuple[DriveRow,
             problems.append(f"{m.name} ({m.path}): {m.state}" + (f": {m.detail}" if m.detail else ""))
         elif m.bad:
             problems.append(f"{m.name}: repair with `replicas repair {m.path} --rig {rig.root}`")
+        elif m.state == "broken":        # identical bytes that do not parse (docs/replicas.md, "A scrub also parses")
+            problems.append(f"{m.name} ({m.path}): broken: {m.detail}")
     return tuple(rows), problems
 
 
 def _worst(drives) -> str:
     states = {d.state for d in drives}
-    if "mismatch" in states:
+    if states & {"mismatch", "broken"}:      # broken: a failed check, as in `replicas verify` (exit 1)
         return MISMATCH
     if states & {"missing", "unreadable"}:
         return MISSING

@@ -4,7 +4,10 @@ Each drive is an ext4 file system on a loop device with direct I/O on its backin
 hidden file in the testbed folder), mounted at <root>/<name>; one cgroup caps each device's
 reads (and writes, IOPS): `io.max` on cgroup v2 when its io controller is on the unified
 hierarchy, `blkio.throttle.*` on cgroup v1 otherwise. A process placed in the group (`run`) sees
-drive N's ceilings on drive N. The pure parts (limits, lines, state) are in testbed_spec.py.
+drive N's ceilings on drive N. Where the machine has a memory controller, a memory group (the
+same group on cgroup v2) holds the processes to the testbed's RAM budget: the page cache counts
+against it, so a model larger than the budget is read again from the drives, as on a rig whose
+RAM is smaller than the model. The pure parts (limits, lines, state) are in testbed_spec.py.
 
 What `up` makes is written to <root>/testbed.json (atomically) before and after each step, so
 `down` takes apart a testbed a crash left half-built, and touches only what the state names and
@@ -15,7 +18,9 @@ and refuses a group that already exists. MB here is 10**6 bytes.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import datetime
 import glob
 import os
@@ -25,26 +30,36 @@ import subprocess
 import time
 from typing import Callable
 
-from core.errors import MismatchError, MissingError, UsageError, WriteError
+from core.errors import MismatchError, MissingError, ReplicaTunerError, UsageError, WriteError
 from core.fsutil import atomic_write_text
 from core.jsonfile import read_json
+from core.ramlimit import stat_value
+from core.units import format_bytes, parse_size
+from models.formats import RAW
+from models.modelset import NotAModel, discover
 
 from .testbed_spec import (
     STATE_FILE,
     STATE_KIND,
-    STATE_SCHEMA,
+    STATE_SCHEMAS,
     V2,
     Controller,
     DriveLimits,
+    RamSpec,
     TestbedState,
     backing_path,
     cgroup_mounts,
     choose_controller,
+    choose_memory,
+    memory_line,
+    memory_use,
     mounted_devices,
     new_state,
+    ram_bytes,
     state_from_doc,
     state_text,
     v1_lines,
+    v1_mount,
     v2_line,
 )
 
@@ -68,6 +83,13 @@ def controller() -> tuple[Controller | None, str]:
     return choose_controller(v2, v2_controllers, v1, v1_throttle)
 
 
+def memory_controller() -> tuple[Controller | None, str]:
+    """The memory controller this machine offers for RAM budgets, and a line saying which or why none."""
+    mounts = _read("/proc/mounts")
+    v2, _ = cgroup_mounts(mounts)
+    return choose_memory(v2, _read(os.path.join(v2, "cgroup.controllers")) if v2 else "", v1_mount(mounts, "memory"))
+
+
 def check() -> list[str]:
     """Why this machine cannot host a testbed (empty: it can)."""
     problems = []
@@ -89,7 +111,7 @@ def state_path(root: str) -> str:
 def load_state(root: str) -> TestbedState:
     """The testbed at `root`: exit 3 when there is none, exit 2 when the file is not ours."""
     path = state_path(root)
-    doc = read_json(path, STATE_KIND, "build one with `iobench testbed up`", schema=STATE_SCHEMA, what="testbed state")
+    doc = read_json(path, STATE_KIND, "build one with `iobench testbed up`", schema=STATE_SCHEMAS, what="testbed state")
     return state_from_doc(doc, path)
 
 
@@ -115,14 +137,21 @@ def _write(path: str, line: str) -> None:
 
 # ---- up ----------------------------------------------------------------------------------------
 
-def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[str], None] | None = None) -> TestbedState:
+def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[str], None] | None = None,
+       ram: RamSpec | None = None, model_bytes: int = 0) -> TestbedState:
     """Build the testbed at `root` (a new or empty folder): one `size`-byte drive per entry of
-    `drives`, throttled. On any failure, or an exception such as KeyboardInterrupt, what was made
-    is taken down again before the error goes on."""
+    `drives`, throttled, and a memory group where the machine has a memory controller, holding
+    its processes to `ram` (a share of `model_bytes`; None: no budget yet, `set_ram` sets one).
+    On any failure, or an exception such as KeyboardInterrupt, what was made is taken down again
+    before the error goes on."""
     say = report or (lambda msg: None)
+    limit = ram_bytes(ram, model_bytes) if ram else 0
     problems = check()
     if problems:
         raise UsageError(f"cannot build a testbed here: {', '.join(problems)}; see `iobench testbed check`")
+    memory, memory_why = memory_controller()
+    if ram and memory is None:
+        raise UsageError(f"cannot hold a testbed to a RAM budget here: {memory_why}; leave out --ram")
     root = os.path.realpath(root)
     if os.path.exists(os.path.join(root, STATE_FILE)):
         raise UsageError(f"{root}: a testbed is already up there; take it down with `iobench testbed down --root {root}`")
@@ -132,10 +161,11 @@ def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[
     ctl, _ = controller()
     made_root = not os.path.exists(root)
     state = new_state(root, ctl, drives, size, made_root,
-                      datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    if os.path.exists(state.cgroup):
-        raise UsageError(f"{state.cgroup}: a group of that name exists and this testbed did not make it; "
-                         "remove it (rmdir) if it is a leftover, or choose another --root")
+                      datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), memory, memory_why)
+    for group in {state.cgroup, state.ram.cgroup} - {""}:
+        if os.path.exists(group):
+            raise UsageError(f"{group}: a group of that name exists and this testbed did not make it; "
+                             "remove it (rmdir) if it is a leftover, or choose another --root")
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:
@@ -143,6 +173,9 @@ def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[
     try:
         _save(state)                       # the plan first: a crash from here on leaves a state to undo
         _build(state, say)
+        if ram:
+            _set_ram(state, limit, ram.text, model_bytes if ram.needs_model else 0)
+            say(state.ram.text())
     except BaseException:
         try:
             _teardown(state, kill=True)
@@ -152,14 +185,30 @@ def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[
     return state
 
 
+def _enable(group: str, controller: str) -> bool:
+    """v2: make `controller` available in the groups under `group`'s parent; True when we did."""
+    parent = os.path.dirname(group)
+    if controller in _read(os.path.join(parent, "cgroup.subtree_control")).split():
+        return False
+    _write(os.path.join(parent, "cgroup.subtree_control"), f"+{controller}")
+    return True
+
+
 def _build(state: TestbedState, say: Callable[[str], None]) -> None:
     os.mkdir(state.cgroup)
     if state.controller == V2:
-        parent = os.path.dirname(state.cgroup)
-        if "io" not in _read(os.path.join(parent, "cgroup.subtree_control")).split():
-            state.enabled_io = True
+        state.enabled_io = True                         # saved before the write: a crash after it undoes it
+        _save(state)
+        state.enabled_io = _enable(state.cgroup, "io")
+        _save(state)
+    if state.ram.cgroup:
+        if state.ram.cgroup != state.cgroup:
+            os.mkdir(state.ram.cgroup)
+        if state.ram.controller == V2:
+            state.ram.enabled_memory = True
             _save(state)
-            _write(os.path.join(parent, "cgroup.subtree_control"), "+io")
+            state.ram.enabled_memory = _enable(state.ram.cgroup, "memory")
+            _save(state)
     for d in state.drives:
         with open(d.image, "xb") as f:     # "x": never reuse a file someone else made
             f.truncate(state.size)
@@ -198,10 +247,98 @@ def set_read_limit(root: str, name: str, read_mbs: float) -> None:
     raise UsageError(f"testbed at {root}: no drive named {name!r} (it has {', '.join(x.name for x in state.drives)})")
 
 
+# ---- the RAM budget ----------------------------------------------------------------------------
+
+def bytes_of(paths: list[str]) -> int:
+    """The bytes of the models (or plain files) at `paths`: a model's whole set of files (every
+    member of a split GGUF, every file of a model folder), a plain file's size."""
+    total = 0
+    for path in paths:
+        try:
+            model = discover(path)
+        except NotAModel:
+            model = discover(path, RAW)
+        total += sum(os.path.getsize(p) for p in model.paths)
+    return total
+
+
+def ram_of(items: list[str]) -> int:
+    """--ram-of: model files or folders, or sizes ('518G'); their bytes added up (0: none given)."""
+    total = 0
+    for item in items:
+        if os.path.exists(item):
+            total += bytes_of([item])
+            continue
+        try:
+            total += parse_size(item, "--ram-of")
+        except UsageError:
+            raise UsageError(f"--ram-of {item!r}: no such file or folder, and not a size (e.g. 518G)") from None
+    return total
+
+
+def _set_ram(state: TestbedState, limit: int, spec: str, of_bytes: int) -> None:
+    kind = state.ram.controller
+    fname, value = memory_line(kind, limit)
+    path = os.path.join(state.ram.cgroup, fname)
+    try:
+        with open(path, "w") as f:
+            f.write(value + "\n")
+    except OSError as e:
+        if e.errno == errno.EBUSY:      # v1 could not reclaim down to the new limit
+            cache, anon = memory_use(kind, _read(os.path.join(state.ram.cgroup, "memory.stat")))
+            raise WriteError(f"cannot set the testbed's RAM budget to {format_bytes(limit)}: its processes hold "
+                             f"{format_bytes(anon)} of their own memory that the kernel cannot give back; give a larger "
+                             "--ram or stop them") from None
+        raise WriteError(f"cannot write {value!r} to {path}: {e.strerror or e}") from None
+    state.ram = dataclasses.replace(state.ram, limit=limit, spec=spec if limit else "", model_bytes=of_bytes)
+    _save(state)
+
+
+def set_ram(root: str, ram: RamSpec | None, model_bytes: int = 0) -> TestbedState:
+    """Hold the testbed at `root` to a RAM budget from now on (None: no budget): `ram` a size, or a
+    share of `model_bytes`. Every process in the group is held to it at once (the kernel evicts
+    page cache down to it); the state file records it."""
+    state = load_state(root)
+    if not state.ram.cgroup:
+        raise UsageError(f"the testbed at {state.root} has no memory group, so no RAM budget: {state.ram.note}")
+    limit = ram_bytes(ram, model_bytes) if ram else 0
+    if limit:
+        os.sync()       # dirty pages cannot be evicted until written: the new limit would be refused
+    _set_ram(state, limit, ram.text if ram else "", model_bytes if ram and ram.needs_model else 0)
+    return state
+
+
+def ram_status(state: TestbedState) -> dict | None:
+    """What the memory group holds now: {limit, usage, cache, anon, oom_kills} in bytes and
+    counts, as the kernel says; None without a memory group or when it is gone."""
+    g, v2 = state.ram.cgroup, state.ram.controller == V2
+    if not g or not os.path.isdir(g):
+        return None
+    cache, anon = memory_use(state.ram.controller, _read(os.path.join(g, "memory.stat")))
+    limit_text = _read(os.path.join(g, "memory.max" if v2 else "memory.limit_in_bytes")).strip()
+    usage_text = _read(os.path.join(g, "memory.current" if v2 else "memory.usage_in_bytes")).strip()
+    return {"limit": int(limit_text) if limit_text.isdigit() and int(limit_text) < 1 << 62 else 0,
+            "usage": int(usage_text) if usage_text.isdigit() else 0, "cache": cache, "anon": anon,
+            "oom_kills": oom_kills(state)}
+
+
+def oom_kills(state: TestbedState) -> int | None:
+    """Processes of the memory group the kernel's OOM killer has killed so far (v2 memory.events,
+    v1 memory.oom_control: kernels from 4.13 count them); None where it does not say."""
+    if not state.ram.cgroup:
+        return None
+    name = "memory.events" if state.ram.controller == V2 else "memory.oom_control"
+    return stat_value(_read(os.path.join(state.ram.cgroup, name)), "oom_kill")
+
+
 # ---- down --------------------------------------------------------------------------------------
 
 def group_pids(state: TestbedState) -> list[int]:
-    return [int(x) for x in _read(os.path.join(state.cgroup, "cgroup.procs")).split()]
+    """The processes in the testbed's groups (the drives' and the memory group)."""
+    pids: list[int] = []
+    for group in dict.fromkeys(g for g in (state.cgroup, state.ram.cgroup) if g):
+        pids += [int(x) for x in _read(os.path.join(group, "cgroup.procs")).split() if int(x) not in pids]
+    return pids
 
 
 def kill_group(state: TestbedState, timeout_s: float = 10.0) -> None:
@@ -251,7 +388,7 @@ def down(root: str, kill: bool = False) -> list[str]:
 def _teardown(state: TestbedState, kill: bool) -> list[str]:
     done, left = [], []
     state.phase = "down"
-    if kill and os.path.isdir(state.cgroup):
+    if kill and any(os.path.isdir(g) for g in (state.cgroup, state.ram.cgroup) if g):
         kill_group(state)
     loops = _our_loops(state)
     ours = {_majmin_of(dev) for dev in loops.values()}
@@ -286,18 +423,20 @@ def _teardown(state: TestbedState, kill: bool) -> list[str]:
                     remove(path)
                 except OSError as e:
                     left.append(f"{path} not removed ({e.strerror or e})")
-    if os.path.isdir(state.cgroup):
-        try:
-            os.rmdir(state.cgroup)
-            done.append(f"removed {state.cgroup}")
-        except OSError as e:
-            left.append(f"{state.cgroup} not removed ({e.strerror or e}; pids {group_pids(state)})")
-    if state.enabled_io and not os.path.isdir(state.cgroup):
-        parent = os.path.dirname(state.cgroup)
-        try:
-            _write(os.path.join(parent, "cgroup.subtree_control"), "-io")
-        except WriteError:
-            pass                            # another group uses io now: leaving it on harms nothing
+    for group in dict.fromkeys(g for g in (state.ram.cgroup, state.cgroup) if g):
+        if os.path.isdir(group):
+            try:
+                os.rmdir(group)
+                done.append(f"removed {group}")
+            except OSError as e:
+                left.append(f"{group} not removed ({e.strerror or e}; pids {group_pids(state)})")
+    for enabled, group, ctl in ((state.enabled_io, state.cgroup, "io"),
+                                (state.ram.enabled_memory, state.ram.cgroup, "memory")):
+        if enabled and not os.path.isdir(group):
+            try:
+                _write(os.path.join(os.path.dirname(group), "cgroup.subtree_control"), f"-{ctl}")
+            except WriteError:
+                pass                        # another group uses it now: leaving it on harms nothing
     if left:
         _save(state)
         raise MismatchError(f"testbed at {state.root} only partly taken down: {'; '.join(left)}; "
@@ -314,20 +453,73 @@ def _teardown(state: TestbedState, kill: bool) -> list[str]:
 
 # ---- run ---------------------------------------------------------------------------------------
 
-def join_group(root: str, pid: int = 0) -> TestbedState:
-    """Put process `pid` (0: this one) in the testbed's group; its children follow it."""
-    state = load_state(root)
-    if state.phase != "up":
-        raise UsageError(f"the testbed at {state.root} is {state.phase}, not up; take it down and build it again")
-    _write(os.path.join(state.cgroup, "cgroup.procs"), str(pid or os.getpid()))
-    return state
+_PR_SET_PDEATHSIG = 1
 
 
-def exec_in_group(root: str, cmd: list[str]) -> None:
-    """Replace this process with `cmd`, inside the testbed's group (its drive I/O is throttled)."""
+def run_in_group(root: str, cmd: list[str], report: Callable[[str], None] | None = None) -> int:
+    """Run `cmd` inside the testbed's groups (its drive I/O throttled, its memory held to the RAM
+    budget) and wait for it; returns its exit code (128 + N when signal N ended it, as a shell
+    says). This process stays outside the groups, so its own memory is not charged to the budget,
+    and tells an OOM kill in the group while the command ran in one line (`report`) instead of
+    leaving a bare SIGKILL. SIGTERM and SIGHUP are passed on to the command; a Ctrl-C at the
+    terminal reaches the command itself. Should this process die, the command is killed with it."""
+    say = report or (lambda msg: None)
     if not cmd:
         raise UsageError("run wants a command after --, e.g. `iobench testbed run --root DIR -- b3sum FILE`")
     if shutil.which(cmd[0]) is None:
         raise MissingError(f"{cmd[0]}: no such command")
-    join_group(root)
-    os.execvp(cmd[0], cmd)
+    state = load_state(root)
+    if state.phase != "up":
+        raise UsageError(f"the testbed at {state.root} is {state.phase}, not up; take it down and build it again")
+    groups = list(dict.fromkeys(g for g in (state.cgroup, state.ram.cgroup) if g))
+    fds = []
+    try:
+        for g in groups:
+            fds.append(os.open(os.path.join(g, "cgroup.procs"), os.O_WRONLY))
+    except OSError as e:
+        for fd in fds:
+            os.close(fd)
+        raise WriteError(f"cannot enter the testbed's group {g}: {e.strerror or e}") from None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def enter() -> None:            # in the child, between fork and exec: it runs nothing outside the groups
+        me = str(os.getpid()).encode()
+        for fd in fds:
+            os.write(fd, me)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    before = oom_kills(state)
+    try:
+        proc = subprocess.Popen(cmd, preexec_fn=enter)  # noqa: PLW1509 (one thread here; the hook only writes)
+    except subprocess.SubprocessError:
+        raise WriteError(f"cannot put {cmd[0]} in the testbed's groups {', '.join(groups)}") from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    passed = {s: signal.signal(s, lambda signum, frame: proc.send_signal(signum)) for s in (signal.SIGTERM, signal.SIGHUP)}
+    passed[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in passed.items():
+            signal.signal(s, h)
+    after = oom_kills(state)
+    if before is not None and after is not None and after > before:
+        said = " ".join([os.path.basename(cmd[0]), *cmd[1:]])
+        said = f"`{said if len(said) <= 60 else said[:59] + '…'}`"
+        who = said if rc == -signal.SIGKILL else f"a process of {said}"
+        budget = load_state(root).ram if os.path.exists(state_path(root)) else state.ram
+        say(f"OOM: {who} was killed by the kernel's OOM killer: the testbed's {budget.text()} is less than its processes' "
+            "own memory (the page cache gives way, their own memory cannot); give a larger --ram, e.g. a share with an "
+            "allowance: --ram ref+1G")
+    return 128 - rc if rc < 0 else rc
+
+
+def run_command(argv: list[str], report: Callable[[str], None]) -> int:
+    """[ROOT, COMMAND...] run by `run_in_group` (bench/testbed.py's light wrapper): its exit code,
+    or an error of ours said in one line (`report`) with its exit code."""
+    try:
+        return run_in_group(argv[0], argv[1:], report)
+    except ReplicaTunerError as e:
+        report(f"error: {e}")
+        return e.exit_code

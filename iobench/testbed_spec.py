@@ -1,9 +1,11 @@
-"""The throttled testbed's pure parts: drive limits, which block I/O controller, the cgroup lines
-to write, and the state document (`iobench testbed`; the I/O is in testbed.py).
+"""The throttled testbed's pure parts: drive limits, the RAM budget, which controllers, the cgroup
+lines to write, and the state document (`iobench testbed`; the I/O is in testbed.py).
 
 A testbed is N loop devices, each an ext4 file system on an image in the testbed folder, whose
 I/O a cgroup caps: cgroup v2 `io.max` where the io controller sits on the unified hierarchy,
-cgroup v1 `blkio.throttle.*` otherwise. MB here is 10**6 bytes; a limit of 0 means none.
+cgroup v1 `blkio.throttle.*` otherwise. Its processes are held to a RAM budget by the memory
+controller: cgroup v2 `memory.max`, cgroup v1 `memory.limit_in_bytes`; the page cache counts
+against it. MB here is 10**6 bytes; a limit of 0 means none.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from core.errors import RigError, UsageError
+from core.ramlimit import stat_value
+from core.units import format_bytes
 
 STATE_FILE = "testbed.json"
 STATE_KIND = "replica-tuner-testbed"
-STATE_SCHEMA = 1
+STATE_SCHEMA = 2           # 2: the RAM budget (`ram`); schema 1 documents are still read (no budget)
+STATE_SCHEMAS = (1, 2)
 CGROUP_PREFIX = "replica-tuner-testbed-"
 V1, V2 = "v1", "v2"
 MIN_SIZE = 32 << 20                 # bytes: below this mkfs.ext4 leaves too little room to be a drive
@@ -92,6 +97,89 @@ def parse_size(text: str) -> int:
     return size
 
 
+# ---- the RAM budget --------------------------------------------------------------------------
+
+REF_RAM = (128, 518)        # the reference rig: 128 GB of RAM for a 518 GB model (docs/iobench.md)
+RAM_HELP = ("give a size (2G), a share of the model's bytes (25%, 128/518, or ref: the reference rig's 128/518) with "
+            "an optional allowance for the processes' own memory (ref+768M), or none")
+
+
+@dataclass(frozen=True)
+class RamSpec:
+    """--ram as given: a size in bytes, or a share of the model's bytes plus `own` bytes for the
+    processes' own memory (an engine's expert cache, interpreters: RAM the page cache cannot have)."""
+
+    text: str
+    size: int = 0
+    share: float = 0.0
+    share_text: str = ""    # '25%', '128/518'
+    own: int = 0
+
+    @property
+    def needs_model(self) -> bool:
+        return self.share > 0
+
+
+def _ram_size(text: str, what: str, whole: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", text)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(f"{what} {whole!r}: {RAM_HELP}")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
+
+
+def parse_ram(text: str, what: str = "--ram") -> RamSpec | None:
+    """'2G' (binary units, as --size), '25%', '128/518', 'ref' (REF_RAM), a share with '+SIZE'
+    for the processes' own memory ('ref+768M'), or 'none' (None: no budget)."""
+    t = str(text).strip().upper().replace(" ", "")
+    if t in ("NONE", "OFF"):
+        return None
+    head, plus, tail = t.partition("+")
+    own = _ram_size(tail, what, text) if plus else 0
+    share, said = 0.0, ""
+    if head == "REF":
+        share, said = REF_RAM[0] / REF_RAM[1], f"{REF_RAM[0]}/{REF_RAM[1]}"
+    elif head.endswith("%"):
+        try:
+            share, said = float(head[:-1]) / 100, head
+        except ValueError:
+            share = float("nan")
+    elif "/" in head:
+        a, _, b = head.partition("/")
+        share, said = (int(a) / int(b), head) if a.isdigit() and b.isdigit() and int(b) else (float("nan"), "")
+    else:
+        if plus:
+            raise UsageError(f"{what} {text!r}: '+SIZE' adds to a share of the model (ref+768M); {RAM_HELP}")
+        return RamSpec(str(text).strip(), size=_ram_size(head, what, text))
+    if not share > 0 or share == float("inf"):
+        raise UsageError(f"{what} {text!r}: {RAM_HELP}")
+    return RamSpec(str(text).strip(), share=share, share_text=said, own=own)
+
+
+def ram_bytes(spec: RamSpec, model_bytes: int = 0, what: str = "--ram") -> int:
+    """The budget in bytes: the size, or the share of `model_bytes` plus the allowance."""
+    if not spec.needs_model:
+        return spec.size
+    if model_bytes <= 0:
+        raise UsageError(f"{what} {spec.text}: a share of the model's bytes needs the model: give --ram-of with the "
+                         "model's file or folder, or its size (e.g. --ram-of 518G)")
+    return int(spec.share * model_bytes) + spec.own
+
+
+def ram_text(limit: int, spec: str, model_bytes: int) -> str:
+    """The budget in words: 'RAM budget 821.4 MiB = 128/518 of the model's 216.3 MiB (53.4 MiB) +
+    768.0 MiB for the processes' own memory'; 'no RAM budget'."""
+    if limit <= 0:
+        return "no RAM budget"
+    parsed = parse_ram(spec) if spec else None
+    if parsed is None or not parsed.needs_model or model_bytes <= 0:
+        return f"RAM budget {format_bytes(limit)}"
+    said = f"RAM budget {format_bytes(limit)} = {parsed.share_text} of the model's {format_bytes(model_bytes)}"
+    if not parsed.own:
+        return said
+    return (f"{said} ({format_bytes(int(parsed.share * model_bytes))}) + {format_bytes(parsed.own)} for the processes' "
+            "own memory")
+
+
 # ---- which controller ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -115,6 +203,26 @@ def cgroup_mounts(proc_mounts: str) -> tuple[str | None, str | None]:
         elif fstype == "cgroup" and "blkio" in options and v1 is None:
             v1 = where
     return v2, v1
+
+
+def v1_mount(proc_mounts: str, controller: str) -> str | None:
+    """Where the cgroup-v1 hierarchy carrying `controller` is mounted, from /proc/mounts' text."""
+    for line in proc_mounts.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "cgroup" and controller in parts[3].split(","):
+            return unescape_mount(parts[1])
+    return None
+
+
+def choose_memory(v2_mount: str | None, v2_controllers: str, v1_memory: str | None) -> tuple[Controller | None, str]:
+    """The memory controller that holds a testbed to its RAM budget, and a line saying which or why
+    none: v2 where the unified hierarchy offers `memory`, else the v1 memory hierarchy."""
+    if v2_mount and "memory" in v2_controllers.split():
+        return Controller(V2, v2_mount), f"cgroup v2 memory controller at {v2_mount}"
+    if v1_memory:
+        return Controller(V1, v1_memory), f"cgroup v1 memory controller at {v1_memory}"
+    v2 = f"the unified hierarchy at {v2_mount} has no memory controller" if v2_mount else "no cgroup2 mount"
+    return None, f"no memory controller ({v2}; no cgroup-v1 memory mount)"
 
 
 def choose_controller(v2_mount: str | None, v2_controllers: str, v1_mount: str | None,
@@ -142,6 +250,26 @@ def v1_lines(majmin: str, limits: DriveLimits) -> list[tuple[str, str]]:
     """(file in the v1 blkio group, line to write) for each limit the drive has."""
     return [(fname, f"{majmin} {int(getattr(limits, attr) * scale)}")
             for attr, fname, scale in V1_FILES if getattr(limits, attr) > 0]
+
+
+def memory_line(kind: str, limit: int) -> tuple[str, str]:
+    """(file in the memory group, what to write) for a RAM budget of `limit` bytes (0: none)."""
+    if kind == V2:
+        return "memory.max", str(limit) if limit > 0 else "max"
+    return "memory.limit_in_bytes", str(limit) if limit > 0 else "-1"
+
+
+def memory_use(kind: str, stat_text: str) -> tuple[int, int]:
+    """(page cache, anonymous) bytes a memory group holds, from its memory.stat (v1: the totals
+    over its subgroups where given)."""
+    if kind == V2:
+        keys = (("file",), ("anon",))
+    else:
+        keys = (("total_cache", "cache"), ("total_rss", "rss"))
+    out = []
+    for names in keys:
+        out.append(next((v for n in names if (v := stat_value(stat_text, n)) is not None), 0))
+    return out[0], out[1]
 
 
 def v2_line(majmin: str, limits: DriveLimits) -> str:
@@ -193,6 +321,28 @@ class DriveState:
 
 
 @dataclass
+class RamState:
+    """The testbed's RAM budget and the memory group that holds its processes to it. `controller`
+    is v1 or v2, or "" where the machine has no memory controller (then no group, and `note` says
+    why); `limit` is the budget in bytes (0: none), `spec` the --ram it came from and
+    `model_bytes` what a share was taken of."""
+
+    controller: str = ""
+    cgroup: str = ""
+    enabled_memory: bool = False    # v2: we added `memory` to the parent's subtree_control
+    limit: int = 0
+    spec: str = ""
+    model_bytes: int = 0
+    note: str = ""
+
+    def text(self) -> str:
+        """The budget in words, or why there can be none."""
+        if not self.controller:
+            return f"no RAM budget ({self.note})" if self.note else "no RAM budget"
+        return ram_text(self.limit, self.spec, self.model_bytes)
+
+
+@dataclass
 class TestbedState:
     """What a testbed made, written to <root>/testbed.json before and after every step, so that
     `down` can take apart a testbed left half-built by a crash. `phase` is building, up or down."""
@@ -208,6 +358,7 @@ class TestbedState:
     enabled_io: bool = False    # v2: we added `io` to the parent's subtree_control
     phase: str = "building"
     created: str = ""
+    ram: RamState = field(default_factory=RamState)
 
     KIND: ClassVar[str] = STATE_KIND      # a result (core.results): `testbed up/show --json`, the file's shape
     SCHEMA: ClassVar[int] = STATE_SCHEMA
@@ -224,11 +375,15 @@ class TestbedState:
 
 
 def new_state(root: str, controller: Controller, drives: tuple[DriveLimits, ...], size: int, made_root: bool,
-              created: str) -> TestbedState:
+              created: str, memory: Controller | None = None, memory_note: str = "") -> TestbedState:
     """The plan of a testbed at `root` (a real path): images are hidden files in it, mount points
-    are named after the drives, the group lives under the controller's mount."""
-    return TestbedState(root=root, controller=controller.kind, cgroup=f"{controller.mount.rstrip('/')}/{cgroup_name(root)}",
-                        size=size, made_root=made_root, created=created,
+    are named after the drives, the groups live under their controllers' mounts (one group where
+    both are on the unified hierarchy)."""
+    name = cgroup_name(root)
+    ram = (RamState(memory.kind, f"{memory.mount.rstrip('/')}/{name}", note=memory_note) if memory
+           else RamState(note=memory_note))
+    return TestbedState(root=root, controller=controller.kind, cgroup=f"{controller.mount.rstrip('/')}/{name}",
+                        size=size, made_root=made_root, created=created, ram=ram,
                         drives=[DriveState(d.name, f"{root}/.{d.name}.img", f"{root}/{d.name}", d) for d in drives])
 
 
@@ -241,20 +396,31 @@ def state_to_doc(state: TestbedState) -> dict:
 
 
 def state_from_doc(doc: dict, where: str) -> TestbedState:
-    """A TestbedState from a checked document (kind and schema already checked by the loader)."""
+    """A TestbedState from a checked document (kind and schema already checked by the loader); a
+    schema 1 document (before RAM budgets) has no memory group."""
     remedy = "it was not written by `iobench testbed up`; remove what it names by hand"
     try:
         drives = [DriveState(d["name"], d["image"], d["mount"],
                              DriveLimits(d["name"], float(d["read_mbs"]), float(d["write_mbs"]), float(d["read_iops"]),
                                          float(d["write_iops"])),
                              str(d["device"]), str(d["majmin"]), bool(d["mounted"])) for d in doc["drives"]]
+        if doc.get("schema") == 1:
+            ram = RamState(note="built before RAM budgets")
+        else:
+            r = doc["ram"]
+            ram = RamState(str(r["controller"]), str(r["cgroup"]), bool(r["enabled_memory"]), int(r["limit"]),
+                           str(r["spec"]), int(r["model_bytes"]), str(r["note"]))
         state = TestbedState(root=str(doc["root"]), controller=str(doc["controller"]), cgroup=str(doc["cgroup"]),
                              size=int(doc["size"]), drives=drives, made_root=bool(doc["made_root"]),
-                             enabled_io=bool(doc["enabled_io"]), phase=str(doc["phase"]), created=str(doc["created"]))
+                             enabled_io=bool(doc["enabled_io"]), phase=str(doc["phase"]), created=str(doc["created"]),
+                             ram=ram)
     except (KeyError, TypeError, ValueError) as e:
         raise RigError(f"{where}: testbed state is missing or has a bad field ({e}); {remedy}") from None
-    if state.controller not in (V1, V2) or not state.cgroup.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX):
-        raise RigError(f"{where}: testbed state names a group {state.cgroup!r} that is not a testbed's; {remedy}")
+    ours = (lambda group: group.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX))   # noqa: E731
+    if (state.controller not in (V1, V2) or not ours(state.cgroup) or state.ram.controller not in ("", V1, V2)
+            or bool(state.ram.controller) != bool(state.ram.cgroup) or (state.ram.cgroup and not ours(state.ram.cgroup))):
+        raise RigError(f"{where}: testbed state names a group {state.cgroup!r} / {state.ram.cgroup!r} that is not a "
+                       f"testbed's; {remedy}")
     inside = [p for d in drives for p in (d.image, d.mount) if p.rsplit("/", 1)[0] != state.root]
     if inside:
         raise RigError(f"{where}: testbed state names paths outside its folder ({', '.join(inside)}); {remedy}")

@@ -11,10 +11,14 @@ from core.errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK
 from .manifest import PieceRange
 from .verdict import rollup_state
 
-__all__ = ["IDENTICAL", "MISMATCH", "MISSING", "UNREADABLE", "FileCheck", "FilePiece", "MemberCheck", "VerifyReport",
+__all__ = ["IDENTICAL", "MISMATCH", "BROKEN", "MISSING", "UNREADABLE", "FileCheck", "FilePiece", "MemberCheck", "VerifyReport",
            "join_unique"]
 
 IDENTICAL, MISMATCH, MISSING, UNREADABLE = "identical", "mismatch", "missing", "unreadable"
+# Byte-identical to the manifest, but the file does not parse as its model format says: the
+# manifest was made from a broken model (docs/replicas.md, "A scrub also parses"). A failed check
+# (exit 1) like a mismatch; repair cannot mend it (every copy has the same bytes).
+BROKEN = "broken"
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class FileCheck:
 
     file: str                    # relative path in the model (ModelManifest names)
     path: str                    # absolute path on the member's drive
-    state: str                   # identical / mismatch / missing / unreadable
+    state: str                   # identical / mismatch / broken / missing / unreadable
     how: str                     # stamp / full / sample
     bad: tuple[PieceRange, ...] = ()
     size: int | None = None      # bytes found on disk
@@ -42,6 +46,8 @@ class FileCheck:
     detail: str = ""
     stamped: str | None = None   # 'xattr' / 'sidecar' when a full verification was recorded
     pieces_checked: int = 0
+    parsed: str = ""             # the format the file was parsed as after a full read ('' when not parsed)
+    parses: bool | None = None   # whether it parses (None: not parsed: a raw file, a stamp, a sample, a mismatch)
 
 
 @dataclass(frozen=True)
@@ -112,9 +118,10 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
-        """1 if any member mismatches, else 3 if any file is missing or unreadable, else 0."""
+        """1 if any member mismatches or has a file that does not parse, else 3 if any file is
+        missing or unreadable, else 0."""
         states = {m.state for m in self.members}
-        if MISMATCH in states:
+        if states & {MISMATCH, BROKEN}:
             return EXIT_MISMATCH
         if states & {MISSING, UNREADABLE}:
             return EXIT_MISSING

@@ -16,7 +16,7 @@ from core.errors import MissingError, UsageError
 
 from .b3sum import os_error_reason, parse_check_file
 from core.coldio import open_cold
-from .hashing import hash_file
+from .hashing import hash_whole
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def check_one(name: str, want: str) -> CheckResult:
     except OSError as e:
         return CheckResult(name, False, os_error_reason(e.strerror or str(e), e.errno or 0))
     try:
-        return CheckResult(name, hash_file(name, reader=reader).blake3 == want)
+        return CheckResult(name, hash_whole(name, reader=reader) == want)
     except MissingError as e:
         return CheckResult(name, False, str(e).removeprefix(f"{name}: "))
     finally:

@@ -28,7 +28,7 @@ from .checksums import check_files
 from core.drives import drive_label
 from .forget import forget_member
 from models.formats import GGUF, SPLIT_NAME, sniff
-from .hashing import check_piece_size, hash_file
+from .hashing import check_piece_size, hash_file, hash_whole
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
 from .manifests import files_of_model, load_manifest, load_manifest_file
 from models.modelset import DIR, FILE, NotAModel, discover
@@ -36,7 +36,7 @@ from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status, members_topology
 from .sync import sync as sync_files
-from .verdict import MISMATCH
+from .verdict import BROKEN, MISMATCH
 from core.units import plural
 from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
 from .verify import against, verify_members
@@ -178,17 +178,22 @@ def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, 
     if model is None:
         if os.path.exists(path) and not os.path.isfile(path):
             raise UsageError(f"{path}: not a regular file")
+        if not json_out:      # b3sum's line needs the whole-file hash only: each byte hashed once
+            digest = hash_whole(path, report=report, cancel=cancel)
+            typer.echo(format_line(digest, path))
+            return {"blake3": digest, "path": path}
         m = hash_file(path, size, report=report, cancel=cancel)
-        if not json_out:
-            typer.echo(format_line(m.blake3, path))
         return {**manifest_to_dict(m), "path": path}
     shown = path if model.layout == DIR else os.path.dirname(path)
     files = []
     for rel, full in zip(model.files, model.paths):
-        m = dataclasses.replace(hash_file(full, size, report=report, cancel=cancel), name=rel)
-        files.append(m)
         if not json_out:
-            typer.echo(format_line(m.blake3, os.path.join(shown, *rel.split("/")) if shown else rel))
+            typer.echo(format_line(hash_whole(full, report=report, cancel=cancel),
+                                   os.path.join(shown, *rel.split("/")) if shown else rel))
+            continue
+        files.append(dataclasses.replace(hash_file(full, size, report=report, cancel=cancel), name=rel))
+    if not json_out:
+        return {"path": model.path}
     return {**model_manifest_to_dict(ModelManifest(tuple(files), model.layout, model.format)), "path": model.path}
 
 
@@ -468,7 +473,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     else:
         out.print(views.status_table(r.root, manifest, rows))
         out.print(views.topology_text(topology), end="", highlight=False, markup=False)
-    if any(x.state == MISMATCH for x in rows):
+    if any(x.state in (MISMATCH, BROKEN) for x in rows):
         raise typer.Exit(EXIT_MISMATCH)
 
 

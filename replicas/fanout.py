@@ -16,8 +16,6 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-import blake3
-
 from core.errors import Interrupted, MissingError
 from core.events import Progress, Reporter, emit
 from core.fsutil import FileIdentity, allocated_bytes
@@ -245,7 +243,7 @@ def copy_pass(source: str, src_ident: FileIdentity, writers: list[DestWriter], m
         for w in targets:
             w.submit(off, view, piece, release)
         if hasher.pos != off:      # a gap (pieces nobody needs): start hashing afresh there
-            hasher.pos, hasher.piece = off, blake3.blake3()
+            hasher.restart(off)
         done = hasher.update(view)
         if off + length == size:
             done += hasher.finish()

@@ -1,5 +1,7 @@
 """Repairing a replica: re-copy only the bad pieces of its bad files from a member whose pieces
-verify, copy a missing file whole (temporary name, atomic rename), then verify again. A file's
+verify, copy a missing file whole (temporary name, atomic rename), then verify again. Both
+verifications also parse each file (`verify.check_file`): a file whose bytes equal the manifest
+but do not parse is `broken` in every copy alike, so repair names it and leaves it as it is. A file's
 stamp is withdrawn before its bytes change, so an interrupted repair leaves a file that quick
 verify will not trust; a re-run picks up the remaining pieces.
 The verdict the final verification reaches replaces the one `status` shows. `max_rate` paces
@@ -18,7 +20,7 @@ from core.events import Progress, Reporter, emit
 from core.fsutil import fsync_dir
 from core.rig import Member, Rig
 
-from .checks import IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck
+from .checks import BROKEN, IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck
 from core.coldio import align_up, aligned_buffer, open_cold
 from core.drives import drive_of
 from .hashing import PieceHasher
@@ -109,11 +111,12 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
                            "run `replicas sync` to copy it again")
     pacers = Pacers(max_rate, clock, cancel)
     pace = pacers.for_drive(_drive_key(home))
-    before = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace)
-    if before.state == IDENTICAL:
+    before = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace,
+                          model_format=rig.format)
+    if not any(f.state in (MISMATCH, MISSING) for f in before.files) and before.state in (IDENTICAL, BROKEN):
         _remember(rig, target, model, before)
         return RepairResult(target.path, "", (), 0, before, time.monotonic() - t0)
-    unreadable = [f for f in before.files if f.state not in (IDENTICAL, MISMATCH, MISSING)]
+    unreadable = [f for f in before.files if f.state not in (IDENTICAL, MISMATCH, MISSING, BROKEN)]
     if unreadable:
         f = unreadable[0]
         raise MissingError(f"{f.path}: {f.state}: {f.detail}")
@@ -123,7 +126,7 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
             if rel in donor_files:
                 donor_files[rel].append(p)
     # The first file of a split set is the one engines open: it is restored last, after the others.
-    todo = sorted((f for f in before.files if f.state != IDENTICAL),
+    todo = sorted((f for f in before.files if f.state in (MISMATCH, MISSING)),
                   key=lambda f: f.path == target.path and model.layout == SPLIT)
     total = sum(model.file(f.file).size if f.state == MISSING else sum(b.length for b in f.bad) for f in todo)
     progress = _Progress(report, target.path, total)
@@ -140,7 +143,8 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
             fixed += [FilePiece(f.file, r.index, r.offset, r.length)
                       for r in _patch(f.path, fm, f.bad, source, rig, pace, progress, cancel)]
         used |= source.used
-    after = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace)
+    after = check_member(target, model, rig, mode="full", report=report, cancel=cancel, pace=pace,
+                         model_format=rig.format)
     _remember(rig, target, model, after)
     return RepairResult(target.path, ", ".join(sorted(used)), tuple(fixed), progress.done, after,
                         time.monotonic() - t0, tuple(restored))

@@ -17,7 +17,17 @@ from .manifest import Manifest, ModelManifest
 from models.modelset import member_files, member_set
 from .records import load_verdicts
 from .stamps import MISSING, UNVERIFIED, last_verified, stamp_state
-from .verdict import GONE, MISMATCH, STATUS_ORDER, Verdict, rollup_state, rollup_verdict, standing_mismatch
+from .verdict import (
+    BROKEN,
+    GONE,
+    MISMATCH,
+    STATUS_ORDER,
+    Verdict,
+    rollup_state,
+    rollup_verdict,
+    standing_broken,
+    standing_mismatch,
+)
 
 
 @dataclass(frozen=True)
@@ -25,7 +35,7 @@ class FileStatus:
     file: str                        # relative path in the model
     path: str                        # absolute path on the member's drive
     size: int | None                 # bytes, None when missing
-    state: str                       # verified / stale / unverified / missing / mismatch
+    state: str                       # verified / stale / unverified / missing / mismatch / broken
     last_verified: float | None      # unix seconds of the file's last full verification
     verdict: Verdict | None = None   # what the last verification against this file's manifest found
 
@@ -69,6 +79,8 @@ def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, V
         state = UNVERIFIED
     elif standing_mismatch(verdict, fm):
         state = MISMATCH
+    elif standing_broken(verdict, fm):
+        state = BROKEN
     else:
         state = stamp_state(path, fm, rig)
     return FileStatus(rel, path, size, state, last_verified(path, rig) if size is not None else None, verdict)

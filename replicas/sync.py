@@ -39,7 +39,6 @@ from core.fsutil import FileIdentity, fsync_dir, require_file
 from core.platform import available_memory
 from core.tiers import is_memory, ram_note
 from core.units import format_bytes
-from engines.registry import engine_for_model, get_engine, path_refusals
 
 from .constants import PIECE_SIZE
 from core.drives import drive_label
@@ -49,9 +48,9 @@ from .journal import Journal
 from .manifest import Manifest, ModelManifest, bad_pieces
 from .manifests import save_manifest
 from models.modelset import FILE, SPLIT, ModelSet
+from models.parsecheck import check_parses, file_format
 from .records import record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
-from .partials import choose_members
 from .syncfacts import SOURCE_FIX, check_free_space, drive_key, plan_destinations, source_model, trusted_manifests
 from .syncplan import (
     ADOPT,
@@ -68,7 +67,7 @@ from .syncplan import (
     write_error_text,
 )
 from .throttle import Clock, Pace, Pacers
-from .verdict import Verdict
+from .verdict import BROKEN, Verdict
 from .verify import hash_pieces
 
 __all__ = ["sync", "source_model", "plan_destinations", "check_free_space", "DestPlan", "SetPlan", "DestResult",
@@ -91,9 +90,11 @@ def _progress_over(report: Reporter, task: str, done_before: int, total: int) ->
 
 def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest, rig: rigmod.Rig, *, verify: bool,
               rename: bool, started: float | None, report: Reporter, cancel: threading.Event | None,
-              pace: Pace | None = None) -> DestResult:
+              pace: Pace | None = None, parse_as: str | None = None) -> DestResult:
     """One file at one destination. `rename`: move REL.partial over REL now (a split set's first
-    member waits for the others: `_publish`)."""
+    member waits for the others: `_publish`). `parse_as` (gguf / safetensors): a copy read back
+    identical must also parse as that format; one that does not is still the source's bytes, so
+    it is renamed into place, but not stamped, and the result says so (exit 1)."""
     t = time.monotonic()
     if p.action == NOOP:
         return DestResult(p.dest_dir, p.target, p.action, "identical", verified=True)
@@ -120,10 +121,13 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
                 return DestResult(p.dest_dir, p.target, p.action, "failed", bytes_written=written, bad=tuple(bad),
                                   error=f"read-back found {plural(len(bad), 'bad piece')}; they will be rewritten on the "
                                         f"next run", exit_code=EXIT_MISMATCH)
+        checked = verify or p.action == ADOPT
+        parsed = check_parses(path, parse_as) if checked and parse_as else None
+        broken = parsed is not None and not parsed.ok
         if p.action != ADOPT:
             st = os.stat(source)
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-        stamped = write_stamp(path, manifest, rig, tag_file=True) if (verify or p.action == ADOPT) else None
+        stamped = write_stamp(path, manifest, rig, tag_file=True) if checked and not broken else None
         if p.action != ADOPT:      # after the stamp (a read-only mode would refuse its attribute)
             os.chmod(path, st.st_mode & PERMISSIONS)      # the source's mode: 0600 shards stay 0600
         if p.action != ADOPT and rename:
@@ -131,7 +135,10 @@ def _finalize(p: DestPlan, w: DestWriter | None, source: str, manifest: Manifest
         return DestResult(p.dest_dir, p.target, p.action, "copied" if p.action != ADOPT else "identical",
                           bytes_written=written, bytes_to_write=written,
                           seconds=time.monotonic() - (started if started is not None else t),
-                          verified=stamped is not None, stamped=stamped)
+                          verified=stamped is not None, stamped=stamped, parses=parsed.ok if parsed else None,
+                          error=f"identical to the source, but does not parse as {parsed.format}: {parsed.detail} (the "
+                                "source has the same bytes: get the model again)" if broken else "",
+                          exit_code=EXIT_MISMATCH if broken else 0)
     except Interrupted:
         raise
     except OSError as e:
@@ -184,6 +191,34 @@ def gone_ram_dirs(rig: rigmod.Rig) -> list[str]:
             if not os.path.exists(m.path) and is_memory(m.path)]
 
 
+@dataclasses.dataclass
+class _Job:
+    """One sync run: what was found and planned, and what has happened so far."""
+
+    rig: rigmod.Rig
+    model: ModelSet
+    idents: dict[str, FileIdentity]            # each source file's identity before the copy
+    manifests: dict[str, Manifest | None]      # trusted per file (None: computed by the copy)
+    plans: list[SetPlan]
+    piece_size: int
+    holds: dict[str, tuple[str, ...]]          # --partial: the files each destination holds
+    choices: list
+    t0: float
+    results: dict[str, list[DestResult]] = dataclasses.field(default_factory=dict)
+    failed: set[str] = dataclasses.field(default_factory=set)     # destinations with a failed file: not published
+    stopped: set[str] = dataclasses.field(default_factory=set)    # ... with a failed write: no more files written
+    read_total: int = 0
+    source_verified: dict[str, bool] = dataclasses.field(default_factory=dict)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {rel: i.size for rel, i in self.idents.items()}
+
+    @property
+    def total(self) -> int:
+        return sum(i.size for i in self.idents.values())
+
+
 def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = PIECE_SIZE, dry_run: bool = False,
          verify: bool = True, replace_existing: bool = False, allow_same_device: bool = False,
          report: Reporter = None, cancel: threading.Event | None = None,
@@ -193,6 +228,29 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     `partial` (SIZE, PCT% or auto): each destination becomes a partial replica holding the shards
     `partials.choose_members` picks within that budget; files it keeps are not copied again, and
     copies of ours it no longer holds are removed (docs/replicas.md, "Partial replicas")."""
+    job = _plan(source, dest_dirs, rig_root, piece_size=piece_size, replace_existing=replace_existing,
+                allow_same_device=allow_same_device, partial=partial, report=report)
+    _announce(job, report)
+    if dry_run:
+        return _dry_run(job)
+    check_free_space(job.plans, job.sizes, report)
+    pacers = Pacers(max_rate, clock, cancel)
+    # one pacer per physical drive, shared by everything that touches it (--max-rate)
+    paces = {p: pacers.for_drive(drive_key(p)) for p in [job.model.path] + [sp.dest_dir for sp in job.plans]}
+    before = 0
+    for k, rel in enumerate(job.model.files):
+        _copy_file(job, k, rel, before, paces, verify=verify, report=report, cancel=cancel)
+        before += job.sizes[rel]
+    dests, published = _publish_all(job, report)
+    _record(rig_root, job.model, job.manifests, job.plans, dests, published, job.source_verified, job.idents, job.holds)
+    return _result(job.model, _model_manifest(job.model, job.manifests), job.piece_size, tuple(dests), job.read_total,
+                   time.monotonic() - job.t0, partial=job.choices)
+
+
+def _plan(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int, replace_existing: bool,
+          allow_same_device: bool, partial: str | None, report: Reporter) -> _Job:
+    """Read the facts (the source model, its files' identities, the trusted manifests, each
+    destination) and decide what each destination needs (`syncfacts.plan_destinations`)."""
     t0 = time.monotonic()
     check_piece_size(piece_size)
     rig = rigmod.load_rig(rig_root, must_exist=False)
@@ -209,18 +267,31 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     for path in model.paths:
         require_file(path, "source", SOURCE_FIX)
     idents = {rel: FileIdentity.of(path) for rel, path in zip(model.files, model.paths)}
-    sizes = {rel: i.size for rel, i in idents.items()}
-    total = sum(sizes.values())
     manifests = trusted_manifests(rig, model)
     kept = next((m.piece_size for m in manifests.values() if m is not None), None)
     if kept is not None and kept != piece_size:
         emit(report, Notice(model.path, f"the manifest uses piece size {format_bytes(kept)}; keeping it"))
         piece_size = kept
-    choices = choose_members(model, dest_dirs, rig, partial, report) if partial else []
+    choices = []
+    if partial:
+        from .partials import choose_members    # the routing history and the engines: only for --partial
+
+        choices = choose_members(model, dest_dirs, rig, partial, report)
     holds = {c.dest: c.holds for c in choices}
     plans = plan_destinations(model, dest_dirs, rig, manifests, idents, piece_size=piece_size,
                               replace_existing=replace_existing, allow_same_device=allow_same_device, report=report,
                               holds=holds)
+    return _Job(rig, model, idents, manifests, plans, piece_size, holds, choices, t0,
+                results={sp.target: [] for sp in plans})
+
+
+def _announce(job: _Job, report: Reporter) -> None:
+    """Say what the plan means before a byte is written: each file's reason, extra files kept, a
+    RAM destination, more copies than the engine reads, a path the engine would refuse."""
+    # The engines' modules (and numpy under them) load here, not when any `replicas` command starts.
+    from engines.registry import engine_for_model, get_engine, path_refusals
+
+    model, plans = job.model, job.plans
     for sp in plans:
         for p in sp.files:
             if p.reason:
@@ -230,9 +301,9 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
                                            f"{', '.join(sp.extra[:5])}{' …' if len(sp.extra) > 5 else ''}"))
     for sp in plans:
         if is_memory(sp.dest_dir):
-            emit(report, Notice(sp.target, "in RAM (tmpfs): " + ram_note(total, available_memory()), warning=True))
+            emit(report, Notice(sp.target, "in RAM (tmpfs): " + ram_note(job.total, available_memory()), warning=True))
     engine = get_engine(engine_for_model(model.format, model.layout, model.files))   # the engine that reads this model
-    copies = {os.path.realpath(m.path) for m in rig.members} | {os.path.realpath(model.path)} | \
+    copies = {os.path.realpath(m.path) for m in job.rig.members} | {os.path.realpath(model.path)} | \
         {os.path.realpath(sp.target) for sp in plans}
     warning = too_many_sources(len(copies), engine.name, engine.max_sources)
     if warning:
@@ -243,97 +314,102 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
                                            f"{' or '.join(repr(c) for c in chars)} (its list separators), so a profile "
                                            f"using this copy would be refused at export; rename the folder to use it there",
                                 warning=True))
-    if dry_run:
-        dests = tuple(combine_results(sp.dest_dir, sp.target, [
-            DestResult(p.dest_dir, p.target, p.action, "planned", bytes_to_write=bytes_to_write(p, sizes[rel], piece_size),
-                       file=rel) for rel, p in zip(sp.rels, sp.files)], sp.extra, dry_run=True) for sp in plans)
-        known = None if None in manifests.values() else _model_manifest(model, manifests)
-        return _result(model, known, piece_size, dests, 0, time.monotonic() - t0, dry_run=True, partial=choices)
-    check_free_space(plans, sizes, report)
-    block = copy_block(piece_size)
-    pacers = Pacers(max_rate, clock, cancel)
-    src_pace = pacers.for_drive(drive_key(model.path))
-    dest_pace = {sp.target: pacers.for_drive(drive_key(sp.dest_dir)) for sp in plans}
 
-    results: dict[str, list[DestResult]] = {sp.target: [] for sp in plans}
-    failed: set[str] = set()        # destinations with a file that failed: not published
-    stopped: set[str] = set()       # ... with a write that failed: no more files are written there
-    read_total, source_verified, before = 0, {}, 0
-    for k, rel in enumerate(model.files):
-        src_path, ident, size, manifest = model.abs(rel), idents[rel], sizes[rel], manifests[rel]
-        active = [sp for sp in plans if sp.target not in stopped]
-        file_results: dict[str, DestResult] = {}
-        writers: list[DestWriter] = []
-        for sp in active:
-            p = sp.files[k]
-            if p.writes:
-                try:
-                    os.makedirs(os.path.dirname(p.partial), exist_ok=True)
-                    writers.append(DestWriter(p, src_path, ident, size, piece_size, block, report, dest_pace[sp.target],
-                                              task=sp.target, done_before=before, total=total))
-                except OSError as e:
-                    file_results[sp.target] = DestResult(p.dest_dir, p.target, p.action, "failed",
-                                                         error=write_error_text(e), exit_code=EXIT_WRITE)
-        read = 0
-        try:
-            if writers or manifest is None:
-                manifest, read = copy_pass(src_path, ident, writers, manifest, size, piece_size, block, report, cancel,
-                                           src_pace)
-                source_verified[rel] = read == size
-        finally:
-            for w in writers:
-                w.finish()
-        read_total += read
-        # Once more after every byte is durable: a source that changed at the last moment must not
-        # have its old bytes renamed into place as a replica of the new file.
-        check_source(src_path, ident, None)
-        if manifests[rel] is None:          # computed by this pass: named by its place in the model
-            manifest = dataclasses.replace(manifest, name=rel)
-        manifests[rel] = manifest
 
-        # Read back, stamp, rename: destinations in parallel, one reader each.
-        by_target = {w.plan.target: w for w in writers}
-        todo = [sp for sp in active if sp.target not in file_results]
+def _dry_run(job: _Job) -> SyncResult:
+    sizes = job.sizes
+    dests = tuple(combine_results(sp.dest_dir, sp.target, [
+        DestResult(p.dest_dir, p.target, p.action, "planned", bytes_to_write=bytes_to_write(p, sizes[rel], job.piece_size),
+                   file=rel) for rel, p in zip(sp.rels, sp.files)], sp.extra, dry_run=True) for sp in job.plans)
+    known = None if None in job.manifests.values() else _model_manifest(job.model, job.manifests)
+    return _result(job.model, known, job.piece_size, dests, 0, time.monotonic() - job.t0, dry_run=True,
+                   partial=job.choices)
 
-        def finish_file(sp: SetPlan, rel=rel, k=k, manifest=manifest, src_path=src_path, before=before) -> DestResult:
-            p = sp.files[k]
-            return _finalize(p, by_target.get(p.target), src_path, manifest, rig, verify=verify,
-                             rename=not (model.layout == SPLIT and k == 0), started=t0 if p.target in by_target else None,
-                             report=_progress_over(report, sp.target, before, total), cancel=cancel,
-                             pace=dest_pace[sp.target])
 
-        with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="finalize") as pool:
-            for sp, r in zip(todo, pool.map(finish_file, todo)):
-                file_results[sp.target] = r
-        for sp in active:
-            r = dataclasses.replace(file_results[sp.target], file=rel, target=model.in_dir(sp.dest_dir).abs(rel))
-            results[sp.target].append(r)
-            if r.outcome == "failed":
-                failed.add(sp.target)
-                if r.exit_code == EXIT_WRITE:   # the drive is full or failing; a differing file is not
-                    stopped.add(sp.target)
-        before += size
+def _copy_file(job: _Job, k: int, rel: str, before: int, paces: dict[str, Pace | None], *, verify: bool, report: Reporter,
+               cancel: threading.Event | None) -> None:
+    """The k-th file of the model: one cold read of the source fanned out to every destination
+    that needs it, then each copy read back, stamped and renamed (destinations in parallel).
+    `before`: bytes of the model's files before this one (progress is per destination, over the
+    whole model). `paces`: each drive's pacer, by the source's path and each destination folder."""
+    model, total, block = job.model, job.total, copy_block(job.piece_size)
+    src_path, ident, size = model.abs(rel), job.idents[rel], job.sizes[rel]
+    active = [sp for sp in job.plans if sp.target not in job.stopped]
+    file_results: dict[str, DestResult] = {}
+    writers: list[DestWriter] = []
+    for sp in active:
+        p = sp.files[k]
+        if p.writes:
+            try:
+                os.makedirs(os.path.dirname(p.partial), exist_ok=True)
+                writers.append(DestWriter(p, src_path, ident, size, job.piece_size, block, report, paces[sp.dest_dir],
+                                          task=sp.target, done_before=before, total=total))
+            except OSError as e:
+                file_results[sp.target] = DestResult(p.dest_dir, p.target, p.action, "failed",
+                                                     error=write_error_text(e), exit_code=EXIT_WRITE)
+    manifest = job.manifests[rel]
+    try:
+        if writers or manifest is None:
+            manifest, read = copy_pass(src_path, ident, writers, manifest, size, job.piece_size, block, report, cancel,
+                                       paces[model.path])
+            job.source_verified[rel] = read == size
+            job.read_total += read
+    finally:
+        for w in writers:
+            w.finish()
+    # Once more after every byte is durable: a source that changed at the last moment must not
+    # have its old bytes renamed into place as a replica of the new file.
+    check_source(src_path, ident, None)
+    if job.manifests[rel] is None:          # computed by this pass: named by its place in the model
+        manifest = dataclasses.replace(manifest, name=rel)
+    job.manifests[rel] = manifest
 
+    # Read back, parse, stamp, rename: destinations in parallel, one reader each.
+    by_target = {w.plan.target: w for w in writers}
+    todo = [sp for sp in active if sp.target not in file_results]
+    parse_as = file_format(model.format, model.layout, rel)
+
+    def finish_file(sp: SetPlan) -> DestResult:
+        p = sp.files[k]
+        return _finalize(p, by_target.get(p.target), src_path, manifest, job.rig, verify=verify,
+                         rename=not (model.layout == SPLIT and k == 0), started=job.t0 if p.target in by_target else None,
+                         report=_progress_over(report, sp.target, before, total), cancel=cancel,
+                         pace=paces[sp.dest_dir], parse_as=parse_as)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="finalize") as pool:
+        for sp, r in zip(todo, pool.map(finish_file, todo)):
+            file_results[sp.target] = r
+    for sp in active:
+        r = dataclasses.replace(file_results[sp.target], file=rel, target=model.in_dir(sp.dest_dir).abs(rel))
+        job.results[sp.target].append(r)
+        if r.outcome == "failed":
+            job.failed.add(sp.target)
+            if r.exit_code == EXIT_WRITE:   # the drive is full or failing; a differing file is not
+                job.stopped.add(sp.target)
+
+
+def _publish_all(job: _Job, report: Reporter) -> tuple[list[DestResult], set[str]]:
+    """Each destination's result, its model made visible under its final name when every file
+    verified (`_publish`), and a partial replica that shrank cleared of what it no longer holds.
+    Returns (results, the targets published)."""
+    model = job.model
     dests, published = [], set()
-    for sp in plans:
-        files = results[sp.target]
+    for sp in job.plans:
+        files = job.results[sp.target]
         for rel, p in list(zip(sp.rels, sp.files))[len(files):]:   # after a failed file: not attempted
             files.append(DestResult(p.dest_dir, model.in_dir(sp.dest_dir).abs(rel), p.action, "skipped",
                                     error="not copied: a write failed here earlier", file=rel))
-        error = _publish(sp, model, files, manifests, rig) if sp.target not in failed else ""
-        dropped = _drop_unheld(sp, model, manifests, rig, holds[sp.dest_dir], report) \
-            if sp.dest_dir in holds and sp.target not in failed and not error else ()
+        error = _publish(sp, model, files, job.manifests, job.rig) if sp.target not in job.failed else ""
+        dropped = _drop_unheld(sp, model, job.manifests, job.rig, job.holds[sp.dest_dir], report) \
+            if sp.dest_dir in job.holds and sp.target not in job.failed and not error else ()
         r = combine_results(sp.dest_dir, sp.target, files, sp.extra, seconds=max((f.seconds for f in files), default=0.0),
                             dropped=dropped)
         if error:
             r = dataclasses.replace(r, outcome="failed", error=error, exit_code=EXIT_WRITE)
-        elif sp.target not in failed:
+        elif sp.target not in job.failed:
             published.add(sp.target)
         dests.append(r)
-
-    _record(rig_root, model, manifests, plans, dests, published, source_verified, idents, holds)
-    return _result(model, _model_manifest(model, manifests), piece_size, tuple(dests), read_total, time.monotonic() - t0,
-                   partial=choices)
+    return dests, published
 
 
 def _model_manifest(model: ModelSet, manifests: dict[str, Manifest]) -> ModelManifest:
@@ -396,14 +472,20 @@ def _record(rig_root, model, manifests, plans, dests, published, source_verified
     # per file at its final name.
     now = time.time()
     proven = {}
+    broken = {}         # files whose copy does not parse: the source's bytes do not either
     for sp, r in zip(plans, dests):
         waits = {sp.rels[0]} if model.layout == SPLIT else set(sp.rels) if sp.staging else set()
         for f in r.files:
-            if f.verified and f.action != NOOP and (f.file not in waits or sp.target in published):
+            if f.parses is False:
+                broken[f.file] = Verdict(BROKEN, now, manifests[f.file].digest(), "sync", detail=f.error)
+                proven[f.target] = broken[f.file]
+            elif f.verified and f.action != NOOP and (f.file not in waits or sp.target in published):
                 proven[f.target] = Verdict("verified", now, manifests[f.file].digest(), "sync")
     if os.path.realpath(model.path) == os.path.realpath(rig.model.path):
         for rel, path in zip(model.files, model.paths):
-            if source_verified.get(rel):
+            if rel in broken:
+                proven[path] = broken[rel]
+            elif source_verified.get(rel):
                 write_stamp(path, manifests[rel], rig, tag_file=False, identity=idents[rel])
                 proven[path] = Verdict("verified", now, manifests[rel].digest(), "sync")
     record_verdicts(rig, proven)

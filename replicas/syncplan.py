@@ -98,6 +98,7 @@ class DestResult:
     files: tuple["DestResult", ...] = ()   # a destination's result: one per model file, in order
     extra: tuple[str, ...] = ()     # files the model does not have, reported and kept
     dropped: tuple[str, ...] = ()   # a partial replica that shrank: the copies of ours it no longer holds, removed
+    parses: bool | None = None      # a file read back: whether it parses as its model format (None: not parsed)
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,10 @@ def combine_results(dest_dir: str, target: str, files: Sequence[DestResult], ext
         outcome = "copied" if any(f.outcome == "copied" for f in files) else "identical"
     if len(files) == 1:
         error = files[0].error
-    else:
-        error = ("; ".join(f"{f.file}: {f.error}" for f in failed[:1])
-                 + (f" (and {len(failed) - 1} more files)" if len(failed) > 1 else ""))
+    else:       # a failed file first; else one that was copied but says something (it does not parse)
+        said = failed or [f for f in files if f.error]
+        error = ("; ".join(f"{f.file}: {f.error}" for f in said[:1])
+                 + (f" (and {len(said) - 1} more files)" if len(said) > 1 else ""))
     stamps = sorted({f.stamped for f in files if f.stamped})
     return DestResult(
         dest_dir, target, max((f.action for f in files), key=lambda a: _ACTION_RANK.get(a, 0)), outcome,
@@ -170,7 +172,8 @@ def _piece_dict(b: PieceRange, file: str | None = None) -> dict:
 def _file_dict(f: DestResult) -> dict:
     return {"file": f.file, "target": f.target, "action": f.action, "outcome": f.outcome,
             "bytes_written": f.bytes_written, "bytes_to_write": f.bytes_to_write, "verified": f.verified,
-            "stamped": f.stamped, "bad": [_piece_dict(b) for b in f.bad], "error": f.error, "exit_code": f.exit_code}
+            "stamped": f.stamped, "bad": [_piece_dict(b) for b in f.bad], "error": f.error, "exit_code": f.exit_code,
+            "parses": f.parses}
 
 
 def sync_result_to_dict(res: SyncResult) -> dict:

@@ -19,7 +19,8 @@ from .constants import SCRUB_SCHEMA, VERDICTS_SCHEMA
 from .manifest import Manifest, PieceRange
 
 VERIFIED, MISMATCH, MISSING, UNREADABLE = "verified", "mismatch", "missing", "unreadable"
-VERDICT_STATES = (VERIFIED, MISMATCH, MISSING, UNREADABLE)
+BROKEN = "broken"      # byte-identical, but does not parse as its format (replicas.checks.BROKEN)
+VERDICT_STATES = (VERIFIED, MISMATCH, BROKEN, MISSING, UNREADABLE)
 VERDICTS_KIND, SCRUB_KIND = "verdicts", "scrub"
 VERDICTS_REMEDY = "delete it; the next `replicas verify` records the verdicts again"
 SCRUB_REMEDY = "delete it; `replicas verify --full` then starts from the first piece"
@@ -27,7 +28,7 @@ SCRUB_REMEDY = "delete it; `replicas verify --full` then starts from the first p
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str                          # verified / mismatch / missing / unreadable
+    state: str                          # verified / mismatch / broken / missing / unreadable
     at: float                           # unix seconds when verify found it
     manifest: str                       # Manifest.digest() it was judged against
     how: str = ""                       # stamp / full / sample / repair / sync
@@ -44,10 +45,10 @@ class ScrubMark:
 
 
 # Worst first: a member (or a model's roll-up) takes the worst state any of its files has.
-CHECK_ORDER = ("mismatch", "missing", "unreadable", "identical")
+CHECK_ORDER = ("mismatch", "broken", "missing", "unreadable", "identical")
 # 'gone': a RAM member's file that is not there (tmpfs is emptied at reboot): expected, no alarm.
 GONE = "gone"
-STATUS_ORDER = (MISMATCH, MISSING, UNREADABLE, GONE, "stale", "unverified", VERIFIED)
+STATUS_ORDER = (MISMATCH, BROKEN, MISSING, UNREADABLE, GONE, "stale", "unverified", VERIFIED)
 
 
 def rollup_state(states, order=CHECK_ORDER) -> str:
@@ -69,7 +70,7 @@ def rollup_verdict(verdicts: list[Verdict | None]) -> Verdict | None:
         return None
     if len(known) == 1 and len(verdicts) == 1:
         return known[0]
-    state = rollup_state([v.state for v in known], (MISMATCH, MISSING, UNREADABLE, VERIFIED))
+    state = rollup_state([v.state for v in known], (MISMATCH, BROKEN, MISSING, UNREADABLE, VERIFIED))
     worst = [v for v in known if v.state == state]
     newest = max(worst, key=lambda v: v.at)
     detail = newest.detail if len(worst) == 1 else plural(len(worst), "file") + f" {state}"
@@ -89,6 +90,12 @@ def verdict_of_check(state: str, at: float, manifest: Manifest, how: str, bad=()
 def standing_mismatch(verdict: Verdict | None, manifest: Manifest | None) -> bool:
     """True while a mismatch found against this manifest has not been cleared."""
     return (verdict is not None and manifest is not None and verdict.state == MISMATCH
+            and verdict.manifest == manifest.digest())
+
+
+def standing_broken(verdict: Verdict | None, manifest: Manifest | None) -> bool:
+    """True while a file found not to parse, against this manifest, has not been read clean since."""
+    return (verdict is not None and manifest is not None and verdict.state == BROKEN
             and verdict.manifest == manifest.digest())
 
 

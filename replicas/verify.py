@@ -24,13 +24,14 @@ from core.fsutil import FileIdentity
 from core.rig import Member, Rig
 from core.units import plural
 
-from .checks import IDENTICAL, MISMATCH, MISSING, UNREADABLE, FileCheck, MemberCheck, VerifyReport
+from .checks import BROKEN, IDENTICAL, MISMATCH, MISSING, UNREADABLE, FileCheck, MemberCheck, VerifyReport
 from core.coldio import open_cold, read_sequential
 from .constants import SCRUB_SAVE_S
 from .hashing import PieceHasher
 from .manifest import Manifest, ModelManifest, bad_pieces
 from .manifests import load_manifest
 from models.modelset import member_files
+from models.parsecheck import check_parses, file_format
 from .records import load_scrub, load_verdicts, record_scrub, record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .throttle import Clock, Pace, Pacers
@@ -144,7 +145,7 @@ def as_model(manifest: Manifest | ModelManifest) -> ModelManifest:
 def check_file(path: str, rel: str, manifest: Manifest, rig: Rig, *, mode: str = "quick",
                indices: list[int] | None = None, report: Reporter = None, cancel: threading.Event | None = None,
                pace: Pace | None = None, trust_stamp: bool = True, stamp: bool = True, tag_file: bool = False,
-               scrub: ScrubBook | None = None, tap: Tap | None = None) -> FileCheck:
+               scrub: ScrubBook | None = None, tap: Tap | None = None, parse_as: str | None = None) -> FileCheck:
     """Verify one file of a member against its own manifest. mode: 'quick' (a live stamp is
     trusted, else full), 'full', 'sample' (only `indices` are read).
 
@@ -153,6 +154,8 @@ def check_file(path: str, rel: str, manifest: Manifest, rig: Rig, *, mode: str =
     (a replica we wrote), else a sidecar. `scrub` (full mode) resumes at, and keeps, the file's
     progress mark. `tap(path)` may give a sink fed every byte of a whole-file read (`hash_pieces`'s
     `on_bytes`); a read that starts past the first byte (a resumed scrub) or a sample feeds none.
+    `parse_as` (gguf / safetensors): a file whose bytes a full read found identical must also parse
+    as that format (`models.parsecheck`); one that does not is BROKEN, and is not stamped.
     """
     t0 = time.monotonic()
     base = dict(file=rel, path=path)
@@ -205,11 +208,17 @@ def check_file(path: str, rel: str, manifest: Manifest, rig: Rig, *, mode: str =
     if bad or ident.size != manifest.size:
         return FileCheck(**base, state=MISMATCH, how=how, bad=tuple(bad), size=ident.size, bytes_read=nread,
                          seconds=time.monotonic() - t0, detail=detail, pieces_checked=len(hashes))
+    parsed = check_parses(path, parse_as) if parse_as and how == "full" else None
+    if parsed is not None and not parsed.ok:
+        return FileCheck(**base, state=BROKEN, how=how, size=ident.size, bytes_read=nread, seconds=time.monotonic() - t0,
+                         detail=f"identical to the manifest, but does not parse as {parsed.format}: {parsed.detail}",
+                         pieces_checked=len(hashes), parsed=parsed.format, parses=False)
     stamped = None
     if stamp and how == "full" and FileIdentity.of(path) == ident:
         stamped = write_stamp(path, manifest, rig, tag_file=tag_file, identity=ident)
     return FileCheck(**base, state=IDENTICAL, how=how, size=ident.size, bytes_read=nread,
-                     seconds=time.monotonic() - t0, stamped=stamped, pieces_checked=len(hashes))
+                     seconds=time.monotonic() - t0, stamped=stamped, pieces_checked=len(hashes),
+                     parsed=parsed.format if parsed else "", parses=True if parsed else None)
 
 
 def sample_indices(manifest: ModelManifest, pct: float, rng: random.Random) -> list[list[int]]:
@@ -229,14 +238,17 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
                  sample: float | None = None, rng: random.Random | None = None, report: Reporter = None,
                  cancel: threading.Event | None = None, pace: Pace | None = None, trust_stamp: bool = True,
                  untrusted: frozenset[str] = frozenset(), stamp: bool = True,
-                 scrub: ScrubBook | None = None, tap: Tap | None = None) -> MemberCheck:
+                 scrub: ScrubBook | None = None, tap: Tap | None = None, model_format: str = "") -> MemberCheck:
     """Verify every file of the model where `member` keeps it (a partial replica: the files it
     holds; the others are not its own and never "missing"), in the model's order, each against
     its own manifest (`check_file`); a missing file is named and the others are still checked.
 
     `untrusted`: file paths whose stamp quick verify must not trust (a mismatch was found since).
+    `model_format`: the model's format when the manifest does not say it (a schema-1 manifest):
+    each file read whole must parse as it (`check_file`'s `parse_as`).
     """
     model = as_model(manifest)
+    fmt = model.format or model_format
     located = member_files(member, model)
     if len(located) != len(model.files):    # a partial replica: draw among the files it holds
         held = {rel for rel, _, _ in located}
@@ -246,7 +258,8 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
     for (rel, path, fm), indices in zip(located, draws):
         files.append(check_file(path, rel, fm, rig, mode=mode, indices=indices, report=report, cancel=cancel,
                                 pace=pace, trust_stamp=trust_stamp and path not in untrusted, stamp=stamp,
-                                tag_file=member.role == "replica", scrub=scrub, tap=tap))
+                                tag_file=member.role == "replica", scrub=scrub, tap=tap,
+                                parse_as=file_format(fmt, model.layout, rel)))
     return MemberCheck(member.path, member.name, member.role, tuple(files))
 
 
@@ -313,7 +326,7 @@ def verify_members(members: list[Member], manifest: Manifest | ModelManifest, ri
                 results[m.path] = check_member(m, model, rig, mode=mode, sample=sample, rng=rng, report=report,
                                                cancel=cancel, pace=pacers.for_drive(key), untrusted=untrusted,
                                                stamp=record and m.role in ("primary", "replica"), scrub=scrub,
-                                               tap=tap)
+                                               tap=tap, model_format=rig.format)
         except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(e)
 

@@ -42,7 +42,8 @@ def one_blake3(manifest: ModelManifest | None) -> str | None:
 
 
 def _styled(state: str, extra: str = "") -> str:
-    style = {"identical": "green", "verified": "green", "mismatch": "red", "missing": "red", "gone": "blue"}.get(state, "yellow")
+    style = {"identical": "green", "verified": "green", "mismatch": "red", "broken": "red", "missing": "red",
+             "gone": "blue"}.get(state, "yellow")
     return f"[{style}]{state}[/]" + (f" ({extra})" if extra else "")
 
 
@@ -172,7 +173,7 @@ class StatusView:
 def file_check_json(f: FileCheck) -> dict:
     return {"file": f.file, "path": f.path, "state": f.state, "how": f.how, "bad": [piece_json(b) for b in f.bad],
             "size": f.size, "bytes_read": f.bytes_read, "seconds": f.seconds, "detail": f.detail,
-            "stamped": f.stamped, "pieces_checked": f.pieces_checked}
+            "stamped": f.stamped, "pieces_checked": f.pieces_checked, "parsed": f.parsed or None, "parses": f.parses}
 
 
 def member_check_json(m: MemberCheck) -> dict:
@@ -220,7 +221,7 @@ def verify_problems(rep: VerifyReport) -> list[str]:
     lines = []
     for m in rep.members:
         for f in m.files:
-            if f.state in ("missing", "unreadable") and len(m.files) > 1:
+            if f.state in ("missing", "unreadable") and len(m.files) > 1 or f.state == "broken":
                 lines.append(f"{f.path}: {f.state}: {f.detail}")
             lines += [f"{f.path}: bad piece {b.index} at byte {b.offset}, {b.length} bytes" for b in f.bad]
     return lines
@@ -241,6 +242,9 @@ def repair_text(res: RepairResult) -> tuple[str, list[str]]:
     """The result line (stdout) and a line per file still not identical (stderr)."""
     if not res.repaired and not res.restored and res.after.state == "identical":
         return f"{res.path}: already identical; nothing to repair", []
+    if not res.repaired and not res.restored:     # e.g. broken: the same bytes in every copy
+        return f"{res.path}: nothing a re-copy can mend; {res.after.state}", [
+            f"{f.path}: {f.state}" + (f": {f.detail}" if f.detail else "") for f in res.after.files if f.state != "identical"]
     what = [f"re-copied {plural(len(res.repaired), 'piece')}"] if res.repaired or not res.restored else []
     what += [f"restored {plural(len(res.restored), 'missing file')}"] if res.restored else []
     # A model of several files: the files that were mended, by their own paths (the member's path

@@ -167,3 +167,67 @@ def counting_opens():
         yield opened
     finally:
         builtins.open = real_open
+
+
+# -- the real llama.cpp ----------------------------------------------------------------------------
+
+LLAMA_CPP_ENV = "LLAMA_CPP_BIN_DIR"       # the folder of llama.cpp's binaries (bench/build_llama_cpp.sh prints it)
+
+
+def llama_cpp_bin(name: str) -> str | None:
+    """The path of llama.cpp's binary `name` in $LLAMA_CPP_BIN_DIR, or None when it is not there."""
+    import os
+
+    folder = os.environ.get(LLAMA_CPP_ENV, "")
+    path = os.path.join(folder, name)
+    return path if folder and os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def needs_llama_cpp(*names: str):
+    """Skip (saying why) unless $LLAMA_CPP_BIN_DIR holds every one of llama.cpp's binaries `names`."""
+    import os
+
+    import pytest
+
+    folder = os.environ.get(LLAMA_CPP_ENV, "")
+    missing = [n for n in names if llama_cpp_bin(n) is None]
+    why = (f"{LLAMA_CPP_ENV} is not set: point it at the bin folder of a llama.cpp build "
+           "(bench/build_llama_cpp.sh builds one; see docs/engine.md)" if not folder
+           else f"{LLAMA_CPP_ENV}={folder} has no executable {', '.join(missing)}")
+    return pytest.mark.skipif(bool(missing), reason=why)
+
+
+COMPLETION_FLAGS = ("--temp", "0", "--seed", "42", "-t", "1", "-no-cnv", "--no-display-prompt", "--ignore-eos")
+
+
+def llama_completion(model, prompt: str, n: int, cwd=None) -> tuple[bytes, bool]:
+    """(stdout, complete) of llama-completion generating `n` tokens greedily on one thread (OpenMP's
+    spinning threads crawl on a loaded machine), end-of-generation tokens ignored.
+
+    It prints the text, then "\\n\\n", through its logger's worker thread, and that logger is never
+    flushed at exit (llama.cpp common/log.cpp `common_log_main`: "this design may cause logs to be
+    lost if not flushed before the program exits"): when a small model generates faster than the
+    worker writes, the process ends with rc 0 and its stdout cut short, anywhere (docs/engine.md).
+    The worker writes stdout and stderr lines in the order they were logged and the
+    `common_perf_print:` lines come last, so `complete` is whether stderr shows one."""
+    import subprocess
+
+    p = subprocess.run([llama_cpp_bin("llama-completion"), "-m", str(model), "-p", prompt, "-n", str(n), *COMPLETION_FLAGS],
+                       capture_output=True, timeout=300, cwd=cwd, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+    return p.stdout, b"common_perf_print:" in p.stderr
+
+
+def llama_simple(model, prompt: str, n: int, cwd=None) -> bytes:
+    """The bytes llama-simple generates for `prompt` (`n` tokens, greedy; one OpenMP thread): it
+    prints the prompt's pieces, then each token from the main thread (printf, fflush), then "\\n",
+    so its stdout is complete whenever it exits 0. It stops early at an end-of-generation token."""
+    import os
+    import subprocess
+
+    p = subprocess.run([llama_cpp_bin("llama-simple"), "-m", str(model), "-n", str(n), prompt], capture_output=True,
+                       timeout=300, cwd=cwd, stdin=subprocess.DEVNULL, env={**os.environ, "OMP_THREAD_LIMIT": "1"})
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-3000:]
+    head = prompt.encode()
+    assert p.stdout.startswith(head) and p.stdout.endswith(b"\n"), p.stdout
+    return p.stdout[len(head):-1]

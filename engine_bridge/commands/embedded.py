@@ -24,6 +24,7 @@ from engine_bridge.moe.constants import (
     PRIMARY_WEIGHT,
     PROMPT_SEED,
     PROMPT_TOKENS,
+    QWEN3MOE_FORMAT,
     SYNTH_DEFAULTS,
     SYNTH_FORMATS,
 )
@@ -128,27 +129,43 @@ def reader_options(lanes: int, hedge: bool, hedge_min_busy: float, reweigh: bool
         balance=balance, balance_policy=balance_options(balance_chunk, balance_depth)))
 
 
+def qwen3moe_synth(out: str, shape: dict, seed: int, quant: Optional[str], size: Optional[str], force: bool):
+    """`synth --format qwen3moe` (engine_bridge/moe/synth_qwen3moe.py): its checked spec and its writer."""
+    from engine_bridge.moe.synth_qwen3moe import Qwen3MoeSpec, check_spec, synthesize_qwen3moe
+
+    if size is not None and "ff" in shape:
+        raise UsageError("give --ff or --size, not both (--size solves the expert width)")
+    spec = check_spec(Qwen3MoeSpec(**shape, seed=seed, quant=(quant or SYNTH_DEFAULTS["quant"]).lower(),
+                                   size=parse_size(size, "--size") if size is not None else 0))
+    return spec, lambda progress: synthesize_qwen3moe(out, spec, force=force, progress=progress)
+
+
 def register(app) -> None:
     """Add this module's commands to the engine-bridge app."""
 
     @app.command("synth")
     def synth_cmd(
         out: str = typer.Argument(..., metavar="OUT", help="Model to write: a .gguf file, or a directory with --format colibri."),
-        fmt: str = typer.Option("gguf", "--format", metavar="gguf|colibri",
+        fmt: str = typer.Option("gguf", "--format", metavar="gguf|colibri|qwen3moe",
                                 help="gguf: one GGUF file for the embedded engine (default). colibri: a directory of "
                                      "safetensors shards + config.json + tokenizer.json that colibri's GLM engine loads "
-                                     "(int8 rows + per-row scales; `run` computes it too)."),
-        layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4)."),
+                                     "(int8 rows + per-row scales; `run` computes it too). qwen3moe: one GGUF file "
+                                     "llama.cpp runs, with a BPE tokenizer (`run` computes it too)."),
+        layers: Optional[int] = typer.Option(None, "--layers", help="Transformer layers (default 4; qwen3moe 6)."),
         experts: Optional[int] = typer.Option(None, "--experts", help="Routed experts per layer (default 16)."),
-        top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri 4)."),
-        dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf 512, colibri 1024)."),
-        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536); gguf: "
-                                                            "dim*ff a "
-                                                             "multiple of 65536; colibri: a multiple of 64."),
-        vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512)."),
+        top_k: Optional[int] = typer.Option(None, "--top-k", help="Experts chosen per token (default: gguf 2, colibri and "
+                                                                  "qwen3moe 4)."),
+        dim: Optional[int] = typer.Option(None, "--dim", help="Model width (default: gguf and qwen3moe 512, colibri 1024)."),
+        ff: Optional[int] = typer.Option(None, "--ff", help="Expert hidden width (default: gguf 1024, colibri 1536, qwen3moe "
+                                                            "256); gguf: dim*ff a multiple of 65536; colibri: a multiple of "
+                                                            "64; qwen3moe: of 32."),
+        vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size (default 512; qwen3moe: every merge "
+                                                                  "its tokenizer learns, 331)."),
+        size: Optional[str] = typer.Option(None, "--size", metavar="SIZE", help="qwen3moe only: the file's size to come "
+                                           "close to (e.g. 500M); the expert width is solved from it."),
         seed: int = typer.Option(SYNTH_DEFAULTS["seed"], "--seed", help="Same seed and shape, same bytes."),
-        quant: Optional[str] = typer.Option(None, "--quant", help="gguf only: routed expert type, q8_0 (default), q4_0, or f32 "
-                                                                   "(unquantized: least compute per byte read)."),
+        quant: Optional[str] = typer.Option(None, "--quant", help="gguf and qwen3moe: routed expert type, q8_0 (default), "
+                                                                   "q4_0, or f32 (unquantized: least compute per byte read)."),
         shards: Optional[int] = typer.Option(None, "--shards", help="colibri only: safetensors shards, each layer whole in "
                                                                      "one (default: 4, or --layers if fewer)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing OUT (refused without it)."),
@@ -162,12 +179,18 @@ def register(app) -> None:
 
         fmt = fmt.lower()
         if fmt not in SYNTH_FORMATS:
-            raise UsageError(f"--format {fmt!r}: use {' or '.join(SYNTH_FORMATS)}")
+            raise UsageError(f"--format {fmt!r}: use {', '.join(SYNTH_FORMATS[:-1])} or {SYNTH_FORMATS[-1]}")
         shape = {k: v for k, v in dict(layers=layers, experts=experts, top_k=top_k, dim=dim, ff=ff, vocab=vocab).items()
                  if v is not None}
-        if fmt == COLIBRI_FORMAT:
+        if size is not None and fmt != QWEN3MOE_FORMAT:
+            raise UsageError("--size is for --format qwen3moe; the other formats take --ff")
+        if fmt == QWEN3MOE_FORMAT:
+            if shards is not None or model_type is not None:
+                raise UsageError("--shards and --model-type are for --format colibri (a qwen3moe model is one GGUF file)")
+            spec, write = qwen3moe_synth(out, shape, seed, quant, size, force)
+        elif fmt == COLIBRI_FORMAT:
             if quant is not None:
-                raise UsageError("--quant is for --format gguf; colibri's format is int8 rows with per-row scales")
+                raise UsageError("--quant is for --format gguf and qwen3moe; colibri's format is int8 rows with per-row scales")
             from engine_bridge.moe.synth_colibri import ColibriSpec, check_spec as check_colibri, synthesize_colibri
 
             base = ColibriSpec(**shape, seed=seed, **({"model_type": model_type} if model_type else {}))

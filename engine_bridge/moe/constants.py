@@ -22,12 +22,17 @@ def expert_tensor_name(layer: int, component: str) -> str:
 # Resident (read normally at load, kept in RAM) tensors of one layer, in file order.
 LAYER_RESIDENT = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                   "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+# A qwen3moe layer's (llama.cpp src/models/qwen3moe.cpp `load_arch_tensors`): no shared expert.
+QWEN3MOE_ARCH = "qwen3moe"
+QWEN3MOE_RESIDENT = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+                     "ffn_norm", "ffn_gate_inp")
 
 # colibri's GLM engine (c/colibri.c): the model_type its launcher sends to it, the suffix of a
 # pre-quantised weight's per-row F32 scales (`NAME.qs`), and colibri's name for int8 rows (fmt=1).
 COLIBRI_MODEL_TYPE = "glm_moe_dsa"
-SYNTH_FORMATS = ("gguf", "colibri")         # `synth --format`: a GGUF file, or the directory colibri's GLM engine loads
-GGUF_FORMAT, COLIBRI_FORMAT = SYNTH_FORMATS
+# `synth --format`: a GGUF file, the directory colibri's GLM engine loads, a qwen3moe GGUF llama.cpp runs
+SYNTH_FORMATS = ("gguf", "colibri", "qwen3moe")
+GGUF_FORMAT, COLIBRI_FORMAT, QWEN3MOE_FORMAT = SYNTH_FORMATS
 COLIBRI_SCALE_SUFFIX = ".qs"
 ROW_INT8 = "int8-row"
 

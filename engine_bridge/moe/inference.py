@@ -1,7 +1,10 @@
 """The embedded MoE engine: a numpy forward pass whose routed experts arrive only through reads.
 
 Per layer: RMSNorm, one causal attention head (resident, with a KV cache), RMSNorm, router
-(top-k of softmaxed logits), a resident shared expert and the routed experts (SwiGLU). Prefill
+(top-k of softmaxed logits), a resident shared expert and the routed experts (SwiGLU). A qwen3moe
+model (`resident.Attention`) has llama.cpp's qwen3moe layer instead: grouped-query attention with
+per-head q/k RMSNorm and NeoX RoPE, and no shared expert; its router is the same (qwen3moe's
+softmax over all experts, top-k, weights renormalised to sum 1 is the softmax of the top-k logits). Prefill
 routes a chunk of tokens, computes the experts already cached, then stages the union of the
 selected experts that miss the cache with the target engine's reads (ds4-argodrive coalesces
 contiguous experts of one tensor into reads of up to 32 MiB; colibri reads each expert whole from
@@ -40,7 +43,7 @@ from .constants import (
     ROW_INT8,
     STAGE_WINDOW,
 )
-from .resident import Geometry, Resident
+from .resident import Attention, Geometry, Resident
 from .staging import PhaseCounters, SubmitRead, stage_reads
 
 _Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])
@@ -87,8 +90,40 @@ def swiglu(x: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) ->
     return (silu(x @ gate.T) * (x @ up.T)) @ down.T
 
 
-def rmsnorm(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(RMS_EPS)) * w
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float = RMS_EPS) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * w
+
+
+def rope_neox(x: np.ndarray, pos: int, base: float, dims: int) -> np.ndarray:
+    """NeoX rotary embedding of x (tokens, heads, head_dim) at positions pos..: element i is
+    rotated with element i + dims/2 by angle p * base^(-2i/dims) (ggml's rope, GGML_ROPE_TYPE_NEOX)."""
+    half = dims // 2
+    p = np.arange(pos, pos + x.shape[0], dtype=np.float64)[:, None]
+    theta = p * np.power(float(base), -2.0 * np.arange(half, dtype=np.float64) / dims)[None, :]
+    cos, sin = np.cos(theta).astype(np.float32)[:, None, :], np.sin(theta).astype(np.float32)[:, None, :]
+    a, b = x[..., :half], x[..., half:dims]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos, x[..., dims:]], axis=-1)
+
+
+def attend_gqa(h: np.ndarray, L: dict, at: Attention, eps: float, pos: int, kc: np.ndarray, vc: np.ndarray,
+               mask: np.ndarray) -> np.ndarray:
+    """qwen3moe's attention (llama.cpp src/models/qwen3moe.cpp): q, k, v projections, q and k
+    RMSNormed per head, NeoX RoPE, causal softmax(q k^T / sqrt(head_dim)) v with each K/V head
+    shared by heads/kv_heads query heads, then the output projection. Fills the KV cache
+    (ctx, kv_heads, head_dim) at positions pos..; returns the attention output (tokens, dim)."""
+    n, H, KV, d = h.shape[0], at.heads, at.kv_heads, at.head_dim
+    q = rmsnorm((h @ L["attn_q"].T).reshape(n, H, d), L["attn_q_norm"], eps)
+    k = rmsnorm((h @ L["attn_k"].T).reshape(n, KV, d), L["attn_k_norm"], eps)
+    kc[pos:pos + n] = rope_neox(k, pos, at.rope_base, at.rope_dims)
+    vc[pos:pos + n] = (h @ L["attn_v"].T).reshape(n, KV, d)
+    q = rope_neox(q, pos, at.rope_base, at.rope_dims)
+    g = H // KV
+    qg = q.reshape(n, KV, g, d).transpose(1, 2, 0, 3)                  # (KV, g, n, d)
+    keys = kc[:pos + n].transpose(1, 2, 0)[:, None]                     # (KV, 1, d, T)
+    vals = vc[:pos + n].transpose(1, 0, 2)[:, None]                     # (KV, 1, T, d)
+    att = softmax((qg @ keys) * np.float32(1.0 / np.sqrt(d)) + mask)
+    out = (att @ vals).transpose(2, 0, 1, 3).reshape(n, H * d)
+    return out @ L["attn_output"].T
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -194,7 +229,10 @@ class EmbeddedEngine:
                 self._use(ahead.popleft(), base, compute)
         while ahead:
             self._use(ahead.popleft(), base, compute)
-        out = swiglu(h, L["ffn_gate_shexp"], L["ffn_up_shexp"], L["ffn_down_shexp"])
+        if "ffn_gate_shexp" in L:
+            out = swiglu(h, L["ffn_gate_shexp"], L["ffn_up_shexp"], L["ffn_down_shexp"])
+        else:                                                # qwen3moe: routed experts only
+            out = np.zeros_like(h)
         for k in range(sel.shape[1]):                        # fixed summation order: slot 0, 1, ...
             out += w[:, k, None] * contrib[:, k]
         return out
@@ -211,22 +249,26 @@ class EmbeddedEngine:
         scale = np.float32(1.0 / np.sqrt(r.attn))
         mask = np.triu(np.full((n, pos + n), -np.inf, dtype=np.float32), k=pos + 1)
         for i, L in enumerate(r.layers):
-            h = rmsnorm(x, L["attn_norm"])
+            h = rmsnorm(x, L["attn_norm"], r.eps)
             kc, vc = kv[i]
-            kc[pos:pos + n] = h @ L["attn_k"].T
-            vc[pos:pos + n] = h @ L["attn_v"].T
-            q = h @ L["attn_q"].T
-            att = softmax((q @ kc[:pos + n].T) * scale + mask)
-            x = x + (att @ vc[:pos + n]) @ L["attn_output"].T
-            x = x + self._moe(i, rmsnorm(x, L["ffn_norm"]), phase, counters)
+            if r.attention is not None:
+                x = x + attend_gqa(h, L, r.attention, r.eps, pos, kc, vc, mask)
+            else:
+                kc[pos:pos + n] = h @ L["attn_k"].T
+                vc[pos:pos + n] = h @ L["attn_v"].T
+                q = h @ L["attn_q"].T
+                att = softmax((q @ kc[:pos + n].T) * scale + mask)
+                x = x + (att @ vc[:pos + n]) @ L["attn_output"].T
+            x = x + self._moe(i, rmsnorm(x, L["ffn_norm"], r.eps), phase, counters)
         self.cache.advance(n)
-        last = rmsnorm(x[-1:], r.output_norm)
+        last = rmsnorm(x[-1:], r.output_norm, r.eps)
         return (last @ r.output.T)[0]
 
     def run(self, prompt: np.ndarray, gen_tokens: int) -> RunOutcome:
         r = self.r
         ctx = len(prompt) + gen_tokens
-        kv = [(np.zeros((ctx, r.attn), np.float32), np.zeros((ctx, r.attn), np.float32)) for _ in r.layers]
+        width = (ctx, r.attn) if r.attention is None else (ctx, r.attention.kv_heads, r.attention.head_dim)
+        kv = [(np.zeros(width, np.float32), np.zeros(width, np.float32)) for _ in r.layers]
         pre, dec = PhaseCounters(), PhaseCounters()
         t0 = time.perf_counter()
         logits = None

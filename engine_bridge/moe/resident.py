@@ -15,6 +15,12 @@ tensors: colibri's MLA attention is folded into the engine's single head (head 0
 RMSNorm weights kept as diagonal scales but not their normalisation, no RoPE), the router's
 softmax top-k ignores `e_score_correction_bias`, norm_topk_prob and routed_scaling_factor. So its
 tokens are its own, not colibri's; what it shares with colibri is every weight and every read.
+
+A qwen3moe GGUF (`synth --format qwen3moe`, or any qwen3moe GGUF whose routed experts are Q8_0,
+Q4_0 or F32) is computed as llama.cpp's src/models/qwen3moe.cpp builds it: grouped-query
+attention with per-head RMSNorm of q and k and NeoX RoPE, no shared expert (`Attention` below).
+Its resident tensors may be of any type the gguf library dequantizes. A GGUF model may be one
+file or a split set (resident tensors are read from the member that holds each).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from core.errors import UsageError
 from models.geometry import ExpertTensor, Geometry
 from models.modelset import discover
 from models.tensortable import inspect_model as inspect_any
-from models.tensortable import open_gguf, read_tensor_table
+from models.tensortable import read_tensor_table
 
 from .constants import (
     ARCH,
@@ -38,15 +44,20 @@ from .constants import (
     KV_ATTN,
     KV_SEED,
     LAYER_RESIDENT,
+    QWEN3MOE_ARCH,
+    QWEN3MOE_RESIDENT,
+    RMS_EPS,
     ROW_INT8,
 )
 
-__all__ = ["ExpertTensor", "Geometry", "inspect_model", "Resident", "load_resident"]
+__all__ = ["Attention", "ExpertTensor", "Geometry", "inspect_model", "Resident", "load_resident"]
+
+_EXPERT_QTYPES = ("Q8_0", "Q4_0", "F32")
 
 
 def inspect_model(path: str) -> Geometry:
-    """Expert geometry of a model `run` can compute (models.tensortable reads it): one GGUF file
-    with stacked gate/up/down tensors whose slices are one size, as `synth` writes (its
+    """Expert geometry of a model `run` can compute (models.tensortable reads it): a GGUF file or
+    split set with stacked gate/up/down tensors whose slices are one size, as `synth` writes (its
     dequantize and resident weights assume that shape). Replay reads any geometry."""
     g = inspect_any(path)
     if g.format == "safetensors":
@@ -54,10 +65,6 @@ def inspect_model(path: str) -> Geometry:
     if not g.stacked or g.components != COMPONENTS:
         raise UsageError(f"{g.path}: routed experts are {'per-expert tensors' if not g.stacked else '/'.join(g.components)}; "
                          "the engine reads stacked blk.N.ffn_{gate,up,down}_exps.weight tensors (a GGUF model)")
-    if g.layout != "file":
-        # The resident weights are read from one file, as synth writes it.
-        raise UsageError(f"{g.path}: a {g.layout} model of {len(set(t.file for t in g.tensors))} files; the engine reads "
-                         "a single GGUF file (merge the set with llama-gguf-split --merge)")
     return _uniform(g)
 
 
@@ -105,13 +112,15 @@ def _uniform(g: Geometry) -> Geometry:
     return g
 
 
-def _open_reader(path: str):
-    return open_gguf(path)
-
-
-def _field(reader, key: str):
-    f = reader.get_field(key)
-    return None if f is None else f.contents()
+@dataclass(frozen=True)
+class Attention:
+    """Grouped-query attention as qwen3moe computes it: `heads` query heads over `kv_heads` K/V
+    heads of `head_dim`, q and k RMSNormed per head, NeoX RoPE (pairs i and i + rope_dims/2)."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_base: float
+    rope_dims: int
 
 
 @dataclass(frozen=True)
@@ -129,56 +138,126 @@ class Resident:
     seed: int
     # ROW_INT8 only: per layer, per expert, the (gate, up, down) per-row F32 scales (resident)
     row_scales: tuple | None = None
+    # None: the engine's own single head (`synth`'s models); else qwen3moe's attention
+    attention: Attention | None = None
+    eps: float = RMS_EPS         # RMSNorm epsilon
 
 
 def load_resident(geometry: Geometry) -> Resident:
-    """Read the resident tensors of a model written by `synth` (plain reads), or of a colibri-format
-    directory (`synth_colibri`; see the module doc)."""
+    """Read the resident tensors of a model written by `synth` or `synth --format qwen3moe` (plain
+    reads), or of a colibri-format directory (`synth_colibri`; see the module doc)."""
     if geometry.format == "safetensors":
         return _colibri_resident(geometry)
-    r = _open_reader(geometry.path)
+    if geometry.arch == QWEN3MOE_ARCH:
+        return _qwen3moe_resident(geometry, _Table(geometry.path, "engine-bridge synth --format qwen3moe"))
     if geometry.arch != ARCH:
-        raise UsageError(f"{geometry.path}: architecture {geometry.arch!r} is not {ARCH!r}; `run` computes only models "
-                         "written by `engine-bridge synth` (use `engine-bridge replay` for other models)")
-    byname = {t.name: t for t in r.tensors}
+        raise UsageError(f"{geometry.path}: architecture {geometry.arch!r} is neither {ARCH!r} nor {QWEN3MOE_ARCH!r}; `run` "
+                         "computes models written by `engine-bridge synth` (use `engine-bridge replay` for other models)")
+    T = _Table(geometry.path, "engine-bridge synth")
 
     def get(name: str) -> np.ndarray:
-        t = byname.get(name)
-        if t is None:
-            raise UsageError(f"{geometry.path}: tensor {name} is missing; re-create the model with `engine-bridge synth`")
-        if t.tensor_type.name != "F32":
-            raise UsageError(f"{geometry.path}: tensor {name} is {t.tensor_type.name}, expected F32")
-        return np.array(t.data, dtype=np.float32)  # copies out of the map: a plain read
+        t = T.info(name)
+        if t.dtype != "F32":
+            raise UsageError(f"{geometry.path}: tensor {name} is {t.dtype}, expected F32")
+        return T.floats(name)
 
-    qtypes = {t.qtype for t in geometry.tensors}
-    if qtypes - {"Q8_0", "Q4_0", "F32"} or len(qtypes) != 1:
-        raise UsageError(f"{geometry.path}: routed experts are {sorted(qtypes)}; the engine computes one of Q8_0, Q4_0, F32")
+    qtype = _expert_qtype(geometry)
     layers = tuple({n: get(f"blk.{i}.{n}.weight") for n in LAYER_RESIDENT} for i in range(geometry.layers))
     embed = get("token_embd.weight")
     first = layers[0]
     gate = geometry.tensor(0, "gate").shape  # (dim, ff, experts)
     return Resident(embed=embed, output_norm=get("output_norm.weight"), output=get("output.weight"), layers=layers,
-                    dim=int(gate[0]), ff=int(gate[1]), attn=int(_field(r, f"{ARCH}.{KV_ATTN}") or first["attn_q"].shape[0]),
-                    vocab=int(embed.shape[0]), qtype=qtypes.pop(), seed=int(_field(r, f"{ARCH}.{KV_SEED}") or 0))
+                    dim=int(gate[0]), ff=int(gate[1]), attn=int(T.meta.get(f"{ARCH}.{KV_ATTN}") or first["attn_q"].shape[0]),
+                    vocab=int(embed.shape[0]), qtype=qtype, seed=int(T.meta.get(f"{ARCH}.{KV_SEED}") or 0))
+
+
+def _expert_qtype(geometry: Geometry) -> str:
+    qtypes = {t.qtype for t in geometry.tensors}
+    if qtypes - set(_EXPERT_QTYPES) or len(qtypes) != 1:
+        raise UsageError(f"{geometry.path}: routed experts are {sorted(qtypes)}; the engine computes one of "
+                         f"{', '.join(_EXPERT_QTYPES)}")
+    return qtypes.pop()
+
+
+def _qwen3moe_resident(g: Geometry, T: "_Table") -> Resident:
+    """The resident weights of a qwen3moe GGUF, with the hyperparameters llama.cpp reads
+    (src/llama-model.cpp `load_hparams`, src/models/qwen3moe.cpp), dequantized to float32."""
+    a = QWEN3MOE_ARCH
+    dim = T.meta_int(f"{a}.embedding_length")
+    heads = T.meta_int(f"{a}.attention.head_count")
+    kv_heads = T.meta_int(f"{a}.attention.head_count_kv", heads)
+    head_dim = T.meta_int(f"{a}.attention.key_length", dim // heads)
+    if T.meta_int(f"{a}.attention.value_length", head_dim) != head_dim or heads % kv_heads:
+        raise UsageError(f"{g.path}: attention key/value widths or head counts ({heads} heads, {kv_heads} K/V heads) are "
+                         "not qwen3moe's: equal key and value widths, heads a multiple of K/V heads")
+    rope_dims = T.meta_int(f"{a}.rope.dimension_count", head_dim)
+    if rope_dims != head_dim:
+        raise UsageError(f"{g.path}: {a}.rope.dimension_count {rope_dims} is not the head width {head_dim} (qwen3moe "
+                         "ropes whole heads)")
+    rope_base = float(T.meta.get(f"{a}.rope.freq_base", 10000.0))
+    eps = float(T.meta.get(f"{a}.attention.layer_norm_rms_epsilon", RMS_EPS))
+    q, kv = heads * head_dim, kv_heads * head_dim
+    shapes = {"attn_norm": (dim,), "attn_q": (q, dim), "attn_k": (kv, dim), "attn_v": (kv, dim),
+              "attn_output": (dim, q), "attn_q_norm": (head_dim,), "attn_k_norm": (head_dim,), "ffn_norm": (dim,),
+              "ffn_gate_inp": (g.experts, dim)}
+    layers = tuple({n: T.floats(f"blk.{lid}.{n}.weight", shapes[n]) for n in QWEN3MOE_RESIDENT}
+                   for lid in (g.layer_ids or range(g.layers)))
+    embed = T.floats("token_embd.weight")
+    vocab = int(embed.shape[0])
+    output = T.floats("output.weight", (vocab, dim)) if "output.weight" in T.byname else embed   # tied when absent
+    gate = g.tensor(0, "gate").shape  # (dim, ff, experts)
+    if int(gate[0]) != dim or embed.shape != (vocab, dim):
+        raise UsageError(f"{g.path}: experts or embeddings are not {dim} wide ({a}.embedding_length)")
+    return Resident(embed=embed, output_norm=T.floats("output_norm.weight", (dim,)), output=output, layers=layers,
+                    dim=dim, ff=int(gate[1]), attn=kv, vocab=vocab, qtype=_expert_qtype(g), seed=0,
+                    attention=Attention(heads, kv_heads, head_dim, rope_base, rope_dims), eps=eps)
 
 
 # -- colibri's format ----------------------------------------------------------------------------
 
 class _Table:
-    """Plain reads of named tensors of a safetensors directory (offsets from its tensor table)."""
+    """Plain reads of named tensors of a model's files: a GGUF file or split set, or a safetensors
+    directory (offsets from its tensor table). `writer`: the command that makes such a model."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, writer: str = "engine-bridge synth --format colibri"):
         self.model = discover(path)
         table = read_tensor_table(self.model)
-        self.path, self.meta = path, table.meta
+        self.path, self.meta, self.format, self.writer = path, table.meta, table.format, writer
         self.byname = {t.name: t for t in table.tensors}
 
     def info(self, name: str):
         t = self.byname.get(name)
         if t is None:
-            raise UsageError(f"{self.path}: tensor {name} is missing; re-create the model with "
-                             "`engine-bridge synth --format colibri`")
+            raise UsageError(f"{self.path}: tensor {name} is missing; re-create the model with `{self.writer}`")
         return t
+
+    def meta_int(self, key: str, default: int | None = None) -> int:
+        v = self.meta.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UsageError(f"{self.path}: metadata {key} is {v!r}; need a positive integer")
+        return v
+
+    def floats(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """A GGUF tensor as float32 in numpy order (ggml's ne reversed), dequantized by the gguf
+        library when it is not F32; UsageError when its shape is not `shape`."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        t = self.info(name)
+        want = tuple(reversed(t.shape))
+        raw = np.frombuffer(self.raw(name), dtype=np.uint8)
+        if t.dtype == "F32":
+            a = raw.view("<f4").astype(np.float32)
+        else:
+            try:
+                qt = GGMLQuantizationType[t.dtype]
+                rows = int(np.prod(want[:-1])) if len(want) > 1 else 1
+                a = dequantize(raw.reshape(rows, -1), qt).astype(np.float32)
+            except (KeyError, NotImplementedError, ValueError) as e:
+                raise UsageError(f"{self.path}: tensor {name} is {t.dtype}, which the engine cannot read ({e})") from None
+        if a.size != int(np.prod(want)) or (shape is not None and want != tuple(shape)):
+            raise UsageError(f"{self.path}: tensor {name} has shape {want}, expected {tuple(shape or want)}")
+        return a.reshape(want)
 
     def raw(self, name: str) -> bytes:
         t = self.info(name)

@@ -9,7 +9,9 @@ import io
 import json
 import os
 import time
-from typing import ClassVar
+from typing import ClassVar, Sequence
+
+import numpy as np
 
 from core.errors import UsageError
 from core.results import Document
@@ -38,18 +40,27 @@ class RunResults(Document):
 
 def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, reader: ReaderSettings = EMBEDDED,
               prompt_seed: int = 0, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
-              trace: bool = False, dequant_threads: int = DEQUANT_THREADS) -> dict:
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS,
+              prompt_ids: Sequence[int] | None = None) -> dict:
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
     `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
     sources that read nothing in a phase, `idle.idle_sources`). reader: the split reader's lanes
     and what it does beyond the engine's reads (`ReaderSettings`; by default hedging, re-weighting
-    and balancing are on: one slow drive must not hold every read; docs/reader.md)."""
+    and balancing are on: one slow drive must not hold every read; docs/reader.md). prompt_ids:
+    the prompt's token ids (a tokenized text) instead of `prompt` ids drawn from `prompt_seed`."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
+    if prompt_ids is not None:
+        ids = np.asarray(list(prompt_ids), dtype=np.int64)
+        if ids.size and not (0 <= ids.min() and ids.max() < resident.vocab):
+            raise UsageError(f"prompt ids must be in 0..{resident.vocab - 1} (the model's vocabulary)")
+        prompt = int(ids.size)
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0)):
         if v < lo:
             raise UsageError(f"{name} {v}: must be at least {lo}")
+    if prompt_ids is None:
+        ids = prompt_tokens(prompt, resident.vocab, prompt_seed)
     total = geometry.layers * geometry.experts
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
@@ -61,7 +72,7 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, rea
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
         try:
-            outcome = eng.run(prompt_tokens(prompt, resident.vocab, prompt_seed), gen)
+            outcome = eng.run(ids, gen)
         finally:
             eng.close()
         stats = split.stats()
@@ -125,6 +136,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "planned": {ph: sources.planned.get(ph) for ph in PHASES},
         "idle": idle,
         "output_tokens": len(o.tokens),
+        "output_ids": list(o.tokens),
         "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text},
         **({"trace": o.trace} if o.trace is not None else {}),
     }

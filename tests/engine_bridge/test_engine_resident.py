@@ -67,9 +67,10 @@ def test_a_model_without_routed_experts_or_with_a_missing_one_is_refused(tmp_pat
 
 
 def test_run_refuses_what_it_cannot_compute(tmp_path):
-    """`run` computes a one-file model shaped as synth writes it: a split set (with unequal
-    components) is read by the general geometry (replay, the planner) but refused here, in one line."""
+    """`run` computes a model shaped as synth writes it, in one file or a split set (a re-split one
+    computes: tests/engine_bridge/test_synth_qwen3moe.py): a split set with unequal components is
+    read by the general geometry (replay, the planner) but refused here, in one line."""
     paths = write_moe_split_gguf(tmp_path / "s", "m")
     assert inspect_any(str(paths[0])).layout == "gguf-split"
-    with pytest.raises(UsageError, match="the engine reads a single GGUF file"):
+    with pytest.raises(UsageError, match=r"expert tensors differ in slice size \[4096, 8192\]"):
         inspect_model(str(paths[0]))

@@ -1,5 +1,6 @@
-"""`iobench testbed`: the command surface everywhere; building, throttling, crashing and taking
-down real drives where the machine allows it (root, loop devices, a block I/O controller)."""
+"""`iobench testbed`: the command surface everywhere; building, throttling, holding to a RAM
+budget, crashing and taking down real drives where the machine allows it (root, loop devices, a
+block I/O controller; a memory controller for the budget)."""
 
 import json
 import multiprocessing
@@ -13,11 +14,13 @@ from typer.testing import CliRunner
 from core.errors import UsageError
 from iobench import testbed
 from iobench.cli import app
-from iobench.testbed_spec import cgroup_name, plan_drives
+from iobench.testbed_spec import cgroup_name, parse_ram, plan_drives
 
 runner = CliRunner()
 PROBLEMS = testbed.check()
 needs_testbed = pytest.mark.skipif(bool(PROBLEMS), reason=f"no testbed here: {', '.join(PROBLEMS)}")
+MEMORY, MEMORY_WHY = testbed.memory_controller()
+needs_memory = pytest.mark.skipif(MEMORY is None, reason=f"no RAM budget here: {MEMORY_WHY}")
 SIZE = 64 << 20
 IOBENCH = [sys.executable, "-c", "from iobench.cli import main; main()"]
 
@@ -28,6 +31,9 @@ def test_check_says_yes_with_exit_0_or_why_not_with_exit_1():
         assert r.exit_code == 1 and r.output.startswith("unavailable: ") and PROBLEMS[0] in r.output
     else:
         assert r.exit_code == 0 and r.output.startswith("ok: root, loop devices, cgroup v")
+    # and whether a RAM budget can be held, in the same line
+    assert len(r.output.strip().splitlines()) == 1
+    assert (f"; RAM budgets: {MEMORY_WHY}" if MEMORY else f"; RAM budgets unavailable: {MEMORY_WHY}") in r.output
 
 
 def test_no_testbed_at_a_folder_is_exit_3_in_one_line(tmp_path):
@@ -49,7 +55,10 @@ def test_a_state_file_of_another_kind_is_exit_2_and_nothing_is_touched(tmp_path)
 def test_bad_limits_are_exit_2_before_anything_is_made(tmp_path):
     root = tmp_path / "bed"
     for args, text in ((["--drive", "a:0"], "--drive 'a:0'"), (["--drive", "a:5", "--iops", "b:3"], "--iops names b"),
-                       (["--drive", "a:5", "--size", "1M"], "--size '1M'")):
+                       (["--drive", "a:5", "--size", "1M"], "--size '1M'"), (["--drive", "a:5", "--ram", "2X"], "--ram '2X'"),
+                       (["--drive", "a:5", "--ram", "ref"], "needs the model: give --ram-of"),
+                       (["--drive", "a:5", "--ram", "25%", "--ram-of", str(tmp_path / "nothing")],
+                        "no such file or folder, and not a size")):
         r = runner.invoke(app, ["testbed", "up", "--root", str(root), *args])
         assert r.exit_code == 2 and text in r.output, r.output
     assert not root.exists()
@@ -57,7 +66,19 @@ def test_bad_limits_are_exit_2_before_anything_is_made(tmp_path):
 
 def test_run_wants_a_command(tmp_path):
     with pytest.raises(UsageError, match="wants a command"):
-        testbed.exec_in_group(str(tmp_path), [])
+        testbed.run_in_group(str(tmp_path), [])
+
+
+def test_a_shares_bytes_are_the_whole_models(tmp_path):
+    """--ram-of: a model's every file (a folder's, a split set's), a plain file's size, or a size."""
+    (tmp_path / "plain.bin").write_bytes(b"x" * 1000)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "weights.bin").write_bytes(b"y" * 5000)
+    assert testbed.bytes_of([str(tmp_path / "plain.bin")]) == 1000
+    assert testbed.ram_of([str(tmp_path / "plain.bin"), str(folder)]) == 1000 + 2 + 5000
+    assert testbed.ram_of(["518G"]) == 518 << 30 and testbed.ram_of([]) == 0
 
 
 # ---- on real drives ---------------------------------------------------------------------------
@@ -68,9 +89,9 @@ def leftovers(root: str) -> list[str]:
              if root in line]
     with open("/proc/self/mountinfo") as f:
         found += [line for line in f if root in line]
-    ctl, _ = testbed.controller()
-    if os.path.exists(os.path.join(ctl.mount, cgroup_name(root))):
-        found.append(f"group {cgroup_name(root)}")
+    for ctl, _ in (testbed.controller(), testbed.memory_controller()):
+        if ctl and os.path.exists(os.path.join(ctl.mount, cgroup_name(root))):
+            found.append(f"group {ctl.mount}/{cgroup_name(root)}")
     return found
 
 
@@ -169,17 +190,100 @@ def test_down_leaves_running_commands_alone_unless_told_to_kill(bed_root):
     sleeper = subprocess.Popen([*IOBENCH, "testbed", "run", "--root", bed_root, "--", "sleep", "600"])
     try:
         state = testbed.load_state(bed_root)
-        # the child writes its own pid into the group before it execs `sleep`
-        while sleeper.pid not in testbed.group_pids(state):
+        # `run` starts the command inside the groups and waits for it outside them
+        while not testbed.group_pids(state):
             assert sleeper.poll() is None
             os.sched_yield()
+        (pid,) = testbed.group_pids(state)
+        assert pid != sleeper.pid and parent_of(pid) == sleeper.pid
         r = runner.invoke(app, ["testbed", "down", "--root", bed_root])
-        assert r.exit_code == 2 and f"pids {sleeper.pid}" in r.output and "--kill" in r.output
+        assert r.exit_code == 2 and f"pids {pid}" in r.output and "--kill" in r.output
         assert os.path.ismount(state.drives[0].mount)
         r = runner.invoke(app, ["testbed", "down", "--root", bed_root, "--kill"])
         assert r.exit_code == 0, r.output
-        assert sleeper.wait() == -9
+        assert sleeper.wait() == 128 + 9                # the command's SIGKILL, as a shell says it
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+# ---- the RAM budget, on real drives ------------------------------------------------------------
+
+# A whole-file buffered read, twice, in a process of its own (nothing imported: its own memory stays
+# small against the budget): the bytes each read made the block layer fetch (/proc/self/io).
+READ_TWICE = """import json, sys
+def fetched():
+    with open("/proc/self/io") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("read_bytes:"))
+out = []
+for _ in range(2):
+    before = fetched()
+    with open(sys.argv[1], "rb", buffering=0) as f:
+        while f.read(4 << 20):
+            pass
+    out.append(fetched() - before)
+print(json.dumps(out))
+"""
+
+
+@needs_testbed
+@needs_memory
+def test_a_ram_budget_sends_a_second_read_back_to_the_drive(bed_root):
+    """The page cache counts against the budget: a file larger than it is read from the drive the
+    second time too; without the budget the second read comes from the cache."""
+    size = 192 << 20
+    state = testbed.up(bed_root, plan_drives({"a": 1000}), 512 << 20, ram=parse_ram("48M"))
+    assert state.ram.limit == 48 << 20 and state.ram.cgroup
+    assert testbed.load_state(bed_root).ram.spec == "48M"
+    path = os.path.join(state.drives[0].mount, "big.bin")
+    with open(path, "wb") as f:
+        for _ in range(size >> 20):
+            f.write(os.urandom(1 << 20))
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)   # written from outside: not cached for the group
+    def twice():
+        p = subprocess.run([*IOBENCH, "testbed", "run", "--root", bed_root, "--", sys.executable, "-c", READ_TWICE, path],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first, second = twice()
+    assert first >= size * 0.9 and second >= size * 0.9, (first, second)      # from the drive both times
+    status = testbed.ram_status(testbed.load_state(bed_root))
+    assert status["limit"] == 48 << 20 and status["cache"] <= 48 << 20 and status["oom_kills"] in (0, None)
+
+    testbed.set_ram(bed_root, None)
+    assert testbed.load_state(bed_root).ram.limit == 0 and testbed.ram_status(testbed.load_state(bed_root))["limit"] == 0
+    first, second = twice()
+    assert second <= size * 0.1, (first, second)                               # from the page cache
+
+    # the budget and what a command in the group sees, on screen
+    r = runner.invoke(app, ["testbed", "run", "--root", bed_root, "--ram", "25%", "--ram-of", path, "--",
+                            sys.executable, "-c", "from core.ram import ram_limit; print(ram_limit().describe())"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["testbed", "show", "--root", bed_root])
+    assert "RAM budget 48.0 MiB = 25% of the model's 192.0 MiB" in r.output
+    assert "a command run in it sees: cgroup v" in r.output and "limit 48.0 MiB" in r.output
+    p = subprocess.run([*IOBENCH, "testbed", "run", "--root", bed_root, "--", sys.executable, "-c",
+                        "from core.ram import ram_limit; print(ram_limit().describe())"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith(f"cgroup {state.ram.controller} limit 48.0 MiB ("), p.stdout + p.stderr
+    assert cgroup_name(bed_root) in p.stdout
+
+
+@needs_testbed
+@needs_memory
+def test_an_oom_kill_under_a_too_small_budget_is_said_in_one_line(bed_root):
+    testbed.up(bed_root, plan_drives({"a": 1000}), SIZE, ram=parse_ram("32M"))
+    p = subprocess.run([*IOBENCH, "testbed", "run", "--root", bed_root, "--", sys.executable, "-c",
+                        "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096])"], capture_output=True, text=True)
+    assert p.returncode == 128 + 9
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert lines[-1].startswith("testbed: OOM: `python") and "killed by the kernel's OOM killer" in lines[-1], p.stderr
+    assert "RAM budget 32.0 MiB" in lines[-1] and "--ram" in lines[-1]
+    assert testbed.ram_status(testbed.load_state(bed_root))["oom_kills"] >= 1

@@ -7,27 +7,38 @@ import pytest
 from core.errors import RigError, UsageError
 from iobench import testbed_spec as spec
 from iobench.testbed_spec import (
+    REF_RAM,
     Controller,
     DriveLimits,
+    RamSpec,
+    RamState,
     backing_path,
     cgroup_mounts,
     cgroup_name,
     choose_controller,
+    choose_memory,
+    memory_line,
+    memory_use,
     mounted_devices,
     new_state,
     parse_pairs,
+    parse_ram,
     parse_size,
     plan_drives,
+    ram_bytes,
+    ram_text,
     state_from_doc,
     state_text,
     state_to_doc,
     v1_lines,
+    v1_mount,
     v2_line,
 )
 from tests.helpers import impure_imports
 
 V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
 cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
 cgroup /sys/fs/cgroup/blkio cgroup rw,relatime,blkio 0 0
 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 """
@@ -97,6 +108,63 @@ def test_v2_wins_when_its_io_controller_is_there_else_v1_else_the_reason():
     assert choose_controller("/c", "bio ionice", None, False)[0] is None
 
 
+def test_the_memory_controller_is_v2s_where_it_offers_one_else_v1s_else_one_line_why():
+    assert v1_mount(V1_MOUNTS, "memory") == "/sys/fs/cgroup/memory" and v1_mount(V2_MOUNTS, "memory") is None
+    assert v1_mount("cgroup /sys/fs/cgroup/my\\040mem cgroup rw,memory 0 0\n", "memory") == "/sys/fs/cgroup/my mem"
+    assert choose_memory("/sys/fs/cgroup", "cpuset cpu io memory pids", None) == (
+        Controller("v2", "/sys/fs/cgroup"), "cgroup v2 memory controller at /sys/fs/cgroup")
+    # this machine: the unified hierarchy has no memory controller, v1 has it
+    ctl, why = choose_memory("/sys/fs/cgroup/unified", "hugetlb", "/sys/fs/cgroup/memory")
+    assert ctl == Controller("v1", "/sys/fs/cgroup/memory") and why == "cgroup v1 memory controller at /sys/fs/cgroup/memory"
+    assert choose_memory("/sys/fs/cgroup/unified", "hugetlb memoryx", None) == (
+        None, "no memory controller (the unified hierarchy at /sys/fs/cgroup/unified has no memory controller; "
+              "no cgroup-v1 memory mount)")
+    assert choose_memory(None, "", None) == (None, "no memory controller (no cgroup2 mount; no cgroup-v1 memory mount)")
+
+
+def test_a_ram_budget_is_a_size_or_a_share_of_the_model_with_an_allowance():
+    assert parse_ram("2G") == RamSpec("2G", size=2 << 30)
+    assert parse_ram("100M").size == 100 << 20 and parse_ram("1.5G").size == 3 << 29 and parse_ram("64MiB").size == 64 << 20
+    assert parse_ram("104857600").size == 104857600
+    assert parse_ram("25%") == RamSpec("25%", share=0.25, share_text="25%")
+    assert parse_ram("128/518") == RamSpec("128/518", share=128 / 518, share_text="128/518")
+    ref = parse_ram("ref")
+    assert (ref.share, ref.share_text, ref.own) == (REF_RAM[0] / REF_RAM[1], "128/518", 0) and ref.needs_model
+    assert parse_ram(" Ref+768M ") == RamSpec("Ref+768M", share=128 / 518, share_text="128/518", own=768 << 20)
+    assert parse_ram("none") is None and parse_ram("OFF") is None
+    for bad in ("", "0", "-1G", "2X", "0%", "x%", "1/0", "a/b", "ref+", "ref+x", "2G+1G", "+1G", "inf%", "nan%"):
+        with pytest.raises(UsageError, match="--ram"):
+            parse_ram(bad)
+
+
+def test_a_share_needs_the_models_bytes_and_says_how_much_goes_where():
+    assert ram_bytes(parse_ram("2G")) == 2 << 30
+    assert ram_bytes(parse_ram("25%"), 1000) == 250
+    assert ram_bytes(parse_ram("ref+768M"), 518 * 10**6) == 128 * 10**6 + (768 << 20)
+    with pytest.raises(UsageError, match="needs the model: give --ram-of"):
+        ram_bytes(parse_ram("ref"))
+    model = 226779136                                      # the demo's model
+    limit = ram_bytes(parse_ram("ref+768M"), model)
+    assert ram_text(limit, "ref+768M", model) == ("RAM budget 821.4 MiB = 128/518 of the model's 216.3 MiB (53.4 MiB) "
+                                                  "+ 768.0 MiB for the processes' own memory")
+    assert ram_text(ram_bytes(parse_ram("ref"), model), "ref", model) == "RAM budget 53.4 MiB = 128/518 of the model's 216.3 MiB"
+    assert ram_text(2 << 30, "2G", 0) == "RAM budget 2.0 GiB"
+    assert ram_text(0, "", 0) == "no RAM budget"
+    assert RamState(note="no memory controller (no cgroup2 mount; no cgroup-v1 memory mount)").text() == (
+        "no RAM budget (no memory controller (no cgroup2 mount; no cgroup-v1 memory mount))")
+
+
+def test_the_memory_groups_lines_and_what_it_holds():
+    assert memory_line("v1", 100 << 20) == ("memory.limit_in_bytes", "104857600")
+    assert memory_line("v1", 0) == ("memory.limit_in_bytes", "-1")
+    assert memory_line("v2", 100 << 20) == ("memory.max", "104857600") and memory_line("v2", 0) == ("memory.max", "max")
+    v1 = "cache 40960\nrss 8192\nhierarchical_memory_limit 104857600\ntotal_cache 81920\ntotal_rss 16384\n"
+    assert memory_use("v1", v1) == (81920, 16384)
+    assert memory_use("v1", "cache 40960\nrss 8192\n") == (40960, 8192)
+    assert memory_use("v2", "anon 4096\nfile 12288\nkernel 100\n") == (12288, 4096)
+    assert memory_use("v2", "") == (0, 0)
+
+
 def test_v1_writes_one_line_per_limit_given_in_bytes_and_ops():
     assert v1_lines("7:3", DriveLimits("a", 30)) == [("blkio.throttle.read_bps_device", "7:3 30000000")]
     assert v1_lines("7:4", DriveLimits("b", 16.5, 10, 200, 50)) == [
@@ -125,14 +193,25 @@ def test_mountinfo_and_sysfs_are_read_as_the_kernel_writes_them():
     assert backing_path("/var/tmp/t/.a.img (deleted)\n") == "/var/tmp/t/.a.img"
 
 
-def made_state(root="/var/tmp/tb"):
+MEMORY = Controller("v1", "/sys/fs/cgroup/memory")
+
+
+def made_state(root="/var/tmp/tb", memory=MEMORY):
     drives = plan_drives({"internal": 30, "green": 16.5}, 0, {"green": 100})
-    return new_state(root, Controller("v1", "/sys/fs/cgroup/blkio/"), drives, 1 << 30, True, "2026-11-30T15:00:00+00:00")
+    return new_state(root, Controller("v1", "/sys/fs/cgroup/blkio/"), drives, 1 << 30, True, "2026-11-30T15:00:00+00:00",
+                     memory, "cgroup v1 memory controller at /sys/fs/cgroup/memory" if memory else "no memory controller")
 
 
 def test_a_new_state_places_everything_inside_the_folder():
     st = made_state()
     assert st.cgroup == "/sys/fs/cgroup/blkio/" + cgroup_name("/var/tmp/tb")
+    assert st.ram == RamState("v1", "/sys/fs/cgroup/memory/" + cgroup_name("/var/tmp/tb"),
+                              note="cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    assert made_state(memory=None).ram == RamState(note="no memory controller")
+    # on the unified hierarchy the drives' group is the memory group
+    v2 = new_state("/var/tmp/tb", Controller("v2", "/sys/fs/cgroup"), plan_drives({"a": 1}), 1 << 30, True, "",
+                   Controller("v2", "/sys/fs/cgroup"), "")
+    assert v2.cgroup == v2.ram.cgroup == "/sys/fs/cgroup/" + cgroup_name("/var/tmp/tb")
     assert [(d.image, d.mount) for d in st.drives] == [("/var/tmp/tb/.internal.img", "/var/tmp/tb/internal"),
                                                        ("/var/tmp/tb/.green.img", "/var/tmp/tb/green")]
     assert st.phase == "building" and all(not d.device and not d.mounted for d in st.drives)
@@ -147,8 +226,11 @@ def test_the_state_document_round_trips_and_pins_its_keys():
     doc = json.loads(state_text(st))
     assert doc == state_to_doc(st)
     assert list(doc) == ["kind", "schema", "root", "controller", "cgroup", "size", "drives", "made_root",
-                         "enabled_io", "phase", "created"]
-    assert doc["kind"] == "replica-tuner-testbed" and doc["schema"] == 1
+                         "enabled_io", "phase", "created", "ram"]
+    assert doc["kind"] == "replica-tuner-testbed" and doc["schema"] == 2
+    assert doc["ram"] == {"controller": "v1", "cgroup": "/sys/fs/cgroup/memory/" + cgroup_name("/var/tmp/tb"),
+                          "enabled_memory": False, "limit": 0, "spec": "", "model_bytes": 0,
+                          "note": "cgroup v1 memory controller at /sys/fs/cgroup/memory"}
     assert doc["drives"][0] == {"name": "internal", "image": "/var/tmp/tb/.internal.img", "mount": "/var/tmp/tb/internal",
                                 "device": "/dev/loop3", "majmin": "7:3", "mounted": True, "read_mbs": 30.0,
                                 "write_mbs": 0.0, "read_iops": 0.0, "write_iops": 0.0}
@@ -168,5 +250,28 @@ def test_a_state_that_reaches_outside_its_folder_or_group_is_refused():
         state_from_doc(group, "testbed.json")
     missing = json.loads(json.dumps(doc))
     del missing["drives"][0]["device"]
+    with pytest.raises(RigError, match="bad field"):
+        state_from_doc(missing, "testbed.json")
+
+
+def test_a_schema_1_state_from_before_ram_budgets_is_still_read():
+    doc = state_to_doc(made_state())
+    del doc["ram"]
+    doc["schema"] = 1
+    back = state_from_doc(doc, "testbed.json")
+    assert back.ram == RamState(note="built before RAM budgets") and back.ram.text() == "no RAM budget (built before RAM budgets)"
+    assert [d.name for d in back.drives] == ["internal", "green"]
+
+
+def test_a_state_whose_memory_group_is_not_a_testbeds_is_refused():
+    doc = state_to_doc(made_state())
+    for bad in ({"cgroup": "/sys/fs/cgroup/memory/user.slice"}, {"controller": "v3"}, {"controller": ""},
+                {"limit": "lots"}):
+        broken = json.loads(json.dumps(doc))
+        broken["ram"].update(bad)
+        with pytest.raises(RigError, match="not a testbed's|bad field"):
+            state_from_doc(broken, "testbed.json")
+    missing = json.loads(json.dumps(doc))
+    del missing["ram"]
     with pytest.raises(RigError, match="bad field"):
         state_from_doc(missing, "testbed.json")

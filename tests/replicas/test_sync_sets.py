@@ -115,7 +115,7 @@ SYNC_KEYS = {"schema", "kind", "source", "size", "blake3", "digest", "layout", "
 DEST_KEYS = {"dest_dir", "target", "action", "outcome", "bytes_written", "bytes_to_write", "seconds", "verified",
              "stamped", "bad", "error", "exit_code", "extra", "files", "dropped"}
 FILE_KEYS = {"file", "target", "action", "outcome", "bytes_written", "bytes_to_write", "verified", "stamped", "bad",
-             "error", "exit_code"}
+             "error", "exit_code", "parses"}
 
 
 def sync_json(*args):

@@ -26,7 +26,7 @@ KINDS = ["split", "dir"]
 MEMBER_KEYS = {"path", "name", "role", "state", "how", "bad", "size", "bytes_read", "seconds", "detail", "stamped",
                "pieces_checked", "files"}
 FILE_KEYS = {"file", "path", "state", "how", "bad", "size", "bytes_read", "seconds", "detail", "stamped",
-             "pieces_checked"}
+             "pieces_checked", "parsed", "parses"}
 
 
 @pytest.fixture(params=KINDS)
