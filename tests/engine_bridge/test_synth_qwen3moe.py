@@ -248,7 +248,8 @@ def test_prompt_ids_are_the_prompt(qwen):
                   prompt_ids=ids)
     assert a["prefill_tokens"] == len(ids) and len(a["output_ids"]) == 4
     with pytest.raises(UsageError, match="prompt ids must be in 0..330"):
-        run_model(SourceSet((discover(str(qwen / "m.gguf")),), (10,), (10,)), 1, 1, 16, EMBEDDED.but(lanes=2), 0, prompt_ids=[331])
+        run_model(SourceSet((discover(str(qwen / "m.gguf")),), (10,), (10,)), 1, 1, 16, EMBEDDED.but(lanes=2), 0,
+                  prompt_ids=[331])
 
 
 # -- the real llama.cpp -----------------------------------------------------------------------------------
