@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
+from engine_bridge.reader.settings import ReaderSettings  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
 from iobench.shapes import engine_shapes  # noqa: E402
 from core.coldio import aligned_buffer  # noqa: E402
@@ -76,7 +77,7 @@ def reader_loop(paths, weights, ranges, inflight: int, phase: str, cold: bool, l
             if buffers == "pooled":
                 t.release()
 
-    with SplitReader(paths, weights, weights, lanes=lanes, cold=cold, balance=balance) as r:
+    with SplitReader(paths, weights, weights, settings=ReaderSettings(lanes=lanes, balance=balance), cold=cold) as r:
         batch(r, ranges[:inflight])   # warm-up, untimed: lanes started, the pool filled once
         t0 = time.perf_counter()
         for i in range(0, len(ranges), inflight):

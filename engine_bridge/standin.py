@@ -120,7 +120,7 @@ def run(engine: str, argv, env) -> int:
     total = geometry.layers * geometry.experts
     cache = ExpertCache(min(call.cache_experts, total), total)
     # no hedging: the engines do not re-issue a late piece elsewhere, so neither does their stand-in
-    with SplitReader(models, sources.prefill, sources.decode, engine=engine, cold=True, hedge=False) as reader:
+    with SplitReader(models, sources.prefill, sources.decode, engine=engine, cold=True) as reader:
         eng = EmbeddedEngine(geometry, resident, reader.submit_read, sources.step_reads(geometry, reader.healthy), cache,
                      in_flight=sources.in_flight())
         try:

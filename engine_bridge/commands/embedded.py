@@ -14,6 +14,7 @@ from engines.registry import ENGINES
 from engine_bridge.reader.hedging import HedgePolicy
 from engine_bridge.reader.balancing import BalancePolicy, check_balance
 from engine_bridge.reader.reweighting import ReweighPolicy, check_reweigh
+from engine_bridge.reader.settings import ReaderSettings, check_settings
 from engine_bridge.moe.constants import (
     DEFAULT_CACHE_EXPERTS,
     COLIBRI_FORMAT,
@@ -62,7 +63,8 @@ SHARED = dict(
                                                         "docs/reader.md)."),
     hedge_min_busy=typer.Option(HedgePolicy.min_busy_ns / 1e9, "--hedge-min-busy", metavar="SECONDS",
                                 help="Busy time a drive's delivered rate must rest on before hedging holds a drive to it "
-                                     "(a throttle's first burst is not its pace; 0: from the first piece)."),
+                                     "(0, the default: from its first delivery; a drive is degraded only on evidence "
+                                     "that holds against bursts, see docs/reader.md)."),
     reweigh=typer.Option(True, "--reweigh/--no-reweigh", help="Move weight between the drives as their delivered rates change "
                          "(default on; each change is a 'reweighted' event; see docs/reader.md)."),
     reweigh_floor=typer.Option(ReweighPolicy.floor, "--reweigh-floor", metavar="SHARE",
@@ -77,7 +79,8 @@ SHARED = dict(
     balance_chunk=typer.Option("1MiB", "--balance-chunk", metavar="SIZE",
                                help="Largest chunk a piece is queued as when balancing (a multiple of 4 KiB)."),
     balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
-                               help="Most of a drive's own pace it keeps in the kernel when balancing (0: one chunk)."),
+                               help="Most of a drive's own pace it keeps in the kernel when balancing (0, the default: "
+                                    "what it reads while the fastest drive reads a chunk per lane)."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
                         "the engine that reads this model, by the preference each engine states; known: "
                         + ", ".join(ENGINES) + "). With --plan: the plan's."),
@@ -116,13 +119,17 @@ def balance_options(chunk: str, depth_s: float) -> BalancePolicy:
         raise UsageError(f"--balance-chunk {chunk}: {e}") from None
 
 
-def reader_options(hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_floor: float, reweigh_band: float,
-                   reweigh_window: float, balance: bool, balance_chunk: str, balance_depth: float) -> dict:
-    """The split reader's settings `run` and `replay` pass on (`run_model` / `replay` keywords),
-    checked before any file is read (exit 2 naming the option)."""
-    return {"hedge": hedge, "hedge_policy": hedge_options(hedge_min_busy),
-            "reweigh": reweigh, "reweigh_policy": reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
-            "balance": balance, "balance_policy": balance_options(balance_chunk, balance_depth)}
+def reader_options(lanes: int, hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_floor: float,
+                   reweigh_band: float, reweigh_window: float, balance: bool, balance_chunk: str,
+                   balance_depth: float) -> ReaderSettings:
+    """The split reader's settings `run` and `replay` pass on (one `ReaderSettings`), checked
+    before any file is read (exit 2 naming the option)."""
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+        raise UsageError(f"--lanes {lanes!r}: must be an integer >= 1")
+    return check_settings(ReaderSettings(
+        lanes=lanes, hedge=hedge, hedge_policy=hedge_options(hedge_min_busy),
+        reweigh=reweigh, reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
+        balance=balance, balance_policy=balance_options(balance_chunk, balance_depth)))
 
 
 def qwen3moe_synth(out: str, shape: dict, seed: int, quant: Optional[str], size: Optional[str], force: bool):
@@ -252,7 +259,7 @@ def run_cmd(
     from engine_bridge.moe.session import RunResults, csv_text, run_model, save_run, usage_dir_of
     from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
 
-    reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+    reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                             balance, balance_chunk, balance_depth)
     blas = pin_blas_threads(1)
     inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
@@ -262,8 +269,8 @@ def run_cmd(
               f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
               f"{prompt_tokens}+{gen_tokens} tokens{'' if blas else ' (BLAS threads not pinned)'}",
               highlight=False, soft_wrap=True)
-    result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, lanes, prompt_seed,
-                                chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out), **reader,
+    result = save_run(run_model(sources, prompt_tokens, gen_tokens, cache_experts, reader, prompt_seed,
+                                chunk_tokens=chunk_tokens, cold=not cached, trace=bool(trace_out),
                                 dequant_threads=dequant_threads), csv_file=csv_file, trace_out=trace_out,
                       usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
     _report_reader(result)
@@ -324,7 +331,7 @@ def replay_cmd(
     from engine_bridge.moe.session import save_run, usage_dir_of
     from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
 
-    reader = reader_options(hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
+    reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                             balance, balance_chunk, balance_depth)
     inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
     sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
@@ -333,9 +340,9 @@ def replay_cmd(
               f"{':'.join(map(str, sources.decode))}, {lanes} lanes, cache {cache_experts} experts, "
               + (f"trace {trace}" if trace else f"{prompt_tokens}+{gen_tokens} tokens (routing model)"),
               highlight=False, soft_wrap=True)
-    result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, lanes,
+    result = save_run(replay(sources, prompt_tokens, gen_tokens, cache_experts, reader,
                              chunk_tokens=chunk_tokens, routing_seed=routing_seed, trace_path=trace,
-                             cold=not cached, **reader),
+                             cold=not cached),
                       csv_file=csv_file, usage_dir=usage_dir_of(inputs.rig, sources.paths[0]))
     _report_reader(result)
     _report_idle(result)

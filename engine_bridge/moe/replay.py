@@ -119,17 +119,18 @@ def replay_geometry(model: ModelSet) -> Geometry:
     return inspect_any(model.path if model.layout == FILE else model)
 
 
-def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
+def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, reader=None,
            chunk_tokens: int = PREFILL_CHUNK_TOKENS, routing_seed: int = 0, trace_path: Optional[str] = None,
-           cold: bool = True, hedge: bool = True, reweigh: bool = True, reweigh_policy=None, hedge_policy=None,
-           balance: bool = True, balance_policy=None) -> dict:
+           cold: bool = True) -> dict:
     """Replay a run's expert reads against `sources` (the primary's geometry); returns the replay
-    result (REPLAY_SCHEMA). hedge: re-issue a late piece on another replica; reweigh: move weight
-    between the drives as their rates change; balance: an idle drive takes queued chunks of a slower
-    one (all on by default, as in `run`)."""
+    result (REPLAY_SCHEMA). reader: the split reader's `ReaderSettings` (default `EMBEDDED`, as in
+    `run`: hedging, re-weighting and balancing on)."""
     from engine_bridge.reader import SplitReader
+    from engine_bridge.reader.settings import EMBEDDED
 
-    from .session import hedge_settings, phase_dict
+    from .session import phase_dict
+
+    reader = EMBEDDED if reader is None else reader
 
     g = replay_geometry(sources.models[0])
     for name, v, lo in (("--prompt-tokens", prompt, 1), ("--gen-tokens", gen, 0), ("--cache-experts", cache_experts, 0),
@@ -151,16 +152,15 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes:
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
     holds = sources.holds()
-    with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, hedge_policy=hedge_policy, reweigh=reweigh, reweigh_policy=reweigh_policy,
-                     balance=balance, balance_policy=balance_policy, engine=sources.engine, holds=holds) as reader:
-        out = replay_steps(g, steps, g.layers, cache, reader.submit_read,
-                           sources.step_reads(g, reader.healthy, holds, reader.weights_now),
+    with SplitReader(sources.models, sources.prefill, sources.decode, settings=reader, cold=cold,
+                     engine=sources.engine, holds=holds) as split:
+        out = replay_steps(g, steps, g.layers, cache, split.submit_read,
+                           sources.step_reads(g, split.healthy, holds, split.weights_now),
                            in_flight=sources.in_flight())
-        reader_stats = reader.stats()
+        reader_stats = split.stats()
         stats = reader_stats.to_dict()
-        text = reader.format_stats()
-        hedging = hedge_settings(reader)
+        text = split.format_stats()
+        lanes, hedging = split.settings.lanes, split.settings.to_dict()
     pre, dec = out["counters"]["prefill"], out["counters"]["decode"]
     tp, td = out["tokens"]["prefill"], out["tokens"]["decode"]
     steps_s = out["step_seconds"]

@@ -18,9 +18,7 @@ from core.rig import Rig
 from core.jsonfile import write_json
 from models.usage import MISSES, usage_of, usage_to_dict
 from engine_bridge.reader import SplitReader
-from engine_bridge.reader.hedging import HedgePolicy
-from engine_bridge.reader.balancing import BalancePolicy
-from engine_bridge.reader.reweighting import ReweighPolicy
+from engine_bridge.reader.settings import EMBEDDED, OFF, ReaderSettings
 
 from models.cache import ExpertCache
 from .constants import CSV_COLUMNS, DEQUANT_THREADS, PREFILL_CHUNK_TOKENS, RUN_SCHEMA, TRACE_SCHEMA
@@ -38,21 +36,17 @@ class RunResults(Document):
     SCHEMA: ClassVar[int] = RUN_SCHEMA
 
 
-def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lanes: int,
-              prompt_seed: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
-              trace: bool = False, dequant_threads: int = DEQUANT_THREADS, hedge: bool = True,
-              reweigh: bool = True, reweigh_policy: ReweighPolicy | None = None,
-              hedge_policy: HedgePolicy | None = None, balance: bool = True,
-              balance_policy: BalancePolicy | None = None, prompt_ids: Sequence[int] | None = None) -> dict:
+def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, reader: ReaderSettings = EMBEDDED,
+              prompt_seed: int = 0, chunk_tokens: int = PREFILL_CHUNK_TOKENS, cold: bool = True,
+              trace: bool = False, dequant_threads: int = DEQUANT_THREADS,
+              prompt_ids: Sequence[int] | None = None) -> dict:
     """Load the primary's resident weights, run prefill and greedy decode with experts streamed
     through a SplitReader over `sources`; returns the run result (RUN_SCHEMA shape, see
     `run_result`; each phase lists per source the bytes and pieces given and read, and `idle` the
-    sources that read nothing in a phase, `idle.idle_sources`). hedge: re-issue a late piece on
-    another replica (on by default: one slow drive must not hold every read). reweigh: move weight
-    between the drives as their delivered rates change (on by default; docs/reader.md "Re-weighting").
-    balance: an idle drive takes queued chunks of a slower one (on by default; docs/reader.md
-    "Balancing"). prompt_ids: the prompt's token ids (a tokenized text) instead of `prompt` ids
-    drawn from `prompt_seed`."""
+    sources that read nothing in a phase, `idle.idle_sources`). reader: the split reader's lanes
+    and what it does beyond the engine's reads (`ReaderSettings`; by default hedging, re-weighting
+    and balancing are on: one slow drive must not hold every read; docs/reader.md). prompt_ids:
+    the prompt's token ids (a tokenized text) instead of `prompt` ids drawn from `prompt_seed`."""
     geometry = inspect_model(sources.models[0].path)
     resident = load_resident(geometry)
     if prompt_ids is not None:
@@ -69,30 +63,23 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, lan
     applied = min(cache_experts, total)
     cache = ExpertCache(applied, total)
     holds = sources.holds()
-    with SplitReader(sources.models, sources.prefill, sources.decode, lanes=lanes, cold=cold,
-                     hedge=hedge, hedge_policy=hedge_policy, reweigh=reweigh, reweigh_policy=reweigh_policy,
-                     balance=balance, balance_policy=balance_policy, engine=sources.engine, holds=holds) as reader:
-        eng = EmbeddedEngine(geometry, resident, reader.submit_read,
-                     sources.step_reads(geometry, reader.healthy, holds, reader.weights_now), cache,
+    with SplitReader(sources.models, sources.prefill, sources.decode, settings=reader, cold=cold,
+                     engine=sources.engine, holds=holds) as split:
+        eng = EmbeddedEngine(geometry, resident, split.submit_read,
+                     sources.step_reads(geometry, split.healthy, holds, split.weights_now), cache,
                      chunk_tokens=chunk_tokens, record_trace=trace, dequant_threads=dequant_threads,
                      in_flight=sources.in_flight())
         try:
             outcome = eng.run(ids, gen)
         finally:
             eng.close()
-        stats = reader.stats()
-        text = reader.format_stats()
-        hedging = hedge_settings(reader)
-    result = run_result(outcome, geometry, sources, cache_experts, applied, lanes, stats, text, hedging)
+        stats = split.stats()
+        text = split.format_stats()
+        settings = split.settings
+    result = run_result(outcome, geometry, sources, cache_experts, applied, settings.lanes, stats, text,
+                        settings.to_dict())
     result["expert_misses"] = cache.miss_counts.reshape(geometry.layers, geometry.experts)
     return result
-
-
-def hedge_settings(reader: SplitReader) -> dict:
-    """What a result records of the reader's hedging and re-weighting: on or off, and their knobs."""
-    return {"hedge": reader.hedge, "hedge_policy": reader.hedge_policy.to_dict() if reader.hedge else None,
-            "reweigh": reader.reweigh, "reweigh_policy": reader.reweigh_policy.to_dict() if reader.reweigh else None,
-            "balance": reader.balance, "balance_policy": reader.balance_policy.to_dict() if reader.balance else None}
 
 
 def bench_row(o: RunOutcome) -> dict:
@@ -138,8 +125,7 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "sources": sd["sources"],
         "events": sd["events"],
         "lanes": lanes,
-        **(hedging or {"hedge": False, "hedge_policy": None, "reweigh": False, "reweigh_policy": None, "balance": False,
-                       "balance_policy": None}),
+        **(hedging or OFF),
         "weights_now": sd["weights_now"],
         "reweighs": sd["reweighs"],
         "model": g.as_dict(),

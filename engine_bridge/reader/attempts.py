@@ -1,6 +1,8 @@
 """A read in flight and the attempts at its pieces: `ReadTicket` (what the caller waits on, and
-whose buffers nobody may write into once handed back), `PieceInFlight` (one source's share of a read) and
-`Attempt` (one read of a piece, or a probe, on one source). The lanes and the hedger move them."""
+whose buffers nobody may write into once handed back), `Cut` (one source's share of a read, as the
+engine cut it), `PieceInFlight` (what the lanes queue of it: the whole cut, or one chunk of it when
+balancing) and `Attempt` (one read of a piece, or a probe, on one source). The lanes, the hedger
+and the re-weighting move them."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ class ReadTicket:
     """One read in flight: `result()` waits for its barrier and returns exactly its bytes.
     file: the model's file it reads (relative path), fi: that file's index in the model's files."""
 
-    __slots__ = ("file", "fi", "offset", "length", "phase", "_buf", "_base", "_remaining", "_landings", "_done", "_error",
-                 "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan")
+    __slots__ = ("file", "fi", "offset", "length", "phase", "epoch", "_buf", "_base", "_remaining", "_landings", "_done",
+                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan")
 
     def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
                  own_buf: bool | None = None, work=None, file: str = "", fi: int = 0):
         self.file, self.fi = file, fi
         self.offset, self.length, self.phase = offset, length, phase
+        self.epoch = 0                     # re-weighting's weights it was cut with (-1: others than those in force)
         self._buf, self._base, self._pool = buf, base, pool
         self._own_buf = pool is not None if own_buf is None else own_buf   # _buf came from the pool
         self._work = buf if work is None else work    # where main attempts write (a pool buffer when not _buf)
@@ -59,17 +62,30 @@ class ReadTicket:
             pool.put(buf)
 
 
+class Cut:
+    """One source's share of a read as the engine cut it (its pieces in flight may be chunks of it):
+    lateness is counted once per cut, however many chunks of it are late."""
+
+    __slots__ = ("src", "off", "ln", "late")
+
+    def __init__(self, src: int, off: int, ln: int):
+        self.src, self.off, self.ln = src, off, ln
+        self.late = False          # a chunk of it was late (counted in its source's streak)
+
+
 class PieceInFlight:
-    """One piece of a read: where it is planned, and the attempts at it."""
+    """One piece of a read: where it is planned, the engine's cut it belongs to, and the attempts at it."""
 
-    __slots__ = ("ticket", "src", "off", "ln", "done", "active", "tried", "hedged")
+    __slots__ = ("ticket", "src", "off", "ln", "done", "active", "tried", "hedged", "cut", "copied")
 
-    def __init__(self, ticket: ReadTicket, src: int, off: int, ln: int):
+    def __init__(self, ticket: ReadTicket, src: int, off: int, ln: int, cut: Cut | None = None):
         self.ticket, self.src, self.off, self.ln = ticket, src, off, ln
+        self.cut = cut if cut is not None else Cut(src, off, ln)
         self.done = False          # won (its bytes are in) or failed on every source
         self.active = 0            # attempts not yet ended
         self.tried: list[int] = []
         self.hedged = False
+        self.copied = False        # its hedge is an idle drive's copy, made before its deadline
 
 
 class Attempt:
@@ -77,7 +93,7 @@ class Attempt:
     the model's file `fi` (a piece's is its read's)."""
 
     __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
-                 "phase", "jumped", "t_start", "stolen")
+                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted")
 
     def __init__(self, piece: PieceInFlight | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
@@ -90,3 +106,6 @@ class Attempt:
         self.jumped = 0            # the source's front-of-queue bytes counter when queued
         self.t_start = 0           # re-weighting's clock, ns, when a lane took it
         self.stolen = False        # taken from another source's queue (balancing)
+        self.t_begin = -1          # hedger clock, ns, when a lane took it (-1: not yet)
+        self.epoch = piece.ticket.epoch if piece is not None else 0   # the weights its read was cut with
+        self.counted = False       # its source's re-weighting window counts it (it is in the window's work)

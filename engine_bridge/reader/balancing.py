@@ -7,14 +7,25 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
 
 - a piece of the engine's cut is queued as *chunks* of at most `chunk_bytes`, cut at multiples of
   `chunk_bytes` in the file (so every chunk but a piece's edges is aligned for O_DIRECT);
-- a drive keeps at most `depth_ns` of its own pace in the kernel, but never fewer than two chunks
+- a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
+  (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
+  a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two chunks
   (so it never waits on us between two requests): the rest of its share waits in its queue, where
-  another drive can still take it;
+  another drive can still take it. Its pace (`Pace`) is known from its first delivery on; what it
+  may have in the kernel starts at two chunks and grows by what it delivers (a slow start, in the
+  units of its own deliveries: a drive that crawls from its first request holds two chunks, not
+  a chunk per lane, and a fast one reaches its lanes within a few deliveries);
 - a drive with nothing queued of its own *takes* the first chunk of another's queue when it would
-  finish it sooner than the drive it was given to (`pick_victim`).
+  finish it sooner than the drive it was given to (`pick_victim`);
+- with hedging, a drive with nothing to take either reads a *copy* of a chunk in another drive's
+  kernel that is past its expected time and that it would finish before that chunk's deadline
+  (`hedging.copy_due`): the barrier waits on nothing but chunks in kernels then, and the copy costs
+  only time the drive had idle.
 
 The bytes are the same whoever reads them (replicas are byte-identical); which drive read what is
-counted (`stolen` bytes per source).
+counted (`stolen` bytes per source, copies as `hedged`). Every rule compares drives with each
+other or with their own deliveries: none holds a fixed number of seconds or bytes, so they act the
+same on drives of 10 MB/s and of 10 GB/s.
 """
 
 from __future__ import annotations
@@ -29,10 +40,13 @@ class BalancePolicy:
     """The knobs of balancing (SplitReader's `balance_policy`; `run --balance-*`)."""
 
     chunk_bytes: int = 1 << 20        # a queued piece is cut into chunks of at most this much
-    depth_ns: int = 250_000_000       # a drive keeps at most this much of its own pace in the kernel
+    depth_ns: int = 0                 # a drive keeps at most this much of its own pace in the kernel (0: what it
+                                      # reads while the fastest drive reads a chunk per lane: `depth_bytes`)
+    copies: bool = True               # with hedging: a drive with nothing to do reads a copy of a chunk past its
+                                      # expected time in another's kernel, before its deadline
 
     def to_dict(self) -> dict:
-        return {"chunk_bytes": self.chunk_bytes, "depth_ms": self.depth_ns / 1e6}
+        return {"chunk_bytes": self.chunk_bytes, "depth_ms": self.depth_ns / 1e6, "copies": self.copies}
 
 
 ALIGN = 4096
@@ -61,6 +75,22 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
 
 MIN_CHUNKS = 2      # a drive always has the next request queued behind the one it reads: one at a time,
                     # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
+
+
+def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: BalancePolicy) -> float:
+    """Bytes a source at `rate` may have in the kernel when the fastest healthy source reads at `top`
+    (bytes/ns; None: not known yet): with `depth_ns` set, that much of its own pace
+    (`depth_limit`); else what it reads while the fastest reads `lanes` chunks — in units of the
+    drives themselves, whatever their speed. At least MIN_CHUNKS chunks; unbounded while either
+    pace is unknown."""
+    if policy.depth_ns > 0:
+        return depth_limit(rate, policy)
+    if rate is None or top is None or math.isinf(rate):
+        return math.inf
+    least = float(MIN_CHUNKS * policy.chunk_bytes)
+    if top <= 0 or math.isinf(top):
+        return least if math.isinf(top) else math.inf
+    return max(least, rate / top * lanes * policy.chunk_bytes)
 
 
 def depth_limit(rate: float | None, policy: BalancePolicy) -> float:
@@ -101,3 +131,58 @@ def pick_victim(thief: int, offers: Mapping[int, int], inflight: Sequence[int],
         if mine < theirs and (best is None or theirs - mine > gain):
             best, gain = v, theirs - mine
     return best
+
+
+class Pace:
+    """A drive's pace, fed with a clock of the caller's (ns): bytes delivered over the time it had
+    reads in the kernel, decayed per delivery, with the time since its last delivery included (a
+    drive that stops delivering falls towards 0 at once); and `window`, the bytes it may have in
+    the kernel by the slow start (MIN_CHUNKS chunks at first, growing by every delivery)."""
+
+    __slots__ = ("decay", "bytes", "busy_ns", "open_ns", "tick", "inflight", "n", "window")
+
+    def __init__(self, decay: float, chunk_bytes: int):
+        self.decay = decay
+        self.bytes = 0.0              # decayed bytes delivered
+        self.busy_ns = 0.0            # decayed ns with reads in the kernel, up to the last delivery
+        self.open_ns = 0              # ns with reads in the kernel since the last delivery
+        self.tick = 0
+        self.inflight = 0             # bytes in the kernel now
+        self.n = 0                    # deliveries
+        self.window = MIN_CHUNKS * chunk_bytes
+
+    def advance(self, now: int) -> None:
+        if self.inflight > 0:
+            self.open_ns += max(0, now - self.tick)
+        self.tick = now
+
+    def started(self, nbytes: int, now: int) -> None:
+        self.advance(now)
+        self.inflight += nbytes
+
+    def ended(self, nbytes: int, now: int, delivered: bool) -> None:
+        """An attempt of `nbytes` left the kernel; `delivered`: its bytes came in."""
+        self.advance(now)
+        self.inflight -= nbytes
+        if delivered:
+            self.bytes = self.bytes * self.decay + nbytes
+            self.busy_ns = self.busy_ns * self.decay + self.open_ns
+            self.open_ns = 0
+            self.n += 1
+            self.window += nbytes
+
+    def rate(self, now: int) -> float | None:
+        """Bytes per ns; None before its first delivery; math.inf when it delivered in no time."""
+        self.advance(now)
+        if self.n == 0:
+            return None
+        busy = self.busy_ns + self.open_ns
+        return self.bytes / busy if busy > 0 else math.inf
+
+    def room(self, nbytes: int, depth: float) -> bool:
+        """Whether the drive may start `nbytes` more: nothing in its kernel, or what it has plus
+        these within its slow-start window and `depth` bytes (`depth_bytes`)."""
+        if self.inflight == 0:
+            return True
+        return self.inflight + nbytes <= min(self.window, depth)
+

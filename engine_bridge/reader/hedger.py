@@ -1,20 +1,25 @@
 """The split reader's hedger: a watchdog that re-issues late pieces on the healthiest other replica.
 
 Every main attempt gets a deadline when it is queued (`hedging.deadline_ns`: the bytes queued on
-its source ahead of it over the rate the source is held to, times a margin, plus a floor). The
-watchdog thread sleeps until the earliest deadline; a piece still outstanding then is *late*: it
-is counted (`late` on its source) and a hedge of it is put at the front of the healthiest other
-source's queue (`hedged` on that source), reading into a private buffer. Whichever attempt
-completes first wins (lanes.py); the loser is discarded.
+its source ahead of it over the rate the source is held to, times a margin, plus a floor; with
+balancing, from when a lane starts it, over the bytes then in its drive's kernel). The watchdog
+thread sleeps until the earliest deadline; a piece still outstanding then is *late*: it is counted
+(`late` on its source) and a hedge of it is put at the front of the healthiest other source's
+queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
+wins (lanes.py); the loser is discarded. With balancing, a drive with nothing else to do reads a
+copy of a chunk overdue in another's kernel before its deadline (`copy_for`); the chunk is still
+judged at its deadline.
 
-A source with `late_limit` late pieces in a row (no on-time piece between) whose delivered rate,
-late pieces included, is also below the rate it is held to over the margin (`hedging.too_slow`:
-a throttled drive that stalls now and then still delivers its rate) is degraded like a failing
-one (the split runs over the others, its queued pieces are hedged at once), except that it is
-*probed*: at most once
-per `probe_interval`, a read's submit also sends it a copy of the read's largest piece,
-into a private buffer, judged against the same kind of deadline; `recover_probes` on-time probes
-in a row restore it. Never the last healthy source is degraded for lateness.
+A source with `late_limit` late pieces in a row (no on-time piece between; one per engine cut,
+each started after the previous one was judged late: `hedging.counts_late`) that also delivered,
+since the first of them began, less than its weight's share of what the other healthy sources
+delivered over the margin (`hedging.owed`, `hedging.too_slow`: a throttled drive that stalls now
+and then still delivers its share) is degraded like a failing one (the split runs over the
+others, its queued pieces are hedged at once), except that it is *probed*: a read's submit also
+sends it a copy of (the first chunk of) the read's largest piece, into a private buffer, judged
+against the same kind of deadline, one at a time (and at most one per `probe_interval`);
+`recover_probes` on-time probes in a row restore it. Never the last healthy source is degraded
+for lateness.
 
 If the watchdog itself wakes more than a floor late (the whole process was starved, not a drive)
 it judges nothing that round and gives every due piece another floor. Its state lives under the
@@ -36,7 +41,19 @@ from core.units import plural
 
 from .attempts import HEDGE, MAIN, PROBE, Attempt
 from .buffers import span
-from .hedging import HedgePolicy, RateEstimate, deadline_ns, expected_rate, pick_hedge_source, plan_rate, too_slow
+from .hedging import (
+    HedgePolicy,
+    RateEstimate,
+    copy_due,
+    counts_late,
+    deadline_ns,
+    expected_ns,
+    expected_rate,
+    owed,
+    pick_hedge_source,
+    plan_rate,
+    too_slow,
+)
 from .sources import SourceHealth
 
 RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
@@ -58,9 +75,10 @@ class Hedger:
         self.tick_at = [0] * n
         self.late = [0] * n
         self.hedged = [0] * n
-        self.streak = [0] * n           # late pieces in a row
-        self.seen = [RateEstimate(policy.decay) for _ in range(n)]   # every delivery, late ones too
-        self.busy_all = [0] * n         # busy ns since the source's last delivery of any kind
+        self.streak = [0] * n           # late pieces in a row (hedging.counts_late)
+        self.counted_at: list[int | None] = [None] * n   # when the source's last counted lateness was judged
+        self.delivered = [0] * n        # bytes each source delivered, of every kind
+        self.span_from: list[tuple[int, list[int]] | None] = [None] * n   # streak's start: (ns, `delivered` then)
         self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
         self.probing = [False] * n
         self.next_probe = [0] * n
@@ -115,13 +133,14 @@ class Hedger:
         att.src = new
         self.enqueued(att)
 
-    def started(self, att: Attempt, inflight: int) -> None:
-        """A lane took `att` with `inflight` bytes (itself included) in the kernel on its source: when
-        balancing keeps most of a share queued, a piece's deadline runs from here, over what is
-        really ahead of it."""
-        if att.kind != MAIN or att not in self.pending[att.src]:
+    def started(self, att: Attempt, inflight: int | None) -> None:
+        """A lane took `att`; with balancing, with `inflight` bytes (itself included) in the kernel on
+        its source: when balancing keeps most of a share queued, a piece's deadline runs from here,
+        over what is really ahead of it."""
+        att.t_begin = self.clock()
+        if inflight is None or att.kind != MAIN or att not in self.pending[att.src]:
             return
-        att.t_enq, att.ahead, att.jumped = self.clock(), inflight, self.jumped[att.src]
+        att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.jumped[att.src]
         due = self._deadline(att)
         if due is not None:
             heapq.heappush(self._heap, (due, next(self._seq), att))
@@ -147,20 +166,64 @@ class Hedger:
                 self.probe_ok[s] = 0
             return []
         if ok and att.started:
-            self.seen[s].observe(att.ln, self.busy_all[s])
-            self.busy_all[s] = 0
+            self.delivered[s] += att.ln
             if att.late:
                 self.busy[s] = 0            # a late delivery teaches nothing about the drive's normal pace
             else:
                 self.est[s].observe(att.ln, self.busy[s])
                 self.busy[s] = 0
                 if att.kind == MAIN:
-                    self.streak[s] = 0
+                    self._on_time(s)
         return []
 
     def counters(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(hedged, late) per source."""
         return tuple(self.hedged), tuple(self.late)
+
+    def copy_for(self, t: int, rate: float | None, room) -> Attempt | None:
+        """Idle source `t` (nothing of its own queued, nothing to take), reading at `rate` (bytes per
+        ns, its pace): a hedge attempt on `t` of the chunk most past its expected time in the kernel
+        of a source on a late streak (a piece late, none on time since) that `t` would read before
+        that chunk's deadline (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The
+        copy is counted `hedged` on `t`; the chunk is still judged at its deadline (a drive that
+        keeps needing copies is late all the same)."""
+        if rate is None or rate <= 0:
+            return None
+        now = self.clock()
+        healthy = self.health.healthy()
+        best = None
+        for s, atts in enumerate(self.pending):
+            if s == t or not self.streak[s]:        # only a drive already late, with no on-time piece since:
+                continue                            # a healthy one merely past its mean is left alone
+            for att in atts:
+                piece = att.piece
+                if not att.started or att.late or piece.done or piece.hedged or not self.can_serve(t, att.fi):
+                    continue
+                exp = expected_ns(self._ahead(att), self._rate(s, piece.ticket.phase, healthy))
+                mine = 0.0 if math.isinf(rate) else att.ln / rate
+                over = copy_due(now, att.t_enq, exp, self._deadline(att), mine)
+                if over is not None and (best is None or over > best[0]):
+                    best = (over, att)
+        if best is None or not room(best[1].ln):
+            return None
+        att = best[1]
+        piece = att.piece
+        if att.src not in piece.tried:
+            piece.tried.append(att.src)
+        piece.tried.append(t)
+        hatt = Attempt(piece, t, HEDGE, piece.off, piece.ln, self.pool.get(span(piece.off, piece.ln)),
+                       align_down(piece.off))
+        piece.hedged = piece.copied = True
+        piece.active += 1
+        self.hedged[t] += 1
+        self._queue(hatt, now)
+        return hatt
+
+    def out_elsewhere(self, t: int) -> bool:
+        """Whether a source other than `t`, on a late streak, has a main chunk in its kernel (one a
+        copy might help)."""
+        return any(a.started and not a.piece.done for s, atts in enumerate(self.pending) if s != t and self.streak[s]
+                   for a in atts)
 
     def stuck(self, s: int) -> bool:
         """A read on `s` may hang in the kernel: it is degraded for lateness with work out, or a
@@ -205,22 +268,41 @@ class Hedger:
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
             self.busy[s] += now - self.tick_at[s]
-            self.busy_all[s] += now - self.tick_at[s]
         self.tick_at[s] = now
 
-    def _too_slow(self, s: int, att: Attempt) -> str | None:
-        """What `s` delivered lately, late pieces and the busy time since its last delivery included,
-        is below what it is held to over the margin: why, in words (the figures the degrade event
-        carries), else None."""
-        seen = self.seen[s]
-        busy = seen.busy_ns + self.busy_all[s]
-        delivered = None if seen.n == 0 and busy > 0 else (math.inf if busy <= 0 else seen.bytes / busy)
-        own, plan = self._rates(s, att.piece.ticket.phase, self.health.healthy())
-        held = expected_rate(own, plan)
-        if not too_slow(delivered, held, self.policy.margin):
+    def _on_time(self, s: int) -> None:
+        """A piece of `s` landed on time: its late streak is over."""
+        self.streak[s] = 0
+        self.span_from[s] = None
+
+    def _count_late(self, att: Attempt, now: int) -> None:
+        """`att` missed its deadline: counted on its source, and in its streak when
+        `hedging.counts_late` says so (the first of a streak opens its span)."""
+        s = att.src
+        self.late[s] += 1
+        cut = att.piece.cut
+        if not counts_late(att.t_begin, self.counted_at[s], cut.late):
+            return
+        cut.late = True
+        if self.streak[s] == 0:
+            self.span_from[s] = (att.t_begin, list(self.delivered))
+        self.streak[s] += 1
+        self.counted_at[s] = now
+
+    def _behind(self, s: int, phase: str, now: int) -> str | None:
+        """Why `s` is too slow to keep, in words (the figures the degrade event carries), or None:
+        since its streak began it delivered less than its weight's share of what the other healthy
+        sources delivered, over the margin."""
+        if self.span_from[s] is None:
             return None
-        return (f"delivered {_mbs(delivered)} in {busy / 1e9:.2f} s busy, held to {_mbs(held)} "
-                f"(own {_mbs(own)}, by the weights {_mbs(plan)})")
+        t0, base = self.span_from[s]
+        got = [d - b for d, b in zip(self.delivered, base)]
+        w = self.weights[phase]
+        share = owed(s, got, w, self.health.healthy())
+        if not too_slow(got[s], share, self.policy.margin):
+            return None
+        return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
+                f"of what the others delivered is {share / 1e6:.1f} MB")
 
     def _queue(self, att: Attempt, now: int, front: bool = False) -> None:
         s = att.src
@@ -242,12 +324,16 @@ class Hedger:
         peers = {i: self.est[i].rate(least) for i in healthy if i != s}
         return self.est[s].rate(least), plan_rate(s, self.weights[phase], peers)
 
+    def _ahead(self, att: Attempt) -> int:
+        """The bytes ahead of `att` on its source, itself included: what was queued ahead of it when
+        it was queued (or, balancing, in the kernel when it started), plus what jumped the queue
+        since (a hedge put in front of it delays it; that is not its drive's fault)."""
+        return att.ahead + (self.jumped[att.src] - att.jumped if att.kind == MAIN else 0)
+
     def _deadline(self, att: Attempt) -> int | None:
-        """When `att` is late: what was queued ahead of it, plus what jumped the queue since (a hedge
-        put in front of it delays it; that is not its drive's fault)."""
+        """When `att` is late."""
         phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        ahead = att.ahead + (self.jumped[att.src] - att.jumped if att.kind == MAIN else 0)
-        return deadline_ns(att.t_enq, ahead, self._rate(att.src, phase, self.health.healthy()), self.policy)
+        return deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self.policy)
 
     def _run(self) -> None:
         floor = self.policy.floor_ns
@@ -278,21 +364,23 @@ class Hedger:
 
     def _judge(self, att: Attempt, now: int, actions: list) -> None:
         piece, s = att.piece, att.src
-        if piece.done or piece.hedged or att.late or att not in self.pending[s]:
+        if att.late or att not in self.pending[s]:
             return
+        if (piece.done or piece.hedged) and not (piece.copied and att.started):
+            return                  # delivered, or hedged when it was judged: a copied one is still judged
         due = self._deadline(att)
         if due is None or due > now:
             heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
             return
         att.late = True
-        self.late[s] += 1
-        self.streak[s] += 1
-        self._hedge(att, now)
+        self._count_late(att, now)
+        if not piece.hedged and not piece.done:
+            self._hedge(att, now)
         if self.streak[s] >= self.policy.late_limit and not self.health.slow(s):
-            why = self._too_slow(s, att)
+            why = self._behind(s, piece.ticket.phase, now)
             if why is not None:
                 n = self.streak[s]
-                self.streak[s] = 0
+                self._on_time(s)
                 actions.append(lambda: self._degrade(s, n, why))
 
     def _hedge(self, att: Attempt, now: int) -> bool:
@@ -332,9 +420,10 @@ class Hedger:
     def _restore(self, s: int) -> None:
         if self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time"):
             with self.cond:
-                self.streak[s] = 0
-                self.busy[s] = self.busy_all[s] = 0
-                self.seen[s] = RateEstimate(self.policy.decay)     # judged afresh from here on
+                self._on_time(s)                                   # judged afresh from here on
+                self.counted_at[s] = None
+                self.busy[s] = 0
+                self.est[s] = RateEstimate(self.policy.decay)
                 self.tick_at[s] = self.clock()
 
 

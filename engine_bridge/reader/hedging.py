@@ -1,4 +1,5 @@
-"""When a piece is late, and where its hedge goes (pure: no disk, no threads, no clock).
+"""When a piece is late, when a drive is too slow to keep, and where a hedge goes (pure: no disk,
+no threads, no clock).
 
 Every piece gets a deadline from what its drive is expected to deliver: the bytes queued on that
 source ahead of it (itself included) over the source's expected rate, times a margin, plus a
@@ -6,6 +7,15 @@ floor. The expected rate is the larger of what the source itself delivered latel
 time, learnt only from pieces that were on time) and what the plan's weights promise for it (the
 healthy peers' rate per unit of weight times its weight): a drive that crawls while its weight
 says it is fast is late against its weight, and one that slows suddenly is late against itself.
+Both are known from the first deliveries: a deadline scales with the drives' own pace.
+
+A late piece is hedged whatever caused it; a drive is taken out of the split only on evidence that
+holds against a throttle's bursts and stalls (docs/reader.md "Bursts"): `late_limit` of its pieces
+late in a row, counted once per engine cut and only when each was started after the previous was
+judged late (`counts_late`: a stall that holds every piece in a kernel at once is one lateness, and
+a throttled drive serves on time after each stall), and over the same span it delivered less than
+its weight's share of what the other drives delivered, over the margin (`too_slow` on the bytes
+each delivered since the first of those pieces began: bursts of every drive fall in the span).
 Times are integer nanoseconds; rates are bytes per nanosecond.
 """
 
@@ -21,16 +31,17 @@ class HedgePolicy:
     """The knobs of hedging (SplitReader's `hedge_policy`)."""
 
     margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
-    floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise, the first pieces)
-    late_limit: int = 8             # late pieces in a row (no on-time piece between) that, with a delivered
-                                    # rate below the held one over the margin, degrade a source
-    probe_interval_ns: int = 1_000_000_000   # a degraded-for-lateness source gets a probe read this often, ns
+    floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise on a busy machine)
+    late_limit: int = 3             # late pieces in a row (no on-time piece between; one per engine cut, each
+                                    # started after the previous was judged) that, with the drive behind its
+                                    # share of the others' bytes over the margin, degrade a source
+    probe_interval_ns: int = 0      # least time between two probes of a degraded-for-lateness source, ns (it has
+                                    # at most one probe out at a time: they follow its own pace)
     recover_probes: int = 2         # on-time probes in a row that bring it back
     decay: float = 0.97             # weight of the past in the rate estimate, per delivered piece (~30 pieces:
                                     # throttled drives deliver in bursts and stalls, the mean is what counts)
-    min_busy_ns: int = 500_000_000  # a rate estimate holds a drive (its own, or a peer's through the weights) only
-                                    # once it rests on this much busy time: a throttle's first burst, served in
-                                    # microseconds, is not the drive's pace (docs/reader.md "Bursts")
+    min_busy_ns: int = 0            # a rate estimate holds a drive only once it rests on this much busy time (0:
+                                    # from its first delivery; the degrade verdict does not rest on it)
 
     def to_dict(self) -> dict:
         return {"margin": self.margin, "floor_ms": self.floor_ns / 1e6, "late_limit": self.late_limit,
@@ -115,16 +126,57 @@ def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: 
     return enqueued_ns + policy.floor_ns + int(policy.margin * expected)
 
 
+def expected_ns(ahead_bytes: int, rate: float | None) -> float | None:
+    """How long `ahead_bytes` take at `rate` (None: unknown)."""
+    if rate is None or rate <= 0:
+        return None
+    return 0.0 if math.isinf(rate) else ahead_bytes / rate
+
+
 def too_slow(delivered: float | None, held: float | None, margin: float) -> bool:
-    """Whether a source that keeps being late is really slow, not just bursty: what it delivered
-    lately, late pieces included (bytes over busy time), is below the rate it is held to over the
-    margin. A throttled drive that stalls now and then still delivers its rate; one that crawls or
-    hangs does not. Unknown held rate: never; nothing delivered while busy: yes."""
+    """Whether a source that keeps being late is really slow, not just bursty: what it delivered,
+    late pieces included, is below what it is held to over the margin — rates, or bytes over the
+    same span (`owed`). A throttled drive that stalls now and then still delivers its share; one
+    that crawls or hangs does not. Unknown held: never; nothing delivered while busy: yes."""
     if held is None:
         return False
     if delivered is None:
         return True
     return delivered * margin < held
+
+
+def owed(src: int, delivered: Sequence[float], weights: Sequence[int], peers: Sequence[int]) -> float | None:
+    """What `src` would have delivered over a span at its weight's share of what the `peers`
+    delivered in it (bytes per unit of their weights, times its weight); None when the peers
+    delivered nothing (nothing to judge it by)."""
+    others = [i for i in peers if i != src]
+    got = sum(delivered[i] for i in others)
+    if not others or got <= 0:
+        return None
+    return weights[src] * got / sum(weights[i] for i in others)
+
+
+def counts_late(begun_ns: int, last_counted_ns: int | None, cut_counted: bool) -> bool:
+    """Whether a late piece adds to its source's streak: its engine cut has not counted yet, and it
+    was started after the source's previous counted lateness was judged (one stall that holds
+    everything in a drive's kernel at once is one lateness, however many pieces it holds)."""
+    if cut_counted or begun_ns < 0:
+        return False
+    return last_counted_ns is None or begun_ns >= last_counted_ns
+
+
+def copy_due(now: int, begun_ns: int, expected: float | None, deadline: int | None, mine_ns: float) -> float | None:
+    """How far past its expected time a chunk in a drive's kernel is, when an idle drive that would
+    read it in `mine_ns` should read a copy: overdue by more than its expected time (it has taken
+    twice what it should: a drive on schedule, or merely slower than its mean, is left alone) and by
+    more than the copy takes, not yet at its deadline (from there hedging acts), and the copy done
+    before the deadline. None: no copy."""
+    if expected is None or deadline is None or begun_ns < 0:
+        return None
+    over = now - (begun_ns + expected)
+    if over <= max(expected, mine_ns) or now >= deadline or now + mine_ns >= deadline:
+        return None
+    return over
 
 
 def pick_hedge_source(late_src: int, candidates: Sequence[int], outstanding: Sequence[int], nbytes: int,

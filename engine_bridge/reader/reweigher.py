@@ -2,12 +2,16 @@
 weights the next reads are cut with (the rules are pure, in `reweighting.py`; docs/reader.md
 "Re-weighting").
 
-The lanes call `queued`, `moved` and `ended` for every attempt under their lock; the reader calls
+The lanes call `started`, `moved` and `ended` for every attempt under their lock; the reader calls
 `step` under the same lock when a read is submitted: once a window is over it is judged, and a
-change of weights comes back to be announced as an event. A source moved below its plan that got
-no work in the window is owed a *sample*: a copy of a piece of the next read, read at the back of
-its queue into a private buffer, so a drive that recovers is seen to recover even when its floor
-share rounds to no piece at all.
+change of weights comes back to be announced as an event. A window counts only reads cut with the
+weights in force (`epoch`: every change starts a new one, and the reader tags each read with the
+epoch whose weights cut it, or -1): reads cut with the old weights, still queued or in a kernel
+after a change, would judge the new weights by the old shares (the overshoot of an earlier version:
+100:25:50, then 100:11:50, on a drive at half speed). A source moved below its plan that got no
+work in the window is owed a *sample*: a copy of a piece of the next read, read at the back of its
+queue into a private buffer, so a drive that recovers is seen to recover even when its floor share
+rounds to no piece at all.
 """
 
 from __future__ import annotations
@@ -33,24 +37,30 @@ class Reweigher:
         self.window = Window(n, clock())
         self.sampled = [False] * n
         self.changes = 0
+        self.epoch = 0                  # weights changes so far: reads cut with the weights in force carry it
 
     # -- lanes, their lock held ----------------------------------------------------------------
 
-    def queued(self, att: Attempt) -> None:
-        phase = att.piece.ticket.phase if att.kind == MAIN and att.piece is not None else ""
-        self.window.queued(att.src, att.ln, self.clock(), phase)
+    def started(self, att: Attempt) -> None:
+        """A lane starts `att`: the window counts it, and its source busy, when its read was cut with
+        the weights in force (samples and probes always are)."""
+        att.t_start = self.clock()
+        att.counted = att.epoch == self.epoch
+        if att.counted:
+            phase = att.piece.ticket.phase if att.kind == MAIN and att.piece is not None else ""
+            self.window.queued(att.src, att.ln, att.t_start, phase)
 
     def moved(self, att: Attempt, new: int) -> None:
-        """A failing attempt goes on to source `new` (failover)."""
-        now = self.clock()
-        self.window.ended(att.src, 0, now)
-        self.window.queued(new, 0, now)
-
-    def started(self, att: Attempt) -> None:
-        att.t_start = self.clock()
+        """A started attempt fails over to source `new`."""
+        if att.counted and att.epoch == self.epoch:
+            now = self.clock()
+            self.window.ended(att.src, 0, now)
+            self.window.queued(new, 0, now)
 
     def ended(self, att: Attempt, s: int, delivered: bool) -> None:
-        self.window.ended(s, att.ln if delivered else 0, self.clock(), att.t_start)
+        if att.counted and att.epoch == self.epoch:     # (a window of older weights is gone)
+            att.counted = False
+            self.window.ended(s, att.ln if delivered else 0, self.clock(), att.t_start)
 
     # -- the reader, the lanes' lock held --------------------------------------------------------
 
@@ -77,6 +87,9 @@ class Reweigher:
                        for ph, b in self.base.items()}
                 self.mult = d.mult
                 if new != self.current:
+                    self.epoch += 1                     # what is out now was cut with the old weights:
+                    self.window = Window(len(self.mult), now)       # the next window counts none of it
+                    self.streak = (0,) * len(self.mult)
                     change = {"source": d.source, "old": {ph: list(v) for ph, v in self.current.items()},
                               "new": {ph: list(v) for ph, v in new.items()}, "why": d.why,
                               "rates_mbs": {str(s): round(r * 1e3, 3) for s, r in sorted(rates.items())},

@@ -3,8 +3,9 @@ no clock of its own).
 
 The plan's weights say how fast it believed each drive to be. While reads run, the reader counts
 per source, over a window of its own clock, the bytes the drive delivered (its pieces, hedges and
-samples: everything it read) and the time it was busy (work queued or being read on it). Bytes
-over busy time is the rate the drive gives when it has work, whatever share it was given. A window
+samples: everything it read of reads cut with the weights in force) and the time it was busy
+(such reads in its kernel). Bytes over busy time is the rate the drive gives when it has work,
+whatever share it was given. A window
 lasts `window_ns` at least, and longer until every source that had work delivered something in it
 (a prefill piece can take seconds) or has been busy twice that long without delivering (a hung or
 crawling drive: rate 0). A window in which no drive was busy `loaded` of the time is not judged:
@@ -86,6 +87,8 @@ class Window:
         self.tick[s] = now
 
     def queued(self, s: int, nbytes: int, now: int, phase: str = "") -> None:
+        """An attempt of the window's work is out on `s` (in its kernel) from `now`; `phase`: the
+        phase of the read it belongs to ('' for a sample or probe)."""
         self._advance(s, now)
         self.outstanding[s] += 1
         if phase:

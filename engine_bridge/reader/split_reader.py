@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from core.errors import MissingError, UsageError
@@ -52,12 +53,10 @@ from models.modelset import ModelSet, one_file
 
 from .buffers import POOL_BYTES, BufferPool, check_buffer, span
 from .hedger import Hedger
-from .hedging import HedgePolicy, check_policy
-from .balancing import BalancePolicy, check_balance
 from .lanes import Lanes, ReadTicket
 from .readstats import PhaseSourceStats, PhaseStats, ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
 from .reweigher import Reweigher
-from .reweighting import ReweighPolicy, check_reweigh
+from .settings import ReaderSettings, check_settings
 from .sources import SourceHealth, check_sources, close_sources, open_sources
 
 PHASES = ("prefill", "decode")
@@ -77,28 +76,22 @@ class SplitReader:
     open per source.
     weights: base (prefill) weights, one per source, integers 1..100.
     decode_weights: weights used when phase == 'decode' (default: the base weights).
-    lanes: reader threads per source. cold: O_DIRECT / F_NOCACHE reads (False: page-cache reads,
-    for the reader's ceiling). opener: makes the per-source reader (default ColdReader or
-    CachedReader); tests inject failing readers through it. pool_bytes: released buffers kept.
-    hedge: re-issue late pieces on another replica (the embedded engine turns it on; off here so
-    a bare reader does exactly the engine's reads). hedge_policy: its knobs (`HedgePolicy`).
-    reweigh: move weight between the sources as their delivered rates change (off here, on in the
-    embedded engine); reweigh_policy: its knobs (`ReweighPolicy`).
-    balance: queue pieces as chunks, keep a drive's kernel queue short, and let an idle drive take
-    queued chunks of a slower one (off here, on in `engine-bridge run`); balance_policy: its knobs
-    (`BalancePolicy`).
+    settings: what the reader does beyond the engine's reads and with how many lanes per source
+    (`ReaderSettings`: hedging, re-weighting, balancing and their knobs); default: none of it, 8
+    lanes, so a bare reader does exactly the engine's reads (the embedded engine passes
+    `settings.EMBEDDED`). cold: O_DIRECT / F_NOCACHE reads (False: page-cache reads, for the
+    reader's ceiling). opener: makes the per-source reader (default ColdReader or CachedReader);
+    tests inject failing readers through it. pool_bytes: released buffers kept.
     clock: the hedger's and the re-weighting's clock, ns (tests inject one). holds: per source, the
     files a partial replica holds (None: every file); the engine's pattern sends it only reads of those.
     """
 
     def __init__(self, sources: Sequence[ModelSet | str], weights: Sequence[int],
-                 decode_weights: Sequence[int] | None = None, *,
-                 lanes: int = 8, engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
+                 decode_weights: Sequence[int] | None = None, *, settings: ReaderSettings | None = None,
+                 engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
-                 pool_bytes: int = POOL_BYTES, hedge: bool = False, hedge_policy: HedgePolicy | None = None,
-                 reweigh: bool = False, reweigh_policy: ReweighPolicy | None = None,
-                 balance: bool = False, balance_policy: BalancePolicy | None = None,
-                 clock: Callable[[], int] | None = None, holds: Sequence[frozenset[str] | None] = ()):
+                 pool_bytes: int = POOL_BYTES, clock: Callable[[], int] | None = None,
+                 holds: Sequence[frozenset[str] | None] = ()):
         models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
         paths = [m.path for m in models]
         if not paths:
@@ -113,23 +106,18 @@ class SplitReader:
                              f"{len(paths)} sources; give exactly one per source"
                              + (f" (with another count {get_engine(engine).decode_miscount})"
                                 if get_engine(engine).decode_miscount else ""))
-        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-            raise UsageError(f"split reader: lanes must be an integer >= 1, got {lanes!r}")
-        policy = hedge_policy or HedgePolicy()
-        rw_policy = reweigh_policy or ReweighPolicy()
-        bal_policy = balance_policy or BalancePolicy()
+        settings = ReaderSettings() if settings is None else settings
         try:
-            check_policy(policy)
-            check_reweigh(rw_policy)
-            check_balance(bal_policy)
+            check_settings(settings)
         except ValueError as e:
             raise UsageError(f"split reader: {e}") from None
         self.models, self.paths = tuple(models), tuple(paths)
         self.weights, self.decode_weights = weights, decode
-        self.engine, self.lanes, self.cold = engine, lanes, cold
-        self.hedge, self.hedge_policy = bool(hedge), policy
-        self.reweigh, self.reweigh_policy = bool(reweigh), rw_policy
-        self.balance, self.balance_policy = bool(balance) and len(paths) > 1, bal_policy
+        self.engine, self.cold = engine, cold
+        # what it does: one source has nobody to hedge on, re-weigh against or take work from
+        several = len(paths) > 1
+        self.settings = replace(settings, hedge=settings.hedge and several, reweigh=settings.reweigh and several,
+                                balance=settings.balance and several)
         self._health_interval = health_interval
         identity = check_sources(models, holds)
         self.files = models[0].files
@@ -142,18 +130,35 @@ class SplitReader:
         self._last_health = time.monotonic()
         self._closed = False
         self._pool = BufferPool(pool_bytes)
-        # one source has no replica to hedge on: no watchdog
-        self._hedger = (Hedger(self._health, weights, decode, self._pool, policy, clock or time.monotonic_ns)
-                        if self.hedge and len(paths) > 1 else None)
+        st = self.settings
+        self._hedger = (Hedger(self._health, weights, decode, self._pool, st.hedge_policy, clock or time.monotonic_ns)
+                        if st.hedge else None)
         if self._hedger is not None:    # a hedge goes only to a source holding the piece's file
             self._hedger.can_serve = lambda src, fi: self._sources[src].holds(fi)
         e = get_engine(engine)
-        self._reweigher = (Reweigher({"prefill": weights, "decode": decode}, rw_policy, clock or time.monotonic_ns,
-                                     e.weight_min, e.weight_max)
-                           if self.reweigh and len(paths) > 1 else None)
+        self._split = e.split           # the engine's cut of a read by weight (None: it places whole reads)
+        self._reweigher = (Reweigher({"prefill": weights, "decode": decode}, st.reweigh_policy,
+                                     clock or time.monotonic_ns, e.weight_min, e.weight_max)
+                           if st.reweigh else None)
         self._owed: list[int] = []      # sources owed a re-weighting sample (taken from the next read)
-        self._lanes = Lanes(self._sources, self._health, lanes, self._pool, self._hedger, self._reweigher,
-                            bal_policy if self.balance else None)
+        self._lanes = Lanes(self._sources, self._health, st.lanes, self._pool, self._hedger, self._reweigher,
+                            st.balance_policy if st.balance else None)
+
+    @property
+    def lanes(self) -> int:
+        return self.settings.lanes
+
+    @property
+    def hedge(self) -> bool:
+        return self.settings.hedge
+
+    @property
+    def reweigh(self) -> bool:
+        return self.settings.reweigh
+
+    @property
+    def balance(self) -> bool:
+        return self.settings.balance
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -174,7 +179,7 @@ class SplitReader:
         """
         healthy = self._healthy_now()
         pieces = tuple(healthy_split(offset, length, self.weights_now(phase), healthy, self.engine))
-        return self._start(offset, length, phase, buffer, file, pieces, healthy)
+        return self._start(offset, length, phase, buffer, file, pieces, healthy, cut_now=True)
 
     def submit_read(self, read, phase: str = "prefill", buffer=None) -> ReadTicket:
         """Start one read of an engine's read pattern (`engines.pattern.Read`: its file, range and
@@ -194,7 +199,17 @@ class SplitReader:
                 if not self._sources[src].holds(self._file_index(read.file)) and 0 in healthy:
                     src = 0                # a partial replica without the file: the primary holds every file
             pieces.append((src, p.offset, p.length))
-        return self._start(read.offset, read.length, phase, buffer, read.file, tuple(pieces), healthy)
+        pieces = tuple(pieces)
+        return self._start(read.offset, read.length, phase, buffer, read.file, pieces, healthy,
+                           cut_now=self._cut_now(read, pieces, phase, healthy))
+
+    def _cut_now(self, read, pieces, phase: str, healthy: list[int]) -> bool:
+        """Whether an engine's read was cut with the weights in force (re-weighting judges only
+        those): for an engine that cuts reads by weight, its pieces are the engine's cut of the read
+        with them; an engine that places whole reads is not judged by this."""
+        if self._reweigher is None or self._split is None:
+            return True
+        return pieces == tuple(healthy_split(read.offset, read.length, self.weights_now(phase), healthy, self.engine))
 
     def healthy(self) -> tuple[int, ...]:
         """The sources reads may go to now (not degraded)."""
@@ -233,7 +248,8 @@ class SplitReader:
             self._reweigh(healthy)
         return healthy
 
-    def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy) -> ReadTicket:
+    def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy,
+               cut_now: bool = True) -> ReadTicket:
         if phase not in PHASES:
             raise UsageError(f"split reader: phase {phase!r} is not one of {', '.join(PHASES)}")
         fi = self._file_index(file)
@@ -257,6 +273,9 @@ class SplitReader:
         else:
             ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
                                 queued, None, file=rel, fi=fi)
+        if self._reweigher is not None:
+            with self._lanes.lock:
+                ticket.epoch = self._reweigher.epoch if cut_now else -1
         for s, po, pl in pieces:
             self._lanes.put(s, ticket, po, pl)
         if self._hedger is not None and len(healthy) < len(self.paths):
@@ -278,10 +297,12 @@ class SplitReader:
         return fi
 
     def _probe(self, fi: int, pieces, phase: str, healthy: list[int]) -> None:
-        """Offer each source degraded for lateness a probe: a copy of this read's largest piece."""
+        """Offer each source degraded for lateness a probe: a copy of (the first chunk of) this
+        read's largest piece — a read of the size its lanes would make, timed in its own units."""
         if not pieces:
             return
         _, po, pl = max(pieces, key=lambda p: p[2])
+        pl = min(pl, self.settings.balance_policy.chunk_bytes if self.balance else SAMPLE_BYTES)
         for s in range(len(self.paths)):
             if s not in healthy and self._health.slow(s) and self._sources[s].holds(fi):
                 self._hedger.maybe_probe(s, po, pl, phase, fi)

@@ -97,6 +97,7 @@ class PatternMeasure:
         (`timed_rate`); `sources`: a subset of the sources to read instead (one drive alone, say),
         weights to match (each must hold the whole model)."""
         from engine_bridge.moe.staging import PhaseCounters, StepReads, stage_reads
+        from engine_bridge.reader.settings import ReaderSettings
         from engine_bridge.reader.split_reader import SplitReader
         from models.modelset import ModelSet
 
@@ -115,7 +116,8 @@ class PatternMeasure:
         # the pattern names the primary's files; a subset's first copy may call a one-file model otherwise
         rename = dict(zip(self.sources[0].files, models[0].files))
         weights = tuple(int(x) for x in weights)
-        with SplitReader(models, weights, weights, lanes=lanes, engine=engine.name, cold=self.cold) as r:
+        with SplitReader(models, weights, weights, settings=ReaderSettings(lanes=lanes), engine=engine.name,
+                         cold=self.cold) as r:
             reads_of = StepReads(engine, p.geometry, {phase: weights}, mode, holds, r.healthy)
 
             def submit(read, ph):

@@ -10,16 +10,17 @@ from engine_bridge.moe.constants import CSV_COLUMNS
 from engine_bridge.moe.resident import inspect_model
 from engine_bridge.moe.session import run_model
 from engine_bridge.moe.inputs import SourceSet
+from engine_bridge.reader.settings import EMBEDDED, ReaderSettings
 from tests.engine_bridge.helpers import SPEC
 
 PROMPT, GEN = 48, 6
 runner = CliRunner()
 
 
-def run(d, reps=(), prefill=(10,), decode=None, cache=24, lanes=8, **kw):
+def run(d, reps=(), prefill=(10,), decode=None, cache=24, lanes=8, reader=EMBEDDED, **kw):
     paths = (str(d / "model.gguf"),) + tuple(str(d / r) for r in reps)
     src = SourceSet(paths, tuple(prefill), tuple(decode or prefill))
-    return run_model(src, PROMPT, GEN, cache, lanes, prompt_seed=11, **kw)
+    return run_model(src, PROMPT, GEN, cache, reader.but(lanes=lanes), prompt_seed=11, **kw)
 
 
 CONFIGS = [
@@ -56,7 +57,7 @@ def test_a_replica_that_delivers_a_wrong_byte_changes_the_hash(model_dir, tmp_pa
             f.seek(g.expert_ranges(0, e)[0].offset)
             f.write(b"\x00\x7b")
     src = SourceSet((str(model_dir / "model.gguf"), str(bad)), (1, 100), (1, 100))
-    r = run_model(src, PROMPT, GEN, 24, 4, prompt_seed=11)
+    r = run_model(src, PROMPT, GEN, 24, EMBEDDED.but(lanes=4), prompt_seed=11)
     assert r["sources"][1]["bytes"] > 0
     assert r["output_sha256"] != good
 
@@ -169,7 +170,7 @@ def test_a_replica_truncated_mid_run_degrades_the_plan_but_not_the_output(model_
     paths = [str(model_dir / "model.gguf"), str(model_dir / "r1.gguf"), str(victim)]
     g = inspect_model(paths[0])
     res = load_resident(g)
-    with SplitReader(paths, (10, 5, 5), (10, 6, 6), lanes=2, health_interval=0) as reader:
+    with SplitReader(paths, (10, 5, 5), (10, 6, 6), settings=ReaderSettings(lanes=2), health_interval=0) as reader:
         os.truncate(victim, g.tensor(0, "gate").offset)     # after the reader checked it: every expert read is short
         reads_of = StepReads(get_engine("ds4-argodrive"), g, {"prefill": (10, 5, 5), "decode": (10, 6, 6)},
                              healthy=reader.healthy)
@@ -188,8 +189,9 @@ def test_other_expert_types_give_one_hash_across_sources_and_caches(tmp_path, qu
     m = tmp_path / "m.gguf"
     synthesize(str(m), SynthSpec(layers=2, experts=4, top_k=2, dim=256, ff=512, vocab=64, seed=1, quant=quant))
     shutil.copyfile(m, tmp_path / "r.gguf")
-    one = run_model(SourceSet((str(m),), (10,), (10,)), 16, 3, 8, 2, prompt_seed=1)
-    two = run_model(SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, 3, prompt_seed=1)
+    one = run_model(SourceSet((str(m),), (10,), (10,)), 16, 3, 8, EMBEDDED.but(lanes=2), prompt_seed=1)
+    two = run_model(SourceSet((str(m), str(tmp_path / "r.gguf")), (1, 3), (3, 1)), 16, 3, 1, EMBEDDED.but(lanes=3),
+                    prompt_seed=1)
     assert one["output_sha256"] == two["output_sha256"]
     assert two["sources"][1]["bytes"] > 0
 
@@ -250,8 +252,7 @@ def _v41_plan(d, weights=(2, 1, 1)):
 
 def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(model_dir):
     assert SPEC.component_bytes == 557_056                   # 2 blocks + 32 KiB: 1 / 1 / 0 blocks at 2:1:1
-    r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, hedge=False, reweigh=False,
-            balance=False)
+    r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, reader=ReaderSettings())
     for ph in ("prefill", "decode"):
         assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "groups", "seconds", "read_wait_seconds",
                               "largest_read", "sources"}

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from core import rig as rigmod
 from engine_bridge.cli import app
 from engine_bridge.moe.session import run_model
+from engine_bridge.reader.settings import EMBEDDED
 from engine_bridge.moe.inputs import build_sources
 from engine_bridge.moe.synth_colibri import ColibriSpec, synthesize_colibri
 from models.modelset import discover
@@ -46,7 +47,7 @@ def rig(tmp_path_factory):
 def run(root, primary, replicas, weights):
     src = build_sources(discover(primary), [f"{p}*{w}" for p, w in zip(replicas, weights[1:])], weights[0], None,
                         None, root, "colibri")
-    return src, run_model(src, PROMPT, GEN, CACHE, 2, prompt_seed=3)
+    return src, run_model(src, PROMPT, GEN, CACHE, EMBEDDED.but(lanes=2), prompt_seed=3)
 
 
 def test_the_embedded_engine_reads_a_partial_rig_with_the_full_rigs_output(rig):

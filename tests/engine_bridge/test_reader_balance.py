@@ -18,6 +18,7 @@ from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
 from engine_bridge.reader.balancing import BalancePolicy, check_balance, chunks, depth_limit, pick_victim
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.base import Piece
 from engines.pattern import Read
@@ -38,8 +39,10 @@ def model(tmp_path):
 
 
 def _reader(paths, stall, **kw):
-    return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=kw.pop("lanes", 1), cold=False, balance=True,
-                       balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0),
+    knobs = {k: kw.pop(k) for k in ("lanes", "hedge", "hedge_policy") if k in kw}
+    settings = ReaderSettings(**{"lanes": 1, **knobs}, balance=True,
+                              balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+    return SplitReader(paths, [2, 1, 1], [2, 1, 1], cold=False, settings=settings,
                        opener=lambda p: StallingReader(p, stall), **kw)
 
 
@@ -96,7 +99,7 @@ def test_policy_checks(bad):
 def test_bad_balance_policy_is_one_usage_error(model):
     paths, _ = model
     with pytest.raises(UsageError, match="chunk_bytes"):
-        SplitReader(paths, [2, 1, 1], balance=True, balance_policy=BalancePolicy(chunk_bytes=5000))
+        SplitReader(paths, [2, 1, 1], settings=ReaderSettings(balance=True, balance_policy=BalancePolicy(chunk_bytes=5000)))
 
 
 def test_a_stalled_drives_queued_chunks_are_taken_by_the_others(model):
@@ -146,7 +149,7 @@ def test_balancing_is_off_unless_asked_and_with_one_source(model):
     paths, _ = model
     with SplitReader(paths, [2, 1, 1]) as r:
         assert not r.balance
-    with SplitReader(paths[:1], [1], balance=True) as r:
+    with SplitReader(paths[:1], [1], settings=ReaderSettings(balance=True)) as r:
         assert not r.balance                               # nobody to take work from
 
 

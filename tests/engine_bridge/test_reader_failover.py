@@ -6,6 +6,7 @@ import pytest
 
 from core.errors import MissingError
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import FailingReader
@@ -32,7 +33,7 @@ def test_unreadable_replica_fails_over_and_degrades(model):
     paths, data = model
     events = []
     FailingReader.broken = {paths[1]: 2}
-    with SplitReader(paths, [2, 1, 1], lanes=2, opener=FailingReader, report=events.append) as r:
+    with SplitReader(paths, [2, 1, 1], opener=FailingReader, report=events.append, settings=ReaderSettings(lanes=2)) as r:
         _check_all(r, data)
         _check_all(r, data, "decode")
         s = r.stats()
@@ -49,7 +50,7 @@ def test_unreadable_replica_fails_over_and_degrades(model):
 
 def test_truncated_replica_mid_run(model):
     paths, data = model
-    with SplitReader(paths, [1, 1, 1], lanes=2, health_interval=None) as r:
+    with SplitReader(paths, [1, 1, 1], health_interval=None, settings=ReaderSettings(lanes=2)) as r:
         _check_all(r, data)
         os.truncate(paths[2], BLOCK_BYTES)
         _check_all(r, data)                    # short pieces are re-read elsewhere
@@ -60,7 +61,7 @@ def test_truncated_replica_mid_run(model):
 
 def test_truncation_found_by_health_check(model):
     paths, data = model
-    with SplitReader(paths, [1, 1, 1], lanes=1, health_interval=0) as r:
+    with SplitReader(paths, [1, 1, 1], health_interval=0, settings=ReaderSettings(lanes=1)) as r:
         _check_all(r, data)
         os.truncate(paths[1], SIZE - 1)        # only the last byte: reads may not even notice
         _check_all(r, data)
@@ -71,7 +72,7 @@ def test_truncation_found_by_health_check(model):
 
 def test_deleted_replica_mid_run_degrades_plan(model):
     paths, data = model
-    with SplitReader(paths, [2, 1, 1], lanes=2, health_interval=0) as r:
+    with SplitReader(paths, [2, 1, 1], health_interval=0, settings=ReaderSettings(lanes=2)) as r:
         _check_all(r, data)
         before = r.stats().sources[2].bytes
         os.unlink(paths[2])
@@ -85,7 +86,7 @@ def test_deleted_replica_mid_run_degrades_plan(model):
 def test_primary_failure_moves_front_to_replica(model):
     paths, data = model
     FailingReader.broken = {paths[0]: 0}
-    with SplitReader(paths, [10, 5, 5], lanes=2, opener=FailingReader) as r:
+    with SplitReader(paths, [10, 5, 5], opener=FailingReader, settings=ReaderSettings(lanes=2)) as r:
         _check_all(r, data)
     assert r.degraded == (True, False, False)
 
@@ -93,7 +94,7 @@ def test_primary_failure_moves_front_to_replica(model):
 def test_all_sources_failing_raises_missing(model):
     paths, data = model
     FailingReader.broken = {p: 0 for p in paths}
-    with SplitReader(paths, [1, 1, 1], lanes=1, opener=FailingReader) as r:
+    with SplitReader(paths, [1, 1, 1], opener=FailingReader, settings=ReaderSettings(lanes=1)) as r:
         with pytest.raises(MissingError, match="no source could read"):
             r.read(0, 3 * BLOCK_BYTES)
         with pytest.raises(MissingError, match="every source is degraded"):

@@ -20,6 +20,7 @@ from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
 from engine_bridge.reader.readstats import healthy_split
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from core.coldio import CachedReader, aligned_buffer
@@ -104,8 +105,9 @@ def model(tmp_path):
 
 def _reader(paths, stall, clock, events=None, lanes=2, **policy):
     pol = HedgePolicy(**{"floor_ns": FLOOR, "min_busy_ns": 0, **policy})
-    return SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=lanes, cold=False, hedge=True, hedge_policy=pol, clock=clock,
-                       opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
+    return SplitReader(paths, [2, 1, 1], [2, 1, 1], settings=ReaderSettings(lanes=lanes, hedge=True, hedge_policy=pol),
+                       cold=False, clock=clock, opener=lambda p: StallingReader(p, stall),
+                       report=events.append if events is not None else None)
 
 
 def _warm(r, data, stall):
@@ -226,8 +228,8 @@ def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
             back.set()
 
     pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
-    with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=True, hedge_policy=pol, clock=clock,
-                     opener=lambda p: StallingReader(p, stall), report=report) as r:
+    with SplitReader(paths, [2, 1, 1], settings=ReaderSettings(lanes=2, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=lambda p: StallingReader(p, stall), report=report) as r:
         _warm(r, data, stall)
         for off in (0, 4 * BLOCK_BYTES):
             t = _hedged_read(r, stall, clock, off, 4 * BLOCK_BYTES)
@@ -261,8 +263,8 @@ def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
 def test_no_hedge_keeps_waiting_for_the_slow_drive(model):
     paths, data = model
     stall, clock = Stall(paths[2], count=1), Clock()
-    with SplitReader(paths, [2, 1, 1], lanes=2, cold=False, hedge=False, clock=clock,
-                     opener=lambda p: StallingReader(p, stall)) as r:
+    with SplitReader(paths, [2, 1, 1], cold=False, clock=clock,
+                     opener=lambda p: StallingReader(p, stall), settings=ReaderSettings(lanes=2, hedge=False)) as r:
         stall.active = True
         t = r.submit(0, 4 * BLOCK_BYTES)
         stall.entered.acquire()
@@ -298,7 +300,8 @@ def test_many_hedges_whoever_wins_the_bytes_are_the_same(model, caller_buffers):
     rng = random.Random(11 + caller_buffers)
     pol = HedgePolicy(margin=1.0, floor_ns=0, late_limit=3, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
     total = reads = 0
-    with SplitReader(paths, [2, 1, 1], [10, 6, 6], lanes=2, cold=False, hedge=True, hedge_policy=pol) as r:
+    with SplitReader(paths, [2, 1, 1], [10, 6, 6], cold=False,
+                     settings=ReaderSettings(lanes=2, hedge=True, hedge_policy=pol)) as r:
         for _ in range(30):
             ranges = [(o, rng.randrange(0, SIZE - o + 1)) for o in (rng.randrange(SIZE) for _ in range(6))]
             bufs = [aligned_buffer(span(o, n)) if caller_buffers else None for o, n in ranges]
@@ -316,9 +319,9 @@ def test_many_hedges_whoever_wins_the_bytes_are_the_same(model, caller_buffers):
 def test_bad_hedge_policy_is_one_usage_error(model):
     paths, _ = model
     with pytest.raises(UsageError, match="split reader: hedge margin 0.5: must be a finite number >= 1"):
-        SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(margin=0.5))
+        SplitReader(paths, [1, 1, 1], settings=ReaderSettings(hedge=True, hedge_policy=HedgePolicy(margin=0.5)))
     with pytest.raises(UsageError, match="late_limit"):
-        SplitReader(paths, [1, 1, 1], hedge=True, hedge_policy=HedgePolicy(late_limit=0))
+        SplitReader(paths, [1, 1, 1], settings=ReaderSettings(hedge=True, hedge_policy=HedgePolicy(late_limit=0)))
 
 
 def test_a_burst_is_not_a_pace_until_it_rests_on_enough_busy_time():

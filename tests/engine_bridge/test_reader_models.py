@@ -14,6 +14,7 @@ from core.errors import MissingError, UsageError
 from engine_bridge.reader import files as files_mod
 from engine_bridge.reader.files import SourceFiles
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from core.coldio import CachedReader
@@ -88,7 +89,7 @@ def test_extents_in_every_file_read_back_exactly_from_every_source(kind, hedge, 
     models = request.getfixturevalue(kind)
     extents = (_gguf_extents if kind == "split_gguf" else _safetensors_extents)(models[0])
     assert len(_by_file(extents)) == 3 and len(models[0].files) >= 3
-    with SplitReader(models, [2, 1, 1], [10, 6, 6], lanes=2, cold=not hedge, hedge=hedge) as r:
+    with SplitReader(models, [2, 1, 1], [10, 6, 6], cold=not hedge, settings=ReaderSettings(lanes=2, hedge=hedge)) as r:
         tickets = [(r.submit(e.offset, e.length, "decode" if i % 2 else "prefill", file=e.file), want)
                    for i, (e, want) in enumerate(extents)]
         for t, want in tickets:
@@ -112,7 +113,7 @@ def test_extents_in_every_file_read_back_exactly_from_every_source(kind, hedge, 
 
 
 def test_a_read_names_a_file_of_the_model(split_gguf):
-    with SplitReader(split_gguf, [1, 1, 1], lanes=1, cold=False) as r:
+    with SplitReader(split_gguf, [1, 1, 1], cold=False, settings=ReaderSettings(lanes=1)) as r:
         assert r.files == split_gguf[0].files
         assert r.size == sum(os.path.getsize(p) for p in split_gguf[0].paths)
         with pytest.raises(UsageError, match="the model has 3 files; name the file"):
@@ -158,7 +159,7 @@ def test_a_failing_file_fails_over_and_degrades_its_whole_source(st_dir):
     bad = "model-00002-of-00003.safetensors"
     FailingReader.broken = {st_dir[1].abs(bad): 0}
     events = []
-    with SplitReader(st_dir, [2, 1, 1], lanes=2, opener=FailingReader, report=events.append) as r:
+    with SplitReader(st_dir, [2, 1, 1], opener=FailingReader, report=events.append, settings=ReaderSettings(lanes=2)) as r:
         first = [(e, w) for e, w in extents if e.file != bad][:2]
         for e, want in first:                    # green serves shard 1 normally
             assert bytes(r.read(e.offset, e.length, file=e.file)) == want
@@ -182,7 +183,7 @@ def test_a_part_replaced_before_its_first_read_degrades_its_source(split_gguf):
     extents = _gguf_extents(split_gguf[0])
     white = split_gguf[2]
     last = white.files[2]
-    with SplitReader(split_gguf, [1, 1, 1], lanes=1, cold=False, health_interval=None) as r:
+    with SplitReader(split_gguf, [1, 1, 1], cold=False, health_interval=None, settings=ReaderSettings(lanes=1)) as r:
         # same bytes, new inode: not the file the reader checked at open
         tmp = white.abs(last) + ".new"
         shutil.copyfile(white.abs(last), tmp)
@@ -195,7 +196,7 @@ def test_a_part_replaced_before_its_first_read_degrades_its_source(split_gguf):
 
 
 def test_a_vanished_part_is_found_by_the_health_check(split_gguf):
-    with SplitReader(split_gguf, [1, 1, 1], lanes=1, cold=False, health_interval=0) as r:
+    with SplitReader(split_gguf, [1, 1, 1], cold=False, health_interval=0, settings=ReaderSettings(lanes=1)) as r:
         os.unlink(split_gguf[1].abs(split_gguf[1].files[2]))
         e, want = _gguf_extents(split_gguf[0])[0]
         assert bytes(r.read(e.offset, e.length, file=e.file)) == want
@@ -217,7 +218,7 @@ def test_many_files_keep_few_descriptors_open(tmp_path):
         (root / rel).write_bytes(content[rel])
     models = _replicate(discover(str(root), RAW), tmp_path)
     assert len(models[0].files) == n
-    with SplitReader(models, [1, 1, 1], lanes=2, cold=False) as r:
+    with SplitReader(models, [1, 1, 1], cold=False, settings=ReaderSettings(lanes=2)) as r:
         for _ in range(2):                        # the second pass reopens what was closed
             for rel in sorted(content, key=lambda _: rng.random()):
                 ln = len(content[rel]) - 7

@@ -3,6 +3,7 @@
 import pytest
 
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from tests.engine_bridge.helpers import primary_and_copies
@@ -21,7 +22,7 @@ def test_per_phase_counters_follow_the_split_exactly(model):
     paths, data = model
     prefill = [(i * COMPONENT, 2 * COMPONENT) for i in range(3)]          # 4.25 blocks each: every source a piece
     decode = [(i * COMPONENT, COMPONENT) for i in range(5)]
-    with SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=2) as r:
+    with SplitReader(paths, [2, 1, 1], [2, 1, 1], settings=ReaderSettings(lanes=2)) as r:
         for (o, n), v in zip(prefill, r.read_many(prefill, "prefill")):
             assert bytes(v) == data[o:o + n]
         for (o, n), v in zip(decode, r.read_many(decode, "decode")):
@@ -49,7 +50,7 @@ def test_per_phase_counters_follow_the_split_exactly(model):
 
 def test_a_phase_without_reads_counts_zeros(model):
     paths, _ = model
-    with SplitReader(paths, [1, 1, 1], lanes=1) as r:
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=1)) as r:
         r.read(0, COMPONENT, "prefill")
         d = r.stats().to_dict()["phases"]
     assert d["decode"] == {"reads": 0, "bytes": 0, "largest_read": 0,
@@ -62,7 +63,7 @@ def test_given_pieces_another_source_read_are_counted_where_they_were_given(mode
     paths, data = model
     FailingReader.broken = {paths[1]: 0}          # source 1 fails every read: its pieces fail over
     reads = [(i * COMPONENT, COMPONENT) for i in range(4)]
-    with SplitReader(paths, [2, 1, 1], [2, 1, 1], lanes=1, opener=FailingReader) as r:
+    with SplitReader(paths, [2, 1, 1], [2, 1, 1], opener=FailingReader, settings=ReaderSettings(lanes=1)) as r:
         for (o, n), v in zip(reads, r.read_many(reads[:1], "decode") + r.read_many(reads[1:], "decode")):
             assert bytes(v) == data[o:o + n]
         dec = r.stats().phases[1]

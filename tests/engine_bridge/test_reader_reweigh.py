@@ -16,6 +16,7 @@ from engine_bridge.harness.arms import ArmSpec, gate_plan, plan_changes
 from engine_bridge.reader import reweighting
 from engine_bridge.reader.reweighting import ReweighPolicy, Window, judge, weights_for
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from core.coldio import CachedReader
 from tests.engine_bridge.helpers import primary_and_copies
@@ -60,9 +61,9 @@ class Drives:
 
 
 def _reader(paths, drives, events, weights=(2, 1, 1), **kw):
-    return SplitReader(paths, list(weights), list(weights), lanes=1, cold=False, reweigh=True,
-                       reweigh_policy=kw.pop("policy", POLICY), clock=drives, opener=drives.reader,
-                       report=events.append, **kw)
+    settings = ReaderSettings(lanes=1, reweigh=True, reweigh_policy=kw.pop("policy", POLICY))
+    return SplitReader(paths, list(weights), list(weights), settings=settings, cold=False, clock=drives,
+                       opener=drives.reader, report=events.append, **kw)
 
 
 def _read_all(r, drives, data, reads):
@@ -135,13 +136,13 @@ def test_bursts_averaged_over_a_window_move_nothing(model):
 def test_never_off_the_last_healthy_source_and_off_when_asked(model):
     paths, data = model
     drives = Drives(paths[:1], [1])
-    with SplitReader(paths[:1], [1], reweigh=True, reweigh_policy=POLICY, clock=drives, opener=drives.reader,
-                     cold=False, lanes=1) as r:
+    with SplitReader(paths[:1], [1], clock=drives, opener=drives.reader,
+                     cold=False, settings=ReaderSettings(reweigh=True, reweigh_policy=POLICY, lanes=1)) as r:
         assert bytes(r.read(0, SIZE)) == data and r.weights_now("prefill") == (1,)
     drives = Drives(paths, [1, 2, 40])
     events = []
-    with SplitReader(paths, [2, 1, 1], reweigh=False, clock=drives, opener=drives.reader, cold=False, lanes=1,
-                     report=events.append) as r:
+    with SplitReader(paths, [2, 1, 1], clock=drives, opener=drives.reader, cold=False,
+                     report=events.append, settings=ReaderSettings(reweigh=False, lanes=1)) as r:
         _read_all(r, drives, data, 30)
         assert r.weights_now("prefill") == (2, 1, 1) and not events and r.stats().reweighs == 0
 

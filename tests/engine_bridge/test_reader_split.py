@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from core.errors import MissingError, UsageError
 from engine_bridge.reader.readstats import format_stats, healthy_split, last_landing, latency_summary, percentile
 from engine_bridge.reader.split_reader import SplitReader
+from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
 from tests.engine_bridge.helpers import primary_and_copies
@@ -49,7 +50,7 @@ def test_split_reads_equal_plain_reads(model, nsrc, cold):
     weights = [rng.randint(1, 100) for _ in range(nsrc)]
     decode = [rng.randint(1, 100) for _ in range(nsrc)]
     ranges = _ranges(rng, 40)
-    with SplitReader(paths[:nsrc], weights, decode, lanes=3, cold=cold) as r:
+    with SplitReader(paths[:nsrc], weights, decode, cold=cold, settings=ReaderSettings(lanes=3)) as r:
         for off, ln in ranges[:20]:
             assert bytes(r.read(off, ln)) == data[off:off + ln], (off, ln, weights)
         views = r.read_many(ranges[20:], phase="decode")
@@ -74,14 +75,14 @@ def test_hypothesis_random_ranges_and_weights(model, data):
     weights = data.draw(st.lists(st.integers(1, 100), min_size=n, max_size=n))
     off = data.draw(st.integers(0, SIZE))
     ln = data.draw(st.integers(0, SIZE - off))
-    with SplitReader(paths[:n], weights, lanes=1, cold=False) as r:
+    with SplitReader(paths[:n], weights, cold=False, settings=ReaderSettings(lanes=1)) as r:
         assert bytes(r.read(off, ln)) == content[off:off + ln]
         assert [x.bytes for x in r.stats().sources] == [p.length for p in split_read(off, ln, weights)]
 
 
 def test_counters_reads_and_lands_last_add_up(model):
     paths, data = model
-    with SplitReader(paths, [2, 1, 1], lanes=2) as r:
+    with SplitReader(paths, [2, 1, 1], settings=ReaderSettings(lanes=2)) as r:
         r.read_many([(0, 3 * BLOCK_BYTES)] * 6 + [(0, 1000)])
         s = r.stats()
     # 3 blocks over 2:1:1 -> one block each: three pieces per big read, one piece for the small one.
@@ -100,7 +101,7 @@ def test_counters_reads_and_lands_last_add_up(model):
 
 def test_submit_lets_caller_overlap(model):
     paths, data = model
-    with SplitReader(paths, [1, 1, 1], lanes=2) as r:
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=2)) as r:
         t1 = r.submit(0, BLOCK_BYTES * 2)
         t2 = r.submit(BLOCK_BYTES, BLOCK_BYTES + 7, "decode")
         assert bytes(t2.result()) == data[BLOCK_BYTES:2 * BLOCK_BYTES + 7]
@@ -131,7 +132,7 @@ def test_bad_inputs_are_refused(model, tmp_path):
         SplitReader([paths[0], str(tmp_path / "nope.gguf")], [1, 1])
     with pytest.raises(UsageError, match="not a regular file"):
         SplitReader([paths[0], str(tmp_path)], [1, 1])
-    with SplitReader(paths[:1], [1], lanes=1) as r:
+    with SplitReader(paths[:1], [1], settings=ReaderSettings(lanes=1)) as r:
         with pytest.raises(UsageError, match="outside the file"):
             r.read(SIZE - 1, 2)
         with pytest.raises(UsageError, match="phase"):
@@ -154,7 +155,7 @@ def test_caller_buffer(model):
     from engine_bridge.reader.buffers import span
     from core.coldio import aligned_buffer
     paths, data = model
-    with SplitReader(paths, [3, 2, 1], lanes=2) as r:
+    with SplitReader(paths, [3, 2, 1], settings=ReaderSettings(lanes=2)) as r:
         buf = aligned_buffer(span(100, 2 * BLOCK_BYTES))
         v = r.read(100, 2 * BLOCK_BYTES, buffer=buf)
         assert bytes(v) == data[100:100 + 2 * BLOCK_BYTES]
@@ -167,7 +168,7 @@ def test_caller_buffer(model):
 
 def test_released_buffers_are_reused(model):
     paths, data = model
-    with SplitReader(paths, [2, 1, 1], lanes=2) as r:
+    with SplitReader(paths, [2, 1, 1], settings=ReaderSettings(lanes=2)) as r:
         t = r.submit(10, BLOCK_BYTES + 5)
         first = t._buf
         assert bytes(t.result()) == data[10:10 + BLOCK_BYTES + 5]

@@ -20,6 +20,7 @@ from engine_bridge.moe.constants import ROW_INT8
 from engines.colibri.constants import GLM_MODEL_TYPE as COLIBRI_MODEL_TYPE
 from engine_bridge.moe.resident import inspect_model, load_resident
 from engine_bridge.moe.session import run_model
+from engine_bridge.reader.settings import EMBEDDED
 from engine_bridge.moe.inputs import SourceSet
 from engine_bridge.moe.synth_colibri import (
     SHARD_NAME,
@@ -187,8 +188,8 @@ def test_cli_writes_the_directory_and_refuses_an_existing_one(tmp_path):
 
 def run(d, reps=(), prefill=(10,), decode=None, cache=16, lanes=4, **kw):
     models = tuple(discover(str(d / n)) for n in ("model",) + tuple(reps))
-    return run_model(SourceSet(models, tuple(prefill), tuple(decode or prefill)), PROMPT, GEN, cache, lanes,
-                     prompt_seed=11, **kw)
+    return run_model(SourceSet(models, tuple(prefill), tuple(decode or prefill)), PROMPT, GEN, cache,
+                     EMBEDDED.but(lanes=lanes), prompt_seed=11, **kw)
 
 
 CONFIGS = [
@@ -226,8 +227,9 @@ def test_a_copy_that_delivers_a_wrong_byte_changes_the_hash(colibri_dir, tmp_pat
             f.seek(ext.offset)
             f.write(b"\x7f" * 4096)
     models = (discover(str(colibri_dir / "model")), discover(str(tmp_path / "bad")))
-    r = run_model(SourceSet(models, (1, 100), (1, 100)), PROMPT, GEN, 16, 4, prompt_seed=11,
-                  balance=False)       # the bad copy reads its own share (balancing could hand it to the good one)
+    r = run_model(SourceSet(models, (1, 100), (1, 100)), PROMPT, GEN, 16,
+                  EMBEDDED.but(lanes=4, balance=False),      # the bad copy reads its own share (balancing could
+                  prompt_seed=11)                            # hand it to the good one)
     assert r["sources"][1]["bytes"] > 0 and r["output_sha256"] != good
 
 

@@ -22,6 +22,7 @@ from engine_bridge.moe.inference import dequantize
 from engine_bridge.moe.inputs import SourceSet
 from engine_bridge.moe.resident import inspect_model, load_resident
 from engine_bridge.moe.session import run_model
+from engine_bridge.reader.settings import EMBEDDED
 from engine_bridge.moe.synth_qwen3moe import (
     SPECIAL_TOKENS,
     Qwen3MoeSpec,
@@ -204,8 +205,8 @@ def test_replay_runs_on_it(qwen):
 
 def run(paths, prefill=(10,), decode=None, cache=48, lanes=4, **kw):
     models = tuple(discover(str(p)) for p in paths)
-    return run_model(SourceSet(models, tuple(prefill), tuple(decode or prefill)), PROMPT, GEN, cache, lanes,
-                     prompt_seed=11, **kw)
+    return run_model(SourceSet(models, tuple(prefill), tuple(decode or prefill)), PROMPT, GEN, cache,
+                     EMBEDDED.but(lanes=lanes), prompt_seed=11, **kw)
 
 
 def test_the_engine_computes_it_with_one_hash_for_every_cache_replica_set_and_layout(qwen, tmp_path):
@@ -243,10 +244,12 @@ def test_a_copy_that_delivers_a_wrong_byte_changes_the_hash(qwen, tmp_path):
 
 def test_prompt_ids_are_the_prompt(qwen):
     ids = encode("the quick brown fox", max_vocab())
-    a = run_model(SourceSet((discover(str(qwen / "m.gguf")),), (10,), (10,)), 999, 3, 16, 2, 0, prompt_ids=ids)
+    a = run_model(SourceSet((discover(str(qwen / "m.gguf")),), (10,), (10,)), 999, 3, 16, EMBEDDED.but(lanes=2), 0,
+                  prompt_ids=ids)
     assert a["prefill_tokens"] == len(ids) and len(a["output_ids"]) == 4
     with pytest.raises(UsageError, match="prompt ids must be in 0..330"):
-        run_model(SourceSet((discover(str(qwen / "m.gguf")),), (10,), (10,)), 1, 1, 16, 2, 0, prompt_ids=[331])
+        run_model(SourceSet((discover(str(qwen / "m.gguf")),), (10,), (10,)), 1, 1, 16, EMBEDDED.but(lanes=2), 0,
+                  prompt_ids=[331])
 
 
 # -- the real llama.cpp -----------------------------------------------------------------------------------
@@ -282,7 +285,7 @@ def test_our_greedy_tokens_are_llama_cpps_with_f32_experts(qwen, tmp_path):
     sooner: 17, 38 and 24; docs/engine.md.)"""
     for prompt in ("hello world", "the quick brown fox", "once upon a time"):
         ids = encode(prompt, max_vocab())
-        ours = run_model(SourceSet((discover(str(qwen / "f32.gguf")),), (10,), (10,)), len(ids), 15, 64, 2, 0,
+        ours = run_model(SourceSet((discover(str(qwen / "f32.gguf")),), (10,), (10,)), len(ids), 15, 64, EMBEDDED.but(lanes=2), 0,
                          prompt_ids=ids)["output_ids"]
         theirs = llama_simple(qwen / "f32.gguf", prompt, 16, cwd=tmp_path)
         assert decode(ours, max_vocab()) == theirs, prompt

@@ -1,0 +1,300 @@
+"""Never stalled at any speed: a crawling, slowing or bursty drive on slow, medium and fast drives,
+short prompts and long, with the reader's defaults beside hedging only, neither, and the plan
+that knows.
+
+Three testbed drives (bench/testbed.py) hold byte-identical copies of one small model written by
+`engine-bridge synth`; the plan's weights are 1:1:1, right for equal drives. Each *class* sets
+the drives' read ceilings (the testbed is built once):
+
+  slow     20 MB/s each; a crawl is 1 MB/s
+  medium   150 MB/s each; a crawl is 5 MB/s
+  fast     unthrottled (the loop devices share this machine's disk); a crawl is 10 MB/s
+
+and each *scenario* changes white or green while the embedded engine runs:
+
+  crawl    white crawls from the start of the run to its end
+  recover  white crawls from --crawl-at seconds after the run starts (its "run:" line) for
+           --crawl-for seconds, then reads at its class's speed again
+  half     green reads at half its class's speed for the whole run (in the fast class: half of
+           what it delivers unthrottled beside the others, measured at the class's start)
+  healthy  nothing changes (throttled drives deliver in bursts and stalls)
+
+Arms, each a fresh `engine-bridge run --json` inside the drives' group (cold reads, an empty
+expert cache), interleaved forward, backward, forward within each class and prompt:
+
+  reweigh  the engine's defaults: hedging, re-weighting and balancing
+  hedge    hedging only (--no-reweigh --no-balance)
+  neither  --no-hedge --no-reweigh --no-balance (the engine's own reads)
+  alone    internal and green alone at 1:1 (the healthy drives: crawl's and recover's reference)
+  best     the right static weights for green at half speed, 2:1:2 (half's reference)
+
+healthy's reference is neither. Every cell is a class, a prompt (--short and --long tokens), a
+scenario and a phase (prefill, steady decode): the median of --runs runs per arm, and the ratio
+the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of best, healthy
+>= 0.98 of neither with no drive degraded). neither runs once in crawl and recover (a run reads
+a crawler's share at its crawl: a minute in the slow class). Each run's events are summarised
+(degraded / recovered / re-weighted, with times from the run's first event) and the output
+hashes compared per prompt (one expected for each).
+
+Run it as root (it takes the testbed lock and always takes the testbed down):
+
+  .venv/bin/python -m bench.stall_bench [--class slow --class medium --class fast] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench.engine_bench import synth_on_drives  # noqa: E402
+from bench.testbed import Testbed, require_testbed, usage_exit  # noqa: E402
+from engine_bridge.harness.arms import ArmSpec, plan_changes  # noqa: E402
+from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
+
+DRIVES = ("internal", "green", "white")
+UNTHROTTLED = 100_000.0          # MB/s: a ceiling no loop device here reaches
+CLASSES = {"slow": (20.0, 1.0), "medium": (150.0, 5.0), "fast": (UNTHROTTLED, 10.0)}   # (drive, crawl) MB/s
+RECOVER = {"slow": (0.5, 2.0), "medium": (0.3, 0.6), "fast": (0.3, 0.6)}   # recover: crawl at, for (s after "run:")
+SCENARIOS = ("crawl", "recover", "half", "healthy")
+ARMS = {"crawl": ("reweigh", "hedge", "neither", "alone"), "recover": ("reweigh", "hedge", "neither", "alone"),
+        "half": ("reweigh", "hedge", "neither", "best"), "healthy": ("reweigh", "hedge", "neither")}
+REFERENCE = {"crawl": "alone", "recover": "alone", "half": "best", "healthy": "neither"}
+TARGET = {"crawl": 0.9, "recover": 0.9, "half": 0.95, "healthy": 0.98}
+ONCE = {("crawl", "neither"), ("recover", "neither")}
+FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", "--no-reweigh", "--no-balance"],
+         "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
+         "best": ["--no-hedge", "--no-reweigh", "--no-balance"]}
+REST_S = 0.5          # between runs: a throttle's unused budget must not carry into the next run
+
+
+def measure_unthrottled(tb: Testbed, paths: list[str], seconds: float = 2.0) -> dict[str, float]:
+    """MB/s each drive delivers unthrottled while all three read at once (1 MiB O_DIRECT reads, 8 in
+    flight each, through the project's cold reader), inside the drives' group."""
+    code = (
+        "import sys, threading, time; sys.path.insert(0, sys.argv[1])\n"
+        "from core.coldio import ColdReader, aligned_buffer\n"
+        "paths, secs = sys.argv[3:], float(sys.argv[2]); got = [0] * len(paths); stop = time.monotonic() + secs\n"
+        "def lane(i, k):\n"
+        "    r = ColdReader(paths[i]); buf = memoryview(aligned_buffer(1 << 20)); off = k << 20\n"
+        "    while time.monotonic() < stop:\n"
+        "        got[i] += r.read_into(buf, off); off = (off + (8 << 20)) % (r.size - (1 << 20)) // 4096 * 4096\n"
+        "ts = [threading.Thread(target=lane, args=(i, k)) for i in range(len(paths)) for k in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(' '.join(str(g / secs / 1e6) for g in got))\n")
+    p = tb.run([sys.executable, "-c", code, ROOT, str(seconds), *paths], capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"stall_bench: measuring the drives failed: {p.stderr[-500:]}")
+    return dict(zip(DRIVES, (float(x) for x in p.stdout.split())))
+
+
+def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, float]:
+    """Each drive's read ceiling at the start of a run (MB/s)."""
+    drive, crawl = CLASSES[cls]
+    out = {n: drive for n in DRIVES}
+    if scenario == "crawl":
+        out["white"] = crawl
+    elif scenario == "half":
+        out["green"] = half_of["green"] / 2
+    return out
+
+
+def spec_for(scenario: str, arm: str, paths: list[str]) -> ArmSpec:
+    if arm == "alone":
+        return ArmSpec(f"{scenario}-{arm}", tuple(paths[:2]), (1, 1), (1, 1))
+    if arm == "best":
+        return ArmSpec(f"{scenario}-{arm}", tuple(paths), (2, 1, 2), (2, 1, 2))
+    return ArmSpec(f"{scenario}-{arm}", tuple(paths), (1, 1, 1), (1, 1, 1))
+
+
+def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], settings: dict, workdir: str,
+            seq: int, half_of: dict[str, float], args) -> dict:
+    """One run: the drives' ceilings set, the engine started, a crawl timed from its "run:" line
+    for `recover`; the run's JSON result (or {'error': ...})."""
+    for n, mbs in speeds(cls, scenario, half_of).items():
+        tb.throttle(n, mbs)
+    time.sleep(REST_S)
+    spec = spec_for(scenario, arm, paths)
+    plan = os.path.join(workdir, "plans", f"{spec.name}.json")
+    if not os.path.exists(plan):
+        write_arm_plan(spec, plan)
+    cmd = engine_command(spec, {**settings, "run_args": FLAGS[arm]}, plan)
+    base = os.path.join(workdir, "arms", f"{seq:03d}-{cls}-{settings['prompt_tokens']}-{spec.name}")
+    drive, crawl = CLASSES[cls]
+    with open(base + ".log", "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
+        seen = []
+
+        def watch():            # the run's "run:" line starts its clock; recover: the crawl, then back
+            while proc.poll() is None and "run: " not in open(base + ".log", encoding="utf-8").read():
+                time.sleep(0.005)
+            seen.append(time.monotonic())
+            if scenario != "recover":
+                return
+            while proc.poll() is None and time.monotonic() - seen[0] < at:
+                time.sleep(0.005)
+            tb.throttle("white", crawl)
+            while proc.poll() is None and time.monotonic() - seen[0] < at + span:
+                time.sleep(0.005)
+            tb.throttle("white", drive)
+
+        timer = threading.Thread(target=watch, daemon=True)
+        timer.start()
+        out, _ = proc.communicate()
+        ended = time.monotonic()
+        timer.join()
+    for n in DRIVES:
+        tb.throttle(n, drive)
+    if proc.returncode != 0:
+        tail = [x for x in open(base + ".log", encoding="utf-8").read().splitlines() if x.strip()]
+        return {"error": f"exit {proc.returncode}: {tail[-1] if tail else ''}"}
+    result = json.loads(out)
+    result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
+    with open(base + ".json", "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+def sequence(runs: int) -> list[tuple[str, str, int]]:
+    """(scenario, arm, pass) in run order for one class and prompt: every arm forward, then
+    backward, and so on; an arm run once is run in the first pass only."""
+    arms = [(sc, arm) for sc in SCENARIOS for arm in ARMS[sc] if not (arm == "alone" and sc == "recover")]
+    out = []
+    for k in range(runs):
+        order = arms if k % 2 == 0 else arms[::-1]
+        out += [(sc, arm, k) for sc, arm in order if k == 0 or (sc, arm) not in ONCE]
+    return out
+
+
+def changes(result: dict) -> str:
+    return "; ".join(plan_changes(result)) or "none"
+
+
+def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]]) -> list[str]:
+    """The cell lines of one class and prompt."""
+    f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = []
+    for sc in SCENARIOS:
+        med, runs, degraded = {}, {}, {}
+        for arm in ARMS[sc]:
+            src = "crawl" if (sc == "recover" and arm == "alone") else sc     # one alone arm serves both
+            rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
+            runs[arm] = len(rs)
+            med[arm] = {k: statistics.median([r[k] for r in rs]) if rs else None
+                        for k in ("prefill_tps", "gen_steady_tps")}
+            degraded[arm] = [changes(r) for r in rs]
+        ref = REFERENCE[sc]
+        lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in ARMS[sc]))
+        for k, label in (("prefill_tps", "prefill"), ("gen_steady_tps", "steady decode")):
+            vals = " ".join(f"{a} {f(med[a][k])}" for a in ARMS[sc])
+            ratios = ", ".join(f"{a}/{ref} {f(_ratio(med, a, ref, k))}" for a in ARMS[sc] if a != ref)
+            r = _ratio(med, "reweigh", ref, k)
+            verdict = "-" if r is None else ("met" if r >= TARGET[sc] else "MISSED")
+            lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict}")
+        for a in ARMS[sc]:
+            if a in ("reweigh", "hedge"):
+                lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
+        if sc == "healthy":
+            bad = [a for a in ("reweigh", "hedge") for c in degraded[a] if "degraded" in c]
+            lines.append(f"   healthy degrades: {len(bad)} ({', '.join(bad) or 'none'})")
+    return lines
+
+
+def _ratio(med, a, b, k):
+    x, y = med.get(a, {}).get(k), med.get(b, {}).get(k)
+    return None if not x or not y else x / y
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--class", dest="classes", action="append", default=[], choices=list(CLASSES))
+    ap.add_argument("--runs", type=int, default=3, help="runs per arm (neither runs once in crawl and recover)")
+    ap.add_argument("--short", type=int, default=16, help="the short prompt, tokens")
+    ap.add_argument("--long", type=int, default=256, help="the long prompt, tokens")
+    ap.add_argument("--gen-tokens", type=int, default=16)
+    ap.add_argument("--cache-experts", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--ff", type=int, default=1024)
+    ap.add_argument("--crawl-at", type=float, default=None,
+                    help="recover: seconds after the run's 'run:' line (default per class: " +
+                         ", ".join(f"{c} {a:g}" for c, (a, _) in RECOVER.items()) + ")")
+    ap.add_argument("--crawl-for", type=float, default=None,
+                    help="recover: seconds the crawl lasts (default per class: " +
+                         ", ".join(f"{c} {b:g}" for c, (_, b) in RECOVER.items()) + ")")
+    ap.add_argument("--size", default="1G")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.runs < 1:
+        usage_exit(f"--runs {args.runs}: must be at least 1")
+    classes = args.classes or list(CLASSES)
+    require_testbed()
+    out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
+    t_start = time.monotonic()
+    lines: list[str] = []
+    hashes: dict[int, set] = {}
+    with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size) as tb:
+        paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
+        size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
+        head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
+                f"{args.ff}, q8_0), plan 1:1:1; prompts {args.short} and {args.long} tokens, {args.gen_tokens} "
+                f"generated, {args.cache_experts}-expert cache; recover: white crawls "
+                + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
+                            ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
+                             else RECOVER).items() if c in classes)
+                + f"; {args.runs} runs per arm")
+        print(head, flush=True)
+        lines.append(head)
+        for cls in classes:
+            for n in DRIVES:
+                tb.throttle(n, CLASSES[cls][0])
+            half_of = measure_unthrottled(tb, paths) if cls == "fast" else {n: CLASSES[cls][0] for n in DRIVES}
+            line = (f"class {cls}: drives {', '.join(f'{n} {half_of[n]:.0f}' for n in DRIVES)} MB/s "
+                    f"({'measured unthrottled, together' if cls == 'fast' else 'ceilings'}), crawl "
+                    f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s")
+            print(line, flush=True)
+            lines.append(line)
+            for prompt in (args.short, args.long):
+                settings = {"prompt_tokens": prompt, "gen_tokens": args.gen_tokens, "cache_experts": args.cache_experts,
+                            "wrap": tb.wrap}
+                workdir = os.path.join(out, cls, str(prompt))
+                os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
+                os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
+                rows = []
+                for seq, (sc, arm, _) in enumerate(sequence(args.runs)):
+                    r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
+                    rows.append((sc, arm, r))
+                    if "error" in r:
+                        print(f"  {cls} {prompt} {sc} {arm}: FAILED {r['error']}", file=sys.stderr, flush=True)
+                        continue
+                    hashes.setdefault(prompt, set()).add(r["output_sha256"])
+                    print(f"  {cls} {prompt} {sc:8} {arm:8} prefill {r['prefill_tps']:8.2f} steady "
+                          f"{r['gen_steady_tps']:7.2f} (prefill {r['prefill']['seconds']:.2f} s, decode "
+                          f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s)  {changes(r)}",
+                          file=sys.stderr, flush=True)
+                block = summary(cls, prompt, rows)
+                print("\n".join(block), flush=True)
+                lines += block
+    tail = ("output hashes: " + ", ".join(f"prompt {p}: {len(h)} distinct ({', '.join(x[:12] for x in sorted(h))})"
+                                          for p, h in sorted(hashes.items()))
+            + f"; {(time.monotonic() - t_start) / 60:.1f} min; runs in {out}")
+    print(tail, flush=True)
+    return 0 if all(len(h) == 1 for h in hashes.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

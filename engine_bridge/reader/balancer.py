@@ -1,0 +1,88 @@
+"""Balancing's state for one reader (the rules are pure, in `balancing.py`; docs/reader.md
+"Balancing"): each source's pace and bytes in the kernel, whether a lane may start its queue's
+head, and what a lane with nothing of its own takes from another source's queue.
+
+The lanes call it with their lock held and own the queues; the balancer only looks at them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .attempts import MAIN, Attempt
+from .balancing import BalancePolicy, Pace, depth_bytes, pick_victim
+
+PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
+STEAL_SCAN = 64           # queued attempts looked at per source for one to take
+
+
+class Balancer:
+    """Paces and the choice of work to take, for `n` sources of `lanes` lanes each. holds(src, fi):
+    whether a source holds the model's file `fi` (a partial replica does not hold every file).
+    healthy(): the sources in the split. clock: ns."""
+
+    def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool],
+                 healthy: Callable[[], Sequence[int]], clock: Callable[[], int]):
+        self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
+        self.pace = [Pace(PACE_DECAY, policy.chunk_bytes) for _ in range(n)]
+
+    def inflight(self, s: int) -> int:
+        """Bytes source `s` has in the kernel."""
+        return self.pace[s].inflight
+
+    def rate(self, s: int) -> float | None:
+        """Source `s`'s pace, bytes per ns (None before its first delivery)."""
+        return self.pace[s].rate(self.clock())
+
+    def started(self, att: Attempt) -> None:
+        self.pace[att.src].started(att.ln, self.clock())
+
+    def ended(self, att: Attempt, s: int, delivered: bool) -> None:
+        """`att` left source `s`'s kernel; `delivered`: its bytes came in."""
+        self.pace[s].ended(att.ln, self.clock(), delivered)
+
+    def moved(self, att: Attempt, old: int, new: int) -> None:
+        """A started attempt fails over from `old` to `new`."""
+        now = self.clock()
+        self.pace[old].ended(att.ln, now, False)
+        self.pace[new].started(att.ln, now)
+
+    def room(self, s: int, nbytes: int) -> bool:
+        """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
+        pace = self.pace[s]
+        if pace.inflight == 0:
+            return True
+        now = self.clock()
+        known = [r for r in (self.pace[i].rate(now) for i in self.healthy()) if r is not None]
+        depth = depth_bytes(pace.rate(now), max(known) if known else None, self.lanes, self.policy)
+        return pace.room(nbytes, depth)
+
+    def offers(self, thief: int, queues: Sequence) -> dict[int, tuple[int, Attempt]]:
+        """Per other source, the first attempt of its queue `thief` could take: a main attempt of a
+        piece nobody delivered or hedged, in a file `thief` holds."""
+        out = {}
+        for v, q in enumerate(queues):
+            if v == thief:
+                continue
+            for k, att in enumerate(q.items):
+                if k >= STEAL_SCAN:
+                    break
+                if att is not None and att.kind == MAIN and not att.piece.done and not att.piece.hedged \
+                        and self.holds(thief, att.fi):
+                    out[v] = (k, att)
+                    break
+        return out
+
+    def victim(self, thief: int, queues: Sequence) -> tuple[int, int] | None:
+        """(source, index in its queue) of the attempt idle source `thief` should take, or None when
+        taking any would not bring a read's barrier nearer (or it has no room for it)."""
+        offers = self.offers(thief, queues)
+        if not offers:
+            return None
+        now = self.clock()
+        rates = {s: self.pace[s].rate(now) for s in (thief, *offers)}
+        inflight = [p.inflight for p in self.pace]
+        v = pick_victim(thief, {s: att.ln for s, (_, att) in offers.items()}, inflight, rates)
+        if v is None or not self.room(thief, offers[v][1].ln):
+            return None
+        return v, offers[v][0]

@@ -1,0 +1,389 @@
+"""Never stalled at any speed: the rules that find a crawling drive are judged in units of the work
+(the drives' own pace, what the other drives deliver, the engine's cuts), so the same scenario on
+drives of 10 MB/s and of 5 GB/s gives the same decisions; bursts of a throttled drive do not take
+it out of the split; and the lanes apply the rules in the order the test decides.
+
+The pure rules are checked on tables and on one scenario replayed at two speeds 500x apart. The
+lanes are checked with a source that blocks on an Event the test holds (`Stall`) and the hedger's
+clock moved by the test (`Clock`): which piece is late, when, is the test's choice, never this
+machine's speed. Nothing here sleeps to order threads or asserts on elapsed time.
+"""
+
+import math
+import threading
+
+import pytest
+
+from engine_bridge.reader import hedging
+from engine_bridge.reader.attempts import MAIN, Attempt, PieceInFlight, ReadTicket
+from engine_bridge.reader.balancing import MIN_CHUNKS, BalancePolicy, Pace, depth_bytes, pick_victim
+from engine_bridge.reader.hedging import HedgePolicy, copy_due, counts_late, deadline_ns, expected_ns, owed, too_slow
+from engine_bridge.reader.reweigher import Reweigher
+from engine_bridge.reader.reweighting import ReweighPolicy
+from engine_bridge.reader.settings import EMBEDDED, ReaderSettings, check_settings
+from engine_bridge.reader.split_reader import SplitReader
+from engines.ds4_argodrive import BLOCK_BYTES
+from core.coldio import CachedReader
+from tests.engine_bridge.helpers import primary_and_copies
+from tests.engine_bridge.test_reader_hedge import FLOOR, Clock, Stall, StallingReader, _until
+from tests.helpers import impure_imports
+
+MIB = 1 << 20
+SIZE = 16 * BLOCK_BYTES
+CHUNK = BLOCK_BYTES // 4
+
+
+# -- the pure rules ----------------------------------------------------------------------------
+
+def test_the_rules_are_pure():
+    from engine_bridge.reader import balancing, settings, tally
+
+    assert impure_imports(hedging) == [] and impure_imports(balancing) == []
+    assert impure_imports(settings) == [] and impure_imports(tally) == []
+
+
+@pytest.mark.parametrize("begun, last, cut, counts", [
+    (0, None, False, True),          # the first lateness of a source always counts
+    (10, 10, False, True),           # started as the previous was judged: a new, serial lateness
+    (11, 10, False, True),
+    (9, 10, False, False),           # it was in the kernel when the previous was judged: the same stall
+    (11, 10, True, False),           # another chunk of a cut already counted
+    (-1, None, False, False),        # never started: late for what was queued ahead of it, not itself
+])
+def test_a_lateness_counts_once_per_cut_and_stall(begun, last, cut, counts):
+    assert counts_late(begun, last, cut) is counts
+
+
+def test_too_slow_over_a_span_is_a_share_of_what_the_others_delivered():
+    w = (1, 1, 1)
+    assert owed(2, [30, 30, 1], w, [0, 1, 2]) == 30                  # the others read 30 each: its share is 30
+    assert too_slow(1, owed(2, [30, 30, 1], w, [0, 1, 2]), 3.0)      # a crawl: 1 of 30
+    assert not too_slow(15, owed(2, [30, 30, 15], w, [0, 1, 2]), 3.0)   # half speed is slower, not too slow
+    assert not too_slow(12, owed(2, [30, 30, 12], w, [0, 1, 2]), 3.0)
+    assert too_slow(0, owed(1, [20, 0, 10], (2, 1, 1), [0, 1, 2]), 3.0)  # a hung drive, held to its weight
+    assert owed(1, [20, 0, 10], (2, 1, 1), [0, 1, 2]) == 10
+    assert owed(2, [0, 0, 5], w, [0, 1, 2]) is None                  # the others read nothing: no verdict
+    assert not too_slow(0, None, 3.0)
+    assert owed(0, [5, 5, 5], w, [0]) is None                        # nobody to compare with
+
+
+def test_a_copy_is_due_between_twice_its_expected_time_and_its_deadline():
+    # expected 10, deadline 100 (from begun 0); the idle drive would take 5
+    assert copy_due(15, 0, 10, 100, 5) is None         # on schedule, or merely slower than its mean
+    assert copy_due(20, 0, 10, 100, 5) is None         # overdue by exactly its expected time: not yet
+    assert copy_due(21, 0, 10, 100, 5) == 11
+    assert copy_due(21, 0, 10, 100, 15) is None        # overdue by less than the copy would take
+    assert copy_due(96, 0, 10, 100, 5) is None         # the copy would land after the deadline
+    assert copy_due(100, 0, 10, 100, 0) is None        # at the deadline hedging acts
+    assert copy_due(50, 0, None, 100, 1) is None and copy_due(50, 0, 10, None, 1) is None
+    assert copy_due(50, -1, 10, 100, 1) is None        # never started
+    assert copy_due(1, 0, 0, 100, 0) == 1              # a drive held to no time at all: strictly after its start
+
+
+def test_pace_starts_slow_grows_with_deliveries_and_falls_while_it_delivers_nothing():
+    pace = Pace(0.9, MIB)
+    assert pace.rate(0) is None and pace.room(MIB, 0)                 # nothing in the kernel: may start
+    pace.started(MIB, 0)
+    assert pace.room(MIB, math.inf) and not pace.room(2 * MIB, math.inf)   # two chunks at first, not one per lane
+    pace.started(MIB, 0)
+    assert not pace.room(MIB, math.inf)
+    pace.ended(MIB, 10_000_000, True)                                 # 1 MiB in 10 ms: ~100 MB/s
+    assert pace.rate(10_000_000) == pytest.approx(MIB / 10_000_000)
+    assert pace.window == (MIN_CHUNKS + 1) * MIB                      # it grows by what it delivers
+    assert pace.room(2 * MIB, math.inf) and not pace.room(3 * MIB, math.inf)
+    assert not pace.room(2 * MIB, 1.5 * MIB)                          # and the depth bounds it
+    before = pace.rate(10_000_000)
+    assert pace.rate(110_000_000) < before / 5                        # 100 ms more with nothing: it falls
+    pace.ended(MIB, 110_000_000, False)
+    assert pace.inflight == 0 and pace.n == 1                         # a failed read teaches nothing of its pace
+
+
+def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
+    """Three drives of one speed, the third crawling at a twentieth of it; 1 MiB chunks; every time
+    in units of the time a healthy drive takes for a chunk. The rules are replayed with the speeds
+    and times of 10 MB/s drives and of 5 GB/s drives: every decision is the same. (The floor is
+    scheduling noise, not a drive's pace: 0 here, and said so in docs/reader.md.)"""
+
+    def decisions(rate: float) -> list:
+        unit = MIB / rate                                   # ns a healthy drive takes for a chunk
+        at = lambda t: round(t * unit)                      # noqa: E731  (a time in units, in ns)
+        units = lambda ns: None if ns is None else round(ns / unit, 3)   # noqa: E731
+        pol = HedgePolicy(floor_ns=0)
+        rates = {0: rate, 1: rate, 2: rate / 20}
+        out = []
+        # deadlines: a chunk on the crawler, 2 chunks in its kernel, held to its weight's promise
+        held = hedging.expected_rate(rates[2], hedging.plan_rate(2, (1, 1, 1), {0: rates[0], 1: rates[1]}))
+        due = deadline_ns(0, 2 * MIB, held, pol)
+        out.append(units(due))
+        out += [at(t) >= due for t in (1, 5, 5.99, 6.01, 40)]                   # late at 6 units, not before
+        # an idle healthy drive copies it once twice its expected time has passed, before its deadline
+        exp = expected_ns(2 * MIB, held)
+        out += [units(copy_due(at(t), 0, exp, due, MIB / rate)) for t in (1, 3.5, 4.5, 5.5)]
+        # the verdict over a span of 8 units: the others read 8 chunks each, the crawler 0.4
+        got = [8 * MIB, 8 * MIB, 0.4 * MIB]
+        out.append(too_slow(got[2], owed(2, got, (1, 1, 1), [0, 1, 2]), pol.margin))
+        out.append(too_slow(4 * MIB, owed(2, [8 * MIB, 8 * MIB, 4 * MIB], (1, 1, 1), [0, 1, 2]), pol.margin))
+        # an idle drive takes the crawler's next chunk, never the other way round
+        out.append(pick_victim(0, {2: MIB}, [0, 0, 2 * MIB], rates))
+        out.append(pick_victim(2, {0: MIB}, [MIB, 0, 0], rates))
+        # the kernel depth is in units of the drives: every lane of a healthy drive, 2 chunks of the crawler
+        out.append([depth_bytes(rates[i], rate, 8, BalancePolicy(chunk_bytes=MIB)) / MIB for i in range(3)])
+        # a pace learnt in units of its own deliveries, falling while it delivers nothing
+        pace = Pace(0.9, MIB)
+        for k in range(4):
+            pace.started(MIB, at(k))
+            pace.ended(MIB, at(k + 1), True)
+        pace.started(MIB, at(4))
+        out.append(round(pace.rate(at(4)) / rate, 3))
+        out.append(round(pace.rate(at(6)) / rate, 3))
+        return out
+
+    slow, fast = decisions(10e6 / 1e9), decisions(5e9 / 1e9)
+    assert slow == fast
+    assert slow[0] == 6 and slow[1:6] == [False, False, False, True, True]    # its chunk is late at 6 units
+    assert slow[6:10] == [None, None, 2.5, None]      # a copy between 4 units (twice 2) and 5 (its deadline less 1)
+    assert slow[10:14] == [True, False, 2, None] and slow[14] == [8, 8, 2]
+    assert slow[15] == 1.0 and slow[16] < 0.7                                 # its pace, and its fall
+    # the old rule, a rate held only once it rests on 0.5 s of busy time, knew nothing in the fast
+    # run's whole scenario (8 units of 0.2 ms) and everything in the slow one's (8 units of 0.1 s)
+    est = hedging.RateEstimate(0.97)
+    for k in range(8):
+        est.observe(MIB, int(MIB / (5e9 / 1e9)))
+    assert est.rate(500_000_000) is None and est.rate(0) is not None
+
+
+def test_settings_are_one_value_checked_in_one_place():
+    assert EMBEDDED.hedge and EMBEDDED.reweigh and EMBEDDED.balance and EMBEDDED.lanes == 8
+    plain = ReaderSettings()
+    assert not (plain.hedge or plain.reweigh or plain.balance)
+    assert EMBEDDED.but(lanes=2).lanes == 2 and EMBEDDED.but(lanes=2).hedge
+    for bad in (dict(lanes=0), dict(lanes=True), dict(hedge_policy=HedgePolicy(margin=0.5)),
+                dict(balance_policy=BalancePolicy(chunk_bytes=1000)), dict(reweigh_policy=ReweighPolicy(band=1.0))):
+        with pytest.raises(ValueError):
+            check_settings(ReaderSettings(**bad))
+    d = EMBEDDED.to_dict()
+    assert set(d) == {"hedge", "hedge_policy", "reweigh", "reweigh_policy", "balance", "balance_policy"}
+    assert d["balance_policy"]["copies"] is True and ReaderSettings().to_dict()["hedge_policy"] is None
+
+
+def test_reweighting_judges_only_reads_cut_with_the_weights_in_force():
+    """After a change, what was cut with the old weights and is still out (queued, or in a kernel)
+    counts in no window: its busy time and bytes would judge the new weights by the old shares."""
+    t = [0]
+    rw = Reweigher({"prefill": (1, 1), "decode": (1, 1)}, ReweighPolicy(window_ns=100, confirm=1, min_busy_ns=1),
+                   lambda: t[0])
+
+    def attempt(src, ln, epoch):
+        ticket = ReadTicket(0, ln, "prefill", None, 0, 1)
+        ticket.epoch = epoch
+        return Attempt(PieceInFlight(ticket, src, 0, ln), src, MAIN, 0, ln, None, 0)
+
+    for _ in range(2):                         # source 1 at a quarter of source 0's rate
+        a, b = attempt(0, 400, 0), attempt(1, 100, 0)
+        rw.started(a)
+        rw.started(b)
+        t[0] += 100
+        rw.ended(a, 0, True)
+        rw.ended(b, 1, True)
+    change, _ = rw.step([0, 1])
+    assert change is not None and rw.epoch == 1 and rw.weights("prefill")[1] < rw.weights("prefill")[0]
+    old = attempt(1, 100, 0)                   # cut before the change, started after it
+    rw.started(old)
+    assert not old.counted and rw.window.outstanding == [0, 0]
+    t[0] += 1000
+    rw.ended(old, 1, True)
+    assert rw.window.bytes == [0, 0] and rw.window.busy == [0, 0]
+    new = attempt(1, 100, 1)
+    rw.started(new)
+    t[0] += 100
+    rw.ended(new, 1, True)
+    assert rw.window.bytes[1] == 100 and rw.window.busy[1] == 100
+
+
+# -- the lanes, ordered by the test ------------------------------------------------------------
+
+@pytest.fixture
+def model(tmp_path):
+    return primary_and_copies(tmp_path, SIZE, seed=31)
+
+
+def _balanced(paths, stall, clock=None, hedge=False, events=None, lanes=2, **pol):
+    settings = ReaderSettings(lanes=lanes, hedge=hedge, hedge_policy=HedgePolicy(floor_ns=FLOOR, **pol), balance=True,
+                              balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+    return SplitReader(paths, [1, 1, 1], [1, 1, 1], settings=settings, cold=False, clock=clock,
+                       opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
+
+
+def test_a_drive_that_crawls_from_its_first_read_holds_two_chunks_not_one_per_lane(model):
+    """No pace is known yet: the slow start keeps a drive to MIN_CHUNKS chunks in its kernel until
+    it delivers, so a drive that hangs from the start holds two chunks while the others take the
+    rest of its share (not one chunk per lane, for seconds)."""
+    paths, data = model
+    stall = Stall(paths[2])
+    stall.active = True
+    with _balanced(paths, stall, lanes=4) as r:
+        t = r.submit(0, SIZE)
+        held = []
+
+        def settled():          # every chunk is either in its kernel (held) or read by the others
+            while stall.entered.acquire(blocking=False):
+                held.append(1)
+            return sum(r.stats().sources[i].bytes for i in (0, 1)) + len(held) * CHUNK == SIZE
+
+        _until(settled)
+        assert 0 < len(held) <= MIN_CHUNKS and not t.done()   # whichever lane won: at most two, and they hold it
+        stall.gate.set()
+        assert bytes(t.result()) == data
+        s = r.stats()
+    assert s.sources[2].bytes == len(held) * CHUNK
+    assert sum(x.bytes for x in s.sources) == SIZE
+
+
+class Hang:
+    """The drive that first reads file offset `at` hangs from then on: that read and every later
+    read of its copy block until `gate` is set (balancing decides which drive it is)."""
+
+    def __init__(self, at: int):
+        self.at, self.path = at, None
+        self.gate, self.entered, self.lock = threading.Event(), threading.Semaphore(0), threading.Lock()
+
+    def reader(self, path):
+        hang = self
+
+        class Hanging(CachedReader):
+            def read_into(self, buffer, offset):
+                with hang.lock:
+                    if hang.path is None and offset == hang.at:
+                        hang.path = path
+                    held = hang.path == path
+                if held:
+                    hang.entered.release()
+                    hang.gate.wait()
+                return super().read_into(buffer, offset)
+
+        return Hanging(path)
+
+
+def test_an_idle_drive_copies_a_chunk_overdue_in_a_late_drives_kernel_before_its_deadline(model):
+    """A drive hangs: its first chunk is judged late at its deadline (the test's clock) and hedged.
+    A chunk it starts after that is past twice its expected time, short of its deadline: an idle
+    drive reads a copy of it, and the read completes while the drive still hangs; at its deadline
+    the chunk is still judged late (counted) but not hedged again."""
+    paths, data = model
+    clock, hang = Clock(), Hang(5 * CHUNK)
+    settings = ReaderSettings(lanes=3, hedge=True, hedge_policy=HedgePolicy(floor_ns=FLOOR, margin=1000.0),
+                              balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+    with SplitReader(paths, [1, 1, 1], settings=settings, cold=False, clock=clock, opener=hang.reader) as r:
+        assert bytes(r.read(SIZE // 2, SIZE // 2)) == data[SIZE // 2:]          # warm-up: paces known
+        before = r.stats()
+        first = r.submit(5 * CHUNK, CHUNK)       # one chunk: the drive that reads it hangs on it, and from now on
+        hang.entered.acquire()
+        h = paths.index(hang.path)
+        clock.advance(FLOOR + 1)
+        r.wake_hedger()
+        assert bytes(first.result()) == data[5 * CHUNK:6 * CHUNK]    # hedged at its deadline
+        s = r.stats()
+        assert s.sources[h].late == 1 and sum(x.hedged - y.hedged for x, y in zip(s.sources, before.sources)) == 1
+        second, held = r.submit(SIZE // 2, SIZE // 2), []
+
+        def settled():          # every chunk of it is read by the others, or in the hung drive's kernel
+            while hang.entered.acquire(blocking=False):
+                held.append(1)
+            return sum(x.bytes - y.bytes for x, y in zip(r.stats().sources, s.sources)) + len(held) * CHUNK == SIZE // 2
+
+        _until(settled)
+        clock.advance(FLOOR // 2)        # past twice its expected time (a page-cache pace: ~0), half its floor
+        assert bytes(second.result()) == data[SIZE // 2:]           # while the drive still hangs
+        mid = r.stats()
+        assert sum(x.hedged - y.hedged for x, y in zip(mid.sources, s.sources)) == len(held)   # copied ...
+        assert mid.sources[h].late == 1                                                      # ... not yet late
+        clock.advance(FLOOR * 2000)
+        r.wake_hedger()
+        _until(lambda: r.stats().sources[h].late == 1 + len(held))
+        end = r.stats()
+        hang.gate.set()
+    assert sum(x.hedged - y.hedged for x, y in zip(end.sources, mid.sources)) == 0      # judged, never hedged twice
+    assert end.sources[h].hedged == before.sources[h].hedged
+
+
+def test_a_stall_that_holds_every_piece_at_once_is_one_lateness_and_degrades_nothing(model):
+    """A throttled drive stalls with all its kernel's pieces in it: every one of them is late (and
+    hedged) together, but they are one lateness, not late_limit: the drive stays in the split."""
+    paths, data = model
+    stall, clock, events = Stall(paths[2], count=4), Clock(), []
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, min_busy_ns=0)
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=4, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=lambda p: StallingReader(p, stall), report=events.append) as r:
+        assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
+        stall.active = True
+        before = r.stats()
+        tickets = [r.submit(k * 4 * BLOCK_BYTES, 4 * BLOCK_BYTES) for k in range(4)]
+        for _ in range(4):
+            stall.entered.acquire()                                  # four pieces in its kernel at once
+        _until(lambda: all(r.stats().sources[i].reads == before.sources[i].reads + 4 for i in (0, 1)))
+        clock.advance(FLOOR + 1)                                     # ... and only they are late
+        r.wake_hedger()
+        for k, t in enumerate(tickets):
+            assert bytes(t.result()) == data[k * 4 * BLOCK_BYTES:(k + 1) * 4 * BLOCK_BYTES]
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 4 and sum(x.hedged for x in s.sources) == 4
+    assert not s.sources[2].degraded and [e.kind for e in events] == []
+
+
+def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_much(model):
+    """Each late piece started after the previous was judged: serial, they count; the drive delivered
+    nothing of its share of what the others read meanwhile, so it is degraded, and the event says
+    what it delivered and what its weight's share was."""
+    paths, data = model
+    stall, clock, events = Stall(paths[2]), Clock(), []
+    gone = threading.Event()
+
+    def report(ev):
+        events.append(ev)
+        if ev.kind == "degraded":
+            gone.set()
+
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=3, min_busy_ns=0)
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=3, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=lambda p: StallingReader(p, stall), report=report) as r:
+        assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
+        stall.active = True
+        for k in range(3):
+            t = r.submit(k * 4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
+            stall.entered.acquire()                                  # this read's piece is in its kernel
+            clock.advance(FLOOR + 1)
+            r.wake_hedger()
+            assert bytes(t.result()) == data[k * 4 * BLOCK_BYTES:(k + 1) * 4 * BLOCK_BYTES]
+        gone.wait()
+        assert r.degraded == (False, False, True)
+        stall.gate.set()
+    degraded = [e for e in events if e.kind == "degraded"]
+    assert len(degraded) == 1 and "3 pieces late in a row" in degraded[0].message
+    assert "it delivered 0.0 MB" in degraded[0].message and "its weight's share" in degraded[0].message
+
+
+def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model):
+    """Re-weighting judges only reads cut with the weights in force: the engine's read pattern, made
+    at every step with `weights_now`, must be recognised as such (else nothing would be judged)."""
+    from engine_bridge.moe.staging import StepReads
+    from engines.registry import get_engine
+    from engines.pattern import Read
+    from engines.base import Piece
+
+    paths, data = model
+    with SplitReader(paths, [2, 1, 1], settings=ReaderSettings(lanes=1, reweigh=True), cold=False) as r:
+        steps = StepReads(get_engine("ds4-argodrive"), None, {"prefill": (2, 1, 1), "decode": (2, 1, 1)},
+                          healthy=r.healthy, weights_now=r.weights_now)
+        w = steps.setup("prefill").weights
+        from engines.split import split_read
+        pieces = tuple(Piece(p.source, p.offset, p.length, 0) for p in split_read(0, 4 * BLOCK_BYTES, w))
+        now = r.submit_read(Read(r.files[0], 0, 4 * BLOCK_BYTES, pieces))
+        odd = r.submit_read(Read(r.files[0], 0, 4 * BLOCK_BYTES, (Piece(0, 0, 4 * BLOCK_BYTES, 0),)))
+        assert bytes(now.result()) == bytes(odd.result()) == data[:4 * BLOCK_BYTES]
+    assert now.epoch == 0 and odd.epoch == -1
+
+
+def test_no_copy_is_promised_on_a_pace_nobody_knows():
+    assert copy_due(10, 0, expected_ns(MIB, None), 100, 1) is None
+    assert expected_ns(MIB, math.inf) == 0.0 and expected_ns(MIB, 0.0) is None
