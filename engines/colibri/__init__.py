@@ -32,7 +32,8 @@ weight-sized stripe legs (`mir_stripe_plan`), read from derived copies of a newe
 
 The package holds one module per thing the engine is asked: its facts (`constants`), where an
 expert is read from (`placement`, `family`), what it makes of its variables (`mirror_env`), its
-read pattern (`colibri_reads`), its log lines (`colibri_log`), its own workload (cache, memory, the `[PROF]` lines: `colibri_workload`), its usage history (`usage_file`), its profile, export's and
+read pattern (`colibri_reads`), its log lines (`colibri_log`), its own workload (cache, memory, the `[PROF]` lines:
+`colibri_workload`), its usage history (`usage_file`), its profile, export's and
 launch's side (`colibri_profile`, with the stand-in's in `colibri_standin`). This file assembles
 them into the `Engine` the registry holds; no module of the package imports it.
 """

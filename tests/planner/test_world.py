@@ -88,15 +88,21 @@ def test_calibration_sets_decode_reads_and_compute():
     assert e2e({"tokens": 16, "seconds": 4.0}, 0.5, overlap=True)["e2e_seconds"] == pytest.approx(8.0)
 
 
-COLIBRI_LINES = """\
-Expert cache hit rate: 21.7% (0 pin + 65 lru / 234 miss) | RSS: 0.11 GB | 13.6 tok/s
-PROFILE: expert-disk 0.499s service / 0.350s wait | expert-matmul 0.660s | attention 0.063s (including kvb 0.007s) | lm_head 0.000s | other 0.099s
-[PROF] expert I/O: 1.108 GB fetched (69.2 MB/token, 0.94 GB/s over the run) | hit 21.7% (0 pin + 65 lru / 234 load) | 27.0 loads/token | 0.5s read service / 0.4s felt wait
-[PROF] DISK-CLASS (recency split): cold 104 x 0.49 GB @ 2.11 GB/s-thread, wall 0.2s @ 3.06 GB/s-wall, avg-conc 1.4 (direct 0/104) | warm 130 x 0.62 GB @ 2.67 GB/s-thread, wall 0.2s @ 3.13 GB/s-wall, avg-conc 1.2 (direct 0/130) | disk-busy 0.3s (29% of window)
-[PROF] time shares: expert-I/O 30% | expert-matmul 56% | attention 5% | lm_head 0% | other 8%
-[PROF] machine: AMD EPYC | 2 cores (2 omp threads) | RAM 24.7 GB total, 23.7 GB available | backend CPU
-[PROF] config: RAM_GB=auto 20.9 CTX=4096 | expert cache cap 2/layer (up to 0.0 GB) | pinned 0 (0.0 GB) | DRAFT=0 PIPE=0 DIRECT=0 MMAP=0 IDOT=1 DSA=off PILOT=0 CACHE_ROUTE=0
-"""
+COLIBRI_LINES = "\n".join((
+    'Expert cache hit rate: 21.7% (0 pin + 65 lru / 234 miss) | RSS: 0.11 GB | 13.6 tok/s',
+    'PROFILE: expert-disk 0.499s service / 0.350s wait | expert-matmul 0.660s | attention 0.063s (includi'
+    'ng kvb 0.007s) | lm_head 0.000s | other 0.099s',
+    '[PROF] expert I/O: 1.108 GB fetched (69.2 MB/token, 0.94 GB/s over the run) | hit 21.7% (0 pin + 65 '
+    'lru / 234 load) | 27.0 loads/token | 0.5s read service / 0.4s felt wait',
+    '[PROF] DISK-CLASS (recency split): cold 104 x 0.49 GB @ 2.11 GB/s-thread, wall 0.2s @ 3.06 GB/s-wall'
+    ', avg-conc 1.4 (direct 0/104) | warm 130 x 0.62 GB @ 2.67 GB/s-thread, wall 0.2s @ 3.13 GB/s-wall, a'
+    'vg-conc 1.2 (direct 0/130) | disk-busy 0.3s (29% of window)',
+    '[PROF] time shares: expert-I/O 30% | expert-matmul 56% | attention 5% | lm_head 0% | other 8%',
+    '[PROF] machine: AMD EPYC | 2 cores (2 omp threads) | RAM 24.7 GB total, 23.7 GB available | backend '
+    'CPU',
+    '[PROF] config: RAM_GB=auto 20.9 CTX=4096 | expert cache cap 2/layer (up to 0.0 GB) | pinned 0 (0.0 G'
+    'B) | DRAFT=0 PIPE=0 DIRECT=0 MMAP=0 IDOT=1 DSA=off PILOT=0 CACHE_ROUTE=0',
+)) + "\n"
 
 
 def test_colibri_lines_give_the_calibration_record():
