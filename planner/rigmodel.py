@@ -205,6 +205,25 @@ def world_provenance(engine: str, chosen: Chosen, world: World) -> dict:
     return out
 
 
+def record_calibration(rig_root: str, engine: str, record: dict) -> str | None:
+    """The rig's newest plan for `engine` again, with the engine's calibration from its own lines in
+    its provenance (`engine_calibration`: what the next solve uses), saved into rig/plans; its
+    path, or None when the rig has no plan for that engine."""
+    rig = load_rig(rig_root, must_exist=False)
+    files = plan_files(rig) if os.path.isdir(rig.root) else []
+    for path in reversed(files[-50:]):
+        try:
+            plan = load_plan(path)
+        except (UsageError, MissingError):
+            continue
+        if plan.engine != engine:
+            continue
+        model = (plan.geometry or {}).get("path") or ""
+        prov = {**plan.provenance, "engine_calibration": calibration_entry(engine, model, record)}
+        return save_plan(rig, replace(plan, created="", provenance=prov))
+    return None
+
+
 def calibration_entry(engine: str, model: str, record: dict) -> dict:
     """A plan's provenance `engine_calibration`: the engine, the model it ran and its record."""
     from .world import CALIBRATION_SCHEMA
