@@ -141,11 +141,12 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     """The world a plan is priced in: the engine's cache (`cache_experts` when given, else what
     its last run's lines said, else what its arguments give it: `Engine.own_workload`), the page
     cache's room (`page_cache_bytes` when given, else the RAM the process runs under — its
-    cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own), and the run's
+    cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own and, read from the
+    machine, this tool's own resident memory), and the run's
     loads in flight and compute per token. Without the engine's arguments (`args` empty) and a run,
     the cache is the planner's default (`default_cache`), and the engine's memory is priced at it."""
     from core.platform import available_memory
-    from core.ram import ram_limit
+    from core.ram import own_resident, ram_limit
 
     from .world import compute_per_token, page_cache_room
 
@@ -161,7 +162,11 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     priced = cache if cache is not None else default_cache
     if own is not None and priced is not None and own.cache_experts is not None and geometry is not None:
         resident += (priced - own.cache_experts) * geometry.expert_bytes
-    limit = ram if ram is not None else ram_limit()
+    if ram is None:
+        # this tool's own memory too: the launcher and the tuner stay resident beside the engine
+        limit, resident = ram_limit(), resident + own_resident()
+    else:
+        limit = ram
     room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
     return World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
                  compute_per_token(cal), bool(cal.get("overlap")), cal,
