@@ -96,6 +96,45 @@ def test_the_prediction_in_the_engines_own_figure():
     assert predicted_tok_s(DEFAULT, "run", 8, 4) is None
 
 
+def test_the_end_to_end_prediction_adds_the_engines_compute_and_the_report_shows_both_errors():
+    from engine_bridge.tuning.judge import report_dict, report_lines
+    from planner.world import e2e
+
+    ph = {k: e2e(pred((0.5, 0.5), tokens=t, seconds=s), c) for k, t, s, c in (("prefill", 8, 0.08, 0.0),
+                                                                             ("decode", 4, 0.8, 0.3))}
+    arm = EngineArm("1:1", ("equal",), (1, 1), sources=(0, 1), predicted=ph)
+    assert predicted_tok_s(arm, "run", 8, 4) == pytest.approx(4 / 0.88)
+    assert predicted_tok_s(arm, "run", 8, 4, e2e=True) == pytest.approx(4 / (0.88 + 4 * 0.3))
+    assert predicted_tok_s(EQUAL, "run", 8, 4, e2e=True) is None          # no compute known: reads only
+    from dataclasses import replace
+
+    trials = [replace(t, prompt_tokens=8, gen_tokens=4) for t in rounds([1.5, 2.0])]
+    v = judge([DEFAULT, arm], trials, 2, "run", counters=True)
+    a = v.arms[1]
+    assert a.error_e2e_pct == pytest.approx(100 * ((4 / 2.08) / 2.0 - 1))
+    assert a.error_pct == pytest.approx(100 * ((4 / 0.88) / 2.0 - 1))
+    lines = report_lines(report_dict([DEFAULT, arm], trials, v, {"engine": "x"}))
+    assert "reads err" in lines[3] and "e2e err" in lines[3]
+
+
+def test_the_default_kept_for_want_of_a_confirmed_gain_is_not_marked_the_winner():
+    """The measured run that showed it: the engine's default, the slowest arm, stayed because the
+    faster arm's gain was not confirmed, and was marked '<- winner'."""
+    from engine_bridge.tuning.judge import report_dict, report_lines
+
+    trials = rounds([10.0, 12.0]) + [EngineRun(0, -1, 11.0, 1.0, "a", {0: 1, 1: 1}),
+                                     EngineRun(1, -1, 10.0, 1.0, "a", {0: 1, 1: 1})]
+    v = judge([DEFAULT, EQUAL], trials, 2, "run", counters=True)
+    assert v.winner == 0 and v.best == 1
+    lines = report_lines(report_dict([DEFAULT, EQUAL], trials, v, {"engine": "x"}))
+    assert not any("<- winner" in x for x in lines)
+    assert any(x.startswith("probe") and "<- kept (the engine's default: no gain confirmed)" in x for x in lines)
+    assert any(x.startswith("kept: probe") for x in lines) and "measured best: 1:1 (its gain is not confirmed)" in lines
+    v = judge([DEFAULT, EQUAL], rounds([10.0, 12.0]), 2, "run", counters=True)
+    lines = report_lines(report_dict([DEFAULT, EQUAL], rounds([10.0, 12.0]), v, {"engine": "x"}))
+    assert any(x.startswith("1:1") and x.endswith("<- winner") for x in lines)
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end against the stand-ins
 
