@@ -98,6 +98,9 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
 
     arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
     out = _joint_arms(arms, n) if joint else _phase_arms(arms, n, phases)
+    out, left = prune_calibrated(out, prompt_tokens or chosen.workload.traffic.prompt_tokens)
+    if left:
+        plan = replace(plan, provenance={**plan.provenance, "arms_left_out": left})
     # the fastest drive alone, priced on its own
     caps = choice.baselines[phases[0]]["capability"]["weights"]
     fast = max(range(n), key=lambda i: (caps[i], -i))
@@ -109,6 +112,36 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
         return plan, [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
     primary = replace(_alone(problem, inputs.sources, 0, phases, ("engine default",)), default=True)
     return plan, [primary] + out + [alone]
+
+
+PRUNE_BELOW = 0.7      # an alternative predicted under this share of the pick's tok/s end to end is not run
+KEPT_ROLES = ("model #1", "equal", "capability")   # the pick and the baselines the verdict's gains are over
+
+
+def prune_calibrated(arms: Sequence[EngineArm], prompt: int, gen: int = 16) -> tuple[list[EngineArm], list[dict]]:
+    """With a calibrated problem (predictions end to end), the alternatives the planner predicts
+    far slower than its pick (under PRUNE_BELOW of it, end to end, over `prompt` and `gen` tokens)
+    are left out, so the loop runs fewer arms; the pick and the baselines always run. Without
+    end-to-end predictions every arm stays. Returns (the arms, those left out with why)."""
+    from .judge import predicted_tok_s
+
+    def e2e(a):
+        return predicted_tok_s(a, "run", prompt, gen, e2e=True)
+
+    pick = next((a for a in arms if "model #1" in a.roles), None)
+    best = e2e(pick) if pick is not None else None
+    if not best:
+        return list(arms), []
+    kept, left = [], []
+    for a in arms:
+        p = e2e(a)
+        if any(r in KEPT_ROLES for r in a.roles) or p is None or p >= PRUNE_BELOW * best:
+            kept.append(a)
+        else:
+            left.append({"label": a.label, "roles": list(a.roles), "predicted_e2e_tok_s": p,
+                         "why": f"predicted {100 * (1 - p / best):.0f} % slower than the pick end to end "
+                                f"(the engine's calibration; the loop runs those within {100 * (1 - PRUNE_BELOW):.0f} %)"})
+    return kept, left
 
 
 def _joint_arms(arms, n: int) -> list[EngineArm]:
@@ -334,6 +367,8 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     frozen, state_note = prof.frozen_state(variant)
     env.update(frozen)
     say(f"{len(cands)} arms: " + ", ".join(f"{k + 1} {c.label}" for k, c in enumerate(cands)))
+    for x in plan.provenance.get("arms_left_out") or ():
+        say(f"left out: {x['label']}: {x['why']}")
 
     runs = _ArmRuns(cands, len(plan.sources), binary, args, folder, env, engine, budget_s, timeout_s, tolerance,
                     say, stop, clock)
@@ -353,7 +388,8 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
                           "the engine's own tok/s line"),
                 "measured_by": ("the engine's tok/s and its per-drive byte counters" if runs.counters_seen else
                                 "the engine's tok/s alone: it printed no per-drive counters"),
-                "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources]}
+                "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources],
+                "arms_left_out": list(plan.provenance.get("arms_left_out") or ())}
     cal = run_calibration(runs.trials, v.winner if v.winner is not None else v.default)
     if cal:
         settings["engine_calibration"] = cal

@@ -318,3 +318,21 @@ def test_an_interrupt_keeps_the_complete_rounds_and_runs_no_confirmation(tmp_pat
                          stop=stop)
     assert doc["interrupted"] and doc["complete_rounds"] == [0] and len(doc["trials"]) == len(doc["arms"]) + 1
     assert all(t["round"] >= 0 for t in doc["trials"]) and doc["verdict"]["confirmed"] is None
+
+
+def test_a_calibrated_problem_leaves_out_alternatives_predicted_far_slower_end_to_end():
+    from engine_bridge.tuning.real_engine import prune_calibrated
+    from planner.world import e2e
+
+    def arm(label, roles, dec_s):
+        return EngineArm(label, roles, (1, 1), sources=(0, 1),
+                         predicted={"prefill": e2e(pred((0.5, 0.5), tokens=8, seconds=0.1), 0.0),
+                                    "decode": e2e(pred((0.5, 0.5), tokens=4, seconds=dec_s), 0.1)})
+
+    pick, near, far = arm("pick", ("model #1",), 1.0), arm("near", ("model #2",), 1.2), arm("far", ("mode direct",), 4.0)
+    slow_equal = arm("eq", ("equal",), 9.0)
+    kept, left = prune_calibrated([DEFAULT, pick, near, far, slow_equal], 8, 4)
+    assert [a.label for a in kept] == ["probe", "pick", "near", "eq"]        # the baselines always run
+    assert [x["label"] for x in left] == ["far"] and "slower than the pick end to end" in left[0]["why"]
+    # without end-to-end predictions (no calibration) every arm runs
+    assert prune_calibrated([DEFAULT, EQUAL, FAST], 8, 4) == ([DEFAULT, EQUAL, FAST], [])
