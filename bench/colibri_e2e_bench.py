@@ -8,8 +8,9 @@ of the modes, measured and predicted.
 
     COLIBRI_BIN=/path/to/colibri python -m bench.colibri_e2e_bench [--limits 120,60,60] [--runs 3]
 
-Per budget: one calibration run (`engine-bridge launch` of the equal-weights buffered profile),
-whose lines the product reads (engines/colibri/colibri_workload.py) and records in a plan; then
+Per budget: CAL_RUNS calibration runs (`engine-bridge launch` of the equal-weights buffered
+profile), whose lines the product reads (engines/colibri/colibri_workload.py), the median of each
+figure recorded in a plan (as the real-engine tuner records its winner's); then
 `planner solve` under the budget (`--page-cache auto`: the cgroup's limit less colibri's own
 memory and the tool's) prices the grid with that calibration. The measured tok/s is colibri's
 own: its generated tokens over its PROFILE line's seconds (the printed `%.1f tok/s` is too coarse
@@ -40,6 +41,7 @@ GEN = 16
 CAP = 2
 BUDGETS = (("a quarter of the model", "ref+256M"), ("the whole model in RAM", "200%"))
 MODES = ((), ("direct",), ("direct", "stripe"))
+CAL_RUNS = 3
 
 
 def step(title: str, *cmd: str, wrap=None, capture: bool = False, env=None) -> subprocess.CompletedProcess:
@@ -72,7 +74,8 @@ def launch(tb, rig: str, binary: str, profile: str, out: str, env: dict) -> dict
 
 def grid_arms(plan, problem, n: int):
     """The grid: (drive set, weights, mode) with each phase's prediction; the pick's weights and
-    equal weights over all drives, 1:1 and 2:1 over the first two, each in every mode."""
+    equal weights over all drives (2:1:1 where the pick is equal), 2:1 over the first two, each in
+    every mode."""
     from dataclasses import replace
 
     from engine_bridge.tuning.judge import EngineArm
@@ -80,7 +83,7 @@ def grid_arms(plan, problem, n: int):
 
     pick = tuple(plan.decode.weights)
     sets = [(tuple(range(n)), [pick] + [w for w in ((1,) * n, (2,) + (1,) * (n - 1)) if w != pick][:1]),
-            ((0, 1), [(1, 1), (2, 1)])]
+            ((0, 1), [(2, 1)])]
     arms = []
     for srcs, weights in sets:
         sub = problem if len(srcs) == n else replace(problem, drives=tuple(problem.drives[i] for i in srcs), links=(),
@@ -115,9 +118,17 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
     eq = EngineArm("calibration", (), (1,) * n, None, (), tuple(range(n)), {})
     prof = export_arm(rig, eq, arm_plan(plan0, eq), os.path.join(out, "profiles", "calibration.env"), "calibration",
                       "colibri", allow_unverified=True)
-    cal_run = launch(tb, rig, binary, prof, os.path.join(out, "calibration"), env)
-    if not cal_run.get("calibration"):
-        raise SystemExit(f"colibri_e2e_bench: the calibration run printed no [PROF] lines: {cal_run.get('error')}")
+    cal_runs = [launch(tb, rig, binary, prof, os.path.join(out, f"calibration{k}"), env) for k in range(CAL_RUNS)]
+    if not all(d.get("calibration") for d in cal_runs):
+        raise SystemExit(f"colibri_e2e_bench: a calibration run printed no [PROF] lines: "
+                         f"{[d.get('error') for d in cal_runs]}")
+    # the median of each figure over the calibration runs, as the real-engine tuner keeps it
+    from engine_bridge.tuning.judge import EngineRun
+    from engine_bridge.tuning.real_engine import run_calibration
+    from planner.rigmodel import record_calibration
+
+    cal = run_calibration([EngineRun(0, 0, None, 0.0, calibration=d["calibration"]) for d in cal_runs], 0)
+    record_calibration(rig, "colibri", cal)
     step("the plan under the budget, with the calibration", *solve, wrap=tb.wrap, capture=True, env=env)
     path = latest_plan_path(load_rig(rig))
     plan = load_plan(path)
@@ -145,9 +156,9 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
             else:
                 print(f"   arm {arms[k].label} run {r + 1}: FAILED {d.get('failed') or d.get('error')}", file=sys.stderr)
     seconds = time.monotonic() - t0
-    cal = cal_run["calibration"]
     lines = [f"== {title}: RAM budget {ram}", ram_line,
-             f"calibration (colibri's own lines, equal weights buffered): cache {cal.get('cache_per_layer')}/layer, "
+             f"calibration (colibri's own lines, equal weights buffered, median of {CAL_RUNS} runs): "
+             f"cache {cal.get('cache_per_layer')}/layer, "
              f"{cal['lines'].get('mb_per_token')} MB/token, {cal['lines'].get('loads_per_token')} loads/token, "
              f"hit {cal['lines'].get('hit_pct')} %, avg-conc {cal['lines'].get('avg_conc', 0):.2f}, "
              f"{cal.get('in_flight')} loads in flight (omp threads, PIPE={cal['lines'].get('pipe')}), "
