@@ -322,11 +322,17 @@ def recorded_backgrounds(record: dict, names) -> tuple[Background, ...]:
 
 def plan_problem(rig: Rig, inputs: Inputs, engine: Engine, plan: Plan | None) -> tuple[Chosen, Problem]:
     """The problem a plan was solved for, on `inputs`' drives: its engine with the reads in flight
-    it recorded, its workload (`plan_workload`), the background work and page cache it recorded."""
+    it recorded, its workload (`plan_workload`; calibrated as it was, `engine_calibration`), the
+    background work, page cache and engine's compute it recorded."""
     prov = plan.provenance if plan is not None else {}
     record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
     names = [s.name for s in inputs.sources]
     chosen, _ = plan_workload(rig, engine.name, plan)
+    cal = prov.get("engine_calibration") if isinstance(prov.get("engine_calibration"), dict) else {}
+    traffic = (plan.workload or {}).get("traffic") if plan is not None else None
+    if isinstance(cal.get("record"), dict) and isinstance(traffic, dict) and traffic.get("source") == "engine":
+        # the decode's reads as the engine's run calibrated them when the plan was solved
+        chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal["record"]))
     problem = rig_problem(inputs, chosen, recorded_concurrency(engine, record.get("concurrency")),
                           recorded_backgrounds(record, names), page_cache_bytes=int(record.get("page_cache_bytes") or 0))
     comp = record.get("compute_s_per_token")

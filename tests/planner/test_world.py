@@ -145,3 +145,28 @@ def test_the_next_solve_uses_the_calibration_a_plan_carries(tmp_path):
     dec = doc["decode"]["predicted"]
     assert dec["e2e_tok_s"] < dec["tok_s"] and dec["compute_s"] == pytest.approx(cal["compute_s"] / 16 * dec["tokens"])
     assert doc["provenance"]["engine_calibration"]["record"] == cal
+
+
+def test_a_calibrated_plan_is_priced_again_as_it_was_solved(tmp_path):
+    """`plan_problem` (whatif, sync --partial) rebuilds the calibrated workload, the loads in
+    flight and the compute a plan recorded: the same prediction, end to end too."""
+    from dataclasses import replace
+
+    from core.rig import load_rig
+    from engines.registry import get_engine as engine_of
+    from planner.plans import latest_plan, load_inputs, save_plan
+    from planner.rigmodel import calibration_entry, plan_problem
+    from planner.solve import predict
+
+    rig, model = dir_rig(tmp_path)
+    assert runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0"]).exit_code == 0
+    plan = latest_plan(load_rig(rig.root))
+    save_plan(load_rig(rig.root), replace(plan, created="", provenance={
+        **plan.provenance, "engine_calibration": calibration_entry("colibri", inspect_model(str(model)).path,
+                                                                   calibration_record(COLIBRI_LINES))}))
+    assert runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0"]).exit_code == 0
+    plan = latest_plan(load_rig(rig.root))
+    _, prob = plan_problem(load_rig(rig.root), load_inputs(rig.root), engine_of("colibri"), plan)
+    again = predict(prob, "decode", plan.decode.weights, plan.switches)
+    assert again["seconds"] == pytest.approx(plan.decode.predicted["seconds"])
+    assert again["e2e_tok_s"] == pytest.approx(plan.decode.predicted["e2e_tok_s"])
