@@ -95,7 +95,7 @@ def cache_per_layer(args: Sequence[str], env: Mapping[str, str], layers: int, ex
     capmax = max(1, int(avail / row)) if avail > 0 and row > 0 else 1
     if capmax < cap:
         return min(capmax, experts)
-    raise_on = _int(env.get(ENV_CAP_RAISE), 1) if env.get(ENV_CAP_RAISE) is not None else 1
+    raise_on = _int(env.get(ENV_CAP_RAISE)) if env.get(ENV_CAP_RAISE) is not None else 1    # set: atoi
     # a layer never holds more experts than it has, whatever the cap's slots
     return min(experts, max(cap, min(capmax, experts)) if raise_on else cap)
 
