@@ -177,7 +177,8 @@ def main() -> int:
             first = [os.path.join(d, files[0]) for d in dirs]
             tb.set_ram_for(model_bytes)
             budget = tb.ram.limit or 0
-            lat = latency_s(tb, first[0].replace("-00001-", "-00002-"))
+            largest = max(sizes, key=lambda x: x[1])[0]
+            lat = latency_s(tb, os.path.join(dirs[0], largest))
             pred = predict(os.path.join(work, "rig"), first, names, a.mbs, lat, budget)
             models = {n: layout_links(os.path.join(work, f"links{n}"), first[:n], sizes) for n in (1, 2, 3)}
             print(f"model: {model_bytes / 1e6:.1f} MB, {len(files)} files (one tensor per file), "
