@@ -93,7 +93,8 @@ def test_a_step_is_up_then_gate_then_down_each_read_whole_on_its_files_drive(spl
     assert len(p.groups) == 3
     for group, comp in zip(p.groups, comps):
         k = g.components.index(comp)
-        assert [(r.file, r.offset, r.length) for r in group] == [(x.file, x.offset, x.length) for x in (g.expert_ranges(2, e)[k] for e in (1, 5))]
+        want = [g.expert_ranges(2, e)[k] for e in (1, 5)]
+        assert [(r.file, r.offset, r.length) for r in group] == [(x.file, x.offset, x.length) for x in want]
         assert all(len(r.pieces) == 1 and r.pieces[0].source == placed[r.file] for r in group)
     assert sum(p.source_bytes(3)) == 2 * g.expert_bytes
     assert concurrency("decode").shared == 1 and concurrency("prefill").shared == 1
@@ -166,21 +167,26 @@ def test_each_rule_refuses_with_one_line():
 # ---------------------------------------------------------------------------------------------
 # The verdict on its own lines (captured from llama-completion -lv 4 on the 75-file set)
 
-MMAP_LOG = """0.00.031.633 I llama_model_loader: additional 74 GGUFs metadata loaded.
-0.00.031.656 I llama_model_loader: loaded meta data with 30 key-value pairs and 75 tensors from /p/x.links/m-00001-of-00075.gguf (version GGUF V3 (latest))
-0.00.032.091 I load_tensors: loading model tensors, this can take a while... (load_mode = mmap)
-0.00.065.701 I load_tensors:   CPU_Mapped model buffer size =     0.65 MiB
-0.00.065.712 I load_tensors:   CPU_Mapped model buffer size =     0.00 MiB
-0.00.065.713 I load_tensors:   CPU_Mapped model buffer size =     0.50 MiB
-0.00.146.594 I common_perf_print: prompt eval time =       2.07 ms /     2 tokens (    1.03 ms per token,   967.12 tokens per second)
-0.00.146.610 I common_perf_print:        eval time =       8.20 ms /     7 runs   (    1.17 ms per token,   853.76 tokens per second)
-"""
-DIO_LOG = """0.00.093.787 I llama_model_loader: additional 74 GGUFs metadata loaded.
-0.00.094.374 I llama_model_loader: loaded meta data with 30 key-value pairs and 75 tensors from /p/x.links/m-00001-of-00075.gguf (version GGUF V3 (latest))
-0.00.097.212 I load_tensors: loading model tensors, this can take a while... (load_mode = dio)
-0.00.097.673 I load_tensors:          CPU model buffer size =    39.20 MiB
-0.00.324.919 I common_perf_print:        eval time =      10.05 ms /     7 runs   (    1.44 ms per token,   696.24 tokens per second)
-"""
+LOADED = ("llama_model_loader: loaded meta data with 30 key-value pairs and 75 tensors from "
+          "/p/x.links/m-00001-of-00075.gguf (version GGUF V3 (latest))")
+MMAP_LOG = "\n".join((
+    "0.00.031.633 I llama_model_loader: additional 74 GGUFs metadata loaded.",
+    "0.00.031.656 I " + LOADED,
+    "0.00.032.091 I load_tensors: loading model tensors, this can take a while... (load_mode = mmap)",
+    "0.00.065.701 I load_tensors:   CPU_Mapped model buffer size =     0.65 MiB",
+    "0.00.065.712 I load_tensors:   CPU_Mapped model buffer size =     0.00 MiB",
+    "0.00.065.713 I load_tensors:   CPU_Mapped model buffer size =     0.50 MiB",
+    "0.00.146.594 I common_perf_print: prompt eval time =       2.07 ms /     2 tokens (    1.03 ms per token,   "
+    "967.12 tokens per second)",
+    "0.00.146.610 I common_perf_print:        eval time =       8.20 ms /     7 runs   (    1.17 ms per token,   "
+    "853.76 tokens per second)", ""))
+DIO_LOG = "\n".join((
+    "0.00.093.787 I llama_model_loader: additional 74 GGUFs metadata loaded.",
+    "0.00.094.374 I " + LOADED,
+    "0.00.097.212 I load_tensors: loading model tensors, this can take a while... (load_mode = dio)",
+    "0.00.097.673 I load_tensors:          CPU model buffer size =    39.20 MiB",
+    "0.00.324.919 I common_perf_print:        eval time =      10.05 ms /     7 runs   (    1.44 ms per token,   "
+    "696.24 tokens per second)", ""))
 REPACK = "load_tensors:   CPU_REPACK model buffer size =    43.03 MiB\n"
 
 
