@@ -109,3 +109,6 @@ class Engine:
     # (a run's log text) -> the calibration record its own lines give (docs/planner.md, "Calibrated
     # by the engine's own lines"): {} when they say nothing this tool reads
     calibrate: Optional[Callable[[str], dict]] = None
+    # (geometry, sources, switches) -> '' when more drives can shorten the engine's reads of this
+    # model, else one line why not and what would (the planner says it beside its prices); None: ''
+    drive_limit: Optional[Callable[[Any, int, frozenset], str]] = None
