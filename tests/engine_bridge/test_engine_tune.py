@@ -230,9 +230,11 @@ def test_an_arm_whose_output_drifts_is_disqualified_and_shown(tmp_path, colibri_
 
 
 def test_an_arm_that_hangs_is_killed_after_its_timeout_and_the_loop_goes_on(tmp_path, colibri_models):
-    doc, _ = colibri_run(tmp_path, colibri_models, stand_in(tmp_path, "colibri", "hang"), timeout_s=4)
+    # the timeout is ten times a healthy arm's run on an idle machine (about 1.5 s), so the arms that
+    # do not hang finish inside it even on a machine busy with other work; only the direct arms hang
+    doc, _ = colibri_run(tmp_path, colibri_models, stand_in(tmp_path, "colibri", "hang"), timeout_s=15)
     direct = [a for a in doc["arms"] if "direct" in a["mode"]]
-    assert direct and all(a["why"] == "hung past the arm's timeout (4 s): killed" for a in direct)
+    assert direct and all(a["why"] == "hung past the arm's timeout (15 s): killed" for a in direct)
     assert sum(a["qualified"] for a in doc["arms"]) == len(doc["arms"]) - len(direct)
 
 
