@@ -105,8 +105,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
     """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""
     root = rig_dir(rig)
     if paths:
-        targets = targets_from_paths(paths)
         the_rig = load_rig(root, must_exist=False)
+        targets = targets_from_paths(paths, the_rig)
     else:
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)

@@ -332,7 +332,7 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     mode = "full" if full else "sample" if sample is not None else "quick"
     published = load_upstream(upstream) if upstream else None
     # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
-    tap = UpstreamTap([m.path for m in members], manifest, published) if published else None
+    tap = UpstreamTap(members, manifest, published) if published else None
     # Whenever the Ctrl-C lands (in a read, between members, after the last piece, or a second
     # Ctrl-C that aborts at once), the message says how to go on.
     stopped = ("verification interrupted; the pieces done are kept: continue with `replicas verify --full --resume`"
@@ -374,7 +374,7 @@ def _check_upstream(upstream, tap, members, manifest, quiet: bool) -> dict:
     out_ = {}
     with live_progress(not quiet) as (report, cancel):
         for m in members:
-            out_[m.path] = check_upstream(m.path, manifest, upstream, report=report, cancel=cancel, known=tap.known(m.path))
+            out_[m.path] = check_upstream(m, manifest, upstream, report=report, cancel=cancel, known=tap.known(m.path))
     if cancel.is_set():
         raise Interrupted("upstream check interrupted")
     return out_
