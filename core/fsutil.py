@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -26,6 +27,30 @@ class FileIdentity:
     def of_fd(cls, fd: int) -> "FileIdentity":
         st = os.fstat(fd)
         return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies under it, on real paths (links resolved, so a destination
+    reached through a link is still found inside)."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def describe_link(path: str) -> str | None:
+    """What a symbolic link at `path` is when it cannot be followed to something ("a symbolic link
+    loop", "a link to nowhere (TARGET)"); None when it is no link or resolves."""
+    if not os.path.islink(path):
+        return None
+    try:
+        os.path.realpath(path, strict=True)
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        try:
+            return f"a link to nowhere ({os.readlink(path)})"
+        except OSError:
+            return "a link that cannot be followed"
 
 
 def require_file(path: str, role: str, fix: str, *, executable: bool = False) -> os.stat_result:

@@ -21,6 +21,7 @@ from core.interrupt import cancel_on_interrupt
 from core.events import Notice
 from core.results import ErrorResult
 from core.rig import Member
+from core.fsutil import describe_link
 from core.units import format_bytes, format_rate, parse_size
 
 from . import views
@@ -407,6 +408,9 @@ def _member_or_file(r, path: str, any_file: bool) -> Member:
     except UsageError:
         if not any_file:
             raise
+    bad = describe_link(path)
+    if bad:
+        raise UsageError(f"{path}: {bad}; give the model's file or directory")
     return Member(os.path.abspath(path), os.path.basename(path) or path, "file")
 
 

@@ -294,3 +294,45 @@ def test_the_one_ctrl_c_policy_first_cancels_second_aborts_then_restores_the_han
     r = subprocess.run(_python_with_ctrl_c(code), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["True ['stopping after this arm']", "aborted", "True"]
+
+
+@pytest.mark.parametrize("err, code, words", [
+    (40, 2, "symbolic link loop"),        # ELOOP
+    (36, 2, "name too long"),             # ENAMETOOLONG
+    (5, 3, "input/output error"),         # EIO
+    (28, 4, "no space left"),             # ENOSPC
+])
+def test_an_os_error_nothing_caught_is_one_line_with_readmes_code(err, code, words):
+    app = make_app("tiny", "A small app.")
+
+    @app.command()
+    def fail():
+        """Fails the way a drive or a path can."""
+        raise OSError(err, "strerror", "/some/path")
+
+    @app.command()
+    def other():
+        """A second command."""
+
+    r = CliRunner().invoke(app, ["fail"], prog_name="tiny")
+    assert r.exit_code == code
+    assert r.stderr.startswith("tiny: error: /some/path: ") and words in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_reader_that_left_is_a_quiet_0():
+    """`replicas status | head -1`: rich's console answered a closed pipe with SystemExit(1) from
+    inside print; the boundary's README rule is a quiet 0."""
+    code = ("import sys, os\n"
+            "from core.cli import make_app, out\n"
+            "app = make_app('tiny', 'x')\n"
+            "@app.command()\n"
+            "def table():\n"
+            "    for i in range(20000): out.print(f'row {i} ' + 'x' * 60)\n"
+            "@app.command()\n"
+            "def other(): pass\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "app(['table'], prog_name='tiny')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
