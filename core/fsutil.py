@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import MissingError, RigError, UsageError, WriteError
@@ -34,6 +36,24 @@ def inside(path: str, root: str) -> bool:
     reached through a link is still found inside)."""
     path, root = os.path.realpath(path), os.path.realpath(root)
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+@contextmanager
+def folder_lock(path: str, busy: str, *, wait: bool = False):
+    """Hold an exclusive lock on `path` for the `with` block — a folder (flock on the folder
+    itself: nothing is created in it), or a lock file of the tool's own (created) — so two writers
+    of one place are serialised (`wait`) or the second refused at once with `busy` (UsageError,
+    exit 2). Released when the process ends, however it ends."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if os.path.isdir(path) else \
+        os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise UsageError(busy) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def describe_link(path: str) -> str | None:

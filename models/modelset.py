@@ -147,6 +147,21 @@ def member_set(rig, member) -> ModelSet:
     return model.at(member.path) if model else one_file(member.path)
 
 
+def check_outside_members(path: str, model: ModelSet, rig, what: str) -> None:
+    """Refuse (exit 2) a place to write that lies inside the model's own folder or inside a
+    member's copy of it (real paths, so a link or a Hugging Face snapshot's blobs count): a
+    replica, a rig or a scratch file there changes the model it copies (its folder then holds
+    twice the files)."""
+    trees = [("the source model", model.tree)]
+    for m in rig.members:
+        if os.path.exists(m.path):
+            trees.append((f"member '{m.name}'", member_set(rig, m).tree if rig.model is not None else None))
+    for who, tree in trees:
+        if tree and inside(path, tree):
+            raise UsageError(f"{what} is inside {who}'s folder {tree}; writing there would change the model — "
+                             "choose a folder outside it")
+
+
 # ---------------------------------------------------------------------------------------------
 # Finding a model on disk.
 

@@ -33,7 +33,7 @@ from models.formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file, hash_whole
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
 from .manifests import files_of_model, load_manifest, load_manifest_file
-from models.modelset import DIR, FILE, NotAModel, discover
+from models.modelset import DIR, FILE, NotAModel, check_outside_members, discover
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status, members_topology
@@ -105,7 +105,8 @@ def init(rig: Optional[str] = RigOption,
     root = rigmod.rig_dir(rig)
     found = _discover(model, fmt, "pass --format raw to replicate it as opaque bytes")
     current = rigmod.load_rig(root, must_exist=False)
-    if current.model and os.path.realpath(current.model.path) == found.path and current.format \
+    check_outside_members(root, found, current, f"the rig folder {root}")
+    if current.model and os.path.realpath(current.model.path) == os.path.realpath(found.path) and current.format \
             and (current.layout, tuple(current.files)) != (found.layout, found.files):
         raise UsageError(f"the rig at {root} lists other files for {found.path} ({len(current.files)} then, "
                          f"{len(found.files)} now); a changed model needs a new rig: pass another --rig")

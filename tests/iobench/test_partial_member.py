@@ -71,3 +71,10 @@ def test_a_member_given_by_path_keeps_its_name(tmp_path):
     r = invoke(iobench_app, "run", "--rig", root, *FAST, tmp_path / "white" / "m", tmp_path / "green" / "m", "--json")
     assert r.exit_code == 0, r.output
     assert [x["name"] for x in json.loads(r.stdout)["drives"]] == ["white", "green"]
+
+
+def test_a_scratch_file_inside_the_model_is_refused(tmp_path):
+    root, model, _ = partial_rig(tmp_path)
+    r = invoke(iobench_app, "scratch", "--rig", root, model, *FAST, "--size", "4M")
+    assert r.exit_code == 2 and "inside the source model's folder" in r.stderr, r.output
+    assert not any(n.startswith(".") or n.endswith(".bin") for n in os.listdir(model))
