@@ -128,6 +128,12 @@ def launch_cmd(
                   + escape(", ".join(p.unverified)), soft_wrap=True)
     err.print(f"launching {escape(path)} with profile {p.id!r} ({plural(p.sources, 'source')})", soft_wrap=True)
     r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
+    stopped = ""
+    if r.returncode != 0:        # the engine's own words first: nothing else was judged
+        how = ("was stopped after --timeout" if r.returncode is None else f"was killed by signal {-r.returncode}"
+               if r.returncode < 0 else f"exited {r.returncode}")
+        stopped = f"the engine {how}" + (f": {r.engine_said}" if r.engine_said else " and printed nothing")
+        err.print(stopped, soft_wrap=True, markup=False, highlight=False)
     if json_out:
         print_result(r)
     else:
@@ -140,6 +146,8 @@ def launch_cmd(
         out.print(t)
         if r.metrics:
             out.print("metrics: " + ", ".join(f"{k}={v}" for k, v in r.metrics.items()))
+    if stopped:
+        raise MismatchError(f"{stopped}; logs in {r.run_dir}")
     if not r.ok:
         why = "; ".join(f"{c.name} ({c.detail})" for c in r.confirmations if not c.ok)
         raise MismatchError(f"arm failed, not confirmed by the engine log: {why}; logs in {r.run_dir}")

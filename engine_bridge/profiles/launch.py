@@ -39,6 +39,7 @@ from .confirm import (
     csv_block,
     dead_knobs,
     engine_argv,
+    last_words,
     launch_environment,
     parse_bench_csv,
     report_env,
@@ -70,6 +71,8 @@ class LaunchResult:
     csv_rows: tuple[dict, ...] = ()
     started: str = ""
     seconds: float = 0.0
+    engine_said: str = ""                   # the engine's last stderr line when it did not exit 0 (why, in its words)
+    cwd: str = ""                           # where the engine ran: the caller's directory
     schema: int = LAUNCH_SCHEMA
 
     KIND: ClassVar[str] = "launch"          # a result (core.results): `launch --json`, launch.json's shape
@@ -114,6 +117,8 @@ def launch_to_dict(r: LaunchResult) -> dict:
         "csv": r.csv_path,
         "started": r.started,
         "seconds": r.seconds,
+        "engine_said": r.engine_said,
+        "cwd": r.cwd,
     }
 
 
@@ -163,13 +168,16 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     added = {k: env[k] for k in list(p.env) + list(report_env(p))}
     dead = tuple(dead_knobs(blob, list(added)))
 
-    run_dir = os.path.abspath(run_dir or default_run_dir(rig_root or os.getcwd(), p.id))
+    cwd = os.getcwd()
+    run_dir = os.path.abspath(run_dir or default_run_dir(rig_root or cwd, p.id))
     os.makedirs(run_dir, exist_ok=True)
     out_path, err_path = os.path.join(run_dir, "stdout.txt"), os.path.join(run_dir, "stderr.txt")
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     t0 = time.monotonic()
     with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
-        proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=run_dir)
+        # The engine runs where the user stands: its relative paths (--prompt-file prompt.txt, --csv
+        # out.csv) are the user's; the run folder only receives what is captured, by absolute path.
+        proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=cwd)
         try:
             rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -187,7 +195,7 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     csv_src = _csv_arg(args)
     csv_path, rows = "", ()
     if csv_src:
-        src = csv_src if os.path.isabs(csv_src) else os.path.join(run_dir, csv_src)
+        src = os.path.join(cwd, csv_src)          # as the engine saw it (an absolute path stays)
         if os.path.isfile(src):
             with open(src, encoding="utf-8", errors="replace") as f:
                 rows = parse_bench_csv(f.read())
@@ -205,7 +213,8 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
                           profile_file=os.path.abspath(profile_path), binary=os.path.abspath(binary),
                           argv=tuple(argv), environment=added, dead_knobs=dead, returncode=rc, run_dir=run_dir,
                           stdout_path=out_path, stderr_path=err_path, csv_path=csv_path, csv_rows=rows,
-                          started=started, seconds=round(seconds, 3))
+                          started=started, seconds=round(seconds, 3),
+                          engine_said=last_words(stderr or stdout) if rc != 0 else "", cwd=cwd)
     write_json(os.path.join(run_dir, "launch.json"), launch_to_dict(result), indent=2)
     return result
 
