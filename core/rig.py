@@ -280,17 +280,23 @@ def render_rig(rig: Rig) -> str:
 
 
 def load_rig(root: str, must_exist: bool = True) -> Rig:
+    """rig.toml, by README's table as every rig file (core.jsonfile): missing is exit 3 (a rig
+    file missing — with `must_exist`; else an empty rig); there but not readable as text (a
+    folder, permissions, a link loop, not UTF-8) is exit 2, one line naming the file."""
     path = os.path.join(root, RIG_FILE)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         if must_exist:
-            raise UsageError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or "
-                             "`replicas sync`, or pass --rig") from None
+            raise MissingError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or "
+                               "`replicas sync`, or pass --rig") from None
         return Rig(root=root)
     except UnicodeDecodeError:
         raise RigError(f"{path}: not UTF-8 text; fix the file or recreate it with `replicas init`") from None
+    except OSError as e:
+        raise RigError(f"{path}: cannot be read ({e.strerror or e}); fix its permissions or recreate it with "
+                       "`replicas init`") from None
     return parse_rig(text, root, path)
 
 

@@ -38,7 +38,7 @@ from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status, members_topology
 from .sync import sync as sync_files
-from .verdict import BROKEN, MISMATCH
+from .verdict import exit_code_of
 from core.units import plural
 from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
 from .verify import against, verify_members
@@ -452,7 +452,8 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     when the last full one was (reads no data); for a model of several files, a row under its
     member for each file that is not verified; then which members' drives share a disk,
     controller, bridge or hub (Linux sysfs). Exit 1 while a file's last verdict is a mismatch
-    (until `replicas repair` or a clean `replicas verify`)."""
+    (until `replicas repair` or a clean `replicas verify`) or a file's size is not the manifest's;
+    exit 3 while a file is missing — the codes `verify` gives."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
@@ -462,7 +463,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     else:
         out.print(views.status_table(r.root, manifest, rows))
         out.print(views.topology_text(topology), end="", highlight=False, markup=False)
-    finish(EXIT_MISMATCH if any(x.state in (MISMATCH, BROKEN) for x in rows) else 0)
+    finish(exit_code_of(x.state for x in rows))
 
 
 @app.command()

@@ -77,7 +77,7 @@ def test_forget_what_is_not_a_member(synced, tmp_path):
     res = invoke("forget", "--rig", rig, str(tmp_path / "elsewhere.gguf"))
     assert res.exit_code == 2 and "is not a member" in res.output
     assert len(res.output.strip().splitlines()) == 1
-    assert invoke("forget", "--rig", str(tmp_path / "norig"), paths[0]).exit_code == 2
+    assert invoke("forget", "--rig", str(tmp_path / "norig"), paths[0]).exit_code == 3     # no rig.toml: a rig file missing
 
 
 def test_sync_warns_once_when_the_rig_holds_more_copies_than_the_engine_reads(tmp_path):
