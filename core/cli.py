@@ -36,7 +36,7 @@ from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, EXIT_WRITE, Repl
 from .results import ErrorResult, Result, envelope
 from .interrupt import INTERRUPTED, guard, guarded
 from .rig import rig_dir
-from .units import format_rate
+from .units import finite_or_none, format_rate
 
 # `--json true`: a value after a flag, which Click reports as an extra argument.
 BOOL_WORD = re.compile(r"\((?:[^)]* )?(?:true|false|yes|no|on|off|1|0)(?: [^)]*)?\)", re.IGNORECASE)
@@ -289,7 +289,19 @@ def os_error_line(e: OSError) -> tuple[str, int]:
 
 class PlainUsageCommand(PlainHelp, TyperCommand):
     """A command whose usage line names its arguments as POSIX tools do: `SOURCE DEST_DIR...`,
-    `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`)."""
+    `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`). Every number
+    option the user gives is finite: nan, inf and 1e400 (a float's inf) are one line, exit 2,
+    before the command runs — checked here once, so no command can forget (a NaN passes every
+    `x <= 0` range check, and `int(x * 1e9)` of inf is a traceback)."""
+
+    def invoke(self, ctx):
+        for param in self.get_params(ctx):
+            value = ctx.params.get(param.name) if param.name else None
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            if any(finite_or_none(v) is None and v is not None for v in values):
+                name = max(param.opts, key=len) if getattr(param, "opts", None) else (param.name or "").upper()
+                raise UsageError(f"{name} {values[0] if len(values) == 1 else list(values)}: give a finite number")
+        return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

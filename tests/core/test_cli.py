@@ -336,3 +336,26 @@ def test_a_reader_that_left_is_a_quiet_0():
                        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_a_number_option_that_is_not_finite_is_one_line_before_the_command_runs(value):
+    """NaN passes every `x <= 0` range check and int(inf * 1e9) is a traceback: every float option
+    of every command is checked once, at the boundary (core.cli.PlainUsageCommand)."""
+    app = make_app("tiny", "A small app.")
+    ran = []
+
+    @app.command()
+    def wait(seconds: float = typer.Option(1.0, "--seconds"), many: list[float] = typer.Option([], "--at")):
+        """Takes seconds."""
+        ran.append(seconds)
+
+    @app.command()
+    def other():
+        """A second command."""
+
+    for args in (["wait", "--seconds", value], ["wait", "--at", "1", "--at", value]):
+        r = CliRunner().invoke(app, args, prog_name="tiny")
+        assert r.exit_code == 2 and "give a finite number" in r.stderr and len(r.stderr.splitlines()) == 1, r.output
+    assert ran == []
+    assert CliRunner().invoke(app, ["wait", "--seconds", "-0"]).exit_code == 0      # finite: the command's own rules
