@@ -56,6 +56,35 @@ def folder_lock(path: str, busy: str, *, wait: bool = False):
         os.close(fd)
 
 
+def check_output(path: str, what: str, ours=None, *, force: bool = False, forceable: bool = True) -> str:
+    """A file the user named for the tool to write (`--csv`, `--trace-out`, `export -o`, a
+    stand-in), checked before any work: its folder must exist and be writable (else WriteError,
+    exit 4, at once rather than after the run; no folder is created), and a path already there is
+    written only when `ours(first bytes)` says the tool wrote it (a CSV of ours to append to, a
+    profile, a trace) or with `force` (`forceable`: the command has a --force) — else one line,
+    exit 2: user files are never overwritten.
+    A symbolic link is never ours. Returns the path, absolute."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise WriteError(f"{what} {path}: its folder {parent} does not exist or is not a folder; create it or give "
+                         "another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteError(f"{what} {path}: its folder {parent} is not writable; give another path")
+    if os.path.lexists(path) and not force:
+        mine = False
+        if not os.path.islink(path) and os.path.isfile(path) and ours is not None:
+            try:
+                with open(path, "rb") as f:
+                    mine = bool(ours(f.read(4096)))
+            except OSError:
+                mine = False
+        if not mine:
+            raise UsageError(f"{what} {path}: exists and was not written by replica-tuner; give another name"
+                             + (" (or --force to replace it)" if forceable else ""))
+    return path
+
+
 def describe_link(path: str) -> str | None:
     """What a symbolic link at `path` is when it cannot be followed to something ("a symbolic link
     loop", "a link to nowhere (TARGET)"); None when it is no link or resolves."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import ClassVar, Mapping, Sequence
 
-from core.constants import RUNS_DIR
+from core.constants import PROFILES_DIR, RUNS_DIR
 from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text, require_file
 from core.jsonfile import write_json
@@ -120,6 +120,28 @@ def launch_to_dict(r: LaunchResult) -> dict:
         "engine_said": r.engine_said,
         "cwd": r.cwd,
     }
+
+
+def resolve_profile(ref: str, rig_root: str) -> str:
+    """What users type after --profile, the way plans and bench results are found: a file; 'latest'
+    (the profile export wrote last into rig/profiles, its N-1 profiles aside); or a profile's name
+    there (NAME, NAME.json or NAME.env). MissingError (exit 3) when nothing matches."""
+    if os.path.lexists(ref) and ref != "latest":
+        return ref
+    d = os.path.join(rig_root, PROFILES_DIR)
+    if ref == "latest":
+        try:
+            names = [n for n in os.listdir(d) if n.endswith(".json") and ".without-" not in n and not n.startswith(".")]
+        except OSError:
+            names = []
+        if not names:
+            raise MissingError(f"no exported profiles in {d}: run `engine-bridge export --rig {rig_root}` first")
+        return max((os.path.join(d, n) for n in names), key=lambda x: (os.path.getmtime(x), x))
+    for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(d, ref + ".env")):
+        if os.path.isfile(cand):
+            return cand
+    raise MissingError(f"--profile {ref}: no such profile file, nor one of that name in {d}; give a file, its name "
+                       "there, or 'latest'")
 
 
 def read_binary(binary: str) -> bytes:

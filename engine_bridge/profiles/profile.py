@@ -323,7 +323,8 @@ def render_env(p: Profile) -> str:
     lines = [f"# {p.engine} profile {p.id!r}, exported by replica-tuner (engine-bridge export)"]
     lines += [f"# {x}" for x in prof.header(request_of(p), Setting(p.environment, p.argv))]
     if p.model_size is not None:
-        lines.append(f"# model: {p.model_size} bytes, blake3 {p.model_blake3}")
+        lines.append(f"# model: {p.model_size} bytes, digest {p.model_blake3} (replica-tuner's manifest digest, "
+                     "not a file's b3sum)")
     if p.provenance.get("plan_file"):
         lines.append(f"# plan: {p.provenance['plan_file']}")
     if p.provenance.get("chain"):
