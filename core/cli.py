@@ -41,6 +41,12 @@ from .units import finite_or_none, format_rate
 # `--json true`: a value after a flag, which Click reports as an extra argument.
 BOOL_WORD = re.compile(r"\((?:[^)]* )?(?:true|false|yes|no|on|off|1|0)(?: [^)]*)?\)", re.IGNORECASE)
 
+# The type parser's messages, in the words every other message of this project uses.
+PARSE_WORDS = (("Input should be a valid integer, unable to parse string as an integer", "give a whole number"),
+               ("Input should be a valid number, unable to parse string as a number", "give a number"),
+               ("Input should be a valid integer", "give a whole number"),
+               ("Input should be a valid number", "give a number"))
+
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
 # 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
 # width (Rich tables do not expand to the console's width unless asked).
@@ -240,6 +246,8 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
         if isinstance(e, click_exceptions.NoArgsIsHelpError):
             raise e                                  # a bare command name: its help, as before
         message = " ".join(e.format_message().split())
+        for said, plain in PARSE_WORDS:       # the parser's words, in the project's
+            message = message.replace(said, plain)
         if "unexpected extra argument" in message and BOOL_WORD.search(message):
             message += "; a flag such as --json takes no value: give it alone to turn it on"
         # Some parser errors carry no context; the command being parsed is then the invoked one.

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from core.errors import RigError, UsageError
+from core.jsonfile import type_word
 from engines.handoff import PHASES, Request, Setting
 from engines.registry import ENGINES
 
@@ -374,7 +375,7 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
                      ("primary", str), ("primary_weight", int), ("replicas", list), ("replica_weights", list),
                      ("decode_weights", list)):
         if not isinstance(d.get(key), typ) or isinstance(d.get(key), bool):
-            raise bad(key, f"is missing or not a {typ.__name__}")
+            raise bad(key, f"is missing or not {type_word(typ)}")
     if d.get("cache_experts") is not None and check_cache(d.get("cache_experts")):
         raise bad("cache_experts", "is not a positive integer")
     env = d["environment"]
