@@ -335,7 +335,8 @@ def _render_alternatives(plan: Plan, ph: str, phase) -> None:
     alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
             and (list(a.get("weights", [])), switches.read(a)) != own]
     ties = [a for a in alts if a.get("tied")]
-    rest = [a for a in alts if not a.get("tied")]
+    idle = [a for a in alts if not a.get("tied") and a.get("idles_a_drive") and a.get("behind", 0) <= 0]
+    rest = [a for a in alts if not a.get("tied") and a not in idle]
 
     def listed(group: list[dict]) -> str:
         return ", ".join(f"{_alt_label(a, switches)} ({format_signed_pct(-a.get('behind', 0))})" for a in group)
@@ -343,6 +344,8 @@ def _render_alternatives(plan: Plan, ph: str, phase) -> None:
     if ties:
         prefers = "the default switches, then the smaller weights" if switches else "the smaller weights"
         out.print(f"  as fast within {TIE_TOLERANCE:.1%} (the plan takes {prefers}): " + listed(ties))
+    if idle:      # as fast or faster, but the plan keeps every drive reading (docs/planner.md)
+        out.print("  as fast or faster but leaving a drive idle (not taken): " + listed(idle))
     if rest:
         out.print("  next best: " + listed(rest))
 

@@ -254,19 +254,12 @@ def parse_background(spec: str, names: list[str]) -> Background:
     raise UsageError(f"--background {spec!r}: unknown kind {what!r}; use engram or PERCENT%")
 
 
-def holds_of(sources, files: Sequence[str], rig: Rig | None = None) -> tuple[frozenset[str] | None, ...]:
+def holds_of(sources, files: Sequence[str]) -> tuple[frozenset[str] | None, ...]:
     """Per source (primary first): the model's files its copy holds (None when it holds them
-    all, as a full replica does). `files`: the model's files, relative to its root. A rig member
-    holds what rig.toml says it holds (`Member.holds`, the one record `replicas sync` keeps);
-    a source that is no member of `rig` is asked on disk."""
-    members = {os.path.realpath(m.path): m for m in (rig.members if rig is not None else ())}
+    all, as a full replica does). `files`: the model's files, relative to its root. Asked on disk:
+    an engine that reads a mirror's shards by name (colibri) reads what is there."""
     out = []
     for s in sources:
-        m = members.get(os.path.realpath(s.path))
-        if m is not None:
-            have = frozenset(f for f in files if m.holds_file(f))
-            out.append(None if len(have) == len(files) else have)
-            continue
         root = s.path if os.path.isdir(s.path) else os.path.dirname(s.path)
         have = frozenset(f for f in files if os.path.isfile(os.path.join(root, f)))
         out.append(None if len(have) == len(files) else have)

@@ -98,8 +98,7 @@ def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Backg
     and steps, the rig's drives and links, other work on the drives, for the rig's own model (not a
     named workload, not the fallback) what each source's copy holds, and the page cache's room."""
     g = chosen.workload.geometry
-    rig = load_rig(inputs.provenance["rig"], must_exist=False) if inputs.provenance.get("rig") else None
-    holds = holds_of(inputs.sources, sorted({t.file for t in g.tensors}), rig) if chosen.workload.name == "model" else ()
+    holds = holds_of(inputs.sources, sorted({t.file for t in g.tensors})) if chosen.workload.name == "model" else ()
     e = get_engine(engine) if isinstance(engine, str) else engine
     return Problem(with_concurrency(e, lanes, threads), g, inputs.drives, chosen.workload.phases, tuple(backgrounds),
                    inputs.links, holds, page_cache_bytes)
