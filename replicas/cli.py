@@ -21,6 +21,7 @@ from core.interrupt import cancel_on_interrupt
 from core.events import Notice
 from core.results import ErrorResult
 from core.rig import Member
+from core.constants import UPSTREAM_FILE
 from core.fsutil import describe_link
 from core.units import format_bytes, format_rate, parse_size
 
@@ -33,7 +34,7 @@ from models.formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file, hash_whole
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
 from .manifests import files_of_model, load_manifest, load_manifest_file
-from models.modelset import DIR, FILE, NotAModel, check_outside_members, discover
+from models.modelset import DIR, FILE, NotAModel, check_outside_members, discover, hf_repository
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status, members_topology
@@ -260,6 +261,8 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
                              partial=partial)
         except (Interrupted, KeyboardInterrupt):     # wherever it landed: the copy or its read-back
             raise Interrupted(SYNC_STOPPED) from None
+    if not res.dry_run:
+        _keep_snapshot_digests(rigmod.rig_dir(rig), quiet)
     if json_out:
         print_result(res)
     else:
@@ -286,6 +289,26 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
                 err.print(f"{d.target}: removed {len(d.dropped)} copy(ies) the partial replica no longer holds: "
                           f"{', '.join(d.dropped)}", soft_wrap=True)
     finish(res.exit_code)
+
+
+def _keep_snapshot_digests(root: str, quiet: bool) -> None:
+    """A model that is a Hugging Face cache snapshot names each file's published digest in its blob
+    (docs/replicas.md, "Upstream digests"): recorded once into rig/upstream.json after the first
+    sync that hashed it, so `verify --upstream` can tie every copy to the hub without another step."""
+    r = rigmod.load_rig(root, must_exist=False)
+    if r.model is None or r.layout != DIR or hf_repository(r.model.path) is None \
+            or os.path.lexists(os.path.join(root, UPSTREAM_FILE)):
+        return
+    manifest = load_manifest(r, required=False)
+    if manifest is None:
+        return
+    try:
+        path = save_upstream(r, record_upstream(r.model.path, manifest))
+    except ReplicaTunerError:
+        return                       # links without digest-named blobs: `replicas upstream` says why
+    if not quiet:
+        err.print(f"upstream digests of the Hugging Face snapshot recorded in {path} (`replicas verify --upstream {path}`)",
+                  soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()

@@ -138,6 +138,10 @@ def test_a_hugging_face_snapshot_is_read_through_its_links_and_named_by_its_repo
     for rel in found.files:
         assert not os.path.islink(copy / rel) and (copy / rel).read_bytes() == (d / rel).read_bytes()
     assert invoke("verify", "--rig", rig, "--full").exit_code == 0
+    # the blobs' names are the published digests: kept without a separate `replicas upstream`
+    r = invoke("verify", "--rig", rig, "--full", "--upstream", os.path.join(rig, "upstream.json"), "--json")
+    assert r.exit_code == 0, r.output
+    assert {u["state"] for u in json.loads(r.stdout)["upstream"].values()} == {"match"}
 
 
 def test_a_special_file_inside_the_directory_is_refused(tmp_path):
