@@ -180,6 +180,25 @@ def hf_repository(path: str) -> str | None:
     return None
 
 
+def _snapshot_of(path: str) -> str:
+    """A Hugging Face cache repository folder (`models--ORG--NAME`, holding blobs/, refs/ and
+    snapshots/) stands for the snapshot its refs/main names (what `hf download` last fetched); any
+    other folder is itself. A repository whose refs/main names no snapshot is one line, listing them."""
+    snapshots = os.path.join(path, "snapshots")
+    if not os.path.basename(os.path.normpath(path)).startswith(HF_PREFIXES) or not os.path.isdir(snapshots):
+        return path
+    try:
+        with open(os.path.join(path, "refs", "main"), encoding="utf-8") as f:
+            rev = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        rev = ""
+    if rev and os.sep not in rev and os.path.isdir(os.path.join(snapshots, rev)):
+        return os.path.join(snapshots, rev)
+    have = sorted(os.listdir(snapshots))
+    raise UsageError(f"model {path}: a Hugging Face cache repository whose refs/main names no snapshot here; give one "
+                     f"of its snapshots ({', '.join(os.path.join(snapshots, h) for h in have[:3]) or 'none'})")
+
+
 def _followed(link: str, model_path: str, tree: str) -> os.stat_result:
     """The stat of the regular file a link inside a model directory points to. Followed only
     inside the model's own tree (a Hugging Face snapshot's links point into its repository's
@@ -227,7 +246,7 @@ def discover(path: str, fmt: str | None = None) -> ModelSet:
                                          and SPLIT_NAME.match(os.path.basename(real)) is not None):
             path = real
     if stat.S_ISDIR(st.st_mode):
-        return _directory(path, fmt)
+        return _directory(_snapshot_of(path), fmt)
     if not stat.S_ISREG(st.st_mode):
         raise UsageError(f"model {path}: not a regular file or directory; give the model's file or directory")
     _readable(path)

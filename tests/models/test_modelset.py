@@ -130,6 +130,10 @@ def test_a_hugging_face_snapshot_is_read_through_its_links_and_named_by_its_repo
     assert found.path == snap and found.layout == DIR and found.format == SAFETENSORS
     assert set(found.files) == {os.path.relpath(os.path.join(p, n), d) for p, _, ns in os.walk(d) for n in ns}
     assert found.name == "moe" and found.tree == str(tmp_path / "hf" / "models--org--moe")
+    repo = tmp_path / "hf" / "models--org--moe"          # the repository folder: the snapshot refs/main names
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(os.path.basename(snap))
+    assert discover(str(repo)) == found
     (tmp_path / "green").mkdir()
     rig = str(tmp_path / "rig")
     r = invoke("sync", "--rig", rig, "--allow-same-device", snap, str(tmp_path / "green"))
