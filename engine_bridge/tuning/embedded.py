@@ -118,8 +118,9 @@ class PatternMeasure:
         # the pattern names the primary's files; a subset's first copy may call a one-file model otherwise
         rename = dict(zip(self.sources[0].files, models[0].files))
         weights = tuple(int(x) for x in weights)
+        # a partial replica opens only the files it holds (the problem's holds, as the prediction prices it)
         with SplitReader(models, weights, weights, settings=ReaderSettings(lanes=lanes), engine=engine.name,
-                         cold=self.cold) as r:
+                         cold=self.cold, holds=holds) as r:
             reads_of = StepReads(engine, p.geometry, {phase: weights}, mode, holds, r.healthy)
 
             def submit(read, ph):

@@ -78,3 +78,17 @@ def test_a_scratch_file_inside_the_model_is_refused(tmp_path):
     r = invoke(iobench_app, "scratch", "--rig", root, model, *FAST, "--size", "4M")
     assert r.exit_code == 2 and "inside the source model's folder" in r.stderr, r.output
     assert not any(n.startswith(".") or n.endswith(".bin") for n in os.listdir(model))
+
+
+def test_autotune_measures_a_rig_with_a_partial_member(tmp_path):
+    """The split reader opened every file of the partial member (config.json: no such file)."""
+    from engine_bridge.tuning.embedded import autotune
+
+    root, model, base = partial_rig(tmp_path)
+    r = invoke(replicas_app, "sync", *base, "--partial", "50%", model, tmp_path / "white")
+    assert r.exit_code == 0, r.output
+    assert invoke(iobench_app, "run", "--rig", root, *FAST).exit_code == 0
+    plan, path = autotune(root, engine="colibri", budget_s=600.0, trial_s=0.02, top=1, rounds=1, warmup_s=0.0,
+                          rest_s=0.0)
+    assert [s.name for s in plan.sources][-1] == "white"
+    assert all(t["Bps"] > 0 for t in plan.provenance["autotune"]["trials"])
