@@ -267,7 +267,7 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str | None, name:
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
     priced = ((plan.workload or {}).get("traffic") or {}).get("cache_experts")
-    if cache is None and isinstance(priced, int) and not isinstance(priced, bool):
+    if cache is None and isinstance(priced, int) and not isinstance(priced, bool) and priced > 0:
         cache = priced                        # the cache the plan was priced with
     ctx = _Context(fmt, engine, rig, manifest, definitions, layered, cache, allow_unverified)
     profile = _profile_for(ctx, plan, plan_path, profile_id)

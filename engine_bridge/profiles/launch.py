@@ -126,8 +126,8 @@ def resolve_profile(ref: str, rig_root: str) -> str:
     """What users type after --profile, the way plans and bench results are found: a file; 'latest'
     (the profile export wrote last into rig/profiles, its N-1 profiles aside); or a profile's name
     there (NAME, NAME.json or NAME.env). MissingError (exit 3) when nothing matches."""
-    if os.path.lexists(ref) and ref != "latest":
-        return ref
+    if (os.path.lexists(ref) or os.sep in ref) and ref != "latest":
+        return ref                      # a path: its loader names what is wrong with it
     d = os.path.join(rig_root, PROFILES_DIR)
     if ref == "latest":
         try:
