@@ -127,6 +127,8 @@ def launch_cmd(
         from core.errors import UsageError
         raise UsageError(f"--timeout {timeout:g}: give positive seconds")
     profile = ln.resolve_profile(profile, rigmod.rig_dir(rig))     # a file, a name in rig/profiles, or 'latest'
+    if out_dir:
+        ln.check_run_dir(out_dir)        # before the engine starts
     path = ln.which(binary)
     p, dead = ln.preflight(path, profile)
     if dead:

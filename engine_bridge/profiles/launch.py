@@ -191,6 +191,8 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     dead = tuple(dead_knobs(blob, list(added)))
 
     cwd = os.getcwd()
+    if run_dir:
+        check_run_dir(run_dir)
     run_dir = os.path.abspath(run_dir or default_run_dir(rig_root or cwd, p.id))
     os.makedirs(run_dir, exist_ok=True)
     out_path, err_path = os.path.join(run_dir, "stdout.txt"), os.path.join(run_dir, "stderr.txt")
@@ -239,6 +241,19 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
                           engine_said=last_words(stderr or stdout) if rc != 0 else "", cwd=cwd)
     write_json(os.path.join(run_dir, "launch.json"), launch_to_dict(result), indent=2)
     return result
+
+
+def check_run_dir(path: str) -> None:
+    """--out DIR: a new or empty folder, or a launch folder of ours (its launch.json); a user's
+    folder with other files is refused (its stdout.txt would be replaced), exit 2."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise UsageError(f"--out {path}: not a folder; give a new or empty folder")
+    names = os.listdir(path)
+    if names and "launch.json" not in names:
+        raise UsageError(f"--out {path}: holds files launch did not write ({', '.join(sorted(names)[:3])}); give a new "
+                         "or empty folder")
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -75,3 +75,21 @@ def test_run_outputs_are_checked_before_the_run(tmp_path, command):
     assert readme.read_text() == "# my notes\n"
     if command == "run":
         refused(invoke(command, "--rig", tmp_path / "rig", "--trace-out", readme), 2, "--trace-out")
+
+
+def test_launch_out_never_writes_into_a_users_folder(tmp_path):
+    from tests.engine_bridge.test_launch_engine import stand_in
+
+    root, paths, _ = make_rig(tmp_path, 3)
+    plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
+    assert invoke("export", "--rig", root, "--plan", plan, "--cache-experts", "4600", "--profile", "p3",
+                  "--no-fallbacks").exit_code == 0
+    mine = tmp_path / "mylaunch"
+    mine.mkdir()
+    (mine / "stdout.txt").write_text("keep\n")
+    refused(invoke("launch", "--rig", root, "--binary", stand_in(tmp_path), "--profile", "p3", "--out", mine), 2,
+            "holds files launch did not write")
+    assert (mine / "stdout.txt").read_text() == "keep\n"
+    ours = tmp_path / "run"
+    for _ in range(2):               # a launch folder of ours may be used again
+        assert invoke("launch", "--rig", root, "--binary", stand_in(tmp_path), "--profile", "p3", "--out", ours).exit_code == 0
