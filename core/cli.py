@@ -11,6 +11,7 @@ The consoles fit a terminal; anything else (a pipe, a log file) gets whole lines
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -31,14 +32,20 @@ from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from .constants import DEBUG_ENV, RIG_ENV
-from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, ReplicaTunerError, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, EXIT_WRITE, ReplicaTunerError, UsageError
 from .results import ErrorResult, Result, envelope
 from .interrupt import INTERRUPTED, guard, guarded
 from .rig import rig_dir
-from .units import format_rate
+from .units import finite_or_none, format_rate
 
 # `--json true`: a value after a flag, which Click reports as an extra argument.
 BOOL_WORD = re.compile(r"\((?:[^)]* )?(?:true|false|yes|no|on|off|1|0)(?: [^)]*)?\)", re.IGNORECASE)
+
+# The type parser's messages, in the words every other message of this project uses.
+PARSE_WORDS = (("Input should be a valid integer, unable to parse string as an integer", "give a whole number"),
+               ("Input should be a valid number, unable to parse string as a number", "give a number"),
+               ("Input should be a valid integer", "give a whole number"),
+               ("Input should be a valid number", "give a number"))
 
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
 # 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
@@ -70,6 +77,20 @@ class WholeLineConsole(Console):
     @soft_wrap.setter
     def soft_wrap(self, value: bool) -> None:
         self._soft_wrap = value
+
+    def on_broken_pipe(self) -> None:
+        """The reader left (`| head -1`): README's quiet 0. Rich's own answer is SystemExit(1) from
+        inside print; here the stream goes to /dev/null (so the interpreter's last flush is quiet)
+        and BrokenPipeError reaches the boundary, which exits 0."""
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self.file.fileno())
+        except (OSError, ValueError):
+            pass                                 # a stream with no descriptor (a test's capture)
+        finally:
+            os.close(devnull)
+        raise BrokenPipeError(errno.EPIPE, "the reader closed the pipe")
 
 
 # No emoji codes: weights print as "27:100:43", which Rich would otherwise turn into "27💯43".
@@ -202,7 +223,8 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
             self._fail(ctx, str(e), e.exit_code)
         except KeyboardInterrupt:    # a Ctrl-C no command caught (before its own handler, or a second one)
             self._fail(ctx, INTERRUPTED, EXIT_INTERRUPTED)
-        except BrokenPipeError:
+        except BrokenPipeError:                 # README: a closed pipe is a quiet 0
+            _quiet_stdout()
             raise typer.Exit(0)
         except FileNotFoundError as e:
             self._fail(ctx, f"{e.filename or e}: not found", EXIT_MISSING)
@@ -212,12 +234,20 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
             self._fail(ctx, f"{e.filename or e}: a folder where a file was expected; give a file", EXIT_USAGE)
         except PermissionError as e:
             self._fail(ctx, f"{e.filename or e}: permission denied", EXIT_MISSING)
+        except OSError as e:                    # any other errno, in README's table rather than a traceback
+            message, code = os_error_line(e)
+            self._fail(ctx, message, code)
+        except MemoryError:
+            self._fail(ctx, "out of memory: the machine has not the RAM this needs; ask for less (a smaller model, "
+                            "fewer experts or tokens) or free RAM", EXIT_USAGE)
 
     def _usage(self, ctx, e: click_exceptions.UsageError):
         """A parse error as one line: what is wrong, and where the help is (exit 2)."""
         if isinstance(e, click_exceptions.NoArgsIsHelpError):
             raise e                                  # a bare command name: its help, as before
         message = " ".join(e.format_message().split())
+        for said, plain in PARSE_WORDS:       # the parser's words, in the project's
+            message = message.replace(said, plain)
         if "unexpected extra argument" in message and BOOL_WORD.search(message):
             message += "; a flag such as --json takes no value: give it alone to turn it on"
         # Some parser errors carry no context; the command being parsed is then the invoked one.
@@ -233,9 +263,53 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
         raise typer.Exit(code)
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone, so the interpreter's last flush of what
+    is still buffered does not fail again (Python's "Exception ignored … BrokenPipeError", exit 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# errno -> (what it says of the path, exit code), README's table: a path that can never work as
+# given is usage (2), something missing or unreadable 3, a write that cannot land 4.
+_ERRNO = {
+    errno.ELOOP: ("is a symbolic link loop (or runs through one); give the real path", EXIT_USAGE),
+    errno.ENAMETOOLONG: ("name too long; give a shorter path", EXIT_USAGE),
+    errno.EIO: ("input/output error (a failing drive or cable?); check the drive", EXIT_MISSING),
+    errno.ENXIO: ("no such device (a drive gone?); check the drive", EXIT_MISSING),
+    errno.ENOSPC: ("no space left on the device; free space or choose another drive", EXIT_WRITE),
+    errno.EDQUOT: ("disk quota exceeded; free space or choose another drive", EXIT_WRITE),
+    errno.EFBIG: ("file too large for this file system; choose another drive", EXIT_WRITE),
+    errno.EROFS: ("read-only file system; remount it writable or choose another drive", EXIT_WRITE),
+}
+
+
+def os_error_line(e: OSError) -> tuple[str, int]:
+    """One line and README's exit code for an OSError nothing more specific caught."""
+    where = e.filename or "a file"
+    said, code = _ERRNO.get(e.errno, (None, EXIT_MISSING))
+    return f"{where}: {said or (e.strerror or str(e))}", code
+
+
 class PlainUsageCommand(PlainHelp, TyperCommand):
     """A command whose usage line names its arguments as POSIX tools do: `SOURCE DEST_DIR...`,
-    `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`)."""
+    `[PATH]...` (Typer writes required ones in braces, `{SOURCE} {DEST_DIR}...`). Every number
+    option the user gives is finite: nan, inf and 1e400 (a float's inf) are one line, exit 2,
+    before the command runs — checked here once, so no command can forget (a NaN passes every
+    `x <= 0` range check, and `int(x * 1e9)` of inf is a traceback)."""
+
+    def invoke(self, ctx):
+        for param in self.get_params(ctx):
+            value = ctx.params.get(param.name) if param.name else None
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            if any(finite_or_none(v) is None and v is not None for v in values):
+                name = max(param.opts, key=len) if getattr(param, "opts", None) else (param.name or "").upper()
+                raise UsageError(f"{name} {values[0] if len(values) == 1 else list(values)}: give a finite number")
+        return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

@@ -23,6 +23,7 @@ SCRUB_FILE = "scrub.json"          # how far an interrupted `replicas verify --f
 FLEET_DIR = "fleet"                # the asker's fleet reports, <UTC>.json + <UTC>.txt (docs/fleet.md)
 FLEET_NODE_FILE = "fleet-node.json"  # on each node's rig: its last fleet job, for reruns that redo only what changed
 UPSTREAM_FILE = "upstream.json"    # the model's published digests (SHA-256 per file), `replicas upstream`
+RIG_LOCK = ".lock"                 # flock'ed around each read-modify-write of rig.toml and its records
 
 # Cold I/O.
 ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes

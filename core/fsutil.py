@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .errors import MissingError, RigError, UsageError, WriteError
@@ -26,6 +29,77 @@ class FileIdentity:
     def of_fd(cls, fd: int) -> "FileIdentity":
         st = os.fstat(fd)
         return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def inside(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies under it, on real paths (links resolved, so a destination
+    reached through a link is still found inside)."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+@contextmanager
+def folder_lock(path: str, busy: str, *, wait: bool = False):
+    """Hold an exclusive lock on `path` for the `with` block — a folder (flock on the folder
+    itself: nothing is created in it), or a lock file of the tool's own (created) — so two writers
+    of one place are serialised (`wait`) or the second refused at once with `busy` (UsageError,
+    exit 2). Released when the process ends, however it ends."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if os.path.isdir(path) else \
+        os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise UsageError(busy) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_output(path: str, what: str, ours=None, *, force: bool = False, forceable: bool = True) -> str:
+    """A file the user named for the tool to write (`--csv`, `--trace-out`, `export -o`, a
+    stand-in), checked before any work: its folder must exist and be writable (else WriteError,
+    exit 4, at once rather than after the run; no folder is created), and a path already there is
+    written only when `ours(first bytes)` says the tool wrote it (a CSV of ours to append to, a
+    profile, a trace) or with `force` (`forceable`: the command has a --force) — else one line,
+    exit 2: user files are never overwritten.
+    A symbolic link is never ours. Returns the path, absolute."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise WriteError(f"{what} {path}: its folder {parent} does not exist or is not a folder; create it or give "
+                         "another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteError(f"{what} {path}: its folder {parent} is not writable; give another path")
+    if os.path.lexists(path) and not force:
+        mine = False
+        if not os.path.islink(path) and os.path.isfile(path) and ours is not None:
+            try:
+                with open(path, "rb") as f:
+                    mine = bool(ours(f.read(4096)))
+            except OSError:
+                mine = False
+        if not mine:
+            raise UsageError(f"{what} {path}: exists and was not written by replica-tuner; give another name"
+                             + (" (or --force to replace it)" if forceable else ""))
+    return path
+
+
+def describe_link(path: str) -> str | None:
+    """What a symbolic link at `path` is when it cannot be followed to something ("a symbolic link
+    loop", "a link to nowhere (TARGET)"); None when it is no link or resolves."""
+    if not os.path.islink(path):
+        return None
+    try:
+        os.path.realpath(path, strict=True)
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        try:
+            return f"a link to nowhere ({os.readlink(path)})"
+        except OSError:
+            return "a link that cannot be followed"
 
 
 def require_file(path: str, role: str, fix: str, *, executable: bool = False) -> os.stat_result:

@@ -20,8 +20,10 @@ from typing import Callable, Iterator
 
 from .errors import EXIT_INTERRUPTED
 
-# What an interrupted command says (the README's promise for exit 130).
-INTERRUPTED = "interrupted; the work made durable is kept: run the same command again to resume"
+# What an interrupted command says when it has no words of its own (exit 130). It promises no
+# resume: iobench, run, replay, fio and whatif --add keep nothing half-done and start over; the
+# commands that do resume (sync, verify --full, repair) say so in their own Interrupted message.
+INTERRUPTED = "interrupted; nothing half-done was kept: run the same command again to start over"
 
 
 def guard(prog: str) -> None:

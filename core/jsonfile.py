@@ -17,6 +17,14 @@ from .errors import MissingError, RigError
 from .fsutil import atomic_write_text
 
 
+# What a JSON value of each Python type is called in a message ("not a whole number", never "not a int").
+TYPE_WORDS = {int: "a whole number", float: "a number", str: "text", list: "a list", dict: "an object", bool: "true or false"}
+
+
+def type_word(typ: type) -> str:
+    return TYPE_WORDS.get(typ, _a(typ.__name__))
+
+
 def _a(noun: str) -> str:
     return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 

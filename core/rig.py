@@ -18,6 +18,7 @@ rig.toml:
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, replace
 
@@ -38,7 +39,7 @@ from .constants import (
     VERDICTS_FILE,
 )
 from .errors import MissingError, RigError, UsageError
-from .fsutil import atomic_write_text
+from .fsutil import atomic_write_text, describe_link
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,9 @@ def rig_dir(option: str | None = None) -> str:
 
 
 def check_folder_path(path: str, what: str, fix: str) -> None:
-    """Refuse a folder path that is a file, or that runs through one (it can never be a folder)."""
+    """Refuse a folder path that is not one, or that runs through something that is not one (it
+    can never be a folder), saying what it is: a file, a fifo, a symbolic link loop, a link to
+    nowhere."""
     part = path
     while part and not os.path.lexists(part):
         parent = os.path.dirname(part)
@@ -173,8 +176,23 @@ def check_folder_path(path: str, what: str, fix: str) -> None:
             return
         part = parent
     if part and not os.path.isdir(part):
-        kind = "is a file" if part == path else f"runs through the file {part}"
-        raise UsageError(f"{what}: {kind}, not a folder; {fix}")
+        kind = describe_link(part) or _kind_of(part)
+        where = f"is {kind}" if part == path else f"runs through {part}, {kind}"
+        raise UsageError(f"{what}: {where}, not a folder; {fix}")
+
+
+def _kind_of(path: str) -> str:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"a path that cannot be read ({e.strerror or e})"
+    if stat.S_ISFIFO(mode):
+        return "a fifo"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a file"
 
 
 def _bad(where: str, key: str, what: str) -> RigError:
@@ -280,17 +298,23 @@ def render_rig(rig: Rig) -> str:
 
 
 def load_rig(root: str, must_exist: bool = True) -> Rig:
+    """rig.toml, by README's table as every rig file (core.jsonfile): missing is exit 3 (a rig
+    file missing — with `must_exist`; else an empty rig); there but not readable as text (a
+    folder, permissions, a link loop, not UTF-8) is exit 2, one line naming the file."""
     path = os.path.join(root, RIG_FILE)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
         if must_exist:
-            raise UsageError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or "
-                             "`replicas sync`, or pass --rig") from None
+            raise MissingError(f"no rig at {root} ({RIG_FILE} missing): run `replicas init --rig {root} --model PATH` or "
+                               "`replicas sync`, or pass --rig") from None
         return Rig(root=root)
     except UnicodeDecodeError:
         raise RigError(f"{path}: not UTF-8 text; fix the file or recreate it with `replicas init`") from None
+    except OSError as e:
+        raise RigError(f"{path}: cannot be read ({e.strerror or e}); fix its permissions or recreate it with "
+                       "`replicas init`") from None
     return parse_rig(text, root, path)
 
 

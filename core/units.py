@@ -1,5 +1,7 @@
 """Parsing and formatting sizes and rates (pure)."""
 
+import math
+
 from .errors import UsageError
 
 _BINARY = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -18,10 +20,18 @@ def parse_size(text: str, what: str = "size") -> int:
         value = float(number)
     except ValueError:
         raise UsageError(f"{what} {text!r} is not a size: use bytes or a number with K, M, G or T (binary), e.g. 64M") from None
+    if not math.isfinite(value) or value * _BINARY[unit] >= 1 << 63:     # nan, inf, 1e400: no size at all
+        raise UsageError(f"{what} {text!r} is not a size a drive holds: give a finite number of bytes, e.g. 64M")
     n = int(value * _BINARY[unit])
-    if n <= 0 or value != value:
+    if n <= 0:
         raise UsageError(f"{what} {text!r} must be positive")
     return n
+
+
+def finite_or_none(value):
+    """The value, unless it is a float that is not finite (nan, inf, a number too large for a
+    float such as 1e400): None then (`core.cli` refuses such an option in one line)."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def format_bytes(n: float) -> str:

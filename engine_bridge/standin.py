@@ -142,6 +142,9 @@ def run(engine: str, argv, env) -> int:
     return rc
 
 
+STANDIN_MARK = b"# replica-tuner's stand-in for "     # its second line: what `standin` may replace
+
+
 def launcher_text(engine: str, python: str = sys.executable) -> str:
     """An executable (sh) that runs the stand-in of `engine` with this Python and this checkout of
     the project. It names the variables the stand-in reads, so `launch`'s dead-knob scan finds them."""

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from core.errors import UsageError
+from core.errors import MissingError, UsageError
 
 from .constants import DOWN, FAILED, LOST, RESOURCE_PREFIX, TIMEOUT
 from .job import NodeJob
@@ -55,11 +55,42 @@ def match_node(name: str, nodes: Sequence[ClusterNode]) -> ClusterNode | None:
     return next((n for n in nodes if name in (n.address, n.hostname)), None)
 
 
-def connect(address: str | None):
+# How long a cluster address has to answer before `fleet run` gives up on it (at most; --timeout
+# when shorter): ray.init retries a dead GCS address on its own clock, well past any --timeout.
+CONNECT_S = 10.0
+
+
+def reachable(address: str, deadline_s: float) -> str:
+    """'' when HOST:PORT accepts a TCP connection within `deadline_s`, else why not ('refused',
+    'timed out', 'no such host'). 'auto' and ray:// client addresses are Ray's to find."""
+    import socket
+
+    if not address or address == "auto" or "://" in address:
+        return ""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return ""
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, deadline_s)):
+            return ""
+    except socket.gaierror:
+        return "no such host"
+    except TimeoutError:
+        return f"no answer within {deadline_s:g} s"
+    except OSError as e:
+        return e.strerror or str(e)
+
+
+def connect(address: str | None, deadline_s: float = CONNECT_S):
     """Ray, connected to the cluster at `address` ('auto': the one `ray start` began here), or the
-    connection this process already has."""
+    connection this process already has. A HOST:PORT that does not answer within `deadline_s` is
+    MissingError (exit 3) at once, instead of Ray retrying past --timeout."""
     ray = import_ray()
     if not ray.is_initialized():
+        why = reachable(address or "auto", deadline_s)
+        if why:
+            raise MissingError(f"no Ray cluster at {address} ({why}); start one with `ray start --head` (see "
+                               "docs/fleet.md) or give --address HOST:PORT")
         try:
             ray.init(address=address or "auto", include_dashboard=False, log_to_driver=False)
         except ConnectionError as e:
@@ -74,7 +105,7 @@ def run_on_cluster(jobs: Sequence[NodeJob], *, address: str | None = None, timeo
     """Each job on its node, all at once; their results in the jobs' order. `work` is what a node
     runs (run_node; tests give one that fails on purpose); `on_result` hears of each node as it
     finishes, in the order they finish. `timeout_s` counts from submission."""
-    ray = connect(address)
+    ray = connect(address, min(CONNECT_S, timeout_s))
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = live_nodes(ray)

@@ -63,7 +63,7 @@ def _run(job: NodeJob) -> NodeResult:
         from replicas.upstreams import UpstreamTap
 
         published = upstream_from_dict(job.upstream, "the fleet's upstream digests")
-        tap = UpstreamTap([rig.model.path], manifest, published)
+        tap = UpstreamTap([rig.model], manifest, published)
     drives, problems = _verify(rig, manifest, job, tap)
     status = _worst(drives)
     upstream = ""
@@ -146,7 +146,7 @@ def _upstream(rig: Rig, manifest, published, tap) -> tuple[str, list[str]]:
     manifest's BLAKE3). The replicas are tied to the primary by the manifest's BLAKE3 pieces."""
     from replicas.upstreams import check_upstream
 
-    check = check_upstream(rig.model.path, manifest, published, known=tap.known(rig.model.path))
+    check = check_upstream(rig.model, manifest, published, known=tap.known(rig.model.path))
     return check.state, list(check.problems)
 
 

@@ -81,21 +81,31 @@ def make_target(path: str, name: str, layout: ExpertLayout | None = None, notes:
     return Target(name=name, path=path, size=size, drive=drive_of(path), layout=layout, notes=tuple(notes))
 
 
-def model_layout(model: ModelSet) -> tuple[str, ExpertLayout | None, list[str]]:
+def model_layout(model: ModelSet, header: ModelSet | None = None,
+                 holds=None) -> tuple[str, ExpertLayout | None, list[str]]:
     """The file iobench reads of `model` and where its routed experts are, from the model's own
     header (models.tensortable and models.geometry, the planner's reading too): the decode
     read is the model's component (its largest slice), and a split set's or a directory's experts
     may be in any of its files, so the file holding most of them is read. A model without a
     readable geometry is read whole (its largest file) with the engine's default component, and
-    says so unless it is raw bytes."""
+    says so unless it is raw bytes. `header`: the same model where its header is read (a partial
+    replica may lack the files that hold it: the primary's); `holds(rel)`: the files `model` holds
+    (a partial replica's own set, `core.rig.Member.holds_file`; None: all) — only those are read."""
+    held_paths = [p for r, p in zip(model.files, model.paths) if holds is None or holds(r)]
+    if not held_paths:
+        raise UsageError(f"{model.path}: holds none of the model's files; `replicas sync` it again")
     try:
-        g = inspect_model(model)
+        g = inspect_model(header or model)
     except ReplicaTunerError as e:
-        largest = max(model.paths, key=os.path.getsize)
+        largest = max(held_paths, key=os.path.getsize)
         default = engine_shapes().decode_bytes
         why = [] if model.format == RAW else [f"{e}; decode uses {default:,} B components over the whole file"]
         return largest, None, why
-    largest = [t for t in g.tensors if t.component_bytes == g.component_bytes]
+    largest = [t for t in g.tensors if t.component_bytes == g.component_bytes and (holds is None or holds(t.file))]
+    if not largest:
+        path = max(held_paths, key=os.path.getsize)
+        return path, None, [f"holds none of the model's expert tensors: its largest file {os.path.relpath(path, model.root)} "
+                            f"is read whole in {g.component_bytes:,} B components"]
     held = Counter()
     for t in largest:
         held[t.file] += t.nbytes
@@ -107,14 +117,19 @@ def model_layout(model: ModelSet) -> tuple[str, ExpertLayout | None, list[str]]:
 
 
 def rig_layout(rig: Rig, member) -> tuple[str, ExpertLayout | None, list[str]]:
-    """`model_layout` of the rig's model where `member` keeps it."""
+    """`model_layout` of the rig's model where `member` keeps it: a partial replica is read in a
+    file it holds, with the geometry the primary's header gives (models.modelset.member_files'
+    rule: a member's files are the ones it holds)."""
     model = member_set(rig, member)
     if model.format == RAW and model.layout == FILE:
         try:
             model = discover(model.path)          # a rig from before formats were recorded: ask the file
         except ReplicaTunerError:
             pass                                  # not a model file: read it whole
-    return model_layout(model)
+    if getattr(member, "holds", None) is None:
+        return model_layout(model)
+    header = member_set(rig, rig.model) if rig.model is not None and os.path.exists(rig.model.path) else None
+    return model_layout(model, header, member.holds_file)
 
 
 def rig_component_bytes(rig: Rig) -> int:
@@ -130,12 +145,19 @@ def rig_component_bytes(rig: Rig) -> int:
     return engine_shapes().decode_bytes
 
 
-def targets_from_paths(paths: Sequence[str]) -> list[Target]:
-    """Name each path by its drive's mount point (made unique). A path is a file, or a model of
-    several files (its directory, any file of its split set): that model is read as a rig member
-    is, the file holding most of its experts (`model_layout`)."""
-    out, taken = [], set()
+def targets_from_paths(paths: Sequence[str], rig: Rig | None = None) -> list[Target]:
+    """A path that is a member of `rig` (its file, first file or directory) is read as that member
+    and takes its name, so the result can feed the planner; any other path is named by its
+    drive's mount point (made unique). A path is a file, or a model of several files (its
+    directory, any file of its split set): that model is read as a rig member is, the file
+    holding most of its experts (`model_layout`)."""
+    members = {os.path.realpath(m.path): m for m in (rig.members if rig is not None else ())}
+    out, taken = [], {m.name for m in members.values()}
     for p in paths:
+        m = members.get(os.path.realpath(p))
+        if m is not None:
+            out.append(make_target(*_at(rig, m)))
+            continue
         several = os.path.isdir(p) or (os.path.isfile(p) and SPLIT_NAME.match(os.path.basename(p)) is not None)
         at = model_layout(discover(p)) if several else (p, None, ())
         check_file(at[0])

@@ -24,6 +24,7 @@ from .bench import FioComparison, fio_compare, rig_component_bytes, run_bench, t
 from .constants import DEFAULT_REPEAT, DEFAULT_RESTARTS, DEFAULT_SECONDS, PRESETS, SCRATCH_FOLDER
 from .result import latest_result, load_result, resolve_result_path, result_files, save_result
 from .scratch import bench_scratch, check_folder
+from models.modelset import check_outside_members, member_set
 from .schedule import RunOptions, parse_groups, parse_lanes, parse_presets
 from .testbed_cli import app as testbed_app
 
@@ -105,8 +106,8 @@ def run_cmd(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", he
     """Measure drives cold with the engine's read shapes; prints a table and writes rig/bench/<timestamp>.json."""
     root = rig_dir(rig)
     if paths:
-        targets = targets_from_paths(paths)
         the_rig = load_rig(root, must_exist=False)
+        targets = targets_from_paths(paths, the_rig)
     else:
         the_rig = load_rig(root)
         targets = targets_from_rig(the_rig)
@@ -157,6 +158,8 @@ def scratch(directory: str = typer.Argument(..., metavar="DIR",
     root = rig_dir(rig)
     the_rig = load_rig(root, must_exist=False)
     directory = check_folder(directory)
+    if the_rig.model is not None:       # a scratch file inside the model's folder would be one of its files
+        check_outside_members(directory, member_set(the_rig, the_rig.model), the_rig, f"scratch folder {directory}")
     opts = RunOptions(presets=parse_presets(preset), seconds=seconds, repeat=repeat, restarts=restarts, lanes=parse_lanes(lanes),
                       together=False)
     cancel = threading.Event()

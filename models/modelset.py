@@ -15,12 +15,14 @@ member of a rig once its path is swapped (`at`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from dataclasses import dataclass, replace
 
 from core.errors import MissingError, RigError, UsageError
+from core.fsutil import inside
 
 from .formats import (
     FORMATS,
@@ -62,8 +64,21 @@ class ModelSet:
 
     @property
     def name(self) -> str:
-        """The name the model has in a destination directory (file, first member or directory)."""
-        return os.path.basename(self.path)
+        """The name the model has in a destination directory (file, first member or directory);
+        a Hugging Face cache snapshot (`models--ORG--NAME/snapshots/REV`) is named NAME, not by
+        its revision's hash."""
+        repo = hf_repository(self.path) if self.layout == DIR else None
+        return os.path.basename(repo).split("--", 2)[-1] if repo else os.path.basename(self.path)
+
+    @property
+    def tree(self) -> str | None:
+        """The folder that is the model's own (nothing else may be written in it, and its links
+        may point only inside it): a directory model's folder, or a Hugging Face snapshot's
+        repository folder (its blobs included); None for a file or a split set (their folder is
+        the drive's)."""
+        if self.layout != DIR:
+            return None
+        return hf_repository(self.path) or os.path.realpath(self.path)
 
     def abs(self, rel: str) -> str:
         return os.path.join(self.root, *rel.split("/"))
@@ -132,8 +147,79 @@ def member_set(rig, member) -> ModelSet:
     return model.at(member.path) if model else one_file(member.path)
 
 
+def check_outside_members(path: str, model: ModelSet, rig, what: str) -> None:
+    """Refuse (exit 2) a place to write that lies inside the model's own folder or inside a
+    member's copy of it (real paths, so a link or a Hugging Face snapshot's blobs count): a
+    replica, a rig or a scratch file there changes the model it copies (its folder then holds
+    twice the files)."""
+    trees = [("the source model", model.tree)]
+    for m in rig.members:
+        if os.path.exists(m.path):
+            trees.append((f"member '{m.name}'", member_set(rig, m).tree if rig.model is not None else None))
+    for who, tree in trees:
+        if tree and inside(path, tree):
+            raise UsageError(f"{what} is inside {who}'s folder {tree}; writing there would change the model — "
+                             "choose a folder outside it")
+
+
 # ---------------------------------------------------------------------------------------------
 # Finding a model on disk.
+
+HF_PREFIXES = ("models--", "datasets--", "spaces--")
+
+
+def hf_repository(path: str) -> str | None:
+    """The repository folder of a Hugging Face cache snapshot (`REPO/snapshots/REV`, REPO named
+    `models--ORG--NAME`, as `hf download` lays it out: each file a link into REPO/blobs), or None
+    when `path` is no snapshot folder. Real paths: the snapshot may be reached through a link."""
+    real = os.path.realpath(path)
+    snapshots = os.path.dirname(real)
+    repo = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith(HF_PREFIXES):
+        return repo
+    return None
+
+
+def _snapshot_of(path: str) -> str:
+    """A Hugging Face cache repository folder (`models--ORG--NAME`, holding blobs/, refs/ and
+    snapshots/) stands for the snapshot its refs/main names (what `hf download` last fetched); any
+    other folder is itself. A repository whose refs/main names no snapshot is one line, listing them."""
+    snapshots = os.path.join(path, "snapshots")
+    if not os.path.basename(os.path.normpath(path)).startswith(HF_PREFIXES) or not os.path.isdir(snapshots):
+        return path
+    try:
+        with open(os.path.join(path, "refs", "main"), encoding="utf-8") as f:
+            rev = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        rev = ""
+    if rev and os.sep not in rev and os.path.isdir(os.path.join(snapshots, rev)):
+        return os.path.join(snapshots, rev)
+    have = sorted(os.listdir(snapshots))
+    raise UsageError(f"model {path}: a Hugging Face cache repository whose refs/main names no snapshot here; give one "
+                     f"of its snapshots ({', '.join(os.path.join(snapshots, h) for h in have[:3]) or 'none'})")
+
+
+def _followed(link: str, model_path: str, tree: str) -> os.stat_result:
+    """The stat of the regular file a link inside a model directory points to. Followed only
+    inside the model's own tree (a Hugging Face snapshot's links point into its repository's
+    blobs/): a replica copies the bytes, and is made of regular files. Anything else is one line
+    (exit 2) naming the link and where it points."""
+    rel = os.path.relpath(link, model_path)
+    where = f"model directory {model_path}: {rel}"
+    try:
+        real = os.path.realpath(link, strict=True)
+    except OSError as e:
+        what = "a symbolic link loop" if e.errno == errno.ELOOP else f"a link to nowhere ({os.readlink(link)})"
+        raise UsageError(f"{where} is {what}; replace it with the file it stands for, or remove it") from None
+    if not inside(real, tree):
+        raise UsageError(f"{where} is a symbolic link out of the model's folder (to {real}); a model's links may point "
+                         "only inside it (as a Hugging Face snapshot's point into its blobs) — copy the file in, or remove "
+                         "the link")
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{where} is a link to a folder or a special file ({real}); a model's links may point only to "
+                         "its files — remove it")
+    return st
 
 def discover(path: str, fmt: str | None = None) -> ModelSet:
     """The model at `path`: a GGUF or safetensors file, any member of a split GGUF set (the whole
@@ -147,10 +233,20 @@ def discover(path: str, fmt: str | None = None) -> ModelSet:
     path = os.path.abspath(path)
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        path = os.path.realpath(path)     # the model itself may be reached through a link; its files may not
+        # The model itself may be reached through a link; it keeps the name it was given (a GGUF in
+        # a Hugging Face snapshot is a link to blobs/<sha256>: its replica is named NAME.gguf).
+        # A link to a folder, or to a file of a split set under another name, is taken where it points.
+        try:
+            real = os.path.realpath(path, strict=True)
+        except OSError as e:
+            what = "a symbolic link loop" if e.errno == errno.ELOOP else f"a link to nowhere ({os.readlink(path)})"
+            raise UsageError(f"model {path}: {what}; give the model's file or directory") from None
         st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode) or (SPLIT_NAME.match(os.path.basename(path)) is None
+                                         and SPLIT_NAME.match(os.path.basename(real)) is not None):
+            path = real
     if stat.S_ISDIR(st.st_mode):
-        return _directory(path, fmt)
+        return _directory(_snapshot_of(path), fmt)
     if not stat.S_ISREG(st.st_mode):
         raise UsageError(f"model {path}: not a regular file or directory; give the model's file or directory")
     _readable(path)
@@ -193,14 +289,14 @@ def _split_set(path: str, prefix: str, count: int) -> ModelSet:
 
 def _directory(path: str, fmt: str | None) -> ModelSet:
     files = []
-    for dirpath, dirnames, filenames in os.walk(path):
+    tree = hf_repository(path) or os.path.realpath(path)
+    for dirpath, dirnames, filenames in os.walk(path):      # followlinks=False: a linked folder is refused, never walked
         dirnames.sort()
         for n in sorted(dirnames + filenames):
             p = os.path.join(dirpath, n)
             st = os.lstat(p)
             if stat.S_ISLNK(st.st_mode):
-                raise UsageError(f"model directory {path}: {os.path.relpath(p, path)} is a symbolic link; a replica copies "
-                                 "bytes, not links — replace it with the file it points to, or remove it")
+                st = _followed(p, path, tree)      # read through; a replica holds the bytes
             if stat.S_ISDIR(st.st_mode):
                 continue
             if not stat.S_ISREG(st.st_mode):

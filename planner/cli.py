@@ -21,14 +21,16 @@ from models.constants import V41_COMPONENT_BYTES
 from .constants import PREFILL_TOKENS, TIE_TOLERANCE
 from .plan import Plan, engine_switches
 from .plans import latest_plan_path, load_plan, resolve_plan_path
-from .rigmodel import RigProblem, problem_for_rig, solve_rig
+from .rigmodel import RigProblem, problem_for_rig, rig_engine, solve_rig
 from .solve import PhasePrediction, predict
 from .workload import NAMED
 
 app = make_app("planner", "Split reads across replicas: exact split arithmetic, one pricing of every engine's reads, the "
                           "solver, plans.")
 
-EngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose reads are planned: {', '.join(ENGINES)}.")
+EngineOption = typer.Option(None, "--engine", help=f"Engine whose reads are planned: {', '.join(ENGINES)} (default: the "
+                                                   "engine that reads the rig's model).")
+SplitEngineOption = typer.Option(DEFAULT_ENGINE, "--engine", help=f"Engine whose cut is shown: {', '.join(ENGINES)}.")
 BenchOption = typer.Option(None, "--bench", metavar="RESULT",
                            help="iobench result: a file, its name in rig/bench, or 'latest' (default: the newest).")
 BackgroundOption = typer.Option(None, "--background", metavar="SOURCE:KIND",
@@ -91,7 +93,7 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
           length: str = typer.Option("6635520", "--length", help="Bytes in the read (default: a DeepSeek V4.1 Q4 expert "
                                                                  "component)."),
           offset: str = typer.Option("0", "--offset", help="Byte offset of the read in the file."),
-          engine: str = EngineOption, json_out: bool = JsonOption):
+          engine: str = SplitEngineOption, json_out: bool = JsonOption):
     """The pieces each source reads of one read, exactly as an engine that cuts reads computes them (docs/engine-profiles.md)."""
     r = describe_split(_int(offset, "--offset"), _int(length, "--length"), parse_weights(weights, engine), engine)
     if json_out:
@@ -125,7 +127,7 @@ def _problem_options(lanes, threads, workload, model, prompt_tokens, cache_exper
 
 
 @app.command()
-def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: Optional[str] = EngineOption,
           background: Optional[List[str]] = BackgroundOption, lanes: Optional[int] = LanesOption,
           threads: Optional[int] = ThreadsOption, top: int = typer.Option(5, "--top", min=0, max=50, help="Alternatives to "
                                                                                                           "keep per phase."),
@@ -134,6 +136,7 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
           page_cache: str = PageCacheOption, engine_arg: Optional[List[str]] = EngineArgOption,
           quiet: bool = QuietOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
+    engine = rig_engine(rig_dir(rig), engine)
     saved = solve_rig(rig_dir(rig), bench, engine, background or (), top,
                       **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only, tails,
                                          page_cache, engine_arg))
@@ -151,7 +154,7 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
 @app.command()
 def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help="Integer weights, primary first."),
              phase: str = typer.Option(..., "--phase", help="prefill or decode."),
-             rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+             rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: Optional[str] = EngineOption,
              background: Optional[List[str]] = BackgroundOption, lanes: Optional[int] = LanesOption,
              threads: Optional[int] = ThreadsOption, workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption,
              prompt_tokens: int = PromptOption, cache_experts: Optional[int] = CacheOption,
@@ -162,6 +165,7 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
     lands last."""
     if phase not in ("prefill", "decode"):
         raise UsageError(f"--phase {phase!r}: use prefill or decode")
+    engine = rig_engine(rig_dir(rig), engine)
     w = parse_weights(weights, engine)
     switches = get_engine(engine).switches.parse(switch, engine)
     _, chosen, problem = problem_for_rig(rig_dir(rig), bench, engine, background or (),
@@ -177,7 +181,7 @@ def simulate(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", h
 
 
 @app.command()
-def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: str = EngineOption,
+def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, engine: Optional[str] = EngineOption,
            add: Optional[str] = typer.Option(None, "--add", metavar="DIR",
                                              help="A folder on the drive to add: measured now on a scratch file there "
                                                   "(written, read cold, removed), no replica yet."),
@@ -219,6 +223,7 @@ def whatif(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, e
     if add is not None:
         err.print(f"measuring {add} on a scratch file of {scratch_size} (removed after) ...", highlight=False)
     root = rig_dir(rig)
+    engine = rig_engine(root, engine)
     rp = RigProblem(*problem_for_rig(root, bench, engine, workload=workload, model=model, prompt_tokens=prompt_tokens,
                                      cache_experts=cache_experts, calibrate=not fit_only,
                                      page_cache_bytes=_page_cache(page_cache)))
@@ -337,7 +342,8 @@ def _render_alternatives(plan: Plan, ph: str, phase) -> None:
     alts = [a for a in plan.alternatives if isinstance(a, dict) and a.get("phase") == ph
             and (list(a.get("weights", [])), switches.read(a)) != own]
     ties = [a for a in alts if a.get("tied")]
-    rest = [a for a in alts if not a.get("tied")]
+    idle = [a for a in alts if not a.get("tied") and a.get("idles_a_drive") and a.get("behind", 0) <= 0]
+    rest = [a for a in alts if not a.get("tied") and a not in idle]
 
     def listed(group: list[dict]) -> str:
         return ", ".join(f"{_alt_label(a, switches)} ({format_signed_pct(-a.get('behind', 0))})" for a in group)
@@ -345,6 +351,8 @@ def _render_alternatives(plan: Plan, ph: str, phase) -> None:
     if ties:
         prefers = "the default switches, then the smaller weights" if switches else "the smaller weights"
         out.print(f"  as fast within {TIE_TOLERANCE:.1%} (the plan takes {prefers}): " + listed(ties))
+    if idle:      # as fast or faster, but the plan keeps every drive reading (docs/planner.md)
+        out.print("  as fast or faster but leaving a drive idle (not taken): " + listed(idle))
     if rest:
         out.print("  next best: " + listed(rest))
 

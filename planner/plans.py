@@ -164,7 +164,8 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
                 rig: Rig | None = None) -> Inputs:
     """The rig's members (primary first) with the fitted drive models of an iobench result
     (`bench`, else the newest in rig/bench). Without a rig.toml the bench result's drive order
-    is used, first = primary. A member the result does not cover is a UsageError. With
+    is used, first = primary. A replica the result does not cover is left out (provenance
+    `left_out`, said by the commands), the primary is a UsageError. With
     `calibrate`, each fitted curve is corrected by the drive's own measurements near the asked
     shape (`CorrectedCurve`); without it the fitted model speaks alone. With `tails`, each drive
     carries its measured decode latency shape and the decode barrier is priced as the expected
@@ -184,13 +185,19 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
     by_name = {d.name: d for d in result.drives}
     by_path = {os.path.realpath(d.path): d for d in result.drives}
     members = rig.members
+    left_out = []
     if members:
         picked = []
         for m in members:
             d = by_name.get(m.name) or by_path.get(os.path.realpath(m.path))
-            if d is None:
+            if d is None and m.role == "primary":
                 raise UsageError(f"drive '{m.name}' ({m.path}) of the rig is not in the bench result {bench_path} "
                                  f"(it has {', '.join(by_name) or 'no drives'}); run `iobench run --rig {rig.root}` again")
+            if d is None:     # a replica synced after the bench: the plan goes on without it, and says how to add it
+                left_out.append({"name": m.name, "path": m.path,
+                                 "why": f"replica '{m.name}' is not in the bench result {bench_path}: left out of this plan; "
+                                        f"`iobench run --rig {rig.root}` measures it"})
+                continue
             picked.append((m.name, m.path, d))
     else:
         picked = [(d.name, d.path, d) for d in result.drives]
@@ -218,6 +225,8 @@ def load_inputs(rig_root: str, bench: str | None = None, calibrate: bool = True,
                          for name, _, d in picked},
         "links": [{"name": x.name, "drives": [picked[i][0] for i in x.members], "ceiling_Bps": x.ceiling_Bps} for x in links],
     }
+    if left_out:
+        provenance["left_out"] = left_out
     return Inputs(tuple(Source(n, p) for n, p, _ in picked), tuple(drives), provenance, links)
 
 
@@ -247,7 +256,8 @@ def parse_background(spec: str, names: list[str]) -> Background:
 
 def holds_of(sources, files: Sequence[str]) -> tuple[frozenset[str] | None, ...]:
     """Per source (primary first): the model's files its copy holds (None when it holds them
-    all, as a full replica does). `files`: the model's files, relative to its root."""
+    all, as a full replica does). `files`: the model's files, relative to its root. Asked on disk:
+    an engine that reads a mirror's shards by name (colibri) reads what is there."""
     out = []
     for s in sources:
         root = s.path if os.path.isdir(s.path) else os.path.dirname(s.path)
@@ -279,5 +289,5 @@ def full_members_for(inputs: Inputs, engine) -> tuple[Inputs, tuple[dict, ...]]:
     where = {old: new for new, old in enumerate(keep)}
     links = tuple(SharedLink(x.name, tuple(where[i] for i in x.members if i in where), x.ceiling_Bps) for x in inputs.links)
     links = tuple(x for x in links if len(x.members) > 1)
-    provenance = dict(inputs.provenance, left_out=out)
+    provenance = dict(inputs.provenance, left_out=list(inputs.provenance.get("left_out", ())) + out)
     return Inputs(tuple(inputs.sources[i] for i in keep), tuple(inputs.drives[i] for i in keep), provenance, links), tuple(out)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from core.errors import MissingError, UsageError
 from core.rig import Rig, load_rig
-from engines.registry import check_reads_model, get_engine
+from engines.registry import DEFAULT_ENGINE, check_reads_model, engine_for_model, get_engine
 from models.formats import RAW
 from models.modelset import FILE, discover, from_rig
 from engines.base import Engine
@@ -78,6 +78,18 @@ def choose_workload(rig_root: str, engine: str, name: str | None = None, model: 
     check_reads_model(engine, found.format, found.layout, found.files, found.path)
     wl = model_workload(g, prompt_tokens, cache_experts)
     return Chosen(wl, g.as_dict())
+
+
+def rig_engine(rig_root: str, engine: str | None) -> str:
+    """The engine a planner command plans for: the one given, else the engine that reads the rig's
+    model (`engines.registry.engine_for_model`, from rig.toml's format and files) — a colibri
+    directory is colibri's without --engine — else the default engine."""
+    if engine:
+        return engine
+    rig = load_rig(rig_root, must_exist=False)
+    if rig.model is None or not rig.format:
+        return DEFAULT_ENGINE
+    return engine_for_model(rig.format, rig.layout, rig.files or (os.path.basename(rig.model.path),))
 
 
 def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Background, ...] = (),

@@ -277,10 +277,13 @@ def _pick(scored: dict, key, every: Callable[[object], bool]) -> object:
     return chosen
 
 
-def _tied(scored: dict, candidate) -> bool:
-    """Whether a candidate is as fast as the best within TIE_TOLERANCE: the pick among such ties is
-    by preference (default mode, smaller weights), so a tied alternative may be a hair faster than
-    the pick; it is listed as a tie, not as "next best"."""
+def _tied(scored: dict, candidate, chosen=None, every: Callable[[object], bool] | None = None) -> bool:
+    """Whether a candidate is as fast as the best within TIE_TOLERANCE and was passed over only by
+    preference (default mode, smaller weights): a tied alternative may be a hair faster than the
+    pick; it is listed as a tie, not as "next best". One that leaves a drive idle while the pick
+    uses every drive is no tie: `_pick` rejected it for that (`idles_a_drive` says so)."""
+    if every is not None and chosen is not None and every(chosen) and not every(candidate):
+        return False
     return scored[candidate] <= min(scored.values()) * (1 + TIE_TOLERANCE)
 
 
@@ -314,14 +317,18 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
             grid = e.grid(n, problem.geometry, ph)
             seeds = [nearest(grid, (1,) * n), nearest(grid, capability_weights(pricer, ph))]
             scored = search(grid, lambda r: pricer.price(ph, grid[r]).seconds, seeds)
-            row = _pick(scored, lambda r: r, lambda r: not idle_sources(pricer.price(ph, grid[r])))
+            def full(r, ph=ph, grid=grid):
+                return not idle_sources(pricer.price(ph, grid[r]))
+
+            row = _pick(scored, lambda r: r, full)
             weights[ph] = tuple(int(x) for x in grid[row])
             pr = pricer.price(ph, weights[ph])
             predicted[ph] = problem_prediction(problem, pr, weights[ph], frozenset())
             idle[ph] = _idle_note(pricer, ph, pr, weights[ph], len(scored) == len(grid))
             ranked = [r for r in sorted(scored, key=lambda r: (scored[r], r)) if r != row][:top]
             alts += [dict(problem_prediction(problem, pricer.price(ph, grid[r]), grid[r], frozenset()),
-                          behind=1.0 - scored[row] / scored[r] if scored[r] else 0.0, tied=_tied(scored, r))
+                          behind=1.0 - scored[row] / scored[r] if scored[r] else 0.0, tied=_tied(scored, r, row, full),
+                          idles_a_drive=not full(r))
                      for r in ranked]
         mode = frozenset()
     else:
@@ -336,8 +343,10 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
         unit = phase_units({ph: min(pricer.price(ph, grid[r], mlist[mi]).seconds for mi, r in scored) for ph in PHASES})
         scored = {(mi, r): sum(pricer.price(ph, grid[r], mlist[mi]).seconds / unit[ph] for ph in PHASES)
                   for mi, r in scored}
-        chosen = _pick(scored, lambda c: (c[0], c[1]),
-                       lambda c: not any(idle_sources(pricer.price(ph, grid[c[1]], mlist[c[0]])) for ph in PHASES))
+        def full(c):
+            return not any(idle_sources(pricer.price(ph, grid[c[1]], mlist[c[0]])) for ph in PHASES)
+
+        chosen = _pick(scored, lambda c: (c[0], c[1]), full)
         mi, row = chosen
         mode = mlist[mi]
         w = tuple(int(x) for x in grid[row])
@@ -353,7 +362,7 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
             for ph in PHASES:
                 a = problem_prediction(problem, pricer.price(ph, grid[r], mlist[mi2]), grid[r], mlist[mi2])
                 alts.append(dict(a, behind=1.0 - predicted[ph]["seconds"] / a["seconds"] if a["seconds"] else 0.0,
-                                 tied=_tied(scored, (mi2, r))))
+                                 tied=_tied(scored, (mi2, r), chosen, full), idles_a_drive=not full((mi2, r))))
     for ph in PHASES:
         cap = capability_weights(pricer, ph)
         best = predicted[ph]["seconds"]

@@ -4,6 +4,8 @@ ceilings given by hand) or the drive to remove, a measured run's timing, and the
 
 from __future__ import annotations
 
+import math
+
 import glob
 import json
 import os
@@ -100,6 +102,8 @@ def parse_ceiling(spec: str, default_lat_s: float) -> CandidateDrive:
         write_Bps = float(write) * 1e9 if write else None
     except ValueError:
         raise UsageError(f"--add-ceiling {spec!r}: the read ceiling, latency and write speed must be numbers") from None
+    if not all(math.isfinite(x) for x in (read_Bps, lat_s, write_Bps or 1.0)):
+        raise UsageError(f"--add-ceiling {spec!r}: the read ceiling, latency and write speed must be finite numbers")
     if read_Bps <= 0 or lat_s < 0 or (write_Bps is not None and write_Bps <= 0):
         raise UsageError(f"--add-ceiling {spec!r}: the read ceiling and write speed must be positive")
     how = (f"given: reads up to {read_Bps / 1e9:g} GB/s, {lat_s * 1e3:g} ms a request"

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK
 
 from .manifest import PieceRange
-from .verdict import rollup_state
+from .verdict import exit_code_of, rollup_state
 
 __all__ = ["IDENTICAL", "MISMATCH", "BROKEN", "MISSING", "UNREADABLE", "FileCheck", "FilePiece", "MemberCheck", "VerifyReport",
            "join_unique"]
@@ -120,9 +119,4 @@ class VerifyReport:
     def exit_code(self) -> int:
         """1 if any member mismatches or has a file that does not parse, else 3 if any file is
         missing or unreadable, else 0."""
-        states = {m.state for m in self.members}
-        if states & {MISMATCH, BROKEN}:
-            return EXIT_MISMATCH
-        if states & {MISSING, UNREADABLE}:
-            return EXIT_MISSING
-        return EXIT_OK
+        return exit_code_of(m.state for m in self.members)

@@ -21,6 +21,8 @@ from core.interrupt import cancel_on_interrupt
 from core.events import Notice
 from core.results import ErrorResult
 from core.rig import Member
+from core.constants import UPSTREAM_FILE
+from core.fsutil import describe_link
 from core.units import format_bytes, format_rate, parse_size
 
 from . import views
@@ -32,12 +34,12 @@ from models.formats import GGUF, SPLIT_NAME, sniff
 from .hashing import check_piece_size, hash_file, hash_whole
 from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
 from .manifests import files_of_model, load_manifest, load_manifest_file
-from models.modelset import DIR, FILE, NotAModel, discover
+from models.modelset import DIR, FILE, NotAModel, check_outside_members, discover, hf_repository
 from .pacing import parse_rate
 from .repair import repair_member
 from .status import member_status, members_topology
 from .sync import sync as sync_files
-from .verdict import BROKEN, MISMATCH
+from .verdict import exit_code_of
 from core.units import plural
 from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
 from .verify import against, verify_members
@@ -104,7 +106,8 @@ def init(rig: Optional[str] = RigOption,
     root = rigmod.rig_dir(rig)
     found = _discover(model, fmt, "pass --format raw to replicate it as opaque bytes")
     current = rigmod.load_rig(root, must_exist=False)
-    if current.model and os.path.realpath(current.model.path) == found.path and current.format \
+    check_outside_members(root, found, current, f"the rig folder {root}")
+    if current.model and os.path.realpath(current.model.path) == os.path.realpath(found.path) and current.format \
             and (current.layout, tuple(current.files)) != (found.layout, found.files):
         raise UsageError(f"the rig at {root} lists other files for {found.path} ({len(current.files)} then, "
                          f"{len(found.files)} now); a changed model needs a new rig: pass another --rig")
@@ -258,6 +261,8 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
                              partial=partial)
         except (Interrupted, KeyboardInterrupt):     # wherever it landed: the copy or its read-back
             raise Interrupted(SYNC_STOPPED) from None
+    if not res.dry_run:
+        _keep_snapshot_digests(rigmod.rig_dir(rig), quiet)
     if json_out:
         print_result(res)
     else:
@@ -284,6 +289,26 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
                 err.print(f"{d.target}: removed {len(d.dropped)} copy(ies) the partial replica no longer holds: "
                           f"{', '.join(d.dropped)}", soft_wrap=True)
     finish(res.exit_code)
+
+
+def _keep_snapshot_digests(root: str, quiet: bool) -> None:
+    """A model that is a Hugging Face cache snapshot names each file's published digest in its blob
+    (docs/replicas.md, "Upstream digests"): recorded once into rig/upstream.json after the first
+    sync that hashed it, so `verify --upstream` can tie every copy to the hub without another step."""
+    r = rigmod.load_rig(root, must_exist=False)
+    if r.model is None or r.layout != DIR or hf_repository(r.model.path) is None \
+            or os.path.lexists(os.path.join(root, UPSTREAM_FILE)):
+        return
+    manifest = load_manifest(r, required=False)
+    if manifest is None:
+        return
+    try:
+        path = save_upstream(r, record_upstream(r.model.path, manifest))
+    except ReplicaTunerError:
+        return                       # links without digest-named blobs: `replicas upstream` says why
+    if not quiet:
+        err.print(f"upstream digests of the Hugging Face snapshot recorded in {path} (`replicas verify --upstream {path}`)",
+                  soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()
@@ -332,7 +357,7 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     mode = "full" if full else "sample" if sample is not None else "quick"
     published = load_upstream(upstream) if upstream else None
     # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
-    tap = UpstreamTap([m.path for m in members], manifest, published) if published else None
+    tap = UpstreamTap(members, manifest, published) if published else None
     # Whenever the Ctrl-C lands (in a read, between members, after the last piece, or a second
     # Ctrl-C that aborts at once), the message says how to go on.
     stopped = ("verification interrupted; the pieces done are kept: continue with `replicas verify --full --resume`"
@@ -374,7 +399,7 @@ def _check_upstream(upstream, tap, members, manifest, quiet: bool) -> dict:
     out_ = {}
     with live_progress(not quiet) as (report, cancel):
         for m in members:
-            out_[m.path] = check_upstream(m.path, manifest, upstream, report=report, cancel=cancel, known=tap.known(m.path))
+            out_[m.path] = check_upstream(m, manifest, upstream, report=report, cancel=cancel, known=tap.known(m.path))
     if cancel.is_set():
         raise Interrupted("upstream check interrupted")
     return out_
@@ -407,6 +432,9 @@ def _member_or_file(r, path: str, any_file: bool) -> Member:
     except UsageError:
         if not any_file:
             raise
+    bad = describe_link(path)
+    if bad:
+        raise UsageError(f"{path}: {bad}; give the model's file or directory")
     return Member(os.path.abspath(path), os.path.basename(path) or path, "file")
 
 
@@ -476,7 +504,8 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     when the last full one was (reads no data); for a model of several files, a row under its
     member for each file that is not verified; then which members' drives share a disk,
     controller, bridge or hub (Linux sysfs). Exit 1 while a file's last verdict is a mismatch
-    (until `replicas repair` or a clean `replicas verify`)."""
+    (until `replicas repair` or a clean `replicas verify`) or a file's size is not the manifest's;
+    exit 3 while a file is missing — the codes `verify` gives."""
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
@@ -486,7 +515,7 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     else:
         out.print(views.status_table(r.root, manifest, rows))
         out.print(views.topology_text(topology), end="", highlight=False, markup=False)
-    finish(EXIT_MISMATCH if any(x.state in (MISMATCH, BROKEN) for x in rows) else 0)
+    finish(exit_code_of(x.state for x in rows))
 
 
 @app.command()

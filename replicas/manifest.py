@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import blake3
 
 from core.errors import RigError
+from core.jsonfile import type_word
 
 from .constants import MANIFEST_SCHEMA, MANIFEST_SCHEMAS
 
@@ -161,7 +162,7 @@ def model_manifest_to_dict(m: ModelManifest) -> dict:
 def _file_from_dict(d: dict, where: str, name: str) -> Manifest:
     for key, typ in (("size", int), ("blake3", str), ("piece_size", int), ("pieces", list)):
         if not isinstance(d.get(key), typ) or isinstance(d.get(key), bool):
-            raise RigError(f"{where}: key '{key}' missing or not a {typ.__name__}; re-create the manifest with `replicas sync`")
+            raise RigError(f"{where}: key '{key}' missing or not {type_word(typ)}; re-create the manifest with `replicas sync`")
     try:
         return Manifest(size=d["size"], blake3=d["blake3"], piece_size=d["piece_size"],
                         pieces=tuple(d["pieces"]), name=name)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from core.errors import MismatchError, MissingError, UsageError, WriteError
 from core.events import Progress, Reporter, emit
-from core.fsutil import fsync_dir
+from core.fsutil import folder_lock, fsync_dir
 from core.rig import Member, Rig
 
 from .checks import BROKEN, IDENTICAL, MISMATCH, MISSING, FilePiece, MemberCheck
@@ -98,12 +98,23 @@ def repair_member(target: Member, donors: list[Member], manifest: Manifest | Mod
                   report: Reporter = None, cancel: threading.Event | None = None,
                   max_rate: float | None = None, clock: Clock | None = None) -> RepairResult:
     """Re-copy the bad pieces of each bad file of a replica, and each missing file whole
-    (through a temporary name and an atomic rename); never a byte of the primary."""
-    t0 = time.monotonic()
-    model = as_model(manifest)
+    (through a temporary name and an atomic rename); never a byte of the primary. The replica's
+    destination folder is locked as `replicas sync` locks it: one writer at a time."""
     if target.role == "primary":
         raise UsageError(f"{target.path} is the primary (your model file); replicas never write to it — copy a verified "
                          "replica over it yourself if it is damaged")
+    dest = os.path.dirname(os.path.abspath(target.path))
+    if not os.path.isdir(dest):
+        return _repair(target, donors, manifest, rig, report=report, cancel=cancel, max_rate=max_rate, clock=clock)
+    with folder_lock(dest, f"destination {dest}: another `replicas sync` or repair is writing into it; wait for it to "
+                           "finish, then run this again"):
+        return _repair(target, donors, manifest, rig, report=report, cancel=cancel, max_rate=max_rate, clock=clock)
+
+
+def _repair(target: Member, donors: list[Member], manifest: Manifest | ModelManifest, rig: Rig, *,
+            report: Reporter, cancel: threading.Event | None, max_rate: float | None, clock: Clock | None) -> RepairResult:
+    t0 = time.monotonic()
+    model = as_model(manifest)
     located = member_files(target, model)
     home = target.path if model.layout == DIR else os.path.dirname(target.path)
     if (model.layout == FILE and not os.path.exists(target.path)) or not os.path.isdir(home):

@@ -77,7 +77,7 @@ def _file_status(rel: str, path: str, fm: Manifest | None, verdicts: dict[str, V
         state = GONE if memory else MISSING
     elif fm is None:
         state = UNVERIFIED
-    elif standing_mismatch(verdict, fm):
+    elif standing_mismatch(verdict, fm) or size != fm.size:      # a file of another size cannot be identical
         state = MISMATCH
     elif standing_broken(verdict, fm):
         state = BROKEN

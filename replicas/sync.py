@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import ExitStack
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,8 @@ from core import rig as rigmod
 from core.errors import EXIT_MISMATCH, EXIT_WRITE, Interrupted, UsageError
 from core.events import Notice, Progress, Reporter, emit
 from core.units import plural
-from core.fsutil import FileIdentity, fsync_dir, require_file
+from core.constants import RIG_LOCK
+from core.fsutil import FileIdentity, folder_lock, fsync_dir, require_file
 from core.platform import available_memory
 from core.tiers import is_memory, ram_note
 from core.units import format_bytes
@@ -52,6 +54,7 @@ from models.parsecheck import check_parses, file_format
 from .records import record_verdicts
 from .stamps import VERIFIED, stamp_state, write_stamp
 from .syncfacts import SOURCE_FIX, check_free_space, drive_key, plan_destinations, source_model, trusted_manifests
+from models.modelset import check_outside_members
 from .syncplan import (
     ADOPT,
     NOOP,
@@ -228,8 +231,16 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
     `partial` (SIZE, PCT% or auto): each destination becomes a partial replica holding the shards
     `partials.choose_members` picks within that budget; files it keeps are not copied again, and
     copies of ours it no longer holds are removed (docs/replicas.md, "Partial replicas")."""
+    with ExitStack() as locks:      # each destination: one writer at a time (held until the rename)
+        return _sync(source, dest_dirs, rig_root, piece_size=piece_size, dry_run=dry_run, verify=verify,
+                     replace_existing=replace_existing, allow_same_device=allow_same_device, report=report,
+                     cancel=cancel, max_rate=max_rate, clock=clock, partial=partial, locks=locks)
+
+
+def _sync(source, dest_dirs, rig_root, *, piece_size, dry_run, verify, replace_existing, allow_same_device, report,
+          cancel, max_rate, clock, partial, locks: ExitStack) -> SyncResult:
     job = _plan(source, dest_dirs, rig_root, piece_size=piece_size, replace_existing=replace_existing,
-                allow_same_device=allow_same_device, partial=partial, report=report)
+                allow_same_device=allow_same_device, partial=partial, report=report, locks=None if dry_run else locks)
     _announce(job, report)
     if dry_run:
         return _dry_run(job)
@@ -248,9 +259,11 @@ def sync(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int = 
 
 
 def _plan(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int, replace_existing: bool,
-          allow_same_device: bool, partial: str | None, report: Reporter) -> _Job:
+          allow_same_device: bool, partial: str | None, report: Reporter, locks: ExitStack | None = None) -> _Job:
     """Read the facts (the source model, its files' identities, the trusted manifests, each
-    destination) and decide what each destination needs (`syncfacts.plan_destinations`)."""
+    destination) and decide what each destination needs (`syncfacts.plan_destinations`). `locks`:
+    each destination folder is locked into it first (a second sync into one destination shared its
+    staging folder and journals: it failed half-way and left the first one's replica stale)."""
     t0 = time.monotonic()
     check_piece_size(piece_size)
     rig = rigmod.load_rig(rig_root, must_exist=False)
@@ -263,7 +276,11 @@ def _plan(source: str, dest_dirs: list[str], rig_root: str, *, piece_size: int, 
         # folder on a drive still means the drive is not mounted, and stays an error)
         if not os.path.exists(d) and is_memory(d):
             os.makedirs(d, exist_ok=True)
+        if locks is not None and os.path.isdir(d):
+            locks.enter_context(folder_lock(d, f"destination {d}: another `replicas sync` (or repair) is writing into it; "
+                                               "wait for it to finish, then run this again"))
     model = source_model(source, rig)
+    check_outside_members(rig_root, model, rig, f"the rig folder {rig_root}")
     for path in model.paths:
         require_file(path, "source", SOURCE_FIX)
     idents = {rel: FileIdentity.of(path) for rel, path in zip(model.files, model.paths)}
@@ -455,7 +472,14 @@ def _size(model: ModelSet) -> int:
 
 
 def _record(rig_root, model, manifests, plans, dests, published, source_verified, idents, holds=None) -> None:
-    """Record what is now true in the rig: the model, the replicas, the manifest, the verdicts."""
+    """Record what is now true in the rig: the model, the replicas, the manifest, the verdicts
+    (under the rig's lock: two syncs into one rig each read, change and write rig.toml)."""
+    os.makedirs(rig_root, exist_ok=True)
+    with folder_lock(os.path.join(rig_root, RIG_LOCK), "", wait=True):
+        _record_locked(rig_root, model, manifests, plans, dests, published, source_verified, idents, holds)
+
+
+def _record_locked(rig_root, model, manifests, plans, dests, published, source_verified, idents, holds=None) -> None:
     rig = rigmod.load_rig(rig_root, must_exist=False)
     if rig.model is None:
         rig = rigmod.with_model(rig, model.path, drive_label(model.path), model.layout, model.format, model.files)

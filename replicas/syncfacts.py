@@ -12,7 +12,7 @@ import os
 from core import rig as rigmod
 from core.errors import MissingError, UsageError, WriteError
 from core.events import Notice, Reporter, emit
-from core.fsutil import FileIdentity, allocated_bytes, free_bytes, require_file
+from core.fsutil import FileIdentity, allocated_bytes, free_bytes, inside, require_file
 
 from .constants import PARTIAL_SUFFIX
 from core.drives import drive_of
@@ -20,7 +20,7 @@ from models.formats import RAW, SPLIT_NAME, sniff
 from .journal import journal_header, read_journal
 from .manifest import Manifest
 from .manifests import load_manifest
-from models.modelset import DIR, SPLIT, ModelSet, NotAModel, discover, from_rig, one_file
+from models.modelset import DIR, SPLIT, ModelSet, NotAModel, check_outside_members, discover, from_rig, one_file
 from .records import load_verdicts
 from .stamps import VERIFIED, stamp_state
 from .syncplan import (
@@ -114,6 +114,10 @@ def plan_destinations(model: ModelSet, dest_dirs: list[str], rig: rigmod.Rig, ma
         final = model.in_dir(d)
         if os.path.realpath(final.path) == os.path.realpath(model.path):
             raise UsageError(f"destination {d} is the source's own directory; choose another drive")
+        check_outside_members(d, model, rig, f"destination {d}")
+        if inside(model.path, final.path):
+            raise UsageError(f"destination {d}: its copy {final.path} would hold the source {model.path}; choose another "
+                             "folder")
         if os.path.realpath(final.path) in seen_targets:
             raise UsageError(f"destination {d} is given twice")
         seen_targets.add(os.path.realpath(final.path))

@@ -146,10 +146,13 @@ class UpstreamCheck:
     bytes_read: int = 0
 
 
-def judge_upstream(upstream: Upstream, found: dict[str, str | None], where: str) -> UpstreamCheck:
-    """found: {path: hex computed, None when the file could not be read}."""
+def judge_upstream(upstream: Upstream, found: dict[str, str | None], where: str, holds=None) -> UpstreamCheck:
+    """found: {path: hex computed, None when the file could not be read}; `holds(path)`: whether
+    the copy holds that file (a partial replica holds some; None: every file)."""
     problems, state = [], "match"
     for f in upstream.files:
+        if holds is not None and not holds(f.path):
+            continue
         got = found.get(f.path)
         if got is None:
             problems.append(f"{where}: {f.path}: missing or unreadable, its upstream {f.algorithm} is {f.digest}")

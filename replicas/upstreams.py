@@ -20,7 +20,7 @@ from core.events import Progress, Reporter, emit
 from core.fsutil import read_text
 from core.jsonfile import read_json, write_json
 from core.rig import Rig
-from models.modelset import located_files
+from models.modelset import member_files
 
 from .manifest import ModelManifest
 from .upstream import (GIT_SHA1, UPSTREAM_KIND, UPSTREAM_SCHEMA, Upstream, UpstreamCheck, algorithm_of, judge_upstream,
@@ -82,16 +82,17 @@ class _Digest:
 
 class UpstreamTap:
     """Upstream digests taken on verify's own read (`verify_members(tap=...)`): a whole-file cold
-    read of a listed file of `model_paths` (members' paths) feeds its SHA-256 too, so a --full verify
+    read of a listed file of `members` (core.rig.Member, each the files it holds) feeds its SHA-256 too, so a --full verify
     costs no second pass. `known(model_path)` gives the digests of the files read whole; the others
     (stamp-trusted in a quick verify, sampled, resumed) still need `check_upstream`'s own pass."""
 
-    def __init__(self, model_paths, manifest: ModelManifest, upstream: Upstream):
+    def __init__(self, members, manifest: ModelManifest, upstream: Upstream):
         listed = {f.path: f for f in upstream.files}
         self.files: dict[str, tuple[str, str]] = {}        # abs path -> (model path, relative path)
         self.algorithms = {}
-        for mp in model_paths:
-            for rel, path, _ in located_files(mp, manifest):
+        for m in members:                                  # a partial replica: the files it holds only
+            mp = m.path
+            for rel, path, _ in member_files(m, manifest):
                 if rel in listed:
                     self.files[path] = (mp, rel)
                     self.algorithms[path] = listed[rel].algorithm
@@ -134,14 +135,17 @@ def digest_file(path: str, algorithm: str, report: Reporter = None, cancel: thre
     return d.h.hexdigest(), d.fed
 
 
-def check_upstream(model_path: str, manifest: ModelManifest, upstream: Upstream, report: Reporter = None,
+def check_upstream(member, manifest: ModelManifest, upstream: Upstream, report: Reporter = None,
                    cancel: threading.Event | None = None, known: dict[str, str] | None = None) -> UpstreamCheck:
-    """The copy of the model at `model_path` (a member's path) against its upstream digests; `known`:
-    digests already taken on another read ({relative path: hex}, `UpstreamTap.known`), not read again."""
+    """A member's copy of the model (core.rig.Member) against its upstream digests: the files it
+    holds (a partial replica's own set; the files it never holds are not its to have, so they are
+    not "missing", `models.modelset.member_files`); `known`: digests already taken on another read
+    ({relative path: hex}, `UpstreamTap.known`), not read again."""
+    model_path = member.path
     found: dict[str, str | None] = dict(known or {})
     total = 0
     listed = {f.path: f for f in upstream.files}
-    for rel, path, _ in located_files(model_path, manifest):
+    for rel, path, _ in member_files(member, manifest):
         if rel not in listed or rel in found:
             continue
         try:
@@ -149,5 +153,5 @@ def check_upstream(model_path: str, manifest: ModelManifest, upstream: Upstream,
             total += n
         except OSError:
             found[rel] = None
-    check = judge_upstream(upstream, found, model_path)
+    check = judge_upstream(upstream, found, model_path, holds=member.holds_file)
     return UpstreamCheck(check.state, check.problems, check.checked, total)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import RigError
+from core.errors import EXIT_MISMATCH, EXIT_MISSING, EXIT_OK, RigError
 from core.units import plural
 
 from .constants import SCRUB_SCHEMA, VERDICTS_SCHEMA
@@ -48,6 +48,18 @@ class ScrubMark:
 CHECK_ORDER = ("mismatch", "broken", "missing", "unreadable", "identical")
 # 'gone': a RAM member's file that is not there (tmpfs is emptied at reboot): expected, no alarm.
 GONE = "gone"
+
+
+def exit_code_of(states) -> int:
+    """README's exit code for what was found of members or files, the one mapping `verify` and
+    `status` share: 1 if any mismatches or does not parse, else 3 if any is missing or unreadable
+    (a RAM member `gone` after a reboot is not: `replicas sync` restores it), else 0."""
+    states = set(states)
+    if states & {MISMATCH, BROKEN}:
+        return EXIT_MISMATCH
+    if states & {MISSING, UNREADABLE}:
+        return EXIT_MISSING
+    return EXIT_OK
 STATUS_ORDER = (MISMATCH, BROKEN, MISSING, UNREADABLE, GONE, "stale", "unverified", VERIFIED)
 
 

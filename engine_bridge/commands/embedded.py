@@ -256,8 +256,10 @@ def run_cmd(
 ):
     """Run the embedded MoE engine with routed experts streamed through split reads."""
     from engine_bridge.moe.blas import pin_blas_threads
-    from engine_bridge.moe.session import RunResults, csv_text, run_model, save_run, usage_dir_of
+    from engine_bridge.moe.session import RunResults, check_outputs, csv_text, run_model, save_run, usage_dir_of
     from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
+
+    check_outputs(csv_file, trace_out)       # before the run, not after it
 
     reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                             balance, balance_chunk, balance_depth)
@@ -328,8 +330,10 @@ def replay_cmd(
     """Replay the engine's expert reads (no compute) with the model's real geometry and a
     calibrated routing model or a recorded trace: what the plan delivers on these drives."""
     from engine_bridge.moe.replay import ReplayResults, replay
-    from engine_bridge.moe.session import save_run, usage_dir_of
+    from engine_bridge.moe.session import check_outputs, save_run, usage_dir_of
     from engine_bridge.moe.inputs import model_of, run_inputs, sources_of
+
+    check_outputs(csv_file)
 
     reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
                             balance, balance_chunk, balance_depth)

@@ -14,7 +14,7 @@ from rich.table import Table
 from core import rig as rigmod
 from core.cli import JsonOption, RigOption, err, out, print_result
 from core.errors import MismatchError
-from core.fsutil import atomic_write_text
+from core.fsutil import atomic_write_text, check_output
 from core.units import plural
 from engine_bridge.profiles import export as ex
 from engine_bridge.profiles import launch as ln
@@ -24,20 +24,24 @@ from engines.registry import ENGINES
 
 def export_cmd(
     rig: Optional[str] = RigOption,
-    plan: str = typer.Option(..., "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name in "
-                                                                 "rig/plans, or 'latest'."),
-    fmt: str = typer.Option(..., "--format", metavar="FORMAT",
-                            help=f"{' or '.join(pf.formats()[:-1])}: that engine's shell file + JSON (the "
-                                 f"engine's variables); {pf.JSON_FORMAT}: the plan's engine's profile as data."),
+    plan: str = typer.Option("latest", "--plan", metavar="PLAN", help="Plan file written by `planner solve`, its name "
+                                                                      "in rig/plans, or 'latest' (the default)."),
+    fmt: Optional[str] = typer.Option(None, "--format", metavar="FORMAT",
+                                      help=f"{' or '.join(pf.formats()[:-1])}: that engine's shell file + JSON (the "
+                                           f"engine's variables); {pf.JSON_FORMAT}: the plan's engine's profile as data "
+                                           "(default: the plan's engine)."),
     profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME",
                                           help="Name of the exported profile (default: the plan file's name)."),
     base: Optional[str] = typer.Option(None, "--base", metavar="PROFILE",
                                        help=f"Named profile to build on (default {ex.DEFAULT_BASE}; a name or a .toml "
                                             "file)."),
     cache_experts: Optional[int] = typer.Option(None, "--cache-experts", metavar="N",
-                                                help="Expert-cache size in experts (an engine argument)."),
+                                                help="Expert-cache size in experts (an engine argument; default: "
+                                                     "the named profile's, else the cache the plan was priced with)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", metavar="FILE",
-                                         help="Write here ('-' = stdout) instead of rig/profiles/NAME.env + .json."),
+                                         help="Write here ('-' = stdout) instead of rig/profiles/NAME.env; an env "
+                                              "file gets its JSON beside it (FILE without .env, plus .json: launch "
+                                              "reads it). A file there that export did not write is refused."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified",
                                           help="Export replicas not verified against the manifest; the profile says so."),
     fallbacks: bool = typer.Option(True, "--fallbacks/--no-fallbacks",
@@ -109,7 +113,8 @@ def profiles_cmd(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
 def launch_cmd(
     binary: str = typer.Option(..., "--binary", metavar="PATH", help="The ds4 / ds4-bench executable, or colibri's (coli "
                                                                      "or its engine binary)."),
-    profile: str = typer.Option(..., "--profile", metavar="FILE", help="An exported profile (.json or its .env)."),
+    profile: str = typer.Option(..., "--profile", metavar="PROFILE", help="An exported profile (.json or its .env), its "
+                                                                          "name in rig/profiles, or 'latest'."),
     rig: Optional[str] = RigOption,
     out_dir: Optional[str] = typer.Option(None, "--out", metavar="DIR", help="Run folder (default "
                                                                              "rig/runs/launch-NAME-TIME)."),
@@ -119,6 +124,12 @@ def launch_cmd(
                                                       help="Passed to the engine after the profile's arguments."),
 ):
     """Run a real ds4 / ds4-bench or colibri with a profile and confirm from its log that the profile was applied."""
+    if timeout is not None and not timeout > 0:       # -0 or a negative: the engine would be started only to be stopped
+        from core.errors import UsageError
+        raise UsageError(f"--timeout {timeout:g}: give positive seconds")
+    profile = ln.resolve_profile(profile, rigmod.rig_dir(rig))     # a file, a name in rig/profiles, or 'latest'
+    if out_dir:
+        ln.check_run_dir(out_dir)        # before the engine starts
     path = ln.which(binary)
     p, dead = ln.preflight(path, profile)
     if dead:
@@ -129,6 +140,12 @@ def launch_cmd(
                   + escape(", ".join(p.unverified)), soft_wrap=True)
     err.print(f"launching {escape(path)} with profile {p.id!r} ({plural(p.sources, 'source')})", soft_wrap=True)
     r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
+    stopped = ""
+    if r.returncode != 0:        # the engine's own words first: nothing else was judged
+        how = ("was stopped after --timeout" if r.returncode is None else f"was killed by signal {-r.returncode}"
+               if r.returncode < 0 else f"exited {r.returncode}")
+        stopped = f"the engine {how}" + (f": {r.engine_said}" if r.engine_said else " and printed nothing")
+        err.print(stopped, soft_wrap=True, markup=False, highlight=False)
     if r.ok and r.calibration:
         # the engine's own lines calibrate the next solve (docs/planner.md, "Calibrated by the engine's own lines")
         from planner.rigmodel import record_calibration
@@ -148,6 +165,8 @@ def launch_cmd(
         out.print(t)
         if r.metrics:
             out.print("metrics: " + ", ".join(f"{k}={v}" for k, v in r.metrics.items()))
+    if stopped:
+        raise MismatchError(f"{stopped}; logs in {r.run_dir}")
     if not r.ok:
         why = "; ".join(f"{c.name} ({c.detail})" for c in r.confirmations if not c.ok)
         raise MismatchError(f"arm failed, not confirmed by the engine log: {why}; logs in {r.run_dir}")
@@ -156,16 +175,19 @@ def standin_cmd(
     path: str = typer.Argument(..., metavar="PATH", help="The executable to write."),
     engine: str = typer.Option(..., "--engine", metavar="NAME", help="The engine whose interface it speaks: "
                                + ", ".join(n for n, e in ENGINES.items() if e.profile is not None) + "."),
+    force: bool = typer.Option(False, "--force", help="Replace PATH even if it is not a stand-in this tool wrote."),
 ):
     """Write an executable stand-in for a real engine: the embedded engine behind its interface (its variables, arguments,
     read pattern and lines), for `launch` and `autotune` where the real engine cannot run."""
     from core.errors import UsageError
-    from engine_bridge.standin import launcher_text
+    from engine_bridge.standin import STANDIN_MARK, launcher_text
 
     if engine not in ENGINES or ENGINES[engine].profile is None:
         names = ", ".join(n for n, e in ENGINES.items() if e.profile is not None)
         raise UsageError(f"--engine {engine!r}: use one of {names}")
-    atomic_write_text(os.path.abspath(path), launcher_text(engine))
+    # a user's engine (or a link to one) at PATH is never replaced without --force
+    path = check_output(path, "stand-in", lambda head: STANDIN_MARK in head, force=force)
+    atomic_write_text(path, launcher_text(engine))
     os.chmod(path, 0o755)
     typer.echo(os.path.abspath(path))
 

@@ -16,8 +16,9 @@ from core.units import format_rate
 from engine_bridge.tuning.real_engine import DEFAULT_TIMEOUT_S
 from engine_bridge.tuning.embedded import REST_S, TUNER_TRIAL_S, WARMUP_S, autotune, render, tuner_measure
 from engine_bridge.tuning.judge import DEFAULT_MIN_GAIN_PCT, DEFAULT_SHARE_TOLERANCE
-from engines.registry import DEFAULT_ENGINE, ENGINES
+from engines.registry import ENGINES
 from planner.autotune import DEFAULT_BUDGET_S, DEFAULT_TOP, DEFAULT_TRIAL_S
+from planner.rigmodel import rig_engine
 
 
 def _engine_trials(root, binary, engine, args, budget, top, timeout, min_gain, tolerance, bench, rounds, prompt_tokens,
@@ -49,8 +50,8 @@ def autotune_cmd(
     bench: Optional[str] = typer.Option(None, "--bench", metavar="RESULT", help="iobench result file (default: newest in "
                                                                                 "rig/bench)."),
     engine: Optional[str] = typer.Option(None, "--engine", help=f"Engine whose reads are planned and measured: "
-                                                                f"{', '.join(ENGINES)} (default: {DEFAULT_ENGINE}; with "
-                                                                "--binary, the engine that reads the rig's model)."),
+                                                                f"{', '.join(ENGINES)} (default: the engine that reads "
+                                                                "the rig's model)."),
     budget: float = typer.Option(DEFAULT_BUDGET_S, "--budget", help="Seconds for all the measuring (a trial that would "
                                                                     "overrun it is not started; a budget below one trial is "
                                                                     "refused)."),
@@ -117,7 +118,7 @@ def autotune_cmd(
         return
     if engine_args:
         raise UsageError(f"engine arguments ({' '.join(engine_args)}) are for --binary")
-    _reader_trials(root, bench, engine or DEFAULT_ENGINE, tuple(background or ()), budget, seconds, top, rounds,
+    _reader_trials(root, bench, rig_engine(root, engine), tuple(background or ()), budget, seconds, top, rounds,
                    not fit_only, seed, not cached, dict(warmup_s=warmup, rest_s=rest, lanes=lanes, threads=threads),
                    quiet, json_out)
 

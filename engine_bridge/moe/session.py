@@ -13,6 +13,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from core.errors import UsageError
+from core.fsutil import check_output
 from core.results import Document
 from core.rig import Rig
 from core.jsonfile import write_json
@@ -156,6 +157,24 @@ def csv_text(row: dict, header: bool) -> str:
         w.writerow(CSV_COLUMNS)
     w.writerow([row[c] for c in CSV_COLUMNS])
     return buf.getvalue()
+
+
+def our_csv(head: bytes) -> bool:
+    """A file `--csv` may append to: empty, or a ds4-bench CSV of ours (it starts with our header)."""
+    return not head.strip() or head.startswith(",".join(CSV_COLUMNS).encode())
+
+
+def our_trace(head: bytes) -> bool:
+    return b'"kind": "routing-trace"' in head
+
+
+def check_outputs(csv_file: str | None = None, trace_out: str | None = None) -> None:
+    """Before a run or replay: the files it will write can be written (core.fsutil.check_output),
+    so a wrong --csv fails at once, not after the whole run, and no user file is appended to."""
+    if csv_file:
+        check_output(csv_file, "--csv", our_csv, forceable=False)
+    if trace_out:
+        check_output(trace_out, "--trace-out", our_trace, forceable=False)
 
 
 def append_csv(path: str, result: dict) -> None:

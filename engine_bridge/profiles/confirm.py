@@ -20,8 +20,8 @@ from engines.handoff import Check
 from .profile import Profile, request_of
 from .rules import profile_of
 
-__all__ = ["Check", "confirm", "csv_block", "dead_knobs", "engine_argv", "launch_environment", "parse_bench_csv",
-           "report_env"]
+__all__ = ["Check", "NOT_JUDGED", "confirm", "csv_block", "dead_knobs", "engine_argv", "last_words", "launch_environment",
+           "parse_bench_csv", "report_env"]
 
 CSV_HEADER_START = "ctx_tokens,"     # ds4-bench's CSV header begins so (docs/engine-profiles.md)
 
@@ -78,7 +78,21 @@ def confirm(text: str, p: Profile, returncode: int | None = 0) -> tuple[Check, .
     own verdict: one Check per name in its profile's `checks`. returncode None means the engine
     was stopped (timeout); negative, killed by that signal."""
     prof = profile_of(p.engine)
-    return tuple(prof.judge(text, prof.expect(request_of(p), p.env), returncode))
+    checks = tuple(prof.judge(text, prof.expect(request_of(p), p.env), returncode))
+    if returncode == 0:
+        return checks
+    # The engine did not finish: what it had not yet printed is no failure of mirrors, weights or
+    # bytes served — the exit is the one verdict, and the engine's own last line says why.
+    return tuple(c if c.ok or c.name == "exit" else Check(c.name, False, c.expected, "-", NOT_JUDGED) for c in checks)
+
+
+NOT_JUDGED = "not judged: the engine did not finish"
+
+
+def last_words(text: str, lines: int = 1) -> str:
+    """The engine's last non-empty line(s) of a stream (why it stopped, in its own words)."""
+    kept = [x.strip() for x in text.splitlines() if x.strip()]
+    return " / ".join(kept[-lines:])
 
 
 # ---------------------------------------------------------------------------------------------

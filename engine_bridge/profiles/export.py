@@ -21,7 +21,7 @@ from importlib import metadata, resources
 from core import rig as rigmod
 from core.constants import PROFILES_DIR
 from core.errors import MissingError, ReplicaTunerError, RigError, UsageError, WriteError
-from core.fsutil import atomic_write_text
+from core.fsutil import atomic_write_text, check_output
 from core.events import Reporter
 from core.jsonfile import read_json, write_json
 from core.tiers import is_memory
@@ -233,7 +233,7 @@ def _companion(path: str) -> str:
     return path[: -len(".env")] + ".json" if path.endswith(".env") else path + ".json"
 
 
-def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | None = None,
+def export_profile(*, rig_root: str, plan_path: str = "", fmt: str | None, name: str | None = None,
                    base: str | None = None, cache_experts: int | None = None, output: str | None = None,
                    allow_unverified: bool = False, fallbacks: bool = True, report: Reporter = None,
                    plan: Plan | None = None) -> ExportResult:
@@ -246,7 +246,7 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
     beside it: the plan re-solved without each of its drives (`planner.fallback`), named
     NAME.without-DRIVE; the chosen profile's provenance lists them (`fallbacks`), for `launch` to
     name when a drive is gone; `report` gets a Notice before each re-solve."""
-    if fmt not in pf.formats():
+    if fmt is not None and fmt not in pf.formats():
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(pf.formats())}")
     rig = rigmod.load_rig(rig_root, must_exist=False)
     if plan is None:
@@ -254,6 +254,10 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
         plan = load_plan(plan_path)
     elif not name:
         raise UsageError("export of a plan value: give the profile a name")
+    if fmt is None:              # the plan knows its engine
+        fmt = plan.engine
+        if fmt not in pf.formats():
+            raise UsageError(f"the plan is for {fmt}, which has no engine profile; give --format {pf.JSON_FORMAT}")
     engine = plan.engine if fmt == pf.JSON_FORMAT else fmt
     prof = rules.profile_of(engine)
     # A profile for an engine other than the default one carries the engine's name by default.
@@ -272,6 +276,9 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
             base = d.name
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
+    priced = ((plan.workload or {}).get("traffic") or {}).get("cache_experts")
+    if cache is None and isinstance(priced, int) and not isinstance(priced, bool) and priced > 0:
+        cache = priced                        # the cache the plan was priced with
     if output == "-":
         main = os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")     # links are named, not written
     elif fmt == pf.JSON_FORMAT:
@@ -304,13 +311,17 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
     if listed or skipped:
         profile = replace(profile, provenance={**profile.provenance, "fallbacks": listed,
                                                "fallbacks_skipped": dict(skipped)})
+    paths = {p.id: os.path.join(folder, f"{stem}.without-{p.id.rsplit('.without-', 1)[1]}{os.path.splitext(main)[1]}")
+             for p in extra}
+    for target in [main, *paths.values()]:      # every file it will write, before the first: never a user's file
+        for f in profile_files(fmt, target):
+            check_output(f, "export", our_profile, forceable=False)
     files = write_links(profile) + write_profile(profile, fmt, main)
     written = []
     for p in extra:
         drive = p.id.rsplit(".without-", 1)[1]
-        path = os.path.join(folder, f"{stem}.without-{drive}{os.path.splitext(main)[1]}")
         write_links(p)
-        written.append((drive, write_profile(p, fmt, path)[-1]))
+        written.append((drive, write_profile(p, fmt, paths[p.id])[-1]))
     return ExportResult(profile, files, fallbacks=tuple(written), skipped=tuple(skipped))
 
 
@@ -363,6 +374,17 @@ class _Context:
     cache: int | None
     allow_unverified: bool
     folder: str = ""             # where the profiles (and an engine's links folders) are written
+
+
+def our_profile(head: bytes) -> bool:
+    """A file export may replace: a profile it wrote (the env file's header, the JSON's kind)."""
+    return b"exported by replica-tuner" in head or b'"kind": "profile"' in head
+
+
+def profile_files(fmt: str, path: str) -> tuple[str, ...]:
+    """The files `write_profile` writes for `path`: the JSON alone, or the env file and its JSON companion
+    (`launch` reads a profile's JSON beside its env file)."""
+    return (path,) if fmt == pf.JSON_FORMAT else (path, _companion(path))
 
 
 def write_profile(profile: pf.Profile, fmt: str, path: str) -> tuple[str, ...]:

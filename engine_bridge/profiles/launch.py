@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import ClassVar, Mapping, Sequence
 
-from core.constants import RUNS_DIR
+from core.constants import PROFILES_DIR, RUNS_DIR
 from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text, require_file
 from core.jsonfile import write_json
@@ -39,6 +39,7 @@ from .confirm import (
     csv_block,
     dead_knobs,
     engine_argv,
+    last_words,
     launch_environment,
     parse_bench_csv,
     report_env,
@@ -73,6 +74,8 @@ class LaunchResult:
     tok_s: float | None = None              # the engine's own speed line, as its profile reads it
     calibration: dict = field(default_factory=dict)   # what its lines say it did (Engine.calibrate; {} none)
     calibration_plan: str = ""              # the plan the calibration was recorded in ('' none)
+    engine_said: str = ""                   # the engine's last stderr line when it did not exit 0 (why, in its words)
+    cwd: str = ""                           # where the engine ran: the caller's directory
     schema: int = LAUNCH_SCHEMA
 
     KIND: ClassVar[str] = "launch"          # a result (core.results): `launch --json`, launch.json's shape
@@ -120,7 +123,31 @@ def launch_to_dict(r: LaunchResult) -> dict:
         "tok_s": r.tok_s,
         "calibration": dict(r.calibration),
         "calibration_plan": r.calibration_plan,
+        "engine_said": r.engine_said,
+        "cwd": r.cwd,
     }
+
+
+def resolve_profile(ref: str, rig_root: str) -> str:
+    """What users type after --profile, the way plans and bench results are found: a file; 'latest'
+    (the profile export wrote last into rig/profiles, its N-1 profiles aside); or a profile's name
+    there (NAME, NAME.json or NAME.env). MissingError (exit 3) when nothing matches."""
+    if (os.path.lexists(ref) or os.sep in ref) and ref != "latest":
+        return ref                      # a path: its loader names what is wrong with it
+    d = os.path.join(rig_root, PROFILES_DIR)
+    if ref == "latest":
+        try:
+            names = [n for n in os.listdir(d) if n.endswith(".json") and ".without-" not in n and not n.startswith(".")]
+        except OSError:
+            names = []
+        if not names:
+            raise MissingError(f"no exported profiles in {d}: run `engine-bridge export --rig {rig_root}` first")
+        return max((os.path.join(d, n) for n in names), key=lambda x: (os.path.getmtime(x), x))
+    for cand in (os.path.join(d, ref), os.path.join(d, ref + ".json"), os.path.join(d, ref + ".env")):
+        if os.path.isfile(cand):
+            return cand
+    raise MissingError(f"--profile {ref}: no such profile file, nor one of that name in {d}; give a file, its name "
+                       "there, or 'latest'")
 
 
 def read_binary(binary: str) -> bytes:
@@ -169,13 +196,18 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     added = {k: env[k] for k in list(p.env) + list(report_env(p))}
     dead = tuple(dead_knobs(blob, list(added)))
 
-    run_dir = os.path.abspath(run_dir or default_run_dir(rig_root or os.getcwd(), p.id))
+    cwd = os.getcwd()
+    if run_dir:
+        check_run_dir(run_dir)
+    run_dir = os.path.abspath(run_dir or default_run_dir(rig_root or cwd, p.id))
     os.makedirs(run_dir, exist_ok=True)
     out_path, err_path = os.path.join(run_dir, "stdout.txt"), os.path.join(run_dir, "stderr.txt")
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     t0 = time.monotonic()
     with open(out_path, "wb") as fo, open(err_path, "wb") as fe:
-        proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=run_dir)
+        # The engine runs where the user stands: its relative paths (--prompt-file prompt.txt, --csv
+        # out.csv) are the user's; the run folder only receives what is captured, by absolute path.
+        proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=cwd)
         try:
             rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -193,7 +225,7 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     csv_src = _csv_arg(args)
     csv_path, rows = "", ()
     if csv_src:
-        src = csv_src if os.path.isabs(csv_src) else os.path.join(run_dir, csv_src)
+        src = os.path.join(cwd, csv_src)          # as the engine saw it (an absolute path stays)
         if os.path.isfile(src):
             with open(src, encoding="utf-8", errors="replace") as f:
                 rows = parse_bench_csv(f.read())
@@ -217,9 +249,23 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
                           argv=tuple(argv), environment=added, dead_knobs=dead, returncode=rc, run_dir=run_dir,
                           stdout_path=out_path, stderr_path=err_path, csv_path=csv_path, csv_rows=rows,
                           started=started, seconds=round(seconds, 3),
-                          tok_s=reading.tok_s if reading is not None else None, calibration=cal)
+                          tok_s=reading.tok_s if reading is not None else None, calibration=cal,
+                          engine_said=last_words(stderr or stdout) if rc != 0 else "", cwd=cwd)
     write_json(os.path.join(run_dir, "launch.json"), launch_to_dict(result), indent=2)
     return result
+
+
+def check_run_dir(path: str) -> None:
+    """--out DIR: a new or empty folder, or a launch folder of ours (its launch.json); a user's
+    folder with other files is refused (its stdout.txt would be replaced), exit 2."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise UsageError(f"--out {path}: not a folder; give a new or empty folder")
+    names = os.listdir(path)
+    if names and "launch.json" not in names:
+        raise UsageError(f"--out {path}: holds files launch did not write ({', '.join(sorted(names)[:3])}); give a new "
+                         "or empty folder")
 
 
 def _stop(proc: subprocess.Popen) -> None:

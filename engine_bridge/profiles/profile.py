@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from core.errors import RigError, UsageError
+from core.jsonfile import type_word
 from engines.handoff import PHASES, Request, Setting
 from engines.registry import ENGINES
 
@@ -345,7 +346,8 @@ def render_env(p: Profile) -> str:
     lines = [f"# {p.engine} profile {p.id!r}, exported by replica-tuner (engine-bridge export)"]
     lines += [f"# {x}" for x in prof.header(request_of(p), Setting(p.environment, p.argv))]
     if p.model_size is not None:
-        lines.append(f"# model: {p.model_size} bytes, blake3 {p.model_blake3}")
+        lines.append(f"# model: {p.model_size} bytes, digest {p.model_blake3} (replica-tuner's manifest digest, "
+                     "not a file's b3sum)")
     if p.provenance.get("plan_file"):
         lines.append(f"# plan: {p.provenance['plan_file']}")
     if p.provenance.get("chain"):
@@ -395,7 +397,7 @@ def profile_from_dict(d: dict, where: str = "profile") -> Profile:
                      ("primary", str), ("primary_weight", int), ("replicas", list), ("replica_weights", list),
                      ("decode_weights", list)):
         if not isinstance(d.get(key), typ) or isinstance(d.get(key), bool):
-            raise bad(key, f"is missing or not a {typ.__name__}")
+            raise bad(key, f"is missing or not {type_word(typ)}")
     if d.get("cache_experts") is not None and check_cache(d.get("cache_experts")):
         raise bad("cache_experts", "is not a positive integer")
     env = d["environment"]

@@ -16,11 +16,13 @@ the engine, and the engine says its pattern, its concurrency and its modes.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
 import numpy as np
 
+from core.constants import RUNS_DIR
 from core.errors import Interrupted, UsageError
 from core.rig import load_rig
 from core.units import format_rate
@@ -116,8 +118,9 @@ class PatternMeasure:
         # the pattern names the primary's files; a subset's first copy may call a one-file model otherwise
         rename = dict(zip(self.sources[0].files, models[0].files))
         weights = tuple(int(x) for x in weights)
+        # a partial replica opens only the files it holds (the problem's holds, as the prediction prices it)
         with SplitReader(models, weights, weights, settings=ReaderSettings(lanes=lanes), engine=engine.name,
-                         cold=self.cold) as r:
+                         cold=self.cold, holds=holds) as r:
             reads_of = StepReads(engine, p.geometry, {phase: weights}, mode, holds, r.healthy)
 
             def submit(read, ph):
@@ -218,7 +221,7 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
     from dataclasses import replace
 
     from planner.autotune import arms_for, measured_plan, pick, run_trials
-    from planner.plans import load_inputs, load_plan, parse_background, save_plan
+    from planner.plans import load_inputs, load_plan, parse_background, plan_name, save_plan, utc_now, write_plan
     from planner.rigmodel import choose_workload, rig_problem
     from planner.solve import Pricer, prediction, solve_plan
 
@@ -263,7 +266,14 @@ def autotune(rig_root: str, bench: str | None = None, engine: str = DEFAULT_ENGI
                 "top": top, "seed": seed, "cold": cold, "lanes": lanes, "threads": threads, "joint": joint,
                 "reader": "engine_bridge.reader.SplitReader", "reads": "the engine's read pattern of each phase's steps"}
     out = measured_plan(plan, arms, tally, pick(arms, tally, joint), settings)
-    path = save_plan(load_rig(rig_root, must_exist=False), out)
+    rig = load_rig(rig_root, must_exist=False)
+    if tally.interrupted:
+        # Cut short: what was measured is kept for reading, but not as a plan `latest` would pick
+        # up (export, run) as if the budget had been measured.
+        path = write_plan(os.path.join(rig.subdir(RUNS_DIR), f"autotune-interrupted-{plan_name(utc_now())}"), out)
+        raise Interrupted(f"autotune interrupted after {len(tally.trials)} trial(s); what was measured is in {path}, "
+                          "not a plan in rig/plans: run it again for a plan")
+    path = save_plan(rig, out)
     return load_plan(path), path
 
 
@@ -302,6 +312,9 @@ def render(plan, path: str) -> str:
                    else "by measurement")
             lines.append(f"  picked {here} {how}: {format_rate(m['throughput_Bps'])} (median of {m['n']}, spread "
                          f"{m['spread_pct']:.1f} %), prediction {m['error_pct']:+.1f} %")
+            if m["n"] < 2:     # one trial per arm: a drive's noise decides as much as the split
+                lines.append("  measured once per candidate: not confirmed by a second round; give a longer --budget "
+                             "(or shorter --seconds) for a pick that a repeat backs")
         else:
             lines.append(f"  no round of {'every arm' if joint else ph} completed within the budget: kept the model's {here}")
     lines.append(f"plan written to {path}")

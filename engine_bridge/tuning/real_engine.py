@@ -309,9 +309,9 @@ def run_arm(binary: str, c: EngineArm, args: Sequence[str], run_dir: str, timeou
     if rc is None:
         failed = f"hung past the arm's timeout ({timeout:.0f} s): killed"
     elif rc < 0:
-        failed = f"crashed: killed by signal {-rc}"
+        failed = f"crashed: killed by signal {-rc}" + (f" ({r.engine_said})" if r.engine_said else "")
     elif rc != 0:
-        failed = f"crashed: exit code {rc}"
+        failed = f"crashed: exit code {rc}" + (f": {r.engine_said}" if r.engine_said else "")
     elif not r.ok:
         failed = "not confirmed: " + "; ".join(f"{x.name}: {x.detail}" for x in r.confirmations if not x.ok)
     elif reading.tok_s is None:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Header, Static
 
@@ -45,18 +45,29 @@ class Solved(Message):
         self.solution, self.error = solution, error
 
 
+# Below this many columns the sources table drops its pieces and experts columns and takes short
+# headers: at 80 columns the eleven columns cut every header to "so… we… sh…" and the cells with them.
+WIDE = 100
+
+
 class SourcesPanel(Static):
-    """The phase's prediction per source, as a table with a bar of its share of the bytes."""
+    """The phase's prediction per source, as a table with a bar of its share of the bytes; the
+    columns fit the terminal (the less needed ones go first)."""
 
     def show(self, s: st.TunerState) -> None:
+        wide = self.app.size.width >= WIDE
         t = Table(title=view.table_title(s), title_justify="left", expand=True, box=None, padding=(0, 1))
-        for col, just in (("", "left"), ("source", "left"), ("weight", "right"), ("share", "right"),
-                          ("bytes/layer", "right"), ("pieces", "right"), ("experts", "right"), ("busy ms", "right"),
-                          ("last", "right"), ("bytes", "left"), ("", "left")):
-            t.add_column(col, justify=just, no_wrap=True)
+        cols = ((("", "left"), ("source", "left"), ("weight", "right"), ("share", "right"), ("bytes/layer", "right"),
+                 ("pieces", "right"), ("experts", "right"), ("busy ms", "right"), ("last", "right"), ("bytes", "left"),
+                 ("", "left")) if wide else
+                (("", "left"), ("src", "left"), ("w", "right"), ("share", "right"), ("B/layer", "right"),
+                 ("busy ms", "right"), ("last", "right"), ("bytes", "left"), ("", "left")))
+        for col, just in cols:
+            t.add_column(col, justify=just, no_wrap=col not in ("", "last"), overflow="fold")
         for r in view.source_rows(s):
             style = "bold reverse" if r.selected else ""
-            t.add_row("▶" if r.selected else " ", r.name, r.weight, r.share, r.nbytes, r.pieces, r.experts, r.busy_ms,
+            middle = (r.nbytes, r.pieces, r.experts) if wide else (r.nbytes,)
+            t.add_row("▶" if r.selected else " ", r.name, r.weight, r.share, *middle, r.busy_ms,
                       r.last, r.bar, Text(r.note, style="bold yellow"), style=style)
         self.update(t)
 
@@ -79,10 +90,12 @@ class TunerApp(App):
     BINDINGS = [
         Binding("up,k", "cursor(-1)", "source"),
         Binding("down,j", "cursor(1)", "source", show=False),
-        Binding("right,plus,equals_sign", "nudge(1)", "+1"),
-        Binding("left,minus", "nudge(-1)", "-1"),
-        Binding("right_square_bracket,shift+right", "nudge(10)", "+10"),
-        Binding("left_square_bracket,shift+left", "nudge(-10)", "-10"),
+        # the footer has one row: at 80 columns it lost `save` and `quit` behind eleven keys; the
+        # steps of ten are in the help (`?`-less: README and docs/planner.md list every key)
+        Binding("right,plus,equals_sign", "nudge(1)", "±1"),
+        Binding("left,minus", "nudge(-1)", "-1", show=False),
+        Binding("right_square_bracket,shift+right", "nudge(10)", "+10", show=False),
+        Binding("left_square_bracket,shift+left", "nudge(-10)", "-10", show=False),
         Binding("p", "phase", "phase"),
         Binding("o", "switches", "switches"),
         Binding("r", "reset", "reset"),
@@ -100,7 +113,7 @@ class TunerApp(App):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Vertical():
+        with VerticalScroll():          # a tall body scrolls; the footer (and `q quit`) always shows
             yield Static(id="tabs")
             yield Static(id="engine")
             yield SourcesPanel(id="sources")
@@ -126,6 +139,10 @@ class TunerApp(App):
     def on_solved(self, msg: Solved) -> None:
         self.apply(st.with_solution(self.state, msg.solution) if msg.solution is not None
                    else st.with_message(self.state, msg.error))
+
+    def on_resize(self) -> None:
+        if self.query(SourcesPanel):       # the sources table's columns fit the width
+            self.render_state()
 
     def apply(self, new: st.TunerState) -> None:
         self.state = new

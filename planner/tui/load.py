@@ -14,12 +14,12 @@ import os
 from core.constants import RESULTS_FILE
 from core.errors import ReplicaTunerError, UsageError
 from core.rig import Rig, load_rig
-from engines.registry import DEFAULT_ENGINE, get_engine
+from engines.registry import get_engine
 
 from ..measured import HarnessRun, read_results
 from ..plan import Plan
 from ..plans import load_inputs, load_plan, plan_files, resolve_plan_path, save_plan
-from ..rigmodel import plan_problem
+from ..rigmodel import plan_problem, rig_engine
 from ..solve import PHASES, solve
 from .state import MeasuredArm, Solution, TunerState, new_state, tuned_plan
 
@@ -42,7 +42,7 @@ def load_tuner(rig_root: str, bench: str | None = None, plan_ref: str | None = N
     if plan is not None and engine and plan.engine != engine:
         raise UsageError(f"plan {plan_name} is for {plan.engine}, not {engine}: give a --plan for {engine}, "
                          f"or leave --engine out to tune it")
-    name = plan.engine if plan is not None else (engine or DEFAULT_ENGINE)
+    name = plan.engine if plan is not None else rig_engine(rig.root, engine)
     eng = get_engine(name)
     prov = plan.provenance if plan is not None else {}
     inputs = load_inputs(rig.root, bench, calibrate=calibrate and prov.get("calibrated", True) is not False,

@@ -2,6 +2,7 @@
 one line with exit 2, whatever the parser found wrong."""
 
 import io
+import os
 import subprocess
 import sys
 
@@ -225,7 +226,7 @@ def test_a_ctrl_c_no_command_caught_still_says_how_to_go_on():
 
     r = CliRunner().invoke(app, ["stop"], prog_name="tiny")
     assert r.exit_code == 130
-    assert r.stderr.strip() == "tiny: error: interrupted; the work made durable is kept: run the same command again to resume"
+    assert r.stderr.strip() == "tiny: error: interrupted; nothing half-done was kept: run the same command again to start over"
 
 
 def _python_with_ctrl_c(code: str) -> list[str]:
@@ -245,7 +246,7 @@ def test_a_ctrl_c_while_a_tool_is_still_starting_is_the_one_line():
             "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)")
     r = subprocess.run(_python_with_ctrl_c(code), capture_output=True, text=True, timeout=60)
     assert r.returncode == 130 and r.stdout == ""
-    assert r.stderr == "replicas: error: interrupted; the work made durable is kept: run the same command again to resume\n"
+    assert r.stderr == "replicas: error: interrupted; nothing half-done was kept: run the same command again to start over\n"
 
 
 def test_importing_a_package_as_a_library_leaves_ctrl_c_alone():
@@ -294,3 +295,88 @@ def test_the_one_ctrl_c_policy_first_cancels_second_aborts_then_restores_the_han
     r = subprocess.run(_python_with_ctrl_c(code), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["True ['stopping after this arm']", "aborted", "True"]
+
+
+@pytest.mark.parametrize("err, code, words", [
+    (40, 2, "symbolic link loop"),        # ELOOP
+    (36, 2, "name too long"),             # ENAMETOOLONG
+    (5, 3, "input/output error"),         # EIO
+    (28, 4, "no space left"),             # ENOSPC
+])
+def test_an_os_error_nothing_caught_is_one_line_with_readmes_code(err, code, words):
+    app = make_app("tiny", "A small app.")
+
+    @app.command()
+    def fail():
+        """Fails the way a drive or a path can."""
+        raise OSError(err, "strerror", "/some/path")
+
+    @app.command()
+    def other():
+        """A second command."""
+
+    r = CliRunner().invoke(app, ["fail"], prog_name="tiny")
+    assert r.exit_code == code
+    assert r.stderr.startswith("tiny: error: /some/path: ") and words in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_reader_that_left_is_a_quiet_0():
+    """`replicas status | head -1`: rich's console answered a closed pipe with SystemExit(1) from
+    inside print; the boundary's README rule is a quiet 0."""
+    code = ("import sys, os\n"
+            "from core.cli import make_app, out\n"
+            "app = make_app('tiny', 'x')\n"
+            "@app.command()\n"
+            "def table():\n"
+            "    for i in range(20000): out.print(f'row {i} ' + 'x' * 60)\n"
+            "@app.command()\n"
+            "def other(): pass\n"
+            "r, w = os.pipe(); os.close(r); os.dup2(w, 1)\n"
+            "app(['table'], prog_name='tiny')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_a_number_option_that_is_not_finite_is_one_line_before_the_command_runs(value):
+    """NaN passes every `x <= 0` range check and int(inf * 1e9) is a traceback: every float option
+    of every command is checked once, at the boundary (core.cli.PlainUsageCommand)."""
+    app = make_app("tiny", "A small app.")
+    ran = []
+
+    @app.command()
+    def wait(seconds: float = typer.Option(1.0, "--seconds"), many: list[float] = typer.Option([], "--at")):
+        """Takes seconds."""
+        ran.append(seconds)
+
+    @app.command()
+    def other():
+        """A second command."""
+
+    for args in (["wait", "--seconds", value], ["wait", "--at", "1", "--at", value]):
+        r = CliRunner().invoke(app, args, prog_name="tiny")
+        assert r.exit_code == 2 and "give a finite number" in r.stderr and len(r.stderr.splitlines()) == 1, r.output
+    assert ran == []
+    assert CliRunner().invoke(app, ["wait", "--seconds", "-0"]).exit_code == 0      # finite: the command's own rules
+
+
+@pytest.mark.parametrize("how, words", [("loop", "is a symbolic link loop"), ("dangling", "is a link to nowhere (gone)"),
+                                        ("fifo", "is a fifo"), ("through a loop", "runs through")])
+def test_a_rig_path_says_what_it_is(tmp_path, how, words):
+    """--rig at a link loop or a fifo said 'is a file'."""
+    if how in ("loop", "through a loop"):
+        os.symlink("rigloop", tmp_path / "rigloop")
+    elif how == "dangling":
+        os.symlink("gone", tmp_path / "rigloop")
+    else:
+        os.mkfifo(tmp_path / "rigloop")
+    path = str(tmp_path / "rigloop") + ("/sub" if how == "through a loop" else "")
+    r = CliRunner().invoke(replicas_app, ["status", "--rig", path], prog_name="replicas")
+    assert r.exit_code == 2 and words in r.stderr and "is a file" not in r.stderr, r.output
+
+
+def test_a_value_of_the_wrong_type_is_said_in_plain_words():
+    r = CliRunner().invoke(planner_app, ["solve", "--top", "abc"], prog_name="planner")
+    assert r.exit_code == 2 and "'--top': give a whole number" in r.stderr and "Input should" not in r.stderr

@@ -26,3 +26,22 @@ def test_sizes_are_binary_and_rates_decimal():
 def test_a_size_that_is_not_one_is_a_usage_error(text):
     with pytest.raises(UsageError, match="size"):
         parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e400", "nanM", "infG", "1e30T"])
+def test_a_size_that_is_not_finite_is_refused_in_one_line(text):
+    from core.errors import UsageError
+    from core.units import parse_size
+
+    with pytest.raises(UsageError, match="finite number of bytes"):
+        parse_size(text, "--page-cache")
+
+
+@pytest.mark.parametrize("spec", ["usb=nan", "usb=inf", "usb=1e400", "usb=0.9@nan", "usb=0.9@inf", "usb=0.9/nan",
+                                  "usb=0.9/inf"])
+def test_a_ceiling_that_is_not_finite_is_refused(spec):
+    from core.errors import UsageError
+    from planner.whatifs import parse_ceiling
+
+    with pytest.raises(UsageError, match="finite"):
+        parse_ceiling(spec, 1e-4)

@@ -55,7 +55,8 @@ def test_three_drives_10_5_5_prefill_10_6_6_decode(tmp_path):
     ]
     assert f"# engine arguments: --ssd-streaming -m {p0} --ssd-streaming-cache-experts 4600" in header
     assert "# weights: prefill (base) 10:5:5, decode 10:6:6; expert cache 4600 experts" in header
-    assert f"# model: {manifest.size} bytes, blake3 {ModelManifest((manifest,)).digest()}" in header   # the model digest
+    digest = ModelManifest((manifest,)).digest()       # the model digest, labelled as what it is (not a b3sum)
+    assert f"# model: {manifest.size} bytes, digest {digest} (replica-tuner's manifest digest, not a file's b3sum)" in header
     assert "# named profile: io-base" in header
     assert not any("WARNING" in h for h in header)
 

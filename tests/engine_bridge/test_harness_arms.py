@@ -55,6 +55,10 @@ def test_gates():
     assert not gate_cache({"cache_experts_applied": 32}, 64).ok
     assert gate_cache({"cache_experts": 16, "cache_experts_applied": 16}, None).ok
     assert not gate_cache({}, 64).ok
+    # no --cache-experts on a model of fewer experts than run's default: every arm failed the gate
+    small = gate_cache({"cache_experts": 64, "cache_experts_applied": 32}, None)
+    assert small.ok and "run's default 64" in small.detail
+    assert not gate_cache({"cache_experts": 64, "cache_experts_applied": 80}, None).ok
     assert gate_swap(Snapshot(swap_free_kb=100, pswpout=5), Snapshot(swap_free_kb=100, pswpout=5)).ok
     assert not gate_swap(Snapshot(pswpout=5), Snapshot(pswpout=6)).ok
     assert not gate_swap(Snapshot(swap_free_kb=100), Snapshot(swap_free_kb=90)).ok

@@ -6,7 +6,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from core.errors import UsageError
+from core.errors import MissingError, UsageError
 from core.rig import Member, Rig, save_rig
 from engine_bridge.cli import app
 from engine_bridge.harness import runner as harness
@@ -235,7 +235,7 @@ def test_run_folder_and_the_arms_the_commands_ask_for(rig, tmp_path):
     assert [s.prefill_weights for s in specs] == [(2,), (2, 1), (2, 1, 1)] and specs[2].decode_weights == (2, 1, 1)
     with pytest.raises(UsageError, match="either --plan or --weights"):
         ladder_arms(rig.root, plan=plan_file, weights="2:1:1")
-    with pytest.raises(UsageError, match="no rig at"):
+    with pytest.raises(MissingError, match="no rig at"):
         ladder_arms(str(tmp_path / "no-rig"), weights="2:1")
     save_rig(Rig(root=str(tmp_path / "bare")))
     with pytest.raises(UsageError, match="has no model"):

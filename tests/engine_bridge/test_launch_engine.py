@@ -105,7 +105,8 @@ def test_a_confirmed_arm(tmp_path, monkeypatch):
     record = json.load(open(os.path.join(r.run_dir, "launch.json")))
     assert list(record) == ["schema", "kind", "ok", "failed", "profile", "profile_file", "binary", "argv", "environment",
                             "dead_knobs", "returncode", "confirmations", "metrics", "csv_rows", "run_dir", "stdout",
-                            "stderr", "csv", "started", "seconds", "tok_s", "calibration", "calibration_plan"]
+                            "stderr", "csv", "started", "seconds", "tok_s", "calibration", "calibration_plan",
+                            "engine_said", "cwd"]
     assert record["kind"] == "launch" and record["ok"] is True
 
 
@@ -156,11 +157,49 @@ def test_timeout_stops_the_engine(tmp_path):
     assert r.returncode is None and "exit" in r.failed
 
 
-def test_single_drive_arm_and_csv_to_a_file(tmp_path):
+def test_single_drive_arm_and_csv_to_a_file(tmp_path, monkeypatch):
+    """The engine runs where the user stands: a relative --csv is the user's file, read from there."""
     root, paths, prof = exported(tmp_path, drives=1, prefill=(1,), decode=(1,), cache=3600)
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
     r = launch_arm(stand_in(tmp_path), prof, ["--csv", "bench.csv"], run_dir=str(tmp_path / "run"))
     assert r.ok, r.confirmations
-    assert r.csv_path == str(tmp_path / "run" / "bench.csv") and r.metrics["ctx_tokens"] == 512
+    assert r.csv_path == str(tmp_path / "here" / "bench.csv") and r.metrics["ctx_tokens"] == 512
+    assert r.cwd == str(tmp_path / "here") and not os.path.exists(tmp_path / "run" / "bench.csv")
+
+
+def test_the_engine_opens_the_users_relative_paths(tmp_path, monkeypatch):
+    """README's own example passes `--prompt-file prompt.txt`: the engine must find it where the
+    user stands, not in the run folder."""
+    root, paths, prof = exported(tmp_path)
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "prompt.txt").write_text("Tell me about drives.")
+    monkeypatch.chdir(tmp_path / "here")
+    engine = tmp_path / "prompted"
+    engine.write_text(f"#!/bin/sh\n[ -r prompt.txt ] || {{ echo \"cannot open prompt file prompt.txt (cwd $(pwd))\" >&2; "
+                      f"exit 1; }}\nexec {stand_in(tmp_path)} \"$@\"\n# {' '.join(KNOWN)}\n")
+    engine.chmod(0o755)
+    r = runner.invoke(app, ["launch", "--binary", str(engine), "--profile", prof, "--out", str(tmp_path / "run"),
+                            "--", "--prompt-file", "prompt.txt"])
+    assert r.exit_code == 0, r.output
+
+
+def test_an_engine_that_exits_non_zero_is_named_with_its_own_last_line(tmp_path):
+    """Not a table blaming mirrors, weights and bytes: the exit is the verdict, in the engine's words."""
+    root, paths, prof = exported(tmp_path)
+    engine = tmp_path / "dies"
+    engine.write_text(f"#!/bin/sh\necho loading >&2\necho 'engine: cannot load model: out of memory' >&2\nexit 3\n"
+                      f"# {' '.join(KNOWN)}\n")
+    engine.chmod(0o755)
+    r = runner.invoke(app, ["launch", "--binary", str(engine), "--profile", prof, "--out", str(tmp_path / "run")])
+    assert r.exit_code == 1, r.output
+    assert "the engine exited 3: engine: cannot load model: out of memory" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("engine-bridge: error: the engine exited 3: engine: cannot load")
+    record = json.load(open(tmp_path / "run" / "launch.json"))
+    assert record["engine_said"] == "engine: cannot load model: out of memory"
+    judged = {c["name"]: c for c in record["confirmations"]}
+    assert judged["exit"]["observed"] == "3"
+    assert all(c["detail"] == "not judged: the engine did not finish" for n, c in judged.items() if n != "exit" and not c["ok"])
 
 
 def test_dead_knobs_are_listed_before_launching(tmp_path):

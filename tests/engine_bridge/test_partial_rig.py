@@ -96,7 +96,7 @@ def test_colibri_export_of_a_partial_mirror_line_by_line(rig, tmp_path):
         "# engine: colibri's glm (c/colibri.c), which its launcher runs for this model's config.json model_type",
         f"# mirror 2 {part} is a partial replica holding 2 shard(s) ({', '.join(holds)}); colibri reads the others "
         "from the model drive (c/st.h st_mirror_add); the weights were solved for what it holds",
-        f"# model: {m.size} bytes, blake3 {m.digest()}",
+        f"# model: {m.size} bytes, digest {m.digest()} (replica-tuner's manifest digest, not a file's b3sum)",
         f"# plan: {plan}",
         "# load with: . FILE   (the unset lines clear colibri variables this profile does not want: "
         "an inherited mirror list, a split layout, striping)",

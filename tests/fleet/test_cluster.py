@@ -105,3 +105,23 @@ def test_a_node_removed_mid_run_is_lost_and_a_job_that_raises_failed_while_the_o
     assert by["doomed"].status == LOST and "left the cluster" in by["doomed"].problems[0]
     assert by["gamma"].status == FAILED and "broken on purpose on gamma" in by["gamma"].problems[0]
     assert exit_code(report) == 1
+
+
+def test_a_dead_cluster_address_is_found_at_once_not_after_rays_retries():
+    """`fleet run --address 127.0.0.1:1 --timeout 10` hung past its timeout: ray.init retries a dead
+    address on its own clock. A closed port is refused and a name that resolves nowhere is said so."""
+    import socket
+
+    from fleet.cluster import reachable
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                                    # nothing listens there now
+    assert "refused" in reachable(f"127.0.0.1:{port}", 2).lower()
+    assert reachable("nohost.invalid:6379", 2) == "no such host"
+    assert reachable("auto", 2) == "" and reachable("ray://head:10001", 2) == ""
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen(1)
+        assert reachable(f"127.0.0.1:{live.getsockname()[1]}", 2) == ""

@@ -182,7 +182,6 @@ def test_show_and_compare(two_files):
     (["run", "{a}", "{a}"], "twice"),
     (["run", "{a}", "--together"], "at least two drives"),
     (["run", "{a}", "{b}", "{small}", "{c}", "--preset", "prefill"], "at most 3 sources"),
-    (["run"], "no rig"),
     (["compare", "{a}", "{b}"], "a.bin: not UTF-8 text, so not an iobench result file"),
 ])
 def test_bad_input_exits_2(tmp_path, args, message):
@@ -192,6 +191,11 @@ def test_bad_input_exits_2(tmp_path, args, message):
 @pytest.mark.parametrize("args", [["run", "/no/such/file"], ["run", "{a}", "{b}", "{small}", "{tmp}/x", "--preset", "seq"]])
 def test_a_missing_file_exits_3(tmp_path, args):
     run_bad_input(tmp_path, args, "no such file", 3)
+
+
+def test_no_rig_is_a_rig_file_missing_exit_3(tmp_path):
+    """rig.toml missing is README's 'a rig file missing' (3), as a missing bench result or plan is."""
+    run_bad_input(tmp_path, ["run"], "no rig", 3)
 
 
 def run_bad_input(tmp_path, args, message, code):

@@ -87,10 +87,65 @@ def test_a_directory_without_model_files_needs_format_raw(tmp_path):
     assert rigmod.load_rig(str(tmp_path / "rig")).files == ("a.txt", "b.bin")
 
 
-def test_a_symlink_inside_the_directory_is_refused(tmp_path):
+def test_a_symlink_out_of_the_directory_is_refused(tmp_path):
     d = write_safetensors_dir(tmp_path / "hf", 2)
-    os.symlink(d / "config.json", d / "config-link.json")
-    one_line(init(tmp_path, d), 2, "config-link.json", "symbolic link")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.symlink(tmp_path / "elsewhere.json", d / "config-link.json")
+    one_line(init(tmp_path, d), 2, "config-link.json", "symbolic link out of the model's folder", "elsewhere.json")
+
+
+@pytest.mark.parametrize("how", ["loop", "dangling", "folder"])
+def test_a_link_that_leads_nowhere_or_to_a_folder_is_one_line(tmp_path, how):
+    d = write_safetensors_dir(tmp_path / "hf", 2)
+    if how == "loop":
+        os.symlink("self", d / "self")
+        words = ("self", "symbolic link loop")
+    elif how == "dangling":
+        os.symlink("gone.json", d / "x.json")
+        words = ("x.json", "link to nowhere (gone.json)")
+    else:
+        os.symlink("..", d / "up")
+        words = ("up", "out of the model's folder")
+    one_line(init(tmp_path, d), 2, *words)
+    os.makedirs(d / "sub")
+    if how == "folder":                # a link to a folder inside the model: never walked
+        os.unlink(d / "up")
+        os.symlink("sub", d / "down")
+        one_line(init(tmp_path, d), 2, "down", "a link to a folder")
+
+
+def test_a_model_given_as_a_loop_is_one_line(tmp_path):
+    os.symlink("loop.gguf", tmp_path / "loop.gguf")
+    one_line(init(tmp_path, tmp_path / "loop.gguf"), 2, "loop.gguf", "symbolic link loop")
+
+
+def test_a_hugging_face_snapshot_is_read_through_its_links_and_named_by_its_repository(tmp_path):
+    """`hf download` leaves each file a link into ../../blobs: the model is read through them, a
+    replica is made of the bytes (regular files) and named after the repository, not the revision."""
+    from tests.replicas.test_upstream import hf_snapshot
+
+    d = write_safetensors_dir(tmp_path / "src", 2)
+    snap = hf_snapshot(tmp_path / "hf", d)
+    found = discover(snap)
+    assert found.path == snap and found.layout == DIR and found.format == SAFETENSORS
+    assert set(found.files) == {os.path.relpath(os.path.join(p, n), d) for p, _, ns in os.walk(d) for n in ns}
+    assert found.name == "moe" and found.tree == str(tmp_path / "hf" / "models--org--moe")
+    repo = tmp_path / "hf" / "models--org--moe"          # the repository folder: the snapshot refs/main names
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(os.path.basename(snap))
+    assert discover(str(repo)) == found
+    (tmp_path / "green").mkdir()
+    rig = str(tmp_path / "rig")
+    r = invoke("sync", "--rig", rig, "--allow-same-device", snap, str(tmp_path / "green"))
+    assert r.exit_code == 0, r.output
+    copy = tmp_path / "green" / "moe"
+    for rel in found.files:
+        assert not os.path.islink(copy / rel) and (copy / rel).read_bytes() == (d / rel).read_bytes()
+    assert invoke("verify", "--rig", rig, "--full").exit_code == 0
+    # the blobs' names are the published digests: kept without a separate `replicas upstream`
+    r = invoke("verify", "--rig", rig, "--full", "--upstream", os.path.join(rig, "upstream.json"), "--json")
+    assert r.exit_code == 0, r.output
+    assert {u["state"] for u in json.loads(r.stdout)["upstream"].values()} == {"match"}
 
 
 def test_a_special_file_inside_the_directory_is_refused(tmp_path):

@@ -346,3 +346,27 @@ def test_timed_rate_leaves_the_warm_up_out_and_takes_the_slope():
 def test_timed_rate_without_warm_up_counts_from_the_first_step():
     clock = StepClock([0.5, 0.5])
     assert timed_rate(clock.step(100), 1.0, warmup=0.0, clock=clock) == pytest.approx(200.0)
+
+
+def test_an_interrupted_autotune_is_130_and_writes_no_plan_latest_would_take(gguf_copies, tmp_path):
+    """Ctrl-C after the first trial: exit 130, and what was measured kept outside rig/plans (it became
+    `latest`, which export and run then took as if the budget had been measured)."""
+    from core.errors import Interrupted
+
+    rig = rig_on(tmp_path / "rig", gguf_copies)
+    done = []
+    with pytest.raises(Interrupted) as e:
+        autotune(rig.root, budget_s=600.0, trial_s=0.02, top=2, rounds=2, warmup_s=0.0, rest_s=0.0,
+                 on_trial=lambda t, arm: done.append(t), stop=lambda: len(done) >= 1)
+    assert e.value.exit_code == 130 and "not a plan in rig/plans" in str(e.value)
+    assert not os.path.isdir(rig.plans_dir) or os.listdir(rig.plans_dir) == []
+    kept = str(e.value).split("what was measured is in ")[1].split(",")[0]
+    assert load_plan(kept).provenance["autotune"]["interrupted"]
+
+
+def test_a_pick_on_one_trial_per_candidate_says_so(gguf_copies, tmp_path):
+    rig = rig_on(tmp_path / "rig", gguf_copies)
+    plan, path = autotune(rig.root, budget_s=600.0, trial_s=0.02, top=2, rounds=1, warmup_s=0.0, rest_s=0.0)
+    assert "measured once per candidate: not confirmed by a second round" in render(plan, path)
+    plan, path = autotune(rig.root, budget_s=600.0, trial_s=0.02, top=2, rounds=2, warmup_s=0.0, rest_s=0.0)
+    assert "measured once" not in render(plan, path)

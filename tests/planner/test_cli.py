@@ -92,16 +92,31 @@ def test_bad_model_input_is_exit_2(tmp_path, args):
     assert "Traceback" not in r.output and r.stderr.startswith("planner: error: ")
 
 
-def test_rig_drive_unknown_to_the_bench_result_is_exit_2(tmp_path):
+def test_rig_primary_unknown_to_the_bench_result_is_exit_2(tmp_path):
+    rig, bench = make_rig(tmp_path / "rig")
+    with open(bench) as f:
+        d = json.load(f)
+    d["drives"][0].update(name="other", path="/elsewhere/model.gguf")
+    with open(bench, "w") as f:
+        json.dump(d, f)
+    r = invoke("solve", "--rig", rig.root)
+    assert r.exit_code == 2
+    assert "'fast'" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_replica_unknown_to_the_bench_result_is_left_out_and_said(tmp_path):
+    """A replica synced after the last bench: the plan goes on with the members measured and says
+    which command measures the new one (refusing left the rig stuck when it could not be measured)."""
     rig, bench = make_rig(tmp_path / "rig")
     with open(bench) as f:
         d = json.load(f)
     d["drives"][2].update(name="other", path="/elsewhere/model.gguf")
     with open(bench, "w") as f:
         json.dump(d, f)
-    r = invoke("solve", "--rig", rig.root)
-    assert r.exit_code == 2
-    assert "'laggy'" in r.stderr and "Traceback" not in r.output
+    r = invoke("solve", "--rig", rig.root, "--json")
+    assert r.exit_code == 0, r.output
+    assert [s["name"] for s in json.loads(r.stdout)["sources"]] == ["fast", "slow"]
+    assert "replica 'laggy' is not in the bench result" in r.stderr and "iobench run --rig" in r.stderr
 
 
 @pytest.mark.parametrize("text", [

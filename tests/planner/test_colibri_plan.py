@@ -49,7 +49,7 @@ def test_colibri_on_a_gguf_rig_is_refused_naming_ds4_argodrive(tmp_path):
 
 def test_ds4_on_a_safetensors_directory_rig_is_refused_naming_colibri(tmp_path):
     rig, _ = dir_rig(tmp_path)
-    r = invoke("solve", "--rig", rig.root)
+    r = invoke("solve", "--rig", rig.root, "--engine", "ds4-argodrive")     # without --engine: colibri, which reads it
     assert r.exit_code == 2
     line = one_error_line(r)
     assert "ds4-argodrive reads one GGUF file (-m); this model is a safetensors directory" in line

@@ -70,3 +70,21 @@ async def _solve_in_worker(app):
         assert app.state.solved is not None and app.state.message.startswith("solved: ")
         await pilot.press("right", "r")
         assert app.state.weights("prefill") == app.state.solved["prefill"].weights
+
+
+def test_snapshot_at_80x24(tmp_path, snap_compare):
+    """A new user's terminal: no header or cell cut to '…', and the footer keeps `save` and `quit`."""
+    assert snap_compare(tuner_app(tmp_path / "rig"), terminal_size=(80, 24), run_before=no_blink)
+
+
+def test_at_80x24_nothing_is_cut_and_quit_shows(tmp_path):
+    async def screen(app):
+        async with app.run_test(size=(80, 24)) as pilot:
+            await no_blink(pilot)
+            await pilot.pause()
+            return app.export_screenshot()
+
+    svg = asyncio.run(screen(tuner_app(tmp_path / "rig")))
+    assert "…" not in svg
+    for word in ("src", "share", "busy", "save", "quit"):
+        assert f">{word}" in svg or f"&#160;{word}" in svg or word in svg, word

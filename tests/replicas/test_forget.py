@@ -49,7 +49,7 @@ def test_forget_a_member_whose_drive_is_gone_by_its_name(synced, tmp_path):
     drive = os.path.dirname(paths[1])
     name = rigmod.load_rig(rig).member(paths[1]).name
     shutil.move(drive, tmp_path / "unplugged")                     # the drive is not there any more
-    assert invoke("status", "--rig", rig, "--json").exit_code == 0
+    assert invoke("status", "--rig", rig, "--json").exit_code == 3         # a member missing, as verify says
     res = invoke("forget", "--rig", rig, name)
     assert res.exit_code == 0, res.output
     assert [m.path for m in rigmod.load_rig(rig).members] == [paths[0], paths[2]]
@@ -77,7 +77,7 @@ def test_forget_what_is_not_a_member(synced, tmp_path):
     res = invoke("forget", "--rig", rig, str(tmp_path / "elsewhere.gguf"))
     assert res.exit_code == 2 and "is not a member" in res.output
     assert len(res.output.strip().splitlines()) == 1
-    assert invoke("forget", "--rig", str(tmp_path / "norig"), paths[0]).exit_code == 2
+    assert invoke("forget", "--rig", str(tmp_path / "norig"), paths[0]).exit_code == 3     # no rig.toml: a rig file missing
 
 
 def test_sync_warns_once_when_the_rig_holds_more_copies_than_the_engine_reads(tmp_path):

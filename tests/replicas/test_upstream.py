@@ -125,3 +125,29 @@ def test_judging_names_each_file():
     assert gone.state == "missing" and gone.problems == (f"/m: b: missing or unreadable, its upstream sha256 is {'2' * 64}",)
     bad = judge_upstream(up, {"a": "3" * 64, "b": None}, "/m")
     assert bad.state == "mismatch" and len(bad.problems) == 2
+
+
+def test_a_partial_replica_is_checked_on_the_files_it_holds(tmp_path):
+    """A partial replica never holds some files: they are not 'missing' from it (models.modelset.member_files)."""
+    from tests.planner.helpers import write_dir_model
+
+    primary = str(write_dir_model(tmp_path / "internal" / "moe", "glm_moe_dsa", shards=2, dim=256, ff=256))
+    rig = str(tmp_path / "rig")
+    for d in ("green", "blue"):
+        (tmp_path / d).mkdir()
+        res = invoke("sync", "--rig", rig, "--piece-size", "64K", "--allow-same-device",
+                     *(["--partial", "50%"] if d == "blue" else []), primary, tmp_path / d)
+        assert res.exit_code == 0, res.output
+    part = next(m for m in load_rig(rig).replicas if m.partial)
+    snap = hf_snapshot(tmp_path / "hf", primary)
+    assert invoke("upstream", snap, "--rig", rig).exit_code == 0
+    for how in ([], ["--full"]):
+        res = invoke("verify", "--rig", rig, *how, "--upstream", os.path.join(rig, "upstream.json"), "--json")
+        assert res.exit_code == 0, res.output
+        ups = json.loads(res.stdout)["upstream"]
+        assert ups[part.path]["state"] == "match" and ups[part.path]["problems"] == []
+    held = sorted(f for f in part.holds if f.endswith(".safetensors"))[0]
+    flip_byte(os.path.join(part.path, held), 1000)
+    res = invoke("verify", "--rig", rig, "--upstream", os.path.join(rig, "upstream.json"), "--json")
+    assert res.exit_code == 1
+    assert json.loads(res.stdout)["upstream"][part.path]["state"] == "mismatch"

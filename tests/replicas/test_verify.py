@@ -146,12 +146,23 @@ def test_status_states(rig3):
     assert doc["members"][0]["last_verified"] is not None
     assert doc["members"][0]["devno"] and {"fs_uuid", "serial", "wwn"} <= set(doc["members"][0])
     r = invoke("status", "--rig", rig)
-    assert r.exit_code == 0 and "stale" in r.output
+    assert r.exit_code == 3 and "stale" in r.output          # a member's file is missing: verify's code too
+    assert invoke("verify", "--rig", rig).exit_code == 3
     t = doc["topology"]
     if t["source"] == "sysfs" and t["drives"][0]["links"]:     # all three in one folder: one disk (the missing one's folder)
         g, = t["groups"]
         assert g["drives"] == [m["name"] for m in doc["members"]]
         assert f"share {g['reason']}" in " ".join(r.output.split())
+
+
+def test_status_gives_the_code_verify_gives(rig3):
+    """A file of another size than the manifest's cannot be identical (1); a stale stamp alone is 0."""
+    rig, data, paths = rig3
+    os.utime(paths[1], ns=(1, 1))
+    assert invoke("status", "--rig", rig).exit_code == 0
+    os.truncate(paths[2], MiB)
+    r = invoke("status", "--rig", rig, "--json")
+    assert r.exit_code == 1 and [m["state"] for m in json.loads(r.stdout)["members"]][2] == "mismatch"
 
 
 @pytest.mark.parametrize("text, key", [
