@@ -5,7 +5,6 @@ engines/: the contract test holds it to its read pattern (tests/engines/test_con
 take it, each asking the engine, never naming it."""
 
 import json
-import shutil
 from dataclasses import replace
 
 from typer.testing import CliRunner
@@ -16,7 +15,7 @@ from planner.plans import latest_plan_path, load_plan, save_plan
 from planner.tui import state as st
 from planner.tui.load import load_tuner
 from tests.engines import toy_engine
-from tests.planner.helpers import tuner_rig
+from tests.planner.helpers import tuner_rig, write_small_gguf
 
 runner = CliRunner()
 
@@ -25,7 +24,7 @@ def rig_with_copies(tmp_path):
     """tuner_rig's three drives, each holding a copy of the rig's small GGUF model."""
     rig, _ = tuner_rig(tmp_path / "rig")
     for m in rig.replicas:
-        shutil.copyfile(rig.model.path, m.path)
+        write_small_gguf(m.path)    # the same header-only bytes again: a copy stays sparse (3.8 GB apparent each)
     return rig
 
 
