@@ -1,0 +1,93 @@
+"""What the chain did last, step by step (rig/tune-rig.json), and the identities its reuse rules
+compare: each member's drive (`core.drives`) and files (size, mtime_ns, inode, device).
+
+Each step records, when it finishes, the key of its inputs and what it made; a rerun whose key is
+unchanged reuses what it made. The file is written after each step, so an interrupted chain keeps
+every step it finished (docs/tune-rig.md, "Reuse and resume").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from core.constants import TUNE_RIG_FILE
+from core.drives import drive_of
+from core.errors import ReplicaTunerError
+from core.fsutil import FileIdentity
+from core.jsonfile import read_json, write_json
+from core.rig import Member, Rig
+from models.modelset import member_files
+
+from .constants import STATE_KIND, STATE_SCHEMA
+
+
+def state_path(rig: Rig) -> str:
+    return os.path.join(rig.root, TUNE_RIG_FILE)
+
+
+def load_state(rig: Rig) -> dict:
+    """{step: its record} of the last chain on this rig; {} when there is none or this version
+    cannot read it (the chain then redoes what it cannot prove, and rewrites the file)."""
+    path = state_path(rig)
+    if not os.path.exists(path):
+        return {}
+    try:
+        doc = read_json(path, STATE_KIND, "it is rewritten by the next `engine-bridge tune-rig`", schema=STATE_SCHEMA)
+        steps = doc["steps"]
+        return dict(steps) if isinstance(steps, dict) else {}
+    except (ReplicaTunerError, KeyError, TypeError):
+        return {}
+
+
+def save_step(rig: Rig, step: str, record: dict) -> None:
+    """Record one finished step (read, update, write atomically: one chain per rig at a time)."""
+    steps = load_state(rig)
+    steps[step] = record
+    os.makedirs(rig.root, exist_ok=True)
+    write_json(state_path(rig), {"schema": STATE_SCHEMA, "kind": STATE_KIND, "steps": steps})
+
+
+def forget_step(rig: Rig, step: str) -> None:
+    steps = load_state(rig)
+    if steps.pop(step, None) is not None:
+        write_json(state_path(rig), {"schema": STATE_SCHEMA, "kind": STATE_KIND, "steps": steps})
+
+
+def key_of(doc: dict) -> str:
+    """A step's key: the SHA-256 of its inputs as canonical JSON."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 of a small file the chain's keys depend on (rig.toml); '' when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+def member_identity(member: Member, manifest) -> dict:
+    """{"drive": the drive's stable key (core.drives), "files": [[rel, size, mtime_ns, inode, device]
+    or [rel, None] for a file that is gone]} of one member; `manifest` the rig's ModelManifest
+    (None: the member's path alone)."""
+    located = member_files(member, manifest) if manifest is not None else [(os.path.basename(member.path), member.path, None)]
+    files = []
+    for rel, path, _ in located:
+        try:
+            i = FileIdentity.of(path)
+            files.append([rel, i.size, i.mtime_ns, i.inode, i.device])
+        except OSError:
+            files.append([rel, None])
+    try:
+        drive = drive_of(member.path if os.path.exists(member.path) else os.path.dirname(member.path)).key
+    except OSError:
+        drive = ""
+    return {"drive": drive, "files": files}
+
+
+def identities(rig: Rig, manifest) -> dict[str, dict]:
+    """{member name: member_identity} of every member of the rig."""
+    return {m.name: member_identity(m, manifest) for m in rig.members}
