@@ -24,7 +24,7 @@ from core.events import Reporter
 from core.rig import Rig, load_rig
 
 from .constants import MISMATCH, REUSE, RESULT_KIND, RESULT_SCHEMA, RUN, SKIP
-from .state import key_of, load_state, save_step
+from .state import changed, key_of, load_state, save_step
 from .settings import BenchSettings
 from .steps import Planned, check_cancel, decide_export, decide_measure, decide_solve, plan_rig
 
@@ -194,21 +194,22 @@ def _engine(req: Request, rig: Rig) -> str:
     return engine_for_model(m.format, m.layout, m.files)
 
 
-def tune_key(req: Request, engine: str, bench: str, plan: str, cache: int | None) -> str:
+def tune_inputs(req: Request, engine: str, bench: str, plan: str, cache: int | None) -> dict:
     t = req.trials
     if t is None:
-        return ""
+        return {}
     try:
         st = os.stat(t.binary)
         binary = [os.path.realpath(t.binary), st.st_size, st.st_mtime_ns]
     except OSError:
         binary = [t.binary]
-    return key_of({"binary": binary, "args": list(t.args), "budget": t.budget_s, "top": t.top, "timeout": t.timeout_s,
+    return ({"binary": binary, "args": list(t.args), "budget": t.budget_s, "top": t.top, "timeout": t.timeout_s,
                    "min_gain": t.min_gain_pct, "tolerance": t.share_tolerance, "prompt_tokens": t.prompt_tokens,
                    "engine": engine, "bench": os.path.basename(bench), "plan": plan, "cache": cache})
 
 
-def decide_tune(req: Request, rig: Rig, key: str) -> tuple[str, str, dict]:
+def decide_tune(req: Request, rig: Rig, inputs: dict) -> tuple[str, str, dict]:
+    key = key_of(inputs)
     if req.trials is None:
         return SKIP, "no --binary: the profile is the planner's (give the engine's binary to run its trials)", {}
     rec = load_state(rig).get("tune") or {}
@@ -217,7 +218,7 @@ def decide_tune(req: Request, rig: Rig, key: str) -> tuple[str, str, dict]:
     if rec.get("key") == key and os.path.isfile(os.path.join(rec.get("folder", ""), "report.json")):
         return REUSE, (f"{os.path.basename(rec['folder'])} ran this binary with these arguments and budget on this "
                        "plan and measurement"), rec
-    return RUN, ("the binary, its arguments, the budget or the plan changed since the last trials" if rec.get("key")
+    return RUN, (f"{changed(rec, inputs)} changed since the last trials" if rec.get("key")
                  else "no trials of this chain yet"), {}
 
 
@@ -227,8 +228,8 @@ def _tune(req: Request, rig: Rig, engine: str, planned: Planned, cache, say_line
     from engine_bridge.tuning.judge import report_lines
     from engine_bridge.tuning.real_engine import tune_with_engine
 
-    key = tune_key(req, engine, planned.measured.path, planned.solved.path, cache)
-    action, why, rec = decide_tune(req, rig, key)
+    inputs = tune_inputs(req, engine, planned.measured.path, planned.solved.path, cache)
+    action, why, rec = decide_tune(req, rig, inputs)
     if action != RUN:
         return action, why, rec
     t = req.trials
@@ -242,7 +243,7 @@ def _tune(req: Request, rig: Rig, engine: str, planned: Planned, cache, say_line
         raise Interrupted(f"the engine's trials stopped (kept in {folder}); run the same command again to run them anew")
     v = doc["verdict"]
     w = v.get("winner")
-    rec = {"key": key, "folder": folder, "profile": os.path.join(folder, "winner.env"),
+    rec = {"key": key_of(inputs), "inputs": inputs, "folder": folder, "profile": os.path.join(folder, "winner.env"),
            "winner": doc["arms"][w]["label"] if w is not None else None, "confirmed": v.get("confirmed"),
            "why": v.get("why", ""), "gain_over_default_pct": v.get("gain_over_default_pct")}
     save_step(rig, "tune", rec)
@@ -325,7 +326,7 @@ def dry_run(req: Request) -> TuneRigResult:
     step that would run makes the ones after it run (their inputs would be new)."""
     from replicas.manifests import load_manifest
 
-    from .steps import export_key, solve_key
+    from .steps import export_inputs, solve_inputs
 
     rig = load_rig(req.rig, must_exist=False)
     lines = []
@@ -352,7 +353,7 @@ def dry_run(req: Request) -> TuneRigResult:
         from iobench.result import result_files
 
         bench = result_files(rig)[-1]
-        action, why, plan_path = decide_solve(rig, solve_key(rig, manifest, bench, engine, req.cache_experts), req.redo)
+        action, why, plan_path = decide_solve(rig, solve_inputs(rig, manifest, bench, engine, req.cache_experts), req.redo)
         lines.append(StepLine("solve", action, why))
         if action == RUN:
             lines.append(StepLine("export", RUN, "the plan will be new"))
@@ -362,18 +363,18 @@ def dry_run(req: Request) -> TuneRigResult:
             plan = load_plan(plan_path)
             cache = req.cache_experts if req.cache_experts is not None else \
                 (plan.workload.get("traffic") or {}).get("cache_experts")
-            action, why, _ = decide_export(rig, export_key(rig, plan_path, engine, req.profile, cache,
-                                                           req.allow_unverified), req.redo)
+            action, why, _ = decide_export(rig, export_inputs(rig, plan_path, engine, req.profile, cache,
+                                                              req.allow_unverified), req.redo)
             lines.append(StepLine("export", action, why))
     if req.trials is None:
-        lines.append(StepLine("tune", SKIP, decide_tune(req, rig, "")[1]))
+        lines.append(StepLine("tune", SKIP, decide_tune(req, rig, {})[1]))
     elif lines[-1].action == RUN:
         lines.append(StepLine("tune", RUN, f"the profile will be new: the engine's trials within {req.trials.budget_s:g} s"))
     else:
         from iobench.result import result_files
 
         plan_path = (rec.get("solve") or {}).get("plan", "")
-        action, why, _ = decide_tune(req, rig, tune_key(req, engine, result_files(rig)[-1], plan_path, cache))
+        action, why, _ = decide_tune(req, rig, tune_inputs(req, engine, result_files(rig)[-1], plan_path, cache))
         lines.append(StepLine("tune", action, why))
     return TuneRigResult(rig.root, req.model or (rig.model.path if rig.model else ""), engine, tuple(lines), dry_run=True)
 

@@ -60,6 +60,23 @@ def key_of(doc: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()
 
 
+# How each step's inputs are named when one changed.
+INPUT_NAMES = {"rig": "rig.toml", "model": "the model", "bench": "the measurement", "engine": "the engine",
+               "cache_experts": "the expert cache", "cache": "the expert cache", "plan": "the plan",
+               "name": "the profile's name", "allow_unverified": "--allow-unverified", "binary": "the engine's binary",
+               "args": "the engine's arguments", "budget": "the budget", "top": "--top", "timeout": "--timeout",
+               "min_gain": "--min-gain", "tolerance": "--share-tolerance", "prompt_tokens": "--prompt-tokens"}
+
+
+def changed(record: dict, inputs: dict) -> str:
+    """What differs between the inputs a step recorded and these, named for people ('' none)."""
+    old = record.get("inputs")
+    if not isinstance(old, dict):
+        return "its inputs"
+    names = [INPUT_NAMES.get(k, k) for k in inputs if old.get(k) != inputs[k]]
+    return ", ".join(dict.fromkeys(names))
+
+
 def file_digest(path: str) -> str:
     """SHA-256 of a small file the chain's keys depend on (rig.toml); '' when it cannot be read."""
     try:

@@ -21,7 +21,7 @@ from replicas.checks import FilePiece
 from .constants import MISMATCH, MISSING, OK, REUSE, RUN
 from .coverage import MeasureChoice, choose_measure
 from .settings import BenchSettings
-from .state import file_digest, identities, key_of, load_state, save_step
+from .state import changed, file_digest, identities, key_of, load_state, save_step
 
 Say = Callable[[str, str, str], None]      # (step, action, why): one line per step, as it is decided
 
@@ -182,13 +182,14 @@ class Solved:
     notices: tuple[str, ...] = ()
 
 
-def solve_key(rig: Rig, manifest, bench_path: str, engine: str, cache_experts: int | None) -> str:
-    return key_of({"rig": file_digest(rig.rig_file), "model": manifest.digest() if manifest is not None else "",
+def solve_inputs(rig: Rig, manifest, bench_path: str, engine: str, cache_experts: int | None) -> dict:
+    return ({"rig": file_digest(rig.rig_file), "model": manifest.digest() if manifest is not None else "",
                    "bench": os.path.basename(bench_path), "engine": engine, "cache_experts": cache_experts})
 
 
-def decide_solve(rig: Rig, key: str, redo: bool = False) -> tuple[str, str, str]:
+def decide_solve(rig: Rig, inputs: dict, redo: bool = False) -> tuple[str, str, str]:
     """(action, why, the plan to reuse) of the solve step."""
+    key = key_of(inputs)
     rec = load_state(rig).get("solve") or {}
     if redo:
         return RUN, "asked to solve again", ""
@@ -197,7 +198,7 @@ def decide_solve(rig: Rig, key: str, redo: bool = False) -> tuple[str, str, str]
                        "engine"), rec["plan"]
     if rec.get("key") and not os.path.isfile(rec.get("plan", "")):
         return RUN, "the last plan's file is gone", ""
-    return RUN, ("the measurement, rig.toml, the model or the engine changed since the last plan" if rec.get("key")
+    return RUN, (f"{changed(rec, inputs)} changed since the last plan" if rec.get("key")
                  else "no plan of this chain yet"), ""
 
 
@@ -206,12 +207,12 @@ def solve_step(rig: Rig, manifest, bench_path: str, engine: str, cache_experts: 
     from planner.plans import load_plan
     from planner.rigmodel import solve_rig
 
-    key = solve_key(rig, manifest, bench_path, engine, cache_experts)
-    action, why, path = decide_solve(rig, key, redo)
+    inputs = solve_inputs(rig, manifest, bench_path, engine, cache_experts)
+    action, why, path = decide_solve(rig, inputs, redo)
     if action == REUSE:
         return Solved(path, load_plan(path), REUSE, why)
     solved = solve_rig(rig.root, bench_path, engine, cache_experts=cache_experts)
-    save_step(rig, "solve", {"key": key, "plan": solved.path})
+    save_step(rig, "solve", {"key": key_of(inputs), "inputs": inputs, "plan": solved.path})
     return Solved(solved.path, solved.plan, RUN, why, tuple(solved.notices))
 
 
@@ -227,12 +228,13 @@ class Exported:
     why: str
 
 
-def export_key(rig: Rig, plan_path: str, engine: str, name: str, cache: int | None, allow_unverified: bool) -> str:
-    return key_of({"rig": file_digest(rig.rig_file), "plan": plan_path, "engine": engine, "name": name, "cache": cache,
+def export_inputs(rig: Rig, plan_path: str, engine: str, name: str, cache: int | None, allow_unverified: bool) -> dict:
+    return ({"rig": file_digest(rig.rig_file), "plan": plan_path, "engine": engine, "name": name, "cache": cache,
                    "allow_unverified": allow_unverified})
 
 
-def decide_export(rig: Rig, key: str, redo: bool = False) -> tuple[str, str, dict]:
+def decide_export(rig: Rig, inputs: dict, redo: bool = False) -> tuple[str, str, dict]:
+    key = key_of(inputs)
     rec = load_state(rig).get("export") or {}
     if redo:
         return RUN, "asked to export again", {}
@@ -241,7 +243,7 @@ def decide_export(rig: Rig, key: str, redo: bool = False) -> tuple[str, str, dic
         if not gone:
             return REUSE, f"{os.path.basename(rec['profile'])} and its N-1 profiles were exported from this plan", rec
         return RUN, f"{os.path.basename(gone[0])} is gone", {}
-    return RUN, "the plan, the profile's name or its cache changed" if rec.get("key") else "no profile of this chain yet", {}
+    return RUN, f"{changed(rec, inputs)} changed since the last export" if rec.get("key") else "no profile of this chain yet", {}
 
 
 def export_step(rig: Rig, solved: Solved, engine: str, name: str, cache_experts: int | None = None,
@@ -252,15 +254,15 @@ def export_step(rig: Rig, solved: Solved, engine: str, name: str, cache_experts:
 
     cache = cache_experts if cache_experts is not None else \
         (solved.plan.workload.get("traffic") or {}).get("cache_experts")
-    key = export_key(rig, solved.path, engine, name, cache, allow_unverified)
-    action, why, rec = decide_export(rig, key, redo)
+    inputs = export_inputs(rig, solved.path, engine, name, cache, allow_unverified)
+    action, why, rec = decide_export(rig, inputs, redo)
     if action == REUSE:
         return Exported(rec["profile"], tuple(rec["files"]), tuple(tuple(x) for x in rec.get("fallbacks", ())),
                         tuple(tuple(x) for x in rec.get("skipped", ())), REUSE, why)
     res = export_profile(rig_root=rig.root, plan_path=solved.path, fmt=engine, name=name, cache_experts=cache,
                          allow_unverified=allow_unverified, report=report)
     profile = next((f for f in res.files if f.endswith(".env")), res.files[0])
-    save_step(rig, "export", {"key": key, "profile": profile, "files": list(res.files),
+    save_step(rig, "export", {"key": key_of(inputs), "inputs": inputs, "profile": profile, "files": list(res.files),
                               "fallbacks": [list(x) for x in res.fallbacks], "skipped": [list(x) for x in res.skipped]})
     return Exported(profile, tuple(res.files), tuple(res.fallbacks), tuple(res.skipped), RUN, why)
 
