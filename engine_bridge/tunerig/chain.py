@@ -166,7 +166,7 @@ def _replicas(req: Request, rig: Rig, todo: Sequence[str], report: Reporter, can
     try:
         res = sync(model, list(todo), req.rig, piece_size=req.piece_size, allow_same_device=req.allow_same_device,
                    report=report, cancel=cancel)
-    except KeyboardInterrupt:
+    except (Interrupted, KeyboardInterrupt):
         raise Interrupted("the copy stopped; its durable pieces are kept: run the same command again to resume") from None
     bad = [d for d in res.dests if d.exit_code]
     if bad:

@@ -138,7 +138,7 @@ def measure_rig(rig: Rig, manifest, settings: BenchSettings = BenchSettings(), m
     drive by its identity, the same files since they were measured), else measure the members it
     does not cover — alone, the others' figures carried over — or, when a drive is new or another,
     every drive; the result is saved in the rig and recorded with the members' identities."""
-    from iobench.bench import run_bench, targets_from_rig
+    from iobench.bench import targets_from_rig
     from iobench.result import result_files, save_result
     from iobench.schedule import RunOptions
 
@@ -150,21 +150,29 @@ def measure_rig(rig: Rig, manifest, settings: BenchSettings = BenchSettings(), m
     opts = RunOptions(presets=tuple(settings.presets), lanes=tuple(settings.lanes), seconds=settings.seconds,
                       repeat=settings.repeat)
     targets = targets_from_rig(rig)
-    if choice.names == tuple(m.name for m in rig.members):
-        result = run_bench(targets, opts, previous=previous, report=report, cancel=cancel)
-    else:
-        # The drives are the same (their identity says so): what they share and how they do together
-        # is carried over; the members whose files are new are measured alone.
-        part = run_bench([t for t in targets if t.name in choice.names], replace(opts, together=False, topology=False),
-                         previous=previous, report=report, cancel=cancel)
-        result = replace(part, drives=tuple(part.drive(m.name) if m.name in choice.names else previous.drive(m.name)
-                                            for m in rig.members),
-                         groups=previous.groups, together=previous.together, topology=previous.topology,
-                         settings={**previous.settings, "remeasured": list(choice.names),
-                                   "others_from": previous.created})
+    try:
+        result = _bench(rig, choice, previous, targets, opts, report, cancel)
+    except (Interrupted, KeyboardInterrupt):
+        raise Interrupted("stopped while measuring; nothing half-measured is kept: run the same command again to "
+                          "measure") from None
     path = save_result(rig, result)
     _record_measure(rig, path, manifest)
     return Measured(path, result, RUN, choice.why, choice.names)
+
+
+def _bench(rig: Rig, choice: MeasureChoice, previous, targets, opts, report, cancel):
+    from iobench.bench import run_bench
+
+    if choice.names == tuple(m.name for m in rig.members):
+        return run_bench(targets, opts, previous=previous, report=report, cancel=cancel)
+    # The drives are the same (their identity says so): what they share and how they do together is
+    # carried over; the members whose files are new are measured alone.
+    part = run_bench([t for t in targets if t.name in choice.names], replace(opts, together=False, topology=False),
+                     previous=previous, report=report, cancel=cancel)
+    return replace(part, drives=tuple(part.drive(m.name) if m.name in choice.names else previous.drive(m.name)
+                                      for m in rig.members),
+                   groups=previous.groups, together=previous.together, topology=previous.topology,
+                   settings={**previous.settings, "remeasured": list(choice.names), "others_from": previous.created})
 
 
 def _record_measure(rig: Rig, path: str, manifest) -> None:

@@ -221,3 +221,15 @@ def test_fleets_node_job_runs_the_same_steps(tmp_path, gguf, monkeypatch):
     assert res.status == "ok", res.problems
     assert calls == ["verify_rig", "plan_rig"]
     assert res.bench == result_files(rig)[-1]          # the chain's reuse rule: the measurement covers the drives
+
+
+def test_a_copy_interrupted_resumes_from_its_durable_pieces(tmp_path, gguf):
+    req, drives = bare(tmp_path, gguf)
+    cancel = threading.Event()
+    cancel.set()                              # Ctrl-C as the copy starts
+    with pytest.raises(Interrupted, match="the copy stopped"):
+        tune_rig(req, cancel=cancel)
+    assert not os.path.exists(os.path.join(drives[0], "model.gguf"))       # no half copy under the final name
+    res = tune_rig(req)
+    assert actions(res)["replicas"] == RUN and actions(res)["export"] == RUN
+    assert [m.name for m in load_rig(req.rig).members] == ["internal", "green", "white"]
