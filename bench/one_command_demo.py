@@ -49,7 +49,8 @@ def tune_rig(title: str, tb, argv: list[str], env: dict) -> tuple[float, dict]:
     """One run of the command: its lines verbatim, its wall time, its --json result."""
     print(f"== {title}\n$ engine-bridge {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
-    p = module("engine_bridge.cli", *argv, "--json", wrap=tb.wrap, env=env, capture=True)
+    cut = argv.index("--") if "--" in argv else len(argv)      # --json before the engine's arguments
+    p = module("engine_bridge.cli", *argv[:cut], "--json", *argv[cut:], wrap=tb.wrap, env=env, capture=True)
     wall = time.perf_counter() - t0
     for line in p.stderr.splitlines():
         print(f"  {line}", flush=True)
