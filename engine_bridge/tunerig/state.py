@@ -1,5 +1,5 @@
 """What the chain did last, step by step (rig/tune-rig.json), and the identities its reuse rules
-compare: each member's drive (`core.drives`) and files (size, mtime_ns, inode, device).
+compare: each member's drive (`core.drives`) and files (size, mtime_ns, inode, device, ctime_ns).
 
 Each step records, when it finishes, the key of its inputs and what it made; a rerun whose key is
 unchanged reuses what it made. The file is written after each step, so an interrupted chain keeps
@@ -15,7 +15,6 @@ import os
 from core.constants import TUNE_RIG_FILE
 from core.drives import drive_of
 from core.errors import ReplicaTunerError
-from core.fsutil import FileIdentity
 from core.jsonfile import read_json, write_json
 from core.rig import Member, Rig
 from models.modelset import member_files
@@ -86,16 +85,23 @@ def file_digest(path: str) -> str:
         return ""
 
 
-def member_identity(member: Member, manifest) -> dict:
-    """{"drive": the drive's stable key (core.drives), "files": [[rel, size, mtime_ns, inode, device]
-    or [rel, None] for a file that is gone]} of one member; `manifest` the rig's ModelManifest
+def member_identity(member: Member, manifest, verdicts: dict | None = None) -> dict:
+    """{"drive": the drive's stable key (core.drives), "files": [[rel, size, mtime_ns, inode, device,
+    ctime_ns, how its last verdict was made ('' none)] or [rel, None] for a file that is gone]} of
+    one member; `verdicts` the rig's (replicas.records.load_verdicts); `manifest` the rig's ModelManifest
     (None: the member's path alone)."""
     located = member_files(member, manifest) if manifest is not None else [(os.path.basename(member.path), member.path, None)]
     files = []
     for rel, path, _ in located:
         try:
-            i = FileIdentity.of(path)
-            files.append([rel, i.size, i.mtime_ns, i.inode, i.device])
+            st = os.stat(path)
+            # ctime too: a copy keeps its source's mtime (sync), and a file system hands a deleted
+            # file's inode number to the next file, so size, mtime and inode alone cannot tell a
+            # new copy on a drive from the one that was measured. A verify that stamps a file
+            # moves its ctime as well: what last judged the file (its verdict's `how`) tells them
+            # apart (`coverage.same_file`).
+            v = (verdicts or {}).get(path)
+            files.append([rel, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns, v.how if v else ""])
         except OSError:
             files.append([rel, None])
     try:
@@ -107,4 +113,10 @@ def member_identity(member: Member, manifest) -> dict:
 
 def identities(rig: Rig, manifest) -> dict[str, dict]:
     """{member name: member_identity} of every member of the rig."""
-    return {m.name: member_identity(m, manifest) for m in rig.members}
+    from replicas.records import load_verdicts
+
+    try:
+        verdicts = load_verdicts(rig)
+    except ReplicaTunerError:
+        verdicts = {}
+    return {m.name: member_identity(m, manifest, verdicts) for m in rig.members}

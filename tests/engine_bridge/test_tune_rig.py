@@ -23,7 +23,7 @@ from engine_bridge.tunerig.state import load_state
 from iobench.result import load_result, result_files
 from tests.fleet.helpers import QUICK, model_file
 from tests.helpers import impure_imports
-from tests.replicas.helpers import flip_byte
+from tests.replicas.helpers import flip_byte, invoke
 
 runner = CliRunner()
 BENCH = ("--bench-presets", "seq,decode", "--bench-lanes", "1", "--bench-seconds", "0.2", "--bench-repeat", "1")
@@ -80,6 +80,9 @@ def test_a_second_run_reuses_every_step_and_says_why(tmp_path, gguf):
     assert "was solved on the same measurement" in why["solve"]
     assert (second.bench, second.plan, second.profile) == (first.bench, first.plan, first.profile)
     assert result_files(rig) == benches                         # nothing measured again
+    # a full verify stamps every file again (their ctime moves): still the files measured
+    assert invoke("verify", "--full", "--rig", req.rig).exit_code == 0
+    assert actions(dry_run(req))["measure"] == REUSE
 
     # --redo solves and exports again on the same measurement
     again = tune_rig(Request(**{**req.__dict__, "redo": True}))
@@ -170,8 +173,8 @@ def test_bad_input_is_one_line_and_its_exit_code(tmp_path, gguf):
 
 
 def test_coverage_rules():
-    def ident(drive="uuid:a", inode=1):
-        return {"drive": drive, "files": [["model.gguf", 10, 5, inode, 9]]}
+    def ident(drive="uuid:a", inode=1, ctime=5, how="sync"):
+        return {"drive": drive, "files": [["model.gguf", 10, 5, inode, 9, ctime, how]]}
 
     members = [("internal", "/d/i/m.gguf", ident()), ("green", "/d/g/m.gguf", ident("uuid:g"))]
     drives = [("internal", "/d/i/m.gguf", "uuid:a"), ("green", "/d/g/m.gguf", "uuid:g")]
@@ -183,6 +186,11 @@ def test_coverage_rules():
     assert choose_measure(moved, drives, rec).names == ("internal", "green")          # another drive: all
     copied = [members[0], ("green", "/d/g/m.gguf", ident("uuid:g", inode=2))]
     assert choose_measure(copied, drives, rec).names == ("green",)                     # a new copy: alone
+    # a copy that got the deleted file's inode number and its source's mtime: its ctime and verdict tell
+    recopied = [members[0], ("green", "/d/g/m.gguf", ident("uuid:g", ctime=6, how="sync"))]
+    assert choose_measure(recopied, drives, rec).names == ("green",)
+    restamped = [members[0], ("green", "/d/g/m.gguf", ident("uuid:g", ctime=6, how="full"))]   # verify --full stamped it
+    assert choose_measure(restamped, drives, rec).action == REUSE
     added = members + [("white", "/d/w/m.gguf", ident("uuid:w"))]
     assert choose_measure(added, drives, rec).names == ("internal", "green", "white")  # a new drive: all
     folder = [("internal", "/d/i/model", ident())]
