@@ -115,8 +115,9 @@ def tune_rig_cmd(
                                                                                            "arguments."),
 ):
     """From a model and its drives (or an existing rig) to a tuned profile: copy or verify the replicas, measure the
-    drives (or reuse a result that still covers them), solve, export the profile and its N-1 profiles, and with
-    --binary run the real engine's trials. Each step says what it reused and why; run it again after Ctrl-C to resume."""
+    drives (or reuse a result that still covers them), solve, export the profile and its N-1 profiles, and run the
+    real engine's trials when given its path. Each step says what it reused and why; run it again after Ctrl-C to
+    resume."""
     if engine_args and binary is None:
         raise UsageError(f"engine arguments ({' '.join(engine_args)}) are for --binary")
     if bench_seconds <= 0:
