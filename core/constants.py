@@ -21,6 +21,7 @@ RESULTS_FILE = "results.json"      # a harness run's results, in runs/<stamp>/
 VERDICTS_FILE = "verdicts.json"    # replicas verify's last verdict per member (status remembers it)
 SCRUB_FILE = "scrub.json"          # how far an interrupted `replicas verify --full` got, per member
 FLEET_DIR = "fleet"                # the asker's fleet reports, <UTC>.json + <UTC>.txt (docs/fleet.md)
+TUNE_RIG_FILE = "tune-rig.json"      # what `engine-bridge tune-rig` (and a fleet node) did last, step by step, for reruns
 FLEET_NODE_FILE = "fleet-node.json"  # on each node's rig: its last fleet job, for reruns that redo only what changed
 UPSTREAM_FILE = "upstream.json"    # the model's published digests (SHA-256 per file), `replicas upstream`
 RIG_LOCK = ".lock"                 # flock'ed around each read-modify-write of rig.toml and its records

@@ -12,12 +12,8 @@ RESOURCE_PREFIX = "fleet:"
 
 DEFAULT_TIMEOUT_S = 3600.0      # s a node's job may take, from submission, before it is reported as hanging
 
-# The drive measurement a node makes when its rig has none for its members: iobench's demo shape,
-# short (about 20 s per drive), as each node's ceilings only steer its own split.
-BENCH_PRESETS = ("seq", "prefill", "decode")
-BENCH_LANES = (1, 2, 4)
-BENCH_SECONDS = 0.3
-BENCH_REPEAT = 2
+# The drive measurement a node makes when no result in its rig covers its members is the chain's
+# (engine_bridge/tunerig/constants.py): one shape for `engine-bridge tune-rig` and the fleet.
 
 # What became of a node's job.
 OK = "ok"                # verified, measured, solved, exported

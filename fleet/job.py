@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .constants import BENCH_LANES, BENCH_PRESETS, BENCH_REPEAT, BENCH_SECONDS
+from engine_bridge.tunerig.settings import BenchSettings      # the one chain's measurement settings (docs/tune-rig.md)
 
-
-@dataclass(frozen=True)
-class BenchSettings:
-    """The drive measurement a node makes when it has none (iobench run's options)."""
-    presets: tuple[str, ...] = BENCH_PRESETS
-    lanes: tuple[int, ...] = BENCH_LANES
-    seconds: float = BENCH_SECONDS
-    repeat: int = BENCH_REPEAT
+__all__ = ["BenchSettings", "NodeJob"]
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,7 @@ def _run(job: NodeJob) -> NodeResult:
 
         published = upstream_from_dict(job.upstream, "the fleet's upstream digests")
         tap = UpstreamTap([rig.model], manifest, published)
-    drives, problems = _verify(rig, manifest, job, tap)
-    status = _worst(drives)
+    drives, problems, status = _verify(rig, manifest, job, tap)
     upstream = ""
     if published is not None and status == OK:
         upstream, more = _upstream(rig, manifest, published, tap)
@@ -78,7 +77,7 @@ def _run(job: NodeJob) -> NodeResult:
         return res
     res = NodeResult(status=OK, drives=drives, upstream=upstream, problems=tuple(problems), **base)
     try:
-        res = _plan(rig, job, res)
+        res = _plan(rig, manifest, job, res)
     except ReplicaTunerError as e:
         # A step after verify refused: what the node found so far stays in its row.
         res = replace(res, status=MISSING if isinstance(e, MissingError) else FAILED, problems=res.problems + (str(e),))
@@ -86,58 +85,34 @@ def _run(job: NodeJob) -> NodeResult:
     return res
 
 
-def _plan(rig: Rig, job: NodeJob, res: NodeResult) -> NodeResult:
-    """Measure (or reuse the rig's measurement), solve, export: the node's row with its ceilings,
-    weights, predicted tok/s and profile."""
-    from engine_bridge.profiles.export import export_profile
-    from planner.rigmodel import solve_rig
+def _plan(rig: Rig, manifest, job: NodeJob, res: NodeResult) -> NodeResult:
+    """Measure (or reuse the rig's measurement), solve, export — the chain `engine-bridge tune-rig`
+    runs (`engine_bridge.tunerig.steps.plan_rig`, one implementation): the node's row with its
+    ceilings, weights, predicted tok/s and profile."""
+    from engine_bridge.tunerig.steps import plan_rig
 
-    bench_path, result = _measure(rig, job)
-    res = replace(res, drives=_with_ceilings(res.drives, result), bench=bench_path)
-    solved = solve_rig(rig.root, None, job.engine, cache_experts=job.cache_experts)
-    plan = solved.plan
+    planned = plan_rig(rig, manifest, job.engine, profile=job.profile or f"fleet-{job.node}", bench=job.bench,
+                       measure=job.measure, cache_experts=job.cache_experts, redo=job.force)
+    plan = planned.solved.plan
+    res = replace(res, drives=_with_ceilings(res.drives, planned.measured.result), bench=planned.measured.path)
     by_name = {s.name: i for i, s in enumerate(plan.sources)}
-    res = replace(res, drives=tuple(_weighted(d, plan, by_name.get(d.name)) for d in res.drives), plan=solved.path,
-                  prefill_tok_s=plan.prefill.predicted.get("tok_s"), decode_tok_s=plan.decode.predicted.get("tok_s"),
-                  problems=res.problems + solved.notices)
-    # The profile's cache is the one the plan was priced with, unless the fleet gives one.
-    cache = job.cache_experts if job.cache_experts is not None else (plan.workload.get("traffic") or {}).get("cache_experts")
-    exported = export_profile(rig_root=rig.root, plan_path=solved.path, fmt=job.engine,
-                              name=job.profile or f"fleet-{job.node}", cache_experts=cache)
-    return replace(res, profile=next((f for f in exported.files if f.endswith(".env")), exported.files[0]))
+    return replace(res, drives=tuple(_weighted(d, plan, by_name.get(d.name)) for d in res.drives),
+                   plan=planned.solved.path, prefill_tok_s=plan.prefill.predicted.get("tok_s"),
+                   decode_tok_s=plan.decode.predicted.get("tok_s"), problems=res.problems + planned.solved.notices,
+                   profile=planned.exported.profile)
 
 
 # ---- the steps --------------------------------------------------------------------------------
 
-def _verify(rig: Rig, manifest, job: NodeJob, tap=None) -> tuple[tuple[DriveRow, ...], list[str]]:
-    """Every member against the fleet's manifest (replicas verify --manifest: stamps and verdicts
-    only where it is the rig's own); `tap` takes the primary's upstream digests on the same reads."""
-    from replicas.verify import against, verify_members
+def _verify(rig: Rig, manifest, job: NodeJob, tap=None):
+    """Every member against the fleet's manifest: the chain's verify step (`replicas verify
+    --manifest`: stamps and verdicts only where it is the rig's own); `tap` takes the primary's
+    upstream digests on the same reads. (the rows, the problems, the status)"""
+    from engine_bridge.tunerig.steps import verify_rig
 
-    checked, record = against(rig, manifest, "the fleet's manifest")
-    rep = verify_members(list(rig.members), checked, rig, mode=job.verify, record=record, tap=tap)
-    problems = []
-    if not record:
-        problems.append("the node's rig has another manifest than the fleet's (checked against the fleet's; nothing stamped)")
-    rows = []
-    for m in rep.members:
-        rows.append(DriveRow(name=m.name, path=m.path, role=m.role, state=m.state, bad=m.bad))
-        if m.state in ("missing", "unreadable"):
-            problems.append(f"{m.name} ({m.path}): {m.state}" + (f": {m.detail}" if m.detail else ""))
-        elif m.bad:
-            problems.append(f"{m.name}: repair with `replicas repair {m.path} --rig {rig.root}`")
-        elif m.state == "broken":        # identical bytes that do not parse (docs/replicas.md, "A scrub also parses")
-            problems.append(f"{m.name} ({m.path}): broken: {m.detail}")
-    return tuple(rows), problems
-
-
-def _worst(drives) -> str:
-    states = {d.state for d in drives}
-    if states & {"mismatch", "broken"}:      # broken: a failed check, as in `replicas verify` (exit 1)
-        return MISMATCH
-    if states & {"missing", "unreadable"}:
-        return MISSING
-    return OK
+    v = verify_rig(rig, manifest, "the fleet's manifest", job.verify, tap)
+    rows = tuple(DriveRow(name=m.name, path=m.path, role=m.role, state=m.state, bad=m.bad) for m in v.members)
+    return rows, list(v.problems), v.status
 
 
 def _upstream(rig: Rig, manifest, published, tap) -> tuple[str, list[str]]:
@@ -148,33 +123,6 @@ def _upstream(rig: Rig, manifest, published, tap) -> tuple[str, list[str]]:
 
     check = check_upstream(rig.model, manifest, published, known=tap.known(rig.model.path))
     return check.state, list(check.problems)
-
-
-def _measure(rig: Rig, job: NodeJob):
-    """(the iobench result's path, the result): the rig's newest when it covers every member and the
-    job does not ask to measure, else a short measurement of the node's drives, saved in the rig."""
-    from iobench.bench import run_bench, targets_from_rig
-    from iobench.result import latest_result, result_files, save_result
-    from iobench.schedule import RunOptions
-
-    files = result_files(rig)
-    previous = None
-    if files:
-        try:
-            previous = latest_result(rig)
-        except ReplicaTunerError:
-            previous = None
-    if job.measure != "always" and previous is not None and _covers(previous, rig):
-        return files[-1], previous
-    b = job.bench
-    opts = RunOptions(presets=tuple(b.presets), lanes=tuple(b.lanes), seconds=b.seconds, repeat=b.repeat)
-    result = run_bench(targets_from_rig(rig), opts, previous=previous)
-    return save_result(rig, result), result
-
-
-def _covers(result, rig: Rig) -> bool:
-    have = {(d.name, os.path.realpath(d.path)) for d in result.drives if d.model is not None}
-    return all((m.name, os.path.realpath(m.path)) in have for m in rig.members)
 
 
 def _with_ceilings(drives, result) -> tuple[DriveRow, ...]:

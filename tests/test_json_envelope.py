@@ -47,6 +47,12 @@ def json_commands():
 # A command whose success needs what a test machine lacks (root and loop devices, fio, a real
 # engine binary, minutes of measuring) is run into an error, whose document is checked instead.
 
+def _gguf(tmp_path):
+    path = str(tmp_path / "model.gguf")
+    synthesize(path, SPEC)
+    return path
+
+
 def _replicas(tmp_path):
     rig, _, paths = synced_rig(tmp_path, size=2 * MiB + 5)
     return rig, paths
@@ -110,6 +116,7 @@ CASES = {
     "engine-bridge profiles": (lambda t: [], "profiles"),
     "engine-bridge launch": (lambda t: ["--binary", str(t / "no-engine"), "--profile", str(t / "p.json")], "error"),
     "engine-bridge autotune": (lambda t: ["--rig", str(t / "no-rig")], "error"),
+    "engine-bridge tune-rig": (lambda t: ["--rig", str(t / "rig"), "--model", _gguf(t), "--dry-run"], "tune-rig"),
     # A fleet run needs a Ray cluster (tests/fleet): here, its error; `show` reads a report file.
     "fleet run": (lambda t: [str(t / "no-fleet.toml"), "--rig", str(t / "rig")], "error"),
     "fleet show": (lambda t: [_fleet_report(t)], "fleet"),
