@@ -56,6 +56,7 @@ from .hedging import (
 )
 from .sources import SourceHealth
 
+_UNKNOWN = object()
 RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
 
 
@@ -84,6 +85,8 @@ class Hedger:
         self.next_probe = [0] * n
         self.probe_ok = [0] * n
         self._heap: list = []
+        self._memo: dict = {}           # (source, phase) -> the rate it is held to (`_rate`)
+        self._memo_healthy = self._memo_weights = None
         self._seq = itertools.count()
         self._stopping = False
         self._wake_at: int | None = None
@@ -171,6 +174,7 @@ class Hedger:
                 self.busy[s] = 0            # a late delivery teaches nothing about the drive's normal pace
             else:
                 self.est[s].observe(att.ln, self.busy[s])
+                self._memo.clear()
                 self.busy[s] = 0
                 if att.kind == MAIN:
                     self._on_time(s)
@@ -187,7 +191,7 @@ class Hedger:
         that chunk's deadline (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The
         copy is counted `hedged` on `t`; the chunk is still judged at its deadline (a drive that
         keeps needing copies is late all the same)."""
-        if rate is None or rate <= 0:
+        if rate is None or rate <= 0 or not any(self.streak):
             return None
         now = self.clock()
         healthy = self.health.healthy()
@@ -222,8 +226,8 @@ class Hedger:
     def out_elsewhere(self, t: int) -> bool:
         """Whether a source other than `t`, on a late streak, has a main chunk in its kernel (one a
         copy might help)."""
-        return any(a.started and not a.piece.done for s, atts in enumerate(self.pending) if s != t and self.streak[s]
-                   for a in atts)
+        return any(self.streak) and any(a.started and not a.piece.done for s, atts in enumerate(self.pending)
+                                        if s != t and self.streak[s] for a in atts)
 
     def stuck(self, s: int) -> bool:
         """A read on `s` may hang in the kernel: it is degraded for lateness with work out, or a
@@ -315,7 +319,17 @@ class Hedger:
             self.jumped[s] += att.ln
 
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
-        return expected_rate(*self._rates(s, phase, healthy))
+        """The rate `s` is held to (`hedging.expected_rate`), kept until a delivery teaches the
+        estimates something or the weights or the healthy sources change (it is asked for every
+        deadline: twice per piece)."""
+        if healthy is not self._memo_healthy or self.weights is not self._memo_weights:
+            self._memo.clear()
+            self._memo_healthy, self._memo_weights = healthy, self.weights
+        key = (s, phase)
+        r = self._memo.get(key, _UNKNOWN)
+        if r is _UNKNOWN:
+            r = self._memo[key] = expected_rate(*self._rates(s, phase, healthy))
+        return r
 
     def _rates(self, s: int, phase: str, healthy: Sequence[int]) -> tuple[float | None, float | None]:
         """(own, plan): the rate `s` delivered itself and what the weights promise from its peers',
@@ -424,6 +438,7 @@ class Hedger:
                 self.counted_at[s] = None
                 self.busy[s] = 0
                 self.est[s] = RateEstimate(self.policy.decay)
+                self._memo.clear()
                 self.tick_at[s] = self.clock()
 
 
