@@ -46,12 +46,14 @@ from .hedging import (
     RateEstimate,
     copy_due,
     counts_late,
+    ServiceTime,
     deadline_ns,
     expected_ns,
     expected_rate,
     owed,
     pick_hedge_source,
     plan_rate,
+    step_deadline_ns,
     too_slow,
 )
 from .sources import SourceHealth
@@ -70,6 +72,7 @@ class Hedger:
         self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
+        self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
         self.busy = [0] * n             # busy ns since the source's last observed delivery
@@ -91,6 +94,7 @@ class Hedger:
         self._stopping = False
         self._wake_at: int | None = None
         self._skew = 0
+        self._deferred = False          # the last round put its due pieces off (starved): the next judges them
         self.lanes = None
         self.cond: threading.Condition | None = None
         self._thread: threading.Thread | None = None
@@ -109,6 +113,8 @@ class Hedger:
 
     def enqueued(self, att: Attempt) -> None:
         now = self.clock()
+        if att.piece is not None and att.piece.ticket.t_sub < 0:
+            att.piece.ticket.t_sub = now
         self._queue(att, now)
         if att.kind == MAIN and len(self.est) > 1:
             self.pending[att.src].add(att)
@@ -134,6 +140,7 @@ class Hedger:
         self.outstanding[att.src] -= att.ln
         self.pending[att.src].discard(att)
         att.src = new
+        att.step_due = None             # judged on its new drive by that drive's pace
         self.enqueued(att)
 
     def started(self, att: Attempt, inflight: int | None) -> None:
@@ -177,8 +184,29 @@ class Hedger:
                 self._memo.clear()
                 self.busy[s] = 0
                 if att.kind == MAIN:
+                    self.svc.observe(now - att.t_begin)
                     self._on_time(s)
         return []
+
+    def landed(self, ticket) -> None:
+        """A piece of `ticket` won and others are still out (lock held): when every piece still out
+        is on a drive already on a late streak, each gets a deadline in units of the step
+        (`hedging.step_deadline_ns`: margin x what the others needed for their share of this read),
+        so a crawler's pieces are hedged at the engine's pace before the verdict that takes it out."""
+        if not any(self.streak) or ticket.t_sub < 0:
+            return
+        out = [a for a in ticket._mains if not a.piece.done]
+        if not out or not all(self.streak[a.src] for a in out):
+            return
+        now = self.clock()
+        due = step_deadline_ns(ticket.t_sub, now, self.policy, self.svc.typical_ns())
+        for a in out:
+            if a.late or a.piece.hedged or a.step_due is not None or a not in self.pending[a.src]:
+                continue
+            a.step_due = due
+            heapq.heappush(self._heap, (due, next(self._seq), a))
+            if self._heap[0][2] is a:
+                self.cond.notify()
 
     def counters(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(hedged, late) per source."""
@@ -267,7 +295,12 @@ class Hedger:
     # -- inside -----------------------------------------------------------------------------
 
     def _recheck(self) -> int:
-        return max(self.policy.floor_ns, RECHECK_NS)
+        return max(self._slack(), RECHECK_NS)
+
+    def _slack(self) -> int:
+        """The least time a deadline gives beyond a drive's expected time: the floor, and margin x a
+        request's typical service time (the watchdog waking later than that was starved itself)."""
+        return self.policy.floor_ns + int(self.policy.margin * self.svc.typical_ns())
 
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
@@ -347,23 +380,29 @@ class Hedger:
     def _deadline(self, att: Attempt) -> int | None:
         """When `att` is late."""
         phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        return deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self.policy)
+        due = deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self.policy,
+                          self.svc.typical_ns())
+        if att.step_due is not None and (due is None or att.step_due < due):
+            return att.step_due
+        return due
 
     def _run(self) -> None:
-        floor = self.policy.floor_ns
         while True:
             actions: list = []
             with self.cond:
                 if self._stopping:
                     return
+                floor = max(self._slack(), RECHECK_NS)
                 now = self.clock()
                 due = []
                 while self._heap and self._heap[0][0] <= now:
                     due.append(heapq.heappop(self._heap)[2])
-                if due and self._skew > floor:      # we were starved, not the drives: look again later
-                    for att in due:
-                        heapq.heappush(self._heap, (now + max(floor, RECHECK_NS), next(self._seq), att))
+                if due and self._skew > floor and not self._deferred:   # we were starved, not the drives:
+                    self._deferred = True                               # look again later, once (a machine
+                    for att in due:                                     # always this loaded would defer forever)
+                        heapq.heappush(self._heap, (now + floor, next(self._seq), att))
                 else:
+                    self._deferred = False
                     for att in due:
                         self._judge(att, now, actions)
                 self._skew = 0

@@ -30,8 +30,10 @@ from typing import Mapping, Sequence
 class HedgePolicy:
     """The knobs of hedging (SplitReader's `hedge_policy`)."""
 
-    margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
-    floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise on a busy machine)
+    margin: float = 3.0             # a piece is late after margin x its expected time (at least margin x a
+                                    # request's typical service time on these drives: `ServiceTime`)
+    floor_ns: int = 0               # never late before this, ns, on top (0: the floor is in units of the work,
+                                    # a request's typical service time; tests set one to order events)
     late_limit: int = 3             # late pieces in a row (no on-time piece between; one per engine cut, each
                                     # started after the previous was judged) that, with the drive behind its
                                     # share of the others' bytes over the margin, degrade a source
@@ -117,13 +119,47 @@ def expected_rate(own: float | None, planned: float | None) -> float | None:
     return max(known) if known else None
 
 
-def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy) -> int | None:
+class ServiceTime:
+    """A request's typical service time on the reader's drives (first byte asked to last byte in, as
+    the lanes see it: the drive's latency, its queue in the kernel and the machine's scheduling),
+    decayed per on-time delivery: the floor of every deadline, in units of the work. On drives of
+    10 MB/s a chunk takes ~100 ms, on NVMe ~0.2 ms; on a machine short of CPU every request takes
+    longer, and so does the floor. 0 before any delivery."""
+
+    __slots__ = ("decay", "sum_ns", "n")
+
+    def __init__(self, decay: float = 0.97):
+        self.decay, self.sum_ns, self.n = decay, 0.0, 0.0
+
+    def observe(self, ns: int) -> None:
+        self.sum_ns = self.sum_ns * self.decay + max(0, ns)
+        self.n = self.n * self.decay + 1
+
+    def typical_ns(self) -> float:
+        return self.sum_ns / self.n if self.n else 0.0
+
+
+def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy,
+                typical_ns: float = 0.0) -> int | None:
     """When a piece queued at `enqueued_ns` behind (and including) `ahead_bytes` on a source held to
-    `rate` is late; None while nothing is known of any rate (judge later)."""
+    `rate` is late: margin x the longer of its expected time and a request's typical service time
+    (`ServiceTime`: a drive delivering in bursts, with a burst rate that promises no time at all,
+    still has a request's time), plus `floor_ns`; None while nothing is known of any rate."""
     if rate is None or rate <= 0:
         return None
     expected = 0.0 if math.isinf(rate) else ahead_bytes / rate
-    return enqueued_ns + policy.floor_ns + int(policy.margin * expected)
+    return enqueued_ns + policy.floor_ns + int(policy.margin * max(expected, typical_ns))
+
+
+def step_deadline_ns(submitted_ns: int, landed_ns: int, policy: HedgePolicy, typical_ns: float = 0.0) -> int:
+    """When a piece of a drive already on a late streak is late by its step: its read was submitted
+    at `submitted_ns` and every other piece of it had landed by `landed_ns` (the healthy drives read
+    their share in that step); at its weight's share it should take about as long, so it is late at
+    margin x the step (at least margin x a request's typical service time) after the submit, plus
+    `floor_ns`. A crawler's next pieces are so hedged in units of the engine's step, before the
+    verdict that takes it out is reached (docs/reader.md "Hedged reads")."""
+    step = max(0, landed_ns - submitted_ns)
+    return submitted_ns + policy.floor_ns + int(policy.margin * max(step, typical_ns))
 
 
 def expected_ns(ahead_bytes: int, rate: float | None) -> float | None:

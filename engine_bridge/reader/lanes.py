@@ -122,6 +122,7 @@ class Lanes:
                 att.piece.active = 1
                 ticket._writers += 1
                 if self.hedger is not None:
+                    ticket._mains.append(att)
                     self.hedger.enqueued(att)
                 self._queues[src].put(att)
             if self.balance is not None:
@@ -345,6 +346,8 @@ class Lanes:
                     if att.kind == HEDGE:
                         ticket._patches.append(att)
                     finish = self._landed(ticket, s, t1)
+                    if finish is None and self.hedger is not None:
+                        self.hedger.landed(ticket)
                 elif att.kind == HEDGE:
                     free.append(att.buf)     # lost, or failed: its private buffer is nobody's now
                 if failed and not piece.done and piece.active == 0:   # no other attempt may still deliver

@@ -387,3 +387,119 @@ def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model
 def test_no_copy_is_promised_on_a_pace_nobody_knows():
     assert copy_due(10, 0, expected_ns(MIB, None), 100, 1) is None
     assert expected_ns(MIB, math.inf) == 0.0 and expected_ns(MIB, 0.0) is None
+
+
+# -- the floor and the step, in units of the work ----------------------------------------------
+
+def test_the_floor_is_a_requests_typical_time_at_every_speed():
+    """A burst promises no time at all (an infinite rate); what holds a deadline off then is a
+    request's typical service time on these drives, not 50 ms: the same in units of a request at
+    10 MB/s and at 5 GB/s."""
+    pol = HedgePolicy()
+    assert pol.floor_ns == 0
+    for rate in (10e6 / 1e9, 5e9 / 1e9):
+        unit = MIB / rate                               # ns a drive at `rate` takes for a chunk
+        svc = hedging.ServiceTime(0.97)
+        assert svc.typical_ns() == 0.0
+        for _ in range(10):
+            svc.observe(round(unit))
+        assert svc.typical_ns() == pytest.approx(unit)
+        due = deadline_ns(0, MIB, math.inf, pol, svc.typical_ns())
+        assert due / unit == pytest.approx(pol.margin)                     # margin x a request, not 0
+        assert deadline_ns(0, 4 * MIB, rate, pol, svc.typical_ns()) / unit == pytest.approx(4 * pol.margin)
+    assert deadline_ns(0, MIB, math.inf, HedgePolicy(floor_ns=7), 0.0) == 7  # a floor set on top still holds
+
+
+@pytest.mark.parametrize("sub, landed, typical, due", [
+    (0, 100, 0.0, 300),             # the others needed 100 for their share: late at 3 x the step
+    (50, 150, 0.0, 350),            # from the read's submit
+    (0, 10, 40.0, 120),             # a step shorter than a request's typical time: margin x that
+    (0, 0, 0.0, 0),
+])
+def test_a_streaking_drives_piece_is_late_in_units_of_its_step(sub, landed, typical, due):
+    assert hedging.step_deadline_ns(sub, landed, HedgePolicy(), typical) == due
+
+
+class Gates:
+    """Holds reads by source: `arm(path, k)` makes that source's next k reads block (each signals
+    `entered[path]`) until `go(path)` lets one through; reads of an unarmed source run freely."""
+
+    def __init__(self, paths):
+        self.lock = threading.Lock()
+        self.armed = {p: 0 for p in paths}
+        self.entered = {p: threading.Semaphore(0) for p in paths}
+        self.gate = {p: threading.Semaphore(0) for p in paths}
+
+    def arm(self, path, k=1):
+        with self.lock:
+            self.armed[path] += k
+
+    def go(self, path, k=1):
+        for _ in range(k):
+            self.gate[path].release()
+
+    def reader(self, path):
+        gates = self
+
+        class Gated(CachedReader):
+            def read_into(self, buffer, offset):
+                with gates.lock:
+                    held = gates.armed[path] > 0
+                    if held:
+                        gates.armed[path] -= 1
+                if held:
+                    gates.entered[path].release()
+                    gates.gate[path].acquire()
+                return super().read_into(buffer, offset)
+
+        return Gated(path)
+
+
+def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(model):
+    """A drive late once (a streak of 1, far from the verdict) gets a piece of the next read: the
+    other drives read their share in U, so it is late at 3 U after the submit and hedged, though its
+    own deadline (two pieces in its kernel at its pace) is 6 U away. Times are the test's clock."""
+    paths, data = model
+    g, clock, U = Gates(paths), Clock(), 1000
+    ln = 12 * BLOCK_BYTES
+    pol = HedgePolicy(floor_ns=0, late_limit=100, min_busy_ns=0)
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=2, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=g.reader) as r:
+        for p in paths:                              # warm-up: every drive reads its piece in U
+            g.arm(p)
+        t0 = r.submit(0, ln)
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        for p in paths:
+            g.go(p)
+        assert bytes(t0.result()) == data[:ln]
+        g.arm(paths[2], 100)                         # the third drive hangs from now on
+        for p in paths[:2]:
+            g.arm(p)
+        t1 = r.submit(0, ln)                         # at U: its piece is late at U + 3 U (its own pace)
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        for p in paths[:2]:
+            g.go(p)
+        _until(lambda: all(r.stats().sources[i].reads == 2 for i in (0, 1)))
+        clock.advance(2 * U + 1)
+        r.wake_hedger()
+        assert bytes(t1.result()) == data[:ln]       # hedged: the drive's streak is 1
+        assert r.stats().sources[2].late == 1
+        for p in paths[:2]:
+            g.arm(p)
+        t2 = r.submit(0, ln)                         # at 4 U + 1; its own deadline: 2 pieces ahead, 6 U
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        for p in paths[:2]:
+            g.go(p)
+        _until(lambda: all(r.stats().sources[i].reads >= 3 for i in (0, 1)))
+        clock.advance(2 * U + 1)                     # 3 U + 1 after its submit: late by its step
+        r.wake_hedger()
+        assert bytes(t2.result()) == data[:ln]
+        s = r.stats()
+        g.go(paths[2], 100)
+    assert s.sources[2].late == 2 and sum(x.hedged for x in s.sources) == 2 and not s.sources[2].degraded
