@@ -503,3 +503,23 @@ def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(m
         s = r.stats()
         g.go(paths[2], 100)
     assert s.sources[2].late == 2 and sum(x.hedged for x in s.sources) == 2 and not s.sources[2].degraded
+
+
+def test_a_move_is_sized_on_all_the_work_of_the_windows_that_confirmed_it():
+    """A drive at half speed, two windows off the band: in the second its peers served a burst
+    (10x its rate, it looks at a tenth). The move is sized on both windows' bytes over both windows'
+    busy time, not on the last window's burst alone: 0.19, nearer its half than a tenth."""
+    from engine_bridge.reader.reweighting import judge, pooled_rates
+
+    pol = ReweighPolicy(confirm=2)
+    w1 = ([300.0, 300.0, 150.0], [100.0, 100.0, 100.0])        # half speed: 3 / 3 / 1.5 per ns
+    w2 = ([1000.0, 1000.0, 100.0], [100.0, 100.0, 100.0])      # the peers' burst: 10 / 10 / 1
+    last = {0: 10.0, 1: 10.0, 2: 1.0}
+    assert pooled_rates([w1, w2], last) == {0: 6.5, 1: 6.5, 2: 1.25}
+    alone = judge((1.0, 1.0, 1.0), (1, 1, 1), last, (0, 0, -1), pol)
+    pooled = judge((1.0, 1.0, 1.0), (1, 1, 1), last, (0, 0, -1), pol, size=pooled_rates([w1, w2], last))
+    assert alone.mult[2] == pytest.approx(0.1) and pooled.mult[2] == pytest.approx(1.25 / 6.5)
+    assert pooled.mult[:2] == (1.0, 1.0) and alone.streak == pooled.streak
+    # a window in the band moves nothing, whatever the pooled rates say
+    calm = judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 3.0, 1: 3.0, 2: 2.9}, (0, 0, -1), pol, size={0: 9.0, 1: 9.0, 2: 1.0})
+    assert calm.mult is None
