@@ -298,9 +298,9 @@ class Hedger:
         return max(self._slack(), RECHECK_NS)
 
     def _slack(self) -> int:
-        """The least time a deadline gives beyond a drive's expected time: the floor, and margin x a
-        request's typical service time (the watchdog waking later than that was starved itself)."""
-        return self.policy.floor_ns + int(self.policy.margin * self.svc.typical_ns())
+        """The least time a deadline gives beyond a drive's expected time: the floor and a request's
+        typical service time (the watchdog waking later than that was starved itself)."""
+        return self.policy.floor_ns + int(self.svc.typical_ns())
 
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
@@ -425,6 +425,16 @@ class Hedger:
         if due is None or due > now:
             heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
             return
+        if att.step_due is not None and att.step_due <= now and not self._own_late(att, now):
+            # late by its step only: hedged now, like an idle drive's copy, and still judged at its own
+            # deadline (where a lateness counts in its streak); the step's lateness is not counted
+            att.step_due = None
+            if not piece.hedged and not piece.done and att.started and self._hedge(att, now):
+                piece.copied = True
+            own = self._deadline(att)
+            if own is not None:
+                heapq.heappush(self._heap, (own, next(self._seq), att))
+            return
         att.late = True
         self._count_late(att, now)
         if not piece.hedged and not piece.done:
@@ -435,6 +445,12 @@ class Hedger:
                 n = self.streak[s]
                 self._on_time(s)
                 actions.append(lambda: self._degrade(s, n, why))
+
+    def _own_late(self, att: Attempt, now: int) -> bool:
+        """Whether `att` is past the deadline of its drive's own pace (not only its step's)."""
+        due = deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, att.piece.ticket.phase, self.health.healthy()),
+                          self.policy, self.svc.typical_ns())
+        return due is not None and due <= now
 
     def _hedge(self, att: Attempt, now: int) -> bool:
         """Put a hedge of `att`'s piece at the front of the healthiest other source (lock held)."""

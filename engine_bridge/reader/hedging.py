@@ -30,8 +30,8 @@ from typing import Mapping, Sequence
 class HedgePolicy:
     """The knobs of hedging (SplitReader's `hedge_policy`)."""
 
-    margin: float = 3.0             # a piece is late after margin x its expected time (at least margin x a
-                                    # request's typical service time on these drives: `ServiceTime`)
+    margin: float = 3.0             # a piece is late after margin x its expected time, plus a request's
+                                    # typical service time on these drives (`ServiceTime`)
     floor_ns: int = 0               # never late before this, ns, on top (0: the floor is in units of the work,
                                     # a request's typical service time; tests set one to order events)
     late_limit: int = 3             # late pieces in a row (no on-time piece between; one per engine cut, each
@@ -121,45 +121,51 @@ def expected_rate(own: float | None, planned: float | None) -> float | None:
 
 class ServiceTime:
     """A request's typical service time on the reader's drives (first byte asked to last byte in, as
-    the lanes see it: the drive's latency, its queue in the kernel and the machine's scheduling),
-    decayed per on-time delivery: the floor of every deadline, in units of the work. On drives of
-    10 MB/s a chunk takes ~100 ms, on NVMe ~0.2 ms; on a machine short of CPU every request takes
-    longer, and so does the floor. 0 before any delivery."""
+    the lanes see it: the drive's latency, its queue in the kernel, a throttle's stalls and the
+    machine's scheduling), decayed per on-time delivery and weighted by its own length (sum of
+    squares over sum: the service time a request in flight at a random instant sees). A throttle
+    serving 15 requests in a millisecond and then stalling 100 ms for one has a typical time near
+    the stall, not the burst's; an unthrottled drive's is its requests' time. It is the floor of
+    every deadline, in units of the work: ~0.1 s on drives of 10 MB/s, ~0.2 ms on NVMe, longer on
+    a machine short of CPU. 0 before any delivery."""
 
-    __slots__ = ("decay", "sum_ns", "n")
+    __slots__ = ("decay", "sum_ns", "sq_ns")
 
     def __init__(self, decay: float = 0.97):
-        self.decay, self.sum_ns, self.n = decay, 0.0, 0.0
+        self.decay, self.sum_ns, self.sq_ns = decay, 0.0, 0.0
 
     def observe(self, ns: int) -> None:
-        self.sum_ns = self.sum_ns * self.decay + max(0, ns)
-        self.n = self.n * self.decay + 1
+        ns = max(0, ns)
+        self.sum_ns = self.sum_ns * self.decay + ns
+        self.sq_ns = self.sq_ns * self.decay + float(ns) * ns
 
     def typical_ns(self) -> float:
-        return self.sum_ns / self.n if self.n else 0.0
+        return self.sq_ns / self.sum_ns if self.sum_ns > 0 else 0.0
 
 
 def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy,
                 typical_ns: float = 0.0) -> int | None:
     """When a piece queued at `enqueued_ns` behind (and including) `ahead_bytes` on a source held to
-    `rate` is late: margin x the longer of its expected time and a request's typical service time
-    (`ServiceTime`: a drive delivering in bursts, with a burst rate that promises no time at all,
-    still has a request's time), plus `floor_ns`; None while nothing is known of any rate."""
+    `rate` is late: margin x its expected time, plus a request's typical service time on these
+    drives (`ServiceTime`: a throttle's stall, the machine's scheduling; a burst's rate promises no
+    time at all, a request still takes its time), plus `floor_ns`; None while nothing is known of
+    any rate."""
     if rate is None or rate <= 0:
         return None
     expected = 0.0 if math.isinf(rate) else ahead_bytes / rate
-    return enqueued_ns + policy.floor_ns + int(policy.margin * max(expected, typical_ns))
+    return enqueued_ns + policy.floor_ns + int(policy.margin * expected + typical_ns)
 
 
 def step_deadline_ns(submitted_ns: int, landed_ns: int, policy: HedgePolicy, typical_ns: float = 0.0) -> int:
     """When a piece of a drive already on a late streak is late by its step: its read was submitted
     at `submitted_ns` and every other piece of it had landed by `landed_ns` (the healthy drives read
     their share in that step); at its weight's share it should take about as long, so it is late at
-    margin x the step (at least margin x a request's typical service time) after the submit, plus
-    `floor_ns`. A crawler's next pieces are so hedged in units of the engine's step, before the
-    verdict that takes it out is reached (docs/reader.md "Hedged reads")."""
+    margin x the step after the submit, plus a request's typical service time and `floor_ns`. A
+    crawler's next pieces are so hedged in units of the engine's step, before the verdict that
+    takes it out is reached (docs/reader.md "Hedged reads"); such a lateness is not counted in the
+    streak (the verdict stays on the drive's own pace, where a throttle's bursts cancel)."""
     step = max(0, landed_ns - submitted_ns)
-    return submitted_ns + policy.floor_ns + int(policy.margin * max(step, typical_ns))
+    return submitted_ns + policy.floor_ns + int(policy.margin * step + typical_ns)
 
 
 def expected_ns(ahead_bytes: int, rate: float | None) -> float | None:

@@ -394,7 +394,8 @@ def test_no_copy_is_promised_on_a_pace_nobody_knows():
 def test_the_floor_is_a_requests_typical_time_at_every_speed():
     """A burst promises no time at all (an infinite rate); what holds a deadline off then is a
     request's typical service time on these drives, not 50 ms: the same in units of a request at
-    10 MB/s and at 5 GB/s."""
+    10 MB/s and at 5 GB/s. A throttle's stall weighs by its length: 15 requests of 1 unit and one
+    of 100 make a typical time of 87 units, not the mean of 7."""
     pol = HedgePolicy()
     assert pol.floor_ns == 0
     for rate in (10e6 / 1e9, 5e9 / 1e9):
@@ -405,15 +406,19 @@ def test_the_floor_is_a_requests_typical_time_at_every_speed():
             svc.observe(round(unit))
         assert svc.typical_ns() == pytest.approx(unit)
         due = deadline_ns(0, MIB, math.inf, pol, svc.typical_ns())
-        assert due / unit == pytest.approx(pol.margin)                     # margin x a request, not 0
-        assert deadline_ns(0, 4 * MIB, rate, pol, svc.typical_ns()) / unit == pytest.approx(4 * pol.margin)
+        assert due / unit == pytest.approx(1)                               # a request's time, not 0
+        assert deadline_ns(0, 4 * MIB, rate, pol, svc.typical_ns()) / unit == pytest.approx(4 * pol.margin + 1)
+        burst = hedging.ServiceTime(1.0 - 1e-12)
+        for ns in [round(unit)] * 15 + [round(100 * unit)]:
+            burst.observe(ns)
+        assert burst.typical_ns() / unit == pytest.approx(10015 / 115, rel=1e-6)
     assert deadline_ns(0, MIB, math.inf, HedgePolicy(floor_ns=7), 0.0) == 7  # a floor set on top still holds
 
 
 @pytest.mark.parametrize("sub, landed, typical, due", [
     (0, 100, 0.0, 300),             # the others needed 100 for their share: late at 3 x the step
     (50, 150, 0.0, 350),            # from the read's submit
-    (0, 10, 40.0, 120),             # a step shorter than a request's typical time: margin x that
+    (0, 10, 40.0, 70),              # plus a request's typical time
     (0, 0, 0.0, 0),
 ])
 def test_a_streaking_drives_piece_is_late_in_units_of_its_step(sub, landed, typical, due):
@@ -457,8 +462,10 @@ class Gates:
 
 def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(model):
     """A drive late once (a streak of 1, far from the verdict) gets a piece of the next read: the
-    other drives read their share in U, so it is late at 3 U after the submit and hedged, though its
-    own deadline (two pieces in its kernel at its pace) is 6 U away. Times are the test's clock."""
+    other drives read their share in U, so it is late by its step at 3 U (+ a request's typical
+    time, U) after the submit and hedged, though its own deadline (two pieces in its kernel at its
+    pace) is 6 U (+ U) away. The step's lateness is not counted in its streak: at its own deadline
+    it is. Times are the test's clock."""
     paths, data = model
     g, clock, U = Gates(paths), Clock(), 1000
     ln = 12 * BLOCK_BYTES
@@ -484,25 +491,30 @@ def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(m
         for p in paths[:2]:
             g.go(p)
         _until(lambda: all(r.stats().sources[i].reads == 2 for i in (0, 1)))
-        clock.advance(2 * U + 1)
+        clock.advance(3 * U + 1)
         r.wake_hedger()
         assert bytes(t1.result()) == data[:ln]       # hedged: the drive's streak is 1
         assert r.stats().sources[2].late == 1
         for p in paths[:2]:
             g.arm(p)
-        t2 = r.submit(0, ln)                         # at 4 U + 1; its own deadline: 2 pieces ahead, 6 U
+        t2 = r.submit(0, ln)                         # at 5 U + 1; its own deadline: 2 pieces ahead, 7 U
         for p in paths:
             g.entered[p].acquire()
         clock.advance(U)
         for p in paths[:2]:
             g.go(p)
         _until(lambda: all(r.stats().sources[i].reads >= 3 for i in (0, 1)))
-        clock.advance(2 * U + 1)                     # 3 U + 1 after its submit: late by its step
+        clock.advance(3 * U + 1)                     # 4 U + 1 after its submit: late by its step
         r.wake_hedger()
         assert bytes(t2.result()) == data[:ln]
         s = r.stats()
+        assert s.sources[2].late == 1 and sum(x.hedged for x in s.sources) == 2     # hedged, not counted
+        clock.advance(3 * U)                         # 7 U + 1: its own deadline
+        r.wake_hedger()
+        _until(lambda: r.stats().sources[2].late == 2)
+        end = r.stats()
         g.go(paths[2], 100)
-    assert s.sources[2].late == 2 and sum(x.hedged for x in s.sources) == 2 and not s.sources[2].degraded
+    assert sum(x.hedged for x in end.sources) == 2 and not end.sources[2].degraded      # judged, never hedged twice
 
 
 def test_a_move_is_sized_on_all_the_work_of_the_windows_that_confirmed_it():
