@@ -184,7 +184,8 @@ class Hedger:
                 self._memo.clear()
                 self.busy[s] = 0
                 if att.kind == MAIN:
-                    self.svc.observe(now - att.t_begin)
+                    # a request's own time: its service over the requests in the kernel with it
+                    self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
                     self._on_time(s)
         return []
 

@@ -120,14 +120,14 @@ def expected_rate(own: float | None, planned: float | None) -> float | None:
 
 
 class ServiceTime:
-    """A request's typical service time on the reader's drives (first byte asked to last byte in, as
-    the lanes see it: the drive's latency, its queue in the kernel, a throttle's stalls and the
-    machine's scheduling), decayed per on-time delivery and weighted by its own length (sum of
-    squares over sum: the service time a request in flight at a random instant sees). A throttle
-    serving 15 requests in a millisecond and then stalling 100 ms for one has a typical time near
-    the stall, not the burst's; an unthrottled drive's is its requests' time. It is the floor of
-    every deadline, in units of the work: ~0.1 s on drives of 10 MB/s, ~0.2 ms on NVMe, longer on
-    a machine short of CPU. 0 before any delivery."""
+    """A request's typical own time on the reader's drives: its service (first byte asked to last
+    byte in, as the lanes see it: the drive's latency, a throttle's stalls, the machine's
+    scheduling) over the bytes in the kernel with it (the queue ahead is the deadline's expected
+    time already), decayed per on-time delivery and weighted by its own length (sum of squares over
+    sum: what a request in flight at a random instant sees, so a throttle's stalls weigh by their
+    length, not by their count). It is the floor of every deadline, in units of the work: a
+    chunk's time, ~0.1 s on drives of 10 MB/s, ~0.2 ms on NVMe, longer on a machine short of CPU.
+    0 before any delivery."""
 
     __slots__ = ("decay", "sum_ns", "sq_ns")
 
