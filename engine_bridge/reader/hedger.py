@@ -1,8 +1,12 @@
 """The split reader's hedger: a watchdog that re-issues late pieces on the healthiest other replica.
 
 Every main attempt gets a deadline when it is queued (`hedging.deadline_ns`: the bytes queued on
-its source ahead of it over the rate the source is held to, times a margin, plus a floor; with
-balancing, from when a lane starts it, over the bytes then in its drive's kernel). The watchdog
+its source ahead of it over the rate the source is held to, times a margin, plus a request's
+typical own time on these drives, `hedging.ServiceTime`; with balancing, from when a lane starts
+it, over the bytes then in its drive's kernel). A drive already on a late streak is also judged
+by the step: when the rest of a read has landed, its pieces still out are late at margin x the
+time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judged again at their
+own deadline, where a lateness counts. The watchdog
 thread sleeps until the earliest deadline; a piece still outstanding then is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
@@ -21,8 +25,8 @@ against the same kind of deadline, one at a time (and at most one per `probe_int
 `recover_probes` on-time probes in a row restore it. Never the last healthy source is degraded
 for lateness.
 
-If the watchdog itself wakes more than a floor late (the whole process was starved, not a drive)
-it judges nothing that round and gives every due piece another floor. Its state lives under the
+If the watchdog itself wakes later than a deadline's slack (the whole process was starved, not a
+drive) it judges nothing that round and gives every due piece that much again, once. Its state lives under the
 lanes' lock (one lock; the watchdog waits on a Condition of it). `clock` is injectable (ns) and
 `wake()` re-runs the watchdog now, so tests order events without sleeping.
 """

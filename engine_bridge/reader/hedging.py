@@ -3,8 +3,9 @@ no threads, no clock).
 
 Every piece gets a deadline from what its drive is expected to deliver: the bytes queued on that
 source ahead of it (itself included) over the source's expected rate, times a margin, plus a
-floor. The expected rate is the larger of what the source itself delivered lately (bytes over busy
-time, learnt only from pieces that were on time) and what the plan's weights promise for it (the
+request's typical own time on these drives (`ServiceTime`; no floor in seconds). The expected
+rate is the larger of what the source itself delivered lately (bytes over busy time, learnt only
+from pieces that were on time) and what the plan's weights promise for it (the
 healthy peers' rate per unit of weight times its weight): a drive that crawls while its weight
 says it is fast is late against its weight, and one that slows suddenly is late against itself.
 Both are known from the first deliveries: a deadline scales with the drives' own pace.

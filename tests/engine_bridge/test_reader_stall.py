@@ -101,8 +101,8 @@ def test_pace_starts_slow_grows_with_deliveries_and_falls_while_it_delivers_noth
 def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
     """Three drives of one speed, the third crawling at a twentieth of it; 1 MiB chunks; every time
     in units of the time a healthy drive takes for a chunk. The rules are replayed with the speeds
-    and times of 10 MB/s drives and of 5 GB/s drives: every decision is the same. (The floor is
-    scheduling noise, not a drive's pace: 0 here, and said so in docs/reader.md.)"""
+    and times of 10 MB/s drives and of 5 GB/s drives: every decision is the same. (The floor, a
+    request's typical own time, is 0 here: no request has been timed.)"""
 
     def decisions(rate: float) -> list:
         unit = MIB / rate                                   # ns a healthy drive takes for a chunk
