@@ -135,6 +135,7 @@ class Hedger:
         self.pending[att.src].discard(att)
         self._tick(new, now)
         self.outstanding[new] += att.ln
+        att.step_due = None             # its step was its old drive's
 
     def stolen(self, att: Attempt, new: int) -> None:
         """A queued main attempt is taken by idle source `new` (balancing): queued there now, with a
