@@ -350,8 +350,12 @@ def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_
         assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
         stall.active = True
         for k in range(3):
+            before = [x.reads for x in r.stats().sources]
             t = r.submit(k * 4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
             stall.entered.acquire()                                  # this read's piece is in its kernel
+            # ... and the others' have landed before the clock moves: a read in flight across the
+            # move would teach the hedger a request's typical time of a whole floor (its deadlines' floor)
+            _until(lambda: all(r.stats().sources[i].reads > before[i] for i in (0, 1)))
             clock.advance(FLOOR + 1)
             r.wake_hedger()
             assert bytes(t.result()) == data[k * 4 * BLOCK_BYTES:(k + 1) * 4 * BLOCK_BYTES]
