@@ -92,3 +92,6 @@ class Engine:
     # serves when the engine routes the expert to it (its fallback rule for a missing file); None:
     # each component by its own file (a read falls back on its own)
     replica_serves: Optional[Callable[[Any, int, int, frozenset], int]] = None
+    # (geometry, sources, switches) -> '' when more drives can shorten the engine's reads of this
+    # model, else one line why not and what would (the planner says it beside its prices); None: ''
+    drive_limit: Optional[Callable[[Any, int, frozenset], str]] = None

@@ -72,6 +72,10 @@ class Request:
     idle: tuple[tuple[str, ...], ...] = ()
     # per source: the model's files a partial replica holds (None, or no entry: every file)
     holds: tuple[tuple[str, ...] | None, ...] = ()
+    # engines placed by files (`EngineProfile.links`): the model's files (name relative to the
+    # primary's folder, bytes), and the folder export writes the engine's links into ('' none)
+    files: tuple[tuple[str, int], ...] = ()
+    link_dir: str = ""
 
     @property
     def sources(self) -> int:
@@ -165,6 +169,11 @@ class EngineProfile(Protocol):
 
     def frozen_state(self, variant: str = "") -> tuple[dict[str, str], str]:
         """(variables that stop the engine learning from a run, what it keeps and where that is said)."""
+
+    def links(self, request: Request) -> tuple[tuple[str, str], ...]:
+        """(name, target) of each link export writes into `request.link_dir` for the engine to be
+        given that folder's first file (an engine placed by files); () for an engine given the
+        sources themselves."""
 
     def default_environment(self, environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
         """A profile's environment as the engine runs by default over the same drives (no weights, no

@@ -11,11 +11,11 @@ from typing import Iterator
 
 from core.errors import UsageError
 
-from . import colibri, ds4_argodrive
+from . import colibri, ds4_argodrive, llamacpp
 from .base import Engine
 from .handoff import bad_characters
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (ds4_argodrive.ENGINE, colibri.ENGINE)}
+ENGINES: dict[str, Engine] = {e.name: e for e in (ds4_argodrive.ENGINE, colibri.ENGINE, llamacpp.ENGINE)}
 DEFAULT_ENGINE = ds4_argodrive.NAME
 
 

@@ -119,8 +119,16 @@ def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequen
     plan = replace(plan, geometry=chosen.geometry, workload=record)
     path = save_plan(load_rig(rig_root, must_exist=False), plan)
     notices = ([chosen.notice] if chosen.notice else []) + [x["why"] for x in inputs.provenance.get("left_out", ())] \
-        + [v["why"] for v in choice.idle.values()]
+        + [v["why"] for v in choice.idle.values()] + drive_limits(prob, plan.switches)
     return SavedPlan(load_plan(path), path, tuple(notices))
+
+
+def drive_limits(problem, switches=frozenset()) -> list[str]:
+    """The engine's own line when more drives cannot shorten its reads of this model (why, and
+    what would: `Engine.drive_limit`), else nothing."""
+    e = problem.engine
+    why = e.drive_limit(problem.geometry, len(problem.drives), frozenset(switches)) if e.drive_limit else ""
+    return [why] if why else []
 
 
 def _named_geometry(wl: ModelWorkload) -> dict:

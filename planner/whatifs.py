@@ -317,6 +317,10 @@ def whatif(rp: RigProblem, rig: Rig, *, add: CandidateDrive | None = None, remov
         avail = available_memory()
         if avail and copy_bytes > avail:
             notes.append(f"{format_bytes(copy_bytes)} does not fit the {format_bytes(avail)} of RAM available now")
+    if engine.drive_limit is not None:
+        why = engine.drive_limit(rp.chosen.workload.geometry, len(names) + 1, frozenset())
+        if why:
+            notes.append(why)
     if timing is None:
         notes.append("no timing of a run (time waiting for reads against computing): the gains are the reads' alone; "
                      "run the embedded engine (`engine-bridge bench`) or give --timing RUN.json / an engine log")

@@ -442,6 +442,35 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
 
 
 @app.command()
+def resplit(source: str = typer.Argument(..., metavar="SOURCE", help="The GGUF model to re-split (read-only): a file "
+                                                                     "or any file of a split set."),
+            dest: str = typer.Argument(..., metavar="DIR", help="An existing folder for the new set (nothing in it "
+                                                                "is ever replaced)."),
+            prefix: Optional[str] = typer.Option(None, "--prefix", metavar="NAME", help="The set's file name prefix "
+                                                                                          "(default: the source's)."),
+            max_tensors: int = typer.Option(1, "--max-tensors", metavar="N", help="Tensors per file (1: one tensor "
+                                                                                  "per file, the finest a drive can "
+                                                                                  "be chosen for)."),
+            quiet: bool = QuietOption,
+            json_out: bool = JsonOption):
+    """Write a GGUF model as a split set with N tensors per file, as `llama-gguf-split --split
+    --split-max-tensors N` would (the same bytes): for an engine that reads a file through one
+    mmap, a drive can be chosen per file. The set is a model of its own: make it a rig's model
+    (`replicas init`) and copy it with `replicas sync` (docs/replicas.md, "One tensor per file")."""
+    from .resplit import ResplitResult, resplit as resplit_model
+
+    if max_tensors < 1:
+        raise UsageError(f"--max-tensors {max_tensors}: at least 1")
+    with live_progress(not quiet) as (report, cancel):
+        res = resplit_model(source, dest, prefix=prefix, max_tensors=max_tensors, report=report, cancel=cancel)
+    if json_out:
+        print_result(ResplitResult(res))
+    else:
+        out.print(f"wrote {len(res['files'])} files ({format_bytes(res['bytes'])}, {res['tensors']} tensors) in "
+                  f"{escape(res['dir'])}; the set's first file: {escape(res['path'])}", soft_wrap=True, highlight=False)
+
+
+@app.command()
 def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     """One row per member: path, drive, size, stamp state, what the last verification found and
     when the last full one was (reads no data); for a model of several files, a row under its

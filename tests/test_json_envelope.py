@@ -86,6 +86,7 @@ CASES = {
     "replicas repair": (lambda t: (lambda r: ["--rig", r[0], r[1][1]])(_replicas(t)), "repair"),
     "replicas status": (lambda t: ["--rig", _replicas(t)[0]], "status"),
     "replicas upstream": (lambda t: _upstream(t), "upstream"),
+    "replicas resplit": (lambda t: [_model(t), _mkdir(t / "set")], "resplit"),
     "iobench run": (lambda t: [_write(t / "a.bin", 4 * MiB), "--preset", "seq", "--seconds", "0.05", "--repeat", "2",
                                "--lanes", "1", "--no-save"], "iobench"),
     "iobench show": (lambda t: [_iobench_results(t)], "iobench"),

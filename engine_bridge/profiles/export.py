@@ -20,7 +20,7 @@ from importlib import metadata, resources
 
 from core import rig as rigmod
 from core.constants import PROFILES_DIR
-from core.errors import MissingError, ReplicaTunerError, RigError, UsageError
+from core.errors import MissingError, ReplicaTunerError, RigError, UsageError, WriteError
 from core.fsutil import atomic_write_text
 from core.events import Reporter
 from core.jsonfile import read_json, write_json
@@ -132,6 +132,16 @@ def model_kind(path: str) -> tuple[str, str, tuple[str, ...]] | None:
     except (ReplicaTunerError, OSError):
         return None
     return m.format, m.layout, m.files
+
+
+def model_files(path: str) -> tuple[tuple[str, int], ...]:
+    """The model's files at the plan's primary path (relative to its folder) and their bytes; ()
+    when it cannot tell (the rules then say what is wrong with the source itself)."""
+    try:
+        m = discover(path)
+        return tuple((rel, os.path.getsize(p)) for rel, p in zip(m.files, m.paths))
+    except (ReplicaTunerError, OSError):
+        return ()
 
 
 def _listing(directory: str) -> tuple[tuple[str, int], ...]:
@@ -262,17 +272,19 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
             base = d.name
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
-    ctx = _Context(fmt, engine, rig, manifest, definitions, layered, cache, allow_unverified)
-    profile = _profile_for(ctx, plan, plan_path, profile_id)
-
     if output == "-":
-        text = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n" if fmt == pf.JSON_FORMAT else pf.render_env(profile)
-        return ExportResult(profile, ("-",), text)
-    if fmt == pf.JSON_FORMAT:
+        main = os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")     # links are named, not written
+    elif fmt == pf.JSON_FORMAT:
         main = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".json")
     else:
         main = os.path.abspath(output) if output else os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")
     folder, stem = os.path.dirname(main), os.path.splitext(os.path.basename(main))[0]
+    ctx = _Context(fmt, engine, rig, manifest, definitions, layered, cache, allow_unverified, folder)
+    profile = _profile_for(ctx, plan, plan_path, profile_id, link_dir=os.path.join(folder, stem + LINKS_SUFFIX))
+
+    if output == "-":
+        text = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n" if fmt == pf.JSON_FORMAT else pf.render_env(profile)
+        return ExportResult(profile, ("-",), text)
     extra: list[pf.Profile] = []
     skipped: list[tuple[str, str]] = []
     listed = {}
@@ -281,7 +293,8 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
         why = fb.why
         if fb.plan is not None:
             try:
-                extra.append(_profile_for(ctx, fb.plan, plan_path, fid))
+                extra.append(_profile_for(ctx, fb.plan, plan_path, fid,
+                                          link_dir=os.path.join(folder, f"{stem}.without-{fb.drive}{LINKS_SUFFIX}")))
             except ReplicaTunerError as e:
                 why = str(e)
         if why:
@@ -291,13 +304,51 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str, name: str | 
     if listed or skipped:
         profile = replace(profile, provenance={**profile.provenance, "fallbacks": listed,
                                                "fallbacks_skipped": dict(skipped)})
-    files = write_profile(profile, fmt, main)
+    files = write_links(profile) + write_profile(profile, fmt, main)
     written = []
     for p in extra:
         drive = p.id.rsplit(".without-", 1)[1]
         path = os.path.join(folder, f"{stem}.without-{drive}{os.path.splitext(main)[1]}")
+        write_links(p)
         written.append((drive, write_profile(p, fmt, path)[-1]))
     return ExportResult(profile, files, fallbacks=tuple(written), skipped=tuple(skipped))
+
+
+LINKS_SUFFIX = ".links"
+
+
+def write_links(profile: pf.Profile) -> tuple[str, ...]:
+    """The folder of links an engine placed by files is given (`EngineProfile.links`), written
+    beside the profile: each link under a temporary name, then renamed over the one export wrote
+    before. A folder holding anything but links is not export's and is never touched. Returns
+    the folder ((), none)."""
+    links = pf.profile_links(profile)
+    if not links:
+        return ()
+    folder = pf.request_of(profile).link_dir
+    missing = [t for _, t in links if not os.path.isfile(t)]
+    if missing:
+        raise MissingError(f"{missing[0]}: no such file ({len(missing)} of the {len(links)} files the links point at); "
+                           "sync the replica (`replicas sync`) or solve the plan again")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        names = set(os.listdir(folder))
+        foreign = sorted(n for n in names if not os.path.islink(os.path.join(folder, n)))
+        if foreign:
+            raise UsageError(f"{os.path.join(folder, foreign[0])}: not a link export wrote; the links folder "
+                             f"{folder} must hold only links: move it away or export under another --profile")
+        want = {n for n, _ in links}
+        for name, target in links:
+            tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(target, tmp)
+            os.rename(tmp, os.path.join(folder, name))
+        for stale in sorted(names - want):          # links of an earlier export of another model
+            os.unlink(os.path.join(folder, stale))
+    except OSError as e:
+        raise WriteError(f"{folder}: writing the links failed ({e.strerror or e}); check the folder's permissions") from None
+    return (folder,)
 
 
 @dataclass(frozen=True)
@@ -311,6 +362,7 @@ class _Context:
     layered: object
     cache: int | None
     allow_unverified: bool
+    folder: str = ""             # where the profiles (and an engine's links folders) are written
 
 
 def write_profile(profile: pf.Profile, fmt: str, path: str) -> tuple[str, ...]:
@@ -322,7 +374,7 @@ def write_profile(profile: pf.Profile, fmt: str, path: str) -> tuple[str, ...]:
     return (path, write_json(_companion(path), pf.profile_to_dict(profile), indent=2))
 
 
-def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Profile:
+def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str, link_dir: str = "") -> pf.Profile:
     """The profile of one plan, every rule checked (raises on a violation)."""
     engine, rig, manifest = ctx.engine, ctx.rig, ctx.manifest
     prof = rules.profile_of(engine)
@@ -337,9 +389,11 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
                              f"(`planner solve --engine {readers[0]}`) and export with --format {readers[0]}")
 
     facts = source_facts(plan_dict, manifest, rig, prof.source_view)
+    files = model_files(plan_dict["sources"][0]["path"])
     violations = rules.check_sources(facts, plan.prefill.weights, plan.decode.weights, engine=engine,
                                      allow_unverified=ctx.allow_unverified,
-                                     manifest_size=manifest.size if manifest else None, switches=plan.switches)
+                                     manifest_size=manifest.size if manifest else None, switches=plan.switches,
+                                     files=files)
     violations += rules.check_engine(plan.engine, engine)
     memory = tuple(s["path"] for s in plan_dict["sources"] if is_memory(s["path"]))
     violations += rules.check_memory(engine, [i for i, s in enumerate(plan_dict["sources"]) if s["path"] in memory])
@@ -375,7 +429,7 @@ def _profile_for(ctx: _Context, plan, plan_path: str, profile_id: str) -> pf.Pro
         managed=pf.managed_keys(engine, ctx.definitions.values()),
         model_size=manifest.size if manifest else None, model_blake3=manifest.digest() if manifest else "",
         allow_unverified=ctx.allow_unverified, unverified=unverified, provenance=provenance,
-        paths=paths, switches=plan.switches, variant=prof.variant(facts))
+        paths=paths, switches=plan.switches, variant=prof.variant(facts), files=files, link_dir=link_dir)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -258,9 +258,19 @@ def idle_phases(plan: dict, sources: int) -> tuple[tuple[str, ...], ...]:
 
 def request_of(p: Profile) -> Request:
     """What a profile asks its engine for (the request it was built from, as the file keeps it)."""
+    placed = (p.provenance or {}).get("placement") or {}
     return Request(paths=(p.primary,) + p.replicas, prefill=(p.primary_weight,) + p.replica_weights,
                    decode=p.decode_weights, switches=plan_switches(p), cache_experts=p.cache_experts,
-                   variant=p.variant, idle=idle_phases(p.plan, p.sources), holds=partial_holds(p))
+                   variant=p.variant, idle=idle_phases(p.plan, p.sources), holds=partial_holds(p),
+                   files=tuple((str(f), int(b)) for f, b in placed.get("files") or ()),
+                   link_dir=str(placed.get("dir") or ""))
+
+
+def profile_links(p: Profile) -> tuple[tuple[str, str], ...]:
+    """(name, target) of the links the profile's engine is given its model through (export writes
+    them into the folder `link_dir` names); () for an engine given its sources themselves."""
+    placed = (p.provenance or {}).get("placement") or {}
+    return tuple((str(n), str(t)) for n, t in placed.get("links") or ())
 
 
 def plan_switches(p: Profile) -> frozenset[str]:
@@ -277,12 +287,18 @@ def partial_holds(p: Profile) -> tuple[tuple[str, ...] | None, ...]:
     return tuple(tuple(part[str(i)]) if str(i) in part else None for i in range(n))
 
 
+def provenance_holds(provenance: dict | None, n: int) -> tuple[tuple[str, ...] | None, ...]:
+    """Per source, the files a partial replica holds, from export's provenance ('partial')."""
+    part = (provenance or {}).get("partial") or {}
+    return tuple(tuple(part[str(i)]) if str(i) in part else None for i in range(n))
+
+
 def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered | None,
                   cache_experts: int | None, managed: Sequence[str], model_size: int | None = None,
                   model_blake3: str = "", allow_unverified: bool = False,
                   unverified: Sequence[str] = (), provenance: dict | None = None,
                   paths: Sequence[str] | None = None, switches: frozenset[str] = frozenset(),
-                  variant: str = "") -> Profile:
+                  variant: str = "", files: Sequence[tuple[str, int]] = (), link_dir: str = "") -> Profile:
     """The profile for a checked plan (`plan` is planner.plan.plan_to_dict's shape). `paths`:
     what the engine is given for each source when not the plan's paths (a directory-loading
     engine: the directories it loads); `switches`: the plan's switches that are on; `variant`: the engine
@@ -293,10 +309,16 @@ def build_profile(*, profile_id: str, engine: str, plan: dict, layered: Layered 
     decode = list(plan["decode"]["weights"])
     primary, replicas = paths[0], tuple(paths[1:])
     named = layered.environment if (layered is not None and profile_of(engine).named_profiles) else ()
-    s = profile_of(engine).setting(Request(paths=tuple(paths), prefill=tuple(prefill), decode=tuple(decode),
-                                           switches=frozenset(switches), cache_experts=cache_experts,
-                                           named=tuple(named),
-                                           variant=variant))
+    request = Request(paths=tuple(paths), prefill=tuple(prefill), decode=tuple(decode),
+                      switches=frozenset(switches), cache_experts=cache_experts, named=tuple(named),
+                      variant=variant, files=tuple(files), link_dir=link_dir,
+                      holds=tuple(provenance_holds(provenance, len(paths))))
+    s = profile_of(engine).setting(request)
+    links = profile_of(engine).links(request)
+    if links:
+        # an engine given its model through a folder of links: where, which files, each link
+        provenance = {**(provenance or {}), "placement": {"dir": link_dir, "files": [list(f) for f in files],
+                                                          "links": [list(x) for x in links]}}
     env = dict(s.environment)
     unset = tuple(sorted(k for k in managed if k not in env))
     return Profile(id=profile_id, engine=engine, environment=tuple(env.items()), unset=unset, argv=tuple(s.argv),

@@ -31,13 +31,15 @@ def profile_of(engine: str):
 
 def check_sources(facts: Sequence[SourceFacts], prefill: Sequence, decode: Sequence, *,
                   engine: str = DEFAULT_ENGINE, allow_unverified: bool = False,
-                  manifest_size: int | None = None, switches: frozenset[str] = frozenset()) -> list[Violation]:
+                  manifest_size: int | None = None, switches: frozenset[str] = frozenset(),
+                  files: Sequence[tuple[str, int]] = ()) -> list[Violation]:
     """Every rule the engine would otherwise discover the hard way (or ignore with a log line).
 
     Returns all violations, each with its reason; an empty list means the engine will take it.
     """
     request = Request(paths=tuple(f.directory or f.path for f in facts), prefill=tuple(prefill),
-                      decode=tuple(decode), switches=frozenset(switches), holds=tuple(f.holds for f in facts))
+                      decode=tuple(decode), switches=frozenset(switches), holds=tuple(f.holds for f in facts),
+                      files=tuple(files))
     return profile_of(engine).check(facts, request, allow_unverified=allow_unverified, manifest_size=manifest_size)
 
 

@@ -487,6 +487,11 @@ def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
             f"experts in later runs; {c.ENV_USAGE_SAVE}=0 is set ({which})")
 
 
+def links(request: Request) -> tuple[tuple[str, str], ...]:
+    """None: the engine is given its sources themselves, not a folder of links."""
+    return ()
+
+
 def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
     """The same model and mirrors without weights or switches: colibri probes the drives at startup
     and picks its own split (mirror_setup: '(measured)'), reading whole experts through the page cache."""

@@ -363,6 +363,11 @@ def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
     return {}, "ds4-argodrive keeps no state between runs that its reader's code shows (unconfirmed for the rest of ds4)"
 
 
+def links(request: Request) -> tuple[tuple[str, str], ...]:
+    """None: the engine is given its sources themselves, not a folder of links."""
+    return ()
+
+
 def default_environment(environment: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
     """ds4-argodrive takes replicas only with a weight each (DS4_ARGODRIVE_REPLICAS=path*weight):
     without a profile it reads the primary alone."""

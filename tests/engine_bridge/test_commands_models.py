@@ -46,9 +46,9 @@ def _rig(tmp_path, model, replicas):
     return rig
 
 
-def _plan(tmp_path, paths, prefill, decode):
+def _plan(tmp_path, paths, prefill, decode, engine="ds4-argodrive"):
     p = tmp_path / "plan.json"
-    p.write_text(json.dumps({"schema": 1, "kind": "plan", "engine": "ds4-argodrive", "created": "",
+    p.write_text(json.dumps({"schema": 1, "kind": "plan", "engine": engine, "created": "",
                              "sources": [{"name": f"s{i}", "path": x} for i, x in enumerate(paths)],
                              "prefill": {"weights": list(prefill)}, "decode": {"weights": list(decode)}}))
     return str(p)
@@ -83,7 +83,8 @@ def _check_replay(j, paths, expect_layout):
 def test_replay_reads_a_rigs_split_set_from_every_member(split_rig, tmp_path):
     model, rig = split_rig
     paths = [m.path for m in rig.members]
-    plan = _plan(tmp_path, paths, (2, 1, 1), (2, 1, 1))
+    # llama.cpp, the engine that reads a split set, places whole files: 1:1:1 gives each source one
+    plan = _plan(tmp_path, paths, (1, 1, 1), (1, 1, 1), engine="llama.cpp")
     r = runner.invoke(app, ["replay", "--rig", rig.root, "--plan", plan, *SHORT])
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
@@ -102,7 +103,7 @@ def test_replay_reads_a_rigs_split_set_from_every_member(split_rig, tmp_path):
 
 def test_the_sources_of_a_rig_are_each_members_copy_of_the_whole_model(split_rig, tmp_path):
     model, rig = split_rig
-    plan = _plan(tmp_path, [m.path for m in rig.members], (2, 1, 1), (2, 1, 1))
+    plan = _plan(tmp_path, [m.path for m in rig.members], (2, 1, 1), (2, 1, 1), engine="llama.cpp")
     primary = resolve_model(None, plan, rig.root)
     assert primary == model
     s = build_sources(primary, [], 10, None, plan, rig.root)

@@ -54,7 +54,7 @@ def test_a_gguf_model_for_colibri_names_ds4(tmp_path, model_dir):
     r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "colibri", "-o", str(tmp_path / "c.env")])
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
     assert ("colibri loads a directory of safetensors shards with tokenizer.json; this model is a gguf file; "
-            "ds4-argodrive reads it") in r.stderr
+            "ds4-argodrive or llama.cpp reads it") in r.stderr
 
 
 def test_relative_path(tmp_path):
@@ -161,7 +161,7 @@ def test_unknown_base_format_and_plan(tmp_path):
                             "--cache-experts", "1"])
     assert r.exit_code == 2 and "profile 'nope' is not known; known profiles: io-base, stack-levers" in r.stderr
     r = runner.invoke(app, ["export", "--rig", root, "--plan", plan, "--format", "vllm"])
-    assert r.exit_code == 2 and "use one of ds4-argodrive, colibri, json" in r.stderr
+    assert r.exit_code == 2 and "use one of ds4-argodrive, colibri, llama.cpp, json" in r.stderr
     r = runner.invoke(app, ["export", "--rig", root, "--plan", str(tmp_path / "none.json"), "--format", "json"])
     assert r.exit_code == 3 and "none.json: no such plan file" in r.stderr
 

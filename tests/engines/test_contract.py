@@ -15,7 +15,7 @@ from models.geometry import stacked_geometry
 from tests.engines import toy_engine
 
 # a config.json model_type (or GGUF architecture) each engine reads, for a model of that family
-ARCH = {"ds4-argodrive": "?", "colibri": "glm_moe_dsa", toy_engine.NAME: "?"}
+ARCH = {"ds4-argodrive": "?", "colibri": "glm_moe_dsa", "llama.cpp": "qwen3moe", toy_engine.NAME: "?"}
 COMPONENT = 557_056 + 4096          # not a multiple of 4 KiB experts: windows and cuts meet edges
 NAMES = sorted(ENGINES) + [toy_engine.NAME]
 

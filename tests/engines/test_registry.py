@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from core.errors import EXIT_USAGE, UsageError
-from engines import colibri, ds4_argodrive
+from engines import colibri, ds4_argodrive, llamacpp
 from engines.ds4_argodrive.blocks import split_ds4
 from engines.ds4_argodrive.constants import BLOCK_BYTES, COMPONENT_BYTES
 from engines.registry import DEFAULT_ENGINE, ENGINES, engine_for_model, get_engine, readers_of, register
@@ -13,17 +13,17 @@ from engines.split import check_weights, split_read
 
 
 def test_every_engine_is_registered_under_its_own_name():
-    assert set(ENGINES) == {ds4_argodrive.NAME, colibri.NAME}
+    assert set(ENGINES) == {ds4_argodrive.NAME, colibri.NAME, llamacpp.NAME}
     for name, engine in ENGINES.items():
         assert engine.name == name and get_engine(name) is engine
 
 
 def test_an_unknown_engine_is_one_usage_line_naming_the_known_ones():
     with pytest.raises(UsageError) as info:
-        get_engine("llama.cpp")
+        get_engine("vllm")
     message = str(info.value)
     assert "\n" not in message and info.value.exit_code == EXIT_USAGE
-    assert message == "engine 'llama.cpp' is not known; known engines: ds4-argodrive, colibri"
+    assert message == "engine 'vllm' is not known; known engines: ds4-argodrive, colibri, llama.cpp"
 
 
 def test_the_default_engine_splits_reads_on_its_block_grid():
@@ -55,6 +55,10 @@ def test_a_models_default_engine_is_the_one_that_claims_it_most_never_the_first_
     ds4 = get_engine(ds4_argodrive.NAME)
     assert engine_for_model(*gguf) == ds4.name and engine_for_model("safetensors", "dir", ("a.safetensors",
                                                                                              "tokenizer.json")) == colibri.NAME
+    # a GGUF file both claim as their format: the tie goes to ds4-argodrive by name; a split set only llama.cpp reads
+    assert [e.name for e in readers_of(*gguf)] == [ds4.name, llamacpp.NAME]
+    split = ("gguf", "gguf-split", ("m-00001-of-00002.gguf", "m-00002-of-00002.gguf"))
+    assert engine_for_model(*split) == llamacpp.NAME
 
     def reads_gguf(fmt, layout, files):
         return "" if fmt == "gguf" else "reads GGUF only"
@@ -66,10 +70,10 @@ def test_a_models_default_engine_is_the_one_that_claims_it_most_never_the_first_
         assert engine_for_model(*gguf) == ds4.name          # registered first and sorts first, but claims less
         with register(made_for):
             assert engine_for_model(*gguf) == "zzz-reader"
-            assert [e.name for e in readers_of(*gguf)] == ["zzz-reader", ds4.name, "000-reader"]
+            assert [e.name for e in readers_of(*gguf)] == ["zzz-reader", ds4.name, llamacpp.NAME, "000-reader"]
     with register(tie):
         assert engine_for_model(*gguf) == "aaa-reader"      # a tie goes to the name that sorts first
-    assert set(ENGINES) == {ds4_argodrive.NAME, colibri.NAME}
+    assert set(ENGINES) == {ds4_argodrive.NAME, colibri.NAME, llamacpp.NAME}
     with pytest.raises(UsageError, match="engine 'colibri' is already registered"):
         with register(get_engine(colibri.NAME)):
             pass

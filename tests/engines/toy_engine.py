@@ -160,6 +160,9 @@ class ToyProfile:
     def frozen_state(self, variant: str = "") -> tuple[dict[str, str], str]:
         return {}, "the toy engine learns nothing from a run"
 
+    def links(self, request: Request) -> tuple[tuple[str, str], ...]:
+        return ()
+
     def default_environment(self, environment) -> tuple[tuple[str, str], ...] | None:
         return None
 

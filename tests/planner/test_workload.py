@@ -167,7 +167,12 @@ def test_simulate_and_solve_take_another_models_header(tmp_path):
     paths = write_moe_split_gguf(tmp_path / "split", "m")
     r = invoke("simulate", "--rig", rig.root, "--model", paths[0], "--weights", "1:1:1", "--phase", "decode")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
-    assert "reads one GGUF file (-m); this model is a split GGUF set; no engine this tool plans for reads it" in r.stderr
+    assert "reads one GGUF file (-m); this model is a split GGUF set; plan and run it with --engine llama.cpp" in r.stderr
+    r = invoke("simulate", "--rig", rig.root, "--model", paths[0], "--weights", "1:1:1", "--phase", "decode",
+               "--engine", "llama.cpp", "--page-cache", "0", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert sum(s["bytes"] for s in d["sources"]) > 0 and d["read_bytes"] > 0     # llama.cpp reads a split set
     dense = tmp_path / "dense.gguf"
     write_header_only(dense, names=["blk.0.ffn_gate.weight"], experts=2)
     r = invoke("solve", "--rig", rig.root, "--model", dense)
