@@ -14,6 +14,7 @@ on tmpfs falls back to coldio's 'fadvise' mode (tmpfs has no O_DIRECT and its pa
 dropped, so it only adds the fadvise call) and is shown for completeness.
 
   .venv/bin/python bench/reader_bench.py [--dir /dev/shm] [--size 512M] [--sources 3] [--repeat 3] [--balance]
+  .venv/bin/python bench/reader_bench.py --cpu [--repeat 5]    # CPU per read: plain beside hedging+re-weighting+balancing
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
-from engine_bridge.reader.settings import ReaderSettings  # noqa: E402
+from engine_bridge.reader.settings import EMBEDDED, ReaderSettings  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
 from iobench.shapes import engine_shapes  # noqa: E402
 from core.coldio import aligned_buffer  # noqa: E402
@@ -85,6 +87,37 @@ def reader_loop(paths, weights, ranges, inflight: int, phase: str, cold: bool, l
         return time.perf_counter() - t0, r.how[0]
 
 
+def cpu_per_read(paths, size: int, settings: ReaderSettings, reads: int, inflight: int = 8,
+                 nbytes: int = 835_584) -> float:
+    """µs of this process's CPU (every thread's) per decode-shaped read of `nbytes` at 4 KiB-aligned
+    random offsets, `inflight` at a time, pooled buffers, page-cache reads: what the reader itself
+    costs per read (on a machine bound by compute, the engine's CPU)."""
+    rng = random.Random(2)
+    ranges = [(rng.randrange(0, (size - nbytes) // 4096) * 4096, nbytes) for _ in range(reads)]
+    with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=settings, cold=False) as r:
+        for o, n in ranges[:inflight]:          # warm-up: lanes started, the pool filled
+            r.read(o, n, "decode")
+        c0 = time.process_time()
+        for i in range(0, reads, inflight):
+            tickets = [r.submit(o, n, "decode") for o, n in ranges[i:i + inflight]]
+            for t in tickets:
+                t.result()
+                t.release()
+        return (time.process_time() - c0) / reads * 1e6
+
+
+def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
+    """The reader's CPU per read, plain (the engine's reads) and with the embedded engine's features
+    (hedging, re-weighting, balancing), alternated `repeat` times: medians and their ratio."""
+    plain, feats = [], []
+    for _ in range(repeat):
+        plain.append(cpu_per_read(paths, size, ReaderSettings(), reads))
+        feats.append(cpu_per_read(paths, size, EMBEDDED, reads))
+    p, f = statistics.median(plain), statistics.median(feats)
+    return [f"cpu per read (decode 835,584 B, 8 in flight, {len(paths)} sources, {reads} reads, median of {repeat}): "
+            f"plain {p:.0f} µs, features {f:.0f} µs, features / plain {f / p:.2f}"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="/dev/shm", help="where to put the test files (tmpfs or page-cached)")
@@ -94,12 +127,19 @@ def main() -> int:
     ap.add_argument("--inflight", default="1,8", help="prefill chunks in flight (comma list)")
     ap.add_argument("--balance", action="store_true", help="the reader balances (chunks, short kernel queues, idle "
                                                           "drives take queued chunks: `engine-bridge run`'s default)")
+    ap.add_argument("--cpu", action="store_true", help="only the reader's CPU per read, plain beside the embedded "
+                                                       "engine's features (hedging, re-weighting, balancing)")
+    ap.add_argument("--cpu-reads", type=int, default=3000, help="reads per --cpu measurement")
     args = ap.parse_args()
     size = parse_size(args.size)
     rng = random.Random(1)
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
     try:
         paths = make_files(d, size, args.sources)
+        if args.cpu:
+            for line in cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads):
+                print(line, flush=True)
+            return 0
         shape = engine_shapes()                    # the engine's staging chunk and component, as iobench's presets
         chunk, comp = shape.prefill_bytes, shape.decode_bytes
         chunks = [(o, chunk) for o in range(0, size - chunk + 1, chunk)] * 2

@@ -39,6 +39,7 @@ hashes compared per prompt (one expected for each).
 Run it as root (it takes the testbed lock and always takes the testbed down):
 
   .venv/bin/python -m bench.stall_bench [--class slow --class medium --class fast] [--runs 3]
+      [--scenario crawl --scenario recover --scenario half --scenario healthy] [--prompt short --prompt long]
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from engine_bridge.harness.arms import ArmSpec, plan_changes  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 
 DRIVES = ("internal", "green", "white")
-UNTHROTTLED = 100_000.0          # MB/s: a ceiling no loop device here reaches
+UNTHROTTLED = 0.0                # MB/s: no limit (the testbed lifts a drive's rule, cgroup v1 and v2)
 CLASSES = {"slow": (20.0, 1.0), "medium": (150.0, 5.0), "fast": (UNTHROTTLED, 10.0)}   # (drive, crawl) MB/s
 RECOVER = {"slow": (0.5, 2.0), "medium": (0.3, 0.6), "fast": (0.3, 0.6)}   # recover: crawl at, for (s after "run:")
 SCENARIOS = ("crawl", "recover", "half", "healthy")
@@ -168,10 +169,12 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     return result
 
 
-def sequence(runs: int) -> list[tuple[str, str, int]]:
+def sequence(runs: int, scenarios=SCENARIOS) -> list[tuple[str, str, int]]:
     """(scenario, arm, pass) in run order for one class and prompt: every arm forward, then
-    backward, and so on; an arm run once is run in the first pass only."""
-    arms = [(sc, arm) for sc in SCENARIOS for arm in ARMS[sc] if not (arm == "alone" and sc == "recover")]
+    backward, and so on; an arm run once is run in the first pass only. recover's alone arm is
+    crawl's when crawl runs too."""
+    arms = [(sc, arm) for sc in scenarios for arm in ARMS[sc]
+            if not (arm == "alone" and sc == "recover" and "crawl" in scenarios)]
     out = []
     for k in range(runs):
         order = arms if k % 2 == 0 else arms[::-1]
@@ -183,14 +186,14 @@ def changes(result: dict) -> str:
     return "; ".join(plan_changes(result)) or "none"
 
 
-def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]]) -> list[str]:
+def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=SCENARIOS) -> list[str]:
     """The cell lines of one class and prompt."""
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
-    for sc in SCENARIOS:
+    for sc in scenarios:
         med, runs, degraded = {}, {}, {}
         for arm in ARMS[sc]:
-            src = "crawl" if (sc == "recover" and arm == "alone") else sc     # one alone arm serves both
+            src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
             runs[arm] = len(rs)
             med[arm] = {k: statistics.median([r[k] for r in rs]) if rs else None
@@ -221,6 +224,10 @@ def _ratio(med, a, b, k):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--class", dest="classes", action="append", default=[], choices=list(CLASSES))
+    ap.add_argument("--scenario", dest="scenarios", action="append", default=[], choices=list(SCENARIOS),
+                    help="only these scenarios (default: all)")
+    ap.add_argument("--prompt", dest="prompts", action="append", default=[], choices=("short", "long"),
+                    help="only these prompts (default: both)")
     ap.add_argument("--runs", type=int, default=3, help="runs per arm (neither runs once in crawl and recover)")
     ap.add_argument("--short", type=int, default=16, help="the short prompt, tokens")
     ap.add_argument("--long", type=int, default=256, help="the long prompt, tokens")
@@ -242,6 +249,7 @@ def main() -> int:
     if args.runs < 1:
         usage_exit(f"--runs {args.runs}: must be at least 1")
     classes = args.classes or list(CLASSES)
+    scenarios = tuple(sc for sc in SCENARIOS if not args.scenarios or sc in args.scenarios)
     require_testbed()
     out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
     t_start = time.monotonic()
@@ -268,14 +276,15 @@ def main() -> int:
                     f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s")
             print(line, flush=True)
             lines.append(line)
-            for prompt in (args.short, args.long):
+            for prompt in [p for k, p in (("short", args.short), ("long", args.long))
+                           if not args.prompts or k in args.prompts]:
                 settings = {"prompt_tokens": prompt, "gen_tokens": args.gen_tokens, "cache_experts": args.cache_experts,
                             "wrap": tb.wrap}
                 workdir = os.path.join(out, cls, str(prompt))
                 os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
                 os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
                 rows = []
-                for seq, (sc, arm, _) in enumerate(sequence(args.runs)):
+                for seq, (sc, arm, _) in enumerate(sequence(args.runs, scenarios)):
                     r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
                     rows.append((sc, arm, r))
                     if "error" in r:
@@ -286,7 +295,7 @@ def main() -> int:
                           f"{r['gen_steady_tps']:7.2f} (prefill {r['prefill']['seconds']:.2f} s, decode "
                           f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s)  {changes(r)}",
                           file=sys.stderr, flush=True)
-                block = summary(cls, prompt, rows)
+                block = summary(cls, prompt, rows, scenarios)
                 print("\n".join(block), flush=True)
                 lines += block
     tail = ("output hashes: " + ", ".join(f"prompt {p}: {len(h)} distinct ({', '.join(x[:12] for x in sorted(h))})"

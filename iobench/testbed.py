@@ -226,11 +226,12 @@ def _build(state: TestbedState, say: Callable[[str], None]) -> None:
     _save(state)
 
 
-def _limit(state: TestbedState, majmin: str, limits: DriveLimits) -> None:
+def _limit(state: TestbedState, majmin: str, limits: DriveLimits, clear: bool = False) -> None:
+    """Write a drive's limits; `clear`: also lift those it no longer has (v2's line names every key)."""
     if state.controller == V2:
         _write(os.path.join(state.cgroup, "io.max"), v2_line(majmin, limits))
     else:
-        for fname, line in v1_lines(majmin, limits):
+        for fname, line in v1_lines(majmin, limits, clear):
             _write(os.path.join(state.cgroup, fname), line)
 
 
@@ -241,7 +242,7 @@ def set_read_limit(root: str, name: str, read_mbs: float) -> None:
     state = load_state(root)
     for d in state.drives:
         if d.name == name:
-            _limit(state, d.majmin, dataclasses.replace(d.limits, read_mbs=read_mbs))
+            _limit(state, d.majmin, dataclasses.replace(d.limits, read_mbs=read_mbs), clear=True)
             return
     raise UsageError(f"testbed at {root}: no drive named {name!r} (it has {', '.join(x.name for x in state.drives)})")
 

@@ -246,10 +246,12 @@ def cgroup_name(root: str) -> str:
     return CGROUP_PREFIX + hashlib.sha1(root.encode()).hexdigest()[:10]
 
 
-def v1_lines(majmin: str, limits: DriveLimits) -> list[tuple[str, str]]:
-    """(file in the v1 blkio group, line to write) for each limit the drive has."""
+def v1_lines(majmin: str, limits: DriveLimits, clear: bool = False) -> list[tuple[str, str]]:
+    """(file in the v1 blkio group, line to write) for each limit the drive has; with `clear`, also
+    `MAJ:MIN 0` for each it has not: in v1 writing 0 removes the device's rule from that file (a
+    limit lifted while the testbed is up must be written, or the old one stays in force)."""
     return [(fname, f"{majmin} {int(getattr(limits, attr) * scale)}")
-            for attr, fname, scale in V1_FILES if getattr(limits, attr) > 0]
+            for attr, fname, scale in V1_FILES if clear or getattr(limits, attr) > 0]
 
 
 def memory_line(kind: str, limit: int) -> tuple[str, str]:

@@ -18,7 +18,7 @@ class ReadTicket:
     file: the model's file it reads (relative path), fi: that file's index in the model's files."""
 
     __slots__ = ("file", "fi", "offset", "length", "phase", "epoch", "_buf", "_base", "_remaining", "_landings", "_done",
-                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan")
+                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan", "t_sub", "_mains")
 
     def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
                  own_buf: bool | None = None, work=None, file: str = "", fi: int = 0):
@@ -35,6 +35,8 @@ class ReadTicket:
         self._landings: list[tuple[int, int]] = []
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.t_sub = -1                    # hedger clock, ns, when its first piece was queued (-1: no hedger)
+        self._mains: list = []             # its main attempts (with a hedger: a step's lateness looks at them)
         if pieces == 0:
             self._done.set()
 
@@ -93,7 +95,7 @@ class Attempt:
     the model's file `fi` (a piece's is its read's)."""
 
     __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
-                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted")
+                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted", "step_due")
 
     def __init__(self, piece: PieceInFlight | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
@@ -109,3 +111,4 @@ class Attempt:
         self.t_begin = -1          # hedger clock, ns, when a lane took it (-1: not yet)
         self.epoch = piece.ticket.epoch if piece is not None else 0   # the weights its read was cut with
         self.counted = False       # its source's re-weighting window counts it (it is in the window's work)
+        self.step_due: int | None = None   # hedger clock, ns: late by its step (`hedging.step_deadline_ns`)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .balancing import BalancePolicy, Pace, depth_bytes, pick_victim
+from .balancing import MIN_CHUNKS, BalancePolicy, Pace, depth_bytes, pick_victim
 
 PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
 STEAL_SCAN = 64           # queued attempts looked at per source for one to take
@@ -25,6 +25,7 @@ class Balancer:
                  healthy: Callable[[], Sequence[int]], clock: Callable[[], int]):
         self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
         self.pace = [Pace(PACE_DECAY, policy.chunk_bytes) for _ in range(n)]
+        self.least = MIN_CHUNKS * policy.chunk_bytes
 
     def inflight(self, s: int) -> int:
         """Bytes source `s` has in the kernel."""
@@ -50,8 +51,10 @@ class Balancer:
     def room(self, s: int, nbytes: int) -> bool:
         """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
         pace = self.pace[s]
-        if pace.inflight == 0:
-            return True
+        if pace.inflight == 0 or pace.inflight + nbytes <= self.least:
+            return True                 # within MIN_CHUNKS chunks: always (the depth is never below that)
+        if pace.inflight + nbytes > pace.window:
+            return False                # past its slow start: whatever the depth
         now = self.clock()
         known = [r for r in (self.pace[i].rate(now) for i in self.healthy()) if r is not None]
         depth = depth_bytes(pace.rate(now), max(known) if known else None, self.lanes, self.policy)
@@ -76,6 +79,8 @@ class Balancer:
     def victim(self, thief: int, queues: Sequence) -> tuple[int, int] | None:
         """(source, index in its queue) of the attempt idle source `thief` should take, or None when
         taking any would not bring a read's barrier nearer (or it has no room for it)."""
+        if not any(q.items for v, q in enumerate(queues) if v != thief):
+            return None
         offers = self.offers(thief, queues)
         if not offers:
             return None

@@ -1,8 +1,12 @@
 """The split reader's hedger: a watchdog that re-issues late pieces on the healthiest other replica.
 
 Every main attempt gets a deadline when it is queued (`hedging.deadline_ns`: the bytes queued on
-its source ahead of it over the rate the source is held to, times a margin, plus a floor; with
-balancing, from when a lane starts it, over the bytes then in its drive's kernel). The watchdog
+its source ahead of it over the rate the source is held to, times a margin, plus a request's
+typical own time on these drives, `hedging.ServiceTime`; with balancing, from when a lane starts
+it, over the bytes then in its drive's kernel). A drive already on a late streak is also judged
+by the step: when the rest of a read has landed, its pieces still out are late at margin x the
+time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judged again at their
+own deadline, where a lateness counts. The watchdog
 thread sleeps until the earliest deadline; a piece still outstanding then is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
@@ -21,8 +25,8 @@ against the same kind of deadline, one at a time (and at most one per `probe_int
 `recover_probes` on-time probes in a row restore it. Never the last healthy source is degraded
 for lateness.
 
-If the watchdog itself wakes more than a floor late (the whole process was starved, not a drive)
-it judges nothing that round and gives every due piece another floor. Its state lives under the
+If the watchdog itself wakes later than a deadline's slack (the whole process was starved, not a
+drive) it judges nothing that round and gives every due piece that much again, once. Its state lives under the
 lanes' lock (one lock; the watchdog waits on a Condition of it). `clock` is injectable (ns) and
 `wake()` re-runs the watchdog now, so tests order events without sleeping.
 """
@@ -46,16 +50,19 @@ from .hedging import (
     RateEstimate,
     copy_due,
     counts_late,
+    ServiceTime,
     deadline_ns,
     expected_ns,
     expected_rate,
     owed,
     pick_hedge_source,
     plan_rate,
+    step_deadline_ns,
     too_slow,
 )
 from .sources import SourceHealth
 
+_UNKNOWN = object()
 RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
 
 
@@ -69,6 +76,7 @@ class Hedger:
         self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
+        self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
         self.busy = [0] * n             # busy ns since the source's last observed delivery
@@ -84,10 +92,13 @@ class Hedger:
         self.next_probe = [0] * n
         self.probe_ok = [0] * n
         self._heap: list = []
+        self._memo: dict = {}           # (source, phase) -> the rate it is held to (`_rate`)
+        self._memo_healthy = self._memo_weights = None
         self._seq = itertools.count()
         self._stopping = False
         self._wake_at: int | None = None
         self._skew = 0
+        self._deferred = False          # the last round put its due pieces off (starved): the next judges them
         self.lanes = None
         self.cond: threading.Condition | None = None
         self._thread: threading.Thread | None = None
@@ -106,6 +117,8 @@ class Hedger:
 
     def enqueued(self, att: Attempt) -> None:
         now = self.clock()
+        if att.piece is not None and att.piece.ticket.t_sub < 0:
+            att.piece.ticket.t_sub = now
         self._queue(att, now)
         if att.kind == MAIN and len(self.est) > 1:
             self.pending[att.src].add(att)
@@ -122,6 +135,7 @@ class Hedger:
         self.pending[att.src].discard(att)
         self._tick(new, now)
         self.outstanding[new] += att.ln
+        att.step_due = None             # its step was its old drive's
 
     def stolen(self, att: Attempt, new: int) -> None:
         """A queued main attempt is taken by idle source `new` (balancing): queued there now, with a
@@ -131,6 +145,7 @@ class Hedger:
         self.outstanding[att.src] -= att.ln
         self.pending[att.src].discard(att)
         att.src = new
+        att.step_due = None             # judged on its new drive by that drive's pace
         self.enqueued(att)
 
     def started(self, att: Attempt, inflight: int | None) -> None:
@@ -171,10 +186,33 @@ class Hedger:
                 self.busy[s] = 0            # a late delivery teaches nothing about the drive's normal pace
             else:
                 self.est[s].observe(att.ln, self.busy[s])
+                self._memo.clear()
                 self.busy[s] = 0
                 if att.kind == MAIN:
+                    # a request's own time: its service over the requests in the kernel with it
+                    self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
                     self._on_time(s)
         return []
+
+    def landed(self, ticket) -> None:
+        """A piece of `ticket` won and others are still out (lock held): when every piece still out
+        is on a drive already on a late streak, each gets a deadline in units of the step
+        (`hedging.step_deadline_ns`: margin x what the others needed for their share of this read),
+        so a crawler's pieces are hedged at the engine's pace before the verdict that takes it out."""
+        if not any(self.streak) or ticket.t_sub < 0:
+            return
+        out = [a for a in ticket._mains if not a.piece.done]
+        if not out or not all(self.streak[a.src] for a in out):
+            return
+        now = self.clock()
+        due = step_deadline_ns(ticket.t_sub, now, self.policy, self.svc.typical_ns())
+        for a in out:
+            if a.late or a.piece.hedged or a.step_due is not None or a not in self.pending[a.src]:
+                continue
+            a.step_due = due
+            heapq.heappush(self._heap, (due, next(self._seq), a))
+            if self._heap[0][2] is a:
+                self.cond.notify()
 
     def counters(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(hedged, late) per source."""
@@ -187,7 +225,7 @@ class Hedger:
         that chunk's deadline (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The
         copy is counted `hedged` on `t`; the chunk is still judged at its deadline (a drive that
         keeps needing copies is late all the same)."""
-        if rate is None or rate <= 0:
+        if rate is None or rate <= 0 or not any(self.streak):
             return None
         now = self.clock()
         healthy = self.health.healthy()
@@ -222,8 +260,8 @@ class Hedger:
     def out_elsewhere(self, t: int) -> bool:
         """Whether a source other than `t`, on a late streak, has a main chunk in its kernel (one a
         copy might help)."""
-        return any(a.started and not a.piece.done for s, atts in enumerate(self.pending) if s != t and self.streak[s]
-                   for a in atts)
+        return any(self.streak) and any(a.started and not a.piece.done for s, atts in enumerate(self.pending)
+                                        if s != t and self.streak[s] for a in atts)
 
     def stuck(self, s: int) -> bool:
         """A read on `s` may hang in the kernel: it is degraded for lateness with work out, or a
@@ -263,7 +301,12 @@ class Hedger:
     # -- inside -----------------------------------------------------------------------------
 
     def _recheck(self) -> int:
-        return max(self.policy.floor_ns, RECHECK_NS)
+        return max(self._slack(), RECHECK_NS)
+
+    def _slack(self) -> int:
+        """The least time a deadline gives beyond a drive's expected time: the floor and a request's
+        typical service time (the watchdog waking later than that was starved itself)."""
+        return self.policy.floor_ns + int(self.svc.typical_ns())
 
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
@@ -315,7 +358,17 @@ class Hedger:
             self.jumped[s] += att.ln
 
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
-        return expected_rate(*self._rates(s, phase, healthy))
+        """The rate `s` is held to (`hedging.expected_rate`), kept until a delivery teaches the
+        estimates something or the weights or the healthy sources change (it is asked for every
+        deadline: twice per piece)."""
+        if healthy is not self._memo_healthy or self.weights is not self._memo_weights:
+            self._memo.clear()
+            self._memo_healthy, self._memo_weights = healthy, self.weights
+        key = (s, phase)
+        r = self._memo.get(key, _UNKNOWN)
+        if r is _UNKNOWN:
+            r = self._memo[key] = expected_rate(*self._rates(s, phase, healthy))
+        return r
 
     def _rates(self, s: int, phase: str, healthy: Sequence[int]) -> tuple[float | None, float | None]:
         """(own, plan): the rate `s` delivered itself and what the weights promise from its peers',
@@ -333,23 +386,29 @@ class Hedger:
     def _deadline(self, att: Attempt) -> int | None:
         """When `att` is late."""
         phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        return deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self.policy)
+        due = deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self.policy,
+                          self.svc.typical_ns())
+        if att.step_due is not None and (due is None or att.step_due < due):
+            return att.step_due
+        return due
 
     def _run(self) -> None:
-        floor = self.policy.floor_ns
         while True:
             actions: list = []
             with self.cond:
                 if self._stopping:
                     return
+                floor = max(self._slack(), RECHECK_NS)
                 now = self.clock()
                 due = []
                 while self._heap and self._heap[0][0] <= now:
                     due.append(heapq.heappop(self._heap)[2])
-                if due and self._skew > floor:      # we were starved, not the drives: look again later
-                    for att in due:
-                        heapq.heappush(self._heap, (now + max(floor, RECHECK_NS), next(self._seq), att))
+                if due and self._skew > floor and not self._deferred:   # we were starved, not the drives:
+                    self._deferred = True                               # look again later, once (a machine
+                    for att in due:                                     # always this loaded would defer forever)
+                        heapq.heappush(self._heap, (now + floor, next(self._seq), att))
                 else:
+                    self._deferred = False
                     for att in due:
                         self._judge(att, now, actions)
                 self._skew = 0
@@ -372,6 +431,16 @@ class Hedger:
         if due is None or due > now:
             heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
             return
+        if att.step_due is not None and att.step_due <= now and not self._own_late(att, now):
+            # late by its step only: hedged now, like an idle drive's copy, and still judged at its own
+            # deadline (where a lateness counts in its streak); the step's lateness is not counted
+            att.step_due = None
+            if not piece.hedged and not piece.done and att.started and self._hedge(att, now):
+                piece.copied = True
+            own = self._deadline(att)
+            if own is not None:
+                heapq.heappush(self._heap, (own, next(self._seq), att))
+            return
         att.late = True
         self._count_late(att, now)
         if not piece.hedged and not piece.done:
@@ -382,6 +451,12 @@ class Hedger:
                 n = self.streak[s]
                 self._on_time(s)
                 actions.append(lambda: self._degrade(s, n, why))
+
+    def _own_late(self, att: Attempt, now: int) -> bool:
+        """Whether `att` is past the deadline of its drive's own pace (not only its step's)."""
+        due = deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, att.piece.ticket.phase, self.health.healthy()),
+                          self.policy, self.svc.typical_ns())
+        return due is not None and due <= now
 
     def _hedge(self, att: Attempt, now: int) -> bool:
         """Put a hedge of `att`'s piece at the front of the healthiest other source (lock held)."""
@@ -424,6 +499,7 @@ class Hedger:
                 self.counted_at[s] = None
                 self.busy[s] = 0
                 self.est[s] = RateEstimate(self.policy.decay)
+                self._memo.clear()
                 self.tick_at[s] = self.clock()
 
 

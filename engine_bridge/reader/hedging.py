@@ -3,8 +3,9 @@ no threads, no clock).
 
 Every piece gets a deadline from what its drive is expected to deliver: the bytes queued on that
 source ahead of it (itself included) over the source's expected rate, times a margin, plus a
-floor. The expected rate is the larger of what the source itself delivered lately (bytes over busy
-time, learnt only from pieces that were on time) and what the plan's weights promise for it (the
+request's typical own time on these drives (`ServiceTime`; no floor in seconds). The expected
+rate is the larger of what the source itself delivered lately (bytes over busy time, learnt only
+from pieces that were on time) and what the plan's weights promise for it (the
 healthy peers' rate per unit of weight times its weight): a drive that crawls while its weight
 says it is fast is late against its weight, and one that slows suddenly is late against itself.
 Both are known from the first deliveries: a deadline scales with the drives' own pace.
@@ -30,8 +31,10 @@ from typing import Mapping, Sequence
 class HedgePolicy:
     """The knobs of hedging (SplitReader's `hedge_policy`)."""
 
-    margin: float = 3.0             # a piece is late after margin x its expected time (plus the floor)
-    floor_ns: int = 50_000_000      # never late before this, ns (scheduling noise on a busy machine)
+    margin: float = 3.0             # a piece is late after margin x its expected time, plus a request's
+                                    # typical service time on these drives (`ServiceTime`)
+    floor_ns: int = 0               # never late before this, ns, on top (0: the floor is in units of the work,
+                                    # a request's typical service time; tests set one to order events)
     late_limit: int = 3             # late pieces in a row (no on-time piece between; one per engine cut, each
                                     # started after the previous was judged) that, with the drive behind its
                                     # share of the others' bytes over the margin, degrade a source
@@ -117,13 +120,53 @@ def expected_rate(own: float | None, planned: float | None) -> float | None:
     return max(known) if known else None
 
 
-def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy) -> int | None:
+class ServiceTime:
+    """A request's typical own time on the reader's drives: its service (first byte asked to last
+    byte in, as the lanes see it: the drive's latency, a throttle's stalls, the machine's
+    scheduling) over the bytes in the kernel with it (the queue ahead is the deadline's expected
+    time already), decayed per on-time delivery and weighted by its own length (sum of squares over
+    sum: what a request in flight at a random instant sees, so a throttle's stalls weigh by their
+    length, not by their count). It is the floor of every deadline, in units of the work: a
+    chunk's time, ~0.1 s on drives of 10 MB/s, ~0.2 ms on NVMe, longer on a machine short of CPU.
+    0 before any delivery."""
+
+    __slots__ = ("decay", "sum_ns", "sq_ns")
+
+    def __init__(self, decay: float = 0.97):
+        self.decay, self.sum_ns, self.sq_ns = decay, 0.0, 0.0
+
+    def observe(self, ns: int) -> None:
+        ns = max(0, ns)
+        self.sum_ns = self.sum_ns * self.decay + ns
+        self.sq_ns = self.sq_ns * self.decay + float(ns) * ns
+
+    def typical_ns(self) -> float:
+        return self.sq_ns / self.sum_ns if self.sum_ns > 0 else 0.0
+
+
+def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy,
+                typical_ns: float = 0.0) -> int | None:
     """When a piece queued at `enqueued_ns` behind (and including) `ahead_bytes` on a source held to
-    `rate` is late; None while nothing is known of any rate (judge later)."""
+    `rate` is late: margin x its expected time, plus a request's typical service time on these
+    drives (`ServiceTime`: a throttle's stall, the machine's scheduling; a burst's rate promises no
+    time at all, a request still takes its time), plus `floor_ns`; None while nothing is known of
+    any rate."""
     if rate is None or rate <= 0:
         return None
     expected = 0.0 if math.isinf(rate) else ahead_bytes / rate
-    return enqueued_ns + policy.floor_ns + int(policy.margin * expected)
+    return enqueued_ns + policy.floor_ns + int(policy.margin * expected + typical_ns)
+
+
+def step_deadline_ns(submitted_ns: int, landed_ns: int, policy: HedgePolicy, typical_ns: float = 0.0) -> int:
+    """When a piece of a drive already on a late streak is late by its step: its read was submitted
+    at `submitted_ns` and every other piece of it had landed by `landed_ns` (the healthy drives read
+    their share in that step); at its weight's share it should take about as long, so it is late at
+    margin x the step after the submit, plus a request's typical service time and `floor_ns`. A
+    crawler's next pieces are so hedged in units of the engine's step, before the verdict that
+    takes it out is reached (docs/reader.md "Hedged reads"); such a lateness is not counted in the
+    streak (the verdict stays on the drive's own pace, where a throttle's bursts cancel)."""
+    step = max(0, landed_ns - submitted_ns)
+    return submitted_ns + policy.floor_ns + int(policy.margin * step + typical_ns)
 
 
 def expected_ns(ahead_bytes: int, rate: float | None) -> float | None:

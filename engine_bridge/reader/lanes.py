@@ -122,6 +122,7 @@ class Lanes:
                 att.piece.active = 1
                 ticket._writers += 1
                 if self.hedger is not None:
+                    ticket._mains.append(att)
                     self.hedger.enqueued(att)
                 self._queues[src].put(att)
             if self.balance is not None:
@@ -170,8 +171,14 @@ class Lanes:
     # -- what a lane does next (the lock held) -------------------------------------------------
 
     def _offer(self, src: int) -> None:
-        """Work was queued on `src`: wake one idle lane of every other source with nothing of its own
-        to do (as paces change, the one lane of each that looks again every STEAL_LOOK_S sees it)."""
+        """Work was queued on `src`: unless an idle lane of `src` starts it now, wake one idle lane of
+        every other source with nothing of its own to do (as paces change, the one lane of each that
+        looks again every STEAL_LOOK_S sees it). Work a lane of its own starts at once waits for
+        nobody: waking the others for it cost a wake-up and a scan per piece for nothing."""
+        own = self._queues[src]
+        if own.idle >= len(own.items) and all(a is None or a.kind != MAIN or self.balancer.room(src, a.ln)
+                                              for a in own.items):
+            return
         for t, q in enumerate(self._queues):
             if t != src and q.idle and not q.items:
                 q.cond.notify()
@@ -298,29 +305,31 @@ class Lanes:
                 s = nxt
                 continue
             t1 = time.monotonic_ns()
-            with self._lock:
-                self.tally.served(s, t1 - t0)
-            self._end(att, s, ok=True, t1=t1)
+            self._end(att, s, ok=True, t1=t1, served_ns=t1 - t0)
             return
 
     # -- an attempt is over ------------------------------------------------------------------
 
-    def _end(self, att: Attempt, s: int, ok: bool, failed: bool = False, t1: int = 0) -> None:
-        """An attempt is over (delivered, skipped, or out of sources): count it, land its piece if it
-        won, and give back what nobody writes into any more."""
+    def _end(self, att: Attempt, s: int, ok: bool, failed: bool = False, t1: int = 0, served_ns: int = -1) -> None:
+        """An attempt is over (delivered, skipped, or out of sources): count it (`served_ns`: its
+        service time, when it was read), land its piece if it won, and give back what nobody writes
+        into any more. One turn of the lock for all of it."""
         piece = att.piece
         free: list = []
         finish = None
         no_source = None
         actions: list = []
         with self._lock:
+            if served_ns >= 0:
+                self.tally.served(s, served_ns)
             if self.hedger is not None:
                 actions = self.hedger.ended(att, s, ok)
             if self.reweigher is not None:
                 self.reweigher.ended(att, s, ok and att.started)
             if att.started and self.balancer is not None:
                 self.balancer.ended(att, s, ok)
-                self._queues[s].cond.notify()       # room in the kernel for a lane waiting on it
+                if self._queues[s].items:           # room in the kernel for a lane waiting on it (a lane with
+                    self._queues[s].cond.notify()   # nothing queued was not waiting for room: let it sleep)
             if piece is None:
                 free.append(att.buf)
             else:
@@ -337,6 +346,8 @@ class Lanes:
                     if att.kind == HEDGE:
                         ticket._patches.append(att)
                     finish = self._landed(ticket, s, t1)
+                    if finish is None and self.hedger is not None:
+                        self.hedger.landed(ticket)
                 elif att.kind == HEDGE:
                     free.append(att.buf)     # lost, or failed: its private buffer is nobody's now
                 if failed and not piece.done and piece.active == 0:   # no other attempt may still deliver

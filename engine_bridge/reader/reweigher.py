@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .reweighting import Decision, ReweighPolicy, Window, judge, weights_for
+from .reweighting import Decision, ReweighPolicy, Window, judge, pooled_rates, weights_for
 
 
 class Reweigher:
@@ -38,6 +38,7 @@ class Reweigher:
         self.sampled = [False] * n
         self.changes = 0
         self.epoch = 0                  # weights changes so far: reads cut with the weights in force carry it
+        self.judged: list = []          # (bytes, busy ns) per source of the windows judged since the last move
 
     # -- lanes, their lock held ----------------------------------------------------------------
 
@@ -76,9 +77,13 @@ class Reweigher:
             phase = w.phase()
             rates = w.rates(healthy, self.policy.min_busy_ns)
             if w.loaded(healthy, now) >= self.policy.loaded:
-                d = judge(self.mult, self.base[phase], rates, self.streak, self.policy)
+                self.judged = (self.judged + [(list(w.bytes), list(w.busy))])[-self.policy.confirm:]
+                d = judge(self.mult, self.base[phase], rates, self.streak, self.policy,
+                          size=pooled_rates(self.judged, rates))
             else:               # the drives idled: nothing to learn of their pace, nothing to gain
                 d = Decision(None, (0,) * len(self.mult))
+            if not any(d.streak) or d.mult is not None:     # a move, or back in the band: a new streak
+                self.judged = []                            # pools only its own windows
             self.streak = d.streak
             self.window = w.close(now)
             self.sampled = [False] * len(self.sampled)

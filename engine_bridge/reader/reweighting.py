@@ -148,19 +148,40 @@ class Decision:
     source: int = -1                 # the source most off its weight (the event's source)
 
 
-def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float], streak: Sequence[int],
-          policy: ReweighPolicy) -> Decision:
-    """One window's verdict. mult: the multipliers in use (1.0: the plan's weights); base: the
-    plan's weights of the phase the window read; rates: bytes/ns of the sources measured (healthy
-    ones only); streak: the previous verdict's."""
-    n = len(mult)
-    if len(rates) < 2:
-        return Decision(None, (0,) * n)
+def _off(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]) -> dict[int, float] | None:
+    """Per source measured: its rate per unit of belief over the median source's (None: no median)."""
     k = sorted(rates[s] / (mult[s] * base[s]) for s in rates)          # rate per unit of belief
     ref = k[len(k) // 2] if len(k) % 2 else (k[len(k) // 2 - 1] + k[len(k) // 2]) / 2
     if ref <= 0:
+        return None
+    return {s: rates[s] / (mult[s] * base[s]) / ref for s in rates}
+
+
+def pooled_rates(windows: Sequence[tuple[Sequence[float], Sequence[float]]], sources) -> dict[int, float]:
+    """Bytes per ns of each source over several windows' (bytes, busy ns) together: a move sized on
+    all the work of the windows that confirmed it, not on the last one's bursts."""
+    out = {}
+    for s in sources:
+        b = sum(w[0][s] for w in windows)
+        t = sum(w[1][s] for w in windows)
+        if t > 0:
+            out[s] = b / t
+    return out
+
+
+def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float], streak: Sequence[int],
+          policy: ReweighPolicy, size: Mapping[int, float] | None = None) -> Decision:
+    """One window's verdict. mult: the multipliers in use (1.0: the plan's weights); base: the
+    plan's weights of the phase the window read; rates: bytes/ns of the sources measured (healthy
+    ones only); streak: the previous verdict's. size: the rates a move is sized on (`pooled_rates`
+    over the windows that confirmed it; default `rates`): whether to move is this window's
+    verdict, how far is all the work since the streak began."""
+    n = len(mult)
+    if len(rates) < 2:
         return Decision(None, (0,) * n)
-    rho = {s: rates[s] / (mult[s] * base[s]) / ref for s in rates}
+    rho = _off(mult, base, rates)
+    if rho is None:
+        return Decision(None, (0,) * n)
     new_streak = [0] * n
     for s, r in rho.items():
         way = -1 if r < 1 / policy.band else 1 if r > policy.band and mult[s] < 1.0 else 0
@@ -170,9 +191,12 @@ def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]
     due = [s for s in rho if abs(new_streak[s]) >= policy.confirm]
     if not due:
         return Decision(None, tuple(new_streak), source=worst)
+    by = rho
+    if size is not None and len(size) >= 2 and all(s in size for s in rho):
+        by = _off(mult, base, size) or rho
     moved = list(mult)
     for s in due:       # off its plan by what it measured, back up to its plan at most; a stuck drive (rate 0)
-        moved[s] = max(MIN_MULT, min(1.0, mult[s] * rho[s]))     # keeps a multiplier: the floor decides
+        moved[s] = max(MIN_MULT, min(1.0, mult[s] * by[s]))      # keeps a multiplier: the floor decides
     if all(m >= 1 / policy.snap for m in moved):
         moved = [1.0] * n
     why = ", ".join(f"source {s} {rates[s] * 1e3:.1f} MB/s ({rho[s]:.2f}x its weight's share)" for s in sorted(rates))

@@ -138,13 +138,19 @@ class SourceHealth:
         self._slow = [False] * len(self.paths)     # degraded for lateness: probes may bring it back
         self._src_events = [0] * len(self.paths)
         self._events: list[ReaderEvent] = []
+        self._healthy = list(range(len(self.paths)))   # replaced, never changed in place, when one goes or returns
 
     def _out(self) -> list[bool]:
         return [d or s for d, s in zip(self._degraded, self._slow)]
 
+    def _changed(self) -> None:
+        """A source left or rejoined the split (lock held): a new list of the healthy ones."""
+        self._healthy = [i for i, d in enumerate(self._out()) if not d]
+
     def healthy(self) -> list[int]:
-        with self._lock:
-            return [i for i, d in enumerate(self._out()) if not d]
+        """The sources in the split. The same list object until one leaves or rejoins (callers must
+        not change it; the lanes ask on every piece, so it is read without the lock)."""
+        return self._healthy
 
     @property
     def degraded(self) -> tuple[bool, ...]:
@@ -183,7 +189,8 @@ class SourceHealth:
                 self._slow[src] = True
             else:
                 self._degraded[src] = True
-            left = [i for i, d in enumerate(self._out()) if not d]
+            self._changed()
+            left = list(self._healthy)
         if was_out:        # late first, now failing too: already out of the plan, say only why it stays out
             self.event("degraded", src, f"source {src} degraded for good ({why})")
             return True
@@ -198,7 +205,8 @@ class SourceHealth:
             if not self._slow[src] or self._degraded[src]:
                 return False
             self._slow[src] = False
-            left = [i for i, d in enumerate(self._out()) if not d]
+            self._changed()
+            left = list(self._healthy)
         plan = ":".join(str(self.weights[i]) for i in left)
         self.event("recovered", src, f"source {src} recovered ({why}); reads go to sources {left} with weights {plan}")
         return True

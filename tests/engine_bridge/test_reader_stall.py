@@ -101,8 +101,8 @@ def test_pace_starts_slow_grows_with_deliveries_and_falls_while_it_delivers_noth
 def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
     """Three drives of one speed, the third crawling at a twentieth of it; 1 MiB chunks; every time
     in units of the time a healthy drive takes for a chunk. The rules are replayed with the speeds
-    and times of 10 MB/s drives and of 5 GB/s drives: every decision is the same. (The floor is
-    scheduling noise, not a drive's pace: 0 here, and said so in docs/reader.md.)"""
+    and times of 10 MB/s drives and of 5 GB/s drives: every decision is the same. (The floor, a
+    request's typical own time, is 0 here: no request has been timed.)"""
 
     def decisions(rate: float) -> list:
         unit = MIB / rate                                   # ns a healthy drive takes for a chunk
@@ -350,8 +350,12 @@ def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_
         assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
         stall.active = True
         for k in range(3):
+            before = [x.reads for x in r.stats().sources]
             t = r.submit(k * 4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
             stall.entered.acquire()                                  # this read's piece is in its kernel
+            # ... and the others' have landed before the clock moves: a read in flight across the
+            # move would teach the hedger a request's typical time of a whole floor (its deadlines' floor)
+            _until(lambda: all(r.stats().sources[i].reads > before[i] for i in (0, 1)))
             clock.advance(FLOOR + 1)
             r.wake_hedger()
             assert bytes(t.result()) == data[k * 4 * BLOCK_BYTES:(k + 1) * 4 * BLOCK_BYTES]
@@ -387,3 +391,151 @@ def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model
 def test_no_copy_is_promised_on_a_pace_nobody_knows():
     assert copy_due(10, 0, expected_ns(MIB, None), 100, 1) is None
     assert expected_ns(MIB, math.inf) == 0.0 and expected_ns(MIB, 0.0) is None
+
+
+# -- the floor and the step, in units of the work ----------------------------------------------
+
+def test_the_floor_is_a_requests_typical_time_at_every_speed():
+    """A burst promises no time at all (an infinite rate); what holds a deadline off then is a
+    request's typical service time on these drives, not 50 ms: the same in units of a request at
+    10 MB/s and at 5 GB/s. A throttle's stall weighs by its length: 15 requests of 1 unit and one
+    of 100 make a typical time of 87 units, not the mean of 7."""
+    pol = HedgePolicy()
+    assert pol.floor_ns == 0
+    for rate in (10e6 / 1e9, 5e9 / 1e9):
+        unit = MIB / rate                               # ns a drive at `rate` takes for a chunk
+        svc = hedging.ServiceTime(0.97)
+        assert svc.typical_ns() == 0.0
+        for _ in range(10):
+            svc.observe(round(unit))
+        assert svc.typical_ns() == pytest.approx(unit)
+        due = deadline_ns(0, MIB, math.inf, pol, svc.typical_ns())
+        assert due / unit == pytest.approx(1)                               # a request's time, not 0
+        assert deadline_ns(0, 4 * MIB, rate, pol, svc.typical_ns()) / unit == pytest.approx(4 * pol.margin + 1)
+        burst = hedging.ServiceTime(1.0 - 1e-12)
+        for ns in [round(unit)] * 15 + [round(100 * unit)]:
+            burst.observe(ns)
+        assert burst.typical_ns() / unit == pytest.approx(10015 / 115, rel=1e-6)
+    assert deadline_ns(0, MIB, math.inf, HedgePolicy(floor_ns=7), 0.0) == 7  # a floor set on top still holds
+
+
+@pytest.mark.parametrize("sub, landed, typical, due", [
+    (0, 100, 0.0, 300),             # the others needed 100 for their share: late at 3 x the step
+    (50, 150, 0.0, 350),            # from the read's submit
+    (0, 10, 40.0, 70),              # plus a request's typical time
+    (0, 0, 0.0, 0),
+])
+def test_a_streaking_drives_piece_is_late_in_units_of_its_step(sub, landed, typical, due):
+    assert hedging.step_deadline_ns(sub, landed, HedgePolicy(), typical) == due
+
+
+class Gates:
+    """Holds reads by source: `arm(path, k)` makes that source's next k reads block (each signals
+    `entered[path]`) until `go(path)` lets one through; reads of an unarmed source run freely."""
+
+    def __init__(self, paths):
+        self.lock = threading.Lock()
+        self.armed = {p: 0 for p in paths}
+        self.entered = {p: threading.Semaphore(0) for p in paths}
+        self.gate = {p: threading.Semaphore(0) for p in paths}
+
+    def arm(self, path, k=1):
+        with self.lock:
+            self.armed[path] += k
+
+    def go(self, path, k=1):
+        for _ in range(k):
+            self.gate[path].release()
+
+    def reader(self, path):
+        gates = self
+
+        class Gated(CachedReader):
+            def read_into(self, buffer, offset):
+                with gates.lock:
+                    held = gates.armed[path] > 0
+                    if held:
+                        gates.armed[path] -= 1
+                if held:
+                    gates.entered[path].release()
+                    gates.gate[path].acquire()
+                return super().read_into(buffer, offset)
+
+        return Gated(path)
+
+
+def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(model):
+    """A drive late once (a streak of 1, far from the verdict) gets a piece of the next read: the
+    other drives read their share in U, so it is late by its step at 3 U (+ a request's typical
+    time, U) after the submit and hedged, though its own deadline (two pieces in its kernel at its
+    pace) is 6 U (+ U) away. The step's lateness is not counted in its streak: at its own deadline
+    it is. Times are the test's clock."""
+    paths, data = model
+    g, clock, U = Gates(paths), Clock(), 1000
+    ln = 12 * BLOCK_BYTES
+    pol = HedgePolicy(floor_ns=0, late_limit=100, min_busy_ns=0)
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=2, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=g.reader) as r:
+        for p in paths:                              # warm-up: every drive reads its piece in U
+            g.arm(p)
+        t0 = r.submit(0, ln)
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        for p in paths:
+            g.go(p)
+        assert bytes(t0.result()) == data[:ln]
+        g.arm(paths[2], 100)                         # the third drive hangs from now on
+        for p in paths[:2]:
+            g.arm(p)
+        t1 = r.submit(0, ln)                         # at U: its piece is late at U + 3 U (its own pace)
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        for p in paths[:2]:
+            g.go(p)
+        _until(lambda: all(r.stats().sources[i].reads == 2 for i in (0, 1)))
+        clock.advance(3 * U + 1)
+        r.wake_hedger()
+        assert bytes(t1.result()) == data[:ln]       # hedged: the drive's streak is 1
+        assert r.stats().sources[2].late == 1
+        for p in paths[:2]:
+            g.arm(p)
+        t2 = r.submit(0, ln)                         # at 5 U + 1; its own deadline: 2 pieces ahead, 7 U
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        for p in paths[:2]:
+            g.go(p)
+        _until(lambda: all(r.stats().sources[i].reads >= 3 for i in (0, 1)))
+        clock.advance(3 * U + 1)                     # 4 U + 1 after its submit: late by its step
+        r.wake_hedger()
+        assert bytes(t2.result()) == data[:ln]
+        s = r.stats()
+        assert s.sources[2].late == 1 and sum(x.hedged for x in s.sources) == 2     # hedged, not counted
+        clock.advance(3 * U)                         # 7 U + 1: its own deadline
+        r.wake_hedger()
+        _until(lambda: r.stats().sources[2].late == 2)
+        end = r.stats()
+        g.go(paths[2], 100)
+    assert sum(x.hedged for x in end.sources) == 2 and not end.sources[2].degraded      # judged, never hedged twice
+
+
+def test_a_move_is_sized_on_all_the_work_of_the_windows_that_confirmed_it():
+    """A drive at half speed, two windows off the band: in the second its peers served a burst
+    (10x its rate, it looks at a tenth). The move is sized on both windows' bytes over both windows'
+    busy time, not on the last window's burst alone: 0.19, nearer its half than a tenth."""
+    from engine_bridge.reader.reweighting import judge, pooled_rates
+
+    pol = ReweighPolicy(confirm=2)
+    w1 = ([300.0, 300.0, 150.0], [100.0, 100.0, 100.0])        # half speed: 3 / 3 / 1.5 per ns
+    w2 = ([1000.0, 1000.0, 100.0], [100.0, 100.0, 100.0])      # the peers' burst: 10 / 10 / 1
+    last = {0: 10.0, 1: 10.0, 2: 1.0}
+    assert pooled_rates([w1, w2], last) == {0: 6.5, 1: 6.5, 2: 1.25}
+    alone = judge((1.0, 1.0, 1.0), (1, 1, 1), last, (0, 0, -1), pol)
+    pooled = judge((1.0, 1.0, 1.0), (1, 1, 1), last, (0, 0, -1), pol, size=pooled_rates([w1, w2], last))
+    assert alone.mult[2] == pytest.approx(0.1) and pooled.mult[2] == pytest.approx(1.25 / 6.5)
+    assert pooled.mult[:2] == (1.0, 1.0) and alone.streak == pooled.streak
+    # a window in the band moves nothing, whatever the pooled rates say
+    calm = judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 3.0, 1: 3.0, 2: 2.9}, (0, 0, -1), pol, size={0: 9.0, 1: 9.0, 2: 1.0})
+    assert calm.mult is None

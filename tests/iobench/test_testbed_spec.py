@@ -172,6 +172,16 @@ def test_v1_writes_one_line_per_limit_given_in_bytes_and_ops():
         ("blkio.throttle.read_iops_device", "7:4 200"), ("blkio.throttle.write_iops_device", "7:4 50")]
 
 
+def test_v1_lifting_a_limit_writes_zero_which_removes_the_rule():
+    # a drive throttled and then unthrottled while the testbed is up: v1 keeps a rule until 0 is written
+    assert v1_lines("7:0", DriveLimits("a", 0), clear=True) == [
+        ("blkio.throttle.read_bps_device", "7:0 0"), ("blkio.throttle.write_bps_device", "7:0 0"),
+        ("blkio.throttle.read_iops_device", "7:0 0"), ("blkio.throttle.write_iops_device", "7:0 0")]
+    assert v1_lines("7:0", DriveLimits("a", 0)) == []
+    assert v1_lines("7:0", DriveLimits("a", 5, 10), clear=True)[:2] == [
+        ("blkio.throttle.read_bps_device", "7:0 5000000"), ("blkio.throttle.write_bps_device", "7:0 10000000")]
+
+
 def test_v2_writes_one_io_max_line_with_max_for_no_limit():
     assert v2_line("7:3", DriveLimits("a", 30)) == "7:3 rbps=30000000 wbps=max riops=max wiops=max"
     assert v2_line("259:1", DriveLimits("b", 0.5, 2, 300, 0)) == "259:1 rbps=500000 wbps=2000000 riops=300 wiops=max"
