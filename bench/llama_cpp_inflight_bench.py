@@ -20,10 +20,11 @@ each run). The arms, in ABBA order over --runs:
 During each run the block devices' `/sys/block/loopN/inflight` (reads) and the FUSE connections'
 `/sys/fs/fuse/connections/N/waiting` are sampled every ~1 ms; over decode (from the first token
 on stdout to the timing lines) the bench prints the share of samples with 0, 1, 2 and 3+ reads in
-flight summed over the drives, the largest sum, and the decode window's read requests and their
-average size (/sys/block/loopN/stat). blk-throttle holds a bio above the device until its group
-has the budget, so `inflight` counts what the throttle let through; FUSE's `waiting` counts every
-request queued for or served by its daemon. MB = 10**6 bytes.
+flight summed over the drives, the largest sum, the share with reads on two drives or more at
+once, and the decode window's read requests and their average size (/sys/block/loopN/stat).
+blk-throttle holds a bio above the device until its group has the budget, so `inflight` counts
+what the throttle let through; FUSE's `waiting` counts every request queued for or served by its
+daemon. MB = 10**6 bytes.
 """
 
 from __future__ import annotations
@@ -63,21 +64,23 @@ class Sampler(threading.Thread):
         self.files = files
         self.fds = [os.open(f, os.O_RDONLY) for f in files]
         self.counts: collections.Counter = collections.Counter()
+        self.busy: collections.Counter = collections.Counter()     # drives with a read in flight at once
         self.on = False
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
-            total = 0
+            each = []
             for i, fd in enumerate(self.fds):
                 try:
-                    total += int(os.pread(fd, 64, 0).split()[0])
+                    each.append(int(os.pread(fd, 64, 0).split()[0]))
                 except OSError:     # FUSE's control files cannot seek: read a fresh open
                     fd = os.open(self.files[i], os.O_RDONLY)
-                    total += int(os.read(fd, 64).split()[0])
+                    each.append(int(os.read(fd, 64).split()[0]))
                     os.close(fd)
             if self.on:
-                self.counts[total] += 1
+                self.counts[sum(each)] += 1
+                self.busy[sum(1 for x in each if x)] += 1
             time.sleep(0.001)
 
     def stop(self) -> None:
@@ -139,7 +142,8 @@ def run_arm(tb: Testbed, binary: str, model: str, tokens: int, inflight: list[st
         reqs = sum(b[0] - a[0] for a, b in zip(marks["stat0"], marks["stat1"]))
         nbytes = sum(b[1] - a[1] for a, b in zip(marks["stat0"], marks["stat1"]))
         window = {"seconds": marks["end"] - marks["start"], "requests": reqs, "bytes": nbytes}
-    return {"rc": rc, "decode": float(ev[-1][2]) if ev else None, "counts": dict(sampler.counts), "window": window,
+    return {"rc": rc, "decode": float(ev[-1][2]) if ev else None, "counts": dict(sampler.counts),
+            "busy": dict(sampler.busy), "window": window,
             "out": hashlib.sha256(bytes(out)).hexdigest()[:16]}
 
 
@@ -149,7 +153,8 @@ def describe(r: dict) -> str:
     share = [c.get(0, 0) / n, c.get(1, 0) / n, c.get(2, 0) / n, sum(v for k, v in c.items() if k >= 3) / n]
     w = r["window"]
     line = (f"decode {r['decode']} tok/s, in flight over decode (sum of drives, {n} samples): "
-            f"0: {share[0]:.1%} 1: {share[1]:.1%} 2: {share[2]:.1%} 3+: {share[3]:.1%} max {max(c) if c else 0}")
+            f"0: {share[0]:.1%} 1: {share[1]:.1%} 2: {share[2]:.1%} 3+: {share[3]:.1%} max {max(c) if c else 0}; "
+            f"2+ drives at once: {sum(v for k, v in r['busy'].items() if k >= 2) / n:.1%}")
     if w.get("requests"):
         line += (f"; {w['requests']} read requests, {w['bytes'] / 1e6:.1f} MB in {w['seconds']:.1f} s, "
                  f"average {w['bytes'] / w['requests'] / 1024:.0f} KiB")
