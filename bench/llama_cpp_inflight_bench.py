@@ -266,8 +266,9 @@ def main() -> int:
                     models[("service", n)] = layout_links(os.path.join(work, f"slinks{n}"), sfirst[:n], sizes)
                 arms += [("service", 1, a.mbs), ("service", 3, a.mbs)]
             print(f"model: {model_bytes / 1e6:.1f} MB, {len(files)} files; read_ahead_kb {READ_AHEAD_KB}; budget "
-                  f"{(tb.ram.limit or 0) / 1e6:.1f} MB; drives at {a.mbs:g} MB/s, one drive also at "
-                  f"{', '.join(f'{x:g}' for x in fast)}" + ("; service-time drives at the same rate" if service else ""),
+                  f"{(tb.ram.limit or 0) / 1e6:.1f} MB; drives at {a.mbs:g} MB/s"
+                  + (f", one drive also at {', '.join(f'{x:g}' for x in fast)}" if fast else "")
+                  + ("; service-time drives at the same rate" if service else ""),
                   flush=True)
             order = []
             for i in range(a.runs):
