@@ -57,3 +57,13 @@ def ram_limit(pid: int = 0, proc: str = "/proc", groups: dict[str, str] | None =
     files = {(folder, knob): text for _, folder in up for knob in ("memory.max", "memory.high")
              if (text := _read(os.path.join(folder, knob))) is not None}
     return tightest(v2_candidates(up, files), total)
+
+
+def own_resident(proc: str = "/proc") -> int:
+    """Bytes this process holds resident now (/proc/self/statm's resident pages; 0 unknown). A
+    process that starts an engine stays beside it, in the same memory budget."""
+    text = _read(os.path.join(proc, "self", "statm")) or ""
+    try:
+        return int(text.split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (IndexError, ValueError, OSError, AttributeError):
+        return 0

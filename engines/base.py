@@ -27,6 +27,17 @@ SplitRule = Callable[[int, int, Sequence[int]], tuple[Piece, ...]]
 
 
 @dataclass(frozen=True)
+class OwnWorkload:
+    """What an engine holds and does of its own at given arguments (docs/planner.md, "The
+    engine's own workload"): the experts its cache keeps over all layers (None: the engine does
+    not say), the RAM it keeps resident (weights it keeps, its cache, working buffers; bytes),
+    what that leaves the page cache of the model, and how it was found (one line)."""
+    cache_experts: int | None
+    resident_bytes: int
+    how: str = ""
+
+
+@dataclass(frozen=True)
 class Engine:
     """A target engine's limits and rules, as its own code imposes them."""
 
@@ -92,6 +103,12 @@ class Engine:
     # serves when the engine routes the expert to it (its fallback rule for a missing file); None:
     # each component by its own file (a read falls back on its own)
     replica_serves: Optional[Callable[[Any, int, int, frozenset], int]] = None
+    # (geometry, engine arguments, environment, MemAvailable bytes) -> OwnWorkload: the cache and
+    # resident memory its arguments give it on this model (None: the engine says nothing)
+    own_workload: Optional[Callable[[Any, Sequence[str], Any, int], OwnWorkload]] = None
+    # (a run's log text) -> the calibration record its own lines give (docs/planner.md, "Calibrated
+    # by the engine's own lines"): {} when they say nothing this tool reads
+    calibrate: Optional[Callable[[str], dict]] = None
     # (geometry, sources, switches) -> '' when more drives can shorten the engine's reads of this
     # model, else one line why not and what would (the planner says it beside its prices); None: ''
     drive_limit: Optional[Callable[[Any, int, frozenset], str]] = None

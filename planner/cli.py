@@ -11,7 +11,6 @@ from rich.table import Table
 from core.cli import JsonOption, QuietOption, RigOption, err, make_app, out, print_result, run
 from core.errors import UsageError
 from core.rig import load_rig, rig_dir
-from core.platform import available_memory
 from core.units import format_rate, format_signed_pct, parse_size
 from engines.registry import DEFAULT_ENGINE, ENGINES, get_engine
 from engines.split import describe_split, parse_weights
@@ -59,7 +58,12 @@ TailsOption = typer.Option(False, "--tails", help="Price the decode barrier from
 PageCacheOption = typer.Option("auto", "--page-cache", metavar="SIZE",
                                help="RAM the page cache can give the model, for an engine whose reads go through it "
                                     "(in the switches it is priced on): re-reads of that share come from RAM. 'auto': the "
-                                    "memory available now; 0: every read from a drive (docs/planner.md).")
+                                    "RAM this process may use (its memory cgroup's limit, else MemTotal) less what the "
+                                    "engine keeps of its own; 0: every read from a drive (docs/planner.md).")
+EngineArgOption = typer.Option([], "--engine-arg", metavar="ARG",
+                               help="An argument the engine will be started with (repeatable), for what it sizes of its "
+                                    "own from them (colibri: its expert cache per layer, argv[1]); its environment is "
+                                    "this process's (CAP, CAP_RAISE, RAM_GB).")
 ModeOption = typer.Option([], "--switch", metavar="NAME",
                           help="An engine switch to price on (repeatable, or NAME,NAME); each engine's own: "
                                + " | ".join(f"{e.name}: {e.switches.help()}" for e in ENGINES.values() if e.switches) + ".")
@@ -103,19 +107,21 @@ def split(weights: str = typer.Option(..., "--weights", metavar="W0:W1:W2", help
     out.print(t)
 
 
-def _page_cache(text: str) -> int:
-    """--page-cache: 'auto' (the memory available now), or a size (0: none)."""
+def _page_cache(text: str) -> int | None:
+    """--page-cache: 'auto' (None: the RAM this process runs under, less the engine's own —
+    `rigmodel.engine_world`), or a size (0: none)."""
     t = str(text).strip().lower()
     if t == "auto":
-        return available_memory()
+        return None
     return 0 if t == "0" else parse_size(text, "--page-cache")
 
 
 def _problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only: bool, tails: bool,
-                     page_cache: str) -> dict:
+                     page_cache: str, engine_args=()) -> dict:
     """`solve` and `simulate`'s options as `rigmodel.problem_for_rig`'s keywords."""
     return dict(lanes=lanes, threads=threads, workload=workload, model=model, prompt_tokens=prompt_tokens,
-                cache_experts=cache_experts, calibrate=not fit_only, tails=tails, page_cache_bytes=_page_cache(page_cache))
+                cache_experts=cache_experts, calibrate=not fit_only, tails=tails, page_cache_bytes=_page_cache(page_cache),
+                engine_args=tuple(engine_args or ()))
 
 
 @app.command()
@@ -125,11 +131,12 @@ def solve(rig: Optional[str] = RigOption, bench: Optional[str] = BenchOption, en
                                                                                                           "keep per phase."),
           workload: Optional[str] = WorkloadOption, model: Optional[str] = ModelOption, prompt_tokens: int = PromptOption,
           cache_experts: Optional[int] = CacheOption, fit_only: bool = FitOnlyOption, tails: bool = TailsOption,
-          page_cache: str = PageCacheOption, quiet: bool = QuietOption, json_out: bool = JsonOption):
+          page_cache: str = PageCacheOption, engine_arg: Optional[List[str]] = EngineArgOption,
+          quiet: bool = QuietOption, json_out: bool = JsonOption):
     """Find the weights (and switches) for the rig's model and engine; write rig/plans/<timestamp>.json."""
     saved = solve_rig(rig_dir(rig), bench, engine, background or (), top,
                       **_problem_options(lanes, threads, workload, model, prompt_tokens, cache_experts, fit_only, tails,
-                                         page_cache))
+                                         page_cache, engine_arg))
     # Said once the plan is written, so a failing command still says one line.
     for text in () if quiet else saved.notices:
         err.print(f"notice: {text}", markup=False)

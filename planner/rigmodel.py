@@ -12,7 +12,7 @@ of a chosen workload on the rig's drives, the one `planner solve` and `engine-br
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from core.errors import MissingError, UsageError
@@ -26,9 +26,10 @@ from models.tensortable import inspect_model
 from .constants import PREFILL_TOKENS, V41_NAME
 from .drivecurves import Background
 from .plan import Plan
-from .plans import Inputs, SavedPlan, full_members_for, holds_of, load_inputs, load_plan, parse_background, save_plan
+from .plans import (Inputs, SavedPlan, full_members_for, holds_of, load_inputs, load_plan, parse_background, plan_files,
+                    save_plan)
 from .solve import Problem, recorded_concurrency, solve_plan, with_concurrency
-from .workload import NAMED, ModelWorkload, model_workload, named_workload
+from .workload import NAMED, ModelWorkload, calibrated_workload, model_workload, named_workload
 
 
 @dataclass(frozen=True)
@@ -92,20 +93,171 @@ def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Backg
                    inputs.links, holds, page_cache_bytes)
 
 
-def problem_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
-                    lanes: int | None = None, threads: int | None = None, workload: str | None = None,
+@dataclass(frozen=True)
+class World:
+    """What the pricing takes of the machine and the engine (planner/world.py): the engine's cache
+    (experts, None: the planner's default), the page cache's room for the model, the loads in
+    flight and compute per token its lines gave, and the calibration record they came from."""
+    cache_experts: int | None
+    page_cache_bytes: int
+    in_flight: int | None = None
+    compute: dict = field(default_factory=dict)
+    overlap: bool = False
+    calibration: dict = field(default_factory=dict)
+    ram: str = ""                 # where the RAM figure came from (core.ram.RamLimit.describe)
+    resident_bytes: int = 0       # what the engine keeps of its own
+    how: str = ""                 # how its cache was found
+
+    def as_dict(self) -> dict:
+        return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
+                "in_flight": self.in_flight, "compute_s_per_token": dict(self.compute), "overlap": self.overlap,
+                "ram": self.ram, "resident_bytes": self.resident_bytes, "cache_from": self.how,
+                "calibration": dict(self.calibration)}
+
+
+def find_calibration(rig_root: str, engine: str, model_path: str | None) -> dict:
+    """The newest calibration record of this engine on this model in the rig's plans (provenance
+    `engine_calibration`, written after a run of the real engine); {} when there is none."""
+    rig = load_rig(rig_root, must_exist=False)
+    try:
+        files = plan_files(rig)
+    except OSError:
+        return {}
+    for path in reversed(files[-50:]):
+        try:
+            prov = load_plan(path).provenance or {}
+        except (UsageError, MissingError):
+            continue
+        cal = prov.get("engine_calibration")
+        if (isinstance(cal, dict) and cal.get("engine") == engine and cal.get("record")
+                and (model_path is None or cal.get("model") == model_path)):
+            return dict(cal["record"])
+    return {}
+
+
+def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, ram=None, cache_experts: int | None = None,
+                 page_cache_bytes: int | None = None, calibration: dict | None = None,
+                 default_cache: int | None = None) -> World:
+    """The world a plan is priced in: the engine's cache (`cache_experts` when given, else what
+    its last run's lines said, else what its arguments give it: `Engine.own_workload`), the page
+    cache's room (`page_cache_bytes` when given, else the RAM the process runs under — its
+    cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own and, read from the
+    machine, this tool's own resident memory), and the run's
+    loads in flight and compute per token. Without the engine's arguments (`args` empty) and a run,
+    the cache is the planner's default (`default_cache`), and the engine's memory is priced at it."""
+    from core.platform import available_memory
+    from core.ram import own_resident, ram_limit
+
+    from .world import compute_per_token, page_cache_room
+
+    env = dict(os.environ if env is None else env)
+    cal = dict(calibration or {})
+    own = engine.own_workload(geometry, tuple(args), env, available_memory()) if engine.own_workload and geometry else None
+    cache, how = cache_experts, "given (--cache-experts)"
+    resident = own.resident_bytes if own else 0
+    if cache is None and isinstance(cal.get("cache_per_layer"), int) and geometry is not None:
+        cache, how = cal["cache_per_layer"] * geometry.layers, "the engine's last run (its own lines)"
+    elif cache is None and own is not None and args:
+        cache, how = own.cache_experts, own.how
+    priced = cache if cache is not None else default_cache
+    if own is not None and priced is not None and own.cache_experts is not None and geometry is not None:
+        resident += (priced - own.cache_experts) * geometry.expert_bytes
+    if ram is None:
+        # this tool's own memory too: the launcher and the tuner stay resident beside the engine
+        limit, resident = ram_limit(), resident + own_resident()
+    else:
+        limit = ram
+    room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
+    return World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
+                 compute_per_token(cal), bool(cal.get("overlap")), cal,
+                 "" if page_cache_bytes is not None else limit.describe(), resident,
+                 how if cache is not None else "the planner's default")
+
+
+def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
+                   lanes: int | None = None, threads: int | None = None, workload: str | None = None,
                     model: str | None = None, prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
-                    calibrate: bool = True, tails: bool = False,
-                    page_cache_bytes: int = 0) -> tuple[Inputs, Chosen, Problem]:
+                    calibrate: bool = True, tails: bool = False, page_cache_bytes: int | None = 0,
+                    engine_args: Sequence[str] = (), use_calibration: bool = True) -> tuple[Inputs, Chosen, Problem]:
     """(inputs, the chosen workload, the problem) of `planner solve` and `simulate`: the rig's bench
-    result (`bench`, default the newest), the workload (`choose_workload`), other work given as
-    `SOURCE:KIND` specs (`plans.parse_background`)."""
+    result (`bench`, default the newest), the workload (`choose_workload`) in the engine's world
+    (`world_problem`: its cache, the page cache's room — None: from the RAM the process runs
+    under —, its last run's calibration), other work given as `SOURCE:KIND` specs
+    (`plans.parse_background`)."""
     # an engine that cannot read a partial replica plans the full members only (provenance.left_out)
     inputs, _ = full_members_for(load_inputs(rig_root, bench, calibrate=calibrate, tails=tails), get_engine(engine))
     names = [s.name for s in inputs.sources]
-    chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
     bgs = tuple(parse_background(s, names) for s in backgrounds)
-    return inputs, chosen, rig_problem(inputs, chosen, engine, bgs, lanes, threads, page_cache_bytes)
+    chosen, prob, world = world_problem(rig_root, inputs, engine, workload, model, prompt_tokens, cache_experts,
+                                        page_cache_bytes, engine_args, use_calibration, bgs, lanes, threads)
+    return inputs, chosen, prob, world
+
+
+def problem_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
+                    **options) -> tuple[Inputs, Chosen, Problem]:
+    """(inputs, the chosen workload, the problem) of `planner solve` and `simulate`
+    (`_world_for_rig`'s options)."""
+    return _world_for_rig(rig_root, bench, engine, backgrounds, **options)[:3]
+
+
+def world_provenance(engine: str, chosen: Chosen, world: World) -> dict:
+    """What a plan keeps of its world: `world` (the RAM, the engine's cache and memory, the page
+    cache's room) and, carried forward so the next solve uses it, the calibration it was priced
+    with (`engine_calibration`)."""
+    out = {"world": world.as_dict()}
+    if world.calibration:
+        out["engine_calibration"] = calibration_entry(engine, chosen.workload.shape.name, world.calibration)
+    return out
+
+
+def record_calibration(rig_root: str, engine: str, record: dict) -> str | None:
+    """The rig's newest plan for `engine` again, with the engine's calibration from its own lines in
+    its provenance (`engine_calibration`: what the next solve uses), saved into rig/plans; its
+    path, or None when the rig has no plan for that engine."""
+    rig = load_rig(rig_root, must_exist=False)
+    files = plan_files(rig) if os.path.isdir(rig.root) else []
+    for path in reversed(files[-50:]):
+        try:
+            plan = load_plan(path)
+        except (UsageError, MissingError):
+            continue
+        if plan.engine != engine:
+            continue
+        model = (plan.geometry or {}).get("path") or ""
+        prov = {**plan.provenance, "engine_calibration": calibration_entry(engine, model, record)}
+        return save_plan(rig, replace(plan, created="", provenance=prov))
+    return None
+
+
+def calibration_entry(engine: str, model: str, record: dict) -> dict:
+    """A plan's provenance `engine_calibration`: the engine, the model it ran and its record."""
+    from .world import CALIBRATION_SCHEMA
+
+    return {"schema": CALIBRATION_SCHEMA, "engine": engine, "model": model, "record": dict(record)}
+
+
+def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | None = None, model: str | None = None,
+                  prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
+                  page_cache_bytes: int | None = None, engine_args: Sequence[str] = (), use_calibration: bool = True,
+                  backgrounds: tuple[Background, ...] = (), lanes: int | None = None, threads: int | None = None,
+                  env=None) -> tuple[Chosen, Problem, World]:
+    """The chosen workload and its problem in the engine's world (`engine_world`): for the rig's
+    own model the engine's cache and calibration; a named workload keeps the planner's defaults."""
+    e = get_engine(engine)
+    chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
+    own_model = chosen.workload.name == "model"
+    cal = find_calibration(rig_root, engine, chosen.workload.shape.name) if own_model and use_calibration else {}
+    world = engine_world(e, chosen.workload.geometry if own_model else None, engine_args, env,
+                         cache_experts=cache_experts, page_cache_bytes=page_cache_bytes, calibration=cal,
+                         default_cache=chosen.workload.traffic.cache_experts)
+    if own_model and world.cache_experts != chosen.workload.traffic.cache_experts and world.cache_experts is not None:
+        chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, world.cache_experts)
+    if cal:
+        chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal))
+    prob = rig_problem(inputs, chosen, e, backgrounds, lanes, threads if threads is not None else world.in_flight,
+                       world.page_cache_bytes)
+    prob = replace(prob, compute=world.compute, overlap=world.overlap)
+    return chosen, prob, world
 
 
 def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (), top: int = 5,
@@ -113,10 +265,11 @@ def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequen
     """`planner solve`: solve the rig's problem (`problem_for_rig`'s options), record the workload
     in the plan, write it to rig/plans/<timestamp>.json and read it back (what a later command
     will load). The notices: the planner's choice of workload, and each source it leaves idle."""
-    inputs, chosen, prob = problem_for_rig(rig_root, bench, engine, backgrounds, **problem)
+    inputs, chosen, prob, world = _world_for_rig(rig_root, bench, engine, backgrounds, **problem)
     plan, choice = solve_plan(inputs.sources, prob, inputs.provenance, top=top)
     record = dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle)
-    plan = replace(plan, geometry=chosen.geometry, workload=record)
+    plan = replace(plan, geometry=chosen.geometry, workload=record,
+                   provenance={**plan.provenance, **world_provenance(engine, chosen, world)})
     path = save_plan(load_rig(rig_root, must_exist=False), plan)
     notices = ([chosen.notice] if chosen.notice else []) + [x["why"] for x in inputs.provenance.get("left_out", ())] \
         + [v["why"] for v in choice.idle.values()] + drive_limits(prob, plan.switches)
@@ -177,11 +330,21 @@ def recorded_backgrounds(record: dict, names) -> tuple[Background, ...]:
 
 def plan_problem(rig: Rig, inputs: Inputs, engine: Engine, plan: Plan | None) -> tuple[Chosen, Problem]:
     """The problem a plan was solved for, on `inputs`' drives: its engine with the reads in flight
-    it recorded, its workload (`plan_workload`), the background work and page cache it recorded."""
+    it recorded, its workload (`plan_workload`; calibrated as it was, `engine_calibration`), the
+    background work, page cache and engine's compute it recorded."""
     prov = plan.provenance if plan is not None else {}
     record = prov.get("model") if isinstance(prov.get("model"), dict) else {}
     names = [s.name for s in inputs.sources]
     chosen, _ = plan_workload(rig, engine.name, plan)
+    cal = prov.get("engine_calibration") if isinstance(prov.get("engine_calibration"), dict) else {}
+    traffic = (plan.workload or {}).get("traffic") if plan is not None else None
+    if isinstance(cal.get("record"), dict) and isinstance(traffic, dict) and traffic.get("source") == "engine":
+        # the decode's reads as the engine's run calibrated them when the plan was solved
+        chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal["record"]))
     problem = rig_problem(inputs, chosen, recorded_concurrency(engine, record.get("concurrency")),
                           recorded_backgrounds(record, names), page_cache_bytes=int(record.get("page_cache_bytes") or 0))
+    comp = record.get("compute_s_per_token")
+    if isinstance(comp, dict) and comp:
+        problem = replace(problem, compute={k: float(v) for k, v in comp.items() if isinstance(v, (int, float))},
+                          overlap=bool(record.get("overlap")))
     return chosen, problem

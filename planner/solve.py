@@ -36,6 +36,7 @@ from .constants import IDLE_TOLERANCE, NO_READS, TIE_TOLERANCE, TOP_ALTERNATIVES
 from .drivecurves import Background, Drive
 from .plan import Phase, Plan, Source
 from .pricing import Curves, PhasePrice, PhaseSteps, price_phase
+from .world import e2e
 
 PHASES = ("prefill", "decode")
 FULL_SEARCH = 120           # grids up to this many candidates are priced whole
@@ -49,7 +50,8 @@ class Problem:
     """What a plan is solved for: the engine (its concurrency possibly overridden), the model's
     geometry, the drives (primary first), each phase's steps, other work on the drives, shared
     links, what each source's copy holds (None: the whole model) and the bytes the page cache can
-    keep of the model for an engine that reads through it (0: none, every read from a drive)."""
+    keep of the model for an engine that reads through it (0: none, every read from a drive), and
+    the engine's compute per token (`compute`, `overlap`) when its lines gave it."""
     engine: Engine
     geometry: object
     drives: tuple[Drive, ...]
@@ -58,6 +60,10 @@ class Problem:
     links: tuple[SharedLink, ...] = ()
     holds: tuple[frozenset[str] | None, ...] = ()
     page_cache_bytes: int = 0
+    # the engine's compute seconds per token of each phase, from its own lines (planner.world):
+    # predictions then carry end-to-end figures beside the reads-only ones; {}: reads only
+    compute: Mapping[str, float] = field(default_factory=dict)
+    overlap: bool = False          # whether the engine's reads overlap its compute
 
     @property
     def page_cache(self) -> float:
@@ -208,6 +214,14 @@ def prediction(pr: PhasePrice, weights: Sequence[int], mode: frozenset[str], dri
             "gap_s": pr.gap_s, "tail_s": pr.tail_s, "bound": pr.bound, "sources": sources}
 
 
+def problem_prediction(problem: Problem, pr: PhasePrice, weights: Sequence[int], mode: frozenset[str]) -> dict:
+    """`prediction`, with the end-to-end figures (`planner.world.e2e`) where the problem knows the
+    engine's compute for the phase."""
+    p = prediction(pr, weights, mode, problem.drives)
+    c = problem.compute.get(pr.phase)
+    return e2e(p, c, problem.overlap) if c is not None else p
+
+
 def idle_sources(pr: PhasePrice) -> tuple[int, ...]:
     """Sources the priced pattern gives no bytes in a phase that reads something."""
     if pr.bytes <= 0:
@@ -303,10 +317,10 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
             row = _pick(scored, lambda r: r, lambda r: not idle_sources(pricer.price(ph, grid[r])))
             weights[ph] = tuple(int(x) for x in grid[row])
             pr = pricer.price(ph, weights[ph])
-            predicted[ph] = prediction(pr, weights[ph], frozenset(), problem.drives)
+            predicted[ph] = problem_prediction(problem, pr, weights[ph], frozenset())
             idle[ph] = _idle_note(pricer, ph, pr, weights[ph], len(scored) == len(grid))
             ranked = [r for r in sorted(scored, key=lambda r: (scored[r], r)) if r != row][:top]
-            alts += [dict(prediction(pricer.price(ph, grid[r]), grid[r], frozenset(), problem.drives),
+            alts += [dict(problem_prediction(problem, pricer.price(ph, grid[r]), grid[r], frozenset()),
                           behind=1.0 - scored[row] / scored[r] if scored[r] else 0.0, tied=_tied(scored, r))
                      for r in ranked]
         mode = frozenset()
@@ -330,14 +344,14 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
         weights = {ph: w for ph in PHASES}
         for ph in PHASES:
             pr = pricer.price(ph, w, mode)
-            predicted[ph] = prediction(pr, w, mode, problem.drives)
+            predicted[ph] = problem_prediction(problem, pr, w, mode)
             idle[ph] = _idle_note(pricer, ph, pr, w, len(scored) == len(grid) * len(mlist))
         scores = {"+".join(sorted(m)) or "default": min((s for (i, _), s in scored.items() if i == k), default=0.0)
                   for k, m in enumerate(mlist)}
         ranked = [c for c in sorted(scored, key=lambda c: (scored[c], c)) if c != chosen][:top]
         for mi2, r in ranked:
             for ph in PHASES:
-                a = prediction(pricer.price(ph, grid[r], mlist[mi2]), grid[r], mlist[mi2], problem.drives)
+                a = problem_prediction(problem, pricer.price(ph, grid[r], mlist[mi2]), grid[r], mlist[mi2])
                 alts.append(dict(a, behind=1.0 - predicted[ph]["seconds"] / a["seconds"] if a["seconds"] else 0.0,
                                  tied=_tied(scored, (mi2, r))))
     for ph in PHASES:
@@ -345,7 +359,7 @@ def solve(problem: Problem, top: int = TOP_ALTERNATIVES) -> Choice:
         best = predicted[ph]["seconds"]
         base = {}
         for key, w in (("capability", cap), ("equal", (1,) * n)):
-            p = prediction(pricer.price(ph, w, mode), w, mode, problem.drives)
+            p = problem_prediction(problem, pricer.price(ph, w, mode), w, mode)
             base[key] = p
             base[f"gain_over_{key}"] = p["seconds"] / best if best else 1.0
         baselines[ph] = base
@@ -366,7 +380,7 @@ def predict(problem: Problem, phase: str, weights: Sequence[int], mode: frozense
     if len(w) != len(problem.drives):
         raise UsageError(f"weights {':'.join(map(str, w))}: {len(w)} weights for {len(problem.drives)} sources "
                          f"({', '.join(d.name for d in problem.drives)}); give one weight per source, primary first")
-    return prediction(Pricer(problem).price(phase, w, mode), w, mode, problem.drives)
+    return problem_prediction(problem, Pricer(problem).price(phase, w, mode), w, mode)
 
 
 def solve_plan(sources: Sequence[Source], problem: Problem, provenance: dict | None = None, created: str = "",
@@ -393,6 +407,8 @@ def model_record(problem: Problem, scores: dict | None = None) -> dict:
                   for ph, s in problem.phases.items()},
         "modes": ["+".join(sorted(m)) or "default" for m in problem.engine.modes(problem.geometry)],
         "page_cache_bytes": problem.page_cache_bytes,
+        "compute_s_per_token": dict(problem.compute),
+        "overlap": problem.overlap,
         "scores": dict(scores or {}),
         "background": [{"source": drives[b.source].name, "kind": b.kind, "value": b.value} for b in problem.backgrounds],
         "links": [link_to_dict(link, drives) for link in problem.links],

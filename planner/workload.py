@@ -50,6 +50,7 @@ from .constants import (
     V41_TOP_K,
 )
 from .pricing import DECODE_SAMPLE, PREFILL_SAMPLE, PhaseSteps, sample_steps
+from .world import calibrated_traffic
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ class Traffic:
     experts_per_layer: float      # experts a prefill of prompt_tokens reads per layer
     cache_experts: int            # the decode cache, experts
     misses_per_token: float       # experts read per decoded token (all layers), after warm-up
-    source: str                   # 'routing-model' (simulated) or 'field' (docs/planner.md, measured)
+    source: str                   # 'routing-model' (simulated), 'field' (docs/planner.md, measured) or
+                                  # 'engine' (the decode calibrated by the engine's own lines, planner.world)
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,9 @@ def phase_steps(shape: ModelShape, traffic: Traffic, measure: int = ROUTING_MEAS
                                                     traffic.cache_experts)
     p = sample_steps("prefill", pre, traffic.prompt_tokens, shape.layers, PREFILL_SAMPLE, pre_fresh)
     d = sample_steps("decode", dec, measure, shape.layers, DECODE_SAMPLE, dec_fresh)
-    if traffic.source == "field":
-        # scaled so the steps priced (the sample, each standing for `scale` steps) read the field's
+    if traffic.source in ("field", "engine"):
+        # scaled so the steps priced (a named workload's field figures, or what the engine's own
+        # lines said it read: planner.world.calibrated_traffic) (the sample, each standing for `scale` steps) read the field's
         # experts per layer and misses per token exactly
         sampled_pre = sum(len(s.experts) for s in p.steps) * p.scale / shape.layers
         sampled_dec = sum(len(s.experts) for s in d.steps) * d.scale / max(1, d.tokens)
@@ -202,6 +205,17 @@ def model_workload(geometry, prompt_tokens: int = PREFILL_TOKENS, cache_experts:
     shape = ModelShape.from_geometry(geometry)
     traffic = simulate_traffic(shape, prompt_tokens, cache_experts)
     return ModelWorkload("model", shape, traffic, geometry, phase_steps(shape, traffic))
+
+
+def calibrated_workload(wl: ModelWorkload, cal) -> ModelWorkload:
+    """The workload with the decode's experts per token the engine's run read (its calibration
+    record, `planner.world`); unchanged when the record says nothing of them."""
+    if not cal:
+        return wl
+    traffic = calibrated_traffic(wl.traffic, wl.shape.layers, wl.shape.expert_bytes, cal)
+    if traffic is wl.traffic:
+        return wl
+    return replace(wl, traffic=traffic, phases=phase_steps(wl.shape, traffic))
 
 
 def named_workload(name: str) -> ModelWorkload:

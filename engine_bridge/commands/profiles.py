@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -128,6 +129,13 @@ def launch_cmd(
                   + escape(", ".join(p.unverified)), soft_wrap=True)
     err.print(f"launching {escape(path)} with profile {p.id!r} ({plural(p.sources, 'source')})", soft_wrap=True)
     r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
+    if r.ok and r.calibration:
+        # the engine's own lines calibrate the next solve (docs/planner.md, "Calibrated by the engine's own lines")
+        from planner.rigmodel import record_calibration
+
+        r = replace(r, calibration_plan=record_calibration(rigmod.rig_dir(rig), p.engine, r.calibration) or "")
+        if r.calibration_plan:
+            err.print(f"calibration from the engine's lines recorded in {escape(r.calibration_plan)}", soft_wrap=True)
     if json_out:
         print_result(r)
     else:

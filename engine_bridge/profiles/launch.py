@@ -22,7 +22,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import ClassVar, Mapping, Sequence
 
@@ -70,6 +70,9 @@ class LaunchResult:
     csv_rows: tuple[dict, ...] = ()
     started: str = ""
     seconds: float = 0.0
+    tok_s: float | None = None              # the engine's own speed line, as its profile reads it
+    calibration: dict = field(default_factory=dict)   # what its lines say it did (Engine.calibrate; {} none)
+    calibration_plan: str = ""              # the plan the calibration was recorded in ('' none)
     schema: int = LAUNCH_SCHEMA
 
     KIND: ClassVar[str] = "launch"          # a result (core.results): `launch --json`, launch.json's shape
@@ -114,6 +117,9 @@ def launch_to_dict(r: LaunchResult) -> dict:
         "csv": r.csv_path,
         "started": r.started,
         "seconds": r.seconds,
+        "tok_s": r.tok_s,
+        "calibration": dict(r.calibration),
+        "calibration_plan": r.calibration_plan,
     }
 
 
@@ -201,11 +207,17 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
 
     checks = confirm(stdout + "\n" + stderr, p, rc)
     failed = tuple(c.name for c in checks if not c.ok)
+    eng = ENGINES[p.engine]
+    reading = eng.profile.read_run(stdout, stderr, p.variant) if hasattr(eng.profile, "read_run") else None
+    cal = eng.calibrate(stdout + "\n" + stderr) if eng.calibrate and rc == 0 else {}
+    if cal and reading is not None and reading.prompt_tokens:
+        cal = {**cal, "prompt_tokens": reading.prompt_tokens}
     result = LaunchResult(ok=not failed, failed=failed, confirmations=checks, profile=p.id,
                           profile_file=os.path.abspath(profile_path), binary=os.path.abspath(binary),
                           argv=tuple(argv), environment=added, dead_knobs=dead, returncode=rc, run_dir=run_dir,
                           stdout_path=out_path, stderr_path=err_path, csv_path=csv_path, csv_rows=rows,
-                          started=started, seconds=round(seconds, 3))
+                          started=started, seconds=round(seconds, 3),
+                          tok_s=reading.tok_s if reading is not None else None, calibration=cal)
     write_json(os.path.join(run_dir, "launch.json"), launch_to_dict(result), indent=2)
     return result
 

@@ -97,6 +97,7 @@ class EngineRun:
     run_dir: str = ""
     resolution: float | None = None     # tok/s: the step of the engine's printed speed
     wall_tok_s: float | None = None     # generated tokens over the engine process's wall seconds
+    calibration: Mapping = field(default_factory=dict)   # what its own lines say it did (Engine.calibrate)
 
     def speed(self, wall: bool = False) -> float | None:
         return self.wall_tok_s if wall else self.tok_s
@@ -122,14 +123,18 @@ def shares(served: Mapping[int, int], n: int) -> tuple[float, ...] | None:
     return tuple(served.get(i, 0) / tot for i in range(n)) if tot > 0 else None
 
 
-def predicted_tok_s(c: EngineArm, kind: str, prompt: int | None, gen: int | None) -> float | None:
-    """The planner's prediction in the engine's own figure (I/O alone: the planner prices reads,
-    not compute): 'decode', a decoded token's seconds; 'run', the generated tokens over the
-    prompt's and their seconds, each phase's seconds per token from its prediction."""
+def predicted_tok_s(c: EngineArm, kind: str, prompt: int | None, gen: int | None, e2e: bool = False) -> float | None:
+    """The planner's prediction in the engine's own figure: reads alone (the priced read time), or
+    with `e2e` end to end (reads and the engine's compute, `planner.world.e2e`; None when the
+    prediction has no compute): 'decode', a decoded token's seconds; 'run', the generated tokens
+    over the prompt's and their seconds, each phase's seconds per token from its prediction."""
     per = {}
+    key = "e2e_seconds" if e2e else "seconds"
     for ph in PHASES:
         p = c.predicted.get(ph) or {}
-        t, s = float(p.get("tokens") or 0.0), float(p.get("seconds") or 0.0)
+        if e2e and key not in p:
+            return None
+        t, s = float(p.get("tokens") or 0.0), float(p.get(key) or 0.0)
         per[ph] = s / t if t > 0 and s > 0 else None
     if kind == "decode":
         return 1.0 / per["decode"] if per["decode"] else None
@@ -189,6 +194,8 @@ class ArmResult:
     error_pct: float | None             # predicted over measured - 1, %
     promise: tuple[float, ...] | None
     measured_shares: tuple[float, ...] | None
+    predicted_e2e: float | None = None  # tok/s end to end: the reads and the engine's compute
+    error_e2e_pct: float | None = None  # predicted_e2e over measured - 1, %
 
 
 @dataclass(frozen=True)
@@ -242,12 +249,14 @@ def judge(cands: Sequence[EngineArm], trials: Sequence[EngineRun], n_sources: in
         runs = tuple(by_round[r][i] for r in complete if i in by_round.get(r, {}))
         med = float(median(runs)) if runs else None
         pred = predicted_tok_s(c, speed_kind, prompt, gen)
+        pe2e = predicted_tok_s(c, speed_kind, prompt, gen, e2e=True)
         mine = [t for t in rounds if t.arm == i and t.served]
         seen = shares({k: sum(t.served.get(k, 0) for t in mine) for k in range(n_sources)}, n_sources) if mine else None
         why = gates[i] if i in ran else "not run (the budget ended first)"
         results.append(ArmResult(c.label, c.roles, runs, med, spread_pct(runs), i in qualified and med is not None, why,
                                  pred, 100.0 * (pred / med - 1.0) if pred and med else None,
-                                 c.promise(n_sources, prompt, gen), seen))
+                                 c.promise(n_sources, prompt, gen), seen,
+                                 pe2e, 100.0 * (pe2e / med - 1.0) if pe2e and med else None))
     default = next((i for i, c in enumerate(cands) if c.default), None)
     equal = next((i for i, c in enumerate(cands) if "equal" in c.roles), None)
     ok = [i for i, a in enumerate(results) if a.qualified]
@@ -323,13 +332,15 @@ def report_dict(cands: Sequence[EngineArm], trials: Sequence[EngineRun], v: Tuni
                   "sources": list(c.sources), "default": c.default, "profile": c.profile,
                   "predicted_tok_s": a.predicted, "median_tok_s": a.median, "runs_tok_s": list(a.runs),
                   "spread_pct": a.spread_pct, "error_pct": a.error_pct, "qualified": a.qualified, "why": a.why,
+                  "predicted_e2e_tok_s": a.predicted_e2e, "error_e2e_pct": a.error_e2e_pct,
                   "promised_shares": list(a.promise) if a.promise else None,
                   "measured_shares": list(a.measured_shares) if a.measured_shares else None}
                  for c, a in zip(cands, v.arms)],
         "trials": [{"arm": t.arm, "round": t.round, "tok_s": t.tok_s, "wall_tok_s": t.wall_tok_s, "seconds": t.seconds,
                     "failed": t.failed,
                     "output": t.output, "served": {str(k): b for k, b in t.served.items()},
-                    "state_changed": list(t.state_changed), "lines": list(t.lines), "run_dir": t.run_dir}
+                    "state_changed": list(t.state_changed), "lines": list(t.lines), "run_dir": t.run_dir,
+                    "calibration": dict(t.calibration)}
                    for t in trials],
         "complete_rounds": list(v.complete_rounds),
         "reference_output": v.reference,
@@ -354,18 +365,23 @@ def report_lines(doc: Mapping) -> list[str]:
            + (", interrupted)" if doc.get("interrupted") else ")"),
            f"measured by: {doc.get('measured_by')}; speed: {doc.get('speed')}",
            f"state: {doc.get('state')}",
-           f"{'arm':<28} {'roles':<34} {'pred tok/s':>10} {'median':>8} {'spread':>7} {'pred err':>8}"
-           + (f" {'its line':>8}" if wall else "") + "  shares (promised -> measured)  gates"]
+           f"{'arm':<28} {'roles':<34} {'pred tok/s':>10} {'e2e tok/s':>9} {'median':>8} {'spread':>7} {'reads err':>9} "
+           f"{'e2e err':>8}" + (f" {'its line':>8}" if wall else "") + "  shares (promised -> measured)  gates"]
     for i, a in enumerate(arms):
-        mark = " <- winner" if i == v["winner"] else ""
+        mark = winner_mark(i, v)
         sh = ("-" if not a["measured_shares"] else
               f"{_fmt(a['promised_shares']) if a['promised_shares'] else 'probe'} -> {_fmt(a['measured_shares'])}")
         out.append(f"{a['label']:<28} {', '.join(a['roles'])[:34]:<34} {_num(a['predicted_tok_s']):>10} "
-                   f"{_num(a['median_tok_s']):>8} {a['spread_pct']:>6.1f}% {_pct(a['error_pct']):>8}"
+                   f"{_num(a.get('predicted_e2e_tok_s')):>9} "
+                   f"{_num(a['median_tok_s']):>8} {a['spread_pct']:>6.1f}% {_pct(a['error_pct']):>9} "
+                   f"{_pct(a.get('error_e2e_pct')):>8}"
                    + (f" {_num(line[i]):>8}" if wall else "") + f"  {sh}  "
                    f"{'ok' if a['qualified'] else 'OUT: ' + a['why']}{mark}")
     w = v["winner"]
-    out.append(f"winner: {arms[w]['label'] if w is not None else 'none'} ({v['why']})")
+    kept = w is not None and v.get("best") is not None and v["best"] != w and w == v.get("default")
+    out.append(f"{'kept' if kept else 'winner'}: {arms[w]['label'] if w is not None else 'none'} ({v['why']})")
+    if kept:
+        out.append(f"measured best: {arms[v['best']]['label']} (its gain is not confirmed)")
     out.append(f"winner's measured gain over the engine's default: {_pct(v['gain_over_default_pct'])}; over equal "
                f"weights: {_pct(v['gain_over_equal_pct'])}")
     if v["confirmed"] is not None:
@@ -376,6 +392,17 @@ def report_lines(doc: Mapping) -> list[str]:
                    f"{'confirmed' if v['confirmed'] else 'NOT confirmed'}")
     out.append(f"output identical on every qualified arm: {_short(doc['reference_output'] or 'none printed', 60)}")
     return out
+
+
+def winner_mark(i: int, v: Mapping) -> str:
+    """The verdict's mark on arm `i`: the winner where it measured best or was confirmed; where the
+    engine's default stays because no gain was confirmed (below the minimum, or the reverse order
+    did not hold), the default is marked as kept, not as a winner — it may be the slowest arm."""
+    if i != v["winner"]:
+        return ""
+    if v.get("best") is not None and v["best"] != i and i == v.get("default"):
+        return " <- kept (the engine's default: no gain confirmed)"
+    return " <- winner"
 
 
 def _num(x) -> str:

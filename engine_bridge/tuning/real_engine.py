@@ -62,36 +62,45 @@ def _label(weights, mode) -> str:
 
 
 def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = DEFAULT_TOP,
-               prompt_tokens: int | None = None, cache_experts: int | None = None, calibrate: bool = True):
-    """(the solved plan, the candidates): solved as `planner solve` does for the rig's model (drives
-    priced cold), the planner's arms grouped into candidates, plus the engine's default and the
-    fastest drive alone. The engine's default comes first (the reference output is its)."""
+               prompt_tokens: int | None = None, cache_experts: int | None = None, calibrate: bool = True,
+               args: Sequence[str] = (), env: Mapping[str, str] | None = None):
+    """(the solved plan, the candidates): solved as `planner solve` does for the rig's model, in the
+    engine's world (`planner.rigmodel.world_problem`: its cache from its arguments `args` and
+    environment `env` or its last run's lines, the page cache the RAM this process runs under
+    leaves it — every arm starts cold, so only re-reads within a run can hit —, the calibration's
+    loads in flight and compute), the planner's arms grouped into candidates, plus the engine's
+    default and the fastest drive alone. The engine's default comes first (the reference output is
+    its)."""
     from planner.autotune import arms_for
     from planner.plans import load_inputs
-    from planner.rigmodel import choose_workload, rig_problem
-    from planner.solve import Pricer, prediction, solve_plan
+    from planner.rigmodel import world_problem, world_provenance
+    from planner.solve import Pricer, problem_prediction, solve_plan
 
     from .embedded import reads_key
 
     inputs = load_inputs(rig_root, bench, calibrate=calibrate)
     kw = {"prompt_tokens": prompt_tokens} if prompt_tokens else {}
-    chosen = choose_workload(rig_root, engine, cache_experts=cache_experts, **kw)
+    chosen, problem, world = world_problem(rig_root, inputs, engine, cache_experts=cache_experts, page_cache_bytes=None,
+                                           engine_args=args, env=env, **kw)
     if chosen.why is not None:
         raise UsageError(f"autotune --binary runs {engine} on the rig's own model, and {chosen.why}; give the rig a model "
                          "its drives hold (`replicas init --model PATH`)")
-    problem = rig_problem(inputs, chosen, engine)
     plan, choice = solve_plan(inputs.sources, problem, inputs.provenance, top=max(top, 1))
-    plan = replace(plan, geometry=chosen.geometry, workload=dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle))
+    plan = replace(plan, geometry=chosen.geometry, workload=dict(chosen.workload.as_dict(), engine=engine, idle=choice.idle),
+                   provenance={**plan.provenance, **world_provenance(engine, chosen, world)})
     pricer = Pricer(problem)
     joint = not problem.engine.phase_weights
     phases = tuple(ph for ph in PHASES if problem.phases[ph].steps)
     n = len(inputs.sources)
 
     def predict(ph, w, m):
-        return prediction(pricer.price(ph, w, m), w, m, problem.drives)
+        return problem_prediction(problem, pricer.price(ph, w, m), w, m)
 
     arms = arms_for(choice, top, joint=joint, key=reads_key(problem), predict=predict, phases=phases)
     out = _joint_arms(arms, n) if joint else _phase_arms(arms, n, phases)
+    out, left = prune_calibrated(out, prompt_tokens or chosen.workload.traffic.prompt_tokens)
+    if left:
+        plan = replace(plan, provenance={**plan.provenance, "arms_left_out": left})
     # the fastest drive alone, priced on its own
     caps = choice.baselines[phases[0]]["capability"]["weights"]
     fast = max(range(n), key=lambda i: (caps[i], -i))
@@ -103,6 +112,36 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
         return plan, [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
     primary = replace(_alone(problem, inputs.sources, 0, phases, ("engine default",)), default=True)
     return plan, [primary] + out + [alone]
+
+
+PRUNE_BELOW = 0.7      # an alternative predicted under this share of the pick's tok/s end to end is not run
+KEPT_ROLES = ("model #1", "equal", "capability")   # the pick and the baselines the verdict's gains are over
+
+
+def prune_calibrated(arms: Sequence[EngineArm], prompt: int, gen: int = 16) -> tuple[list[EngineArm], list[dict]]:
+    """With a calibrated problem (predictions end to end), the alternatives the planner predicts
+    far slower than its pick (under PRUNE_BELOW of it, end to end, over `prompt` and `gen` tokens)
+    are left out, so the loop runs fewer arms; the pick and the baselines always run. Without
+    end-to-end predictions every arm stays. Returns (the arms, those left out with why)."""
+    from .judge import predicted_tok_s
+
+    def e2e(a):
+        return predicted_tok_s(a, "run", prompt, gen, e2e=True)
+
+    pick = next((a for a in arms if "model #1" in a.roles), None)
+    best = e2e(pick) if pick is not None else None
+    if not best:
+        return list(arms), []
+    kept, left = [], []
+    for a in arms:
+        p = e2e(a)
+        if any(r in KEPT_ROLES for r in a.roles) or p is None or p >= PRUNE_BELOW * best:
+            kept.append(a)
+        else:
+            left.append({"label": a.label, "roles": list(a.roles), "predicted_e2e_tok_s": p,
+                         "why": f"predicted {100 * (1 - p / best):.0f} % slower than the pick end to end "
+                                f"(the engine's calibration; the loop runs those within {100 * (1 - PRUNE_BELOW):.0f} %)"})
+    return kept, left
 
 
 def _joint_arms(arms, n: int) -> list[EngineArm]:
@@ -145,12 +184,12 @@ def _phase_arms(arms, n: int, phases) -> list[EngineArm]:
 
 def _alone(problem, sources, i: int, phases, roles: tuple[str, ...]) -> EngineArm:
     """Source `i` alone (weight 1), priced on its own."""
-    from planner.solve import Pricer, prediction
+    from planner.solve import Pricer, problem_prediction
 
     sub = replace(problem, drives=(problem.drives[i],), links=(), holds=(problem.holds[i],) if problem.holds else ())
     pricer = Pricer(sub)
     return EngineArm(f"{sources[i].name} alone", roles, (1,), None, (), (i,),
-                     {ph: prediction(pricer.price(ph, (1,), frozenset()), (1,), frozenset(), sub.drives) for ph in phases})
+                     {ph: problem_prediction(sub, pricer.price(ph, (1,), frozenset()), (1,), frozenset()) for ph in phases})
 
 
 def arm_plan(plan, c: EngineArm):
@@ -259,6 +298,10 @@ def run_arm(binary: str, c: EngineArm, args: Sequence[str], run_dir: str, timeou
     with open(r.stderr_path, encoding="utf-8", errors="replace") as f:
         stderr = f.read()
     reading = prof.read_run(stdout, stderr, p.variant)
+    eng = get_engine(engine)
+    cal = eng.calibrate(stdout + "\n" + stderr) if eng.calibrate else {}
+    if cal and reading.prompt_tokens:
+        cal = {**cal, "prompt_tokens": reading.prompt_tokens}
     after = fingerprint(_dirs(paths))
     changed = tuple(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)))
     rc = r.returncode
@@ -276,7 +319,7 @@ def run_arm(binary: str, c: EngineArm, args: Sequence[str], run_dir: str, timeou
     served = {c.sources[d]: b for d, b in reading.served.items() if d < len(c.sources)}
     wall = reading.gen_tokens / r.seconds if reading.gen_tokens and r.seconds > 0 else None
     return EngineRun(-1, round_, reading.tok_s, r.seconds, reading.output, served, failed, changed, reading.prompt_tokens,
-                 reading.gen_tokens, tuple(reading.lines), run_dir, reading.resolution, wall)
+                     reading.gen_tokens, tuple(reading.lines), run_dir, reading.resolution, wall, cal)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,13 +360,15 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     folder = os.path.join(rig.root, RUNS_DIR, f"engine-tune-{stamp}")
     os.makedirs(folder, exist_ok=True)
-    plan, cands = candidates(rig_root, engine, bench, top, prompt_tokens, cache_experts)
+    env = dict(os.environ if inherited is None else inherited)
+    plan, cands = candidates(rig_root, engine, bench, top, prompt_tokens, cache_experts, args=args, env=env)
     cands = export_candidates(rig_root, plan, cands, folder, engine, cache_experts, allow_unverified)
     variant = load_profile(cands[0].profile).variant
     frozen, state_note = prof.frozen_state(variant)
-    env = dict(os.environ if inherited is None else inherited)
     env.update(frozen)
     say(f"{len(cands)} arms: " + ", ".join(f"{k + 1} {c.label}" for k, c in enumerate(cands)))
+    for x in plan.provenance.get("arms_left_out") or ():
+        say(f"left out: {x['label']}: {x['why']}")
 
     runs = _ArmRuns(cands, len(plan.sources), binary, args, folder, env, engine, budget_s, timeout_s, tolerance,
                     say, stop, clock)
@@ -343,7 +388,11 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
                           "the engine's own tok/s line"),
                 "measured_by": ("the engine's tok/s and its per-drive byte counters" if runs.counters_seen else
                                 "the engine's tok/s alone: it printed no per-drive counters"),
-                "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources]}
+                "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources],
+                "arms_left_out": list(plan.provenance.get("arms_left_out") or ())}
+    cal = run_calibration(runs.trials, v.winner if v.winner is not None else v.default)
+    if cal:
+        settings["engine_calibration"] = cal
     doc = _write_report(folder, report_dict(cands, runs.trials, v, settings))
     if v.winner is not None:
         win = cands[v.winner]
@@ -352,7 +401,7 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
         doc["winner_profile"] = export_arm(rig_root, win, arm_plan(plan, win),
                                            os.path.join(folder, "winner.env"), f"arm{v.winner + 1}", engine,
                                            cache_experts, allow_unverified, fallbacks=True)
-        doc["plan"] = _save_winner(rig, plan, win, _summary(folder, engine, win, v, settings, doc))
+        doc["plan"] = _save_winner(rig, plan, win, _summary(folder, engine, win, v, settings, doc), engine, cal)
     if not v.complete_rounds or v.winner is None:
         raise _no_winner(runs, v, folder, budget_s)
     return doc, folder
@@ -464,22 +513,52 @@ def _summary(folder: str, engine: str, win: EngineArm, v: TuningVerdict, setting
             "gain_over_equal_pct": v.gain_over_equal_pct, "confirmed": v.confirmed, "measured_by": settings["measured_by"],
             "arms": [{"label": a["label"], "roles": a["roles"], "predicted_tok_s": a["predicted_tok_s"],
                       "median_tok_s": a["median_tok_s"], "spread_pct": a["spread_pct"],
-                      "error_pct": a["error_pct"], "qualified": a["qualified"], "why": a["why"]}
+                      "error_pct": a["error_pct"], "predicted_e2e_tok_s": a.get("predicted_e2e_tok_s"),
+                      "error_e2e_pct": a.get("error_e2e_pct"), "qualified": a["qualified"], "why": a["why"]}
                      for a in doc["arms"]]}
 
 
-def _save_winner(rig, plan, win: EngineArm, summary: dict) -> str:
+def run_calibration(trials, arm: int | None) -> dict:
+    """The calibration the next solve uses (docs/planner.md "Calibrated by the engine's own
+    lines"): the arm's runs' records (the winner's, else the default's; else any arm's), each
+    figure the median over them. {} when no run printed lines the engine's module reads."""
+    ok = [t for t in trials if t.calibration and not t.failed]
+    mine = [t for t in ok if t.arm == arm] or ok
+    if not mine:
+        return {}
+    out = dict(mine[-1].calibration)
+    for k, v in out.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [t.calibration[k] for t in mine if isinstance(t.calibration.get(k), (int, float))]
+            med = _mid(vals)
+            out[k] = round(med) if isinstance(v, int) else med
+    out["runs"] = len(mine)
+    return out
+
+
+def _mid(xs):
+    from statistics import median
+
+    return median(xs) if xs else None
+
+
+def _save_winner(rig, plan, win: EngineArm, summary: dict, engine: str = "", cal: dict | None = None) -> str:
     """The solved plan at the winner's weights and switches (when it ran every source with weights;
-    else the solved plan as it was), with the trials in its provenance, saved into rig/plans."""
+    else the solved plan as it was), with the trials in its provenance and the engine's calibration
+    from its own lines (`engine_calibration`, which the next solve uses), saved into rig/plans."""
     from planner.plan import Phase
     from planner.plans import load_plan, save_plan
+    from planner.rigmodel import calibration_entry
 
     out = plan
     if win.weights is not None and len(win.sources) == len(plan.sources):
         out = replace(plan, prefill=Phase(tuple(win.weights), dict(win.predicted.get("prefill") or {})),
                       decode=Phase(tuple(win.decode_weights or win.weights), dict(win.predicted.get("decode") or {})),
                       switches=frozenset(win.mode))
-    path = save_plan(rig, replace(out, provenance={**out.provenance, "engine_trials": summary}))
+    prov = {**out.provenance, "engine_trials": summary}
+    if cal:
+        prov["engine_calibration"] = calibration_entry(engine, (plan.geometry or {}).get("path") or "", cal)
+    path = save_plan(rig, replace(out, provenance=prov))
     load_plan(path)
     return path
 

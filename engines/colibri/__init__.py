@@ -32,7 +32,8 @@ weight-sized stripe legs (`mir_stripe_plan`), read from derived copies of a newe
 
 The package holds one module per thing the engine is asked: its facts (`constants`), where an
 expert is read from (`placement`, `family`), what it makes of its variables (`mirror_env`), its
-read pattern (`colibri_reads`), its log lines (`colibri_log`), its usage history (`usage_file`), its profile, export's and
+read pattern (`colibri_reads`), its log lines (`colibri_log`), its own workload (cache, memory, the `[PROF]` lines:
+`colibri_workload`), its usage history (`usage_file`), its profile, export's and
 launch's side (`colibri_profile`, with the stand-in's in `colibri_standin`). This file assembles
 them into the `Engine` the registry holds; no module of the package imports it.
 """
@@ -42,6 +43,7 @@ from __future__ import annotations
 from ..base import Engine
 from . import colibri_profile
 from .colibri_log import read_timing
+from .colibri_workload import calibration_record, own_workload
 from .colibri_reads import (
     buffered,
     concurrency,
@@ -62,4 +64,5 @@ ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weigh
                 switches=SWITCHES, modes=modes, phase_weights=False, profile=colibri_profile,
                 buffered=buffered, timing=read_timing, replica_serves=replica_serves,
                 usage_file=USAGE_FILE, read_usage=read_usage, preference=preference,
+                own_workload=own_workload, calibrate=calibration_record,
                 model_types=(GLM_MODEL_TYPE,) + tuple(t for t in known_model_types() if t != GLM_MODEL_TYPE))

@@ -105,7 +105,7 @@ def test_a_confirmed_arm(tmp_path, monkeypatch):
     record = json.load(open(os.path.join(r.run_dir, "launch.json")))
     assert list(record) == ["schema", "kind", "ok", "failed", "profile", "profile_file", "binary", "argv", "environment",
                             "dead_knobs", "returncode", "confirmations", "metrics", "csv_rows", "run_dir", "stdout",
-                            "stderr", "csv", "started", "seconds"]
+                            "stderr", "csv", "started", "seconds", "tok_s", "calibration", "calibration_plan"]
     assert record["kind"] == "launch" and record["ok"] is True
 
 

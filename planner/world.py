@@ -1,0 +1,77 @@
+"""The user's world on one machine, as the pricing takes it (pure; docs/planner.md "RAM, the
+engine's own workload, predictions end to end"):
+
+- **RAM.** The page cache an engine's buffered reads may count on is the RAM the process runs
+  under (its memory cgroup's limit, else MemTotal: `core.ram.ram_limit`) less what the engine
+  keeps resident of its own (`Engine.own_workload`): `page_cache_room`. A budget of a quarter of
+  the model leaves a buffered mode a quarter of its re-reads in RAM at best, not all of them.
+- **The engine's own workload.** What its cache holds comes from its arguments (the engine's
+  `own_workload`), and after a run from its own lines (`Engine.calibrate`): the expert bytes it
+  read per generated token set the decode traffic (`calibrated_traffic`), the loads it kept in
+  flight the pricing's concurrency, its compute seconds the end-to-end prediction.
+- **End to end.** A phase's tok/s as the user feels it is its tokens over the priced read time
+  plus the engine's compute for them, with the overlap the engine has (colibri with PIPE off:
+  none, so the two add): `e2e`.
+
+A calibration record (the engine's `calibrate`, kept in a plan's provenance `engine_calibration`):
+window ('run': the prompt's work is inside it; 'decode': only the generated tokens'), tokens
+(generated), prompt_tokens, bytes_read (expert bytes over the window), cache_per_layer,
+in_flight, overlap (whether reads overlap compute), compute_s, wait_s, run_s, and the engine's own
+figures under `lines`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+CALIBRATION_SCHEMA = 1
+
+
+def page_cache_room(ram_bytes: int, resident_bytes: int) -> int:
+    """Bytes of the model the page cache can keep: the RAM less the engine's own (0 at least).
+    RAM unknown (0): 0, every read priced from a drive."""
+    return max(0, int(ram_bytes) - int(resident_bytes)) if ram_bytes > 0 else 0
+
+
+def calibrated_misses(cal: Mapping, expert_bytes: int, prefill_experts: float) -> float | None:
+    """Experts read per generated token, from the run's expert bytes: over a 'run' window the
+    prompt's reads (`prefill_experts`, the workload's for the same prompt) come off first. None
+    when the record cannot say."""
+    tokens, read = cal.get("tokens"), cal.get("bytes_read")
+    if not isinstance(tokens, int) or tokens < 1 or not isinstance(read, (int, float)) or expert_bytes <= 0:
+        return None
+    experts = read / expert_bytes
+    if cal.get("window") == "run":
+        experts -= prefill_experts
+    return max(0.0, experts / tokens)
+
+
+def calibrated_traffic(traffic, layers: int, expert_bytes: int, cal: Mapping):
+    """The workload's traffic with the decode's experts per token the engine's run read (source
+    'engine'); unchanged when the record says nothing of them."""
+    m = calibrated_misses(cal, expert_bytes, traffic.experts_per_layer * layers)
+    if m is None:
+        return traffic
+    return replace(traffic, misses_per_token=m, source="engine")
+
+
+def compute_per_token(cal: Mapping) -> dict[str, float]:
+    """{phase: the engine's compute seconds per token of the phase}: over a 'run' window the
+    prompt's compute is inside the generated tokens' (the engine times them as one), so it is
+    all charged to decode and prefill gets 0. {} when the record has no compute."""
+    c, tokens = cal.get("compute_s"), cal.get("tokens")
+    if not isinstance(c, (int, float)) or not isinstance(tokens, int) or tokens < 1:
+        return {}
+    return {"prefill": 0.0, "decode": float(c) / tokens}
+
+
+def e2e(pred: dict, compute_s_per_token: float, overlap: bool = False) -> dict:
+    """The phase's prediction with the end-to-end figures beside the reads-only ones: compute_s
+    (the engine's compute for the phase's tokens), e2e_seconds (reads and compute added, or the
+    larger of the two where the engine overlaps them) and e2e_tok_s."""
+    tokens, reads = float(pred.get("tokens") or 0), float(pred.get("seconds") or 0.0)
+    comp = compute_s_per_token * tokens
+    total = max(reads, comp) if overlap else reads + comp
+    return {**pred, "compute_s": comp, "e2e_seconds": total, "e2e_tok_s": tokens / total if total > 0 else 0.0,
+            "overlap": "reads overlap compute" if overlap else "none: reads, then compute"}

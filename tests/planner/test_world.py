@@ -1,0 +1,172 @@
+"""The user's world in the pricing (planner/world.py, rigmodel.engine_world): the page cache's room
+is the RAM the process runs under less the engine's own memory, so under a small budget a buffered
+mode is priced from the drives; the engine's cache comes from its arguments or its last run's
+lines; a plan predicts end-to-end tok/s from its reads and the engine's compute."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from core.ramlimit import RamLimit
+from engines.colibri.colibri_workload import cache_per_layer, calibration_record, resident_bytes
+from engines.registry import get_engine
+from models.tensortable import inspect_model
+from planner.cli import app
+from planner.rigmodel import engine_world, problem_for_rig
+from planner.solve import Pricer
+from planner.world import calibrated_misses, compute_per_token, e2e, page_cache_room
+from tests.planner.helpers import FAST, LAGGY, SLOW, make_dir_rig, write_dir_model
+
+runner = CliRunner()
+MiB, GB = 1 << 20, 10**9
+
+
+def test_page_cache_room_is_the_ram_less_the_engines_own():
+    assert page_cache_room(128 * GB, 40 * GB) == 88 * GB
+    assert page_cache_room(1 * GB, 3 * GB) == 0          # the engine alone fills the budget
+    assert page_cache_room(0, 1) == 0                    # RAM unknown: every read from a drive
+
+
+def test_colibri_cache_follows_its_arguments_and_its_ram_check():
+    """c/colibri.c coli_resolve_cap then cap_for_ram: argv[1], CAP, 8/64; lowered to what RAM_GB
+    (or 88 % of MemAvailable) leaves after the resident weights and the slack; raised to the
+    layer's experts unless CAP_RAISE=0."""
+    eb, dense, layers, experts = 100 * MiB, 2 * GB, 4, 256
+    big = 5000 * GB
+    assert cache_per_layer(["4"], {"CAP_RAISE": "0"}, layers, experts, eb, dense, big) == 4
+    assert cache_per_layer([], {"CAP": "6", "CAP_RAISE": "0"}, layers, experts, eb, dense, big) == 6
+    assert cache_per_layer(["0"], {"CAP_RAISE": "0"}, layers, experts, eb, dense, big) == 8
+    assert cache_per_layer([], {"CAP_RAISE": "0"}, layers, experts, eb, dense, big) == 64
+    assert cache_per_layer(["4"], {}, layers, experts, eb, dense, big) == experts   # raised, at most the experts
+    # RAM_GB=20: 20e9 - 2e9 - 3.7e9 - 64 experts of working set, over one expert in each of 4 layers
+    raised = cache_per_layer(["4"], {"RAM_GB": "20"}, layers, experts, eb, dense, big)
+    assert raised == int((20 * GB - dense - 3.7e9 - 64 * eb) / (layers * eb)) == 18
+    assert cache_per_layer(["64"], {"RAM_GB": "20", "CAP_RAISE": "0"}, layers, experts, eb, dense, big) == raised
+    assert resident_bytes(4, 10, experts, eb, dense) == dense + 40 * eb + 64 * eb
+
+
+def dir_rig(tmp_path):
+    model = write_dir_model(tmp_path / "m", "glm_moe_dsa")
+    rig, _ = make_dir_rig(tmp_path / "rig", model, names=("fast", "slow", "laggy"), models=(FAST, SLOW, LAGGY))
+    return rig, model
+
+
+def test_under_a_small_budget_a_buffered_mode_is_priced_from_the_drives(tmp_path):
+    """The same rig priced with the RAM of a machine holding the whole model and with a quarter of
+    it (explicit RAM figures, no cgroup): the buffered mode's decode costs more drive time under the
+    budget, O_DIRECT the same, and the room is the RAM less colibri's own memory."""
+    rig, model = dir_rig(tmp_path)
+    g = inspect_model(str(model))
+    e = get_engine("colibri")
+    args, env = ["2"], {"CAP_RAISE": "0"}
+    own = e.own_workload(g, args, env, 0)
+    big = engine_world(e, g, args, env, ram=RamLimit(own.resident_bytes + 2 * g.file_size, "cgroup v1"))
+    small = engine_world(e, g, args, env, ram=RamLimit(own.resident_bytes + g.routed_bytes // 4, "cgroup v1"))
+    assert big.page_cache_bytes >= g.routed_bytes and big.cache_experts == 2 * g.layers
+    assert small.page_cache_bytes == g.routed_bytes // 4
+    prices = {}
+    for name, w in (("big", big), ("small", small)):
+        _, _, prob = problem_for_rig(rig.root, None, "colibri", page_cache_bytes=w.page_cache_bytes,
+                                     cache_experts=w.cache_experts)
+        p = Pricer(prob)
+        prices[name] = {m: p.price("decode", (1, 1, 1), frozenset(m)).seconds for m in ((), ("direct",))}
+    assert prices["small"][()] > 1.5 * prices["big"][()]
+    assert prices["small"][("direct",)] == pytest.approx(prices["big"][("direct",)])
+
+
+def test_calibration_sets_decode_reads_and_compute():
+    cal = {"window": "run", "tokens": 16, "bytes_read": 1_108_000_000, "compute_s": 0.8}
+    eb = 4_718_592
+    # 234.8 experts over the run, 60 of them the prompt's: the rest over 16 tokens
+    assert calibrated_misses(cal, eb, 60.0) == pytest.approx((1_108_000_000 / eb - 60) / 16)
+    assert calibrated_misses({**cal, "window": "decode"}, eb, 60.0) == pytest.approx(1_108_000_000 / eb / 16)
+    assert calibrated_misses({}, eb, 0) is None
+    assert compute_per_token(cal) == {"prefill": 0.0, "decode": 0.05}
+    p = e2e({"tokens": 16, "seconds": 4.0}, 0.05)
+    assert p["e2e_seconds"] == pytest.approx(4.8) and p["e2e_tok_s"] == pytest.approx(16 / 4.8)
+    assert e2e({"tokens": 16, "seconds": 4.0}, 0.5, overlap=True)["e2e_seconds"] == pytest.approx(8.0)
+
+
+COLIBRI_LINES = "\n".join((
+    'Expert cache hit rate: 21.7% (0 pin + 65 lru / 234 miss) | RSS: 0.11 GB | 13.6 tok/s',
+    'PROFILE: expert-disk 0.499s service / 0.350s wait | expert-matmul 0.660s | attention 0.063s (includi'
+    'ng kvb 0.007s) | lm_head 0.000s | other 0.099s',
+    '[PROF] expert I/O: 1.108 GB fetched (69.2 MB/token, 0.94 GB/s over the run) | hit 21.7% (0 pin + 65 '
+    'lru / 234 load) | 27.0 loads/token | 0.5s read service / 0.4s felt wait',
+    '[PROF] DISK-CLASS (recency split): cold 104 x 0.49 GB @ 2.11 GB/s-thread, wall 0.2s @ 3.06 GB/s-wall'
+    ', avg-conc 1.4 (direct 0/104) | warm 130 x 0.62 GB @ 2.67 GB/s-thread, wall 0.2s @ 3.13 GB/s-wall, a'
+    'vg-conc 1.2 (direct 0/130) | disk-busy 0.3s (29% of window)',
+    '[PROF] time shares: expert-I/O 30% | expert-matmul 56% | attention 5% | lm_head 0% | other 8%',
+    '[PROF] machine: AMD EPYC | 2 cores (2 omp threads) | RAM 24.7 GB total, 23.7 GB available | backend '
+    'CPU',
+    '[PROF] config: RAM_GB=auto 20.9 CTX=4096 | expert cache cap 2/layer (up to 0.0 GB) | pinned 0 (0.0 G'
+    'B) | DRAFT=0 PIPE=0 DIRECT=0 MMAP=0 IDOT=1 DSA=off PILOT=0 CACHE_ROUTE=0',
+)) + "\n"
+
+
+def test_colibri_lines_give_the_calibration_record():
+    """The lines as the real GLM engine printed them (PROF=1, oracle mode, 16 tokens)."""
+    r = calibration_record(COLIBRI_LINES)
+    assert r["window"] == "run" and r["tokens"] == 16 and r["bytes_read"] == 1_108_000_000
+    assert r["cache_per_layer"] == 2 and r["in_flight"] == 2 and r["overlap"] is False
+    assert r["compute_s"] == pytest.approx(1.172 - 0.35)
+    assert r["lines"]["avg_conc"] == pytest.approx((104 * 1.4 + 130 * 1.2) / 234)
+    assert r["lines"]["hit_pct"] == 21.7 and r["lines"]["loads_per_token"] == 27.0
+    assert calibration_record("no lines") == {}
+
+
+def test_the_next_solve_uses_the_calibration_a_plan_carries(tmp_path):
+    """A plan whose provenance holds the engine's calibration: the next `planner solve` prices the
+    engine's cache, loads in flight and decode reads from it, predicts end to end beside reads
+    only, and carries the record forward."""
+    from dataclasses import replace
+
+    from core.rig import load_rig
+    from planner.plans import latest_plan, save_plan
+    from planner.rigmodel import calibration_entry
+
+    rig, model = dir_rig(tmp_path)
+    r = runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = latest_plan(load_rig(rig.root))
+    g = inspect_model(str(model))
+    cal = calibration_record(COLIBRI_LINES)
+    save_plan(load_rig(rig.root), replace(plan, created="", provenance={
+        **plan.provenance, "engine_calibration": calibration_entry("colibri", g.path, cal)}))
+    r = runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    world = doc["provenance"]["world"]
+    assert world["cache_experts"] == 2 * g.layers and world["in_flight"] == 2
+    assert doc["provenance"]["model"]["concurrency"]["decode"]["shared"] == 2
+    assert doc["workload"]["traffic"]["source"] == "engine"
+    assert doc["workload"]["traffic"]["cache_experts"] == 2 * g.layers
+    dec = doc["decode"]["predicted"]
+    assert dec["e2e_tok_s"] < dec["tok_s"] and dec["compute_s"] == pytest.approx(cal["compute_s"] / 16 * dec["tokens"])
+    assert doc["provenance"]["engine_calibration"]["record"] == cal
+
+
+def test_a_calibrated_plan_is_priced_again_as_it_was_solved(tmp_path):
+    """`plan_problem` (whatif, sync --partial) rebuilds the calibrated workload, the loads in
+    flight and the compute a plan recorded: the same prediction, end to end too."""
+    from dataclasses import replace
+
+    from core.rig import load_rig
+    from engines.registry import get_engine as engine_of
+    from planner.plans import latest_plan, load_inputs, save_plan
+    from planner.rigmodel import calibration_entry, plan_problem
+    from planner.solve import predict
+
+    rig, model = dir_rig(tmp_path)
+    assert runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0"]).exit_code == 0
+    plan = latest_plan(load_rig(rig.root))
+    save_plan(load_rig(rig.root), replace(plan, created="", provenance={
+        **plan.provenance, "engine_calibration": calibration_entry("colibri", inspect_model(str(model)).path,
+                                                                   calibration_record(COLIBRI_LINES))}))
+    assert runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0"]).exit_code == 0
+    plan = latest_plan(load_rig(rig.root))
+    _, prob = plan_problem(load_rig(rig.root), load_inputs(rig.root), engine_of("colibri"), plan)
+    again = predict(prob, "decode", plan.decode.weights, plan.switches)
+    assert again["seconds"] == pytest.approx(plan.decode.predicted["seconds"])
+    assert again["e2e_tok_s"] == pytest.approx(plan.decode.predicted["e2e_tok_s"])
