@@ -19,6 +19,16 @@ the sha256 of what it generated. Beside each layout: the planner's decode predic
 weights (planner.solve.Pricer over the model's workload, the drives as their ceiling and a
 latency measured here with 4 KiB O_DIRECT reads, the page cache priced at the budget): reads
 alone, no compute. MB = 10**6 bytes.
+
+What its ratios say: the testbed's drives are byte budgets (blk-throttle dispatches a bio at once
+while its group is within `bps x throtl_slice`, block/blk-throttle.c `tg_within_bps_limit`), so
+llama.cpp, whose faults follow one another, draws on each drive's budget in turn and gains from
+more drives as it would from one faster drive. Measured (bench/llama_cpp_inflight_bench.py,
+docs/engine-profiles.md "Measured on the testbed"): one throttled drive at 180 MB/s decodes as
+three at 60 (1.63 against 1.67 tok/s), while drives modelled by their service time
+(bench/service_time_fs.py: one read at a time, nothing banked while idle) gave three 1.05x of
+one. The measured gain over more drives here is the testbed's; the plan's 1.00x is what drives
+limited by their service time give.
 """
 
 from __future__ import annotations
