@@ -217,7 +217,8 @@ def main() -> int:
     service = not a.no_service
     if service and (shutil.which("fusermount3") is None or subprocess.run(
             [sys.executable, "-c", "import mfusepy"], capture_output=True).returncode):
-        usage_exit("the service-time drives need libfuse3 (apt fuse3) and mfusepy (pip); or pass --no-service")
+        usage_exit("the service-time drives need libfuse3 (apt fuse3) and mfusepy (pip install -e '.[bench]'); "
+                   "or pass --no-service")
     require_testbed()
     fast = [float(x) for x in a.fast.split(",") if x]
     work = tempfile.mkdtemp(prefix="llama-inflight-", dir="/var/tmp")

@@ -87,7 +87,7 @@ def main() -> int:
     ap.add_argument("--latency-ms", type=float, default=0.1, help="Fixed time per read, ms.")
     a = ap.parse_args()
     if fuse is None:
-        print("service_time_fs: needs the mfusepy package and libfuse3 (apt fuse3)", file=sys.stderr)
+        print("service_time_fs: needs the mfusepy package (pip install -e '.[bench]') and libfuse3 (apt fuse3)", file=sys.stderr)
         return 2
     fuse.FUSE(ServiceTimeFS(a.source, a.mbs * 1e6, a.latency_ms / 1e3), a.mountpoint, foreground=True,
               nothreads=True, ro=True, allow_other=True, kernel_cache=True)
