@@ -195,12 +195,18 @@ def test_our_geometry_finds_the_stacked_experts(qwen):
 
 
 def test_replay_runs_on_it(qwen):
+    # hedging, re-weighting and balancing off: each source then reads what the engine's split gives it, the
+    # same in every run (with them on, which drive takes a queued chunk depends on which lane is free first)
     r = runner.invoke(app, ["replay", "--model", str(qwen / "m.gguf"), "--replica", f"{qwen / 'r1.gguf'}*5",
-                            "--prompt-tokens", "64", "--gen-tokens", "8", "--cache-experts", "4", "--json"])
+                            "--prompt-tokens", "64", "--gen-tokens", "8", "--cache-experts", "4", "--json",
+                            "--no-hedge", "--no-reweigh", "--no-balance"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kind"] == "replay" and doc["model"]["arch"] == "qwen3moe" and doc["misses"] > 0
-    assert all(s["bytes"] > 0 for s in doc["sources"])
+    # every byte the steps read is counted on the source that read it (a read smaller than ds4-argodrive's
+    # 256 KiB grid stays whole on the primary, so a replica may read nothing here)
+    read = [s["bytes"] for s in doc["sources"]]
+    assert sum(read) == doc["prefill"]["bytes"] + doc["decode"]["bytes"] > 0
 
 
 def run(paths, prefill=(10,), decode=None, cache=48, lanes=4, **kw):
