@@ -231,7 +231,11 @@ def test_the_engine_computes_it_with_one_hash_for_every_cache_replica_set_and_la
     assert len({x["output_sha256"] for x in results}) == 1, [x["output_sha256"] for x in results]
     assert results[4]["model"]["layout"] == "gguf-split" and len(results[0]["output_ids"]) == GEN + 1
     assert results[0]["misses"] <= 6 * 8 and results[3]["hits"] == 0 and results[2]["misses"] > results[0]["misses"]
-    assert all(s["bytes"] > 0 for s in results[2]["sources"]) and all(s["bytes"] > 0 for s in results[5]["sources"])
+    # the split set's files are placed on both copies by the engine's own rule (llama.cpp: per file), so both serve in
+    # every run; in the one-file runs a copy serves only what the reader moves to it (reads under ds4-argodrive's
+    # 256 KiB grid stay whole on the primary), which depends on which lane is free first: counted, not required
+    assert all(s["bytes"] > 0 for s in results[5]["sources"])
+    assert all(sum(s["bytes"] for s in x["sources"]) == x["prefill"]["bytes"] + x["decode"]["bytes"] for x in results)
     assert results[3]["decode"]["bytes"] == results[3]["decode"]["misses"] * 3 * 64 * 64 // 32 * 34
 
 
