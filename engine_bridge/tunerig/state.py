@@ -48,12 +48,6 @@ def save_step(rig: Rig, step: str, record: dict) -> None:
     write_json(state_path(rig), {"schema": STATE_SCHEMA, "kind": STATE_KIND, "steps": steps})
 
 
-def forget_step(rig: Rig, step: str) -> None:
-    steps = load_state(rig)
-    if steps.pop(step, None) is not None:
-        write_json(state_path(rig), {"schema": STATE_SCHEMA, "kind": STATE_KIND, "steps": steps})
-
-
 def key_of(doc: dict) -> str:
     """A step's key: the SHA-256 of its inputs as canonical JSON."""
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=list).encode()).hexdigest()

@@ -44,7 +44,7 @@ SLACK_BYTES = 1.2e9 + 2.5e9       # cap_for_ram: activations/overhead + the page
 WORKING_SET = 64                  # cap_for_ram: ws[64] slabs, one expert each
 CAP_DEFAULT_ARG, CAP_DEFAULT_BARE = 8, 64   # coli_resolve_cap
 
-ENV_CAP, ENV_CAP_RAISE, ENV_RAM_GB, ENV_PIPE = "CAP", "CAP_RAISE", "RAM_GB", "PIPE"
+ENV_CAP, ENV_CAP_RAISE, ENV_RAM_GB = "CAP", "CAP_RAISE", "RAM_GB"
 
 _CONFIG = re.compile(r"^\[PROF\] config: .*?expert cache cap (\d+)/layer.*?PIPE=(\d+) DIRECT=(\d+)", re.M)
 _MACHINE = re.compile(r"^\[PROF\] machine: .*?\| (\d+) cores \((\d+) omp threads\)", re.M)

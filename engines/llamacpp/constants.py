@@ -64,10 +64,3 @@ ENV_KEYS = ("LLAMA_ARG_MODEL", "LLAMA_ARG_LOAD_MODE", "LLAMA_ARG_REPACK")
 # Launch asks for the loader's lines (printed at verbosity 4: llama-completion's default hides them).
 ENV_VERBOSITY = "LLAMA_ARG_LOG_VERBOSITY"
 REPORT_VERBOSITY = "4"
-
-# A model it reads: GGUF, one file or a gguf-split set (the first split is given).
-# The architectures whose families are its own: every GGUF MoE architecture llama.cpp's
-# src/llama-arch.cpp names that published models use (qwen3moe, deepseek2, ...); what a header
-# says is `general.architecture`.
-OWN_ARCHS = ("qwen3moe", "qwen2moe", "deepseek2", "glm4moe", "mixtral", "llama4", "gpt-oss", "minimax-m2",
-             "kimi-k2", "dots1", "ernie4_5-moe", "hunyuan-moe")
