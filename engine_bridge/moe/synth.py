@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -98,7 +98,8 @@ def check_spec(s: SynthSpec) -> SynthSpec:
     return s
 
 
-def _qtype(quant: str):
+def ggml_qtype(quant: str):
+    """gguf's quantization type for a `--quant` name."""
     from gguf import GGMLQuantizationType
     return {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[quant]
 
@@ -140,13 +141,14 @@ def tensor_plan(s: SynthSpec) -> list[_Tensor]:
     return out
 
 
-def _nbytes(t: _Tensor) -> int:
-    n = int(np.prod(t.shape))
+def tensor_nbytes(t) -> int:
+    """The bytes of a planned tensor (`.shape` in float elements, `.quant` None for F32) in the file."""
     values, nbytes = QUANT_TYPES[t.quant or "f32"]
-    return n // values * nbytes
+    return int(np.prod(t.shape)) // values * nbytes
 
 
-def _byte_shape(t: _Tensor) -> tuple[int, ...]:
+def byte_shape(t) -> tuple[int, ...]:
+    """A planned tensor's shape as the GGUF writer takes it: bytes in the last axis when quantized."""
     if t.quant is None:
         return t.shape
     values, nbytes = QUANT_TYPES[t.quant]
@@ -160,26 +162,24 @@ def _generate(t: _Tensor, seed: int, index: int) -> np.ndarray:
     if t.quant is None:
         x = rng.standard_normal(t.shape, dtype=np.float32) * np.float32(t.scale) + np.float32(t.offset)
         return np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty(_byte_shape(t), dtype=np.uint8)
+    out = np.empty(byte_shape(t), dtype=np.uint8)
     for e in range(t.shape[0]):       # one expert at a time keeps the float draw small
         x = rng.standard_normal(t.shape[1:], dtype=np.float32) * np.float32(t.scale)
-        out[e] = quants.quantize(x, _qtype(t.quant))
+        out[e] = quants.quantize(x, ggml_qtype(t.quant))
     return out
 
 
-def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] | None = None,
-               force: bool = False) -> dict:
-    """Write the model to `path` (through `path.tmp-PID`, then rename); returns a summary dict.
-    Anything already at `path` is refused unless `force` (one typo must not replace a model or a
-    replica); with `force` a file is replaced atomically, a folder never.
-
-    progress(done_bytes, total_bytes) is called after each tensor.
-    """
+def write_gguf(path: str, arch: str, plan: Sequence, metadata: Callable[[object], None],
+               generate: Callable[[object, int], np.ndarray], progress: Callable[[int, int], None] | None = None,
+               force: bool = False) -> str:
+    """Write a GGUF of `plan` (tensors with `.name`, `.shape`, `.quant`, in file order) to `path`
+    through `path.tmp-PID`, fsynced, then renamed; `metadata(writer)` adds the key/values,
+    `generate(tensor, index)` gives each tensor's data. Anything already at `path` is refused
+    unless `force`, which replaces a file atomically, never a folder; a failed write leaves no
+    temporary file. progress(done_bytes, total_bytes) after each tensor. Returns the absolute path."""
     import gguf
 
-    spec = check_spec(spec)
-    plan = tensor_plan(spec)
-    total = sum(_nbytes(t) for t in plan)
+    total = sum(tensor_nbytes(t) for t in plan)
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     if not os.path.isdir(d):
@@ -189,26 +189,22 @@ def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] 
     if os.path.lexists(path) and not force:
         raise UsageError(f"{path}: already exists; give another name, or --force to replace it")
     tmp = f"{path}.tmp-{os.getpid()}"
-    w = gguf.GGUFWriter(tmp, ARCH)
+    w = gguf.GGUFWriter(tmp, arch)
     try:
-        w.add_custom_alignment(ALIGNMENT)
-        w.add_name(f"{ARCH}-synth-L{spec.layers}-E{spec.experts}-k{spec.top_k}-d{spec.dim}-f{spec.ff}-{spec.quant}")
-        for key, val in ((KV_LAYERS, spec.layers), (KV_EXPERTS, spec.experts), (KV_TOP_K, spec.top_k),
-                         (KV_DIM, spec.dim), (KV_FF, spec.ff), (KV_VOCAB, spec.vocab), (KV_ATTN, ATTN_DIM)):
-            w.add_uint32(f"{ARCH}.{key}", val)
-        w.add_uint64(f"{ARCH}.{KV_SEED}", spec.seed)
+        metadata(w)
         for t in plan:
             if t.quant is None:
-                w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), _nbytes(t))
+                w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), tensor_nbytes(t))
             else:
-                w.add_tensor_info(t.name, _byte_shape(t), np.dtype(np.uint8), _nbytes(t), raw_dtype=_qtype(t.quant))
+                w.add_tensor_info(t.name, byte_shape(t), np.dtype(np.uint8), tensor_nbytes(t),
+                                  raw_dtype=ggml_qtype(t.quant))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         done = 0
         for i, t in enumerate(plan):
-            w.write_tensor_data(_generate(t, spec.seed, i))
-            done += _nbytes(t)
+            w.write_tensor_data(generate(t, i))
+            done += tensor_nbytes(t)
             if progress:
                 progress(done, total)
         w.flush()
@@ -222,6 +218,28 @@ def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] 
         w.close()
         if os.path.exists(tmp):
             os.unlink(tmp)
+    return path
+
+
+def synthesize(path: str, spec: SynthSpec, progress: Callable[[int, int], None] | None = None,
+               force: bool = False) -> dict:
+    """Write the model to `path` (through `path.tmp-PID`, then rename); returns a summary dict.
+    Anything already at `path` is refused unless `force` (one typo must not replace a model or a
+    replica); with `force` a file is replaced atomically, a folder never.
+
+    progress(done_bytes, total_bytes) is called after each tensor.
+    """
+    spec = check_spec(spec)
+
+    def metadata(w) -> None:
+        w.add_custom_alignment(ALIGNMENT)
+        w.add_name(f"{ARCH}-synth-L{spec.layers}-E{spec.experts}-k{spec.top_k}-d{spec.dim}-f{spec.ff}-{spec.quant}")
+        for key, val in ((KV_LAYERS, spec.layers), (KV_EXPERTS, spec.experts), (KV_TOP_K, spec.top_k),
+                         (KV_DIM, spec.dim), (KV_FF, spec.ff), (KV_VOCAB, spec.vocab), (KV_ATTN, ATTN_DIM)):
+            w.add_uint32(f"{ARCH}.{key}", val)
+        w.add_uint64(f"{ARCH}.{KV_SEED}", spec.seed)
+
+    path = write_gguf(path, ARCH, tensor_plan(spec), metadata, lambda t, i: _generate(t, spec.seed, i), progress, force)
     size = os.path.getsize(path)
     return {"path": path, "bytes": size, **asdict(spec), "component_bytes": spec.component_bytes,
             "expert_bytes": spec.expert_bytes, "routed_bytes": spec.layers * spec.experts * spec.expert_bytes}

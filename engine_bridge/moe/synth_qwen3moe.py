@@ -46,9 +46,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from core.errors import UsageError, WriteError
+from core.errors import UsageError
 
 from .constants import COMPONENTS, QUANT_BLOCK, QUANT_TYPES, QWEN3MOE_ARCH, RMS_EPS, expert_tensor_name
+from .synth import byte_shape, ggml_qtype, write_gguf
 
 ARCH = QWEN3MOE_ARCH
 FILE_TYPE = {"f32": 0, "q4_0": 2, "q8_0": 7}     # llama_ftype: ALL_F32, MOSTLY_Q4_0, MOSTLY_Q8_0
@@ -287,17 +288,6 @@ def tensor_plan(s: Qwen3MoeSpec) -> list[_Tensor]:
     return out
 
 
-def _nbytes(t: _Tensor) -> int:
-    values, nbytes = QUANT_TYPES[t.quant or "f32"]
-    return int(np.prod(t.shape)) // values * nbytes
-
-
-def _qtype(quant: str):
-    from gguf import GGMLQuantizationType
-
-    return {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[quant]
-
-
 def _generate(t: _Tensor, seed: int, index: int) -> np.ndarray:
     from gguf import quants
 
@@ -309,11 +299,10 @@ def _generate(t: _Tensor, seed: int, index: int) -> np.ndarray:
         if t.zero_rows:
             x[-t.zero_rows:] = 0.0
         return np.ascontiguousarray(x, dtype=np.float32)
-    values, nbytes = QUANT_TYPES[t.quant]
-    out = np.empty(t.shape[:-1] + (t.shape[-1] // values * nbytes,), dtype=np.uint8)
+    out = np.empty(byte_shape(t), dtype=np.uint8)
     for e in range(t.shape[0]):       # one expert at a time keeps the float draw small
         x = rng.standard_normal(t.shape[1:], dtype=np.float32) * np.float32(t.std)
-        out[e] = quants.quantize(x, _qtype(t.quant))
+        out[e] = quants.quantize(x, ggml_qtype(t.quant))
     return out
 
 
@@ -353,50 +342,10 @@ def synthesize_qwen3moe(path: str, spec: Qwen3MoeSpec, force: bool = False,
     """Write the model to `path` (through `path.tmp-PID`, then rename); returns a summary dict.
     Anything already at `path` is refused unless `force`, which replaces a file, never a folder.
     progress(done_bytes, total_bytes) is called after each tensor."""
-    import gguf
-
     spec = check_spec(spec)
     plan = tensor_plan(spec)
-    total = sum(_nbytes(t) for t in plan)
-    path = os.path.abspath(path)
-    d = os.path.dirname(path)
-    if not os.path.isdir(d):
-        raise UsageError(f"{path}: directory {d} does not exist; create it first")
-    if os.path.isdir(path):
-        raise UsageError(f"{path}: is a folder; give the .gguf file to write")
-    if os.path.lexists(path) and not force:
-        raise UsageError(f"{path}: already exists; give another name, or --force to replace it")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    w = gguf.GGUFWriter(tmp, ARCH)
-    try:
-        _metadata(w, spec)
-        for t in plan:
-            if t.quant is None:
-                w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), _nbytes(t))
-            else:
-                values, nbytes = QUANT_TYPES[t.quant]
-                w.add_tensor_info(t.name, t.shape[:-1] + (t.shape[-1] // values * nbytes,), np.dtype(np.uint8),
-                                  _nbytes(t), raw_dtype=_qtype(t.quant))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        done = 0
-        for i, t in enumerate(plan):
-            w.write_tensor_data(_generate(t, spec.seed, i))
-            done += _nbytes(t)
-            if progress:
-                progress(done, total)
-        w.flush()
-        for f in w.fout or ():
-            os.fsync(f.fileno())
-        w.close()
-        os.replace(tmp, path)
-    except OSError as e:
-        raise WriteError(f"{path}: writing the model failed ({e.strerror or e}); check free space and permissions") from None
-    finally:
-        w.close()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    path = write_gguf(path, ARCH, plan, lambda w: _metadata(w, spec), lambda t, i: _generate(t, spec.seed, i),
+                      progress, force)
     return {"path": path, "format": ARCH, "bytes": os.path.getsize(path), **asdict(spec),
             "merges": len(vocabulary(spec.vocab)[1]), "tensors": len(plan),
             "component_bytes": spec.component_bytes, "expert_bytes": spec.expert_bytes,
