@@ -41,7 +41,7 @@ from .constants import (
 )
 from .layout import ExpertLayout
 from .result import BenchResult, GroupResult, PresetResult
-from .shapes import Shape, decode_shape, engine_shapes, min_slots, prefill_shape, rand4k_shape, seq_shape
+from .shapes import Shape, decode_shape, engine_shapes, min_slots, prefill_shape, rand4k_shape, seq_shape, split_limit
 
 if TYPE_CHECKING:
     from core.drives import DriveInfo
@@ -191,9 +191,10 @@ def check_options(targets: Sequence[Target], opts: RunOptions, real_paths: Seque
     if len(set(paths)) != len(paths):
         raise UsageError("the same file is given twice")
     split = [p for p in opts.presets if p in SPLIT_PRESETS]
-    if split and len(targets) > 3:
-        raise UsageError(f"{'/'.join(split)} split each read over at most 3 sources as the engine does; "
-                         f"got {len(targets)} drives (measure at most 3, or use --preset seq)")
+    engine, limit = split_limit()
+    if split and len(targets) > limit:
+        raise UsageError(f"{'/'.join(split)} split each read over at most {limit} sources as {engine} does; "
+                         f"got {len(targets)} drives (measure at most {limit}, or use --preset seq)")
     for w, what in ((opts.weights, "--weights"), (opts.decode_weights, "--decode-weights")):
         if w is not None:
             check_weights(w)

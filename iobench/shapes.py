@@ -39,6 +39,12 @@ def engine_shapes(component_bytes: int | None = None) -> ReadShapes:
     return get_engine(SHAPES_ENGINE).read_shapes(component_bytes)
 
 
+def split_limit() -> tuple[str, int]:
+    """(engine, sources): the prefill and decode presets cut each read over at most this many
+    drives, as SHAPES_ENGINE does (its `max_sources`)."""
+    return SHAPES_ENGINE, get_engine(SHAPES_ENGINE).max_sources
+
+
 def align_up(n: int, a: int = ALIGNMENT) -> int:
     return -(-n // a) * a
 

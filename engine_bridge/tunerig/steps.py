@@ -147,9 +147,9 @@ def measure_rig(rig: Rig, manifest, settings: BenchSettings = BenchSettings(), m
         path = result_files(rig)[-1]
         _record_measure(rig, path, manifest)
         return Measured(path, previous, REUSE, choice.why)
-    opts = RunOptions(presets=tuple(settings.presets), lanes=tuple(settings.lanes), seconds=settings.seconds,
-                      repeat=settings.repeat)
     targets = targets_from_rig(rig)
+    presets, why = _presets_for(settings.presets, len(targets))
+    opts = RunOptions(presets=presets, lanes=tuple(settings.lanes), seconds=settings.seconds, repeat=settings.repeat)
     try:
         result = _bench(rig, choice, previous, targets, opts, report, cancel)
     except (Interrupted, KeyboardInterrupt):
@@ -157,7 +157,23 @@ def measure_rig(rig: Rig, manifest, settings: BenchSettings = BenchSettings(), m
                           "measure") from None
     path = save_result(rig, result)
     _record_measure(rig, path, manifest)
-    return Measured(path, result, RUN, choice.why, choice.names)
+    return Measured(path, result, RUN, choice.why + why, choice.names)
+
+
+def _presets_for(presets: Sequence[str], drives: int) -> tuple[tuple[str, ...], str]:
+    """The presets to measure `drives` drives with, and what was left out and why (appended to the
+    step's reason): the split presets cut reads over at most the shapes engine's sources, so a rig
+    of more members (colibri reads up to five mirrors) is measured with the others."""
+    from iobench.schedule import SPLIT_PRESETS
+    from iobench.shapes import split_limit
+
+    engine, limit = split_limit()
+    if drives <= limit or not any(p in SPLIT_PRESETS for p in presets):
+        return tuple(presets), ""
+    kept = tuple(p for p in presets if p not in SPLIT_PRESETS) or ("seq",)
+    left = "/".join(p for p in presets if p in SPLIT_PRESETS)
+    return kept, (f"; {'/'.join(kept)} only: {left} cut each read over at most {limit} drives as {engine} does, "
+                  f"and the rig has {drives}")
 
 
 def _bench(rig: Rig, choice: MeasureChoice, previous, targets, opts, report, cancel):

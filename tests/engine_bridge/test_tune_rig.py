@@ -241,3 +241,23 @@ def test_a_copy_interrupted_resumes_from_its_durable_pieces(tmp_path, gguf):
     res = tune_rig(req)
     assert actions(res)["replicas"] == RUN and actions(res)["export"] == RUN
     assert [m.name for m in load_rig(req.rig).members] == ["internal", "green", "white"]
+
+
+def test_a_colibri_rig_of_more_drives_than_the_split_presets_take_is_measured_with_the_others(tmp_path, colibri_dir):
+    """colibri reads up to five mirrors; iobench's prefill and decode presets cut reads as
+    ds4-argodrive does, over at most three drives: the chain measures seq, says so, and goes on."""
+    internal = tmp_path / "internal"
+    internal.mkdir()
+    shutil.copytree(colibri_dir / "model", internal / "model")
+    drives = []
+    for n in ("green", "white", "blue"):
+        (tmp_path / n).mkdir()
+        drives.append(str(tmp_path / n))
+    req = Request(str(tmp_path / "rig"), str(internal / "model"), tuple(drives), bench=QUICK, allow_same_device=True)
+    res = tune_rig(req)
+    assert res.engine == "colibri" and actions(res)["measure"] == RUN and actions(res)["solve"] == RUN
+    why = {s.step: s.why for s in res.steps}
+    assert "seq only: decode cut each read over at most 3 drives as ds4-argodrive does, and the rig has 4" \
+        in why["measure"]
+    assert set(load_result(res.bench).settings["presets"]) == {"seq"}
+    assert len(load_rig(req.rig).members) == 4 and os.path.isfile(res.profile)

@@ -181,7 +181,7 @@ def test_show_and_compare(two_files):
     (["run", "{a}", "--seconds", "0"], "--seconds"),
     (["run", "{a}", "{a}"], "twice"),
     (["run", "{a}", "--together"], "at least two drives"),
-    (["run", "{a}", "{b}", "{small}", "{c}", "--preset", "prefill"], "at most 3 sources"),
+    (["run", "{a}", "{b}", "{small}", "{c}", "--preset", "prefill"], "at most 3 sources as ds4-argodrive does"),
     (["compare", "{a}", "{b}"], "a.bin: not UTF-8 text, so not an iobench result file"),
 ])
 def test_bad_input_exits_2(tmp_path, args, message):
