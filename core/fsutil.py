@@ -58,8 +58,9 @@ def folder_lock(path: str, busy: str, *, wait: bool = False):
 
 def check_output(path: str, what: str, ours=None, *, force: bool = False, forceable: bool = True) -> str:
     """A file the user named for the tool to write (`--csv`, `--trace-out`, `export -o`, a
-    stand-in), checked before any work: its folder must exist and be writable (else WriteError,
-    exit 4, at once rather than after the run; no folder is created), and a path already there is
+    stand-in), checked before any work, at once rather than after the run: its folder must exist
+    (else MissingError, exit 3, as a missing destination of sync; no folder is created) and be
+    writable (else WriteError, exit 4), and a path already there is
     written only when `ours(first bytes)` says the tool wrote it (a CSV of ours to append to, a
     profile, a trace) or with `force` (`forceable`: the command has a --force) — else one line,
     exit 2: user files are never overwritten.
@@ -67,7 +68,7 @@ def check_output(path: str, what: str, ours=None, *, force: bool = False, forcea
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
-        raise WriteError(f"{what} {path}: its folder {parent} does not exist or is not a folder; create it or give "
+        raise MissingError(f"{what} {path}: its folder {parent} does not exist or is not a folder; create it or give "
                          "another path")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise WriteError(f"{what} {path}: its folder {parent} is not writable; give another path")
