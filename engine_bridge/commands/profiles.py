@@ -127,7 +127,10 @@ def launch_cmd(
     if timeout is not None and not timeout > 0:       # -0 or a negative: the engine would be started only to be stopped
         from core.errors import UsageError
         raise UsageError(f"--timeout {timeout:g}: give positive seconds")
-    profile = ln.resolve_profile(profile, rigmod.rig_dir(rig))     # a file, a name in rig/profiles, or 'latest'
+    root = rigmod.rig_dir(rig)
+    profile = ln.resolve_profile(profile, root)     # a file, a name in rig/profiles, or 'latest'
+    if rig is None and not os.environ.get(rigmod.RIG_ENV):
+        root = ln.profile_rig(profile) or root      # a profile exported into another rig runs and records there
     if out_dir:
         ln.check_run_dir(out_dir)        # before the engine starts
     path = ln.which(binary)
@@ -139,7 +142,7 @@ def launch_cmd(
         err.print("[yellow]warning:[/] this profile was exported with unverified replicas: "
                   + escape(", ".join(p.unverified)), soft_wrap=True)
     err.print(f"launching {escape(path)} with profile {p.id!r} ({plural(p.sources, 'source')})", soft_wrap=True)
-    r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=rigmod.rig_dir(rig), timeout=timeout)
+    r = ln.launch_arm(path, profile, engine_args or [], run_dir=out_dir, rig_root=root, timeout=timeout)
     stopped = ""
     if r.returncode != 0:        # the engine's own words first: nothing else was judged
         how = ("was stopped after --timeout" if r.returncode is None else f"was killed by signal {-r.returncode}"
@@ -150,7 +153,7 @@ def launch_cmd(
         # the engine's own lines calibrate the next solve (docs/planner.md, "Calibrated by the engine's own lines")
         from planner.rigmodel import record_calibration
 
-        r = replace(r, calibration_plan=record_calibration(rigmod.rig_dir(rig), p.engine, r.calibration) or "")
+        r = replace(r, calibration_plan=record_calibration(root, p.engine, r.calibration) or "")
         if r.calibration_plan:
             err.print(f"calibration from the engine's lines recorded in {escape(r.calibration_plan)}", soft_wrap=True)
     if json_out:

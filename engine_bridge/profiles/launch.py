@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import ClassVar, Mapping, Sequence
 
-from core.constants import PROFILES_DIR, RUNS_DIR
+from core.constants import PROFILES_DIR, RIG_FILE, RUNS_DIR
 from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text, require_file
 from core.jsonfile import write_json
@@ -148,6 +148,17 @@ def resolve_profile(ref: str, rig_root: str) -> str:
             return cand
     raise MissingError(f"--profile {ref}: no such profile file, nor one of that name in {d}; give a file, its name "
                        "there, or 'latest'")
+
+
+def profile_rig(profile: str) -> str | None:
+    """The rig a profile file was exported into (the folder holding rig.toml above its
+    `profiles/` folder), or None: a launch of it without --rig runs and records its calibration
+    there, not in the default rig."""
+    d = os.path.dirname(os.path.abspath(profile))
+    if os.path.basename(d) != PROFILES_DIR:
+        return None
+    root = os.path.dirname(d)
+    return root if os.path.isfile(os.path.join(root, RIG_FILE)) else None
 
 
 def read_binary(binary: str) -> bytes:

@@ -38,7 +38,7 @@ def test_standin_replaces_only_its_own_stand_in(tmp_path):
     assert invoke("standin", ours, "--engine", "ds4-argodrive").exit_code == 0
     assert invoke("standin", ours, "--engine", "colibri").exit_code == 0          # its own: replaced
     assert invoke("standin", mine, "--engine", "colibri", "--force").exit_code == 0
-    refused(invoke("standin", tmp_path / "nope" / "s", "--engine", "colibri"), 4, "does not exist")
+    refused(invoke("standin", tmp_path / "nope" / "s", "--engine", "colibri"), 3, "does not exist")
     assert not (tmp_path / "nope").exists()
 
 
@@ -67,7 +67,7 @@ def test_export_never_writes_over_a_users_file(tmp_path):
 @pytest.mark.parametrize("command", ["run", "replay"])
 def test_run_outputs_are_checked_before_the_run(tmp_path, command):
     """No rig, no model: the output check comes first, so nothing runs for minutes and then fails."""
-    refused(invoke(command, "--rig", tmp_path / "rig", "--csv", tmp_path / "nope" / "x.csv"), 4, "x.csv",
+    refused(invoke(command, "--rig", tmp_path / "rig", "--csv", tmp_path / "nope" / "x.csv"), 3, "x.csv",
             "does not exist")
     readme = tmp_path / "README.md"
     readme.write_text("# my notes\n")
@@ -93,3 +93,25 @@ def test_launch_out_never_writes_into_a_users_folder(tmp_path):
     ours = tmp_path / "run"
     for _ in range(2):               # a launch folder of ours may be used again
         assert invoke("launch", "--rig", root, "--binary", stand_in(tmp_path), "--profile", "p3", "--out", ours).exit_code == 0
+
+
+def test_launch_of_a_profile_file_runs_in_the_rig_it_was_exported_into(tmp_path, monkeypatch):
+    """Without --rig, a profile given as a file of another rig's profiles/ runs (and would record
+    its calibration) in that rig, not in ./rig."""
+    import json
+
+    from tests.engine_bridge.test_launch_engine import stand_in
+
+    root, paths, _ = make_rig(tmp_path, 3)
+    plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
+    assert invoke("export", "--rig", root, "--plan", plan, "--cache-experts", "4600", "--profile", "p3",
+                  "--no-fallbacks").exit_code == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("REPLICA_TUNER_RIG", raising=False)
+    r = invoke("launch", "--binary", stand_in(tmp_path), "--profile", os.path.join(root, "profiles", "p3.json"),
+               "--json")
+    assert r.exit_code == 0, r.output
+    run_dir = json.loads(r.stdout)["run_dir"]
+    assert run_dir.startswith(os.path.join(root, "runs") + os.sep) and not (elsewhere / "rig").exists()
