@@ -46,6 +46,11 @@ PARSE_WORDS = (("Input should be a valid integer, unable to parse string as an i
                ("Input should be a valid number, unable to parse string as a number", "give a number"),
                ("Input should be a valid integer", "give a whole number"),
                ("Input should be a valid number", "give a number"))
+# A range's bound (a NaN fails it too, so the words name a finite number).
+RANGE_WORDS = ((re.compile(r"Input should be less than or equal to (\S+)"), r"give a finite number no more than \1"),
+               (re.compile(r"Input should be greater than or equal to (\S+)"), r"give a finite number no less than \1"),
+               (re.compile(r"Input should be less than (\S+)"), r"give a finite number below \1"),
+               (re.compile(r"Input should be greater than (\S+)"), r"give a finite number above \1"))
 
 # Width of a console that is not a terminal: wider than any line we print (a path is at most
 # 4096 bytes on Linux), so nothing is wrapped or cut, while tables still take only their natural
@@ -248,6 +253,8 @@ class ErrorBoundaryGroup(PlainHelp, TyperGroup):
         message = " ".join(e.format_message().split())
         for said, plain in PARSE_WORDS:       # the parser's words, in the project's
             message = message.replace(said, plain)
+        for said, plain in RANGE_WORDS:
+            message = said.sub(plain, message)
         if "unexpected extra argument" in message and BOOL_WORD.search(message):
             message += "; a flag such as --json takes no value: give it alone to turn it on"
         # Some parser errors carry no context; the command being parsed is then the invoked one.

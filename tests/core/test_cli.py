@@ -355,7 +355,12 @@ def test_a_number_option_that_is_not_finite_is_one_line_before_the_command_runs(
     def other():
         """A second command."""
 
-    for args in (["wait", "--seconds", value], ["wait", "--at", "1", "--at", value]):
+    @app.command()
+    def share(part: float = typer.Option(0.5, "--part", min=0.0, max=1.0)):
+        """A bounded option: its range is checked by the parser, before the finite check."""
+        ran.append(part)
+
+    for args in (["wait", "--seconds", value], ["wait", "--at", "1", "--at", value], ["share", "--part", value]):
         r = CliRunner().invoke(app, args, prog_name="tiny")
         assert r.exit_code == 2 and "give a finite number" in r.stderr and len(r.stderr.splitlines()) == 1, r.output
     assert ran == []
