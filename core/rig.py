@@ -312,6 +312,9 @@ def load_rig(root: str, must_exist: bool = True) -> Rig:
         return Rig(root=root)
     except UnicodeDecodeError:
         raise RigError(f"{path}: not UTF-8 text; fix the file or recreate it with `replicas init`") from None
+    except IsADirectoryError:
+        raise RigError(f"{path}: a folder where a file was expected; move it away and recreate the file with "
+                       "`replicas init`") from None
     except OSError as e:
         raise RigError(f"{path}: cannot be read ({e.strerror or e}); fix its permissions or recreate it with "
                        "`replicas init`") from None

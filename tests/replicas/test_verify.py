@@ -182,6 +182,13 @@ def test_malformed_rig_toml_is_one_line_exit_2(tmp_path, text, key):
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
 
 
+def test_a_rig_toml_that_is_a_folder_says_so(tmp_path):
+    (tmp_path / "rig" / "rig.toml").mkdir(parents=True)
+    r = invoke("status", "--rig", str(tmp_path / "rig"))
+    assert r.exit_code == 2 and "rig.toml: a folder where a file was expected" in r.output, r.output
+    assert "permissions" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
 def test_init_writes_a_rig_that_loads(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + b"x" * 4092)      # a GGUF by its magic: init refuses what is no model
