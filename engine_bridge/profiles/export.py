@@ -289,6 +289,9 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str | None, name:
     ctx = _Context(fmt, engine, rig, manifest, definitions, layered, cache, allow_unverified, folder)
     profile = _profile_for(ctx, plan, plan_path, profile_id, link_dir=os.path.join(folder, stem + LINKS_SUFFIX))
 
+    if output != "-":       # its own files before the N-1 re-solves (each a whole solve): a user's file refused at once
+        for f in profile_files(fmt, main):
+            check_output(f, "export", our_profile, forceable=False)
     if output == "-":
         text = json.dumps(pf.profile_to_dict(profile), indent=2) + "\n" if fmt == pf.JSON_FORMAT else pf.render_env(profile)
         return ExportResult(profile, ("-",), text)
