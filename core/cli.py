@@ -284,7 +284,7 @@ def _quiet_stdout() -> None:
 # errno -> (what it says of the path, exit code), README's table: a path that can never work as
 # given is usage (2), something missing or unreadable 3, a write that cannot land 4.
 _ERRNO = {
-    errno.ELOOP: ("is a symbolic link loop (or runs through one); give the real path", EXIT_USAGE),
+    errno.ELOOP: ("is a symbolic link loop (or runs through one); give the real path", EXIT_MISSING),   # unreadable
     errno.ENAMETOOLONG: ("name too long; give a shorter path", EXIT_USAGE),
     errno.EIO: ("input/output error (a failing drive or cable?); check the drive", EXIT_MISSING),
     errno.ENXIO: ("no such device (a drive gone?); check the drive", EXIT_MISSING),

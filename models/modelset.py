@@ -203,14 +203,15 @@ def _followed(link: str, model_path: str, tree: str) -> os.stat_result:
     """The stat of the regular file a link inside a model directory points to. Followed only
     inside the model's own tree (a Hugging Face snapshot's links point into its repository's
     blobs/): a replica copies the bytes, and is made of regular files. Anything else is one line
-    (exit 2) naming the link and where it points."""
+    naming the link and where it points: exit 3 for a link that cannot be followed (a loop, a
+    link to nowhere: a file of the model missing), 2 for one out of the model or to a folder."""
     rel = os.path.relpath(link, model_path)
     where = f"model directory {model_path}: {rel}"
     try:
         real = os.path.realpath(link, strict=True)
     except OSError as e:
         what = "a symbolic link loop" if e.errno == errno.ELOOP else f"a link to nowhere ({os.readlink(link)})"
-        raise UsageError(f"{where} is {what}; replace it with the file it stands for, or remove it") from None
+        raise MissingError(f"{where} is {what}; replace it with the file it stands for, or remove it") from None
     if not inside(real, tree):
         raise UsageError(f"{where} is a symbolic link out of the model's folder (to {real}); a model's links may point "
                          "only inside it (as a Hugging Face snapshot's point into its blobs) — copy the file in, or remove "
@@ -240,7 +241,7 @@ def discover(path: str, fmt: str | None = None) -> ModelSet:
             real = os.path.realpath(path, strict=True)
         except OSError as e:
             what = "a symbolic link loop" if e.errno == errno.ELOOP else f"a link to nowhere ({os.readlink(path)})"
-            raise UsageError(f"model {path}: {what}; give the model's file or directory") from None
+            raise MissingError(f"model {path}: {what}; give the model's file or directory") from None
         st = os.stat(path)
         if stat.S_ISDIR(st.st_mode) or (SPLIT_NAME.match(os.path.basename(path)) is None
                                          and SPLIT_NAME.match(os.path.basename(real)) is not None):
