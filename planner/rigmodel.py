@@ -153,8 +153,9 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     """The world a plan is priced in: the engine's cache (`cache_experts` when given, else what
     its last run's lines said, else what its arguments give it: `Engine.own_workload`), the page
     cache's room (`page_cache_bytes` when given, else the RAM the process runs under — its
-    cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own and, read from the
-    machine, this tool's own resident memory), and the run's
+    cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own, its last run's
+    measured peak or else its arguments' estimate, and, read from the machine, this tool's own
+    resident memory), and the run's
     loads in flight and compute per token. Without the engine's arguments (`args` empty) and a run,
     the cache is the planner's default (`default_cache`), and the engine's memory is priced at it."""
     from core.platform import available_memory
@@ -172,7 +173,14 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     elif cache is None and own is not None and args:
         cache, how = own.cache_experts, own.how
     priced = cache if cache is not None else default_cache
-    if own is not None and priced is not None and own.cache_experts is not None and geometry is not None:
+    measured = cal.get("resident_bytes")
+    ran = cal.get("cache_per_layer")
+    if isinstance(measured, int) and measured > 0 and isinstance(ran, int) and geometry is not None:
+        # its last run's peak, measured (its buffers and allocator included, which no argument
+        # tells), for the cache priced here
+        resident = measured + ((priced if priced is not None else ran * geometry.layers) - ran * geometry.layers) \
+            * geometry.expert_bytes
+    elif own is not None and priced is not None and own.cache_experts is not None and geometry is not None:
         resident += (priced - own.cache_experts) * geometry.expert_bytes
     if ram is None:
         # this tool's own memory too: the launcher and the tuner stay resident beside the engine

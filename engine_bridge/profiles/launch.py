@@ -219,8 +219,9 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
         # The engine runs where the user stands: its relative paths (--prompt-file prompt.txt, --csv
         # out.csv) are the user's; the run folder only receives what is captured, by absolute path.
         proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=cwd)
+        peak = 0
         try:
-            rc: int | None = proc.wait(timeout=timeout)
+            rc, peak = _wait(proc, timeout)
         except subprocess.TimeoutExpired:
             _stop(proc)
             rc = None
@@ -255,6 +256,8 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     cal = eng.calibrate(stdout + "\n" + stderr) if eng.calibrate and rc == 0 else {}
     if cal and reading is not None and reading.prompt_tokens:
         cal = {**cal, "prompt_tokens": reading.prompt_tokens}
+    if cal and peak:
+        cal = {**cal, "resident_bytes": peak}         # the engine's own memory at its peak, measured
     result = LaunchResult(ok=not failed, failed=failed, confirmations=checks, profile=p.id,
                           profile_file=os.path.abspath(profile_path), binary=os.path.abspath(binary),
                           argv=tuple(argv), environment=added, dead_knobs=dead, returncode=rc, run_dir=run_dir,
@@ -277,6 +280,21 @@ def check_run_dir(path: str) -> None:
     if names and "launch.json" not in names:
         raise UsageError(f"--out {path}: holds files launch did not write ({', '.join(sorted(names)[:3])}); give a new "
                          "or empty folder")
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int]:
+    """(exit code, peak resident bytes) of the engine: reaped with wait4, whose rusage is this
+    child's own (its ru_maxrss: what it held of the RAM, beside the page cache, at its peak; 0 where
+    the system does not say). TimeoutExpired after `timeout` seconds, the process left running."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, max(0, int(usage.ru_maxrss)) * 1024       # Linux: KiB
+        if deadline is not None and time.monotonic() >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(0.01)
 
 
 def _stop(proc: subprocess.Popen) -> None:

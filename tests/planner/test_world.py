@@ -75,6 +75,23 @@ def test_under_a_small_budget_a_buffered_mode_is_priced_from_the_drives(tmp_path
     assert prices["small"][("direct",)] == pytest.approx(prices["big"][("direct",)])
 
 
+def test_the_engines_measured_peak_is_its_memory_once_it_has_run(tmp_path):
+    """After a run, the engine's own memory is its measured peak (launch's wait4 rusage), not its
+    arguments' estimate (which knows no buffers or allocator), adjusted for the cache priced."""
+    _, model = dir_rig(tmp_path)
+    g = inspect_model(str(model))
+    e = get_engine("colibri")
+    args, env = ["2"], {"CAP_RAISE": "0"}
+    ram = RamLimit(e.own_workload(g, args, env, 0).resident_bytes + 256 * 2**20, "cgroup v1")
+    estimated = engine_world(e, g, args, env, ram=ram)
+    peak = estimated.resident_bytes + 64 * 2**20
+    ran = engine_world(e, g, args, env, ram=ram, calibration={"cache_per_layer": 2, "resident_bytes": peak})
+    assert ran.resident_bytes == peak and ran.page_cache_bytes == estimated.page_cache_bytes - 64 * 2**20
+    bigger = engine_world(e, g, args, env, ram=ram, cache_experts=3 * g.layers,
+                          calibration={"cache_per_layer": 2, "resident_bytes": peak})
+    assert bigger.resident_bytes == peak + g.layers * g.expert_bytes
+
+
 def test_calibration_sets_decode_reads_and_compute():
     cal = {"window": "run", "tokens": 16, "bytes_read": 1_108_000_000, "compute_s": 0.8}
     eb = 4_718_592
