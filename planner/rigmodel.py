@@ -119,12 +119,13 @@ class World:
     ram: str = ""                 # where the RAM figure came from (core.ram.RamLimit.describe)
     resident_bytes: int = 0       # what the engine keeps of its own
     how: str = ""                 # how its cache was found
+    page_cache_from: str = ""     # how the page cache's room was found
 
     def as_dict(self) -> dict:
         return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
                 "in_flight": self.in_flight, "compute_s_per_token": dict(self.compute), "overlap": self.overlap,
                 "ram": self.ram, "resident_bytes": self.resident_bytes, "cache_from": self.how,
-                "calibration": dict(self.calibration)}
+                "page_cache_from": self.page_cache_from, "calibration": dict(self.calibration)}
 
 
 def find_calibration(rig_root: str, engine: str, model_path: str | None) -> dict:
@@ -161,7 +162,7 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     from core.platform import available_memory
     from core.ram import own_resident, ram_limit
 
-    from .world import compute_per_token, page_cache_room
+    from .world import compute_per_token, measured_hits, page_cache_room
 
     env = dict(os.environ if env is None else env)
     cal = dict(calibration or {})
@@ -188,10 +189,17 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     else:
         limit = ram
     room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
+    room_from = "given (--page-cache)" if page_cache_bytes is not None else "the RAM less the engine's and this tool's own"
+    hits = measured_hits(cal, limit.bytes) if page_cache_bytes is None and geometry is not None else None
+    if hits is not None and hits * geometry.routed_bytes < room:
+        # what the kernel did under this RAM (its reclaim, the readahead's pages) beats a share of it
+        room = int(hits * geometry.routed_bytes)
+        room_from = (f"the engine's last buffered run under this RAM: the page cache served {100 * hits:.0f} % of "
+                     "what it fetched")
     return World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
                  compute_per_token(cal), bool(cal.get("overlap")), cal,
                  "" if page_cache_bytes is not None else limit.describe(), resident,
-                 how if cache is not None else "the planner's default")
+                 how if cache is not None else "the planner's default", room_from)
 
 
 def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),

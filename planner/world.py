@@ -3,8 +3,10 @@ engine's own workload, predictions end to end"):
 
 - **RAM.** The page cache an engine's buffered reads may count on is the RAM the process runs
   under (its memory cgroup's limit, else MemTotal: `core.ram.ram_limit`) less what the engine
-  keeps resident of its own (`Engine.own_workload`): `page_cache_room`. A budget of a quarter of
-  the model leaves a buffered mode a quarter of its re-reads in RAM at best, not all of them.
+  keeps resident of its own (`Engine.own_workload`, or its last run's measured peak):
+  `page_cache_room`. A budget of a quarter of the model leaves a buffered mode a quarter of its
+  re-reads in RAM at best, not all of them; and once a buffered run under that RAM has shown what
+  the page cache really served it (`measured_hits`), no more than that.
 - **The engine's own workload.** What its cache holds comes from its arguments (the engine's
   `own_workload`), and after a run from its own lines (`Engine.calibrate`): the expert bytes it
   read per generated token set the decode traffic (`calibrated_traffic`), the loads it kept in
@@ -32,6 +34,19 @@ def page_cache_room(ram_bytes: int, resident_bytes: int) -> int:
     """Bytes of the model the page cache can keep: the RAM less the engine's own (0 at least).
     RAM unknown (0): 0, every read priced from a drive."""
     return max(0, int(ram_bytes) - int(resident_bytes)) if ram_bytes > 0 else 0
+
+
+def measured_hits(cal: Mapping, ram_bytes: int) -> float | None:
+    """The share of the bytes a run fetched that the page cache served it: 1 - what the drives
+    served (`storage_bytes`, the kernel's count of the engine's storage reads) over what the engine
+    says it fetched (`bytes_read`), for a run whose reads were buffered under the same RAM (within
+    5 %: a share holds only for the RAM it was measured in). None when the record cannot say."""
+    served, fetched, ram = cal.get("storage_bytes"), cal.get("bytes_read"), cal.get("ram_bytes")
+    if not cal.get("buffered") or not isinstance(served, int) or not isinstance(fetched, (int, float)) or fetched <= 0:
+        return None
+    if not isinstance(ram, int) or ram <= 0 or ram_bytes <= 0 or abs(ram - ram_bytes) > 0.05 * ram_bytes:
+        return None
+    return min(1.0, max(0.0, 1.0 - served / fetched))
 
 
 def calibrated_misses(cal: Mapping, expert_bytes: int, prefill_experts: float) -> float | None:

@@ -219,9 +219,9 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
         # The engine runs where the user stands: its relative paths (--prompt-file prompt.txt, --csv
         # out.csv) are the user's; the run folder only receives what is captured, by absolute path.
         proc = subprocess.Popen(argv, env=env, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=cwd)
-        peak = 0
+        peak = fetched = 0
         try:
-            rc, peak = _wait(proc, timeout)
+            rc, peak, fetched = _wait(proc, timeout)
         except subprocess.TimeoutExpired:
             _stop(proc)
             rc = None
@@ -256,8 +256,8 @@ def launch_arm(binary: str, profile_path: str, args: Sequence[str] = (), *, run_
     cal = eng.calibrate(stdout + "\n" + stderr) if eng.calibrate and rc == 0 else {}
     if cal and reading is not None and reading.prompt_tokens:
         cal = {**cal, "prompt_tokens": reading.prompt_tokens}
-    if cal and peak:
-        cal = {**cal, "resident_bytes": peak}         # the engine's own memory at its peak, measured
+    if cal:
+        cal = {**cal, **_measured(p, peak, fetched)}
     result = LaunchResult(ok=not failed, failed=failed, confirmations=checks, profile=p.id,
                           profile_file=os.path.abspath(profile_path), binary=os.path.abspath(binary),
                           argv=tuple(argv), environment=added, dead_knobs=dead, returncode=rc, run_dir=run_dir,
@@ -282,19 +282,41 @@ def check_run_dir(path: str) -> None:
                          "or empty folder")
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int]:
-    """(exit code, peak resident bytes) of the engine: reaped with wait4, whose rusage is this
-    child's own (its ru_maxrss: what it held of the RAM, beside the page cache, at its peak; 0 where
-    the system does not say). TimeoutExpired after `timeout` seconds, the process left running."""
+def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int, int]:
+    """(exit code, peak resident bytes, bytes read from storage) of the engine: reaped with wait4,
+    whose rusage is this child's own — ru_maxrss, what it held of the RAM beside the page cache at
+    its peak; ru_inblock, the 512-byte blocks its reads fetched from the drives (Linux counts its
+    storage reads there: page-cache hits are not in it, the kernel's readahead is); 0 where the
+    system does not say. TimeoutExpired after `timeout` seconds, the process left running."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return proc.returncode, max(0, int(usage.ru_maxrss)) * 1024       # Linux: KiB
+            return (proc.returncode, max(0, int(usage.ru_maxrss)) * 1024,          # Linux: KiB
+                    max(0, int(usage.ru_inblock)) * 512)
         if deadline is not None and time.monotonic() >= deadline:
             raise subprocess.TimeoutExpired(proc.args, timeout)
         time.sleep(0.01)
+
+
+def _measured(p: Profile, peak: int, fetched: int) -> dict:
+    """What launch measured of the engine's run, for the calibration (docs/planner.md "Calibrated
+    by the engine's own lines"): its peak resident memory, the bytes the drives served it, whether
+    its reads went through the page cache (the profile's switches, as its engine prices them), and
+    the RAM it ran under (its memory cgroup's limit: a page cache share holds only for that RAM)."""
+    from core.ram import ram_limit
+    from engines.pattern import Setup
+
+    from .profile import plan_switches
+
+    eng = ENGINES[p.engine]
+    out = {"buffered": bool(eng.buffered(Setup((1,), plan_switches(p)))), "ram_bytes": ram_limit().bytes}
+    if peak:
+        out["resident_bytes"] = peak
+    if fetched:
+        out["storage_bytes"] = fetched
+    return out
 
 
 def _stop(proc: subprocess.Popen) -> None:

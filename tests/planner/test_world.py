@@ -92,6 +92,29 @@ def test_the_engines_measured_peak_is_its_memory_once_it_has_run(tmp_path):
     assert bigger.resident_bytes == peak + g.layers * g.expert_bytes
 
 
+def test_a_buffered_run_under_the_same_ram_caps_the_page_cache_share(tmp_path):
+    """What the page cache served a buffered run (the drives' bytes against the engine's fetched
+    bytes, measured by launch) caps the room the pricing counts on, under the RAM it was measured
+    in only; a run with O_DIRECT says nothing of it."""
+    from planner.world import measured_hits
+
+    _, model = dir_rig(tmp_path)
+    g = inspect_model(str(model))
+    e = get_engine("colibri")
+    args, env = ["2"], {"CAP_RAISE": "0"}
+    ram = RamLimit(e.own_workload(g, args, env, 0).resident_bytes + 2 * g.file_size, "cgroup v1")
+    full = engine_world(e, g, args, env, ram=ram)
+    assert full.page_cache_bytes >= g.routed_bytes // 2
+    run = {"cache_per_layer": 2, "bytes_read": 1000, "storage_bytes": 980, "buffered": True, "ram_bytes": ram.bytes}
+    assert measured_hits(run, ram.bytes) == pytest.approx(0.02)
+    capped = engine_world(e, g, args, env, ram=ram, calibration=run)
+    assert capped.page_cache_bytes == int(0.02 * g.routed_bytes) and "served 2 %" in capped.page_cache_from
+    for other in ({**run, "buffered": False}, {**run, "ram_bytes": 2 * ram.bytes}, {**run, "storage_bytes": None}):
+        assert measured_hits(other, ram.bytes) is None
+        assert engine_world(e, g, args, env, ram=ram, calibration=other).page_cache_bytes == full.page_cache_bytes
+    assert measured_hits({**run, "storage_bytes": 3000}, ram.bytes) == 0.0        # readahead: more than fetched
+
+
 def test_calibration_sets_decode_reads_and_compute():
     cal = {"window": "run", "tokens": 16, "bytes_read": 1_108_000_000, "compute_s": 0.8}
     eb = 4_718_592
