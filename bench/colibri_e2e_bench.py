@@ -14,7 +14,11 @@ figure recorded in a plan (as the real-engine tuner records its winner's); then
 `planner solve` under the budget (`--page-cache auto`: the cgroup's limit less colibri's own
 memory and the tool's) prices the grid with that calibration. The measured tok/s is colibri's
 own: its generated tokens over its PROFILE line's seconds (the printed `%.1f tok/s` is too coarse
-at these speeds). The model is `engine-bridge synth --format colibri` (4 layers x 16 experts,
+at these speeds). `drives/colibri`: the bytes the testbed's drives served over a run (their loop
+devices' counters) per byte colibri says it fetched — below 1 where the page cache served
+re-reads, above 1 where the kernel's readahead read more than was asked; `cache MB`, `own MB`: the
+page cache and the processes' own memory the testbed's memory group held at their peak over a
+run (its memory.stat, every 20 ms). The model is `engine-bridge synth --format colibri` (4 layers x 16 experts,
 top-4, int8), colibri's oracle mode (REF=: fixed prompt, greedy), its cache 2 experts per layer
 (CAP_RAISE=0). MB = 10**6 bytes.
 """
@@ -28,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from bench.colibri_launch_bench import require_colibri_bin
@@ -60,15 +65,47 @@ def _label(weights, mode) -> str:
     return ":".join(map(str, weights)) + " " + ("+".join(mode) if mode else "buffered")
 
 
+def drive_bytes(tb) -> int:
+    """Bytes the testbed's drives have read so far (their loop devices' /sys/block/*/stat)."""
+    total = 0
+    for d in tb.state["drives"]:
+        with open(f"/sys/block/{os.path.basename(d['device'])}/stat") as f:
+            total += int(f.read().split()[2]) * 512
+    return total
+
+
 def launch(tb, rig: str, binary: str, profile: str, out: str, env: dict) -> dict:
-    """One run of colibri by `engine-bridge launch` under the testbed (page cache dropped first)."""
+    """One run of colibri by `engine-bridge launch` under the testbed (page cache dropped first),
+    with the bytes the drives served over it (`drive_bytes`: what a buffered run's page cache and
+    the kernel's readahead make of colibri's own fetches)."""
     drop_caches()
+    before = drive_bytes(tb)
+    peaks, done = [0, 0], threading.Event()
+
+    def sample():          # what the memory group holds, every 20 ms: (page cache, the processes' own) at their peak
+        from iobench.testbed_spec import memory_use
+
+        stat = os.path.join(tb.ram.cgroup, "memory.stat") if tb.ram is not None and tb.ram.cgroup else ""
+        while stat and not done.wait(0.02):
+            try:
+                with open(stat) as f:
+                    cache, anon = memory_use(tb.ram.controller, f.read())
+            except OSError:
+                return
+            peaks[0], peaks[1] = max(peaks[0], cache), max(peaks[1], anon)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
     p = subprocess.run([*tb.wrap, os.path.join(os.path.dirname(sys.executable), "engine-bridge"), "launch", "--rig", rig,
                         "--binary", binary, "--profile", profile, "--out", out, "--json", "--", str(CAP)],
                        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done.set()
+    watcher.join()
     doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {"ok": False, "error": p.stderr.strip()[-300:]}
     cal = doc.get("calibration") or {}
     doc["measured"] = cal["tokens"] / cal["run_s"] if cal.get("tokens") and cal.get("run_s") else None
+    doc["drive_bytes"] = drive_bytes(tb) - before
+    doc["group_peak"] = tuple(peaks)
     return doc
 
 
@@ -143,6 +180,8 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
             a, profile=export_arm(rig, a, arm_plan(plan, a), os.path.join(out, "profiles", f"arm{k}.env"), f"arm{k}",
                                   "colibri", allow_unverified=True))
     measured: dict[int, list[float]] = {k: [] for k in range(len(arms))}
+    served: dict[int, list[tuple[float, float]]] = {k: [] for k in range(len(arms))}   # (drives', colibri's) bytes
+    held: dict[int, list[tuple[int, int]]] = {k: [] for k in range(len(arms))}        # the group's peak (cache, own)
     t0 = time.monotonic()
     for r in range(runs):
         order = list(range(len(arms)))
@@ -153,6 +192,8 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
             d = launch(tb, rig, binary, arms[k].profile, os.path.join(out, f"run{r}-arm{k}"), env)
             if d.get("ok") and d.get("measured"):
                 measured[k].append(d["measured"])
+                served[k].append((d["drive_bytes"], (d["calibration"].get("bytes_read") or 0)))
+                held[k].append(d["group_peak"])
             else:
                 print(f"   arm {arms[k].label} run {r + 1}: FAILED {d.get('failed') or d.get('error')}", file=sys.stderr)
     seconds = time.monotonic() - t0
@@ -165,10 +206,12 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
              f"compute {cal.get('compute_s', 0) / cal['tokens']:.3f} s/token, I/O share {cal['lines'].get('io_share_pct')} %",
              f"plan's world: page cache room {int(world.get('page_cache_bytes') or 0) / 1e6:.0f} MB "
              f"({world.get('ram')}; colibri resident {int(world.get('resident_bytes') or 0) / 1e6:.0f} MB), "
-             f"cache {world.get('cache_experts')} experts ({world.get('cache_from')})",
+             f"cache {world.get('cache_experts')} experts ({world.get('cache_from')}); the room from "
+             f"{world.get('page_cache_from')}",
              f"{len(arms)} arms x {runs} runs interleaved in {seconds:.0f} s; tok/s = colibri's generated tokens over its "
              f"PROFILE seconds (prompt {len(PROMPT)}, {GEN} generated)",
-             f"{'arm':<34} {'measured':>8} {'spread':>7} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8}"]
+             f"{'arm':<34} {'measured':>8} {'spread':>7} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8} "
+             f"{'drives/colibri':>14} {'cache MB':>8} {'own MB':>7}"]
     rows = []
     for k, a in enumerate(arms):
         xs = measured[k]
@@ -179,7 +222,11 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
         ee = 100 * (pe / med - 1) if pe and med else None
         spread = 100 * (max(xs) - min(xs)) / med if med and len(xs) > 1 else 0.0
         rows.append((a, med, pr, pe, er, ee))
-        lines.append(f"{a.label:<34} {_f(med):>8} {spread:>6.1f}% {_f(pr):>7} {_p(er):>8} {_f(pe):>7} {_p(ee):>8}"
+        ratio = [dr / cb for dr, cb in served[k] if cb > 0]      # bytes the drives served per byte colibri fetched
+        lines.append(f"{a.label:<34} {_f(med):>8} {spread:>6.1f}% {_f(pr):>7} {_p(er):>8} {_f(pe):>7} {_p(ee):>8} "
+                     f"{_f(statistics.median(ratio)) if ratio else '-':>14} "
+                     f"{statistics.median([c for c, _ in held[k]]) / 1e6 if held[k] else 0:>8.0f} "
+                     f"{statistics.median([o for _, o in held[k]]) / 1e6 if held[k] else 0:>7.0f}"
                      + ("  <- planner's pick" if a.roles else ""))
     done = [x for x in rows if x[1]]
     best = max(done, key=lambda x: x[1])
