@@ -77,13 +77,19 @@ def test_run_outputs_are_checked_before_the_run(tmp_path, command):
         refused(invoke(command, "--rig", tmp_path / "rig", "--trace-out", readme), 2, "--trace-out")
 
 
-def test_launch_out_never_writes_into_a_users_folder(tmp_path):
-    from tests.engine_bridge.test_launch_engine import stand_in
-
+def exported_p3(tmp_path) -> str:
+    """A rig of three members with a profile 'p3' exported from a plan: its root."""
     root, paths, _ = make_rig(tmp_path, 3)
     plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
     assert invoke("export", "--rig", root, "--plan", plan, "--cache-experts", "4600", "--profile", "p3",
                   "--no-fallbacks").exit_code == 0
+    return root
+
+
+def test_launch_out_never_writes_into_a_users_folder(tmp_path):
+    from tests.engine_bridge.test_launch_engine import stand_in
+
+    root = exported_p3(tmp_path)
     mine = tmp_path / "mylaunch"
     mine.mkdir()
     (mine / "stdout.txt").write_text("keep\n")
@@ -102,10 +108,7 @@ def test_launch_of_a_profile_file_runs_in_the_rig_it_was_exported_into(tmp_path,
 
     from tests.engine_bridge.test_launch_engine import stand_in
 
-    root, paths, _ = make_rig(tmp_path, 3)
-    plan = write_plan(tmp_path, paths, (10, 5, 5), (10, 6, 6))
-    assert invoke("export", "--rig", root, "--plan", plan, "--cache-experts", "4600", "--profile", "p3",
-                  "--no-fallbacks").exit_code == 0
+    root = exported_p3(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
