@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -293,6 +294,8 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int, int]
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
+            if not sys.platform.startswith("linux"):      # macOS counts ru_maxrss in bytes, its blocks otherwise
+                return proc.returncode, max(0, int(usage.ru_maxrss)), 0
             return (proc.returncode, max(0, int(usage.ru_maxrss)) * 1024,          # Linux: KiB
                     max(0, int(usage.ru_inblock)) * 512)
         if deadline is not None and time.monotonic() >= deadline:
