@@ -501,13 +501,15 @@ def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(m
         assert r.stats().sources[2].late == 1
         for p in paths[:2]:
             g.arm(p)
+        before = [r.stats().sources[i].reads for i in (0, 1)]    # one of them also read t1's hedge
         t2 = r.submit(0, ln)                         # at 5 U + 1; its own deadline: 2 pieces ahead, 7 U
         for p in paths:
             g.entered[p].acquire()
         clock.advance(U)
         for p in paths[:2]:
             g.go(p)
-        _until(lambda: all(r.stats().sources[i].reads >= 3 for i in (0, 1)))
+        # both of their pieces landed (at 6 U + 1) before the clock moves on: the step is U
+        _until(lambda: all(r.stats().sources[i].reads == before[k] + 1 for k, i in enumerate((0, 1))))
         clock.advance(3 * U + 1)                     # 4 U + 1 after its submit: late by its step
         r.wake_hedger()
         assert bytes(t2.result()) == data[:ln]
