@@ -124,6 +124,31 @@ EVAL = re.compile(r"common_perf_print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) run
 PROMPT_LINE = re.compile(r"common_perf_print: prompt eval time =.*?([\d.]+) tokens per second")
 
 
+def split_on_drives(tb: Testbed, src: str, names: list[str], extra: tuple[str, ...] = (),
+                    who: str = "bench") -> tuple[list[str], list[str], dict[str, str]]:
+    """The testbed's drives given READ_AHEAD_KB, `src` re-split one tensor per file into the first
+    drive's `model/` and copied to the others' (and to the `extra` folders), checked byte-identical:
+    (the drives' model folders, the files, {drive: its block device's name})."""
+    mounts = tb.mounts()
+    devices = {d["name"]: os.path.basename(d["device"]) for d in tb.state["drives"]}
+    for dev in devices.values():
+        with open(f"/sys/block/{dev}/queue/read_ahead_kb", "w") as f:
+            f.write(str(READ_AHEAD_KB))
+    dirs = [os.path.join(mounts[n], "model") for n in names]
+    for d in dirs:
+        os.makedirs(d)
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "replicas"), "resplit", src, dirs[0], "-q"],
+                   check=True, capture_output=True, text=True)
+    files = sorted(os.listdir(dirs[0]))
+    for d in [*dirs[1:], *extra]:
+        for f in files:
+            shutil.copyfile(os.path.join(dirs[0], f), os.path.join(d, f))
+    os.sync()
+    if not all(sha(os.path.join(dirs[0], f)) == sha(os.path.join(d, f)) for d in dirs[1:] for f in files):
+        raise SystemExit(f"{who}: a copy differs from {names[0]}'s file")
+    return dirs, files, devices
+
+
 def run_arm(tb: Testbed, binary: str, model: str, mode: str, tokens: int, devices: dict[str, str]) -> dict:
     drop_caches()
     before = {n: sectors_read(d) for n, d in devices.items()}
@@ -165,24 +190,7 @@ def main() -> int:
         model_bytes = os.path.getsize(src)
         names = ["d1", "d2", "d3"]
         with Testbed({n: a.mbs for n in names}, size=f"{(model_bytes >> 20) + 400}M", ram=a.ram) as tb:
-            mounts = tb.mounts()
-            devices = {d["name"]: d["device"] for d in tb.state["drives"]}
-            for dev in devices.values():
-                with open(f"/sys/block/{os.path.basename(dev)}/queue/read_ahead_kb", "w") as f:
-                    f.write(str(READ_AHEAD_KB))
-            dirs = [os.path.join(mounts[n], "model") for n in names]
-            for d in dirs:
-                os.makedirs(d)
-            subprocess.run([os.path.join(os.path.dirname(sys.executable), "replicas"), "resplit", src, dirs[0],
-                                 "-q"], check=True, capture_output=True, text=True)
-            files = sorted(os.listdir(dirs[0]))
-            for d in dirs[1:]:
-                for f in files:
-                    shutil.copyfile(os.path.join(dirs[0], f), os.path.join(d, f))
-            os.sync()
-            same = all(sha(os.path.join(dirs[0], f)) == sha(os.path.join(d, f)) for d in dirs[1:] for f in files)
-            if not same:
-                raise SystemExit("llama_cpp_drives_bench: a copy differs from d1's file")
+            dirs, files, devices = split_on_drives(tb, src, names, who="llama_cpp_drives_bench")
             sizes = [(f, os.path.getsize(os.path.join(dirs[0], f))) for f in files]
             first = [os.path.join(d, files[0]) for d in dirs]
             tb.set_ram_for(model_bytes)

@@ -44,7 +44,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench.llama_cpp_drives_bench import EVAL, PROMPT, READ_AHEAD_KB, layout_links, sha  # noqa: E402
+from bench.llama_cpp_drives_bench import EVAL, PROMPT, READ_AHEAD_KB, layout_links, sha, split_on_drives  # noqa: E402
 from bench.testbed import Testbed, drop_caches, require_testbed, usage_exit  # noqa: E402
 
 
@@ -234,23 +234,8 @@ def main() -> int:
         model_bytes = os.path.getsize(src)
         names = ["d1", "d2", "d3"]
         with Testbed({n: a.mbs for n in names}, size=f"{(model_bytes >> 20) + 400}M", ram=a.ram) as tb:
-            mounts = tb.mounts()
-            devices = {d["name"]: os.path.basename(d["device"]) for d in tb.state["drives"]}
-            for dev in devices.values():
-                with open(f"/sys/block/{dev}/queue/read_ahead_kb", "w") as f:
-                    f.write(str(READ_AHEAD_KB))
-            dirs = [os.path.join(mounts[n], "model") for n in names]
-            for d in dirs:
-                os.makedirs(d)
-            subprocess.run([os.path.join(os.path.dirname(sys.executable), "replicas"), "resplit", src, dirs[0], "-q"],
-                           check=True, capture_output=True, text=True)
-            files = sorted(os.listdir(dirs[0]))
-            for d in [*dirs[1:], *([shm] if service else [])]:
-                for f in files:
-                    shutil.copyfile(os.path.join(dirs[0], f), os.path.join(d, f))
-            os.sync()
-            if not all(sha(os.path.join(dirs[0], f)) == sha(os.path.join(d, f)) for d in dirs[1:] for f in files):
-                raise SystemExit("llama_cpp_inflight_bench: a copy differs from d1's file")
+            dirs, files, devices = split_on_drives(tb, src, names, extra=(shm,) if service else (),
+                                                   who="llama_cpp_inflight_bench")
             sizes = [(f, os.path.getsize(os.path.join(dirs[0], f))) for f in files]
             tb.set_ram_for(model_bytes)
             first = [os.path.join(d, files[0]) for d in dirs]
