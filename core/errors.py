@@ -50,3 +50,12 @@ class Interrupted(ReplicaTunerError):
     """The user cancelled; durable work is kept for the next run."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+def error_for(code: int, message: str) -> ReplicaTunerError:
+    """The error that ends a command with README's exit `code` (a step's outcome carried on as the
+    command's own: a sync's worst destination, say); a code of no class here is usage (2)."""
+    for cls in (MismatchError, MissingError, WriteError, Interrupted):
+        if cls.exit_code == code:
+            return cls(message)
+    return UsageError(message)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Sequence
 
-from core.errors import MismatchError, MissingError, UsageError
+from core.errors import MismatchError, MissingError, UsageError, error_for
 from core.events import Reporter
 from core.rig import Rig, load_rig
 
@@ -172,7 +172,7 @@ def _replicas(req: Request, rig: Rig, todo: Sequence[str], report: Reporter, can
     if bad:
         d = max(bad, key=lambda x: x.exit_code)
         text = f"copy to {d.target} {d.outcome}: {d.error or 'see `replicas status`'}"
-        raise (MismatchError if d.exit_code == 1 else MissingError if d.exit_code == 3 else UsageError)(text)
+        raise error_for(d.exit_code, text)
     return load_rig(req.rig, must_exist=False)
 
 

@@ -385,3 +385,13 @@ def test_a_rig_path_says_what_it_is(tmp_path, how, words):
 def test_a_value_of_the_wrong_type_is_said_in_plain_words():
     r = CliRunner().invoke(planner_app, ["solve", "--top", "abc"], prog_name="planner")
     assert r.exit_code == 2 and "'--top': give a whole number" in r.stderr and "Input should" not in r.stderr
+
+
+@pytest.mark.parametrize("code", [1, 2, 3, 4, 130])
+def test_a_steps_exit_code_carried_on_keeps_readmes_meaning(code):
+    """tune-rig raises a failed copy's worst destination as its own error: a write that failed (4)
+    stays 4, not usage."""
+    from core.errors import error_for
+
+    e = error_for(code, "copy to d: failed")
+    assert e.exit_code == code and str(e) == "copy to d: failed"
