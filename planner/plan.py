@@ -86,6 +86,13 @@ class Plan:
     def to_dict(self) -> dict:
         return plan_to_dict(self)
 
+    @property
+    def priced_cache(self) -> int | None:
+        """The engine's expert cache the plan was priced with (its workload's traffic); None when
+        the plan does not say."""
+        c = ((self.workload or {}).get("traffic") or {}).get("cache_experts")
+        return c if isinstance(c, int) and not isinstance(c, bool) else None
+
     def __post_init__(self):
         if not isinstance(self.switches, frozenset):
             object.__setattr__(self, "switches", frozenset(self.switches))

@@ -276,9 +276,8 @@ def export_profile(*, rig_root: str, plan_path: str = "", fmt: str | None, name:
             base = d.name
         layered = pf.resolve(base or DEFAULT_BASE, definitions)
     cache = cache_experts if cache_experts is not None else (layered.cache_experts if layered else None)
-    priced = ((plan.workload or {}).get("traffic") or {}).get("cache_experts")
-    if cache is None and isinstance(priced, int) and not isinstance(priced, bool) and priced > 0:
-        cache = priced                        # the cache the plan was priced with
+    if cache is None and (plan.priced_cache or 0) > 0:
+        cache = plan.priced_cache             # the cache the plan was priced with
     if output == "-":
         main = os.path.join(rig.subdir(PROFILES_DIR), profile_id + ".env")     # links are named, not written
     elif fmt == pf.JSON_FORMAT:

@@ -291,8 +291,7 @@ def tune_rig(req: Request, *, say: Callable[[StepLine], None] | None = None, say
                        cache_experts=req.cache_experts, allow_unverified=req.allow_unverified, redo=req.redo,
                        say=done, report=report, cancel=cancel)
     check_cancel(cancel, "export")
-    cache = req.cache_experts if req.cache_experts is not None else \
-        (planned.solved.plan.workload.get("traffic") or {}).get("cache_experts")
+    cache = req.cache_experts if req.cache_experts is not None else planned.solved.plan.priced_cache
     action, why, rec = _tune(req, rig, engine, planned, cache, say_line, cancel)
     done("tune", action, why)
     plan = planned.solved.plan
@@ -361,8 +360,7 @@ def dry_run(req: Request) -> TuneRigResult:
             from planner.plans import load_plan
 
             plan = load_plan(plan_path)
-            cache = req.cache_experts if req.cache_experts is not None else \
-                (plan.workload.get("traffic") or {}).get("cache_experts")
+            cache = req.cache_experts if req.cache_experts is not None else plan.priced_cache
             action, why, _ = decide_export(rig, export_inputs(rig, plan_path, engine, req.profile, cache,
                                                               req.allow_unverified), req.redo)
             lines.append(StepLine("export", action, why))

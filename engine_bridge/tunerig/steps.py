@@ -276,8 +276,7 @@ def export_step(rig: Rig, solved: Solved, engine: str, name: str, cache_experts:
     the one the plan was priced with unless one is given."""
     from engine_bridge.profiles.export import export_profile
 
-    cache = cache_experts if cache_experts is not None else \
-        (solved.plan.workload.get("traffic") or {}).get("cache_experts")
+    cache = cache_experts if cache_experts is not None else solved.plan.priced_cache
     inputs = export_inputs(rig, solved.path, engine, name, cache, allow_unverified)
     action, why, rec = decide_export(rig, inputs, redo)
     if action == REUSE:
