@@ -288,6 +288,13 @@ def printed_step(number: str) -> float:
     return 0.5 * 10.0 ** -decimals
 
 
+def last_match(rx, text: str):
+    """The last match of the compiled `rx` in an engine's log (its groups, as findall gives them),
+    or None: an engine that prints a line again prints what it applied last."""
+    found = rx.findall(text)
+    return found[-1] if found else None
+
+
 def lines_matching(text: str, *patterns) -> tuple[str, ...]:
     """Every line of `text` matched by one of the compiled `patterns`, in order, stripped."""
     return tuple(ln.strip() for ln in text.splitlines() if any(p.search(ln) for p in patterns))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..handoff import last_match
 from .constants import ENV_DECODE_WEIGHTS
 
 LOG_SOURCES = re.compile(r"expert reader sources=(\d+)")
@@ -53,26 +54,21 @@ class ReaderLog:
         return bool(self.source_bytes) and self.sources is None and not any(self.source_bytes.values())
 
 
-def _last(rx: re.Pattern, text: str):
-    found = rx.findall(text)
-    return found[-1] if found else None
-
-
 def read_log(text: str) -> ReaderLog:
     """Every line of `text` the engine prints about what it applied."""
-    sources = _last(LOG_SOURCES, text)
-    split = _last(LOG_DECODE_SPLIT, text)
+    sources = last_match(LOG_SOURCES, text)
+    split = last_match(LOG_DECODE_SPLIT, text)
     per: dict[int, int] = {}
     for i, b in LOG_SOURCE_BYTES.findall(text):
         per[int(i)] = per.get(int(i), 0) + int(b)
     return ReaderLog(
         sources=None if sources is None else int(sources),
         decode_split=None if split is None else weights_text(split),
-        decode_ignored=_last(LOG_DECODE_IGNORED, text),
+        decode_ignored=last_match(LOG_DECODE_IGNORED, text),
         source_bytes=dict(sorted(per.items())),
         cache_budgets=tuple(int(x) for x in LOG_CACHE_BUDGET.findall(text)),
         cache_caps=tuple(LOG_CACHE_CAP.findall(text)),
         decode_cache=tuple((int(a), int(b)) for a, b in LOG_DECODE_CACHE.findall(text)),
-        prefill_rejected=_last(LOG_PREFILL_REJECTED, text),
+        prefill_rejected=last_match(LOG_PREFILL_REJECTED, text),
     )
 

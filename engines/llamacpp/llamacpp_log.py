@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..handoff import last_match
+
 LOG_ADDITIONAL = re.compile(r"llama_model_loader: additional (\d+) GGUFs metadata loaded\.")
 LOG_LOADED = re.compile(r"llama_model_loader: loaded meta data with (\d+) key-value pairs and (\d+) tensors from (.+?) "
                         r"\(version ")
@@ -51,17 +53,12 @@ class LoaderLog:
         return sum(1 for k, _ in self.buffers if k == kind)
 
 
-def _last(rx: re.Pattern, text: str):
-    found = rx.findall(text)
-    return found[-1] if found else None
-
-
 def read_log(text: str) -> LoaderLog:
-    loaded = _last(LOG_LOADED, text)
-    add = _last(LOG_ADDITIONAL, text)
-    mode = _last(LOG_LOAD_MODE, text)
-    prompt = _last(LOG_PROMPT, text)
-    ev = _last(LOG_EVAL, text)
+    loaded = last_match(LOG_LOADED, text)
+    add = last_match(LOG_ADDITIONAL, text)
+    mode = last_match(LOG_LOAD_MODE, text)
+    prompt = last_match(LOG_PROMPT, text)
+    ev = last_match(LOG_EVAL, text)
     # the loader runs twice when the tools first fit the parameters to memory (common_fit_params):
     # the buffers of the last load are the ones the run used
     blocks = text.split("load_tensors: loading model tensors")
