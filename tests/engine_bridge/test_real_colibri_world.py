@@ -64,7 +64,7 @@ def test_launch_reads_colibris_lines_and_the_next_solve_uses_them(tmp_path, mode
     assert cal["bytes_read"] > 0 and cal["compute_s"] > 0 and cal["in_flight"] >= 1 and cal["overlap"] is False
     assert cal["prompt_tokens"] == len(PROMPT) and doc["tok_s"] > 0
     assert cal["resident_bytes"] > 1 << 20                                   # colibri's peak, measured by wait4
-    assert cal["buffered"] is True and cal["ram_bytes"] > 0 and isinstance(cal.get("storage_bytes", 0), int)
+    assert cal["buffered"] is True and cal["ram_bytes"] > 0       # storage_bytes: 0 when the page cache held the model
     stdout = open(doc["stdout"]).read()
     assert f"{cal['lines']['mb_per_token']:.1f} MB/token" in stdout           # the figure as colibri printed it
     assert load_plan(doc["calibration_plan"]).provenance["engine_calibration"]["record"] == cal
