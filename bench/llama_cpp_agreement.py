@@ -21,6 +21,7 @@ import tempfile
 
 from engine_bridge.moe.inputs import SourceSet
 from engine_bridge.moe.session import run_model
+from engine_bridge.reader.settings import EMBEDDED
 from engine_bridge.moe.synth_qwen3moe import Qwen3MoeSpec, decode, encode, max_vocab, synthesize_qwen3moe
 from models.modelset import discover
 
@@ -70,7 +71,8 @@ def main() -> int:
                 counts = []
                 for prompt in PROMPTS:
                     ids = encode(prompt, vocab)
-                    ours = run_model(SourceSet((discover(path),), (10,), (10,)), len(ids), a.tokens - 1, 10_000, 2, 0,
+                    ours = run_model(SourceSet((discover(path),), (10,), (10,)), len(ids), a.tokens - 1, 10_000,
+                                     EMBEDDED.but(lanes=2), 0,
                                      prompt_ids=ids)["output_ids"]
                     counts.append(agreeing_tokens(ours, llama_text(binary, path, prompt, a.tokens), vocab))
                 print(f"{shape}, {quant} experts ({s['bytes'] / 1e6:.1f} MB): tokens agreeing of {a.tokens}: "
