@@ -290,12 +290,13 @@ def test_llama_cpp_tokenizes_as_our_encoder_does(qwen):
 def test_our_greedy_tokens_are_llama_cpps_with_f32_experts(qwen, tmp_path):
     """Both compute the same qwen3moe layer; with F32 experts neither quantizes activations, so the
     arithmetic differs only in summation order and llama.cpp's F16 KV cache. Measured
-    (bench/llama_cpp_agreement.py): 33, 40 and 40 of 40 tokens equal on these prompts; the first 16
-    are asserted. (Q8_0 experts: llama.cpp quantizes activations to Q8_0 and the tokens part
-    sooner: 17, 38 and 24; docs/engine.md.)"""
+    (bench/llama_cpp_agreement.py): 33, 40 and 40 of 40 tokens equal on these prompts with one
+    build, 15, 40 and 40 with the same source built on another machine's CPU (its kernels sum in
+    another order: a near-tie of this tiny random model flips); the first 8 are asserted. (Q8_0
+    experts: llama.cpp quantizes activations to Q8_0 and the tokens part sooner; docs/engine.md.)"""
     for prompt in ("hello world", "the quick brown fox", "once upon a time"):
         ids = encode(prompt, max_vocab())
         ours = run_model(SourceSet((discover(str(qwen / "f32.gguf")),), (10,), (10,)), len(ids), 15, 64, EMBEDDED.but(lanes=2), 0,
                          prompt_ids=ids)["output_ids"]
         theirs = llama_simple(qwen / "f32.gguf", prompt, 16, cwd=tmp_path)
-        assert decode(ours, max_vocab()) == theirs, prompt
+        assert theirs.startswith(decode(ours[:8], max_vocab())), (prompt, decode(ours, max_vocab()), theirs)
