@@ -272,10 +272,20 @@ def test_launch_runs_the_real_llama_cpp_through_the_links_and_confirms_it(split_
     assert r.exit_code == 0, r.output
     args = ["-p", "hello world", "-n", "6", "--temp", "0", "--seed", "42", "-t", "1", "-no-cnv", "--no-display-prompt",
             "--ignore-eos"]
-    r = runner.invoke(app, ["launch", "--binary", llama_cpp_bin("llama-completion"), "--profile", str(out), "--rig", root,
-                            "--out", str(tmp_path / "run"), "--json", "--", *args], env={"OMP_THREAD_LIMIT": "1"})
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.stdout)
-    checks = {c["name"]: c for c in doc["confirmations"]}
-    assert all(c["ok"] for c in checks.values()), checks
-    assert checks["splits"]["observed"] == "74" and checks["load-mode"]["observed"] == "mmap"
+    # llama-completion's logger can lose its last lines at exit 0 (docs/engine.md): such a run fails only its
+    # timing check, as cut short; it is run again until one is complete, every other check holding in each
+    complete = False
+    for k in range(5):
+        r = runner.invoke(app, ["launch", "--binary", llama_cpp_bin("llama-completion"), "--profile", str(out), "--rig",
+                                root, "--out", str(tmp_path / f"run{k}"), "--json", "--", *args],
+                          env={"OMP_THREAD_LIMIT": "1"})
+        doc = json.loads(r.stdout)
+        checks = {c["name"]: c for c in doc["confirmations"]}
+        assert all(c["ok"] for n, c in checks.items() if n != "timing"), checks
+        assert checks["splits"]["observed"] == "74" and checks["load-mode"]["observed"] == "mmap"
+        if checks["timing"]["ok"]:
+            assert r.exit_code == 0, r.output
+            complete = True
+            break
+        assert r.exit_code == 1 and "cut short" in checks["timing"]["detail"], checks["timing"]
+    assert complete
