@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console, ConsoleDimensions
@@ -189,18 +189,78 @@ def plain_help(command) -> None:
             param.help = reflow(param.help)
 
 
+# A value Click hands over as a string that is already plainly an int or a float (anything else,
+# "1e3" aside, goes through Typer's own parser and its messages).
+PLAIN_INT = re.compile(r"[+-]?[0-9]+")
+PLAIN_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+class PlainValue:
+    """The value of a str, bool, int, float or list-of-str parameter, taken as Click parsed it.
+    Typer 0.29 builds a pydantic adapter for every parameter it converts, even one left out, and
+    importing pydantic alone is a tenth of a second: more than `replicas hash` of a GB from RAM
+    takes (docs/replicas.md, "Hashing at the drives' pace"). Only values with one meaning are
+    taken here; any other (a word for a number, a value with a range to check) goes to Typer's
+    own conversion, so its checks and messages stay as they are."""
+
+    KINDS = {str: None, bool: None, int: PLAIN_INT, float: PLAIN_FLOAT}
+
+    def __init__(self, param):
+        self.param = param
+        info = param.type_descriptor.parameter_info
+        self.ranged = info.min is not None or info.max is not None or info.parser is not None
+        self.many = param.multiple or param.nargs == -1
+        self.typer_param = None
+
+    @classmethod
+    def fits(cls, param) -> bool:
+        desc = getattr(param, "type_descriptor", None)
+        if desc is None or desc.file_annotation is not None or desc.is_choice:
+            return False
+        many = param.multiple or param.nargs == -1
+        return desc.annotation in ((List[str],) if many else tuple(cls.KINDS))
+
+    def coerce(self, value, param, ctx):
+        if value is None:
+            return () if self.many else None
+        plain = None if self.ranged else self._plain(value)
+        if plain is not None:
+            return plain
+        if self.typer_param is None:
+            from typer._coercion import build_runtime_param   # Typer's own, for what is not plain
+            self.typer_param = build_runtime_param(self.param.type_descriptor)
+        return self.typer_param.coerce(value, param=param, ctx=ctx)
+
+    def _plain(self, value):
+        kind = self.param.type_descriptor.annotation
+        if self.many:
+            return list(value) if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value) else None
+        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+            return value
+        pattern = self.KINDS[kind]
+        if pattern is not None and isinstance(value, str) and pattern.fullmatch(value):
+            return kind(value)
+        return None
+
+
 class PlainHelp:
     """Mixed into this project's command and group classes: `plain_help` on construction, and
-    for the -h/--help option Click adds later."""
+    for the -h/--help option Click adds later; plain values converted without pydantic
+    (`PlainValue`)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         plain_help(self)
+        for param in self.params:
+            if PlainValue.fits(param):
+                param._runtime_param = PlainValue(param)
 
     def get_help_option(self, ctx):
         option = super().get_help_option(ctx)
         if option is not None:
             option.metavar = ""
+            if PlainValue.fits(option) and not isinstance(option._runtime_param, PlainValue):
+                option._runtime_param = PlainValue(option)
         return option
 
 

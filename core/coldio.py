@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from . import platform
 from .tiers import is_memory
-from .constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE, IO_BLOCK, READ_AHEAD
+from .constants import ALIGNMENT, HUGE_BUFFER_MIN, HUGE_PAGE, IO_BLOCK, MAPPED_BLOCK, READ_AHEAD
 
 _PRIVATE_ANON = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
 
@@ -205,7 +205,7 @@ def _mapped_blocks(reader: ColdReader, start: int, end: int, block: int, cancel:
             pass
 
 
-def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, block: int = IO_BLOCK,
+def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, block: int | None = None,
                     depth: int = READ_AHEAD, cancel: threading.Event | None = None,
                     pace: Callable[[int], None] | None = None) -> Iterator[tuple[int, memoryview]]:
     """Yield (offset, bytes) for [start, end) in order, keeping `depth` aligned reads in flight.
@@ -216,9 +216,12 @@ def read_sequential(reader: ColdReader, start: int = 0, end: int | None = None, 
     that comes back short before `end` ends the iteration early (the caller sees fewer bytes).
     `pace(nbytes)`, if given, is called before each read is issued and returns when it may go
     (--max-rate). A file in RAM (`reader.in_memory`) is served as views of a map of it, block by
-    block, paced and cancellable the same way: no copy, no threads.
+    block, paced and cancellable the same way: no copy, no threads. `block` defaults to IO_BLOCK
+    from a drive and MAPPED_BLOCK from RAM.
     """
     end = reader.size if end is None else end
+    if block is None:
+        block = MAPPED_BLOCK if reader.in_memory else IO_BLOCK
     if start % reader.alignment or block % reader.alignment:
         raise ValueError("start and block must be aligned")
     if start >= end:

@@ -30,6 +30,8 @@ RIG_LOCK = ".lock"                 # flock'ed around each read-modify-write of r
 ALIGNMENT = 4096               # O_DIRECT offset/length/buffer alignment on Linux, bytes
 IO_BLOCK = 16 * MiB            # bytes per sequential read/write request (throttled and real drives both want several
                                # MiB in flight)
+MAPPED_BLOCK = 128 * MiB       # bytes per view of a file in RAM (a map: no request to size, and fewer, larger hash
+                               # updates keep both cores busy longer: bench/hash_bench.py)
 HUGE_PAGE = 2 * MiB            # bytes: a transparent huge page (x86-64 and arm64 with 4 KiB pages)
 HUGE_BUFFER_MIN = 256 * 1024   # buffers from this size on ask for huge pages (at most one HUGE_PAGE - 4 KiB unused)
 READ_AHEAD = 3                 # sequential read requests in flight per drive

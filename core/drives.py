@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import platform, sysfs
+from .mounts import mount_of
 from .topology import DISK, DriveTopology, Link, Topology, group_drives
 
 
@@ -56,53 +57,6 @@ def drive_label(path: str) -> str:
     system, the name of the folder holding the file."""
     label = drive_of(path).label
     return label or os.path.basename(os.path.dirname(os.path.abspath(path))) or "root"
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    mount_point: str
-    fs_type: str
-    source: str
-    majmin: str
-
-
-def _unescape(s: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal
-    out, i = [], 0
-    while i < len(s):
-        if s[i] == "\\" and s[i + 1:i + 4].isdigit() and len(s[i + 1:i + 4]) == 3:
-            out.append(chr(int(s[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(s[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_mountinfo(text: str) -> list[MountEntry]:
-    """Parse /proc/self/mountinfo (pure)."""
-    entries = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        f = left.split()
-        r = right.split()
-        if len(f) < 5 or len(r) < 2:
-            continue
-        entries.append(MountEntry(mount_point=_unescape(f[4]), fs_type=r[0], source=_unescape(r[1]), majmin=f[2]))
-    return entries
-
-
-def mount_for(path: str, entries: list[MountEntry]) -> MountEntry | None:
-    """The entry with the longest mount point containing path (the last one wins on ties: over-mounts)."""
-    best = None
-    for e in entries:
-        mp = e.mount_point.rstrip("/") or "/"
-        if path == mp or path.startswith(mp if mp.endswith("/") else mp + "/") or mp == "/":
-            if best is None or len(mp) >= len(best.mount_point.rstrip("/") or "/"):
-                best = e
-    return best
 
 
 def parse_diskutil_plist(data: bytes) -> dict:
@@ -187,8 +141,7 @@ def drive_of(path: str) -> DriveInfo:
     st = os.stat(real)
     majmin = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
     if platform.is_linux():
-        with open("/proc/self/mountinfo") as f:
-            entry = mount_for(real, parse_mountinfo(f.read()))
+        entry = mount_of(real)
         name, disk = _sysfs_disk(majmin)
         if entry is None:
             return DriveInfo("/", "", "", disk, f"dev:{majmin}", devno=majmin)

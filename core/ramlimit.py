@@ -19,6 +19,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
+from .mounts import parse_mountinfo
 from .units import format_bytes
 
 V1, V2 = "v1", "v2"
@@ -62,19 +63,6 @@ class Hierarchy:
     controllers: tuple[str, ...] = ()
 
 
-def _unescape(text: str) -> str:
-    """A path as mountinfo writes it (space, tab, newline, backslash octal-escaped)."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\\" and len(text) >= i + 4 and all(c in "01234567" for c in text[i + 1:i + 4]):
-            out.append(chr(int(text[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
 def proc_cgroups(text: str) -> dict[str, str]:
     """{controller: group path} from /proc/PID/cgroup: '4:memory:/a/b' -> {'memory': '/a/b'};
     '2:cpu,cpuacct:/' names both; the unified (v2) line '0::/x' is the key ''."""
@@ -92,20 +80,11 @@ def cgroup_hierarchies(mountinfo: str) -> list[Hierarchy]:
     """The cgroup hierarchies mounted, from /proc/PID/mountinfo's text (fields: id, parent,
     maj:min, root, mount point, options, optional fields, '-', type, source, super options)."""
     out = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        sep = fields.index("-")
-        if sep < 5 or len(fields) < sep + 2:
-            continue
-        fstype = fields[sep + 1]
-        root, point = _unescape(fields[3]), _unescape(fields[4])
-        if fstype == "cgroup2":
-            out.append(Hierarchy(point, root, V2))
-        elif fstype == "cgroup":
-            supers = fields[sep + 3].split(",") if len(fields) > sep + 3 else []
-            out.append(Hierarchy(point, root, V1, tuple(o for o in supers if o not in ("rw", "ro"))))
+    for e in parse_mountinfo(mountinfo):
+        if e.fs_type == "cgroup2":
+            out.append(Hierarchy(e.mount_point, e.root, V2))
+        elif e.fs_type == "cgroup":
+            out.append(Hierarchy(e.mount_point, e.root, V1, tuple(o for o in e.super_options if o not in ("rw", "ro"))))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .drives import drive_of
+from .mounts import mount_of
 from .units import format_bytes
 
 MEMORY_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})   # file systems with no drive behind them
@@ -36,7 +36,12 @@ def nearest_existing(path: str) -> str:
 def is_memory(path: str) -> bool:
     """Whether `path` (existing or not) lies on a memory file system."""
     try:
-        return memory_fs(drive_of(nearest_existing(path)).fs_type)
+        existing = nearest_existing(path)
+        entry = mount_of(os.path.realpath(existing))
+        if entry is not None:
+            return memory_fs(entry.fs_type)
+        from .drives import drive_of       # no mountinfo (macOS): the drive lookup names the file system
+        return memory_fs(drive_of(existing).fs_type)
     except OSError:
         return False
 

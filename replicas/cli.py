@@ -11,8 +11,6 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from core import rig as rigmod
 from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, finish, make_app, out, print_result, run
@@ -22,27 +20,14 @@ from core.events import Notice
 from core.results import ErrorResult
 from core.rig import Member
 from core.constants import UPSTREAM_FILE
-from core.fsutil import describe_link
-from core.units import format_bytes, format_rate, parse_size
+from core.units import format_bytes, format_rate, parse_size, plural
 
-from . import views
-from .b3sum import check_line, failures_warning, format_line
-from .checksums import check_files
-from core.drives import drive_label
-from .forget import forget_member
-from models.formats import GGUF, SPLIT_NAME, sniff
-from .hashing import check_piece_size, hash_file, hash_whole
-from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
-from .manifests import files_of_model, load_manifest, load_manifest_file
-from models.modelset import DIR, FILE, NotAModel, check_outside_members, discover, hf_repository
 from .pacing import parse_rate
-from .repair import repair_member
-from .status import member_status, members_topology
-from .sync import sync as sync_files
-from .verdict import exit_code_of
-from core.units import plural
-from .upstreams import UpstreamTap, check_upstream, load_upstream, record_upstream, save_upstream
-from .verify import against, verify_members
+
+# Each command imports the modules only it needs, in its body: a command's start-up pays for
+# itself alone (`replicas verify --full` of a model in RAM keeps b3sum's pace, docs/replicas.md
+# "Hashing at the drives' pace").
+
 
 app = make_app("replicas", "Keep byte-identical replicas of a model file on several drives, and prove they are identical.")
 
@@ -65,6 +50,8 @@ def live_progress(enabled: bool = True):
     the cancel flag so durable work is journaled before the command exits (the one Ctrl-C policy,
     `core.interrupt.cancel_on_interrupt`). Not `enabled` (--quiet): no bars and no notices, but
     warnings (a Notice marked `warning`) still print."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
     bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
                     DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
                     transient=False, disable=not enabled or not err.is_terminal and not os.environ.get("REPLICAS_PROGRESS"))
@@ -103,6 +90,10 @@ def init(rig: Optional[str] = RigOption,
          json_out: bool = JsonOption):
     """Create rig.toml naming the model (the primary) and every file of it; replicas are added by
     `replicas sync`."""
+    from core.drives import drive_label
+    from models.modelset import FILE, check_outside_members
+    from . import views
+
     root = rigmod.rig_dir(rig)
     found = _discover(model, fmt, "pass --format raw to replicate it as opaque bytes")
     current = rigmod.load_rig(root, must_exist=False)
@@ -138,6 +129,9 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
     With --check: `NAME: OK` or `NAME: FAILED` per line of the check files, failures counted on
     stderr; exit 1 when any failed. Exit 3 when a file to hash is missing or unreadable.
     """
+    from .hashing import check_piece_size
+    from . import views
+
     if check:
         _check_sums(paths, json_out)
         return
@@ -164,6 +158,11 @@ def hash_cmd(paths: List[str] = typer.Argument(..., metavar="FILE", help="Files 
 def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, cancel) -> dict:
     """Hash one argument: a plain file (its b3sum line; --json: its one-file manifest) or a model
     of several files (a line per file; --json: the model's manifest)."""
+    from .hashing import hash_file, hash_whole
+    from .b3sum import format_line
+    from .manifest import ModelManifest, manifest_to_dict, model_manifest_to_dict
+    from models.modelset import DIR
+
     model = _model_at(path, fmt)
     if model is None:
         if os.path.exists(path) and not os.path.isfile(path):
@@ -189,6 +188,8 @@ def _hash_one(path: str, size: int, fmt: Optional[str], json_out: bool, report, 
 
 def _discover(path: str, fmt: Optional[str], raw_hint: str):
     """models.modelset.discover, with this command's way to take bytes that are no model format."""
+    from models.modelset import NotAModel, discover
+
     try:
         return discover(path, fmt)
     except NotAModel as e:
@@ -197,6 +198,9 @@ def _discover(path: str, fmt: Optional[str], raw_hint: str):
 
 def _model_at(path: str, fmt: Optional[str]):
     """The model of several files at `path` (a directory, or a file of a split GGUF set), else None."""
+    from models.formats import GGUF, SPLIT_NAME, sniff
+    from models.modelset import discover
+
     if os.path.isdir(path):
         return _discover(path, fmt, "pass --format raw to hash its files as they are")
     match = SPLIT_NAME.match(os.path.basename(path))
@@ -206,6 +210,10 @@ def _model_at(path: str, fmt: Optional[str]):
 
 
 def _check_sums(files: List[str], json_out: bool) -> None:
+    from .b3sum import check_line, failures_warning
+    from .checksums import check_files
+    from . import views
+
     results = []
     for res in check_files(files):
         results.append(res)
@@ -251,6 +259,10 @@ def sync(source: str = typer.Argument(..., metavar="SOURCE", help="The model to 
     to use), and of the RAM a copy in tmpfs takes (it vanishes at reboot). With no DEST_DIR, copies
     again the rig's RAM members that are gone.
     """
+    from rich.table import Table
+    from .sync import sync as sync_files
+    from . import views
+
     rate = _rate(max_rate)
     with live_progress(not quiet) as (report, cancel):
         try:
@@ -295,6 +307,10 @@ def _keep_snapshot_digests(root: str, quiet: bool) -> None:
     """A model that is a Hugging Face cache snapshot names each file's published digest in its blob
     (docs/replicas.md, "Upstream digests"): recorded once into rig/upstream.json after the first
     sync that hashed it, so `verify --upstream` can tie every copy to the hub without another step."""
+    from models.modelset import DIR, hf_repository
+    from .manifests import load_manifest
+    from .upstreams import record_upstream, save_upstream
+
     r = rigmod.load_rig(root, must_exist=False)
     if r.model is None or r.layout != DIR or hf_repository(r.model.path) is None \
             or os.path.lexists(os.path.join(root, UPSTREAM_FILE)):
@@ -339,6 +355,11 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     --full keeps each file's progress for --resume.
     Exit 0 all identical, 1 a mismatch, 3 a file missing or unreadable, 2 bad usage.
     """
+    from .manifests import files_of_model, load_manifest_file
+    from .upstreams import UpstreamTap, load_upstream
+    from .verify import against, verify_members
+    from . import views
+
     full = full or resume
     if full and sample is not None:
         raise UsageError("--full (or --resume) and --sample exclude each other")
@@ -396,6 +417,8 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
 def _check_upstream(upstream, tap, members, manifest, quiet: bool) -> dict:
     """Each member's copy against the upstream digests: those verify's reads took, and a pass of
     their own for the files verify did not read whole (a live stamp, a sample)."""
+    from .upstreams import check_upstream
+
     out_ = {}
     with live_progress(not quiet) as (report, cancel):
         for m in members:
@@ -413,6 +436,9 @@ def upstream_cmd(source: str = typer.Argument(..., metavar="SOURCE",
     """Record the model's published digests (SHA-256 per file) in rig/upstream.json, from what you
     have: a Hugging Face snapshot (its blob names), a sha256sum file or an OCI manifest's layers.
     `replicas verify --upstream rig/upstream.json` and `fleet run` check copies against them."""
+    from .manifests import load_manifest
+    from .upstreams import record_upstream, save_upstream
+
     r = _rig(rig)
     up = record_upstream(source, load_manifest(r))
     path = save_upstream(r, up)
@@ -427,6 +453,8 @@ def upstream_cmd(source: str = typer.Argument(..., metavar="SOURCE",
 
 def _member_or_file(r, path: str, any_file: bool) -> Member:
     """A rig member by path or name; with --manifest, any other file too (checked, never stamped)."""
+    from core.fsutil import describe_link
+
     try:
         return r.member(path)
     except UsageError:
@@ -450,6 +478,10 @@ def repair(path: str = typer.Argument(..., metavar="PATH", help="The replica to 
     """Re-copy only the bad pieces of a replica's bad files from a member whose pieces verify (a
     missing file whole, through a temporary name), then verify again; the result replaces the
     verdicts `replicas status` shows."""
+    from .manifests import load_manifest
+    from .repair import repair_member
+    from . import views
+
     rate = _rate(max_rate)
     r = _rig(rig)
     manifest = load_manifest(r)
@@ -506,6 +538,11 @@ def status(rig: Optional[str] = RigOption, json_out: bool = JsonOption):
     controller, bridge or hub (Linux sysfs). Exit 1 while a file's last verdict is a mismatch
     (until `replicas repair` or a clean `replicas verify`) or a file's size is not the manifest's;
     exit 3 while a file is missing — the codes `verify` gives."""
+    from .manifests import load_manifest
+    from .status import member_status, members_topology
+    from .verdict import exit_code_of
+    from . import views
+
     r = _rig(rig)
     manifest = load_manifest(r, required=False)
     rows = member_status(r, manifest)
@@ -524,6 +561,9 @@ def forget(member: str = typer.Argument(..., metavar="PATH", help="The member to
     """Remove a member from the rig: its line in rig.toml and the rig's verdicts, progress and
     sidecar stamps about each of its files. Its files are never deleted or touched, so a member whose drive is
     gone can be forgotten without the drive. The model (primary) goes only once no replica is left."""
+    from models.modelset import FILE
+    from .forget import forget_member
+
     r = _rig(rig)
     m = forget_member(r, member)
     left = ("its file is left as it is" if r.layout == FILE or len(r.files) < 2      # said of the model's own kind

@@ -10,6 +10,7 @@ byte, so the whole-file digest adds nothing there), and only a new manifest need
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -20,7 +21,9 @@ from core.coldio import ColdReader, open_cold, read_sequential
 from core.constants import ALIGNMENT
 
 from .constants import PIECE_SIZE
-from .manifest import Manifest, piece_count
+
+if TYPE_CHECKING:
+    from .manifest import Manifest
 
 
 def check_piece_size(piece_size: int) -> int:
@@ -88,6 +91,8 @@ class PieceHasher:
 def hash_file(path: str, piece_size: int = PIECE_SIZE, report: Reporter = None,
               cancel: threading.Event | None = None, reader: ColdReader | None = None) -> Manifest:
     """Read a file once, cold, and return its manifest (whole-file and piece hashes)."""
+    from .manifest import Manifest, piece_count    # here: `replicas hash` of plain files never needs it
+
     check_piece_size(piece_size)
     size, h = _hash_stream(path, PieceHasher(piece_size), report, cancel, reader)
     return Manifest(size=size, blake3=h.whole.hexdigest(), piece_size=piece_size,

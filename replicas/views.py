@@ -8,24 +8,24 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from rich.markup import escape
 from rich.table import Table
 
 from core.results import Document
 from core.topology import Topology, topology_lines, topology_to_dict
-from core.units import format_bytes, format_rate
+from core.units import format_bytes, format_rate, plural
 
-from .checks import FileCheck, MemberCheck, VerifyReport
-from .checksums import CheckResult
 from .constants import MANIFEST_SCHEMA
-from .manifest import ModelManifest
-from .repair import RepairResult
-from .status import MemberStatus
-from core.units import plural
-
 from .verdict import MISMATCH, mismatch_text, verdict_to_dict
+
+if TYPE_CHECKING:     # the results' types, named in annotations only: each command imports its own
+    from .checks import FileCheck, MemberCheck, VerifyReport
+    from .checksums import CheckResult
+    from .manifest import ModelManifest
+    from .repair import RepairResult
+    from .status import MemberStatus
 
 
 def when(t: float) -> str:

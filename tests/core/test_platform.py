@@ -5,7 +5,8 @@ import os
 import plistlib
 
 from core import platform
-from core.drives import mount_for, parse_diskutil_plist, parse_mountinfo
+from core.drives import parse_diskutil_plist
+from core.mounts import mount_for, parse_mountinfo
 from tests.helpers import write_random
 
 
