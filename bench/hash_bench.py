@@ -2,7 +2,7 @@
 floor from RAM, and sync / verify against their ideal on throttled drives, from one run.
 
 From RAM (a tmpfs folder, /dev/shm by default; at most 3 copies of SIZE there at once, removed
-afterwards), each pair run side by side A B A B A B, the median of 3 compared:
+afterwards), each pair run once untimed, then side by side A B A B ..., the median of 5 compared:
 
   hash    `replicas hash FILE` vs `b3sum FILE`                                target >= 0.9x b3sum
   sync    `replicas sync` to 2 destinations (copy, hashes, cold read-back of both, stamps) vs the
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from core.units import parse_size  # noqa: E402
 
 REPLICAS = os.path.join(os.path.dirname(sys.executable), "replicas")
-RUNS = 3
+RUNS = 5
 HASH_TARGET = VERIFY_TARGET = 0.9      # x b3sum's speed
 DRIVES_TARGET = 0.95                   # of the ideal
 
@@ -69,8 +69,13 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 
 
 def abab(name: str, ours, theirs, before=None) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Run ours and theirs alternately RUNS times each (`before()` ahead of every run, untimed);
-    (median wall, median CPU) of each."""
+    """Run ours and theirs once each untimed (the first run after a file is written pays for
+    what the later ones find ready, Python's compiled modules among them), then alternately RUNS
+    times each (`before()` ahead of every run, untimed); (median wall, median CPU) of each."""
+    for fn in (ours, theirs):
+        if before is not None:
+            before()
+        fn()
     a, b = [], []
     for _ in range(RUNS):
         for runs, fn in ((a, ours), (b, theirs)):

@@ -120,6 +120,7 @@ class World:
     resident_bytes: int = 0       # what the engine keeps of its own
     how: str = ""                 # how its cache was found
     page_cache_from: str = ""     # how the page cache's room was found
+    hit_share: float | None = None  # the share of its fetches the page cache served the engine's last buffered run
 
     def as_dict(self) -> dict:
         return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
@@ -150,19 +151,21 @@ def find_calibration(rig_root: str, engine: str, model_path: str | None) -> dict
 
 def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, ram=None, cache_experts: int | None = None,
                  page_cache_bytes: int | None = None, calibration: dict | None = None,
-                 default_cache: int | None = None) -> World:
+                 default_cache: int | None = None, reread: float = 1.0) -> World:
     """The world a plan is priced in: the engine's cache (`cache_experts` when given, else what
     its last run's lines said, else what its arguments give it: `Engine.own_workload`), the page
     cache's room (`page_cache_bytes` when given, else the RAM the process runs under — its
     cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own, its last run's
     measured peak or else its arguments' estimate, and, read from the machine, this tool's own
-    resident memory), and the run's
-    loads in flight and compute per token. Without the engine's arguments (`args` empty) and a run,
-    the cache is the planner's default (`default_cache`), and the engine's memory is priced at it."""
+    resident memory; no more than a buffered run under this RAM showed, its measured share over
+    the `reread` share of what the priced run reads again: `planner.world.hit_room`), and the
+    run's loads in flight and compute per token. Without the engine's arguments (`args` empty) and
+    a run, the cache is the planner's default (`default_cache`), and the engine's memory is priced
+    at it."""
     from core.platform import available_memory
     from core.ram import own_resident, ram_limit
 
-    from .world import compute_per_token, measured_hits, page_cache_room
+    from .world import compute_per_token, hit_room, measured_hits, page_cache_room
 
     env = dict(os.environ if env is None else env)
     cal = dict(calibration or {})
@@ -191,15 +194,15 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
     room_from = "given (--page-cache)" if page_cache_bytes is not None else "the RAM less the engine's and this tool's own"
     hits = measured_hits(cal, limit.bytes) if page_cache_bytes is None and geometry is not None else None
-    if hits is not None and hits * geometry.routed_bytes < room:
+    if hits is not None and hit_room(hits, reread) * geometry.routed_bytes < room:
         # what the kernel did under this RAM (its reclaim, the readahead's pages) beats a share of it
-        room = int(hits * geometry.routed_bytes)
+        room = int(hit_room(hits, reread) * geometry.routed_bytes)
         room_from = (f"the engine's last buffered run under this RAM: the page cache served {100 * hits:.0f} % of "
-                     "what it fetched")
+                     "what it fetched" + (f", {100 * hit_room(hits, reread):.0f} % of what it read again" if reread < 1 else ""))
     return World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
                  compute_per_token(cal), bool(cal.get("overlap")), cal,
                  "" if page_cache_bytes is not None else limit.describe(), resident,
-                 how if cache is not None else "the planner's default", room_from)
+                 how if cache is not None else "the planner's default", room_from, hits)
 
 
 def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
@@ -275,15 +278,25 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
     chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, cache_experts)
     own_model = chosen.workload.name == "model"
     cal = find_calibration(rig_root, engine, chosen.workload.shape.name) if own_model and use_calibration else {}
-    world = engine_world(e, chosen.workload.geometry if own_model else None, engine_args, env,
-                         cache_experts=cache_experts, page_cache_bytes=page_cache_bytes, calibration=cal,
-                         default_cache=chosen.workload.traffic.cache_experts)
+    geometry, default_cache = chosen.workload.geometry if own_model else None, chosen.workload.traffic.cache_experts
+    world = engine_world(e, geometry, engine_args, env, cache_experts=cache_experts, page_cache_bytes=page_cache_bytes,
+                         calibration=cal, default_cache=default_cache)
     if own_model and world.cache_experts != chosen.workload.traffic.cache_experts and world.cache_experts is not None:
         chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, world.cache_experts)
     if cal:
         chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal))
     prob = rig_problem(inputs, chosen, e, backgrounds, lanes, threads if threads is not None else world.in_flight,
                        world.page_cache_bytes)
+    if world.hit_share is not None:
+        # the measured share is of everything the run fetched; the page cache serves re-reads only
+        from .world import reread_share
+
+        reread = reread_share(prob.phases.values())
+        if reread < 1.0:
+            world = engine_world(e, geometry, engine_args, env, cache_experts=cache_experts,
+                                 page_cache_bytes=page_cache_bytes, calibration=cal, default_cache=default_cache,
+                                 reread=reread)
+            prob = replace(prob, page_cache_bytes=world.page_cache_bytes)
     prob = replace(prob, compute=world.compute, overlap=world.overlap)
     return chosen, prob, world
 

@@ -6,7 +6,9 @@ engine's own workload, predictions end to end"):
   keeps resident of its own (`Engine.own_workload`, or its last run's measured peak):
   `page_cache_room`. A budget of a quarter of the model leaves a buffered mode a quarter of its
   re-reads in RAM at best, not all of them; and once a buffered run under that RAM has shown what
-  the page cache really served it (`measured_hits`), no more than that.
+  the page cache really served it (`measured_hits`), no more than that. That share is of all the
+  run fetched, first reads included, while the page cache can only serve what the run reads
+  again: the room is the share over the re-reads the priced run has (`hit_room`).
 - **The engine's own workload.** What its cache holds comes from its arguments (the engine's
   `own_workload`), and after a run from its own lines (`Engine.calibrate`): the expert bytes it
   read per generated token set the decode traffic (`calibrated_traffic`), the loads it kept in
@@ -47,6 +49,27 @@ def measured_hits(cal: Mapping, ram_bytes: int) -> float | None:
     if not isinstance(ram, int) or ram <= 0 or ram_bytes <= 0 or abs(ram - ram_bytes) > 0.05 * ram_bytes:
         return None
     return min(1.0, max(0.0, 1.0 - served / fetched))
+
+
+def reread_share(phases) -> float:
+    """The share of the experts a priced run reads that it has read before in the run (what a page
+    cache can serve): 1 - its steps' experts without those read before (`PhaseSteps.fresh`) over all
+    its steps' experts, each phase's sampled steps scaled to the steps they stand for. 1.0 when the
+    steps do not say (no fresh steps, or nothing read)."""
+    every = fresh = 0.0
+    for ph in phases:
+        if not ph.fresh:
+            return 1.0
+        every += ph.scale * sum(len(st.experts) for st in ph.steps)
+        fresh += ph.scale * sum(len(st.experts) for st in ph.fresh)
+    return 1.0 - fresh / every if every > 0 else 1.0
+
+
+def hit_room(hits: float, reread: float) -> float:
+    """The share of the model's routed bytes the page cache holds for a run that measured `hits`
+    (the share of all it fetched the page cache served) and reads `reread` of what it fetches a
+    second time: hits / reread, at most all of it."""
+    return min(1.0, hits / reread) if reread > 0 else 1.0
 
 
 def calibrated_misses(cal: Mapping, expert_bytes: int, prefill_experts: float) -> float | None:

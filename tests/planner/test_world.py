@@ -113,6 +113,27 @@ def test_a_buffered_run_under_the_same_ram_caps_the_page_cache_share(tmp_path):
         assert measured_hits(other, ram.bytes) is None
         assert engine_world(e, g, args, env, ram=ram, calibration=other).page_cache_bytes == full.page_cache_bytes
     assert measured_hits({**run, "storage_bytes": 3000}, ram.bytes) == 0.0        # readahead: more than fetched
+    # the share is of everything the run fetched; a run that reads a quarter of it again needs
+    # four times that share of the model kept to be served it
+    quarter = engine_world(e, g, args, env, ram=ram, calibration=run, reread=0.25)
+    assert quarter.page_cache_bytes == int(0.08 * g.routed_bytes) and "8 % of what it read again" in quarter.page_cache_from
+    assert quarter.hit_share == pytest.approx(0.02)
+
+
+def test_the_share_of_a_run_read_again_is_what_its_steps_read_before():
+    """`reread_share`: over the phases' steps (each scaled to the steps it stands for), the experts
+    read again in the run; the room a measured share needs is that share over it, at most all."""
+    from engines.pattern import Step
+    from planner.pricing import PhaseSteps
+    from planner.world import hit_room, reread_share
+
+    pre = PhaseSteps("prefill", (Step("prefill", 0, (0, 1, 2, 3)),), 2.0, 0, 12, 1, (Step("prefill", 0, (0, 1, 2, 3)),))
+    dec = PhaseSteps("decode", (Step("decode", 0, (0, 1)), Step("decode", 0, (1, 4))), 4.0, 0, 16, 1,
+                     (Step("decode", 0, ()), Step("decode", 0, (4,))))
+    # all: 2*4 + 4*(2+2) = 24 experts; fresh: 2*4 + 4*(0+1) = 12
+    assert reread_share([pre, dec]) == pytest.approx(0.5)
+    assert reread_share([PhaseSteps("decode", dec.steps, 4.0, 0, 16, 1)]) == 1.0       # the steps do not say
+    assert hit_room(0.3, 0.5) == pytest.approx(0.6) and hit_room(0.8, 0.5) == 1.0
 
 
 def test_calibration_sets_decode_reads_and_compute():
