@@ -395,3 +395,46 @@ def test_a_steps_exit_code_carried_on_keeps_readmes_meaning(code):
 
     e = error_for(code, "copy to d: failed")
     assert e.exit_code == code and str(e) == "copy to d: failed"
+
+
+def test_plain_values_are_taken_as_parsed_and_the_rest_as_typer_converts_them():
+    """`PlainValue`: a plain int, float, str or list of str arrives converted, without Typer's
+    pydantic adapter; a value that is not plainly one (a word for a number, a value out of a
+    range) still gets Typer's check and this project's words for it."""
+    app = make_app("tiny", "A small app built like the real ones.")
+    got = {}
+
+    @app.command()
+    def take(count: int = typer.Option(1, "--count"), share: float = typer.Option(0.5, "--share"),
+             pct: float = typer.Option(50.0, "--pct", min=0.0, max=100.0), names: list[str] = typer.Argument(None)):
+        """Keep what was given."""
+        got.update(count=count, share=share, pct=pct, names=names)
+
+    @app.command()
+    def other():
+        """A second command, so the app keeps its command names."""
+
+    r = CliRunner().invoke(app, ["take", "--count", "-7", "--share", "2.5e-1", "--pct", "12", "a", "b"], prog_name="tiny")
+    assert r.exit_code == 0, r.output
+    assert got == {"count": -7, "share": 0.25, "pct": 12.0, "names": ["a", "b"]}
+    assert type(got["count"]) is int and type(got["share"]) is float
+    r = CliRunner().invoke(app, ["take"], prog_name="tiny")
+    assert r.exit_code == 0 and got == {"count": 1, "share": 0.5, "pct": 50.0, "names": None}, r.output   # as Typer gives it
+    for args, words in ((["--count", "seven"], "'--count': give a whole number"),
+                        (["--share", "half"], "'--share': give a number"),
+                        (["--pct", "200"], "'--pct': give a finite number no more than 100")):
+        r = CliRunner().invoke(app, ["take", *args], prog_name="tiny")
+        assert r.exit_code == 2 and words in r.stderr, (args, r.stderr)
+
+
+def test_a_command_with_plain_values_does_not_import_pydantic(tmp_path):
+    """Typer 0.29 would import pydantic (a tenth of a second of start-up) to convert values any
+    parser already has; `replicas verify` of a rig and `replicas status` never need it."""
+    code = ("import sys\n"
+            "from typer.testing import CliRunner\n"
+            "from replicas.cli import app\n"
+            f"r = CliRunner().invoke(app, ['status', '--rig', {str(tmp_path / 'rig')!r}], prog_name='replicas')\n"
+            "print(r.exit_code, 'pydantic' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[1] == "False", p.stdout
