@@ -123,7 +123,49 @@ def _one(tb, drives, kind: str, limits: dict, budget: float, out: str, ram: str)
             f"generated; budget {budget:g} s; binary {doc['binary']}")
     from engine_bridge.tuning.judge import report_lines
 
-    return [head, ram_line] + report_lines(doc)
+    cache_experts = int(cache[cache.index("--cache-experts") + 1])
+    return [head, ram_line] + report_lines(doc) + repriced(rig, "ds4-argodrive" if gguf else "colibri", doc, engine_args,
+                                                           cache_experts, env)
+
+
+def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, env) -> list[str]:
+    """Each arm priced again as the next solve prices it: with the calibration the tuner recorded
+    from the engine's own lines (its winner's runs), beside what the arm measured."""
+    from dataclasses import replace
+
+    from engine_bridge.tuning.judge import EngineArm, predicted_tok_s
+    from planner.plans import load_inputs
+    from planner.rigmodel import world_problem
+    from planner.solve import Pricer, problem_prediction
+
+    inputs = load_inputs(rig)
+    _, problem, world = world_problem(rig, inputs, engine, prompt_tokens=len(PROMPT), cache_experts=cache_experts,
+                                      page_cache_bytes=None, engine_args=tuple(engine_args), env=env)
+    cal = world.calibration
+    if not cal:
+        return ["re-priced with the engine's calibration: none recorded (its lines gave none)"]
+    lines = [f"re-priced with the engine's calibration ({cal.get('runs', '?')} runs of the winner: {cal.get('tokens')} "
+             f"tokens, {cal.get('bytes_read', 0) / 1e6:.1f} MB of experts read, compute "
+             f"{'%.3f s/token' % (cal['compute_s'] / cal['tokens']) if cal.get('compute_s') else 'not given'})",
+             f"{'arm':<28} {'measured':>8} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8}"]
+    for a in doc["arms"]:
+        if not a.get("weights") or not a.get("median_tok_s"):
+            continue              # the engine's own default (no weights of ours), or an arm that never ran
+        srcs = tuple(a["sources"])
+        sub = problem if len(srcs) == len(problem.drives) else replace(
+            problem, drives=tuple(problem.drives[i] for i in srcs), links=(),
+            holds=tuple(problem.holds[i] for i in srcs) if problem.holds else ())
+        pricer, mode = Pricer(sub), frozenset(a["mode"])
+        w = {"prefill": tuple(a["weights"]), "decode": tuple(a["decode_weights"] or a["weights"])}
+        arm = EngineArm(a["label"], tuple(a["roles"]), w["prefill"], None, tuple(a["mode"]), srcs,
+                        {ph: problem_prediction(sub, pricer.price(ph, w[ph], mode), w[ph], mode)
+                         for ph in ("prefill", "decode") if sub.phases[ph].steps})
+        med = a["median_tok_s"]
+        pr = predicted_tok_s(arm, "run", len(PROMPT), GEN)
+        pe = predicted_tok_s(arm, "run", len(PROMPT), GEN, e2e=True)
+        lines.append(f"{a['label']:<28} {med:>8.3f} {pr or 0:>7.3f} {100 * (pr / med - 1) if pr else 0:>+7.1f}% "
+                     + (f"{pe:>7.3f} {100 * (pe / med - 1):>+7.1f}%" if pe else f"{'-':>7} {'-':>8}"))
+    return lines
 
 
 def main() -> None:

@@ -38,4 +38,4 @@ ENGINE = Engine(name=NAME, max_sources=MAX_SOURCES, weight_min=WEIGHT_MIN, weigh
                 concurrency=concurrency, grid=weight_grid, reads_model=reads_model, equivalent=smallest_equivalent,
                 profile=ds4_profile, memory_member=MEMORY_MEMBER, partial_refusal=PARTIAL_REFUSAL,
                 decode_miscount=DECODE_MISCOUNT, read_shapes=read_shapes,
-                preference=preference)
+                preference=preference, calibrate=ds4_profile.calibration_record)

@@ -357,6 +357,29 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
                       lines_matching(text, LOG_SOURCE_BYTES, re.compile(r"lands_last="), CSV_HEADER), step)
 
 
+def calibration_record(text: str) -> dict:
+    """A run's lines as the planner's calibration record (docs/planner.md, "Calibrated by the
+    engine's own lines"): ds4-bench's CSV row gives the window's tokens and seconds, the reader's
+    per-source lines (`source[i] bytes=`, summed over its sessions: the prompt's staged reads and
+    the generated tokens' alike, so the window is the whole run) the expert bytes it read. ds4
+    prints no compute time and no loads in flight, so the record has neither: its predictions stay
+    reads-only. {} when the run printed no CSV row or no per-source line (the primary read alone:
+    `ar_close` prints nothing then)."""
+    row, log = _csv_last_row(text), read_reader_log(text)
+    read = sum(log.source_bytes.values())
+    try:
+        p, pt, g, gt = (float(row[k]) for k in ("prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps"))
+    except (KeyError, ValueError):
+        return {}
+    if g < 1 or read <= 0:
+        return {}
+    out = {"window": "run", "tokens": int(g), "prompt_tokens": int(p), "bytes_read": read,
+           "run_s": (p / pt if pt > 0 else 0.0) + g / gt if gt > 0 else None,
+           "lines": {"source_bytes": dict(log.source_bytes), "prefill_tps": pt, "gen_tps": gt,
+                     "cache_budget_experts": log.cache_budgets[-1] if log.cache_budgets else None}}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def frozen_state(variant: str = "") -> tuple[dict[str, str], str]:
     """ds4-argodrive keeps no learned state between runs that its reader's code shows (its cache is
     built per process); nothing to freeze (unconfirmed for the rest of ds4)."""

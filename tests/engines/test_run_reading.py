@@ -7,6 +7,7 @@ import pytest
 
 from engines.colibri import colibri_profile
 from engines.ds4_argodrive import ds4_profile as ds4_argodrive_profile
+from engines.registry import get_engine
 from engines.handoff import printed_step
 
 GLM_OUT = """\
@@ -70,3 +71,18 @@ def test_what_each_engine_keeps_and_runs_by_default():
 
 def test_the_step_of_a_printed_number():
     assert (printed_step("14.1"), printed_step("3"), printed_step("2.467")) == (0.05, 0.5, 0.0005)
+
+
+def test_ds4s_lines_calibrate_the_workload_but_say_no_compute():
+    """ds4-bench's CSV row and the reader's per-source lines are a calibration record over the
+    whole run (its bytes include the prompt's staged reads); ds4 prints no compute time and no
+    loads in flight, so none is made up; without per-source lines (the primary alone) or a CSV
+    row, nothing is recorded."""
+    out = "48 241 66 11\nctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps\n12,8,16.0,4,2.0\n"
+    err = ("ds4: Argodrive source[0] bytes=100\nds4: Argodrive source[1] bytes=50\nds4: Argodrive source[0] bytes=10\n"
+           "ds4:   streaming expert cache budget=16 experts entries=16\n")
+    cal = get_engine("ds4-argodrive").calibrate(out + err)
+    assert cal["window"] == "run" and (cal["tokens"], cal["prompt_tokens"], cal["bytes_read"]) == (4, 8, 160)
+    assert cal["run_s"] == pytest.approx(8 / 16.0 + 4 / 2.0) and cal["lines"]["cache_budget_experts"] == 16
+    assert "compute_s" not in cal and "in_flight" not in cal
+    assert get_engine("ds4-argodrive").calibrate(out) == {} and get_engine("ds4-argodrive").calibrate(err) == {}
