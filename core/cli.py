@@ -189,8 +189,9 @@ def plain_help(command) -> None:
             param.help = reflow(param.help)
 
 
-# A value Click hands over as a string that is already plainly an int or a float (anything else,
-# "1e3" aside, goes through Typer's own parser and its messages).
+# A value Click hands over as a string that is plainly an int or a float: digits, a sign, a point,
+# an exponent (anything else — "inf", "1_000", " 5", a word — goes through Typer's own parser and
+# its messages).
 PLAIN_INT = re.compile(r"[+-]?[0-9]+")
 PLAIN_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
