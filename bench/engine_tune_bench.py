@@ -123,30 +123,42 @@ def _one(tb, drives, kind: str, limits: dict, budget: float, out: str, ram: str)
             f"generated; budget {budget:g} s; binary {doc['binary']}")
     from engine_bridge.tuning.judge import report_lines
 
-    cache_experts = int(cache[cache.index("--cache-experts") + 1])
-    return [head, ram_line] + report_lines(doc) + repriced(rig, "ds4-argodrive" if gguf else "colibri", doc, engine_args,
-                                                           cache_experts, env)
+    engine = "ds4-argodrive" if gguf else "colibri"
+    # the next solve, under the testbed's RAM budget as the tuner's own was: its page cache's room
+    run("the plan with the engine's calibration", "planner.cli", "solve", "--rig", rig, "--engine", engine,
+        "--prompt-tokens", str(len(PROMPT)), "--page-cache", "auto", "--quiet", *cache[:2],
+        *(f"--engine-arg={x}" for x in engine_args), wrap=wrap, env=env, capture=True)
+    return [head, ram_line] + report_lines(doc) + repriced(rig, engine, doc, engine_args,
+                                                           int(cache[cache.index("--cache-experts") + 1]), env)
 
 
 def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, env) -> list[str]:
     """Each arm priced again as the next solve prices it: with the calibration the tuner recorded
-    from the engine's own lines (its winner's runs), beside what the arm measured."""
+    from the engine's own lines (its winner's runs) and the page cache's room that solve found
+    under the testbed's RAM budget (this process runs outside it), beside what the arm measured."""
     from dataclasses import replace
 
+    from core.rig import load_rig
     from engine_bridge.tuning.judge import EngineArm, predicted_tok_s
-    from planner.plans import load_inputs
+    from planner.plans import latest_plan_path, load_inputs, load_plan
     from planner.rigmodel import world_problem
     from planner.solve import Pricer, problem_prediction
 
+    room = int(((load_plan(latest_plan_path(load_rig(rig))).provenance or {}).get("world") or {}).get("page_cache_bytes")
+               or 0)
     inputs = load_inputs(rig)
     _, problem, world = world_problem(rig, inputs, engine, prompt_tokens=len(PROMPT), cache_experts=cache_experts,
-                                      page_cache_bytes=None, engine_args=tuple(engine_args), env=env)
+                                      page_cache_bytes=room, engine_args=tuple(engine_args), env=env)
     cal = world.calibration
     if not cal:
         return ["re-priced with the engine's calibration: none recorded (its lines gave none)"]
-    lines = [f"re-priced with the engine's calibration ({cal.get('runs', '?')} runs of the winner: {cal.get('tokens')} "
+    hits = cal.get("buffered_run") or (cal if cal.get("buffered") else {})
+    lines = [f"re-priced with the engine's calibration ({cal.get('runs', '?')} runs: {cal.get('tokens')} "
              f"tokens, {cal.get('bytes_read', 0) / 1e6:.1f} MB of experts read, compute "
-             f"{'%.3f s/token' % (cal['compute_s'] / cal['tokens']) if cal.get('compute_s') else 'not given'})",
+             f"{'%.3f s/token' % (cal['compute_s'] / cal['tokens']) if cal.get('compute_s') else 'not given'}; "
+             f"page cache room {room / 1e6:.0f} MB under the budget"
+             + (f", the drives served {hits['storage_bytes'] / hits['bytes_read']:.2f} of what {hits.get('runs')} buffered "
+                f"run(s) fetched" if hits.get("storage_bytes") and hits.get("bytes_read") else "") + ")",
              f"{'arm':<28} {'measured':>8} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8}"]
     for a in doc["arms"]:
         if not a.get("weights") or not a.get("median_tok_s"):

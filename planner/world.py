@@ -42,7 +42,11 @@ def measured_hits(cal: Mapping, ram_bytes: int) -> float | None:
     """The share of the bytes a run fetched that the page cache served it: 1 - what the drives
     served (`storage_bytes`, the kernel's count of the engine's storage reads) over what the engine
     says it fetched (`bytes_read`), for a run whose reads were buffered under the same RAM (within
-    5 %: a share holds only for the RAM it was measured in). None when the record cannot say."""
+    5 %: a share holds only for the RAM it was measured in); for a run that read with O_DIRECT, the
+    buffered runs the record carries (`buffered_run`, the real-engine tuner's other arms). None when
+    the record cannot say."""
+    if not cal.get("buffered") and isinstance(cal.get("buffered_run"), Mapping):
+        cal = cal["buffered_run"]           # the tuner's buffered arms, its winner reading with O_DIRECT
     served, fetched, ram = cal.get("storage_bytes"), cal.get("bytes_read"), cal.get("ram_bytes")
     if not cal.get("buffered") or not isinstance(served, int) or not isinstance(fetched, (int, float)) or fetched <= 0:
         return None

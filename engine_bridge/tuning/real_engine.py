@@ -298,10 +298,9 @@ def run_arm(binary: str, c: EngineArm, args: Sequence[str], run_dir: str, timeou
     with open(r.stderr_path, encoding="utf-8", errors="replace") as f:
         stderr = f.read()
     reading = prof.read_run(stdout, stderr, p.variant)
-    eng = get_engine(engine)
-    cal = eng.calibrate(stdout + "\n" + stderr) if eng.calibrate else {}
-    if cal and reading.prompt_tokens:
-        cal = {**cal, "prompt_tokens": reading.prompt_tokens}
+    # launch's record: the engine's lines, and what launch measured of the run (its peak memory, the
+    # bytes the drives served it, whether it read through the page cache, the RAM it ran under)
+    cal = dict(r.calibration)
     after = fingerprint(_dirs(paths))
     changed = tuple(sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)))
     rc = r.returncode
@@ -526,13 +525,27 @@ def run_calibration(trials, arm: int | None) -> dict:
     mine = [t for t in ok if t.arm == arm] or ok
     if not mine:
         return {}
-    out = dict(mine[-1].calibration)
+    out = _median_record(mine)
+    if not out.get("buffered"):
+        # what the page cache served the buffered arms under the same RAM: the share the next solve
+        # may count on for a buffered mode (planner.world.measured_hits), which a winner reading with
+        # O_DIRECT cannot tell
+        buffered = [t for t in ok if t.calibration.get("buffered") and isinstance(t.calibration.get("storage_bytes"), int)]
+        if buffered:
+            out["buffered_run"] = {k: v for k, v in _median_record(buffered).items()
+                                   if k in ("buffered", "bytes_read", "storage_bytes", "ram_bytes", "runs")}
+    return out
+
+
+def _median_record(runs) -> dict:
+    """The last run's record with each number the median over `runs`, and how many they were."""
+    out = dict(runs[-1].calibration)
     for k, v in out.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            vals = [t.calibration[k] for t in mine if isinstance(t.calibration.get(k), (int, float))]
+            vals = [t.calibration[k] for t in runs if isinstance(t.calibration.get(k), (int, float))]
             med = _mid(vals)
             out[k] = round(med) if isinstance(v, int) else med
-    out["runs"] = len(mine)
+    out["runs"] = len(runs)
     return out
 
 

@@ -231,3 +231,26 @@ def test_a_calibrated_plan_is_priced_again_as_it_was_solved(tmp_path):
     again = predict(prob, "decode", plan.decode.weights, plan.switches)
     assert again["seconds"] == pytest.approx(plan.decode.predicted["seconds"])
     assert again["e2e_tok_s"] == pytest.approx(plan.decode.predicted["e2e_tok_s"])
+
+
+def test_a_winner_reading_with_o_direct_carries_what_the_page_cache_served_the_buffered_arms():
+    """The real-engine tuner's calibration is its winner's runs; when the winner reads with
+    O_DIRECT, the buffered arms' runs under the same RAM (their medians) ride along as
+    `buffered_run`, and the next solve caps the page cache's room with them."""
+    from engine_bridge.tuning.judge import EngineRun
+    from engine_bridge.tuning.real_engine import run_calibration
+    from planner.world import measured_hits
+
+    ram = 1 << 30
+    direct = {"tokens": 6, "bytes_read": 1000, "buffered": False, "storage_bytes": 1030, "ram_bytes": ram}
+    runs = [EngineRun(0, r, 1.0, 1.0, calibration=dict(direct)) for r in range(3)]
+    runs += [EngineRun(1, r, 0.5, 2.0, calibration={**direct, "buffered": True, "storage_bytes": s})
+             for r, s in enumerate((900, 950, 1100))]
+    runs.append(EngineRun(1, 3, None, 2.0, calibration={**direct, "buffered": True, "storage_bytes": 10}, failed="crashed"))
+    cal = run_calibration(runs, 0)
+    assert cal["runs"] == 3 and cal["buffered"] is False
+    assert cal["buffered_run"] == {"buffered": True, "bytes_read": 1000, "storage_bytes": 950, "ram_bytes": ram, "runs": 3}
+    assert measured_hits(cal, ram) == pytest.approx(0.05)               # 1 - 950 / 1000, the failed run left out
+    assert measured_hits(cal, 2 * ram) is None                           # another RAM: it says nothing
+    assert "buffered_run" not in run_calibration(runs[:3], 0)            # no buffered arm ran: nothing rides along
+    assert measured_hits({**direct}, ram) is None
