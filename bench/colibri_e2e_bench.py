@@ -113,18 +113,16 @@ def grid_arms(plan, problem, n: int):
     """The grid: (drive set, weights, mode) with each phase's prediction; the pick's weights and
     equal weights over all drives (2:1:1 where the pick is equal), 2:1 over the first two, each in
     every mode."""
-    from dataclasses import replace
-
     from engine_bridge.tuning.judge import EngineArm
     from planner.solve import Pricer, problem_prediction
+    from planner.whatif import only_drives
 
     pick = tuple(plan.decode.weights)
     sets = [(tuple(range(n)), [pick] + [w for w in ((1,) * n, (2,) + (1,) * (n - 1)) if w != pick][:1]),
             ((0, 1), [(2, 1)])]
     arms = []
     for srcs, weights in sets:
-        sub = problem if len(srcs) == n else replace(problem, drives=tuple(problem.drives[i] for i in srcs), links=(),
-                                                     holds=tuple(problem.holds[i] for i in srcs) if problem.holds else ())
+        sub = problem if len(srcs) == n else only_drives(problem, srcs)
         pricer = Pricer(sub)
         for w in weights:
             for m in MODES:

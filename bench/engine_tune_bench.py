@@ -136,13 +136,12 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
     """Each arm priced again as the next solve prices it: with the calibration the tuner recorded
     from the engine's own lines (its winner's runs) and the page cache's room that solve found
     under the testbed's RAM budget (this process runs outside it), beside what the arm measured."""
-    from dataclasses import replace
-
     from core.rig import load_rig
     from engine_bridge.tuning.judge import EngineArm, predicted_tok_s
     from planner.plans import latest_plan_path, load_inputs, load_plan
     from planner.rigmodel import world_problem
     from planner.solve import Pricer, problem_prediction
+    from planner.whatif import only_drives
 
     room = int(((load_plan(latest_plan_path(load_rig(rig))).provenance or {}).get("world") or {}).get("page_cache_bytes")
                or 0)
@@ -164,9 +163,7 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
         if not a.get("weights") or not a.get("median_tok_s"):
             continue              # the engine's own default (no weights of ours), or an arm that never ran
         srcs = tuple(a["sources"])
-        sub = problem if len(srcs) == len(problem.drives) else replace(
-            problem, drives=tuple(problem.drives[i] for i in srcs), links=(),
-            holds=tuple(problem.holds[i] for i in srcs) if problem.holds else ())
+        sub = problem if len(srcs) == len(problem.drives) else only_drives(problem, srcs)
         pricer, mode = Pricer(sub), frozenset(a["mode"])
         w = {"prefill": tuple(a["weights"]), "decode": tuple(a["decode_weights"] or a["weights"])}
         arm = EngineArm(a["label"], tuple(a["roles"]), w["prefill"], None, tuple(a["mode"]), srcs,

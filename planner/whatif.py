@@ -176,9 +176,14 @@ def with_drive(problem: Problem, cand: CandidateDrive) -> Problem:
 
 
 def without_drive(problem: Problem, index: int) -> Problem:
-    """The problem without source `index` (the next source becomes the primary when it is 0):
-    links lose the member (a link left with one drive is no constraint), background work on it goes."""
-    keep = [i for i in range(len(problem.drives)) if i != index]
+    """The problem without source `index` (the next source becomes the primary when it is 0)."""
+    return only_drives(problem, [i for i in range(len(problem.drives)) if i != index])
+
+
+def only_drives(problem: Problem, keep) -> Problem:
+    """The problem over the sources `keep` (in that order, the first the primary): links lose the
+    members left out (a link left with one drive is no constraint), background work on them goes."""
+    keep = list(keep)
     where = {old: new for new, old in enumerate(keep)}
     links = tuple(SharedLink(k.name, tuple(where[m] for m in k.members if m in where), k.ceiling_Bps) for k in problem.links)
     holds = _holds(problem)

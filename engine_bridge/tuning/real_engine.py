@@ -185,8 +185,9 @@ def _phase_arms(arms, n: int, phases) -> list[EngineArm]:
 def _alone(problem, sources, i: int, phases, roles: tuple[str, ...]) -> EngineArm:
     """Source `i` alone (weight 1), priced on its own."""
     from planner.solve import Pricer, problem_prediction
+    from planner.whatif import only_drives
 
-    sub = replace(problem, drives=(problem.drives[i],), links=(), holds=(problem.holds[i],) if problem.holds else ())
+    sub = only_drives(problem, [i])
     pricer = Pricer(sub)
     return EngineArm(f"{sources[i].name} alone", roles, (1,), None, (), (i,),
                      {ph: problem_prediction(sub, pricer.price(ph, (1,), frozenset()), (1,), frozenset()) for ph in phases})
