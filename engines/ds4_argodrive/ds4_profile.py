@@ -330,6 +330,16 @@ def _csv_last_row(text: str) -> dict[str, str]:
     return row
 
 
+def _csv_timing(row: Mapping[str, str]) -> tuple[int, float, int, float, float] | None:
+    """(prompt tokens, their tok/s, generated tokens, their tok/s, prefill + generation seconds)
+    of ds4-bench's CSV row; None when the row does not say."""
+    try:
+        p, pt, g, gt = (float(row[k]) for k in ("prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps"))
+    except (KeyError, ValueError):
+        return None
+    return int(p), pt, int(g), gt, (p / pt if pt > 0 else 0.0) + (g / gt if gt > 0 else 0.0)
+
+
 def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
     """ds4-bench's CSV row (prefill and generation tok/s, docs/harness.md) as one speed: generated
     tokens over prefill + generation seconds ('run'); the reader's per-source bytes
@@ -339,14 +349,11 @@ def read_run(stdout: str, stderr: str, variant: str = "") -> RunReading:
     text = stdout + "\n" + stderr
     log = read_reader_log(text)
     row = _csv_last_row(text)
-    tok_s = None
-    try:
-        p, pt, g, gt = (float(row[k]) for k in ("prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps"))
-        seconds = (p / pt if pt > 0 else 0.0) + (g / gt if gt > 0 else 0.0)
-        tok_s = g / seconds if seconds > 0 and g > 0 else None
-        prompt, gen = int(p), int(g)
-    except (KeyError, ValueError):
-        prompt = gen = None
+    tok_s = prompt = gen = None
+    timing = _csv_timing(row)
+    if timing is not None:
+        prompt, _, gen, _, seconds = timing
+        tok_s = gen / seconds if seconds > 0 and gen > 0 else None
     body = [ln for ln in stdout.splitlines() if ln.strip() and not ln.startswith("ds4:")
             and not CSV_HEADER.match(ln) and not (ln[:1].isdigit() and ln.count(",") >= 4)]
     step = None
@@ -365,16 +372,13 @@ def calibration_record(text: str) -> dict:
     prints no compute time and no loads in flight, so the record has neither: its predictions stay
     reads-only. {} when the run printed no CSV row or no per-source line (the primary read alone:
     `ar_close` prints nothing then)."""
-    row, log = _csv_last_row(text), read_reader_log(text)
+    timing, log = _csv_timing(_csv_last_row(text)), read_reader_log(text)
     read = sum(log.source_bytes.values())
-    try:
-        p, pt, g, gt = (float(row[k]) for k in ("prefill_tokens", "prefill_tps", "gen_tokens", "gen_tps"))
-    except (KeyError, ValueError):
+    if timing is None or timing[2] < 1 or read <= 0:
         return {}
-    if g < 1 or read <= 0:
-        return {}
-    out = {"window": "run", "tokens": int(g), "prompt_tokens": int(p), "bytes_read": read,
-           "run_s": (p / pt if pt > 0 else 0.0) + g / gt if gt > 0 else None,
+    p, pt, g, gt, seconds = timing
+    out = {"window": "run", "tokens": g, "prompt_tokens": p, "bytes_read": read,
+           "run_s": seconds if gt > 0 else None,
            "lines": {"source_bytes": dict(log.source_bytes), "prefill_tps": pt, "gen_tps": gt,
                      "cache_budget_experts": log.cache_budgets[-1] if log.cache_budgets else None}}
     return {k: v for k, v in out.items() if v is not None}
