@@ -105,6 +105,9 @@ def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Backg
                    inputs.links, holds, page_cache_bytes)
 
 
+RAM_ROOM = "the RAM less the engine's and this tool's own"     # where the page cache's room came from, unless capped
+
+
 @dataclass(frozen=True)
 class World:
     """What the pricing takes of the machine and the engine (planner/world.py): the engine's cache
@@ -121,6 +124,7 @@ class World:
     how: str = ""                 # how its cache was found
     page_cache_from: str = ""     # how the page cache's room was found
     hit_share: float | None = None  # the share of its fetches the page cache served the engine's last buffered run
+    ram_room: int = 0             # the room the RAM leaves, before the cap a buffered run's hit share puts on it
 
     def as_dict(self) -> dict:
         return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
@@ -165,7 +169,7 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     from core.platform import available_memory
     from core.ram import own_resident, ram_limit
 
-    from .world import compute_per_token, hit_room, measured_hits, page_cache_room
+    from .world import compute_per_token, measured_hits, page_cache_room
 
     env = dict(os.environ if env is None else env)
     cal = dict(calibration or {})
@@ -192,17 +196,29 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     else:
         limit = ram
     room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
-    room_from = "given (--page-cache)" if page_cache_bytes is not None else "the RAM less the engine's and this tool's own"
+    room_from = "given (--page-cache)" if page_cache_bytes is not None else RAM_ROOM
     hits = measured_hits(cal, limit.bytes) if page_cache_bytes is None and geometry is not None else None
-    if hits is not None and hit_room(hits, reread) * geometry.routed_bytes < room:
-        # what the kernel did under this RAM (its reclaim, the readahead's pages) beats a share of it
-        room = int(hit_room(hits, reread) * geometry.routed_bytes)
-        room_from = (f"the engine's last buffered run under this RAM: the page cache served {100 * hits:.0f} % of "
-                     "what it fetched" + (f", {100 * hit_room(hits, reread):.0f} % of what it read again" if reread < 1 else ""))
-    return World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
-                 compute_per_token(cal), bool(cal.get("overlap")), cal,
-                 "" if page_cache_bytes is not None else limit.describe(), resident,
-                 how if cache is not None else "the planner's default", room_from, hits)
+    world = World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
+                  compute_per_token(cal), bool(cal.get("overlap")), cal,
+                  "" if page_cache_bytes is not None else limit.describe(), resident,
+                  how if cache is not None else "the planner's default", room_from, hits, room)
+    return capped_by_hits(world, geometry, reread)
+
+
+def capped_by_hits(world: World, geometry, reread: float = 1.0) -> World:
+    """The world with the page cache's room no larger than what the engine's last buffered run
+    under this RAM showed (`World.hit_share`), over the `reread` share of what the priced run reads
+    again (`planner.world.hit_room`); as it is when no run showed it."""
+    from .world import hit_room
+
+    hits = world.hit_share
+    if hits is None or geometry is None or hit_room(hits, reread) * geometry.routed_bytes >= world.ram_room:
+        return replace(world, page_cache_bytes=world.ram_room, page_cache_from=RAM_ROOM) if hits is not None else world
+    # what the kernel did under this RAM (its reclaim, the readahead's pages) beats a share of it
+    return replace(world, page_cache_bytes=int(hit_room(hits, reread) * geometry.routed_bytes),
+                   page_cache_from=f"the engine's last buffered run under this RAM: the page cache served "
+                                   f"{100 * hits:.0f} % of what it fetched"
+                                   + (f", {100 * hit_room(hits, reread):.0f} % of what it read again" if reread < 1 else ""))
 
 
 def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
@@ -293,9 +309,7 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
 
         reread = reread_share(prob.phases.values())
         if reread < 1.0:
-            world = engine_world(e, geometry, engine_args, env, cache_experts=cache_experts,
-                                 page_cache_bytes=page_cache_bytes, calibration=cal, default_cache=default_cache,
-                                 reread=reread)
+            world = capped_by_hits(world, geometry, reread)
             prob = replace(prob, page_cache_bytes=world.page_cache_bytes)
     prob = replace(prob, compute=world.compute, overlap=world.overlap)
     return chosen, prob, world
