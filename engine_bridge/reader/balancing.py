@@ -5,8 +5,9 @@ Re-weighting changes how the *next* reads are cut; a step of the engine submits 
 reads at once, all cut with the weights in force, so a drive that turns slow holds every one of
 them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
 
-- a piece of the engine's cut is queued as *chunks* of at most `chunk_bytes`, cut at multiples of
-  `chunk_bytes` in the file (so every chunk but a piece's edges is aligned for O_DIRECT);
+- a piece of the engine's cut is queued as *chunks* of about `chunk_bytes` (`chunks`): whole when
+  it is no longer, else cut at multiples of `chunk_bytes` in the file (so every chunk but a
+  piece's edges is aligned for O_DIRECT);
 - a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
   (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
   a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two chunks
@@ -63,14 +64,22 @@ def check_balance(p: BalancePolicy) -> BalancePolicy:
 
 
 def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
-    """[off, off+ln) cut at the multiples of `chunk` inside it: (offset, length) each, in order."""
-    out = []
+    """[off, off+ln) as the reads that queue it: (offset, length) each, in order. A piece of at most
+    `chunk` bytes is one read, wherever it lies; a longer one is cut at the multiples of `chunk`
+    inside it, and an edge shorter than half a chunk stays with its neighbour (chunks of up to 1.5
+    `chunk`). Cutting every piece at the multiples, small ones included, made a third more reads
+    of a run whose pieces were a third of a chunk (docs/reader.md "Balancing"), each a request's
+    latency and the reader's CPU for no balancing gained."""
+    if ln <= 0:
+        return []
     end = off + ln
-    while off < end:
-        nxt = min(end, (off // chunk + 1) * chunk)
-        out.append((off, nxt - off))
-        off = nxt
-    return out
+    edges = [off, *(range((off // chunk + 1) * chunk, end, chunk) if ln > chunk else ()), end]
+    half = chunk // 2
+    if len(edges) > 2 and edges[1] - off < half and edges[2] - off <= chunk + half:
+        del edges[1]                       # a short first edge is read with the chunk after it
+    if len(edges) > 2 and end - edges[-2] < half and end - edges[-3] <= chunk + half:
+        del edges[-2]                      # and a short last edge with the chunk before it
+    return [(a, b - a) for a, b in zip(edges, edges[1:])]
 
 
 MIN_CHUNKS = 2      # a drive always has the next request queued behind the one it reads: one at a time,

@@ -48,8 +48,10 @@ def _reader(paths, stall, **kw):
 
 def test_chunks_are_cut_at_multiples_of_the_chunk_and_cover_the_piece():
     assert chunks(0, 10, 4) == [(0, 4), (4, 4), (8, 2)]
-    assert chunks(3, 10, 4) == [(3, 1), (4, 4), (8, 4), (12, 1)]
+    assert chunks(3, 10, 4) == [(3, 5), (8, 5)]                  # edges under half a chunk stay with their neighbour
+    assert chunks(1, 13, 4) == [(1, 3), (4, 4), (8, 4), (12, 2)]
     assert chunks(8, 4, 4) == [(8, 4)]
+    assert chunks(3, 4, 4) == [(3, 4)]                           # no longer than a chunk: one read, across a multiple
     assert chunks(5, 0, 4) == []
     rng = random.Random(3)
     for _ in range(200):
@@ -57,7 +59,8 @@ def test_chunks_are_cut_at_multiples_of_the_chunk_and_cover_the_piece():
         got = chunks(off, ln, c)
         assert got[0][0] == off and sum(n for _, n in got) == ln
         assert all(a + n == b for (a, n), (b, _) in zip(got, got[1:]))
-        assert all(o % c == 0 for o, _ in got[1:]) and all(0 < n <= c for _, n in got)
+        assert all(o % c == 0 for o, _ in got[1:]) and all(0 < n <= c + c // 2 for _, n in got)
+        assert len(got) == 1 if ln <= c else sum(n < c // 2 for _, n in got) <= 1     # a short edge when it could not ride
 
 
 def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_a_chunk():
