@@ -124,7 +124,6 @@ class World:
     how: str = ""                 # how its cache was found
     page_cache_from: str = ""     # how the page cache's room was found
     hit_share: float | None = None  # the share of its fetches the page cache served the engine's last buffered run
-    ram_room: int = 0             # the room the RAM leaves, before the cap a buffered run's hit share puts on it
 
     def as_dict(self) -> dict:
         return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
@@ -155,21 +154,22 @@ def find_calibration(rig_root: str, engine: str, model_path: str | None) -> dict
 
 def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, ram=None, cache_experts: int | None = None,
                  page_cache_bytes: int | None = None, calibration: dict | None = None,
-                 default_cache: int | None = None, reread: float = 1.0) -> World:
+                 default_cache: int | None = None) -> World:
     """The world a plan is priced in: the engine's cache (`cache_experts` when given, else what
     its last run's lines said, else what its arguments give it: `Engine.own_workload`), the page
     cache's room (`page_cache_bytes` when given, else the RAM the process runs under — its
     cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own, its last run's
     measured peak or else its arguments' estimate, and, read from the machine, this tool's own
     resident memory; no more than a buffered run under this RAM showed, its measured share over
-    the `reread` share of what the priced run reads again: `planner.world.hit_room`), and the
+    the share of what that run read again: `planner.world.hit_room`), and the
     run's loads in flight and compute per token. Without the engine's arguments (`args` empty) and
     a run, the cache is the planner's default (`default_cache`), and the engine's memory is priced
     at it."""
     from core.platform import available_memory
     from core.ram import own_resident, ram_limit
 
-    from .world import compute_per_token, measured_hits, page_cache_room
+    from .workload import ModelShape, run_reread_share
+    from .world import compute_per_token, hit_room, hits_record, measured_hits, page_cache_room
 
     env = dict(os.environ if env is None else env)
     cal = dict(calibration or {})
@@ -201,24 +201,23 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     world = World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
                   compute_per_token(cal), bool(cal.get("overlap")), cal,
                   "" if page_cache_bytes is not None else limit.describe(), resident,
-                  how if cache is not None else "the planner's default", room_from, hits, room)
-    return capped_by_hits(world, geometry, reread)
-
-
-def capped_by_hits(world: World, geometry, reread: float = 1.0) -> World:
-    """The world with the page cache's room no larger than what the engine's last buffered run
-    under this RAM showed (`World.hit_share`), over the `reread` share of what the priced run reads
-    again (`planner.world.hit_room`); as it is when no run showed it."""
-    from .world import hit_room
-
-    hits = world.hit_share
-    if hits is None or geometry is None or hit_room(hits, reread) * geometry.routed_bytes >= world.ram_room:
-        return replace(world, page_cache_bytes=world.ram_room, page_cache_from=RAM_ROOM) if hits is not None else world
+                  how if cache is not None else "the planner's default", room_from, hits)
+    if hits is None:
+        return world
+    # the share is of everything that run fetched, its first reads included; the page cache can
+    # only serve what it read again, as many as its own prompt and tokens made
+    ran_with = {**cal, **hits_record(cal)}
+    per_layer = ran_with.get("cache_per_layer")
+    ran_cache = per_layer * geometry.layers if isinstance(per_layer, int) else priced
+    reread = run_reread_share(ModelShape.from_geometry(geometry), ran_cache or 0, ran_with)
+    held = hit_room(hits, reread)
+    if held * geometry.routed_bytes >= room:
+        return world
     # what the kernel did under this RAM (its reclaim, the readahead's pages) beats a share of it
-    return replace(world, page_cache_bytes=int(hit_room(hits, reread) * geometry.routed_bytes),
+    return replace(world, page_cache_bytes=int(held * geometry.routed_bytes),
                    page_cache_from=f"the engine's last buffered run under this RAM: the page cache served "
                                    f"{100 * hits:.0f} % of what it fetched"
-                                   + (f", {100 * hit_room(hits, reread):.0f} % of what it read again" if reread < 1 else ""))
+                                   + (f", {100 * held:.0f} % of what it read again" if reread < 1 else ""))
 
 
 def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
@@ -303,14 +302,6 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
         chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal))
     prob = rig_problem(inputs, chosen, e, backgrounds, lanes, threads if threads is not None else world.in_flight,
                        world.page_cache_bytes)
-    if world.hit_share is not None:
-        # the measured share is of everything the run fetched; the page cache serves re-reads only
-        from .world import reread_share
-
-        reread = reread_share(prob.phases.values())
-        if reread < 1.0:
-            world = capped_by_hits(world, geometry, reread)
-            prob = replace(prob, page_cache_bytes=world.page_cache_bytes)
     prob = replace(prob, compute=world.compute, overlap=world.overlap)
     return chosen, prob, world
 

@@ -50,7 +50,7 @@ from .constants import (
     V41_TOP_K,
 )
 from .pricing import DECODE_SAMPLE, PREFILL_SAMPLE, PhaseSteps, sample_steps
-from .world import calibrated_traffic
+from .world import calibrated_traffic, reread_share
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,22 @@ def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_ex
     token over `measure` tokens after `warm`), through the engine's cache policy."""
     pre, dec, _, _ = simulate_steps(layers, experts, top_k, prompt_tokens, cache_experts, chunk_tokens, warm, measure, seed)
     return sum(len(s.experts) for s in pre) / layers, sum(len(s.experts) for s in dec) / max(1, measure)
+
+
+def run_reread_share(shape: ModelShape, cache_experts: int, cal) -> float:
+    """The share of what the engine's calibration run (`cal`, `planner.world`) read that it had
+    read before in the run — what a page cache could have served it: its own prompt and tokens
+    through the routing model and the cache it ran with, every step (no warm-up: the run starts
+    cold); over a 'decode' window, the generated tokens' steps only. 1.0 when the record does not
+    say how many tokens it ran."""
+    tokens, prompt = cal.get("tokens"), cal.get("prompt_tokens") or 0
+    if not isinstance(tokens, int) or tokens < 1 or not isinstance(prompt, int) or prompt < 0:
+        return 1.0
+    pre, dec, pre_fresh, dec_fresh = simulate_steps(shape.layers, shape.experts, shape.top_k, prompt,
+                                                    max(0, cache_experts), warm=0, measure=tokens)
+    if cal.get("window") == "decode":
+        return reread_share(dec, dec_fresh)
+    return reread_share(pre + dec, pre_fresh + dec_fresh)
 
 
 def default_cache(shape: ModelShape) -> int:

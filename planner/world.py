@@ -8,7 +8,8 @@ engine's own workload, predictions end to end"):
   re-reads in RAM at best, not all of them; and once a buffered run under that RAM has shown what
   the page cache really served it (`measured_hits`), no more than that. That share is of all the
   run fetched, first reads included, while the page cache can only serve what the run reads
-  again: the room is the share over the re-reads the priced run has (`hit_room`).
+  again: the room is the share over the re-reads that run had (`hit_room`; its steps simulated
+  for its own prompt and tokens, `planner.workload.run_reread_share`).
 - **The engine's own workload.** What its cache holds comes from its arguments (the engine's
   `own_workload`), and after a run from its own lines (`Engine.calibrate`): the expert bytes it
   read per generated token set the decode traffic (`calibrated_traffic`), the loads it kept in
@@ -38,15 +39,22 @@ def page_cache_room(ram_bytes: int, resident_bytes: int) -> int:
     return max(0, int(ram_bytes) - int(resident_bytes)) if ram_bytes > 0 else 0
 
 
+def hits_record(cal: Mapping) -> Mapping:
+    """The record whose reads say what the page cache served: the run's own when it read buffered,
+    else the buffered runs it carries (`buffered_run`, the real-engine tuner's other arms, its
+    winner reading with O_DIRECT)."""
+    if not cal.get("buffered") and isinstance(cal.get("buffered_run"), Mapping):
+        return cal["buffered_run"]
+    return cal
+
+
 def measured_hits(cal: Mapping, ram_bytes: int) -> float | None:
     """The share of the bytes a run fetched that the page cache served it: 1 - what the drives
     served (`storage_bytes`, the kernel's count of the engine's storage reads) over what the engine
     says it fetched (`bytes_read`), for a run whose reads were buffered under the same RAM (within
     5 %: a share holds only for the RAM it was measured in); for a run that read with O_DIRECT, the
-    buffered runs the record carries (`buffered_run`, the real-engine tuner's other arms). None when
-    the record cannot say."""
-    if not cal.get("buffered") and isinstance(cal.get("buffered_run"), Mapping):
-        cal = cal["buffered_run"]           # the tuner's buffered arms, its winner reading with O_DIRECT
+    buffered runs the record carries (`hits_record`). None when the record cannot say."""
+    cal = hits_record(cal)
     served, fetched, ram = cal.get("storage_bytes"), cal.get("bytes_read"), cal.get("ram_bytes")
     if not cal.get("buffered") or not isinstance(served, int) or not isinstance(fetched, (int, float)) or fetched <= 0:
         return None
@@ -55,24 +63,19 @@ def measured_hits(cal: Mapping, ram_bytes: int) -> float | None:
     return min(1.0, max(0.0, 1.0 - served / fetched))
 
 
-def reread_share(phases) -> float:
-    """The share of the experts a priced run reads that it has read before in the run (what a page
-    cache can serve): 1 - its steps' experts without those read before (`PhaseSteps.fresh`) over all
-    its steps' experts, each phase's sampled steps scaled to the steps they stand for. 1.0 when the
-    steps do not say (no fresh steps, or nothing read)."""
-    every = fresh = 0.0
-    for ph in phases:
-        if not ph.fresh:
-            return 1.0
-        every += ph.scale * sum(len(st.experts) for st in ph.steps)
-        fresh += ph.scale * sum(len(st.experts) for st in ph.fresh)
-    return 1.0 - fresh / every if every > 0 else 1.0
+def reread_share(steps, fresh) -> float:
+    """The share of the experts a run's `steps` read that it had read before in the run (what a
+    page cache can serve): 1 - the experts of `fresh` (the same steps without those read before)
+    over all of theirs. 1.0 when nothing was read."""
+    every = sum(len(st.experts) for st in steps)
+    return 1.0 - sum(len(st.experts) for st in fresh) / every if every > 0 else 1.0
 
 
 def hit_room(hits: float, reread: float) -> float:
     """The share of the model's routed bytes the page cache holds for a run that measured `hits`
-    (the share of all it fetched the page cache served) and reads `reread` of what it fetches a
-    second time: hits / reread, at most all of it."""
+    (the share of all it fetched the page cache served) and read `reread` of what it fetched a
+    second time (that run's own share: a short run reads more for the first time than a long one):
+    hits / reread, at most all of it."""
     return min(1.0, hits / reread) if reread > 0 else 1.0
 
 

@@ -534,7 +534,8 @@ def run_calibration(trials, arm: int | None) -> dict:
         buffered = [t for t in ok if t.calibration.get("buffered") and isinstance(t.calibration.get("storage_bytes"), int)]
         if buffered:
             out["buffered_run"] = {k: v for k, v in _median_record(buffered).items()
-                                   if k in ("buffered", "bytes_read", "storage_bytes", "ram_bytes", "runs")}
+                                   if k in ("buffered", "bytes_read", "storage_bytes", "ram_bytes", "runs", "window",
+                                            "tokens", "prompt_tokens", "cache_per_layer")}
     return out
 
 

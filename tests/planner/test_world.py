@@ -113,27 +113,39 @@ def test_a_buffered_run_under_the_same_ram_caps_the_page_cache_share(tmp_path):
         assert measured_hits(other, ram.bytes) is None
         assert engine_world(e, g, args, env, ram=ram, calibration=other).page_cache_bytes == full.page_cache_bytes
     assert measured_hits({**run, "storage_bytes": 3000}, ram.bytes) == 0.0        # readahead: more than fetched
-    # the share is of everything the run fetched; a run that reads a quarter of it again needs
-    # four times that share of the model kept to be served it
-    quarter = engine_world(e, g, args, env, ram=ram, calibration=run, reread=0.25)
-    assert quarter.page_cache_bytes == int(0.08 * g.routed_bytes) and "8 % of what it read again" in quarter.page_cache_from
-    assert quarter.hit_share == pytest.approx(0.02)
+    # the share is of everything the run fetched; the page cache can serve only what that run read
+    # again, as many as its own prompt and tokens through its cache made
+    from planner.workload import ModelShape, run_reread_share
+
+    ran = {**run, "window": "run", "prompt_tokens": 12, "tokens": 16}
+    reread = run_reread_share(ModelShape.from_geometry(g), 2 * g.layers, ran)
+    assert 0.0 < reread < 1.0
+    short = engine_world(e, g, args, env, ram=ram, calibration=ran)
+    assert short.page_cache_bytes == int(0.02 / reread * g.routed_bytes)
+    assert f"{100 * 0.02 / reread:.0f} % of what it read again" in short.page_cache_from
+    assert short.hit_share == pytest.approx(0.02)
+    longer = run_reread_share(ModelShape.from_geometry(g), 2 * g.layers, {**ran, "tokens": 400})
+    assert longer > reread            # a longer run reads more of it again: the same share asks less room
 
 
 def test_the_share_of_a_run_read_again_is_what_its_steps_read_before():
-    """`reread_share`: over the phases' steps (each scaled to the steps it stands for), the experts
-    read again in the run; the room a measured share needs is that share over it, at most all."""
+    """`reread_share`: the experts of the steps read before in the run, over all of theirs; the room
+    a measured share needs is that share over it, at most all; a record that does not say how
+    many tokens it ran asks the whole share."""
     from engines.pattern import Step
-    from planner.pricing import PhaseSteps
+    from planner.workload import ModelShape, run_reread_share
     from planner.world import hit_room, reread_share
 
-    pre = PhaseSteps("prefill", (Step("prefill", 0, (0, 1, 2, 3)),), 2.0, 0, 12, 1, (Step("prefill", 0, (0, 1, 2, 3)),))
-    dec = PhaseSteps("decode", (Step("decode", 0, (0, 1)), Step("decode", 0, (1, 4))), 4.0, 0, 16, 1,
-                     (Step("decode", 0, ()), Step("decode", 0, (4,))))
-    # all: 2*4 + 4*(2+2) = 24 experts; fresh: 2*4 + 4*(0+1) = 12
-    assert reread_share([pre, dec]) == pytest.approx(0.5)
-    assert reread_share([PhaseSteps("decode", dec.steps, 4.0, 0, 16, 1)]) == 1.0       # the steps do not say
+    steps = (Step("prefill", 0, (0, 1, 2, 3)), Step("decode", 0, (0, 1)), Step("decode", 0, (1, 4)))
+    fresh = (Step("prefill", 0, (0, 1, 2, 3)), Step("decode", 0, ()), Step("decode", 0, (4,)))
+    assert reread_share(steps, fresh) == pytest.approx(1 - 5 / 8)
+    assert reread_share((), ()) == 1.0
     assert hit_room(0.3, 0.5) == pytest.approx(0.6) and hit_room(0.8, 0.5) == 1.0
+    shape = ModelShape("m", 4, 16, 4, 1 << 20, 3, 3 << 20)
+    assert run_reread_share(shape, 8, {"window": "run", "prompt_tokens": 12}) == 1.0
+    run = run_reread_share(shape, 8, {"window": "run", "prompt_tokens": 12, "tokens": 16})
+    decode = run_reread_share(shape, 8, {"window": "decode", "prompt_tokens": 12, "tokens": 16})
+    assert 0.0 < run < decode < 1.0       # the prompt's first reads are outside a decode window
 
 
 def test_calibration_sets_decode_reads_and_compute():
@@ -249,7 +261,8 @@ def test_a_winner_reading_with_o_direct_carries_what_the_page_cache_served_the_b
     runs.append(EngineRun(1, 3, None, 2.0, calibration={**direct, "buffered": True, "storage_bytes": 10}, failed="crashed"))
     cal = run_calibration(runs, 0)
     assert cal["runs"] == 3 and cal["buffered"] is False
-    assert cal["buffered_run"] == {"buffered": True, "bytes_read": 1000, "storage_bytes": 950, "ram_bytes": ram, "runs": 3}
+    assert cal["buffered_run"] == {"buffered": True, "bytes_read": 1000, "storage_bytes": 950, "ram_bytes": ram, "runs": 3,
+                                   "tokens": 6}                         # how long they ran: their share of re-reads
     assert measured_hits(cal, ram) == pytest.approx(0.05)               # 1 - 950 / 1000, the failed run left out
     assert measured_hits(cal, 2 * ram) is None                           # another RAM: it says nothing
     assert "buffered_run" not in run_calibration(runs[:3], 0)            # no buffered arm ran: nothing rides along
