@@ -356,7 +356,6 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     Exit 0 all identical, 1 a mismatch, 3 a file missing or unreadable, 2 bad usage.
     """
     from .manifests import files_of_model, load_manifest_file
-    from .upstreams import UpstreamTap, load_upstream
     from .verify import against, verify_members
     from . import views
 
@@ -376,9 +375,13 @@ def verify(paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hel
     if not members:
         raise UsageError(f"the rig at {r.root} has no members; run `replicas sync` first")
     mode = "full" if full else "sample" if sample is not None else "quick"
-    published = load_upstream(upstream) if upstream else None
-    # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
-    tap = UpstreamTap(members, manifest, published) if published else None
+    published = tap = None
+    if upstream:
+        from .upstreams import UpstreamTap, load_upstream
+
+        published = load_upstream(upstream)
+        # The upstream digests ride on verify's own whole-file reads; files it does not read get their own pass.
+        tap = UpstreamTap(members, manifest, published) if published else None
     # Whenever the Ctrl-C lands (in a read, between members, after the last piece, or a second
     # Ctrl-C that aborts at once), the message says how to go on.
     stopped = ("verification interrupted; the pieces done are kept: continue with `replicas verify --full --resume`"
