@@ -10,15 +10,14 @@ weight ((placed + size) / weight, the lowest source on a tie), among the sources
 
 from __future__ import annotations
 
-import re
 from itertools import product
 from typing import Sequence
 
 import numpy as np
 
-from .constants import SPLIT_FORMAT, WEIGHT_MAX, WEIGHT_MIN
+from models.formats import SPLIT_NAME
 
-SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+from .constants import SPLIT_FORMAT, WEIGHT_MAX, WEIGHT_MIN
 
 
 def place_files(files: Sequence[tuple[str, int]], weights: Sequence[int],
