@@ -7,7 +7,6 @@ functions of `sys.platform`-like names so it can be tested on any machine.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import sys
@@ -124,6 +123,8 @@ def resident_fraction(path: str, offset: int = 0, length: int | None = None) -> 
         m = mmap.mmap(fd, span, access=mmap.ACCESS_COPY, offset=start)
     finally:
         os.close(fd)
+    import ctypes               # here, not at the top (as in _mincore)
+
     try:
         pages = -(-span // page)
         vec = (ctypes.c_ubyte * pages)()
@@ -143,6 +144,8 @@ def resident_fraction(path: str, offset: int = 0, length: int | None = None) -> 
 def buffer_address(buffer) -> int:
     """The memory address where a writable, contiguous buffer (mmap, bytearray, memoryview of
     any format) starts."""
+    import ctypes               # here, not at the top (as in _mincore)
+
     anchor = ctypes.c_char.from_buffer(memoryview(buffer).cast("B"))
     try:
         return ctypes.addressof(anchor)
