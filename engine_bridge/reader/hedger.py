@@ -219,10 +219,12 @@ class Hedger:
         return tuple(self.hedged), tuple(self.late)
 
     def _unproven(self, s: int) -> bool:
-        """Whether `s` may be crawling: on a late streak (a piece late, none on time since), or not
-        one piece delivered on time yet (a drive that crawls from its first request is late only
-        at its first deadline, which may be the whole of a short phase)."""
-        return bool(self.streak[s]) or self.est[s].n == 0
+        """Whether `s` may be crawling: on a late streak (a piece late, none on time since), or
+        nothing delivered yet (a drive that crawls from its first request is late only at its
+        first deadline, which may be the whole of a short phase). Once it has delivered, late or
+        not, its lateness speaks through the streak: counting only on-time deliveries kept a
+        throttled healthy drive, whose first chunks wait for its budget, copied for seconds."""
+        return bool(self.streak[s]) or self.delivered[s] == 0
 
     def copy_for(self, t: int, rate: float | None, room) -> Attempt | None:
         """Idle source `t` (nothing of its own queued, nothing to take), reading at `rate` (bytes per
