@@ -218,29 +218,21 @@ class Hedger:
         """(hedged, late) per source."""
         return tuple(self.hedged), tuple(self.late)
 
-    def _unproven(self, s: int) -> bool:
-        """Whether `s` may be crawling: on a late streak (a piece late, none on time since), or
-        nothing delivered yet (a drive that crawls from its first request is late only at its
-        first deadline, which may be the whole of a short phase). Once it has delivered, late or
-        not, its lateness speaks through the streak: counting only on-time deliveries kept a
-        throttled healthy drive, whose first chunks wait for its budget, copied for seconds."""
-        return bool(self.streak[s]) or self.delivered[s] == 0
-
     def copy_for(self, t: int, rate: float | None, room) -> Attempt | None:
         """Idle source `t` (nothing of its own queued, nothing to take), reading at `rate` (bytes per
         ns, its pace): a hedge attempt on `t` of the chunk most past its expected time in the kernel
-        of a source that may be crawling (`_unproven`) that `t` would read before that chunk's
-        deadline (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The copy is counted
-        `hedged` on `t`; the chunk is still judged at its deadline (a drive that keeps needing
-        copies is late all the same)."""
-        if rate is None or rate <= 0:
+        of a source on a late streak (a piece late, none on time since) that `t` would read before
+        that chunk's deadline (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The
+        copy is counted `hedged` on `t`; the chunk is still judged at its deadline (a drive that
+        keeps needing copies is late all the same)."""
+        if rate is None or rate <= 0 or not any(self.streak):
             return None
         now = self.clock()
         healthy = self.health.healthy()
         best = None
         for s, atts in enumerate(self.pending):
-            if s == t or not self._unproven(s):     # a drive that has delivered on time since its last
-                continue                            # lateness, merely past its mean, is left alone
+            if s == t or not self.streak[s]:        # only a drive already late, with no on-time piece since:
+                continue                            # a healthy one merely past its mean is left alone
             for att in atts:
                 piece = att.piece
                 if not att.started or att.late or piece.done or piece.hedged or not self.can_serve(t, att.fi):
@@ -266,10 +258,10 @@ class Hedger:
         return hatt
 
     def out_elsewhere(self, t: int) -> bool:
-        """Whether a source other than `t` that may be crawling (`_unproven`) has a main chunk in its
-        kernel (one a copy might help)."""
-        return any(a.started and not a.piece.done for s, atts in enumerate(self.pending)
-                   if s != t and self._unproven(s) for a in atts)
+        """Whether a source other than `t`, on a late streak, has a main chunk in its kernel (one a
+        copy might help)."""
+        return any(self.streak) and any(a.started and not a.piece.done for s, atts in enumerate(self.pending)
+                                        if s != t and self.streak[s] for a in atts)
 
     def stuck(self, s: int) -> bool:
         """A read on `s` may hang in the kernel: it is degraded for lateness with work out, or a
