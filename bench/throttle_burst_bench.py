@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 
-from bench.testbed import Testbed, require_testbed, usage_exit
+from bench.testbed import Testbed, require_testbed, usage_exit, write_random
 
 READS = """import json, mmap, os, sys, time
 path, size, idles = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
@@ -67,10 +67,7 @@ def main() -> None:
     require_testbed()
     with Testbed({"disk": a.mbs}, size="768M") as tb:
         path = os.path.join(tb.mount("disk"), "file.bin")
-        with open(path, "wb") as f:
-            for _ in range(400 // 16):
-                f.write(os.urandom(16 << 20))
-            os.fsync(f.fileno())
+        write_random([path], 400 << 20)
         p = tb.run([sys.executable, "-c", READS, path, str(size), json.dumps(idles)], capture_output=True, text=True)
         if p.returncode != 0:
             raise SystemExit(f"throttle_burst_bench: the reads failed (exit {p.returncode}): {p.stderr.strip()[-300:]}")
