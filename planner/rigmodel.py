@@ -206,10 +206,7 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
         return world
     # the share is of everything that run fetched, its first reads included; the page cache can
     # only serve what it read again, as many as its own prompt and tokens made
-    ran_with = {**cal, **hits_record(cal)}
-    per_layer = ran_with.get("cache_per_layer")
-    ran_cache = per_layer * geometry.layers if isinstance(per_layer, int) else priced
-    reread = run_reread_share(ModelShape.from_geometry(geometry), ran_cache or 0, ran_with)
+    reread = run_reread_share(ModelShape.from_geometry(geometry), {**cal, **hits_record(cal)}, priced)
     held = hit_room(hits, reread)
     if held * geometry.routed_bytes >= room:
         return world

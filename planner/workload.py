@@ -161,17 +161,19 @@ def simulate(layers: int, experts: int, top_k: int, prompt_tokens: int, cache_ex
     return sum(len(s.experts) for s in pre) / layers, sum(len(s.experts) for s in dec) / max(1, measure)
 
 
-def run_reread_share(shape: ModelShape, cache_experts: int, cal) -> float:
+def run_reread_share(shape: ModelShape, cal, cache_experts: int | None) -> float:
     """The share of what the engine's calibration run (`cal`, `planner.world`) read that it had
     read before in the run — what a page cache could have served it: its own prompt and tokens
-    through the routing model and the cache it ran with, every step (no warm-up: the run starts
-    cold); over a 'decode' window, the generated tokens' steps only. 1.0 when the record does not
-    say how many tokens it ran."""
+    through the routing model and the cache it ran with (its `cache_per_layer`, else
+    `cache_experts`), every step (no warm-up: the run starts cold); over a 'decode' window, the
+    generated tokens' steps only. 1.0 when the record does not say how many tokens it ran."""
     tokens, prompt = cal.get("tokens"), cal.get("prompt_tokens") or 0
     if not isinstance(tokens, int) or tokens < 1 or not isinstance(prompt, int) or prompt < 0:
         return 1.0
-    pre, dec, pre_fresh, dec_fresh = simulate_steps(shape.layers, shape.experts, shape.top_k, prompt,
-                                                    max(0, cache_experts), warm=0, measure=tokens)
+    per_layer = cal.get("cache_per_layer")
+    cache = per_layer * shape.layers if isinstance(per_layer, int) else cache_experts or 0
+    pre, dec, pre_fresh, dec_fresh = simulate_steps(shape.layers, shape.experts, shape.top_k, prompt, max(0, cache),
+                                                    warm=0, measure=tokens)
     if cal.get("window") == "decode":
         return reread_share(dec, dec_fresh)
     return reread_share(pre + dec, pre_fresh + dec_fresh)

@@ -118,13 +118,13 @@ def test_a_buffered_run_under_the_same_ram_caps_the_page_cache_share(tmp_path):
     from planner.workload import ModelShape, run_reread_share
 
     ran = {**run, "window": "run", "prompt_tokens": 12, "tokens": 16}
-    reread = run_reread_share(ModelShape.from_geometry(g), 2 * g.layers, ran)
+    reread = run_reread_share(ModelShape.from_geometry(g), ran, None)       # its cache: 2 per layer
     assert 0.0 < reread < 1.0
     short = engine_world(e, g, args, env, ram=ram, calibration=ran)
     assert short.page_cache_bytes == int(0.02 / reread * g.routed_bytes)
     assert f"{100 * 0.02 / reread:.0f} % of what it read again" in short.page_cache_from
     assert short.hit_share == pytest.approx(0.02)
-    longer = run_reread_share(ModelShape.from_geometry(g), 2 * g.layers, {**ran, "tokens": 400})
+    longer = run_reread_share(ModelShape.from_geometry(g), {**ran, "tokens": 400}, None)
     assert longer > reread            # a longer run reads more of it again: the same share asks less room
 
 
@@ -142,9 +142,9 @@ def test_the_share_of_a_run_read_again_is_what_its_steps_read_before():
     assert reread_share((), ()) == 1.0
     assert hit_room(0.3, 0.5) == pytest.approx(0.6) and hit_room(0.8, 0.5) == 1.0
     shape = ModelShape("m", 4, 16, 4, 1 << 20, 3, 3 << 20)
-    assert run_reread_share(shape, 8, {"window": "run", "prompt_tokens": 12}) == 1.0
-    run = run_reread_share(shape, 8, {"window": "run", "prompt_tokens": 12, "tokens": 16})
-    decode = run_reread_share(shape, 8, {"window": "decode", "prompt_tokens": 12, "tokens": 16})
+    assert run_reread_share(shape, {"window": "run", "prompt_tokens": 12}, 8) == 1.0
+    run = run_reread_share(shape, {"window": "run", "prompt_tokens": 12, "tokens": 16}, 8)
+    decode = run_reread_share(shape, {"window": "decode", "prompt_tokens": 12, "tokens": 16}, 8)
     assert 0.0 < run < decode < 1.0       # the prompt's first reads are outside a decode window
 
 
