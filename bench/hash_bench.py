@@ -37,11 +37,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from core.units import parse_size  # noqa: E402
 
 REPLICAS = os.path.join(os.path.dirname(sys.executable), "replicas")
-# The commands run as a user's install runs them: with their bytecode cached (pip compiles it at
-# install time, an editable install writes it on first use). An environment that forbids writing
-# it (PYTHONDONTWRITEBYTECODE) would have every timed run compile our modules again, ~45 ms a run
-# on the 2-core test machine, a cost no user pays; the untimed first run of each pair caches it.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 RUNS = 5
 HASH_TARGET = VERIFY_TARGET = 0.9      # x b3sum's speed
 DRIVES_TARGET = 0.95                   # of the ideal
@@ -181,6 +176,11 @@ def drives_case(size: int, a) -> bool:
 
 
 def main() -> None:
+    # The commands run as a user's install runs them: with their bytecode cached (pip compiles it at
+    # install time, an editable install writes it on first use). An environment that forbids writing
+    # it (PYTHONDONTWRITEBYTECODE) would have every timed run compile our modules again, ~45 ms a run
+    # on the 2-core test machine, a cost no user pays; the untimed first run of each pair caches it.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="3G", help="the file's bytes in RAM (3 copies are kept there at once)")
     ap.add_argument("--ram", default="/dev/shm", help="a folder on tmpfs")
