@@ -24,8 +24,6 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console, ConsoleDimensions
-from rich.progress import ProgressColumn
-from rich.text import Text
 from typer._click import core as click_core
 from typer._click.globals import get_current_context
 from typer._click import exceptions as click_exceptions  # Typer >= 0.29 vendors click (pyproject pins it)
@@ -36,7 +34,7 @@ from .errors import EXIT_INTERRUPTED, EXIT_MISSING, EXIT_USAGE, EXIT_WRITE, Repl
 from .results import ErrorResult, Result, envelope
 from .interrupt import INTERRUPTED, guard, guarded
 from .rig import rig_dir
-from .units import finite_or_none, format_rate
+from .units import finite_or_none
 
 # `--json true`: a value after a flag, which Click reports as an extra argument.
 BOOL_WORD = re.compile(r"\((?:[^)]* )?(?:true|false|yes|no|on|off|1|0)(?: [^)]*)?\)", re.IGNORECASE)
@@ -101,36 +99,6 @@ class WholeLineConsole(Console):
 # No emoji codes: weights print as "27:100:43", which Rich would otherwise turn into "27💯43".
 out = WholeLineConsole(emoji=False)                     # data and tables: stdout
 err = WholeLineConsole(stderr=True, emoji=False)        # progress and messages: stderr
-
-
-# A progress rate is shown once its reports span this long: bytes arrive in blocks (16 MiB
-# at 40 MB/s is one every 0.4 s), so a rate over a shorter span is off by a block or more.
-RATE_AFTER_S = 3.0
-
-
-class AverageRateColumn(ProgressColumn):
-    """A progress bar's rate: the bytes the task has moved since its first report over the time
-    since (until now, not until the last report), in decimal units (core.units.format_rate), shown
-    once RATE_AFTER_S have passed. Rich's own speed column divides the steps of recent reports by the
-    time between the first and the last of them: a copy reports durable bytes in coarse batches
-    (after each fdatasync), and two batches landing close together read as GB/s under
-    --max-rate 100M; a report that steps back (a file started over) and forward counted twice."""
-
-    def __init__(self):
-        super().__init__()
-        self._first: dict[int, tuple[float, float]] = {}
-
-    def render(self, task) -> Text:
-        now = task.get_time()
-        if task.finished and task.finished_time is not None and task.start_time is not None:
-            now = task.start_time + task.finished_time        # a finished bar keeps its rate
-        first_time, first_done = self._first.setdefault(task.id, (now, task.completed))
-        if task.completed < first_done:                 # the task started over: so does its average
-            self._first[task.id] = first_time, first_done = now, task.completed
-        seconds = now - first_time
-        if seconds < RATE_AFTER_S or task.completed <= first_done:
-            return Text("", style="progress.data.speed")
-        return Text(format_rate((task.completed - first_done) / seconds), style="progress.data.speed")
 
 
 def debugging() -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import plistlib
 import subprocess
 from dataclasses import dataclass
 from typing import Sequence
@@ -62,6 +61,8 @@ def drive_label(path: str) -> str:
 def parse_diskutil_plist(data: bytes) -> dict:
     """Pick what we need from `diskutil info -plist` (pure): mount point, fs, device, the
     physical store's disk and a stable key."""
+    import plistlib          # macOS only: not loaded by every command's start-up on Linux
+
     d = plistlib.loads(data)
     disk = _whole_disk(d.get("ParentWholeDisk") or d.get("DeviceIdentifier", ""))
     stores = d.get("APFSPhysicalStores") or []
@@ -153,6 +154,8 @@ def drive_of(path: str) -> DriveInfo:
         return DriveInfo(entry.mount_point, entry.fs_type, device, disk or entry.source,
                          identity_key(uuid, serial, wwn, disk, name), devno=majmin, fs_uuid=uuid, serial=serial, wwn=wwn)
     if platform.is_darwin():
+        import plistlib
+
         try:
             out = subprocess.run(["diskutil", "info", "-plist", real], capture_output=True, check=True, timeout=20).stdout
             info = parse_diskutil_plist(out)

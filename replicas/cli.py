@@ -6,14 +6,14 @@ import dataclasses
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import List, Optional
 
 import typer
 from rich.markup import escape
 
 from core import rig as rigmod
-from core.cli import AverageRateColumn, JsonOption, QuietOption, RigOption, err, finish, make_app, out, print_result, run
+from core.cli import JsonOption, QuietOption, RigOption, err, finish, make_app, out, print_result, run
 from core.errors import EXIT_MISMATCH, EXIT_MISSING, Interrupted, ReplicaTunerError, UsageError
 from core.interrupt import cancel_on_interrupt
 from core.events import Notice
@@ -44,17 +44,24 @@ def _rate(text: Optional[str]) -> Optional[float]:
     return parse_rate(text, "--max-rate") if text is not None else None
 
 
+def _bars():
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from core.ratecolumn import AverageRateColumn
+
+    return Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
+                    DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
+                    transient=False)
+
+
 @contextmanager
 def live_progress(enabled: bool = True):
     """Render progress events on stderr, one bar per task (destination / member); Ctrl-C sets
     the cancel flag so durable work is journaled before the command exits (the one Ctrl-C policy,
     `core.interrupt.cancel_on_interrupt`). Not `enabled` (--quiet): no bars and no notices, but
     warnings (a Notice marked `warning`) still print."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-    bars = Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[phase]}"), BarColumn(),
-                    DownloadColumn(binary_units=True), AverageRateColumn(), TimeRemainingColumn(), console=err,
-                    transient=False, disable=not enabled or not err.is_terminal and not os.environ.get("REPLICAS_PROGRESS"))
+    drawn = enabled and (err.is_terminal or bool(os.environ.get("REPLICAS_PROGRESS")))
+    bars = _bars() if drawn else nullcontext()      # no bars: Rich's progress machinery is never loaded
     tasks: dict[tuple[str, str], int] = {}
     lock = threading.Lock()
 
@@ -62,6 +69,8 @@ def live_progress(enabled: bool = True):
         if isinstance(ev, Notice):
             if enabled or ev.warning:
                 err.print(f"[dim]{escape(ev.task)}:[/] {escape(ev.message)}")
+            return
+        if not drawn:
             return
         key = (ev.task, ev.phase)
         with lock:

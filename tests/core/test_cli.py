@@ -183,7 +183,7 @@ def test_a_progress_rate_is_what_was_moved_over_the_time_taken():
     stepping back (a file started over) restarts it."""
     from rich.progress import Progress
 
-    from core.cli import AverageRateColumn
+    from core.ratecolumn import AverageRateColumn
 
     MiB = 1 << 20
     now = {"t": 10.0}
