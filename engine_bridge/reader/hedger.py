@@ -50,7 +50,6 @@ from .hedging import (
     RateEstimate,
     copy_due,
     counts_late,
-    hedge_gains,
     ServiceTime,
     deadline_ns,
     expected_ns,
@@ -445,7 +444,7 @@ class Hedger:
         att.late = True
         self._count_late(att, now)
         if not piece.hedged and not piece.done:
-            self._hedge(att, now, sooner=True)
+            self._hedge(att, now)
         if self.streak[s] >= self.policy.late_limit and not self.health.slow(s):
             why = self._behind(s, piece.ticket.phase, now)
             if why is not None:
@@ -459,10 +458,8 @@ class Hedger:
                           self.policy, self.svc.typical_ns())
         return due is not None and due <= now
 
-    def _hedge(self, att: Attempt, now: int, sooner: bool = False) -> bool:
-        """Put a hedge of `att`'s piece at the front of the healthiest other source (lock held).
-        `sooner`: only if the copy has no more work to wait for there, per unit of its weight, than
-        the piece has on its own source (`hedging.hedge_gains`)."""
+    def _hedge(self, att: Attempt, now: int) -> bool:
+        """Put a hedge of `att`'s piece at the front of the healthiest other source (lock held)."""
         piece = att.piece
         if att.src not in piece.tried:
             piece.tried.append(att.src)
@@ -471,7 +468,7 @@ class Hedger:
         phase = piece.ticket.phase
         rates = {i: self._rate(i, phase, healthy) for i in cands}
         h = pick_hedge_source(att.src, cands, self.outstanding, piece.ln, rates, self.weights[phase])
-        if h is None or sooner and not hedge_gains(att.src, h, self.outstanding, piece.ln, self.weights[phase]):
+        if h is None:
             return False
         piece.tried.append(h)
         hatt = Attempt(piece, h, HEDGE, piece.off, piece.ln, self.pool.get(span(piece.off, piece.ln)),

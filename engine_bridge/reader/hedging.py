@@ -239,15 +239,3 @@ def pick_hedge_source(late_src: int, candidates: Sequence[int], outstanding: Seq
         return (0, t, -weights[i], i)
 
     return min(cands, key=finish)
-
-
-def hedge_gains(src: int, to: int, outstanding: Sequence[int], nbytes: int, weights: Sequence[int]) -> bool:
-    """Whether a copy of a late piece of `nbytes` on `src`, put on `to`, has no more work to wait
-    for there than the piece has on `src`: the bytes each has outstanding (queued and in its kernel;
-    the piece's own included on `src`, the copy's added on `to`) per unit of its weight. Drives
-    whose weights fit their speeds drain at one pace: where every drive still has its share to read
-    (a healthy run on throttled drives whose bursts made pieces late by a rate learnt in a burst) a
-    copy only takes a chunk's time from a drive as busy, whose own pieces then wait for it, and the
-    late piece's drive reads it all the same; a drive that crawls keeps its bytes while the others'
-    drain, and its late pieces are copied as soon as they have drained to its level."""
-    return (outstanding[to] + nbytes) / max(1, weights[to]) <= outstanding[src] / max(1, weights[src])

@@ -374,13 +374,6 @@ def test_hedging_arithmetic_is_pure_and_right():
     assert hedging.pick_hedge_source(2, [0, 1], [1000, 0], 10, {0: 10.0, 1: 1.0}, (2, 1, 1)) == 1
     assert hedging.pick_hedge_source(2, [0, 1], [0, 0], 10, {0: None, 1: None}, (1, 2, 1)) == 1
     assert hedging.pick_hedge_source(2, [2], [0, 0, 0], 10, {}, (1, 1, 1)) is None
-    # a late piece is copied only to a drive with no more work per unit of its weight, the copy
-    # included, than the piece's own drive has: equal drives each with their share left copy nothing
-    assert not hedging.hedge_gains(2, 0, [40, 40, 40], 10, (1, 1, 1))
-    assert hedging.hedge_gains(2, 0, [30, 40, 40], 10, (1, 1, 1))          # drained to its level: copied
-    assert hedging.hedge_gains(2, 0, [0, 0, 10], 10, (1, 1, 1))            # the others idle, the piece alone
-    assert hedging.hedge_gains(2, 0, [50, 0, 40], 10, (2, 1, 1))           # twice the weight: 60 / 2 <= 40
-    assert not hedging.hedge_gains(2, 0, [90, 0, 40], 10, (2, 1, 1))       # 100 / 2 > 40
     # late again and again is degraded only when it also delivers too little: bursty is not slow
     assert hedging.too_slow(1.0, 15.0, 3.0) and not hedging.too_slow(10.0, 15.0, 3.0)
     assert hedging.too_slow(None, 15.0, 3.0) and not hedging.too_slow(1.0, None, 3.0)
