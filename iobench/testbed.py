@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Callable
 
@@ -37,10 +38,12 @@ from core.units import format_bytes, parse_size
 from models.formats import RAW
 from models.modelset import NotAModel, discover
 
+from . import servedrive
 from .testbed_spec import (
     STATE_FILE,
     STATE_KIND,
     STATE_SCHEMAS,
+    SERVICE,
     V2,
     Controller,
     DriveLimits,
@@ -64,6 +67,7 @@ from .testbed_spec import (
 
 TOOLS = ("losetup", "mkfs.ext4", "mount", "umount")
 DETACH_WAIT_S = 10.0        # a loop device detaches lazily (autoclear) once its last user lets go
+SERVE_WAIT_S = 10.0         # a drive's daemon shows its image within this, or `up` says why not
 
 
 def _read(path: str) -> str:
@@ -89,9 +93,11 @@ def memory_controller() -> tuple[Controller | None, str]:
     return choose_memory(v2, _read(os.path.join(v2, "cgroup.controllers")) if v2 else "", v1_mount(mounts, "memory"))
 
 
-def check() -> list[str]:
-    """Why this machine cannot host a testbed (empty: it can)."""
+def check(pacing: str = "throttle") -> list[str]:
+    """Why this machine cannot host a testbed paced so (empty: it can)."""
     problems = []
+    if pacing == SERVICE:
+        problems += service_problems()
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         problems.append("not root")
     if not os.path.exists("/dev/loop-control"):
@@ -100,6 +106,22 @@ def check() -> list[str]:
     if ctl is None:
         problems.append(f"no block I/O controller ({why})")
     problems += [f"no {tool} on PATH" for tool in TOOLS if shutil.which(tool) is None]
+    return problems
+
+
+def service_problems() -> list[str]:
+    """Why drives paced by their service time cannot be built here (empty: they can): they need
+    FUSE (/dev/fuse), libfuse3 and the mfusepy package."""
+    import ctypes.util
+    import importlib.util
+
+    problems = []
+    if not os.path.exists("/dev/fuse"):
+        problems.append("no FUSE (/dev/fuse) for --pacing service")
+    if ctypes.util.find_library("fuse3") is None:
+        problems.append("no libfuse3 for --pacing service (apt install fuse3)")
+    if importlib.util.find_spec("mfusepy") is None:
+        problems.append("no mfusepy package for --pacing service (pip install -e '.[bench]')")
     return problems
 
 
@@ -137,15 +159,19 @@ def _write(path: str, line: str) -> None:
 # ---- up ----------------------------------------------------------------------------------------
 
 def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[str], None] | None = None,
-       ram: RamSpec | None = None, model_bytes: int = 0) -> TestbedState:
+       ram: RamSpec | None = None, model_bytes: int = 0, pacing: str = "throttle") -> TestbedState:
     """Build the testbed at `root` (a new or empty folder): one `size`-byte drive per entry of
-    `drives`, throttled, and a memory group where the machine has a memory controller, holding
-    its processes to `ram` (a share of `model_bytes`; None: no budget yet, `set_ram` sets one).
-    On any failure, or an exception such as KeyboardInterrupt, what was made is taken down again
+    `drives`, throttled by the cgroup (`pacing` "throttle") or served by a daemon at its rate
+    ("service"), and a memory group where the machine has a memory controller, holding its
+    processes to `ram` (a share of `model_bytes`; None: no budget yet, `set_ram` sets one). On
+    any failure, or an exception such as KeyboardInterrupt, what was made is taken down again
     before the error goes on."""
     say = report or (lambda msg: None)
     limit = ram_bytes(ram, model_bytes) if ram else 0
-    problems = check()
+    problems = check(pacing)
+    if pacing == SERVICE and any(d.read_iops or d.write_iops for d in drives):
+        raise UsageError("--pacing service keeps MB/s ceilings only; IOPS ceilings are the throttle's: leave out "
+                         "--iops/--write-iops or use --pacing throttle")
     if problems:
         raise UsageError(f"cannot build a testbed here: {', '.join(problems)}; see `iobench testbed check`")
     memory, memory_why = memory_controller()
@@ -160,7 +186,8 @@ def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[
     ctl, _ = controller()
     made_root = not os.path.exists(root)
     state = new_state(root, ctl, drives, size, made_root,
-                      datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), memory, memory_why)
+                      datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), memory, memory_why,
+                      pacing)
     for group in {state.cgroup, state.ram.cgroup} - {""}:
         if os.path.exists(group):
             raise UsageError(f"{group}: a group of that name exists and this testbed did not make it; "
@@ -211,19 +238,46 @@ def _build(state: TestbedState, say: Callable[[str], None]) -> None:
     for d in state.drives:
         with open(d.image, "xb") as f:     # "x": never reuse a file someone else made
             f.truncate(state.size)
-        d.device = _sh("losetup", "--find", "--show", "--direct-io=on", d.image)
+        if d.served:
+            _serve(state, d)
+        d.device = _sh("losetup", "--find", "--show", "--direct-io=on", d.backing)
         st = os.stat(d.device)
         d.majmin = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
         _save(state)
-        _sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", d.device)
+        _sh("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard", d.device)
         os.mkdir(d.mount)
         _sh("mount", d.device, d.mount)
         d.mounted = True
         _save(state)
+        if d.served:
+            say(f"{d.name}: {d.device} on {d.mount}, read {d.limits.read_mbs:g} MB/s, served one request at a time "
+                f"(pid {d.daemon})")
+            continue
         _limit(state, d.majmin, d.limits)
         say(f"{d.name}: {d.device} on {d.mount}, read {d.limits.read_mbs:g} MB/s")
     state.phase = "up"
     _save(state)
+
+
+def _serve(state: TestbedState, d) -> None:
+    """Start drive `d`'s daemon (iobench/servedrive.py) at its rates, outside the testbed's groups
+    (its own memory and the image's page cache are the machine's, not the budget's), and wait
+    until it shows the image."""
+    write_json(d.control, servedrive.control_doc(d.limits.read_mbs, d.limits.write_mbs))
+    os.mkdir(d.served)
+    log = open(os.path.join(state.root, f".{d.name}.served.log"), "ab")
+    with log:
+        proc = subprocess.Popen([sys.executable, "-m", servedrive.MODULE, d.image, d.served, d.control],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    d.daemon = proc.pid
+    _save(state)
+    t0 = time.monotonic()
+    while not (os.path.ismount(d.served) and os.path.exists(d.backing)):
+        if proc.poll() is not None or time.monotonic() - t0 > SERVE_WAIT_S:
+            said = _read(log.name).strip().splitlines()
+            raise WriteError(f"the daemon serving {d.name} did not start ({said[-1] if said else 'no output'}); "
+                             f"its log: {log.name}")
+        time.sleep(0.02)
 
 
 def _limit(state: TestbedState, majmin: str, limits: DriveLimits, clear: bool = False) -> None:
@@ -242,7 +296,10 @@ def set_read_limit(root: str, name: str, read_mbs: float) -> None:
     state = load_state(root)
     for d in state.drives:
         if d.name == name:
-            _limit(state, d.majmin, dataclasses.replace(d.limits, read_mbs=read_mbs), clear=True)
+            if d.served:
+                write_json(d.control, servedrive.control_doc(read_mbs, d.limits.write_mbs))
+            else:
+                _limit(state, d.majmin, dataclasses.replace(d.limits, read_mbs=read_mbs), clear=True)
             return
     raise UsageError(f"testbed at {root}: no drive named {name!r} (it has {', '.join(x.name for x in state.drives)})")
 
@@ -357,15 +414,43 @@ def kill_group(state: TestbedState, timeout_s: float = 10.0) -> None:
 
 
 def _our_loops(state: TestbedState) -> dict[str, str]:
-    """{image: /dev/loopN} for every loop device backed by one of our images (whatever the state
-    recorded: a crash may come between attaching and saving)."""
-    images = {d.image for d in state.drives}
+    """{image: /dev/loopN} for every loop device backed by one of our images or their paced views
+    (whatever the state recorded: a crash may come between attaching and saving)."""
+    images = {d.backing: d.image for d in state.drives}
     out = {}
     for f in glob.glob("/sys/block/loop*/loop/backing_file"):
         path = backing_path(_read(f))
         if path in images:
-            out[path] = "/dev/" + f.split("/")[3]
+            out[images[path]] = "/dev/" + f.split("/")[3]
     return out
+
+
+def _daemon_of(d) -> int:
+    """Drive `d`'s daemon pid if that process is still ours (its command line names the module and
+    the folder it serves), else 0."""
+    cmdline = _read(f"/proc/{d.daemon}/cmdline").split("\0") if d.daemon else []
+    return d.daemon if servedrive.MODULE in cmdline and d.served in cmdline else 0
+
+
+def _stop_serving(d, left: list[str], done: list[str]) -> None:
+    """Unmount drive `d`'s paced view (its daemon then ends) and wait for the daemon; one that
+    outlives its mount is killed."""
+    if os.path.ismount(d.served):
+        p = subprocess.run(["umount", d.served], check=False, capture_output=True, text=True, start_new_session=True)
+        if p.returncode:
+            left.append(f"{d.served} still mounted ({(p.stderr or p.stdout).strip()})")
+            return
+        done.append(f"stopped serving {d.name}")
+    t0 = time.monotonic()
+    while _daemon_of(d):
+        try:
+            os.waitpid(d.daemon, os.WNOHANG)        # ours when `up` ran in this process: reap it
+        except ChildProcessError:
+            pass
+        if time.monotonic() - t0 > SERVE_WAIT_S:
+            os.kill(d.daemon, signal.SIGKILL)
+            t0 = time.monotonic()
+        time.sleep(0.02)
 
 
 def _majmin_of(device: str) -> str:
@@ -417,7 +502,15 @@ def _teardown(state: TestbedState, kill: bool) -> list[str]:
     for d in state.drives:
         if d.image in still:
             continue
-        for path, remove in ((d.image, os.remove), (d.mount, os.rmdir)):
+        if d.served:
+            _stop_serving(d, left, done)
+            if os.path.ismount(d.served):
+                continue
+        log = os.path.join(state.root, f".{d.name}.served.log") if d.served else ""
+        for path, remove in ((d.image, os.remove), (d.mount, os.rmdir), (d.served, os.rmdir), (d.control, os.remove),
+                             (log, os.remove)):
+            if not path:
+                continue
             if os.path.lexists(path) and not os.path.ismount(path):
                 try:
                     remove(path)

@@ -13,7 +13,7 @@ from core.ram import ram_limit
 from core.units import format_bytes
 
 from . import testbed
-from .testbed_spec import V2, parse_pairs, parse_ram, parse_size, plan_drives
+from .testbed_spec import PACINGS, THROTTLE, V2, parse_pairs, parse_ram, parse_size, plan_drives
 
 app = make_app("testbed", "Throttled test drives (Linux, root): loop devices whose I/O a cgroup caps, held to a RAM budget.")
 
@@ -44,6 +44,8 @@ def check():
     _, why = testbed.controller()
     memory, memory_why = testbed.memory_controller()
     ram = f"RAM budgets: {memory_why}" if memory else f"RAM budgets unavailable: {memory_why}"
+    service = testbed.service_problems()
+    ram += f"; --pacing service: {'unavailable, ' + '; '.join(service) if service else 'FUSE, libfuse3, mfusepy'}"
     if problems:
         typer.echo(f"unavailable: {'; '.join(problems)}; {ram}")
         finish(EXIT_MISMATCH)
@@ -66,6 +68,12 @@ def up(root: str = RootOption,
                                                       help="Write IOPS ceiling of a drive (0: none)."),
        size: str = typer.Option("3G", "--size", help="Each drive's size (K, M, G, T: binary units)."),
        ram: Optional[str] = RamOption, ram_of: Optional[List[str]] = RamOfOption,
+       pacing: str = typer.Option(THROTTLE, "--pacing", metavar="|".join(PACINGS),
+                                  help="How a drive keeps its ceiling. throttle: the cgroup's byte budget per 100 ms "
+                                       "slice, so a drive left idle gets its next read through at once; service: a "
+                                       "daemon serves each request in bytes / rate after the one before it, nothing "
+                                       "banked while idle, as a real drive (needs FUSE, libfuse3 and mfusepy; "
+                                       "MB/s ceilings only)."),
        json_out: bool = JsonOption):
     """Build the drives in a new or empty folder: image, loop device (direct I/O), ext4, mount, limits."""
     reads = parse_pairs(drive, "--drive")
@@ -80,15 +88,15 @@ def up(root: str = RootOption,
     spec, of_bytes = _ram(ram, ram_of)
     old = {s: signal.signal(s, _raise_on_hangup) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        state = testbed.up(root, drives, parse_size(size), report=_say, ram=spec, model_bytes=of_bytes)
+        state = testbed.up(root, drives, parse_size(size), report=_say, ram=spec, model_bytes=of_bytes, pacing=pacing)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     if json_out:
         print_result(state)
     else:
-        out.print(f"testbed up at {state.root} ({state.controller} group {state.cgroup}); {state.ram.text()}",
-                  highlight=False)
+        out.print(f"testbed up at {state.root} ({state.controller} group {state.cgroup}, paced by "
+                  f"{state.pacing}); {state.ram.text()}", highlight=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -110,12 +118,15 @@ def show(root: str = RootOption, json_out: bool = JsonOption):
     if json_out:
         print_result(state)
         return
-    out.print(f"testbed at {state.root}: {state.phase}, {state.controller} group {state.cgroup}", highlight=False)
+    out.print(f"testbed at {state.root}: {state.phase}, {state.controller} group {state.cgroup}, paced by {state.pacing}",
+              highlight=False)
     for d in state.drives:
         lim = d.limits
         extra = "".join(f", {label} {v:g}" for label, v in (("write MB/s", lim.write_mbs), ("read IOPS", lim.read_iops),
                                                              ("write IOPS", lim.write_iops)) if v)
-        out.print(f"  {d.name:12} {d.device or '-':12} {d.mount}  read {lim.read_mbs:g} MB/s{extra}", highlight=False)
+        served = f", served by pid {d.daemon}" if d.served else ""
+        out.print(f"  {d.name:12} {d.device or '-':12} {d.mount}  read {lim.read_mbs:g} MB/s{extra}{served}",
+                  highlight=False)
     for line in _ram_lines(state):
         out.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 

@@ -22,10 +22,15 @@ from core.units import format_bytes
 
 STATE_FILE = "testbed.json"
 STATE_KIND = "replica-tuner-testbed"
-STATE_SCHEMA = 2           # 2: the RAM budget (`ram`); schema 1 documents are still read (no budget)
-STATE_SCHEMAS = (1, 2)
+STATE_SCHEMA = 3           # 2: the RAM budget (`ram`); 3: the pacing; schemas 1 and 2 are still read
+STATE_SCHEMAS = (1, 2, 3)
 CGROUP_PREFIX = "replica-tuner-testbed-"
 V1, V2 = "v1", "v2"
+# How a drive's ceiling is kept: "throttle", the cgroup's byte budget per time slice (a drive left
+# idle banks credit); "service", a user-space daemon that serves each request in bytes / rate after
+# the one before it (iobench/servedrive.py: nothing banked, as a real drive).
+THROTTLE, SERVICE = "throttle", "service"
+PACINGS = (THROTTLE, SERVICE)
 MIN_SIZE = 32 << 20                 # bytes: below this mkfs.ext4 leaves too little room to be a drive
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")    # a folder name and a cgroup-safe word
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -311,7 +316,10 @@ def backing_path(sysfs_text: str) -> str:
 @dataclass
 class DriveState:
     """One drive as built so far: paths are set before anything is made, `device` and `majmin`
-    once the loop device is attached, `mounted` once its file system is mounted."""
+    once the loop device is attached, `mounted` once its file system is mounted. A drive paced by
+    its service time also has `served`, the folder its daemon shows the image in (the loop
+    device's backing file is the image there), `control`, the daemon's rates, and `daemon`, its
+    pid once started."""
 
     name: str
     image: str
@@ -320,6 +328,14 @@ class DriveState:
     device: str = ""
     majmin: str = ""
     mounted: bool = False
+    served: str = ""
+    control: str = ""
+    daemon: int = 0
+
+    @property
+    def backing(self) -> str:
+        """The loop device's backing file: the image, or its paced view."""
+        return f"{self.served}/{self.image.rsplit('/', 1)[-1]}" if self.served else self.image
 
 
 @dataclass
@@ -361,6 +377,7 @@ class TestbedState:
     phase: str = "building"
     created: str = ""
     ram: RamState = field(default_factory=RamState)
+    pacing: str = THROTTLE
 
     KIND: ClassVar[str] = STATE_KIND      # a result (core.results): `testbed up/show --json`, the file's shape
     SCHEMA: ClassVar[int] = STATE_SCHEMA
@@ -377,16 +394,24 @@ class TestbedState:
 
 
 def new_state(root: str, controller: Controller, drives: tuple[DriveLimits, ...], size: int, made_root: bool,
-              created: str, memory: Controller | None = None, memory_note: str = "") -> TestbedState:
+              created: str, memory: Controller | None = None, memory_note: str = "",
+              pacing: str = THROTTLE) -> TestbedState:
     """The plan of a testbed at `root` (a real path): images are hidden files in it, mount points
     are named after the drives, the groups live under their controllers' mounts (one group where
-    both are on the unified hierarchy)."""
+    both are on the unified hierarchy); paced by service time, each drive's daemon shows its
+    image in a hidden folder beside it and reads its rates from a hidden file."""
+    if pacing not in PACINGS:
+        raise UsageError(f"--pacing {pacing!r}: not one of {', '.join(PACINGS)}")
     name = cgroup_name(root)
     ram = (RamState(memory.kind, f"{memory.mount.rstrip('/')}/{name}", note=memory_note) if memory
            else RamState(note=memory_note))
+    served = pacing == SERVICE
     return TestbedState(root=root, controller=controller.kind, cgroup=f"{controller.mount.rstrip('/')}/{name}",
-                        size=size, made_root=made_root, created=created, ram=ram,
-                        drives=[DriveState(d.name, f"{root}/.{d.name}.img", f"{root}/{d.name}", d) for d in drives])
+                        size=size, made_root=made_root, created=created, ram=ram, pacing=pacing,
+                        drives=[DriveState(d.name, f"{root}/.{d.name}.img", f"{root}/{d.name}", d,
+                                           served=f"{root}/.{d.name}.served" if served else "",
+                                           control=f"{root}/.{d.name}.pace.json" if served else "")
+                                for d in drives])
 
 
 def state_to_doc(state: TestbedState) -> dict:
@@ -405,7 +430,8 @@ def state_from_doc(doc: dict, where: str) -> TestbedState:
         drives = [DriveState(d["name"], d["image"], d["mount"],
                              DriveLimits(d["name"], float(d["read_mbs"]), float(d["write_mbs"]), float(d["read_iops"]),
                                          float(d["write_iops"])),
-                             str(d["device"]), str(d["majmin"]), bool(d["mounted"])) for d in doc["drives"]]
+                             str(d["device"]), str(d["majmin"]), bool(d["mounted"]), str(d.get("served", "")),
+                             str(d.get("control", "")), int(d.get("daemon", 0))) for d in doc["drives"]]
         if doc.get("schema") == 1:
             ram = RamState(note="built before RAM budgets")
         else:
@@ -415,7 +441,7 @@ def state_from_doc(doc: dict, where: str) -> TestbedState:
         state = TestbedState(root=str(doc["root"]), controller=str(doc["controller"]), cgroup=str(doc["cgroup"]),
                              size=int(doc["size"]), drives=drives, made_root=bool(doc["made_root"]),
                              enabled_io=bool(doc["enabled_io"]), phase=str(doc["phase"]), created=str(doc["created"]),
-                             ram=ram)
+                             ram=ram, pacing=str(doc.get("pacing", THROTTLE)))
     except (KeyError, TypeError, ValueError) as e:
         raise RigError(f"{where}: testbed state is missing or has a bad field ({e}); {remedy}") from None
     ours = (lambda group: group.rsplit("/", 1)[-1].startswith(CGROUP_PREFIX))   # noqa: E731
@@ -423,7 +449,10 @@ def state_from_doc(doc: dict, where: str) -> TestbedState:
             or bool(state.ram.controller) != bool(state.ram.cgroup) or (state.ram.cgroup and not ours(state.ram.cgroup))):
         raise RigError(f"{where}: testbed state names a group {state.cgroup!r} / {state.ram.cgroup!r} that is not a "
                        f"testbed's; {remedy}")
-    inside = [p for d in drives for p in (d.image, d.mount) if p.rsplit("/", 1)[0] != state.root]
+    if state.pacing not in PACINGS or any(bool(d.served) != (state.pacing == SERVICE) for d in drives):
+        raise RigError(f"{where}: testbed state has an unknown pacing {state.pacing!r} or drives that do not match "
+                       f"it; {remedy}")
+    inside = [p for d in drives for p in (d.image, d.mount, d.served, d.control) if p and p.rsplit("/", 1)[0] != state.root]
     if inside:
         raise RigError(f"{where}: testbed state names paths outside its folder ({', '.join(inside)}); {remedy}")
     return state

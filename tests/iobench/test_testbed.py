@@ -21,6 +21,8 @@ PROBLEMS = testbed.check()
 needs_testbed = pytest.mark.skipif(bool(PROBLEMS), reason=f"no testbed here: {', '.join(PROBLEMS)}")
 MEMORY, MEMORY_WHY = testbed.memory_controller()
 needs_memory = pytest.mark.skipif(MEMORY is None, reason=f"no RAM budget here: {MEMORY_WHY}")
+SERVICE_PROBLEMS = testbed.check("service")
+needs_service = pytest.mark.skipif(bool(SERVICE_PROBLEMS), reason=f"no paced drives here: {', '.join(SERVICE_PROBLEMS)}")
 SIZE = 64 << 20
 IOBENCH = [sys.executable, "-c", "from iobench.cli import main; main()"]
 
@@ -139,6 +141,61 @@ def test_up_run_show_down_leave_nothing_behind(bed_root):
     r = runner.invoke(app, ["testbed", "down", "--root", bed_root])
     assert r.exit_code == 0, r.output
     assert leftovers(bed_root) == [] and not os.path.exists(bed_root)
+
+
+def daemons_of(root: str) -> list[int]:
+    """The pids of drive daemons serving a folder of the testbed at `root`."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                argv = f.read().split("\0")
+        except OSError:
+            continue
+        if "iobench.servedrive" in argv and any(a.startswith(root + "/") for a in argv):
+            pids.append(int(pid))
+    return pids
+
+
+@needs_service
+def test_drives_paced_by_service_time_keep_the_bytes_and_leave_nothing_behind(bed_root):
+    drives = plan_drives({"fast": 40, "slow": 20}, 50)
+    state = testbed.up(bed_root, drives, SIZE, pacing="service")
+    assert state.pacing == "service" and len(daemons_of(bed_root)) == 2
+    for d in state.drives:
+        backing = open(f"/sys/block/{os.path.basename(d.device)}/loop/backing_file").read().strip()
+        dio = open(f"/sys/block/{os.path.basename(d.device)}/loop/dio").read().strip()
+        assert backing == f"{d.served}/.{d.name}.img" and dio == "1" and os.path.ismount(d.served)
+        assert json.load(open(d.control)) == {"read_mbs": d.limits.read_mbs, "write_mbs": 50}
+    if state.controller == "v1":        # the throttle's lines stay empty: the daemons keep the ceilings
+        with open(os.path.join(state.cgroup, "blkio.throttle.read_bps_device")) as f:
+            assert f.read().strip() == ""
+    # bytes written through a drive come back the same, read with O_DIRECT from inside the group
+    path = os.path.join(state.drive("slow").mount, "f.bin")
+    data = os.urandom(3 << 20)
+    with open(path, "wb") as f:
+        f.write(data)
+    os.sync()
+    read = ("import mmap, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT); b = mmap.mmap(-1, 3 << 20); "
+            "os.preadv(fd, [b], 0); sys.stdout.buffer.write(b)")
+    p = subprocess.run([*IOBENCH, "testbed", "run", "--root", bed_root, "--", sys.executable, "-c", read, path],
+                       capture_output=True, check=True)
+    assert p.stdout == data
+    testbed.set_read_limit(bed_root, "slow", 7.5)     # a drive that slows: its daemon's rates change, nothing else
+    assert json.load(open(state.drive("slow").control)) == {"read_mbs": 7.5, "write_mbs": 50}
+    r = runner.invoke(app, ["testbed", "show", "--root", bed_root])
+    assert r.exit_code == 0 and "paced by service" in r.stdout and "served by pid" in r.stdout
+
+    r = runner.invoke(app, ["testbed", "down", "--root", bed_root])
+    assert r.exit_code == 0, r.output
+    assert leftovers(bed_root) == [] and daemons_of(bed_root) == [] and not os.path.exists(bed_root)
+
+
+def test_paced_drives_take_no_iops_ceiling(tmp_path):
+    drives = plan_drives({"fast": 40}, 0, {"fast": 300})
+    with pytest.raises(UsageError, match="--pacing service keeps MB/s ceilings only"):
+        testbed.up(str(tmp_path / "bed"), drives, SIZE, pacing="service")
+    assert not os.path.exists(tmp_path / "bed")
 
 
 @needs_testbed

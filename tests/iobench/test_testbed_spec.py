@@ -206,10 +206,11 @@ def test_mountinfo_and_sysfs_are_read_as_the_kernel_writes_them():
 MEMORY = Controller("v1", "/sys/fs/cgroup/memory")
 
 
-def made_state(root="/var/tmp/tb", memory=MEMORY):
+def made_state(root="/var/tmp/tb", memory=MEMORY, pacing="throttle"):
     drives = plan_drives({"internal": 30, "green": 16.5}, 0, {"green": 100})
     return new_state(root, Controller("v1", "/sys/fs/cgroup/blkio/"), drives, 1 << 30, True, "2026-11-30T15:00:00+00:00",
-                     memory, "cgroup v1 memory controller at /sys/fs/cgroup/memory" if memory else "no memory controller")
+                     memory, "cgroup v1 memory controller at /sys/fs/cgroup/memory" if memory else "no memory controller",
+                     pacing)
 
 
 def test_a_new_state_places_everything_inside_the_folder():
@@ -236,16 +237,51 @@ def test_the_state_document_round_trips_and_pins_its_keys():
     doc = json.loads(state_text(st))
     assert doc == state_to_doc(st)
     assert list(doc) == ["kind", "schema", "root", "controller", "cgroup", "size", "drives", "made_root",
-                         "enabled_io", "phase", "created", "ram"]
-    assert doc["kind"] == "replica-tuner-testbed" and doc["schema"] == 2
+                         "enabled_io", "phase", "created", "ram", "pacing"]
+    assert doc["kind"] == "replica-tuner-testbed" and doc["schema"] == 3 and doc["pacing"] == "throttle"
     assert doc["ram"] == {"controller": "v1", "cgroup": "/sys/fs/cgroup/memory/" + cgroup_name("/var/tmp/tb"),
                           "enabled_memory": False, "limit": 0, "spec": "", "model_bytes": 0,
                           "note": "cgroup v1 memory controller at /sys/fs/cgroup/memory"}
     assert doc["drives"][0] == {"name": "internal", "image": "/var/tmp/tb/.internal.img", "mount": "/var/tmp/tb/internal",
-                                "device": "/dev/loop3", "majmin": "7:3", "mounted": True, "read_mbs": 30.0,
-                                "write_mbs": 0.0, "read_iops": 0.0, "write_iops": 0.0}
+                                "device": "/dev/loop3", "majmin": "7:3", "mounted": True, "served": "", "control": "",
+                                "daemon": 0, "read_mbs": 30.0, "write_mbs": 0.0, "read_iops": 0.0, "write_iops": 0.0}
     back = state_from_doc(doc, "testbed.json")
     assert back == st
+
+
+def test_drives_paced_by_service_time_are_served_from_hidden_paths_inside_the_folder():
+    st = made_state(pacing="service")
+    d = st.drive("green")
+    assert (d.served, d.control) == ("/var/tmp/tb/.green.served", "/var/tmp/tb/.green.pace.json")
+    assert d.backing == "/var/tmp/tb/.green.served/.green.img"          # the loop device's file: the paced view
+    assert made_state().drive("green").backing == "/var/tmp/tb/.green.img"
+    d.daemon = 4242
+    back = state_from_doc(json.loads(state_text(st)), "testbed.json")
+    assert back == st and back.pacing == "service" and back.drive("green").daemon == 4242
+    with pytest.raises(UsageError, match="--pacing 'fast': not one of throttle, service"):
+        made_state(pacing="fast")
+
+
+def test_a_state_whose_drives_do_not_match_its_pacing_or_serve_from_outside_is_refused():
+    doc = state_to_doc(made_state(pacing="service"))
+    mixed = json.loads(json.dumps(doc))
+    mixed["pacing"] = "throttle"
+    with pytest.raises(RigError, match="do not match"):
+        state_from_doc(mixed, "testbed.json")
+    outside = json.loads(json.dumps(doc))
+    outside["drives"][0]["served"] = "/mnt"
+    with pytest.raises(RigError, match=r"outside its folder \(/mnt\)"):
+        state_from_doc(outside, "testbed.json")
+
+
+def test_a_schema_2_state_from_before_pacing_is_read_as_throttled():
+    doc = state_to_doc(made_state())
+    doc["schema"] = 2
+    del doc["pacing"]
+    for d in doc["drives"]:
+        del d["served"], d["control"], d["daemon"]
+    back = state_from_doc(doc, "testbed.json")
+    assert back.pacing == "throttle" and back == made_state()
 
 
 def test_a_state_that_reaches_outside_its_folder_or_group_is_refused():
