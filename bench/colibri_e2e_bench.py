@@ -7,6 +7,13 @@ and end-to-end predictions and their errors; the planner's pick beside the grid'
 of the modes, measured and predicted.
 
     COLIBRI_BIN=/path/to/colibri python -m bench.colibri_e2e_bench [--limits 120,60,60] [--runs 3]
+                                                                  [--pacing service|throttle]
+
+The drives are paced by their service time by default (`iobench testbed up --pacing service`: each
+request served in bytes / rate after the one before it): blk-throttle lets a drive left idle serve
+its next read at once (bench/throttle_burst_bench.py), which colibri's unstriped loads, each on
+one drive, draw on and its striped loads do not, so on throttled drives (`--pacing throttle`) the
+unstriped arms run faster than any real drive of that ceiling would serve them.
 
 Per budget: CAL_RUNS calibration runs (`engine-bridge launch` of the equal-weights buffered
 profile), whose lines the product reads (engines/colibri/colibri_workload.py), the median of each
@@ -252,8 +259,8 @@ def _p(x) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
-def run_all(binary: str, limits: dict, out: str, runs: int, budgets) -> list[str]:
-    with Testbed(limits, size="1G", ram=budgets[0][1]) as tb:
+def run_all(binary: str, limits: dict, out: str, runs: int, budgets, pacing: str) -> list[str]:
+    with Testbed(limits, size="1G", ram=budgets[0][1], pacing=pacing) as tb:
         drives = tb.mounts()
         rig = os.path.join(out, "rig")
         model = os.path.join(drives["internal"], "model")
@@ -265,8 +272,8 @@ def run_all(binary: str, limits: dict, out: str, runs: int, budgets) -> list[str
              "16M", "--quiet", wrap=tb.wrap, capture=True)
         step("drive ceilings", "iobench", "run", "--rig", rig, "--preset", "seq,prefill,decode", "--lanes", "1,2,4",
              "--seconds", "0.3", "--repeat", "2", "--quiet", wrap=tb.wrap, capture=True)
-        head = (f"colibri {binary}: drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s (internal, green, white); "
-                f"model 4 layers x 16 experts, its cache {CAP}/layer")
+        head = (f"colibri {binary}: drives {' : '.join(f'{v:g}' for v in limits.values())} MB/s (internal, green, white), "
+                f"paced by {pacing}; model 4 layers x 16 experts, its cache {CAP}/layer")
         lines = [head]
         for title, ram in budgets:
             got = one_budget(tb, binary, title, ram, model, rig, out, runs)
@@ -282,15 +289,19 @@ def main() -> None:
     ap.add_argument("--budget", action="append", default=None, metavar="RAM",
                     help="A RAM budget as `iobench testbed up --ram` takes it (repeatable; default: ref+256M and 200%%).")
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
+    ap.add_argument("--pacing", default="service", choices=("service", "throttle"),
+                    help="How the drives keep their ceilings (iobench testbed up --pacing): service (default: each "
+                         "request served in bytes / rate, nothing banked while idle, as a real drive) or throttle "
+                         "(blk-throttle, whose idle credit unstriped reads draw on).")
     a = ap.parse_args()
     binary = require_colibri_bin()
-    ok, why = available()
+    ok, why = available(a.pacing)
     if not ok:
         usage_exit(f"no testbed here: {why}")
     limits = dict(zip(NAMES, (float(x) for x in a.limits.split(","))))
     budgets = tuple((b, b) for b in a.budget) if a.budget else BUDGETS
     with tempfile.TemporaryDirectory(prefix="colibri-e2e-", dir=a.out) as out:
-        print("\n".join(run_all(binary, limits, out, a.runs, budgets)), flush=True)
+        print("\n".join(run_all(binary, limits, out, a.runs, budgets, a.pacing)), flush=True)
 
 
 if __name__ == "__main__":

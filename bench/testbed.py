@@ -102,20 +102,21 @@ def usage_exit(msg: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def available() -> tuple[bool, str]:
+def available(pacing: str = "throttle") -> tuple[bool, str]:
     """(True, which controller) when this machine can host the testbed, else (False, why not)."""
-    problems = testbed.check()
+    problems = testbed.check(pacing)
     if problems:
         return False, "; ".join(problems)
     return True, testbed.controller()[1]
 
 
-def require_testbed() -> str:
+def require_testbed(pacing: str = "throttle") -> str:
     """The controller line, once this machine can host a testbed; else one line, exit 2."""
-    ok, why = available()
+    ok, why = available(pacing)
     if not ok:
         usage_exit(f"no testbed here ({why}): it needs root, loop devices and a block I/O controller "
-                   "(cgroup v2 io or cgroup v1 blkio); see `iobench testbed check`")
+                   "(cgroup v2 io or cgroup v1 blkio), and for --pacing service FUSE, libfuse3 and mfusepy; see "
+                   "`iobench testbed check`")
     return why
 
 
@@ -237,12 +238,15 @@ class Testbed:
     write_mbs: one write ceiling for every drive (0: none); iops: {name: read IOPS ceiling};
     size: each drive's image size ("3G"); root: the testbed folder (default: a new one in
     /var/tmp, deleted afterwards; a given root is only removed if it is left empty);
-    ram: the RAM budget, as `iobench testbed up --ram` takes it (None or "none": no budget).
+    ram: the RAM budget, as `iobench testbed up --ram` takes it (None or "none": no budget);
+    pacing: "throttle" (the cgroup's byte budget) or "service" (a daemon serves each request at the
+    drive's rate, nothing banked while idle), as `iobench testbed up --pacing` takes it.
     """
 
     def __init__(self, read_mbs: dict[str, float], *, write_mbs: float = 0, iops: dict[str, float] | None = None,
-                 size: str = "3G", root: str | None = None, ram: str | None = None):
+                 size: str = "3G", root: str | None = None, ram: str | None = None, pacing: str = "throttle"):
         self.read_mbs, self.write_mbs, self.iops, self.size = dict(read_mbs), write_mbs, dict(iops or {}), size
+        self.pacing = pacing
         self.ram_spec = ram
         self._given_root = root
         self.root = ""
@@ -258,7 +262,7 @@ class Testbed:
     # ---- entering and leaving ----------------------------------------------------------------
 
     def __enter__(self) -> Testbed:
-        self.controller = require_testbed()
+        self.controller = require_testbed(self.pacing)
         try:
             drives = plan_drives(self.read_mbs, self.write_mbs, self.iops)
             size = parse_size(self.size)
@@ -276,7 +280,7 @@ class Testbed:
             self._deferring = True      # `up` runs to its end (or undoes itself): no half-built testbed to guess at
             try:
                 sized = self._ram if self._ram and not self._ram.needs_model else None
-                up = testbed.up(self.root, drives, size, ram=sized)
+                up = testbed.up(self.root, drives, size, ram=sized, pacing=self.pacing)
                 self.state, self.ram = state_to_doc(up), up.ram
             except ReplicaTunerError as e:
                 raise SystemExit(f"{_prog()}: testbed up failed: {e}") from None
@@ -380,7 +384,9 @@ class Testbed:
             ram = f"RAM budget {self._ram.text} of the model: set once the model is written"
         elif self.ram_spec and not self._ram:
             ram += f" (--ram {self.ram_spec})"
-        return f"testbed: drives {drives} MB/s read{iops} ({self.controller}); {ram}"
+        paced = (f"{self.controller}" if self.pacing == "throttle" else
+                 "served one request at a time in bytes / rate by a FUSE daemon, nothing banked while idle")
+        return f"testbed: drives {drives} MB/s read{iops} ({paced}); {ram}"
 
     def set_ram_for(self, model, ram: str | None = None) -> str:
         """Set the RAM budget for the model now on the drives (its file or folder paths, or its
