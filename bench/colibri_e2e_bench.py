@@ -23,7 +23,8 @@ memory and the tool's) prices the grid with that calibration. The measured tok/s
 own: its generated tokens over its PROFILE line's seconds (the printed `%.1f tok/s` is too coarse
 at these speeds). `drives/colibri`: the bytes the testbed's drives served over a run (their loop
 devices' counters) per byte colibri says it fetched — below 1 where the page cache served
-re-reads, above 1 where the kernel's readahead read more than was asked; `cache MB`, `own MB`: the
+re-reads, above 1 where the kernel's readahead read more than was asked; `req KiB`: the drives'
+mean request over a run (the same counters: bytes over requests); `cache MB`, `own MB`: the
 page cache and the processes' own memory the testbed's memory group held at their peak over a
 run (its memory.stat, every 20 ms). The model is `engine-bridge synth --format colibri` (4 layers x 16 experts,
 top-4, int8), colibri's oracle mode (REF=: fixed prompt, greedy), its cache 2 experts per layer
@@ -72,21 +73,22 @@ def _label(weights, mode) -> str:
     return ":".join(map(str, weights)) + " " + ("+".join(mode) if mode else "buffered")
 
 
-def drive_bytes(tb) -> int:
-    """Bytes the testbed's drives have read so far (their loop devices' /sys/block/*/stat)."""
-    total = 0
+def drive_reads(tb) -> tuple[int, int]:
+    """(bytes, requests) the testbed's drives have read so far (their loop devices' /sys/block/*/stat)."""
+    nbytes = requests = 0
     for d in tb.state["drives"]:
         with open(f"/sys/block/{os.path.basename(d['device'])}/stat") as f:
-            total += int(f.read().split()[2]) * 512
-    return total
+            fields = f.read().split()
+        nbytes, requests = nbytes + int(fields[2]) * 512, requests + int(fields[0])
+    return nbytes, requests
 
 
 def launch(tb, rig: str, binary: str, profile: str, out: str, env: dict) -> dict:
     """One run of colibri by `engine-bridge launch` under the testbed (page cache dropped first),
-    with the bytes the drives served over it (`drive_bytes`: what a buffered run's page cache and
-    the kernel's readahead make of colibri's own fetches)."""
+    with the bytes and requests the drives served over it (`drive_reads`: what a buffered run's
+    page cache and the kernel's readahead make of colibri's own fetches)."""
     drop_caches()
-    before = drive_bytes(tb)
+    before = drive_reads(tb)
     peaks, done = [0, 0], threading.Event()
 
     def sample():          # what the memory group holds, every 20 ms: (page cache, the processes' own) at their peak
@@ -111,7 +113,8 @@ def launch(tb, rig: str, binary: str, profile: str, out: str, env: dict) -> dict
     doc = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {"ok": False, "error": p.stderr.strip()[-300:]}
     cal = doc.get("calibration") or {}
     doc["measured"] = cal["tokens"] / cal["run_s"] if cal.get("tokens") and cal.get("run_s") else None
-    doc["drive_bytes"] = drive_bytes(tb) - before
+    after = drive_reads(tb)
+    doc["drive_bytes"], doc["drive_requests"] = after[0] - before[0], after[1] - before[1]
     doc["group_peak"] = tuple(peaks)
     return doc
 
@@ -187,6 +190,7 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
     measured: dict[int, list[float]] = {k: [] for k in range(len(arms))}
     served: dict[int, list[tuple[float, float]]] = {k: [] for k in range(len(arms))}   # (drives', colibri's) bytes
     held: dict[int, list[tuple[int, int]]] = {k: [] for k in range(len(arms))}        # the group's peak (cache, own)
+    sizes: dict[int, list[float]] = {k: [] for k in range(len(arms))}                 # the drives' mean request, bytes
     t0 = time.monotonic()
     for r in range(runs):
         order = list(range(len(arms)))
@@ -198,6 +202,7 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
             if d.get("ok") and d.get("measured"):
                 measured[k].append(d["measured"])
                 served[k].append((d["drive_bytes"], (d["calibration"].get("bytes_read") or 0)))
+                sizes[k].append(d["drive_bytes"] / d["drive_requests"] if d["drive_requests"] else 0.0)
                 held[k].append(d["group_peak"])
             else:
                 print(f"   arm {arms[k].label} run {r + 1}: FAILED {d.get('failed') or d.get('error')}", file=sys.stderr)
@@ -216,7 +221,7 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
              f"{len(arms)} arms x {runs} runs interleaved in {seconds:.0f} s; tok/s = colibri's generated tokens over its "
              f"PROFILE seconds (prompt {len(PROMPT)}, {GEN} generated)",
              f"{'arm':<34} {'measured':>8} {'spread':>7} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8} "
-             f"{'drives/colibri':>14} {'cache MB':>8} {'own MB':>7}"]
+             f"{'drives/colibri':>14} {'req KiB':>7} {'cache MB':>8} {'own MB':>7}"]
     rows = []
     for k, a in enumerate(arms):
         xs = measured[k]
@@ -230,6 +235,7 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
         ratio = [dr / cb for dr, cb in served[k] if cb > 0]      # bytes the drives served per byte colibri fetched
         lines.append(f"{a.label:<34} {_f(med):>8} {spread:>6.1f}% {_f(pr):>7} {_p(er):>8} {_f(pe):>7} {_p(ee):>8} "
                      f"{_f(statistics.median(ratio)) if ratio else '-':>14} "
+                     f"{statistics.median(sizes[k]) / 1024 if sizes[k] else 0:>7.0f} "
                      f"{statistics.median([c for c, _ in held[k]]) / 1e6 if held[k] else 0:>8.0f} "
                      f"{statistics.median([o for _, o in held[k]]) / 1e6 if held[k] else 0:>7.0f}"
                      + ("  <- planner's pick" if a.roles else ""))
