@@ -27,7 +27,7 @@ says how long that takes on the rig's drives, without knowing which engine it is
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -268,20 +268,30 @@ Patterner = Callable[[Step, Setup], Pattern]
 
 def price_phase(steps: PhaseSteps, setup: Setup, patterner: Patterner, curves: Curves, engine: Engine,
                 backgrounds: Sequence[Background] = (), links: Sequence[SharedLink] = (), geometry=None,
-                page_cache: float = 0.0) -> PhasePrice:
+                page_cache: float = 0.0, buffered_excess: float = 0.0) -> PhasePrice:
     """Price one phase at one setup: the engine's pattern of each sampled step, then its price.
 
     page_cache: the share (0..1) of the model's routed bytes the page cache can hold. An engine
     whose reads at this setup go through the page cache (`Engine.buffered`) then finds that share
     of what it reads again in the run there: the phase is priced as that mix of its steps and the
-    same steps without the experts read before (`PhaseSteps.fresh`)."""
+    same steps without the experts read before (`PhaseSteps.fresh`). buffered_excess: what such
+    reads read beyond their bytes (the kernel's readahead), a share of them; their drives' bytes
+    and times grow by it."""
     cold = price_patterns([patterner(st, setup) for st in steps.steps], steps, curves, engine, backgrounds, links,
                           geometry)
-    if page_cache <= 0 or not steps.fresh or not engine.buffered(setup):
-        return cold
-    warm = price_patterns([patterner(st, setup) for st in steps.fresh], steps, curves, engine, backgrounds, links,
-                          geometry)
-    return blend(cold, warm, min(1.0, page_cache))
+    buffered = engine.buffered(setup)
+    if page_cache > 0 and steps.fresh and buffered:
+        warm = price_patterns([patterner(st, setup) for st in steps.fresh], steps, curves, engine, backgrounds, links,
+                              geometry)
+        cold = blend(cold, warm, min(1.0, page_cache))
+    return inflate(cold, 1.0 + buffered_excess) if buffered and buffered_excess > 0 else cold
+
+
+def inflate(a: PhasePrice, f: float) -> PhasePrice:
+    """`a` with every drive reading `f` times its bytes, at the same rates: its bytes and times
+    times f (its reads, pieces, experts and groups as they were)."""
+    return replace(a, seconds=a.seconds * f, source_bytes=tuple(x * f for x in a.source_bytes),
+                   source_s=tuple(x * f for x in a.source_s), gap_s=a.gap_s * f, tail_s=a.tail_s * f)
 
 
 def blend(a: PhasePrice, b: PhasePrice, w: float) -> PhasePrice:

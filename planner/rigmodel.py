@@ -93,16 +93,18 @@ def rig_engine(rig_root: str, engine: str | None) -> str:
 
 
 def rig_problem(inputs: Inputs, chosen: Chosen, engine, backgrounds: tuple[Background, ...] = (),
-                lanes: int | None = None, threads: int | None = None, page_cache_bytes: int = 0) -> Problem:
+                lanes: int | None = None, threads: int | None = None, page_cache_bytes: int = 0,
+                buffered_excess: float = 0.0) -> Problem:
     """The problem `planner solve`, `simulate`, the tuner and autotune price: the engine (an `Engine`
     or its name; its reads in flight overridden by `lanes`/`threads`), the chosen workload's geometry
     and steps, the rig's drives and links, other work on the drives, for the rig's own model (not a
-    named workload, not the fallback) what each source's copy holds, and the page cache's room."""
+    named workload, not the fallback) what each source's copy holds, the page cache's room and what
+    buffered reads read beyond their bytes."""
     g = chosen.workload.geometry
     holds = holds_of(inputs.sources, sorted({t.file for t in g.tensors})) if chosen.workload.name == "model" else ()
     e = get_engine(engine) if isinstance(engine, str) else engine
     return Problem(with_concurrency(e, lanes, threads), g, inputs.drives, chosen.workload.phases, tuple(backgrounds),
-                   inputs.links, holds, page_cache_bytes)
+                   inputs.links, holds, page_cache_bytes, buffered_excess=buffered_excess)
 
 
 RAM_ROOM = "the RAM less the engine's and this tool's own"     # where the page cache's room came from, unless capped
@@ -124,12 +126,14 @@ class World:
     how: str = ""                 # how its cache was found
     page_cache_from: str = ""     # how the page cache's room was found
     hit_share: float | None = None  # the share of its fetches the page cache served the engine's last buffered run
+    buffered_excess: float = 0.0  # what that run's drives read beyond its fetches (readahead), a share of them
 
     def as_dict(self) -> dict:
         return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
                 "in_flight": self.in_flight, "compute_s_per_token": dict(self.compute), "overlap": self.overlap,
                 "ram": self.ram, "resident_bytes": self.resident_bytes, "cache_from": self.how,
-                "page_cache_from": self.page_cache_from, "calibration": dict(self.calibration)}
+                "page_cache_from": self.page_cache_from, "buffered_excess": self.buffered_excess,
+                "calibration": dict(self.calibration)}
 
 
 def find_calibration(rig_root: str, engine: str, model_path: str | None) -> dict:
@@ -169,7 +173,7 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     from core.ram import own_resident, ram_limit
 
     from .workload import ModelShape, run_reread_share
-    from .world import compute_per_token, hit_room, hits_record, measured_hits, page_cache_room
+    from .world import compute_per_token, hit_room, hits_record, measured_hits, page_cache_room, readahead_excess
 
     env = dict(os.environ if env is None else env)
     cal = dict(calibration or {})
@@ -197,11 +201,14 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
         limit = ram
     room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
     room_from = "given (--page-cache)" if page_cache_bytes is not None else RAM_ROOM
-    hits = measured_hits(cal, limit.bytes) if page_cache_bytes is None and geometry is not None else None
+    # the engine reads the model's bytes outside its routed experts once (its dense weights)
+    once = max(0, geometry.file_size - geometry.routed_bytes) if geometry is not None else 0
+    hits = measured_hits(cal, limit.bytes, once) if page_cache_bytes is None and geometry is not None else None
+    excess = readahead_excess(cal, limit.bytes, once) if hits is not None else 0.0
     world = World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
                   compute_per_token(cal), bool(cal.get("overlap")), cal,
                   "" if page_cache_bytes is not None else limit.describe(), resident,
-                  how if cache is not None else "the planner's default", room_from, hits)
+                  how if cache is not None else "the planner's default", room_from, hits, excess)
     if hits is None:
         return world
     # the share is of everything that run fetched, its first reads included; the page cache can
@@ -214,7 +221,9 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     return replace(world, page_cache_bytes=int(held * geometry.routed_bytes),
                    page_cache_from=f"the engine's last buffered run under this RAM: the page cache served "
                                    f"{100 * hits:.0f} % of what it fetched"
-                                   + (f", {100 * held:.0f} % of what it read again" if reread < 1 else ""))
+                                   + (f", {100 * held:.0f} % of what it read again" if reread < 1 else "")
+                                   + (f"; its drives read {100 * excess:.1f} % beyond its fetches (readahead), "
+                                      "which buffered reads are priced at" if excess > 0 else ""))
 
 
 def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
@@ -298,7 +307,7 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
     if cal:
         chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal))
     prob = rig_problem(inputs, chosen, e, backgrounds, lanes, threads if threads is not None else world.in_flight,
-                       world.page_cache_bytes)
+                       world.page_cache_bytes, world.buffered_excess)
     prob = replace(prob, compute=world.compute, overlap=world.overlap)
     return chosen, prob, world
 

@@ -64,6 +64,9 @@ class Problem:
     # predictions then carry end-to-end figures beside the reads-only ones; {}: reads only
     compute: Mapping[str, float] = field(default_factory=dict)
     overlap: bool = False          # whether the engine's reads overlap its compute
+    # what buffered reads read beyond their bytes (the kernel's readahead), a share of them, as the
+    # engine's last buffered run showed (planner.world.readahead_excess); 0: nothing
+    buffered_excess: float = 0.0
 
     @property
     def page_cache(self) -> float:
@@ -130,7 +133,7 @@ class Pricer:
             p = self.p
             got = price_phase(p.phases[phase], self.setup(weights, mode),
                               lambda st, su: p.engine.pattern(p.geometry, st, su), self.curves, p.engine,
-                              p.backgrounds, p.links, p.geometry, p.page_cache)
+                              p.backgrounds, p.links, p.geometry, p.page_cache, p.buffered_excess)
             self._memo[key] = got
         return got
 
@@ -416,6 +419,7 @@ def model_record(problem: Problem, scores: dict | None = None) -> dict:
                   for ph, s in problem.phases.items()},
         "modes": ["+".join(sorted(m)) or "default" for m in problem.engine.modes(problem.geometry)],
         "page_cache_bytes": problem.page_cache_bytes,
+        "buffered_excess": problem.buffered_excess,
         "compute_s_per_token": dict(problem.compute),
         "overlap": problem.overlap,
         "scores": dict(scores or {}),

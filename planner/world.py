@@ -9,7 +9,9 @@ engine's own workload, predictions end to end"):
   the page cache really served it (`measured_hits`), no more than that. That share is of all the
   run fetched, first reads included, while the page cache can only serve what the run reads
   again: the room is the share over the re-reads that run had (`hit_room`; its steps simulated
-  for its own prompt and tokens, `planner.workload.run_reread_share`).
+  for its own prompt and tokens, `planner.workload.run_reread_share`). Where that run's drives
+  served more than it fetched (the kernel's readahead past each expert), buffered reads are priced
+  at that many bytes per byte (`readahead_excess`).
 - **The engine's own workload.** What its cache holds comes from its arguments (the engine's
   `own_workload`), and after a run from its own lines (`Engine.calibrate`): the expert bytes it
   read per generated token set the decode traffic (`calibrated_traffic`), the loads it kept in
@@ -48,19 +50,37 @@ def hits_record(cal: Mapping) -> Mapping:
     return cal
 
 
-def measured_hits(cal: Mapping, ram_bytes: int) -> float | None:
-    """The share of the bytes a run fetched that the page cache served it: 1 - what the drives
-    served (`storage_bytes`, the kernel's count of the engine's storage reads) over what the engine
-    says it fetched (`bytes_read`), for a run whose reads were buffered under the same RAM (within
-    5 %: a share holds only for the RAM it was measured in); for a run that read with O_DIRECT, the
-    buffered runs the record carries (`hits_record`). None when the record cannot say."""
+def served_ratio(cal: Mapping, ram_bytes: int, once_bytes: int = 0) -> float | None:
+    """What the drives served a buffered run (`storage_bytes`, the kernel's count of the engine's
+    storage reads) per byte of experts the engine says it fetched (`bytes_read`), less the model's
+    bytes outside its routed experts, which the engine reads once (`once_bytes`: its dense weights,
+    kept in RAM), for a run whose reads were buffered under the same RAM (within 5 %: it holds only
+    for the RAM it was measured in); for a run that read with O_DIRECT, the buffered runs the
+    record carries (`hits_record`). Below 1 the page cache served part of the fetches; above 1 the
+    kernel's readahead read past them. None when the record cannot say."""
     cal = hits_record(cal)
     served, fetched, ram = cal.get("storage_bytes"), cal.get("bytes_read"), cal.get("ram_bytes")
     if not cal.get("buffered") or not isinstance(served, int) or not isinstance(fetched, (int, float)) or fetched <= 0:
         return None
     if not isinstance(ram, int) or ram <= 0 or ram_bytes <= 0 or abs(ram - ram_bytes) > 0.05 * ram_bytes:
         return None
-    return min(1.0, max(0.0, 1.0 - served / fetched))
+    return max(0.0, served - max(0, once_bytes)) / fetched
+
+
+def measured_hits(cal: Mapping, ram_bytes: int, once_bytes: int = 0) -> float | None:
+    """The share of the bytes a buffered run fetched that the page cache served it: 1 - `served_ratio`
+    (0 where the drives served more than it fetched). None when the record cannot say."""
+    ratio = served_ratio(cal, ram_bytes, once_bytes)
+    return None if ratio is None else min(1.0, max(0.0, 1.0 - ratio))
+
+
+def readahead_excess(cal: Mapping, ram_bytes: int, once_bytes: int = 0) -> float:
+    """What a buffered run's drives served beyond what it fetched, as a share of it (`served_ratio`
+    less 1): the kernel's readahead past the experts' bytes, which buffered reads pay for and
+    O_DIRECT reads do not. 0 where the page cache served more than the readahead added (the two
+    cannot be told apart then) or the record cannot say."""
+    ratio = served_ratio(cal, ram_bytes, once_bytes)
+    return max(0.0, ratio - 1.0) if ratio is not None else 0.0
 
 
 def reread_share(steps, fresh) -> float:

@@ -4,6 +4,7 @@ mode is priced from the drives; the engine's cache comes from its arguments or i
 lines; a plan predicts end-to-end tok/s from its reads and the engine's compute."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -105,14 +106,19 @@ def test_a_buffered_run_under_the_same_ram_caps_the_page_cache_share(tmp_path):
     ram = RamLimit(e.own_workload(g, args, env, 0).resident_bytes + 2 * g.file_size, "cgroup v1")
     full = engine_world(e, g, args, env, ram=ram)
     assert full.page_cache_bytes >= g.routed_bytes // 2
-    run = {"cache_per_layer": 2, "bytes_read": 1000, "storage_bytes": 980, "buffered": True, "ram_bytes": ram.bytes}
-    assert measured_hits(run, ram.bytes) == pytest.approx(0.02)
+    # the drives served the model's bytes outside its experts once (the engine's dense weights) and
+    # 98 % of the experts' bytes the engine fetched
+    once = g.file_size - g.routed_bytes
+    fetched = 10 * g.routed_bytes
+    run = {"cache_per_layer": 2, "bytes_read": fetched, "storage_bytes": int(0.98 * fetched) + once, "buffered": True,
+           "ram_bytes": ram.bytes}
+    assert measured_hits(run, ram.bytes, once) == pytest.approx(0.02, abs=1e-6)
     capped = engine_world(e, g, args, env, ram=ram, calibration=run)
     assert capped.page_cache_bytes == int(0.02 * g.routed_bytes) and "served 2 %" in capped.page_cache_from
     for other in ({**run, "buffered": False}, {**run, "ram_bytes": 2 * ram.bytes}, {**run, "storage_bytes": None}):
-        assert measured_hits(other, ram.bytes) is None
+        assert measured_hits(other, ram.bytes, once) is None
         assert engine_world(e, g, args, env, ram=ram, calibration=other).page_cache_bytes == full.page_cache_bytes
-    assert measured_hits({**run, "storage_bytes": 3000}, ram.bytes) == 0.0        # readahead: more than fetched
+    assert measured_hits({**run, "storage_bytes": 3 * fetched}, ram.bytes, once) == 0.0   # readahead: more than fetched
     # the share is of everything the run fetched; the page cache can serve only what that run read
     # again, as many as its own prompt and tokens through its cache made
     from planner.workload import ModelShape, run_reread_share
@@ -121,11 +127,41 @@ def test_a_buffered_run_under_the_same_ram_caps_the_page_cache_share(tmp_path):
     reread = run_reread_share(ModelShape.from_geometry(g), ran, None)       # its cache: 2 per layer
     assert 0.0 < reread < 1.0
     short = engine_world(e, g, args, env, ram=ram, calibration=ran)
-    assert short.page_cache_bytes == int(0.02 / reread * g.routed_bytes)
+    assert short.page_cache_bytes == pytest.approx(0.02 / reread * g.routed_bytes, abs=1)
     assert f"{100 * 0.02 / reread:.0f} % of what it read again" in short.page_cache_from
-    assert short.hit_share == pytest.approx(0.02)
+    assert short.hit_share == pytest.approx(0.02, abs=1e-6)
     longer = run_reread_share(ModelShape.from_geometry(g), {**ran, "tokens": 400}, None)
     assert longer > reread            # a longer run reads more of it again: the same share asks less room
+
+
+def test_what_a_buffered_run_read_beyond_its_fetches_prices_buffered_reads_dearer(tmp_path):
+    """Where a buffered run's drives served more than it fetched (beyond the model's bytes outside
+    its experts, read once), the excess is the kernel's readahead: buffered reads are priced at
+    that many bytes per byte, O_DIRECT reads as before; nothing when the page cache served more
+    than the readahead added, or the run did not say."""
+    from planner.world import readahead_excess, served_ratio
+
+    rig, model = dir_rig(tmp_path)
+    g = inspect_model(str(model))
+    e = get_engine("colibri")
+    args, env = ["2"], {"CAP_RAISE": "0"}
+    ram = RamLimit(e.own_workload(g, args, env, 0).resident_bytes + g.routed_bytes // 4, "cgroup v1")
+    once, fetched = g.file_size - g.routed_bytes, 10 * g.routed_bytes
+    run = {"cache_per_layer": 2, "bytes_read": fetched, "storage_bytes": int(1.05 * fetched) + once, "buffered": True,
+           "ram_bytes": ram.bytes}
+    assert served_ratio(run, ram.bytes, once) == pytest.approx(1.05, abs=1e-6)
+    assert readahead_excess(run, ram.bytes, once) == pytest.approx(0.05, abs=1e-6)
+    assert readahead_excess({**run, "storage_bytes": int(0.9 * fetched) + once}, ram.bytes, once) == 0.0
+    assert readahead_excess({**run, "buffered": False}, ram.bytes, once) == 0.0
+    world = engine_world(e, g, args, env, ram=ram, calibration=run)
+    assert world.buffered_excess == pytest.approx(0.05, abs=1e-6) and world.hit_share == 0.0
+    assert world.as_dict()["buffered_excess"] == world.buffered_excess
+    _, _, prob = problem_for_rig(rig.root, None, "colibri", page_cache_bytes=0, cache_experts=world.cache_experts)
+    plain, dearer = Pricer(prob), Pricer(replace(prob, buffered_excess=world.buffered_excess))
+    for mode, factor in (((), 1.05), (("direct",), 1.0)):
+        a, b = plain.price("decode", (1, 1, 1), frozenset(mode)), dearer.price("decode", (1, 1, 1), frozenset(mode))
+        assert b.seconds == pytest.approx(factor * a.seconds, rel=1e-6)
+        assert b.bytes == pytest.approx(factor * a.bytes, rel=1e-6) and b.reads == a.reads
 
 
 def test_the_share_of_a_run_read_again_is_what_its_steps_read_before():
