@@ -11,11 +11,13 @@ The testbed attaches a loop device (direct I/O) to MOUNTDIR/<IMAGE's name> and b
 ext4 on it, so everything above the loop device (page cache, O_DIRECT, the RAM budget) is as on a
 throttled drive. CONTROL is a JSON document {"read_mbs": R, "write_mbs": W} (MB/s, 10**6 B/s;
 0: no limit), read at start and again whenever it changes (`set_read_limit`: a drive that slows
-or recovers mid-run). Requests are taken in the order the kernel sends them (single-threaded: a
-queue of depth one; the kernel hands FUSE reads of up to 128 KiB), so FUSE's own round trip, a
-few tens of microseconds, is the drive's latency. Runs until MOUNTDIR is unmounted (the
-testbed's `down`); prints what it served to stderr then. Needs libfuse3 (apt fuse3) and the
-mfusepy package (`pip install -e '.[bench]'`).
+or recovers mid-run; the testbed writes it through a temporary name and a rename, so every write
+is a new inode, seen at the next request). Requests are taken in the order the kernel sends them,
+one at a time (single-threaded: a queue of depth one; the kernel hands FUSE reads of up to 128
+KiB), so the FUSE round trip through Python is the drive's latency: a read alone takes 0.6-1 ms
+more than its bytes at the rate. Runs until MOUNTDIR is unmounted (the testbed's `down`); prints
+what it served to stderr then. Needs libfuse3 (apt fuse3) and the mfusepy package
+(`pip install -e '.[bench]'`).
 """
 
 from __future__ import annotations
@@ -73,15 +75,15 @@ def serve(image: str, mountdir: str, control: str) -> int:
             self.fd = os.open(image, os.O_RDWR)
             self.name = "/" + os.path.basename(image)
             self.busy_until = 0.0
-            self.control_mtime = 0
+            self.control_seen = (0, 0)      # (inode, mtime) of the rates read: each write is a new file
             self.read_rate = self.write_rate = 0.0
             self.served = {"read": [0, 0], "write": [0, 0]}      # requests, bytes
 
         def _rates(self) -> tuple[float, float]:
-            mtime = os.stat(control).st_mtime_ns
-            if mtime != self.control_mtime:
+            st = os.stat(control)
+            if (st.st_ino, st.st_mtime_ns) != self.control_seen:
                 self.read_rate, self.write_rate = read_control(control)
-                self.control_mtime = mtime
+                self.control_seen = (st.st_ino, st.st_mtime_ns)
             return self.read_rate, self.write_rate
 
         def _pace(self, t0: float, nbytes: int, rate: float, kind: str) -> None:
