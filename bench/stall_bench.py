@@ -40,6 +40,11 @@ Run it as root (it takes the testbed lock and always takes the testbed down):
 
   .venv/bin/python -m bench.stall_bench [--class slow --class medium --class fast] [--runs 3]
       [--scenario crawl --scenario recover --scenario half --scenario healthy] [--prompt short --prompt long]
+      [--pacing throttle|service]
+
+--pacing service (slow and medium classes) builds drives that serve each request in bytes / rate
+and bank nothing while idle (`iobench testbed up --pacing service`); blk-throttle lets a drive
+that idled serve its next read at once, which flatters every arm that leaves drives idle.
 """
 
 from __future__ import annotations
@@ -245,17 +250,24 @@ def main() -> int:
                          ", ".join(f"{c} {b:g}" for c, (_, b) in RECOVER.items()) + ")")
     ap.add_argument("--size", default="1G")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pacing", default="throttle", choices=("throttle", "service"),
+                    help="how the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
+                         "which banks credit while a drive idles) or service (each request served in bytes / rate, "
+                         "nothing banked; slow and medium classes only)")
     args = ap.parse_args()
     if args.runs < 1:
         usage_exit(f"--runs {args.runs}: must be at least 1")
     classes = args.classes or list(CLASSES)
+    if args.pacing == "service" and "fast" in classes:
+        usage_exit("--pacing service: the fast class is the loop devices unthrottled, and a daemon in the way would be "
+                   "its ceiling; give --class slow and/or --class medium")
     scenarios = tuple(sc for sc in SCENARIOS if not args.scenarios or sc in args.scenarios)
-    require_testbed()
+    require_testbed(args.pacing)
     out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
     t_start = time.monotonic()
     lines: list[str] = []
     hashes: dict[int, set] = {}
-    with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size) as tb:
+    with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size, pacing=args.pacing) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
         head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
@@ -264,7 +276,7 @@ def main() -> int:
                 + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
                             ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
                              else RECOVER).items() if c in classes)
-                + f"; {args.runs} runs per arm")
+                + f"; {args.runs} runs per arm; drives paced by {args.pacing}")
         print(head, flush=True)
         lines.append(head)
         for cls in classes:
