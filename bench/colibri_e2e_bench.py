@@ -179,8 +179,10 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
     plan = load_plan(path)
     world = plan.provenance.get("world") or {}
     inputs = load_inputs(rig)
+    # priced as the plan was (this process runs outside the RAM budget): its room and its buffered excess
     _, problem, _ = world_problem(rig, inputs, "colibri", prompt_tokens=len(PROMPT), engine_args=(str(CAP),),
-                                  page_cache_bytes=int(world.get("page_cache_bytes") or 0), env=env)
+                                  page_cache_bytes=int(world.get("page_cache_bytes") or 0), env=env,
+                                  buffered_excess=float(world.get("buffered_excess") or 0.0))
     arms = grid_arms(plan, problem, n)
     for k, a in enumerate(arms):
         os.makedirs(os.path.join(out, "profiles"), exist_ok=True)
@@ -217,7 +219,8 @@ def one_budget(tb, binary: str, title: str, ram: str, model: str, rig: str, out:
              f"plan's world: page cache room {int(world.get('page_cache_bytes') or 0) / 1e6:.0f} MB "
              f"({world.get('ram')}; colibri resident {int(world.get('resident_bytes') or 0) / 1e6:.0f} MB), "
              f"cache {world.get('cache_experts')} experts ({world.get('cache_from')}); the room from "
-             f"{world.get('page_cache_from')}",
+             f"{world.get('page_cache_from')}; buffered reads priced at +{100 * float(world.get('buffered_excess') or 0):.1f} % "
+             "of their bytes (what the calibration's drives read beyond its fetches: readahead)",
              f"{len(arms)} arms x {runs} runs interleaved in {seconds:.0f} s; tok/s = colibri's generated tokens over its "
              f"PROFILE seconds (prompt {len(PROMPT)}, {GEN} generated)",
              f"{'arm':<34} {'measured':>8} {'spread':>7} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8} "

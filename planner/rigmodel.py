@@ -158,15 +158,17 @@ def find_calibration(rig_root: str, engine: str, model_path: str | None) -> dict
 
 def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, ram=None, cache_experts: int | None = None,
                  page_cache_bytes: int | None = None, calibration: dict | None = None,
-                 default_cache: int | None = None) -> World:
+                 default_cache: int | None = None, buffered_excess: float | None = None) -> World:
     """The world a plan is priced in: the engine's cache (`cache_experts` when given, else what
     its last run's lines said, else what its arguments give it: `Engine.own_workload`), the page
     cache's room (`page_cache_bytes` when given, else the RAM the process runs under — its
     cgroup's limit, `core.ram.ram_limit` — less what the engine keeps of its own, its last run's
     measured peak or else its arguments' estimate, and, read from the machine, this tool's own
     resident memory; no more than a buffered run under this RAM showed, its measured share over
-    the share of what that run read again: `planner.world.hit_room`), and the
-    run's loads in flight and compute per token. Without the engine's arguments (`args` empty) and
+    the share of what that run read again: `planner.world.hit_room`), what buffered reads read
+    beyond their bytes (`buffered_excess` when given, else what a buffered run under this RAM
+    showed: `planner.world.readahead_excess`), and the run's loads in flight and compute per
+    token. Without the engine's arguments (`args` empty) and
     a run, the cache is the planner's default (`default_cache`), and the engine's memory is priced
     at it."""
     from core.platform import available_memory
@@ -204,11 +206,12 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     # the engine reads the model's bytes outside its routed experts once (its dense weights)
     once = max(0, geometry.file_size - geometry.routed_bytes) if geometry is not None else 0
     hits = measured_hits(cal, limit.bytes, once) if page_cache_bytes is None and geometry is not None else None
-    excess = readahead_excess(cal, limit.bytes, once) if hits is not None else 0.0
+    if buffered_excess is None:      # what buffered reads read beyond their bytes under this RAM, as a run showed
+        buffered_excess = readahead_excess(cal, limit.bytes, once) if geometry is not None else 0.0
     world = World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
                   compute_per_token(cal), bool(cal.get("overlap")), cal,
                   "" if page_cache_bytes is not None else limit.describe(), resident,
-                  how if cache is not None else "the planner's default", room_from, hits, excess)
+                  how if cache is not None else "the planner's default", room_from, hits, buffered_excess)
     if hits is None:
         return world
     # the share is of everything that run fetched, its first reads included; the page cache can
@@ -221,9 +224,7 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     return replace(world, page_cache_bytes=int(held * geometry.routed_bytes),
                    page_cache_from=f"the engine's last buffered run under this RAM: the page cache served "
                                    f"{100 * hits:.0f} % of what it fetched"
-                                   + (f", {100 * held:.0f} % of what it read again" if reread < 1 else "")
-                                   + (f"; its drives read {100 * excess:.1f} % beyond its fetches (readahead), "
-                                      "which buffered reads are priced at" if excess > 0 else ""))
+                                   + (f", {100 * held:.0f} % of what it read again" if reread < 1 else ""))
 
 
 def _world_for_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (),
@@ -292,7 +293,7 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
                   prompt_tokens: int = PREFILL_TOKENS, cache_experts: int | None = None,
                   page_cache_bytes: int | None = None, engine_args: Sequence[str] = (), use_calibration: bool = True,
                   backgrounds: tuple[Background, ...] = (), lanes: int | None = None, threads: int | None = None,
-                  env=None) -> tuple[Chosen, Problem, World]:
+                  env=None, buffered_excess: float | None = None) -> tuple[Chosen, Problem, World]:
     """The chosen workload and its problem in the engine's world (`engine_world`): for the rig's
     own model the engine's cache and calibration; a named workload keeps the planner's defaults."""
     e = get_engine(engine)
@@ -301,7 +302,7 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
     cal = find_calibration(rig_root, engine, chosen.workload.shape.name) if own_model and use_calibration else {}
     geometry, default_cache = chosen.workload.geometry if own_model else None, chosen.workload.traffic.cache_experts
     world = engine_world(e, geometry, engine_args, env, cache_experts=cache_experts, page_cache_bytes=page_cache_bytes,
-                         calibration=cal, default_cache=default_cache)
+                         calibration=cal, default_cache=default_cache, buffered_excess=buffered_excess)
     if own_model and world.cache_experts != chosen.workload.traffic.cache_experts and world.cache_experts is not None:
         chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, world.cache_experts)
     if cal:

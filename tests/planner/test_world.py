@@ -156,6 +156,13 @@ def test_what_a_buffered_run_read_beyond_its_fetches_prices_buffered_reads_deare
     world = engine_world(e, g, args, env, ram=ram, calibration=run)
     assert world.buffered_excess == pytest.approx(0.05, abs=1e-6) and world.hit_share == 0.0
     assert world.as_dict()["buffered_excess"] == world.buffered_excess
+    # a room given (--page-cache) leaves the excess to the run; an excess given (a plan's, re-priced
+    # outside the RAM it was measured in) is taken as it is
+    given_room = engine_world(e, g, args, env, ram=ram, calibration=run, page_cache_bytes=0)
+    assert given_room.buffered_excess == pytest.approx(0.05, abs=1e-6)
+    assert engine_world(e, g, args, env, ram=RamLimit(1 << 40, "MemTotal"), calibration=run).buffered_excess == 0.0
+    assert engine_world(e, g, args, env, ram=RamLimit(1 << 40, "MemTotal"), calibration=run,
+                        buffered_excess=0.05).buffered_excess == 0.05
     _, _, prob = problem_for_rig(rig.root, None, "colibri", page_cache_bytes=0, cache_experts=world.cache_experts)
     plain, dearer = Pricer(prob), Pricer(replace(prob, buffered_excess=world.buffered_excess))
     for mode, factor in (((), 1.05), (("direct",), 1.0)):
