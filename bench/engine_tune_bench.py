@@ -187,6 +187,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
     ap.add_argument("--ram", default=None, help="The testbed's RAM budget for every engine, as `iobench testbed up "
                                                 "--ram` takes it (default: each engine's in RAM; none: no budget).")
+    ap.add_argument("--pacing", default="throttle", choices=("throttle", "service"),
+                    help="How the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
+                         "which banks credit while a drive idles) or service (each request served in bytes / rate).")
     a = ap.parse_args()
     kinds = a.engine.split(",")
     bad = [k for k in kinds if k not in KINDS]
@@ -194,11 +197,12 @@ def main() -> None:
         usage_exit(f"--engine {bad[0]}: use {', '.join(KINDS)}")
     if "colibri" in kinds:
         require_colibri_bin()
-    ok, why = available()
+    ok, why = available(a.pacing)
     if not ok:
         usage_exit(f"no testbed here: {why}")
     limits = dict(zip(NAMES, (float(x) for x in a.limits.split(","))))
-    with tempfile.TemporaryDirectory(prefix="engine-tune-", dir=a.out) as out, Testbed(limits, size="1G") as tb:
+    with tempfile.TemporaryDirectory(prefix="engine-tune-", dir=a.out) as out, \
+            Testbed(limits, size="1G", pacing=a.pacing) as tb:
         for k in kinds:
             print("\n".join(one(tb, k, limits, a.budget if k == "colibri" else a.standin_budget, out, a.ram)), flush=True)
 
