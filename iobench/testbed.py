@@ -44,6 +44,7 @@ from .testbed_spec import (
     STATE_KIND,
     STATE_SCHEMAS,
     SERVICE,
+    THROTTLE,
     V2,
     Controller,
     DriveLimits,
@@ -93,7 +94,7 @@ def memory_controller() -> tuple[Controller | None, str]:
     return choose_memory(v2, _read(os.path.join(v2, "cgroup.controllers")) if v2 else "", v1_mount(mounts, "memory"))
 
 
-def check(pacing: str = "throttle") -> list[str]:
+def check(pacing: str = THROTTLE) -> list[str]:
     """Why this machine cannot host a testbed paced so (empty: it can)."""
     problems = []
     if pacing == SERVICE:
@@ -159,7 +160,7 @@ def _write(path: str, line: str) -> None:
 # ---- up ----------------------------------------------------------------------------------------
 
 def up(root: str, drives: tuple[DriveLimits, ...], size: int, report: Callable[[str], None] | None = None,
-       ram: RamSpec | None = None, model_bytes: int = 0, pacing: str = "throttle") -> TestbedState:
+       ram: RamSpec | None = None, model_bytes: int = 0, pacing: str = THROTTLE) -> TestbedState:
     """Build the testbed at `root` (a new or empty folder): one `size`-byte drive per entry of
     `drives`, throttled by the cgroup (`pacing` "throttle") or served by a daemon at its rate
     ("service"), and a memory group where the machine has a memory controller, holding its
@@ -265,7 +266,7 @@ def _serve(state: TestbedState, d) -> None:
     until it shows the image."""
     write_json(d.control, servedrive.control_doc(d.limits.read_mbs, d.limits.write_mbs))
     os.mkdir(d.served)
-    log = open(os.path.join(state.root, f".{d.name}.served.log"), "ab")
+    log = open(d.served_log, "ab")
     with log:
         proc = subprocess.Popen([sys.executable, "-m", servedrive.MODULE, d.image, d.served, d.control],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
@@ -506,9 +507,8 @@ def _teardown(state: TestbedState, kill: bool) -> list[str]:
             _stop_serving(d, left, done)
             if os.path.ismount(d.served):
                 continue
-        log = os.path.join(state.root, f".{d.name}.served.log") if d.served else ""
         for path, remove in ((d.image, os.remove), (d.mount, os.rmdir), (d.served, os.rmdir), (d.control, os.remove),
-                             (log, os.remove)):
+                             (d.served_log, os.remove)):
             if not path:
                 continue
             if os.path.lexists(path) and not os.path.ismount(path):

@@ -337,6 +337,11 @@ class DriveState:
         """The loop device's backing file: the image, or its paced view."""
         return f"{self.served}/{self.image.rsplit('/', 1)[-1]}" if self.served else self.image
 
+    @property
+    def served_log(self) -> str:
+        """Where the daemon of a paced drive writes (its start-up errors, what it served); "" otherwise."""
+        return f"{self.served}.log" if self.served else ""
+
 
 @dataclass
 class RamState:
