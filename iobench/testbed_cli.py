@@ -45,11 +45,11 @@ def check():
     memory, memory_why = testbed.memory_controller()
     ram = f"RAM budgets: {memory_why}" if memory else f"RAM budgets unavailable: {memory_why}"
     service = testbed.service_problems()
-    ram += f"; --pacing service: {'unavailable, ' + '; '.join(service) if service else 'FUSE, libfuse3, mfusepy'}"
+    paced = f"--pacing service: {'unavailable, ' + '; '.join(service) if service else 'FUSE, libfuse3, mfusepy'}"
     if problems:
-        typer.echo(f"unavailable: {'; '.join(problems)}; {ram}")
+        typer.echo(f"unavailable: {'; '.join(problems)}; {ram}; {paced}")
         finish(EXIT_MISMATCH)
-    typer.echo(f"ok: root, loop devices, {why}; {ram}")
+    typer.echo(f"ok: root, loop devices, {why}; {ram}; {paced}")
 
 
 def _raise_on_hangup(signum, frame):
