@@ -136,6 +136,12 @@ class Geometry:
         return sum(t.nbytes for t in self.tensors)
 
     @property
+    def dense_bytes(self) -> int:
+        """Bytes of the model's files outside its routed experts (its dense weights and headers:
+        what an engine reads once and keeps)."""
+        return max(0, int(self.file_size) - self.routed_bytes)
+
+    @property
     def expert_bytes(self) -> int:
         """Bytes of one expert (all its components), averaged over layers when they differ."""
         return round(self.routed_bytes / (self.layers * self.experts))

@@ -204,7 +204,7 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     room = page_cache_bytes if page_cache_bytes is not None else page_cache_room(limit.bytes, resident)
     room_from = "given (--page-cache)" if page_cache_bytes is not None else RAM_ROOM
     # the engine reads the model's bytes outside its routed experts once (its dense weights)
-    once = max(0, geometry.file_size - geometry.routed_bytes) if geometry is not None else 0
+    once = geometry.dense_bytes if geometry is not None else 0
     hits = measured_hits(cal, limit.bytes, once) if page_cache_bytes is None and geometry is not None else None
     if buffered_excess is None:      # what buffered reads read beyond their bytes under this RAM, as a run showed
         buffered_excess = readahead_excess(cal, limit.bytes, once) if geometry is not None else 0.0

@@ -186,7 +186,7 @@ def own_workload(geometry, args: Sequence[str], env: Mapping[str, str], mem_avai
     from ..base import OwnWorkload
 
     eb = geometry.expert_bytes
-    dense = max(0, int(geometry.file_size) - geometry.routed_bytes)
+    dense = geometry.dense_bytes
     per = cache_per_layer(args, env, geometry.layers, geometry.experts, eb, dense, mem_available)
     how = (f"colibri's expert cache {per}/layer (cap {asked_cap(args, env)} asked"
            f"{', RAM_GB ' + str(env.get(ENV_RAM_GB)) if env.get(ENV_RAM_GB) else ', its budget 88 % of MemAvailable'}"
