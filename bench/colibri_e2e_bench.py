@@ -45,7 +45,7 @@ import time
 
 from bench.colibri_launch_bench import require_colibri_bin
 from bench.pattern_bench import BIN
-from bench.testbed import Testbed, available, drop_caches, usage_exit
+from bench.testbed import PACINGS, Testbed, available, drop_caches, usage_exit
 
 NAMES = ("internal", "green", "white")
 SYNTH = ("--format", "colibri", "--layers", "4", "--experts", "16", "--top-k", "4", "--shards", "1")
@@ -298,7 +298,7 @@ def main() -> None:
     ap.add_argument("--budget", action="append", default=None, metavar="RAM",
                     help="A RAM budget as `iobench testbed up --ram` takes it (repeatable; default: ref+256M and 200%%).")
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
-    ap.add_argument("--pacing", default="service", choices=("service", "throttle"),
+    ap.add_argument("--pacing", default="service", choices=PACINGS,
                     help="How the drives keep their ceilings (iobench testbed up --pacing): service (default: each "
                          "request served in bytes / rate, nothing banked while idle, as a real drive) or throttle "
                          "(blk-throttle, whose idle credit unstriped reads draw on).")

@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from bench.colibri_launch_bench import require_colibri_bin
-from bench.testbed import REPO, Testbed, available, usage_exit
+from bench.testbed import PACINGS, REPO, THROTTLE, Testbed, available, usage_exit
 
 NAMES = ("internal", "green", "white")
 KINDS = ("colibri", "colibri-v41", "ds4-argodrive")
@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="Working folder (default: a temporary one, removed).")
     ap.add_argument("--ram", default=None, help="The testbed's RAM budget for every engine, as `iobench testbed up "
                                                 "--ram` takes it (default: each engine's in RAM; none: no budget).")
-    ap.add_argument("--pacing", default="throttle", choices=("throttle", "service"),
+    ap.add_argument("--pacing", default=THROTTLE, choices=PACINGS,
                     help="How the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
                          "which banks credit while a drive idles) or service (each request served in bytes / rate).")
     a = ap.parse_args()

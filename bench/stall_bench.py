@@ -63,7 +63,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.engine_bench import synth_on_drives  # noqa: E402
-from bench.testbed import Testbed, require_testbed, usage_exit  # noqa: E402
+from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 
@@ -250,7 +250,7 @@ def main() -> int:
                          ", ".join(f"{c} {b:g}" for c, (_, b) in RECOVER.items()) + ")")
     ap.add_argument("--size", default="1G")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--pacing", default="throttle", choices=("throttle", "service"),
+    ap.add_argument("--pacing", default=THROTTLE, choices=PACINGS,
                     help="how the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
                          "which banks credit while a drive idles) or service (each request served in bytes / rate, "
                          "nothing banked; slow and medium classes only)")

@@ -53,7 +53,9 @@ if REPO not in sys.path:        # `python bench/x.py` as well as `python -m benc
 from core.errors import ReplicaTunerError  # noqa: E402
 from iobench import testbed  # noqa: E402
 from iobench.testbed_spec import (  # noqa: E402
+    PACINGS,  # noqa: F401 (the benches' --pacing choices, from here)
     STATE_FILE,
+    THROTTLE,
     RamState,
     parse_pairs,
     parse_ram,
@@ -102,7 +104,7 @@ def usage_exit(msg: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def available(pacing: str = "throttle") -> tuple[bool, str]:
+def available(pacing: str = THROTTLE) -> tuple[bool, str]:
     """(True, which controller) when this machine can host the testbed, else (False, why not)."""
     problems = testbed.check(pacing)
     if problems:
@@ -110,7 +112,7 @@ def available(pacing: str = "throttle") -> tuple[bool, str]:
     return True, testbed.controller()[1]
 
 
-def require_testbed(pacing: str = "throttle") -> str:
+def require_testbed(pacing: str = THROTTLE) -> str:
     """The controller line, once this machine can host a testbed; else one line, exit 2."""
     ok, why = available(pacing)
     if not ok:
@@ -244,7 +246,7 @@ class Testbed:
     """
 
     def __init__(self, read_mbs: dict[str, float], *, write_mbs: float = 0, iops: dict[str, float] | None = None,
-                 size: str = "3G", root: str | None = None, ram: str | None = None, pacing: str = "throttle"):
+                 size: str = "3G", root: str | None = None, ram: str | None = None, pacing: str = THROTTLE):
         self.read_mbs, self.write_mbs, self.iops, self.size = dict(read_mbs), write_mbs, dict(iops or {}), size
         self.pacing = pacing
         self.ram_spec = ram
@@ -384,7 +386,7 @@ class Testbed:
             ram = f"RAM budget {self._ram.text} of the model: set once the model is written"
         elif self.ram_spec and not self._ram:
             ram += f" (--ram {self.ram_spec})"
-        paced = (f"{self.controller}" if self.pacing == "throttle" else
+        paced = (f"{self.controller}" if self.pacing == THROTTLE else
                  "served one request at a time in bytes / rate by a FUSE daemon, nothing banked while idle")
         return f"testbed: drives {drives} MB/s read{iops} ({paced}); {ram}"
 

@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 
-from bench.testbed import Testbed, require_testbed, usage_exit, write_random
+from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit, write_random
 
 READS = """import json, mmap, os, sys, time
 path, size, idles = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
@@ -72,7 +72,7 @@ def main() -> None:
     if size < 4096 or a.mbs <= 0 or not idles or min(idles) < 0:
         usage_exit("--read-mb, --mbs: give positive sizes; --idle-ms: at least one time >= 0")
     pacings = [x.strip() for x in a.pacing.split(",") if x.strip()]
-    if not pacings or set(pacings) - {"throttle", "service"}:
+    if not pacings or set(pacings) - set(PACINGS):
         usage_exit(f"--pacing {a.pacing!r}: give throttle, service or both (throttle,service)")
     for pacing in pacings:
         require_testbed(pacing)
@@ -90,7 +90,7 @@ def measure(mbs: float, size: int, idles: list[float], pacing: str) -> None:
             raise SystemExit(f"throttle_burst_bench: the reads failed (exit {p.returncode}): {p.stderr.strip()[-300:]}")
         r = json.loads(p.stdout)
     at_ceiling = size / (mbs * 1e6)
-    how = "blk-throttle" if pacing == "throttle" else "served in bytes / rate, --pacing service"
+    how = "blk-throttle" if pacing == THROTTLE else "served in bytes / rate, --pacing service"
     print(f"one testbed drive at {mbs:g} MB/s ({how}), O_DIRECT reads of {size / 1e6:.2f} MB by one process; "
           f"one read at the ceiling takes {at_ceiling * 1000:.1f} ms")
     print(f"back to back for 3 s: {r['back_to_back_Bps'] / 1e6:.1f} MB/s")
@@ -99,6 +99,7 @@ def measure(mbs: float, size: int, idles: list[float], pacing: str) -> None:
         print(f"idle {float(ms):5.0f} ms before each read: median {med * 1000:6.1f} ms (min {min(ts) * 1000:.1f}, max "
               f"{max(ts) * 1000:.1f}), {size / med / 1e6:7.1f} MB/s while reading: {at_ceiling / med:5.1f}x the ceiling",
               flush=True)
+
 
 if __name__ == "__main__":
     main()
