@@ -2,7 +2,7 @@
 sample (a random subset of pieces). Every file of the model is judged against its own
 `Manifest` from the `ModelManifest`; a member is identical only when every file is. One
 sequential cold reader per drive (a member's files in the model's order), drives in parallel,
-each paced by --max-rate when given.
+each paced by --max-rate when given; a member in RAM has a reader of its own (`group_by_drive`).
 
 What a verification finds is remembered in the rig (`records`) per file path: the verdict,
 which `status` shows until a repair or a clean verify replaces it, and, while a `--full` run is
@@ -264,19 +264,32 @@ def check_member(member: Member, manifest: Manifest | ModelManifest, rig: Rig, *
 
 
 def group_by_drive(members: list[Member]) -> list[tuple[str, list[Member]]]:
-    """(drive key, members): members sharing a physical drive are read one after another;
-    drives run in parallel."""
+    """Lanes of (drive key, members), read in parallel: members sharing a physical drive are read
+    one after another in one lane. A member in RAM (tmpfs) has a lane of its own: there is no
+    drive to share, its reading is the CPU's hashing, and lanes side by side keep both cores busy
+    while one of them tears down the map of a file it has finished (docs/replicas.md, "Hashing at
+    the drives' pace"). The key is the drive's, also for those lanes: --max-rate paces a drive."""
     from core.drives import drive_of
+    from core.tiers import is_memory
 
-    groups: dict[str, list[Member]] = {}
+    lanes: list[tuple[str, list[Member]]] = []
+    shared: dict[str, list[Member]] = {}
     for m in members:
         try:
             folder = os.path.dirname(m.path) or "."
-            key = drive_of(folder).key if os.path.exists(folder) else "missing:" + m.path
+            exists = os.path.exists(folder)
+            key = drive_of(folder).key if exists else "missing:" + m.path
+            in_ram = exists and is_memory(folder)
         except OSError:
-            key = "missing:" + m.path
-        groups.setdefault(key, []).append(m)
-    return list(groups.items())
+            key, in_ram = "missing:" + m.path, False
+        if in_ram:
+            lanes.append((key, [m]))
+        elif key in shared:
+            shared[key].append(m)
+        else:
+            shared[key] = [m]
+            lanes.append((key, shared[key]))
+    return lanes
 
 
 def against(rig: Rig, other: ModelManifest | None = None, where: str = "", any_files: bool = False) -> tuple[ModelManifest, bool]:
@@ -300,7 +313,8 @@ def verify_members(members: list[Member], manifest: Manifest | ModelManifest, ri
                    sample: float | None = None, seed: int | None = None, report: Reporter = None,
                    cancel: threading.Event | None = None, max_rate: float | None = None, clock: Clock | None = None,
                    resume: bool = False, record: bool = True, tap: Tap | None = None) -> VerifyReport:
-    """Check members, one thread per physical drive, each member's files in the model's order.
+    """Check members, one thread per physical drive (and per member in RAM), each member's files
+    in the model's order.
     `max_rate` (bytes/s, per drive) paces the reads by `clock` (the wall clock by default).
     `record` (the manifest is the rig's own): stamp files that verify, remember each file's
     verdict in the rig, and in full mode keep the progress of an interrupted run for `resume`.
