@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 from bench.colibri_launch_bench import require_colibri_bin
 from bench.testbed import PACINGS, REPO, THROTTLE, Testbed, available, usage_exit
@@ -139,7 +140,7 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
     from core.rig import load_rig
     from engine_bridge.tuning.judge import EngineArm, predicted_tok_s
     from planner.plans import latest_plan_path, load_inputs, load_plan
-    from planner.rigmodel import world_problem
+    from planner.rigmodel import arms_compute, world_problem
     from planner.solve import Pricer, problem_prediction
     from planner.whatif import only_drives
 
@@ -158,22 +159,39 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
              f"page cache room {room / 1e6:.0f} MB under the budget"
              + (f", the drives served {hits['storage_bytes'] / hits['bytes_read']:.2f} of what {hits.get('runs')} buffered "
                 f"run(s) fetched" if hits.get("storage_bytes") and hits.get("bytes_read") else "") + ")",
-             f"{'arm':<28} {'measured':>8} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8}"]
+             f"{'arm':<28} {'measured':>8} {'reads':>7} {'err':>8} {'e2e':>7} {'err':>8}"
+             + (f" {'e2e*':>7} {'err':>8}" if cal.get("arms") else "")]
+    if world.compute_from:
+        lines.insert(1, f"compute: {world.compute_from}")
+
+    def predicted(a: dict, compute: dict) -> EngineArm:
+        srcs = tuple(a["sources"])
+        sub = replace(problem if len(srcs) == len(problem.drives) else only_drives(problem, srcs), compute=compute)
+        pricer, mode = Pricer(sub), frozenset(a["mode"])
+        w = {"prefill": tuple(a["weights"]), "decode": tuple(a["decode_weights"] or a["weights"])}
+        return EngineArm(a["label"], tuple(a["roles"]), w["prefill"], None, tuple(a["mode"]), srcs,
+                         {ph: problem_prediction(sub, pricer.price(ph, w[ph], mode), w[ph], mode)
+                          for ph in ("prefill", "decode") if sub.phases[ph].steps})
+
+    def cell(p: float | None, med: float) -> str:
+        return f"{p:>7.3f} {100 * (p / med - 1):>+7.1f}%" if p else f"{'-':>7} {'-':>8}"
+
     for a in doc["arms"]:
         if not a.get("weights") or not a.get("median_tok_s"):
             continue              # the engine's own default (no weights of ours), or an arm that never ran
-        srcs = tuple(a["sources"])
-        sub = problem if len(srcs) == len(problem.drives) else only_drives(problem, srcs)
-        pricer, mode = Pricer(sub), frozenset(a["mode"])
-        w = {"prefill": tuple(a["weights"]), "decode": tuple(a["decode_weights"] or a["weights"])}
-        arm = EngineArm(a["label"], tuple(a["roles"]), w["prefill"], None, tuple(a["mode"]), srcs,
-                        {ph: problem_prediction(sub, pricer.price(ph, w[ph], mode), w[ph], mode)
-                         for ph in ("prefill", "decode") if sub.phases[ph].steps})
         med = a["median_tok_s"]
-        pr = predicted_tok_s(arm, "run", len(PROMPT), GEN)
-        pe = predicted_tok_s(arm, "run", len(PROMPT), GEN, e2e=True)
-        lines.append(f"{a['label']:<28} {med:>8.3f} {pr or 0:>7.3f} {100 * (pr / med - 1) if pr else 0:>+7.1f}% "
-                     + (f"{pe:>7.3f} {100 * (pe / med - 1):>+7.1f}%" if pe else f"{'-':>7} {'-':>8}"))
+        arm = predicted(a, problem.compute)
+        reads, both = (predicted_tok_s(arm, "run", len(PROMPT), GEN, e2e=e) for e in (False, True))
+        line = f"{a['label']:<28} {med:>8.3f} {cell(reads, med)} {cell(both, med)}"
+        if cal.get("arms"):
+            # the compute inferred from the other arms alone: this arm's prediction out of sample
+            others, _ = arms_compute(replace(problem, compute={}), cal,
+                                     [x for x in cal["arms"] if x.get("label") != a["label"]])
+            out = predicted_tok_s(predicted(a, others), "run", len(PROMPT), GEN, e2e=True) if others else None
+            line += f" {cell(out, med)}"
+        lines.append(line)
+    if cal.get("arms"):
+        lines.append("e2e*: with the compute inferred from the other arms alone (each arm out of sample)")
     return lines
 
 

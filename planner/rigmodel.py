@@ -127,10 +127,12 @@ class World:
     page_cache_from: str = ""     # how the page cache's room was found
     hit_share: float | None = None  # the share of its fetches the page cache served the engine's last buffered run
     buffered_excess: float = 0.0  # what that run's drives read beyond its fetches (readahead), a share of them
+    compute_from: str = ""        # how the compute was found ('' none; the engine's lines; inferred from its arms)
 
     def as_dict(self) -> dict:
         return {"cache_experts": self.cache_experts, "page_cache_bytes": self.page_cache_bytes,
                 "in_flight": self.in_flight, "compute_s_per_token": dict(self.compute), "overlap": self.overlap,
+                "compute_from": self.compute_from,
                 "ram": self.ram, "resident_bytes": self.resident_bytes, "cache_from": self.how,
                 "page_cache_from": self.page_cache_from, "buffered_excess": self.buffered_excess,
                 "calibration": dict(self.calibration)}
@@ -303,14 +305,77 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
     geometry, default_cache = chosen.workload.geometry if own_model else None, chosen.workload.traffic.cache_experts
     world = engine_world(e, geometry, engine_args, env, cache_experts=cache_experts, page_cache_bytes=page_cache_bytes,
                          calibration=cal, default_cache=default_cache, buffered_excess=buffered_excess)
-    if own_model and world.cache_experts != chosen.workload.traffic.cache_experts and world.cache_experts is not None:
-        chosen = choose_workload(rig_root, engine, workload, model, prompt_tokens, world.cache_experts)
-    if cal:
-        chosen = replace(chosen, workload=calibrated_workload(chosen.workload, cal))
-    prob = rig_problem(inputs, chosen, e, backgrounds, lanes, threads if threads is not None else world.in_flight,
-                       world.page_cache_bytes, world.buffered_excess)
+
+    def problem_at(prompt: int) -> tuple[Chosen, Problem]:
+        ch = chosen
+        if own_model and world.cache_experts != ch.workload.traffic.cache_experts and world.cache_experts is not None:
+            ch = choose_workload(rig_root, engine, workload, model, prompt, world.cache_experts)
+        elif prompt != prompt_tokens:
+            ch = choose_workload(rig_root, engine, workload, model, prompt, cache_experts)
+        if cal:
+            ch = replace(ch, workload=calibrated_workload(ch.workload, cal))
+        return ch, rig_problem(inputs, ch, e, backgrounds, lanes, threads if threads is not None else world.in_flight,
+                               world.page_cache_bytes, world.buffered_excess)
+
+    chosen, prob = problem_at(prompt_tokens)
+    if not world.compute and cal.get("arms"):
+        # the engine's lines gave no compute: what its arms took beyond their priced reads
+        window = int(cal.get("prompt_tokens") or 0)
+        compute, how = arms_compute(prob if window in (0, prompt_tokens) else problem_at(window)[1], cal)
+        if compute:
+            world = replace(world, compute=compute, compute_from=how)
+    elif world.compute:
+        world = replace(world, compute_from="the engine's own lines")
     prob = replace(prob, compute=world.compute, overlap=world.overlap)
     return chosen, prob, world
+
+
+ARMS_MIN = 2        # arms an inferred compute needs: one arm cannot tell compute from a mispriced read
+
+
+def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None) -> tuple[dict[str, float], str]:
+    """({phase: compute seconds per token}, how) for an engine whose lines give no compute (ds4),
+    from the real-engine tuner's arms (`cal["arms"]`, or `arms`): each arm ran the same prompt and
+    tokens with other weights, so what each took beyond its reads as `problem` prices them is the
+    engine's compute, the same for every arm; the median over the arms (docs/planner.md, "Compute
+    the engine's lines do not give"). Charged as a 'run' window's compute is (`world.compute_per_token`:
+    all to decode). ({}, why) when fewer than ARMS_MIN arms priced, or the median is not positive
+    (the reads alone are priced slower than the engine ran: nothing to add)."""
+    from .solve import Pricer, problem_prediction
+    from .whatif import only_drives
+    from .world import compute_per_token
+
+    arms = list(cal.get("arms") or () if arms is None else arms)
+    prompt, gen = int(cal.get("prompt_tokens") or 0), int(cal.get("tokens") or 0)
+    if gen < 1:
+        return {}, "no generated tokens in the calibration's window"
+    extra = []
+    for a in arms:
+        srcs, tok_s = tuple(a.get("sources") or ()), a.get("tok_s")
+        if not a.get("weights") or not srcs or not isinstance(tok_s, (int, float)) or tok_s <= 0 \
+                or max(srcs) >= len(problem.drives):
+            continue
+        sub = problem if len(srcs) == len(problem.drives) else only_drives(problem, srcs)
+        pricer, mode = Pricer(sub), frozenset(a.get("mode") or ())
+        w = {"prefill": tuple(a["weights"]), "decode": tuple(a.get("decode_weights") or a["weights"])}
+        per = {}
+        for ph in ("prefill", "decode"):
+            if not sub.phases[ph].steps:
+                continue
+            p = problem_prediction(replace(sub, compute={}), pricer.price(ph, w[ph], mode), w[ph], mode)
+            per[ph] = float(p["seconds"]) / float(p["tokens"]) if p.get("tokens") else 0.0
+        reads = prompt * per.get("prefill", 0.0) + gen * per.get("decode", 0.0)
+        extra.append(gen / tok_s - reads)
+    if len(extra) < ARMS_MIN:
+        return {}, f"{len(extra)} arm(s) with weights ran: {ARMS_MIN} needed to tell compute from the reads"
+    from statistics import median
+
+    c = median(extra)
+    if c <= 0:
+        return {}, f"the arms ran faster than their reads are priced (median {c:+.3f} s over the window): no compute added"
+    how = (f"inferred from {len(extra)} arms of the real-engine tuner: the seconds each took beyond its priced reads, "
+           f"median {c / gen:.3f} s per generated token (arms {min(extra) / gen:.3f}..{max(extra) / gen:.3f})")
+    return compute_per_token({"compute_s": c, "tokens": gen}), how
 
 
 def solve_rig(rig_root: str, bench: str | None, engine: str, backgrounds: Sequence[str] = (), top: int = 5,

@@ -391,6 +391,8 @@ def tune_with_engine(rig_root: str, binary: str, engine: str | None = None, args
                 "plan_sources": [{"name": s.name, "path": s.path} for s in plan.sources],
                 "arms_left_out": list(plan.provenance.get("arms_left_out") or ())}
     cal = run_calibration(runs.trials, v.winner if v.winner is not None else v.default)
+    if cal and not cal.get("compute_s"):
+        cal = {**cal, "arms": arm_speeds(cands, runs.trials, [a.qualified for a in v.arms])}
     if cal:
         settings["engine_calibration"] = cal
     doc = _write_report(folder, report_dict(cands, runs.trials, v, settings))
@@ -536,6 +538,20 @@ def run_calibration(trials, arm: int | None) -> dict:
             out["buffered_run"] = {k: v for k, v in _median_record(buffered).items()
                                    if k in ("buffered", "bytes_read", "storage_bytes", "ram_bytes", "runs", "window",
                                             "tokens", "prompt_tokens", "cache_per_layer")}
+    return out
+
+
+def arm_speeds(cands, trials, qualified) -> list[dict]:
+    """Each qualified arm with weights of ours, as the planner prices it, and its median tok/s by
+    the engine's own line: what the next solve infers the engine's compute from when its lines
+    give none (`planner.rigmodel.arms_compute`)."""
+    out = []
+    for i, (c, ok) in enumerate(zip(cands, qualified)):
+        speeds = [t.tok_s for t in trials if t.arm == i and not t.failed and t.tok_s]
+        if ok and c.weights is not None and speeds:
+            out.append({"label": c.label, "weights": list(c.weights),
+                        "decode_weights": list(c.decode_weights) if c.decode_weights else None,
+                        "mode": list(c.mode), "sources": list(c.sources), "tok_s": _mid(speeds), "runs": len(speeds)})
     return out
 
 

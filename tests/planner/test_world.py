@@ -310,3 +310,76 @@ def test_a_winner_reading_with_o_direct_carries_what_the_page_cache_served_the_b
     assert measured_hits(cal, 2 * ram) is None                           # another RAM: it says nothing
     assert "buffered_run" not in run_calibration(runs[:3], 0)            # no buffered arm ran: nothing rides along
     assert measured_hits({**direct}, ram) is None
+
+
+def test_compute_the_engines_lines_do_not_give_is_inferred_from_its_arms(tmp_path):
+    """An engine whose lines give no compute (ds4): the tuner's arms ran the same window with other
+    weights, so what each took beyond its priced reads is its compute; the next solve takes the
+    median over them as the compute per generated token, says so, and predicts end to end."""
+    from core.rig import load_rig
+    from planner.plans import latest_plan, save_plan
+    from planner.rigmodel import _world_for_rig, arms_compute, calibration_entry
+    from planner.solve import problem_prediction
+
+    rig, model = dir_rig(tmp_path)
+    r = runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    g = inspect_model(str(model))
+    cal = {k: v for k, v in calibration_record(COLIBRI_LINES).items() if k not in ("compute_s", "overlap")}
+    prompt, gen = cal.get("prompt_tokens") or 0, cal["tokens"]
+    plan = latest_plan(load_rig(rig.root))
+
+    def calibrated(record):
+        save_plan(load_rig(rig.root), replace(plan, created="", provenance={
+            **plan.provenance, "engine_calibration": calibration_entry("colibri", g.path, record)}))
+
+    calibrated(cal)
+    _, _, prob, world = _world_for_rig(rig.root, None, "colibri", page_cache_bytes=0)    # as `solve` below
+    assert world.calibration == cal and not world.compute and world.compute_from == ""
+    pricer = Pricer(prob)
+
+    def reads(w, mode=()):       # the window's priced read seconds of an arm over every source
+        per = {ph: problem_prediction(prob, pricer.price(ph, w, frozenset(mode)), w, frozenset(mode))
+               for ph in ("prefill", "decode") if prob.phases[ph].steps}
+        return sum(n * per[ph]["seconds"] / per[ph]["tokens"] for ph, n in (("prefill", prompt), ("decode", gen))
+                   if ph in per and n)
+
+    c = 0.25 * gen                # the engine's compute over the window, seconds
+    arms = [{"weights": list(w), "mode": list(m), "sources": [0, 1, 2], "tok_s": gen / (reads(w, m) + c + d)}
+            for w, m, d in (((1, 1, 1), (), 0.1), ((2, 1, 1), ("direct",), 0.0), ((4, 1, 1), (), -0.05))]
+    compute, how = arms_compute(prob, cal, arms)
+    assert compute == {"prefill": 0.0, "decode": pytest.approx(c / gen, rel=1e-6)}
+    assert "inferred from 3 arms" in how
+    assert arms_compute(prob, cal, arms[:1]) == ({}, "1 arm(s) with weights ran: 2 needed to tell compute from the reads")
+    fast = [dict(a, tok_s=gen / (reads(a["weights"], a["mode"]) * 0.5)) for a in arms]
+    assert arms_compute(prob, cal, fast)[0] == {}         # faster than the reads are priced: nothing to add
+
+    calibrated({**cal, "arms": arms})
+    r = runner.invoke(app, ["solve", "--rig", rig.root, "--engine", "colibri", "--page-cache", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    world = doc["provenance"]["world"]
+    assert world["compute_s_per_token"]["decode"] == pytest.approx(c / gen, rel=1e-6)
+    assert world["compute_from"].startswith("inferred from 3 arms of the real-engine tuner")
+    dec = doc["decode"]["predicted"]
+    assert dec["e2e_tok_s"] < dec["tok_s"]
+
+
+def test_the_tuner_records_each_qualified_arms_speed_for_the_next_solve():
+    """What `arms_compute` reads: each qualified arm with weights, its median tok/s by the engine's
+    own line over the runs that counted; the engine's default (no weights) and a gated arm left out."""
+    from engine_bridge.tuning.judge import EngineArm, EngineRun
+    from engine_bridge.tuning.real_engine import arm_speeds
+
+    cands = [EngineArm("default", ("engine default",), None, default=True),
+             EngineArm("2:1:1", ("model #1",), (2, 1, 1), (3, 1, 1), ("direct",), (0, 1, 2)),
+             EngineArm("1:1:1", ("equal",), (1, 1, 1), None, (), (0, 1, 2)),
+             EngineArm("drifted", ("capability",), (5, 1, 1), None, (), (0, 1, 2))]
+    trials = [EngineRun(0, 0, 0.4, 1.0), EngineRun(1, 0, 0.8, 1.0), EngineRun(1, 1, 0.7, 1.0),
+              EngineRun(1, 2, 0.9, 1.0), EngineRun(1, 3, None, 1.0, failed="crashed"), EngineRun(2, 0, 0.6, 1.0),
+              EngineRun(3, 0, 0.9, 1.0)]
+    out = arm_speeds(cands, trials, [True, True, True, False])
+    assert out == [{"label": "2:1:1", "weights": [2, 1, 1], "decode_weights": [3, 1, 1], "mode": ["direct"],
+                    "sources": [0, 1, 2], "tok_s": 0.8, "runs": 3},
+                   {"label": "1:1:1", "weights": [1, 1, 1], "decode_weights": None, "mode": [], "sources": [0, 1, 2],
+                    "tok_s": 0.6, "runs": 1}]
