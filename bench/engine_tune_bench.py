@@ -186,7 +186,7 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
         if cal.get("arms"):
             # the compute inferred from the other arms alone: this arm's prediction out of sample
             others, _ = arms_compute(replace(problem, compute={}), cal,
-                                     [x for x in cal["arms"] if x.get("label") != a["label"]])
+                                     [x for x in cal["arms"] if x.get("label") != a["label"]], least=1)
             out = predicted_tok_s(predicted(a, others), "run", len(PROMPT), GEN, e2e=True) if others else None
             line += f" {cell(out, med)}"
         lines.append(line)

@@ -333,13 +333,14 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
 ARMS_MIN = 2        # arms an inferred compute needs: one arm cannot tell compute from a mispriced read
 
 
-def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None) -> tuple[dict[str, float], str]:
+def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None,
+                 least: int = ARMS_MIN) -> tuple[dict[str, float], str]:
     """({phase: compute seconds per token}, how) for an engine whose lines give no compute (ds4),
     from the real-engine tuner's arms (`cal["arms"]`, or `arms`): each arm ran the same prompt and
     tokens with other weights, so what each took beyond its reads as `problem` prices them is the
     engine's compute, the same for every arm; the median over the arms (docs/planner.md, "Compute
     the engine's lines do not give"). Charged as a 'run' window's compute is (`world.compute_per_token`:
-    all to decode). ({}, why) when fewer than ARMS_MIN arms priced, or the median is not positive
+    all to decode). ({}, why) when fewer than `least` arms priced, or the median is not positive
     (the reads alone are priced slower than the engine ran: nothing to add)."""
     from .solve import Pricer, problem_prediction
     from .whatif import only_drives
@@ -366,8 +367,8 @@ def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None
             per[ph] = float(p["seconds"]) / float(p["tokens"]) if p.get("tokens") else 0.0
         reads = prompt * per.get("prefill", 0.0) + gen * per.get("decode", 0.0)
         extra.append(gen / tok_s - reads)
-    if len(extra) < ARMS_MIN:
-        return {}, f"{len(extra)} arm(s) with weights ran: {ARMS_MIN} needed to tell compute from the reads"
+    if not extra or len(extra) < least:
+        return {}, f"{len(extra)} arm(s) with weights ran: {least} needed to tell compute from the reads"
     from statistics import median
 
     c = median(extra)
