@@ -32,7 +32,7 @@ def align_up(n: int, a: int = ALIGNMENT) -> int:
     return -(-n // a) * a
 
 
-def aligned_buffer(nbytes: int) -> memoryview:
+def aligned_buffer(nbytes: int, fault: bool = True) -> memoryview:
     """A page-aligned, zero-filled buffer of at least nbytes (rounded up to ALIGNMENT) of private
     anonymous memory: a memoryview of an mmap, freed when the last view of it goes.
 
@@ -44,6 +44,10 @@ def aligned_buffer(nbytes: int) -> memoryview:
     pages lie together only by chance, so a loop device cut a 9.5 MiB read into 8 requests into
     one buffer and 19 into the next (`iobench.iounit`). Where the OS gives no huge pages (macOS,
     THP set to never, memory too fragmented) the buffer is plain pages; `huge_backed` tells.
+
+    `fault=False` leaves the faulting to whoever writes the buffer first (a read into it: the
+    kernel faults the huge pages in as it pins them), so a thread that only hands buffers out
+    does not pay for them (the split reader's pool, docs/reader.md "How a read goes").
     """
     size = max(ALIGNMENT, align_up(nbytes))
     if not _asks_huge(size):
@@ -56,7 +60,8 @@ def aligned_buffer(nbytes: int) -> memoryview:
     except OSError:            # THP not built in: plain pages
         pass
     view = memoryview(m)[start:start + size]
-    view[::ALIGNMENT] = bytes(len(range(0, size, ALIGNMENT)))     # fault every page in now, not in the first read
+    if fault:
+        view[::ALIGNMENT] = bytes(len(range(0, size, ALIGNMENT)))     # fault every page in now, not in the first read
     return view
 
 

@@ -58,10 +58,10 @@ class BufferPool:
             if bucket:
                 self.held -= buffer_footprint(size)
                 return bucket.pop()
-        # faulted in here, by whoever asks (docs/reader.md "How a read goes": left to the lanes'
-        # reads, the buffers cost the engine's thread nothing, and `make demo` was killed by the
-        # OOM killer under its RAM budget)
-        return aligned_buffer(size)
+        # not faulted in here: the engine's thread (a submit) or the watchdog (a hedge, the lock
+        # held) asks for it, and the lanes' reads fault its pages in where they land, in parallel
+        # with the engine's compute (docs/reader.md "How a read goes")
+        return aligned_buffer(size, fault=False)
 
     def put(self, buf) -> None:
         size = len(buf)
