@@ -1,7 +1,13 @@
 """The split reader's buffer pool counts the memory its buffers hold, huge pages whole."""
 
+import os
+
+import pytest
+
+from core import platform
+from core.coldio import aligned_buffer, buffer_footprint
+from core.constants import ALIGNMENT
 from engine_bridge.reader.buffers import BufferPool
-from core.coldio import buffer_footprint
 
 KiB, MiB = 1024, 1 << 20
 
@@ -19,3 +25,34 @@ def test_the_pool_keeps_buffers_up_to_its_limit_in_memory_held():
     again = pool.get(400 * KiB)                             # same class: from the pool
     assert again is bufs[0] or again is bufs[1] or again is bufs[2]
     assert pool.held == kept - each
+
+
+def _rss(address: int) -> int | None:
+    """Resident bytes of this process's mapping holding `address` (its smaps Rss), None without smaps."""
+    if not os.path.exists("/proc/self/smaps"):
+        return None
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                lo, _, hi = head.partition("-")
+                inside = int(lo, 16) <= address < int(hi, 16)
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def test_the_pool_hands_out_fresh_buffers_unfaulted_for_the_reads_to_fault_in():
+    """A fresh buffer from the pool costs whoever asks for it no page faults (the engine's thread at
+    a submit): its pages come in as the read writes them; zero-filled and aligned all the same."""
+    size = 8 * MiB
+    fresh, faulted = BufferPool().get(size), aligned_buffer(size)
+    if _rss(platform.buffer_address(fresh)) is None:
+        pytest.skip("no /proc/self/smaps here")
+    assert platform.buffer_address(fresh) % ALIGNMENT == 0 and len(fresh) == size
+    assert _rss(platform.buffer_address(fresh)) == 0
+    assert _rss(platform.buffer_address(faulted)) >= size          # what the pool did before: faulted at once
+    assert bytes(fresh[::ALIGNMENT]) == bytes(size // ALIGNMENT)    # zero-filled
+    fresh[::ALIGNMENT] = b"\1" * (size // ALIGNMENT)                # written, as a read lands
+    assert _rss(platform.buffer_address(fresh)) >= size
