@@ -11,7 +11,8 @@ from core import platform
 from core.coldio import align_down, align_up, aligned_buffer, buffer_footprint
 from core.constants import ALIGNMENT
 
-POOL_BYTES = 512 << 20         # released read buffers kept for reuse, bytes
+POOL_BYTES = 512 << 20         # released read buffers kept for reuse, bytes, at most
+POOL_RAM_SHARE = 8             # ... and at most this share (1/N) of the RAM the process may fill
 
 
 def span(offset: int, length: int) -> int:
@@ -33,14 +34,28 @@ def check_buffer(buffer, offset: int, length: int):
     return buffer
 
 
+def pool_limit(ram: int | None = None) -> int:
+    """Bytes of released buffers a pool keeps: POOL_BYTES, but no more than 1/POOL_RAM_SHARE of
+    the RAM this process may fill (`ram`; default the limit it runs under, `core.ram.ram_limit`:
+    a memory cgroup's, else the machine's). Idle buffers count against a memory budget like any
+    other memory: under `make demo`'s (821 MiB) a full pool of 512 MiB beside the reads in flight
+    and the engine's own memory got the embedded engine killed by the OOM killer (docs/reader.md,
+    "How a read goes")."""
+    if ram is None:
+        from core.ram import ram_limit
+
+        ram = ram_limit().bytes
+    return min(POOL_BYTES, ram // POOL_RAM_SHARE) if ram > 0 else POOL_BYTES
+
+
 class BufferPool:
     """Released read buffers kept by size class for reuse, up to `limit` bytes of memory in all
-    (a buffer in huge pages counts whole pages: `buffer_footprint`)."""
+    (a buffer in huge pages counts whole pages: `buffer_footprint`; default `pool_limit()`)."""
 
     GRAIN = 1 << 20
 
-    def __init__(self, limit: int = POOL_BYTES):
-        self.limit = limit
+    def __init__(self, limit: int | None = None):
+        self.limit = pool_limit() if limit is None else limit
         self.free: dict[int, list] = {}
         self.held = 0
         self.lock = threading.Lock()

@@ -51,7 +51,7 @@ from engines.split import check_weights
 from core.coldio import CachedReader, ColdReader, align_down
 from models.modelset import ModelSet, one_file
 
-from .buffers import POOL_BYTES, BufferPool, check_buffer, span
+from .buffers import BufferPool, check_buffer, span
 from .hedger import Hedger
 from .lanes import Lanes, ReadTicket
 from .readstats import PhaseSourceStats, PhaseStats, ReaderEvent, ReaderStats, SourceStats, format_stats, healthy_split
@@ -81,7 +81,8 @@ class SplitReader:
     lanes, so a bare reader does exactly the engine's reads (the embedded engine passes
     `settings.EMBEDDED`). cold: O_DIRECT / F_NOCACHE reads (False: page-cache reads, for the
     reader's ceiling). opener: makes the per-source reader (default ColdReader or CachedReader);
-    tests inject failing readers through it. pool_bytes: released buffers kept.
+    tests inject failing readers through it. pool_bytes: released buffers kept (default
+    `buffers.pool_limit()`: 512 MiB, at most an eighth of the RAM the process may fill).
     clock: the hedger's and the re-weighting's clock, ns (tests inject one). holds: per source, the
     files a partial replica holds (None: every file); the engine's pattern sends it only reads of those.
     """
@@ -90,7 +91,7 @@ class SplitReader:
                  decode_weights: Sequence[int] | None = None, *, settings: ReaderSettings | None = None,
                  engine: str = DEFAULT_ENGINE, report: Callable | None = None, cold: bool = True,
                  opener: Callable[[str], ColdReader] | None = None, health_interval: float = HEALTH_INTERVAL_S,
-                 pool_bytes: int = POOL_BYTES, clock: Callable[[], int] | None = None,
+                 pool_bytes: int | None = None, clock: Callable[[], int] | None = None,
                  holds: Sequence[frozenset[str] | None] = ()):
         models = [m if isinstance(m, ModelSet) else one_file(os.fspath(m)) for m in sources]
         paths = [m.path for m in models]

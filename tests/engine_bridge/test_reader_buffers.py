@@ -7,7 +7,7 @@ import pytest
 from core import platform
 from core.coldio import aligned_buffer, buffer_footprint
 from core.constants import ALIGNMENT
-from engine_bridge.reader.buffers import BufferPool
+from engine_bridge.reader.buffers import POOL_BYTES, BufferPool, pool_limit
 
 KiB, MiB = 1024, 1 << 20
 
@@ -56,3 +56,13 @@ def test_the_pool_hands_out_fresh_buffers_unfaulted_for_the_reads_to_fault_in():
     assert bytes(fresh[::ALIGNMENT]) == bytes(size // ALIGNMENT)    # zero-filled
     fresh[::ALIGNMENT] = b"\1" * (size // ALIGNMENT)                # written, as a read lands
     assert _rss(platform.buffer_address(fresh)) >= size
+
+
+def test_the_pool_keeps_no_more_than_an_eighth_of_the_ram_the_process_may_fill():
+    """Idle buffers count against a memory budget like any other memory: under 821 MiB (make
+    demo's) the pool keeps an eighth of it, on a machine of 64 GiB its 512 MiB."""
+    assert pool_limit(821 * MiB) == 821 * MiB // 8
+    assert pool_limit(64 << 30) == POOL_BYTES == 512 * MiB
+    assert pool_limit(0) == POOL_BYTES                                # the RAM unknown: the default
+    assert BufferPool().limit == pool_limit()                          # the limit this process runs under
+    assert BufferPool(limit=3 * MiB).limit == 3 * MiB
