@@ -140,9 +140,7 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
     from core.rig import load_rig
     from engine_bridge.tuning.judge import EngineArm, predicted_tok_s
     from planner.plans import latest_plan_path, load_inputs, load_plan
-    from planner.rigmodel import arms_compute, world_problem
-    from planner.solve import Pricer, problem_prediction
-    from planner.whatif import only_drives
+    from planner.rigmodel import arm_predictions, arms_compute, world_problem
 
     room = int(((load_plan(latest_plan_path(load_rig(rig))).provenance or {}).get("world") or {}).get("page_cache_bytes")
                or 0)
@@ -165,13 +163,9 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
         lines.insert(1, f"compute: {world.compute_from}")
 
     def predicted(a: dict, compute: dict) -> EngineArm:
-        srcs = tuple(a["sources"])
-        sub = replace(problem if len(srcs) == len(problem.drives) else only_drives(problem, srcs), compute=compute)
-        pricer, mode = Pricer(sub), frozenset(a["mode"])
-        w = {"prefill": tuple(a["weights"]), "decode": tuple(a["decode_weights"] or a["weights"])}
-        return EngineArm(a["label"], tuple(a["roles"]), w["prefill"], None, tuple(a["mode"]), srcs,
-                         {ph: problem_prediction(sub, pricer.price(ph, w[ph], mode), w[ph], mode)
-                          for ph in ("prefill", "decode") if sub.phases[ph].steps})
+        return EngineArm(a["label"], tuple(a["roles"]), tuple(a["weights"]), None, tuple(a["mode"]), tuple(a["sources"]),
+                         arm_predictions(replace(problem, compute=compute), a["sources"], a["weights"],
+                                         a["decode_weights"], a["mode"]))
 
     def cell(p: float | None, med: float) -> str:
         return f"{p:>7.3f} {100 * (p / med - 1):>+7.1f}%" if p else f"{'-':>7} {'-':>8}"

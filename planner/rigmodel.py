@@ -330,6 +330,21 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
     return chosen, prob, world
 
 
+def arm_predictions(problem: Problem, sources: Sequence[int], weights: Sequence[int],
+                    decode_weights: Sequence[int] | None = None, mode: Sequence[str] = ()) -> dict[str, dict]:
+    """{phase: the prediction} of an arm of the real-engine tuner — `weights` (prefill; decode's
+    `decode_weights` or the same) over the problem's `sources` (indexes, primary first), with the
+    switches `mode` — for each phase the problem reads in."""
+    from .solve import Pricer, problem_prediction
+    from .whatif import only_drives
+
+    sub = problem if len(sources) == len(problem.drives) else only_drives(problem, sources)
+    pricer, m = Pricer(sub), frozenset(mode)
+    w = {"prefill": tuple(weights), "decode": tuple(decode_weights or weights)}
+    return {ph: problem_prediction(sub, pricer.price(ph, w[ph], m), w[ph], m)
+            for ph in ("prefill", "decode") if sub.phases[ph].steps}
+
+
 ARMS_MIN = 2        # arms an inferred compute needs: one arm cannot tell compute from a mispriced read
 
 
@@ -342,9 +357,7 @@ def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None
     the engine's lines do not give"). Charged as a 'run' window's compute is (`world.compute_per_token`:
     all to decode). ({}, why) when fewer than `least` arms priced, or the median is not positive
     (the reads alone are priced slower than the engine ran: nothing to add)."""
-    from .solve import Pricer, problem_prediction
-    from .whatif import only_drives
-    from .world import compute_per_token
+    from .world import compute_per_token, run_seconds
 
     arms = list(cal.get("arms") or () if arms is None else arms)
     prompt, gen = int(cal.get("prompt_tokens") or 0), int(cal.get("tokens") or 0)
@@ -356,17 +369,10 @@ def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None
         if not a.get("weights") or not srcs or not isinstance(tok_s, (int, float)) or tok_s <= 0 \
                 or max(srcs) >= len(problem.drives):
             continue
-        sub = problem if len(srcs) == len(problem.drives) else only_drives(problem, srcs)
-        pricer, mode = Pricer(sub), frozenset(a.get("mode") or ())
-        w = {"prefill": tuple(a["weights"]), "decode": tuple(a.get("decode_weights") or a["weights"])}
-        per = {}
-        for ph in ("prefill", "decode"):
-            if not sub.phases[ph].steps:
-                continue
-            p = problem_prediction(replace(sub, compute={}), pricer.price(ph, w[ph], mode), w[ph], mode)
-            per[ph] = float(p["seconds"]) / float(p["tokens"]) if p.get("tokens") else 0.0
-        reads = prompt * per.get("prefill", 0.0) + gen * per.get("decode", 0.0)
-        extra.append(gen / tok_s - reads)
+        reads = run_seconds(arm_predictions(replace(problem, compute={}), srcs, a["weights"], a.get("decode_weights"),
+                                            a.get("mode") or ()), prompt, gen)
+        if reads is not None:
+            extra.append(gen / tok_s - reads)
     if not extra or len(extra) < least:
         return {}, f"{len(extra)} arm(s) with weights ran: {least} needed to tell compute from the reads"
     from statistics import median

@@ -131,6 +131,20 @@ def compute_per_token(cal: Mapping) -> dict[str, float]:
     return {"prefill": 0.0, "decode": float(c) / tokens}
 
 
+def run_seconds(predicted: Mapping[str, Mapping], prompt: int, gen: int, key: str = "seconds") -> float | None:
+    """Seconds of a 'run' window — `prompt` tokens prefilled, `gen` generated — at each phase's
+    seconds per token from its prediction (`key`: "seconds" reads only, "e2e_seconds" end to end).
+    None when the window has no generated token or a phase it needs has no prediction."""
+    per = {}
+    for ph in ("prefill", "decode"):
+        p = predicted.get(ph) or {}
+        t, s = float(p.get("tokens") or 0.0), float(p.get(key) or 0.0)
+        per[ph] = s / t if t > 0 and s > 0 else None
+    if not gen or per["decode"] is None or (prompt and per["prefill"] is None):
+        return None
+    return (prompt or 0) * (per["prefill"] or 0.0) + gen * per["decode"]
+
+
 def e2e(pred: dict, compute_s_per_token: float, overlap: bool = False) -> dict:
     """The phase's prediction with the end-to-end figures beside the reads-only ones: compute_s
     (the engine's compute for the phase's tokens), e2e_seconds (reads and compute added, or the

@@ -128,20 +128,16 @@ def predicted_tok_s(c: EngineArm, kind: str, prompt: int | None, gen: int | None
     with `e2e` end to end (reads and the engine's compute, `planner.world.e2e`; None when the
     prediction has no compute): 'decode', a decoded token's seconds; 'run', the generated tokens
     over the prompt's and their seconds, each phase's seconds per token from its prediction."""
-    per = {}
+    from planner.world import run_seconds
+
     key = "e2e_seconds" if e2e else "seconds"
-    for ph in PHASES:
-        p = c.predicted.get(ph) or {}
-        if e2e and key not in p:
-            return None
-        t, s = float(p.get("tokens") or 0.0), float(p.get(key) or 0.0)
-        per[ph] = s / t if t > 0 and s > 0 else None
-    if kind == "decode":
-        return 1.0 / per["decode"] if per["decode"] else None
-    if not gen or per["decode"] is None or (prompt and per["prefill"] is None):
+    if e2e and any(key not in (c.predicted.get(ph) or {}) for ph in PHASES):
         return None
-    seconds = (prompt or 0) * (per["prefill"] or 0.0) + gen * per["decode"]
-    return gen / seconds if seconds > 0 else None
+    if kind == "decode":
+        seconds = run_seconds({"decode": c.predicted.get("decode") or {}}, 0, 1, key)
+        return 1.0 / seconds if seconds else None
+    seconds = run_seconds(c.predicted, prompt or 0, gen or 0, key)
+    return gen / seconds if seconds else None
 
 
 def arm_gate(c: EngineArm, trials: Sequence[EngineRun], reference: str | None, n_sources: int,
