@@ -104,13 +104,13 @@ def candidates(rig_root: str, engine: str, bench: str | None = None, top: int = 
     # the fastest drive alone, priced on its own
     caps = choice.baselines[phases[0]]["capability"]["weights"]
     fast = max(range(n), key=lambda i: (caps[i], -i))
-    alone = _alone(problem, inputs.sources, fast, phases, ("fastest drive alone",))
+    alone = _alone(problem, inputs.sources, fast, ("fastest drive alone",))
     if get_engine(engine).profile.default_environment(()) is not None:       # the engine probes its drives itself
         first = EngineArm("engine default (probe)", ("engine default",), None, None, (), tuple(range(n)), {}, default=True)
         return plan, [first] + out + [alone]
     if fast == 0:
         return plan, [replace(alone, roles=("engine default", "fastest drive alone"), default=True)] + out
-    primary = replace(_alone(problem, inputs.sources, 0, phases, ("engine default",)), default=True)
+    primary = replace(_alone(problem, inputs.sources, 0, ("engine default",)), default=True)
     return plan, [primary] + out + [alone]
 
 
@@ -182,15 +182,12 @@ def _phase_arms(arms, n: int, phases) -> list[EngineArm]:
     return out
 
 
-def _alone(problem, sources, i: int, phases, roles: tuple[str, ...]) -> EngineArm:
+def _alone(problem, sources, i: int, roles: tuple[str, ...]) -> EngineArm:
     """Source `i` alone (weight 1), priced on its own."""
-    from planner.solve import Pricer, problem_prediction
-    from planner.whatif import only_drives
+    from planner.rigmodel import arm_predictions
 
-    sub = only_drives(problem, [i])
-    pricer = Pricer(sub)
     return EngineArm(f"{sources[i].name} alone", roles, (1,), None, (), (i,),
-                     {ph: problem_prediction(sub, pricer.price(ph, (1,), frozenset()), (1,), frozenset()) for ph in phases})
+                     arm_predictions(problem, [i], (1,)))
 
 
 def arm_plan(plan, c: EngineArm):
