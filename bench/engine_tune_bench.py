@@ -179,7 +179,7 @@ def repriced(rig: str, engine: str, doc: dict, engine_args, cache_experts: int, 
         line = f"{a['label']:<28} {med:>8.3f} {cell(reads, med)} {cell(both, med)}"
         if cal.get("arms"):
             # the compute inferred from the other arms alone: this arm's prediction out of sample
-            others, _ = arms_compute(replace(problem, compute={}), cal,
+            others, _ = arms_compute(problem, cal,
                                      [x for x in cal["arms"] if x.get("label") != a["label"]], least=1)
             out = predicted_tok_s(predicted(a, others), "run", len(PROMPT), GEN, e2e=True) if others else None
             line += f" {cell(out, med)}"

@@ -210,10 +210,12 @@ def engine_world(engine: Engine, geometry, args: Sequence[str] = (), env=None, r
     hits = measured_hits(cal, limit.bytes, once) if page_cache_bytes is None and geometry is not None else None
     if buffered_excess is None:      # what buffered reads read beyond their bytes under this RAM, as a run showed
         buffered_excess = readahead_excess(cal, limit.bytes, once) if geometry is not None else 0.0
+    compute = compute_per_token(cal)
     world = World(cache, room, cal.get("in_flight") if isinstance(cal.get("in_flight"), int) else None,
-                  compute_per_token(cal), bool(cal.get("overlap")), cal,
+                  compute, bool(cal.get("overlap")), cal,
                   "" if page_cache_bytes is not None else limit.describe(), resident,
-                  how if cache is not None else "the planner's default", room_from, hits, buffered_excess)
+                  how if cache is not None else "the planner's default", room_from, hits, buffered_excess,
+                  "the engine's own lines" if compute else "")
     if hits is None:
         return world
     # the share is of everything that run fetched, its first reads included; the page cache can
@@ -324,8 +326,6 @@ def world_problem(rig_root: str, inputs: Inputs, engine: str, workload: str | No
         compute, how = arms_compute(prob if window in (0, prompt_tokens) else problem_at(window)[1], cal)
         if compute:
             world = replace(world, compute=compute, compute_from=how)
-    elif world.compute:
-        world = replace(world, compute_from="the engine's own lines")
     prob = replace(prob, compute=world.compute, overlap=world.overlap)
     return chosen, prob, world
 
@@ -369,11 +369,11 @@ def arms_compute(problem: Problem, cal: dict, arms: Sequence[dict] | None = None
         if not a.get("weights") or not srcs or not isinstance(tok_s, (int, float)) or tok_s <= 0 \
                 or max(srcs) >= len(problem.drives):
             continue
-        reads = run_seconds(arm_predictions(replace(problem, compute={}), srcs, a["weights"], a.get("decode_weights"),
-                                            a.get("mode") or ()), prompt, gen)
+        reads = run_seconds(arm_predictions(problem, srcs, a["weights"], a.get("decode_weights"), a.get("mode") or ()),
+                            prompt, gen)          # "seconds": the reads alone, whatever compute `problem` knows
         if reads is not None:
             extra.append(gen / tok_s - reads)
-    if not extra or len(extra) < least:
+    if len(extra) < max(1, least):
         return {}, f"{len(extra)} arm(s) with weights ran: {least} needed to tell compute from the reads"
     from statistics import median
 
