@@ -20,6 +20,8 @@ import stat
 import sys
 import time
 
+from iobench.servedrive import done_at
+
 try:
     import mfusepy as fuse
 except ImportError:     # the bench that mounts it says so in one line
@@ -56,9 +58,11 @@ class ServiceTimeFS(fuse.Operations if fuse else object):
         return os.open(self._path(path), os.O_RDONLY)
 
     def read(self, path, size, offset, fh):
-        start = max(time.monotonic(), self.busy_until)
+        now = time.monotonic()
         data = os.pread(fh, size, offset)
-        self.busy_until = start + self.latency + len(data) / self.rate
+        # the testbed's paced drive's rule (iobench.servedrive.done_at), with no turnaround: a read
+        # starts when the one before it ended or now, whichever is later; plus this drive's latency
+        self.busy_until = done_at(self.busy_until, now, len(data), self.rate, turnaround=0.0) + self.latency
         delay = self.busy_until - time.monotonic()
         if delay > 0:
             time.sleep(delay)
