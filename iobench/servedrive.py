@@ -14,9 +14,10 @@ throttled drive. CONTROL is a JSON document {"read_mbs": R, "write_mbs": W} (MB/
 or recovers mid-run; the testbed writes it through a temporary name and a rename, so every write
 is a new inode, seen at the next request). Requests are taken in the order the kernel sends them,
 one at a time (single-threaded: a queue of depth one; the kernel hands a read over in requests of
-about 512 KiB: 128 MiB read through ext4 came as 311 requests with O_DIRECT and 261 buffered), so the FUSE round trip through Python is the drive's latency: a read alone takes 0.6-1 ms
-more than its bytes at the rate. Runs until MOUNTDIR is unmounted (the testbed's `down`); prints
-what it served to stderr then. Needs libfuse3 (apt fuse3) and the mfusepy package
+about 512 KiB: 128 MiB read through ext4 came as 311 requests with O_DIRECT and 261 buffered), so
+the FUSE round trip through Python is the drive's latency: a read alone takes 0.6-1 ms more than
+its bytes at the rate. Runs until MOUNTDIR is unmounted (the testbed's `down`); prints what it
+served to stderr then. Needs libfuse3 (apt fuse3) and the mfusepy package
 (`pip install -e '.[bench]'`).
 """
 
