@@ -6,11 +6,13 @@ and the re-weighting move them."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 from core.errors import UsageError
 
 MAIN, HEDGE, PROBE, SAMPLE = "main", "hedge", "probe", "sample"   # sample: a re-weighting measurement
+_ORDER = itertools.count()          # reads in the order they were submitted (`ReadTicket.seq`)
 
 
 class ReadTicket:
@@ -18,7 +20,7 @@ class ReadTicket:
     file: the model's file it reads (relative path), fi: that file's index in the model's files."""
 
     __slots__ = ("file", "fi", "offset", "length", "phase", "epoch", "_buf", "_base", "_remaining", "_landings", "_done",
-                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan", "t_sub", "_mains")
+                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan", "t_sub", "_mains", "seq")
 
     def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
                  own_buf: bool | None = None, work=None, file: str = "", fi: int = 0):
@@ -37,6 +39,7 @@ class ReadTicket:
         self._error: BaseException | None = None
         self.t_sub = -1                    # hedger clock, ns, when its first piece was queued (-1: no hedger)
         self._mains: list = []             # its main attempts (with a hedger: a step's lateness looks at them)
+        self.seq = next(_ORDER)            # submitted before every read of a higher seq (the engine waits in that order)
         if pieces == 0:
             self._done.set()
 

@@ -60,9 +60,10 @@ class Balancer:
         depth = depth_bytes(pace.rate(now), max(known) if known else None, self.lanes, self.policy)
         return pace.room(nbytes, depth)
 
-    def offers(self, thief: int, queues: Sequence) -> dict[int, tuple[int, Attempt]]:
+    def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a
-        piece nobody delivered or hedged, in a file `thief` holds."""
+        piece nobody delivered or hedged, in a file `thief` holds (and, with `before`, of a read
+        submitted before read `before`: `ReadTicket.seq`)."""
         out = {}
         for v, q in enumerate(queues):
             if v == thief:
@@ -72,20 +73,23 @@ class Balancer:
                     break
                 if att is not None and att.kind == MAIN and not att.piece.done and not att.piece.hedged \
                         and self.holds(thief, att.fi):
-                    out[v] = (k, att)
+                    if before is None or att.piece.ticket.seq < before:
+                        out[v] = (k, att)
                     break
         return out
 
-    def victim(self, thief: int, queues: Sequence) -> tuple[int, int] | None:
-        """(source, index in its queue) of the attempt idle source `thief` should take, or None when
-        taking any would not bring a read's barrier nearer (or it has no room for it)."""
+    def victim(self, thief: int, queues: Sequence, before: int | None = None) -> tuple[int, int] | None:
+        """(source, index in its queue) of the attempt source `thief` should take, or None when
+        taking any would not bring a read's barrier nearer (or it has no room for it). `before`:
+        `thief` has work of its own, the head of its queue a piece of read `before`; it takes only a
+        piece of an earlier read (the engine waits for reads in the order it submitted them)."""
         if not any(q.items for v, q in enumerate(queues) if v != thief):
             return None
-        offers = self.offers(thief, queues)
+        offers = self.offers(thief, queues, before)
         if not offers:
             return None
         now = self.clock()
-        rates = {s: self.pace[s].rate(now) for s in (thief, *offers)}
+        rates = {s: self.pace[s].bound(now) for s in (thief, *offers)}
         inflight = [p.inflight for p in self.pace]
         v = pick_victim(thief, {s: att.ln for s, (_, att) in offers.items()}, inflight, rates)
         if v is None or not self.room(thief, offers[v][1].ln):

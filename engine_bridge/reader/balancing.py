@@ -188,6 +188,16 @@ class Pace:
         busy = self.busy_ns + self.open_ns
         return self.bytes / busy if busy > 0 else math.inf
 
+    def bound(self, now: int) -> float | None:
+        """What the drive is known to deliver at most, bytes per ns: its pace (`rate`), or before
+        its first delivery, while reads wait in its kernel, the bytes there over the time they have
+        waited (it has not read them in that time: a drive that crawls from its first request is
+        known slow before anything lands); None when nothing is known."""
+        r = self.rate(now)
+        if r is not None or self.inflight <= 0 or self.open_ns <= 0:
+            return r
+        return self.inflight / self.open_ns
+
     def room(self, nbytes: int, depth: float) -> bool:
         """Whether the drive may start `nbytes` more: nothing in its kernel, or what it has plus
         these within its slow-start window and `depth` bytes (`depth_bytes`)."""

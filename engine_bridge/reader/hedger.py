@@ -488,7 +488,9 @@ class Hedger:
             now = self.clock()
             self.next_probe[s] = now + self.policy.probe_interval_ns
             self.probe_ok[s] = 0
-            for att in list(self.pending[s]):      # what is queued on it would be late too
+            # what is queued on it would be late too: hedged at the front of the others' queues, the
+            # earliest read first (the engine waits for reads in the order it submitted them)
+            for att in sorted(self.pending[s], key=lambda a: (a.piece.ticket.seq, a.off), reverse=True):
                 if not att.piece.done and not att.piece.hedged:
                     self._hedge(att, now)
 

@@ -191,6 +191,11 @@ class Lanes:
         while True:
             if q.items:
                 head = q.items[0]
+                if (self.balancer is not None and head is not None and head.kind == MAIN and not head.piece.done
+                        and not self._closing):
+                    att = self._older_work(src, head.piece.ticket.seq)
+                    if att is not None:
+                        return att
                 if (head is None or self.balancer is None or head.kind != MAIN or head.piece.done
                         or self.balancer.room(src, head.ln)):
                     return q.items.popleft()
@@ -217,19 +222,33 @@ class Lanes:
         first, moved to it; else a copy of a chunk overdue in another's kernel; else nothing."""
         if t not in self.health.healthy():
             return None
-        pick = self.balancer.victim(t, self._queues)
-        if pick is not None:
-            v, k = pick
-            att = self._queues[v].items[k]
-            del self._queues[v].items[k]
-            if self.hedger is not None:
-                self.hedger.stolen(att, t)
-            att.src = t
-            att.stolen = True
+        att = self._steal(t, self.balancer.victim(t, self._queues))
+        if att is not None:
             return att
         if self.hedger is not None and self.balance.copies:
             return self.hedger.copy_for(t, self.balancer.rate(t), lambda n: self.balancer.room(t, n))
         return None
+
+    def _older_work(self, t: int, seq: int) -> Attempt | None:
+        """Source `t`, whose queue's head is a piece of read `seq`, takes a chunk of an earlier read
+        from another's queue when it would finish it first (a drive that fell behind, or crawls,
+        holds the reads the engine waits for now while the others read later ones); else None."""
+        if t not in self.health.healthy() or not any(o.items for v, o in enumerate(self._queues) if v != t):
+            return None
+        return self._steal(t, self.balancer.victim(t, self._queues, before=seq))
+
+    def _steal(self, t: int, pick: tuple[int, int] | None) -> Attempt | None:
+        """Move the attempt at `pick` (source, index in its queue) to source `t`."""
+        if pick is None:
+            return None
+        v, k = pick
+        att = self._queues[v].items[k]
+        del self._queues[v].items[k]
+        if self.hedger is not None:
+            self.hedger.stolen(att, t)
+        att.src = t
+        att.stolen = True
+        return att
 
     # -- the lane threads -----------------------------------------------------------------
 
