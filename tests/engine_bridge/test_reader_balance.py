@@ -16,7 +16,7 @@ from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
-from engine_bridge.reader.balancing import BalancePolicy, check_balance, chunks, depth_limit, pick_victim
+from engine_bridge.reader.balancing import BalancePolicy, Pace, check_balance, chunks, depth_limit, pick_victim
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
@@ -27,6 +27,7 @@ from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import write_split_gguf
 from engine_bridge.reader.hedging import HedgePolicy
 from tests.engine_bridge.test_reader_hedge import FLOOR, Clock, Stall, StallingReader, _until
+from tests.engine_bridge.test_reader_stall import MIB
 
 SIZE = 16 * BLOCK_BYTES
 CHUNK = BLOCK_BYTES // 4
@@ -90,6 +91,17 @@ def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
     assert pick_victim(0, {1: n}, [0, n, 0], {0: fast, 1: None}) == 1
     # the victim it gains most on
     assert pick_victim(0, {1: n, 2: n}, [0, n, n], {0: fast, 1: slow, 2: fast / 2}) == 1
+
+
+def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_in_its_kernel():
+    pace = Pace(0.9, MIB)
+    assert pace.bound(0) is None                                      # nothing asked of it: nothing known
+    pace.started(2 * MIB, 0)
+    assert pace.bound(0) is None                                      # asked, no time passed
+    assert pace.bound(100_000_000) == pytest.approx(2 * MIB / 100_000_000)   # 2 MiB not read in 100 ms
+    assert pace.bound(400_000_000) == pytest.approx(2 * MIB / 400_000_000)   # and it falls while it reads nothing
+    pace.ended(MIB, 500_000_000, True)
+    assert pace.bound(500_000_000) == pace.rate(500_000_000)          # from its first delivery: its pace
 
 
 @pytest.mark.parametrize("bad", [BalancePolicy(chunk_bytes=1000), BalancePolicy(chunk_bytes=0),
@@ -228,3 +240,46 @@ def test_with_hedging_the_chunk_a_hung_drive_holds_is_hedged_and_the_read_never_
     assert s.sources[2].late - before.sources[2].late == (1 if held else 0)
     assert sum(s.sources[i].hedged - before.sources[i].hedged for i in (0, 1)) == (1 if held else 0)
     assert s.sources[2].bytes == before.sources[2].bytes
+
+
+class _Logged(StallingReader):
+    """A StallingReader that logs (path, offset) of every read it makes, in order."""
+
+    def __init__(self, path, stall, log):
+        super().__init__(path, stall)
+        self.log = log
+
+    def read_into(self, buffer, offset):
+        self.log.append((self.path, offset))
+        return super().read_into(buffer, offset)
+
+
+def test_a_drive_with_work_of_its_own_first_takes_an_earlier_reads_chunks_from_a_drive_that_holds_them(model):
+    """The engine waits for reads in the order it submitted them. Read a then read b, each cut 1:1;
+    source 1 holds its first chunk of a and has delivered nothing (its pace is bounded by that chunk
+    over the time it has waited: at most half what source 0 needs, whatever the machine's speed),
+    source 0 goes on: after its own chunks of a it takes source 1's queued chunks of a before its own
+    chunks of b (not only once it is idle, when the engine has waited for a all along), then b's."""
+    paths, data = model
+    half = SIZE // 2
+    log = []
+    stalls = {p: Stall(p, count=1) for p in paths[:2]}
+    settings = ReaderSettings(lanes=1, balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+    with SplitReader(paths[:2], [1, 1], [1, 1], cold=False, settings=settings,
+                     opener=lambda p: _Logged(p, stalls.get(p), log)) as r:
+        for st in stalls.values():
+            st.active = True
+        a, b = r.submit(0, half), r.submit(half, half)
+        for st in stalls.values():
+            st.entered.acquire()                        # each lane holds its first chunk of a
+        stalls[paths[0]].gate.set()                     # source 0 goes on, source 1 still holds its chunk
+        _until(b.done)                                  # b is read whole without source 1
+        stalls[paths[1]].gate.set()
+        assert bytes(a.result()) == data[:half] and bytes(b.result()) == data[half:]
+        s = r.stats()
+    zero = [off for p, off in log if p == paths[0]]
+    first_b = next(i for i, off in enumerate(zero) if off >= half)
+    assert all(off >= half for off in zero[first_b:])          # every chunk of a it read came before any of b
+    assert s.sources[1].bytes == CHUNK                          # source 1 read only the chunk it held
+    assert s.sources[0].bytes == SIZE - CHUNK
+    assert sum(1 for off in zero if off < half) == half // CHUNK - 1
