@@ -17,7 +17,10 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
   units of its own deliveries: a drive that crawls from its first request holds two chunks, not
   a chunk per lane, and a fast one reaches its lanes within a few deliveries);
 - a drive with nothing queued of its own *takes* the first chunk of another's queue when it would
-  finish it sooner than the drive it was given to (`pick_victim`);
+  finish it sooner than the drive it was given to (`pick_victim`); a drive with work of its own
+  does the same for a chunk of an earlier read than its own queue's head (the engine waits for
+  reads in the order it submitted them); a drive that has delivered nothing yet is known no
+  faster than what waits in its kernel (`Pace.bound`);
 - with hedging, a drive with nothing to take either reads a *copy* of a chunk in another drive's
   kernel that is past its expected time and that it would finish before that chunk's deadline
   (`hedging.copy_due`): the barrier waits on nothing but chunks in kernels then, and the copy costs

@@ -16,9 +16,10 @@ write: at the barrier such a read's bytes are copied to a fresh buffer, the hedg
 over theirs, and the old buffer is kept until its last writer returns (`ReadTicket._writers`).
 
 With balancing (`balancer.py`, rules in `balancing.py`) pieces are queued as chunks, a lane starts
-its queue's head only while its source has room in the kernel, and a lane with nothing of its own
-takes a chunk from another's queue or, with hedging, reads a copy of a chunk overdue in another's
-kernel (`Hedger.copy_for`).
+its queue's head only while its source has room in the kernel, a lane takes a chunk of an earlier
+read than its own queue's head from another's queue when it would finish it first, and a lane with
+nothing of its own takes any such chunk or, with hedging, reads a copy of a chunk overdue in
+another's kernel (`Hedger.copy_for`).
 
 Everything the lanes, the hedger, the balancer and the re-weighting share is guarded by one lock
 (`lock`): work moves between queues and counters in one step.
@@ -233,7 +234,7 @@ class Lanes:
         """Source `t`, whose queue's head is a piece of read `seq`, takes a chunk of an earlier read
         from another's queue when it would finish it first (a drive that fell behind, or crawls,
         holds the reads the engine waits for now while the others read later ones); else None."""
-        if t not in self.health.healthy() or not any(o.items for v, o in enumerate(self._queues) if v != t):
+        if t not in self.health.healthy():
             return None
         return self._steal(t, self.balancer.victim(t, self._queues, before=seq))
 
