@@ -194,14 +194,14 @@ class Lanes:
                 head = q.items[0]
                 if (self.balancer is not None and head is not None and head.kind == MAIN and not head.piece.done
                         and not self._closing):
-                    att = self._older_work(src, head.piece.ticket.seq)
+                    att = self._others_work(src, before=head.piece.ticket.seq)
                     if att is not None:
                         return att
                 if (head is None or self.balancer is None or head.kind != MAIN or head.piece.done
                         or self.balancer.room(src, head.ln)):
                     return q.items.popleft()
             elif self.balancer is not None and not self._closing:
-                att = self._idle_work(src)
+                att = self._others_work(src)
                 if att is not None:
                     return att
             # while work waits on another queue or in another kernel, one lane looks again soon: taking it
@@ -218,25 +218,20 @@ class Lanes:
         return (any(o.items for t, o in enumerate(self._queues) if t != src)
                 or (self.hedger is not None and self.balance.copies and self.hedger.out_elsewhere(src)))
 
-    def _idle_work(self, t: int) -> Attempt | None:
-        """What idle source `t` does for the others: a chunk of another's queue it would finish
-        first, moved to it; else a copy of a chunk overdue in another's kernel; else nothing."""
+    def _others_work(self, t: int, before: int | None = None) -> Attempt | None:
+        """What source `t` does for the others: a chunk of another's queue it would finish first,
+        moved to it — with `before` (the head of its own queue is a piece of read `before`) only a
+        chunk of an earlier read: a drive that fell behind, or crawls, holds the reads the engine
+        waits for now while the others read later ones; idle (no `before`), any such chunk, else a
+        copy of a chunk overdue in another's kernel; else nothing."""
         if t not in self.health.healthy():
             return None
-        att = self._steal(t, self.balancer.victim(t, self._queues))
-        if att is not None:
+        att = self._steal(t, self.balancer.victim(t, self._queues, before))
+        if att is not None or before is not None:
             return att
         if self.hedger is not None and self.balance.copies:
             return self.hedger.copy_for(t, self.balancer.rate(t), lambda n: self.balancer.room(t, n))
         return None
-
-    def _older_work(self, t: int, seq: int) -> Attempt | None:
-        """Source `t`, whose queue's head is a piece of read `seq`, takes a chunk of an earlier read
-        from another's queue when it would finish it first (a drive that fell behind, or crawls,
-        holds the reads the engine waits for now while the others read later ones); else None."""
-        if t not in self.health.healthy():
-            return None
-        return self._steal(t, self.balancer.victim(t, self._queues, before=seq))
 
     def _steal(self, t: int, pick: tuple[int, int] | None) -> Attempt | None:
         """Move the attempt at `pick` (source, index in its queue) to source `t`."""
