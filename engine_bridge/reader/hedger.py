@@ -7,7 +7,9 @@ it, over the bytes then in its drive's kernel). A drive already on a late streak
 by the step: when the rest of a read has landed, its pieces still out are late at margin x the
 time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judged again at their
 own deadline, where a lateness counts. The watchdog
-thread sleeps until the earliest deadline; a piece still outstanding then is *late*: it is counted
+thread sleeps until the earliest deadline of a piece still out (before it sleeps it drops the deadlines
+of pieces delivered since: one wake-up per deadline of a delivered piece cost a 2-core machine's
+compute a few percent of its decode); a piece still outstanding then is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
 wins (lanes.py); the loser is discarded. With balancing, a drive with nothing else to do reads a
@@ -99,6 +101,7 @@ class Hedger:
         self._wake_at: int | None = None
         self._skew = 0
         self._deferred = False          # the last round put its due pieces off (starved): the next judges them
+        self.rounds = 0                 # how many times the watchdog has looked
         self.lanes = None
         self.cond: threading.Condition | None = None
         self._thread: threading.Thread | None = None
@@ -291,6 +294,12 @@ class Hedger:
         with self.cond:
             self.cond.notify_all()
 
+    def watch(self) -> tuple[int, int | None]:
+        """(how many times the watchdog has looked, when it wakes next: ns, None when only a new piece
+        or `wake()` wakes it); tests order on the first."""
+        with self.cond:
+            return self.rounds, self._wake_at
+
     def stop(self) -> None:
         with self.cond:
             self._stopping = True
@@ -396,6 +405,7 @@ class Hedger:
         while True:
             actions: list = []
             with self.cond:
+                self.rounds += 1
                 if self._stopping:
                     return
                 floor = max(self._slack(), RECHECK_NS)
@@ -413,6 +423,8 @@ class Hedger:
                         self._judge(att, now, actions)
                 self._skew = 0
                 if not actions:
+                    while self._heap and self._moot(self._heap[0][2]):
+                        heapq.heappop(self._heap)
                     self._wake_at = self._heap[0][0] if self._heap else None
                     timeout = None if self._wake_at is None else max(0, self._wake_at - now) / 1e9
                     notified = self.cond.wait(timeout)
@@ -421,12 +433,18 @@ class Hedger:
             for act in actions:
                 act()
 
+    def _moot(self, att: Attempt) -> bool:
+        """Whether judging `att` would do nothing, now and later: it was judged late already, it is over
+        (or moved: a stolen one has a deadline of its own), or its piece was delivered or hedged (a
+        copy's chunk that started is still judged)."""
+        piece = att.piece
+        return (att.late or att not in self.pending[att.src]
+                or ((piece.done or piece.hedged) and not (piece.copied and att.started)))
+
     def _judge(self, att: Attempt, now: int, actions: list) -> None:
         piece, s = att.piece, att.src
-        if att.late or att not in self.pending[s]:
+        if self._moot(att):
             return
-        if (piece.done or piece.hedged) and not (piece.copied and att.started):
-            return                  # delivered, or hedged when it was judged: a copied one is still judged
         due = self._deadline(att)
         if due is None or due > now:
             heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
