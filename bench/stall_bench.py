@@ -131,8 +131,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     time.sleep(REST_S)
     spec = spec_for(scenario, arm, paths)
     plan = os.path.join(workdir, "plans", f"{spec.name}.json")
-    if not os.path.exists(plan):
-        write_arm_plan(spec, plan)
+    write_arm_plan(spec, plan)          # every run: an --out reused from another testbed holds its drives' paths
     cmd = engine_command(spec, {**settings, "run_args": FLAGS[arm]}, plan)
     base = os.path.join(workdir, "arms", f"{seq:03d}-{cls}-{settings['prompt_tokens']}-{spec.name}")
     drive, crawl = CLASSES[cls]
