@@ -34,7 +34,8 @@ the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of bes
 >= 0.98 of neither with no drive degraded). neither runs once in crawl and recover (a run reads
 a crawler's share at its crawl: a minute in the slow class). Each run's events are summarised
 (degraded / recovered / re-weighted, with times from the run's first event) and the output
-hashes compared per prompt (one expected for each).
+hashes compared per prompt (one expected for each). Exit status: 0, every run done and one hash
+per prompt; 1, a run failed (its log's last line is printed) or a prompt gave two hashes.
 
 Run it as root (it takes the testbed lock and always takes the testbed down):
 
@@ -266,6 +267,7 @@ def main() -> int:
     t_start = time.monotonic()
     lines: list[str] = []
     hashes: dict[int, set] = {}
+    ran = failed = 0
     with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size, pacing=args.pacing) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
@@ -298,7 +300,9 @@ def main() -> int:
                 for seq, (sc, arm, _) in enumerate(sequence(args.runs, scenarios)):
                     r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
                     rows.append((sc, arm, r))
+                    ran += 1
                     if "error" in r:
+                        failed += 1
                         print(f"  {cls} {prompt} {sc} {arm}: FAILED {r['error']}", file=sys.stderr, flush=True)
                         continue
                     hashes.setdefault(prompt, set()).add(r["output_sha256"])
@@ -313,7 +317,9 @@ def main() -> int:
                                           for p, h in sorted(hashes.items()))
             + f"; {(time.monotonic() - t_start) / 60:.1f} min; runs in {out}")
     print(tail, flush=True)
-    return 0 if all(len(h) == 1 for h in hashes.values()) else 1
+    if failed:
+        print(f"{failed} of {ran} runs failed (each above, as FAILED)", flush=True)
+    return 0 if not failed and all(len(h) == 1 for h in hashes.values()) else 1
 
 
 if __name__ == "__main__":
