@@ -9,7 +9,7 @@ time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judg
 own deadline, where a lateness counts. The watchdog
 thread sleeps until the earliest deadline of a piece still out (before it sleeps it drops the deadlines
 of pieces delivered since: one wake-up per deadline of a delivered piece cost a 2-core machine's
-compute a few percent of its decode); a piece still outstanding then is *late*: it is counted
+compute a few percent of its decode, docs/reader.md "Round 7"); a piece still outstanding then is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
 wins (lanes.py); the loser is discarded. With balancing, a drive with nothing else to do reads a

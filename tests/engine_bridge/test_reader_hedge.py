@@ -169,7 +169,6 @@ def test_the_watchdog_does_not_wake_for_the_deadlines_of_pieces_already_delivere
         r.wake_hedger()
         _until(lambda: r._hedger.watch()[0] > rounds)
         assert r._hedger.watch()[1] is None
-        assert sum(x.reads for x in r.stats().sources) >= 12        # three sources, four reads: deadlines were set
 
 
 def test_a_stalled_part_of_a_split_set_is_hedged_and_read_from_another_replica(tmp_path):
