@@ -65,8 +65,7 @@ class LaneQueue:
             self.items.appendleft(item)
         else:
             self.items.append(item)
-        if self.idle:                 # a busy lane takes it when it looks again: waking nobody costs a call per piece
-            self.cond.notify()
+        self.cond.notify()
 
 
 class Lanes:
@@ -344,9 +343,8 @@ class Lanes:
                 self.reweigher.ended(att, s, ok and att.started)
             if att.started and self.balancer is not None:
                 self.balancer.ended(att, s, ok)
-                q = self._queues[s]
-                if q.items and q.idle:              # room in the kernel for a lane waiting on it (a lane with
-                    q.cond.notify()                 # nothing queued was not waiting for room: let it sleep)
+                if self._queues[s].items:           # room in the kernel for a lane waiting on it (a lane with
+                    self._queues[s].cond.notify()   # nothing queued was not waiting for room: let it sleep)
             if piece is None:
                 free.append(att.buf)
             else:
