@@ -6,10 +6,10 @@ typical own time on these drives, `hedging.ServiceTime`; with balancing, from wh
 it, over the bytes then in its drive's kernel). A drive already on a late streak is also judged
 by the step: when the rest of a read has landed, its pieces still out are late at margin x the
 time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judged again at their
-own deadline, where a lateness counts. The watchdog
-thread sleeps until the earliest deadline of a piece still out (before it sleeps it drops the deadlines
-of pieces delivered since: one wake-up per deadline of a delivered piece cost a 2-core machine's
-compute a few percent of its decode, docs/reader.md "Round 7"); a piece still outstanding then is *late*: it is counted
+own deadline, where a lateness counts. The watchdog thread sleeps until the earliest deadline of
+a piece still out (before it sleeps it drops the deadlines of pieces delivered since: a wake-up
+per delivered piece's deadline cost a 2-core machine's compute a few percent of its decode,
+docs/reader.md "Round 7"); a piece still outstanding then is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
 wins (lanes.py); the loser is discarded. With balancing, a drive with nothing else to do reads a

@@ -12,6 +12,7 @@ import random
 import pytest
 from typer.testing import CliRunner
 
+from core.constants import MiB
 from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.harness.arms import ArmSpec, plan_changes
@@ -27,7 +28,6 @@ from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import write_split_gguf
 from engine_bridge.reader.hedging import HedgePolicy
 from tests.engine_bridge.test_reader_hedge import FLOOR, Clock, Stall, StallingReader, _until
-from tests.engine_bridge.test_reader_stall import MIB
 
 SIZE = 16 * BLOCK_BYTES
 CHUNK = BLOCK_BYTES // 4
@@ -94,13 +94,13 @@ def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
 
 
 def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_in_its_kernel():
-    pace = Pace(0.9, MIB)
+    pace = Pace(0.9, MiB)
     assert pace.bound(0) is None                                      # nothing asked of it: nothing known
-    pace.started(2 * MIB, 0)
+    pace.started(2 * MiB, 0)
     assert pace.bound(0) is None                                      # asked, no time passed
-    assert pace.bound(100_000_000) == pytest.approx(2 * MIB / 100_000_000)   # 2 MiB not read in 100 ms
-    assert pace.bound(400_000_000) == pytest.approx(2 * MIB / 400_000_000)   # and it falls while it reads nothing
-    pace.ended(MIB, 500_000_000, True)
+    assert pace.bound(100_000_000) == pytest.approx(2 * MiB / 100_000_000)   # 2 MiB not read in 100 ms
+    assert pace.bound(400_000_000) == pytest.approx(2 * MiB / 400_000_000)   # and it falls while it reads nothing
+    pace.ended(MiB, 500_000_000, True)
     assert pace.bound(500_000_000) == pace.rate(500_000_000)          # from its first delivery: its pace
 
 
