@@ -31,8 +31,11 @@ expert cache), interleaved forward, backward, forward within each class and prom
 healthy's reference is neither. Every cell is a class, a prompt (--short and --long tokens), a
 scenario and a phase (prefill, steady decode): the median of --runs runs per arm, and the ratio
 the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of best, healthy
->= 0.98 of neither with no drive degraded). neither runs once in crawl and recover (a run reads
-a crawler's share at its crawl: a minute in the slow class). Each run's events are summarised
+>= 0.98 of neither with no drive degraded), with the 90% interval of that ratio over the runs'
+own noise (a seeded bootstrap of both arms' runs, `iobench.stats.ratio_interval`): a cell whose
+interval holds the target is marked "within the noise of its runs" (more --runs tell). neither
+runs once in crawl and recover (a run reads a crawler's share at its crawl: a minute in the slow
+class). Each run's events are summarised
 (degraded / recovered / re-weighted, with times from the run's first event) and the output
 hashes compared per prompt (one expected for each). Exit status: 0, every run done and one hash
 per prompt; 1, a run failed (its log's last line is printed) or a prompt gave two hashes.
@@ -67,6 +70,7 @@ from bench.engine_bench import synth_on_drives  # noqa: E402
 from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
+from iobench.stats import ratio_interval  # noqa: E402
 
 DRIVES = ("internal", "green", "white")
 UNTHROTTLED = 0.0                # MB/s: no limit (the testbed lifts a drive's rule, cgroup v1 and v2)
@@ -196,13 +200,13 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded = {}, {}, {}
+        med, runs, degraded, each = {}, {}, {}, {}
         for arm in ARMS[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
             runs[arm] = len(rs)
-            med[arm] = {k: statistics.median([r[k] for r in rs]) if rs else None
-                        for k in ("prefill_tps", "gen_steady_tps")}
+            each[arm] = {k: [r[k] for r in rs] for k in ("prefill_tps", "gen_steady_tps")}
+            med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
             degraded[arm] = [changes(r) for r in rs]
         ref = REFERENCE[sc]
         lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in ARMS[sc]))
@@ -210,8 +214,8 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             vals = " ".join(f"{a} {f(med[a][k])}" for a in ARMS[sc])
             ratios = ", ".join(f"{a}/{ref} {f(_ratio(med, a, ref, k))}" for a in ARMS[sc] if a != ref)
             r = _ratio(med, "reweigh", ref, k)
-            verdict = "-" if r is None else ("met" if r >= TARGET[sc] else "MISSED")
-            lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict}")
+            noise = ratio_interval(each["reweigh"][k], each[ref][k]) if r is not None else None
+            lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict(r, noise, TARGET[sc])}")
         for a in ARMS[sc]:
             if a in ("reweigh", "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
@@ -219,6 +223,18 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             bad = [a for a in ("reweigh", "hedge") for c in degraded[a] if "degraded" in c]
             lines.append(f"   healthy degrades: {len(bad)} ({', '.join(bad) or 'none'})")
     return lines
+
+
+def verdict(r: float | None, noise: tuple[float, float] | None, target: float) -> str:
+    """met or MISSED for the ratio of medians, with the runs' 90% interval of it (`ratio_interval`)
+    when the target lies inside: that cell's runs cannot tell a miss from a hit."""
+    if r is None:
+        return "-"
+    word = "met" if r >= target else "MISSED"
+    if noise is None:
+        return word
+    lo, hi = noise
+    return f"{word} (90% interval {lo:.2f}-{hi:.2f}{', within the noise of its runs' if lo < target <= hi else ''})"
 
 
 def _ratio(med, a, b, k):

@@ -91,3 +91,15 @@ def test_integer_weights_examples():
     assert stats.integer_weights([12.9e9, 7.08e9, 7.08e9]) == (10, 5, 5)
     assert stats.integer_weights([200e6, 100e6, 100e6]) == (10, 5, 5)
     assert stats.integer_weights([0, 0]) == (1, 1)
+
+
+def test_the_ratio_interval_is_the_runs_noise_around_the_ratio():
+    assert stats.ratio_interval([5.0, 5.0, 5.0], [2.0, 2.0]) == (2.5, 2.5)       # no noise: the ratio itself
+    tight = stats.ratio_interval([10.0, 10.1, 9.9], [5.0, 5.1, 4.9])
+    loose = stats.ratio_interval([10.0, 12.0, 8.0], [5.0, 6.0, 4.0])
+    assert 1.9 < tight[0] <= 2.0 <= tight[1] < 2.1
+    assert loose[0] < tight[0] and loose[1] > tight[1]
+    assert stats.ratio_interval([10.0, 12.0, 8.0], [5.0, 6.0, 4.0]) == loose      # seeded: the same runs, the same interval
+    assert stats.ratio_interval([1.0], [1.0, 2.0]) is None and stats.ratio_interval([1.0, 2.0], [0.0, 0.0]) is None
+    with pytest.raises(ValueError, match="level"):
+        stats.ratio_interval([1.0, 2.0], [1.0, 2.0], level=1.0)
