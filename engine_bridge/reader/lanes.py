@@ -410,6 +410,7 @@ class Lanes:
         ticket._remaining -= 1
         if ticket._remaining:
             return None
+        ticket._mains = []          # they point back at it: a cycle only the garbage collector would free
         if ticket._error is None:
             self.tally.barrier(ticket)
         tainted = ticket._writers > 0 and ticket._work is ticket._buf

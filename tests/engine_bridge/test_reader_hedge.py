@@ -5,6 +5,7 @@ runs on a clock the test moves (`Clock`), woken with `wake_hedger()`: which piec
 decided by the test, never by how fast this machine is. Nothing here asserts on elapsed time.
 """
 
+import gc
 import json
 import random
 import threading
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.reader import hedging
+from engine_bridge.reader.attempts import Attempt, PieceInFlight, ReadTicket
 from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
 from engine_bridge.reader.readstats import healthy_split
@@ -169,6 +171,34 @@ def test_the_watchdog_does_not_wake_for_the_deadlines_of_pieces_already_delivere
         r.wake_hedger()
         _until(lambda: r._hedger.watch()[0] > rounds)
         assert r._hedger.watch()[1] is None
+
+
+def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbage_collector(model):
+    """With hedging a read keeps its main attempts (a step's lateness looks at them) and they point
+    back at it; past its barrier it lets them go, so a finished read is no reference cycle the
+    collector has to find (a full collection mid-decode walked all of the engine's objects:
+    docs/reader.md "Round 8")."""
+    paths, data = model
+    with _reader(paths, None, Clock()) as r:
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            for k in range(4):
+                t = r.submit(k * BLOCK_BYTES, 4 * BLOCK_BYTES)
+                assert bytes(t.result()) == data[k * BLOCK_BYTES:(k + 4) * BLOCK_BYTES]
+                t.release()
+            del t
+            rounds, _ = r._hedger.watch()           # the watchdog lets go of the delivered pieces' deadlines
+            r.wake_hedger()
+            _until(lambda: r._hedger.watch()[0] > rounds and r._hedger.watch()[1] is None)
+            gc.collect()
+            cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (ReadTicket, PieceInFlight, Attempt))]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert cyclic == []
 
 
 def test_a_stalled_part_of_a_split_set_is_hedged_and_read_from_another_replica(tmp_path):
