@@ -128,7 +128,7 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, reader
     from engine_bridge.reader import SplitReader
     from engine_bridge.reader.settings import EMBEDDED
 
-    from .session import phase_dict
+    from .session import frozen_heap, phase_dict
 
     reader = EMBEDDED if reader is None else reader
 
@@ -154,9 +154,10 @@ def replay(sources: SourceSet, prompt: int, gen: int, cache_experts: int, reader
     holds = sources.holds()
     with SplitReader(sources.models, sources.prefill, sources.decode, settings=reader, cold=cold,
                      engine=sources.engine, holds=holds) as split:
-        out = replay_steps(g, steps, g.layers, cache, split.submit_read,
-                           sources.step_reads(g, split.healthy, holds, split.weights_now),
-                           in_flight=sources.in_flight())
+        with frozen_heap():
+            out = replay_steps(g, steps, g.layers, cache, split.submit_read,
+                               sources.step_reads(g, split.healthy, holds, split.weights_now),
+                               in_flight=sources.in_flight())
         reader_stats = split.stats()
         stats = reader_stats.to_dict()
         text = split.format_stats()

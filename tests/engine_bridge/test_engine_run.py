@@ -1,3 +1,4 @@
+import gc
 import json
 import os
 import shutil
@@ -8,7 +9,8 @@ from typer.testing import CliRunner
 from engine_bridge.cli import app
 from engine_bridge.moe.constants import CSV_COLUMNS
 from engine_bridge.moe.resident import inspect_model
-from engine_bridge.moe.session import run_model
+from engine_bridge.moe import session
+from engine_bridge.moe.session import frozen_heap, run_model
 from engine_bridge.moe.inputs import SourceSet
 from engine_bridge.reader.settings import EMBEDDED, ReaderSettings
 from tests.engine_bridge.helpers import SPEC
@@ -45,6 +47,25 @@ def test_output_hash_is_the_same_for_every_source_count_weight_lane_and_cache_si
     assert results[0]["decode"]["misses"] == 0 and results[3]["hits"] == 0
     # prefill chunking changes the arithmetic order, so it is a different (but valid) run
     assert results[4]["gen_tokens"] == GEN
+
+
+def test_the_run_is_timed_with_what_lived_before_it_out_of_the_collectors_walk(model_dir, monkeypatch):
+    """The model, the modules and the reader live for the whole run: frozen out of the garbage
+    collector's full walks while the engine runs, and given back after (docs/reader.md "Round 8")."""
+    seen = []
+    real = session.EmbeddedEngine.run
+
+    def run_and_look(self, *a, **kw):
+        seen.append(gc.get_freeze_count())
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(session.EmbeddedEngine, "run", run_and_look)
+    assert run(model_dir)["gen_tokens"] == GEN
+    assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError, match="mid-run"):
+        with frozen_heap():
+            raise RuntimeError("mid-run")
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_replica_that_delivers_a_wrong_byte_changes_the_hash(model_dir, tmp_path):
