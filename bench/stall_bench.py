@@ -35,10 +35,10 @@ the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of bes
 own noise (a seeded bootstrap of both arms' runs, `iobench.stats.ratio_interval`): a cell whose
 interval holds the target is marked "within the noise of its runs" (more --runs tell). neither
 runs once in crawl and recover (a run reads a crawler's share at its crawl: a minute in the slow
-class). Each run's events are summarised
-(degraded / recovered / re-weighted, with times from the run's first event) and the output
-hashes compared per prompt (one expected for each). Exit status: 0, every run done and one hash
-per prompt; 1, a run failed (its log's last line is printed) or a prompt gave two hashes.
+class). Each run's events are summarised (degraded / recovered / re-weighted, with times from the
+run's first event) and the output hashes compared per prompt (one expected for each). Exit
+status: 0, every run done and one hash per prompt; 1, a run failed (its log's last line is
+printed) or a prompt gave two hashes.
 
 Run it as root (it takes the testbed lock and always takes the testbed down):
 
