@@ -124,6 +124,15 @@ def _until(cond) -> None:
         time.sleep(0.001)
 
 
+def _looked_again(r):
+    """Wake the watchdog and wait until it has looked once more; when it wakes next (None: only a
+    new piece or a wake-up wakes it)."""
+    rounds, _ = r._hedger.watch()
+    r.wake_hedger()
+    _until(lambda: r._hedger.watch()[0] > rounds)
+    return r._hedger.watch()[1]
+
+
 def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None, file=None):
     """Submit a read (of `file`, for a multi-file model) whose piece on the stalled source blocks,
     wait until every other piece has landed, then make the held one late (only it); return the ticket."""
@@ -167,10 +176,7 @@ def test_the_watchdog_does_not_wake_for_the_deadlines_of_pieces_already_delivere
     with _reader(paths, None, Clock()) as r:
         for k in range(4):
             assert bytes(r.read(k * BLOCK_BYTES, 4 * BLOCK_BYTES)) == data[k * BLOCK_BYTES:(k + 4) * BLOCK_BYTES]
-        rounds, _ = r._hedger.watch()
-        r.wake_hedger()
-        _until(lambda: r._hedger.watch()[0] > rounds)
-        assert r._hedger.watch()[1] is None
+        assert _looked_again(r) is None
 
 
 def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbage_collector(model):
@@ -189,9 +195,7 @@ def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbag
                 assert bytes(t.result()) == data[k * BLOCK_BYTES:(k + 4) * BLOCK_BYTES]
                 t.release()
             del t
-            rounds, _ = r._hedger.watch()           # the watchdog lets go of the delivered pieces' deadlines
-            r.wake_hedger()
-            _until(lambda: r._hedger.watch()[0] > rounds and r._hedger.watch()[1] is None)
+            assert _looked_again(r) is None         # the watchdog let go of the delivered pieces' deadlines
             gc.collect()
             cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (ReadTicket, PieceInFlight, Attempt))]
         finally:
