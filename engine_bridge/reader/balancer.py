@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .balancing import MIN_CHUNKS, BalancePolicy, Pace, depth_bytes, pick_victim
+from .balancing import MIN_REQUESTS, BalancePolicy, Pace, depth_bytes, pick_victim
 
 PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
 STEAL_SCAN = 64           # queued attempts looked at per source for one to take
@@ -24,8 +24,7 @@ class Balancer:
     def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool],
                  healthy: Callable[[], Sequence[int]], clock: Callable[[], int]):
         self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
-        self.pace = [Pace(PACE_DECAY, policy.chunk_bytes) for _ in range(n)]
-        self.least = MIN_CHUNKS * policy.chunk_bytes
+        self.pace = [Pace(PACE_DECAY) for _ in range(n)]
 
     def inflight(self, s: int) -> int:
         """Bytes source `s` has in the kernel."""
@@ -51,8 +50,8 @@ class Balancer:
     def room(self, s: int, nbytes: int) -> bool:
         """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
         pace = self.pace[s]
-        if pace.inflight == 0 or pace.inflight + nbytes <= self.least:
-            return True                 # within MIN_CHUNKS chunks: always (the depth is never below that)
+        if pace.reqs < MIN_REQUESTS:
+            return True                 # the next request behind the one it reads: always, whatever its size
         if pace.inflight + nbytes > pace.window:
             return False                # past its slow start: whatever the depth
         now = self.clock()

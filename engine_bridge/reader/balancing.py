@@ -10,12 +10,13 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
   piece's edges is aligned for O_DIRECT);
 - a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
   (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
-  a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two chunks
-  (so it never waits on us between two requests): the rest of its share waits in its queue, where
-  another drive can still take it. Its pace (`Pace`) is known from its first delivery on; what it
-  may have in the kernel starts at two chunks and grows by what it delivers (a slow start, in the
-  units of its own deliveries: a drive that crawls from its first request holds two chunks, not
-  a chunk per lane, and a fast one reaches its lanes within a few deliveries);
+  a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two requests
+  of whatever size (so it never waits on us between two requests): the rest of its share waits in
+  its queue, where another drive can still take it. Its pace (`Pace`) is known from its first
+  delivery on; beyond those two requests it may have in the kernel only what it has delivered (a
+  slow start, in the units of its own deliveries: a drive that crawls from its first request holds
+  two requests, not a request per lane nor two chunks' worth of an engine's small pieces, and a
+  fast one reaches its lanes within a few deliveries);
 - a drive with nothing queued of its own *takes* the first chunk of another's queue when it would
   finish it sooner than the drive it was given to (`pick_victim`); a drive with work of its own
   does the same for a chunk of an earlier read than its own queue's head (the engine waits for
@@ -85,7 +86,7 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
     return [(a, b - a) for a, b in zip(edges, edges[1:])]
 
 
-MIN_CHUNKS = 2      # a drive always has the next request queued behind the one it reads: one at a time,
+MIN_REQUESTS = 2    # a drive always has the next request queued behind the one it reads: one at a time,
                     # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
 
 
@@ -93,24 +94,23 @@ def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: Balan
     """Bytes a source at `rate` may have in the kernel when the fastest healthy source reads at `top`
     (bytes/ns; None: not known yet): with `depth_ns` set, that much of its own pace
     (`depth_limit`); else what it reads while the fastest reads `lanes` chunks — in units of the
-    drives themselves, whatever their speed. At least MIN_CHUNKS chunks; unbounded while either
-    pace is unknown."""
+    drives themselves, whatever their speed (`Pace.room` lets MIN_REQUESTS requests in whatever it
+    says); unbounded while either pace is unknown."""
     if policy.depth_ns > 0:
         return depth_limit(rate, policy)
     if rate is None or top is None or math.isinf(rate):
         return math.inf
-    least = float(MIN_CHUNKS * policy.chunk_bytes)
     if top <= 0 or math.isinf(top):
-        return least if math.isinf(top) else math.inf
-    return max(least, rate / top * lanes * policy.chunk_bytes)
+        return 0.0 if math.isinf(top) else math.inf
+    return rate / top * lanes * policy.chunk_bytes
 
 
 def depth_limit(rate: float | None, policy: BalancePolicy) -> float:
     """Bytes a source at `rate` (bytes/ns; None: not known yet) may have in the kernel: `depth_ns`
-    of its pace, at least MIN_CHUNKS chunks; unbounded while its pace is unknown."""
+    of its pace; unbounded while its pace is unknown."""
     if rate is None or math.isinf(rate):
         return math.inf
-    return max(float(MIN_CHUNKS * policy.chunk_bytes), rate * policy.depth_ns)
+    return rate * policy.depth_ns
 
 
 def finish_ns(inflight: int, nbytes: int, rate: float | None, other: float | None) -> float:
@@ -149,19 +149,20 @@ class Pace:
     """A drive's pace, fed with a clock of the caller's (ns): bytes delivered over the time it had
     reads in the kernel, decayed per delivery, with the time since its last delivery included (a
     drive that stops delivering falls towards 0 at once); and `window`, the bytes it may have in
-    the kernel by the slow start (MIN_CHUNKS chunks at first, growing by every delivery)."""
+    the kernel beyond MIN_REQUESTS requests by the slow start (what it has delivered)."""
 
-    __slots__ = ("decay", "bytes", "busy_ns", "open_ns", "tick", "inflight", "n", "window")
+    __slots__ = ("decay", "bytes", "busy_ns", "open_ns", "tick", "inflight", "reqs", "n", "window")
 
-    def __init__(self, decay: float, chunk_bytes: int):
+    def __init__(self, decay: float):
         self.decay = decay
         self.bytes = 0.0              # decayed bytes delivered
         self.busy_ns = 0.0            # decayed ns with reads in the kernel, up to the last delivery
         self.open_ns = 0              # ns with reads in the kernel since the last delivery
         self.tick = 0
         self.inflight = 0             # bytes in the kernel now
+        self.reqs = 0                 # requests in the kernel now
         self.n = 0                    # deliveries
-        self.window = MIN_CHUNKS * chunk_bytes
+        self.window = 0
 
     def advance(self, now: int) -> None:
         if self.inflight > 0:
@@ -171,11 +172,13 @@ class Pace:
     def started(self, nbytes: int, now: int) -> None:
         self.advance(now)
         self.inflight += nbytes
+        self.reqs += 1
 
     def ended(self, nbytes: int, now: int, delivered: bool) -> None:
         """An attempt of `nbytes` left the kernel; `delivered`: its bytes came in."""
         self.advance(now)
         self.inflight -= nbytes
+        self.reqs -= 1
         if delivered:
             self.bytes = self.bytes * self.decay + nbytes
             self.busy_ns = self.busy_ns * self.decay + self.open_ns
@@ -202,9 +205,9 @@ class Pace:
         return self.inflight / self.open_ns
 
     def room(self, nbytes: int, depth: float) -> bool:
-        """Whether the drive may start `nbytes` more: nothing in its kernel, or what it has plus
-        these within its slow-start window and `depth` bytes (`depth_bytes`)."""
-        if self.inflight == 0:
+        """Whether the drive may start `nbytes` more: fewer than MIN_REQUESTS requests in its kernel,
+        or what it has plus these within its slow-start window and `depth` bytes (`depth_bytes`)."""
+        if self.reqs < MIN_REQUESTS:
             return True
         return self.inflight + nbytes <= min(self.window, depth)
 

@@ -64,12 +64,17 @@ def test_chunks_are_cut_at_multiples_of_the_chunk_and_cover_the_piece():
         assert len(got) == 1 if ln <= c else sum(n < c // 2 for _, n in got) <= 1     # a short edge when it could not ride
 
 
-def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_a_chunk():
+def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_two_requests():
     p = BalancePolicy(chunk_bytes=1 << 20, depth_ns=250_000_000)
     assert depth_limit(None, p) == math.inf                      # pace unknown: the lanes bound it
     assert depth_limit(0.03, p) == pytest.approx(7.5e6)          # 30 MB/s: a quarter second of it
-    assert depth_limit(0.001, p) == 2 << 20                      # a crawl: still two chunks (one queued
-    assert depth_limit(0.0, p) == 2 << 20                        # behind the one being read)
+    assert depth_limit(0.001, p) == pytest.approx(2.5e5)         # a crawl: a quarter second of its pace,
+    assert depth_limit(0.0, p) == 0                              # or nothing; but two requests are always let in
+    pace = Pace(0.9)                                             # (one queued behind the one being read)
+    pace.started(1 << 20, 0)
+    assert pace.room(1 << 20, depth_limit(0.0, p))
+    pace.started(1 << 20, 0)
+    assert not pace.room(4096, depth_limit(0.0, p))
 
 
 def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
@@ -94,7 +99,7 @@ def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
 
 
 def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_in_its_kernel():
-    pace = Pace(0.9, MiB)
+    pace = Pace(0.9)
     assert pace.bound(0) is None                                      # nothing asked of it: nothing known
     pace.started(2 * MiB, 0)
     assert pace.bound(0) is None                                      # asked, no time passed

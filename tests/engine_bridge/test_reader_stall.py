@@ -16,7 +16,7 @@ import pytest
 
 from engine_bridge.reader import hedging
 from engine_bridge.reader.attempts import MAIN, Attempt, PieceInFlight, ReadTicket
-from engine_bridge.reader.balancing import MIN_CHUNKS, BalancePolicy, Pace, depth_bytes, pick_victim
+from engine_bridge.reader.balancing import MIN_REQUESTS, BalancePolicy, Pace, depth_bytes, pick_victim
 from engine_bridge.reader.hedging import HedgePolicy, copy_due, counts_late, deadline_ns, expected_ns, owed, too_slow
 from engine_bridge.reader.reweigher import Reweigher
 from engine_bridge.reader.reweighting import ReweighPolicy
@@ -81,21 +81,31 @@ def test_a_copy_is_due_between_twice_its_expected_time_and_its_deadline():
 
 
 def test_pace_starts_slow_grows_with_deliveries_and_falls_while_it_delivers_nothing():
-    pace = Pace(0.9, MIB)
+    pace = Pace(0.9)
     assert pace.rate(0) is None and pace.room(MIB, 0)                 # nothing in the kernel: may start
     pace.started(MIB, 0)
-    assert pace.room(MIB, math.inf) and not pace.room(2 * MIB, math.inf)   # two chunks at first, not one per lane
+    assert pace.room(4 * MIB, 0)                                      # two requests at first, whatever their size
     pace.started(MIB, 0)
-    assert not pace.room(MIB, math.inf)
+    assert not pace.room(MIB // 16, math.inf)                         # and no third before a delivery: not
+    assert MIN_REQUESTS == 2                                          # one per lane, nor two chunks of small ones
     pace.ended(MIB, 10_000_000, True)                                 # 1 MiB in 10 ms: ~100 MB/s
     assert pace.rate(10_000_000) == pytest.approx(MIB / 10_000_000)
-    assert pace.window == (MIN_CHUNKS + 1) * MIB                      # it grows by what it delivers
-    assert pace.room(2 * MIB, math.inf) and not pace.room(3 * MIB, math.inf)
-    assert not pace.room(2 * MIB, 1.5 * MIB)                          # and the depth bounds it
-    before = pace.rate(10_000_000)
-    assert pace.rate(110_000_000) < before / 5                        # 100 ms more with nothing: it falls
-    pace.ended(MIB, 110_000_000, False)
-    assert pace.inflight == 0 and pace.n == 1                         # a failed read teaches nothing of its pace
+    assert pace.window == MIB                                         # beyond two: what it has delivered
+    assert pace.room(8 * MIB, math.inf)                               # one request in: a second always
+    pace.ended(MIB, 20_000_000, True)
+    assert pace.window == 2 * MIB                                     # it grows by every delivery
+    pace.started(MIB, 20_000_000)
+    pace.started(MIB // 2, 20_000_000)
+    assert pace.room(MIB // 2, math.inf) and not pace.room(MIB // 2 + 1, math.inf)
+    assert not pace.room(MIB // 2, 1.5 * MIB)                         # and the depth bounds it
+    pace.ended(MIB, 20_000_000, False)
+    pace.ended(MIB // 2, 20_000_000, False)
+    assert pace.rate(20_000_000) == pytest.approx(MIB / 10_000_000)   # a failed read teaches nothing of its pace
+    pace.started(MIB, 20_000_000)
+    before = pace.rate(20_000_000)
+    assert pace.rate(120_000_000) < before / 5                        # 100 ms more with nothing: it falls
+    pace.ended(MIB, 120_000_000, False)
+    assert pace.inflight == 0 and pace.reqs == 0 and pace.n == 2
 
 
 def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
@@ -126,10 +136,11 @@ def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
         # an idle drive takes the crawler's next chunk, never the other way round
         out.append(pick_victim(0, {2: MIB}, [0, 0, 2 * MIB], rates))
         out.append(pick_victim(2, {0: MIB}, [MIB, 0, 0], rates))
-        # the kernel depth is in units of the drives: every lane of a healthy drive, 2 chunks of the crawler
+        # the kernel depth is in units of the drives: every lane of a healthy drive, 8/20 of a chunk of the
+        # crawler (it still keeps two requests in its kernel: `Pace.room`)
         out.append([depth_bytes(rates[i], rate, 8, BalancePolicy(chunk_bytes=MIB)) / MIB for i in range(3)])
         # a pace learnt in units of its own deliveries, falling while it delivers nothing
-        pace = Pace(0.9, MIB)
+        pace = Pace(0.9)
         for k in range(4):
             pace.started(MIB, at(k))
             pace.ended(MIB, at(k + 1), True)
@@ -142,7 +153,7 @@ def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
     assert slow == fast
     assert slow[0] == 6 and slow[1:6] == [False, False, False, True, True]    # its chunk is late at 6 units
     assert slow[6:10] == [None, None, 2.5, None]      # a copy between 4 units (twice 2) and 5 (its deadline less 1)
-    assert slow[10:14] == [True, False, 2, None] and slow[14] == [8, 8, 2]
+    assert slow[10:14] == [True, False, 2, None] and slow[14] == [8, 8, 0.4]
     assert slow[15] == 1.0 and slow[16] < 0.7                                 # its pace, and its fall
     # the old rule, a rate held only once it rests on 0.5 s of busy time, knew nothing in the fast
     # run's whole scenario (8 units of 0.2 ms) and everything in the slow one's (8 units of 0.1 s)
@@ -214,29 +225,46 @@ def _balanced(paths, stall, clock=None, hedge=False, events=None, lanes=2, **pol
                        opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
 
 
-def test_a_drive_that_crawls_from_its_first_read_holds_two_chunks_not_one_per_lane(model):
-    """No pace is known yet: the slow start keeps a drive to MIN_CHUNKS chunks in its kernel until
-    it delivers, so a drive that hangs from the start holds two chunks while the others take the
-    rest of its share (not one chunk per lane, for seconds)."""
+@pytest.mark.parametrize("piece", [CHUNK, CHUNK // 4])
+def test_a_drive_that_crawls_from_its_first_read_holds_two_requests_not_one_per_lane(model, piece):
+    """No pace is known yet: the slow start keeps a drive to MIN_REQUESTS requests in its kernel
+    until it delivers, whatever their size, so a drive that hangs from the start holds two while
+    the others take the rest of its share (not one per lane, nor two chunks' worth of an engine's
+    small pieces, for seconds). One read cut in chunks, and reads of a small piece per drive."""
+    from engines.base import Piece
+    from engines.pattern import Read
+
     paths, data = model
     stall = Stall(paths[2])
     stall.active = True
-    with _balanced(paths, stall, lanes=4) as r:
-        t = r.submit(0, SIZE)
-        held = []
+    with _balanced(paths, stall, lanes=8) as r:
+        try:
+            if piece == CHUNK:
+                tickets = [r.submit(0, SIZE)]
+                total = SIZE
+            else:
+                n = 3 * piece
+                tickets = [r.submit_read(Read(r.files[0], k * n, n, tuple(Piece(i, k * n + i * piece, piece, 0)
+                                                                          for i in range(3))))
+                           for k in range(16)]
+                total = 16 * n
+            held = []
 
-        def settled():          # every chunk is either in its kernel (held) or read by the others
-            while stall.entered.acquire(blocking=False):
-                held.append(1)
-            return sum(r.stats().sources[i].bytes for i in (0, 1)) + len(held) * CHUNK == SIZE
+            def settled():          # every piece is either in its kernel (held) or read by the others
+                while stall.entered.acquire(blocking=False):
+                    held.append(1)
+                return sum(r.stats().sources[i].bytes for i in (0, 1)) + len(held) * piece == total
 
-        _until(settled)
-        assert 0 < len(held) <= MIN_CHUNKS and not t.done()   # whichever lane won: at most two, and they hold it
-        stall.gate.set()
-        assert bytes(t.result()) == data
+            _until(settled)
+            assert 0 < len(held) <= MIN_REQUESTS                  # whichever lanes won: at most two
+            _until(lambda: sum(not t.done() for t in tickets) == (1 if piece == CHUNK else len(held)))   # they hold it
+        finally:
+            stall.gate.set()
+        got = b"".join(bytes(t.result()) for t in tickets)
         s = r.stats()
-    assert s.sources[2].bytes == len(held) * CHUNK
-    assert sum(x.bytes for x in s.sources) == SIZE
+    assert got == data[:total]
+    assert s.sources[2].bytes == len(held) * piece
+    assert sum(x.bytes for x in s.sources) == total
 
 
 class Hang:
