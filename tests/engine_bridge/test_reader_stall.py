@@ -86,8 +86,8 @@ def test_pace_starts_slow_grows_with_deliveries_and_falls_while_it_delivers_noth
     pace.started(MIB, 0)
     assert pace.room(4 * MIB, 0)                                      # two requests at first, whatever their size
     pace.started(MIB, 0)
-    assert not pace.room(MIB // 16, math.inf)                         # and no third before a delivery: not
-    assert MIN_REQUESTS == 2                                          # one per lane, nor two chunks of small ones
+    assert pace.reqs == MIN_REQUESTS and not pace.room(MIB // 16, math.inf)   # no third before a delivery: not
+                                                                      # one per lane, nor two chunks of small ones
     pace.ended(MIB, 10_000_000, True)                                 # 1 MiB in 10 ms: ~100 MB/s
     assert pace.rate(10_000_000) == pytest.approx(MIB / 10_000_000)
     assert pace.window == MIB                                         # beyond two: what it has delivered
