@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .balancing import MIN_REQUESTS, BalancePolicy, Pace, depth_bytes, pick_victim
+from .balancing import BalancePolicy, Pace, depth_bytes, pick_victim
 
 PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
 STEAL_SCAN = 64           # queued attempts looked at per source for one to take
@@ -50,10 +50,9 @@ class Balancer:
     def room(self, s: int, nbytes: int) -> bool:
         """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
         pace = self.pace[s]
-        if pace.reqs < MIN_REQUESTS:
-            return True                 # the next request behind the one it reads: always, whatever its size
-        if pace.inflight + nbytes > pace.window:
-            return False                # past its slow start: whatever the depth
+        says = pace.slow_start(nbytes)
+        if says is not None:
+            return says                 # two requests always; past what it delivered never: whatever the depth
         now = self.clock()
         known = [r for r in (self.pace[i].rate(now) for i in self.healthy()) if r is not None]
         depth = depth_bytes(pace.rate(now), max(known) if known else None, self.lanes, self.policy)

@@ -204,10 +204,17 @@ class Pace:
             return r
         return self.inflight / self.open_ns
 
-    def room(self, nbytes: int, depth: float) -> bool:
-        """Whether the drive may start `nbytes` more: fewer than MIN_REQUESTS requests in its kernel,
-        or what it has plus these within its slow-start window and `depth` bytes (`depth_bytes`)."""
+    def slow_start(self, nbytes: int) -> bool | None:
+        """What the slow start says of starting `nbytes` more, before any depth: True with fewer than
+        MIN_REQUESTS requests in its kernel (whatever their size), False past what it has delivered
+        (`window`), None when the depth decides."""
         if self.reqs < MIN_REQUESTS:
             return True
-        return self.inflight + nbytes <= min(self.window, depth)
+        return False if self.inflight + nbytes > self.window else None
+
+    def room(self, nbytes: int, depth: float) -> bool:
+        """Whether the drive may start `nbytes` more: what the slow start says, else whether what it
+        has plus these stay within `depth` bytes (`depth_bytes`)."""
+        says = self.slow_start(nbytes)
+        return says if says is not None else self.inflight + nbytes <= depth
 
