@@ -10,6 +10,10 @@ the drives' read ceilings (the testbed is built once):
   medium   150 MB/s each; a crawl is 5 MB/s
   fast     unthrottled (the loop devices share this machine's disk); a crawl is 10 MB/s
 
+and how many tokens a run decodes (--gen-tokens): 16 on the slow and medium classes, 64 on the
+fast one, whose 16 tokens last 0.2 s — too short for a crawl that starts during the run to end in
+it, so recovery would go unseen.
+
 and each *scenario* changes white or green while the embedded engine runs:
 
   crawl    white crawls from the start of the run to its end
@@ -36,9 +40,9 @@ own noise (a seeded bootstrap of both arms' runs, `iobench.stats.ratio_interval`
 interval holds the target is marked "within the noise of its runs" (more --runs tell). neither
 runs once in crawl and recover (a run reads a crawler's share at its crawl: a minute in the slow
 class). Each run's events are summarised (degraded / recovered / re-weighted, with times from the
-run's first event) and the output hashes compared per prompt (one expected for each). Exit
-status: 0, every run done and one hash per prompt; 1, a run failed (its log's last line is
-printed) or a prompt gave two hashes.
+run's first event) and the output hashes compared per prompt and decode length (one expected
+for each). Exit status: 0, every run done and one hash per prompt; 1, a run failed (its log's
+last line is printed) or a prompt gave two hashes.
 
 Run it as root (it takes the testbed lock and always takes the testbed down):
 
@@ -75,7 +79,9 @@ from iobench.stats import ratio_interval  # noqa: E402
 DRIVES = ("internal", "green", "white")
 UNTHROTTLED = 0.0                # MB/s: no limit (the testbed lifts a drive's rule, cgroup v1 and v2)
 CLASSES = {"slow": (20.0, 1.0), "medium": (150.0, 5.0), "fast": (UNTHROTTLED, 10.0)}   # (drive, crawl) MB/s
-RECOVER = {"slow": (0.5, 2.0), "medium": (0.3, 0.6), "fast": (0.3, 0.6)}   # recover: crawl at, for (s after "run:")
+RECOVER = {"slow": (0.5, 2.0), "medium": (0.3, 0.6), "fast": (0.3, 0.3)}   # recover: crawl at, for (s after "run:")
+GENERATED = {"slow": 16, "medium": 16, "fast": 64}   # tokens decoded: sixteen last 0.2 s on the fast class, too short
+                                                     # for a crawl that starts in the run to end in it
 SCENARIOS = ("crawl", "recover", "half", "healthy")
 ARMS = {"crawl": ("reweigh", "hedge", "neither", "alone"), "recover": ("reweigh", "hedge", "neither", "alone"),
         "half": ("reweigh", "hedge", "neither", "best"), "healthy": ("reweigh", "hedge", "neither")}
@@ -252,7 +258,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs per arm (neither runs once in crawl and recover)")
     ap.add_argument("--short", type=int, default=16, help="the short prompt, tokens")
     ap.add_argument("--long", type=int, default=256, help="the long prompt, tokens")
-    ap.add_argument("--gen-tokens", type=int, default=16)
+    ap.add_argument("--gen-tokens", type=int, default=None,
+                    help="tokens decoded (default per class: " + ", ".join(f"{c} {g}" for c, g in GENERATED.items()) + ")")
     ap.add_argument("--cache-experts", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--experts", type=int, default=32)
@@ -282,14 +289,15 @@ def main() -> int:
     out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
     t_start = time.monotonic()
     lines: list[str] = []
-    hashes: dict[int, set] = {}
+    hashes: dict[tuple[int, int], set] = {}     # (prompt, generated) -> output hashes
     ran = failed = 0
     with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size, pacing=args.pacing) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
         head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
-                f"{args.ff}, q8_0), plan 1:1:1; prompts {args.short} and {args.long} tokens, {args.gen_tokens} "
-                f"generated, {args.cache_experts}-expert cache; recover: white crawls "
+                f"{args.ff}, q8_0), plan 1:1:1; prompts {args.short} and {args.long} tokens, "
+                + ", ".join(f"{c} {args.gen_tokens or GENERATED[c]}" for c in classes)
+                + f" generated, {args.cache_experts}-expert cache; recover: white crawls "
                 + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
                             ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
                              else RECOVER).items() if c in classes)
@@ -307,7 +315,8 @@ def main() -> int:
             lines.append(line)
             for prompt in [p for k, p in (("short", args.short), ("long", args.long))
                            if not args.prompts or k in args.prompts]:
-                settings = {"prompt_tokens": prompt, "gen_tokens": args.gen_tokens, "cache_experts": args.cache_experts,
+                gen = args.gen_tokens or GENERATED[cls]
+                settings = {"prompt_tokens": prompt, "gen_tokens": gen, "cache_experts": args.cache_experts,
                             "wrap": tb.wrap}
                 workdir = os.path.join(out, cls, str(prompt))
                 os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
@@ -321,7 +330,7 @@ def main() -> int:
                         failed += 1
                         print(f"  {cls} {prompt} {sc} {arm}: FAILED {r['error']}", file=sys.stderr, flush=True)
                         continue
-                    hashes.setdefault(prompt, set()).add(r["output_sha256"])
+                    hashes.setdefault((prompt, gen), set()).add(r["output_sha256"])
                     print(f"  {cls} {prompt} {sc:8} {arm:8} prefill {r['prefill_tps']:8.2f} steady "
                           f"{r['gen_steady_tps']:7.2f} (prefill {r['prefill']['seconds']:.2f} s, decode "
                           f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s)  {changes(r)}",
@@ -329,8 +338,8 @@ def main() -> int:
                 block = summary(cls, prompt, rows, scenarios)
                 print("\n".join(block), flush=True)
                 lines += block
-    tail = ("output hashes: " + ", ".join(f"prompt {p}: {len(h)} distinct ({', '.join(x[:12] for x in sorted(h))})"
-                                          for p, h in sorted(hashes.items()))
+    tail = ("output hashes: " + ", ".join(f"prompt {p}+{g}: {len(h)} distinct ({', '.join(x[:12] for x in sorted(h))})"
+                                          for (p, g), h in sorted(hashes.items()))
             + f"; {(time.monotonic() - t_start) / 60:.1f} min; runs in {out}")
     print(tail, flush=True)
     if failed:
