@@ -32,6 +32,8 @@ from tests.helpers import impure_imports, write_split_gguf
 
 SIZE = 16 * BLOCK_BYTES
 FLOOR = 1_000_000_000          # 1 s of the test's clock: nothing is late until the test says so
+HELD_S = 300                   # a held read lets itself through after this (the suite's timeout, pyproject.toml):
+                               # a test that failed while holding one still closes its reader
 POISON = 0xEE
 runner = CliRunner()
 
@@ -83,7 +85,7 @@ class StallingReader(CachedReader):
         st = self.stall
         if st is not None and st.take():
             st.entered.release()
-            st.gate.wait()
+            st.gate.wait(HELD_S)
             if st.poison:
                 mv = memoryview(buffer).cast("B")
                 mv[:] = bytes([POISON]) * len(mv)

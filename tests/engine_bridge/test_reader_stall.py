@@ -25,7 +25,7 @@ from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK_BYTES
 from core.coldio import CachedReader
 from tests.engine_bridge.helpers import primary_and_copies
-from tests.engine_bridge.test_reader_hedge import FLOOR, Clock, Stall, StallingReader, _until
+from tests.engine_bridge.test_reader_hedge import FLOOR, HELD_S, Clock, Stall, StallingReader, _until
 from tests.helpers import impure_imports
 
 MIB = 1 << 20
@@ -286,7 +286,7 @@ class Hang:
                     held = hang.path == path
                 if held:
                     hang.entered.release()
-                    hang.gate.wait()
+                    hang.gate.wait(HELD_S)
                 return super().read_into(buffer, offset)
 
         return Hanging(path)
@@ -486,7 +486,7 @@ class Gates:
                         gates.armed[path] -= 1
                 if held:
                     gates.entered[path].release()
-                    gates.gate[path].acquire()
+                    gates.gate[path].acquire(timeout=HELD_S)
                 return super().read_into(buffer, offset)
 
         return Gated(path)
