@@ -280,6 +280,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 1:
         usage_exit(f"--runs {args.runs}: must be at least 1")
+    if args.gen_tokens is not None and args.gen_tokens < 1:
+        usage_exit(f"--gen-tokens {args.gen_tokens}: must be at least 1")
+    generated = {c: GENERATED[c] if args.gen_tokens is None else args.gen_tokens for c in CLASSES}
     classes = args.classes or list(CLASSES)
     if args.pacing == "service" and "fast" in classes:
         usage_exit("--pacing service: the fast class is the loop devices unthrottled, and a daemon in the way would be "
@@ -296,7 +299,7 @@ def main() -> int:
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
         head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
                 f"{args.ff}, q8_0), plan 1:1:1; prompts {args.short} and {args.long} tokens, "
-                + ", ".join(f"{c} {args.gen_tokens or GENERATED[c]}" for c in classes)
+                + ", ".join(f"{c} {generated[c]}" for c in classes)
                 + f" generated, {args.cache_experts}-expert cache; recover: white crawls "
                 + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
                             ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
@@ -315,7 +318,7 @@ def main() -> int:
             lines.append(line)
             for prompt in [p for k, p in (("short", args.short), ("long", args.long))
                            if not args.prompts or k in args.prompts]:
-                gen = args.gen_tokens or GENERATED[cls]
+                gen = generated[cls]
                 settings = {"prompt_tokens": prompt, "gen_tokens": gen, "cache_experts": args.cache_experts,
                             "wrap": tb.wrap}
                 workdir = os.path.join(out, cls, str(prompt))
