@@ -49,14 +49,13 @@ class Balancer:
 
     def room(self, s: int, nbytes: int) -> bool:
         """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
-        pace = self.pace[s]
-        says = pace.slow_start(nbytes)
-        if says is not None:
-            return says                 # two requests always; past what it delivered never: whatever the depth
+        return self.pace[s].room(nbytes, lambda: self._depth(s))
+
+    def _depth(self, s: int) -> float:
+        """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""
         now = self.clock()
         known = [r for r in (self.pace[i].rate(now) for i in self.healthy()) if r is not None]
-        depth = depth_bytes(pace.rate(now), max(known) if known else None, self.lanes, self.policy)
-        return pace.room(nbytes, depth)
+        return depth_bytes(self.pace[s].rate(now), max(known) if known else None, self.lanes, self.policy)
 
     def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -212,9 +212,10 @@ class Pace:
             return True
         return False if self.inflight + nbytes > self.window else None
 
-    def room(self, nbytes: int, depth: float) -> bool:
+    def room(self, nbytes: int, depth: Callable[[], float]) -> bool:
         """Whether the drive may start `nbytes` more: what the slow start says, else whether what it
-        has plus these stay within `depth` bytes (`depth_bytes`)."""
+        has plus these stay within `depth()` bytes (`depth_bytes`; asked only then: it looks at
+        every drive's pace)."""
         says = self.slow_start(nbytes)
-        return says if says is not None else self.inflight + nbytes <= depth
+        return says if says is not None else self.inflight + nbytes <= depth()
 
