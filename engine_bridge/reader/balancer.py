@@ -18,10 +18,11 @@ STEAL_SCAN = 64           # queued attempts looked at per source for one to take
 
 class Balancer:
     """Paces and the choice of work to take, for `n` sources of `lanes` lanes each. holds(src, fi):
-    whether a source holds the model's file `fi` (a partial replica does not hold every file).
+    whether a source holds the model's file `fi` (a partial replica does not hold every file; None:
+    every source holds every file).
     healthy(): the sources in the split. clock: ns."""
 
-    def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool],
+    def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool] | None,
                  healthy: Callable[[], Sequence[int]], clock: Callable[[], int]):
         self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
@@ -54,8 +55,12 @@ class Balancer:
     def _depth(self, s: int) -> float:
         """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""
         now = self.clock()
-        known = [r for r in (self.pace[i].rate(now) for i in self.healthy()) if r is not None]
-        return depth_bytes(self.pace[s].rate(now), max(known) if known else None, self.lanes, self.policy)
+        top = None
+        for i in self.healthy():
+            r = self.pace[i].rate(now)
+            if r is not None and (top is None or r > top):
+                top = r
+        return depth_bytes(self.pace[s].rate(now), top, self.lanes, self.policy)
 
     def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a
@@ -69,7 +74,7 @@ class Balancer:
                 if k >= STEAL_SCAN:
                     break
                 if att is not None and att.kind == MAIN and not att.piece.done and not att.piece.hedged \
-                        and self.holds(thief, att.fi):
+                        and (self.holds is None or self.holds(thief, att.fi)):
                     if before is None or att.piece.ticket.seq < before:
                         out[v] = (k, att)
                     break
@@ -80,8 +85,6 @@ class Balancer:
         taking any would not bring a read's barrier nearer (or it has no room for it). `before`:
         `thief` has work of its own, the head of its queue a piece of read `before`; it takes only a
         piece of an earlier read (the engine waits for reads in the order it submitted them)."""
-        if not any(q.items for v, q in enumerate(queues) if v != thief):
-            return None
         offers = self.offers(thief, queues, before)
         if not offers:
             return None

@@ -74,10 +74,10 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
     `chunk`). Cutting every piece at the multiples, small ones included, made a third more reads
     of a run whose pieces were a third of a chunk (docs/reader.md "Balancing"), each a request's
     latency and the reader's CPU for no balancing gained."""
-    if ln <= 0:
-        return []
+    if ln <= chunk:
+        return [(off, ln)] if ln > 0 else []
     end = off + ln
-    edges = [off, *(range((off // chunk + 1) * chunk, end, chunk) if ln > chunk else ()), end]
+    edges = [off, *range((off // chunk + 1) * chunk, end, chunk), end]
     half = chunk // 2
     if len(edges) > 2 and edges[1] - off < half and edges[2] - off <= chunk + half:
         del edges[1]                       # a short first edge is read with the chunk after it
@@ -165,8 +165,8 @@ class Pace:
         self.window = 0
 
     def advance(self, now: int) -> None:
-        if self.inflight > 0:
-            self.open_ns += max(0, now - self.tick)
+        if self.inflight > 0 and now > self.tick:
+            self.open_ns += now - self.tick
         self.tick = now
 
     def started(self, nbytes: int, now: int) -> None:
@@ -188,7 +188,9 @@ class Pace:
 
     def rate(self, now: int) -> float | None:
         """Bytes per ns; None before its first delivery; math.inf when it delivered in no time."""
-        self.advance(now)
+        if self.inflight > 0 and now > self.tick:       # `advance`, inline: asked several times per read
+            self.open_ns += now - self.tick
+        self.tick = now
         if self.n == 0:
             return None
         busy = self.busy_ns + self.open_ns

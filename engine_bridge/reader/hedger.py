@@ -221,14 +221,17 @@ class Hedger:
         """(hedged, late) per source."""
         return tuple(self.hedged), tuple(self.late)
 
-    def copy_for(self, t: int, rate: float | None, room) -> Attempt | None:
-        """Idle source `t` (nothing of its own queued, nothing to take), reading at `rate` (bytes per
-        ns, its pace): a hedge attempt on `t` of the chunk most past its expected time in the kernel
-        of a source on a late streak (a piece late, none on time since) that `t` would read before
-        that chunk's deadline (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The
-        copy is counted `hedged` on `t`; the chunk is still judged at its deadline (a drive that
-        keeps needing copies is late all the same)."""
-        if rate is None or rate <= 0 or not any(self.streak):
+    def copy_for(self, t: int, pace: Callable[[], float | None], room) -> Attempt | None:
+        """Idle source `t` (nothing of its own queued, nothing to take), reading at `pace()` (bytes per
+        ns, its pace; asked only when some drive is on a late streak): a hedge attempt on `t` of the
+        chunk most past its expected time in the kernel of a source on a late streak (a piece late,
+        none on time since) that `t` would read before that chunk's deadline (`hedging.copy_due`), if
+        `room(bytes)` lets `t` start it; None. The copy is counted `hedged` on `t`; the chunk is still
+        judged at its deadline (a drive that keeps needing copies is late all the same)."""
+        if not any(self.streak):
+            return None
+        rate = pace()
+        if rate is None or rate <= 0:
             return None
         now = self.clock()
         healthy = self.health.healthy()

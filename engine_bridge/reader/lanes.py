@@ -85,8 +85,9 @@ class Lanes:
         self._abandoned = [False] * n     # closed while a read on it hangs: its last lane closes its reader
         self._queues = [LaneQueue(threading.Condition(self._lock)) for _ in range(n)]
         self.balance = balance
-        self.balancer = (Balancer(n, lanes, balance, lambda s, fi: self.sources[s].holds(fi), health.healthy, clock)
-                         if balance is not None else None)
+        whole = all(f.holds(fi) for f in self.sources for fi in range(len(health.models[0].files)))
+        self.balancer = (Balancer(n, lanes, balance, None if whole else lambda s, fi: self.sources[s].holds(fi),
+                                  health.healthy, clock) if balance is not None else None)
         self._closing = False
         self.hedger = hedger
         self.reweigher = reweigher
@@ -109,12 +110,12 @@ class Lanes:
         """How piece [off, off+ln) is queued: whole, or in chunks when balancing."""
         return [(off, ln)] if self.balance is None else chunks(off, ln, self.balance.chunk_bytes)
 
-    def put(self, src: int, ticket: ReadTicket, off: int, ln: int) -> None:
-        """Queue piece [off, off+ln) of `ticket` on source `src` (its main attempt; one per chunk
-        when balancing: the ticket counts `len(self.parts(off, ln))` pieces for it)."""
+    def put(self, src: int, ticket: ReadTicket, off: int, ln: int, parts: list[tuple[int, int]]) -> None:
+        """Queue piece [off, off+ln) of `ticket` on source `src` as `parts` (`self.parts(off, ln)`: its
+        main attempt, or one per chunk when balancing; the ticket counts `len(parts)` pieces for it)."""
         cut = Cut(src, off, ln)
         atts = []
-        for co, cl in self.parts(off, ln):
+        for co, cl in parts:
             piece = PieceInFlight(ticket, src, co, cl, cut)
             atts.append(Attempt(piece, src, MAIN, co, cl, ticket._work, ticket._base))
         with self._lock:
@@ -177,9 +178,13 @@ class Lanes:
         looks again every STEAL_LOOK_S sees it). Work a lane of its own starts at once waits for
         nobody: waking the others for it cost a wake-up and a scan per piece for nothing."""
         own = self._queues[src]
-        if own.idle >= len(own.items) and all(a is None or a.kind != MAIN or self.balancer.room(src, a.ln)
-                                              for a in own.items):
-            return
+        if own.idle >= len(own.items):
+            big = 0               # room for each queued chunk is room for the largest (`Pace.room` gets stricter with size)
+            for a in own.items:
+                if a is not None and a.kind == MAIN and a.ln > big:
+                    big = a.ln
+            if self.balancer.room(src, big):
+                return
         for t, q in enumerate(self._queues):
             if t != src and q.idle and not q.items:
                 q.cond.notify()
@@ -215,8 +220,10 @@ class Lanes:
             q.idle -= 1
 
     def _elsewhere(self, src: int) -> bool:
-        return (any(o.items for t, o in enumerate(self._queues) if t != src)
-                or (self.hedger is not None and self.balance.copies and self.hedger.out_elsewhere(src)))
+        for t, o in enumerate(self._queues):
+            if t != src and o.items:
+                return True
+        return self.hedger is not None and self.balance.copies and self.hedger.out_elsewhere(src)
 
     def _others_work(self, t: int, before: int | None = None) -> Attempt | None:
         """What source `t` does for the others: a chunk of another's queue it would finish first,
@@ -226,18 +233,17 @@ class Lanes:
         copy of a chunk overdue in another's kernel; else nothing."""
         if t not in self.health.healthy():
             return None
-        att = self._steal(t, self.balancer.victim(t, self._queues, before))
-        if att is not None or before is not None:
-            return att
+        pick = self.balancer.victim(t, self._queues, before)
+        if pick is not None:
+            return self._steal(t, *pick)
+        if before is not None:
+            return None
         if self.hedger is not None and self.balance.copies:
-            return self.hedger.copy_for(t, self.balancer.rate(t), lambda n: self.balancer.room(t, n))
+            return self.hedger.copy_for(t, lambda: self.balancer.rate(t), lambda n: self.balancer.room(t, n))
         return None
 
-    def _steal(self, t: int, pick: tuple[int, int] | None) -> Attempt | None:
-        """Move the attempt at `pick` (source, index in its queue) to source `t`."""
-        if pick is None:
-            return None
-        v, k = pick
+    def _steal(self, t: int, v: int, k: int) -> Attempt:
+        """Move the attempt at index `k` of source `v`'s queue to source `t`."""
         att = self._queues[v].items[k]
         del self._queues[v].items[k]
         if self.hedger is not None:

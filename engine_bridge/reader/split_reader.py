@@ -261,7 +261,8 @@ class SplitReader:
             raise UsageError(f"split reader: read ({offset}, {length}) is outside {where} (size {size})")
         if sum(pl for _, _, pl in pieces) != length:
             raise UsageError(f"split reader: pieces of {sum(pl for _, _, pl in pieces)} B for a {length}-byte read")
-        queued = sum(len(self._lanes.parts(po, pl)) for _, po, pl in pieces)     # chunks, when balancing
+        parts = [self._lanes.parts(po, pl) for _, po, pl in pieces]       # chunks, when balancing
+        queued = sum(map(len, parts))
         if buffer is None:
             buf = self._pool.get(span(offset, length))
             ticket = ReadTicket(offset, length, phase, buf, align_down(offset), queued, self._pool, file=rel, fi=fi)
@@ -277,8 +278,8 @@ class SplitReader:
         if self._reweigher is not None:
             with self._lanes.lock:
                 ticket.epoch = self._reweigher.epoch if cut_now else -1
-        for s, po, pl in pieces:
-            self._lanes.put(s, ticket, po, pl)
+        for (s, po, pl), pp in zip(pieces, parts):
+            self._lanes.put(s, ticket, po, pl, pp)
         if self._hedger is not None and len(healthy) < len(self.paths):
             self._probe(fi, pieces, phase, healthy)
         if self._owed and pieces:
