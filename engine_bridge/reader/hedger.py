@@ -18,9 +18,10 @@ judged at its deadline.
 
 A source with `late_limit` late pieces in a row (no on-time piece between; one per engine cut,
 each started after the previous one was judged late: `hedging.counts_late`) that also delivered,
-since the first of them began, less than its weight's share of what the other healthy sources
-delivered over the margin (`hedging.owed`, `hedging.too_slow`: a throttled drive that stalls now
-and then still delivers its share) is degraded like a failing one (the split runs over the
+since the first of them began, less than its share (the bytes the engine's cut gave it beside
+the others, `_shares`) of what the other healthy sources delivered, over the margin
+(`hedging.owed`, `hedging.too_slow`: a throttled drive that stalls now and then still delivers its
+share) is degraded like a failing one (the split runs over the
 others, its queued pieces are hedged at once), except that it is *probed*: a read's submit also
 sends it a copy of (the first chunk of) the read's largest piece, into a private buffer, judged
 against the same kind of deadline, one at a time (and at most one per `probe_interval`);
@@ -77,6 +78,8 @@ class Hedger:
         n = len(weights)
         self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
+        self.given = {"prefill": [0] * n, "decode": [0] * n}   # bytes the cut gave each source (`_shares`)
+        self._given_healthy = self._given_weights = None
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
@@ -119,6 +122,13 @@ class Hedger:
     # -- called by the lanes, lock held ---------------------------------------------------
 
     def enqueued(self, att: Attempt) -> None:
+        """A main attempt of the engine's cut is queued (counted in `_shares`), or a hedge or probe."""
+        if att.kind == MAIN:
+            self._fresh(self.health.healthy())
+            self.given[att.piece.ticket.phase][att.src] += att.ln
+        self._enqueue(att)
+
+    def _enqueue(self, att: Attempt) -> None:
         now = self.clock()
         if att.piece is not None and att.piece.ticket.t_sub < 0:
             att.piece.ticket.t_sub = now
@@ -149,7 +159,7 @@ class Hedger:
         self.pending[att.src].discard(att)
         att.src = new
         att.step_due = None             # judged on its new drive by that drive's pace
-        self.enqueued(att)
+        self._enqueue(att)
 
     def started(self, att: Attempt, inflight: int | None) -> None:
         """A lane took `att`; with balancing, with `inflight` bytes (itself included) in the kernel on
@@ -346,18 +356,37 @@ class Hedger:
 
     def _behind(self, s: int, phase: str, now: int) -> str | None:
         """Why `s` is too slow to keep, in words (the figures the degrade event carries), or None:
-        since its streak began it delivered less than its weight's share of what the other healthy
-        sources delivered, over the margin."""
+        since its streak began it delivered less than its share (`_shares`) of what the other
+        healthy sources delivered, over the margin."""
         if self.span_from[s] is None:
             return None
         t0, base = self.span_from[s]
         got = [d - b for d, b in zip(self.delivered, base)]
-        w = self.weights[phase]
-        share = owed(s, got, w, self.health.healthy())
+        healthy = self.health.healthy()
+        share = owed(s, got, self._shares(s, phase, healthy), healthy)
         if not too_slow(got[s], share, self.policy.margin):
             return None
-        return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
+        return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its share "
                 f"of what the others delivered is {share / 1e6:.1f} MB")
+
+    def _fresh(self, healthy: Sequence[int]) -> None:
+        """Start counting the cut's bytes afresh when the healthy sources or the weights change."""
+        if healthy is not self._given_healthy or self.weights is not self._given_weights:
+            self._given_healthy, self._given_weights = healthy, self.weights
+            self.given = {ph: [0] * len(g) for ph, g in self.given.items()}
+
+    def _shares(self, s: int, phase: str, healthy: Sequence[int]) -> Sequence[float]:
+        """What each source is promised beside the others in `phase`, to judge `s`: the bytes the
+        engine's cut gave each since the healthy sources or the weights last changed — a cut in
+        blocks need not follow the weights (two drives at 1:1 given 573,440 and 262,144 B of each
+        835,584-byte read: the smaller requests of the second, bound by a request's latency, came
+        in at half the first's rate, and held to the first's it was judged late ~40 times a run;
+        docs/reader.md "Round 11") — or the weights, until every healthy source was given some, and
+        for a source out of the split (probed: the cut gives it nothing, its weight says what it
+        should deliver)."""
+        self._fresh(healthy)
+        g = self.given[phase]
+        return g if s in healthy and all(g[i] > 0 for i in healthy) else self.weights[phase]
 
     def _queue(self, att: Attempt, now: int, front: bool = False) -> None:
         s = att.src
@@ -383,11 +412,11 @@ class Hedger:
         return r
 
     def _rates(self, s: int, phase: str, healthy: Sequence[int]) -> tuple[float | None, float | None]:
-        """(own, plan): the rate `s` delivered itself and what the weights promise from its peers',
-        each only once it rests on `min_busy_ns` of busy time."""
+        """(own, plan): the rate `s` delivered itself and what its share of the cut (`_shares`)
+        promises from its peers', each only once it rests on `min_busy_ns` of busy time."""
         least = self.policy.min_busy_ns
         peers = {i: self.est[i].rate(least) for i in healthy if i != s}
-        return self.est[s].rate(least), plan_rate(s, self.weights[phase], peers)
+        return self.est[s].rate(least), plan_rate(s, self._shares(s, phase, healthy), peers)
 
     def _ahead(self, att: Attempt) -> int:
         """The bytes ahead of `att` on its source, itself included: what was queued ahead of it when

@@ -5,9 +5,10 @@ Every piece gets a deadline from what its drive is expected to deliver: the byte
 source ahead of it (itself included) over the source's expected rate, times a margin, plus a
 request's typical own time on these drives (`ServiceTime`; no floor in seconds). The expected
 rate is the larger of what the source itself delivered lately (bytes over busy time, learnt only
-from pieces that were on time) and what the plan's weights promise for it (the
-healthy peers' rate per unit of weight times its weight): a drive that crawls while its weight
-says it is fast is late against its weight, and one that slows suddenly is late against itself.
+from pieces that were on time) and what its share promises for it (the healthy peers' rate per
+unit of their shares times its share; a share is what the engine's cut gives a source, which need
+not follow the weights: the hedger's): a drive that crawls while its share says it is fast is late
+against its share, and one that slows suddenly is late against itself.
 Both are known from the first deliveries: a deadline scales with the drives' own pace.
 
 A late piece is hedged whatever caused it; a drive is taken out of the split only on evidence that
@@ -15,7 +16,7 @@ holds against a throttle's bursts and stalls (docs/reader.md "Bursts"): `late_li
 late in a row, counted once per engine cut and only when each was started after the previous was
 judged late (`counts_late`: a stall that holds every piece in a kernel at once is one lateness, and
 a throttled drive serves on time after each stall), and over the same span it delivered less than
-its weight's share of what the other drives delivered, over the margin (`too_slow` on the bytes
+its share of what the other drives delivered, over the margin (`too_slow` on the bytes
 each delivered since the first of those pieces began: bursts of every drive fall in the span).
 Times are integer nanoseconds; rates are bytes per nanosecond.
 """
@@ -102,16 +103,17 @@ class RateEstimate:
         return self.bytes / self.busy_ns
 
 
-def plan_rate(src: int, weights: Sequence[int], peer_rates: Mapping[int, float]) -> float | None:
-    """What the weights promise for `src`: its weight times the peers' summed rate per unit of
-    their weights (peers: other healthy sources with an estimate). None without peers."""
+def plan_rate(src: int, shares: Sequence[float], peer_rates: Mapping[int, float]) -> float | None:
+    """What the shares promise for `src` (the weights, or the bytes the engine's cut gave each
+    source): its share times the peers' summed rate per unit of their shares (peers: other healthy
+    sources with an estimate). None without peers."""
     peers = {i: r for i, r in peer_rates.items() if i != src and r is not None}
     if not peers:
         return None
     total = sum(peers.values())
     if math.isinf(total):
         return math.inf
-    return weights[src] * total / sum(weights[i] for i in peers)
+    return shares[src] * total / sum(shares[i] for i in peers)
 
 
 def expected_rate(own: float | None, planned: float | None) -> float | None:
@@ -160,7 +162,7 @@ def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: 
 def step_deadline_ns(submitted_ns: int, landed_ns: int, policy: HedgePolicy, typical_ns: float = 0.0) -> int:
     """When a piece of a drive already on a late streak is late by its step: its read was submitted
     at `submitted_ns` and every other piece of it had landed by `landed_ns` (the healthy drives read
-    their share in that step); at its weight's share it should take about as long, so it is late at
+    their share in that step); at its share it should take about as long, so it is late at
     margin x the step after the submit, plus a request's typical service time and `floor_ns`. A
     crawler's next pieces are so hedged in units of the engine's step, before the verdict that
     takes it out is reached (docs/reader.md "Hedged reads"); such a lateness is not counted in the
@@ -188,15 +190,15 @@ def too_slow(delivered: float | None, held: float | None, margin: float) -> bool
     return delivered * margin < held
 
 
-def owed(src: int, delivered: Sequence[float], weights: Sequence[int], peers: Sequence[int]) -> float | None:
-    """What `src` would have delivered over a span at its weight's share of what the `peers`
-    delivered in it (bytes per unit of their weights, times its weight); None when the peers
+def owed(src: int, delivered: Sequence[float], shares: Sequence[float], peers: Sequence[int]) -> float | None:
+    """What `src` would have delivered over a span at its share of what the `peers` delivered in it
+    (bytes per unit of their shares, times its share: `plan_rate`'s shares); None when the peers
     delivered nothing (nothing to judge it by)."""
     others = [i for i in peers if i != src]
     got = sum(delivered[i] for i in others)
     if not others or got <= 0:
         return None
-    return weights[src] * got / sum(weights[i] for i in others)
+    return shares[src] * got / sum(shares[i] for i in others)
 
 
 def counts_late(begun_ns: int, last_counted_ns: int | None, cut_counted: bool) -> bool:

@@ -25,7 +25,7 @@ from engine_bridge.reader.split_reader import SplitReader
 from engines.ds4_argodrive import BLOCK_BYTES
 from core.coldio import CachedReader
 from tests.engine_bridge.helpers import primary_and_copies
-from tests.engine_bridge.test_reader_hedge import FLOOR, HELD_S, Clock, Stall, StallingReader, _until
+from tests.engine_bridge.test_reader_hedge import FLOOR, HELD_S, Clock, Stall, StallingReader, _looked_again, _until
 from tests.helpers import impure_imports
 
 MIB = 1 << 20
@@ -362,7 +362,7 @@ def test_a_stall_that_holds_every_piece_at_once_is_one_lateness_and_degrades_not
 def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_much(model):
     """Each late piece started after the previous was judged: serial, they count; the drive delivered
     nothing of its share of what the others read meanwhile, so it is degraded, and the event says
-    what it delivered and what its weight's share was."""
+    what it delivered and what its share was."""
     paths, data = model
     stall, clock, events = Stall(paths[2]), Clock(), []
     gone = threading.Event()
@@ -392,7 +392,7 @@ def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_
         stall.gate.set()
     degraded = [e for e in events if e.kind == "degraded"]
     assert len(degraded) == 1 and "3 pieces late in a row" in degraded[0].message
-    assert "it delivered 0.0 MB" in degraded[0].message and "its weight's share" in degraded[0].message
+    assert "it delivered 0.0 MB" in degraded[0].message and "its share of what the others delivered" in degraded[0].message
 
 
 def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model):
@@ -549,6 +549,53 @@ def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(m
         end = r.stats()
         g.go(paths[2], 100)
     assert sum(x.hedged for x in end.sources) == 2 and not end.sources[2].degraded      # judged, never hedged twice
+
+
+@pytest.mark.parametrize("cut, due", [((2, 1), 4), ((1, 1), 4), ((3, 1), 4)])
+def test_a_drive_is_held_to_its_share_of_the_engines_cut_not_to_its_weight(model, cut, due):
+    """Two drives at 1:1 whose engine cuts each read into `cut` blocks (a cut in blocks need not
+    follow the weights): each reads its piece in U, so the second delivers at `cut[1] / cut[0]` of
+    the first's rate — its share of the cut, not slow. Held to that share, its next piece is late at
+    3 x U (its piece at its share's rate) + U (a request's typical time) after it was queued,
+    whatever the cut; held to its weight (the first's rate) it was late at 3 U x cut[1] / cut[0] + U:
+    2.5 U for (2, 1), 2 U for (3, 1). Times are the test's clock."""
+    from engines.base import Piece
+    from engines.pattern import Read
+
+    paths, data = model
+    paths = paths[:2]
+    g, clock, U = Gates(paths), Clock(), 1000
+    a, b = (k * BLOCK_BYTES for k in cut)
+    pol = HedgePolicy(floor_ns=0, late_limit=100, min_busy_ns=0)
+    with SplitReader(paths, [1, 1], settings=ReaderSettings(lanes=1, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=g.reader) as r:
+        read = Read(r.files[0], 0, a + b, (Piece(0, 0, a, 0), Piece(1, a, b, 0)))
+        for _ in range(2):                           # warm-up: each drive reads its piece in U, twice
+            for p in paths:
+                g.arm(p)
+            t = r.submit_read(read)
+            for p in paths:
+                g.entered[p].acquire()
+            clock.advance(U)
+            for p in paths:
+                g.go(p)
+            assert bytes(t.result()) == data[:a + b]
+        for p in paths:
+            g.arm(p)
+        queued = clock()
+        t = r.submit_read(read)
+        for p in paths:
+            g.entered[p].acquire()
+        clock.advance(U)
+        g.go(paths[0])
+        _until(lambda: r.stats().sources[0].reads == 3)
+        assert _looked_again(r) == queued + due * U      # the second drive's piece, the only one out
+        assert r.stats().sources[1].late == 0
+        clock.advance(due * U - U + 1)
+        r.wake_hedger()
+        _until(lambda: r.stats().sources[1].late == 1)
+        g.go(paths[1])
+        assert bytes(t.result()) == data[:a + b]
 
 
 def test_a_move_is_sized_on_all_the_work_of_the_windows_that_confirmed_it():
