@@ -18,10 +18,9 @@ judged at its deadline.
 
 A source with `late_limit` late pieces in a row (no on-time piece between; one per engine cut,
 each started after the previous one was judged late: `hedging.counts_late`) that also delivered,
-since the first of them began, less than its share (the bytes the engine's cut gave it beside
-the others, `_shares`) of what the other healthy sources delivered, over the margin
-(`hedging.owed`, `hedging.too_slow`: a throttled drive that stalls now and then still delivers its
-share) is degraded like a failing one (the split runs over the
+since the first of them began, less than its weight's share of what the other healthy sources
+delivered, over the margin (`hedging.owed`, `hedging.too_slow`: a throttled drive that stalls now
+and then still delivers its share) is degraded like a failing one (the split runs over the
 others, its queued pieces are hedged at once), except that it is *probed*: a read's submit also
 sends it a copy of (the first chunk of) the read's largest piece, into a private buffer, judged
 against the same kind of deadline, one at a time (and at most one per `probe_interval`);
@@ -356,17 +355,21 @@ class Hedger:
 
     def _behind(self, s: int, phase: str, now: int) -> str | None:
         """Why `s` is too slow to keep, in words (the figures the degrade event carries), or None:
-        since its streak began it delivered less than its share (`_shares`) of what the other
-        healthy sources delivered, over the margin."""
+        since its streak began it delivered less than its weight's share of what the other healthy
+        sources delivered, over the margin. The weights, not the cut's shares (`_shares`): while a
+        crawler holds every read, the others deliver only what the engine asks between its stalls,
+        so a drive at a twentieth of their speed delivers a third of their bytes, at the margin's
+        edge; a cut that gives it a block less than its weight (ds4's leftovers go to the lower
+        indices) kept a 1 MB/s drive beside two of 20 MB/s in the split for 26 s or for good, with
+        hedging only (docs/reader.md "Round 11")."""
         if self.span_from[s] is None:
             return None
         t0, base = self.span_from[s]
         got = [d - b for d, b in zip(self.delivered, base)]
-        healthy = self.health.healthy()
-        share = owed(s, got, self._shares(s, phase, healthy), healthy)
+        share = owed(s, got, self.weights[phase], self.health.healthy())
         if not too_slow(got[s], share, self.policy.margin):
             return None
-        return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its share "
+        return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
                 f"of what the others delivered is {share / 1e6:.1f} MB")
 
     def _fresh(self, healthy: Sequence[int]) -> None:

@@ -16,7 +16,7 @@ holds against a throttle's bursts and stalls (docs/reader.md "Bursts"): `late_li
 late in a row, counted once per engine cut and only when each was started after the previous was
 judged late (`counts_late`: a stall that holds every piece in a kernel at once is one lateness, and
 a throttled drive serves on time after each stall), and over the same span it delivered less than
-its share of what the other drives delivered, over the margin (`too_slow` on the bytes
+its weight's share of what the other drives delivered, over the margin (`too_slow` on the bytes
 each delivered since the first of those pieces began: bursts of every drive fall in the span).
 Times are integer nanoseconds; rates are bytes per nanosecond.
 """
@@ -192,8 +192,8 @@ def too_slow(delivered: float | None, held: float | None, margin: float) -> bool
 
 def owed(src: int, delivered: Sequence[float], shares: Sequence[float], peers: Sequence[int]) -> float | None:
     """What `src` would have delivered over a span at its share of what the `peers` delivered in it
-    (bytes per unit of their shares, times its share: `plan_rate`'s shares); None when the peers
-    delivered nothing (nothing to judge it by)."""
+    (bytes per unit of their shares, times its share; the hedger gives the weights); None when the
+    peers delivered nothing (nothing to judge it by)."""
     others = [i for i in peers if i != src]
     got = sum(delivered[i] for i in others)
     if not others or got <= 0:

@@ -362,7 +362,7 @@ def test_a_stall_that_holds_every_piece_at_once_is_one_lateness_and_degrades_not
 def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_much(model):
     """Each late piece started after the previous was judged: serial, they count; the drive delivered
     nothing of its share of what the others read meanwhile, so it is degraded, and the event says
-    what it delivered and what its share was."""
+    what it delivered and what its weight's share was."""
     paths, data = model
     stall, clock, events = Stall(paths[2]), Clock(), []
     gone = threading.Event()
@@ -392,7 +392,7 @@ def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_
         stall.gate.set()
     degraded = [e for e in events if e.kind == "degraded"]
     assert len(degraded) == 1 and "3 pieces late in a row" in degraded[0].message
-    assert "it delivered 0.0 MB" in degraded[0].message and "its share of what the others delivered" in degraded[0].message
+    assert "it delivered 0.0 MB" in degraded[0].message and "its weight's share" in degraded[0].message
 
 
 def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model):
