@@ -188,9 +188,7 @@ class Pace:
 
     def rate(self, now: int) -> float | None:
         """Bytes per ns; None before its first delivery; math.inf when it delivered in no time."""
-        if self.inflight > 0 and now > self.tick:       # `advance`, inline: asked several times per read
-            self.open_ns += now - self.tick
-        self.tick = now
+        self.advance(now)
         if self.n == 0:
             return None
         busy = self.busy_ns + self.open_ns
