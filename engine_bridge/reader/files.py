@@ -97,6 +97,11 @@ class SourceFiles:
         """Whether this source holds file `fi` (a partial replica holds some of the model's files)."""
         return self.identity[fi] is not None
 
+    @property
+    def whole(self) -> bool:
+        """Whether this source holds every file of the model (not a partial replica)."""
+        return all(x is not None for x in self.identity)
+
     def _open_checked(self, fi: int) -> ColdReader:
         if self.identity[fi] is None:
             raise OSError(errno.ENOENT, "a file this partial replica does not hold", self.paths[fi])

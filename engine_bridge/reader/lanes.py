@@ -85,7 +85,7 @@ class Lanes:
         self._abandoned = [False] * n     # closed while a read on it hangs: its last lane closes its reader
         self._queues = [LaneQueue(threading.Condition(self._lock)) for _ in range(n)]
         self.balance = balance
-        whole = all(f.holds(fi) for f in self.sources for fi in range(len(health.models[0].files)))
+        whole = all(f.whole for f in self.sources)
         self.balancer = (Balancer(n, lanes, balance, None if whole else lambda s, fi: self.sources[s].holds(fi),
                                   health.healthy, clock) if balance is not None else None)
         self._closing = False
