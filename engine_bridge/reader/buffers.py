@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from core.errors import UsageError
 from core import platform
 from core.coldio import align_down, align_up, aligned_buffer, buffer_footprint
@@ -18,6 +20,17 @@ POOL_RAM_SHARE = 8             # ... and at most this share (1/N) of the RAM the
 def span(offset: int, length: int) -> int:
     """Bytes of the aligned buffer a read of (offset, length) needs: its covering aligned range."""
     return align_up(offset + length) - align_down(offset)
+
+
+def copy_bytes(dst, dst_at: int, src, src_at: int, n: int) -> None:
+    """dst[dst_at:dst_at+n] = src[src_at:src_at+n], without holding the GIL. A lane copies a read
+    into a fresh buffer at its barrier when a late attempt may still write into the old one; a fresh
+    buffer is faulted in by that copy (~0.7 GB/s on this VM, docs/reader.md "How a read goes"), and
+    a memoryview copy held the GIL for all of it — 50–80 ms of a 26.7 MB prefill read in which no
+    other thread of the process ran Python, the engine's own included (docs/reader.md "Round 12").
+    numpy's copy of raw bytes lets them run."""
+    if n > 0:
+        np.frombuffer(dst, np.uint8, n, dst_at)[:] = np.frombuffer(src, np.uint8, n, src_at)
 
 
 def check_buffer(buffer, offset: int, length: int):

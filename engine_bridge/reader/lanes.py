@@ -39,7 +39,7 @@ from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Cut, PieceInFlight, ReadTick
 from .balancer import Balancer
 from .balancing import BalancePolicy, chunks
 from .files import SourceFiles
-from .buffers import span
+from .buffers import copy_bytes, span
 from .piece_io import read_piece
 from .sources import ShortRead, SourceHealth
 from .tally import LaneCounters, Tally
@@ -432,10 +432,9 @@ class Lanes:
             if tainted:
                 out = self.pool.get(len(work)) if self.pool is not None else aligned_buffer(len(work))
             if out is not work:
-                memoryview(out)[lo:hi] = memoryview(work)[lo:hi]
+                copy_bytes(out, lo, work, lo, hi - lo)
             for a in patches:
-                r0, r1 = a.off - a.base, a.off + a.ln - a.base
-                memoryview(out)[a.off - ticket._base:a.off + a.ln - ticket._base] = memoryview(a.buf)[r0:r1]
+                copy_bytes(out, a.off - ticket._base, a.buf, a.off - a.base, a.ln)
             if tainted:
                 ticket._buf, ticket._own_buf = out, True
         elif ticket._work is ticket._buf and ticket._writers:
