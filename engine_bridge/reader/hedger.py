@@ -203,8 +203,7 @@ class Hedger:
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
-                    if self._caught_up(s, att.piece.ticket.phase, now):
-                        self._on_time(s)
+                    self._on_time(s)
         return []
 
     def landed(self, ticket) -> None:
@@ -339,16 +338,6 @@ class Hedger:
         """A piece of `s` landed on time: its late streak is over."""
         self.streak[s] = 0
         self.span_from[s] = None
-
-    def _caught_up(self, s: int, phase: str, now: int) -> bool:
-        """Whether an on-time piece of `s` ends its late streak: it does once `s` delivered, since the
-        streak began, what the degrade verdict asks (`_behind`: its weight's share of the others'
-        bytes, over the margin). A drive throttled to a crawl still lands a piece on time now and
-        then (a token bucket lets a few through at once after each stall): had each such piece ended
-        its streak, a drive at a tenth of its peers' speed would never reach `late_limit` in a row and
-        stay in the split for good, as it did in 4 of 6 fast runs (docs/reader.md "Round 12"). A
-        drive that only stalled catches up in its burst and ends its streak as before."""
-        return self.streak[s] == 0 or self._behind(s, phase, now) is None
 
     def _count_late(self, att: Attempt, now: int) -> None:
         """`att` missed its deadline: counted on its source, and in its streak when

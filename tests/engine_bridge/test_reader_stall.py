@@ -395,52 +395,6 @@ def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_
     assert "it delivered 0.0 MB" in degraded[0].message and "its weight's share" in degraded[0].message
 
 
-@pytest.mark.parametrize("small_reads, degraded", [(3, True), (0, False)])
-def test_a_piece_on_time_ends_a_streak_only_once_the_drive_caught_up_with_its_share(model, small_reads, degraded):
-    """A drive late, then on time once, then late twice (late_limit 3). Before its piece on time the
-    others read `small_reads` reads of two blocks (the engine's cut gives the third drive none of a
-    read under three blocks): with three, the drive has delivered, since its streak began, one block
-    against its weight's share of the others' nine — a crawler that a throttle lets land a piece
-    now and then — and the streak goes on to the verdict; with none, one block against one and a
-    half: it caught up, the piece on time ends the streak, and two more latenesses are not three."""
-    paths, data = model
-    stall, clock, events = Stall(paths[2]), Clock(), []
-    pol = HedgePolicy(floor_ns=FLOOR, late_limit=3, min_busy_ns=0)
-    four = 4 * BLOCK_BYTES
-
-    def late_read(off):
-        before = [x.reads for x in r.stats().sources]
-        t = r.submit(off, four)
-        stall.entered.acquire()                                      # its piece is in the drive's kernel
-        _until(lambda: all(r.stats().sources[i].reads > before[i] for i in (0, 1)))
-        clock.advance(FLOOR + 1)
-        r.wake_hedger()
-        assert bytes(t.result()) == data[off:off + four]
-
-    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=4, hedge=True, hedge_policy=pol), cold=False,
-                     clock=clock, opener=lambda p: StallingReader(p, stall), report=events.append) as r:
-        assert bytes(r.read(0, four)) == data[:four]
-        stall.active = True
-        late_read(0)
-        assert r.stats().sources[2].late == 1
-        third = r.stats().sources[2].reads
-        for k in range(small_reads):
-            off = (4 + 2 * k) * BLOCK_BYTES
-            assert bytes(r.read(off, 2 * BLOCK_BYTES)) == data[off:off + 2 * BLOCK_BYTES]
-        assert r.stats().sources[2].reads == third                   # the third drive was given none of them
-        stall.active = False
-        assert bytes(r.read(four, four)) == data[four:2 * four]     # its piece lands on time
-        assert r.stats().sources[2].late == 1
-        stall.active = True
-        late_read(2 * four)
-        late_read(3 * four)
-        _looked_again(r)                                             # a verdict of its last round is acted on
-        s = r.stats()
-        stall.gate.set()
-    assert s.sources[2].late == 3
-    assert s.sources[2].degraded is degraded and [e.kind for e in events] == (["degraded"] if degraded else [])
-
-
 def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model):
     """Re-weighting judges only reads cut with the weights in force: the engine's read pattern, made
     at every step with `weights_now`, must be recognised as such (else nothing would be judged)."""
