@@ -2,12 +2,13 @@
 
 import os
 
+import numpy as np
 import pytest
 
 from core import platform
 from core.coldio import aligned_buffer, buffer_footprint
 from core.constants import ALIGNMENT
-from engine_bridge.reader.buffers import POOL_BYTES, BufferPool, pool_limit
+from engine_bridge.reader.buffers import POOL_BYTES, BufferPool, copy_bytes, pool_limit
 
 KiB, MiB = 1024, 1 << 20
 
@@ -66,3 +67,18 @@ def test_the_pool_keeps_no_more_than_an_eighth_of_the_ram_the_process_may_fill()
     assert pool_limit(0) == POOL_BYTES                                # the RAM unknown: the default
     assert BufferPool().limit == pool_limit()                          # the limit this process runs under
     assert BufferPool(limit=3 * MiB).limit == 3 * MiB
+
+
+@pytest.mark.parametrize("make_dst", [lambda n: aligned_buffer(n, fault=False), bytearray,
+                                      lambda n: np.zeros(n // 4, np.float32)], ids=["pool", "bytearray", "float32"])
+def test_copy_bytes_copies_exactly_the_range_into_any_writable_buffer(make_dst):
+    """A read's bytes laid into a fresh buffer at its barrier (the pool's, or a caller's of any
+    element type): exactly [dst_at, dst_at + n) changes, to src[src_at, src_at + n)."""
+    n = 3 * ALIGNMENT
+    src = bytes(range(256)) * (n // 256)
+    dst = make_dst(n)
+    copy_bytes(dst, 100, src, 7, 1000)
+    got = bytes(memoryview(dst).cast("B"))
+    assert got[100:1100] == src[7:1007] and got[:100] == bytes(100) and got[1100:] == bytes(n - 1100)
+    copy_bytes(dst, 0, src, 0, 0)                          # nothing to copy: nothing changes
+    assert bytes(memoryview(dst).cast("B")) == got
