@@ -13,7 +13,8 @@ buffer of its own. The first to complete wins; a main attempt whose piece is alr
 skipped if it has not started. A late main attempt cannot be stopped once its read is in the
 kernel, so the buffer it writes into never reaches the caller or the pool while it may still
 write: at the barrier such a read's bytes are copied to a fresh buffer, the hedges' bytes laid
-over theirs, and the old buffer is kept until its last writer returns (`ReadTicket._writers`).
+over theirs (without holding the GIL: `buffers.copy_bytes`), and the old buffer is kept until its
+last writer returns (`ReadTicket._writers`).
 
 With balancing (`balancer.py`, rules in `balancing.py`) pieces are queued as chunks, a lane starts
 its queue's head only while its source has room in the kernel, a lane takes a chunk of an earlier
