@@ -78,7 +78,7 @@ class Hedger:
         self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
         self.given = {"prefill": [0] * n, "decode": [0] * n}   # bytes the cut gave each source (`_shares`)
-        self._given_healthy = self._given_weights = None
+        self._split = None              # (healthy sources, weights) `given` and `_memo` were kept for (`_sync`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
@@ -97,7 +97,6 @@ class Hedger:
         self.probe_ok = [0] * n
         self._heap: list = []
         self._memo: dict = {}           # (source, phase) -> the rate it is held to (`_rate`)
-        self._memo_healthy = self._memo_weights = None
         self._seq = itertools.count()
         self._stopping = False
         self._wake_at: int | None = None
@@ -123,7 +122,7 @@ class Hedger:
     def enqueued(self, att: Attempt) -> None:
         """A main attempt of the engine's cut is queued (counted in `_shares`), or a hedge or probe."""
         if att.kind == MAIN:
-            self._fresh(self.health.healthy())
+            self._sync(self.health.healthy())
             self.given[att.piece.ticket.phase][att.src] += att.ln
         self._enqueue(att)
 
@@ -372,11 +371,13 @@ class Hedger:
         return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
                 f"of what the others delivered is {share / 1e6:.1f} MB")
 
-    def _fresh(self, healthy: Sequence[int]) -> None:
-        """Start counting the cut's bytes afresh when the healthy sources or the weights change."""
-        if healthy is not self._given_healthy or self.weights is not self._given_weights:
-            self._given_healthy, self._given_weights = healthy, self.weights
+    def _sync(self, healthy: Sequence[int]) -> None:
+        """When the healthy sources or the weights changed (each a new object then): the cut's bytes
+        are counted afresh and no rate held to is kept."""
+        if self._split is None or healthy is not self._split[0] or self.weights is not self._split[1]:
+            self._split = (healthy, self.weights)
             self.given = {ph: [0] * len(g) for ph, g in self.given.items()}
+            self._memo.clear()
 
     def _shares(self, s: int, phase: str, healthy: Sequence[int]) -> Sequence[float]:
         """What each source is promised beside the others in `phase`, to judge `s`: the bytes the
@@ -387,7 +388,7 @@ class Hedger:
         docs/reader.md "Round 11") — or the weights, until every healthy source was given some, and
         for a source out of the split (probed: the cut gives it nothing, its weight says what it
         should deliver)."""
-        self._fresh(healthy)
+        self._sync(healthy)
         g = self.given[phase]
         return g if s in healthy and all(g[i] > 0 for i in healthy) else self.weights[phase]
 
@@ -405,9 +406,7 @@ class Hedger:
         """The rate `s` is held to (`hedging.expected_rate`), kept until a delivery teaches the
         estimates something or the weights or the healthy sources change (it is asked for every
         deadline: twice per piece)."""
-        if healthy is not self._memo_healthy or self.weights is not self._memo_weights:
-            self._memo.clear()
-            self._memo_healthy, self._memo_weights = healthy, self.weights
+        self._sync(healthy)
         key = (s, phase)
         r = self._memo.get(key, _UNKNOWN)
         if r is _UNKNOWN:
