@@ -16,11 +16,13 @@ wins (lanes.py); the loser is discarded. With balancing, a drive with nothing el
 copy of a chunk overdue in another's kernel before its deadline (`copy_for`); the chunk is still
 judged at its deadline.
 
-A source with `late_limit` late pieces in a row (no on-time piece between; one per engine cut,
-each started after the previous one was judged late: `hedging.counts_late`) that also delivered,
-since the first of them began, less than its weight's share of what the other healthy sources
-delivered, over the margin (`hedging.owed`, `hedging.too_slow`: a throttled drive that stalls now
-and then still delivers its share) is degraded like a failing one (the split runs over the
+A source with `late_limit` late pieces in a row (one per engine cut, each started after the
+previous one was judged late: `hedging.counts_late`; a piece on time between ends the run only
+once the drive keeps up again: `_caught_up`) that also, since the first of them began, delivered
+less than its weight's share of what the other healthy sources delivered and read, while it had
+work, at less than its weight's share of their pace, over the margin (`hedging.behind`: a
+throttled drive that stalls now and then still delivers its share; a slower drive whose queued
+chunks balancing takes still reads at its pace) is degraded like a failing one (the split runs over the
 others, its queued pieces are hedged at once), except that it is *probed*: a read's submit also
 sends it a copy of (the first chunk of) the read's largest piece, into a private buffer, judged
 against the same kind of deadline, one at a time (and at most one per `probe_interval`);
@@ -50,17 +52,16 @@ from .buffers import span
 from .hedging import (
     HedgePolicy,
     RateEstimate,
+    behind,
     copy_due,
     counts_late,
     ServiceTime,
     deadline_ns,
     expected_ns,
     expected_rate,
-    owed,
     pick_hedge_source,
     plan_rate,
     step_deadline_ns,
-    too_slow,
 )
 from .sources import SourceHealth
 
@@ -84,13 +85,15 @@ class Hedger:
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
         self.busy = [0] * n             # busy ns since the source's last observed delivery
+        self.busy_total = [0] * n       # busy ns in all (a streak's pace: `_behind`)
         self.tick_at = [0] * n
         self.late = [0] * n
         self.hedged = [0] * n
         self.streak = [0] * n           # late pieces in a row (hedging.counts_late)
         self.counted_at: list[int | None] = [None] * n   # when the source's last counted lateness was judged
         self.delivered = [0] * n        # bytes each source delivered, of every kind
-        self.span_from: list[tuple[int, list[int]] | None] = [None] * n   # streak's start: (ns, `delivered` then)
+        # a streak's start: (ns, `delivered` then, `busy_total` then)
+        self.span_from: list[tuple[int, list[int], list[int]] | None] = [None] * n
         self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
         self.probing = [False] * n
         self.next_probe = [0] * n
@@ -202,7 +205,8 @@ class Hedger:
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
-                    self._on_time(s)
+                    if self._caught_up(s, att.piece.ticket.phase, now):
+                        self._on_time(s)
         return []
 
     def landed(self, ticket) -> None:
@@ -233,7 +237,7 @@ class Hedger:
         """Idle source `t` (nothing of its own queued, nothing to take), reading at `pace()` (bytes per
         ns, its pace; asked only when some drive is on a late streak): a hedge attempt on `t` of the
         chunk most past its expected time in the kernel of a source on a late streak (a piece late,
-        none on time since) that `t` would read before that chunk's deadline (`hedging.copy_due`), if
+        and it has not kept up since: `_caught_up`) that `t` would read before that chunk's deadline (`hedging.copy_due`), if
         `room(bytes)` lets `t` start it; None. The copy is counted `hedged` on `t`; the chunk is still
         judged at its deadline (a drive that keeps needing copies is late all the same)."""
         if not any(self.streak):
@@ -245,7 +249,7 @@ class Hedger:
         healthy = self.health.healthy()
         best = None
         for s, atts in enumerate(self.pending):
-            if s == t or not self.streak[s]:        # only a drive already late, with no on-time piece since:
+            if s == t or not self.streak[s]:        # only a drive already late that has not kept up since:
                 continue                            # a healthy one merely past its mean is left alone
             for att in atts:
                 piece = att.piece
@@ -331,12 +335,28 @@ class Hedger:
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
             self.busy[s] += now - self.tick_at[s]
+            self.busy_total[s] += now - self.tick_at[s]
         self.tick_at[s] = now
+
+    def _busy_now(self, now: int) -> list[int]:
+        """Every source's busy ns in all, up to `now`."""
+        for i in range(len(self.busy_total)):
+            self._tick(i, now)
+        return list(self.busy_total)
 
     def _on_time(self, s: int) -> None:
         """A piece of `s` landed on time: its late streak is over."""
         self.streak[s] = 0
         self.span_from[s] = None
+
+    def _caught_up(self, s: int, phase: str, now: int) -> bool:
+        """Whether an on-time piece of `s` ends its late streak: it does once the degrade verdict
+        (`_behind`) would keep `s`. A drive throttled to a crawl still lands a piece on time now and
+        then (a token bucket lets a few through after each stall): had each such piece ended its
+        streak, a drive at a tenth of its peers' speed would never reach `late_limit` in a row, and
+        stayed in the split for good in 4 of 6 fast runs (docs/reader.md "Round 12"). A drive that
+        only stalled, or only reads slower, keeps up with its pace and ends its streak as before."""
+        return self.streak[s] == 0 or self._behind(s, phase, now) is None
 
     def _count_late(self, att: Attempt, now: int) -> None:
         """`att` missed its deadline: counted on its source, and in its streak when
@@ -348,28 +368,37 @@ class Hedger:
             return
         cut.late = True
         if self.streak[s] == 0:
-            self.span_from[s] = (att.t_begin, list(self.delivered))
+            self.span_from[s] = (att.t_begin, list(self.delivered), self._busy_now(now))
         self.streak[s] += 1
         self.counted_at[s] = now
 
     def _behind(self, s: int, phase: str, now: int) -> str | None:
         """Why `s` is too slow to keep, in words (the figures the degrade event carries), or None:
         since its streak began it delivered less than its weight's share of what the other healthy
-        sources delivered, over the margin. The weights, not the cut's shares (`_shares`): while a
-        crawler holds every read, the others deliver only what the engine asks between its stalls,
-        so a drive at a twentieth of their speed delivers a third of their bytes, at the margin's
-        edge; a cut that gives it a block less than its weight (ds4's leftovers go to the lower
-        indices) kept a 1 MB/s drive beside two of 20 MB/s in the split for 26 s or for good, with
-        hedging only (docs/reader.md "Round 11")."""
+        sources delivered, over the margin, *and* read, while it had work, at less than its weight's
+        share of their pace over the margin (`hedging.behind`).
+        The weights, not the cut's shares (`_shares`): while a crawler holds every read, the others
+        deliver only what the engine asks between its stalls, so a drive at a twentieth of their
+        speed delivers a third of their bytes, at the margin's edge; a cut that gives it a block
+        less than its weight (ds4's leftovers go to the lower indices) kept a 1 MB/s drive beside two
+        of 20 MB/s in the split for 26 s or for good, with hedging only (docs/reader.md "Round 11").
+        The pace as well as the bytes: balancing takes a slower drive's queued chunks, so a drive at
+        half its weight's speed delivers under a third of its share of the bytes, yet reads at half
+        its share of the pace; a crawler is short of both (docs/reader.md "Round 13")."""
         if self.span_from[s] is None:
             return None
-        t0, base = self.span_from[s]
+        t0, base, busy0 = self.span_from[s]
         got = [d - b for d, b in zip(self.delivered, base)]
-        share = owed(s, got, self.weights[phase], self.health.healthy())
-        if not too_slow(got[s], share, self.policy.margin):
+        spent = [b - b0 for b, b0 in zip(self._busy_now(now), busy0)]
+        verdict = behind(s, got, spent, self.weights[phase], self.health.healthy(), self.policy.margin)
+        if verdict is None:
             return None
-        return (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
-                f"of what the others delivered is {share / 1e6:.1f} MB")
+        share, rate, held = verdict
+        why = (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
+               f"of what the others delivered is {share / 1e6:.1f} MB")
+        if rate is None:
+            return why
+        return f"{why}; it read at {_mbs(rate)} while it had work, its weight's share of their pace is {_mbs(held)}"
 
     def _sync(self, healthy: Sequence[int]) -> None:
         """When the healthy sources or the weights changed (each a new object then): the cut's bytes

@@ -16,8 +16,9 @@ holds against a throttle's bursts and stalls (docs/reader.md "Bursts"): `late_li
 late in a row, counted once per engine cut and only when each was started after the previous was
 judged late (`counts_late`: a stall that holds every piece in a kernel at once is one lateness, and
 a throttled drive serves on time after each stall), and over the same span it delivered less than
-its weight's share of what the other drives delivered, over the margin (`too_slow` on the bytes
-each delivered since the first of those pieces began: bursts of every drive fall in the span).
+its weight's share of what the other drives delivered and read, while it had work, at less than its
+weight's share of their pace, each over the margin (`behind` on the bytes and busy time each had
+since the first of those pieces began: bursts of every drive fall in the span).
 Times are integer nanoseconds; rates are bytes per nanosecond.
 """
 
@@ -36,9 +37,10 @@ class HedgePolicy:
                                     # typical service time on these drives (`ServiceTime`)
     floor_ns: int = 0               # never late before this, ns, on top (0: the floor is in units of the work,
                                     # a request's typical service time; tests set one to order events)
-    late_limit: int = 3             # late pieces in a row (no on-time piece between; one per engine cut, each
-                                    # started after the previous was judged) that, with the drive behind its
-                                    # share of the others' bytes over the margin, degrade a source
+    late_limit: int = 3             # late pieces in a row (one per engine cut, each started after the previous
+                                    # was judged; an on-time piece between ends the row once the drive keeps up)
+                                    # that, with the drive behind its share of the others' bytes and of their
+                                    # pace over the margin (`behind`), degrade a source
     probe_interval_ns: int = 0      # least time between two probes of a degraded-for-lateness source, ns (it has
                                     # at most one probe out at a time: they follow its own pace)
     recover_probes: int = 2         # on-time probes in a row that bring it back
@@ -199,6 +201,37 @@ def owed(src: int, delivered: Sequence[float], shares: Sequence[float], peers: S
     if not others or got <= 0:
         return None
     return shares[src] * got / sum(shares[i] for i in others)
+
+
+def busy_rate(delivered: float, busy_ns: float) -> float | None:
+    """A drive's pace over a span: the bytes it delivered over the time it had work (queued or in its
+    kernel), bytes per ns; math.inf when it delivered in no time, None when it delivered nothing in
+    no time (nothing to judge)."""
+    if busy_ns > 0:
+        return delivered / busy_ns
+    return math.inf if delivered > 0 else None
+
+
+def behind(src: int, delivered: Sequence[float], busy_ns: Sequence[float], shares: Sequence[float],
+           peers: Sequence[int], margin: float) -> tuple[float, float | None, float | None] | None:
+    """Whether `src`, over a span in which each source delivered `delivered` bytes and had work for
+    `busy_ns`, is too slow to keep: it delivered less than its share of what the `peers` delivered
+    (`owed`) *and* read, while it had work, at less than its share of their pace (`busy_rate`,
+    `plan_rate`), each over the margin. Balancing takes a slower drive's queued chunks, so a drive
+    at half its share's speed delivers under a third of its share of the bytes, yet reads at half
+    its share of the pace; a crawler is short of both. No time with work in the span: nothing to
+    judge its pace by, the bytes decide. (its share of the bytes, its pace, its share of the pace;
+    both None when the bytes decided) when too slow, else None."""
+    share = owed(src, delivered, shares, peers)
+    if not too_slow(delivered[src], share, margin):
+        return None
+    if busy_ns[src] <= 0:
+        return share, None, None
+    rates = [busy_rate(d, b) for d, b in zip(delivered, busy_ns)]
+    held = plan_rate(src, shares, {i: rates[i] for i in peers if i != src})
+    if not too_slow(rates[src], held, margin):
+        return None
+    return share, rates[src], held
 
 
 def counts_late(begun_ns: int, last_counted_ns: int | None, cut_counted: bool) -> bool:

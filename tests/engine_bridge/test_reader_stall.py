@@ -17,7 +17,8 @@ import pytest
 from engine_bridge.reader import hedging
 from engine_bridge.reader.attempts import MAIN, Attempt, PieceInFlight, ReadTicket
 from engine_bridge.reader.balancing import MIN_REQUESTS, BalancePolicy, Pace, depth_bytes, pick_victim
-from engine_bridge.reader.hedging import HedgePolicy, copy_due, counts_late, deadline_ns, expected_ns, owed, too_slow
+from engine_bridge.reader.hedging import (HedgePolicy, behind, busy_rate, copy_due, counts_late, deadline_ns, expected_ns,
+                                          owed, too_slow)
 from engine_bridge.reader.reweigher import Reweigher
 from engine_bridge.reader.reweighting import ReweighPolicy
 from engine_bridge.reader.settings import EMBEDDED, ReaderSettings, check_settings
@@ -65,6 +66,27 @@ def test_too_slow_over_a_span_is_a_share_of_what_the_others_delivered():
     assert owed(2, [0, 0, 5], w, [0, 1, 2]) is None                  # the others read nothing: no verdict
     assert not too_slow(0, None, 3.0)
     assert owed(0, [5, 5, 5], w, [0]) is None                        # nobody to compare with
+
+
+def test_too_slow_to_keep_is_short_of_both_its_share_of_the_bytes_and_of_the_pace():
+    """Balancing takes a slower drive's queued chunks: a drive at half speed delivers under a third
+    of its share of the bytes, yet reads at half its share of the pace, and stays; a crawler is
+    short of both and goes (`behind`: its share of the bytes, its pace, its share of the pace)."""
+    w, everyone = (1, 1, 1), [0, 1, 2]
+    assert busy_rate(30, 10) == 3 and busy_rate(5, 0) == math.inf and busy_rate(0, 0) is None
+    # half speed, balanced: 8 bytes of a share of 30, but read at 1 a ns while it had work beside 2
+    assert behind(2, [30, 30, 8], [15, 15, 8], w, everyone, 3.0) is None
+    # a crawler: 2 bytes over all 15 ns beside peers at 2 a ns
+    assert behind(2, [30, 30, 2], [15, 15, 15], w, everyone, 3.0) == (30, 2 / 15, 2)
+    # short of the bytes only because it had little work (its chunks were taken): kept
+    assert behind(2, [30, 30, 2], [15, 15, 2], w, everyone, 3.0) is None
+    # its share of the bytes delivered, whatever its pace: kept (a throttle's stalls and bursts)
+    assert behind(2, [30, 30, 12], [15, 15, 15], w, everyone, 3.0) is None
+    # hung: nothing delivered while it had work; the others read in no time (their pace unbounded)
+    assert behind(2, [30, 30, 0], [0, 0, 15], w, everyone, 3.0) == (30, 0, math.inf)
+    assert behind(1, [20, 0, 10], [10, 10, 10], (2, 1, 1), everyone, 3.0) == (10, 0, 1)  # held to its weight
+    assert behind(2, [0, 0, 5], [5, 5, 5], w, everyone, 3.0) is None                       # nothing to compare
+    assert behind(2, [30, 30, 2], [0, 0, 0], w, everyone, 3.0) == (30, None, None)          # no time: the bytes decide
 
 
 def test_a_copy_is_due_between_twice_its_expected_time_and_its_deadline():
@@ -393,6 +415,53 @@ def test_late_pieces_one_after_another_take_a_crawling_drive_out_and_say_by_how_
     degraded = [e for e in events if e.kind == "degraded"]
     assert len(degraded) == 1 and "3 pieces late in a row" in degraded[0].message
     assert "it delivered 0.0 MB" in degraded[0].message and "its weight's share" in degraded[0].message
+    assert "it read at 0.0 MB/s while it had work, its weight's share of their pace is unbounded" in degraded[0].message
+
+
+@pytest.mark.parametrize("small_reads, degraded", [(3, True), (0, False)])
+def test_a_piece_on_time_ends_a_streak_only_once_the_drive_caught_up_with_its_share(model, small_reads, degraded):
+    """A drive late, then on time once, then late twice (late_limit 3). Before its piece on time the
+    others read `small_reads` reads of two blocks (the engine's cut gives the third drive none of a
+    read under three blocks): with three, the drive has delivered, since its streak began, one block
+    against its weight's share of the others' nine — a crawler that a throttle lets land a piece
+    now and then — and the streak goes on to the verdict; with none, one block against one and a
+    half: it caught up, the piece on time ends the streak, and two more latenesses are not three."""
+    paths, data = model
+    stall, clock, events = Stall(paths[2]), Clock(), []
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=3, min_busy_ns=0)
+    four = 4 * BLOCK_BYTES
+
+    def late_read(off):
+        before = [x.reads for x in r.stats().sources]
+        t = r.submit(off, four)
+        stall.entered.acquire()                                      # its piece is in the drive's kernel
+        _until(lambda: all(r.stats().sources[i].reads > before[i] for i in (0, 1)))
+        clock.advance(FLOOR + 1)
+        r.wake_hedger()
+        assert bytes(t.result()) == data[off:off + four]
+
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=4, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=lambda p: StallingReader(p, stall), report=events.append) as r:
+        assert bytes(r.read(0, four)) == data[:four]
+        stall.active = True
+        late_read(0)
+        assert r.stats().sources[2].late == 1
+        third = r.stats().sources[2].reads
+        for k in range(small_reads):
+            off = (4 + 2 * k) * BLOCK_BYTES
+            assert bytes(r.read(off, 2 * BLOCK_BYTES)) == data[off:off + 2 * BLOCK_BYTES]
+        assert r.stats().sources[2].reads == third                   # the third drive was given none of them
+        stall.active = False
+        assert bytes(r.read(four, four)) == data[four:2 * four]     # its piece lands on time
+        assert r.stats().sources[2].late == 1
+        stall.active = True
+        late_read(2 * four)
+        late_read(3 * four)
+        _looked_again(r)                                             # a verdict of its last round is acted on
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 3
+    assert s.sources[2].degraded is degraded and [e.kind for e in events] == (["degraded"] if degraded else [])
 
 
 def test_the_embedded_engines_reads_count_as_cut_with_the_weights_in_force(model):
