@@ -22,12 +22,12 @@ once the drive keeps up again: `_caught_up`) that also, since the first of them 
 less than its weight's share of what the other healthy sources delivered and read, while it had
 work, at less than its weight's share of their pace, over the margin (`hedging.behind`: a
 throttled drive that stalls now and then still delivers its share; a slower drive whose queued
-chunks balancing takes still reads at its pace) is degraded like a failing one (the split runs over the
-others, its queued pieces are hedged at once), except that it is *probed*: a read's submit also
-sends it a copy of (the first chunk of) the read's largest piece, into a private buffer, judged
-against the same kind of deadline, one at a time (and at most one per `probe_interval`);
-`recover_probes` on-time probes in a row restore it. Never the last healthy source is degraded
-for lateness.
+chunks balancing takes still reads at its pace) is degraded like a failing one (the split runs
+over the others, its queued pieces are hedged at once), except that it is *probed*: a read's
+submit also sends it a copy of (the first chunk of) the read's largest piece, into a private
+buffer, judged against the same kind of deadline, one at a time (and at most one per
+`probe_interval`); `recover_probes` on-time probes in a row restore it. Never the last healthy
+source is degraded for lateness.
 
 If the watchdog itself wakes later than a deadline's slack (the whole process was starved, not a
 drive) it judges nothing that round and gives every due piece that much again, once. Its state lives under the
@@ -237,8 +237,8 @@ class Hedger:
         """Idle source `t` (nothing of its own queued, nothing to take), reading at `pace()` (bytes per
         ns, its pace; asked only when some drive is on a late streak): a hedge attempt on `t` of the
         chunk most past its expected time in the kernel of a source on a late streak (a piece late,
-        and it has not kept up since: `_caught_up`) that `t` would read before that chunk's deadline (`hedging.copy_due`), if
-        `room(bytes)` lets `t` start it; None. The copy is counted `hedged` on `t`; the chunk is still
+        and it has not kept up since: `_caught_up`) that `t` would read before that chunk's deadline
+        (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The copy is counted `hedged` on `t`; the chunk is still
         judged at its deadline (a drive that keeps needing copies is late all the same)."""
         if not any(self.streak):
             return None
