@@ -620,6 +620,72 @@ def test_a_drive_already_late_is_hedged_at_its_steps_pace_not_its_own_deadline(m
     assert sum(x.hedged for x in end.sources) == 2 and not end.sources[2].degraded      # judged, never hedged twice
 
 
+@pytest.mark.parametrize("delivers", [True, False])
+def test_a_drive_short_of_its_share_of_the_bytes_is_kept_while_it_reads_at_its_share_of_the_pace(model, delivers):
+    """Every drive reads a block in U (the test's clock), then the third is late twice (late_limit
+    2) while the others read six reads it is given none of, a block each in U. Short of its share
+    of the bytes either way; with `delivers`, its first late piece (two blocks) comes in as soon as
+    it is judged: two blocks over the 4 U its second late piece kept it busy is half a block per U,
+    its share of the others' pace is about one, within the margin (3): kept. Without, it read
+    nothing while it had work: taken out, the event giving the others' pace (finite: their busy
+    time is counted, not only their bytes)."""
+    paths, data = model
+    g, clock, U, events = Gates(paths), Clock(), 1000, []
+    pol = HedgePolicy(floor_ns=0, late_limit=2, min_busy_ns=0)
+    three, six = 3 * BLOCK_BYTES, 6 * BLOCK_BYTES
+
+    def read(off, ln, wait_ns):
+        """A read whose pieces block in their drives' kernels: the first two drives' land once the
+        clock moved U, then the clock moves on to `wait_ns` and the watchdog looks (the third
+        drive's piece stays until the test lets it go)."""
+        readers = paths if ln >= three else paths[:2]    # the cut gives the third none of a read under 3 blocks
+        for p in readers:
+            g.arm(p)
+        t = r.submit(off, ln)
+        for p in readers:
+            g.entered[p].acquire()
+        before = [r.stats().sources[i].reads for i in (0, 1)]
+        clock.advance(U)
+        for p in paths[:2]:
+            g.go(p)
+        _until(lambda: all(r.stats().sources[i].reads > before[k] for k, i in enumerate((0, 1))))
+        clock.advance(wait_ns - U)
+        r.wake_hedger()
+        return t
+
+    with SplitReader(paths, [1, 1, 1], settings=ReaderSettings(lanes=2, hedge=True, hedge_policy=pol), cold=False,
+                     clock=clock, opener=g.reader, report=events.append) as r:
+        t = read(0, three, U)                        # warm-up: a block each in U
+        g.go(paths[2])
+        assert bytes(t.result()) == data[:three]
+        # two blocks ahead at a block per U: due at 3 x 2 U + U (a request's typical time)
+        t = read(0, six, 7 * U + 1)
+        assert bytes(t.result()) == data[:six]       # hedged
+        assert r.stats().sources[2].late == 1
+        got = r._hedger.delivered[2]
+        if delivers:
+            g.go(paths[2])                           # the late piece comes in (the hedge won)
+            _until(lambda: r._hedger.delivered[2] == got + 2 * BLOCK_BYTES)
+        for k in range(6):                           # the third drive is given none of these
+            off = 2 * k * BLOCK_BYTES
+            t = read(off, 2 * BLOCK_BYTES, U)
+            assert bytes(t.result()) == data[off:off + 2 * BLOCK_BYTES]
+        # one block ahead: due at 4 U; with the first still in its kernel, three ahead: 10 U
+        t = read(3 * BLOCK_BYTES, three, (4 * U if delivers else 10 * U) + 1)
+        assert bytes(t.result()) == data[3 * BLOCK_BYTES:6 * BLOCK_BYTES]
+        _looked_again(r)
+        s = r.stats()
+        g.go(paths[2], 10)
+    assert s.sources[2].late == 2 and s.sources[2].degraded is not delivers
+    degraded = [e.message for e in events if e.kind == "degraded"]
+    if delivers:
+        assert degraded == []
+    else:
+        assert len(degraded) == 1 and "it read at 0.0 MB/s while it had work" in degraded[0]
+        pace = degraded[0].split("its weight's share of their pace is ")[1].split(" MB/s")[0]
+        assert 0 < float(pace) < math.inf
+
+
 @pytest.mark.parametrize("cut", [(2, 1), (1, 1), (3, 1)])
 def test_a_drive_is_held_to_its_share_of_the_engines_cut_not_to_its_weight(model, cut):
     """Two drives at 1:1 whose engine cuts each read into `cut` blocks (a cut in blocks need not
