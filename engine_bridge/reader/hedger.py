@@ -84,15 +84,15 @@ class Hedger:
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
-        self.busy = [0] * n             # busy ns since the source's last observed delivery
-        self.busy_total = [0] * n       # busy ns in all (a streak's pace: `_behind`)
+        self.busy = [0] * n             # ns each source had work (queued or being read), in all
+        self.observed_at = [0] * n      # `busy` when its rate estimate last learnt (or was told to forget)
         self.tick_at = [0] * n
         self.late = [0] * n
         self.hedged = [0] * n
         self.streak = [0] * n           # late pieces in a row (hedging.counts_late)
         self.counted_at: list[int | None] = [None] * n   # when the source's last counted lateness was judged
         self.delivered = [0] * n        # bytes each source delivered, of every kind
-        # a streak's start: (ns, `delivered` then, `busy_total` then)
+        # a streak's start: (ns, `delivered` then, `busy` then)
         self.span_from: list[tuple[int, list[int], list[int]] | None] = [None] * n
         self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
         self.probing = [False] * n
@@ -196,12 +196,11 @@ class Hedger:
             return []
         if ok and att.started:
             self.delivered[s] += att.ln
-            if att.late:
-                self.busy[s] = 0            # a late delivery teaches nothing about the drive's normal pace
-            else:
-                self.est[s].observe(att.ln, self.busy[s])
+            learnt = self.busy[s] - self.observed_at[s]
+            self.observed_at[s] = self.busy[s]
+            if not att.late:                # a late delivery teaches nothing about the drive's normal pace
+                self.est[s].observe(att.ln, learnt)
                 self._memo.clear()
-                self.busy[s] = 0
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
@@ -238,8 +237,9 @@ class Hedger:
         ns, its pace; asked only when some drive is on a late streak): a hedge attempt on `t` of the
         chunk most past its expected time in the kernel of a source on a late streak (a piece late,
         and it has not kept up since: `_caught_up`) that `t` would read before that chunk's deadline
-        (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The copy is counted `hedged` on `t`; the chunk is still
-        judged at its deadline (a drive that keeps needing copies is late all the same)."""
+        (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The copy is counted `hedged`
+        on `t`; the chunk is still judged at its deadline (a drive that keeps needing copies is late
+        all the same)."""
         if not any(self.streak):
             return None
         rate = pace()
@@ -335,14 +335,13 @@ class Hedger:
     def _tick(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
             self.busy[s] += now - self.tick_at[s]
-            self.busy_total[s] += now - self.tick_at[s]
         self.tick_at[s] = now
 
     def _busy_now(self, now: int) -> list[int]:
         """Every source's busy ns in all, up to `now`."""
-        for i in range(len(self.busy_total)):
+        for i in range(len(self.busy)):
             self._tick(i, now)
-        return list(self.busy_total)
+        return list(self.busy)
 
     def _on_time(self, s: int) -> None:
         """A piece of `s` landed on time: its late streak is over."""
@@ -580,7 +579,7 @@ class Hedger:
             with self.cond:
                 self._on_time(s)                                   # judged afresh from here on
                 self.counted_at[s] = None
-                self.busy[s] = 0
+                self.observed_at[s] = self.busy[s]
                 self.est[s] = RateEstimate(self.policy.decay)
                 self._memo.clear()
                 self.tick_at[s] = self.clock()
