@@ -272,6 +272,11 @@ def main() -> int:
                     help="recover: seconds the crawl lasts (default per class: " +
                          ", ".join(f"{c} {b:g}" for c, (_, b) in RECOVER.items()) + ")")
     ap.add_argument("--size", default="1G")
+    ap.add_argument("--root", default=None,
+                    help="the testbed's folder, where its drive images live (default: a new one in /var/tmp, on this "
+                         "machine's disk); a folder on a tmpfs (e.g. under /dev/shm) makes the drives loop devices "
+                         "over memory, GB/s each: NVMe's class, where the fast class on disk images reads at what "
+                         "the disk gives (needs --size x 3 of free memory)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--pacing", default=THROTTLE, choices=PACINGS,
                     help="how the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
@@ -294,7 +299,8 @@ def main() -> int:
     lines: list[str] = []
     hashes: dict[tuple[int, int], set] = {}     # (prompt, generated) -> output hashes
     ran = failed = 0
-    with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size, pacing=args.pacing) as tb:
+    with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size, root=args.root,
+                 pacing=args.pacing) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
         head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
