@@ -58,9 +58,8 @@ from .hedging import (
     ServiceTime,
     deadline_ns,
     expected_ns,
-    expected_rate,
+    held_rate,
     pick_hedge_source,
-    plan_rate,
     step_deadline_ns,
 )
 from .sources import SourceHealth
@@ -80,7 +79,10 @@ class Hedger:
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
         self.given = {"prefill": [0] * n, "decode": [0] * n}   # bytes the cut gave each source (`_shares`)
         self._split = None              # (healthy sources, weights) `given` and `_memo` were kept for (`_sync`)
+        self._given_all = {"prefill": False, "decode": False}   # every healthy source was given some (`_shares`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
+        self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`),
+                                                    # kept as it learns: every deadline asks for it
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
@@ -200,11 +202,12 @@ class Hedger:
             self.observed_at[s] = self.busy[s]
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
+                self.own[s] = self.est[s].rate(self.policy.min_busy_ns)
                 self._memo.clear()
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
-                    if self._caught_up(s, att.piece.ticket.phase, now):
+                    if self.streak[s] and self._caught_up(s, att.piece.ticket.phase, now):
                         self._on_time(s)
         return []
 
@@ -405,6 +408,7 @@ class Hedger:
         if self._split is None or healthy is not self._split[0] or self.weights is not self._split[1]:
             self._split = (healthy, self.weights)
             self.given = {ph: [0] * len(g) for ph, g in self.given.items()}
+            self._given_all = {ph: False for ph in self.given}
             self._memo.clear()
 
     def _shares(self, s: int, phase: str, healthy: Sequence[int]) -> Sequence[float]:
@@ -415,10 +419,16 @@ class Hedger:
         in at half the first's rate, and held to the first's it was judged late ~40 times a run;
         docs/reader.md "Round 11") — or the weights, until every healthy source was given some, and
         for a source out of the split (probed: the cut gives it nothing, its weight says what it
-        should deliver)."""
-        self._sync(healthy)
+        should deliver). The caller has `_sync`ed."""
+        if s not in healthy:
+            return self.weights[phase]
         g = self.given[phase]
-        return g if s in healthy and all(g[i] > 0 for i in healthy) else self.weights[phase]
+        if not self._given_all[phase]:      # `given` only grows until the next `_sync`: once is enough
+            for i in healthy:
+                if g[i] <= 0:
+                    return self.weights[phase]
+            self._given_all[phase] = True
+        return g
 
     def _queue(self, att: Attempt, now: int, front: bool = False) -> None:
         s = att.src
@@ -431,22 +441,17 @@ class Hedger:
             self.jumped[s] += att.ln
 
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
-        """The rate `s` is held to (`hedging.expected_rate`), kept until a delivery teaches the
-        estimates something or the weights or the healthy sources change (it is asked for every
-        deadline: twice per piece)."""
+        """The rate `s` is held to: the faster of what it delivered itself and what its share of the
+        cut (`_shares`) promises from its healthy peers' rates (`hedging.held_rate`; a rate counts
+        once it rests on `min_busy_ns` of busy time), kept until a delivery teaches the estimates
+        something or the weights or the healthy sources change (it is asked for every deadline:
+        twice per piece)."""
         self._sync(healthy)
         key = (s, phase)
         r = self._memo.get(key, _UNKNOWN)
         if r is _UNKNOWN:
-            r = self._memo[key] = expected_rate(*self._rates(s, phase, healthy))
+            r = self._memo[key] = held_rate(s, self.own, self._shares(s, phase, healthy), healthy)
         return r
-
-    def _rates(self, s: int, phase: str, healthy: Sequence[int]) -> tuple[float | None, float | None]:
-        """(own, plan): the rate `s` delivered itself and what its share of the cut (`_shares`)
-        promises from its peers', each only once it rests on `min_busy_ns` of busy time."""
-        least = self.policy.min_busy_ns
-        peers = {i: self.est[i].rate(least) for i in healthy if i != s}
-        return self.est[s].rate(least), plan_rate(s, self._shares(s, phase, healthy), peers)
 
     def _ahead(self, att: Attempt) -> int:
         """The bytes ahead of `att` on its source, itself included: what was queued ahead of it when
@@ -581,6 +586,7 @@ class Hedger:
                 self.counted_at[s] = None
                 self.observed_at[s] = self.busy[s]
                 self.est[s] = RateEstimate(self.policy.decay)
+                self.own[s] = None
                 self._memo.clear()
                 self.tick_at[s] = self.clock()
 

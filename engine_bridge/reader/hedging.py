@@ -118,10 +118,25 @@ def plan_rate(src: int, shares: Sequence[float], peer_rates: Mapping[int, float]
     return shares[src] * total / sum(shares[i] for i in peers)
 
 
-def expected_rate(own: float | None, planned: float | None) -> float | None:
-    """The rate a source is held to: the faster of its own recent rate and its plan's promise."""
-    known = [r for r in (own, planned) if r is not None]
-    return max(known) if known else None
+def held_rate(src: int, own: Sequence[float | None], shares: Sequence[float], peers: Sequence[int]) -> float | None:
+    """The rate `src` is held to: the faster of its own recent rate (`own[src]`) and what its share
+    promises from the `peers`' own rates (`plan_rate`); None when neither is known. `own`: every
+    source's rate (`RateEstimate.rate`), None where unknown. One pass over the peers, no mapping
+    built: it is asked for every deadline, and on fast drives the reader's CPU is the engine's
+    (docs/reader.md "Round 14")."""
+    total = units = 0.0
+    known = False
+    for i in peers:
+        r = own[i]
+        if i != src and r is not None:
+            total += r
+            units += shares[i]
+            known = True
+    mine = own[src]
+    if not known:
+        return mine
+    planned = math.inf if math.isinf(total) else shares[src] * total / units
+    return planned if mine is None or planned > mine else mine
 
 
 class ServiceTime:

@@ -395,8 +395,8 @@ def test_peers_burst_holds_the_primary_only_without_the_busy_time_rule(model, mi
     with _reader(paths, None, Clock(), min_busy_ns=min_busy_ns) as r:
         assert bytes(r.read(0, 8 * BLOCK_BYTES)) == data[:8 * BLOCK_BYTES]
         with r._lanes.lock:
-            own, plan = r._hedger._rates(0, "prefill", [0, 1, 2])
-    assert plan == held and own == held
+            own, rate = list(r._hedger.own), r._hedger._rate(0, "prefill", [0, 1, 2])
+    assert own == [held] * 3 and rate == held
 
 
 def test_hedging_arithmetic_is_pure_and_right():
@@ -413,7 +413,19 @@ def test_hedging_arithmetic_is_pure_and_right():
     # the weights promise: 2:1:1, peers 0 and 1 deliver 30 and 15 -> source 2 is held to 15
     assert hedging.plan_rate(2, (2, 1, 1), {0: 30.0, 1: 15.0}) == 15.0
     assert hedging.plan_rate(2, (2, 1, 1), {2: 1.0}) is None
-    assert hedging.expected_rate(1.0, 15.0) == 15.0 and hedging.expected_rate(None, None) is None
+    # held to the faster of its own rate and its share's promise (unknown rates left out)
+    assert hedging.held_rate(2, (30.0, 15.0, 1.0), (2, 1, 1), (0, 1, 2)) == 15.0
+    assert hedging.held_rate(2, (30.0, 15.0, 40.0), (2, 1, 1), (0, 1, 2)) == 40.0
+    assert hedging.held_rate(2, (30.0, None, 1.0), (2, 1, 1), (0, 1, 2)) == 15.0
+    assert hedging.held_rate(2, (30.0, 15.0, None), (2, 1, 1), (0, 2)) == 15.0      # only healthy peers count
+    assert hedging.held_rate(2, (None, None, 1.0), (2, 1, 1), (0, 1, 2)) == 1.0
+    assert hedging.held_rate(2, (None, None, None), (2, 1, 1), (0, 1, 2)) is None
+    assert hedging.held_rate(2, (float("inf"), 15.0, 1.0), (2, 1, 1), (0, 1, 2)) == float("inf")
+    for own in ((30.0, 15.0, 1.0), (5.0, None, 7.0), (None, 2.0, None), (float("inf"), 1.0, 3.0)):
+        for s in range(3):          # the same as the plan's promise and the own rate, taken apart
+            plan = hedging.plan_rate(s, (2, 1, 1), {i: own[i] for i in range(3) if i != s})
+            known = [r for r in (own[s], plan) if r is not None]
+            assert hedging.held_rate(s, own, (2, 1, 1), (0, 1, 2)) == (max(known) if known else None)
     p = HedgePolicy(margin=3.0, floor_ns=50)
     assert hedging.deadline_ns(1000, 300, 15.0, p) == 1000 + 50 + 60
     assert hedging.deadline_ns(1000, 300, None, p) is None

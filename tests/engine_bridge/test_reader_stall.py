@@ -144,7 +144,7 @@ def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
         rates = {0: rate, 1: rate, 2: rate / 20}
         out = []
         # deadlines: a chunk on the crawler, 2 chunks in its kernel, held to its weight's promise
-        held = hedging.expected_rate(rates[2], hedging.plan_rate(2, (1, 1, 1), {0: rates[0], 1: rates[1]}))
+        held = hedging.held_rate(2, (rates[0], rates[1], rates[2]), (1, 1, 1), (0, 1, 2))
         due = deadline_ns(0, 2 * MIB, held, pol)
         out.append(units(due))
         out += [at(t) >= due for t in (1, 5, 5.99, 6.01, 40)]                   # late at 6 units, not before
