@@ -111,25 +111,29 @@ class Lanes:
         """How piece [off, off+ln) is queued: whole, or in chunks when balancing."""
         return [(off, ln)] if self.balance is None else chunks(off, ln, self.balance.chunk_bytes)
 
-    def put(self, src: int, ticket: ReadTicket, off: int, ln: int, parts: list[tuple[int, int]]) -> None:
-        """Queue piece [off, off+ln) of `ticket` on source `src` as `parts` (`self.parts(off, ln)`: its
-        main attempt, or one per chunk when balancing; the ticket counts `len(parts)` pieces for it)."""
-        cut = Cut(src, off, ln)
+    def put(self, ticket: ReadTicket, pieces: list[tuple[int, int, int, list[tuple[int, int]]]]) -> None:
+        """Queue the pieces of `ticket`, each (source, off, ln, parts): piece [off, off+ln) on that
+        source as `parts` (`self.parts(off, ln)`: its main attempt, or one per chunk when balancing;
+        the ticket counts `len(parts)` pieces for it). One turn of the lock for the whole read."""
         atts = []
-        for co, cl in parts:
-            piece = PieceInFlight(ticket, src, co, cl, cut)
-            atts.append(Attempt(piece, src, MAIN, co, cl, ticket._work, ticket._base))
+        for src, off, ln, parts in pieces:
+            cut = Cut(src, off, ln)
+            for co, cl in parts:
+                piece = PieceInFlight(ticket, src, co, cl, cut)
+                atts.append(Attempt(piece, src, MAIN, co, cl, ticket._work, ticket._base))
         with self._lock:
-            self.tally.given(ticket, src, ln)
+            for src, _off, ln, _parts in pieces:
+                self.tally.given(ticket, src, ln)
             for att in atts:
                 att.piece.active = 1
                 ticket._writers += 1
                 if self.hedger is not None:
                     ticket._mains.append(att)
                     self.hedger.enqueued(att)
-                self._queues[src].put(att)
+                self._queues[att.src].put(att)
             if self.balance is not None:
-                self._offer(src)
+                for src in {p[0] for p in pieces}:
+                    self._offer(src)
 
     def put_front(self, att: Attempt) -> None:
         """Queue a hedge or probe at the front of its source's queue (the hedger calls this, the lock held)."""
@@ -234,9 +238,12 @@ class Lanes:
         copy of a chunk overdue in another's kernel; else nothing."""
         if t not in self.health.healthy():
             return None
-        pick = self.balancer.victim(t, self._queues, before)
-        if pick is not None:
-            return self._steal(t, *pick)
+        for v, q in enumerate(self._queues):
+            if v != t and q.items:          # something to take (the common case on fast drives: nothing,
+                pick = self.balancer.victim(t, self._queues, before)     # and no scan to find it out)
+                if pick is not None:
+                    return self._steal(t, *pick)
+                break
         if before is not None:
             return None
         if self.hedger is not None and self.balance.copies:

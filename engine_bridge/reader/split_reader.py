@@ -178,15 +178,15 @@ class SplitReader:
         `offset - align_down(offset)` in it. Default: a buffer of the reader's, which
         `ticket.release()` hands back for reuse once the caller is done with the bytes.
         """
-        healthy = self._healthy_now()
-        pieces = tuple(healthy_split(offset, length, self.weights_now(phase), healthy, self.engine))
-        return self._start(offset, length, phase, buffer, file, pieces, healthy, cut_now=True)
+        healthy, weights, epoch = self._healthy_now(phase)
+        pieces = tuple(healthy_split(offset, length, weights, healthy, self.engine))
+        return self._start(offset, length, phase, buffer, file, pieces, healthy, epoch)
 
     def submit_read(self, read, phase: str = "prefill", buffer=None) -> ReadTicket:
         """Start one read of an engine's read pattern (`engines.pattern.Read`: its file, range and
         pieces, each on the source the engine gave it). A piece whose source has been degraded
         since the pattern was made goes to the healthy source the reader's failover picks."""
-        healthy = self._healthy_now()
+        healthy, weights, epoch = self._healthy_now(phase)
         pieces = []
         for p in read.pieces:
             if p.length <= 0:
@@ -201,16 +201,10 @@ class SplitReader:
                     src = 0                # a partial replica without the file: the primary holds every file
             pieces.append((src, p.offset, p.length))
         pieces = tuple(pieces)
-        return self._start(read.offset, read.length, phase, buffer, read.file, pieces, healthy,
-                           cut_now=self._cut_now(read, pieces, phase, healthy))
-
-    def _cut_now(self, read, pieces, phase: str, healthy: list[int]) -> bool:
-        """Whether an engine's read was cut with the weights in force (re-weighting judges only
-        those): for an engine that cuts reads by weight, its pieces are the engine's cut of the read
-        with them; an engine that places whole reads is not judged by this."""
-        if self._reweigher is None or self._split is None:
-            return True
-        return pieces == tuple(healthy_split(read.offset, read.length, self.weights_now(phase), healthy, self.engine))
+        if self._reweigher is not None and self._split is not None and pieces != tuple(
+                healthy_split(read.offset, read.length, weights, healthy, self.engine)):
+            epoch = -1          # cut with other weights than those in force: re-weighting does not judge it
+        return self._start(read.offset, read.length, phase, buffer, read.file, pieces, healthy, epoch)
 
     def healthy(self) -> tuple[int, ...]:
         """The sources reads may go to now (not degraded)."""
@@ -223,20 +217,28 @@ class SplitReader:
         with self._lanes.lock:
             return self._reweigher.weights(phase)
 
-    def _reweigh(self, healthy: list[int]) -> None:
-        """Judge re-weighting's window if it is over; a change is announced and cuts later reads."""
+    def _reweigh(self, healthy: list[int], phase: str) -> tuple[tuple[int, ...], int]:
+        """Judge re-weighting's window if it is over (a change is announced and cuts later reads);
+        the weights `phase`'s reads are cut with now and their epoch, in the same turn of the lock."""
         with self._lanes.lock:
             change, owed = self._reweigher.step(healthy)
             if change is not None and self._hedger is not None:
                 self._hedger.weights = {ph: tuple(w) for ph, w in change["new"].items()}
             self._owed += [s for s in owed if s not in self._owed]
+            now = self._reweigher.weights(phase), self._reweigher.epoch
         if change is not None:
             fmt = lambda d: ", ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in d.items())  # noqa: E731
             self._health.event("reweighted", change["source"],
                                f"weights {fmt(change['old'])} -> {fmt(change['new'])}: {change['why']}",
                                detail={k: change[k] for k in ("old", "new", "rates_mbs", "why")})
+        return now
 
-    def _healthy_now(self) -> list[int]:
+    def _healthy_now(self, phase: str) -> tuple[list[int], tuple[int, ...], int]:
+        """The sources reads may go to now, the weights `phase`'s reads are cut with, and the
+        re-weighting epoch of those weights (0 without re-weighting): one turn of the lock per read
+        for all three (on fast drives the reader's CPU is the engine's, docs/reader.md "Round 14")."""
+        if phase not in PHASES:
+            raise UsageError(f"split reader: phase {phase!r} is not one of {', '.join(PHASES)}")
         if self._closed:
             raise UsageError("split reader: read after close()")
         if self._health_interval is not None and time.monotonic() - self._last_health >= self._health_interval:
@@ -245,14 +247,13 @@ class SplitReader:
         if not healthy:
             raise MissingError(f"split reader: every source is degraded ({', '.join(self.paths)}); "
                                "check the drives and re-run")
-        if self._reweigher is not None:
-            self._reweigh(healthy)
-        return healthy
+        if self._reweigher is None:
+            return healthy, (self.decode_weights if phase == "decode" else self.weights), 0
+        return (healthy, *self._reweigh(healthy, phase))
 
     def _start(self, offset: int, length: int, phase: str, buffer, file: str | None, pieces, healthy,
-               cut_now: bool = True) -> ReadTicket:
-        if phase not in PHASES:
-            raise UsageError(f"split reader: phase {phase!r} is not one of {', '.join(PHASES)}")
+               epoch: int) -> ReadTicket:
+        """Queue a read's pieces; `epoch`: the re-weighting epoch whose weights cut it (-1: others)."""
         fi = self._file_index(file)
         rel = self.files[fi]
         size = self.sizes[rel]
@@ -275,11 +276,8 @@ class SplitReader:
         else:
             ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
                                 queued, None, file=rel, fi=fi)
-        if self._reweigher is not None:
-            with self._lanes.lock:
-                ticket.epoch = self._reweigher.epoch if cut_now else -1
-        for (s, po, pl), pp in zip(pieces, parts):
-            self._lanes.put(s, ticket, po, pl, pp)
+        ticket.epoch = epoch            # before it is queued: nobody else sees the ticket yet
+        self._lanes.put(ticket, [(s, po, pl, pp) for (s, po, pl), pp in zip(pieces, parts)])
         if self._hedger is not None and len(healthy) < len(self.paths):
             self._probe(fi, pieces, phase, healthy)
         if self._owed and pieces:
