@@ -65,7 +65,10 @@ class Balancer:
     def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a
         piece nobody delivered or hedged, in a file `thief` holds (and, with `before`, of a read
-        submitted before read `before`: `ReadTicket.seq`)."""
+        submitted before read `before`: `ReadTicket.seq`) that its own drive will not start at
+        once (a lane of its own waits for work and the drive has room for it: taking it gains
+        nothing, and on drives faster than the reader it cost every read a tenth of its latency,
+        docs/reader.md "Round 14")."""
         out = {}
         for v, q in enumerate(queues):
             if v == thief:
@@ -75,7 +78,7 @@ class Balancer:
                     break
                 if att is not None and att.kind == MAIN and not att.piece.done and not att.piece.hedged \
                         and (self.holds is None or self.holds(thief, att.fi)):
-                    if before is None or att.piece.ticket.seq < before:
+                    if (before is None or att.piece.ticket.seq < before) and not (q.idle > k and self.room(v, att.ln)):
                         out[v] = (k, att)
                     break
         return out

@@ -131,8 +131,8 @@ class Lanes:
                     ticket._mains.append(att)
                     self.hedger.enqueued(att)
                 self._queues[att.src].put(att)
-            if self.balance is not None:
-                for src in {p[0] for p in pieces}:
+            if self.balance is not None and any(q.idle and not q.items for q in self._queues):
+                for src in {p[0] for p in pieces}:       # only a lane idle with nothing queued is woken
                     self._offer(src)
 
     def put_front(self, att: Attempt) -> None:
