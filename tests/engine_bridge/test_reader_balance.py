@@ -8,6 +8,8 @@ do (ordering waits, never a time limit) and asserts only on what was read where.
 
 import math
 import random
+from collections import deque
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -17,6 +19,8 @@ from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
+from engine_bridge.reader.attempts import MAIN
+from engine_bridge.reader.balancer import Balancer
 from engine_bridge.reader.balancing import BalancePolicy, Pace, check_balance, chunks, depth_limit, pick_victim
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
@@ -96,6 +100,31 @@ def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
     assert pick_victim(0, {1: n}, [0, n, 0], {0: fast, 1: None}) == 1
     # the victim it gains most on
     assert pick_victim(0, {1: n, 2: n}, [0, n, n], {0: fast, 1: slow, 2: fast / 2}) == 1
+
+
+def test_a_chunk_its_own_drive_starts_at_once_is_not_offered_to_another():
+    """Another drive may take a queued chunk only when its own drive will not start it at once: with
+    a lane of its own waiting for work and room in its kernel, taking it gains nothing (on drives
+    faster than the reader it only added to every read's latency)."""
+    bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, lambda: [0, 1], lambda: 0)
+    ticket = SimpleNamespace(seq=1)
+    att = SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(done=False, hedged=False, ticket=ticket))
+    queues = [SimpleNamespace(items=deque(), idle=1), SimpleNamespace(items=deque([att]), idle=1)]
+    assert bal.offers(0, queues) == {}                     # drive 1's idle lane starts it now
+    queues[1].idle = 0                                     # every lane of drive 1 busy: worth taking
+    assert bal.offers(0, queues) == {1: (0, att)}
+    queues[1].idle = 1
+    for _ in range(2):                                     # drive 1 holds two requests and delivered nothing:
+        bal.pace[1].started(MiB, 0)                        # no room in its kernel (slow start), so its idle
+    assert bal.offers(0, queues) == {1: (0, att)}          # lane cannot start it: worth taking
+    for _ in range(2):
+        bal.pace[1].ended(MiB, 0, True)                    # delivered: room again
+    assert bal.offers(0, queues) == {}
+    queues[1].items.appendleft(SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(
+        done=True, hedged=False, ticket=ticket)))          # a done chunk ahead of it: one idle lane is not
+    assert bal.offers(0, queues) == {1: (1, att)}          # enough for both, two are
+    queues[1].idle = 2
+    assert bal.offers(0, queues) == {}
 
 
 def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_in_its_kernel():
