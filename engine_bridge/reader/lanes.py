@@ -59,6 +59,7 @@ class LaneQueue:
         self.items: deque = deque()
         self.cond = cond
         self.idle = 0                 # lanes of this source waiting for work
+        self.roomless = 0             # of them, those whose queue's head waits for room in the kernel (balancing)
         self.looking = False          # one of them waits with a timeout, to look again at the others' work
 
     def put(self, item, front: bool = False) -> None:
@@ -200,6 +201,7 @@ class Lanes:
         from another's queue or a copy of one overdue in another's kernel; None: close."""
         q = self._queues[src]
         while True:
+            roomless = False
             if q.items:
                 head = q.items[0]
                 if (self.balancer is not None and head is not None and head.kind == MAIN and not head.piece.done
@@ -210,6 +212,7 @@ class Lanes:
                 if (head is None or self.balancer is None or head.kind != MAIN or head.piece.done
                         or self.balancer.room(src, head.ln)):
                     return q.items.popleft()
+                roomless = True
             elif self.balancer is not None and not self._closing:
                 att = self._others_work(src)
                 if att is not None:
@@ -218,10 +221,12 @@ class Lanes:
             # or copying it may become worth it as the drives' paces change
             look = self.balancer is not None and not q.items and not q.looking and self._elsewhere(src)
             q.idle += 1
+            q.roomless += roomless
             q.looking = q.looking or look
             q.cond.wait(STEAL_LOOK_S if look else None)
             if look:
                 q.looking = False
+            q.roomless -= roomless
             q.idle -= 1
 
     def _elsewhere(self, src: int) -> bool:
@@ -357,8 +362,8 @@ class Lanes:
                 self.reweigher.ended(att, s, ok and att.started)
             if att.started and self.balancer is not None:
                 self.balancer.ended(att, s, ok)
-                if self._queues[s].items:           # room in the kernel for a lane waiting on it (a lane with
-                    self._queues[s].cond.notify()   # nothing queued was not waiting for room: let it sleep)
+                if self._queues[s].roomless:        # room in the kernel for a lane waiting on it (any other lane
+                    self._queues[s].cond.notify()   # was woken by what it waits for: a spurious wake-up each)
             if piece is None:
                 free.append(att.buf)
             else:
