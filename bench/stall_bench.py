@@ -48,7 +48,10 @@ Run it as root (it takes the testbed lock and always takes the testbed down):
 
   .venv/bin/python -m bench.stall_bench [--class slow --class medium --class fast] [--runs 3]
       [--scenario crawl --scenario recover --scenario half --scenario healthy] [--prompt short --prompt long]
-      [--pacing throttle|service]
+      [--pacing throttle|service] [--root DIR]
+
+--root builds the testbed in DIR: on a tmpfs (--root /dev/shm/sb) the fast class's loop devices
+read from memory at GB/s, where drives are faster than the reader (docs/reader.md "Round 14").
 
 --pacing service (slow and medium classes) builds drives that serve each request in bytes / rate
 and bank nothing while idle (`iobench testbed up --pacing service`); blk-throttle lets a drive
