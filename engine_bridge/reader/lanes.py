@@ -243,9 +243,10 @@ class Lanes:
         copy of a chunk overdue in another's kernel; else nothing."""
         if t not in self.health.healthy():
             return None
+        # scan for a chunk to take only when another queue holds one (on fast drives they are mostly empty)
         for v, q in enumerate(self._queues):
-            if v != t and q.items:          # something to take (the common case on fast drives: nothing,
-                pick = self.balancer.victim(t, self._queues, before)     # and no scan to find it out)
+            if v != t and q.items:
+                pick = self.balancer.victim(t, self._queues, before)
                 if pick is not None:
                     return self._steal(t, *pick)
                 break
