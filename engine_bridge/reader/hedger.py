@@ -352,13 +352,13 @@ class Hedger:
         self.span_from[s] = None
 
     def _caught_up(self, s: int, phase: str, now: int) -> bool:
-        """Whether an on-time piece of `s` ends its late streak: it does once the degrade verdict
+        """Whether an on-time piece of `s`, on a late streak, ends it: it does once the degrade verdict
         (`_behind`) would keep `s`. A drive throttled to a crawl still lands a piece on time now and
         then (a token bucket lets a few through after each stall): had each such piece ended its
         streak, a drive at a tenth of its peers' speed would never reach `late_limit` in a row, and
         stayed in the split for good in 4 of 6 fast runs (docs/reader.md "Round 12"). A drive that
         only stalled, or only reads slower, keeps up with its pace and ends its streak as before."""
-        return self.streak[s] == 0 or self._behind(s, phase, now) is None
+        return self._behind(s, phase, now) is None
 
     def _count_late(self, att: Attempt, now: int) -> None:
         """`att` missed its deadline: counted on its source, and in its streak when

@@ -105,37 +105,32 @@ class RateEstimate:
         return self.bytes / self.busy_ns
 
 
-def plan_rate(src: int, shares: Sequence[float], peer_rates: Mapping[int, float]) -> float | None:
+def plan_rate(src: int, shares: Sequence[float], rates: Sequence[float | None], peers: Sequence[int]) -> float | None:
     """What the shares promise for `src` (the weights, or the bytes the engine's cut gave each
-    source): its share times the peers' summed rate per unit of their shares (peers: other healthy
-    sources with an estimate). None without peers."""
-    peers = {i: r for i, r in peer_rates.items() if i != src and r is not None}
-    if not peers:
+    source): its share times the `peers`' summed rate per unit of their shares (`rates`: every
+    source's, None where unknown; a peer counts when it is not `src` and its rate is known). None
+    without such a peer. One pass, no mapping built: it is asked for every deadline, and on fast
+    drives the reader's CPU is the engine's (docs/reader.md "Round 14")."""
+    total = units = 0.0
+    known = False
+    for i in peers:
+        r = rates[i]
+        if i != src and r is not None:
+            total += r
+            units += shares[i]
+            known = True
+    if not known:
         return None
-    total = sum(peers.values())
-    if math.isinf(total):
-        return math.inf
-    return shares[src] * total / sum(shares[i] for i in peers)
+    return math.inf if math.isinf(total) else shares[src] * total / units
 
 
 def held_rate(src: int, own: Sequence[float | None], shares: Sequence[float], peers: Sequence[int]) -> float | None:
     """The rate `src` is held to: the faster of its own recent rate (`own[src]`) and what its share
     promises from the `peers`' own rates (`plan_rate`); None when neither is known. `own`: every
-    source's rate (`RateEstimate.rate`), None where unknown. One pass over the peers, no mapping
-    built: it is asked for every deadline, and on fast drives the reader's CPU is the engine's
-    (docs/reader.md "Round 14")."""
-    total = units = 0.0
-    known = False
-    for i in peers:
-        r = own[i]
-        if i != src and r is not None:
-            total += r
-            units += shares[i]
-            known = True
-    mine = own[src]
-    if not known:
+    source's rate (`RateEstimate.rate`), None where unknown."""
+    planned, mine = plan_rate(src, shares, own, peers), own[src]
+    if planned is None:
         return mine
-    planned = math.inf if math.isinf(total) else shares[src] * total / units
     return planned if mine is None or planned > mine else mine
 
 
@@ -243,7 +238,7 @@ def behind(src: int, delivered: Sequence[float], busy_ns: Sequence[float], share
     if busy_ns[src] <= 0:
         return share, None, None
     rates = [busy_rate(d, b) for d, b in zip(delivered, busy_ns)]
-    held = plan_rate(src, shares, {i: rates[i] for i in peers if i != src})
+    held = plan_rate(src, shares, rates, peers)
     if not too_slow(rates[src], held, margin):
         return None
     return share, rates[src], held

@@ -132,8 +132,8 @@ class Lanes:
                     ticket._mains.append(att)
                     self.hedger.enqueued(att)
                 self._queues[att.src].put(att)
-            if self.balance is not None and any(q.idle and not q.items for q in self._queues):
-                for src in {p[0] for p in pieces}:       # only a lane idle with nothing queued is woken
+            if self.balance is not None:
+                for src in {p[0] for p in pieces}:
                     self._offer(src)
 
     def put_front(self, att: Attempt) -> None:
@@ -182,7 +182,10 @@ class Lanes:
         """Work was queued on `src`: unless an idle lane of `src` starts it now, wake one idle lane of
         every other source with nothing of its own to do (as paces change, the one lane of each that
         looks again every STEAL_LOOK_S sees it). Work a lane of its own starts at once waits for
-        nobody: waking the others for it cost a wake-up and a scan per piece for nothing."""
+        nobody: waking the others for it cost a wake-up and a scan per piece for nothing; and with no
+        such lane there is nobody to wake (a read that gave every drive a piece)."""
+        if not any(q.idle and not q.items for q in self._queues):
+            return
         own = self._queues[src]
         if own.idle >= len(own.items):
             big = 0               # room for each queued chunk is room for the largest (`Pace.room` gets stricter with size)
@@ -243,13 +246,9 @@ class Lanes:
         copy of a chunk overdue in another's kernel; else nothing."""
         if t not in self.health.healthy():
             return None
-        # scan for a chunk to take only when another queue holds one (on fast drives they are mostly empty)
-        for v, q in enumerate(self._queues):
-            if v != t and q.items:
-                pick = self.balancer.victim(t, self._queues, before)
-                if pick is not None:
-                    return self._steal(t, *pick)
-                break
+        pick = self.balancer.victim(t, self._queues, before)
+        if pick is not None:
+            return self._steal(t, *pick)
         if before is not None:
             return None
         if self.hedger is not None and self.balance.copies:
