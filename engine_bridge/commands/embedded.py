@@ -77,7 +77,13 @@ SHARED = dict(
                          "chunks of a slower one (default on; counted as stolen_bytes; the bench harness turns it off to "
                          "measure a plan as cut; see docs/reader.md)."),
     balance_chunk=typer.Option("1MiB", "--balance-chunk", metavar="SIZE",
-                               help="Largest chunk a piece is queued as when balancing (a multiple of 4 KiB)."),
+                               help="Smallest chunk a piece is queued as when balancing (a multiple of 4 KiB); a "
+                                    "drive's chunk doubles while the reader's own cost per request is over 1/32 of "
+                                    "its time at the drive's pace (see docs/reader.md)."),
+    balance_chunk_max=typer.Option(None, "--balance-chunk-max", metavar="SIZE",
+                                   help="Largest chunk a drive's chunk grows to with its pace (default 16 MiB, or "
+                                        "--balance-chunk when larger; equal to --balance-chunk: every drive's chunk "
+                                        "that size)."),
     balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
                                help="Most of a drive's own pace it keeps in the kernel when balancing (0, the default: "
                                     "what it reads while the fastest drive reads a chunk per lane)."),
@@ -108,20 +114,22 @@ def reweigh_options(floor: float, band: float, window_s: float) -> ReweighPolicy
         raise UsageError(f"{name}: {e}") from None
 
 
-def balance_options(chunk: str, depth_s: float) -> BalancePolicy:
+def balance_options(chunk: str, chunk_max: Optional[str], depth_s: float) -> BalancePolicy:
     """The balancing knobs `run` and `replay` take, checked (exit 2 naming the option)."""
     size = parse_size(chunk, "--balance-chunk")
+    most = max(BalancePolicy.chunk_max, size) if chunk_max is None else parse_size(chunk_max, "--balance-chunk-max")
     if not depth_s >= 0:
         raise UsageError(f"--balance-depth {depth_s!r}: must be seconds >= 0")
     try:
-        return check_balance(BalancePolicy(chunk_bytes=size, depth_ns=int(round(depth_s * 1e9))))
+        return check_balance(BalancePolicy(chunk_bytes=size, chunk_max=most, depth_ns=int(round(depth_s * 1e9))))
     except ValueError as e:
-        raise UsageError(f"--balance-chunk {chunk}: {e}") from None
+        opt = f"--balance-chunk-max {chunk_max}" if "chunk_max" in str(e) else f"--balance-chunk {chunk}"
+        raise UsageError(f"{opt}: {e}") from None
 
 
 def reader_options(lanes: int, hedge: bool, hedge_min_busy: float, reweigh: bool, reweigh_floor: float,
                    reweigh_band: float, reweigh_window: float, balance: bool, balance_chunk: str,
-                   balance_depth: float) -> ReaderSettings:
+                   balance_chunk_max: Optional[str], balance_depth: float) -> ReaderSettings:
     """The split reader's settings `run` and `replay` pass on (one `ReaderSettings`), checked
     before any file is read (exit 2 naming the option)."""
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
@@ -129,7 +137,7 @@ def reader_options(lanes: int, hedge: bool, hedge_min_busy: float, reweigh: bool
     return check_settings(ReaderSettings(
         lanes=lanes, hedge=hedge, hedge_policy=hedge_options(hedge_min_busy),
         reweigh=reweigh, reweigh_policy=reweigh_options(reweigh_floor, reweigh_band, reweigh_window),
-        balance=balance, balance_policy=balance_options(balance_chunk, balance_depth)))
+        balance=balance, balance_policy=balance_options(balance_chunk, balance_chunk_max, balance_depth)))
 
 
 def qwen3moe_synth(out: str, shape: dict, seed: int, quant: Optional[str], size: Optional[str], force: bool):
@@ -249,6 +257,7 @@ def run_cmd(
     reweigh_window: float = SHARED["reweigh_window"],
     balance: bool = SHARED["balance"],
     balance_chunk: str = SHARED["balance_chunk"],
+    balance_chunk_max: Optional[str] = SHARED["balance_chunk_max"],
     balance_depth: float = SHARED["balance_depth"],
     engine: Optional[str] = SHARED["engine"],
     switch: List[str] = SHARED["switch"],
@@ -262,7 +271,7 @@ def run_cmd(
     check_outputs(csv_file, trace_out)       # before the run, not after it
 
     reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
-                            balance, balance_chunk, balance_depth)
+                            balance, balance_chunk, balance_chunk_max, balance_depth)
     blas = pin_blas_threads(1)
     inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
     sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
@@ -322,6 +331,7 @@ def replay_cmd(
     reweigh_window: float = SHARED["reweigh_window"],
     balance: bool = SHARED["balance"],
     balance_chunk: str = SHARED["balance_chunk"],
+    balance_chunk_max: Optional[str] = SHARED["balance_chunk_max"],
     balance_depth: float = SHARED["balance_depth"],
     engine: Optional[str] = SHARED["engine"],
     switch: List[str] = SHARED["switch"],
@@ -336,7 +346,7 @@ def replay_cmd(
     check_outputs(csv_file)
 
     reader = reader_options(lanes, hedge, hedge_min_busy, reweigh, reweigh_floor, reweigh_band, reweigh_window,
-                            balance, balance_chunk, balance_depth)
+                            balance, balance_chunk, balance_chunk_max, balance_depth)
     inputs = run_inputs(plan, rig)           # rig.toml and the plan, read once
     sources = sources_of(model_of(model, inputs), replica, primary_weight, decode_weights, inputs, engine,
                          tuple(switch))

@@ -10,22 +10,28 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .balancing import BalancePolicy, Pace, depth_bytes, pick_victim
+from .balancing import BalancePolicy, Pace, chunk_for, depth_bytes, pick_victim
 
 PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
+COST_DECAY = 0.9          # weight of the past in the reader's CPU per request, per request
 STEAL_SCAN = 64           # queued attempts looked at per source for one to take
 
 
 class Balancer:
-    """Paces and the choice of work to take, for `n` sources of `lanes` lanes each. holds(src, fi):
-    whether a source holds the model's file `fi` (a partial replica does not hold every file; None:
-    every source holds every file).
-    healthy(): the sources in the split. clock: ns."""
+    """Paces, chunk sizes and the choice of work to take, for `n` sources of `lanes` lanes each.
+    holds(src, fi): whether a source holds the model's file `fi` (a partial replica does not hold
+    every file; None: every source holds every file). healthy(): the sources in the split. clock: ns.
+
+    `chunk[s]`: the size source `s`'s pieces are cut into now (`balancing.chunk_for` of its pace
+    and the reader's CPU per request, `cost_ns`, which the lanes measure); read without the lock
+    when a read is cut (an int, replaced whole)."""
 
     def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool] | None,
                  healthy: Callable[[], Sequence[int]], clock: Callable[[], int]):
         self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
+        self.chunk = [policy.chunk_bytes] * n
+        self.cost_ns: float | None = None
 
     def inflight(self, s: int) -> int:
         """Bytes source `s` has in the kernel."""
@@ -38,9 +44,15 @@ class Balancer:
     def started(self, att: Attempt) -> None:
         self.pace[att.src].started(att.ln, self.clock())
 
-    def ended(self, att: Attempt, s: int, delivered: bool) -> None:
-        """`att` left source `s`'s kernel; `delivered`: its bytes came in."""
-        self.pace[s].ended(att.ln, self.clock(), delivered)
+    def ended(self, att: Attempt, s: int, delivered: bool, cost_ns: int | None = None) -> None:
+        """`att` left source `s`'s kernel; `delivered`: its bytes came in; `cost_ns`: the CPU the
+        lane spent on it besides the read itself (None: not measured)."""
+        now = self.clock()
+        self.pace[s].ended(att.ln, now, delivered)
+        if cost_ns is not None:
+            self.cost_ns = cost_ns if self.cost_ns is None else self.cost_ns * COST_DECAY + cost_ns * (1 - COST_DECAY)
+        if delivered:
+            self.chunk[s] = chunk_for(self.pace[s].rate(now), self.cost_ns, self.policy)
 
     def moved(self, att: Attempt, old: int, new: int) -> None:
         """A started attempt fails over from `old` to `new`."""
@@ -55,12 +67,12 @@ class Balancer:
     def _depth(self, s: int) -> float:
         """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""
         now = self.clock()
-        top = None
+        top, fastest = None, s
         for i in self.healthy():
             r = self.pace[i].rate(now)
             if r is not None and (top is None or r > top):
-                top = r
-        return depth_bytes(self.pace[s].rate(now), top, self.lanes, self.policy)
+                top, fastest = r, i
+        return depth_bytes(self.pace[s].rate(now), top, self.lanes, self.policy, self.chunk[fastest])
 
     def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a

@@ -5,9 +5,12 @@ Re-weighting changes how the *next* reads are cut; a step of the engine submits 
 reads at once, all cut with the weights in force, so a drive that turns slow holds every one of
 them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
 
-- a piece of the engine's cut is queued as *chunks* of about `chunk_bytes` (`chunks`): whole when
-  it is no longer, else cut at multiples of `chunk_bytes` in the file (so every chunk but a
-  piece's edges is aligned for O_DIRECT);
+- a piece of the engine's cut is queued as *chunks* (`chunks`): whole when it is no longer than
+  its drive's chunk, else cut at multiples of it in the file (so every chunk but a piece's edges is
+  aligned for O_DIRECT). A drive's chunk is `chunk_bytes` doubled while the reader's own cost per
+  request would be more than a COST_SHARE of the time the drive takes to read it (`chunk_for`, up
+  to `chunk_max`): 1 MiB at 150 MB/s, a few MiB at the speed of memory, where 1 MiB requests cost
+  a short prefill a fifth of its speed in the reader's bookkeeping;
 - a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
   (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
   a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two requests
@@ -29,8 +32,8 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
 
 The bytes are the same whoever reads them (replicas are byte-identical); which drive read what is
 counted (`stolen` bytes per source, copies as `hedged`). Every rule compares drives with each
-other or with their own deliveries: none holds a fixed number of seconds or bytes, so they act the
-same on drives of 10 MB/s and of 10 GB/s.
+other, with their own deliveries or with the reader's own measured cost: none holds a fixed number
+of seconds or bytes, so they act the same on drives of 10 MB/s and of 10 GB/s.
 """
 
 from __future__ import annotations
@@ -44,14 +47,16 @@ from typing import Callable, Mapping, Sequence
 class BalancePolicy:
     """The knobs of balancing (SplitReader's `balance_policy`; `run --balance-*`)."""
 
-    chunk_bytes: int = 1 << 20        # a queued piece is cut into chunks of at most this much
+    chunk_bytes: int = 1 << 20        # the smallest chunk a queued piece is cut into (`chunk_for`)
+    chunk_max: int = 16 << 20         # the largest: a drive's chunk grows up to this with its pace
     depth_ns: int = 0                 # a drive keeps at most this much of its own pace in the kernel (0: what it
                                       # reads while the fastest drive reads a chunk per lane: `depth_bytes`)
     copies: bool = True               # with hedging: a drive with nothing to do reads a copy of a chunk past its
                                       # expected time in another's kernel, before its deadline
 
     def to_dict(self) -> dict:
-        return {"chunk_bytes": self.chunk_bytes, "depth_ms": self.depth_ns / 1e6, "copies": self.copies}
+        return {"chunk_bytes": self.chunk_bytes, "chunk_max": self.chunk_max, "depth_ms": self.depth_ns / 1e6,
+                "copies": self.copies}
 
 
 ALIGN = 4096
@@ -62,6 +67,8 @@ def check_balance(p: BalancePolicy) -> BalancePolicy:
     if isinstance(p.chunk_bytes, bool) or not isinstance(p.chunk_bytes, int) or p.chunk_bytes < ALIGN \
             or p.chunk_bytes % ALIGN:
         raise ValueError(f"balance chunk_bytes {p.chunk_bytes!r}: must be a multiple of {ALIGN} bytes, at least {ALIGN}")
+    if isinstance(p.chunk_max, bool) or not isinstance(p.chunk_max, int) or p.chunk_max < p.chunk_bytes:
+        raise ValueError(f"balance chunk_max {p.chunk_max!r}: must be an integer >= chunk_bytes ({p.chunk_bytes})")
     if isinstance(p.depth_ns, bool) or not isinstance(p.depth_ns, int) or p.depth_ns < 0:
         raise ValueError(f"balance depth_ns {p.depth_ns!r}: must be an integer >= 0")
     return p
@@ -86,14 +93,34 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
     return [(a, b - a) for a, b in zip(edges, edges[1:])]
 
 
+COST_SHARE = 1 / 32    # the reader's own CPU per request at most this share of the request's time at its drive's
+                       # pace (`chunk_for`): on the memory testbed 1 MiB chunks (2 ms each) cost a short prefill
+                       # 0.8x of the plain reader, 4 MiB 0.96x (docs/reader.md "Round 15")
+
+
+def chunk_for(rate: float | None, cost_ns: float | None, policy: BalancePolicy) -> int:
+    """The chunk a drive at `rate` (bytes/ns; None: not known yet) has its pieces cut into, when a
+    request costs the reader `cost_ns` of CPU (None: not measured yet): `chunk_bytes`, doubled
+    while reading it takes the drive less than 1/COST_SHARE times that cost, up to `chunk_max`.
+    Drives reading slower than the reader's bookkeeping keep the smallest chunk (the finest
+    balancing); one faster than it gets chunks whose bookkeeping it no longer waits on."""
+    c = policy.chunk_bytes
+    if rate is None or cost_ns is None or rate <= 0:
+        return c
+    need = rate * cost_ns / COST_SHARE
+    while c < need and c * 2 <= policy.chunk_max:
+        c *= 2
+    return c
+
+
 MIN_REQUESTS = 2    # a drive always has the next request queued behind the one it reads: one at a time,
                     # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
 
 
-def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: BalancePolicy) -> float:
+def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: BalancePolicy, chunk: int) -> float:
     """Bytes a source at `rate` may have in the kernel when the fastest healthy source reads at `top`
-    (bytes/ns; None: not known yet): with `depth_ns` set, that much of its own pace
-    (`depth_limit`); else what it reads while the fastest reads `lanes` chunks — in units of the
+    (bytes/ns; None: not known yet) in chunks of `chunk` bytes: with `depth_ns` set, that much of its
+    own pace (`depth_limit`); else what it reads while the fastest reads `lanes` chunks — in units of the
     drives themselves, whatever their speed (`Pace.room` lets MIN_REQUESTS requests in whatever it
     says); unbounded while either pace is unknown."""
     if policy.depth_ns > 0:
@@ -102,7 +129,7 @@ def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: Balan
         return math.inf
     if top <= 0 or math.isinf(top):
         return 0.0 if math.isinf(top) else math.inf
-    return rate / top * lanes * policy.chunk_bytes
+    return rate / top * lanes * chunk
 
 
 def depth_limit(rate: float | None, policy: BalancePolicy) -> float:

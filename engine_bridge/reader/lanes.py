@@ -108,13 +108,18 @@ class Lanes:
 
     # -- queueing ----------------------------------------------------------------------------
 
-    def parts(self, off: int, ln: int) -> list[tuple[int, int]]:
-        """How piece [off, off+ln) is queued: whole, or in chunks when balancing."""
-        return [(off, ln)] if self.balance is None else chunks(off, ln, self.balance.chunk_bytes)
+    def parts(self, src: int, off: int, ln: int) -> list[tuple[int, int]]:
+        """How piece [off, off+ln) of source `src` is queued: whole, or in chunks of its drive's size
+        now when balancing (`Balancer.chunk`)."""
+        return [(off, ln)] if self.balancer is None else chunks(off, ln, self.balancer.chunk[src])
+
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Each source's chunk size now (empty when not balancing)."""
+        return () if self.balancer is None else tuple(self.balancer.chunk)
 
     def put(self, ticket: ReadTicket, pieces: list[tuple[int, int, int, list[tuple[int, int]]]]) -> None:
         """Queue the pieces of `ticket`, each (source, off, ln, parts): piece [off, off+ln) on that
-        source as `parts` (`self.parts(off, ln)`: its main attempt, or one per chunk when balancing;
+        source as `parts` (`self.parts(source, off, ln)`: its main attempt, or one per chunk when balancing;
         the ticket counts `len(parts)` pieces for it). One turn of the lock for the whole read."""
         atts = []
         for src, off, ln, parts in pieces:
@@ -269,7 +274,10 @@ class Lanes:
 
     def _lane(self, src: int) -> None:
         scratch = memoryview(aligned_buffer(2 * ColdReader.alignment))
+        cpu = [0, 0]    # this lane's CPU clock (ns) when its last read returned, and its CPU since then
         while True:
+            top = time.thread_time_ns()
+            cpu[1] = top - cpu[0] if cpu[0] else -1      # what the last attempt cost after its read
             with self._lock:
                 att = self._take(src)
                 if att is None:
@@ -288,7 +296,7 @@ class Lanes:
                 if skip:
                     self._end(att, att.src, ok=False)
                 else:
-                    self._serve(att, scratch)
+                    self._serve(att, scratch, top, cpu)
             except BaseException as e:  # a bug must reach the caller, not kill the lane silently
                 if att.piece is not None:
                     self._fail_piece(att, e)
@@ -302,7 +310,11 @@ class Lanes:
         if self.hedger is not None:
             self.hedger.started(att, self.balancer.inflight(att.src) if self.balancer is not None else None)
 
-    def _serve(self, att: Attempt, scratch) -> None:
+    def _serve(self, att: Attempt, scratch, top: int, cpu: list[int]) -> None:
+        """Read `att` (failing over as its source's health says) and end it. With balancing the lane's
+        CPU besides the read itself is measured (`thread_time_ns`: `top` when the lane came for
+        work, `cpu` its clock when its last read returned and what that attempt cost after it) and
+        handed to the balancer, the unit its chunks are sized in (`balancing.chunk_for`)."""
         health, piece = self.health, att.piece
         s = att.src
         while True:
@@ -311,6 +323,7 @@ class Lanes:
                 files = self.sources[s]
                 reader = files.acquire(att.fi)
                 try:
+                    before = time.thread_time_ns() if self.balancer is not None else 0
                     read_piece(reader, att.buf, att.base, att.off, att.ln, scratch)
                 finally:
                     files.release(att.fi)
@@ -339,15 +352,22 @@ class Lanes:
                 s = nxt
                 continue
             t1 = time.monotonic_ns()
-            self._end(att, s, ok=True, t1=t1, served_ns=t1 - t0)
+            cost = None
+            if self.balancer is not None:
+                after = time.thread_time_ns()
+                cost = before - top + cpu[1] if cpu[1] >= 0 else None
+                cpu[0] = after
+            self._end(att, s, ok=True, t1=t1, served_ns=t1 - t0, cost_ns=cost)
             return
 
     # -- an attempt is over ------------------------------------------------------------------
 
-    def _end(self, att: Attempt, s: int, ok: bool, failed: bool = False, t1: int = 0, served_ns: int = -1) -> None:
+    def _end(self, att: Attempt, s: int, ok: bool, failed: bool = False, t1: int = 0, served_ns: int = -1,
+             cost_ns: int | None = None) -> None:
         """An attempt is over (delivered, skipped, or out of sources): count it (`served_ns`: its
-        service time, when it was read), land its piece if it won, and give back what nobody writes
-        into any more. One turn of the lock for all of it."""
+        service time, when it was read; `cost_ns`: the lane's CPU for it besides the read), land
+        its piece if it won, and give back what nobody writes into any more. One turn of the lock
+        for all of it."""
         piece = att.piece
         free: list = []
         finish = None
@@ -361,7 +381,7 @@ class Lanes:
             if self.reweigher is not None:
                 self.reweigher.ended(att, s, ok and att.started)
             if att.started and self.balancer is not None:
-                self.balancer.ended(att, s, ok)
+                self.balancer.ended(att, s, ok, cost_ns)
                 if self._queues[s].roomless:        # room in the kernel for a lane waiting on it (any other lane
                     self._queues[s].cond.notify()   # was woken by what it waits for: a spurious wake-up each)
             if piece is None:

@@ -56,13 +56,14 @@ class SourceStats:
     late: int = 0               # pieces of this source that missed their deadline (and were hedged if they could be)
     stolen_bytes: int = 0       # bytes this source read of pieces given to another (balancing took them)
     slow: bool = False          # degraded for lateness (probed, may come back), not failed
+    chunk_bytes: int = 0        # the chunk its pieces were cut into at the end (balancing; 0: not balancing)
 
     def to_dict(self) -> dict:
         return {"index": self.index, "path": self.path, "weight": self.weight, "decode_weight": self.decode_weight,
                 "bytes": self.bytes, "reads": self.reads, "lands_last": self.lands_last, "gap_ns": self.gap_ns,
                 "lat_ns": dict(self.lat_ns), "degraded": self.degraded, "events": self.events,
                 "failover_bytes": self.failover_bytes, "hedged": self.hedged, "late": self.late, "slow": self.slow,
-                "stolen_bytes": self.stolen_bytes}
+                "stolen_bytes": self.stolen_bytes, "chunk_bytes": self.chunk_bytes}
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ def format_stats(stats: ReaderStats) -> str:
             line += f" failover_bytes={s.failover_bytes}"
         if s.stolen_bytes:
             line += f" stolen_bytes={s.stolen_bytes}"
+        if s.chunk_bytes:
+            line += f" chunk_bytes={s.chunk_bytes}"
         if s.degraded:
             line += " DEGRADED(late)" if s.slow else " DEGRADED"
         lines.append(line + f" path={s.path}")

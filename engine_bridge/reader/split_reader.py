@@ -262,7 +262,7 @@ class SplitReader:
             raise UsageError(f"split reader: read ({offset}, {length}) is outside {where} (size {size})")
         if sum(pl for _, _, pl in pieces) != length:
             raise UsageError(f"split reader: pieces of {sum(pl for _, _, pl in pieces)} B for a {length}-byte read")
-        parts = [self._lanes.parts(po, pl) for _, po, pl in pieces]       # chunks, when balancing
+        parts = [self._lanes.parts(ps, po, pl) for ps, po, pl in pieces]       # chunks, when balancing
         queued = sum(map(len, parts))
         if buffer is None:
             buf = self._pool.get(span(offset, length))
@@ -353,12 +353,13 @@ class SplitReader:
 
     def stats(self) -> ReaderStats:
         c = self._lanes.counters()
+        chunk = self._lanes.chunk_sizes() or (0,) * len(self.paths)
         degraded, src_events, events, slow = self._health.snapshot()
         srcs = tuple(SourceStats(
             index=i, path=self.paths[i], weight=self.weights[i], decode_weight=self.decode_weights[i],
             bytes=c.bytes[i], reads=c.reads[i], lands_last=c.lands_last[i], gap_ns=c.gap_ns[i], lat_ns=c.lat_ns[i],
             degraded=degraded[i], events=src_events[i], failover_bytes=c.failover_bytes[i], hedged=c.hedged[i],
-            late=c.late[i], slow=slow[i], stolen_bytes=c.stolen[i] if c.stolen else 0)
+            late=c.late[i], slow=slow[i], stolen_bytes=c.stolen[i] if c.stolen else 0, chunk_bytes=chunk[i])
             for i in range(len(self.paths)))
         now = {ph: list(self.weights_now(ph)) for ph in PHASES}
         changes = 0

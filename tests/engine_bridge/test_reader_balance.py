@@ -21,7 +21,8 @@ from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
 from engine_bridge.reader.attempts import MAIN
 from engine_bridge.reader.balancer import Balancer
-from engine_bridge.reader.balancing import BalancePolicy, Pace, check_balance, chunks, depth_limit, pick_victim
+from engine_bridge.reader.balancing import (COST_SHARE, BalancePolicy, Pace, check_balance, chunk_for, chunks, depth_limit,
+                                            pick_victim)
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
@@ -46,7 +47,7 @@ def model(tmp_path):
 def _reader(paths, stall, **kw):
     knobs = {k: kw.pop(k) for k in ("lanes", "hedge", "hedge_policy") if k in kw}
     settings = ReaderSettings(**{"lanes": 1, **knobs}, balance=True,
-                              balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+                              balance_policy=BalancePolicy(chunk_bytes=CHUNK, chunk_max=CHUNK, depth_ns=0))
     return SplitReader(paths, [2, 1, 1], [2, 1, 1], cold=False, settings=settings,
                        opener=lambda p: StallingReader(p, stall), **kw)
 
@@ -138,8 +139,70 @@ def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_i
     assert pace.bound(500_000_000) == pace.rate(500_000_000)          # from its first delivery: its pace
 
 
+def test_a_drives_chunk_doubles_while_the_readers_cost_per_request_is_over_its_share_of_the_chunks_time():
+    """`chunk_for`: the smallest chunk whose time at the drive's pace is at least 1/COST_SHARE times
+    the reader's CPU per request, in doublings of `chunk_bytes` up to `chunk_max`; the floor while
+    either is not known. The unit is the reader's own cost: the same drive gets the same chunk
+    when pace and cost scale together."""
+    p = BalancePolicy(chunk_bytes=MiB, chunk_max=16 * MiB)
+    cost = 100_000                                                # 100 µs of CPU per request
+    assert chunk_for(None, cost, p) == MiB and chunk_for(0.5, None, p) == MiB and chunk_for(0.0, cost, p) == MiB
+    assert chunk_for(0.15, cost, p) == MiB                       # 150 MB/s: 1 MiB takes 7 ms, > 32 x 100 µs
+    assert chunk_for(0.5, cost, p) == 2 * MiB                    # 500 MB/s: 1.6 MB needed, 2 MiB
+    assert chunk_for(0.5, 3 * cost, p) == 8 * MiB                # a reader three times as costly: 4.8 MB, 8 MiB
+    assert chunk_for(7.0, cost, p) == 16 * MiB                   # NVMe: 22 MB needed, the largest allowed
+    assert chunk_for(math.inf, cost, p) == 16 * MiB
+    for rate in (0.01, 0.15, 0.5, 2.0, 7.0):
+        c = chunk_for(rate, cost, p)
+        assert c / rate >= cost / COST_SHARE or c == p.chunk_max          # long enough, or the largest
+        assert c == p.chunk_bytes or (c / 2) / rate < cost / COST_SHARE   # and no longer than it needs
+        assert chunk_for(rate * 3, cost / 3, p) == c                      # in units of the reader's cost
+    fixed = BalancePolicy(chunk_bytes=MiB, chunk_max=MiB)
+    assert chunk_for(7.0, cost, fixed) == MiB                    # chunk_max = chunk_bytes: every chunk that size
+
+
+def test_the_balancer_sizes_each_drives_chunk_from_its_pace_and_the_depth_in_the_fastest_drives_chunks():
+    """A drive delivering 8 MiB per ms grows its chunk, one at 1 MiB per 10 ms keeps the smallest;
+    a drive's kernel depth counts `lanes` chunks of the fastest drive."""
+    now = [0]
+    bal = Balancer(2, 4, BalancePolicy(chunk_bytes=MiB, chunk_max=8 * MiB), None, lambda: [0, 1], lambda: now[0])
+    att = SimpleNamespace(ln=MiB)
+    for k in range(3):
+        for s, ns in ((0, 125_000), (1, 10_000_000)):            # 8.4 GB/s and 105 MB/s
+            bal.pace[s].started(MiB, now[0])
+            now[0] += ns
+            bal.ended(att, s, True, 20_000)                       # 20 µs of the reader's CPU per request
+    assert bal.cost_ns == pytest.approx(20_000)
+    assert bal.chunk == [8 * MiB, MiB]                           # 8.4 GB/s x 640 µs = 5.4 MB: 8 MiB
+    assert bal._depth(1) == pytest.approx(bal.rate(1) / bal.rate(0) * 4 * 8 * MiB)
+    bal.ended(att, 0, False, None)                                # a failed attempt: nothing learnt
+    assert bal.chunk == [8 * MiB, MiB] and bal.cost_ns == pytest.approx(20_000)
+
+
+def test_a_run_reports_each_drives_chunk_within_the_policys_bounds(model):
+    """Real reads (page cache) with balancing: the lanes measure their CPU per request, each source's
+    chunk at the end is a doubling of the smallest within the largest, and with the two equal
+    every chunk is that size."""
+    paths, data = model
+    for most in (64 * CHUNK, CHUNK):
+        settings = ReaderSettings(lanes=2, balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, chunk_max=most))
+        with SplitReader(paths, [1, 1, 1], cold=False, settings=settings) as r:
+            for _ in range(4):
+                assert bytes(r.read(0, SIZE)) == data
+            stats = r.stats()
+            assert r._lanes.balancer.cost_ns > 0           # the lanes measured their CPU per request
+        got = [s.chunk_bytes for s in stats.sources]
+        assert all(CHUNK <= c <= most and (c // CHUNK) & (c // CHUNK - 1) == 0 for c in got), got
+        assert [s.to_dict()["chunk_bytes"] for s in stats.sources] == got
+    assert got == [CHUNK] * 3
+    with SplitReader(paths, [1, 1, 1], cold=False) as r:
+        r.read(0, SIZE)
+        assert [s.chunk_bytes for s in r.stats().sources] == [0, 0, 0]     # not balancing: no chunks
+
+
 @pytest.mark.parametrize("bad", [BalancePolicy(chunk_bytes=1000), BalancePolicy(chunk_bytes=0),
-                                 BalancePolicy(depth_ns=-1), BalancePolicy(chunk_bytes=True)])
+                                 BalancePolicy(depth_ns=-1), BalancePolicy(chunk_bytes=True),
+                                 BalancePolicy(chunk_bytes=2 * MiB, chunk_max=MiB), BalancePolicy(chunk_max=1.5)])
 def test_policy_checks(bad):
     with pytest.raises(ValueError):
         check_balance(bad)
@@ -213,7 +276,8 @@ def test_the_harness_measures_a_plan_as_cut_and_the_gate_says_when_a_drive_took_
 
 
 def test_run_rejects_a_bad_balance_knob_in_one_line(tmp_path):
-    for args, what in ((["--balance-chunk", "5000"], "--balance-chunk"), (["--balance-depth", "-1"], "--balance-depth")):
+    for args, what in ((["--balance-chunk", "5000"], "--balance-chunk"), (["--balance-depth", "-1"], "--balance-depth"),
+                       (["--balance-chunk", "4M", "--balance-chunk-max", "1M"], "--balance-chunk-max 1M")):
         r = runner.invoke(app, ["run", "--model", str(tmp_path / "m.gguf"), *args])
         assert r.exit_code == 2, r.output
         assert what in r.output
@@ -298,7 +362,7 @@ def test_a_drive_with_work_of_its_own_first_takes_an_earlier_reads_chunks_from_a
     half = SIZE // 2
     log = []
     stalls = {p: Stall(p, count=1) for p in paths[:2]}
-    settings = ReaderSettings(lanes=1, balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+    settings = ReaderSettings(lanes=1, balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, chunk_max=CHUNK, depth_ns=0))
     with SplitReader(paths[:2], [1, 1], [1, 1], cold=False, settings=settings,
                      opener=lambda p: _Logged(p, stalls.get(p), log)) as r:
         for st in stalls.values():

@@ -160,7 +160,7 @@ def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
         out.append(pick_victim(2, {0: MIB}, [MIB, 0, 0], rates))
         # the kernel depth is in units of the drives: every lane of a healthy drive, 8/20 of a chunk of the
         # crawler (it still keeps two requests in its kernel: `Pace.room`)
-        out.append([depth_bytes(rates[i], rate, 8, BalancePolicy(chunk_bytes=MIB)) / MIB for i in range(3)])
+        out.append([depth_bytes(rates[i], rate, 8, BalancePolicy(), MIB) / MIB for i in range(3)])
         # a pace learnt in units of its own deliveries, falling while it delivers nothing
         pace = Pace(0.9)
         for k in range(4):
@@ -242,7 +242,7 @@ def model(tmp_path):
 
 def _balanced(paths, stall, clock=None, hedge=False, events=None, lanes=2, **pol):
     settings = ReaderSettings(lanes=lanes, hedge=hedge, hedge_policy=HedgePolicy(floor_ns=FLOOR, **pol), balance=True,
-                              balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+                              balance_policy=BalancePolicy(chunk_bytes=CHUNK, chunk_max=CHUNK, depth_ns=0))
     return SplitReader(paths, [1, 1, 1], [1, 1, 1], settings=settings, cold=False, clock=clock,
                        opener=lambda p: StallingReader(p, stall), report=events.append if events is not None else None)
 
@@ -322,7 +322,7 @@ def test_an_idle_drive_copies_a_chunk_overdue_in_a_late_drives_kernel_before_its
     paths, data = model
     clock, hang = Clock(), Hang(5 * CHUNK)
     settings = ReaderSettings(lanes=3, hedge=True, hedge_policy=HedgePolicy(floor_ns=FLOOR, margin=1000.0),
-                              balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, depth_ns=0))
+                              balance=True, balance_policy=BalancePolicy(chunk_bytes=CHUNK, chunk_max=CHUNK, depth_ns=0))
     with SplitReader(paths, [1, 1, 1], settings=settings, cold=False, clock=clock, opener=hang.reader) as r:
         assert bytes(r.read(SIZE // 2, SIZE // 2)) == data[SIZE // 2:]          # warm-up: paces known
         before = r.stats()
