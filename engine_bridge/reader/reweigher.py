@@ -39,6 +39,7 @@ class Reweigher:
         self.changes = 0
         self.epoch = 0                  # weights changes so far: reads cut with the weights in force carry it
         self.judged: list = []          # (bytes, busy ns) per source of the windows judged since the last move
+        self.carry = [(0.0, 0.0)] * n   # per source: (bytes, busy ns) of judged windows it was busy too little in
 
     # -- lanes, their lock held ----------------------------------------------------------------
 
@@ -75,13 +76,18 @@ class Reweigher:
         change = None
         if w.ready(now, healthy, self.policy.window_ns):
             phase = w.phase()
-            rates = w.rates(healthy, self.policy.min_busy_ns)
+            rates = w.rates(healthy, self.policy.min_busy_ns, self.carry)
             if w.loaded(healthy, now) >= self.policy.loaded:
+                b, t = w.carried(self.carry)
+                pending = [s for s in healthy if s not in rates and t[s] > 0]
                 self.judged = (self.judged + [(list(w.bytes), list(w.busy))])[-self.policy.confirm:]
                 d = judge(self.mult, self.base[phase], rates, self.streak, self.policy,
-                          size=pooled_rates(self.judged, rates))
+                          size=pooled_rates(self.judged, rates), pending=pending)
+                # a source busy too little for a rate carries this window's work into the next
+                self.carry = [(b[s], t[s]) if s in pending else (0.0, 0.0) for s in range(len(b))]
             else:               # the drives idled: nothing to learn of their pace, nothing to gain
                 d = Decision(None, (0,) * len(self.mult))
+                self.carry = [(0.0, 0.0)] * len(self.mult)
             if not any(d.streak) or d.mult is not None:     # a move, or back in the band: a new streak
                 self.judged = []                            # pools only its own windows
             self.streak = d.streak
@@ -94,6 +100,7 @@ class Reweigher:
                 if new != self.current:
                     self.epoch += 1                     # what is out now was cut with the old weights:
                     self.window = Window(len(self.mult), now)       # the next window counts none of it
+                    self.carry = [(0.0, 0.0)] * len(self.mult)
                     self.streak = (0,) * len(self.mult)
                     change = {"source": d.source, "old": {ph: list(v) for ph, v in self.current.items()},
                               "new": {ph: list(v) for ph, v in new.items()}, "why": d.why,

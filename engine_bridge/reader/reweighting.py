@@ -5,7 +5,10 @@ The plan's weights say how fast it believed each drive to be. While reads run, t
 per source, over a window of its own clock, the bytes the drive delivered (its pieces, hedges and
 samples: everything it read of reads cut with the weights in force) and the time it was busy
 (such reads in its kernel). Bytes over busy time is the rate the drive gives when it has work,
-whatever share it was given. A window
+whatever share it was given. A source busy less than `min_busy_ns` in a window has no rate in it;
+its bytes and busy time carry into the next windows until they add up to that much (a drive cut
+down to a small share, busy a few ms a step, is measured over several windows: without the carry
+it was never measured again, and never got its weight back when it recovered). A window
 lasts `window_ns` at least, and longer until every source that had work delivered something in it
 (a prefill piece can take seconds) or has been busy twice that long without delivering (a hung or
 crawling drive: rate 0). A window in which no drive was busy `loaded` of the time is not judged:
@@ -128,10 +131,19 @@ class Window:
         span = now - self.start
         return max((self.busy[s] / span for s in healthy), default=0.0) if span > 0 else 0.0
 
-    def rates(self, healthy: Sequence[int], min_busy_ns: int) -> dict[int, float]:
+    def rates(self, healthy: Sequence[int], min_busy_ns: int,
+              carry: Sequence[tuple[float, float]] | None = None) -> dict[int, float]:
         """Bytes per ns of each healthy source busy at least `min_busy_ns` (0 for one that delivered
-        nothing in all that time)."""
-        return {s: self.bytes[s] / self.busy[s] for s in healthy if self.busy[s] >= max(1, min_busy_ns)}
+        nothing in all that time); `carry`: per source, (bytes, busy ns) of earlier windows it was
+        busy too little in, counted with this one's (`carried`)."""
+        b, t = self.carried(carry)
+        return {s: b[s] / t[s] for s in healthy if t[s] >= max(1, min_busy_ns)}
+
+    def carried(self, carry: Sequence[tuple[float, float]] | None) -> tuple[list[float], list[float]]:
+        """(bytes, busy ns) per source of this window with `carry` added (None: this window's)."""
+        if carry is None:
+            return list(self.bytes), list(self.busy)
+        return [x + c[0] for x, c in zip(self.bytes, carry)], [x + c[1] for x, c in zip(self.busy, carry)]
 
     def phase(self) -> str:
         """The phase that gave the most bytes in the window ('prefill' when none)."""
@@ -170,19 +182,22 @@ def pooled_rates(windows: Sequence[tuple[Sequence[float], Sequence[float]]], sou
 
 
 def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float], streak: Sequence[int],
-          policy: ReweighPolicy, size: Mapping[int, float] | None = None) -> Decision:
+          policy: ReweighPolicy, size: Mapping[int, float] | None = None, pending: Sequence[int] = ()) -> Decision:
     """One window's verdict. mult: the multipliers in use (1.0: the plan's weights); base: the
     plan's weights of the phase the window read; rates: bytes/ns of the sources measured (healthy
     ones only); streak: the previous verdict's. size: the rates a move is sized on (`pooled_rates`
     over the windows that confirmed it; default `rates`): whether to move is this window's
-    verdict, how far is all the work since the streak began."""
+    verdict, how far is all the work since the streak began. pending: sources whose work carries
+    into the next window (busy too little for a rate): they keep their streak, as every source does
+    in a window with fewer than two rates (no evidence either way), so a source measured every few
+    windows can still be confirmed."""
     n = len(mult)
-    if len(rates) < 2:
-        return Decision(None, (0,) * n)
+    if len(rates) < 2:          # nothing to compare with: no evidence either way
+        return Decision(None, tuple(streak[s] if s < len(streak) else 0 for s in range(n)))
     rho = _off(mult, base, rates)
     if rho is None:
         return Decision(None, (0,) * n)
-    new_streak = [0] * n
+    new_streak = [streak[s] if s in pending and s < len(streak) else 0 for s in range(n)]
     for s, r in rho.items():
         way = -1 if r < 1 / policy.band else 1 if r > policy.band and mult[s] < 1.0 else 0
         old = streak[s] if s < len(streak) else 0

@@ -105,6 +105,43 @@ def test_weight_moves_off_a_slow_source_and_back_when_it_recovers(model):
         assert r.stats().to_dict()["weights_now"] == {"prefill": [2, 1, 1], "decode": [2, 1, 1]}
 
 
+def test_a_source_cut_to_a_small_share_is_measured_over_several_windows_and_gets_its_weight_back(model):
+    """A source busy less than `min_busy_ns` in a window (sources 0 and 1 while every read waits on
+    source 2's crawl; source 2 once cut to a small share and recovered) carries its bytes and busy
+    time into the next windows until they add up to that much: the crawler is moved off, and when
+    it recovers it is measured, confirmed and given its plan weight back. Without the carry nothing
+    here moves at all."""
+    paths, data = model
+    drives = Drives(paths, [1, 2, 2])
+    policy = ReweighPolicy(window_ns=100 * MS, band=1.5, confirm=2, floor=0.05, snap=1.15, min_busy_ns=30 * MS)
+    events = []
+    with _reader(paths, drives, events, policy=policy) as r:
+        drives.speed[paths[2]] = 40
+        _read_all(r, drives, data, 40)
+        w = r.weights_now("prefill")
+        assert w[2] / sum(w) < 0.1                                   # cut to a small share
+        drives.speed[paths[2]] = 2                                   # it recovers: busy ~2 ms a read now
+        rw = r._reweigher
+        _read_all(r, drives, data, 12)
+        assert rw.window.busy[2] < policy.min_busy_ns                # too little in any one window
+        _read_all(r, drives, data, 120)
+        assert r.weights_now("prefill") == (2, 1, 1)                 # measured all the same: the plan's again
+
+
+def test_a_window_carries_the_work_of_a_source_busy_too_little_and_keeps_its_streak():
+    w = Window(2, now=0)
+    w.queued(0, 100, 0, "prefill")
+    w.ended(0, 100, 100)
+    w.queued(1, 10, 100, "prefill")
+    w.ended(1, 10, 110)
+    assert w.rates([0, 1], 20) == {0: 1.0}                       # source 1 busy 10 ns: no rate
+    assert w.rates([0, 1], 20, [(0, 0), (30, 15)]) == {0: 1.0, 1: 40 / 25}   # with 15 ns carried: 25 ns
+    assert w.carried([(0, 0), (30, 15)]) == ([100, 40], [100, 25])
+    p = ReweighPolicy(confirm=2)
+    assert judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 1.0, 1: 1.0}, (0, 0, -1), p, pending=[2]).streak == (0, 0, -1)
+    assert judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 1.0, 1: 1.0}, (0, 0, -1), p).streak == (0, 0, 0)
+
+
 def test_the_engines_pattern_is_cut_with_the_weights_of_now(model):
     """The embedded engine's StepReads asks the reader at every step: after a change, the next
     step's Setup carries the new weights."""
