@@ -16,6 +16,7 @@ dropped, so it only adds the fadvise call) and is shown for completeness.
   .venv/bin/python bench/reader_bench.py [--dir /dev/shm] [--size 512M] [--sources 3] [--repeat 3] [--balance]
   .venv/bin/python bench/reader_bench.py --cpu [--repeat 5]    # CPU per read: plain beside hedging+re-weighting+balancing
   .venv/bin/python bench/reader_bench.py --latency [--repeat 5]  # a decode step's reads: how long the engine waits
+  .venv/bin/python bench/reader_bench.py --chunks [--repeat 5]   # prefill reads, balancing's chunks fixed or sized
 
 --latency times what a decode step waits for: a group of 4 decode-shaped reads (835,584 B, 3 sources
 at 1:1:1) submitted together and waited for, a pause of 0.5 ms (the engine's compute) between
@@ -24,6 +25,12 @@ the plain reader, each feature alone and all three (the embedded engine's defaul
 turn `--repeat` times; the medians over the repeats and their ratio to the plain reader. Where the
 drives are faster than the reader (tmpfs here, NVMe on a user's rig) this is what each feature adds
 to every step; the 25th percentile is the least disturbed by other work on a shared machine.
+
+--chunks reads the engine's prefill staging reads (3 sources at 1:1:1, 8 lanes each, one read at a
+time, page-cache reads) with the embedded engine's features, balancing's chunks once fixed at 1 MiB
+(`--balance-chunk-max 1MiB`) and once sized to each drive's pace (the default), in turn `--repeat`
+times: GB/s and this process's CPU per read (medians), their ratios, and the chunk each source ended
+with. Where drives are faster than the reader, this is what the chunk's size costs.
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
+from engine_bridge.reader.balancing import BalancePolicy  # noqa: E402
 from engine_bridge.reader.settings import EMBEDDED, ReaderSettings  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
 from iobench.shapes import engine_shapes  # noqa: E402
@@ -170,6 +179,40 @@ def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
             f"plain {p:.0f} µs, features {f:.0f} µs, features / plain {f / p:.2f}"]
 
 
+def chunk_run(paths, size: int, settings: ReaderSettings, nbytes: int, passes: int = 3) -> tuple[float, float, list]:
+    """(GB/s, ms of this process's CPU per read, each source's chunk at the end) of `passes` passes of
+    prefill-shaped reads of `nbytes` over the files, one at a time, after one untimed pass."""
+    ranges = [(o, nbytes) for o in range(0, size - nbytes + 1, nbytes)]
+    with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=settings, cold=False) as r:
+        for o, n in ranges:
+            r.read(o, n)
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(passes):
+            for o, n in ranges:
+                r.read(o, n)
+        t, c = time.perf_counter() - t0, time.process_time() - c0
+        return passes * len(ranges) * nbytes / t / 1e9, c / (passes * len(ranges)) * 1e3, \
+            [s.chunk_bytes for s in r.stats().sources]
+
+
+def chunk_lines(paths, size: int, repeat: int) -> list[str]:
+    """Prefill reads with the embedded engine's features, chunks fixed at 1 MiB beside chunks sized
+    to the drives (the default), alternated `repeat` times: medians and ratios."""
+    nbytes = engine_shapes().prefill_bytes
+    arms = {"1 MiB": replace(EMBEDDED, balance_policy=BalancePolicy(chunk_max=BalancePolicy.chunk_bytes)),
+            "sized": EMBEDDED}
+    got: dict[str, list] = {a: [] for a in arms}
+    for k in range(repeat):
+        for a in (list(arms) if k % 2 == 0 else list(reversed(arms))):
+            got[a].append(chunk_run(paths, size, arms[a], nbytes))
+    med = {a: (statistics.median(g for g, _, _ in v), statistics.median(c for _, c, _ in v)) for a, v in got.items()}
+    (g1, c1), (gs, cs) = med["1 MiB"], med["sized"]
+    sized = sorted({c >> 20 for _, _, ch in got["sized"] for c in ch})
+    return [f"prefill reads of {nbytes:,} B, {len(paths)} sources at 1:1:1, all three features, median of {repeat}: "
+            f"chunks of 1 MiB {g1:.2f} GB/s {c1:.2f} ms CPU per read; sized to the drives {gs:.2f} GB/s {cs:.2f} ms "
+            f"(chunks of {'/'.join(map(str, sized))} MiB); sized / 1 MiB: GB/s {gs / g1:.2f}, CPU per read {cs / c1:.2f}"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="/dev/shm", help="where to put the test files (tmpfs or page-cached)")
@@ -184,15 +227,18 @@ def main() -> int:
     ap.add_argument("--cpu-reads", type=int, default=3000, help="reads per --cpu measurement")
     ap.add_argument("--latency", action="store_true", help="only a decode step's latency: the plain reader beside "
                                                            "each feature and all three")
+    ap.add_argument("--chunks", action="store_true", help="only prefill reads with balancing's chunks fixed at 1 MiB "
+                                                          "beside chunks sized to the drives")
     args = ap.parse_args()
     size = parse_size(args.size)
     rng = random.Random(1)
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
     try:
         paths = make_files(d, size, args.sources)
-        if args.cpu or args.latency:
+        if args.cpu or args.latency or args.chunks:
             lines = (cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads) if args.cpu else []) + \
-                (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else [])
+                (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else []) + \
+                (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else [])
             for line in lines:
                 print(line, flush=True)
             return 0

@@ -9,8 +9,8 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
   its drive's chunk, else cut at multiples of it in the file (so every chunk but a piece's edges is
   aligned for O_DIRECT). A drive's chunk is `chunk_bytes` doubled while the reader's own cost per
   request would be more than a COST_SHARE of the time the drive takes to read it (`chunk_for`, up
-  to `chunk_max`): 1 MiB at 150 MB/s, a few MiB at the speed of memory, where 1 MiB requests cost
-  a short prefill a fifth of its speed in the reader's bookkeeping;
+  to `chunk_max`): 1 MiB at 150 MB/s, several MiB at the speed of memory, where a 1 MiB request
+  takes the drive less time than the reader's bookkeeping around it;
 - a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
   (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
   a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two requests
@@ -94,8 +94,7 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
 
 
 COST_SHARE = 1 / 32    # the reader's own CPU per request at most this share of the request's time at its drive's
-                       # pace (`chunk_for`): on the memory testbed 1 MiB chunks (2 ms each) cost a short prefill
-                       # 0.8x of the plain reader, 4 MiB 0.96x (docs/reader.md "Round 15")
+                       # pace (`chunk_for`; docs/reader.md "Balancing", "Round 15")
 
 
 def chunk_for(rate: float | None, cost_ns: float | None, policy: BalancePolicy) -> int:
