@@ -96,7 +96,7 @@ def test_counters_reads_and_lands_last_add_up(model):
     d = s.to_dict()
     assert set(d["sources"][0]) == {"index", "path", "weight", "decode_weight", "bytes", "reads", "lands_last",
                                     "gap_ns", "lat_ns", "degraded", "events", "failover_bytes", "hedged", "late",
-                                    "slow", "stolen_bytes"}
+                                    "slow", "stolen_bytes", "chunk_bytes"}
 
 
 def test_submit_lets_caller_overlap(model):
