@@ -10,7 +10,8 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
   aligned for O_DIRECT). A drive's chunk is `chunk_bytes` doubled while the reader's own cost per
   request would be more than a COST_SHARE of the time the drive takes to read it (`chunk_for`, up
   to `chunk_max`): 1 MiB at 150 MB/s, several MiB at the speed of memory, where a 1 MiB request
-  takes the drive less time than the reader's bookkeeping around it;
+  takes the drive less time than the reader's bookkeeping around it; but never so large that a
+  piece is fewer than MIN_REQUESTS chunks (`piece_chunk`);
 - a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
   (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
   a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two requests
@@ -114,6 +115,17 @@ def chunk_for(rate: float | None, cost_ns: float | None, policy: BalancePolicy) 
 
 MIN_REQUESTS = 2    # a drive always has the next request queued behind the one it reads: one at a time,
                     # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
+
+
+def piece_chunk(ln: int, chunk: int, policy: BalancePolicy) -> int:
+    """The chunk a piece of `ln` bytes is cut into on a drive whose chunk is `chunk` (`chunk_for`):
+    halved, down to `chunk_bytes`, while it would leave the piece fewer than MIN_REQUESTS chunks —
+    a drive reads a piece's next chunk while the reader handles the last, and lanes share a
+    piece's copy (page-cache reads of 11 MB pieces: 4 MiB chunks moved 5.95 GB/s, one 16 MiB
+    chunk per piece 3.55, 1 MiB chunks 3.85; docs/reader.md "Round 15")."""
+    while chunk > policy.chunk_bytes and chunk * MIN_REQUESTS > ln:
+        chunk //= 2
+    return chunk
 
 
 def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: BalancePolicy, chunk: int) -> float:

@@ -38,7 +38,7 @@ from core.coldio import ColdReader, align_down, aligned_buffer
 
 from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Cut, PieceInFlight, ReadTicket
 from .balancer import Balancer
-from .balancing import BalancePolicy, chunks
+from .balancing import BalancePolicy, chunks, piece_chunk
 from .files import SourceFiles
 from .buffers import copy_bytes, span
 from .piece_io import read_piece
@@ -110,8 +110,10 @@ class Lanes:
 
     def parts(self, src: int, off: int, ln: int) -> list[tuple[int, int]]:
         """How piece [off, off+ln) of source `src` is queued: whole, or in chunks of its drive's size
-        now when balancing (`Balancer.chunk`)."""
-        return [(off, ln)] if self.balancer is None else chunks(off, ln, self.balancer.chunk[src])
+        now when balancing (`Balancer.chunk`, no larger than leaves the piece two: `piece_chunk`)."""
+        if self.balancer is None:
+            return [(off, ln)]
+        return chunks(off, ln, piece_chunk(ln, self.balancer.chunk[src], self.balance))
 
     def chunk_sizes(self) -> tuple[int, ...]:
         """Each source's chunk size now (empty when not balancing)."""
