@@ -21,8 +21,8 @@ from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
 from engine_bridge.reader.attempts import MAIN
 from engine_bridge.reader.balancer import Balancer
-from engine_bridge.reader.balancing import (COST_SHARE, BalancePolicy, Pace, check_balance, chunk_for, chunks, depth_limit,
-                                            pick_victim)
+from engine_bridge.reader.balancing import (COST_SHARE, MIN_REQUESTS, BalancePolicy, Pace, check_balance, chunk_for, chunks,
+                                            depth_limit, pick_victim, piece_chunk)
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
@@ -159,6 +159,20 @@ def test_a_drives_chunk_doubles_while_the_readers_cost_per_request_is_over_its_s
         assert chunk_for(rate * 3, cost / 3, p) == c                      # in units of the reader's cost
     fixed = BalancePolicy(chunk_bytes=MiB, chunk_max=MiB)
     assert chunk_for(7.0, cost, fixed) == MiB                    # chunk_max = chunk_bytes: every chunk that size
+
+
+def test_a_piece_is_never_fewer_than_two_chunks_of_a_grown_size():
+    """`piece_chunk`: a drive's grown chunk is halved, down to the smallest, until the piece is at
+    least MIN_REQUESTS chunks; a piece no longer than the smallest chunk stays one read."""
+    p = BalancePolicy(chunk_bytes=MiB, chunk_max=16 * MiB)
+    assert piece_chunk(11_184_811, 16 * MiB, p) == 4 * MiB           # a third of a 32 MiB read: three chunks
+    assert piece_chunk(64 * MiB, 16 * MiB, p) == 16 * MiB            # long enough for the drive's own
+    assert piece_chunk(3 * MiB, 16 * MiB, p) == MiB                  # down to the smallest
+    assert piece_chunk(600_000, 16 * MiB, p) == MiB and chunks(0, 600_000, MiB) == [(0, 600_000)]
+    assert piece_chunk(8 * MiB, MiB, p) == MiB                       # the smallest is never halved
+    for ln in (MiB + 1, 5 * MiB, 11_184_811, 40 * MiB):
+        c = piece_chunk(ln, 16 * MiB, p)
+        assert c == p.chunk_bytes or len(chunks(0, ln, c)) >= MIN_REQUESTS
 
 
 def test_the_balancer_sizes_each_drives_chunk_from_its_pace_and_the_depth_in_the_fastest_drives_chunks():
