@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .balancing import BalancePolicy, Pace, chunk_for, depth_bytes, pick_victim
+from .balancing import BalancePolicy, Pace, chunk_for, chunks, depth_bytes, pick_victim, piece_chunk
 
 PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
 COST_DECAY = 0.9          # weight of the past in the reader's CPU per request, per request
@@ -32,6 +32,12 @@ class Balancer:
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
         self.chunk = [policy.chunk_bytes] * n
         self.cost_ns: float | None = None
+
+    def parts(self, s: int, off: int, ln: int) -> list[tuple[int, int]]:
+        """How piece [off, off+ln) of source `s` is queued: chunks of its drive's size now, no larger
+        than leaves the piece MIN_REQUESTS of them (`balancing.piece_chunk`). Called without the
+        lock (it reads `chunk[s]` once)."""
+        return chunks(off, ln, piece_chunk(ln, self.chunk[s], self.policy))
 
     def inflight(self, s: int) -> int:
         """Bytes source `s` has in the kernel."""

@@ -38,7 +38,7 @@ from core.coldio import ColdReader, align_down, aligned_buffer
 
 from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Cut, PieceInFlight, ReadTicket
 from .balancer import Balancer
-from .balancing import BalancePolicy, chunks, piece_chunk
+from .balancing import BalancePolicy
 from .files import SourceFiles
 from .buffers import copy_bytes, span
 from .piece_io import read_piece
@@ -110,10 +110,8 @@ class Lanes:
 
     def parts(self, src: int, off: int, ln: int) -> list[tuple[int, int]]:
         """How piece [off, off+ln) of source `src` is queued: whole, or in chunks of its drive's size
-        now when balancing (`Balancer.chunk`, no larger than leaves the piece two: `piece_chunk`)."""
-        if self.balancer is None:
-            return [(off, ln)]
-        return chunks(off, ln, piece_chunk(ln, self.balancer.chunk[src], self.balance))
+        now when balancing (`Balancer.parts`)."""
+        return [(off, ln)] if self.balancer is None else self.balancer.parts(src, off, ln)
 
     def chunk_sizes(self) -> tuple[int, ...]:
         """Each source's chunk size now (empty when not balancing)."""

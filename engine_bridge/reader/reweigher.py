@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .reweighting import Decision, ReweighPolicy, Window, judge, pooled_rates, weights_for
+from .reweighting import Decision, ReweighPolicy, Window, busy_rates, judge, pooled_rates, weights_for
 
 
 class Reweigher:
@@ -76,9 +76,9 @@ class Reweigher:
         change = None
         if w.ready(now, healthy, self.policy.window_ns):
             phase = w.phase()
-            rates = w.rates(healthy, self.policy.min_busy_ns, self.carry)
+            b, t = w.carried(self.carry)
+            rates = busy_rates(b, t, healthy, self.policy.min_busy_ns)
             if w.loaded(healthy, now) >= self.policy.loaded:
-                b, t = w.carried(self.carry)
                 pending = [s for s in healthy if s not in rates and t[s] > 0]
                 self.judged = (self.judged + [(list(w.bytes), list(w.busy))])[-self.policy.confirm:]
                 d = judge(self.mult, self.base[phase], rates, self.streak, self.policy,

@@ -14,7 +14,7 @@ import pytest
 
 from engine_bridge.harness.arms import ArmSpec, gate_plan, plan_changes
 from engine_bridge.reader import reweighting
-from engine_bridge.reader.reweighting import ReweighPolicy, Window, judge, weights_for
+from engine_bridge.reader.reweighting import ReweighPolicy, Window, busy_rates, judge, weights_for
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
@@ -135,8 +135,8 @@ def test_a_window_carries_the_work_of_a_source_busy_too_little_and_keeps_its_str
     w.queued(1, 10, 100, "prefill")
     w.ended(1, 10, 110)
     assert w.rates([0, 1], 20) == {0: 1.0}                       # source 1 busy 10 ns: no rate
-    assert w.rates([0, 1], 20, [(0, 0), (30, 15)]) == {0: 1.0, 1: 40 / 25}   # with 15 ns carried: 25 ns
     assert w.carried([(0, 0), (30, 15)]) == ([100, 40], [100, 25])
+    assert busy_rates(*w.carried([(0, 0), (30, 15)]), [0, 1], 20) == {0: 1.0, 1: 40 / 25}   # 15 ns carried: 25 ns
     p = ReweighPolicy(confirm=2)
     assert judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 1.0, 1: 1.0}, (0, 0, -1), p, pending=[2]).streak == (0, 0, -1)
     assert judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 1.0, 1: 1.0}, (0, 0, -1), p).streak == (0, 0, 0)
