@@ -216,6 +216,8 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             runs[arm] = len(rs)
             each[arm] = {k: [r[k] for r in rs] for k in ("prefill_tps", "gen_steady_tps")}
             med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
+            for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
+                med[arm][ph] = split_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
         ref = REFERENCE[sc]
         lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in ARMS[sc]))
@@ -225,6 +227,9 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             r = _ratio(med, "reweigh", ref, k)
             noise = ratio_interval(each["reweigh"][k], each[ref][k]) if r is not None else None
             lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict(r, noise, TARGET[sc])}")
+        for ph in ("prefill", "decode"):
+            lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
+                f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in ARMS[sc]))
         for a in ARMS[sc]:
             if a in ("reweigh", "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
@@ -232,6 +237,17 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             bad = [a for a in ("reweigh", "hedge") for c in degraded[a] if "degraded" in c]
             lines.append(f"   healthy degrades: {len(bad)} ({', '.join(bad) or 'none'})")
     return lines
+
+
+def split_times(phases: list[dict]) -> tuple[float, float] | None:
+    """The medians, in ms, of a phase's wait on reads and of the rest of its time (the engine's
+    compute, and whatever took the CPU from it) over runs (each run's phase counters); None
+    without runs. A cell's miss in the wait is the reader's; in the rest, the CPU's."""
+    if not phases:
+        return None
+    wait = [p["read_wait_seconds"] for p in phases]
+    rest = [p["seconds"] - p["read_wait_seconds"] for p in phases]
+    return statistics.median(wait) * 1e3, statistics.median(rest) * 1e3
 
 
 def verdict(r: float | None, noise: tuple[float, float] | None, target: float) -> str:
