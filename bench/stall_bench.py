@@ -37,10 +37,13 @@ scenario and a phase (prefill, steady decode): the median of --runs runs per arm
 the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of best, healthy
 >= 0.98 of neither with no drive degraded), with the 90% interval of that ratio over the runs'
 own noise (a seeded bootstrap of both arms' runs, `iobench.stats.ratio_interval`): a cell whose
-interval holds the target is marked "within the noise of its runs" (more --runs tell). neither
+interval holds the target is marked "within the noise of its runs" (more --runs tell); and per arm
+the phase's median wait on reads and the rest of its time (the engine's compute, and whatever took
+the CPU from it), so a miss shows whether the reads or the CPU cost it. neither
 runs once in crawl and recover (a run reads a crawler's share at its crawl: a minute in the slow
 class). Each run's events are summarised (degraded / recovered / re-weighted, with times from the
-run's first event) and the output hashes compared per prompt and decode length (one expected
+start of its prefill and the phase each fell in: a crawl that recovers may fall in either) and the
+output hashes compared per prompt and decode length (one expected
 for each). Exit status: 0, every run done and one hash per prompt; 1, a run failed (its log's
 last line is printed) or a prompt gave two hashes.
 
@@ -75,7 +78,7 @@ sys.path.insert(0, ROOT)
 
 from bench.engine_bench import synth_on_drives  # noqa: E402
 from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit  # noqa: E402
-from engine_bridge.harness.arms import ArmSpec, plan_changes  # noqa: E402
+from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 from iobench.stats import ratio_interval  # noqa: E402
 
@@ -155,7 +158,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
-        seen = []
+        seen, crawled = [], []
 
         def watch():            # the run's "run:" line starts its clock; recover: the crawl, then back
             while proc.poll() is None and "run: " not in open(base + ".log", encoding="utf-8").read():
@@ -166,9 +169,11 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
             while proc.poll() is None and time.monotonic() - seen[0] < at:
                 time.sleep(0.005)
             tb.throttle("white", crawl)
+            crawled.append(time.monotonic_ns())         # the engine's clock too (CLOCK_MONOTONIC, one per machine)
             while proc.poll() is None and time.monotonic() - seen[0] < at + span:
                 time.sleep(0.005)
             tb.throttle("white", drive)
+            crawled.append(time.monotonic_ns())
 
         timer = threading.Thread(target=watch, daemon=True)
         timer.start()
@@ -182,6 +187,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         return {"error": f"exit {proc.returncode}: {tail[-1] if tail else ''}"}
     result = json.loads(out)
     result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
+    result["bench_crawl_ns"] = crawled     # recover: when white began to crawl and when it was lifted
     with open(base + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     return result
@@ -359,9 +365,12 @@ def main() -> int:
                         print(f"  {cls} {prompt} {sc} {arm}: FAILED {r['error']}", file=sys.stderr, flush=True)
                         continue
                     hashes.setdefault((prompt, gen), set()).add(r["output_sha256"])
+                    crawl = r.get("bench_crawl_ns") or []
+                    when = (f"; crawl from {run_time(r, crawl[0])} to {run_time(r, crawl[1])}"
+                            if len(crawl) == 2 else "")
                     print(f"  {cls} {prompt} {sc:8} {arm:8} prefill {r['prefill_tps']:8.2f} steady "
                           f"{r['gen_steady_tps']:7.2f} (prefill {r['prefill']['seconds']:.2f} s, decode "
-                          f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s)  {changes(r)}",
+                          f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s{when})  {changes(r)}",
                           file=sys.stderr, flush=True)
                 block = summary(cls, prompt, rows, scenarios)
                 print("\n".join(block), flush=True)

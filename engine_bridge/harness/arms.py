@@ -173,18 +173,29 @@ def plan_changes(result: dict) -> list[str]:
     balanced = ["balanced: " + ", ".join(f"source {i} read {n / 1e6:.1f} MB of others' pieces" for i, n in took)] if took else []
     if not events:
         return balanced
-    t0 = min(e.get("t_ns", 0) for e in result.get("events") or ())
+    first = min(e.get("t_ns", 0) for e in result.get("events") or ())
+    at = lambda e: run_time(result, e.get("t_ns", 0), first)  # noqa: E731
     out: list[str] = []
     for src in sorted({e.get("source", -1) for e in events if e["kind"] != "reweighted"}):
         mine = [e for e in events if e.get("source") == src and e["kind"] != "reweighted"]
-        out.append(f"source {src} " + ", ".join(f"{e['kind']} at {(e.get('t_ns', 0) - t0) / 1e9:.1f} s" for e in mine))
+        out.append(f"source {src} " + ", ".join(f"{e['kind']} at {at(e)}" for e in mine))
     rw = [e for e in events if e["kind"] == "reweighted"]
     if rw:
         last = (rw[-1].get("detail") or {}).get("new") or {}
         now = "; ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in last.items())
-        out.append(f"re-weighted {len(rw)} time(s) from {(rw[0].get('t_ns', 0) - t0) / 1e9:.1f} s"
-                   + (f", last to {now}" if now else ""))
+        out.append(f"re-weighted {len(rw)} time(s) from {at(rw[0])}" + (f", last to {now}" if now else ""))
     return out + balanced
+
+
+def run_time(result: dict, t_ns: int, first_ns: int | None = None) -> str:
+    """A time on the reader's clock (time.monotonic_ns, its events' `t_ns`) as said of a run: from
+    the start of its prefill, with the phase it fell in, when the run recorded its phases' starts
+    (`started_ns`); else from `first_ns` (the run's first event)."""
+    starts = [(ph, (result.get(ph) or {}).get("started_ns") or 0) for ph in ("prefill", "decode")]
+    if starts[0][1] <= 0:
+        return f"{(t_ns - (first_ns or 0)) / 1e9:.1f} s"
+    phase = [ph for ph, s in starts if 0 < s <= t_ns]
+    return f"{(t_ns - starts[0][1]) / 1e9:.2f} s" + (f" ({phase[-1]})" if phase else " (before the prefill)")
 
 
 def gate_plan(result: dict, spec: ArmSpec | None) -> Gate:

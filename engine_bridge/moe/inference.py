@@ -270,6 +270,7 @@ class EmbeddedEngine:
         width = (ctx, r.attn) if r.attention is None else (ctx, r.attention.kv_heads, r.attention.head_dim)
         kv = [(np.zeros(width, np.float32), np.zeros(width, np.float32)) for _ in r.layers]
         pre, dec = PhaseCounters(), PhaseCounters()
+        pre.started_ns = time.monotonic_ns()
         t0 = time.perf_counter()
         logits = None
         for s in range(0, len(prompt), self.chunk_tokens):
@@ -278,6 +279,7 @@ class EmbeddedEngine:
         tokens = [int(np.argmax(logits))]
         steps = []
         pos = len(prompt)
+        dec.started_ns = time.monotonic_ns()
         t1 = time.perf_counter()
         for _ in range(gen_tokens):
             ts = time.perf_counter()

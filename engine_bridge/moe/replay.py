@@ -86,6 +86,7 @@ def replay_steps(g: Geometry, steps, layers: int, cache: ExpertCache, submit_rea
     steps_s: list[float] = []
     for phase, sel in steps:
         c = ph[phase]
+        c.started_ns = c.started_ns or time.monotonic_ns()
         t0 = time.perf_counter()
         for layer in range(layers):
             base = layer * g.experts

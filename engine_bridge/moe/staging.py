@@ -39,11 +39,13 @@ class PhaseCounters:
     groups: int = 0          # groups of reads waited for (the engine's barriers)
     seconds: float = 0.0     # wall time of the phase
     read_wait_seconds: float = 0.0   # time spent waiting for reads to land (the rest is compute)
+    started_ns: int = 0      # when the phase began, on the reader's clock (time.monotonic_ns, the clock of
+                             # its events' t_ns: an event is placed in its phase); 0: not recorded
 
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "reads": self.reads, "bytes": self.bytes,
                 "groups": self.groups, "seconds": round(self.seconds, 6),
-                "read_wait_seconds": round(self.read_wait_seconds, 6)}
+                "read_wait_seconds": round(self.read_wait_seconds, 6), "started_ns": self.started_ns}
 
 
 class StepReads:

@@ -278,10 +278,13 @@ def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(mod
     r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, reader=ReaderSettings())
     for ph in ("prefill", "decode"):
         assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "groups", "seconds", "read_wait_seconds",
-                              "largest_read", "sources"}
+                              "started_ns", "largest_read", "sources"}
         assert [set(s) for s in r[ph]["sources"]] == [{"index", "bytes", "reads", "given_bytes", "given_pieces"}] * 3
         assert sum(s["bytes"] for s in r[ph]["sources"]) == r[ph]["bytes"]
     assert r["planned"] == {"prefill": None, "decode": None}
+    # the phases' starts are on the clock of the reader's events: the decode starts once the prefill is over
+    assert 0 < r["prefill"]["started_ns"] < r["decode"]["started_ns"]
+    assert r["decode"]["started_ns"] - r["prefill"]["started_ns"] >= r["prefill"]["seconds"] * 1e9
     dec = r["decode"]
     assert dec["largest_read"] == 557_056 and dec["reads"] > 0
     # every decode read is one component: each source reads exactly its piece per read

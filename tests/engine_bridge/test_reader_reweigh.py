@@ -294,6 +294,11 @@ def test_the_gate_says_when_the_plan_changed():
         {"kind": "degraded", "source": 0, "t_ns": 1_000_000_000}, {"kind": "recovered", "source": 0, "t_ns": 6_000_000_000}]}
     g = gate_plan(came_back, spec)
     assert not g.ok and "plan changed" in g.detail and "source 0 degraded at 0.0 s, recovered at 5.0 s" in g.detail
+    # a run that recorded its phases' starts says each event's time from its prefill, and its phase
+    phased = {**came_back, "prefill": {"started_ns": 800_000_000}, "decode": {"started_ns": 3_000_000_000}}
+    assert plan_changes(phased) == ["source 0 degraded at 0.20 s (prefill), recovered at 5.20 s (decode)"]
+    early = {**came_back, "prefill": {"started_ns": 2_000_000_000}, "decode": {"started_ns": 3_000_000_000}}
+    assert plan_changes(early) == ["source 0 degraded at -1.00 s (before the prefill), recovered at 4.00 s (decode)"]
     moved = {"sources": srcs, "events": [{"kind": "reweighted", "source": 1, "t_ns": 5,
                                           "detail": {"new": {"prefill": [100, 20], "decode": [100, 20]}}}]}
     g = gate_plan(moved, spec)
