@@ -131,15 +131,10 @@ class Window:
         span = now - self.start
         return max((self.busy[s] / span for s in healthy), default=0.0) if span > 0 else 0.0
 
-    def rates(self, healthy: Sequence[int], min_busy_ns: int) -> dict[int, float]:
-        """Bytes per ns of each healthy source busy at least `min_busy_ns` in this window (`busy_rates`)."""
-        return busy_rates(self.bytes, self.busy, healthy, min_busy_ns)
-
     def carried(self, carry: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
         """(bytes, busy ns) per source of this window with `carry` added: per source, (bytes, busy
         ns) of earlier windows it was busy too little in."""
         return [x + c[0] for x, c in zip(self.bytes, carry)], [x + c[1] for x, c in zip(self.busy, carry)]
-
 
     def phase(self) -> str:
         """The phase that gave the most bytes in the window ('prefill' when none)."""

@@ -134,7 +134,7 @@ def test_a_window_carries_the_work_of_a_source_busy_too_little_and_keeps_its_str
     w.ended(0, 100, 100)
     w.queued(1, 10, 100, "prefill")
     w.ended(1, 10, 110)
-    assert w.rates([0, 1], 20) == {0: 1.0}                       # source 1 busy 10 ns: no rate
+    assert busy_rates(w.bytes, w.busy, [0, 1], 20) == {0: 1.0}       # source 1 busy 10 ns: no rate
     assert w.carried([(0, 0), (30, 15)]) == ([100, 40], [100, 25])
     assert busy_rates(*w.carried([(0, 0), (30, 15)]), [0, 1], 20) == {0: 1.0, 1: 40 / 25}   # 15 ns carried: 25 ns
     p = ReweighPolicy(confirm=2)
@@ -196,8 +196,8 @@ def test_window_rates_are_bytes_over_busy_time():
     w.ended(0, 100, 100)            # busy 0..100 with work out: 200 B in 100 ns
     w.queued(1, 50, 200, "decode")
     w.ended(1, 50, 250)
-    assert w.rates([0, 1], 1) == {0: 2.0, 1: 1.0}
-    assert w.rates([0, 1], 60) == {0: 2.0}       # source 1 was busy only 50 ns
+    assert busy_rates(w.bytes, w.busy, [0, 1], 1) == {0: 2.0, 1: 1.0}
+    assert busy_rates(w.bytes, w.busy, [0, 1], 60) == {0: 2.0}       # source 1 was busy only 50 ns
     assert w.phase() == "prefill"
     w.queued(1, 10, 300, "decode")
     nxt = w.close(400)
@@ -218,8 +218,8 @@ def test_a_window_waits_for_a_long_piece_and_a_stuck_source_rates_zero():
     stuck.queued(1, 100, 0, "prefill")
     stuck.ended(0, 100, 10)
     assert not stuck.ready(150, [0, 1], 100) and stuck.ready(200, [0, 1], 100)   # busy 2 windows, nothing
-    assert stuck.rates([0, 1], 1)[1] == 0.0
-    d = judge((1.0, 1.0), (1, 1), stuck.rates([0, 1], 1), (0, -1), ReweighPolicy(confirm=2))
+    assert busy_rates(stuck.bytes, stuck.busy, [0, 1], 1)[1] == 0.0
+    d = judge((1.0, 1.0), (1, 1), busy_rates(stuck.bytes, stuck.busy, [0, 1], 1), (0, -1), ReweighPolicy(confirm=2))
     assert d.mult[1] == reweighting.MIN_MULT and weights_for((1, 1), d.mult, [0, 1], 0.02) == (100, 3)
 
 
