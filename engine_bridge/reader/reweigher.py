@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .reweighting import Decision, ReweighPolicy, Window, busy_rates, judge, pooled_rates, weights_for
+from .reweighting import RECENT_REQUESTS, Decision, ReweighPolicy, Window, busy_rates, judge, pooled_rates, weights_for
 
 
 class Reweigher:
@@ -82,7 +82,8 @@ class Reweigher:
                 pending = [s for s in healthy if s not in rates and t[s] > 0]
                 self.judged = (self.judged + [(list(w.bytes), list(w.busy))])[-self.policy.confirm:]
                 d = judge(self.mult, self.base[phase], rates, self.streak, self.policy,
-                          size=pooled_rates(self.judged, rates), pending=pending)
+                          size=pooled_rates(self.judged, rates), pending=pending,
+                          recent={s: (w.recent_rate(s), w.recent_rate(s, RECENT_REQUESTS // 2)) for s in rates})
                 # a source busy too little for a rate carries this window's work into the next
                 self.carry = [(b[s], t[s]) if s in pending else (0.0, 0.0) for s in range(len(b))]
             else:               # the drives idled: nothing to learn of their pace, nothing to gain

@@ -26,10 +26,13 @@ seconds of busy time, and one window off the band is not enough (docs/reader.md 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 
+RECENT_REQUESTS = 8   # a drive's latest deliveries that say its pace now (`Window.recent_rate`): a move off
+                      # its weight needs them slow too, and the latest half of them (`judge`)
 MIN_MULT = 1e-4       # the least multiplier: a drive measured at 0 is far below any floor, and can be measured up again
 
 
@@ -73,9 +76,9 @@ class Window:
     """What each source delivered and how long it was busy since the window opened (fed by the
     lanes with the reader's clock, under their lock)."""
 
-    __slots__ = ("start", "bytes", "busy", "given", "outstanding", "tick", "done")
+    __slots__ = ("start", "bytes", "busy", "given", "outstanding", "tick", "done", "busy_before", "marks")
 
-    def __init__(self, n: int, now: int, outstanding: Sequence[int] | None = None):
+    def __init__(self, n: int, now: int, outstanding: Sequence[int] | None = None, before: Window | None = None):
         self.start = now
         self.bytes = [0] * n
         self.busy = [0] * n
@@ -83,6 +86,10 @@ class Window:
         self.given = {}                     # phase -> bytes the split gave in the window
         self.outstanding = list(outstanding) if outstanding is not None else [0] * n
         self.tick = [now] * n
+        # per source: busy ns of the earlier windows of this epoch, and (busy ns, bytes) in all at each
+        # of its latest deliveries (`recent_rate`), carried from window to window
+        self.busy_before = [0] * n if before is None else [b + x for b, x in zip(before.busy_before, before.busy)]
+        self.marks = [deque(maxlen=RECENT_REQUESTS + 1) for _ in range(n)] if before is None else before.marks
 
     def _advance(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0:
@@ -100,20 +107,36 @@ class Window:
     def ended(self, s: int, nbytes: int, now: int, started: int | None = None) -> None:
         """An attempt on `s` is over; `nbytes` it read (0: skipped or failed). An attempt read since
         `started`, before this window opened, counts only the part of its bytes read in the window
-        (pro rata of its time): a piece of seconds is not credited to the window it ends in."""
+        (pro rata of its time): a piece of seconds is not credited to the window it ends in; its
+        whole bytes mark the drive's latest deliveries (`recent_rate`)."""
         self._advance(s, now)
         self.outstanding[s] = max(0, self.outstanding[s] - 1)
+        whole = nbytes
         if nbytes and started is not None and started < self.start < now:
             nbytes = nbytes * (now - self.start) / (now - started)
-        self.bytes[s] += nbytes
         if nbytes:
             self.done[s] += 1
+            m = self.marks[s]
+            m.append((self.busy_before[s] + self.busy[s], (m[-1][1] if m else 0) + whole))
+        self.bytes[s] += nbytes
 
     def close(self, now: int) -> Window:
         """Count busy time up to `now`; returns the next window (work still out carries over)."""
         for s in range(len(self.busy)):
             self._advance(s, now)
-        return Window(len(self.busy), now, self.outstanding)
+        return Window(len(self.busy), now, self.outstanding, self)
+
+    def recent_rate(self, s: int, k: int = RECENT_REQUESTS) -> float | None:
+        """Bytes per ns of source `s`'s latest `k` deliveries (at most RECENT_REQUESTS, of this
+        epoch; fewer when it has delivered fewer) over its busy time since the one before them, up to
+        the window's last count (a drive that stopped delivering falls towards 0): its pace now, in
+        units of its own requests; None before two deliveries or without busy time since."""
+        m = self.marks[s]
+        if len(m) < 2:
+            return None
+        first = m[max(0, len(m) - 1 - k)]
+        busy = self.busy_before[s] + self.busy[s] - first[0]
+        return (m[-1][1] - first[1]) / busy if busy > 0 else None
 
     def ready(self, now: int, healthy: Sequence[int], window_ns: int) -> bool:
         """The window can be judged: `window_ns` have passed, and every healthy source that had work
@@ -158,10 +181,15 @@ class Decision:
     source: int = -1                 # the source most off its weight (the event's source)
 
 
+def _ref(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]) -> float:
+    """The median of the measured sources' rates per unit of belief."""
+    k = sorted(rates[s] / (mult[s] * base[s]) for s in rates)          # rate per unit of belief
+    return k[len(k) // 2] if len(k) % 2 else (k[len(k) // 2 - 1] + k[len(k) // 2]) / 2
+
+
 def _off(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]) -> dict[int, float] | None:
     """Per source measured: its rate per unit of belief over the median source's (None: no median)."""
-    k = sorted(rates[s] / (mult[s] * base[s]) for s in rates)          # rate per unit of belief
-    ref = k[len(k) // 2] if len(k) % 2 else (k[len(k) // 2 - 1] + k[len(k) // 2]) / 2
+    ref = _ref(mult, base, rates)
     if ref <= 0:
         return None
     return {s: rates[s] / (mult[s] * base[s]) / ref for s in rates}
@@ -180,7 +208,8 @@ def pooled_rates(windows: Sequence[tuple[Sequence[float], Sequence[float]]], sou
 
 
 def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float], streak: Sequence[int],
-          policy: ReweighPolicy, size: Mapping[int, float] | None = None, pending: Sequence[int] = ()) -> Decision:
+          policy: ReweighPolicy, size: Mapping[int, float] | None = None, pending: Sequence[int] = (),
+          recent: Mapping[int, tuple[float | None, float | None]] | None = None) -> Decision:
     """One window's verdict. mult: the multipliers in use (1.0: the plan's weights); base: the
     plan's weights of the phase the window read; rates: bytes/ns of the sources measured (healthy
     ones only); streak: the previous verdict's. size: the rates a move is sized on (`pooled_rates`
@@ -188,7 +217,12 @@ def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]
     verdict, how far is all the work since the streak began. pending: sources whose work carries
     into the next window (busy too little for a rate): they keep their streak, as every source does
     in a window with fewer than two rates (no evidence either way), so a source measured every few
-    windows can still be confirmed."""
+    windows can still be confirmed. recent: per source, its pace over its latest RECENT_REQUESTS
+    deliveries and over the latest half of them (`Window.recent_rate`): a source slow in the window
+    whose latest deliveries came in within the band of its weight's share (of the same median) is
+    not slow now and starts its count over; when only the latest half did, its count waits for the
+    next window — windows of seconds that held a crawl judged a drive slow for up to two windows
+    after it recovered (docs/reader.md "Re-weighting")."""
     n = len(mult)
     if len(rates) < 2:          # nothing to compare with: no evidence either way
         return Decision(None, tuple(streak[s] if s < len(streak) else 0 for s in range(n)))
@@ -196,9 +230,17 @@ def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]
     if rho is None:
         return Decision(None, (0,) * n)
     new_streak = [streak[s] if s in pending and s < len(streak) else 0 for s in range(n)]
+    ref = _ref(mult, base, rates)
     for s, r in rho.items():
         way = -1 if r < 1 / policy.band else 1 if r > policy.band and mult[s] < 1.0 else 0
         old = streak[s] if s < len(streak) else 0
+        if way < 0 and recent is not None:
+            paced = [x is not None and x / (mult[s] * base[s]) / ref >= 1 / policy.band for x in recent.get(s, ())]
+            if paced and paced[0]:
+                way = 0             # back at its weight's pace: the window's slowness is over
+            elif any(paced):
+                new_streak[s] = old     # its latest few are: the next window says which
+                continue
         new_streak[s] = 0 if way == 0 else (old + way if old * way > 0 else way)
     worst = max(rho, key=lambda s: math.inf if rho[s] <= 0 else max(rho[s], 1 / rho[s]))
     due = [s for s in rho if abs(new_streak[s]) >= policy.confirm]

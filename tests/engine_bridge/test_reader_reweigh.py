@@ -128,6 +128,52 @@ def test_a_source_cut_to_a_small_share_is_measured_over_several_windows_and_gets
         assert r.weights_now("prefill") == (2, 1, 1)                 # measured all the same: the plan's again
 
 
+def test_a_drive_that_recovered_before_its_second_window_closed_is_not_moved(model):
+    """Source 2 crawls through one window and part of the next, then reads at its weight's pace
+    again: the second window, crawl and all, still rates it under a third of its share, but its
+    latest deliveries came in at its pace — no move (a move judged on the windows alone cut it to
+    a fraction of its weight after it had recovered)."""
+    paths, data = model
+    drives = Drives(paths, [1, 2, 2])
+    policy = ReweighPolicy(window_ns=300 * MS, band=1.5, confirm=2, floor=0.05, snap=1.15, min_busy_ns=1 * MS)
+    events = []
+    with _reader(paths, drives, events, policy=policy) as r:
+        rw = r._reweigher
+        drives.speed[paths[2]] = 40                  # a twentieth of its speed: ~168 ms a read
+        _read_all(r, drives, data, 3)                # the first window judges it slow, the second holds a read
+        assert rw.streak[2] == -1
+        drives.speed[paths[2]] = 2                   # back at its weight's pace
+        second = rw.window
+        _read_all(r, drives, data, 17)
+        assert rw.window is not second               # the second window was judged ...
+        assert not events and r.weights_now("prefill") == (2, 1, 1) and rw.streak[2] == 0   # ... and kept it
+        _read_all(r, drives, data, 60)
+        assert not events and r.weights_now("prefill") == (2, 1, 1)
+
+
+def test_a_drives_recent_pace_is_its_latest_deliveries_over_its_busy_time_since():
+    w = Window(1, now=0)
+    assert w.recent_rate(0) is None
+    for k in range(12):                              # 100 B in 100 ns, one request at a time, then 10 B
+        w.queued(0, 100, 100 * k, "prefill")
+        w.ended(0, 100 if k < 4 else 10, 100 * k + 100)
+    assert w.recent_rate(0) == pytest.approx(10 / 100)           # the latest 8 only
+    nxt = w.close(1200)
+    assert nxt.recent_rate(0) == pytest.approx(10 / 100)         # carried into the next window
+    nxt.queued(0, 100, 1200, "prefill")
+    nxt.ready(2000, [0], 1)                                      # busy 800 ns since, nothing delivered
+    assert nxt.recent_rate(0) == pytest.approx(80 / 1600)        # a drive that stops delivering falls
+    p = ReweighPolicy(band=1.5, confirm=2)
+    slow = {0: 1.0, 1: 1.0, 2: 0.2}
+    assert w.recent_rate(0, 4) == pytest.approx(10 / 100) and w.recent_rate(0, 11) == pytest.approx(10 / 100)
+    fine = judge((1.0,) * 3, (1, 1, 1), slow, (0, 0, -1), p, recent={2: (0.9, 0.9)})
+    assert fine.mult is None and fine.streak[2] == 0                    # at its pace now: it starts over
+    waits = judge((1.0,) * 3, (1, 1, 1), slow, (0, 0, -1), p, recent={2: (0.3, 0.9)})
+    assert waits.mult is None and waits.streak[2] == -1                 # only its latest few: it waits
+    assert judge((1.0,) * 3, (1, 1, 1), slow, (0, 0, -1), p, recent={2: (0.3, 0.3)}).mult == (1.0, 1.0, 0.2)
+    assert judge((1.0,) * 3, (1, 1, 1), slow, (0, 0, -1), p, recent={2: (None, None)}).mult == (1.0, 1.0, 0.2)
+
+
 def test_a_window_carries_the_work_of_a_source_busy_too_little_and_keeps_its_streak():
     w = Window(2, now=0)
     w.queued(0, 100, 0, "prefill")
