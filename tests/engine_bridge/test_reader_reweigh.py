@@ -130,9 +130,9 @@ def test_a_source_cut_to_a_small_share_is_measured_over_several_windows_and_gets
 
 def test_a_drive_that_recovered_before_its_second_window_closed_is_not_moved(model):
     """Source 2 crawls through one window and part of the next, then reads at its weight's pace
-    again: the second window, crawl and all, still rates it under a third of its share, but its
-    latest deliveries came in at its pace — no move (a move judged on the windows alone cut it to
-    a fraction of its weight after it had recovered)."""
+    again: the second window, crawl and all, still rates it at 0.47 of its share (off the band),
+    but its latest deliveries came in at its pace — no move (judged on the windows alone, it was
+    cut to 0.47 of its weight after it had recovered)."""
     paths, data = model
     drives = Drives(paths, [1, 2, 2])
     policy = ReweighPolicy(window_ns=300 * MS, band=1.5, confirm=2, floor=0.05, snap=1.15, min_busy_ns=1 * MS)
