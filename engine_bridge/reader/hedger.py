@@ -100,6 +100,13 @@ class Hedger:
         self.probing = [False] * n
         self.next_probe = [0] * n
         self.probe_ok = [0] * n
+        self.back = [False] * n         # restored, and not yet `memory` pieces on time since (`_restore`)
+        self.relapse: list[float | None] = [None] * n   # taken out again while `back`: its pace then (`_degrade`)
+        self.memory = math.ceil(1 / (1 - policy.decay))  # on-time pieces a rate estimate remembers
+        # a source that rejoins after a relapse, and its pace then, over its weight's share of the
+        # others' (the lanes' lock held) -> what to run once it is released, or None; the reader sets
+        # it when it re-weights (`_restore`)
+        self.comeback: Callable[[int, float], Callable[[], None] | None] | None = None
         self._heap: list = []
         self._memo: dict = {}           # (source, phase) -> the rate it is held to (`_rate`)
         self._seq = itertools.count()
@@ -203,6 +210,8 @@ class Hedger:
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
                 self.own[s] = self.est[s].rate(self.policy.min_busy_ns)
+                if self.back[s] and self.est[s].n >= self.memory:
+                    self.back[s] = False    # it kept up long enough to be back for good
                 self._memo.clear()
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
@@ -374,8 +383,10 @@ class Hedger:
         self.streak[s] += 1
         self.counted_at[s] = now
 
-    def _behind(self, s: int, phase: str, now: int) -> str | None:
-        """Why `s` is too slow to keep, in words (the figures the degrade event carries), or None:
+    def _behind(self, s: int, phase: str, now: int) -> tuple[str, float] | None:
+        """Why `s` is too slow to keep, in words (the figures the degrade event carries), and its pace
+        over its weight's share of theirs (its bytes over its share of theirs when its pace is not
+        known), or None:
         since its streak began it delivered less than its weight's share of what the other healthy
         sources delivered, over the margin, *and* read, while it had work, at less than its weight's
         share of their pace over the margin (`hedging.behind`).
@@ -398,9 +409,10 @@ class Hedger:
         share, rate, held = verdict
         why = (f"in the last {max(0, now - t0) / 1e9:.2f} s it delivered {got[s] / 1e6:.1f} MB, its weight's share "
                f"of what the others delivered is {share / 1e6:.1f} MB")
-        if rate is None:
-            return why
-        return f"{why}; it read at {_mbs(rate)} while it had work, its weight's share of their pace is {_mbs(held)}"
+        if rate is None or held is None:
+            return why, (got[s] / share if share > 0 else 0.0)
+        return (f"{why}; it read at {_mbs(rate)} while it had work, its weight's share of their pace is {_mbs(held)}",
+                0.0 if math.isinf(held) else (1.0 if math.isinf(rate) else rate / held))
 
     def _sync(self, healthy: Sequence[int]) -> None:
         """When the healthy sources or the weights changed (each a new object then): the cut's bytes
@@ -531,11 +543,13 @@ class Hedger:
         if not piece.hedged and not piece.done:
             self._hedge(att, now)
         if self.streak[s] >= self.policy.late_limit and not self.health.slow(s):
-            why = self._behind(s, piece.ticket.phase, now)
-            if why is not None:
+            verdict = self._behind(s, piece.ticket.phase, now)
+            if verdict is not None:
                 n = self.streak[s]
+                why, pace = verdict
+                relapse = pace if self.back[s] else None
                 self._on_time(s)
-                actions.append(lambda: self._degrade(s, n, why))
+                actions.append(lambda: self._degrade(s, n, why, relapse))
 
     def _own_late(self, att: Attempt, now: int) -> bool:
         """Whether `att` is past the deadline of its drive's own pace (not only its step's)."""
@@ -565,12 +579,16 @@ class Hedger:
         self.lanes.put_front(hatt)
         return True
 
-    def _degrade(self, s: int, n: int, why: str = "") -> None:
+    def _degrade(self, s: int, n: int, why: str = "", relapse: float | None = None) -> None:
+        """Take `s` out of the split for lateness; `relapse`: it had come back and not yet kept up for
+        `memory` pieces (its pace when taken out, over its weight's share of the others')."""
         if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row"
                                                                       + (f"; {why}" if why else ""), slow=True):
             return
         with self.cond:
             now = self.clock()
+            self.back[s] = False
+            self.relapse[s] = relapse
             self.next_probe[s] = now + self.policy.probe_interval_ns
             self.probe_ok[s] = 0
             # what is queued on it would be late too: hedged at the front of the others' queues, the
@@ -580,15 +598,28 @@ class Hedger:
                     self._hedge(att, now)
 
     def _restore(self, s: int) -> None:
-        if self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time"):
-            with self.cond:
-                self._on_time(s)                                   # judged afresh from here on
-                self.counted_at[s] = None
-                self.observed_at[s] = self.busy[s]
-                self.est[s] = RateEstimate(self.policy.decay)
-                self.own[s] = None
-                self._memo.clear()
-                self.tick_at[s] = self.clock()
+        """Bring `s` back into the split (its probes were on time). After a relapse, with a reader that
+        re-weights (`comeback`), at its pace then rather than its whole weight: probes, one request
+        at a time on an idle drive, pass a drive whose throttle banks credit while it idles, and
+        under its whole share it was late again within a fraction of a second, in and out several
+        times a second for as long as it stayed slow (docs/reader.md "Round 18")."""
+        if not self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time"):
+            return
+        then = None
+        with self.cond:
+            self._on_time(s)                                   # judged afresh from here on
+            self.counted_at[s] = None
+            self.observed_at[s] = self.busy[s]
+            self.est[s] = RateEstimate(self.policy.decay)
+            self.own[s] = None
+            self._memo.clear()
+            self.tick_at[s] = self.clock()
+            self.back[s] = True
+            if self.relapse[s] is not None and self.comeback is not None:
+                then = self.comeback(s, self.relapse[s])
+            self.relapse[s] = None
+        if then is not None:
+            then()
 
 
 def _mbs(rate: float | None) -> str:

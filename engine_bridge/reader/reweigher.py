@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .attempts import MAIN, Attempt
-from .reweighting import RECENT_REQUESTS, Decision, ReweighPolicy, Window, busy_rates, judge, pooled_rates, weights_for
+from .reweighting import MIN_MULT, RECENT_REQUESTS, Decision, ReweighPolicy, Window, busy_rates, judge, pooled_rates, weights_for
 
 
 class Reweigher:
@@ -66,6 +66,39 @@ class Reweigher:
 
     # -- the reader, the lanes' lock held --------------------------------------------------------
 
+    def came_back(self, s: int, pace: float, healthy: Sequence[int]) -> dict | None:
+        """Source `s` rejoins the split (`healthy`, it included) after the hedger took it out again
+        before it had kept up for long since its last return: it comes back at `pace` of its weight
+        (its pace then, over its weight's share of the others'), not all of it; the windows move it
+        from there as for any drive. The change, for the event; None when that moves nothing."""
+        m = max(MIN_MULT, self.mult[s] * pace)
+        if m >= self.mult[s]:
+            return None
+        mult = tuple(m if i == s else x for i, x in enumerate(self.mult))
+        why = (f"source {s} came back after it was taken out again soon after its last return: at {pace:.2f} of "
+               f"its weight's share of the others' pace, its pace when taken out")
+        return self._move(mult, healthy, self.clock(), s, why, {})
+
+    def _move(self, mult: tuple[float, ...], healthy: Sequence[int], now: int, source: int, why: str,
+              rates: dict) -> dict | None:
+        """Cut the next reads with the weights of multipliers `mult`: the change, for the event (None
+        when the engine's integer weights stay the same)."""
+        new = {ph: weights_for(b, mult, healthy, self.policy.floor, self.wmin, self.wmax) for ph, b in self.base.items()}
+        self.mult = mult
+        if new == self.current:
+            return None
+        self.epoch += 1                                 # what is out now was cut with the old weights:
+        self.window = Window(len(self.mult), now)       # the next window counts none of it
+        self.carry = [(0.0, 0.0)] * len(self.mult)
+        self.streak = (0,) * len(self.mult)
+        self.judged = []
+        change = {"source": source, "old": {ph: list(v) for ph, v in self.current.items()},
+                  "new": {ph: list(v) for ph, v in new.items()}, "why": why,
+                  "rates_mbs": {str(s): round(r * 1e3, 3) for s, r in sorted(rates.items())}, "t_ns": now}
+        self.current = new
+        self.changes += 1
+        return change
+
     def weights(self, phase: str) -> tuple[int, ...]:
         return self.current[phase]
 
@@ -95,20 +128,7 @@ class Reweigher:
             self.window = w.close(now)
             self.sampled = [False] * len(self.sampled)
             if d.mult is not None:
-                new = {ph: weights_for(b, d.mult, healthy, self.policy.floor, self.wmin, self.wmax)
-                       for ph, b in self.base.items()}
-                self.mult = d.mult
-                if new != self.current:
-                    self.epoch += 1                     # what is out now was cut with the old weights:
-                    self.window = Window(len(self.mult), now)       # the next window counts none of it
-                    self.carry = [(0.0, 0.0)] * len(self.mult)
-                    self.streak = (0,) * len(self.mult)
-                    change = {"source": d.source, "old": {ph: list(v) for ph, v in self.current.items()},
-                              "new": {ph: list(v) for ph, v in new.items()}, "why": d.why,
-                              "rates_mbs": {str(s): round(r * 1e3, 3) for s, r in sorted(rates.items())},
-                              "t_ns": now}
-                    self.current = new
-                    self.changes += 1
+                change = self._move(d.mult, healthy, now, d.source, d.why, rates)
         owed = []
         if now - self.window.start >= self.policy.window_ns // 2:
             for s in healthy:

@@ -144,6 +144,8 @@ class SplitReader:
         self._owed: list[int] = []      # sources owed a re-weighting sample (taken from the next read)
         self._lanes = Lanes(self._sources, self._health, st.lanes, self._pool, self._hedger, self._reweigher,
                             st.balance_policy if st.balance else None)
+        if self._hedger is not None and self._reweigher is not None:
+            self._hedger.comeback = self._come_back     # a drive that relapses comes back at its pace
 
     @property
     def lanes(self) -> int:
@@ -227,11 +229,23 @@ class SplitReader:
             self._owed += [s for s in owed if s not in self._owed]
             now = self._reweigher.weights(phase), self._reweigher.epoch
         if change is not None:
-            fmt = lambda d: ", ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in d.items())  # noqa: E731
-            self._health.event("reweighted", change["source"],
-                               f"weights {fmt(change['old'])} -> {fmt(change['new'])}: {change['why']}",
-                               detail={k: change[k] for k in ("old", "new", "rates_mbs", "why")})
+            self._announce(change)
         return now
+
+    def _come_back(self, s: int, pace: float):
+        """The hedger brings back source `s` after a relapse, at `pace` of its weight (the lanes' lock
+        held): re-weighting cuts the next reads with that; what announces it, once the lock is free."""
+        change = self._reweigher.came_back(s, pace, sorted({*self._health.healthy(), s}))
+        if change is None:
+            return None
+        self._hedger.weights = {ph: tuple(w) for ph, w in change["new"].items()}
+        return lambda: self._announce(change)
+
+    def _announce(self, change: dict) -> None:
+        fmt = lambda d: ", ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in d.items())  # noqa: E731
+        self._health.event("reweighted", change["source"],
+                           f"weights {fmt(change['old'])} -> {fmt(change['new'])}: {change['why']}",
+                           detail={k: change[k] for k in ("old", "new", "rates_mbs", "why")})
 
     def _healthy_now(self, phase: str) -> tuple[list[int], tuple[int, ...], int]:
         """The sources reads may go to now, the weights `phase`'s reads are cut with, and the

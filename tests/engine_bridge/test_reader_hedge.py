@@ -20,6 +20,7 @@ from engine_bridge.reader import hedging
 from engine_bridge.reader.attempts import Attempt, PieceInFlight, ReadTicket
 from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
+from engine_bridge.reader.reweighting import ReweighPolicy
 from engine_bridge.reader.readstats import healthy_split
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
@@ -307,6 +308,56 @@ def test_repeated_lateness_degrades_and_probes_bring_it_back(model):
     assert kinds == ["degraded", "recovered"]
     assert "2 pieces late in a row" in events[0].message and "probing" in events[0].message
     assert s.sources[2].late == 2
+
+
+@pytest.mark.parametrize("kept_up", [False, True])
+def test_a_drive_taken_out_again_soon_after_it_came_back_comes_back_at_its_pace(model, kept_up):
+    """A drive degraded, restored by its probes, and degraded again before it kept up for long
+    (a throttle that banks credit while the drive idles passes its probes) comes back the second
+    time at the pace it showed when taken out, through re-weighting, not at its whole weight; the
+    first time it comes back whole, and so does a drive that kept up for as many pieces as its
+    rate estimate remembers before it was taken out again."""
+    paths, data = model
+    stall, clock, events = Stall(paths[2]), Clock(), []
+    gone, back = threading.Semaphore(0), threading.Semaphore(0)
+
+    def report(ev):
+        events.append(ev)
+        {"degraded": gone.release, "recovered": back.release}.get(ev.kind, lambda: None)()
+
+    pol = HedgePolicy(floor_ns=FLOOR, late_limit=2, probe_interval_ns=0, recover_probes=1, min_busy_ns=0)
+    st = ReaderSettings(lanes=2, hedge=True, hedge_policy=pol, reweigh=True,
+                        reweigh_policy=ReweighPolicy(window_ns=10 ** 15))    # no window is ever judged here
+    with SplitReader(paths, [2, 1, 1], settings=st, cold=False, clock=clock,
+                     opener=lambda p: StallingReader(p, stall), report=report) as r:
+        _warm(r, data, stall)
+        for time_out in (1, 2):     # out, and back; then out again, and back
+            for off in (0, 4 * BLOCK_BYTES):
+                t = _hedged_read(r, stall, clock, off, 4 * BLOCK_BYTES)
+                assert bytes(t.result()) == data[off:off + 4 * BLOCK_BYTES]
+            gone.acquire()
+            assert r.degraded == (False, False, True)
+            v = r.read(8 * BLOCK_BYTES, 4 * BLOCK_BYTES)         # its probe is held with it ...
+            assert bytes(v) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]
+            stall.active = False                                 # ... until the drive is let go: on time
+            stall.gate.set()
+            back.acquire()
+            assert r.degraded == (False, False, False)
+            if time_out == 1:
+                assert r.weights_now("prefill") == (2, 1, 1)     # the first time, back whole
+                for _ in range(r._hedger.memory if kept_up else 0):
+                    assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
+                stall.gate = threading.Event()
+                stall.active = True
+        assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]
+    w = r.weights_now("prefill")
+    kinds = [e.kind for e in events]
+    if kept_up:
+        assert kinds == ["degraded", "recovered", "degraded", "recovered"] and w == (2, 1, 1)
+    else:
+        assert kinds == ["degraded", "recovered", "degraded", "recovered", "reweighted"]
+        assert w[0] == 2 * w[1] and w[2] < 0.05 * sum(w)         # it read nothing while held: the floor
+        assert "came back after it was taken out again" in events[-1].message
 
 
 def test_no_hedge_keeps_waiting_for_the_slow_drive(model):

@@ -752,3 +752,20 @@ def test_a_move_is_sized_on_all_the_work_of_the_windows_that_confirmed_it():
     # a window in the band moves nothing, whatever the pooled rates say
     calm = judge((1.0, 1.0, 1.0), (1, 1, 1), {0: 3.0, 1: 3.0, 2: 2.9}, (0, 0, -1), pol, size={0: 9.0, 1: 9.0, 2: 1.0})
     assert calm.mult is None
+
+
+def test_a_drive_that_relapsed_comes_back_at_its_pace_and_the_windows_start_afresh():
+    """`Reweigher.came_back`: the drive's multiplier becomes its pace when taken out (of its weight's
+    share of the others' pace) times the one it had, the others keep theirs, the next reads are cut
+    with those (a new epoch and window); a pace at or above its share moves nothing."""
+    t = [5]
+    rw = Reweigher({"prefill": (1, 1, 1), "decode": (2, 1, 1)}, ReweighPolicy(), lambda: t[0])
+    assert rw.came_back(1, 1.0, [0, 1, 2]) is None and rw.came_back(1, 1.7, [0, 1, 2]) is None and rw.epoch == 0
+    change = rw.came_back(1, 0.1, [0, 1, 2])
+    assert change["source"] == 1 and change["new"] == {"prefill": [100, 10, 100], "decode": [100, 5, 50]}
+    assert change["old"] == {"prefill": [1, 1, 1], "decode": [2, 1, 1]} and "came back" in change["why"]
+    assert rw.epoch == 1 and rw.window.start == 5 and rw.weights("prefill") == (100, 10, 100)
+    t[0] = 9
+    change = rw.came_back(1, 0.0, [0, 1, 2])          # nothing delivered while it was late: the floor
+    w = change["new"]["prefill"]
+    assert w[0] == w[2] == 100 and 0.02 * sum(w) <= w[1] < 0.03 * sum(w) and rw.epoch == 2 and rw.window.start == 9
