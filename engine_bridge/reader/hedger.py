@@ -100,7 +100,7 @@ class Hedger:
         self.probing = [False] * n
         self.next_probe = [0] * n
         self.probe_ok = [0] * n
-        self.back = [False] * n         # restored, and not yet `memory` pieces on time since (`_restore`)
+        self.back = [False] * n         # restored since it was last taken out (`_restore`)
         self.relapse: list[float | None] = [None] * n   # taken out again while `back`: its pace then (`_degrade`)
         self.memory = math.ceil(1 / (1 - policy.decay))  # on-time pieces a rate estimate remembers
         # a source that rejoins after a relapse, and its pace then, over its weight's share of the
@@ -210,8 +210,6 @@ class Hedger:
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
                 self.own[s] = self.est[s].rate(self.policy.min_busy_ns)
-                if self.back[s] and self.est[s].n >= self.memory:
-                    self.back[s] = False    # it kept up long enough to be back for good
                 self._memo.clear()
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
@@ -547,7 +545,9 @@ class Hedger:
             if verdict is not None:
                 n = self.streak[s]
                 why, pace = verdict
-                relapse = pace if self.back[s] else None
+                # taken out again before `memory` pieces on time since it came back (its estimate
+                # was begun afresh then): a relapse
+                relapse = pace if self.back[s] and self.est[s].n < self.memory else None
                 self._on_time(s)
                 actions.append(lambda: self._degrade(s, n, why, relapse))
 

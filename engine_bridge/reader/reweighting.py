@@ -187,9 +187,12 @@ def _ref(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float])
     return k[len(k) // 2] if len(k) % 2 else (k[len(k) // 2 - 1] + k[len(k) // 2]) / 2
 
 
-def _off(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]) -> dict[int, float] | None:
-    """Per source measured: its rate per unit of belief over the median source's (None: no median)."""
-    ref = _ref(mult, base, rates)
+def _off(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float],
+         ref: float | None = None) -> dict[int, float] | None:
+    """Per source measured: its rate per unit of belief over the median source's, `ref` when the
+    caller has it (`_ref`; None: no median)."""
+    if ref is None:
+        ref = _ref(mult, base, rates)
     if ref <= 0:
         return None
     return {s: rates[s] / (mult[s] * base[s]) / ref for s in rates}
@@ -226,11 +229,11 @@ def judge(mult: Sequence[float], base: Sequence[int], rates: Mapping[int, float]
     n = len(mult)
     if len(rates) < 2:          # nothing to compare with: no evidence either way
         return Decision(None, tuple(streak[s] if s < len(streak) else 0 for s in range(n)))
-    rho = _off(mult, base, rates)
+    ref = _ref(mult, base, rates)
+    rho = _off(mult, base, rates, ref)
     if rho is None:
         return Decision(None, (0,) * n)
     new_streak = [streak[s] if s in pending and s < len(streak) else 0 for s in range(n)]
-    ref = _ref(mult, base, rates)
     for s, r in rho.items():
         way = -1 if r < 1 / policy.band else 1 if r > policy.band and mult[s] < 1.0 else 0
         old = streak[s] if s < len(streak) else 0
