@@ -51,10 +51,16 @@ Run it as root (it takes the testbed lock and always takes the testbed down):
 
   .venv/bin/python -m bench.stall_bench [--class slow --class medium --class fast] [--runs 3]
       [--scenario crawl --scenario recover --scenario half --scenario healthy] [--prompt short --prompt long]
-      [--pacing throttle|service] [--root DIR]
+      [--pacing throttle|service] [--root DIR] [--ram SPEC]
 
 --root builds the testbed in DIR: on a tmpfs (--root /dev/shm/sb) the fast class's loop devices
 read from memory at GB/s, where drives are faster than the reader (docs/reader.md "Round 14").
+
+--ram SPEC holds every run to a RAM budget, page cache included, as `iobench testbed up --ram`
+takes it ("25%+512M": a quarter of the model, plus 512 MiB for the processes' own memory — the
+model four times the page cache a user's rig gives it); a run killed for memory is a failed run.
+The reads are O_DIRECT, so the budget holds the engine's own memory and the reader's buffer pool
+(at most an eighth of what the process may fill), not a cache of the model.
 
 --pacing service (slow and medium classes) builds drives that serve each request in bytes / rate
 and bank nothing while idle (`iobench testbed up --pacing service`); blk-throttle lets a drive
@@ -103,7 +109,18 @@ REST_S = 0.5          # between runs: a throttle's unused budget must not carry 
 
 
 def measure_unthrottled(tb: Testbed, paths: list[str], seconds: float = 2.0) -> dict[str, float]:
-    """MB/s each drive delivers unthrottled while all three read at once (1 MiB O_DIRECT reads, 8 in
+    """MB/s each drive delivers unthrottled while all three read at once."""
+    return dict(zip(DRIVES, _measure(tb, paths, seconds)))
+
+
+def measure_alone(tb: Testbed, paths: list[str], seconds: float = 2.0) -> dict[str, float]:
+    """MB/s each drive delivers unthrottled when it reads by itself: beside `measure_unthrottled`'s,
+    what the drives share (loop devices over one disk give each alone what they split together)."""
+    return {n: _measure(tb, [p], seconds)[0] for n, p in zip(DRIVES, paths)}
+
+
+def _measure(tb: Testbed, paths: list[str], seconds: float) -> list[float]:
+    """MB/s each of `paths` delivers unthrottled while they read at once (1 MiB O_DIRECT reads, 8 in
     flight each, through the project's cold reader), inside the drives' group."""
     code = (
         "import sys, threading, time; sys.path.insert(0, sys.argv[1])\n"
@@ -119,7 +136,7 @@ def measure_unthrottled(tb: Testbed, paths: list[str], seconds: float = 2.0) -> 
     p = tb.run([sys.executable, "-c", code, ROOT, str(seconds), *paths], capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"stall_bench: measuring the drives failed: {p.stderr[-500:]}")
-    return dict(zip(DRIVES, (float(x) for x in p.stdout.split())))
+    return [float(x) for x in p.stdout.split()]
 
 
 def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, float]:
@@ -305,6 +322,9 @@ def main() -> int:
                          "over memory, GB/s each: NVMe's class, where the fast class on disk images reads at what "
                          "the disk gives (needs --size x 3 of free memory)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ram", default=None,
+                    help="hold every run to this RAM budget, page cache included, as `iobench testbed up --ram` takes "
+                         "it: '25%%+512M' is a quarter of the model plus 512 MiB for the processes (default: none)")
     ap.add_argument("--pacing", default=THROTTLE, choices=PACINGS,
                     help="how the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
                          "which banks credit while a drive idles) or service (each request served in bytes / rate, "
@@ -327,9 +347,11 @@ def main() -> int:
     hashes: dict[tuple[int, int], set] = {}     # (prompt, generated) -> output hashes
     ran = failed = 0
     with Testbed({n: CLASSES[classes[0]][0] for n in DRIVES}, size=args.size, root=args.root,
-                 pacing=args.pacing) as tb:
+                 pacing=args.pacing, ram=args.ram) as tb:
         paths = [os.path.join(m, "model.gguf") for m in tb.mounts().values()]
         size = synth_on_drives(paths, args.layers, args.experts, 2, args.dim, args.ff, "q8_0")
+        if args.ram:
+            lines.append(tb.set_ram_for(paths[:1]))   # a share of one copy: a run reads the model's bytes once
         head = (f"model {size / 1e6:.0f} MB ({args.layers} layers x {args.experts} experts, dim {args.dim}, ff "
                 f"{args.ff}, q8_0), plan 1:1:1; prompts {args.short} and {args.long} tokens, "
                 + ", ".join(f"{c} {generated[c]}" for c in classes)
@@ -344,8 +366,10 @@ def main() -> int:
             for n in DRIVES:
                 tb.throttle(n, CLASSES[cls][0])
             half_of = measure_unthrottled(tb, paths) if cls == "fast" else {n: CLASSES[cls][0] for n in DRIVES}
+            alone = (", alone " + ", ".join(f"{n} {v:.0f}" for n, v in measure_alone(tb, paths).items()) + " MB/s"
+                     if cls == "fast" else "")
             line = (f"class {cls}: drives {', '.join(f'{n} {half_of[n]:.0f}' for n in DRIVES)} MB/s "
-                    f"({'measured unthrottled, together' if cls == 'fast' else 'ceilings'}), crawl "
+                    f"({'measured unthrottled, together' if cls == 'fast' else 'ceilings'}{alone}), crawl "
                     f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s")
             print(line, flush=True)
             lines.append(line)
