@@ -39,7 +39,13 @@ the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of bes
 own noise (a seeded bootstrap of both arms' runs, `iobench.stats.ratio_interval`): a cell whose
 interval holds the target is marked "within the noise of its runs" (more --runs tell); and per arm
 the phase's median wait on reads and the rest of its time (the engine's compute, and whatever took
-the CPU from it), so a miss shows whether the reads or the CPU cost it. neither
+the CPU from it), so a miss shows whether the reads or the CPU cost it. The runs start once the
+host has written the freshly made model out (`wait_writeback`), and each class's measured runs
+after one warm-up run that is not counted (healthy drives, the engine's own reads, the first
+prompt), made after the class's drives were measured: the first run after the testbed was built,
+or after that measurement, was slow for reasons of no arm's (a short prompt's prefill up to four
+times a warm one's), and it was always the defaults' (the first arm), which pulled the first
+cell's median down (docs/reader.md "Round 19"). neither
 runs once in crawl and recover (a run reads a crawler's share at its crawl: a minute in the slow
 class). Each run's events are summarised (degraded / recovered / re-weighted, with times from the
 start of its prefill and the phase each fell in: a crawl that recovers may fall in either) and the
@@ -83,7 +89,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.engine_bench import synth_on_drives  # noqa: E402
-from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit  # noqa: E402
+from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit, wait_writeback  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 from iobench.stats import ratio_interval  # noqa: E402
@@ -210,6 +216,24 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     with open(base + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     return result
+
+
+def warm_up(tb: Testbed, cls: str, paths: list[str], out: str, args) -> str:
+    """One run of the engine's own reads on healthy drives, not counted (the first run after the
+    testbed is built is slow for reasons of its own, not of any arm); its line."""
+    for n in DRIVES:
+        tb.throttle(n, CLASSES[cls][0])
+    prompt = args.short if not args.prompts or "short" in args.prompts else args.long
+    settings = {"prompt_tokens": prompt, "gen_tokens": GENERATED[cls] if args.gen_tokens is None else args.gen_tokens,
+                "cache_experts": args.cache_experts, "wrap": tb.wrap}
+    workdir = os.path.join(out, cls, "warm-up")
+    os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
+    os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
+    r = run_arm(tb, cls, "healthy", "neither", paths, settings, workdir, 0, {}, args)
+    if "error" in r:
+        raise SystemExit(f"stall_bench: the warm-up run failed: {r['error']}")
+    return (f"warm-up run (not counted): {cls}, prompt {prompt}, neither, prefill {r['prefill_tps']:.2f} tok/s, "
+            f"steady decode {r['gen_steady_tps']:.2f}")
 
 
 def sequence(runs: int, scenarios=SCENARIOS) -> list[tuple[str, str, int]]:
@@ -362,6 +386,9 @@ def main() -> int:
                 + f"; {args.runs} runs per arm; drives paced by {args.pacing}")
         print(head, flush=True)
         lines.append(head)
+        line = "before the runs: " + wait_writeback()
+        print(line, flush=True)
+        lines.append(line)
         for cls in classes:
             for n in DRIVES:
                 tb.throttle(n, CLASSES[cls][0])
@@ -371,6 +398,9 @@ def main() -> int:
             line = (f"class {cls}: drives {', '.join(f'{n} {half_of[n]:.0f}' for n in DRIVES)} MB/s "
                     f"({'measured unthrottled, together' if cls == 'fast' else 'ceilings'}{alone}), crawl "
                     f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s")
+            print(line, flush=True)
+            lines.append(line)
+            line = warm_up(tb, cls, paths, out, args)
             print(line, flush=True)
             lines.append(line)
             for prompt in [p for k, p in (("short", args.short), ("long", args.long))
