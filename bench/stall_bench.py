@@ -32,6 +32,11 @@ expert cache), interleaved forward, backward, forward within each class and prom
   alone    internal and green alone at 1:1 (the healthy drives: crawl's and recover's reference)
   best     the right static weights for green at half speed, 2:1:2 (half's reference)
 
+and with --feature-arms two more in every scenario, to weigh each feature against hedging alone:
+
+  h+b      hedging and balancing (--no-reweigh)
+  h+r      hedging and re-weighting (--no-balance)
+
 healthy's reference is neither. Every cell is a class, a prompt (--short and --long tokens), a
 scenario and a phase (prefill, steady decode): the median of --runs runs per arm, and the ratio
 the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of best, healthy
@@ -57,7 +62,7 @@ Run it as root (it takes the testbed lock and always takes the testbed down):
 
   .venv/bin/python -m bench.stall_bench [--class slow --class medium --class fast] [--runs 3]
       [--scenario crawl --scenario recover --scenario half --scenario healthy] [--prompt short --prompt long]
-      [--pacing throttle|service] [--root DIR] [--ram SPEC]
+      [--pacing throttle|service] [--root DIR] [--ram SPEC] [--feature-arms]
 
 --root builds the testbed in DIR: on a tmpfs (--root /dev/shm/sb) the fast class's loop devices
 read from memory at GB/s, where drives are faster than the reader (docs/reader.md "Round 14").
@@ -108,7 +113,9 @@ ARMS = {"crawl": ("reweigh", "hedge", "neither", "alone"), "recover": ("reweigh"
 REFERENCE = {"crawl": "alone", "recover": "alone", "half": "best", "healthy": "neither"}
 TARGET = {"crawl": 0.9, "recover": 0.9, "half": 0.95, "healthy": 0.98}
 ONCE = {("crawl", "neither"), ("recover", "neither")}
+FEATURE_ARMS = ("h+b", "h+r")   # --feature-arms: hedging with balancing, hedging with re-weighting (each feature's cost)
 FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", "--no-reweigh", "--no-balance"],
+         "h+b": ["--hedge", "--no-reweigh", "--balance"], "h+r": ["--hedge", "--reweigh", "--no-balance"],
          "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
          "best": ["--no-hedge", "--no-reweigh", "--no-balance"]}
 REST_S = 0.5          # between runs: a throttle's unused budget must not carry into the next run
@@ -236,11 +243,16 @@ def warm_up(tb: Testbed, cls: str, paths: list[str], out: str, args) -> str:
             f"steady decode {r['gen_steady_tps']:.2f}")
 
 
-def sequence(runs: int, scenarios=SCENARIOS) -> list[tuple[str, str, int]]:
+def arms_of(feature_arms: bool) -> dict[str, tuple[str, ...]]:
+    """Each scenario's arms: `ARMS`, with `FEATURE_ARMS` after the defaults when asked for."""
+    return {sc: (a[0], *FEATURE_ARMS, *a[1:]) if feature_arms else a for sc, a in ARMS.items()}
+
+
+def sequence(runs: int, scenarios=SCENARIOS, arms_by=ARMS) -> list[tuple[str, str, int]]:
     """(scenario, arm, pass) in run order for one class and prompt: every arm forward, then
     backward, and so on; an arm run once is run in the first pass only. recover's alone arm is
     crawl's when crawl runs too."""
-    arms = [(sc, arm) for sc in scenarios for arm in ARMS[sc]
+    arms = [(sc, arm) for sc in scenarios for arm in arms_by[sc]
             if not (arm == "alone" and sc == "recover" and "crawl" in scenarios)]
     out = []
     for k in range(runs):
@@ -253,13 +265,14 @@ def changes(result: dict) -> str:
     return "; ".join(plan_changes(result)) or "none"
 
 
-def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=SCENARIOS) -> list[str]:
+def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=SCENARIOS,
+            arms_by=ARMS) -> list[str]:
     """The cell lines of one class and prompt."""
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
         med, runs, degraded, each = {}, {}, {}, {}
-        for arm in ARMS[sc]:
+        for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
             runs[arm] = len(rs)
@@ -269,17 +282,17 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
                 med[arm][ph] = split_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
         ref = REFERENCE[sc]
-        lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in ARMS[sc]))
+        lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in arms_by[sc]))
         for k, label in (("prefill_tps", "prefill"), ("gen_steady_tps", "steady decode")):
-            vals = " ".join(f"{a} {f(med[a][k])}" for a in ARMS[sc])
-            ratios = ", ".join(f"{a}/{ref} {f(_ratio(med, a, ref, k))}" for a in ARMS[sc] if a != ref)
+            vals = " ".join(f"{a} {f(med[a][k])}" for a in arms_by[sc])
+            ratios = ", ".join(f"{a}/{ref} {f(_ratio(med, a, ref, k))}" for a in arms_by[sc] if a != ref)
             r = _ratio(med, "reweigh", ref, k)
             noise = ratio_interval(each["reweigh"][k], each[ref][k]) if r is not None else None
             lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict(r, noise, TARGET[sc])}")
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
-                f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in ARMS[sc]))
-        for a in ARMS[sc]:
+                f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
+        for a in arms_by[sc]:
             if a in ("reweigh", "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
         if sc == "healthy":
@@ -346,6 +359,9 @@ def main() -> int:
                          "over memory, GB/s each: NVMe's class, where the fast class on disk images reads at what "
                          "the disk gives (needs --size x 3 of free memory)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--feature-arms", action="store_true",
+                    help="two more arms in every scenario, h+b (hedging and balancing) and h+r (hedging and "
+                         "re-weighting): what each feature adds to hedging, beside the defaults (all three)")
     ap.add_argument("--ram", default=None,
                     help="hold every run to this RAM budget, page cache included, as `iobench testbed up --ram` takes "
                          "it: '25%%+512M' is a quarter of the model plus 512 MiB for the processes (default: none)")
@@ -364,6 +380,7 @@ def main() -> int:
         usage_exit("--pacing service: the fast class is the loop devices unthrottled, and a daemon in the way would be "
                    "its ceiling; give --class slow and/or --class medium")
     scenarios = tuple(sc for sc in SCENARIOS if not args.scenarios or sc in args.scenarios)
+    arms_by = arms_of(args.feature_arms)
     require_testbed(args.pacing)
     out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
     t_start = time.monotonic()
@@ -412,7 +429,7 @@ def main() -> int:
                 os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
                 os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
                 rows = []
-                for seq, (sc, arm, _) in enumerate(sequence(args.runs, scenarios)):
+                for seq, (sc, arm, _) in enumerate(sequence(args.runs, scenarios, arms_by)):
                     r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
                     rows.append((sc, arm, r))
                     ran += 1
@@ -428,7 +445,7 @@ def main() -> int:
                           f"{r['gen_steady_tps']:7.2f} (prefill {r['prefill']['seconds']:.2f} s, decode "
                           f"{r['decode']['seconds']:.2f} s, run {r['bench_run_s']} s{when})  {changes(r)}",
                           file=sys.stderr, flush=True)
-                block = summary(cls, prompt, rows, scenarios)
+                block = summary(cls, prompt, rows, scenarios, arms_by)
                 print("\n".join(block), flush=True)
                 lines += block
     tail = ("output hashes: " + ", ".join(f"prompt {p}+{g}: {len(h)} distinct ({', '.join(x[:12] for x in sorted(h))})"
