@@ -226,8 +226,8 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
 
 
 def warm_up(tb: Testbed, cls: str, paths: list[str], out: str, args) -> str:
-    """One run of the engine's own reads on healthy drives, not counted (the first run after the
-    testbed is built is slow for reasons of its own, not of any arm); its line."""
+    """One run of the engine's own reads on healthy drives, not counted: the first run after the
+    testbed was built or its drives were measured is slow for reasons of no arm's. Its line."""
     for n in DRIVES:
         tb.throttle(n, CLASSES[cls][0])
     prompt = args.short if not args.prompts or "short" in args.prompts else args.long
