@@ -224,8 +224,8 @@ class SplitReader:
         the weights `phase`'s reads are cut with now and their epoch, in the same turn of the lock."""
         with self._lanes.lock:
             change, owed = self._reweigher.step(healthy)
-            if change is not None and self._hedger is not None:
-                self._hedger.weights = {ph: tuple(w) for ph, w in change["new"].items()}
+            if change is not None:
+                self._adopt(change)
             self._owed += [s for s in owed if s not in self._owed]
             now = self._reweigher.weights(phase), self._reweigher.epoch
         if change is not None:
@@ -238,8 +238,13 @@ class SplitReader:
         change = self._reweigher.came_back(s, pace, sorted({*self._health.healthy(), s}))
         if change is None:
             return None
-        self._hedger.weights = {ph: tuple(w) for ph, w in change["new"].items()}
+        self._adopt(change)
         return lambda: self._announce(change)
+
+    def _adopt(self, change: dict) -> None:
+        """A change of weights (the lanes' lock held): the hedger judges by the weights reads are cut with."""
+        if self._hedger is not None:
+            self._hedger.weights = {ph: tuple(w) for ph, w in change["new"].items()}
 
     def _announce(self, change: dict) -> None:
         fmt = lambda d: ", ".join(f"{ph} {':'.join(map(str, w))}" for ph, w in d.items())  # noqa: E731
