@@ -225,22 +225,24 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     return result
 
 
-def warm_up(tb: Testbed, cls: str, paths: list[str], out: str, args) -> str:
+def setup(tb: Testbed, out: str, cls: str, label: str, prompt: int, gen: int, args) -> tuple[dict, str]:
+    """A set of runs' engine settings and folder (its arms' results and plans under `out/cls/label`)."""
+    workdir = os.path.join(out, cls, label)
+    os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
+    os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
+    return {"prompt_tokens": prompt, "gen_tokens": gen, "cache_experts": args.cache_experts, "wrap": tb.wrap}, workdir
+
+
+def warm_up(tb: Testbed, cls: str, paths: list[str], settings: dict, workdir: str, args) -> str:
     """One run of the engine's own reads on healthy drives, not counted: the first run after the
     testbed was built or its drives were measured is slow for reasons of no arm's. Its line."""
     for n in DRIVES:
         tb.throttle(n, CLASSES[cls][0])
-    prompt = args.short if not args.prompts or "short" in args.prompts else args.long
-    settings = {"prompt_tokens": prompt, "gen_tokens": GENERATED[cls] if args.gen_tokens is None else args.gen_tokens,
-                "cache_experts": args.cache_experts, "wrap": tb.wrap}
-    workdir = os.path.join(out, cls, "warm-up")
-    os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
-    os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
     r = run_arm(tb, cls, "healthy", "neither", paths, settings, workdir, 0, {}, args)
     if "error" in r:
         raise SystemExit(f"stall_bench: the warm-up run failed: {r['error']}")
-    return (f"warm-up run (not counted): {cls}, prompt {prompt}, neither, prefill {r['prefill_tps']:.2f} tok/s, "
-            f"steady decode {r['gen_steady_tps']:.2f}")
+    return (f"warm-up run (not counted): {cls}, prompt {settings['prompt_tokens']}, neither, prefill "
+            f"{r['prefill_tps']:.2f} tok/s, steady decode {r['gen_steady_tps']:.2f}")
 
 
 def arms_of(feature_arms: bool) -> dict[str, tuple[str, ...]]:
@@ -381,6 +383,7 @@ def main() -> int:
                    "its ceiling; give --class slow and/or --class medium")
     scenarios = tuple(sc for sc in SCENARIOS if not args.scenarios or sc in args.scenarios)
     arms_by = arms_of(args.feature_arms)
+    prompts = [p for k, p in (("short", args.short), ("long", args.long)) if not args.prompts or k in args.prompts]
     require_testbed(args.pacing)
     out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
     t_start = time.monotonic()
@@ -417,17 +420,12 @@ def main() -> int:
                     f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s")
             print(line, flush=True)
             lines.append(line)
-            line = warm_up(tb, cls, paths, out, args)
+            gen = generated[cls]
+            line = warm_up(tb, cls, paths, *setup(tb, out, cls, "warm-up", prompts[0], gen, args), args)
             print(line, flush=True)
             lines.append(line)
-            for prompt in [p for k, p in (("short", args.short), ("long", args.long))
-                           if not args.prompts or k in args.prompts]:
-                gen = generated[cls]
-                settings = {"prompt_tokens": prompt, "gen_tokens": gen, "cache_experts": args.cache_experts,
-                            "wrap": tb.wrap}
-                workdir = os.path.join(out, cls, str(prompt))
-                os.makedirs(os.path.join(workdir, "arms"), exist_ok=True)
-                os.makedirs(os.path.join(workdir, "plans"), exist_ok=True)
+            for prompt in prompts:
+                settings, workdir = setup(tb, out, cls, str(prompt), prompt, gen, args)
                 rows = []
                 for seq, (sc, arm, _) in enumerate(sequence(args.runs, scenarios, arms_by)):
                     r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
