@@ -98,7 +98,7 @@ class Attempt:
     the model's file `fi` (a piece's is its read's)."""
 
     __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
-                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted", "step_due")
+                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted", "step_due", "watched")
 
     def __init__(self, piece: PieceInFlight | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
@@ -115,3 +115,4 @@ class Attempt:
         self.epoch = piece.ticket.epoch if piece is not None else 0   # the weights its read was cut with
         self.counted = False       # its source's re-weighting window counts it (it is in the window's work)
         self.step_due: int | None = None   # hedger clock, ns: late by its step (`hedging.step_deadline_ns`)
+        self.watched = 0           # its deadlines on the hedger's heap (the watchdog looks at it then)

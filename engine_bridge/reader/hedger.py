@@ -42,6 +42,7 @@ import itertools
 import math
 import threading
 import time
+from collections import deque
 from typing import Callable, Sequence
 
 from core.coldio import align_down
@@ -82,7 +83,7 @@ class Hedger:
         self._given_all = {"prefill": False, "decode": False}   # every healthy source was given some (`_shares`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`),
-                                                    # kept as it learns: every deadline asks for it
+        self._learnt = False                        # worked out again when a deadline asks after it learnt (`_rate`)
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
@@ -97,6 +98,9 @@ class Hedger:
         # a streak's start: (ns, `delivered` then, `busy` then)
         self.span_from: list[tuple[int, list[int], list[int]] | None] = [None] * n
         self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
+        # each source's main attempts in the order they were queued (its *line*: `_watch_head`); the
+        # ones over or moot leave it when they reach its head
+        self.line: list[deque] = [deque() for _ in range(n)]
         self.probing = [False] * n
         self.next_probe = [0] * n
         self.probe_ok = [0] * n
@@ -145,10 +149,8 @@ class Hedger:
         self._queue(att, now)
         if att.kind == MAIN and len(self.est) > 1:
             self.pending[att.src].add(att)
-            due = self._deadline(att)
-            heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
-            if self._heap[0][2] is att:
-                self.cond.notify()
+            self.line[att.src].append(att)
+            self._watch_head(att.src, now)
 
     def moved(self, att: Attempt, new: int) -> None:
         """A failing attempt goes on to source `new` (failover: no deadline of its own)."""
@@ -179,11 +181,10 @@ class Hedger:
         if inflight is None or att.kind != MAIN or att not in self.pending[att.src]:
             return
         att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.jumped[att.src]
-        due = self._deadline(att)
-        if due is not None:
-            heapq.heappush(self._heap, (due, next(self._seq), att))
-            if self._heap[0][2] is att:
-                self.cond.notify()
+        if att.stolen or self._head(att.src) is att:    # see `_watch_head`: one started behind it is due later
+            due = self._deadline(att)
+            if due is not None:
+                self._push(due, att, att.src)
 
     def ended(self, att: Attempt, s: int, ok: bool) -> list:
         """An attempt on source `s` is over; returns what to do once the lock is released."""
@@ -209,8 +210,7 @@ class Hedger:
             self.observed_at[s] = self.busy[s]
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
-                self.own[s] = self.est[s].rate(self.policy.min_busy_ns)
-                self._memo.clear()
+                self._learnt = True
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
@@ -234,9 +234,7 @@ class Hedger:
             if a.late or a.piece.hedged or a.step_due is not None or a not in self.pending[a.src]:
                 continue
             a.step_due = due
-            heapq.heappush(self._heap, (due, next(self._seq), a))
-            if self._heap[0][2] is a:
-                self.cond.notify()
+            self._push(due, a, a.src)
 
     def counters(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(hedged, late) per source."""
@@ -454,9 +452,14 @@ class Hedger:
         """The rate `s` is held to: the faster of what it delivered itself and what its share of the
         cut (`_shares`) promises from its healthy peers' rates (`hedging.held_rate`; a rate counts
         once it rests on `min_busy_ns` of busy time), kept until a delivery teaches the estimates
-        something or the weights or the healthy sources change (it is asked for every deadline:
-        twice per piece)."""
+        something or the weights or the healthy sources change; every source's own rate is worked
+        out again here, once, after deliveries taught the estimates (asked for every deadline: a
+        line's head's, and a late streak's pieces')."""
         self._sync(healthy)
+        if self._learnt:
+            self._learnt = False
+            self.own = [e.rate(self.policy.min_busy_ns) for e in self.est]
+            self._memo.clear()
         key = (s, phase)
         r = self._memo.get(key, _UNKNOWN)
         if r is _UNKNOWN:
@@ -489,19 +492,20 @@ class Hedger:
                 now = self.clock()
                 due = []
                 while self._heap and self._heap[0][0] <= now:
-                    due.append(heapq.heappop(self._heap)[2])
+                    due.append(self._pop())
                 if due and self._skew > floor and not self._deferred:   # we were starved, not the drives:
                     self._deferred = True                               # look again later, once (a machine
-                    for att in due:                                     # always this loaded would defer forever)
-                        heapq.heappush(self._heap, (now + floor, next(self._seq), att))
+                    for att, s in due:                                  # always this loaded would defer forever)
+                        self._push(now + floor, att, s)
                 else:
                     self._deferred = False
-                    for att in due:
+                    for att, s in due:
                         self._judge(att, now, actions)
+                        self._watch_head(s, now)
                 self._skew = 0
                 if not actions:
                     while self._heap and self._moot(self._heap[0][2]):
-                        heapq.heappop(self._heap)
+                        self._watch_head(self._pop()[1], now)
                     self._wake_at = self._heap[0][0] if self._heap else None
                     timeout = None if self._wake_at is None else max(0, self._wake_at - now) / 1e9
                     notified = self.cond.wait(timeout)
@@ -509,6 +513,44 @@ class Hedger:
                         self._skew = self.clock() - self._wake_at
             for act in actions:
                 act()
+
+    def _push(self, due: int, att: Attempt, s: int) -> None:
+        """Put `att`, in source `s`'s line, on the watchdog's heap at `due` (waking it if that is now its earliest)."""
+        heapq.heappush(self._heap, (due, next(self._seq), att, s))
+        att.watched += 1
+        if self._heap[0][2] is att:
+            self.cond.notify()
+
+    def _pop(self) -> tuple[Attempt, int]:
+        """The heap's earliest: (attempt, the source whose line it was put on the heap for)."""
+        _, _, att, s = heapq.heappop(self._heap)
+        att.watched -= 1
+        return att, s
+
+    def _head(self, s: int) -> Attempt | None:
+        """The first attempt in source `s`'s line that judging would not skip (`_moot`), or None; the
+        ones before it leave the line."""
+        line = self.line[s]
+        while line:
+            att = line[0]
+            if att.src == s and not self._moot(att):
+                return att
+            line.popleft()
+        return None
+
+    def _watch_head(self, s: int, now: int) -> None:
+        """Put the head of source `s`'s line on the heap at its deadline, unless it is there already.
+        Only a line's head is watched: a drive serves its queue in order, so a piece behind another
+        on the same drive has the later deadline (queued later, behind more bytes, or started
+        later over bytes that include the head's) — when the head's entry comes due, the one behind
+        it is watched in turn (stolen pieces, which start before their new drive's queue, are
+        watched from when they start: `started`). Two deadlines worked out a piece and a heap entry
+        each, when most pieces land long before either, cost fast drives a measurable part of the
+        reader's CPU (docs/reader.md "Round 20")."""
+        att = self._head(s)
+        if att is not None and not att.watched:
+            due = self._deadline(att)
+            self._push(now + self._recheck() if due is None else due, att, s)
 
     def _moot(self, att: Attempt) -> bool:
         """Whether judging `att` would do nothing, now and later: it was judged late already, it is over
@@ -524,7 +566,7 @@ class Hedger:
             return
         due = self._deadline(att)
         if due is None or due > now:
-            heapq.heappush(self._heap, (now + self._recheck() if due is None else due, next(self._seq), att))
+            self._push(now + self._recheck() if due is None else due, att, s)
             return
         if att.step_due is not None and att.step_due <= now and not self._own_late(att, now):
             # late by its step only: hedged now, like an idle drive's copy, and still judged at its own
@@ -534,7 +576,7 @@ class Hedger:
                 piece.copied = True
             own = self._deadline(att)
             if own is not None:
-                heapq.heappush(self._heap, (own, next(self._seq), att))
+                self._push(own, att, s)
             return
         att.late = True
         self._count_late(att, now)
@@ -611,8 +653,7 @@ class Hedger:
             self.counted_at[s] = None
             self.observed_at[s] = self.busy[s]
             self.est[s] = RateEstimate(self.policy.decay)
-            self.own[s] = None
-            self._memo.clear()
+            self._learnt = True
             self.tick_at[s] = self.clock()
             self.back[s] = True
             if self.relapse[s] is not None and self.comeback is not None:

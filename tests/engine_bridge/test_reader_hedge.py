@@ -446,7 +446,7 @@ def test_peers_burst_holds_the_primary_only_without_the_busy_time_rule(model, mi
     with _reader(paths, None, Clock(), min_busy_ns=min_busy_ns) as r:
         assert bytes(r.read(0, 8 * BLOCK_BYTES)) == data[:8 * BLOCK_BYTES]
         with r._lanes.lock:
-            own, rate = list(r._hedger.own), r._hedger._rate(0, "prefill", [0, 1, 2])
+            rate, own = r._hedger._rate(0, "prefill", [0, 1, 2]), list(r._hedger.own)
     assert own == [held] * 3 and rate == held
 
 
