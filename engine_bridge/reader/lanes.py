@@ -209,11 +209,11 @@ class Lanes:
         from another's queue or a copy of one overdue in another's kernel; None: close."""
         q = self._queues[src]
         while True:
-            roomless = False
+            roomless = elsewhere = False
             if q.items:
                 head = q.items[0]
                 if (self.balancer is not None and head is not None and head.kind == MAIN and not head.piece.done
-                        and not self._closing):
+                        and not self._closing and self._earlier_elsewhere(src, head.piece.ticket.seq)):
                     att = self._others_work(src, before=head.piece.ticket.seq)
                     if att is not None:
                         return att
@@ -222,12 +222,14 @@ class Lanes:
                     return q.items.popleft()
                 roomless = True
             elif self.balancer is not None and not self._closing:
-                att = self._others_work(src)
-                if att is not None:
-                    return att
+                elsewhere = self._elsewhere(src)         # nothing anywhere: nothing to take or copy
+                if elsewhere:
+                    att = self._others_work(src)
+                    if att is not None:
+                        return att
             # while work waits on another queue or in another kernel, one lane looks again soon: taking it
             # or copying it may become worth it as the drives' paces change
-            look = self.balancer is not None and not q.items and not q.looking and self._elsewhere(src)
+            look = elsewhere and not q.looking
             q.idle += 1
             q.roomless += roomless
             q.looking = q.looking or look
@@ -238,10 +240,27 @@ class Lanes:
             q.idle -= 1
 
     def _elsewhere(self, src: int) -> bool:
+        """Whether work waits on another source's queue, or (copies) in a late drive's kernel."""
         for t, o in enumerate(self._queues):
             if t != src and o.items:
                 return True
         return self.hedger is not None and self.balance.copies and self.hedger.out_elsewhere(src)
+
+    def _earlier_elsewhere(self, src: int, before: int) -> bool:
+        """Whether another source's queue may offer `src` a chunk of a read submitted before read
+        `before` (`ReadTicket.seq`), by a look at each queue's head: False only when every head is a
+        chunk, nobody delivered or hedged, of read `before` or a later one, in a file `src` holds —
+        `Balancer.offers` looks no further than such a head. A lane starting its own head asks this
+        first: the full look (`_others_work`), at every turn of every lane, was a tenth of
+        balancing's CPU on fast drives (docs/reader.md "Round 20")."""
+        holds = self.balancer.holds
+        for t, q in enumerate(self._queues):
+            if t != src and q.items:
+                a = q.items[0]
+                if (a is None or a.kind != MAIN or a.piece.done or a.piece.hedged or a.piece.ticket.seq < before
+                        or (holds is not None and not holds(src, a.fi))):
+                    return True
+        return False
 
     def _others_work(self, t: int, before: int | None = None) -> Attempt | None:
         """What source `t` does for the others: a chunk of another's queue it would finish first,
