@@ -1,15 +1,18 @@
 """The split reader's hedger: a watchdog that re-issues late pieces on the healthiest other replica.
 
-Every main attempt gets a deadline when it is queued (`hedging.deadline_ns`: the bytes queued on
-its source ahead of it over the rate the source is held to, times a margin, plus a request's
+Every main attempt has a deadline from when it is queued (`hedging.deadline_ns`: the bytes queued
+on its source ahead of it over the rate the source is held to, times a margin, plus a request's
 typical own time on these drives, `hedging.ServiceTime`; with balancing, from when a lane starts
 it, over the bytes then in its drive's kernel). A drive already on a late streak is also judged
 by the step: when the rest of a read has landed, its pieces still out are late at margin x the
 time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judged again at their
-own deadline, where a lateness counts. The watchdog thread sleeps until the earliest deadline of
-a piece still out (before it sleeps it drops the deadlines of pieces delivered since: a wake-up
-per delivered piece's deadline cost a 2-core machine's compute a few percent of its decode,
-docs/reader.md "Round 7"); a piece still outstanding then is *late*: it is counted
+own deadline, where a lateness counts. Each source's pieces wait in a *line*, in the order they
+were queued, and only the first piece still out in each line is on the watchdog's heap
+(`_watch_head`: the one behind it is due later, and is watched when the first one's time comes).
+The watchdog thread sleeps until the earliest of those deadlines (before it sleeps it drops the
+deadlines of pieces delivered since: a wake-up per delivered piece's deadline cost a 2-core
+machine's compute a few percent of its decode, docs/reader.md "Round 7"); a piece still
+outstanding then is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
 wins (lanes.py); the loser is discarded. With balancing, a drive with nothing else to do reads a
@@ -499,9 +502,13 @@ class Hedger:
                         self._push(now + floor, att, s)
                 else:
                     self._deferred = False
-                    for att, s in due:
-                        self._judge(att, now, actions)
-                        self._watch_head(s, now)
+                    while due:
+                        for att, s in due:
+                            self._judge(att, now, actions)
+                            self._watch_head(s, now)
+                        due = []                # the next in a line may be past its deadline already
+                        while self._heap and self._heap[0][0] <= now:
+                            due.append(self._pop())
                 self._skew = 0
                 if not actions:
                     while self._heap and self._moot(self._heap[0][2]):
@@ -509,8 +516,8 @@ class Hedger:
                     self._wake_at = self._heap[0][0] if self._heap else None
                     timeout = None if self._wake_at is None else max(0, self._wake_at - now) / 1e9
                     notified = self.cond.wait(timeout)
-                    if not notified and self._wake_at is not None:
-                        self._skew = self.clock() - self._wake_at
+                    if not notified and self._wake_at is not None:    # late beyond what it meant to sleep:
+                        self._skew = self.clock() - max(self._wake_at, now)    # starved
             for act in actions:
                 act()
 

@@ -182,6 +182,34 @@ def test_the_watchdog_does_not_wake_for_the_deadlines_of_pieces_already_delivere
         assert _looked_again(r) is None
 
 
+def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
+    """Only the first piece in each drive's line has its deadline on the watchdog's heap (one
+    behind it on the same drive is due later); once that one is judged, the next is, in the same
+    round when its deadline has passed too: a drive that hangs has the piece in its kernel and the
+    one queued behind it hedged, and both reads complete while it still hangs."""
+    paths, data = model
+    stall, clock = Stall(paths[2]), Clock()
+    with _reader(paths, stall, clock, lanes=1) as r:
+        _warm(r, data, stall)
+        before = [x.reads for x in r.stats().sources]
+        a = r.submit(0, 4 * BLOCK_BYTES)
+        b = r.submit(4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
+        stall.entered.acquire()             # a's piece is in the drive's kernel, b's queued behind it
+        _until(lambda: all(r.stats().sources[s].reads >= before[s] + 2 for s in (0, 1)))
+        h = r._hedger
+        with r._lanes.lock:
+            out = sorted(h.pending[2], key=lambda x: x.piece.ticket.seq)
+            watched = [e[2] for e in h._heap if e[2] in h.pending[2]]
+        assert [x.piece.ticket for x in out] == [a, b] and watched == [out[0]]
+        clock.advance(10 * FLOOR)           # both past their deadlines
+        r.wake_hedger()
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+        assert bytes(b.result()) == data[4 * BLOCK_BYTES:8 * BLOCK_BYTES]
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
+
+
 def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbage_collector(model):
     """With hedging a read keeps its main attempts (a step's lateness looks at them) and they point
     back at it; past its barrier it lets them go, so a finished read is no reference cycle the
