@@ -168,15 +168,19 @@ def latency_lines(paths, size: int, repeat: int) -> list[str]:
 
 
 def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
-    """The reader's CPU per read, plain (the engine's reads) and with the embedded engine's features
-    (hedging, re-weighting, balancing), alternated `repeat` times: medians and their ratio."""
-    plain, feats = [], []
+    """The reader's CPU per read, plain (the engine's reads), with the embedded engine's features
+    (hedging, re-weighting, balancing) and with each of them alone (`LATENCY_ARMS`), measured in
+    turn `repeat` times: medians, the features' ratio to plain, and what each adds to plain alone."""
+    got: dict[str, list[float]] = {name: [] for name, _ in LATENCY_ARMS}
     for _ in range(repeat):
-        plain.append(cpu_per_read(paths, size, ReaderSettings(), reads))
-        feats.append(cpu_per_read(paths, size, EMBEDDED, reads))
-    p, f = statistics.median(plain), statistics.median(feats)
+        for name, settings in LATENCY_ARMS:
+            got[name].append(cpu_per_read(paths, size, settings, reads))
+    med = {name: statistics.median(v) for name, v in got.items()}
+    p, f = med["plain"], med["all three"]
+    alone = ", ".join(f"{name} {med[name]:.0f} µs ({med[name] - p:+.0f})" for name, _ in LATENCY_ARMS[1:-1])
     return [f"cpu per read (decode 835,584 B, 8 in flight, {len(paths)} sources, {reads} reads, median of {repeat}): "
-            f"plain {p:.0f} µs, features {f:.0f} µs, features / plain {f / p:.2f}"]
+            f"plain {p:.0f} µs, features {f:.0f} µs, features / plain {f / p:.2f}",
+            f"  each feature alone: {alone}; all three {f - p:+.0f} µs"]
 
 
 def chunk_run(paths, size: int, settings: ReaderSettings, nbytes: int, passes: int = 3) -> tuple[float, float, list]:
@@ -223,7 +227,8 @@ def main() -> int:
     ap.add_argument("--balance", action="store_true", help="the reader balances (chunks, short kernel queues, idle "
                                                           "drives take queued chunks: `engine-bridge run`'s default)")
     ap.add_argument("--cpu", action="store_true", help="only the reader's CPU per read, plain beside the embedded "
-                                                       "engine's features (hedging, re-weighting, balancing)")
+                                                       "engine's features (hedging, re-weighting, balancing), "
+                                                       "together and each alone")
     ap.add_argument("--cpu-reads", type=int, default=3000, help="reads per --cpu measurement")
     ap.add_argument("--latency", action="store_true", help="only a decode step's latency: the plain reader beside "
                                                            "each feature and all three")
