@@ -179,12 +179,14 @@ class Hedger:
     def started(self, att: Attempt, inflight: int | None) -> None:
         """A lane took `att`; with balancing, with `inflight` bytes (itself included) in the kernel on
         its source: when balancing keeps most of a share queued, a piece's deadline runs from here,
-        over what is really ahead of it."""
+        over what is really ahead of it — put on the heap now for the head of its line and for a
+        chunk taken from another drive (it starts ahead of its new drive's queue); any other was
+        started behind the head, over bytes that include the head's, and is watched after it."""
         att.t_begin = self.clock()
         if inflight is None or att.kind != MAIN or att not in self.pending[att.src]:
             return
         att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.jumped[att.src]
-        if att.stolen or self._head(att.src) is att:    # see `_watch_head`: one started behind it is due later
+        if att.stolen or self._head(att.src) is att:
             due = self._deadline(att)
             if due is not None:
                 self._push(due, att, att.src)
