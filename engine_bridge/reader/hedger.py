@@ -85,8 +85,8 @@ class Hedger:
         self._split = None              # (healthy sources, weights) `given` and `_memo` were kept for (`_sync`)
         self._given_all = {"prefill": False, "decode": False}   # every healthy source was given some (`_shares`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
-        self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`),
-        self._learnt = False                        # worked out again when a deadline asks after it learnt (`_rate`)
+        self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`)
+        self._learnt = False                        # an estimate learnt since: `_rate` works `own` out again
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)

@@ -251,8 +251,8 @@ class Lanes:
         `before` (`ReadTicket.seq`), by a look at each queue's head: False only when every head is a
         chunk, nobody delivered or hedged, of read `before` or a later one, in a file `src` holds —
         `Balancer.offers` looks no further than such a head. A lane starting its own head asks this
-        first: the full look (`_others_work`), at every turn of every lane, was a tenth of
-        balancing's CPU on fast drives (docs/reader.md "Round 20")."""
+        first: the full look (`_others_work`), twice a piece, took ~6 % of the reader's CPU with
+        all three features in a profile (docs/reader.md "Round 20")."""
         holds = self.balancer.holds
         for t, q in enumerate(self._queues):
             if t != src and q.items:
