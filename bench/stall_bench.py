@@ -83,6 +83,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -187,6 +188,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     with open(base + ".log", "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
+        faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt    # the run is the only child reaped meanwhile
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
@@ -211,6 +213,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         timer.start()
         out, _ = proc.communicate()
         ended = time.monotonic()
+        faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt - faults
         timer.join()
     for n in DRIVES:
         tb.throttle(n, drive)
@@ -220,6 +223,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     result = json.loads(out)
     result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
     result["bench_crawl_ns"] = crawled     # recover: when white began to crawl and when it was lifted
+    result["bench_major_faults"] = faults  # pages the run faulted in from a drive (code, under a RAM budget)
     with open(base + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     return result
@@ -273,7 +277,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded, each = {}, {}, {}, {}
+        med, runs, degraded, each, faults = {}, {}, {}, {}, {}
         for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
@@ -283,6 +287,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
+            faults[arm] = major_faults(rs)
         ref = REFERENCE[sc]
         lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in arms_by[sc]))
         for k, label in (("prefill_tps", "prefill"), ("gen_steady_tps", "steady decode")):
@@ -294,6 +299,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
+        lines.append("   major page faults a run " + ", ".join(f"{a} {faults[a]}" for a in arms_by[sc]))
         for a in arms_by[sc]:
             if a in ("reweigh", "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
@@ -301,6 +307,13 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             bad = [a for a in ("reweigh", "hedge") for c in degraded[a] if "degraded" in c]
             lines.append(f"   healthy degrades: {len(bad)} ({', '.join(bad) or 'none'})")
     return lines
+
+
+def major_faults(results: list[dict]) -> str:
+    """The median of runs' major page faults (pages read back from a drive: under a RAM budget the
+    interpreter's and libraries' code, evicted and faulted in again), '-' without runs."""
+    v = [r["bench_major_faults"] for r in results if "bench_major_faults" in r]
+    return f"{statistics.median(v):.0f}" if v else "-"
 
 
 def split_times(phases: list[dict]) -> tuple[float, float] | None:
