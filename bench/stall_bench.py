@@ -188,7 +188,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     with open(base + ".log", "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt    # the run is the only child reaped meanwhile
+        use0 = resource.getrusage(resource.RUSAGE_CHILDREN)    # the run is the only child reaped meanwhile
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
@@ -213,7 +213,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         timer.start()
         out, _ = proc.communicate()
         ended = time.monotonic()
-        faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_majflt - faults
+        use1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         timer.join()
     for n in DRIVES:
         tb.throttle(n, drive)
@@ -223,7 +223,9 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     result = json.loads(out)
     result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
     result["bench_crawl_ns"] = crawled     # recover: when white began to crawl and when it was lifted
-    result["bench_major_faults"] = faults  # pages the run faulted in from a drive (code, under a RAM budget)
+    result["bench_major_faults"] = use1.ru_majflt - use0.ru_majflt   # pages read back from a drive (evicted code)
+    result["bench_minor_faults"] = use1.ru_minflt - use0.ru_minflt   # pages mapped without a read
+    result["bench_system_s"] = round(use1.ru_stime - use0.ru_stime, 3)   # the kernel's time for the run
     with open(base + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     return result
@@ -277,7 +279,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded, each, faults = {}, {}, {}, {}, {}
+        med, runs, degraded, each, kernel = {}, {}, {}, {}, {}
         for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
@@ -287,7 +289,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
-            faults[arm] = major_faults(rs)
+            kernel[arm] = kernel_use(rs)
         ref = REFERENCE[sc]
         lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in arms_by[sc]))
         for k, label in (("prefill_tps", "prefill"), ("gen_steady_tps", "steady decode")):
@@ -299,7 +301,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
-        lines.append("   major page faults a run " + ", ".join(f"{a} {faults[a]}" for a in arms_by[sc]))
+        lines.append("   page faults major / minor, system s a run " + ", ".join(f"{a} {kernel[a]}" for a in arms_by[sc]))
         for a in arms_by[sc]:
             if a in ("reweigh", "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
@@ -309,11 +311,15 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     return lines
 
 
-def major_faults(results: list[dict]) -> str:
-    """The median of runs' major page faults (pages read back from a drive: under a RAM budget the
-    interpreter's and libraries' code, evicted and faulted in again), '-' without runs."""
-    v = [r["bench_major_faults"] for r in results if "bench_major_faults" in r]
-    return f"{statistics.median(v):.0f}" if v else "-"
+def kernel_use(results: list[dict]) -> str:
+    """The medians of runs' major page faults (pages read back from a drive: under a RAM budget the
+    interpreter's and libraries' code, evicted and faulted in again), minor page faults and system
+    seconds (the kernel's time: reclaim under a RAM budget lands here), '-' without runs."""
+    rs = [r for r in results if "bench_system_s" in r]
+    if not rs:
+        return "-"
+    med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+    return f"{med('bench_major_faults'):.0f} / {med('bench_minor_faults'):.0f}, {med('bench_system_s'):.2f}"
 
 
 def split_times(phases: list[dict]) -> tuple[float, float] | None:
