@@ -223,7 +223,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     result = json.loads(out)
     result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
     result["bench_crawl_ns"] = crawled     # recover: when white began to crawl and when it was lifted
-    result["bench_major_faults"] = use1.ru_majflt - use0.ru_majflt   # pages read back from a drive (evicted code)
+    result["bench_major_faults"] = use1.ru_majflt - use0.ru_majflt   # pages read in from a drive (code or data not cached)
     result["bench_minor_faults"] = use1.ru_minflt - use0.ru_minflt   # pages mapped without a read
     result["bench_system_s"] = round(use1.ru_stime - use0.ru_stime, 3)   # the kernel's time for the run
     with open(base + ".json", "w", encoding="utf-8") as f:
