@@ -495,9 +495,7 @@ class Hedger:
                     return
                 floor = max(self._slack(), RECHECK_NS)
                 now = self.clock()
-                due = []
-                while self._heap and self._heap[0][0] <= now:
-                    due.append(self._pop())
+                due = self._due(now)
                 if due and self._skew > floor and not self._deferred:   # we were starved, not the drives:
                     self._deferred = True                               # look again later, once (a machine
                     for att, s in due:                                  # always this loaded would defer forever)
@@ -508,9 +506,7 @@ class Hedger:
                         for att, s in due:
                             self._judge(att, now, actions)
                             self._watch_head(s, now)
-                        due = []                # the next in a line may be past its deadline already
-                        while self._heap and self._heap[0][0] <= now:
-                            due.append(self._pop())
+                        due = self._due(now)    # the next in a line may be past its deadline already
                 self._skew = 0
                 if not actions:
                     while self._heap and self._moot(self._heap[0][2]):
@@ -529,6 +525,13 @@ class Hedger:
         att.watched += 1
         if self._heap[0][2] is att:
             self.cond.notify()
+
+    def _due(self, now: int) -> list[tuple[Attempt, int]]:
+        """Every heap entry due by `now`, taken off the heap (`_pop`)."""
+        due = []
+        while self._heap and self._heap[0][0] <= now:
+            due.append(self._pop())
+        return due
 
     def _pop(self) -> tuple[Attempt, int]:
         """The heap's earliest: (attempt, the source whose line it was put on the heap for)."""
