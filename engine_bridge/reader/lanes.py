@@ -213,7 +213,7 @@ class Lanes:
             if q.items:
                 head = q.items[0]
                 if (self.balancer is not None and head is not None and head.kind == MAIN and not head.piece.done
-                        and not self._closing and self._earlier_elsewhere(src, head.piece.ticket.seq)):
+                        and not self._closing and self.balancer.may_offer_earlier(src, self._queues, head.piece.ticket.seq)):
                     att = self._others_work(src, before=head.piece.ticket.seq)
                     if att is not None:
                         return att
@@ -245,22 +245,6 @@ class Lanes:
             if t != src and o.items:
                 return True
         return self.hedger is not None and self.balance.copies and self.hedger.out_elsewhere(src)
-
-    def _earlier_elsewhere(self, src: int, before: int) -> bool:
-        """Whether another source's queue may offer `src` a chunk of a read submitted before read
-        `before` (`ReadTicket.seq`), by a look at each queue's head: False only when every head is a
-        chunk, nobody delivered or hedged, of read `before` or a later one, in a file `src` holds —
-        `Balancer.offers` looks no further than such a head. A lane starting its own head asks this
-        first: the full look (`_others_work`), twice a piece, took ~6 % of the reader's CPU with
-        all three features in a profile (docs/reader.md "Round 20")."""
-        holds = self.balancer.holds
-        for t, q in enumerate(self._queues):
-            if t != src and q.items:
-                a = q.items[0]
-                if (a is None or a.kind != MAIN or a.piece.done or a.piece.hedged or a.piece.ticket.seq < before
-                        or (holds is not None and not holds(src, a.fi))):
-                    return True
-        return False
 
     def _others_work(self, t: int, before: int | None = None) -> Attempt | None:
         """What source `t` does for the others: a chunk of another's queue it would finish first,
