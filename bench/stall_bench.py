@@ -312,9 +312,9 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
 
 
 def kernel_use(results: list[dict]) -> str:
-    """The medians of runs' major page faults (pages read back from a drive: under a RAM budget the
-    interpreter's and libraries' code, evicted and faulted in again), minor page faults and system
-    seconds (the kernel's time: reclaim under a RAM budget lands here), '-' without runs."""
+    """The medians of runs' major page faults (pages read in from a drive: code or data not in the
+    page cache, evicted under a RAM budget), minor page faults and system seconds (the kernel's
+    time: reclaim under a RAM budget lands here), '-' without runs."""
     rs = [r for r in results if "bench_system_s" in r]
     if not rs:
         return "-"
