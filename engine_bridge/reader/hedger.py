@@ -138,12 +138,27 @@ class Hedger:
 
     # -- called by the lanes, lock held ---------------------------------------------------
 
-    def enqueued(self, att: Attempt) -> None:
-        """A main attempt of the engine's cut is queued (counted in `_shares`), or a hedge or probe."""
-        if att.kind == MAIN:
-            self._sync(self.health.healthy())
-            self.given[att.piece.ticket.phase][att.src] += att.ln
-        self._enqueue(att)
+    def enqueued(self, atts: Sequence[Attempt]) -> None:
+        """The main attempts of one read of the engine's cut are queued, in this order (counted in
+        `_shares`): one call a read, one look at the clock and at the healthy sources for all of
+        them, and each source's line's head watched once they are all in line."""
+        if not atts:
+            return
+        self._sync(self.health.healthy())
+        now = self.clock()
+        ticket = atts[0].piece.ticket
+        if ticket.t_sub < 0:
+            ticket.t_sub = now
+        given = self.given[ticket.phase]
+        for att in atts:
+            given[att.src] += att.ln
+            self._queue(att, now)
+        if len(self.est) > 1:
+            for att in atts:
+                self.pending[att.src].add(att)
+                self.line[att.src].append(att)
+            for s in {att.src for att in atts}:
+                self._watch_head(s, now)
 
     def _enqueue(self, att: Attempt) -> None:
         now = self.clock()

@@ -130,13 +130,13 @@ class Lanes:
         with self._lock:
             for src, _off, ln, _parts in pieces:
                 self.tally.given(ticket, src, ln)
+            if self.hedger is not None:
+                ticket._mains = atts
+                self.hedger.enqueued(atts)
             for att in atts:
                 att.piece.active = 1
-                ticket._writers += 1
-                if self.hedger is not None:
-                    ticket._mains.append(att)
-                    self.hedger.enqueued(att)
                 self._queues[att.src].put(att)
+            ticket._writers += len(atts)
             if self.balance is not None:
                 for src in {p[0] for p in pieces}:
                     self._offer(src)
