@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import statistics
 import sys
@@ -106,22 +107,24 @@ def reader_loop(paths, weights, ranges, inflight: int, phase: str, cold: bool, l
 
 
 def cpu_per_read(paths, size: int, settings: ReaderSettings, reads: int, inflight: int = 8,
-                 nbytes: int = 835_584) -> float:
+                 nbytes: int = 835_584) -> tuple[float, float]:
     """µs of this process's CPU (every thread's) per decode-shaped read of `nbytes` at 4 KiB-aligned
     random offsets, `inflight` at a time, pooled buffers, page-cache reads: what the reader itself
-    costs per read (on a machine bound by compute, the engine's CPU)."""
+    costs per read (on a machine bound by compute, the engine's CPU); and of it, the µs in user
+    mode (the reader's Python: the copies from the page cache are the kernel's)."""
     rng = random.Random(2)
     ranges = [(rng.randrange(0, (size - nbytes) // 4096) * 4096, nbytes) for _ in range(reads)]
     with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=settings, cold=False) as r:
         for o, n in ranges[:inflight]:          # warm-up: lanes started, the pool filled
             r.read(o, n, "decode")
-        c0 = time.process_time()
+        u0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime, time.process_time()
         for i in range(0, reads, inflight):
             tickets = [r.submit(o, n, "decode") for o, n in ranges[i:i + inflight]]
             for t in tickets:
                 t.result()
                 t.release()
-        return (time.process_time() - c0) / reads * 1e6
+        c, u = time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_utime - u0
+        return c / reads * 1e6, u / reads * 1e6
 
 
 LATENCY_ARMS = (("plain", ReaderSettings()), ("hedging", ReaderSettings(hedge=True)),
@@ -170,17 +173,21 @@ def latency_lines(paths, size: int, repeat: int) -> list[str]:
 def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
     """The reader's CPU per read, plain (the engine's reads), with the embedded engine's features
     (hedging, re-weighting, balancing) and with each of them alone (`LATENCY_ARMS`), measured in
-    turn `repeat` times: medians, the features' ratio to plain, and what each adds to plain alone."""
-    got: dict[str, list[float]] = {name: [] for name, _ in LATENCY_ARMS}
+    turn `repeat` times: medians, the features' ratio to plain, what each adds to plain alone, and
+    how much of what all three add is user CPU (Python)."""
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in LATENCY_ARMS}
     for _ in range(repeat):
         for name, settings in LATENCY_ARMS:
             got[name].append(cpu_per_read(paths, size, settings, reads))
-    med = {name: statistics.median(v) for name, v in got.items()}
+    med = {name: statistics.median(c for c, _ in v) for name, v in got.items()}
+    user = {name: statistics.median(u for _, u in v) for name, v in got.items()}
     p, f = med["plain"], med["all three"]
     alone = ", ".join(f"{name} {med[name]:.0f} µs ({med[name] - p:+.0f})" for name, _ in LATENCY_ARMS[1:-1])
     return [f"cpu per read (decode 835,584 B, 8 in flight, {len(paths)} sources, {reads} reads, median of {repeat}): "
             f"plain {p:.0f} µs, features {f:.0f} µs, features / plain {f / p:.2f}",
-            f"  each feature alone: {alone}; all three {f - p:+.0f} µs"]
+            f"  each feature alone: {alone}; all three {f - p:+.0f} µs",
+            f"  user CPU: plain {user['plain']:.0f} µs, features {user['all three']:.0f} µs "
+            f"({user['all three'] - user['plain']:+.0f})"]
 
 
 def chunk_run(paths, size: int, settings: ReaderSettings, nbytes: int, passes: int = 3) -> tuple[float, float, list]:
