@@ -140,18 +140,22 @@ class Hedger:
 
     def enqueued(self, atts: Sequence[Attempt]) -> None:
         """The main attempts of one read of the engine's cut are queued, in this order (counted in
-        `_shares`): one call a read, one look at the clock and at the healthy sources for all of
-        them, and each source's line's head watched once they are all in line."""
+        `_shares`): one call a read, one look at the clock and at the healthy sources for all of them."""
         if not atts:
             return
         self._sync(self.health.healthy())
-        now = self.clock()
+        given = self.given[atts[0].piece.ticket.phase]
+        for att in atts:
+            given[att.src] += att.ln
+        self._line_up(atts, self.clock())
+
+    def _line_up(self, atts: Sequence[Attempt], now: int) -> None:
+        """Main attempts of one read are queued at `now`: each in its source's line, and each of those
+        lines' head watched once they are all in it."""
         ticket = atts[0].piece.ticket
         if ticket.t_sub < 0:
             ticket.t_sub = now
-        given = self.given[ticket.phase]
         for att in atts:
-            given[att.src] += att.ln
             self._queue(att, now)
         if len(self.est) > 1:
             for att in atts:
@@ -159,16 +163,6 @@ class Hedger:
                 self.line[att.src].append(att)
             for s in {att.src for att in atts}:
                 self._watch_head(s, now)
-
-    def _enqueue(self, att: Attempt) -> None:
-        now = self.clock()
-        if att.piece is not None and att.piece.ticket.t_sub < 0:
-            att.piece.ticket.t_sub = now
-        self._queue(att, now)
-        if att.kind == MAIN and len(self.est) > 1:
-            self.pending[att.src].add(att)
-            self.line[att.src].append(att)
-            self._watch_head(att.src, now)
 
     def moved(self, att: Attempt, new: int) -> None:
         """A failing attempt goes on to source `new` (failover: no deadline of its own)."""
@@ -189,7 +183,7 @@ class Hedger:
         self.pending[att.src].discard(att)
         att.src = new
         att.step_due = None             # judged on its new drive by that drive's pace
-        self._enqueue(att)
+        self._line_up([att], now)
 
     def started(self, att: Attempt, inflight: int | None) -> None:
         """A lane took `att`; with balancing, with `inflight` bytes (itself included) in the kernel on
