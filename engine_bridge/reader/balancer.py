@@ -102,14 +102,20 @@ class Balancer:
 
     def may_offer_earlier(self, thief: int, queues: Sequence, before: int) -> bool:
         """Whether `offers(thief, queues, before)` may find anything, by a look at each other queue's
-        head: False only when every head is a chunk `thief` could take (`_takeable`) of read
-        `before` or a later one — `offers` looks no further than such a head. A lane starting its
-        own head asks this first: the full look, twice a piece, took ~6 % of the reader's CPU with
-        all three features in a profile (docs/reader.md "Round 20")."""
+        head: False when every head is a chunk `thief` could take (`_takeable`) that `offers`
+        would not offer — of read `before` or a later one, or one a lane of its own waits to start
+        with room for it in its kernel (`offers` looks no further than such a head: for those heads
+        this is its answer). A lane starting its own head asks this first: the full look, twice a
+        piece, took ~6 % of the reader's CPU with all three features in a profile (docs/reader.md
+        "Round 20"); on healthy drives the other queues' heads are mostly of earlier reads, each
+        about to be started by a lane of its own, and the full look found nothing to take in any
+        of the ~4,300 it made in 3,000 reads (docs/reader.md "Round 21")."""
         for v, q in enumerate(queues):
             if v != thief and q.items:
                 att = q.items[0]
-                if not self._takeable(thief, att) or att.piece.ticket.seq < before:
+                if not self._takeable(thief, att):
+                    return True             # `offers` looks further down that queue
+                if att.piece.ticket.seq < before and not (q.idle and self.room(v, att.ln)):
                     return True
         return False
 

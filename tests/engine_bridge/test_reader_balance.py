@@ -128,6 +128,38 @@ def test_a_chunk_its_own_drive_starts_at_once_is_not_offered_to_another():
     assert bal.offers(0, queues) == {}
 
 
+
+def test_the_look_at_the_heads_answers_as_the_full_look_for_heads_that_may_be_taken():
+    """A lane starting its own head first looks at the other queues' heads (`may_offer_earlier`):
+    for a head it could take, that look is `offers`' whole answer — nothing of a later read, nor
+    of one its own drive's idle lane starts at once (on healthy drives the full look behind it
+    found nothing to take in any of ~4,300); a head it cannot take sends it to the full look."""
+    bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, lambda: [0, 1], lambda: 0)
+    att = SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(done=False, hedged=False,
+                                                                         ticket=SimpleNamespace(seq=1)))
+    queues = [SimpleNamespace(items=deque(), idle=0), SimpleNamespace(items=deque([att]), idle=1)]
+
+    def same(before):
+        look = bal.may_offer_earlier(0, queues, before)
+        assert look == bool(bal.offers(0, queues, before))
+        return look
+
+    assert not same(2)                      # of an earlier read, but drive 1's idle lane starts it now
+    assert not same(1)                      # of the thief's own read: never taken
+    queues[1].idle = 0
+    assert same(2)                          # every lane of drive 1 busy: the full look takes it
+    assert not same(1)
+    queues[1].idle = 1
+    for _ in range(2):                      # drive 1 has no room in its kernel (slow start):
+        bal.pace[1].started(MiB, 0)         # its idle lane cannot start it
+    assert same(2)
+    for _ in range(2):
+        bal.pace[1].ended(MiB, 0, True)
+    queues[1].items.appendleft(SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(
+        done=True, hedged=False, ticket=SimpleNamespace(seq=0))))
+    assert bal.may_offer_earlier(0, queues, 2)        # a head it cannot take: the full look goes past it
+    assert bal.offers(0, queues, 2) == {1: (1, att)}
+
 def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_in_its_kernel():
     pace = Pace(0.9)
     assert pace.bound(0) is None                                      # nothing asked of it: nothing known
