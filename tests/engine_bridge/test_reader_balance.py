@@ -128,7 +128,6 @@ def test_a_chunk_its_own_drive_starts_at_once_is_not_offered_to_another():
     assert bal.offers(0, queues) == {}
 
 
-
 def test_the_look_at_the_heads_answers_as_the_full_look_for_heads_that_may_be_taken():
     """A lane starting its own head first looks at the other queues' heads (`may_offer_earlier`):
     for a head it could take, that look is `offers`' whole answer — nothing of a later read, nor
@@ -159,6 +158,7 @@ def test_the_look_at_the_heads_answers_as_the_full_look_for_heads_that_may_be_ta
         done=True, hedged=False, ticket=SimpleNamespace(seq=0))))
     assert bal.may_offer_earlier(0, queues, 2)        # a head it cannot take: the full look goes past it
     assert bal.offers(0, queues, 2) == {1: (1, att)}
+
 
 def test_a_drive_that_has_delivered_nothing_is_known_no_faster_than_what_waits_in_its_kernel():
     pace = Pace(0.9)
