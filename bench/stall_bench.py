@@ -188,6 +188,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     with open(base + ".log", "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
+        mem0 = tb.memory_counters(reset=True) if args.ram else None   # under a budget: its peak, its limit hits
         use0 = resource.getrusage(resource.RUSAGE_CHILDREN)    # the run is the only child reaped meanwhile
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -214,6 +215,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         out, _ = proc.communicate()
         ended = time.monotonic()
         use1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        mem1 = tb.memory_counters() if mem0 is not None else None
         timer.join()
     for n in DRIVES:
         tb.throttle(n, drive)
@@ -226,6 +228,9 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     result["bench_major_faults"] = use1.ru_majflt - use0.ru_majflt   # pages read in from a drive (code or data not cached)
     result["bench_minor_faults"] = use1.ru_minflt - use0.ru_minflt   # pages mapped without a read
     result["bench_system_s"] = round(use1.ru_stime - use0.ru_stime, 3)   # the kernel's time for the run
+    if mem0 is not None and mem1 is not None:   # the budget's group: its highest use in the run (None: the kernel
+        result["bench_peak_mb"] = None if mem0["peak"] is None else round(mem1["peak"] / 1e6, 1)   # cannot restart it)
+        result["bench_at_limit"] = mem1["at_limit"] - mem0["at_limit"]   # times its use reached the budget
     with open(base + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     return result
@@ -301,7 +306,10 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
-        lines.append("   page faults major / minor, system s a run " + ", ".join(f"{a} {kernel[a]}" for a in arms_by[sc]))
+        budget = any("bench_at_limit" in r for s, _, r in rows if s == sc)      # held to a RAM budget
+        lines.append("   page faults major / minor, system s" + (", peak MB, times at the budget (fewest-most)"
+                                                                   if budget else "")
+                     + " a run " + (", " if not budget else "; ").join(f"{a} {kernel[a]}" for a in arms_by[sc]))
         for a in arms_by[sc]:
             if a in ("reweigh", "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
@@ -314,12 +322,20 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
 def kernel_use(results: list[dict]) -> str:
     """The medians of runs' major page faults (pages read in from a drive: code or data not in the
     page cache, evicted under a RAM budget), minor page faults and system seconds (the kernel's
-    time: reclaim under a RAM budget lands here), '-' without runs."""
+    time: reclaim under a RAM budget lands here); under a budget also the group's peak MB and the
+    times its use reached the budget (range over the runs: a few runs that reach it hide in a
+    median), '-' without runs."""
     rs = [r for r in results if "bench_system_s" in r]
     if not rs:
         return "-"
     med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
-    return f"{med('bench_major_faults'):.0f} / {med('bench_minor_faults'):.0f}, {med('bench_system_s'):.2f}"
+    out = f"{med('bench_major_faults'):.0f} / {med('bench_minor_faults'):.0f}, {med('bench_system_s'):.2f}"
+    peaks = [r["bench_peak_mb"] for r in rs if r.get("bench_peak_mb") is not None]
+    hits = [r["bench_at_limit"] for r in rs if "bench_at_limit" in r]
+    if hits:
+        out += f", {statistics.median(peaks):.0f}" if peaks else ", -"
+        out += f", {min(hits)}-{max(hits)}"
+    return out
 
 
 def split_times(phases: list[dict]) -> tuple[float, float] | None:

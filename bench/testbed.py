@@ -459,6 +459,17 @@ class Testbed:
             raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr[-2000:]}")
         return dt
 
+    def memory_counters(self, reset: bool = False) -> dict | None:
+        """The memory group's {peak, at_limit} (`iobench.testbed.memory_counters`); with `reset`,
+        its peak started afresh first, and `peak` None where the kernel cannot restart it. None
+        without a memory group."""
+        state = testbed.load_state(self.root)
+        fresh = testbed.reset_memory_peak(state) if reset else True
+        got = testbed.memory_counters(state)
+        if got is not None and not fresh:
+            got["peak"] = None
+        return got
+
     drop_caches = staticmethod(drop_caches)
 
 

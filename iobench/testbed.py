@@ -380,6 +380,40 @@ def ram_status(state: TestbedState) -> dict | None:
             "oom_kills": oom_kills(state)}
 
 
+def memory_counters(state: TestbedState) -> dict | None:
+    """{peak, at_limit}: the memory group's highest use, bytes, since `reset_memory_peak` (or since
+    the group was made), and how many times so far its use reached the budget and the kernel had to
+    reclaim in the group's own processes first (v1 memory.max_usage_in_bytes and memory.failcnt;
+    v2 memory.peak, 0 where the kernel has none, and memory.events' `max`); None without a memory
+    group or when it is gone."""
+    g, v2 = state.ram.cgroup, state.ram.controller == V2
+    if not g or not os.path.isdir(g):
+        return None
+    if v2:
+        peak = _read(os.path.join(g, "memory.peak")).strip()
+        hits = stat_value(_read(os.path.join(g, "memory.events")), "max")
+    else:
+        peak = _read(os.path.join(g, "memory.max_usage_in_bytes")).strip()
+        count = _read(os.path.join(g, "memory.failcnt")).strip()
+        hits = int(count) if count.isdigit() else None
+    return {"peak": int(peak) if peak.isdigit() else 0, "at_limit": hits or 0}
+
+
+def reset_memory_peak(state: TestbedState) -> bool:
+    """Start the memory group's peak use afresh (v1 memory.max_usage_in_bytes; v2 memory.peak, on
+    kernels that take a write to it); False without a memory group or where the kernel does not."""
+    g = state.ram.cgroup
+    if not g or not os.path.isdir(g):
+        return False
+    name = "memory.peak" if state.ram.controller == V2 else "memory.max_usage_in_bytes"
+    try:
+        with open(os.path.join(g, name), "w") as f:
+            f.write("0\n")
+    except OSError:
+        return False
+    return True
+
+
 def oom_kills(state: TestbedState) -> int | None:
     """Processes of the memory group the kernel's OOM killer has killed so far (v2 memory.events,
     v1 memory.oom_control: kernels from 4.13 count them); None where it does not say."""

@@ -314,6 +314,8 @@ def test_a_ram_budget_sends_a_second_read_back_to_the_drive(bed_root):
     assert first >= size * 0.9 and second >= size * 0.9, (first, second)      # from the drive both times
     status = testbed.ram_status(testbed.load_state(bed_root))
     assert status["limit"] == 48 << 20 and status["cache"] <= 48 << 20 and status["oom_kills"] in (0, None)
+    mem = testbed.memory_counters(testbed.load_state(bed_root))      # 192 MiB read twice through 48: the page
+    assert mem["at_limit"] > 0 and 0 < mem["peak"] <= 48 << 20, mem   # cache reached the budget, again and again
 
     testbed.set_ram(bed_root, None)
     assert testbed.load_state(bed_root).ram.limit == 0 and testbed.ram_status(testbed.load_state(bed_root))["limit"] == 0
