@@ -40,6 +40,7 @@ from models.modelset import NotAModel, discover
 
 from . import servedrive
 from .testbed_spec import (
+    PEAK_FILE,
     STATE_FILE,
     STATE_KIND,
     STATE_SCHEMAS,
@@ -389,11 +390,10 @@ def memory_counters(state: TestbedState) -> dict | None:
     g, v2 = state.ram.cgroup, state.ram.controller == V2
     if not g or not os.path.isdir(g):
         return None
+    peak = _read(os.path.join(g, PEAK_FILE[state.ram.controller])).strip()
     if v2:
-        peak = _read(os.path.join(g, "memory.peak")).strip()
         hits = stat_value(_read(os.path.join(g, "memory.events")), "max")
     else:
-        peak = _read(os.path.join(g, "memory.max_usage_in_bytes")).strip()
         count = _read(os.path.join(g, "memory.failcnt")).strip()
         hits = int(count) if count.isdigit() else None
     return {"peak": int(peak) if peak.isdigit() else 0, "at_limit": hits or 0}
@@ -405,9 +405,8 @@ def reset_memory_peak(state: TestbedState) -> bool:
     g = state.ram.cgroup
     if not g or not os.path.isdir(g):
         return False
-    name = "memory.peak" if state.ram.controller == V2 else "memory.max_usage_in_bytes"
     try:
-        with open(os.path.join(g, name), "w") as f:
+        with open(os.path.join(g, PEAK_FILE[state.ram.controller]), "w") as f:
             f.write("0\n")
     except OSError:
         return False

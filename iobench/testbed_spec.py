@@ -259,6 +259,11 @@ def v1_lines(majmin: str, limits: DriveLimits, clear: bool = False) -> list[tupl
             for attr, fname, scale in V1_FILES if clear or getattr(limits, attr) > 0]
 
 
+# the memory group's highest use since it was last restarted (a write of 0 restarts it: v1 always,
+# v2 on kernels that take one), per controller
+PEAK_FILE = {V1: "memory.max_usage_in_bytes", V2: "memory.peak"}
+
+
 def memory_line(kind: str, limit: int) -> tuple[str, str]:
     """(file in the memory group, what to write) for a RAM budget of `limit` bytes (0: none)."""
     if kind == V2:
