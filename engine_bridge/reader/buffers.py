@@ -63,7 +63,14 @@ def pool_limit(ram: int | None = None) -> int:
 
 class BufferPool:
     """Released read buffers kept by size class for reuse, up to `limit` bytes of memory in all
-    (a buffer in huge pages counts whole pages: `buffer_footprint`; default `pool_limit()`)."""
+    (a buffer in huge pages counts whole pages: `buffer_footprint`; default `pool_limit()`).
+
+    A released buffer that does not fit makes room by dropping idle buffers of the size classes
+    asked for least recently, all of them asked for before its own (`_make_room`): a prefill's
+    few large reads filled most of a small pool (two 26 MiB buffers of a 69 MiB pool under a RAM
+    budget), and the decode's buffers that no longer fit were all fresh ones, each a 2 MiB huge
+    page the kernel zeroed as the read pinned it — 300–460 a run, up to 41 % of the run's CPU
+    samples in `clear_page_erms` (docs/reader.md "Round 22")."""
 
     GRAIN = 1 << 20
 
@@ -71,6 +78,8 @@ class BufferPool:
         self.limit = pool_limit() if limit is None else limit
         self.free: dict[int, list] = {}
         self.held = 0
+        self.asked: dict[int, int] = {}     # size class -> `gets` when it was last asked for
+        self.gets = 0
         self.lock = threading.Lock()
 
     @classmethod
@@ -82,6 +91,8 @@ class BufferPool:
     def get(self, nbytes: int):
         size = self.size_class(nbytes)
         with self.lock:
+            self.gets += 1
+            self.asked[size] = self.gets
             bucket = self.free.get(size)
             if bucket:
                 self.held -= buffer_footprint(size)
@@ -93,7 +104,27 @@ class BufferPool:
 
     def put(self, buf) -> None:
         size = len(buf)
+        need = buffer_footprint(size)
         with self.lock:
-            if self.held + buffer_footprint(size) <= self.limit:
+            if self.held + need > self.limit:
+                self._make_room(size, need)
+            if self.held + need <= self.limit:
                 self.free.setdefault(size, []).append(buf)
-                self.held += buffer_footprint(size)
+                self.held += need
+
+    def _make_room(self, size: int, need: int) -> None:
+        """Drop idle buffers of the classes asked for before class `size` was, the least recently
+        asked first, until `need` more bytes fit (the lock held); none when dropping all of them
+        would not make room (the released buffer is dropped instead, as before)."""
+        mine = self.asked.get(size, 0)
+        stale = sorted((self.asked.get(c, 0), c) for c, bucket in self.free.items() if bucket and c != size
+                       and self.asked.get(c, 0) < mine)
+        if self.held - sum(len(self.free[c]) * buffer_footprint(c) for _, c in stale) + need > self.limit:
+            return
+        for _, c in stale:
+            bucket = self.free[c]
+            while bucket and self.held + need > self.limit:
+                bucket.pop()
+                self.held -= buffer_footprint(c)
+            if self.held + need <= self.limit:
+                return

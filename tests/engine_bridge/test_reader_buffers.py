@@ -28,6 +28,45 @@ def test_the_pool_keeps_buffers_up_to_its_limit_in_memory_held():
     assert pool.held == kept - each
 
 
+def test_a_released_buffer_that_does_not_fit_drops_idle_buffers_of_classes_asked_for_before_its_own():
+    """A prefill's large buffers fill the pool; once the decode's reads come back the pool keeps
+    theirs and drops the large idle ones (asked for before), rather than every decode read getting a
+    fresh buffer whose pages the kernel zeroes (docs/reader.md "Round 22")."""
+    big, small = 8 * MiB, 1 * MiB
+    fb, fs = buffer_footprint(big), buffer_footprint(small)
+    pool = BufferPool(limit=2 * fb + fs)
+    prefill = [pool.get(big) for _ in range(2)]
+    for b in prefill:
+        pool.put(b)
+    assert pool.held == 2 * fb
+    decode = [pool.get(small) for _ in range(3)]     # the decode's reads, asked for after the prefill's
+    for b in decode:
+        pool.put(b)
+    assert len(pool.free[small]) == 3 and pool.held <= pool.limit
+    assert len(pool.free[big]) == 2 - -(-2 * fs // fb)    # as few large ones dropped as make room
+    again = [pool.get(small) for _ in range(3)]
+    assert {id(b) for b in again} == {id(b) for b in decode}    # reused, not fresh
+
+
+def test_a_released_buffer_drops_nothing_asked_for_since_its_own_class_nor_what_would_not_make_room():
+    big, small = 8 * MiB, 1 * MiB
+    fb, fs = buffer_footprint(big), buffer_footprint(small)
+    pool = BufferPool(limit=fb + fs)
+    first = pool.get(small)
+    large = pool.get(big)                # asked for after the small class: in use since
+    pool.put(large)
+    pool.put(first)
+    pool.put(aligned_buffer(small))      # a second small one does not fit: it is dropped, the large one kept
+    assert len(pool.free[big]) == 1 and len(pool.free[small]) == 1 and pool.held == fb + fs
+
+    pool = BufferPool(limit=fb)
+    large = pool.get(big)
+    larger = pool.get(2 * big)           # asked for later, but larger than the whole pool
+    pool.put(large)
+    pool.put(larger)                     # dropping the large one would not make room for it: nothing dropped
+    assert len(pool.free[big]) == 1 and 2 * big not in pool.free and pool.held == fb
+
+
 def _rss(address: int) -> int | None:
     """Resident bytes of this process's mapping holding `address` (its smaps Rss), None without smaps."""
     if not os.path.exists("/proc/self/smaps"):
