@@ -17,6 +17,7 @@ dropped, so it only adds the fadvise call) and is shown for completeness.
   .venv/bin/python bench/reader_bench.py --cpu [--repeat 5]    # CPU per read: plain beside hedging+re-weighting+balancing
   .venv/bin/python bench/reader_bench.py --latency [--repeat 5]  # a decode step's reads: how long the engine waits
   .venv/bin/python bench/reader_bench.py --chunks [--repeat 5]   # prefill reads, balancing's chunks fixed or sized
+  .venv/bin/python bench/reader_bench.py --pool [--pool-mib 69] [--repeat 5]   # decode after a prefill: small pool vs large
 
 --latency times what a decode step waits for: a group of 4 decode-shaped reads (835,584 B, 3 sources
 at 1:1:1) submitted together and waited for, a pause of 0.5 ms (the engine's compute) between
@@ -31,6 +32,14 @@ time, page-cache reads) with the embedded engine's features, balancing's chunks 
 (`--balance-chunk-max 1MiB`) and once sized to each drive's pace (the default), in turn `--repeat`
 times: GB/s and this process's CPU per read (medians), their ratios, and the chunk each source ended
 with. Where drives are faster than the reader, this is what the chunk's size costs.
+
+--pool reads, with the plain reader (3 sources at 1:1:1, page-cache reads, pooled buffers), the
+engine's prefill staging reads 3 at a time, then decode-shaped reads (835,584 B) 16 at a time,
+once with the buffer pool a RAM budget allows (`--pool-mib`: 69 MiB, an eighth of the 552 MiB the
+stall bench's `--ram 25%+512M` gives its model) and once with the default 512 MiB, in turn
+`--repeat` times: the decode's CPU and minor page faults per read (medians) and the ratios. A
+pool the prefill's buffers fill must still keep the decode's (each one it drops is a fresh buffer
+for the next read, its pages faulted in, huge pages zeroed: docs/reader.md "Round 22").
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
 from engine_bridge.reader.balancing import BalancePolicy  # noqa: E402
+from engine_bridge.reader.buffers import POOL_BYTES  # noqa: E402
 from engine_bridge.reader.settings import EMBEDDED, ReaderSettings  # noqa: E402
 from engine_bridge.reader.split_reader import SplitReader  # noqa: E402
 from iobench.shapes import engine_shapes  # noqa: E402
@@ -190,6 +200,49 @@ def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
             f"({user['all three'] - user['plain']:+.0f})"]
 
 
+def pool_run(paths, size: int, pool_bytes: int, decode_reads: int = 2000, pre_inflight: int = 3,
+             dec_inflight: int = 16, nbytes: int = 835_584) -> tuple[float, float]:
+    """(µs of this process's CPU, minor page faults) per decode-shaped read of `nbytes`, `dec_inflight`
+    at a time, after two passes of the engine's prefill staging reads `pre_inflight` at a time, with
+    a buffer pool of `pool_bytes`: the plain reader, page-cache reads, every buffer released."""
+    chunk = engine_shapes().prefill_bytes
+    pre = [(o, chunk) for o in range(0, size - chunk + 1, chunk)] * 2
+    rng = random.Random(3)
+    dec = [(rng.randrange(0, (size - nbytes) // 4096) * 4096, nbytes) for _ in range(decode_reads + dec_inflight)]
+
+    def run(r, ranges, inflight, phase):
+        for i in range(0, len(ranges), inflight):
+            tickets = [r.submit(o, n, phase) for o, n in ranges[i:i + inflight]]
+            for t in tickets:
+                t.result()
+                t.release()
+
+    n = len(paths)
+    with SplitReader(paths, [1] * n, [1] * n, cold=False, pool_bytes=pool_bytes) as r:
+        run(r, pre, pre_inflight, "prefill")
+        run(r, dec[:dec_inflight], dec_inflight, "decode")      # the decode's first buffers: fresh in any pool
+        f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
+        run(r, dec[dec_inflight:], dec_inflight, "decode")
+        c, f = time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    return c / decode_reads * 1e6, f / decode_reads
+
+
+def pool_lines(paths, size: int, repeat: int, small_mib: int) -> list[str]:
+    """Decode reads after a prefill with a pool of `small_mib` MiB beside the default 512 MiB
+    (`buffers.POOL_BYTES`), alternated `repeat` times: medians and ratios."""
+    arms = {"small": small_mib << 20, "large": POOL_BYTES}
+    got: dict[str, list] = {a: [] for a in arms}
+    for k in range(repeat):
+        for a in (list(arms) if k % 2 == 0 else list(reversed(arms))):
+            got[a].append(pool_run(paths, size, arms[a]))
+    cpu = {a: statistics.median(c for c, _ in v) for a, v in got.items()}
+    flt = {a: statistics.median(f for _, f in v) for a, v in got.items()}
+    return [f"decode reads (835,584 B, 16 in flight) after prefill reads of {engine_shapes().prefill_bytes:,} B "
+            f"(3 in flight), {len(paths)} sources, plain reader, median of {repeat}: pool {small_mib} MiB / "
+            f"{POOL_BYTES >> 20} MiB: cpu per read {cpu['small']:.0f} / {cpu['large']:.0f} µs "
+            f"({cpu['small'] / cpu['large']:.2f}), minor faults per read {flt['small']:.2f} / {flt['large']:.2f}"]
+
+
 def chunk_run(paths, size: int, settings: ReaderSettings, nbytes: int, passes: int = 3) -> tuple[float, float, list]:
     """(GB/s, ms of this process's CPU per read, each source's chunk at the end) of `passes` passes of
     prefill-shaped reads of `nbytes` over the files, one at a time, after one untimed pass."""
@@ -241,16 +294,23 @@ def main() -> int:
                                                            "each feature and all three")
     ap.add_argument("--chunks", action="store_true", help="only prefill reads with balancing's chunks fixed at 1 MiB "
                                                           "beside chunks sized to the drives")
+    ap.add_argument("--pool", action="store_true", help="only decode reads after a prefill, with the pool a RAM "
+                                                        "budget allows beside the default one")
+    ap.add_argument("--pool-mib", type=int, default=69, help="the small pool for --pool, MiB (an eighth of the "
+                                                             "stall bench's 552 MiB budget)")
     args = ap.parse_args()
+    if args.pool_mib < 1:
+        ap.error(f"--pool-mib {args.pool_mib}: must be at least 1")
     size = parse_size(args.size)
     rng = random.Random(1)
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
     try:
         paths = make_files(d, size, args.sources)
-        if args.cpu or args.latency or args.chunks:
+        if args.cpu or args.latency or args.chunks or args.pool:
             lines = (cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads) if args.cpu else []) + \
                 (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else []) + \
-                (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else [])
+                (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else []) + \
+                (pool_lines(paths, size, max(args.repeat, 1), args.pool_mib) if args.pool else [])
             for line in lines:
                 print(line, flush=True)
             return 0
