@@ -105,26 +105,28 @@ class BufferPool:
     def put(self, buf) -> None:
         size = len(buf)
         need = buffer_footprint(size)
+        dropped: list = []
         with self.lock:
             if self.held + need > self.limit:
-                self._make_room(size, need)
+                dropped = self._make_room(size, need)
             if self.held + need <= self.limit:
                 self.free.setdefault(size, []).append(buf)
                 self.held += need
+        dropped.clear()                 # their memory unmapped here, outside the lock
 
-    def _make_room(self, size: int, need: int) -> None:
-        """Drop idle buffers of the classes asked for before class `size` was, the least recently
-        asked first, until `need` more bytes fit (the lock held); none when dropping all of them
-        would not make room (the released buffer is dropped instead, as before)."""
+    def _make_room(self, size: int, need: int) -> list:
+        """Take out idle buffers of the classes asked for before class `size` was, the least recently
+        asked first, until `need` more bytes fit (the lock held), and return them; none when taking
+        all of them would not make room (the released buffer is dropped instead, as before)."""
         mine = self.asked.get(size, 0)
         stale = sorted((self.asked.get(c, 0), c) for c, bucket in self.free.items() if bucket and c != size
                        and self.asked.get(c, 0) < mine)
         if self.held - sum(len(self.free[c]) * buffer_footprint(c) for _, c in stale) + need > self.limit:
-            return
+            return []
+        out = []
         for _, c in stale:
             bucket = self.free[c]
             while bucket and self.held + need > self.limit:
-                bucket.pop()
+                out.append(bucket.pop())
                 self.held -= buffer_footprint(c)
-            if self.held + need <= self.limit:
-                return
+        return out
