@@ -101,19 +101,25 @@ def reader_loop(paths, weights, ranges, inflight: int, phase: str, cold: bool, l
     its own (ticket.release()), 'fresh' takes a new buffer per read and never gives it back
     (its page faults cost more than the copy on a small VM)."""
     bufs = [faulted(bufsize) for _ in range(inflight)] if buffers == "staged" else None
-    def batch(r, chunk):
-        tickets = [r.submit(o, n, phase, None if bufs is None else bufs[k]) for k, (o, n) in enumerate(chunk)]
+    release = buffers == "pooled"
+    with SplitReader(paths, weights, weights, settings=ReaderSettings(lanes=lanes, balance=balance), cold=cold) as r:
+        read_in_groups(r, ranges[:inflight], inflight, phase, bufs, release)   # warm-up, untimed: lanes started,
+        t0 = time.perf_counter()                                              # the pool filled once
+        read_in_groups(r, ranges, inflight, phase, bufs, release)
+        return time.perf_counter() - t0, r.how[0]
+
+
+def read_in_groups(r: SplitReader, ranges, inflight: int, phase: str, bufs=None, release: bool = True) -> None:
+    """Read `ranges` through `r`, `inflight` submitted at a time and all of them waited for before the
+    next group: into the caller's `bufs` (one per read of a group) or the reader's own buffers,
+    released when `release`."""
+    for i in range(0, len(ranges), inflight):
+        group = ranges[i:i + inflight]
+        tickets = [r.submit(o, n, phase, None if bufs is None else bufs[k]) for k, (o, n) in enumerate(group)]
         for t in tickets:
             t.result()
-            if buffers == "pooled":
+            if release:
                 t.release()
-
-    with SplitReader(paths, weights, weights, settings=ReaderSettings(lanes=lanes, balance=balance), cold=cold) as r:
-        batch(r, ranges[:inflight])   # warm-up, untimed: lanes started, the pool filled once
-        t0 = time.perf_counter()
-        for i in range(0, len(ranges), inflight):
-            batch(r, ranges[i:i + inflight])
-        return time.perf_counter() - t0, r.how[0]
 
 
 def cpu_per_read(paths, size: int, settings: ReaderSettings, reads: int, inflight: int = 8,
@@ -128,11 +134,7 @@ def cpu_per_read(paths, size: int, settings: ReaderSettings, reads: int, infligh
         for o, n in ranges[:inflight]:          # warm-up: lanes started, the pool filled
             r.read(o, n, "decode")
         u0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime, time.process_time()
-        for i in range(0, reads, inflight):
-            tickets = [r.submit(o, n, "decode") for o, n in ranges[i:i + inflight]]
-            for t in tickets:
-                t.result()
-                t.release()
+        read_in_groups(r, ranges, inflight, "decode")
         c, u = time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_utime - u0
         return c / reads * 1e6, u / reads * 1e6
 
@@ -209,20 +211,12 @@ def pool_run(paths, size: int, pool_bytes: int, decode_reads: int = 2000, pre_in
     pre = [(o, chunk) for o in range(0, size - chunk + 1, chunk)] * 2
     rng = random.Random(3)
     dec = [(rng.randrange(0, (size - nbytes) // 4096) * 4096, nbytes) for _ in range(decode_reads + dec_inflight)]
-
-    def run(r, ranges, inflight, phase):
-        for i in range(0, len(ranges), inflight):
-            tickets = [r.submit(o, n, phase) for o, n in ranges[i:i + inflight]]
-            for t in tickets:
-                t.result()
-                t.release()
-
     n = len(paths)
     with SplitReader(paths, [1] * n, [1] * n, cold=False, pool_bytes=pool_bytes) as r:
-        run(r, pre, pre_inflight, "prefill")
-        run(r, dec[:dec_inflight], dec_inflight, "decode")      # the decode's first buffers: fresh in any pool
+        read_in_groups(r, pre, pre_inflight, "prefill")
+        read_in_groups(r, dec[:dec_inflight], dec_inflight, "decode")   # the decode's first buffers: fresh in any pool
         f0, c0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
-        run(r, dec[dec_inflight:], dec_inflight, "decode")
+        read_in_groups(r, dec[dec_inflight:], dec_inflight, "decode")
         c, f = time.process_time() - c0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     return c / decode_reads * 1e6, f / decode_reads
 
