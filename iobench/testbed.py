@@ -370,8 +370,8 @@ def set_ram(root: str, ram: RamSpec | None, model_bytes: int = 0) -> TestbedStat
 def ram_status(state: TestbedState) -> dict | None:
     """What the memory group holds now: {limit, usage, cache, anon, oom_kills} in bytes and
     counts, as the kernel says; None without a memory group or when it is gone."""
-    g, v2 = state.ram.cgroup, state.ram.controller == V2
-    if not g or not os.path.isdir(g):
+    g, v2 = _memory_group(state), state.ram.controller == V2
+    if g is None:
         return None
     cache, anon = memory_use(state.ram.controller, _read(os.path.join(g, "memory.stat")))
     limit_text = _read(os.path.join(g, "memory.max" if v2 else "memory.limit_in_bytes")).strip()
@@ -387,8 +387,8 @@ def memory_counters(state: TestbedState) -> dict | None:
     reclaim in the group's own processes first (v1 memory.max_usage_in_bytes and memory.failcnt;
     v2 memory.peak, 0 where the kernel has none, and memory.events' `max`); None without a memory
     group or when it is gone."""
-    g, v2 = state.ram.cgroup, state.ram.controller == V2
-    if not g or not os.path.isdir(g):
+    g, v2 = _memory_group(state), state.ram.controller == V2
+    if g is None:
         return None
     peak = _read(os.path.join(g, PEAK_FILE[state.ram.controller])).strip()
     if v2:
@@ -402,8 +402,8 @@ def memory_counters(state: TestbedState) -> dict | None:
 def reset_memory_peak(state: TestbedState) -> bool:
     """Start the memory group's peak use afresh (v1 memory.max_usage_in_bytes; v2 memory.peak, on
     kernels that take a write to it); False without a memory group or where the kernel does not."""
-    g = state.ram.cgroup
-    if not g or not os.path.isdir(g):
+    g = _memory_group(state)
+    if g is None:
         return False
     try:
         with open(os.path.join(g, PEAK_FILE[state.ram.controller]), "w") as f:
@@ -411,6 +411,12 @@ def reset_memory_peak(state: TestbedState) -> bool:
     except OSError:
         return False
     return True
+
+
+def _memory_group(state: TestbedState) -> str | None:
+    """The testbed's memory group directory; None without one or when it is gone."""
+    g = state.ram.cgroup
+    return g if g and os.path.isdir(g) else None
 
 
 def oom_kills(state: TestbedState) -> int | None:
