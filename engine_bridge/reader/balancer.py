@@ -68,17 +68,21 @@ class Balancer:
 
     def room(self, s: int, nbytes: int) -> bool:
         """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
-        return self.pace[s].room(nbytes, lambda: self._depth(s))
+        return self.pace[s].room(nbytes, self._depth, s)
 
     def _depth(self, s: int) -> float:
         """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""
         now = self.clock()
-        top, fastest = None, s
+        top, fastest, mine, seen = None, s, None, False
         for i in self.healthy():
             r = self.pace[i].rate(now)
+            if i == s:
+                mine, seen = r, True
             if r is not None and (top is None or r > top):
                 top, fastest = r, i
-        return depth_bytes(self.pace[s].rate(now), top, self.lanes, self.policy, self.chunk[fastest])
+        if not seen:
+            mine = self.pace[s].rate(now)
+        return depth_bytes(mine, top, self.lanes, self.policy, self.chunk[fastest])
 
     def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a

@@ -250,10 +250,10 @@ class Pace:
             return True
         return False if self.inflight + nbytes > self.window else None
 
-    def room(self, nbytes: int, depth: Callable[[], float]) -> bool:
+    def room(self, nbytes: int, depth: Callable[..., float], *args) -> bool:
         """Whether the drive may start `nbytes` more: what the slow start says, else whether what it
-        has plus these stay within `depth()` bytes (`depth_bytes`; asked only then: it looks at
+        has plus these stay within `depth(*args)` bytes (`depth_bytes`; asked only then: it looks at
         every drive's pace)."""
         says = self.slow_start(nbytes)
-        return says if says is not None else self.inflight + nbytes <= depth()
+        return says if says is not None else self.inflight + nbytes <= depth(*args)
 

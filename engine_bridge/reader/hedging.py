@@ -92,9 +92,11 @@ class RateEstimate:
         self.total_busy_ns = 0
 
     def observe(self, nbytes: int, busy_ns: int) -> None:
+        if busy_ns < 0:
+            busy_ns = 0
         self.bytes = self.bytes * self.decay + nbytes
-        self.busy_ns = self.busy_ns * self.decay + max(0, busy_ns)
-        self.total_busy_ns += max(0, busy_ns)
+        self.busy_ns = self.busy_ns * self.decay + busy_ns
+        self.total_busy_ns += busy_ns
         self.n += 1
 
     def rate(self, min_busy_ns: int = 0) -> float | None:
@@ -150,7 +152,8 @@ class ServiceTime:
         self.decay, self.sum_ns, self.sq_ns = decay, 0.0, 0.0
 
     def observe(self, ns: int) -> None:
-        ns = max(0, ns)
+        if ns < 0:
+            ns = 0
         self.sum_ns = self.sum_ns * self.decay + ns
         self.sq_ns = self.sq_ns * self.decay + float(ns) * ns
 

@@ -189,7 +189,10 @@ class Lanes:
         looks again every STEAL_LOOK_S sees it). Work a lane of its own starts at once waits for
         nobody: waking the others for it cost a wake-up and a scan per piece for nothing; and with no
         such lane there is nobody to wake (a read that gave every drive a piece)."""
-        if not any(q.idle and not q.items for q in self._queues):
+        for q in self._queues:
+            if q.idle and not q.items:
+                break
+        else:
             return
         own = self._queues[src]
         if own.idle >= len(own.items):
@@ -277,10 +280,8 @@ class Lanes:
 
     def _lane(self, src: int) -> None:
         scratch = memoryview(aligned_buffer(2 * ColdReader.alignment))
-        cpu = [0, 0]    # this lane's CPU clock (ns) when its last read returned, and its CPU since then
+        cpu = [0]       # this lane's CPU clock (ns) when its last read returned (0: none yet)
         while True:
-            top = time.thread_time_ns()
-            cpu[1] = top - cpu[0] if cpu[0] else -1      # what the last attempt cost after its read
             with self._lock:
                 att = self._take(src)
                 if att is None:
@@ -299,7 +300,7 @@ class Lanes:
                 if skip:
                     self._end(att, att.src, ok=False)
                 else:
-                    self._serve(att, scratch, top, cpu)
+                    self._serve(att, scratch, cpu)
             except BaseException as e:  # a bug must reach the caller, not kill the lane silently
                 if att.piece is not None:
                     self._fail_piece(att, e)
@@ -313,11 +314,12 @@ class Lanes:
         if self.hedger is not None:
             self.hedger.started(att, self.balancer.inflight(att.src) if self.balancer is not None else None)
 
-    def _serve(self, att: Attempt, scratch, top: int, cpu: list[int]) -> None:
+    def _serve(self, att: Attempt, scratch, cpu: list[int]) -> None:
         """Read `att` (failing over as its source's health says) and end it. With balancing the lane's
-        CPU besides the read itself is measured (`thread_time_ns`: `top` when the lane came for
-        work, `cpu` its clock when its last read returned and what that attempt cost after it) and
-        handed to the balancer, the unit its chunks are sized in (`balancing.chunk_for`)."""
+        CPU besides the read itself is measured (`thread_time_ns`, `cpu[0]` its clock when its last
+        read returned: what it spent from there to this read, the last attempt's end and this one's
+        start, is this attempt's cost) and handed to the balancer, the unit its chunks are sized in
+        (`balancing.chunk_for`)."""
         health, piece = self.health, att.piece
         s = att.src
         while True:
@@ -357,9 +359,8 @@ class Lanes:
             t1 = time.monotonic_ns()
             cost = None
             if self.balancer is not None:
-                after = time.thread_time_ns()
-                cost = before - top + cpu[1] if cpu[1] >= 0 else None
-                cpu[0] = after
+                cost = before - cpu[0] if cpu[0] else None
+                cpu[0] = time.thread_time_ns()
             self._end(att, s, ok=True, t1=t1, served_ns=t1 - t0, cost_ns=cost)
             return
 

@@ -92,8 +92,8 @@ class Window:
         self.marks = [deque(maxlen=RECENT_REQUESTS + 1) for _ in range(n)] if before is None else before.marks
 
     def _advance(self, s: int, now: int) -> None:
-        if self.outstanding[s] > 0:
-            self.busy[s] += max(0, now - self.tick[s])
+        if self.outstanding[s] > 0 and now > self.tick[s]:
+            self.busy[s] += now - self.tick[s]
         self.tick[s] = now
 
     def queued(self, s: int, nbytes: int, now: int, phase: str = "") -> None:
@@ -110,7 +110,8 @@ class Window:
         (pro rata of its time): a piece of seconds is not credited to the window it ends in; its
         whole bytes mark the drive's latest deliveries (`recent_rate`)."""
         self._advance(s, now)
-        self.outstanding[s] = max(0, self.outstanding[s] - 1)
+        if self.outstanding[s] > 0:
+            self.outstanding[s] -= 1
         whole = nbytes
         if nbytes and started is not None and started < self.start < now:
             nbytes = nbytes * (now - self.start) / (now - started)
