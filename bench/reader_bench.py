@@ -15,9 +15,16 @@ dropped, so it only adds the fadvise call) and is shown for completeness.
 
   .venv/bin/python bench/reader_bench.py [--dir /dev/shm] [--size 512M] [--sources 3] [--repeat 3] [--balance]
   .venv/bin/python bench/reader_bench.py --cpu [--repeat 5]    # CPU per read: plain beside hedging+re-weighting+balancing
+  .venv/bin/python bench/reader_bench.py --ops                 # Python opcodes and calls per read: counted, not timed
   .venv/bin/python bench/reader_bench.py --latency [--repeat 5]  # a decode step's reads: how long the engine waits
   .venv/bin/python bench/reader_bench.py --chunks [--repeat 5]   # prefill reads, balancing's chunks fixed or sized
   .venv/bin/python bench/reader_bench.py --pool [--pool-mib 69] [--repeat 5]   # decode after a prefill: small pool vs large
+
+--ops counts the Python the reader runs per decode-shaped read (the --cpu shape, 1,000 reads), by a
+tracer on every thread it starts: opcodes and calls, plain, each feature alone and all three, and
+the functions that add the most. A count does not move with the machine's other work, as CPU time
+does by more than a cut of a tenth: it shows whether a change did less work; --cpu and the stall
+bench show what that is worth.
 
 --latency times what a decode step waits for: a group of 4 decode-shaped reads (835,584 B, 3 sources
 at 1:1:1) submitted together and waited for, a pause of 0.5 ms (the engine's compute) between
@@ -52,7 +59,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -202,6 +211,51 @@ def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
             f"({user['all three'] - user['plain']:+.0f})"]
 
 
+def python_per_read(paths, size: int, settings: ReaderSettings, reads: int) -> tuple[float, float, Counter]:
+    """(Python opcodes, Python calls, opcodes by function) per decode-shaped read of `cpu_per_read`'s
+    shape, counted by a tracer (`sys.settrace`, every thread the reader starts): the work its Python
+    does, which unlike its CPU time does not move with what else the machine runs. The reader and
+    its lanes are started inside the count; the tracer slows every opcode, so only the counts mean
+    anything, not the time it takes."""
+    ops: Counter = Counter()
+    calls = [0]
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+            frame.f_trace_opcodes = True
+            return tracer
+        if event == "opcode":
+            c = frame.f_code
+            ops[(os.path.basename(c.co_filename), c.co_name)] += 1
+        return tracer
+
+    threading.settrace(tracer)
+    sys.settrace(tracer)
+    try:
+        cpu_per_read(paths, size, settings, reads)
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+    return sum(ops.values()) / reads, calls[0] / reads, ops
+
+
+def ops_lines(paths, size: int, reads: int, top: int = 12) -> list[str]:
+    """The Python work per read (`python_per_read`), plain, each feature alone and all three: opcodes
+    and calls per read, what each adds to plain, and the functions that add the most with all three
+    (where a cut of the features' CPU has to come from)."""
+    got = {name: python_per_read(paths, size, settings, reads) for name, settings in LATENCY_ARMS}
+    p_ops, p_calls, p_by = got["plain"]
+    f_ops, f_calls, f_by = got["all three"]
+    alone = ", ".join(f"{name} {got[name][0]:,.0f} ({got[name][0] - p_ops:+,.0f})" for name, _ in LATENCY_ARMS[1:-1])
+    added = sorted(((f_by[k] - p_by.get(k, 0)) / reads, k) for k in f_by)[::-1][:top]
+    return [f"python per read (decode 835,584 B, 8 in flight, {len(paths)} sources, {reads} reads, counted): "
+            f"plain {p_ops:,.0f} opcodes in {p_calls:.0f} calls, features {f_ops:,.0f} in {f_calls:.0f}; "
+            f"features / plain {f_ops / p_ops:.2f}",
+            f"  each feature alone (opcodes): {alone}; all three {f_ops - p_ops:+,.0f}",
+            "  added most with all three: " + ", ".join(f"{f}:{fn} {n:+,.0f}" for n, (f, fn) in added)]
+
+
 def pool_run(paths, size: int, pool_bytes: int, decode_reads: int = 2000, pre_inflight: int = 3,
              dec_inflight: int = 16, nbytes: int = 835_584) -> tuple[float, float]:
     """(µs of this process's CPU, minor page faults) per decode-shaped read of `nbytes`, `dec_inflight`
@@ -284,6 +338,9 @@ def main() -> int:
                                                        "engine's features (hedging, re-weighting, balancing), "
                                                        "together and each alone")
     ap.add_argument("--cpu-reads", type=int, default=3000, help="reads per --cpu measurement")
+    ap.add_argument("--ops", action="store_true", help="only the Python work per read, counted (opcodes and calls: "
+                                                       "the same on a busy machine), plain beside each feature and "
+                                                       "all three, and the functions that add the most")
     ap.add_argument("--latency", action="store_true", help="only a decode step's latency: the plain reader beside "
                                                            "each feature and all three")
     ap.add_argument("--chunks", action="store_true", help="only prefill reads with balancing's chunks fixed at 1 MiB "
@@ -300,8 +357,9 @@ def main() -> int:
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
     try:
         paths = make_files(d, size, args.sources)
-        if args.cpu or args.latency or args.chunks or args.pool:
+        if args.cpu or args.ops or args.latency or args.chunks or args.pool:
             lines = (cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads) if args.cpu else []) + \
+                (ops_lines(paths, size, 1000) if args.ops else []) + \
                 (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else []) + \
                 (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else []) + \
                 (pool_lines(paths, size, max(args.repeat, 1), args.pool_mib) if args.pool else [])
