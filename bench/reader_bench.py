@@ -248,12 +248,14 @@ def ops_lines(paths, size: int, reads: int, top: int = 12) -> list[str]:
     p_ops, p_calls, p_by = got["plain"]
     f_ops, f_calls, f_by = got["all three"]
     alone = ", ".join(f"{name} {got[name][0]:,.0f} ({got[name][0] - p_ops:+,.0f})" for name, _ in LATENCY_ARMS[1:-1])
-    added = sorted(((f_by[k] - p_by.get(k, 0)) / reads, k) for k in f_by)[::-1][:top]
+    added = [x for x in sorted(((f_by[k] - p_by.get(k, 0)) / reads, k) for k in f_by)[::-1][:top] if x[0] >= 1]
     return [f"python per read (decode 835,584 B, 8 in flight, {len(paths)} sources, {reads} reads, counted): "
             f"plain {p_ops:,.0f} opcodes in {p_calls:.0f} calls, features {f_ops:,.0f} in {f_calls:.0f}; "
             f"features / plain {f_ops / p_ops:.2f}",
             f"  each feature alone (opcodes): {alone}; all three {f_ops - p_ops:+,.0f}",
-            "  added most with all three: " + ", ".join(f"{f}:{fn} {n:+,.0f}" for n, (f, fn) in added)]
+            "  added most with all three: " + (", ".join(f"{f}:{fn} {n:+,.0f}" for n, (f, fn) in added)
+                                               or "nothing" + (" (one source: the features have nothing to do)"
+                                                               if len(paths) == 1 else ""))]
 
 
 def pool_run(paths, size: int, pool_bytes: int, decode_reads: int = 2000, pre_inflight: int = 3,
