@@ -36,7 +36,10 @@ class Balancer:
     def parts(self, s: int, off: int, ln: int) -> list[tuple[int, int]]:
         """How piece [off, off+ln) of source `s` is queued: chunks of its drive's size now, no larger
         than leaves the piece MIN_REQUESTS of them (`balancing.piece_chunk`). Called without the
-        lock (it reads `chunk[s]` once)."""
+        lock (it reads `chunk[s]` once). A piece no longer than the smallest chunk is one request
+        whatever the drive's chunk (a decode's pieces: no sizing asked)."""
+        if 0 < ln <= self.policy.chunk_bytes:
+            return [(off, ln)]
         return chunks(off, ln, piece_chunk(ln, self.chunk[s], self.policy))
 
     def inflight(self, s: int) -> int:
@@ -54,11 +57,12 @@ class Balancer:
         """`att` left source `s`'s kernel; `delivered`: its bytes came in; `cost_ns`: the CPU the
         lane spent on it besides the read itself (None: not measured)."""
         now = self.clock()
-        self.pace[s].ended(att.ln, now, delivered)
+        pace = self.pace[s]
+        pace.ended(att.ln, now, delivered)
         if cost_ns is not None:
             self.cost_ns = cost_ns if self.cost_ns is None else self.cost_ns * COST_DECAY + cost_ns * (1 - COST_DECAY)
         if delivered:
-            self.chunk[s] = chunk_for(self.pace[s].rate(now), self.cost_ns, self.policy)
+            self.chunk[s] = chunk_for(pace.rate(now), self.cost_ns, self.policy)
 
     def moved(self, att: Attempt, old: int, new: int) -> None:
         """A started attempt fails over from `old` to `new`."""
@@ -73,15 +77,16 @@ class Balancer:
     def _depth(self, s: int) -> float:
         """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""
         now = self.clock()
+        pace = self.pace
         top, fastest, mine, seen = None, s, None, False
         for i in self.healthy():
-            r = self.pace[i].rate(now)
+            r = pace[i].rate(now)
             if i == s:
                 mine, seen = r, True
             if r is not None and (top is None or r > top):
                 top, fastest = r, i
         if not seen:
-            mine = self.pace[s].rate(now)
+            mine = pace[s].rate(now)
         return depth_bytes(mine, top, self.lanes, self.policy, self.chunk[fastest])
 
     def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:

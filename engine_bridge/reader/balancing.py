@@ -225,11 +225,15 @@ class Pace:
             self.window += nbytes
 
     def rate(self, now: int) -> float | None:
-        """Bytes per ns; None before its first delivery; math.inf when it delivered in no time."""
-        self.advance(now)
+        """Bytes per ns; None before its first delivery; math.inf when it delivered in no time. Asked
+        several times an attempt (`depth_bytes` looks at every drive's): it counts the time since its
+        last tick without moving it (the same figure as `advance` then the sums, with no state changed)."""
         if self.n == 0:
             return None
-        busy = self.busy_ns + self.open_ns
+        open_ns = self.open_ns
+        if self.inflight > 0 and now > self.tick:
+            open_ns += now - self.tick
+        busy = self.busy_ns + open_ns
         return self.bytes / busy if busy > 0 else math.inf
 
     def bound(self, now: int) -> float | None:
@@ -237,6 +241,7 @@ class Pace:
         its first delivery, while reads wait in its kernel, the bytes there over the time they have
         waited (it has not read them in that time: a drive that crawls from its first request is
         known slow before anything lands); None when nothing is known."""
+        self.advance(now)
         r = self.rate(now)
         if r is not None or self.inflight <= 0 or self.open_ns <= 0:
             return r

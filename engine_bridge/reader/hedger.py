@@ -155,12 +155,13 @@ class Hedger:
         ticket = atts[0].piece.ticket
         if ticket.t_sub < 0:
             ticket.t_sub = now
+        watch = len(self.est) > 1
         for att in atts:
             self._queue(att, now)
-        if len(self.est) > 1:
-            for att in atts:
+            if watch:
                 self.pending[att.src].add(att)
                 self.line[att.src].append(att)
+        if watch:
             for s in {att.src for att in atts}:
                 self._watch_head(s, now)
 
@@ -195,7 +196,8 @@ class Hedger:
         if inflight is None or att.kind != MAIN or att not in self.pending[att.src]:
             return
         att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.jumped[att.src]
-        if att.stolen or self._head(att.src) is att:
+        line = self.line[att.src]
+        if att.stolen or (not self._moot(att) if line and line[0] is att else self._head(att.src) is att):
             due = self._deadline(att)
             if due is not None:
                 self._push(due, att, att.src)

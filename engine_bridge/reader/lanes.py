@@ -211,20 +211,21 @@ class Lanes:
         queue (when balancing, once it has room in the kernel), else, when balancing, a chunk taken
         from another's queue or a copy of one overdue in another's kernel; None: close."""
         q = self._queues[src]
+        bal = self.balancer
         while True:
             roomless = elsewhere = False
             if q.items:
                 head = q.items[0]
-                if (self.balancer is not None and head is not None and head.kind == MAIN and not head.piece.done
-                        and not self._closing and self.balancer.may_offer_earlier(src, self._queues, head.piece.ticket.seq)):
+                if bal is None or head is None or head.kind != MAIN or head.piece.done:
+                    return q.items.popleft()
+                if not self._closing and bal.may_offer_earlier(src, self._queues, head.piece.ticket.seq):
                     att = self._others_work(src, before=head.piece.ticket.seq)
                     if att is not None:
                         return att
-                if (head is None or self.balancer is None or head.kind != MAIN or head.piece.done
-                        or self.balancer.room(src, head.ln)):
+                if bal.room(src, head.ln):
                     return q.items.popleft()
                 roomless = True
-            elif self.balancer is not None and not self._closing:
+            elif bal is not None and not self._closing:
                 elsewhere = self._elsewhere(src)         # nothing anywhere: nothing to take or copy
                 if elsewhere:
                     att = self._others_work(src)
