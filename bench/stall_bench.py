@@ -73,6 +73,13 @@ model four times the page cache a user's rig gives it); a run killed for memory 
 The reads are O_DIRECT, so the budget holds the engine's own memory and the reader's buffer pool
 (at most an eighth of what the process may fill), not a cache of the model.
 
+--warm-memory SIZE (default 512M; 0: off) is memory the bench holds between runs and lets go just
+before each one starts, so that run's fresh buffers come from memory freed a moment ago: on a VM
+that hands freed memory back to its host (this one), memory freed more than a second or two
+earlier faults in at ~0.1 GB/s instead of ~8, and a short prefill's buffers landed on one or the
+other by chance — the alone arm, which never reads the crawler, prefilled the same 90 MB in
+0.15–0.35 s (docs/reader.md "Round 24").
+
 --pacing service (slow and medium classes) builds drives that serve each request in bytes / rate
 and bank nothing while idle (`iobench testbed up --pacing service`); blk-throttle lets a drive
 that idled serve its next read at once, which flatters every arm that leaves drives idle.
@@ -95,9 +102,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.engine_bench import synth_on_drives  # noqa: E402
-from bench.testbed import PACINGS, THROTTLE, Testbed, require_testbed, usage_exit, wait_writeback  # noqa: E402
+from bench.testbed import (PACINGS, THROTTLE, Testbed, WarmMemory, require_testbed, usage_exit,  # noqa: E402
+                           wait_writeback)
 from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
+from core.errors import UsageError  # noqa: E402
+from core.units import parse_size  # noqa: E402
 from iobench.stats import ratio_interval  # noqa: E402
 
 DRIVES = ("internal", "green", "white")
@@ -190,6 +200,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         log.flush()
         mem0 = tb.memory_counters(reset=True) if args.ram else None   # under a budget: its peak, its limit hits
         use0 = resource.getrusage(resource.RUSAGE_CHILDREN)    # the run is the only child reaped meanwhile
+        args.warm.release()             # the run's memory: what the bench held until now (`WarmMemory`)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
@@ -217,6 +228,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         use1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         mem1 = tb.memory_counters() if mem0 is not None else None
         timer.join()
+    args.warm.hold()
     for n in DRIVES:
         tb.throttle(n, drive)
     if proc.returncode != 0:
@@ -406,7 +418,16 @@ def main() -> int:
                     help="how the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
                          "which banks credit while a drive idles) or service (each request served in bytes / rate, "
                          "nothing banked; slow and medium classes only)")
+    ap.add_argument("--warm-memory", default="512M",
+                    help="memory the bench holds between runs and lets go just before each one, so a run's fresh "
+                         "buffers fault in as fast as on a machine that keeps its memory (a VM that returns freed "
+                         "memory to its host faults it in again at ~0.1 GB/s; docs/reader.md \"Round 24\"); "
+                         "0: off (default: 512M)")
     args = ap.parse_args()
+    try:
+        args.warm = WarmMemory(0 if args.warm_memory.strip() == "0" else parse_size(args.warm_memory, "--warm-memory"))
+    except UsageError as e:
+        usage_exit(str(e))
     if args.runs < 1:
         usage_exit(f"--runs {args.runs}: must be at least 1")
     if args.gen_tokens is not None and args.gen_tokens < 1:
@@ -438,9 +459,12 @@ def main() -> int:
                 + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
                             ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
                              else RECOVER).items() if c in classes)
-                + f"; {args.runs} runs per arm; drives paced by {args.pacing}")
+                + f"; {args.runs} runs per arm; drives paced by {args.pacing}; "
+                + (f"{args.warm_memory} of memory let go before each run" if args.warm.nbytes else "no memory let go "
+                   "before the runs (--warm-memory 0)"))
         print(head, flush=True)
         lines.append(head)
+        args.warm.hold()
         line = "before the runs: " + wait_writeback()
         print(line, flush=True)
         lines.append(line)

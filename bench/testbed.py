@@ -225,6 +225,29 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+class WarmMemory:
+    """Memory this machine has backed, handed to the next process a benchmark starts: `nbytes` held
+    and touched between runs (`hold`), let go just before one starts (`release`). On a virtual
+    machine that hands freed memory back to its host (virtio free page reporting, as here), memory
+    freed more than a second or two ago faults in at ~0.1 GB/s when a process next touches it, and
+    at ~8 GB/s when it was freed a moment ago: a run's fresh buffers landed on one or the other by
+    chance, and its lanes faulting them in took both cores, and Python's lock with them, for up to
+    0.2 s of a 0.15 s prefill (docs/reader.md "Round 24"). Let go just before a run, the reservoir is
+    what that run's memory comes from, as on a machine that keeps its memory. 0 bytes: off."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self._buf = None
+
+    def hold(self) -> None:
+        if self._buf is None and self.nbytes > 0:
+            from core.coldio import aligned_buffer
+            self._buf = aligned_buffer(self.nbytes, fault=True)
+
+    def release(self) -> None:
+        self._buf = None            # its only view: the mapping goes with it
+
+
 class TestbedInterrupted(SystemExit):
     """A signal stopped the benchmark; raised from the handler so the testbed still comes down."""
 
