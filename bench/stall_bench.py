@@ -104,10 +104,10 @@ sys.path.insert(0, ROOT)
 from bench.engine_bench import synth_on_drives  # noqa: E402
 from bench.testbed import (PACINGS, THROTTLE, Testbed, WarmMemory, require_testbed, usage_exit,  # noqa: E402
                            wait_writeback)
-from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
-from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 from core.errors import UsageError  # noqa: E402
 from core.units import parse_size  # noqa: E402
+from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
+from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 from iobench.stats import ratio_interval  # noqa: E402
 
 DRIVES = ("internal", "green", "white")

@@ -50,6 +50,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:        # `python bench/x.py` as well as `python -m bench.x`
     sys.path.insert(0, REPO)
 
+from core.coldio import aligned_buffer  # noqa: E402
 from core.errors import ReplicaTunerError  # noqa: E402
 from iobench import testbed  # noqa: E402
 from iobench.testbed_spec import (  # noqa: E402
@@ -231,8 +232,8 @@ class WarmMemory:
     machine that hands freed memory back to its host (virtio free page reporting, as here), memory
     freed more than a second or two ago faults in at ~0.1 GB/s when a process next touches it, and
     at ~8 GB/s when it was freed a moment ago: a run's fresh buffers landed on one or the other by
-    chance, and its lanes faulting them in took both cores, and Python's lock with them, for up to
-    0.2 s of a 0.15 s prefill (docs/reader.md "Round 24"). Let go just before a run, the reservoir is
+    chance, and the reader's lanes faulting them in held both cores for up to 0.2 s of a 0.15 s
+    prefill (docs/reader.md "Round 24"). Let go just before a run, the reservoir is
     what that run's memory comes from, as on a machine that keeps its memory. 0 bytes: off."""
 
     def __init__(self, nbytes: int):
@@ -241,7 +242,6 @@ class WarmMemory:
 
     def hold(self) -> None:
         if self._buf is None and self.nbytes > 0:
-            from core.coldio import aligned_buffer
             self._buf = aligned_buffer(self.nbytes, fault=True)
 
     def release(self) -> None:
