@@ -36,10 +36,7 @@ class Balancer:
     def parts(self, s: int, off: int, ln: int) -> list[tuple[int, int]]:
         """How piece [off, off+ln) of source `s` is queued: chunks of its drive's size now, no larger
         than leaves the piece MIN_REQUESTS of them (`balancing.piece_chunk`). Called without the
-        lock (it reads `chunk[s]` once). A piece no longer than the smallest chunk is one request
-        whatever the drive's chunk (a decode's pieces: no sizing asked)."""
-        if 0 < ln <= self.policy.chunk_bytes:
-            return [(off, ln)]
+        lock (it reads `chunk[s]` once)."""
         return chunks(off, ln, piece_chunk(ln, self.chunk[s], self.policy))
 
     def inflight(self, s: int) -> int:

@@ -122,7 +122,10 @@ def piece_chunk(ln: int, chunk: int, policy: BalancePolicy) -> int:
     halved, down to `chunk_bytes`, while it would leave the piece fewer than MIN_REQUESTS chunks —
     a drive reads a piece's next chunk while the reader handles the last, and lanes share a
     piece's copy (page-cache reads of 11 MB pieces: 4 MiB chunks moved 5.95 GB/s, one 16 MiB
-    chunk per piece 3.55, 1 MiB chunks 3.85; docs/reader.md "Round 15")."""
+    chunk per piece 3.55, 1 MiB chunks 3.85; docs/reader.md "Round 15"). A piece under MIN_REQUESTS
+    smallest chunks (every decode piece) gets the smallest at once: the halving would end there."""
+    if ln < MIN_REQUESTS * policy.chunk_bytes:
+        return policy.chunk_bytes
     while chunk > policy.chunk_bytes and chunk * MIN_REQUESTS > ln:
         chunk //= 2
     return chunk

@@ -196,8 +196,7 @@ class Hedger:
         if inflight is None or att.kind != MAIN or att not in self.pending[att.src]:
             return
         att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.jumped[att.src]
-        line = self.line[att.src]
-        if att.stolen or (not self._moot(att) if line and line[0] is att else self._head(att.src) is att):
+        if att.stolen or self._head(att.src) is att:
             due = self._deadline(att)
             if due is not None:
                 self._push(due, att, att.src)
