@@ -666,11 +666,13 @@ class Hedger:
         re-weights (`comeback`), at its pace then rather than its whole weight: probes, one request
         at a time on an idle drive, pass a drive whose throttle banks credit while it idles, and
         under its whole share it was late again within a fraction of a second, in and out several
-        times a second for as long as it stayed slow (docs/reader.md "Round 18")."""
-        if not self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time"):
-            return
+        times a second for as long as it stayed slow (docs/reader.md "Round 18"). Its state is made
+        afresh before it is back: a read cut with it the moment it is back is judged from there (made
+        after, it wiped the streak of a piece already late, and the drive was never taken out again)."""
         then = None
         with self.cond:
+            if not self.health.slow(s):
+                return                                         # failed for good meanwhile: not coming back
             self._on_time(s)                                   # judged afresh from here on
             self.counted_at[s] = None
             self.observed_at[s] = self.busy[s]
@@ -681,6 +683,7 @@ class Hedger:
             if self.relapse[s] is not None and self.comeback is not None:
                 then = self.comeback(s, self.relapse[s])
             self.relapse[s] = None
+        self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time")
         if then is not None:
             then()
 
