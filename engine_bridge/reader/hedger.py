@@ -46,7 +46,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from core.coldio import align_down
 from core.units import plural
@@ -68,6 +68,9 @@ from .hedging import (
 )
 from .sources import SourceHealth
 
+if TYPE_CHECKING:
+    from .lanes import Lanes
+
 _UNKNOWN = object()
 RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
 
@@ -82,7 +85,8 @@ class Hedger:
         self.health, self.pool, self.policy, self.clock = health, pool, policy, clock
         self.weights = {"prefill": tuple(weights), "decode": tuple(decode_weights)}
         self.given = {"prefill": [0] * n, "decode": [0] * n}   # bytes the cut gave each source (`_shares`)
-        self._split = None              # (healthy sources, weights) `given` and `_memo` were kept for (`_sync`)
+        # (healthy sources, weights) `given` and `_memo` were kept for (`_sync`)
+        self._split: tuple[Sequence[int], dict[str, tuple[int, ...]]] | None = None
         self._given_all = {"prefill": False, "decode": False}   # every healthy source was given some (`_shares`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`)
@@ -122,9 +126,9 @@ class Hedger:
         self._skew = 0
         self._deferred = False          # the last round put its due pieces off (starved): the next judges them
         self.rounds = 0                 # how many times the watchdog has looked
-        self.lanes = None
+        self.lanes: Lanes | None = None
         self.cond: threading.Condition | None = None
-        self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         # (source, file index) -> whether the source holds that file (a partial replica does not
         # hold every file); the reader sets it
         self.can_serve: Callable[[int, int], bool] = lambda src, fi: True
@@ -133,8 +137,8 @@ class Hedger:
         """Share the lanes' lock and start the watchdog (Lanes calls this)."""
         self.lanes = lanes
         self.cond = threading.Condition(lanes.lock)
-        self._thread = threading.Thread(target=self._run, name="split-reader-hedger", daemon=True)
-        self._thread.start()
+        self._watchdog = threading.Thread(target=self._run, name="split-reader-hedger", daemon=True)
+        self._watchdog.start()
 
     # -- called by the lanes, lock held ---------------------------------------------------
 
@@ -342,8 +346,8 @@ class Hedger:
         with self.cond:
             self._stopping = True
             self.cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join()
 
     # -- inside -----------------------------------------------------------------------------
 
@@ -409,9 +413,10 @@ class Hedger:
         The pace as well as the bytes: balancing takes a slower drive's queued chunks, so a drive at
         half its weight's speed delivers under a third of its share of the bytes, yet reads at half
         its share of the pace; a crawler is short of both (docs/reader.md "Round 13")."""
-        if self.span_from[s] is None:
+        began = self.span_from[s]
+        if began is None:
             return None
-        t0, base, busy0 = self.span_from[s]
+        t0, base, busy0 = began
         got = [d - b for d, b in zip(self.delivered, base)]
         spent = [b - b0 for b, b0 in zip(self._busy_now(now), busy0)]
         verdict = behind(s, got, spent, self.weights[phase], self.health.healthy(), self.policy.margin)
@@ -680,8 +685,9 @@ class Hedger:
             self._learnt = True
             self.tick_at[s] = self.clock()
             self.back[s] = True
-            if self.relapse[s] is not None and self.comeback is not None:
-                then = self.comeback(s, self.relapse[s])
+            pace = self.relapse[s]
+            if pace is not None and self.comeback is not None:
+                then = self.comeback(s, pace)
             self.relapse[s] = None
         self.health.restore(s, f"{self.policy.recover_probes} probe(s) on time")
         if then is not None:

@@ -46,9 +46,9 @@ class PhaseTally:
 
     def copy(self) -> PhaseTally:
         t = PhaseTally(0)
-        for k in self.__slots__:
-            v = getattr(self, k)
-            setattr(t, k, list(v) if isinstance(v, list) else v)
+        t.given_bytes, t.given_pieces = list(self.given_bytes), list(self.given_pieces)
+        t.bytes, t.reads = list(self.bytes), list(self.reads)
+        t.reads_done, t.bytes_done, t.largest_read = self.reads_done, self.bytes_done, self.largest_read
         return t
 
 
