@@ -15,6 +15,7 @@ dropped, so it only adds the fadvise call) and is shown for completeness.
 
   .venv/bin/python bench/reader_bench.py [--dir /dev/shm] [--size 512M] [--sources 3] [--repeat 3] [--balance]
   .venv/bin/python bench/reader_bench.py --cpu [--repeat 5]    # CPU per read: plain beside hedging+re-weighting+balancing
+  .venv/bin/python bench/reader_bench.py --builds [--repeat 5] # CPU per read: the compiled reader beside its Python modules
   .venv/bin/python bench/reader_bench.py --ops                 # Python opcodes and calls per read: counted, not timed
   .venv/bin/python bench/reader_bench.py --latency [--repeat 5]  # a decode step's reads: how long the engine waits
   .venv/bin/python bench/reader_bench.py --chunks [--repeat 5]   # prefill reads, balancing's chunks fixed or sized
@@ -25,6 +26,13 @@ tracer on every thread it starts: opcodes and calls, plain, each feature alone a
 the functions that add the most. A count does not move with the machine's other work, as CPU time
 does by more than a cut of a tenth: it shows whether a change did less work; --cpu and the stall
 bench show what that is worth.
+
+--builds measures --cpu's plain reader and all three features twice, with the reader's compiled
+modules (the install compiles them where a C compiler is: docs/reader.md "Compiled") and with its
+Python ones (REPLICA_TUNER_PURE=1), each measurement in a process of its own, the two in turn
+`--repeat` times; it prints what the features add to the plain reader with each, and their ratio.
+--ops counts Python opcodes: it runs the reader's Python modules (it runs itself again with
+REPLICA_TUNER_PURE=1 where the compiled ones are in use: a tracer sees nothing of those).
 
 --latency times what a decode step waits for: a group of 4 decode-shaped reads (835,584 B, 3 sources
 at 1:1:1) submitted together and waited for, a pause of 0.5 ms (the engine's compute) between
@@ -52,11 +60,13 @@ for the next read, its pages faulted in, huge pages zeroed: docs/reader.md "Roun
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -64,10 +74,12 @@ import time
 from collections import Counter
 from dataclasses import replace
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from bench.testbed import write_random  # noqa: E402
 from core.units import parse_size  # noqa: E402
+from engine_bridge.reader import build  # noqa: E402
 from engine_bridge.reader.balancing import BalancePolicy  # noqa: E402
 from engine_bridge.reader.buffers import POOL_BYTES  # noqa: E402
 from engine_bridge.reader.settings import EMBEDDED, ReaderSettings  # noqa: E402
@@ -211,6 +223,37 @@ def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
             f"({user['all three'] - user['plain']:+.0f})"]
 
 
+BUILDS = (("compiled", {}), ("python", {"REPLICA_TUNER_PURE": "1"}))
+
+
+def build_lines(paths, size: int, repeat: int, reads: int, folder: str) -> list[str]:
+    """`cpu_per_read` of the plain reader and of the embedded engine's features (all three), once
+    with the reader's compiled modules and once with its Python ones (REPLICA_TUNER_PURE=1), each
+    in a process of its own (a process runs one copy of them; its files in `folder`), the two in turn `repeat` times:
+    medians, and what the features add to the plain reader with each build."""
+    got: dict[str, list[dict]] = {name: [] for name, _ in BUILDS}
+    how: dict[str, str] = {}
+    for _ in range(repeat):
+        for name, env in BUILDS:
+            cmd = [sys.executable, "-m", "bench.reader_bench", "--cpu-one", "--cpu-reads", str(reads),
+                   "--size", str(size), "--sources", str(len(paths)), "--dir", folder]
+            out = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, check=True, capture_output=True, text=True)
+            one = json.loads(out.stdout)
+            how[name] = one.pop("how")
+            got[name].append(one)
+    med = {name: {arm: statistics.median(r[arm] for r in runs) for arm in ("plain", "all three")}
+           for name, runs in got.items()}
+    if not how["compiled"].startswith("compiled"):
+        return [f"cpu per read by build: the compiled modules are not in use here ({how['compiled']}); nothing to compare"]
+    c, py = med["compiled"], med["python"]
+    extra = {name: m["all three"] - m["plain"] for name, m in med.items()}
+    return [f"cpu per read by build (decode 835,584 B, 8 in flight, {len(paths)} sources, {reads} reads, median of "
+            f"{repeat}, each in its own process): compiled plain {c['plain']:.0f} µs, features {c['all three']:.0f} µs "
+            f"({extra['compiled']:+.0f}); python plain {py['plain']:.0f} µs, features {py['all three']:.0f} µs "
+            f"({extra['python']:+.0f}); what the features add, compiled / python "
+            + (f"{extra['compiled'] / extra['python']:.2f}" if extra["python"] > 0 else "n/a")]
+
+
 def python_per_read(paths, size: int, settings: ReaderSettings, reads: int) -> tuple[float, float, Counter]:
     """(Python opcodes, Python calls, opcodes by function) per decode-shaped read of `cpu_per_read`'s
     shape, counted by a tracer (`sys.settrace`, every thread the reader starts): the work its Python
@@ -340,6 +383,10 @@ def main() -> int:
                                                        "engine's features (hedging, re-weighting, balancing), "
                                                        "together and each alone")
     ap.add_argument("--cpu-reads", type=int, default=3000, help="reads per --cpu measurement")
+    ap.add_argument("--builds", action="store_true", help="only --cpu's plain reader and all three features, with "
+                                                          "the reader's compiled modules beside its Python ones "
+                                                          "(REPLICA_TUNER_PURE=1), each in its own process")
+    ap.add_argument("--cpu-one", action="store_true", help=argparse.SUPPRESS)   # one --builds measurement, as JSON
     ap.add_argument("--ops", action="store_true", help="only the Python work per read, counted (opcodes and calls: "
                                                        "the same on a busy machine), plain beside each feature and "
                                                        "all three, and the functions that add the most")
@@ -352,6 +399,9 @@ def main() -> int:
     ap.add_argument("--pool-mib", type=int, default=69, help="the small pool for --pool, MiB (an eighth of the "
                                                              "stall bench's 552 MiB budget)")
     args = ap.parse_args()
+    if args.ops and build.HOW == "compiled":        # a tracer counts Python only: the Python modules, then
+        os.execve(sys.executable, [sys.executable, "-m", "bench.reader_bench", *sys.argv[1:]],
+                  {**os.environ, "REPLICA_TUNER_PURE": "1"})
     if args.pool_mib < 1:
         ap.error(f"--pool-mib {args.pool_mib}: must be at least 1")
     size = parse_size(args.size)
@@ -359,8 +409,15 @@ def main() -> int:
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
     try:
         paths = make_files(d, size, args.sources)
-        if args.cpu or args.ops or args.latency or args.chunks or args.pool:
+        if args.cpu_one:
+            one = {name: cpu_per_read(paths, size, settings, args.cpu_reads)[0] for name, settings in
+                   (LATENCY_ARMS[0], LATENCY_ARMS[-1])}
+            print(json.dumps({"how": build.HOW, **one}))
+            return 0
+        if args.cpu or args.ops or args.latency or args.chunks or args.pool or args.builds:
+            print(f"reader: {build.HOW}", flush=True)
             lines = (cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads) if args.cpu else []) + \
+                (build_lines(paths, size, max(args.repeat, 1), args.cpu_reads, args.dir) if args.builds else []) + \
                 (ops_lines(paths, size, 1000) if args.ops else []) + \
                 (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else []) + \
                 (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else []) + \

@@ -106,6 +106,7 @@ from bench.testbed import (PACINGS, THROTTLE, Testbed, WarmMemory, require_testb
                            wait_writeback)
 from core.errors import UsageError  # noqa: E402
 from core.units import parse_size  # noqa: E402
+from engine_bridge.reader import build  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 from iobench.stats import ratio_interval  # noqa: E402
@@ -459,7 +460,7 @@ def main() -> int:
                 + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
                             ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
                              else RECOVER).items() if c in classes)
-                + f"; {args.runs} runs per arm; drives paced by {args.pacing}; "
+                + f"; {args.runs} runs per arm; drives paced by {args.pacing}; reader {build.HOW}; "
                 + (f"{args.warm_memory} of memory let go before each run" if args.warm.nbytes else "no memory let go "
                    "before the runs (--warm-memory 0)"))
         print(head, flush=True)

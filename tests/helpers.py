@@ -38,9 +38,14 @@ def impure_imports(module) -> list[str]:
     """The imports of a module (its own source, functions included) that a pure module must not
     make: disk, threads, clocks, processes, UI. Empty for a pure module."""
     import ast
-    import inspect
+    import os
+    import sys
 
-    tree = ast.parse(inspect.getsource(module))
+    # its .py, beside it: a module the build compiled (docs/reader.md "Compiled") is a shared library
+    pkg, _, name = module.__name__.rpartition(".")
+    src = os.path.join(sys.modules[pkg].__path__[0], name + ".py")
+    with open(src, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

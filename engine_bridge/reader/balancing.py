@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from mypy_extensions import mypyc_attr
 
 
+@mypyc_attr(native_class=False)     # a policy stays a Python object: checked with clear errors (`check_*`)
 @dataclass(frozen=True)
 class BalancePolicy:
     """The knobs of balancing (SplitReader's `balance_policy`; `run --balance-*`)."""
@@ -63,8 +66,9 @@ class BalancePolicy:
 ALIGN = 4096
 
 
-def check_balance(p: BalancePolicy) -> BalancePolicy:
-    """The policy, or ValueError naming the knob that makes no sense."""
+def check_balance(p: Any) -> BalancePolicy:
+    """The policy, or ValueError naming the knob that makes no sense (`p` as it came: any of its
+    fields may hold any type, which the checks name)."""
     if isinstance(p.chunk_bytes, bool) or not isinstance(p.chunk_bytes, int) or p.chunk_bytes < ALIGN \
             or p.chunk_bytes % ALIGN:
         raise ValueError(f"balance chunk_bytes {p.chunk_bytes!r}: must be a multiple of {ALIGN} bytes, at least {ALIGN}")

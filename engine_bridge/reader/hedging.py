@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+from mypy_extensions import mypyc_attr
 
 
+@mypyc_attr(native_class=False)     # a policy stays a Python object: checked with clear errors (`check_*`)
 @dataclass(frozen=True)
 class HedgePolicy:
     """The knobs of hedging (SplitReader's `hedge_policy`)."""
@@ -55,8 +58,9 @@ class HedgePolicy:
                 "min_busy_ms": self.min_busy_ns / 1e6}
 
 
-def check_policy(p: HedgePolicy) -> HedgePolicy:
-    """The policy, or ValueError naming the knob that makes no sense."""
+def check_policy(p: Any) -> HedgePolicy:
+    """The policy, or ValueError naming the knob that makes no sense (`p` as it came: any of its
+    fields may hold any type, which the checks name)."""
     if not (p.margin >= 1.0 and math.isfinite(p.margin)):
         raise ValueError(f"hedge margin {p.margin!r}: must be a finite number >= 1")
     for name in ("floor_ns", "probe_interval_ns", "min_busy_ns"):
@@ -236,7 +240,7 @@ def behind(src: int, delivered: Sequence[float], busy_ns: Sequence[float], share
     judge its pace by, the bytes decide. (its share of the bytes, its pace, its share of the pace;
     both None when the bytes decided) when too slow, else None."""
     share = owed(src, delivered, shares, peers)
-    if not too_slow(delivered[src], share, margin):
+    if share is None or not too_slow(delivered[src], share, margin):
         return None
     if busy_ns[src] <= 0:
         return share, None, None

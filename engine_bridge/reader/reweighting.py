@@ -28,7 +28,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+from mypy_extensions import mypyc_attr
 
 
 RECENT_REQUESTS = 8   # a drive's latest deliveries that say its pace now (`Window.recent_rate`): a move off
@@ -36,6 +38,7 @@ RECENT_REQUESTS = 8   # a drive's latest deliveries that say its pace now (`Wind
 MIN_MULT = 1e-4       # the least multiplier: a drive measured at 0 is far below any floor, and can be measured up again
 
 
+@mypyc_attr(native_class=False)     # a policy stays a Python object: checked with clear errors (`check_*`)
 @dataclass(frozen=True)
 class ReweighPolicy:
     """The knobs of re-weighting (SplitReader's `reweigh_policy`; `run --reweigh-*`)."""
@@ -53,8 +56,9 @@ class ReweighPolicy:
                 "snap": self.snap, "min_busy_ms": self.min_busy_ns / 1e6, "loaded": self.loaded}
 
 
-def check_reweigh(p: ReweighPolicy) -> ReweighPolicy:
-    """The policy, or ValueError naming the knob that makes no sense."""
+def check_reweigh(p: Any) -> ReweighPolicy:
+    """The policy, or ValueError naming the knob that makes no sense (`p` as it came: any of its
+    fields may hold any type, which the checks name)."""
     for name in ("window_ns", "min_busy_ns"):
         v = getattr(p, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -80,16 +84,17 @@ class Window:
 
     def __init__(self, n: int, now: int, outstanding: Sequence[int] | None = None, before: Window | None = None):
         self.start = now
-        self.bytes = [0] * n
+        self.bytes: list[float] = [0] * n
         self.busy = [0] * n
         self.done = [0] * n                 # attempts that delivered bytes
-        self.given = {}                     # phase -> bytes the split gave in the window
+        self.given: dict[str, int] = {}     # phase -> bytes the split gave in the window
         self.outstanding = list(outstanding) if outstanding is not None else [0] * n
         self.tick = [now] * n
         # per source: busy ns of the earlier windows of this epoch, and (busy ns, bytes) in all at each
         # of its latest deliveries (`recent_rate`), carried from window to window
-        self.busy_before = [0] * n if before is None else [b + x for b, x in zip(before.busy_before, before.busy)]
-        self.marks = [deque(maxlen=RECENT_REQUESTS + 1) for _ in range(n)] if before is None else before.marks
+        self.busy_before: list[int] = [0] * n if before is None else [b + x for b, x in zip(before.busy_before, before.busy)]
+        self.marks: list[deque[tuple[int, int]]] = ([deque(maxlen=RECENT_REQUESTS + 1) for _ in range(n)]
+                                                    if before is None else before.marks)
 
     def _advance(self, s: int, now: int) -> None:
         if self.outstanding[s] > 0 and now > self.tick[s]:
@@ -112,14 +117,14 @@ class Window:
         self._advance(s, now)
         if self.outstanding[s] > 0:
             self.outstanding[s] -= 1
-        whole = nbytes
+        got = float(nbytes)
         if nbytes and started is not None and started < self.start < now:
-            nbytes = nbytes * (now - self.start) / (now - started)
-        if nbytes:
+            got = nbytes * (now - self.start) / (now - started)
+        if got:
             self.done[s] += 1
             m = self.marks[s]
-            m.append((self.busy_before[s] + self.busy[s], (m[-1][1] if m else 0) + whole))
-        self.bytes[s] += nbytes
+            m.append((self.busy_before[s] + self.busy[s], (m[-1][1] if m else 0) + nbytes))
+        self.bytes[s] += got
 
     def close(self, now: int) -> Window:
         """Count busy time up to `now`; returns the next window (work still out carries over)."""

@@ -51,6 +51,7 @@ from engines.split import check_weights
 from core.coldio import CachedReader, ColdReader, align_down
 from models.modelset import ModelSet, one_file
 
+from . import build
 from .buffers import BufferPool, check_buffer, span
 from .hedger import Hedger
 from .lanes import Lanes, ReadTicket
@@ -387,7 +388,7 @@ class SplitReader:
                 changes = self._reweigher.changes
         return ReaderStats(sources=srcs, events=events, reads=c.reads_done, bytes=c.bytes_done,
                            phases=tuple(self._phase_stats(ph, c.phases.get(ph)) for ph in PHASES),
-                           weights_now=now, reweighs=changes)
+                           weights_now=now, reweighs=changes, build=build.HOW)
 
     def _phase_stats(self, phase: str, t) -> PhaseStats:
         n = len(self.paths)

@@ -8,8 +8,7 @@ do (ordering waits, never a time limit) and asserts only on what was read where.
 
 import math
 import random
-from collections import deque
-from types import SimpleNamespace
+import threading
 
 import pytest
 from typer.testing import CliRunner
@@ -19,8 +18,9 @@ from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
-from engine_bridge.reader.attempts import MAIN
+from engine_bridge.reader.attempts import MAIN, Attempt, PieceInFlight, ReadTicket
 from engine_bridge.reader.balancer import Balancer
+from engine_bridge.reader.lanes import LaneQueue
 from engine_bridge.reader.balancing import (COST_SHARE, MIN_REQUESTS, BalancePolicy, Pace, check_balance, chunk_for, chunks,
                                             depth_limit, pick_victim, piece_chunk)
 from engine_bridge.reader.split_reader import SplitReader
@@ -103,14 +103,31 @@ def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
     assert pick_victim(0, {1: n, 2: n}, [0, n, n], {0: fast, 1: slow, 2: fast / 2}) == 1
 
 
+def _queued_chunk(seq: int, done: bool = False) -> Attempt:
+    """A main attempt of one MiB queued on source 1, of a read submitted `seq`-th."""
+    ticket = ReadTicket(0, MiB, "prefill", None, 0, 1)
+    ticket.seq = seq
+    piece = PieceInFlight(ticket, 1, 0, MiB)
+    piece.done = done
+    return Attempt(piece, 1, MAIN, 0, MiB, None, 0)
+
+
+def _queues(idle: tuple[int, int], *queued: Attempt) -> list[LaneQueue]:
+    """Two sources' queues (the lanes' lock's Condition), `idle` lanes waiting on each; `queued` on source 1."""
+    qs = [LaneQueue(threading.Condition()) for _ in range(2)]
+    for q, n in zip(qs, idle):
+        q.idle = n
+    qs[1].items.extend(queued)
+    return qs
+
+
 def test_a_chunk_its_own_drive_starts_at_once_is_not_offered_to_another():
     """Another drive may take a queued chunk only when its own drive will not start it at once: with
     a lane of its own waiting for work and room in its kernel, taking it gains nothing (on drives
     faster than the reader it only added to every read's latency)."""
     bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, lambda: [0, 1], lambda: 0)
-    ticket = SimpleNamespace(seq=1)
-    att = SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(done=False, hedged=False, ticket=ticket))
-    queues = [SimpleNamespace(items=deque(), idle=1), SimpleNamespace(items=deque([att]), idle=1)]
+    att = _queued_chunk(1)
+    queues = _queues((1, 1), att)
     assert bal.offers(0, queues) == {}                     # drive 1's idle lane starts it now
     queues[1].idle = 0                                     # every lane of drive 1 busy: worth taking
     assert bal.offers(0, queues) == {1: (0, att)}
@@ -121,8 +138,7 @@ def test_a_chunk_its_own_drive_starts_at_once_is_not_offered_to_another():
     for _ in range(2):
         bal.pace[1].ended(MiB, 0, True)                    # delivered: room again
     assert bal.offers(0, queues) == {}
-    queues[1].items.appendleft(SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(
-        done=True, hedged=False, ticket=ticket)))          # a done chunk ahead of it: one idle lane is not
+    queues[1].items.appendleft(_queued_chunk(1, done=True))   # a done chunk ahead of it: one idle lane is not
     assert bal.offers(0, queues) == {1: (1, att)}          # enough for both, two are
     queues[1].idle = 2
     assert bal.offers(0, queues) == {}
@@ -134,9 +150,8 @@ def test_the_look_at_the_heads_answers_as_the_full_look_for_heads_that_may_be_ta
     of one its own drive's idle lane starts at once (on healthy drives the full look behind it
     found nothing to take in any of ~4,300); a head it cannot take sends it to the full look."""
     bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, lambda: [0, 1], lambda: 0)
-    att = SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(done=False, hedged=False,
-                                                                         ticket=SimpleNamespace(seq=1)))
-    queues = [SimpleNamespace(items=deque(), idle=0), SimpleNamespace(items=deque([att]), idle=1)]
+    att = _queued_chunk(1)
+    queues = _queues((0, 1), att)
 
     def same(before):
         look = bal.may_offer_earlier(0, queues, before)
@@ -154,8 +169,7 @@ def test_the_look_at_the_heads_answers_as_the_full_look_for_heads_that_may_be_ta
     assert same(2)
     for _ in range(2):
         bal.pace[1].ended(MiB, 0, True)
-    queues[1].items.appendleft(SimpleNamespace(kind=MAIN, ln=MiB, fi=0, piece=SimpleNamespace(
-        done=True, hedged=False, ticket=SimpleNamespace(seq=0))))
+    queues[1].items.appendleft(_queued_chunk(0, done=True))
     assert bal.may_offer_earlier(0, queues, 2)        # a head it cannot take: the full look goes past it
     assert bal.offers(0, queues, 2) == {1: (1, att)}
 
@@ -212,7 +226,7 @@ def test_the_balancer_sizes_each_drives_chunk_from_its_pace_and_the_depth_in_the
     a drive's kernel depth counts `lanes` chunks of the fastest drive."""
     now = [0]
     bal = Balancer(2, 4, BalancePolicy(chunk_bytes=MiB, chunk_max=8 * MiB), None, lambda: [0, 1], lambda: now[0])
-    att = SimpleNamespace(ln=MiB)
+    att = Attempt(None, 0, MAIN, 0, MiB, None, 0)
     for k in range(3):
         for s, ns in ((0, 125_000), (1, 10_000_000)):            # 8.4 GB/s and 105 MB/s
             bal.pace[s].started(MiB, now[0])
