@@ -61,12 +61,13 @@ def why_not_compiled(folder: str = HERE) -> str | None:
     """Why the compiled modules in `folder` (the package's) cannot be used (None: they can)."""
     if os.environ.get("REPLICA_TUNER_PURE") == "1":
         return "REPLICA_TUNER_PURE=1"
+    try:                                # the last install could not compile them (older libraries may be left)
+        with open(os.path.join(folder, FAILED), encoding="utf-8") as f:
+            return f"not compiled at install: {f.read().strip()}"
+    except OSError:
+        pass
     if _library(GROUP.rsplit(".", 1)[1] + "__mypyc", folder) is None:
-        try:
-            with open(os.path.join(folder, FAILED), encoding="utf-8") as f:
-                return f"not compiled at install: {f.read().strip()}"
-        except OSError:
-            return "not compiled at install"
+        return "not compiled at install"
     missing = [name for name in COMPILED if _library(name, folder) is None]
     if missing:
         return f"{', '.join(missing)} not compiled"

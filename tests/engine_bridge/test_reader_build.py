@@ -50,7 +50,8 @@ def test_with_replica_tuner_pure_the_reader_runs_its_python_modules():
 
 def test_sources_changed_since_the_build_are_not_run_compiled(tmp_path, monkeypatch):
     """The package's files as installed, then one source changed: the compiled copy would run the
-    old code, so the reader says why it runs the .py files; a library missing, the same."""
+    old code, so the reader says why it runs the .py files; a library missing, or a compile that
+    failed at the last install, the same."""
     monkeypatch.delenv("REPLICA_TUNER_PURE", raising=False)
     folder = tmp_path / "reader"
     shutil.copytree(build.HERE, folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -65,3 +66,6 @@ def test_sources_changed_since_the_build_are_not_run_compiled(tmp_path, monkeypa
     lib = next(p for p in os.listdir(folder) if p.startswith("lanes.") and not p.endswith(".py"))
     os.remove(folder / lib)
     assert build.why_not_compiled(str(folder)) == "lanes not compiled"
+    with open(folder / build.FAILED, "w", encoding="utf-8") as f:    # the last install's compile failed:
+        f.write("mypyc: hedging.py:1: error: ...\n")                 # what it said, whatever is left
+    assert build.why_not_compiled(str(folder)) == "not compiled at install: mypyc: hedging.py:1: error: ..."
