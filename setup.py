@@ -1,6 +1,6 @@
 """The build's one step beyond pyproject.toml: the split reader's per-piece bookkeeping compiled to C.
 
-The modules in `engine_bridge.reader.COMPILED` (the lanes, the hedger, the balancer, re-weighting
+The modules in `engine_bridge.reader.build.COMPILED` (the lanes, the hedger, the balancer, re-weighting
 and their rules) run for every piece of every read; compiled with mypyc they cost a read about half
 the CPU they cost as Python, which on drives faster than the reader is the engine's own time
 (docs/reader.md "Compiled"). They stay plain Python modules: without a C compiler, when the
@@ -17,22 +17,20 @@ import sys
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _build_list():
     """engine_bridge/reader/build.py, loaded on its own (the package needs what is not installed yet)."""
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine_bridge", "reader", "build.py")
-    spec = importlib.util.spec_from_file_location("_reader_build", path)
+    spec = importlib.util.spec_from_file_location("_reader_build", os.path.join(HERE, "engine_bridge", "reader",
+                                                                                  "build.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
 BUILD = _build_list()
-
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 FAILED = os.path.join(HERE, *BUILD.PACKAGE.split("."), BUILD.FAILED)
 
 
@@ -67,9 +65,9 @@ class OptionalBuild(build_ext):
 def extensions():
     if os.path.exists(FAILED):
         os.remove(FAILED)
-    if os.environ.get("REPLICA_TUNER_PURE") == "1":
+    if os.environ.get(BUILD.PURE_ENV) == "1":
         return []
-    cc = (os.environ.get("CC") or "cc").split()[0]
+    cc = BUILD.c_compiler()
     if shutil.which(cc) is None:
         not_compiled(f"no C compiler: {cc} is not on PATH")
         return []

@@ -223,7 +223,7 @@ def cpu_lines(paths, size: int, repeat: int, reads: int) -> list[str]:
             f"({user['all three'] - user['plain']:+.0f})"]
 
 
-BUILDS = (("compiled", {}), ("python", {"REPLICA_TUNER_PURE": "1"}))
+BUILDS = (("compiled", {}), ("python", {build.PURE_ENV: "1"}))
 
 
 def build_lines(paths, size: int, repeat: int, reads: int, folder: str) -> list[str]:
@@ -401,7 +401,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.ops and build.HOW == "compiled":        # a tracer counts Python only: the Python modules, then
         os.execve(sys.executable, [sys.executable, "-m", "bench.reader_bench", *sys.argv[1:]],
-                  {**os.environ, "REPLICA_TUNER_PURE": "1"})
+                  {**os.environ, build.PURE_ENV: "1"})
     if args.pool_mib < 1:
         ap.error(f"--pool-mib {args.pool_mib}: must be at least 1")
     size = parse_size(args.size)

@@ -31,7 +31,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DIGEST = "native.sources"          # beside the library: `sources_digest()` of what it was compiled from
 FAILED = "native.failed"           # in the source tree when the install could not compile them: why
 
+PURE_ENV = "REPLICA_TUNER_PURE"     # =1: the Python modules (nothing compiled at install, nothing compiled used)
+
 HOW = "python"                      # set by use_compiled: "compiled" or "python (why)"
+
+
+def c_compiler() -> str:
+    """The C compiler a build would call: $CC's program, or cc."""
+    return (os.environ.get("CC") or "cc").split()[0]
 
 
 def module_path(name: str) -> str:
@@ -59,8 +66,8 @@ def _library(stem: str, folder: str) -> str | None:
 
 def why_not_compiled(folder: str = HERE) -> str | None:
     """Why the compiled modules in `folder` (the package's) cannot be used (None: they can)."""
-    if os.environ.get("REPLICA_TUNER_PURE") == "1":
-        return "REPLICA_TUNER_PURE=1"
+    if os.environ.get(PURE_ENV) == "1":
+        return f"{PURE_ENV}=1"
     try:                                # the last install could not compile them (older libraries may be left)
         with open(os.path.join(folder, FAILED), encoding="utf-8") as f:
             return f"not compiled at install: {f.read().strip()}"

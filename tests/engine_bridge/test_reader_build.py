@@ -30,7 +30,7 @@ def _which(**env) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.skipif(PURE or shutil.which(os.environ.get("CC", "cc")) is None,
+@pytest.mark.skipif(PURE or shutil.which(build.c_compiler()) is None,
                     reason="the Python modules by choice (REPLICA_TUNER_PURE=1), or no C compiler to build them")
 def test_where_a_compiler_is_the_installed_reader_is_compiled():
     """`make test` installs the project, compiling the reader's modules: a compile that failed (a type
