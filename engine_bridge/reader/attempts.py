@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Final
 
 from core.errors import UsageError
 
-MAIN, HEDGE, PROBE, SAMPLE = "main", "hedge", "probe", "sample"   # sample: a re-weighting measurement
+# an attempt's kind (Final: the compiled modules use the value, not a lookup of the name)
+MAIN: Final = "main"
+HEDGE: Final = "hedge"
+PROBE: Final = "probe"
+SAMPLE: Final = "sample"       # a re-weighting measurement
 _ORDER = itertools.count()          # reads in the order they were submitted (`ReadTicket.seq`)
 
 
@@ -38,7 +43,7 @@ class ReadTicket:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self.t_sub = -1                    # hedger clock, ns, when its first piece was queued (-1: no hedger)
-        self._mains: list = []             # its main attempts (with a hedger: a step's lateness looks at them)
+        self._mains: list[Attempt] = []    # its main attempts (with a hedger: a step's lateness looks at them)
         self.seq = next(_ORDER)            # submitted before every read of a higher seq (the engine waits in that order)
         if pieces == 0:
             self._done.set()

@@ -7,14 +7,17 @@ The lanes call it with their lock held and own the queues; the balancer only loo
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Final, Sequence
 
 from .attempts import MAIN, Attempt
 from .balancing import BalancePolicy, Pace, chunk_for, chunks, depth_bytes, pick_victim, piece_chunk
 
-PACE_DECAY = 0.9          # weight of the past in a source's pace, per delivered attempt
-COST_DECAY = 0.9          # weight of the past in the reader's CPU per request, per request
-STEAL_SCAN = 64           # queued attempts looked at per source for one to take
+if TYPE_CHECKING:
+    from .lanes import LaneQueue
+
+PACE_DECAY: Final = 0.9          # weight of the past in a source's pace, per delivered attempt
+COST_DECAY: Final = 0.9          # weight of the past in the reader's CPU per request, per request
+STEAL_SCAN: Final = 64           # queued attempts looked at per source for one to take
 
 
 class Balancer:
@@ -86,7 +89,7 @@ class Balancer:
             mine = pace[s].rate(now)
         return depth_bytes(mine, top, self.lanes, self.policy, self.chunk[fastest])
 
-    def offers(self, thief: int, queues: Sequence, before: int | None = None) -> dict[int, tuple[int, Attempt]]:
+    def offers(self, thief: int, queues: Sequence[LaneQueue], before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a
         piece nobody delivered or hedged, in a file `thief` holds (and, with `before`, of a read
         submitted before read `before`: `ReadTicket.seq`) that its own drive will not start at
@@ -100,13 +103,13 @@ class Balancer:
             for k, att in enumerate(q.items):
                 if k >= STEAL_SCAN:
                     break
-                if self._takeable(thief, att):
+                if att is not None and self._takeable(thief, att):
                     if (before is None or att.piece.ticket.seq < before) and not (q.idle > k and self.room(v, att.ln)):
                         out[v] = (k, att)
                     break
         return out
 
-    def may_offer_earlier(self, thief: int, queues: Sequence, before: int) -> bool:
+    def may_offer_earlier(self, thief: int, queues: Sequence[LaneQueue], before: int) -> bool:
         """Whether `offers(thief, queues, before)` may find anything, by a look at each other queue's
         head: False when every head is a chunk `thief` could take (`_takeable`) that `offers`
         would not offer — of read `before` or a later one, or one a lane of its own waits to start
@@ -119,19 +122,19 @@ class Balancer:
         for v, q in enumerate(queues):
             if v != thief and q.items:
                 att = q.items[0]
-                if not self._takeable(thief, att):
+                if att is None or not self._takeable(thief, att):
                     return True             # `offers` looks further down that queue
                 if att.piece.ticket.seq < before and not (q.idle and self.room(v, att.ln)):
                     return True
         return False
 
-    def _takeable(self, thief: int, att: Attempt | None) -> bool:
+    def _takeable(self, thief: int, att: Attempt) -> bool:
         """Whether `thief` may take queued `att`: a main attempt of a piece nobody delivered or
         hedged, in a file `thief` holds."""
-        return (att is not None and att.kind == MAIN and not att.piece.done and not att.piece.hedged
+        return (att.kind == MAIN and not att.piece.done and not att.piece.hedged
                 and (self.holds is None or self.holds(thief, att.fi)))
 
-    def victim(self, thief: int, queues: Sequence, before: int | None = None) -> tuple[int, int] | None:
+    def victim(self, thief: int, queues: Sequence[LaneQueue], before: int | None = None) -> tuple[int, int] | None:
         """(source, index in its queue) of the attempt source `thief` should take, or None when
         taking any would not bring a read's barrier nearer (or it has no room for it). `before`:
         `thief` has work of its own, the head of its queue a piece of read `before`; it takes only a

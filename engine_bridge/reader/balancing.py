@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Final, Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -63,7 +63,7 @@ class BalancePolicy:
                 "copies": self.copies}
 
 
-ALIGN = 4096
+ALIGN: Final = 4096
 
 
 def check_balance(p: Any) -> BalancePolicy:
@@ -98,7 +98,7 @@ def chunks(off: int, ln: int, chunk: int) -> list[tuple[int, int]]:
     return [(a, b - a) for a, b in zip(edges, edges[1:])]
 
 
-COST_SHARE = 1 / 32    # the reader's own CPU per request at most this share of the request's time at its drive's
+COST_SHARE: Final = 1 / 32    # the reader's own CPU per request at most this share of the request's time at its drive's
                        # pace (`chunk_for`; docs/reader.md "Balancing", "Round 15")
 
 
@@ -117,7 +117,7 @@ def chunk_for(rate: float | None, cost_ns: float | None, policy: BalancePolicy) 
     return c
 
 
-MIN_REQUESTS = 2    # a drive always has the next request queued behind the one it reads: one at a time,
+MIN_REQUESTS: Final = 2    # a drive always has the next request queued behind the one it reads: one at a time,
                     # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
 
 

@@ -46,12 +46,12 @@ import math
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Final, Sequence
 
 from core.coldio import align_down
 from core.units import plural
 
-from .attempts import HEDGE, MAIN, PROBE, Attempt
+from .attempts import HEDGE, MAIN, PROBE, Attempt, ReadTicket
 from .buffers import span
 from .hedging import (
     HedgePolicy,
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from .lanes import Lanes
 
 _UNKNOWN = object()
-RECHECK_NS = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
+RECHECK_NS: Final = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
 
 
 class Hedger:
@@ -104,10 +104,10 @@ class Hedger:
         self.delivered = [0] * n        # bytes each source delivered, of every kind
         # a streak's start: (ns, `delivered` then, `busy` then)
         self.span_from: list[tuple[int, list[int], list[int]] | None] = [None] * n
-        self.pending: list[set] = [set() for _ in range(n)]   # main attempts queued or reading
+        self.pending: list[set[Attempt]] = [set() for _ in range(n)]   # main attempts queued or reading
         # each source's main attempts in the order they were queued (its *line*: `_watch_head`); the
         # ones over or moot leave it when they reach its head
-        self.line: list[deque] = [deque() for _ in range(n)]
+        self.line: list[deque[Attempt]] = [deque() for _ in range(n)]
         self.probing = [False] * n
         self.next_probe = [0] * n
         self.probe_ok = [0] * n
@@ -118,7 +118,7 @@ class Hedger:
         # others' (the lanes' lock held) -> what to run once it is released, or None; the reader sets
         # it when it re-weights (`_restore`)
         self.comeback: Callable[[int, float], Callable[[], None] | None] | None = None
-        self._heap: list = []
+        self._heap: list[tuple[int, int, Attempt, int]] = []   # (due, order, attempt, source)
         self._memo: dict = {}           # (source, phase) -> the rate it is held to (`_rate`)
         self._seq = itertools.count()
         self._stopping = False
@@ -133,7 +133,7 @@ class Hedger:
         # hold every file); the reader sets it
         self.can_serve: Callable[[int, int], bool] = lambda src, fi: True
 
-    def attach(self, lanes) -> None:
+    def attach(self, lanes: Lanes) -> None:
         """Share the lanes' lock and start the watchdog (Lanes calls this)."""
         self.lanes = lanes
         self.cond = threading.Condition(lanes.lock)
@@ -237,7 +237,7 @@ class Hedger:
                         self._on_time(s)
         return []
 
-    def landed(self, ticket) -> None:
+    def landed(self, ticket: ReadTicket) -> None:
         """A piece of `ticket` won and others are still out (lock held): when every piece still out
         is on a drive already on a late streak, each gets a deadline in units of the step
         (`hedging.step_deadline_ns`: margin x what the others needed for their share of this read),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Sequence
+from typing import TYPE_CHECKING, Final, Sequence
 
 from core.errors import MissingError
 from core.coldio import ColdReader, align_down, aligned_buffer
@@ -45,9 +45,13 @@ from .piece_io import read_piece
 from .sources import ShortRead, SourceHealth
 from .tally import LaneCounters, Tally
 
+if TYPE_CHECKING:
+    from .hedger import Hedger
+    from .reweigher import Reweigher
+
 __all__ = ["Lanes", "LaneQueue", "LaneCounters", "ReadTicket", "read_piece"]
 
-STEAL_LOOK_S = 0.02       # an idle lane looks again at least this often while work waits on another source
+STEAL_LOOK_S: Final = 0.02       # an idle lane looks again at least this often while work waits on another source
 
 
 class LaneQueue:
@@ -56,13 +60,13 @@ class LaneQueue:
     lock held (work can then move between queues and counters in one step)."""
 
     def __init__(self, cond: threading.Condition):
-        self.items: deque = deque()
+        self.items: deque[Attempt | None] = deque()
         self.cond = cond
         self.idle = 0                 # lanes of this source waiting for work
         self.roomless = 0             # of them, those whose queue's head waits for room in the kernel (balancing)
         self.looking = False          # one of them waits with a timeout, to look again at the others' work
 
-    def put(self, item, front: bool = False) -> None:
+    def put(self, item: Attempt | None, front: bool = False) -> None:
         if front:
             self.items.appendleft(item)
         else:
@@ -77,8 +81,9 @@ class Lanes:
     lock, or None. balance: balancing's policy (None: each source reads exactly the pieces it was
     given). clock: the balancer's, ns."""
 
-    def __init__(self, sources: Sequence[SourceFiles], health: SourceHealth, lanes: int, pool=None, hedger=None,
-                 reweigher=None, balance: BalancePolicy | None = None, clock=time.monotonic_ns):
+    def __init__(self, sources: Sequence[SourceFiles], health: SourceHealth, lanes: int, pool=None,
+                 hedger: Hedger | None = None, reweigher: Reweigher | None = None,
+                 balance: BalancePolicy | None = None, clock=time.monotonic_ns):
         n = len(sources)
         self.sources, self.health, self.lanes, self.pool = tuple(sources), health, lanes, pool
         self._lock = threading.Lock()
@@ -270,6 +275,7 @@ class Lanes:
     def _steal(self, t: int, v: int, k: int) -> Attempt:
         """Move the attempt at index `k` of source `v`'s queue to source `t`."""
         att = self._queues[v].items[k]
+        assert att is not None          # `Balancer.victim` offers attempts only, never a lane's close
         del self._queues[v].items[k]
         if self.hedger is not None:
             self.hedger.stolen(att, t)

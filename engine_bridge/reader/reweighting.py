@@ -28,14 +28,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Final, Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
 
 
-RECENT_REQUESTS = 8   # a drive's latest deliveries that say its pace now (`Window.recent_rate`): a move off
+RECENT_REQUESTS: Final = 8   # a drive's latest deliveries that say its pace now (`Window.recent_rate`): a move off
                       # its weight needs them slow too, and the latest half of them (`judge`)
-MIN_MULT = 1e-4       # the least multiplier: a drive measured at 0 is far below any floor, and can be measured up again
+MIN_MULT: Final = 1e-4       # the least multiplier: a drive measured at 0 is far below any floor, and can be measured up again
 
 
 @mypyc_attr(native_class=False)     # a policy stays a Python object: checked with clear errors (`check_*`)
