@@ -88,27 +88,49 @@ def why_not_compiled(folder: str = HERE) -> str | None:
     return None
 
 
+def stale_libraries(folder: str = HERE) -> list[str]:
+    """Modules of the package with a library in `folder` that the build no longer compiles: left by
+    an earlier build that compiled more of them (Python would import that library, which the group
+    library of this build cannot serve)."""
+    group = GROUP.rsplit(".", 1)[1] + "__mypyc"
+    out = []
+    for entry in sorted(os.listdir(folder)):
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            name = entry[:-len(suffix)]
+            if entry.endswith(suffix) and name not in COMPILED and name != group \
+                    and os.path.exists(os.path.join(folder, name + ".py")):
+                out.append(name)
+                break
+    return out
+
+
 class _Sources:
-    """Finds the compiled modules' .py files, ahead of their libraries (Python's own order is the
-    other way round)."""
+    """Finds the .py files of `names`, modules of the package, ahead of their libraries (Python's own
+    order is the other way round)."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
 
     def find_spec(self, fullname, path=None, target=None):
         pkg, _, name = fullname.rpartition(".")
-        if pkg != PACKAGE or name not in COMPILED:
+        if pkg != PACKAGE or name not in self.names:
             return None
         return importlib.util.spec_from_file_location(fullname, os.path.join(HERE, name + ".py"))
 
 
 def use_compiled() -> str:
-    """Decide once, before any compiled module is imported, which copy of them runs; returns `HOW`."""
+    """Decide once, before any compiled module is imported, which copy of them runs; returns `HOW`.
+    A library an earlier build left for a module no longer compiled is never used (`stale_libraries`)."""
     global HOW
     if any(f"{PACKAGE}.{name}" in sys.modules for name in COMPILED):
         return HOW                      # already decided (and imported)
     why = why_not_compiled()
+    names = stale_libraries()
     if why is None:
         HOW = "compiled"
     else:
         HOW = f"python ({why})"
-        if not any(isinstance(f, _Sources) for f in sys.meta_path):
-            sys.meta_path.insert(0, _Sources())
+        names += COMPILED
+    if names and not any(isinstance(f, _Sources) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Sources(names))
     return HOW

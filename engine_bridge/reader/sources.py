@@ -46,19 +46,20 @@ def check_sources(models: Sequence[ModelSet], holds: Sequence[frozenset[str] | N
             raise UsageError(f"{source_name(i, m)}: lists files {_few(m.files)} but the primary has "
                              f"{_few(primary.files)}; every source must be the same model")
     seen: dict[tuple[int, int], str] = {}
-    ident: list[tuple[Identity, ...]] = []
+    ident: list[tuple[Identity | None, ...]] = []
     for i, m in enumerate(models):
         # one file: "source 1 /g/model.gguf: …"; several: "source 1 (/g/model): file /g/model/a.safetensors: …"
         role = f"source {i}" if m.layout == FILE else f"{source_name(i, m)}: file"
-        per: list[Identity] = []
+        per: list[Identity | None] = []
         held = holds[i] if i and i < len(holds) else None
         for fi, (rel, p) in enumerate(zip(m.files, m.paths)):
             if held is not None and rel not in held:
                 per.append(None)
                 continue
             st = require_file(p, role, FIX)
-            if ident and st.st_size != ident[0][fi][2]:
-                raise UsageError(f"{role} {p}: size {st.st_size} differs from the primary's {ident[0][fi][2]} "
+            first = ident[0][fi] if ident else None         # the primary's: it holds every file
+            if first is not None and st.st_size != first[2]:
+                raise UsageError(f"{role} {p}: size {st.st_size} differs from the primary's {first[2]} "
                                  f"({primary.paths[fi]}); a replica must be a byte-identical copy: re-copy it with "
                                  "`replicas sync`")
             key = (st.st_dev, st.st_ino)

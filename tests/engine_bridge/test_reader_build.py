@@ -69,3 +69,22 @@ def test_sources_changed_since_the_build_are_not_run_compiled(tmp_path, monkeypa
     with open(folder / build.FAILED, "w", encoding="utf-8") as f:    # the last install's compile failed:
         f.write("mypyc: hedging.py:1: error: ...\n")                 # what it said, whatever is left
     assert build.why_not_compiled(str(folder)) == "not compiled at install: mypyc: hedging.py:1: error: ..."
+
+
+def test_a_library_an_earlier_build_left_for_a_module_no_longer_compiled_is_never_imported(tmp_path):
+    """An earlier build compiled more modules (a checkout that compiled `sources` too, then one that
+    does not): its library for that module is still beside the .py, and Python would import it
+    first — from a group library that no longer serves it, a crash at import. The .py is imported."""
+    assert "sources" not in build.COMPILED and "lanes" in build.COMPILED
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for name in ("sources", "lanes"):
+        (folder / f"{name}.py").write_text("", encoding="utf-8")
+        (folder / f"{name}{suffix}").write_bytes(b"")
+    (folder / f"native__mypyc{suffix}").write_bytes(b"")    # the group library itself
+    (folder / f"other{suffix}").write_bytes(b"")            # no .py beside it: not one of the package's modules
+    assert build.stale_libraries(str(folder)) == ["sources"]
+    spec = build._Sources(["sources"]).find_spec(build.PACKAGE + ".sources")
+    assert spec.origin == os.path.join(build.HERE, "sources.py")
+    assert build._Sources(["sources"]).find_spec(build.PACKAGE + ".lanes") is None
