@@ -17,6 +17,7 @@ dropped, so it only adds the fadvise call) and is shown for completeness.
   .venv/bin/python bench/reader_bench.py --cpu [--repeat 5]    # CPU per read: plain beside hedging+re-weighting+balancing
   .venv/bin/python bench/reader_bench.py --builds [--repeat 5] # CPU per read: the compiled reader beside its Python modules
   .venv/bin/python bench/reader_bench.py --ops                 # Python opcodes and calls per read: counted, not timed
+  .venv/bin/python bench/reader_bench.py --instructions        # machine instructions per read (valgrind): counted, not timed
   .venv/bin/python bench/reader_bench.py --latency [--repeat 5]  # a decode step's reads: how long the engine waits
   .venv/bin/python bench/reader_bench.py --chunks [--repeat 5]   # prefill reads, balancing's chunks fixed or sized
   .venv/bin/python bench/reader_bench.py --pool [--pool-mib 69] [--repeat 5]   # decode after a prefill: small pool vs large
@@ -33,6 +34,14 @@ Python ones (REPLICA_TUNER_PURE=1), each measurement in a process of its own, th
 `--repeat` times; it prints what the features add to the plain reader with each, and their ratio.
 --ops counts Python opcodes: it runs the reader's Python modules (it runs itself again with
 REPLICA_TUNER_PURE=1 where the compiled ones are in use: a tracer sees nothing of those).
+
+--instructions counts the machine instructions the reader's process runs in user space per
+decode-shaped read (the --cpu shape), plain and with all three features, under valgrind's callgrind
+(Debian's `valgrind` package): each count in a process of its own, for `--ins-reads` reads and for a
+fifth of them, the difference over the reads between (what opening the reader and the files cost
+drops out). Like --ops it does not move with the machine's other work, and unlike --ops it counts
+the compiled modules too (and the C the Python ones run): whether a change did less work, whichever
+build runs. The kernel's part (the copies from the page cache) is not counted.
 
 --latency times what a decode step waits for: a group of 4 decode-shaped reads (835,584 B, 3 sources
 at 1:1:1) submitted together and waited for, a pause of 0.5 ms (the engine's compute) between
@@ -143,14 +152,20 @@ def read_in_groups(r: SplitReader, ranges, inflight: int, phase: str, bufs=None,
                 t.release()
 
 
+def decode_ranges(size: int, reads: int, nbytes: int = 835_584) -> list[tuple[int, int]]:
+    """`reads` decode-shaped reads of `nbytes` at 4 KiB-aligned random offsets of a `size`-byte file
+    (the same ones every time)."""
+    rng = random.Random(2)
+    return [(rng.randrange(0, (size - nbytes) // 4096) * 4096, nbytes) for _ in range(reads)]
+
+
 def cpu_per_read(paths, size: int, settings: ReaderSettings, reads: int, inflight: int = 8,
                  nbytes: int = 835_584) -> tuple[float, float]:
     """µs of this process's CPU (every thread's) per decode-shaped read of `nbytes` at 4 KiB-aligned
     random offsets, `inflight` at a time, pooled buffers, page-cache reads: what the reader itself
     costs per read (on a machine bound by compute, the engine's CPU); and of it, the µs in user
     mode (the reader's Python: the copies from the page cache are the kernel's)."""
-    rng = random.Random(2)
-    ranges = [(rng.randrange(0, (size - nbytes) // 4096) * 4096, nbytes) for _ in range(reads)]
+    ranges = decode_ranges(size, reads, nbytes)
     with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=settings, cold=False) as r:
         for o, n in ranges[:inflight]:          # warm-up: lanes started, the pool filled
             r.read(o, n, "decode")
@@ -252,6 +267,38 @@ def build_lines(paths, size: int, repeat: int, reads: int, folder: str) -> list[
             f"({extra['compiled']:+.0f}); python plain {py['plain']:.0f} µs, features {py['all three']:.0f} µs "
             f"({extra['python']:+.0f}); what the features add, compiled / python "
             + (f"{extra['compiled'] / extra['python']:.2f}" if extra["python"] > 0 else "n/a")]
+
+
+INS_ARMS = (LATENCY_ARMS[0], LATENCY_ARMS[-1])      # plain, all three
+
+
+def instructions(arm: str, reads: int, paths: list[str], folder: str) -> int:
+    """User-space instructions of a process that opens the reader on `paths` and makes `reads`
+    decode-shaped reads with arm `arm` (`--reads-one`), counted by callgrind (its output in `folder`)."""
+    with tempfile.NamedTemporaryFile(prefix="reader-bench-callgrind-", dir=folder) as out:
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", sys.executable, "-m",
+               "bench.reader_bench", "--reads-one", arm, "--cpu-reads", str(reads), "--paths", os.pathsep.join(paths)]
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        with open(out.name, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+    raise RuntimeError(f"callgrind wrote no total for {arm} ({reads} reads)")
+
+
+def instruction_lines(paths, reads: int, folder: str) -> list[str]:
+    """Instructions per decode-shaped read, plain and with all three features: each arm counted for
+    `reads` and for a fifth of them, each in a process of its own; per read, the difference over the
+    reads between."""
+    if shutil.which("valgrind") is None:
+        return ["instructions per read: valgrind is not installed (Debian: apt install valgrind); nothing counted"]
+    few = max(1, reads // 5)
+    per = {name: (instructions(name, reads, paths, folder) - instructions(name, few, paths, folder)) / (reads - few)
+           for name, _ in INS_ARMS}
+    p, f = per[INS_ARMS[0][0]], per[INS_ARMS[1][0]]
+    return [f"instructions per read (user space, callgrind; decode 835,584 B, 8 in flight, {len(paths)} sources, "
+            f"{reads} reads less {few}): plain {p / 1e3:.1f}k, features {f / 1e3:.1f}k ({(f - p) / 1e3:+.1f}k), "
+            f"features / plain {f / p:.2f}"]
 
 
 def python_per_read(paths, size: int, settings: ReaderSettings, reads: int) -> tuple[float, float, Counter]:
@@ -387,6 +434,12 @@ def main() -> int:
                                                           "the reader's compiled modules beside its Python ones "
                                                           "(REPLICA_TUNER_PURE=1), each in its own process")
     ap.add_argument("--cpu-one", action="store_true", help=argparse.SUPPRESS)   # one --builds measurement, as JSON
+    ap.add_argument("--reads-one", choices=[name for name, _ in INS_ARMS], help=argparse.SUPPRESS)  # --instructions' reads
+    ap.add_argument("--instructions", action="store_true", help="only the machine instructions per read, counted by "
+                                                                "valgrind (the same on a busy machine, compiled modules "
+                                                                "included), plain beside all three features")
+    ap.add_argument("--ins-reads", type=int, default=1000, help="reads per --instructions count (and a fifth of them)")
+    ap.add_argument("--paths", help=argparse.SUPPRESS)      # --reads-one: the files to read, joined by os.pathsep
     ap.add_argument("--ops", action="store_true", help="only the Python work per read, counted (opcodes and calls: "
                                                        "the same on a busy machine), plain beside each feature and "
                                                        "all three, and the functions that add the most")
@@ -404,6 +457,17 @@ def main() -> int:
                   {**os.environ, build.PURE_ENV: "1"})
     if args.pool_mib < 1:
         ap.error(f"--pool-mib {args.pool_mib}: must be at least 1")
+    if args.ins_reads < 5:
+        ap.error(f"--ins-reads {args.ins_reads}: must be at least 5 (a fifth of them is counted too)")
+    if args.reads_one:                  # one --instructions count: the reads alone, on the parent's files
+        if not args.paths:
+            ap.error("--reads-one needs --paths")
+        paths = args.paths.split(os.pathsep)
+        ranges = decode_ranges(os.path.getsize(paths[0]), args.cpu_reads)
+        with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=dict(INS_ARMS)[args.reads_one],
+                         cold=False) as r:
+            read_in_groups(r, ranges, 8, "decode")
+        return 0
     size = parse_size(args.size)
     rng = random.Random(1)
     d = tempfile.mkdtemp(prefix="reader-bench-", dir=args.dir)
@@ -414,11 +478,12 @@ def main() -> int:
                    (LATENCY_ARMS[0], LATENCY_ARMS[-1])}
             print(json.dumps({"how": build.HOW, **one}))
             return 0
-        if args.cpu or args.ops or args.latency or args.chunks or args.pool or args.builds:
+        if args.cpu or args.ops or args.latency or args.chunks or args.pool or args.builds or args.instructions:
             print(f"reader: {build.HOW}", flush=True)
             lines = (cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads) if args.cpu else []) + \
                 (build_lines(paths, size, max(args.repeat, 1), args.cpu_reads, args.dir) if args.builds else []) + \
                 (ops_lines(paths, size, 1000) if args.ops else []) + \
+                (instruction_lines(paths, args.ins_reads, d) if args.instructions else []) + \
                 (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else []) + \
                 (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else []) + \
                 (pool_lines(paths, size, max(args.repeat, 1), args.pool_mib) if args.pool else [])
