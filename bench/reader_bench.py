@@ -39,7 +39,8 @@ REPLICA_TUNER_PURE=1 where the compiled ones are in use: a tracer sees nothing o
 decode-shaped read (the --cpu shape), plain and with all three features, under valgrind's callgrind
 (Debian's `valgrind` package): each count in a process of its own, for `--ins-reads` reads and for a
 fifth of them, the difference over the reads between (what opening the reader and the files cost
-drops out). Like --ops it does not move with the machine's other work, and unlike --ops it counts
+drops out); the two arms in turn `--repeat` times, the medians (~1 min a
+repeat). Like --ops it does not move with the machine's other work, and unlike --ops it counts
 the compiled modules too (and the C the Python ones run): whether a change did less work, whichever
 build runs. The kernel's part (the copies from the page cache) is not counted.
 
@@ -286,18 +287,23 @@ def instructions(arm: str, reads: int, paths: list[str], folder: str) -> int:
     raise RuntimeError(f"callgrind wrote no total for {arm} ({reads} reads)")
 
 
-def instruction_lines(paths, reads: int, folder: str) -> list[str]:
+def instruction_lines(paths, reads: int, folder: str, repeat: int) -> list[str]:
     """Instructions per decode-shaped read, plain and with all three features: each arm counted for
     `reads` and for a fifth of them, each in a process of its own; per read, the difference over the
-    reads between."""
+    reads between; the two arms in turn `repeat` times, the medians."""
     if shutil.which("valgrind") is None:
         return ["instructions per read: valgrind is not installed (Debian: apt install valgrind); nothing counted"]
     few = max(1, reads // 5)
-    per = {name: (instructions(name, reads, paths, folder) - instructions(name, few, paths, folder)) / (reads - few)
-           for name, _ in INS_ARMS}
-    p, f = per[INS_ARMS[0][0]], per[INS_ARMS[1][0]]
+    got: dict[str, list[float]] = {name: [] for name, _ in INS_ARMS}
+    for _ in range(repeat):
+        for name, _ in INS_ARMS:
+            got[name].append((instructions(name, reads, paths, folder) - instructions(name, few, paths, folder))
+                             / (reads - few))
+    p, f = (statistics.median(got[name]) for name, _ in INS_ARMS)
+    extra = sorted(a - b for a, b in zip(got[INS_ARMS[1][0]], got[INS_ARMS[0][0]]))
     return [f"instructions per read (user space, callgrind; decode 835,584 B, 8 in flight, {len(paths)} sources, "
-            f"{reads} reads less {few}): plain {p / 1e3:.1f}k, features {f / 1e3:.1f}k ({(f - p) / 1e3:+.1f}k), "
+            f"{reads} reads less {few}, median of {repeat}): plain {p / 1e3:.1f}k, features {f / 1e3:.1f}k "
+            f"({(f - p) / 1e3:+.1f}k; each time {', '.join(f'{x / 1e3:+.1f}k' for x in extra)}), "
             f"features / plain {f / p:.2f}"]
 
 
@@ -483,7 +489,7 @@ def main() -> int:
             lines = (cpu_lines(paths, size, max(args.repeat, 1), args.cpu_reads) if args.cpu else []) + \
                 (build_lines(paths, size, max(args.repeat, 1), args.cpu_reads, args.dir) if args.builds else []) + \
                 (ops_lines(paths, size, 1000) if args.ops else []) + \
-                (instruction_lines(paths, args.ins_reads, d) if args.instructions else []) + \
+                (instruction_lines(paths, args.ins_reads, d, max(args.repeat, 1)) if args.instructions else []) + \
                 (latency_lines(paths, size, max(args.repeat, 1)) if args.latency else []) + \
                 (chunk_lines(paths, size, max(args.repeat, 1)) if args.chunks else []) + \
                 (pool_lines(paths, size, max(args.repeat, 1), args.pool_mib) if args.pool else [])

@@ -1,13 +1,14 @@
 """A read in flight and the attempts at its pieces: `ReadTicket` (what the caller waits on, and
 whose buffers nobody may write into once handed back), `Cut` (one source's share of a read, as the
 engine cut it), `PieceInFlight` (what the lanes queue of it: the whole cut, or one chunk of it when
-balancing) and `Attempt` (one read of a piece, or a probe, on one source). The lanes, the hedger
-and the re-weighting move them."""
+balancing), `Attempt` (one read of a piece, or a probe, on one source) and `LaneQueue` (a source's
+queue of attempts). The lanes, the hedger and the re-weighting move them."""
 
 from __future__ import annotations
 
 import itertools
 import threading
+from collections import deque
 from typing import Final
 
 from core.errors import UsageError
@@ -121,3 +122,23 @@ class Attempt:
         self.counted = False       # its source's re-weighting window counts it (it is in the window's work)
         self.step_due: int | None = None   # hedger clock, ns: late by its step (`hedging.step_deadline_ns`)
         self.watched = 0           # its deadlines on the hedger's heap (the watchdog looks at it then)
+
+
+class LaneQueue:
+    """A source's queue: FIFO, with hedges and probes put at the front (a read is waiting on them).
+    Its lanes wait on `cond`, a Condition of the lanes' one lock: every method is called with that
+    lock held (work can then move between queues and counters in one step)."""
+
+    def __init__(self, cond: threading.Condition):
+        self.items: deque[Attempt | None] = deque()
+        self.cond = cond
+        self.idle = 0                 # lanes of this source waiting for work
+        self.roomless = 0             # of them, those whose queue's head waits for room in the kernel (balancing)
+        self.looking = False          # one of them waits with a timeout, to look again at the others' work
+
+    def put(self, item: Attempt | None, front: bool = False) -> None:
+        if front:
+            self.items.appendleft(item)
+        else:
+            self.items.append(item)
+        self.cond.notify()

@@ -7,13 +7,10 @@ The lanes call it with their lock held and own the queues; the balancer only loo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Final, Sequence
+from typing import Callable, Final, Sequence
 
-from .attempts import MAIN, Attempt
+from .attempts import MAIN, Attempt, LaneQueue
 from .balancing import BalancePolicy, Pace, chunk_for, chunks, depth_bytes, pick_victim, piece_chunk
-
-if TYPE_CHECKING:
-    from .lanes import LaneQueue
 
 PACE_DECAY: Final = 0.9          # weight of the past in a source's pace, per delivered attempt
 COST_DECAY: Final = 0.9          # weight of the past in the reader's CPU per request, per request

@@ -46,7 +46,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Final, Sequence
+from typing import Callable, Final, Sequence
 
 from core.coldio import align_down
 from core.units import plural
@@ -68,11 +68,12 @@ from .hedging import (
 )
 from .sources import SourceHealth
 
-if TYPE_CHECKING:
-    from .lanes import Lanes
-
 _UNKNOWN = object()
 RECHECK_NS: Final = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
+
+
+def _unattached(att: Attempt) -> None:
+    raise RuntimeError("hedger: a hedge or probe before the lanes attached it (Hedger.attach)")
 
 
 class Hedger:
@@ -126,17 +127,18 @@ class Hedger:
         self._skew = 0
         self._deferred = False          # the last round put its due pieces off (starved): the next judges them
         self.rounds = 0                 # how many times the watchdog has looked
-        self.lanes: Lanes | None = None
+        self._put_front: Callable[[Attempt], None] = _unattached   # the lanes': a hedge or probe ahead of a queue
         self.cond: threading.Condition | None = None
         self._watchdog: threading.Thread | None = None
         # (source, file index) -> whether the source holds that file (a partial replica does not
         # hold every file); the reader sets it
         self.can_serve: Callable[[int, int], bool] = lambda src, fi: True
 
-    def attach(self, lanes: Lanes) -> None:
-        """Share the lanes' lock and start the watchdog (Lanes calls this)."""
-        self.lanes = lanes
-        self.cond = threading.Condition(lanes.lock)
+    def attach(self, lock: threading.Lock, put_front: Callable[[Attempt], None]) -> None:
+        """Share the lanes' lock, queue hedges and probes with their `put_front`, and start the
+        watchdog (Lanes calls this)."""
+        self._put_front = put_front
+        self.cond = threading.Condition(lock)
         self._watchdog = threading.Thread(target=self._run, name="split-reader-hedger", daemon=True)
         self._watchdog.start()
 
@@ -325,7 +327,7 @@ class Hedger:
             att = Attempt(None, s, PROBE, off, ln, self.pool.get(span(off, ln)), align_down(off), fi)
             att.phase = phase
             self._queue(att, now, front=True)
-            self.lanes.put_front(att)
+            self._put_front(att)
 
     def sampled(self, att: Attempt) -> None:
         """A re-weighting sample is queued on its source (lock held): counted as work outstanding there."""
@@ -645,7 +647,7 @@ class Hedger:
         piece.active += 1
         self.hedged[h] += 1
         self._queue(hatt, now, front=True)
-        self.lanes.put_front(hatt)
+        self._put_front(hatt)
         return True
 
     def _degrade(self, s: int, n: int, why: str = "", relapse: float | None = None) -> None:

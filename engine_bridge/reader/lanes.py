@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Final, Sequence
 
 from core.errors import MissingError
 from core.coldio import ColdReader, align_down, aligned_buffer
 
-from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Cut, PieceInFlight, ReadTicket
+from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Cut, LaneQueue, PieceInFlight, ReadTicket
 from .balancer import Balancer
 from .balancing import BalancePolicy
 from .files import SourceFiles
@@ -49,29 +48,9 @@ if TYPE_CHECKING:
     from .hedger import Hedger
     from .reweigher import Reweigher
 
-__all__ = ["Lanes", "LaneQueue", "LaneCounters", "ReadTicket", "read_piece"]
+__all__ = ["Lanes", "LaneCounters", "ReadTicket", "read_piece"]
 
 STEAL_LOOK_S: Final = 0.02       # an idle lane looks again at least this often while work waits on another source
-
-
-class LaneQueue:
-    """A source's queue: FIFO, with hedges and probes put at the front (a read is waiting on them).
-    Its lanes wait on `cond`, a Condition of the lanes' one lock: every method is called with that
-    lock held (work can then move between queues and counters in one step)."""
-
-    def __init__(self, cond: threading.Condition):
-        self.items: deque[Attempt | None] = deque()
-        self.cond = cond
-        self.idle = 0                 # lanes of this source waiting for work
-        self.roomless = 0             # of them, those whose queue's head waits for room in the kernel (balancing)
-        self.looking = False          # one of them waits with a timeout, to look again at the others' work
-
-    def put(self, item: Attempt | None, front: bool = False) -> None:
-        if front:
-            self.items.appendleft(item)
-        else:
-            self.items.append(item)
-        self.cond.notify()
 
 
 class Lanes:
@@ -99,7 +78,7 @@ class Lanes:
         self.hedger = hedger
         self.reweigher = reweigher
         if hedger is not None:
-            hedger.attach(self)
+            hedger.attach(self._lock, self.put_front)
         self._threads = []
         for s in range(n):
             for k in range(lanes):

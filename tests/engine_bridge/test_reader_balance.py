@@ -18,9 +18,8 @@ from core.errors import UsageError
 from engine_bridge.cli import app
 from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
-from engine_bridge.reader.attempts import MAIN, Attempt, PieceInFlight, ReadTicket
+from engine_bridge.reader.attempts import MAIN, Attempt, LaneQueue, PieceInFlight, ReadTicket
 from engine_bridge.reader.balancer import Balancer
-from engine_bridge.reader.lanes import LaneQueue
 from engine_bridge.reader.balancing import (COST_SHARE, MIN_REQUESTS, BalancePolicy, Pace, check_balance, chunk_for, chunks,
                                             depth_limit, pick_victim, piece_chunk)
 from engine_bridge.reader.split_reader import SplitReader
