@@ -270,7 +270,7 @@ def build_lines(paths, size: int, repeat: int, reads: int, folder: str) -> list[
             + (f"{extra['compiled'] / extra['python']:.2f}" if extra["python"] > 0 else "n/a")]
 
 
-INS_ARMS = (LATENCY_ARMS[0], LATENCY_ARMS[-1])      # plain, all three
+PLAIN_AND_ALL = (LATENCY_ARMS[0], LATENCY_ARMS[-1])      # plain, all three (--builds, --instructions)
 
 
 def instructions(arm: str, reads: int, paths: list[str], folder: str) -> int:
@@ -294,13 +294,13 @@ def instruction_lines(paths, reads: int, folder: str, repeat: int) -> list[str]:
     if shutil.which("valgrind") is None:
         return ["instructions per read: valgrind is not installed (Debian: apt install valgrind); nothing counted"]
     few = max(1, reads // 5)
-    got: dict[str, list[float]] = {name: [] for name, _ in INS_ARMS}
+    got: dict[str, list[float]] = {name: [] for name, _ in PLAIN_AND_ALL}
     for _ in range(repeat):
-        for name, _ in INS_ARMS:
+        for name, _ in PLAIN_AND_ALL:
             got[name].append((instructions(name, reads, paths, folder) - instructions(name, few, paths, folder))
                              / (reads - few))
-    p, f = (statistics.median(got[name]) for name, _ in INS_ARMS)
-    extra = sorted(a - b for a, b in zip(got[INS_ARMS[1][0]], got[INS_ARMS[0][0]]))
+    p, f = (statistics.median(got[name]) for name, _ in PLAIN_AND_ALL)
+    extra = sorted(a - b for a, b in zip(got[PLAIN_AND_ALL[1][0]], got[PLAIN_AND_ALL[0][0]]))
     return [f"instructions per read (user space, callgrind; decode 835,584 B, 8 in flight, {len(paths)} sources, "
             f"{reads} reads less {few}, median of {repeat}): plain {p / 1e3:.1f}k, features {f / 1e3:.1f}k "
             f"({(f - p) / 1e3:+.1f}k; each time {', '.join(f'{x / 1e3:+.1f}k' for x in extra)}), "
@@ -440,7 +440,7 @@ def main() -> int:
                                                           "the reader's compiled modules beside its Python ones "
                                                           "(REPLICA_TUNER_PURE=1), each in its own process")
     ap.add_argument("--cpu-one", action="store_true", help=argparse.SUPPRESS)   # one --builds measurement, as JSON
-    ap.add_argument("--reads-one", choices=[name for name, _ in INS_ARMS], help=argparse.SUPPRESS)  # --instructions' reads
+    ap.add_argument("--reads-one", choices=[name for name, _ in PLAIN_AND_ALL], help=argparse.SUPPRESS)  # --instructions' reads
     ap.add_argument("--instructions", action="store_true", help="only the machine instructions per read, counted by "
                                                                 "valgrind (the same on a busy machine, compiled modules "
                                                                 "included), plain beside all three features")
@@ -470,7 +470,7 @@ def main() -> int:
             ap.error("--reads-one needs --paths")
         paths = args.paths.split(os.pathsep)
         ranges = decode_ranges(os.path.getsize(paths[0]), args.cpu_reads)
-        with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=dict(INS_ARMS)[args.reads_one],
+        with SplitReader(paths, [1] * len(paths), [1] * len(paths), settings=dict(PLAIN_AND_ALL)[args.reads_one],
                          cold=False) as r:
             read_in_groups(r, ranges, 8, "decode")
         return 0
@@ -480,8 +480,7 @@ def main() -> int:
     try:
         paths = make_files(d, size, args.sources)
         if args.cpu_one:
-            one = {name: cpu_per_read(paths, size, settings, args.cpu_reads)[0] for name, settings in
-                   (LATENCY_ARMS[0], LATENCY_ARMS[-1])}
+            one = {name: cpu_per_read(paths, size, settings, args.cpu_reads)[0] for name, settings in PLAIN_AND_ALL}
             print(json.dumps({"how": build.HOW, **one}))
             return 0
         if args.cpu or args.ops or args.latency or args.chunks or args.pool or args.builds or args.instructions:

@@ -24,6 +24,7 @@ import sys
 PACKAGE = "engine_bridge.reader"
 COMPILED = ("attempts", "tally", "hedging", "hedger", "balancing", "balancer", "reweighting", "reweigher", "lanes")
 GROUP = PACKAGE + ".native"        # the library they share: engine_bridge/reader/native__mypyc.*.so
+LIBRARY = GROUP.rsplit(".", 1)[1] + "__mypyc"     # that library's name in the package's folder, less its suffix
 # mypy's checks the compile rests on; an Optional attribute read where the code knows it is set
 # (a piece's ticket, the hedger's lanes) is checked at run time by the compiled code instead
 MYPY_FLAGS = ("--ignore-missing-imports", "--follow-imports=silent", "--disable-error-code", "union-attr")
@@ -73,7 +74,7 @@ def why_not_compiled(folder: str = HERE) -> str | None:
             return f"not compiled at install: {f.read().strip()}"
     except OSError:
         pass
-    if _library(GROUP.rsplit(".", 1)[1] + "__mypyc", folder) is None:
+    if _library(LIBRARY, folder) is None:
         return "not compiled at install"
     missing = [name for name in COMPILED if _library(name, folder) is None]
     if missing:
@@ -92,12 +93,11 @@ def stale_libraries(folder: str = HERE) -> list[str]:
     """Modules of the package with a library in `folder` that the build no longer compiles: left by
     an earlier build that compiled more of them (Python would import that library, which the group
     library of this build cannot serve)."""
-    group = GROUP.rsplit(".", 1)[1] + "__mypyc"
     out = []
     for entry in sorted(os.listdir(folder)):
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             name = entry[:-len(suffix)]
-            if entry.endswith(suffix) and name not in COMPILED and name != group \
+            if entry.endswith(suffix) and name not in COMPILED and name != LIBRARY \
                     and os.path.exists(os.path.join(folder, name + ".py")):
                 out.append(name)
                 break

@@ -82,7 +82,7 @@ def test_a_library_an_earlier_build_left_for_a_module_no_longer_compiled_is_neve
     for name in ("sources", "lanes"):
         (folder / f"{name}.py").write_text("", encoding="utf-8")
         (folder / f"{name}{suffix}").write_bytes(b"")
-    (folder / f"native__mypyc{suffix}").write_bytes(b"")    # the group library itself
+    (folder / f"{build.LIBRARY}{suffix}").write_bytes(b"")    # the group library itself
     (folder / f"other{suffix}").write_bytes(b"")            # no .py beside it: not one of the package's modules
     assert build.stale_libraries(str(folder)) == ["sources"]
     spec = build._Sources(["sources"]).find_spec(build.PACKAGE + ".sources")
