@@ -323,36 +323,40 @@ class Testbed:
         self._leave(exc)
 
     def _leave(self, exc: BaseException | None) -> None:
+        down = False
         try:
             self._deferring = True      # a second Ctrl-C must not cut the teardown short
             try:
-                self._down()
+                down = self._down()
             finally:
                 self._deferring = False
                 self._release_lock()
                 self._restore_handlers()
         finally:
+            said = "the testbed is down" if down else "the testbed is NOT down (said above)"
             if isinstance(exc, TestbedInterrupted):
-                say(f"interrupted by {signal.Signals(exc.signum).name}; the testbed is down")
+                say(f"interrupted by {signal.Signals(exc.signum).name}; {said}")
         if self._pending is not None and exc is None:
-            say(f"interrupted by {signal.Signals(self._pending).name}; the testbed is down")
+            say(f"interrupted by {signal.Signals(self._pending).name}; {said}")
             raise TestbedInterrupted(self._pending)
 
-    def _down(self) -> None:
-        """Kill what still runs in the group, take the drives down, delete a root we made."""
+    def _down(self) -> bool:
+        """Kill what still runs in the group, take the drives down, delete a root we made; whether
+        the testbed is down (else the line said why)."""
         if not self.root:
-            return
+            return True
         if os.path.exists(os.path.join(self.root, STATE_FILE)):
             try:
                 testbed.down(self.root, kill=True)
             except ReplicaTunerError as e:
                 say(f"testbed down: {e}")
-                return      # never delete through a mount that is still there
+                return False    # never delete through a mount that is still there
         if self._given_root:
             with contextlib.suppress(OSError):
                 os.rmdir(self.root)
         elif not any(os.path.ismount(os.path.join(self.root, n)) for n in self.read_mbs):
             shutil.rmtree(self.root, ignore_errors=True)
+        return True
 
     # ---- the lock ----------------------------------------------------------------------------
 

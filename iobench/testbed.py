@@ -507,7 +507,15 @@ def down(root: str, kill: bool = False) -> list[str]:
     if pids and not kill:
         raise UsageError(f"processes still run in the testbed's group {state.cgroup} (pids "
                          f"{' '.join(map(str, pids[:10]))}): stop them, or `iobench testbed down --kill`")
-    return _teardown(state, kill=True)
+    try:
+        return _teardown(state, kill=True)
+    except MismatchError:
+        if not (kill and group_pids(state)):
+            raise
+    # a command entered the group after it was emptied (a run starting as a signal stopped its
+    # benchmark: the child joins the group between fork and exec): killed too, and the rest taken
+    # down again
+    return _teardown(load_state(root), kill=True)
 
 
 def _teardown(state: TestbedState, kill: bool) -> list[str]:

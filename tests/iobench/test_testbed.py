@@ -265,6 +265,33 @@ def test_down_leaves_running_commands_alone_unless_told_to_kill(bed_root):
             sleeper.wait()
 
 
+@needs_testbed
+def test_down_kill_also_kills_a_command_that_entered_the_group_after_it_was_emptied(bed_root, monkeypatch):
+    """A signal that stops a benchmark as it starts a run: the run's child enters the group between
+    fork and exec, after `down --kill` emptied it, and the group could not be removed (its drives
+    were already down). It is killed as well, and the testbed comes down."""
+    testbed.up(bed_root, plan_drives({"a": 10}), SIZE)
+    state = testbed.load_state(bed_root)
+    kill_group, late = testbed.kill_group, []
+
+    def emptied_then_joined(st, *args, **kw):
+        kill_group(st, *args, **kw)
+        if not late:
+            late.append(subprocess.Popen([*IOBENCH, "testbed", "run", "--root", bed_root, "--", "sleep", "600"]))
+            while not testbed.group_pids(state):
+                assert late[0].poll() is None
+                os.sched_yield()
+
+    monkeypatch.setattr(testbed, "kill_group", emptied_then_joined)
+    try:
+        said = testbed.down(bed_root, kill=True)
+        assert late[0].wait() == 128 + 9 and said[-1] == f"testbed at {bed_root} removed"
+    finally:
+        if late and late[0].poll() is None:
+            late[0].kill()
+            late[0].wait()
+
+
 def parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
