@@ -26,7 +26,7 @@ COMPILED = ("attempts", "tally", "hedging", "hedger", "balancing", "balancer", "
 GROUP = PACKAGE + ".native"        # the library they share: engine_bridge/reader/native__mypyc.*.so
 LIBRARY = GROUP.rsplit(".", 1)[1] + "__mypyc"     # that library's name in the package's folder, less its suffix
 # mypy's checks the compile rests on; an Optional attribute read where the code knows it is set
-# (a piece's ticket, the hedger's lanes) is checked at run time by the compiled code instead
+# (a piece's ticket, the hedger's condition) is checked at run time by the compiled code instead
 MYPY_FLAGS = ("--ignore-missing-imports", "--follow-imports=silent", "--disable-error-code", "union-attr")
 HERE = os.path.dirname(os.path.abspath(__file__))
 DIGEST = "native.sources"          # beside the library: `sources_digest()` of what it was compiled from
