@@ -507,19 +507,22 @@ def down(root: str, kill: bool = False) -> list[str]:
     if pids and not kill:
         raise UsageError(f"processes still run in the testbed's group {state.cgroup} (pids "
                          f"{' '.join(map(str, pids[:10]))}): stop them, or `iobench testbed down --kill`")
+    done: list[str] = []        # what both passes did, when there are two
     try:
-        return _teardown(state, kill=True)
+        return _teardown(state, kill=True, done=done)
     except MismatchError:
         if not (kill and group_pids(state)):
             raise
     # a command entered the group after it was emptied (a run starting as a signal stopped its
     # benchmark: the child joins the group between fork and exec): killed too, and the rest taken
     # down again
-    return _teardown(load_state(root), kill=True)
+    return _teardown(load_state(root), kill=True, done=done)
 
 
-def _teardown(state: TestbedState, kill: bool) -> list[str]:
-    done, left = [], []
+def _teardown(state: TestbedState, kill: bool, done: list[str] | None = None) -> list[str]:
+    """One pass of `down`: what it did, added to `done` (an earlier pass's lines) and returned."""
+    done = [] if done is None else done
+    left: list[str] = []
     state.phase = "down"
     if kill and any(os.path.isdir(g) for g in (state.cgroup, state.ram.cgroup) if g):
         kill_group(state)

@@ -286,6 +286,8 @@ def test_down_kill_also_kills_a_command_that_entered_the_group_after_it_was_empt
     try:
         said = testbed.down(bed_root, kill=True)
         assert late[0].wait() == 128 + 9 and said[-1] == f"testbed at {bed_root} removed"
+        # the first pass's lines are kept: it unmounted and detached the drive before the group refused
+        assert any(x.startswith("unmounted ") for x in said) and any(x.startswith("detached ") for x in said)
     finally:
         if late and late[0].poll() is None:
             late[0].kill()
