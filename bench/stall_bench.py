@@ -320,8 +320,8 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
         budget = any("bench_at_limit" in r for s, _, r in rows if s == sc)      # held to a RAM budget
-        lines.append("   page faults major / minor, system s" + (", peak MB, times at the budget (fewest-most)"
-                                                                   if budget else "")
+        lines.append("   page faults major / minor, system s, peak RSS MB"
+                     + (", the budget's peak MB, times at the budget (fewest-most)" if budget else "")
                      + " a run " + (", " if not budget else "; ").join(f"{a} {kernel[a]}" for a in arms_by[sc]))
         for a in arms_by[sc]:
             if a in ("reweigh", "hedge"):
@@ -334,15 +334,17 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
 
 def kernel_use(results: list[dict]) -> str:
     """The medians of runs' major page faults (pages read in from a drive: code or data not in the
-    page cache, evicted under a RAM budget), minor page faults and system seconds (the kernel's
-    time: reclaim under a RAM budget lands here); under a budget also the group's peak MB and the
-    times its use reached the budget (range over the runs: a few runs that reach it hide in a
-    median), '-' without runs."""
+    page cache, evicted under a RAM budget), minor page faults, system seconds (the kernel's
+    time: reclaim under a RAM budget lands here) and the engine's peak resident memory (its own,
+    beside the page cache: what a budget must leave it); under a budget also the group's peak MB
+    (page cache included) and the times its use reached the budget (range over the runs: a few
+    runs that reach it hide in a median), '-' without runs."""
     rs = [r for r in results if "bench_system_s" in r]
     if not rs:
         return "-"
     med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
     out = f"{med('bench_major_faults'):.0f} / {med('bench_minor_faults'):.0f}, {med('bench_system_s'):.2f}"
+    out += f", {med('peak_rss_bytes') / 1e6:.0f}" if all("peak_rss_bytes" in r for r in rs) else ", -"
     peaks = [r["bench_peak_mb"] for r in rs if r.get("bench_peak_mb") is not None]
     hits = [r["bench_at_limit"] for r in rs if "bench_at_limit" in r]
     if hits:

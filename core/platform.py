@@ -190,3 +190,9 @@ def available_memory(meminfo: str = "/proc/meminfo") -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def maxrss_bytes(ru_maxrss: int, platform: str = PLATFORM) -> int:
+    """A `resource` usage's `ru_maxrss` (the peak resident memory: what a process held of the RAM
+    beside the page cache) in bytes: Linux counts it in KiB, macOS in bytes."""
+    return max(0, int(ru_maxrss)) * (1 if is_darwin(platform) else 1024)

@@ -9,6 +9,7 @@ import csv
 import gc
 import io
 import os
+import resource
 import time
 from typing import ClassVar, Sequence
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from core.errors import UsageError
 from core.fsutil import check_output
+from core.platform import maxrss_bytes
 from core.results import Document
 from core.rig import Rig
 from core.jsonfile import write_json
@@ -83,6 +85,9 @@ def run_model(sources: SourceSet, prompt: int, gen: int, cache_experts: int, rea
     result = run_result(outcome, geometry, sources, cache_experts, applied, settings.lanes, stats, text,
                         settings.to_dict())
     result["expert_misses"] = cache.miss_counts.reshape(geometry.layers, geometry.experts)
+    # what the run held of the RAM beside the page cache at its peak (the model's resident weights,
+    # the expert cache, the reader's buffers): what a RAM budget must leave to the process
+    result["peak_rss_bytes"] = maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return result
 
 

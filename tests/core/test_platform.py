@@ -16,6 +16,9 @@ def test_platform_decisions_are_pure():
     assert platform.cold_open_strategy("freebsd13") == "fadvise"
     assert platform.stamp_xattr_name("linux").startswith("user.")
     assert platform.stamp_xattr_name("darwin") == "com.replica-tuner.stamp"
+    assert platform.maxrss_bytes(1000, "linux") == 1_024_000          # Linux's ru_maxrss: KiB
+    assert platform.maxrss_bytes(1000, "darwin") == 1000               # macOS's: bytes
+    assert platform.maxrss_bytes(-1, "linux") == 0
 
 
 def test_resident_fraction_sees_the_page_cache(tmp_path):

@@ -49,6 +49,16 @@ def test_output_hash_is_the_same_for_every_source_count_weight_lane_and_cache_si
     assert results[4]["gen_tokens"] == GEN
 
 
+def test_a_run_says_its_peak_resident_memory_in_bytes(model_dir):
+    """`peak_rss_bytes`: what the process held of the RAM at its peak, in bytes (Linux's ru_maxrss
+    is in KiB, a thousandth of it): at least what it holds now, which /proc says in pages (less a
+    few MiB the test may have touched since the run asked)."""
+    res = run(model_dir)
+    with open("/proc/self/statm", encoding="ascii") as f:
+        now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert now > 8 << 20 and res["peak_rss_bytes"] >= now - (4 << 20)
+
+
 def test_the_run_is_timed_with_what_lived_before_it_out_of_the_collectors_walk(model_dir, monkeypatch):
     """The model, the modules and the reader live for the whole run: frozen out of the garbage
     collector's full walks while the engine runs, and given back after (docs/reader.md "Round 8")."""
