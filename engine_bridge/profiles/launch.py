@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,7 +29,7 @@ from typing import ClassVar, Mapping, Sequence
 from core.constants import PROFILES_DIR, RIG_FILE, RUNS_DIR
 from core.errors import MissingError, UsageError
 from core.fsutil import atomic_write_text, require_file
-from core.platform import maxrss_bytes
+from core.platform import is_linux, maxrss_bytes
 from core.jsonfile import write_json
 from core.tiers import is_memory
 from engines.registry import ENGINES
@@ -295,9 +294,8 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> tuple[int, int, int]
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            if not sys.platform.startswith("linux"):      # only Linux counts its storage reads in ru_inblock
-                return proc.returncode, maxrss_bytes(usage.ru_maxrss), 0
-            return proc.returncode, maxrss_bytes(usage.ru_maxrss), max(0, int(usage.ru_inblock)) * 512
+            inblock = max(0, int(usage.ru_inblock)) * 512 if is_linux() else 0    # only Linux counts its reads there
+            return proc.returncode, maxrss_bytes(usage.ru_maxrss), inblock
         if deadline is not None and time.monotonic() >= deadline:
             raise subprocess.TimeoutExpired(proc.args, timeout)
         time.sleep(0.01)
