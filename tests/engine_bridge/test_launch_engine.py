@@ -5,6 +5,7 @@ given, and prints the engine's confirmation lines and a ds4-bench CSV (or leaves
 import json
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from engine_bridge.cli import app
 from engine_bridge.profiles.export import export_profile
-from engine_bridge.profiles.launch import launch_arm
+from engine_bridge.profiles.launch import _wait, launch_arm
 from tests.engine_bridge.export_helpers import make_rig, write_plan
 
 runner = CliRunner()
@@ -231,3 +232,11 @@ def test_a_bare_binary_name_is_found_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
     r = launch_arm("ds4-standin", prof, run_dir=str(tmp_path / "run"))
     assert r.ok and r.binary == engine and r.argv[0] == engine
+
+
+def test_the_engines_peak_memory_is_measured_in_bytes():
+    """launch's wait reaps the engine with its own rusage: its peak resident memory in bytes (Linux
+    counts KiB), here a child that touched 64 MiB."""
+    proc = subprocess.Popen([sys.executable, "-c", "b = bytearray(64 << 20); b[::4096] = b'x' * 16384"])
+    rc, peak, _ = _wait(proc, 60)
+    assert rc == 0 and 64 << 20 <= peak < 1 << 30
