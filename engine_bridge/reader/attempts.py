@@ -36,8 +36,8 @@ class ReadTicket:
         self._buf, self._base, self._pool = buf, base, pool
         self._own_buf = pool is not None if own_buf is None else own_buf   # _buf came from the pool
         self._work = buf if work is None else work    # where main attempts write (a pool buffer when not _buf)
-        self._writers = 0                  # main attempts queued or reading into _work
-        self._patches: list = []           # winning hedge attempts: their bytes go over _work's
+        self._writers = 0                  # main attempts started into _work and not yet over
+        self._patches: list = []           # winning attempts read into buffers of their own: their bytes go over _work's
         self._orphan = False               # _work goes back to the pool when its last writer returns
         self._remaining = pieces
         self._landings: list[tuple[int, int]] = []
@@ -104,7 +104,7 @@ class Attempt:
     the model's file `fi` (a piece's is its read's)."""
 
     __slots__ = ("piece", "src", "kind", "fi", "off", "ln", "buf", "base", "t_enq", "ahead", "late", "started",
-                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted", "step_due", "watched")
+                 "phase", "jumped", "t_start", "stolen", "t_begin", "epoch", "counted", "step_due", "watched", "private")
 
     def __init__(self, piece: PieceInFlight | None, src: int, kind: str, off: int, ln: int, buf, base: int, fi: int = 0):
         self.piece, self.src, self.kind, self.off, self.ln, self.buf, self.base = piece, src, kind, off, ln, buf, base
@@ -122,6 +122,7 @@ class Attempt:
         self.counted = False       # its source's re-weighting window counts it (it is in the window's work)
         self.step_due: int | None = None   # hedger clock, ns: late by its step (`hedging.step_deadline_ns`)
         self.watched = 0           # its deadlines on the hedger's heap (the watchdog looks at it then)
+        self.private = False       # a main attempt reading into a buffer of its own, not its read's (lanes.py `_begin`)
 
 
 class LaneQueue:

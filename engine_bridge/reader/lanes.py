@@ -14,7 +14,11 @@ skipped if it has not started. A late main attempt cannot be stopped once its re
 kernel, so the buffer it writes into never reaches the caller or the pool while it may still
 write: at the barrier such a read's bytes are copied to a fresh buffer, the hedges' bytes laid
 over theirs (without holding the GIL: `buffers.copy_bytes`), and the old buffer is kept until its
-last writer returns (`ReadTicket._writers`).
+last writer returns (`ReadTicket._writers`: main attempts a lane started, not those still queued —
+a queued one whose piece another attempt won is skipped, and never writes). A main attempt a lane
+starts on a source already on a late streak (`Hedger.streak`) reads into a buffer of its own,
+laid over the read's like a hedge's when it wins: when it loses it holds only its own piece's
+bytes, not the whole read's buffer and a fresh one for the copy (docs/reader.md "Round 28").
 
 With balancing (`balancer.py`, rules in `balancing.py`) pieces are queued as chunks, a lane starts
 its queue's head only while its source has room in the kernel, a lane takes a chunk of an earlier
@@ -120,7 +124,6 @@ class Lanes:
             for att in atts:
                 att.piece.active = 1
                 self._queues[att.src].put(att)
-            ticket._writers += len(atts)
             if self.balance is not None:
                 for src in {p[0] for p in pieces}:
                     self._offer(src)
@@ -292,7 +295,14 @@ class Lanes:
                     self._fail_piece(att, e)
 
     def _begin(self, att: Attempt) -> None:
-        """A lane starts `att` on its source (the lock held)."""
+        """A lane starts `att` on its source (the lock held): a main attempt writes into its read's
+        buffer from here (`ReadTicket._writers`), or, on a source on a late streak, into a buffer of
+        its own (`Attempt.private`)."""
+        if att.kind == MAIN and att.piece is not None:
+            if self.hedger is not None and self.hedger.streak[att.src] > 0 and self.pool is not None:
+                att.buf, att.base, att.private = self.pool.get(span(att.off, att.ln)), align_down(att.off), True
+            else:
+                att.piece.ticket._writers += 1
         if self.balancer is not None:
             self.balancer.started(att)
         if self.reweigher is not None:
@@ -379,7 +389,7 @@ class Lanes:
             else:
                 ticket = piece.ticket
                 piece.active -= 1
-                if att.kind == MAIN:
+                if att.kind == MAIN and att.started and not att.private:
                     ticket._writers -= 1
                     if ticket._orphan and ticket._writers == 0:
                         ticket._orphan = False
@@ -387,12 +397,12 @@ class Lanes:
                 if ok and not piece.done:
                     piece.done = True
                     self.tally.delivered(att, s)
-                    if att.kind == HEDGE:
+                    if att.kind == HEDGE or att.private:
                         ticket._patches.append(att)
                     finish = self._landed(ticket, s, t1)
                     if finish is None and self.hedger is not None:
                         self.hedger.landed(ticket)
-                elif att.kind == HEDGE:
+                elif att.kind == HEDGE or att.private:
                     free.append(att.buf)     # lost, or failed: its private buffer is nobody's now
                 if failed and not piece.done and piece.active == 0:   # no other attempt may still deliver
                     piece.done = True
@@ -421,7 +431,7 @@ class Lanes:
             if att.started and self.balancer is not None:
                 self.balancer.ended(att, att.src, False)
             piece.active -= 1
-            if att.kind == MAIN:
+            if att.kind == MAIN and att.started and not att.private:
                 piece.ticket._writers -= 1
             if piece.done:
                 return

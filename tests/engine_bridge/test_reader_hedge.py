@@ -210,6 +210,70 @@ def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
     assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
 
 
+def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_copied(model):
+    """At a read's barrier only the main attempts a lane started may still write into its buffer: a
+    hung drive's piece in its kernel makes its read copied to a fresh buffer (the old one kept until
+    it returns), but the piece queued behind it, won by its hedge, is skipped and never writes — its
+    read keeps its buffer (it used to be copied too, and its buffer held until a lane of the hung
+    drive got to the queued attempt)."""
+    paths, data = model
+    stall, clock = Stall(paths[2], poison=True), Clock()
+    with _reader(paths, stall, clock, lanes=1) as r:
+        _warm(r, data, stall)
+        before = [x.reads for x in r.stats().sources]
+        a = r.submit(0, 4 * BLOCK_BYTES)
+        b = r.submit(4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
+        stall.entered.acquire()             # a's piece is in the drive's kernel, b's queued behind it
+        _until(lambda: all(r.stats().sources[s].reads >= before[s] + 2 for s in (0, 1)))
+        clock.advance(10 * FLOOR)
+        r.wake_hedger()
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+        assert bytes(b.result()) == data[4 * BLOCK_BYTES:8 * BLOCK_BYTES]
+        assert a._buf is not a._work and b._buf is b._work
+        stall.gate.set()                    # a's late piece writes its garbage into a's old buffer ...
+        stall.returned.acquire()
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]                # ... never into what a returned
+        assert bytes(b.result()) == data[4 * BLOCK_BYTES:8 * BLOCK_BYTES]
+        s = r.stats()
+    assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
+
+
+def test_a_main_attempt_started_on_a_late_streak_reads_into_a_buffer_of_its_own(model):
+    """Once a drive is on a late streak, a main attempt a lane starts on it reads into a buffer of
+    its own: when its hedge wins, its read keeps its buffer (no fresh one, no copy of the whole
+    read); its bytes go over the read's like a hedge's when it wins itself."""
+    paths, data = model
+    stall, clock = Stall(paths[2], poison=True), Clock()
+    with _reader(paths, stall, clock) as r:
+        _warm(r, data, stall)
+        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+        assert a._buf is not a._work                     # its late main attempt wrote into a's buffer
+        assert r._hedger.streak[2] == 1
+        c = _hedged_read(r, stall, clock, 8 * BLOCK_BYTES, 4 * BLOCK_BYTES)
+        assert bytes(c.result()) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]
+        assert c._buf is c._work                         # its late main attempt reads into its own
+        stall.gate.set()                                 # both late reads write their garbage ...
+        stall.returned.acquire()
+        stall.returned.acquire()
+        assert bytes(c.result()) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]      # ... never into c's
+        c.release()
+        a.release()
+        stall.active = False
+        with r._lanes.lock:
+            r._hedger.streak[2] = 1                      # on a streak still, its next piece on time:
+        asked, get = [], r._pool.get
+        r._pool.get = lambda n: (asked.append(n), get(n))[1]
+        before = r.stats().sources[2].bytes
+        d = r.read(4 * BLOCK_BYTES, 4 * BLOCK_BYTES)     # read into its own buffer, laid over d's
+        assert bytes(d) == data[4 * BLOCK_BYTES:8 * BLOCK_BYTES]
+        s = r.stats()
+    mine = [p for p in healthy_split(4 * BLOCK_BYTES, 4 * BLOCK_BYTES, r.weights, [0, 1, 2]) if p[0] == 2]
+    assert s.sources[2].bytes - before == mine[0][2]     # it won its piece ...
+    assert asked == [span(4 * BLOCK_BYTES, 4 * BLOCK_BYTES), span(mine[0][1], mine[0][2])]   # ... in its own buffer
+    assert s.sources[2].late == 2
+
+
 def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbage_collector(model):
     """With hedging a read keeps its main attempts (a step's lateness looks at them) and they point
     back at it; past its barrier it lets them go, so a finished read is no reference cycle the
