@@ -152,6 +152,26 @@ def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None, file=No
     return t
 
 
+def _settled(r, s: int) -> bool:
+    """Whether every main attempt queued or reading on source `s` has ended (a late read that
+    returned is over: close() then waits for its lane instead of leaving it to finish in the next
+    test, where the reader it drops is garbage the collector finds)."""
+    with r._lanes.lock:
+        return not r._hedger.pending[s]
+
+
+def _held_and_queued(r, data, stall):
+    """Two reads on a reader whose stalled source has one lane: the first's piece on it is in its
+    kernel, the second's queued behind it, and every other piece of both has landed."""
+    _warm(r, data, stall)
+    before = [x.reads for x in r.stats().sources]
+    a = r.submit(0, 4 * BLOCK_BYTES)
+    b = r.submit(4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
+    stall.entered.acquire()
+    _until(lambda: all(r.stats().sources[s].reads >= before[s] + 2 for s in (0, 1)))
+    return a, b
+
+
 def test_a_stalled_replica_is_hedged_and_the_read_completes_from_another(model):
     paths, data = model
     stall, clock = Stall(paths[2]), Clock()
@@ -190,12 +210,7 @@ def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
     paths, data = model
     stall, clock = Stall(paths[2]), Clock()
     with _reader(paths, stall, clock, lanes=1) as r:
-        _warm(r, data, stall)
-        before = [x.reads for x in r.stats().sources]
-        a = r.submit(0, 4 * BLOCK_BYTES)
-        b = r.submit(4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
-        stall.entered.acquire()             # a's piece is in the drive's kernel, b's queued behind it
-        _until(lambda: all(r.stats().sources[s].reads >= before[s] + 2 for s in (0, 1)))
+        a, b = _held_and_queued(r, data, stall)
         h = r._hedger
         with r._lanes.lock:
             out = sorted(h.pending[2], key=lambda x: x.piece.ticket.seq)
@@ -219,12 +234,7 @@ def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_c
     paths, data = model
     stall, clock = Stall(paths[2], poison=True), Clock()
     with _reader(paths, stall, clock, lanes=1) as r:
-        _warm(r, data, stall)
-        before = [x.reads for x in r.stats().sources]
-        a = r.submit(0, 4 * BLOCK_BYTES)
-        b = r.submit(4 * BLOCK_BYTES, 4 * BLOCK_BYTES)
-        stall.entered.acquire()             # a's piece is in the drive's kernel, b's queued behind it
-        _until(lambda: all(r.stats().sources[s].reads >= before[s] + 2 for s in (0, 1)))
+        a, b = _held_and_queued(r, data, stall)
         clock.advance(10 * FLOOR)
         r.wake_hedger()
         assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
@@ -232,6 +242,7 @@ def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_c
         assert a._buf is not a._work and b._buf is b._work
         stall.gate.set()                    # a's late piece writes its garbage into a's old buffer ...
         stall.returned.acquire()
+        _until(lambda: _settled(r, 2))
         assert bytes(a.result()) == data[:4 * BLOCK_BYTES]                # ... never into what a returned
         assert bytes(b.result()) == data[4 * BLOCK_BYTES:8 * BLOCK_BYTES]
         s = r.stats()
@@ -256,6 +267,7 @@ def test_a_main_attempt_started_on_a_late_streak_reads_into_a_buffer_of_its_own(
         stall.gate.set()                                 # both late reads write their garbage ...
         stall.returned.acquire()
         stall.returned.acquire()
+        _until(lambda: _settled(r, 2))
         assert bytes(c.result()) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]      # ... never into c's
         c.release()
         a.release()
@@ -274,6 +286,15 @@ def test_a_main_attempt_started_on_a_late_streak_reads_into_a_buffer_of_its_own(
     assert s.sources[2].late == 2
 
 
+def _read_of(o) -> int | None:
+    """The `seq` of the read a ticket, piece or attempt belongs to (None: anything else)."""
+    if isinstance(o, Attempt):
+        o = o.piece
+    if isinstance(o, PieceInFlight):
+        o = o.ticket
+    return o.seq if isinstance(o, ReadTicket) else None
+
+
 def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbage_collector(model):
     """With hedging a read keeps its main attempts (a step's lateness looks at them) and they point
     back at it; past its barrier it lets them go, so a finished read is no reference cycle the
@@ -284,15 +305,17 @@ def test_a_finished_read_is_freed_with_its_last_reference_not_left_to_the_garbag
         gc.collect()
         gc.disable()
         gc.set_debug(gc.DEBUG_SAVEALL)
+        mine = set()                                # its reads (another test's reader may be collected meanwhile)
         try:
             for k in range(4):
                 t = r.submit(k * BLOCK_BYTES, 4 * BLOCK_BYTES)
+                mine.add(t.seq)
                 assert bytes(t.result()) == data[k * BLOCK_BYTES:(k + 4) * BLOCK_BYTES]
                 t.release()
             del t
             assert _looked_again(r) is None         # the watchdog let go of the delivered pieces' deadlines
             gc.collect()
-            cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (ReadTicket, PieceInFlight, Attempt))]
+            cyclic = [type(o).__name__ for o in gc.garbage if _read_of(o) in mine]
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
