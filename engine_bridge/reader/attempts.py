@@ -36,8 +36,8 @@ class ReadTicket:
         self._buf, self._base, self._pool = buf, base, pool
         self._own_buf = pool is not None if own_buf is None else own_buf   # _buf came from the pool
         self._work = buf if work is None else work    # where main attempts write (a pool buffer when not _buf)
-        self._writers = 0                  # main attempts started into _work and not yet over
-        self._patches: list = []           # winning attempts read into buffers of their own: their bytes go over _work's
+        self._writers = 0                  # attempts started into _work (not `private`) and not yet over
+        self._patches: list = []           # winning `private` attempts: their bytes go over _work's
         self._orphan = False               # _work goes back to the pool when its last writer returns
         self._remaining = pieces
         self._landings: list[tuple[int, int]] = []
@@ -122,7 +122,9 @@ class Attempt:
         self.counted = False       # its source's re-weighting window counts it (it is in the window's work)
         self.step_due: int | None = None   # hedger clock, ns: late by its step (`hedging.step_deadline_ns`)
         self.watched = 0           # its deadlines on the hedger's heap (the watchdog looks at it then)
-        self.private = False       # a main attempt reading into a buffer of its own, not its read's (lanes.py `_begin`)
+        # reads into a buffer of its own, not its read's: a hedge always, a main attempt started on a
+        # drive on a late streak (lanes.py `_begin`); its bytes are laid over the read's when it wins
+        self.private = kind == HEDGE
 
 
 class LaneQueue:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Final, Sequence
 from core.errors import MissingError
 from core.coldio import ColdReader, align_down, aligned_buffer
 
-from .attempts import HEDGE, MAIN, SAMPLE, Attempt, Cut, LaneQueue, PieceInFlight, ReadTicket
+from .attempts import MAIN, SAMPLE, Attempt, Cut, LaneQueue, PieceInFlight, ReadTicket
 from .balancer import Balancer
 from .balancing import BalancePolicy
 from .files import SourceFiles
@@ -389,7 +389,7 @@ class Lanes:
             else:
                 ticket = piece.ticket
                 piece.active -= 1
-                if att.kind == MAIN and att.started and not att.private:
+                if att.started and not att.private:
                     ticket._writers -= 1
                     if ticket._orphan and ticket._writers == 0:
                         ticket._orphan = False
@@ -397,12 +397,12 @@ class Lanes:
                 if ok and not piece.done:
                     piece.done = True
                     self.tally.delivered(att, s)
-                    if att.kind == HEDGE or att.private:
+                    if att.private:
                         ticket._patches.append(att)
                     finish = self._landed(ticket, s, t1)
                     if finish is None and self.hedger is not None:
                         self.hedger.landed(ticket)
-                elif att.kind == HEDGE or att.private:
+                elif att.private:
                     free.append(att.buf)     # lost, or failed: its private buffer is nobody's now
                 if failed and not piece.done and piece.active == 0:   # no other attempt may still deliver
                     piece.done = True
@@ -431,7 +431,7 @@ class Lanes:
             if att.started and self.balancer is not None:
                 self.balancer.ended(att, att.src, False)
             piece.active -= 1
-            if att.kind == MAIN and att.started and not att.private:
+            if att.started and not att.private:
                 piece.ticket._writers -= 1
             if piece.done:
                 return

@@ -154,8 +154,7 @@ def _hedged_read(r, stall, clock, off, ln, phase="prefill", buffer=None, file=No
 
 def _settled(r, s: int) -> bool:
     """Whether every main attempt queued or reading on source `s` has ended (a late read that
-    returned is over: close() then waits for its lane instead of leaving it to finish in the next
-    test, where the reader it drops is garbage the collector finds)."""
+    returned is over, so close() joins its lane rather than leave it to finish later)."""
     with r._lanes.lock:
         return not r._hedger.pending[s]
 
