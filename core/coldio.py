@@ -87,6 +87,25 @@ def huge_backed(buffer) -> bool | None:
     return None if huge is None else huge >= align_up(view.nbytes, HUGE_PAGE)
 
 
+def drop_pages(buffer) -> bool:
+    """Give the memory behind a buffer from `aligned_buffer` back to the OS now, keeping the buffer
+    usable: what it held is gone, and its pages are faulted in afresh when it is next written
+    (madvise MADV_DONTNEED). Pages a read still in flight has pinned (O_DIRECT) stay the kernel's
+    until that read returns, then go too: a buffer that only a late read still writes into holds
+    that read's pages, not all of its own. True if the OS took the advice; False for other memory
+    (a bytearray, a caller's buffer) or where it has no such advice."""
+    view = memoryview(buffer)
+    owner = view.obj
+    if not isinstance(owner, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or view.nbytes == 0:
+        return False
+    start = platform.buffer_address(view) - platform.buffer_address(owner)
+    try:
+        owner.madvise(mmap.MADV_DONTNEED, start, view.nbytes)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 class ColdReader:
     """One read-only file opened for cold reads.
 

@@ -27,6 +27,7 @@ from core.coldio import (
     align_up,
     aligned_buffer,
     buffer_footprint,
+    drop_pages,
     read_range,
     read_sequential,
 )
@@ -118,6 +119,24 @@ def test_large_buffers_are_private_memory_that_may_take_huge_pages():
     assert coldio_huge_backed(b) in (True, False)           # granted or not, the OS can say which
     assert platform.anon_huge_bytes(addr) == int(vma["AnonHugePages"].split()[0]) * 1024
 
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="no /proc/self/smaps (not Linux)")
+def test_drop_pages_gives_a_buffers_memory_back_and_keeps_it_usable():
+    b = aligned_buffer(8 * MiB)                                   # faulted in
+    b[:] = b"\x5a" * len(b)
+    addr = platform.buffer_address(b)
+
+    def rss() -> int:
+        return int(_smaps_entry(addr)["Rss"].split()[0]) * 1024
+
+    before = rss()
+    assert drop_pages(b)
+    assert before - rss() >= 8 * MiB and not any(b[::ALIGNMENT])  # given back; its old bytes are gone
+    b[:4] = b"abcd"
+    assert bytes(b[:4]) == b"abcd" and len(b) == 8 * MiB           # still the same buffer
+    other = bytearray(b"keep")
+    assert not drop_pages(other) and other == b"keep"              # not memory of aligned_buffer: left alone
 
 def test_anon_huge_bytes_reads_the_mapping_holding_the_address(tmp_path):
     smaps = tmp_path / "smaps"
