@@ -15,7 +15,9 @@ kernel, so the buffer it writes into never reaches the caller or the pool while 
 write: at the barrier such a read's bytes are copied to a fresh buffer, the hedges' bytes laid
 over theirs (without holding the GIL: `buffers.copy_bytes`), and the old buffer is kept until its
 last writer returns (`ReadTicket._writers`: main attempts a lane started, not those still queued —
-a queued one whose piece another attempt won is skipped, and never writes). A main attempt a lane
+a queued one whose piece another attempt won is skipped, and never writes), holding meanwhile only
+what those writers write: its memory goes back to the OS at the barrier (`coldio.drop_pages`;
+docs/reader.md "Round 29"). A main attempt a lane
 starts on a source already on a late streak (`Hedger.streak`) reads into a buffer of its own,
 laid over the read's like a hedge's when it wins: when it loses it holds only its own piece's
 bytes, not the whole read's buffer and a fresh one for the copy (docs/reader.md "Round 28").
@@ -37,7 +39,7 @@ import time
 from typing import TYPE_CHECKING, Final, Sequence
 
 from core.errors import MissingError
-from core.coldio import ColdReader, align_down, aligned_buffer
+from core.coldio import ColdReader, align_down, aligned_buffer, drop_pages
 
 from .attempts import MAIN, SAMPLE, Attempt, Cut, LaneQueue, PieceInFlight, ReadTicket
 from .balancer import Balancer
@@ -472,6 +474,11 @@ class Lanes:
                 ticket._buf, ticket._own_buf = out, True
         elif ticket._work is ticket._buf and ticket._writers:
             ticket._buf = None                # never handed back while a late read writes into it
+        if work is not ticket._buf and ticket._writers:
+            # kept until its late writers return (seconds, on a crawler): its memory goes now but for
+            # the pages they have pinned (docs/reader.md "Round 29"); nobody else can have it before
+            # the lock below makes it an orphan, and a writer that returned meanwhile costs a refault
+            drop_pages(work)
         with self._lock:
             ticket._patches = []
             if work is not ticket._buf:

@@ -248,6 +248,29 @@ def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_c
     assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
 
 
+def test_a_read_copied_at_its_barrier_gives_back_its_old_buffer_but_what_the_late_read_writes(model):
+    """A read whose late main attempt may still write into its buffer is copied to a fresh one at
+    its barrier, and the old one kept until that attempt returns — seconds, on a crawler. What the
+    old one held goes back to the OS at once (`coldio.drop_pages`): all it holds after is what the
+    late read writes, its own piece (hedging only held ~0.3 GB beyond the drives alone beside a
+    crawler, a 32 MiB buffer per read the crawler had a piece of; docs/reader.md "Round 29")."""
+    paths, data = model
+    stall, clock = Stall(paths[2], poison=True), Clock()
+    with _reader(paths, stall, clock) as r:
+        _warm(r, data, stall)
+        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+        old = a._work
+        assert a._buf is not old and not any(bytes(old))       # its bytes are gone, its mapping kept
+        stall.gate.set()                                        # the late read writes its garbage ...
+        stall.returned.acquire()
+        _until(lambda: _settled(r, 2))
+        (lo, ln), = [(o, n) for s, o, n in healthy_split(0, 4 * BLOCK_BYTES, r.weights, [0, 1, 2]) if s == 2]
+        got = bytes(old)                                        # ... into its own piece's pages only
+        assert got[lo:lo + ln] == bytes([POISON]) * ln and not any(got[:lo]) and not any(got[lo + ln:])
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+
+
 def test_a_main_attempt_started_on_a_late_streak_reads_into_a_buffer_of_its_own(model):
     """Once a drive is on a late streak, a main attempt a lane starts on it reads into a buffer of
     its own: when its hedge wins, its read keeps its buffer (no fresh one, no copy of the whole
