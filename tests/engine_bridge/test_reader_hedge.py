@@ -171,6 +171,16 @@ def _held_and_queued(r, data, stall):
     return a, b
 
 
+
+def _copied_at_its_barrier(r, data, stall, clock):
+    """A read of the first 4 blocks whose piece on the stalled source is late, hedged and won
+    elsewhere: its ticket, back with the right bytes in a fresh buffer (the late main attempt is
+    still in the stalled source's kernel, writing into the read's old one)."""
+    _warm(r, data, stall)
+    a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
+    assert bytes(a.result()) == data[:4 * BLOCK_BYTES] and a._buf is not a._work
+    return a
+
 def test_a_stalled_replica_is_hedged_and_the_read_completes_from_another(model):
     paths, data = model
     stall, clock = Stall(paths[2]), Clock()
@@ -257,11 +267,9 @@ def test_a_read_copied_at_its_barrier_gives_back_its_old_buffer_but_what_the_lat
     paths, data = model
     stall, clock = Stall(paths[2], poison=True), Clock()
     with _reader(paths, stall, clock) as r:
-        _warm(r, data, stall)
-        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
-        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+        a = _copied_at_its_barrier(r, data, stall, clock)
         old = a._work
-        assert a._buf is not old and not any(bytes(old))       # its bytes are gone, its mapping kept
+        assert not any(bytes(old))                              # its bytes are gone, its mapping kept
         stall.gate.set()                                        # the late read writes its garbage ...
         stall.returned.acquire()
         _until(lambda: _settled(r, 2))
@@ -278,10 +286,7 @@ def test_a_main_attempt_started_on_a_late_streak_reads_into_a_buffer_of_its_own(
     paths, data = model
     stall, clock = Stall(paths[2], poison=True), Clock()
     with _reader(paths, stall, clock) as r:
-        _warm(r, data, stall)
-        a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
-        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
-        assert a._buf is not a._work                     # its late main attempt wrote into a's buffer
+        a = _copied_at_its_barrier(r, data, stall, clock)     # its late main attempt wrote into a's buffer
         assert r._hedger.streak[2] == 1
         c = _hedged_read(r, stall, clock, 8 * BLOCK_BYTES, 4 * BLOCK_BYTES)
         assert bytes(c.result()) == data[8 * BLOCK_BYTES:12 * BLOCK_BYTES]
