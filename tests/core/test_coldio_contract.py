@@ -120,7 +120,6 @@ def test_large_buffers_are_private_memory_that_may_take_huge_pages():
     assert platform.anon_huge_bytes(addr) == int(vma["AnonHugePages"].split()[0]) * 1024
 
 
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="no /proc/self/smaps (not Linux)")
 def test_drop_pages_gives_a_buffers_memory_back_and_keeps_it_usable():
     b = aligned_buffer(8 * MiB)                                   # faulted in
@@ -137,6 +136,7 @@ def test_drop_pages_gives_a_buffers_memory_back_and_keeps_it_usable():
     assert bytes(b[:4]) == b"abcd" and len(b) == 8 * MiB           # still the same buffer
     other = bytearray(b"keep")
     assert not drop_pages(other) and other == b"keep"              # not memory of aligned_buffer: left alone
+
 
 def test_anon_huge_bytes_reads_the_mapping_holding_the_address(tmp_path):
     smaps = tmp_path / "smaps"

@@ -171,7 +171,6 @@ def _held_and_queued(r, data, stall):
     return a, b
 
 
-
 def _copied_at_its_barrier(r, data, stall, clock):
     """A read of the first 4 blocks whose piece on the stalled source is late, hedged and won
     elsewhere: its ticket, back with the right bytes in a fresh buffer (the late main attempt is
@@ -180,6 +179,7 @@ def _copied_at_its_barrier(r, data, stall, clock):
     a = _hedged_read(r, stall, clock, 0, 4 * BLOCK_BYTES)
     assert bytes(a.result()) == data[:4 * BLOCK_BYTES] and a._buf is not a._work
     return a
+
 
 def test_a_stalled_replica_is_hedged_and_the_read_completes_from_another(model):
     paths, data = model
