@@ -60,7 +60,7 @@ from .hedging import (
     copy_due,
     counts_late,
     ServiceTime,
-    deadline_ns,
+    due_ns,
     expected_ns,
     held_rate,
     pick_hedge_source,
@@ -68,7 +68,6 @@ from .hedging import (
 )
 from .sources import SourceHealth
 
-_UNKNOWN = object()
 RECHECK_NS: Final = 1_000_000     # at least this long before a piece nothing can judge yet is looked at again
 
 
@@ -91,7 +90,8 @@ class Hedger:
         self._given_all = {"prefill": False, "decode": False}   # every healthy source was given some (`_shares`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`)
-        self._learnt = False                        # an estimate learnt since: `_rate` works `own` out again
+        self._stale = [False] * n       # its estimate learnt since: `_rate` works its `own` out again
+        self._learnt = False            # any is stale
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
@@ -120,7 +120,13 @@ class Hedger:
         # it when it re-weights (`_restore`)
         self.comeback: Callable[[int, float], Callable[[], None] | None] | None = None
         self._heap: list[tuple[int, int, Attempt, int]] = []   # (due, order, attempt, source)
-        self._memo: dict = {}           # (source, phase) -> the rate it is held to (`_rate`)
+        # the rate each source is held to in each phase (`_rate`), and whether it is known: lists by
+        # source, not a mapping (asked for every deadline: a tuple key and a lookup cost more than the rule)
+        self._memo: dict[str, list[float | None]] = {"prefill": [None] * n, "decode": [None] * n}
+        self._memo_ok: dict[str, list[bool]] = {"prefill": [False] * n, "decode": [False] * n}
+        self._min_busy_ns = policy.min_busy_ns      # the policy's fields read for every deadline, kept natively
+        self._floor_ns = policy.floor_ns
+        self._margin = float(policy.margin)
         self._seq = itertools.count()
         self._stopping = False
         self._wake_at: int | None = None
@@ -144,7 +150,7 @@ class Hedger:
 
     # -- called by the lanes, lock held ---------------------------------------------------
 
-    def enqueued(self, atts: Sequence[Attempt]) -> None:
+    def enqueued(self, atts: list[Attempt]) -> None:
         """The main attempts of one read of the engine's cut are queued, in this order (counted in
         `_shares`): one call a read, one look at the clock and at the healthy sources for all of them."""
         if not atts:
@@ -155,7 +161,7 @@ class Hedger:
             given[att.src] += att.ln
         self._line_up(atts, self.clock())
 
-    def _line_up(self, atts: Sequence[Attempt], now: int) -> None:
+    def _line_up(self, atts: list[Attempt], now: int) -> None:
         """Main attempts of one read are queued at `now`: each in its source's line, and each of those
         lines' head watched once they are all in it."""
         ticket = atts[0].piece.ticket
@@ -168,8 +174,11 @@ class Hedger:
                 self.pending[att.src].add(att)
                 self.line[att.src].append(att)
         if watch:
-            for s in {att.src for att in atts}:
-                self._watch_head(s, now)
+            last = -1
+            for att in atts:            # a source's pieces come together: its line is looked at once (again
+                if att.src != last:     # would be harmless: a head is watched once)
+                    last = att.src
+                    self._watch_head(last, now)
 
     def moved(self, att: Attempt, new: int) -> None:
         """A failing attempt goes on to source `new` (failover: no deadline of its own)."""
@@ -231,7 +240,7 @@ class Hedger:
             self.observed_at[s] = self.busy[s]
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
-                self._learnt = True
+                self._stale[s] = self._learnt = True
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
@@ -439,7 +448,7 @@ class Hedger:
             self._split = (healthy, self.weights)
             self.given = {ph: [0] * len(g) for ph, g in self.given.items()}
             self._given_all = {ph: False for ph in self.given}
-            self._memo.clear()
+            self._forget()
 
     def _shares(self, s: int, phase: str, healthy: Sequence[int]) -> Sequence[float]:
         """What each source is promised beside the others in `phase`, to judge `s`: the bytes the
@@ -480,13 +489,22 @@ class Hedger:
         self._sync(healthy)
         if self._learnt:
             self._learnt = False
-            self.own = [e.rate(self.policy.min_busy_ns) for e in self.est]
-            self._memo.clear()
-        key = (s, phase)
-        r = self._memo.get(key, _UNKNOWN)
-        if r is _UNKNOWN:
-            r = self._memo[key] = held_rate(s, self.own, self._shares(s, phase, healthy), healthy)
-        return r
+            for i, stale in enumerate(self._stale):
+                if stale:
+                    self._stale[i] = False
+                    self.own[i] = self.est[i].rate(self._min_busy_ns)
+            self._forget()
+        ok, memo = self._memo_ok[phase], self._memo[phase]
+        if not ok[s]:
+            memo[s] = held_rate(s, self.own, self._shares(s, phase, healthy), healthy)
+            ok[s] = True
+        return memo[s]
+
+    def _forget(self) -> None:
+        """No rate held to is kept (`_rate` works them out again when asked)."""
+        for ok in self._memo_ok.values():
+            for i in range(len(ok)):
+                ok[i] = False
 
     def _ahead(self, att: Attempt) -> int:
         """The bytes ahead of `att` on its source, itself included: what was queued ahead of it when
@@ -496,12 +514,16 @@ class Hedger:
 
     def _deadline(self, att: Attempt) -> int | None:
         """When `att` is late."""
-        phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        due = deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self.policy,
-                          self.svc.typical_ns())
+        due = self._own_due(att)
         if att.step_due is not None and (due is None or att.step_due < due):
             return att.step_due
         return due
+
+    def _own_due(self, att: Attempt) -> int | None:
+        """When `att` is late by its drive's own pace (its step's aside)."""
+        phase = att.piece.ticket.phase if att.piece is not None else att.phase
+        return due_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self._floor_ns,
+                      self._margin, self.svc.typical_ns())
 
     def _run(self) -> None:
         while True:
@@ -624,8 +646,7 @@ class Hedger:
 
     def _own_late(self, att: Attempt, now: int) -> bool:
         """Whether `att` is past the deadline of its drive's own pace (not only its step's)."""
-        due = deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, att.piece.ticket.phase, self.health.healthy()),
-                          self.policy, self.svc.typical_ns())
+        due = self._own_due(att)
         return due is not None and due <= now
 
     def _hedge(self, att: Attempt, now: int) -> bool:
@@ -684,7 +705,7 @@ class Hedger:
             self.counted_at[s] = None
             self.observed_at[s] = self.busy[s]
             self.est[s] = RateEstimate(self.policy.decay)
-            self._learnt = True
+            self._stale[s] = self._learnt = True
             self.tick_at[s] = self.clock()
             self.back[s] = True
             pace = self.relapse[s]

@@ -172,10 +172,17 @@ def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: 
     drives (`ServiceTime`: a throttle's stall, the machine's scheduling; a burst's rate promises no
     time at all, a request still takes its time), plus `floor_ns`; None while nothing is known of
     any rate."""
+    return due_ns(enqueued_ns, ahead_bytes, rate, policy.floor_ns, policy.margin, typical_ns)
+
+
+def due_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, floor_ns: int, margin: float,
+           typical_ns: float) -> int | None:
+    """`deadline_ns` with the policy's floor and margin given (the hedger keeps them natively: a
+    policy's fields are a Python object's, read by name, and a deadline is worked out per piece)."""
     if rate is None or rate <= 0:
         return None
     expected = 0.0 if math.isinf(rate) else ahead_bytes / rate
-    return enqueued_ns + policy.floor_ns + int(policy.margin * expected + typical_ns)
+    return enqueued_ns + floor_ns + int(margin * expected + typical_ns)
 
 
 def step_deadline_ns(submitted_ns: int, landed_ns: int, policy: HedgePolicy, typical_ns: float = 0.0) -> int:
