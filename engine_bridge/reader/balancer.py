@@ -27,7 +27,7 @@ class Balancer:
     when a read is cut (an int, replaced whole)."""
 
     def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool] | None,
-                 healthy: Callable[[], Sequence[int]], clock: Callable[[], int]):
+                 healthy: Callable[[], list[int]], clock: Callable[[], int]):
         self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
         self.chunk = [policy.chunk_bytes] * n
@@ -68,8 +68,12 @@ class Balancer:
         self.pace[new].started(att.ln, now)
 
     def room(self, s: int, nbytes: int) -> bool:
-        """Whether source `s` may start `nbytes` more now (its slow start and its kernel depth)."""
-        return self.pace[s].room(nbytes, self._depth, s)
+        """Whether source `s` may start `nbytes` more now: what its slow start says (`Pace.slow_start`),
+        else whether what it has in the kernel plus these stay within its depth (`_depth`; asked only
+        then: it looks at every drive's pace)."""
+        pace = self.pace[s]
+        says = pace.slow_start(nbytes)
+        return says if says is not None else pace.inflight + nbytes <= self._depth(s)
 
     def _depth(self, s: int) -> float:
         """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Mapping, Sequence
+from typing import Any, Final, Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -139,7 +139,7 @@ def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: Balan
     """Bytes a source at `rate` may have in the kernel when the fastest healthy source reads at `top`
     (bytes/ns; None: not known yet) in chunks of `chunk` bytes: with `depth_ns` set, that much of its
     own pace (`depth_limit`); else what it reads while the fastest reads `lanes` chunks — in units of the
-    drives themselves, whatever their speed (`Pace.room` lets MIN_REQUESTS requests in whatever it
+    drives themselves, whatever their speed (`Balancer.room` lets MIN_REQUESTS requests in whatever it
     says); unbounded while either pace is unknown."""
     if policy.depth_ns > 0:
         return depth_limit(rate, policy)
@@ -261,11 +261,3 @@ class Pace:
         if self.reqs < MIN_REQUESTS:
             return True
         return False if self.inflight + nbytes > self.window else None
-
-    def room(self, nbytes: int, depth: Callable[..., float], *args) -> bool:
-        """Whether the drive may start `nbytes` more: what the slow start says, else whether what it
-        has plus these stay within `depth(*args)` bytes (`depth_bytes`; asked only then: it looks at
-        every drive's pace)."""
-        says = self.slow_start(nbytes)
-        return says if says is not None else self.inflight + nbytes <= depth(*args)
-

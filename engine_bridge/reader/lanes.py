@@ -185,7 +185,7 @@ class Lanes:
             return
         own = self._queues[src]
         if own.idle >= len(own.items):
-            big = 0               # room for each queued chunk is room for the largest (`Pace.room` gets stricter with size)
+            big = 0               # room for each queued chunk is room for the largest (`Balancer.room` gets stricter with size)
             for a in own.items:
                 if a is not None and a.kind == MAIN and a.ln > big:
                     big = a.ln

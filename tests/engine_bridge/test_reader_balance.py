@@ -76,9 +76,9 @@ def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_two_request
     assert depth_limit(0.0, p) == 0                              # or nothing; but two requests are always let in
     pace = Pace(0.9)                                             # (one queued behind the one being read)
     pace.started(1 << 20, 0)
-    assert pace.room(1 << 20, lambda: depth_limit(0.0, p))
+    assert pace.slow_start(1 << 20) is True
     pace.started(1 << 20, 0)
-    assert not pace.room(4096, lambda: depth_limit(0.0, p))
+    assert pace.slow_start(4096) is False
 
 
 def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():

@@ -104,22 +104,21 @@ def test_a_copy_is_due_between_twice_its_expected_time_and_its_deadline():
 
 def test_pace_starts_slow_grows_with_deliveries_and_falls_while_it_delivers_nothing():
     pace = Pace(0.9)
-    assert pace.rate(0) is None and pace.room(MIB, lambda: 0)                       # nothing in the kernel: may start
+    assert pace.rate(0) is None and pace.slow_start(MIB) is True                     # nothing in the kernel: may start
     pace.started(MIB, 0)
-    assert pace.room(4 * MIB, lambda: 0)                                            # two requests at first, whatever their size
+    assert pace.slow_start(4 * MIB) is True                                          # two requests at first, whatever their size
     pace.started(MIB, 0)
-    assert pace.reqs == MIN_REQUESTS and not pace.room(MIB // 16, lambda: math.inf) # no third before a delivery: not
+    assert pace.reqs == MIN_REQUESTS and pace.slow_start(MIB // 16) is False    # no third before a delivery: not
                                                                                     # one per lane, nor two chunks of small ones
     pace.ended(MIB, 10_000_000, True)                                               # 1 MiB in 10 ms: ~100 MB/s
     assert pace.rate(10_000_000) == pytest.approx(MIB / 10_000_000)
     assert pace.window == MIB                                                       # beyond two: what it has delivered
-    assert pace.room(8 * MIB, lambda: math.inf)                                     # one request in: a second always
+    assert pace.slow_start(8 * MIB) is True                                         # one request in: a second always
     pace.ended(MIB, 20_000_000, True)
     assert pace.window == 2 * MIB                                                   # it grows by every delivery
     pace.started(MIB, 20_000_000)
     pace.started(MIB // 2, 20_000_000)
-    assert pace.room(MIB // 2, lambda: math.inf) and not pace.room(MIB // 2 + 1, lambda: math.inf)
-    assert not pace.room(MIB // 2, lambda: 1.5 * MIB)                               # and the depth bounds it
+    assert pace.slow_start(MIB // 2) is None and pace.slow_start(MIB // 2 + 1) is False   # within it, the depth decides
     pace.ended(MIB, 20_000_000, False)
     pace.ended(MIB // 2, 20_000_000, False)
     assert pace.rate(20_000_000) == pytest.approx(MIB / 10_000_000)                 # a failed read teaches nothing of its pace
