@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["Lanes", "LaneCounters", "ReadTicket", "read_piece"]
 
 STEAL_LOOK_S: Final = 0.02       # an idle lane looks again at least this often while work waits on another source
+COST_EVERY: Final = 8            # a lane measures its CPU besides the read on one attempt in this many (`_serve`)
 
 
 class Lanes:
@@ -271,7 +272,8 @@ class Lanes:
 
     def _lane(self, src: int) -> None:
         scratch = memoryview(aligned_buffer(2 * ColdReader.alignment))
-        cpu = [0]       # this lane's CPU clock (ns) when its last read returned (0: none yet)
+        cpu = [0, COST_EVERY - 1]   # its CPU clock (ns) when its last read returned (0: not measured), its attempts
+                                    # (the second is measured: the balancer sizes chunks from it)
         while True:
             with self._lock:
                 att = self._take(src)
@@ -317,7 +319,9 @@ class Lanes:
         CPU besides the read itself is measured (`thread_time_ns`, `cpu[0]` its clock when its last
         read returned: what it spent from there to this read, the last attempt's end and this one's
         start, is this attempt's cost) and handed to the balancer, the unit its chunks are sized in
-        (`balancing.chunk_for`)."""
+        (`balancing.chunk_for`) — on one attempt in COST_EVERY: a thread's CPU clock is a system
+        call (~1 µs in a VM), and two an attempt were six a decode read (docs/reader.md "Round
+        30"); the balancer's figure is a decayed mean either way."""
         health, piece = self.health, att.piece
         s = att.src
         while True:
@@ -326,7 +330,7 @@ class Lanes:
                 files = self.sources[s]
                 reader = files.acquire(att.fi)
                 try:
-                    before = time.thread_time_ns() if self.balancer is not None else 0
+                    before = time.thread_time_ns() if cpu[0] else 0
                     read_piece(reader, att.buf, att.base, att.off, att.ln, scratch)
                 finally:
                     files.release(att.fi)
@@ -358,7 +362,8 @@ class Lanes:
             cost = None
             if self.balancer is not None:
                 cost = before - cpu[0] if cpu[0] else None
-                cpu[0] = time.thread_time_ns()
+                cpu[1] += 1
+                cpu[0] = time.thread_time_ns() if cpu[1] % COST_EVERY == 0 else 0
             self._end(att, s, ok=True, t1=t1, served_ns=t1 - t0, cost_ns=cost)
             return
 
