@@ -39,7 +39,7 @@ import time
 from typing import TYPE_CHECKING, Final, Sequence
 
 from core.errors import MissingError
-from core.coldio import ColdReader, align_down, aligned_buffer, drop_pages
+from core.coldio import ColdReader, align_down, aligned_buffer, buffer_footprint, drop_pages
 
 from .attempts import MAIN, SAMPLE, Attempt, Cut, LaneQueue, PieceInFlight, ReadTicket
 from .balancer import Balancer
@@ -479,7 +479,7 @@ class Lanes:
                 ticket._buf, ticket._own_buf = out, True
         elif ticket._work is ticket._buf and ticket._writers:
             ticket._buf = None                # never handed back while a late read writes into it
-        if work is not ticket._buf and ticket._writers:
+        if work is not ticket._buf and ticket._writers and self._gives_back(work):
             # kept until its late writers return (seconds, on a crawler): its memory goes now but for
             # the pages they have pinned (docs/reader.md "Round 29"); nobody else can have it before
             # the lock below makes it an orphan, and a writer that returned meanwhile costs a refault
@@ -493,6 +493,16 @@ class Lanes:
                     ticket._orphan = True
         self._give_back(free)
         ticket._done.set()
+
+    def _gives_back(self, work) -> bool:
+        """Whether an old buffer kept for its late writers gives its memory back at the barrier: when
+        a source's lanes holding one each would hold more than the pool keeps idle (a prefill's 32
+        MiB reads under a RAM budget: 8 of them beside a crawler were a quarter GB, *Round 29*), or
+        with no pool. A decode read's buffer goes back to the pool when its writer returns and is
+        used again: its pages given back, its reuse faulted them in afresh (a huge page zeroed),
+        0.08-0.5 page faults a decode read with the features where the plain reader takes 0.01
+        (docs/reader.md "Round 30")."""
+        return self.pool is None or buffer_footprint(len(work)) * self.lanes > self.pool.limit
 
     def _give_back(self, bufs: list) -> None:
         if self.pool is not None:

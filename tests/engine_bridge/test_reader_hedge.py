@@ -26,7 +26,7 @@ from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
 from engines.split import split_read
-from core.coldio import CachedReader, aligned_buffer
+from core.coldio import CachedReader, aligned_buffer, buffer_footprint
 from models.modelset import discover
 from tests.engine_bridge.helpers import primary_and_copies
 from tests.helpers import impure_imports, write_split_gguf
@@ -108,11 +108,11 @@ def model(tmp_path):
     return primary_and_copies(tmp_path, SIZE, seed=5)
 
 
-def _reader(paths, stall, clock, events=None, lanes=2, **policy):
+def _reader(paths, stall, clock, events=None, lanes=2, pool_bytes=None, **policy):
     pol = HedgePolicy(**{"floor_ns": FLOOR, "min_busy_ns": 0, **policy})
     return SplitReader(paths, [2, 1, 1], [2, 1, 1], settings=ReaderSettings(lanes=lanes, hedge=True, hedge_policy=pol),
                        cold=False, clock=clock, opener=lambda p: StallingReader(p, stall),
-                       report=events.append if events is not None else None)
+                       report=events.append if events is not None else None, pool_bytes=pool_bytes)
 
 
 def _warm(r, data, stall):
@@ -260,13 +260,15 @@ def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_c
 
 def test_a_read_copied_at_its_barrier_gives_back_its_old_buffer_but_what_the_late_read_writes(model):
     """A read whose late main attempt may still write into its buffer is copied to a fresh one at
-    its barrier, and the old one kept until that attempt returns — seconds, on a crawler. What the
-    old one held goes back to the OS at once (`coldio.drop_pages`): all it holds after is what the
-    late read writes, its own piece (hedging only held ~0.3 GB beyond the drives alone beside a
-    crawler, a 32 MiB buffer per read the crawler had a piece of; docs/reader.md "Round 29")."""
+    its barrier, and the old one kept until that attempt returns — seconds, on a crawler. When a
+    source's lanes holding such buffers would hold more than the pool keeps idle, what the old one
+    held goes back to the OS at once (`coldio.drop_pages`): all it holds after is what the late read
+    writes, its own piece (hedging only held ~0.3 GB beyond the drives alone beside a crawler, a 32
+    MiB buffer per read the crawler had a piece of; docs/reader.md "Round 29")."""
     paths, data = model
     stall, clock = Stall(paths[2], poison=True), Clock()
-    with _reader(paths, stall, clock) as r:
+    small = 2 * buffer_footprint(span(0, 4 * BLOCK_BYTES)) - 1      # two lanes' old buffers would not fit
+    with _reader(paths, stall, clock, pool_bytes=small) as r:
         a = _copied_at_its_barrier(r, data, stall, clock)
         old = a._work
         assert not any(bytes(old))                              # its bytes are gone, its mapping kept
@@ -276,6 +278,25 @@ def test_a_read_copied_at_its_barrier_gives_back_its_old_buffer_but_what_the_lat
         (lo, ln), = [(o, n) for s, o, n in healthy_split(0, 4 * BLOCK_BYTES, r.weights, [0, 1, 2]) if s == 2]
         got = bytes(old)                                        # ... into its own piece's pages only
         assert got[lo:lo + ln] == bytes([POISON]) * ln and not any(got[:lo]) and not any(got[lo + ln:])
+        assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
+
+
+def test_a_read_copied_at_its_barrier_keeps_its_old_buffers_memory_when_the_pool_has_room_for_such(model):
+    """An old buffer the pool has room for, one per lane, keeps its memory until its late writer
+    returns and the pool takes it back: given back at the barrier, its next reuse faulted its
+    pages in afresh — on healthy fast drives a huge page zeroed per hedge that won (docs/reader.md
+    "Round 30")."""
+    paths, data = model
+    stall, clock = Stall(paths[2], poison=True), Clock()
+    roomy = 2 * buffer_footprint(span(0, 4 * BLOCK_BYTES))
+    with _reader(paths, stall, clock, pool_bytes=roomy) as r:
+        a = _copied_at_its_barrier(r, data, stall, clock)
+        (lo, ln), = [(o, n) for s, o, n in healthy_split(0, 4 * BLOCK_BYTES, r.weights, [0, 1, 2]) if s == 2]
+        old = bytes(a._work)
+        assert old[:lo] == data[:lo] and old[lo + ln:4 * BLOCK_BYTES] == data[lo + ln:4 * BLOCK_BYTES]
+        stall.gate.set()
+        stall.returned.acquire()
+        _until(lambda: _settled(r, 2))
         assert bytes(a.result()) == data[:4 * BLOCK_BYTES]
 
 
