@@ -60,7 +60,7 @@ from .hedging import (
     copy_due,
     counts_late,
     ServiceTime,
-    due_ns,
+    deadline_ns,
     expected_ns,
     held_rate,
     pick_hedge_source,
@@ -522,8 +522,8 @@ class Hedger:
     def _own_due(self, att: Attempt) -> int | None:
         """When `att` is late by its drive's own pace (its step's aside)."""
         phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        return due_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()), self._floor_ns,
-                      self._margin, self.svc.typical_ns())
+        return deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()),
+                           self._floor_ns, self._margin, self.svc.typical_ns())
 
     def _run(self) -> None:
         while True:

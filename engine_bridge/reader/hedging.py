@@ -165,20 +165,14 @@ class ServiceTime:
         return self.sq_ns / self.sum_ns if self.sum_ns > 0 else 0.0
 
 
-def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, policy: HedgePolicy,
+def deadline_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, floor_ns: int, margin: float,
                 typical_ns: float = 0.0) -> int | None:
     """When a piece queued at `enqueued_ns` behind (and including) `ahead_bytes` on a source held to
-    `rate` is late: margin x its expected time, plus a request's typical service time on these
+    `rate` is late: `margin` x its expected time, plus a request's typical service time on these
     drives (`ServiceTime`: a throttle's stall, the machine's scheduling; a burst's rate promises no
-    time at all, a request still takes its time), plus `floor_ns`; None while nothing is known of
-    any rate."""
-    return due_ns(enqueued_ns, ahead_bytes, rate, policy.floor_ns, policy.margin, typical_ns)
-
-
-def due_ns(enqueued_ns: int, ahead_bytes: int, rate: float | None, floor_ns: int, margin: float,
-           typical_ns: float) -> int | None:
-    """`deadline_ns` with the policy's floor and margin given (the hedger keeps them natively: a
-    policy's fields are a Python object's, read by name, and a deadline is worked out per piece)."""
+    time at all, a request still takes its time), plus `floor_ns` (the policy's `margin` and
+    `floor_ns`, which the hedger keeps natively: a policy's fields are a Python object's, read by
+    name, and a deadline is worked out per piece); None while nothing is known of any rate."""
     if rate is None or rate <= 0:
         return None
     expected = 0.0 if math.isinf(rate) else ahead_bytes / rate

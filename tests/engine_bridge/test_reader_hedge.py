@@ -642,9 +642,9 @@ def test_hedging_arithmetic_is_pure_and_right():
     assert hedging.held_rate(2, (None, None, None), (2, 1, 1), (0, 1, 2)) is None
     assert hedging.held_rate(2, (float("inf"), 15.0, 1.0), (2, 1, 1), (0, 1, 2)) == float("inf")
     p = HedgePolicy(margin=3.0, floor_ns=50)
-    assert hedging.deadline_ns(1000, 300, 15.0, p) == 1000 + 50 + 60
-    assert hedging.deadline_ns(1000, 300, None, p) is None
-    assert hedging.deadline_ns(1000, 300, float("inf"), p) == 1050
+    assert hedging.deadline_ns(1000, 300, 15.0, p.floor_ns, p.margin) == 1000 + 50 + 60
+    assert hedging.deadline_ns(1000, 300, None, p.floor_ns, p.margin) is None
+    assert hedging.deadline_ns(1000, 300, float("inf"), p.floor_ns, p.margin) == 1050
     # the healthiest other: the one to finish first (queued bytes plus the piece over its rate)
     assert hedging.pick_hedge_source(2, [0, 1], [50, 0], 10, {0: 10.0, 1: 1.0}, (2, 1, 1)) == 0
     assert hedging.pick_hedge_source(2, [0, 1], [1000, 0], 10, {0: 10.0, 1: 1.0}, (2, 1, 1)) == 1

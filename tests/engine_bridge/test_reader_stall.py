@@ -144,7 +144,7 @@ def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
         out = []
         # deadlines: a chunk on the crawler, 2 chunks in its kernel, held to its weight's promise
         held = hedging.held_rate(2, (rates[0], rates[1], rates[2]), (1, 1, 1), (0, 1, 2))
-        due = deadline_ns(0, 2 * MIB, held, pol)
+        due = deadline_ns(0, 2 * MIB, held, pol.floor_ns, pol.margin)
         out.append(units(due))
         out += [at(t) >= due for t in (1, 5, 5.99, 6.01, 40)]                   # late at 6 units, not before
         # an idle healthy drive copies it once twice its expected time has passed, before its deadline
@@ -505,14 +505,15 @@ def test_the_floor_is_a_requests_typical_time_at_every_speed():
         for _ in range(10):
             svc.observe(round(unit))
         assert svc.typical_ns() == pytest.approx(unit)
-        due = deadline_ns(0, MIB, math.inf, pol, svc.typical_ns())
+        due = deadline_ns(0, MIB, math.inf, pol.floor_ns, pol.margin, svc.typical_ns())
         assert due / unit == pytest.approx(1)                               # a request's time, not 0
-        assert deadline_ns(0, 4 * MIB, rate, pol, svc.typical_ns()) / unit == pytest.approx(4 * pol.margin + 1)
+        due = deadline_ns(0, 4 * MIB, rate, pol.floor_ns, pol.margin, svc.typical_ns())
+        assert due / unit == pytest.approx(4 * pol.margin + 1)
         burst = hedging.ServiceTime(1.0 - 1e-12)
         for ns in [round(unit)] * 15 + [round(100 * unit)]:
             burst.observe(ns)
         assert burst.typical_ns() / unit == pytest.approx(10015 / 115, rel=1e-6)
-    assert deadline_ns(0, MIB, math.inf, HedgePolicy(floor_ns=7), 0.0) == 7  # a floor set on top still holds
+    assert deadline_ns(0, MIB, math.inf, 7, HedgePolicy().margin, 0.0) == 7  # a floor set on top still holds
 
 
 @pytest.mark.parametrize("sub, landed, typical, due", [
