@@ -91,7 +91,6 @@ class Hedger:
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
         self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`)
         self._stale = [False] * n       # its estimate learnt since: `_rate` works its `own` out again
-        self._learnt = False            # any is stale
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.outstanding = [0] * n      # bytes queued or being read on each source
         self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
@@ -240,7 +239,7 @@ class Hedger:
             self.observed_at[s] = self.busy[s]
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
-                self._stale[s] = self._learnt = True
+                self._stale[s] = True
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
@@ -487,12 +486,13 @@ class Hedger:
         out again here, once, after deliveries taught the estimates (asked for every deadline: a
         line's head's, and a late streak's pieces')."""
         self._sync(healthy)
-        if self._learnt:
-            self._learnt = False
-            for i, stale in enumerate(self._stale):
-                if stale:
-                    self._stale[i] = False
-                    self.own[i] = self.est[i].rate(self._min_busy_ns)
+        learnt = False
+        for i, stale in enumerate(self._stale):
+            if stale:
+                self._stale[i] = False
+                self.own[i] = self.est[i].rate(self._min_busy_ns)
+                learnt = True
+        if learnt:
             self._forget()
         ok, memo = self._memo_ok[phase], self._memo[phase]
         if not ok[s]:
@@ -705,7 +705,7 @@ class Hedger:
             self.counted_at[s] = None
             self.observed_at[s] = self.busy[s]
             self.est[s] = RateEstimate(self.policy.decay)
-            self._stale[s] = self._learnt = True
+            self._stale[s] = True
             self.tick_at[s] = self.clock()
             self.back[s] = True
             pace = self.relapse[s]
