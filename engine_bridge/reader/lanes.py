@@ -15,9 +15,9 @@ kernel, so the buffer it writes into never reaches the caller or the pool while 
 write: at the barrier such a read's bytes are copied to a fresh buffer, the hedges' bytes laid
 over theirs (without holding the GIL: `buffers.copy_bytes`), and the old buffer is kept until its
 last writer returns (`ReadTicket._writers`: main attempts a lane started, not those still queued —
-a queued one whose piece another attempt won is skipped, and never writes), holding meanwhile only
-what those writers write: its memory goes back to the OS at the barrier (`coldio.drop_pages`;
-docs/reader.md "Round 29"). A main attempt a lane
+a queued one whose piece another attempt won is skipped, and never writes); when such buffers
+would overfill the pool it holds meanwhile only what those writers write: its memory goes back to
+the OS at the barrier (`coldio.drop_pages`, `_gives_back`; docs/reader.md "Rounds 29, 30"). A main attempt a lane
 starts on a source already on a late streak (`Hedger.streak`) reads into a buffer of its own,
 laid over the read's like a hedge's when it wins: when it loses it holds only its own piece's
 bytes, not the whole read's buffer and a fresh one for the copy (docs/reader.md "Round 28").
