@@ -34,8 +34,11 @@ source is degraded for lateness.
 
 If the watchdog itself wakes later than a deadline's slack (the whole process was starved, not a
 drive) it judges nothing that round and gives every due piece that much again, once. Its state lives under the
-lanes' lock (one lock; the watchdog waits on a Condition of it). `clock` is injectable (ns) and
-`wake()` re-runs the watchdog now, so tests order events without sleeping.
+lanes' lock (one lock). Between rounds the watchdog sleeps on a bell of its own, a lock it acquires
+with a timeout and others release to wake it (`_ring`): a Condition of the lanes' lock made each
+round's wait a few thousand instructions of Python and a lock of its own (docs/reader.md "Round
+31"). `clock` is injectable (ns) and `wake()` re-runs the watchdog now, so tests order events
+without sleeping.
 """
 
 from __future__ import annotations
@@ -129,11 +132,15 @@ class Hedger:
         self._seq = itertools.count()
         self._stopping = False
         self._wake_at: int | None = None
-        self._skew = 0
         self._deferred = False          # the last round put its due pieces off (starved): the next judges them
         self.rounds = 0                 # how many times the watchdog has looked
         self._put_front: Callable[[Attempt], None] = _unattached   # the lanes': a hedge or probe ahead of a queue
-        self.cond: threading.Condition | None = None
+        self._lock: threading.Lock | None = None
+        # the watchdog's bell: a lock it sleeps on, acquiring it with a timeout; released (`_ring`, the
+        # lanes' lock held) at most once before the watchdog hears it (`_rung`)
+        self._bell = threading.Lock()
+        self._bell.acquire()
+        self._rung = False
         self._watchdog: threading.Thread | None = None
         # (source, file index) -> whether the source holds that file (a partial replica does not
         # hold every file); the reader sets it
@@ -143,7 +150,7 @@ class Hedger:
         """Share the lanes' lock, queue hedges and probes with their `put_front`, and start the
         watchdog (Lanes calls this)."""
         self._put_front = put_front
-        self.cond = threading.Condition(lock)
+        self._lock = lock
         self._watchdog = threading.Thread(target=self._run, name="split-reader-hedger", daemon=True)
         self._watchdog.start()
 
@@ -327,7 +334,7 @@ class Hedger:
 
     def maybe_probe(self, s: int, off: int, ln: int, phase: str, fi: int = 0) -> None:
         """Send degraded-for-lateness source `s` a probe of (off, ln) of file `fi` if one is due."""
-        with self.cond:
+        with self._lock:
             now = self.clock()
             if self._stopping or self.probing[s] or now < self.next_probe[s] or not self.health.slow(s):
                 return
@@ -343,19 +350,19 @@ class Hedger:
 
     def wake(self) -> None:
         """Run the watchdog now (tests advance their clock, then call this)."""
-        with self.cond:
-            self.cond.notify_all()
+        with self._lock:
+            self._ring()
 
     def watch(self) -> tuple[int, int | None]:
         """(how many times the watchdog has looked, when it wakes next: ns, None when only a new piece
         or `wake()` wakes it); tests order on the first."""
-        with self.cond:
+        with self._lock:
             return self.rounds, self._wake_at
 
     def stop(self) -> None:
-        with self.cond:
+        with self._lock:
             self._stopping = True
-            self.cond.notify_all()
+            self._ring()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join()
 
@@ -526,18 +533,20 @@ class Hedger:
                            self._floor_ns, self._margin, self.svc.typical_ns())
 
     def _run(self) -> None:
+        skew = 0                        # how much later than it meant to it woke last (0: rung, or on time)
         while True:
             actions: list = []
-            with self.cond:
+            timeout = -1.0              # the bell's wait: seconds, or -1 until rung
+            with self._lock:
                 self.rounds += 1
                 if self._stopping:
                     return
                 floor = max(self._slack(), RECHECK_NS)
                 now = self.clock()
                 due = self._due(now)
-                if due and self._skew > floor and not self._deferred:   # we were starved, not the drives:
-                    self._deferred = True                               # look again later, once (a machine
-                    for att, s in due:                                  # always this loaded would defer forever)
+                if due and skew > floor and not self._deferred:     # we were starved, not the drives:
+                    self._deferred = True                           # look again later, once (a machine
+                    for att, s in due:                              # always this loaded would defer forever)
                         self._push(now + floor, att, s)
                 else:
                     self._deferred = False
@@ -546,24 +555,34 @@ class Hedger:
                             self._judge(att, now, actions)
                             self._watch_head(s, now)
                         due = self._due(now)    # the next in a line may be past its deadline already
-                self._skew = 0
                 if not actions:
                     while self._heap and self._moot(self._heap[0][2]):
                         self._watch_head(self._pop()[1], now)
                     self._wake_at = self._heap[0][0] if self._heap else None
-                    timeout = None if self._wake_at is None else max(0, self._wake_at - now) / 1e9
-                    notified = self.cond.wait(timeout)
-                    if not notified and self._wake_at is not None:    # late beyond what it meant to sleep:
-                        self._skew = self.clock() - max(self._wake_at, now)    # starved
+                    if self._wake_at is not None:
+                        timeout = max(0, self._wake_at - now) / 1e9
+                if self._rung:                  # rung while it looked, or heard already: heard now
+                    self._bell.acquire(False)
+                    self._rung = False
+                wake_at = self._wake_at
+            skew = 0
             for act in actions:
                 act()
+            if not actions and not self._bell.acquire(True, timeout) and wake_at is not None:
+                skew = self.clock() - max(wake_at, now)     # late beyond what it meant to sleep: starved
 
     def _push(self, due: int, att: Attempt, s: int) -> None:
         """Put `att`, in source `s`'s line, on the watchdog's heap at `due` (waking it if that is now its earliest)."""
         heapq.heappush(self._heap, (due, next(self._seq), att, s))
         att.watched += 1
         if self._heap[0][2] is att:
-            self.cond.notify()
+            self._ring()
+
+    def _ring(self) -> None:
+        """Wake the watchdog (lanes' lock held), once however often it is rung before it hears it."""
+        if not self._rung:
+            self._rung = True
+            self._bell.release()
 
     def _due(self, now: int) -> list[tuple[Attempt, int]]:
         """Every heap entry due by `now`, taken off the heap (`_pop`)."""
@@ -677,7 +696,7 @@ class Hedger:
         if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row"
                                                                       + (f"; {why}" if why else ""), slow=True):
             return
-        with self.cond:
+        with self._lock:
             now = self.clock()
             self.back[s] = False
             self.relapse[s] = relapse
@@ -698,7 +717,7 @@ class Hedger:
         afresh before it is back: a read cut with it the moment it is back is judged from there (made
         after, it wiped the streak of a piece already late, and the drive was never taken out again)."""
         then = None
-        with self.cond:
+        with self._lock:
             if not self.health.slow(s):
                 return                                         # failed for good meanwhile: not coming back
             self._on_time(s)                                   # judged afresh from here on
