@@ -533,8 +533,8 @@ class Hedger:
                            self._floor_ns, self._margin, self.svc.typical_ns())
 
     def _run(self) -> None:
-        skew = 0                        # how much later than it meant to it woke last (0: rung, or on time)
-        while True:
+        meant: int | None = None        # when its last sleep timed out: when it meant to wake (what it woke later
+        while True:                     # than that, the wait for the lanes' lock included, it was starved)
             actions: list = []
             timeout = -1.0              # the bell's wait: seconds, or -1 until rung
             with self._lock:
@@ -543,6 +543,7 @@ class Hedger:
                     return
                 floor = max(self._slack(), RECHECK_NS)
                 now = self.clock()
+                skew = 0 if meant is None else now - meant
                 due = self._due(now)
                 if due and skew > floor and not self._deferred:     # we were starved, not the drives:
                     self._deferred = True                           # look again later, once (a machine
@@ -565,11 +566,11 @@ class Hedger:
                     self._bell.acquire(False)
                     self._rung = False
                 wake_at = self._wake_at
-            skew = 0
+            meant = None
             for act in actions:
                 act()
             if not actions and not self._bell.acquire(True, timeout) and wake_at is not None:
-                skew = self.clock() - max(wake_at, now)     # late beyond what it meant to sleep: starved
+                meant = max(wake_at, now)
 
     def _push(self, due: int, att: Attempt, s: int) -> None:
         """Put `att`, in source `s`'s line, on the watchdog's heap at `due` (waking it if that is now its earliest)."""
