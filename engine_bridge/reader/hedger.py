@@ -78,6 +78,27 @@ def _unattached(att: Attempt) -> None:
     raise RuntimeError("hedger: a hedge or probe before the lanes attached it (Hedger.attach)")
 
 
+class Drive:
+    """One source's running counts, updated for every piece (the lanes' lock held). Fields of a
+    native object, not lists by source: a list holds its ints as Python objects, and each update of
+    an ns or byte count made a new one (docs/reader.md "Round 31")."""
+
+    __slots__ = ("outstanding", "jumped", "busy", "tick_at", "observed_at", "delivered")
+
+    def __init__(self) -> None:
+        self.outstanding = 0            # bytes queued or being read on it
+        self.jumped = 0                 # bytes ever put at the front of its queue (hedges, probes)
+        self.busy = 0                   # ns it had work (queued or being read), in all
+        self.tick_at = 0                # when `busy` was last brought up to date
+        self.observed_at = 0            # `busy` when its rate estimate last learnt (or was told to forget)
+        self.delivered = 0              # bytes it delivered, of every kind
+
+    def tick(self, now: int) -> None:
+        if self.outstanding > 0:
+            self.busy += now - self.tick_at
+        self.tick_at = now
+
+
 class Hedger:
     """Deadlines, hedges, lateness and probes for one SplitReader (see the module docstring)."""
 
@@ -95,16 +116,11 @@ class Hedger:
         self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`)
         self._stale = [False] * n       # its estimate learnt since: `_rate` works its `own` out again
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
-        self.outstanding = [0] * n      # bytes queued or being read on each source
-        self.jumped = [0] * n           # bytes ever put at the front of each source's queue (hedges, probes)
-        self.busy = [0] * n             # ns each source had work (queued or being read), in all
-        self.observed_at = [0] * n      # `busy` when its rate estimate last learnt (or was told to forget)
-        self.tick_at = [0] * n
+        self.drives = [Drive() for _ in range(n)]
         self.late = [0] * n
         self.hedged = [0] * n
         self.streak = [0] * n           # late pieces in a row (hedging.counts_late)
         self.counted_at: list[int | None] = [None] * n   # when the source's last counted lateness was judged
-        self.delivered = [0] * n        # bytes each source delivered, of every kind
         # a streak's start: (ns, `delivered` then, `busy` then)
         self.span_from: list[tuple[int, list[int], list[int]] | None] = [None] * n
         self.pending: list[set[Attempt]] = [set() for _ in range(n)]   # main attempts queued or reading
@@ -189,19 +205,22 @@ class Hedger:
     def moved(self, att: Attempt, new: int) -> None:
         """A failing attempt goes on to source `new` (failover: no deadline of its own)."""
         now = self.clock()
-        self._tick(att.src, now)
-        self.outstanding[att.src] -= att.ln
+        d = self.drives[att.src]
+        d.tick(now)
+        d.outstanding -= att.ln
         self.pending[att.src].discard(att)
-        self._tick(new, now)
-        self.outstanding[new] += att.ln
+        d = self.drives[new]
+        d.tick(now)
+        d.outstanding += att.ln
         att.step_due = None             # its step was its old drive's
 
     def stolen(self, att: Attempt, new: int) -> None:
         """A queued main attempt is taken by idle source `new` (balancing): queued there now, with a
         deadline of its own."""
         now = self.clock()
-        self._tick(att.src, now)
-        self.outstanding[att.src] -= att.ln
+        d = self.drives[att.src]
+        d.tick(now)
+        d.outstanding -= att.ln
         self.pending[att.src].discard(att)
         att.src = new
         att.step_due = None             # judged on its new drive by that drive's pace
@@ -216,7 +235,7 @@ class Hedger:
         att.t_begin = self.clock()
         if inflight is None or att.kind != MAIN or att not in self.pending[att.src]:
             return
-        att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.jumped[att.src]
+        att.t_enq, att.ahead, att.jumped = att.t_begin, inflight, self.drives[att.src].jumped
         if att.stolen or self._head(att.src) is att:
             due = self._deadline(att)
             if due is not None:
@@ -225,8 +244,9 @@ class Hedger:
     def ended(self, att: Attempt, s: int, ok: bool) -> list:
         """An attempt on source `s` is over; returns what to do once the lock is released."""
         now = self.clock()
-        self._tick(s, now)
-        self.outstanding[s] -= att.ln
+        d = self.drives[s]
+        d.tick(now)
+        d.outstanding -= att.ln
         self.pending[s].discard(att)
         if att.kind == PROBE:
             self.probing[s] = False
@@ -241,9 +261,9 @@ class Hedger:
                 self.probe_ok[s] = 0
             return []
         if ok and att.started:
-            self.delivered[s] += att.ln
-            learnt = self.busy[s] - self.observed_at[s]
-            self.observed_at[s] = self.busy[s]
+            d.delivered += att.ln
+            learnt = d.busy - d.observed_at
+            d.observed_at = d.busy
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
                 self._stale[s] = True
@@ -328,7 +348,7 @@ class Hedger:
     def stuck(self, s: int) -> bool:
         """A read on `s` may hang in the kernel: it is degraded for lateness with work out, or a
         late attempt on it has started."""
-        return (self.health.slow(s) and self.outstanding[s] > 0) or any(a.late and a.started for a in self.pending[s])
+        return (self.health.slow(s) and self.drives[s].outstanding > 0) or any(a.late and a.started for a in self.pending[s])
 
     # -- called by the reader -------------------------------------------------------------
 
@@ -376,16 +396,15 @@ class Hedger:
         typical service time (the watchdog waking later than that was starved itself)."""
         return self.policy.floor_ns + int(self.svc.typical_ns())
 
-    def _tick(self, s: int, now: int) -> None:
-        if self.outstanding[s] > 0:
-            self.busy[s] += now - self.tick_at[s]
-        self.tick_at[s] = now
-
     def _busy_now(self, now: int) -> list[int]:
         """Every source's busy ns in all, up to `now`."""
-        for i in range(len(self.busy)):
-            self._tick(i, now)
-        return list(self.busy)
+        for d in self.drives:
+            d.tick(now)
+        return [d.busy for d in self.drives]
+
+    def _delivered(self) -> list[int]:
+        """Every source's bytes delivered, in all."""
+        return [d.delivered for d in self.drives]
 
     def _on_time(self, s: int) -> None:
         """A piece of `s` landed on time: its late streak is over."""
@@ -411,7 +430,7 @@ class Hedger:
             return
         cut.late = True
         if self.streak[s] == 0:
-            self.span_from[s] = (att.t_begin, list(self.delivered), self._busy_now(now))
+            self.span_from[s] = (att.t_begin, self._delivered(), self._busy_now(now))
         self.streak[s] += 1
         self.counted_at[s] = now
 
@@ -434,7 +453,7 @@ class Hedger:
         if began is None:
             return None
         t0, base, busy0 = began
-        got = [d - b for d, b in zip(self.delivered, base)]
+        got = [d - b for d, b in zip(self._delivered(), base)]
         spent = [b - b0 for b, b0 in zip(self._busy_now(now), busy0)]
         verdict = behind(s, got, spent, self.weights[phase], self.health.healthy(), self.policy.margin)
         if verdict is None:
@@ -476,14 +495,14 @@ class Hedger:
         return g
 
     def _queue(self, att: Attempt, now: int, front: bool = False) -> None:
-        s = att.src
-        self._tick(s, now)
+        d = self.drives[att.src]
+        d.tick(now)
         att.t_enq = now
-        att.ahead = self.outstanding[s] + att.ln
-        att.jumped = self.jumped[s]
-        self.outstanding[s] += att.ln
+        att.ahead = d.outstanding + att.ln
+        att.jumped = d.jumped
+        d.outstanding += att.ln
         if front:
-            self.jumped[s] += att.ln
+            d.jumped += att.ln
 
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
         """The rate `s` is held to: the faster of what it delivered itself and what its share of the
@@ -517,7 +536,7 @@ class Hedger:
         """The bytes ahead of `att` on its source, itself included: what was queued ahead of it when
         it was queued (or, balancing, in the kernel when it started), plus what jumped the queue
         since (a hedge put in front of it delays it; that is not its drive's fault)."""
-        return att.ahead + (self.jumped[att.src] - att.jumped if att.kind == MAIN else 0)
+        return att.ahead + (self.drives[att.src].jumped - att.jumped if att.kind == MAIN else 0)
 
     def _deadline(self, att: Attempt) -> int | None:
         """When `att` is late."""
@@ -678,7 +697,7 @@ class Hedger:
         cands = [i for i in healthy if i not in piece.tried and self.can_serve(i, att.fi)]
         phase = piece.ticket.phase
         rates = {i: self._rate(i, phase, healthy) for i in cands}
-        h = pick_hedge_source(att.src, cands, self.outstanding, piece.ln, rates, self.weights[phase])
+        h = pick_hedge_source(att.src, cands, [d.outstanding for d in self.drives], piece.ln, rates, self.weights[phase])
         if h is None:
             return False
         piece.tried.append(h)
@@ -723,10 +742,11 @@ class Hedger:
                 return                                         # failed for good meanwhile: not coming back
             self._on_time(s)                                   # judged afresh from here on
             self.counted_at[s] = None
-            self.observed_at[s] = self.busy[s]
+            d = self.drives[s]
+            d.observed_at = d.busy
             self.est[s] = RateEstimate(self.policy.decay)
             self._stale[s] = True
-            self.tick_at[s] = self.clock()
+            d.tick_at = self.clock()
             self.back[s] = True
             pace = self.relapse[s]
             if pace is not None and self.comeback is not None:

@@ -513,7 +513,7 @@ def test_a_drive_taken_out_again_soon_after_it_came_back_comes_back_at_its_pace(
                 # the probe may pass on one lane while the other still returns a held read of the
                 # first time out: let it end before the stall is armed again, or its bytes land in
                 # the second streak's span (the drive then delivered its share: never taken out)
-                _until(lambda: r._hedger.outstanding[2] == 0)
+                _until(lambda: r._hedger.drives[2].outstanding == 0)
                 stall.gate = threading.Event()
                 stall.active = True
         assert bytes(r.read(0, 4 * BLOCK_BYTES)) == data[:4 * BLOCK_BYTES]

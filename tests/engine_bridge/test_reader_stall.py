@@ -662,10 +662,10 @@ def test_a_drive_short_of_its_share_of_the_bytes_is_kept_while_it_reads_at_its_s
         t = read(0, six, 7 * U + 1)
         assert bytes(t.result()) == data[:six]       # hedged
         assert r.stats().sources[2].late == 1
-        got = r._hedger.delivered[2]
+        got = r._hedger.drives[2].delivered
         if delivers:
             g.go(paths[2])                           # the late piece comes in (the hedge won)
-            _until(lambda: r._hedger.delivered[2] == got + 2 * BLOCK_BYTES)
+            _until(lambda: r._hedger.drives[2].delivered == got + 2 * BLOCK_BYTES)
         for k in range(6):                           # the third drive is given none of these
             off = 2 * k * BLOCK_BYTES
             t = read(off, 2 * BLOCK_BYTES, U)
