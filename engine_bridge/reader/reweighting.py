@@ -76,36 +76,66 @@ def check_reweigh(p: Any) -> ReweighPolicy:
     return p
 
 
+class SourceCount:
+    """What one source delivered and how long it was busy in a window (`Window`): fields of a native
+    object, updated for every attempt; in lists by source each update of an ns or byte count made a
+    new Python object (docs/reader.md "Round 31")."""
+
+    __slots__ = ("bytes", "busy", "done", "outstanding", "tick", "busy_before", "marks")
+
+    def __init__(self, now: int, outstanding: int, busy_before: int, marks: deque[tuple[int, int]]):
+        self.bytes = 0.0
+        self.busy = 0
+        self.done = 0                   # attempts that delivered bytes
+        self.outstanding = outstanding
+        self.tick = now
+        # busy ns of the earlier windows of this epoch, and (busy ns, bytes) in all at each of its
+        # latest deliveries (`Window.recent_rate`), carried from window to window
+        self.busy_before = busy_before
+        self.marks = marks
+
+    def advance(self, now: int) -> None:
+        if self.outstanding > 0 and now > self.tick:
+            self.busy += now - self.tick
+        self.tick = now
+
+
 class Window:
     """What each source delivered and how long it was busy since the window opened (fed by the
-    lanes with the reader's clock, under their lock)."""
+    lanes with the reader's clock, under their lock): a `SourceCount` per source."""
 
-    __slots__ = ("start", "bytes", "busy", "given", "outstanding", "tick", "done", "busy_before", "marks")
+    __slots__ = ("start", "given", "src")
 
     def __init__(self, n: int, now: int, outstanding: Sequence[int] | None = None, before: Window | None = None):
         self.start = now
-        self.bytes: list[float] = [0] * n
-        self.busy = [0] * n
-        self.done = [0] * n                 # attempts that delivered bytes
         self.given: dict[str, int] = {}     # phase -> bytes the split gave in the window
-        self.outstanding = list(outstanding) if outstanding is not None else [0] * n
-        self.tick = [now] * n
-        # per source: busy ns of the earlier windows of this epoch, and (busy ns, bytes) in all at each
-        # of its latest deliveries (`recent_rate`), carried from window to window
-        self.busy_before: list[int] = [0] * n if before is None else [b + x for b, x in zip(before.busy_before, before.busy)]
-        self.marks: list[deque[tuple[int, int]]] = ([deque(maxlen=RECENT_REQUESTS + 1) for _ in range(n)]
-                                                    if before is None else before.marks)
+        self.src: list[SourceCount] = [SourceCount(now, 0 if outstanding is None else outstanding[s],
+                                0 if before is None else before.src[s].busy_before + before.src[s].busy,
+                                deque(maxlen=RECENT_REQUESTS + 1) if before is None else before.src[s].marks)
+                    for s in range(n)]
 
-    def _advance(self, s: int, now: int) -> None:
-        if self.outstanding[s] > 0 and now > self.tick[s]:
-            self.busy[s] += now - self.tick[s]
-        self.tick[s] = now
+    @property
+    def bytes(self) -> list[float]:
+        return [c.bytes for c in self.src]
+
+    @property
+    def busy(self) -> list[int]:
+        return [c.busy for c in self.src]
+
+    @property
+    def done(self) -> list[int]:
+        return [c.done for c in self.src]
+
+    @property
+    def outstanding(self) -> list[int]:
+        return [c.outstanding for c in self.src]
 
     def queued(self, s: int, nbytes: int, now: int, phase: str = "") -> None:
         """An attempt of the window's work is out on `s` (in its kernel) from `now`; `phase`: the
         phase of the read it belongs to ('' for a sample or probe)."""
-        self._advance(s, now)
-        self.outstanding[s] += 1
+        c = self.src[s]
+        c.advance(now)
+        c.outstanding += 1
         if phase:
             self.given[phase] = self.given.get(phase, 0) + nbytes
 
@@ -114,34 +144,36 @@ class Window:
         `started`, before this window opened, counts only the part of its bytes read in the window
         (pro rata of its time): a piece of seconds is not credited to the window it ends in; its
         whole bytes mark the drive's latest deliveries (`recent_rate`)."""
-        self._advance(s, now)
-        if self.outstanding[s] > 0:
-            self.outstanding[s] -= 1
+        c = self.src[s]
+        c.advance(now)
+        if c.outstanding > 0:
+            c.outstanding -= 1
         got = float(nbytes)
         if nbytes and started is not None and started < self.start < now:
             got = nbytes * (now - self.start) / (now - started)
         if got:
-            self.done[s] += 1
-            m = self.marks[s]
-            m.append((self.busy_before[s] + self.busy[s], (m[-1][1] if m else 0) + nbytes))
-        self.bytes[s] += got
+            c.done += 1
+            m = c.marks
+            m.append((c.busy_before + c.busy, (m[-1][1] if m else 0) + nbytes))
+        c.bytes += got
 
     def close(self, now: int) -> Window:
         """Count busy time up to `now`; returns the next window (work still out carries over)."""
-        for s in range(len(self.busy)):
-            self._advance(s, now)
-        return Window(len(self.busy), now, self.outstanding, self)
+        for c in self.src:
+            c.advance(now)
+        return Window(len(self.src), now, self.outstanding, self)
 
     def recent_rate(self, s: int, k: int = RECENT_REQUESTS) -> float | None:
         """Bytes per ns of source `s`'s latest `k` deliveries (at most RECENT_REQUESTS, of this
         epoch; fewer when it has delivered fewer) over its busy time since the one before them, up to
         the window's last count (a drive that stopped delivering falls towards 0): its pace now, in
         units of its own requests; None before two deliveries or without busy time since."""
-        m = self.marks[s]
+        c = self.src[s]
+        m = c.marks
         if len(m) < 2:
             return None
         first = m[max(0, len(m) - 1 - k)]
-        busy = self.busy_before[s] + self.busy[s] - first[0]
+        busy = c.busy_before + c.busy - first[0]
         return (m[-1][1] - first[1]) / busy if busy > 0 else None
 
     def ready(self, now: int, healthy: Sequence[int], window_ns: int) -> bool:
@@ -150,15 +182,15 @@ class Window:
         if now - self.start < window_ns:
             return False
         for s in healthy:
-            self._advance(s, now)
-        return all(self.busy[s] == 0 or self.done[s] or self.busy[s] >= 2 * window_ns for s in healthy)
+            self.src[s].advance(now)
+        return all(self.src[s].busy == 0 or self.src[s].done or self.src[s].busy >= 2 * window_ns for s in healthy)
 
     def loaded(self, healthy: Sequence[int], now: int) -> float:
         """The largest share of the window any healthy source was busy: near 1 when reads wait on a
         drive; low when the drives idle between reads (compute sets the pace: weights cannot help,
         and an idle throttled drive's bursts make its rate meaningless)."""
         span = now - self.start
-        return max((self.busy[s] / span for s in healthy), default=0.0) if span > 0 else 0.0
+        return max((self.src[s].busy / span for s in healthy), default=0.0) if span > 0 else 0.0
 
     def carried(self, carry: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:
         """(bytes, busy ns) per source of this window with `carry` added: per source, (bytes, busy
