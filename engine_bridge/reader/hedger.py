@@ -177,7 +177,7 @@ class Hedger:
         `_shares`): one call a read, one look at the clock and at the healthy sources for all of them."""
         if not atts:
             return
-        self._sync(self.health.healthy())
+        self._sync(self.health.in_split)
         given = self.given[atts[0].piece.ticket.phase]
         for att in atts:
             given[att.src] += att.ln
@@ -310,7 +310,7 @@ class Hedger:
         if rate is None or rate <= 0:
             return None
         now = self.clock()
-        healthy = self.health.healthy()
+        healthy = self.health.in_split
         best = None
         for s, atts in enumerate(self.pending):
             if s == t or not self.streak[s]:        # only a drive already late that has not kept up since:
@@ -455,7 +455,7 @@ class Hedger:
         t0, base, busy0 = began
         got = [d - b for d, b in zip(self._delivered(), base)]
         spent = [b - b0 for b, b0 in zip(self._busy_now(now), busy0)]
-        verdict = behind(s, got, spent, self.weights[phase], self.health.healthy(), self.policy.margin)
+        verdict = behind(s, got, spent, self.weights[phase], self.health.in_split, self.policy.margin)
         if verdict is None:
             return None
         share, rate, held = verdict
@@ -548,7 +548,7 @@ class Hedger:
     def _own_due(self, att: Attempt) -> int | None:
         """When `att` is late by its drive's own pace (its step's aside)."""
         phase = att.piece.ticket.phase if att.piece is not None else att.phase
-        return deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.healthy()),
+        return deadline_ns(att.t_enq, self._ahead(att), self._rate(att.src, phase, self.health.in_split),
                            self._floor_ns, self._margin, self.svc.typical_ns())
 
     def _run(self) -> None:
@@ -693,7 +693,7 @@ class Hedger:
         piece = att.piece
         if att.src not in piece.tried:
             piece.tried.append(att.src)
-        healthy = self.health.healthy()
+        healthy = self.health.in_split
         cands = [i for i in healthy if i not in piece.tried and self.can_serve(i, att.fi)]
         phase = piece.ticket.phase
         rates = {i: self._rate(i, phase, healthy) for i in cands}
@@ -713,7 +713,7 @@ class Hedger:
     def _degrade(self, s: int, n: int, why: str = "", relapse: float | None = None) -> None:
         """Take `s` out of the split for lateness; `relapse`: it had come back and not yet kept up for
         `memory` pieces (its pace when taken out, over its weight's share of the others')."""
-        if len(self.health.healthy()) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row"
+        if len(self.health.in_split) < 2 or not self.health.degrade(s, f"{plural(n, 'piece')} late in a row"
                                                                       + (f"; {why}" if why else ""), slow=True):
             return
         with self._lock:

@@ -246,7 +246,7 @@ class Lanes:
         chunk of an earlier read: a drive that fell behind, or crawls, holds the reads the engine
         waits for now while the others read later ones; idle (no `before`), any such chunk, else a
         copy of a chunk overdue in another's kernel; else nothing."""
-        if t not in self.health.healthy():
+        if t not in self.health.in_split:
             return None
         pick = self.balancer.victim(t, self._queues, before)
         if pick is not None:

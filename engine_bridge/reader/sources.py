@@ -139,19 +139,22 @@ class SourceHealth:
         self._slow = [False] * len(self.paths)     # degraded for lateness: probes may bring it back
         self._src_events = [0] * len(self.paths)
         self._events: list[ReaderEvent] = []
-        self._healthy = list(range(len(self.paths)))   # replaced, never changed in place, when one goes or returns
+        # the sources in the split: replaced, never changed in place, when one goes or returns; read
+        # without the lock, as an attribute by the reader's compiled modules (`healthy()` is a call
+        # of Python from them, ~7 a decode read with the embedded engine's features: docs/reader.md "Round 31")
+        self.in_split = list(range(len(self.paths)))
 
     def _out(self) -> list[bool]:
         return [d or s for d, s in zip(self._degraded, self._slow)]
 
     def _changed(self) -> None:
         """A source left or rejoined the split (lock held): a new list of the healthy ones."""
-        self._healthy = [i for i, d in enumerate(self._out()) if not d]
+        self.in_split = [i for i, d in enumerate(self._out()) if not d]
 
     def healthy(self) -> list[int]:
         """The sources in the split. The same list object until one leaves or rejoins (callers must
         not change it; the lanes ask on every piece, so it is read without the lock)."""
-        return self._healthy
+        return self.in_split
 
     @property
     def degraded(self) -> tuple[bool, ...]:
@@ -191,7 +194,7 @@ class SourceHealth:
             else:
                 self._degraded[src] = True
             self._changed()
-            left = list(self._healthy)
+            left = list(self.in_split)
         if was_out:        # late first, now failing too: already out of the plan, say only why it stays out
             self.event("degraded", src, f"source {src} degraded for good ({why})")
             return True
@@ -207,7 +210,7 @@ class SourceHealth:
                 return False
             self._slow[src] = False
             self._changed()
-            left = list(self._healthy)
+            left = list(self.in_split)
         plan = ":".join(str(self.weights[i]) for i in left)
         self.event("recovered", src, f"source {src} recovered ({why}); reads go to sources {left} with weights {plan}")
         return True
