@@ -552,8 +552,8 @@ class Hedger:
                            self._floor_ns, self._margin, self.svc.typical_ns())
 
     def _run(self) -> None:
-        meant: int | None = None        # when its last sleep timed out: when it meant to wake (what it woke later
-        while True:                     # than that, the wait for the lanes' lock included, it was starved)
+        meant: int | None = None        # its last sleep timed out: when it meant to wake (how much later it
+        while True:                     # holds the lanes' lock again is how long it was starved)
             actions: list = []
             timeout = -1.0              # the bell's wait: seconds, or -1 until rung
             with self._lock:

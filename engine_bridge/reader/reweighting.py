@@ -109,10 +109,12 @@ class Window:
     def __init__(self, n: int, now: int, outstanding: Sequence[int] | None = None, before: Window | None = None):
         self.start = now
         self.given: dict[str, int] = {}     # phase -> bytes the split gave in the window
-        self.src: list[SourceCount] = [SourceCount(now, 0 if outstanding is None else outstanding[s],
-                                0 if before is None else before.src[s].busy_before + before.src[s].busy,
-                                deque(maxlen=RECENT_REQUESTS + 1) if before is None else before.src[s].marks)
-                    for s in range(n)]
+        self.src: list[SourceCount] = []
+        for s in range(n):
+            last = None if before is None else before.src[s]
+            self.src.append(SourceCount(now, 0 if outstanding is None else outstanding[s],
+                                        0 if last is None else last.busy_before + last.busy,
+                                        deque(maxlen=RECENT_REQUESTS + 1) if last is None else last.marks))
 
     @property
     def bytes(self) -> list[float]:
