@@ -193,7 +193,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     spec = spec_for(scenario, arm, paths)
     plan = os.path.join(workdir, "plans", f"{spec.name}.json")
     write_arm_plan(spec, plan)          # every run: an --out reused from another testbed holds its drives' paths
-    cmd = engine_command(spec, {**settings, "run_args": FLAGS[arm]}, plan)
+    cmd = engine_command(spec, {**settings, "run_args": FLAGS[arm] + args.run_arg}, plan)
     base = os.path.join(workdir, "arms", f"{seq:03d}-{cls}-{settings['prompt_tokens']}-{spec.name}")
     drive, crawl = CLASSES[cls]
     with open(base + ".log", "w", encoding="utf-8") as log:
@@ -306,6 +306,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
+                med[arm][ph + " threads"] = thread_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
             kernel[arm] = kernel_use(rs)
         ref = REFERENCE[sc]
@@ -319,6 +320,9 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
+            if any(med[a][ph + " threads"] for a in arms_by[sc]):
+                lines.append(f"   {ph:7} on a core / waiting for one ms, " + " | ".join(THREADS) + " | minor faults: "
+                             + ", ".join(f"{a} {format_threads(med[a][ph + ' threads'])}" for a in arms_by[sc]))
         budget = any("bench_at_limit" in r for s, _, r in rows if s == sc)      # held to a RAM budget
         lines.append("   page faults major / minor, system s, peak RSS MB"
                      + (", the budget's peak MB, times at the budget (fewest-most)" if budget else "")
@@ -362,6 +366,28 @@ def split_times(phases: list[dict]) -> tuple[float, float] | None:
     wait = [p["read_wait_seconds"] for p in phases]
     rest = [p["seconds"] - p["read_wait_seconds"] for p in phases]
     return statistics.median(wait) * 1e3, statistics.median(rest) * 1e3
+
+
+THREADS = ("engine", "helpers", "others")     # the run's thread groups (its phases' `threads`)
+
+
+def thread_times(phases: list[dict]) -> tuple[float, ...] | None:
+    """The medians, in ms, of a phase's time on a core and runnable without one, per group of
+    THREADS (the engine's thread, its dequantizing helpers, the reader's), over runs; None without
+    runs or counts. Beside `split_times`: the engine thread's rest is its time on a core, waiting
+    for one, and asleep for something else than reads (its helpers, the interpreter's lock)."""
+    ts = [p["threads"] for p in phases if p.get("threads")]
+    if not ts:
+        return None
+    return (*(statistics.median(t[f"{g}_{k}_seconds"] for t in ts) * 1e3 for g in THREADS for k in ("cpu", "runq")),
+            statistics.median(t.get("minor_faults", 0) for t in ts))
+
+
+def format_threads(t: tuple[float, ...] | None) -> str:
+    """`thread_times`' medians as 'cpu / runq | ... | faults' ('-' without them)."""
+    if not t:
+        return "-"
+    return " | ".join(f"{t[i]:.0f} / {t[i + 1]:.0f}" for i in range(0, len(t) - 1, 2)) + f" | {t[-1]:.0f}"
 
 
 def verdict(r: float | None, noise: tuple[float, float] | None, target: float) -> str:
@@ -417,6 +443,10 @@ def main() -> int:
     ap.add_argument("--ram", default=None,
                     help="hold every run to this RAM budget, page cache included, as `iobench testbed up --ram` takes "
                          "it: '25%%+512M' is a quarter of the model plus 512 MiB for the processes (default: none)")
+    ap.add_argument("--run-arg", action="append", default=[],
+                    help="one more argument for every run's `engine-bridge run`, as one word (e.g. "
+                         "--run-arg=--dequant-threads=0: the engine computes on one thread, the reader has a core "
+                         "to itself on a 2-core machine)")
     ap.add_argument("--pacing", default=THROTTLE, choices=PACINGS,
                     help="how the drives keep their ceilings (iobench testbed up --pacing): throttle (blk-throttle, "
                          "which banks credit while a drive idles) or service (each request served in bytes / rate, "
@@ -464,7 +494,8 @@ def main() -> int:
                              else RECOVER).items() if c in classes)
                 + f"; {args.runs} runs per arm; drives paced by {args.pacing}; reader {build.HOW}; "
                 + (f"{args.warm_memory} of memory let go before each run" if args.warm.nbytes else "no memory let go "
-                   "before the runs (--warm-memory 0)"))
+                   "before the runs (--warm-memory 0)")
+                + (f"; every run also given {' '.join(args.run_arg)}" if args.run_arg else ""))
         print(head, flush=True)
         lines.append(head)
         args.warm.hold()

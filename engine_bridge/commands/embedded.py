@@ -293,6 +293,13 @@ def run_cmd(
                   highlight=False, soft_wrap=True)
         err.print(f"{ph} per source: " + ", ".join(f"[{s['index']}] {s['bytes']:,} B in {plural(s['reads'], 'piece')}"
                                                   for s in c["sources"]), highlight=False, soft_wrap=True)
+        if c.get("threads"):
+            t = c["threads"]
+            err.print(f"{ph} threads, on a core / waiting for one: engine {t['engine_cpu_seconds']:.3f} / "
+                      f"{t['engine_runq_seconds']:.3f} s, its helpers {t['helpers_cpu_seconds']:.3f} / "
+                      f"{t['helpers_runq_seconds']:.3f} s, the reader and the rest {t['others_cpu_seconds']:.3f} / "
+                      f"{t['others_runq_seconds']:.3f} s; {t['minor_faults']:,} page faults",
+                      highlight=False, soft_wrap=True)
     _report_idle(result)
     err.print(f"output_sha256 {result['output_sha256']}  misses/token {result['misses_per_token']}",
               highlight=False, soft_wrap=True)

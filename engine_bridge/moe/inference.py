@@ -45,6 +45,7 @@ from .constants import (
 )
 from .resident import Attention, Geometry, Resident
 from .staging import PhaseCounters, SubmitRead, stage_reads
+from .threadtimes import ENGINE_HELPERS, sample
 
 _Q8 = np.dtype([("d", "<f2"), ("q", "i1", (QUANT_BLOCK,))])
 _Q4 = np.dtype([("d", "<f2"), ("q", "u1", (QUANT_BLOCK // 2,))])
@@ -165,7 +166,7 @@ class EmbeddedEngine:
         self.g, self.r, self.submit_read, self.reads_of, self.cache = geometry, resident, submit_read, reads_of, cache
         self.in_flight = in_flight or {}
         self.dequant_threads = max(0, dequant_threads)
-        self._pool = ThreadPoolExecutor(self.dequant_threads, thread_name_prefix="dequant") if self.dequant_threads else None
+        self._pool = ThreadPoolExecutor(self.dequant_threads, thread_name_prefix=ENGINE_HELPERS) if self.dequant_threads else None
         self.chunk_tokens = max(1, chunk_tokens)
         self.window = window
         self.trace: list | None = [] if record_trace else None
@@ -271,11 +272,14 @@ class EmbeddedEngine:
         kv = [(np.zeros(width, np.float32), np.zeros(width, np.float32)) for _ in r.layers]
         pre, dec = PhaseCounters(), PhaseCounters()
         pre.started_ns = time.monotonic_ns()
+        at = sample()
         t0 = time.perf_counter()
         logits = None
         for s in range(0, len(prompt), self.chunk_tokens):
             logits = self._forward(prompt[s:s + self.chunk_tokens], s, kv, "prefill", pre)
         pre.seconds = time.perf_counter() - t0
+        mid = sample()
+        pre.timed(at, mid)
         tokens = [int(np.argmax(logits))]
         steps = []
         pos = len(prompt)
@@ -288,5 +292,6 @@ class EmbeddedEngine:
             pos += 1
             steps.append(time.perf_counter() - ts)
         dec.seconds = time.perf_counter() - t1
+        dec.timed(mid, sample())
         return RunOutcome(prompt=len(prompt), tokens=tokens, prefill=pre, decode=dec, step_seconds=steps,
                           kvcache_bytes=len(r.layers) * ctx * 2 * r.attn * 4, trace=self.trace)

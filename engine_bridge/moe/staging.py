@@ -26,6 +26,7 @@ from engines.pattern import Pattern, Setup, Step
 
 from .constants import STAGE_WINDOW
 from .resident import Geometry
+from .threadtimes import GROUPS, Times
 
 SubmitRead = Callable[..., "object"]   # (Read, phase) -> ticket with .result() -> bytes and .release()
 
@@ -41,11 +42,23 @@ class PhaseCounters:
     read_wait_seconds: float = 0.0   # time spent waiting for reads to land (the rest is compute)
     started_ns: int = 0      # when the phase began, on the reader's clock (time.monotonic_ns, the clock of
                              # its events' t_ns: an event is placed in its phase); 0: not recorded
+    threads: dict | None = None   # seconds on a core and runnable without one: the engine's thread, its
+                                  # helpers, the others; the process's page faults (`threadtimes`); None:
+                                  # not measured
 
     def as_dict(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "reads": self.reads, "bytes": self.bytes,
                 "groups": self.groups, "seconds": round(self.seconds, 6),
-                "read_wait_seconds": round(self.read_wait_seconds, 6), "started_ns": self.started_ns}
+                "read_wait_seconds": round(self.read_wait_seconds, 6), "started_ns": self.started_ns,
+                **({"threads": self.threads} if self.threads is not None else {})}
+
+    def timed(self, start: Times | None, end: Times | None) -> None:
+        """Keep where the phase's threads spent it, from `threadtimes.sample` at its start and end."""
+        if start is not None and end is not None:
+            d = end - start
+            self.threads = {f"{g}_{k}_seconds": round(v[g] / 1e9, 6) for g in GROUPS
+                            for k, v in (("cpu", d.cpu), ("runq", d.runq))}
+            self.threads.update(minor_faults=d.minor_faults, major_faults=d.major_faults)
 
 
 class StepReads:

@@ -288,7 +288,16 @@ def test_run_reports_each_phase_per_source_and_the_source_the_split_left_out(mod
     r = run(model_dir, reps=("r1.gguf", "r2.gguf"), prefill=(2, 1, 1), cache=4, lanes=2, reader=ReaderSettings())
     for ph in ("prefill", "decode"):
         assert set(r[ph]) == {"hits", "misses", "reads", "bytes", "groups", "seconds", "read_wait_seconds",
-                              "started_ns", "largest_read", "sources"}
+                              "started_ns", "largest_read", "sources", "threads"}
+        # where the phase's threads spent it (Linux's schedstat): the engine's thread computed, on a core
+        # and waiting for one about as long as the phase lasted at most (the counts are taken just
+        # outside its clock); the reader's lanes ran too
+        th = r[ph]["threads"]
+        assert set(th) == {f"{g}_{k}_seconds" for g in ("engine", "helpers", "others") for k in ("cpu", "runq")} \
+            | {"minor_faults", "major_faults"}
+        assert 0 < th["engine_cpu_seconds"]
+        assert th["engine_cpu_seconds"] + th["engine_runq_seconds"] <= r[ph]["seconds"] * 1.5 + 0.05
+        assert th["others_cpu_seconds"] > 0 and min(th.values()) >= 0
         assert [set(s) for s in r[ph]["sources"]] == [{"index", "bytes", "reads", "given_bytes", "given_pieces"}] * 3
         assert sum(s["bytes"] for s in r[ph]["sources"]) == r[ph]["bytes"]
     assert r["planned"] == {"prefill": None, "decode": None}
