@@ -33,6 +33,8 @@ from tests.helpers import impure_imports, write_split_gguf
 
 SIZE = 16 * BLOCK_BYTES
 FLOOR = 1_000_000_000          # 1 s of the test's clock: nothing is late until the test says so
+SLEEP = 20_000_000             # a floor the watchdog's timer sleeps through in real time (its sleeps are the test
+                               # clock's ns as real ones): 20 ms, for a test that lets the timer fire
 HELD_S = 300                   # a held read lets itself through after this (the suite's timeout, pyproject.toml):
                                # a test that failed while holding one still closes its reader
 POISON = 0xEE
@@ -232,6 +234,36 @@ def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
         s = r.stats()
         stall.gate.set()
     assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
+
+
+def test_a_watchdog_woken_late_by_a_starved_machine_puts_its_due_pieces_off_once(model):
+    """The watchdog's timed sleep came back long after the deadline it meant to wake at: the
+    machine starved it, not only the drives (the lanes that would have delivered the piece were
+    starved as well). It judges nothing in that round and looks again a deadline's least slack
+    later (`_recheck`); then, on time, it judges: the piece still out is late and hedged. The
+    test's clock moves only when the test moves it, and the test never wakes the watchdog here:
+    each round is its own timer's."""
+    paths, data = model
+    stall, clock = Stall(paths[2]), Clock()
+    with _reader(paths, stall, clock, floor_ns=SLEEP) as r:
+        _warm(r, data, stall)
+        h = r._hedger
+        before = [x.reads for x in r.stats().sources]
+        t = r.submit(0, 4 * BLOCK_BYTES)
+        stall.entered.acquire()
+        _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
+        meant = _looked_again(r)                # it sleeps until the held piece's deadline, on its timer
+        assert meant is not None and meant > clock.t
+        clock.advance(meant - clock.t + 10 * FLOOR)     # ... and that timer fires far later than meant
+        _until(lambda: h._deferred or r.stats().sources[2].late)
+        put_off = h.watch()[1]
+        assert h._deferred and r.stats().sources[2].late == 0 and not t.done()
+        assert put_off == clock.t + h._recheck()
+        clock.advance(put_off - clock.t)        # on time at the put-off deadline: judged
+        assert bytes(t.result()) == data[:4 * BLOCK_BYTES]
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 1 and s.sources[0].hedged + s.sources[1].hedged == 1
 
 
 def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_copied(model):
