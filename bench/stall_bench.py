@@ -297,7 +297,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded, each, kernel = {}, {}, {}, {}, {}
+        med, runs, degraded, each, kernel, watchdog = {}, {}, {}, {}, {}, {}
         for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
@@ -309,6 +309,8 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
                 med[arm][ph + " threads"] = thread_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
             kernel[arm] = kernel_use(rs)
+            wd = [r["reader"]["watchdog"] for r in rs if (r.get("reader") or {}).get("watchdog")]
+            watchdog[arm] = tuple(statistics.median(w[k] for w in wd) for k in ("rounds", "timer", "judged")) if wd else None
         ref = REFERENCE[sc]
         lines.append(f"== {cls} prompt {prompt} {sc}: runs " + " ".join(f"{a} {runs[a]}" for a in arms_by[sc]))
         for k, label in (("prefill_tps", "prefill"), ("gen_steady_tps", "steady decode")):
@@ -323,6 +325,9 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             if any(med[a][ph + " threads"] for a in arms_by[sc]):
                 lines.append(f"   {ph:7} on a core / waiting for one ms, " + " | ".join(THREADS) + " | minor faults: "
                              + ", ".join(f"{a} {format_threads(med[a][ph + ' threads'])}" for a in arms_by[sc]))
+        if any(watchdog.values()):
+            lines.append("   hedging's watchdog a run, rounds / woken by its timer / that judged a piece out: " + ", ".join(
+                f"{a} {'%.0f / %.0f / %.0f' % watchdog[a]}" for a in arms_by[sc] if watchdog[a]))
         budget = any("bench_at_limit" in r for s, _, r in rows if s == sc)      # held to a RAM budget
         lines.append("   page faults major / minor, system s, peak RSS MB"
                      + (", the budget's peak MB, times at the budget (fewest-most)" if budget else "")

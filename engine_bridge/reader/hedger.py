@@ -149,7 +149,9 @@ class Hedger:
         self._stopping = False
         self._wake_at: int | None = None
         self._deferred = False          # the last round put its due pieces off (starved): the next judges them
-        self.rounds = 0                 # how many times the watchdog has looked
+        self.rounds = 0                 # how many times the watchdog has looked ...
+        self.timer_rounds = 0           # ... woken by its timer (not rung) ...
+        self.judged_rounds = 0          # ... and found a piece still out to judge (the rest judged only landed ones)
         self._put_front: Callable[[Attempt], None] = _unattached   # the lanes': a hedge or probe ahead of a queue
         self._lock: threading.Lock | None = None
         # the watchdog's bell: a lock it sleeps on, acquiring it with a timeout; released (`_ring`, the
@@ -373,6 +375,13 @@ class Hedger:
         with self._lock:
             self._ring()
 
+    def watchdog_counts(self) -> dict[str, int]:
+        """How often the watchdog looked, how often its timer woke it, and how often it found a piece
+        still out to judge: on healthy drives nearly every round looks only at pieces that landed
+        before their deadline (docs/reader.md "Round 32")."""
+        with self._lock:
+            return {"rounds": self.rounds, "timer": self.timer_rounds, "judged": self.judged_rounds}
+
     def watch(self) -> tuple[int, int | None]:
         """(how many times the watchdog has looked, when it wakes next: ns, None when only a new piece
         or `wake()` wakes it); tests order on the first."""
@@ -564,17 +573,22 @@ class Hedger:
                 now = self.clock()
                 skew = 0 if meant is None else now - meant
                 due = self._due(now)
+                if meant is not None:
+                    self.timer_rounds += 1
                 if due and skew > floor and not self._deferred:     # we were starved, not the drives:
                     self._deferred = True                           # look again later, once (a machine
                     for att, s in due:                              # always this loaded would defer forever)
                         self._push(now + floor, att, s)
                 else:
                     self._deferred = False
+                    judged = False
                     while due:
                         for att, s in due:
-                            self._judge(att, now, actions)
+                            judged = self._judge(att, now, actions) or judged
                             self._watch_head(s, now)
                         due = self._due(now)    # the next in a line may be past its deadline already
+                    if judged:
+                        self.judged_rounds += 1
                 if not actions:
                     while self._heap and self._moot(self._heap[0][2]):
                         self._watch_head(self._pop()[1], now)
@@ -650,14 +664,16 @@ class Hedger:
         return (att.late or att not in self.pending[att.src]
                 or ((piece.done or piece.hedged) and not (piece.copied and att.started)))
 
-    def _judge(self, att: Attempt, now: int, actions: list) -> None:
+    def _judge(self, att: Attempt, now: int, actions: list) -> bool:
+        """Judge `att` at its deadline (or put it back on the heap when its deadline moved on);
+        False when there was nothing to judge (`_moot`)."""
         piece, s = att.piece, att.src
         if self._moot(att):
-            return
+            return False
         due = self._deadline(att)
         if due is None or due > now:
             self._push(now + self._recheck() if due is None else due, att, s)
-            return
+            return True
         if att.step_due is not None and att.step_due <= now and not self._own_late(att, now):
             # late by its step only: hedged now, like an idle drive's copy, and still judged at its own
             # deadline (where a lateness counts in its streak); the step's lateness is not counted
@@ -667,7 +683,7 @@ class Hedger:
             own = self._deadline(att)
             if own is not None:
                 self._push(own, att, s)
-            return
+            return True
         att.late = True
         self._count_late(att, now)
         if not piece.hedged and not piece.done:
@@ -682,6 +698,7 @@ class Hedger:
                 relapse = pace if self.back[s] and self.est[s].n < self.memory else None
                 self._on_time(s)
                 actions.append(lambda: self._degrade(s, n, why, relapse))
+        return True
 
     def _own_late(self, att: Attempt, now: int) -> bool:
         """Whether `att` is past the deadline of its drive's own pace (not only its step's)."""

@@ -106,11 +106,13 @@ class ReaderStats:
     weights_now: dict | None = None        # phase -> the weights reads are cut with at the end (re-weighting)
     reweighs: int = 0                      # times re-weighting changed them
     build: str = ""                        # which copy of the reader's per-piece modules ran (`build.HOW`)
+    watchdog: dict | None = None           # hedging's watchdog: rounds, woken by its timer, that judged a piece
 
     def to_dict(self) -> dict:
         return {"reads": self.reads, "bytes": self.bytes, "sources": [s.to_dict() for s in self.sources],
                 "events": [e.to_dict() for e in self.events], "phases": {p.phase: p.to_dict() for p in self.phases},
-                "weights_now": self.weights_now, "reweighs": self.reweighs, "build": self.build}
+                "weights_now": self.weights_now, "reweighs": self.reweighs, "build": self.build,
+                "watchdog": self.watchdog}
 
 
 def percentile(sorted_values: Sequence[int], q: float) -> int:

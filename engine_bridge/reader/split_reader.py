@@ -388,7 +388,8 @@ class SplitReader:
                 changes = self._reweigher.changes
         return ReaderStats(sources=srcs, events=events, reads=c.reads_done, bytes=c.bytes_done,
                            phases=tuple(self._phase_stats(ph, c.phases.get(ph)) for ph in PHASES),
-                           weights_now=now, reweighs=changes, build=build.HOW)
+                           weights_now=now, reweighs=changes, build=build.HOW,
+                           watchdog=self._hedger.watchdog_counts() if self._hedger is not None else None)
 
     def _phase_stats(self, phase: str, t) -> PhaseStats:
         n = len(self.paths)

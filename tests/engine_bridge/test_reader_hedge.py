@@ -259,11 +259,14 @@ def test_a_watchdog_woken_late_by_a_starved_machine_puts_its_due_pieces_off_once
         put_off = h.watch()[1]
         assert h._deferred and r.stats().sources[2].late == 0 and not t.done()
         assert put_off == clock.t + h._recheck()
+        counts = h.watchdog_counts()            # the starved round was its timer's and judged nothing
+        assert counts["timer"] >= 1 and counts["judged"] == 0
         clock.advance(put_off - clock.t)        # on time at the put-off deadline: judged
         assert bytes(t.result()) == data[:4 * BLOCK_BYTES]
         s = r.stats()
         stall.gate.set()
     assert s.sources[2].late == 1 and s.sources[0].hedged + s.sources[1].hedged == 1
+    assert s.watchdog is not None and s.watchdog["judged"] >= 1 and s.watchdog["timer"] > counts["timer"]
 
 
 def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_copied(model):
@@ -710,3 +713,6 @@ def test_run_output_is_the_same_with_hedging_on_and_off(model_dir):
         assert {"hedged", "late"} <= set(s)
     assert all(s["hedged"] == 0 and s["late"] == 0 for s in j_off["sources"])
     assert "hedged=" in j_on["reader"]["text"] and " late=" in j_on["reader"]["text"]
+    wd = j_on["reader"]["watchdog"]
+    assert j_off["reader"]["watchdog"] is None and wd["rounds"] >= 1 and wd["rounds"] >= wd["timer"] >= 0
+    assert wd["rounds"] >= wd["judged"] >= 0
