@@ -580,7 +580,8 @@ class Hedger:
                     for att, s in due:                              # always this loaded would defer forever)
                         self._push(now + floor, att, s)
                 else:
-                    self._deferred = False
+                    if due:                     # put off once: judged now, however late this round is (a
+                        self._deferred = False  # round rung in between, with nothing due, changes nothing)
                     judged = False
                     while due:
                         for att, s in due:

@@ -269,6 +269,36 @@ def test_a_watchdog_woken_late_by_a_starved_machine_puts_its_due_pieces_off_once
     assert s.watchdog is not None and s.watchdog["judged"] >= 1 and s.watchdog["timer"] > counts["timer"]
 
 
+def test_a_watchdog_starved_again_judges_the_pieces_it_put_off(model):
+    """Put off once is all: woken late again by its timer (and whatever rounds it made meanwhile,
+    with nothing due), the watchdog judges the pieces it put off — a machine always that loaded
+    would otherwise never judge them."""
+    paths, data = model
+    stall, clock = Stall(paths[2]), Clock()
+    with _reader(paths, stall, clock, floor_ns=SLEEP) as r:
+        _warm(r, data, stall)
+        h = r._hedger
+        before = [x.reads for x in r.stats().sources]
+        t = r.submit(0, 4 * BLOCK_BYTES)
+        stall.entered.acquire()
+        _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
+        meant = _looked_again(r)
+        clock.advance(meant - clock.t + 10 * FLOOR)     # starved: put off
+        _until(lambda: h._deferred or r.stats().sources[2].late)
+        assert h._deferred and r.stats().sources[2].late == 0
+        rounds = h.watch()[0]
+        r.wake_hedger()                                 # a round rung meanwhile, nothing due: still put off
+        _until(lambda: h.watch()[0] > rounds)
+        assert h._deferred and r.stats().sources[2].late == 0
+        clock.advance(10 * FLOOR)                       # starved again: judged this time (not put off again)
+        _until(lambda: r.stats().sources[2].late or h.watch()[1] > clock.t)
+        assert r.stats().sources[2].late == 1
+        assert bytes(t.result()) == data[:4 * BLOCK_BYTES]
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 1 and s.sources[0].hedged + s.sources[1].hedged == 1
+
+
 def test_a_queued_attempt_whose_piece_was_won_elsewhere_does_not_make_its_read_copied(model):
     """At a read's barrier only the main attempts a lane started may still write into its buffer: a
     hung drive's piece in its kernel makes its read copied to a fresh buffer (the old one kept until
