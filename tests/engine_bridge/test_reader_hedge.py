@@ -236,28 +236,36 @@ def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
     assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
 
 
+def _starved(r, data, stall, clock):
+    """A read whose piece on the stalled source is out when the watchdog's timer, set for that
+    piece's deadline, fires far later than meant (the test moves its clock past it and never wakes
+    the watchdog): the watchdog put the piece off and judged nothing. Returns the read's ticket."""
+    _warm(r, data, stall)
+    h = r._hedger
+    before = [x.reads for x in r.stats().sources]
+    t = r.submit(0, 4 * BLOCK_BYTES)
+    stall.entered.acquire()
+    _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
+    meant = _looked_again(r)                    # it sleeps until the held piece's deadline, on its timer
+    assert meant is not None and meant > clock.t
+    clock.advance(meant - clock.t + 10 * FLOOR)     # ... and that timer fires far later than meant
+    _until(lambda: h._deferred or r.stats().sources[2].late)
+    assert h._deferred and r.stats().sources[2].late == 0 and not t.done()
+    return t
+
+
 def test_a_watchdog_woken_late_by_a_starved_machine_puts_its_due_pieces_off_once(model):
     """The watchdog's timed sleep came back long after the deadline it meant to wake at: the
     machine starved it, not only the drives (the lanes that would have delivered the piece were
     starved as well). It judges nothing in that round and looks again a deadline's least slack
-    later (`_recheck`); then, on time, it judges: the piece still out is late and hedged. The
-    test's clock moves only when the test moves it, and the test never wakes the watchdog here:
-    each round is its own timer's."""
+    later (`_recheck`); then, on time, it judges: the piece still out is late and hedged. Each
+    round here is its own timer's."""
     paths, data = model
     stall, clock = Stall(paths[2]), Clock()
     with _reader(paths, stall, clock, floor_ns=SLEEP) as r:
-        _warm(r, data, stall)
+        t = _starved(r, data, stall, clock)
         h = r._hedger
-        before = [x.reads for x in r.stats().sources]
-        t = r.submit(0, 4 * BLOCK_BYTES)
-        stall.entered.acquire()
-        _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
-        meant = _looked_again(r)                # it sleeps until the held piece's deadline, on its timer
-        assert meant is not None and meant > clock.t
-        clock.advance(meant - clock.t + 10 * FLOOR)     # ... and that timer fires far later than meant
-        _until(lambda: h._deferred or r.stats().sources[2].late)
         put_off = h.watch()[1]
-        assert h._deferred and r.stats().sources[2].late == 0 and not t.done()
         assert put_off == clock.t + h._recheck()
         counts = h.watchdog_counts()            # the starved round was its timer's and judged nothing
         assert counts["timer"] >= 1 and counts["judged"] == 0
@@ -276,16 +284,8 @@ def test_a_watchdog_starved_again_judges_the_pieces_it_put_off(model):
     paths, data = model
     stall, clock = Stall(paths[2]), Clock()
     with _reader(paths, stall, clock, floor_ns=SLEEP) as r:
-        _warm(r, data, stall)
+        t = _starved(r, data, stall, clock)
         h = r._hedger
-        before = [x.reads for x in r.stats().sources]
-        t = r.submit(0, 4 * BLOCK_BYTES)
-        stall.entered.acquire()
-        _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
-        meant = _looked_again(r)
-        clock.advance(meant - clock.t + 10 * FLOOR)     # starved: put off
-        _until(lambda: h._deferred or r.stats().sources[2].late)
-        assert h._deferred and r.stats().sources[2].late == 0
         rounds = h.watch()[0]
         r.wake_hedger()                                 # a round rung meanwhile, nothing due: still put off
         _until(lambda: h.watch()[0] > rounds)
