@@ -109,6 +109,7 @@ from core.units import parse_size  # noqa: E402
 from engine_bridge.reader import build  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
+from engine_bridge.moe.threadtimes import GROUPS as THREADS  # noqa: E402  (a run's thread groups)
 from iobench.stats import ratio_interval  # noqa: E402
 
 DRIVES = ("internal", "green", "white")
@@ -371,9 +372,6 @@ def split_times(phases: list[dict]) -> tuple[float, float] | None:
     wait = [p["read_wait_seconds"] for p in phases]
     rest = [p["seconds"] - p["read_wait_seconds"] for p in phases]
     return statistics.median(wait) * 1e3, statistics.median(rest) * 1e3
-
-
-THREADS = ("engine", "helpers", "others")     # the run's thread groups (its phases' `threads`)
 
 
 def thread_times(phases: list[dict]) -> tuple[float, ...] | None:
