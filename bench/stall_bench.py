@@ -37,6 +37,13 @@ and with --feature-arms two more in every scenario, to weigh each feature agains
   h+b      hedging and balancing (--no-reweigh)
   h+r      hedging and re-weighting (--no-balance)
 
+and with --control one more, first in every scenario's pass (as far from its reference in the run
+order as any arm is):
+
+  twin     the scenario's reference arm run again: twin / reference is the bench's own noise on
+           this machine (the same arm twice), printed with its 90% interval beside the target's
+           ratio — a cell's cost can be told only where it is larger than that
+
 healthy's reference is neither. Every cell is a class, a prompt (--short and --long tokens), a
 scenario and a phase (prefill, steady decode): the median of --runs runs per arm, and the ratio
 the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of best, healthy
@@ -88,6 +95,7 @@ that idled serve its next read at once, which flatters every arm that leaves dri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -127,6 +135,7 @@ REFERENCE = {"crawl": "alone", "recover": "alone", "half": "best", "healthy": "n
 TARGET = {"crawl": 0.9, "recover": 0.9, "half": 0.95, "healthy": 0.98}
 ONCE = {("crawl", "neither"), ("recover", "neither")}
 FEATURE_ARMS = ("h+b", "h+r")   # --feature-arms: hedging with balancing, hedging with re-weighting (each feature's cost)
+CONTROL = "twin"                 # --control: the reference arm again, first in each pass (the bench's own noise)
 FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", "--no-reweigh", "--no-balance"],
          "h+b": ["--hedge", "--no-reweigh", "--balance"], "h+r": ["--hedge", "--reweigh", "--no-balance"],
          "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
@@ -177,6 +186,8 @@ def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, floa
 
 
 def spec_for(scenario: str, arm: str, paths: list[str]) -> ArmSpec:
+    if arm == CONTROL:
+        return dataclasses.replace(spec_for(scenario, REFERENCE[scenario], paths), name=f"{scenario}-{arm}")
     if arm == "alone":
         return ArmSpec(f"{scenario}-{arm}", tuple(paths[:2]), (1, 1), (1, 1))
     if arm == "best":
@@ -194,7 +205,8 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     spec = spec_for(scenario, arm, paths)
     plan = os.path.join(workdir, "plans", f"{spec.name}.json")
     write_arm_plan(spec, plan)          # every run: an --out reused from another testbed holds its drives' paths
-    cmd = engine_command(spec, {**settings, "run_args": FLAGS[arm] + args.run_arg}, plan)
+    flags = FLAGS[REFERENCE[scenario] if arm == CONTROL else arm]
+    cmd = engine_command(spec, {**settings, "run_args": flags + args.run_arg}, plan)
     base = os.path.join(workdir, "arms", f"{seq:03d}-{cls}-{settings['prompt_tokens']}-{spec.name}")
     drive, crawl = CLASSES[cls]
     with open(base + ".log", "w", encoding="utf-8") as log:
@@ -270,9 +282,11 @@ def warm_up(tb: Testbed, cls: str, paths: list[str], settings: dict, workdir: st
             f"{r['prefill_tps']:.2f} tok/s, steady decode {r['gen_steady_tps']:.2f}")
 
 
-def arms_of(feature_arms: bool) -> dict[str, tuple[str, ...]]:
-    """Each scenario's arms: `ARMS`, with `FEATURE_ARMS` after the defaults when asked for."""
-    return {sc: (a[0], *FEATURE_ARMS, *a[1:]) if feature_arms else a for sc, a in ARMS.items()}
+def arms_of(feature_arms: bool, control: bool = False) -> dict[str, tuple[str, ...]]:
+    """Each scenario's arms: `ARMS`, with `FEATURE_ARMS` after the defaults and `CONTROL` first
+    when asked for."""
+    arms = {sc: (a[0], *FEATURE_ARMS, *a[1:]) if feature_arms else a for sc, a in ARMS.items()}
+    return {sc: (CONTROL, *a) if control else a for sc, a in arms.items()}
 
 
 def sequence(runs: int, scenarios=SCENARIOS, arms_by=ARMS) -> list[tuple[str, str, int]]:
@@ -308,6 +322,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
                 med[arm][ph + " threads"] = thread_times([r[ph] for r in rs])
+                med[arm][ph + " cpu"] = cpu_times([r[ph] for r in rs])
             degraded[arm] = [changes(r) for r in rs]
             kernel[arm] = kernel_use(rs)
             wd = [r["reader"]["watchdog"] for r in rs if (r.get("reader") or {}).get("watchdog")]
@@ -320,14 +335,19 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             r = _ratio(med, "reweigh", ref, k)
             noise = ratio_interval(each["reweigh"][k], each[ref][k]) if r is not None else None
             lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict(r, noise, TARGET[sc])}")
+            if CONTROL in arms_by[sc]:
+                lines.append(f"   {'':13} control: {noise_floor(each[CONTROL][k], each[ref][k], ref)}")
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
             if any(med[a][ph + " threads"] for a in arms_by[sc]):
                 lines.append(f"   {ph:7} on a core / waiting for one ms, " + " | ".join(THREADS) + " | minor faults: "
                              + ", ".join(f"{a} {format_threads(med[a][ph + ' threads'])}" for a in arms_by[sc]))
+            if med[ref][ph + " cpu"] and any(med[a][ph + " cpu"] for a in arms_by[sc] if a != ref):
+                lines.append(f"   {ph:7} the reader's CPU beyond {ref}'s, of {ref}'s whole CPU a run: " + ", ".join(
+                    f"{a} {cpu_cost(med[a][ph + ' cpu'], med[ref][ph + ' cpu'])}" for a in arms_by[sc] if a != ref))
         if any(watchdog.values()):
-            lines.append("   hedging's watchdog a run, rounds / woken by its timer / that judged a piece out: " + ", ".join(
+            lines.append("   hedging's watchdog a run, rounds / woken by a timer / that judged a piece out: " + ", ".join(
                 f"{a} {'%.0f / %.0f / %.0f' % watchdog[a]}" for a in arms_by[sc] if watchdog[a]))
         budget = any("bench_at_limit" in r for s, _, r in rows if s == sc)      # held to a RAM budget
         lines.append("   page faults major / minor, system s, peak RSS MB"
@@ -386,6 +406,27 @@ def thread_times(phases: list[dict]) -> tuple[float, ...] | None:
             statistics.median(t.get("minor_faults", 0) for t in ts))
 
 
+def cpu_times(phases: list[dict]) -> tuple[float, float] | None:
+    """The medians, in ms, of a phase's CPU time of the reader's threads (THREADS' last group: its
+    lanes and watchdog) and of all the process's threads, over runs; None without counts."""
+    ts = [p["threads"] for p in phases if p.get("threads")]
+    if not ts:
+        return None
+    return (statistics.median(t[f"{THREADS[-1]}_cpu_seconds"] for t in ts) * 1e3,
+            statistics.median(sum(t[f"{g}_cpu_seconds"] for g in THREADS) for t in ts) * 1e3)
+
+
+def cpu_cost(arm: tuple[float, float] | None, ref: tuple[float, float] | None) -> str:
+    """What an arm's reader threads use beyond the reference's, in ms a run and as a share of the
+    reference's whole CPU: where the engine and the drives take every core (the fast class on this
+    testbed) that share is what the features cost the run, a figure the machine's speed moves far
+    less than the tok/s of so many runs ('-' without counts)."""
+    if not arm or not ref or ref[1] <= 0:
+        return "-"
+    extra = arm[0] - ref[0]
+    return f"{extra:+.0f} ms ({100 * extra / ref[1]:+.1f} %)"
+
+
 def format_threads(t: tuple[float, ...] | None) -> str:
     """`thread_times`' medians as 'cpu / runq | ... | faults' ('-' without them)."""
     if not t:
@@ -403,6 +444,17 @@ def verdict(r: float | None, noise: tuple[float, float] | None, target: float) -
         return word
     lo, hi = noise
     return f"{word} (90% interval {lo:.2f}-{hi:.2f}{', within the noise of its runs' if lo < target <= hi else ''})"
+
+
+def noise_floor(twin: list[float], ref: list[float], name: str) -> str:
+    """The control's line: the reference arm beside itself run again, and how far that ratio of
+    medians moves with the runs' noise (`ratio_interval`) — how small a cost this cell can tell."""
+    if not twin or not ref:
+        return "-"
+    r = statistics.median(twin) / statistics.median(ref)
+    noise = ratio_interval(twin, ref)
+    spread = "" if noise is None else f" (90% interval {noise[0]:.2f}-{noise[1]:.2f})"
+    return f"{CONTROL}/{name} {r:.2f}{spread}, the same arm twice"
 
 
 def _ratio(med, a, b, k):
@@ -443,6 +495,10 @@ def main() -> int:
     ap.add_argument("--feature-arms", action="store_true",
                     help="two more arms in every scenario, h+b (hedging and balancing) and h+r (hedging and "
                          "re-weighting): what each feature adds to hedging, beside the defaults (all three)")
+    ap.add_argument("--control", action="store_true",
+                    help="one more arm in every scenario, twin: its reference arm run again, first in each pass; "
+                         "twin / reference and its 90%% interval are the bench's own noise, the least cost a cell "
+                         "can tell apart from none")
     ap.add_argument("--ram", default=None,
                     help="hold every run to this RAM budget, page cache included, as `iobench testbed up --ram` takes "
                          "it: '25%%+512M' is a quarter of the model plus 512 MiB for the processes (default: none)")
@@ -474,7 +530,7 @@ def main() -> int:
         usage_exit("--pacing service: the fast class is the loop devices unthrottled, and a daemon in the way would be "
                    "its ceiling; give --class slow and/or --class medium")
     scenarios = tuple(sc for sc in SCENARIOS if not args.scenarios or sc in args.scenarios)
-    arms_by = arms_of(args.feature_arms)
+    arms_by = arms_of(args.feature_arms, args.control)
     prompts = [p for k, p in (("short", args.short), ("long", args.long)) if not args.prompts or k in args.prompts]
     require_testbed(args.pacing)
     out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
