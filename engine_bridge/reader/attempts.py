@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from typing import Final
+from typing import Callable, Final
 
 from core.errors import UsageError
 
@@ -26,7 +26,8 @@ class ReadTicket:
     file: the model's file it reads (relative path), fi: that file's index in the model's files."""
 
     __slots__ = ("file", "fi", "offset", "length", "phase", "epoch", "_buf", "_base", "_remaining", "_landings", "_done",
-                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan", "t_sub", "_mains", "seq")
+                 "_error", "_pool", "_own_buf", "_work", "_writers", "_patches", "_orphan", "t_sub", "_mains", "seq",
+                 "waiter")
 
     def __init__(self, offset: int, length: int, phase: str, buf, base: int, pieces: int, pool=None,
                  own_buf: bool | None = None, work=None, file: str = "", fi: int = 0):
@@ -46,14 +47,27 @@ class ReadTicket:
         self.t_sub = -1                    # hedger clock, ns, when its first piece was queued (-1: no hedger)
         self._mains: list[Attempt] = []    # its main attempts (with a hedger: a step's lateness looks at them)
         self.seq = next(_ORDER)            # submitted before every read of a higher seq (the engine waits in that order)
+        # how a caller waits for the barrier (the hedger's `wait_for`: the wait keeps its time), or None
+        self.waiter: Callable[[threading.Event], None] | None = None
         if pieces == 0:
             self._done.set()
 
     def done(self) -> bool:
         return self._done.is_set()
 
+    def _wait(self) -> None:
+        if not self._done.is_set():
+            if self.waiter is None:
+                self._done.wait()
+            else:
+                self.waiter(self._done)
+
     def result(self, timeout: float | None = None) -> memoryview:
-        if not self._done.wait(timeout):
+        """The read's bytes once every piece is in (waiting for them: with a hedger, this wait keeps
+        the time of its deadlines, docs/reader.md "Hedged reads"); TimeoutError after `timeout` s."""
+        if timeout is None:
+            self._wait()
+        elif not self._done.wait(timeout):
             raise TimeoutError(f"read ({self.offset}, {self.length}) still in flight after {timeout}s")
         if self._error is not None:
             raise self._error
@@ -66,7 +80,7 @@ class ReadTicket:
         """Give the reader's buffer back for reuse by a later read (a fresh buffer's page faults
         cost more than a tmpfs read on a small VM). Views from `result()` must not be used after.
         A no-op for a caller's own buffer; waits for the read to finish first."""
-        self._done.wait()
+        self._wait()
         buf, pool, own = self._buf, self._pool, self._own_buf
         self._buf, self._pool = None, None
         if own and pool is not None and buf is not None:

@@ -9,10 +9,12 @@ time the others took (`landed`, `hedging.step_deadline_ns`) and hedged, and judg
 own deadline, where a lateness counts. Each source's pieces wait in a *line*, in the order they
 were queued, and only the first piece still out in each line is on the watchdog's heap
 (`_watch_head`: the one behind it is due later, and is watched when the first one's time comes).
-The watchdog thread sleeps until the earliest of those deadlines (before it sleeps it drops the
-deadlines of pieces delivered since: a wake-up per delivered piece's deadline cost a 2-core
-machine's compute a few percent of its decode, docs/reader.md "Round 7"); a piece still
-outstanding then is *late*: it is counted
+While a drive is in trouble, pieces were put off or a caller waits on a read, the watchdog thread
+sleeps until the earliest of those deadlines (before it sleeps it drops the deadlines of pieces
+delivered since: a wake-up per delivered piece's deadline cost a 2-core machine's compute a few
+percent of its decode, docs/reader.md "Round 7"); otherwise until woken, and a caller's wait for a
+read keeps the time (`wait_for`: it wakes the watchdog once the earliest deadline passes with its
+read still out; docs/reader.md "Round 33"). A piece still outstanding at its deadline is *late*: it is counted
 (`late` on its source) and a hedge of it is put at the front of the healthiest other source's
 queue (`hedged` on that source), reading into a private buffer. Whichever attempt completes first
 wins (lanes.py); the loser is discarded. With balancing, a drive with nothing else to do reads a
@@ -147,10 +149,15 @@ class Hedger:
         self._margin = float(policy.margin)
         self._seq = itertools.count()
         self._stopping = False
-        self._wake_at: int | None = None
+        self._wake_at: int | None = None   # when the watchdog's timer wakes it (None: only a ring does)
+        # the reads callers wait on (`wait_for`; one whose event is set is waited on no more: taken off
+        # when looked at, so a caller leaves without the lanes' lock) ...
+        self._waiting: list[threading.Event] = []
+        self._wait_until: int | None = None     # ... the one's timed wait ends then (None: untimed, or several)
+        self._caller_meant: int | None = None   # a caller's timed wait rang the watchdog: when it meant to
         self._deferred = False          # the last round put its due pieces off (starved): the next judges them
         self.rounds = 0                 # how many times the watchdog has looked ...
-        self.timer_rounds = 0           # ... woken by its timer (not rung) ...
+        self.timer_rounds = 0           # ... woken by a timer (its own, or a waiting caller's: not rung) ...
         self.judged_rounds = 0          # ... and found a piece still out to judge (the rest judged only landed ones)
         self._put_front: Callable[[Attempt], None] = _unattached   # the lanes': a hedge or probe ahead of a queue
         self._lock: threading.Lock | None = None
@@ -198,6 +205,7 @@ class Hedger:
                 self.pending[att.src].add(att)
                 self.line[att.src].append(att)
         if watch:
+            self._drop_moot(now)        # nobody may have looked since (the watchdog sleeps untroubled)
             last = -1
             for att in atts:            # a source's pieces come together: its line is looked at once (again
                 if att.src != last:     # would be harmless: a head is watched once)
@@ -370,22 +378,68 @@ class Hedger:
         """A re-weighting sample is queued on its source (lock held): counted as work outstanding there."""
         self._queue(att, self.clock())
 
+    def wait_for(self, done: threading.Event) -> None:
+        """A caller waits for a read (`ReadTicket.result`): until `done`, keeping the watchdog's time
+        while it sleeps untimed. Untroubled, the watchdog keeps no timer of its own (`_keeps_time`):
+        every deadline it set woke it, nearly always for a piece already in, and each wake-up cost
+        the cores the engine computes on (docs/reader.md "Round 33"). So the caller's own wait ends
+        at the earliest deadline; if that passes with the read still out, it rings the watchdog,
+        which keeps time from then on for as long as anyone waits, and waits on untimed."""
+        if done.is_set():
+            return
+        with self._lock:
+            until: int | None = None
+            now = self.clock()
+            timed = self._wake_at is None and not self._stopping
+            if timed:                   # (before it is counted: a piece watched in a landed one's place is
+                self._drop_moot(now)    # no reason to wake the watchdog)
+            alone = self._waiters() == 0
+            self._waiting.append(done)
+            self._wait_until = None
+            if timed and self._heap:
+                until = self._heap[0][0]
+                if alone:
+                    self._wait_until = until
+        # it leaves without the lock: taking it again once the read is in would put the lanes'
+        # busiest lock on the engine's way back from every barrier
+        if until is not None and not done.wait(max(0, until - now) / 1e9):
+            with self._lock:
+                self._wait_until = None
+                if self._wake_at is None and not done.is_set():   # not rung meanwhile (it keeps time then)
+                    self._caller_meant = max(until, now)    # (a deadline passed before the wait began is no starving)
+                    self._ring()
+        done.wait()
+
+    def _waiters(self) -> int:
+        """How many callers wait on a read now (lock held): the reads they wait on that are not in yet."""
+        w = self._waiting
+        n = 0
+        for e in w:
+            if not e.is_set():
+                n += 1
+        if n < len(w):
+            w[:] = [e for e in w if not e.is_set()]
+        return n
+
     def wake(self) -> None:
         """Run the watchdog now (tests advance their clock, then call this)."""
         with self._lock:
             self._ring()
 
     def watchdog_counts(self) -> dict[str, int]:
-        """How often the watchdog looked, how often its timer woke it, and how often it found a piece
-        still out to judge: on healthy drives nearly every round looks only at pieces that landed
-        before their deadline (docs/reader.md "Round 32")."""
+        """How often the watchdog looked, how often a timer woke it (its own or a waiting caller's),
+        and how often it found a piece still out to judge (docs/reader.md "Round 32", "Round 33")."""
         with self._lock:
             return {"rounds": self.rounds, "timer": self.timer_rounds, "judged": self.judged_rounds}
 
     def watch(self) -> tuple[int, int | None]:
-        """(how many times the watchdog has looked, when it wakes next: ns, None when only a new piece
-        or `wake()` wakes it); tests order on the first."""
+        """(how many times the watchdog has looked, the next deadline it looks at — its timer's, or,
+        when it keeps none, the earliest a waiting caller would wake it for: ns, None when no piece
+        is out); tests order on the first."""
         with self._lock:
+            if self._wake_at is None:
+                self._drop_moot(self.clock())
+                return self.rounds, self._heap[0][0] if self._heap else None
             return self.rounds, self._wake_at
 
     def stop(self) -> None:
@@ -571,6 +625,9 @@ class Hedger:
                     return
                 floor = max(self._slack(), RECHECK_NS)
                 now = self.clock()
+                if meant is None and self._caller_meant is not None:    # a waiting caller's timer rang it
+                    meant = self._caller_meant
+                self._caller_meant = None
                 skew = 0 if meant is None else now - meant
                 due = self._due(now)
                 if meant is not None:
@@ -591,9 +648,8 @@ class Hedger:
                     if judged:
                         self.judged_rounds += 1
                 if not actions:
-                    while self._heap and self._moot(self._heap[0][2]):
-                        self._watch_head(self._pop()[1], now)
-                    self._wake_at = self._heap[0][0] if self._heap else None
+                    self._drop_moot(now)
+                    self._wake_at = self._heap[0][0] if self._heap and self._keeps_time() else None
                     if self._wake_at is not None:
                         timeout = max(0, self._wake_at - now) / 1e9
                 if self._rung:                  # rung while it looked, or heard already: heard now
@@ -606,11 +662,29 @@ class Hedger:
             if not actions and not self._bell.acquire(True, timeout) and wake_at is not None:
                 meant = max(wake_at, now)
 
+    def _keeps_time(self) -> bool:
+        """Whether the watchdog sleeps on a timer of its own: while a caller waits on a read (it took
+        the time over from the caller's wait, `wait_for`), or a drive is in trouble — on a late streak,
+        probed, or out of the split — or pieces were put off (starved). Otherwise nobody needs a
+        piece judged before someone waits for it, and a waiting caller's wait keeps the time."""
+        return (self._waiters() > 0 or self._deferred or any(self.streak) or any(self.probing)
+                or len(self.health.in_split) < len(self.streak))
+
+    def _drop_moot(self, now: int) -> None:
+        """Take the heap's earliest entries off while judging them would do nothing (`_moot`), each
+        source's next piece watched in their place: the earliest left is a deadline that matters."""
+        while self._heap and self._moot(self._heap[0][2]):
+            self._watch_head(self._pop()[1], now)
+
     def _push(self, due: int, att: Attempt, s: int) -> None:
-        """Put `att`, in source `s`'s line, on the watchdog's heap at `due` (waking it if that is now its earliest)."""
+        """Put `att`, in source `s`'s line, on the watchdog's heap at `due`. When that is now its
+        earliest, wake the watchdog if it keeps time (it sleeps to an earlier deadline no more), or
+        if it does not and a caller waits untimed or to a later one (`wait_for`); nobody waiting, it
+        is judged once someone waits (or the watchdog wakes for another)."""
         heapq.heappush(self._heap, (due, next(self._seq), att, s))
         att.watched += 1
-        if self._heap[0][2] is att:
+        if self._heap[0][2] is att and (self._wake_at is not None or (
+                (self._wait_until is None or due < self._wait_until) and self._waiters() > 0)):
             self._ring()
 
     def _ring(self) -> None:

@@ -297,6 +297,8 @@ class SplitReader:
             ticket = ReadTicket(offset, length, phase, check_buffer(buffer, offset, length), align_down(offset),
                                 queued, None, file=rel, fi=fi)
         ticket.epoch = epoch            # before it is queued: nobody else sees the ticket yet
+        if self._hedger is not None:
+            ticket.waiter = self._hedger.wait_for
         self._lanes.put(ticket, [(s, po, pl, pp) for (s, po, pl), pp in zip(pieces, parts)])
         if self._hedger is not None and len(healthy) < len(self.paths):
             self._probe(fi, pieces, phase, healthy)

@@ -213,6 +213,46 @@ def test_the_watchdog_does_not_wake_for_the_deadlines_of_pieces_already_delivere
         assert _looked_again(r) is None
 
 
+def test_untroubled_the_watchdog_sleeps_through_reads_nobody_waits_on(model):
+    """No drive in trouble and nobody waiting: reads are queued and land without waking the watchdog
+    once (each read used to wake it to set its timer, and the timer woke it again for a piece long
+    in: docs/reader.md "Round 33")."""
+    paths, data = model
+    with _reader(paths, None, Clock()) as r:
+        h = r._hedger
+        _until(lambda: h.watch()[0] >= 1)           # its first round, when it started
+        rounds = h.watchdog_counts()["rounds"]
+        tickets = [r.submit(k * BLOCK_BYTES, 4 * BLOCK_BYTES) for k in range(4)]
+        _until(lambda: all(t.done() for t in tickets))
+        assert h.watchdog_counts()["rounds"] == rounds
+        for k, t in enumerate(tickets):
+            assert bytes(t.result()) == data[k * BLOCK_BYTES:(k + 4) * BLOCK_BYTES]
+        assert h.watchdog_counts()["rounds"] == rounds      # done before the wait: nothing to time
+
+
+def test_a_callers_wait_wakes_the_watchdog_when_its_read_is_late(model):
+    """The watchdog keeps no timer while no drive is in trouble: a caller waiting on a read whose
+    piece is past its deadline wakes it (nobody else does here), and the piece is judged late and
+    hedged; the read completes while its drive still holds it."""
+    paths, data = model
+    stall, clock = Stall(paths[2]), Clock()
+    with _reader(paths, stall, clock) as r:
+        _warm(r, data, stall)
+        h = r._hedger
+        before = [x.reads for x in r.stats().sources]
+        t = r.submit(0, 4 * BLOCK_BYTES)
+        stall.entered.acquire()
+        _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
+        assert h.watch()[1] is not None and not h._keeps_time()    # a deadline, and no timer of its own for it
+        timer = h.watchdog_counts()["timer"]
+        clock.advance(FLOOR + 1)                # the held piece is past its deadline
+        assert bytes(t.result()) == data[:4 * BLOCK_BYTES]
+        s = r.stats()
+        stall.gate.set()
+    assert s.sources[2].late == 1 and s.sources[0].hedged + s.sources[1].hedged == 1
+    assert s.watchdog is not None and s.watchdog["timer"] >= timer + 1 and s.watchdog["judged"] >= 1
+
+
 def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
     """Only the first piece in each drive's line has its deadline on the watchdog's heap (one
     behind it on the same drive is due later); once that one is judged, the next is, in the same
@@ -246,6 +286,8 @@ def _starved(r, data, stall, clock):
     t = r.submit(0, 4 * BLOCK_BYTES)
     stall.entered.acquire()
     _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
+    threading.Thread(target=t.result, daemon=True).start()     # a caller waits on it: the watchdog keeps time
+    _until(lambda: len(h._waiting) == 1)
     meant = _looked_again(r)                    # it sleeps until the held piece's deadline, on its timer
     assert meant is not None and meant > clock.t
     clock.advance(meant - clock.t + 10 * FLOOR)     # ... and that timer fires far later than meant
