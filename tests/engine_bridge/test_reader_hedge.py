@@ -237,12 +237,8 @@ def test_a_callers_wait_wakes_the_watchdog_when_its_read_is_late(model):
     paths, data = model
     stall, clock = Stall(paths[2]), Clock()
     with _reader(paths, stall, clock) as r:
-        _warm(r, data, stall)
+        t = _held_out(r, data, stall)
         h = r._hedger
-        before = [x.reads for x in r.stats().sources]
-        t = r.submit(0, 4 * BLOCK_BYTES)
-        stall.entered.acquire()
-        _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
         assert h.watch()[1] is not None and not h._keeps_time()    # a deadline, and no timer of its own for it
         timer = h.watchdog_counts()["timer"]
         clock.advance(FLOOR + 1)                # the held piece is past its deadline
@@ -276,16 +272,23 @@ def test_a_piece_queued_behind_a_hung_one_is_judged_once_that_one_is(model):
     assert s.sources[2].late == 2 and s.sources[0].hedged + s.sources[1].hedged == 2
 
 
-def _starved(r, data, stall, clock):
-    """A read whose piece on the stalled source is out when the watchdog's timer, set for that
-    piece's deadline, fires far later than meant (the test moves its clock past it and never wakes
-    the watchdog): the watchdog put the piece off and judged nothing. Returns the read's ticket."""
+def _held_out(r, data, stall):
+    """After a warm-up read, a read whose piece on the stalled source is in its kernel, held, and
+    every other piece of it landed: its ticket."""
     _warm(r, data, stall)
-    h = r._hedger
     before = [x.reads for x in r.stats().sources]
     t = r.submit(0, 4 * BLOCK_BYTES)
     stall.entered.acquire()
     _until(lambda: all(r.stats().sources[s].reads > before[s] for s in (0, 1)))
+    return t
+
+
+def _starved(r, data, stall, clock):
+    """A read whose piece on the stalled source is out when the watchdog's timer, set for that
+    piece's deadline, fires far later than meant (the test moves its clock past it and never wakes
+    the watchdog): the watchdog put the piece off and judged nothing. Returns the read's ticket."""
+    t = _held_out(r, data, stall)
+    h = r._hedger
     threading.Thread(target=t.result, daemon=True).start()     # a caller waits on it: the watchdog keeps time
     _until(lambda: len(h._waiting) == 1)
     meant = _looked_again(r)                    # it sleeps until the held piece's deadline, on its timer
