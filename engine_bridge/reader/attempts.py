@@ -63,8 +63,9 @@ class ReadTicket:
                 self.waiter(self._done)
 
     def result(self, timeout: float | None = None) -> memoryview:
-        """The read's bytes once every piece is in (waiting for them: with a hedger, this wait keeps
-        the time of its deadlines, docs/reader.md "Hedged reads"); TimeoutError after `timeout` s."""
+        """The read's bytes once every piece is in (waiting for them: with a hedger and no `timeout`,
+        this wait keeps the time of its deadlines, docs/reader.md "Hedged reads"); TimeoutError
+        after `timeout` s."""
         if timeout is None:
             self._wait()
         elif not self._done.wait(timeout):
