@@ -95,7 +95,6 @@ that idled serve its next read at once, which flatters every arm that leaves dri
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import resource
@@ -185,14 +184,18 @@ def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, floa
     return out
 
 
+def configured_as(scenario: str, arm: str) -> str:
+    """The arm whose plan and flags `arm` runs with: the control runs its scenario's reference."""
+    return REFERENCE[scenario] if arm == CONTROL else arm
+
+
 def spec_for(scenario: str, arm: str, paths: list[str]) -> ArmSpec:
-    if arm == CONTROL:
-        return dataclasses.replace(spec_for(scenario, REFERENCE[scenario], paths), name=f"{scenario}-{arm}")
+    name, arm = f"{scenario}-{arm}", configured_as(scenario, arm)
     if arm == "alone":
-        return ArmSpec(f"{scenario}-{arm}", tuple(paths[:2]), (1, 1), (1, 1))
+        return ArmSpec(name, tuple(paths[:2]), (1, 1), (1, 1))
     if arm == "best":
-        return ArmSpec(f"{scenario}-{arm}", tuple(paths), (2, 1, 2), (2, 1, 2))
-    return ArmSpec(f"{scenario}-{arm}", tuple(paths), (1, 1, 1), (1, 1, 1))
+        return ArmSpec(name, tuple(paths), (2, 1, 2), (2, 1, 2))
+    return ArmSpec(name, tuple(paths), (1, 1, 1), (1, 1, 1))
 
 
 def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], settings: dict, workdir: str,
@@ -205,8 +208,7 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
     spec = spec_for(scenario, arm, paths)
     plan = os.path.join(workdir, "plans", f"{spec.name}.json")
     write_arm_plan(spec, plan)          # every run: an --out reused from another testbed holds its drives' paths
-    flags = FLAGS[REFERENCE[scenario] if arm == CONTROL else arm]
-    cmd = engine_command(spec, {**settings, "run_args": flags + args.run_arg}, plan)
+    cmd = engine_command(spec, {**settings, "run_args": FLAGS[configured_as(scenario, arm)] + args.run_arg}, plan)
     base = os.path.join(workdir, "arms", f"{seq:03d}-{cls}-{settings['prompt_tokens']}-{spec.name}")
     drive, crawl = CLASSES[cls]
     with open(base + ".log", "w", encoding="utf-8") as log:
