@@ -24,7 +24,8 @@ and each *scenario* changes white or green while the embedded engine runs:
   healthy  nothing changes (throttled drives deliver in bursts and stalls)
 
 Arms, each a fresh `engine-bridge run --json` inside the drives' group (cold reads, an empty
-expert cache), interleaved forward, backward, forward within each class and prompt:
+expert cache), each pass through the arms in an order of its own (shuffled, seeded: --order,
+--seed) within each class and prompt:
 
   reweigh  the engine's defaults: hedging, re-weighting and balancing
   hedge    hedging only (--no-reweigh --no-balance)
@@ -37,8 +38,8 @@ and with --feature-arms two more in every scenario, to weigh each feature agains
   h+b      hedging and balancing (--no-reweigh)
   h+r      hedging and re-weighting (--no-balance)
 
-and with --control one more, first in every scenario's pass (as far from its reference in the run
-order as any arm is):
+and with --control one more in every scenario (with --order alternate first in each pass, as far
+from its reference in the run order as any arm is):
 
   twin     the scenario's reference arm run again: twin / reference is the bench's own noise on
            this machine (the same arm twice), printed with its 90% interval beside the target's
@@ -49,7 +50,9 @@ scenario and a phase (prefill, steady decode): the median of --runs runs per arm
 the issue's targets name (crawl and recover >= 0.9 of alone, half >= 0.95 of best, healthy
 >= 0.98 of neither with no drive degraded), with the 90% interval of that ratio over the runs'
 own noise (a seeded bootstrap of both arms' runs, `iobench.stats.ratio_interval`): a cell whose
-interval holds the target is marked "within the noise of its runs" (more --runs tell); and per arm
+interval holds the target is marked "within the noise of its runs" (more --runs tell); beside it
+the same ratio paired by pass (the median of each pass's ratio of the two arms, with its 90%
+interval, `iobench.stats.paired_ratio`: a drift of the machine between passes cancels); and per arm
 the phase's median wait on reads and the rest of its time (the engine's compute, and whatever took
 the CPU from it), so a miss shows whether the reads or the CPU cost it. The runs start once the
 host has written the freshly made model out (`wait_writeback`), and each class's measured runs
@@ -97,6 +100,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -117,7 +121,7 @@ from engine_bridge.reader import build  # noqa: E402
 from engine_bridge.harness.arms import ArmSpec, plan_changes, run_time  # noqa: E402
 from engine_bridge.harness.runner import engine_command, write_arm_plan  # noqa: E402
 from engine_bridge.moe.threadtimes import GROUPS as THREADS  # noqa: E402  (a run's thread groups)
-from iobench.stats import ratio_interval  # noqa: E402
+from iobench.stats import paired_ratio, ratio_interval  # noqa: E402
 
 DRIVES = ("internal", "green", "white")
 UNTHROTTLED = 0.0                # MB/s: no limit (the testbed lifts a drive's rule, cgroup v1 and v2)
@@ -134,11 +138,12 @@ REFERENCE = {"crawl": "alone", "recover": "alone", "half": "best", "healthy": "n
 TARGET = {"crawl": 0.9, "recover": 0.9, "half": 0.95, "healthy": 0.98}
 ONCE = {("crawl", "neither"), ("recover", "neither")}
 FEATURE_ARMS = ("h+b", "h+r")   # --feature-arms: hedging with balancing, hedging with re-weighting (each feature's cost)
-CONTROL = "twin"                 # --control: the reference arm again, first in each pass (the bench's own noise)
+CONTROL = "twin"                 # --control: the reference arm again (the bench's own noise)
 FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", "--no-reweigh", "--no-balance"],
          "h+b": ["--hedge", "--no-reweigh", "--balance"], "h+r": ["--hedge", "--reweigh", "--no-balance"],
          "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
          "best": ["--no-hedge", "--no-reweigh", "--no-balance"]}
+SHUFFLE, ALTERNATE = "shuffle", "alternate"   # --order: each pass in an order of its own, or forward then backward
 REST_S = 0.5          # between runs: a throttle's unused budget must not carry into the next run
 
 
@@ -291,16 +296,24 @@ def arms_of(feature_arms: bool, control: bool = False) -> dict[str, tuple[str, .
     return {sc: (CONTROL, *a) if control else a for sc, a in arms.items()}
 
 
-def sequence(runs: int, scenarios=SCENARIOS, arms_by=ARMS) -> list[tuple[str, str, int]]:
-    """(scenario, arm, pass) in run order for one class and prompt: every arm forward, then
-    backward, and so on; an arm run once is run in the first pass only. recover's alone arm is
-    crawl's when crawl runs too."""
+def sequence(runs: int, scenarios=SCENARIOS, arms_by=ARMS, order: str = SHUFFLE,
+             seed: int = 0) -> list[tuple[str, str, int]]:
+    """(scenario, arm, pass) in run order for one class and prompt: each pass every arm once, in
+    an order of its own drawn from `seed` (`order` shuffle), or forward, then backward, and so on
+    (alternate); an arm run once is run in the first pass only. recover's alone arm is crawl's
+    when crawl runs too. Alternating gives each arm the same neighbours in every pass and runs
+    the first and last arms twice in a row at the passes' seams: a cost of its place in the order
+    shows as the arm's, and more runs never average it out (docs/reader.md "Round 34")."""
     arms = [(sc, arm) for sc in scenarios for arm in arms_by[sc]
             if not (arm == "alone" and sc == "recover" and "crawl" in scenarios)]
+    rng = random.Random(seed)
     out = []
     for k in range(runs):
-        order = arms if k % 2 == 0 else arms[::-1]
-        out += [(sc, arm, k) for sc, arm in order if k == 0 or (sc, arm) not in ONCE]
+        if order == SHUFFLE:
+            this = rng.sample(arms, len(arms))
+        else:
+            this = arms if k % 2 == 0 else arms[::-1]
+        out += [(sc, arm, k) for sc, arm in this if k == 0 or (sc, arm) not in ONCE]
     return out
 
 
@@ -314,12 +327,15 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded, each, kernel, watchdog = {}, {}, {}, {}, {}, {}
+        med, runs, degraded, each, passes, kernel, watchdog = {}, {}, {}, {}, {}, {}, {}
         for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
             runs[arm] = len(rs)
             each[arm] = {k: [r[k] for r in rs] for k in ("prefill_tps", "gen_steady_tps")}
+            passes[arm] = {k: {r["bench_pass"]: r[k] for r in rs} for k in ("prefill_tps", "gen_steady_tps")}
+            for ph in ("prefill", "decode"):        # the whole process's CPU of the phase, per pass
+                passes[arm][ph + " cpu"] = {r["bench_pass"]: whole_cpu(r[ph]) for r in rs if whole_cpu(r[ph])}
             med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
@@ -336,9 +352,11 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             ratios = ", ".join(f"{a}/{ref} {f(_ratio(med, a, ref, k))}" for a in arms_by[sc] if a != ref)
             r = _ratio(med, "reweigh", ref, k)
             noise = ratio_interval(each["reweigh"][k], each[ref][k]) if r is not None else None
-            lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict(r, noise, TARGET[sc])}")
+            lines.append(f"   {label:13} tok/s {vals}; {ratios}; target >= {TARGET[sc]} {verdict(r, noise, TARGET[sc])}"
+                         + "; paired by pass " + (paired(passes["reweigh"][k], passes[ref][k], f"reweigh/{ref}") or "-"))
             if CONTROL in arms_by[sc]:
-                lines.append(f"   {'':13} control: {noise_floor(each[CONTROL][k], each[ref][k], ref)}")
+                lines.append(f"   {'':13} control: {noise_floor(each[CONTROL][k], each[ref][k], ref)}"
+                             + "; paired by pass " + (paired(passes[CONTROL][k], passes[ref][k], f"{CONTROL}/{ref}") or "-"))
         for ph in ("prefill", "decode"):
             lines.append(f"   {ph:7} wait / rest ms " + ", ".join(
                 f"{a} {'-' if med[a][ph] is None else '%.0f / %.0f' % med[a][ph]}" for a in arms_by[sc]))
@@ -348,6 +366,9 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             if med[ref][ph + " cpu"] and any(med[a][ph + " cpu"] for a in arms_by[sc] if a != ref):
                 lines.append(f"   {ph:7} the reader's CPU beyond {ref}'s, of {ref}'s whole CPU a run: " + ", ".join(
                     f"{a} {cpu_cost(med[a][ph + ' cpu'], med[ref][ph + ' cpu'])}" for a in arms_by[sc] if a != ref))
+                lines.append(f"   {ph:7} the whole process's CPU over {ref}'s, paired by pass: " + (", ".join(
+                    paired(passes[a][ph + " cpu"], passes[ref][ph + " cpu"], f"{a}/{ref}") or f"{a} -"
+                    for a in arms_by[sc] if a != ref)))
         if any(watchdog.values()):
             lines.append("   hedging's watchdog a run, rounds / woken by a timer / that judged a piece out: " + ", ".join(
                 f"{a} {'%.0f / %.0f / %.0f' % watchdog[a]}" for a in arms_by[sc] if watchdog[a]))
@@ -415,7 +436,13 @@ def cpu_times(phases: list[dict]) -> tuple[float, float] | None:
     if not ts:
         return None
     return (statistics.median(t[f"{THREADS[-1]}_cpu_seconds"] for t in ts) * 1e3,
-            statistics.median(sum(t[f"{g}_cpu_seconds"] for g in THREADS) for t in ts) * 1e3)
+            statistics.median(whole_cpu(p) for p in phases if p.get("threads")) * 1e3)
+
+
+def whole_cpu(phase: dict) -> float | None:
+    """A run's phase's CPU seconds, all its threads (THREADS' groups); None without counts."""
+    t = phase.get("threads")
+    return sum(t[f"{g}_cpu_seconds"] for g in THREADS) if t else None
 
 
 def cpu_cost(arm: tuple[float, float] | None, ref: tuple[float, float] | None) -> str:
@@ -459,6 +486,14 @@ def noise_floor(twin: list[float], ref: list[float], name: str) -> str:
     return f"{CONTROL}/{name} {r:.2f}{spread}, the same arm twice"
 
 
+def paired(xs: dict[int, float], ys: dict[int, float], name: str) -> str:
+    """`name` and the median of the per-pass ratios of two arms with its 90% interval
+    (`paired_ratio`): each pass's runs of the two arms ran minutes apart at most, so what moved the
+    machine between passes cancels ('' with fewer than two passes holding both)."""
+    got = paired_ratio([(xs[k], ys[k]) for k in sorted(xs) if k in ys])
+    return "" if got is None else f"{name} {got[0]:.2f} (90% interval {got[1]:.2f}-{got[2]:.2f})"
+
+
 def _ratio(med, a, b, k):
     x, y = med.get(a, {}).get(k), med.get(b, {}).get(k)
     return None if not x or not y else x / y
@@ -498,9 +533,14 @@ def main() -> int:
                     help="two more arms in every scenario, h+b (hedging and balancing) and h+r (hedging and "
                          "re-weighting): what each feature adds to hedging, beside the defaults (all three)")
     ap.add_argument("--control", action="store_true",
-                    help="one more arm in every scenario, twin: its reference arm run again, first in each pass; "
+                    help="one more arm in every scenario, twin: its reference arm run again; "
                          "twin / reference and its 90%% interval are the bench's own noise, the least cost a cell "
                          "can tell apart from none")
+    ap.add_argument("--order", default=SHUFFLE, choices=(SHUFFLE, ALTERNATE),
+                    help="the arms' order in each pass: shuffle (each pass an order of its own, drawn from --seed "
+                         "and the prompt) or alternate (forward, backward, ...: earlier rounds' order, where an "
+                         "arm's place in it is a cost of its own) (default: shuffle)")
+    ap.add_argument("--seed", type=int, default=0, help="the shuffled orders' seed (default: 0)")
     ap.add_argument("--ram", default=None,
                     help="hold every run to this RAM budget, page cache included, as `iobench testbed up --ram` takes "
                          "it: '25%%+512M' is a quarter of the model plus 512 MiB for the processes (default: none)")
@@ -553,7 +593,10 @@ def main() -> int:
                 + ", ".join(f"{c} {a:g} s after 'run:' for {b:g} s" for c, (a, b) in
                             ({k: (args.crawl_at, args.crawl_for) for k in RECOVER} if args.crawl_at is not None
                              else RECOVER).items() if c in classes)
-                + f"; {args.runs} runs per arm; drives paced by {args.pacing}; reader {build.HOW}; "
+                + f"; {args.runs} runs per arm, "
+                + (f"each pass in an order of its own (seed {args.seed})" if args.order == SHUFFLE
+                   else "forward and backward")
+                + f"; drives paced by {args.pacing}; reader {build.HOW}; "
                 + (f"{args.warm_memory} of memory let go before each run" if args.warm.nbytes else "no memory let go "
                    "before the runs (--warm-memory 0)")
                 + (f"; every run also given {' '.join(args.run_arg)}" if args.run_arg else ""))
@@ -581,8 +624,10 @@ def main() -> int:
             for prompt in prompts:
                 settings, workdir = setup(tb, out, cls, str(prompt), prompt, gen, args)
                 rows = []
-                for seq, (sc, arm, _) in enumerate(sequence(args.runs, scenarios, arms_by)):
+                for seq, (sc, arm, k) in enumerate(sequence(args.runs, scenarios, arms_by, args.order,
+                                                             args.seed + prompt)):
                     r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
+                    r["bench_pass"] = k
                     rows.append((sc, arm, r))
                     ran += 1
                     if "error" in r:

@@ -95,6 +95,26 @@ def ratio_interval(xs: Sequence[float], ys: Sequence[float], level: float = 0.9,
     return float(lo), float(hi)
 
 
+def paired_ratio(pairs: Sequence[tuple[float, float]], level: float = 0.9, draws: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float] | None:
+    """The median of x / y over (x, y) pairs run side by side (one arm and its reference in the same
+    pass of a bench), with the central `level` of that median over `draws` resamplings of the pairs
+    (a seeded percentile bootstrap): a drift of the machine between passes moves both runs of a
+    pair and cancels, where `ratio_interval`, which takes every run as independent, counts it as
+    noise — and a pass's order, when shuffled, is the same for both. (ratio, low, high); None with
+    fewer than two pairs or a y not above 0."""
+    if len(pairs) < 2 or any(y <= 0 for _, y in pairs):
+        return None
+    if not 0 < level < 1:
+        raise ValueError(f"interval level {level} outside (0, 1)")
+    r = np.asarray([x / y for x, y in pairs], dtype=float)
+    rng = np.random.default_rng(seed)
+    meds = np.median(rng.choice(r, (draws, len(r))), axis=1)
+    tail = 50.0 * (1.0 - level)
+    lo, hi = np.percentile(meds, [tail, 100.0 - tail])
+    return float(np.median(r)), float(lo), float(hi)
+
+
 def best_lanes(by_lanes: dict[int, float]) -> int:
     """The lane count with the highest bytes/s (the lower count on a tie)."""
     if not by_lanes:

@@ -103,3 +103,17 @@ def test_the_ratio_interval_is_the_runs_noise_around_the_ratio():
     assert stats.ratio_interval([1.0], [1.0, 2.0]) is None and stats.ratio_interval([1.0, 2.0], [0.0, 0.0]) is None
     with pytest.raises(ValueError, match="level"):
         stats.ratio_interval([1.0, 2.0], [1.0, 2.0], level=1.0)
+
+
+def test_a_paired_ratio_cancels_what_moves_both_runs_of_a_pair():
+    # the machine drifts from pass to pass by a factor of two; within a pass x is 1.1 y
+    pairs = [(1.1 * y, y) for y in (5.0, 10.0, 7.0, 14.0)]
+    r, lo, hi = stats.paired_ratio(pairs)
+    assert r == lo == hi == pytest.approx(1.1)
+    wide = stats.ratio_interval([x for x, _ in pairs], [y for _, y in pairs])
+    assert wide[0] < 0.9 and wide[1] > 1.3          # taken as independent runs, the drift is noise
+    noisy = stats.paired_ratio([(1.0, 1.0), (1.2, 1.0), (0.9, 1.0), (1.1, 1.0)])
+    assert noisy[1] < noisy[0] < noisy[2] and noisy == stats.paired_ratio([(1.0, 1.0), (1.2, 1.0), (0.9, 1.0), (1.1, 1.0)])
+    assert stats.paired_ratio([(1.0, 1.0)]) is None and stats.paired_ratio([(1.0, 1.0), (1.0, 0.0)]) is None
+    with pytest.raises(ValueError, match="level"):
+        stats.paired_ratio([(1.0, 1.0), (1.0, 1.0)], level=0.0)
