@@ -204,9 +204,9 @@ def spec_for(scenario: str, arm: str, paths: list[str]) -> ArmSpec:
 
 
 def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], settings: dict, workdir: str,
-            seq: int, half_of: dict[str, float], args) -> dict:
-    """One run: the drives' ceilings set, the engine started, a crawl timed from its "run:" line
-    for `recover`; the run's JSON result (or {'error': ...})."""
+            seq: int, half_of: dict[str, float], args, pass_no: int = 0) -> dict:
+    """One run (the `pass_no`th of its arm): the drives' ceilings set, the engine started, a crawl
+    timed from its "run:" line for `recover`; the run's JSON result (or {'error': ...})."""
     for n, mbs in speeds(cls, scenario, half_of).items():
         tb.throttle(n, mbs)
     time.sleep(REST_S)
@@ -254,9 +254,10 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         tb.throttle(n, drive)
     if proc.returncode != 0:
         tail = [x for x in open(base + ".log", encoding="utf-8").read().splitlines() if x.strip()]
-        return {"error": f"exit {proc.returncode}: {tail[-1] if tail else ''}"}
+        return {"error": f"exit {proc.returncode}: {tail[-1] if tail else ''}", "bench_pass": pass_no}
     result = json.loads(out)
     result["bench_run_s"] = round(ended - seen[0], 3) if seen else None    # from its "run:" line to its end
+    result["bench_pass"] = pass_no          # the pass it ran in (ratios are paired by pass)
     result["bench_crawl_ns"] = crawled     # recover: when white began to crawl and when it was lifted
     result["bench_major_faults"] = use1.ru_majflt - use0.ru_majflt   # pages read in from a drive (code or data not cached)
     result["bench_minor_faults"] = use1.ru_minflt - use0.ru_minflt   # pages mapped without a read
@@ -335,7 +336,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             each[arm] = {k: [r[k] for r in rs] for k in ("prefill_tps", "gen_steady_tps")}
             passes[arm] = {k: {r["bench_pass"]: r[k] for r in rs} for k in ("prefill_tps", "gen_steady_tps")}
             for ph in ("prefill", "decode"):        # the whole process's CPU of the phase, per pass
-                passes[arm][ph + " cpu"] = {r["bench_pass"]: whole_cpu(r[ph]) for r in rs if whole_cpu(r[ph])}
+                passes[arm][ph + " cpu"] = {r["bench_pass"]: c for r in rs if (c := whole_cpu(r[ph]))}
             med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
@@ -626,8 +627,7 @@ def main() -> int:
                 rows = []
                 for seq, (sc, arm, k) in enumerate(sequence(args.runs, scenarios, arms_by, args.order,
                                                              args.seed + prompt)):
-                    r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args)
-                    r["bench_pass"] = k
+                    r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args, k)
                     rows.append((sc, arm, r))
                     ran += 1
                     if "error" in r:
