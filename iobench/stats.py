@@ -90,8 +90,13 @@ def ratio_interval(xs: Sequence[float], ys: Sequence[float], level: float = 0.9,
     my = np.median(rng.choice(y, (draws, len(y))), axis=1)
     if (my <= 0).any():
         return None
+    return _central(mx / my, level)
+
+
+def _central(samples, level: float) -> tuple[float, float]:
+    """The central `level` of a bootstrap's samples: (low, high) percentiles."""
     tail = 50.0 * (1.0 - level)
-    lo, hi = np.percentile(mx / my, [tail, 100.0 - tail])
+    lo, hi = np.percentile(samples, [tail, 100.0 - tail])
     return float(lo), float(hi)
 
 
@@ -101,18 +106,15 @@ def paired_ratio(pairs: Sequence[tuple[float, float]], level: float = 0.9, draws
     pass of a bench), with the central `level` of that median over `draws` resamplings of the pairs
     (a seeded percentile bootstrap): a drift of the machine between passes moves both runs of a
     pair and cancels, where `ratio_interval`, which takes every run as independent, counts it as
-    noise — and a pass's order, when shuffled, is the same for both. (ratio, low, high); None with
-    fewer than two pairs or a y not above 0."""
+    noise. (ratio, low, high); None with fewer than two pairs or a y not above 0."""
     if len(pairs) < 2 or any(y <= 0 for _, y in pairs):
         return None
     if not 0 < level < 1:
         raise ValueError(f"interval level {level} outside (0, 1)")
     r = np.asarray([x / y for x, y in pairs], dtype=float)
     rng = np.random.default_rng(seed)
-    meds = np.median(rng.choice(r, (draws, len(r))), axis=1)
-    tail = 50.0 * (1.0 - level)
-    lo, hi = np.percentile(meds, [tail, 100.0 - tail])
-    return float(np.median(r)), float(lo), float(hi)
+    lo, hi = _central(np.median(rng.choice(r, (draws, len(r))), axis=1), level)
+    return float(np.median(r)), lo, hi
 
 
 def best_lanes(by_lanes: dict[int, float]) -> int:
