@@ -69,6 +69,7 @@ from .hedging import (
     expected_ns,
     held_rate,
     pick_hedge_source,
+    rate_moved,
     step_deadline_ns,
 )
 from .sources import SourceHealth
@@ -115,8 +116,9 @@ class Hedger:
         self._split: tuple[Sequence[int], dict[str, tuple[int, ...]]] | None = None
         self._given_all = {"prefill": False, "decode": False}   # every healthy source was given some (`_shares`)
         self.est = [RateEstimate(policy.decay) for _ in range(n)]
-        self.own: list[float | None] = [None] * n   # each estimate's rate (`RateEstimate.rate(min_busy_ns)`)
-        self._stale = [False] * n       # its estimate learnt since: `_rate` works its `own` out again
+        # each estimate's rate as the deadlines use it (`RateEstimate.rate(min_busy_ns)`, taken up once it
+        # moved by more than `hedging.RATE_TOLERANCE`: `_learnt`)
+        self.own: list[float | None] = [None] * n
         self.svc = ServiceTime(policy.decay)    # a request's typical service time: every deadline's floor
         self.drives = [Drive() for _ in range(n)]
         self.late = [0] * n
@@ -276,7 +278,7 @@ class Hedger:
             d.observed_at = d.busy
             if not att.late:                # a late delivery teaches nothing about the drive's normal pace
                 self.est[s].observe(att.ln, learnt)
-                self._stale[s] = True
+                self._learnt(s)
                 if att.kind == MAIN:
                     # a request's own time: its service over the requests in the kernel with it
                     self.svc.observe((now - att.t_begin) * att.ln // max(att.ln, att.ahead))
@@ -570,24 +572,24 @@ class Hedger:
     def _rate(self, s: int, phase: str, healthy: Sequence[int]) -> float | None:
         """The rate `s` is held to: the faster of what it delivered itself and what its share of the
         cut (`_shares`) promises from its healthy peers' rates (`hedging.held_rate`; a rate counts
-        once it rests on `min_busy_ns` of busy time), kept until a delivery teaches the estimates
-        something or the weights or the healthy sources change; every source's own rate is worked
-        out again here, once, after deliveries taught the estimates (asked for every deadline: a
-        line's head's, and a late streak's pieces')."""
+        once it rests on `min_busy_ns` of busy time), kept until a source's own rate moves
+        (`_learnt`) or the weights or the healthy sources change (asked for every deadline: a line's
+        head's, and a late streak's pieces')."""
         self._sync(healthy)
-        learnt = False
-        for i, stale in enumerate(self._stale):
-            if stale:
-                self._stale[i] = False
-                self.own[i] = self.est[i].rate(self._min_busy_ns)
-                learnt = True
-        if learnt:
-            self._forget()
         ok, memo = self._memo_ok[phase], self._memo[phase]
         if not ok[s]:
             memo[s] = held_rate(s, self.own, self._shares(s, phase, healthy), healthy)
             ok[s] = True
         return memo[s]
+
+    def _learnt(self, s: int) -> None:
+        """Source `s`'s estimate learnt (or was begun afresh): its own rate is taken up, and no rate
+        held to is kept, once it moved by more than `hedging.RATE_TOLERANCE` of the one in use
+        (`hedging.rate_moved`); within it, the deadlines keep the rates they had."""
+        rate = self.est[s].rate(self._min_busy_ns)
+        if rate_moved(self.own[s], rate):
+            self.own[s] = rate
+            self._forget()
 
     def _forget(self) -> None:
         """No rate held to is kept (`_rate` works them out again when asked)."""
@@ -837,7 +839,7 @@ class Hedger:
             d = self.drives[s]
             d.observed_at = d.busy
             self.est[s] = RateEstimate(self.policy.decay)
-            self._stale[s] = True
+            self._learnt(s)
             d.tick_at = self.clock()
             self.back[s] = True
             pace = self.relapse[s]

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Final, Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
+
+# how far a source's own rate may move before the deadlines use the new one (`rate_moved`), of it
+RATE_TOLERANCE: Final = 0.1
 
 
 @mypyc_attr(native_class=False)     # a policy stays a Python object: checked with clear errors (`check_*`)
@@ -109,6 +112,20 @@ class RateEstimate:
         if self.busy_ns <= 0:
             return math.inf
         return self.bytes / self.busy_ns
+
+
+def rate_moved(used: float | None, rate: float | None, tolerance: float = RATE_TOLERANCE) -> bool:
+    """Whether a source's own rate `rate` (`RateEstimate.rate`) has moved from the one the deadlines
+    use (`used`) by more than `tolerance` of it, or become known, unknown or unbounded. Every
+    on-time delivery moves the estimate by a few percent; working every held rate out again after
+    each (`held_rate` for every source and phase) was a fifth of the Python the features add to a
+    fast decode read (docs/reader.md "Round 35"), while a deadline gives margin x the expected time:
+    a rate a tenth off moves a deadline by a tenth of its expected time, well inside the margin."""
+    if used is None or rate is None:
+        return used is not rate
+    if math.isinf(used) or math.isinf(rate):
+        return used != rate
+    return abs(rate - used) > tolerance * used
 
 
 def plan_rate(src: int, shares: Sequence[float], rates: Sequence[float | None], peers: Sequence[int]) -> float | None:

@@ -727,6 +727,41 @@ def test_peers_burst_holds_the_primary_only_without_the_busy_time_rule(model, mi
     assert own == [held] * 3 and rate == held
 
 
+def test_a_deadline_takes_up_a_rate_once_it_moved_beyond_the_tolerance(model):
+    """Every on-time delivery moves a drive's estimate a little: the held rates are worked out again
+    only once a source's own rate moved by more than `RATE_TOLERANCE` of the one in use (or became
+    known, unknown or unbounded); within it, deadlines keep the rates they had."""
+    tol = hedging.RATE_TOLERANCE
+    assert hedging.rate_moved(None, 5.0) and hedging.rate_moved(5.0, None) and not hedging.rate_moved(None, None)
+    assert hedging.rate_moved(5.0, float("inf")) and hedging.rate_moved(float("inf"), 5.0)
+    assert not hedging.rate_moved(float("inf"), float("inf"))
+    assert not hedging.rate_moved(100.0, 100.0 * (1 + tol * 0.99)) and not hedging.rate_moved(100.0, 100.0 * (1 - tol * 0.99))
+    assert hedging.rate_moved(100.0, 100.0 * (1 + tol * 1.01)) and hedging.rate_moved(100.0, 100.0 * (1 - tol * 1.01))
+    assert hedging.rate_moved(0.0, 1e-9) and not hedging.rate_moved(0.0, 0.0)
+    paths, _ = model
+    with _reader(paths, None, Clock()) as r:
+        h = r._hedger
+        with r._lanes.lock:
+            for s in range(3):
+                h.est[s] = RateEstimate(0.97)
+                h.est[s].observe(1000, 10)          # 100 B/ns each
+                h._learnt(s)
+            held = h._rate(2, "decode", [0, 1, 2])
+            assert h.own == [100.0] * 3 and held == 100.0    # a weight of 1 beside peers of 2 and 1: its own
+            h.est[0].observe(115, 1)                # source 0 faster by under the tolerance: nothing moves
+            h._learnt(0)
+            assert 100.0 < h.est[0].rate() < 100.0 * (1 + tol) and h.own[0] == 100.0
+            assert h._rate(2, "decode", [0, 1, 2]) == held
+            h.est[0].observe(2000, 0)               # beyond it: taken up, and the rates held to worked out again
+            h._learnt(0)
+            assert h.own[0] == h.est[0].rate() > 100.0 * (1 + tol)
+            assert h._rate(2, "decode", [0, 1, 2]) == hedging.held_rate(2, h.own, h._shares(2, "decode", [0, 1, 2]),
+                                                                       [0, 1, 2]) > held
+            h.est[1] = RateEstimate(0.97)           # begun afresh (a drive restored): unknown at once
+            h._learnt(1)
+            assert h.own[1] is None
+
+
 def test_hedging_arithmetic_is_pure_and_right():
     assert impure_imports(hedging) == []
     est = RateEstimate(decay=0.5)
