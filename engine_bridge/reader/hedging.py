@@ -118,9 +118,9 @@ def rate_moved(used: float | None, rate: float | None, tolerance: float = RATE_T
     """Whether a source's own rate `rate` (`RateEstimate.rate`) has moved from the one the deadlines
     use (`used`) by more than `tolerance` of it, or become known, unknown or unbounded. Every
     on-time delivery moves the estimate by a few percent; working every held rate out again after
-    each (`held_rate` for every source and phase) was a fifth of the Python the features add to a
-    fast decode read (docs/reader.md "Round 35"), while a deadline gives margin x the expected time:
-    a rate a tenth off moves a deadline by a tenth of its expected time, well inside the margin."""
+    each (`held_rate` for every source and phase) cost 7 % of the Python the features add to a fast
+    decode read (docs/reader.md "Round 35"), while a deadline gives margin x the expected time: a
+    rate a tenth off moves a deadline by a tenth of its expected time, well inside the margin."""
     if used is None or rate is None:
         return used is not rate
     if math.isinf(used) or math.isinf(rate):
