@@ -30,7 +30,7 @@ from typing import Any, Final, Mapping, Sequence
 
 from mypy_extensions import mypyc_attr
 
-# how far a source's own rate may move before the deadlines use the new one (`rate_moved`), of it
+# how far a source's own rate may move, as a share of the one in use, before the deadlines take it up (`rate_moved`)
 RATE_TOLERANCE: Final = 0.1
 
 
