@@ -83,14 +83,18 @@ def ratio_interval(xs: Sequence[float], ys: Sequence[float], level: float = 0.9,
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     if len(x) < 2 or len(y) < 2:
         return None
-    if not 0 < level < 1:
-        raise ValueError(f"interval level {level} outside (0, 1)")
+    _check_level(level)
     rng = np.random.default_rng(seed)
     mx = np.median(rng.choice(x, (draws, len(x))), axis=1)
     my = np.median(rng.choice(y, (draws, len(y))), axis=1)
     if (my <= 0).any():
         return None
     return _central(mx / my, level)
+
+
+def _check_level(level: float) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"interval level {level} outside (0, 1)")
 
 
 def _central(samples, level: float) -> tuple[float, float]:
@@ -109,8 +113,7 @@ def paired_ratio(pairs: Sequence[tuple[float, float]], level: float = 0.9, draws
     noise. (ratio, low, high); None with fewer than two pairs or a y not above 0."""
     if len(pairs) < 2 or any(y <= 0 for _, y in pairs):
         return None
-    if not 0 < level < 1:
-        raise ValueError(f"interval level {level} outside (0, 1)")
+    _check_level(level)
     r = np.asarray([x / y for x, y in pairs], dtype=float)
     rng = np.random.default_rng(seed)
     lo, hi = _central(np.median(rng.choice(r, (draws, len(r))), axis=1), level)
