@@ -7,7 +7,7 @@ The lanes call it with their lock held and own the queues; the balancer only loo
 
 from __future__ import annotations
 
-from typing import Callable, Final, Sequence
+from typing import Callable, Final, Protocol, Sequence
 
 from .attempts import MAIN, Attempt, LaneQueue
 from .balancing import BalancePolicy, Pace, chunk_for, chunks, depth_bytes, pick_victim, piece_chunk
@@ -17,18 +17,29 @@ COST_DECAY: Final = 0.9          # weight of the past in the reader's CPU per re
 STEAL_SCAN: Final = 64           # queued attempts looked at per source for one to take
 
 
+class Split(Protocol):
+    """Whatever says which sources are in the split (the reader's `SourceHealth`)."""
+
+    in_split: list[int]     # replaced whole when a source leaves or rejoins: read without the lock
+
+
 class Balancer:
     """Paces, chunk sizes and the choice of work to take, for `n` sources of `lanes` lanes each.
     holds(src, fi): whether a source holds the model's file `fi` (a partial replica does not hold
-    every file; None: every source holds every file). healthy(): the sources in the split. clock: ns.
+    every file; None: every source holds every file). health.in_split: the sources in the split (an
+    attribute, not the `healthy()` call: asked ~3 times a read, that call was a Python method's
+    frame from compiled code each time, docs/reader.md "Round 36"). clock: ns.
 
     `chunk[s]`: the size source `s`'s pieces are cut into now (`balancing.chunk_for` of its pace
     and the reader's CPU per request, `cost_ns`, which the lanes measure); read without the lock
     when a read is cut (an int, replaced whole)."""
 
     def __init__(self, n: int, lanes: int, policy: BalancePolicy, holds: Callable[[int, int], bool] | None,
-                 healthy: Callable[[], list[int]], clock: Callable[[], int]):
-        self.lanes, self.policy, self.holds, self.healthy, self.clock = lanes, policy, holds, healthy, clock
+                 health: Split, clock: Callable[[], int]):
+        self.lanes, self.holds, self.health, self.clock = lanes, holds, health, clock
+        # the policy's knobs as the balancer's own ints: the policy is a Python object, and each field
+        # of it a dictionary look-up from here, several times a read (docs/reader.md "Round 36")
+        self.smallest, self.largest, self.depth_ns = policy.chunk_bytes, policy.chunk_max, policy.depth_ns
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
         self.chunk = [policy.chunk_bytes] * n
         self.cost_ns: float | None = None
@@ -37,7 +48,7 @@ class Balancer:
         """How piece [off, off+ln) of source `s` is queued: chunks of its drive's size now, no larger
         than leaves the piece MIN_REQUESTS of them (`balancing.piece_chunk`). Called without the
         lock (it reads `chunk[s]` once)."""
-        return chunks(off, ln, piece_chunk(ln, self.chunk[s], self.policy))
+        return chunks(off, ln, piece_chunk(ln, self.chunk[s], self.smallest))
 
     def inflight(self, s: int) -> int:
         """Bytes source `s` has in the kernel."""
@@ -59,7 +70,7 @@ class Balancer:
         if cost_ns is not None:
             self.cost_ns = cost_ns if self.cost_ns is None else self.cost_ns * COST_DECAY + cost_ns * (1 - COST_DECAY)
         if delivered:
-            self.chunk[s] = chunk_for(pace.rate(now), self.cost_ns, self.policy)
+            self.chunk[s] = chunk_for(pace.rate(now), self.cost_ns, self.smallest, self.largest)
 
     def moved(self, att: Attempt, old: int, new: int) -> None:
         """A started attempt fails over from `old` to `new`."""
@@ -80,7 +91,7 @@ class Balancer:
         now = self.clock()
         pace = self.pace
         top, fastest, mine, seen = None, s, None, False
-        for i in self.healthy():
+        for i in self.health.in_split:
             r = pace[i].rate(now)
             if i == s:
                 mine, seen = r, True
@@ -88,7 +99,7 @@ class Balancer:
                 top, fastest = r, i
         if not seen:
             mine = pace[s].rate(now)
-        return depth_bytes(mine, top, self.lanes, self.policy, self.chunk[fastest])
+        return depth_bytes(mine, top, self.lanes, self.depth_ns, self.chunk[fastest])
 
     def offers(self, thief: int, queues: Sequence[LaneQueue], before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a

@@ -102,17 +102,19 @@ COST_SHARE: Final = 1 / 32    # the reader's own CPU per request at most this sh
                        # pace (`chunk_for`; docs/reader.md "Balancing", "Round 15")
 
 
-def chunk_for(rate: float | None, cost_ns: float | None, policy: BalancePolicy) -> int:
+def chunk_for(rate: float | None, cost_ns: float | None, smallest: int, largest: int) -> int:
     """The chunk a drive at `rate` (bytes/ns; None: not known yet) has its pieces cut into, when a
-    request costs the reader `cost_ns` of CPU (None: not measured yet): `chunk_bytes`, doubled
-    while reading it takes the drive less than 1/COST_SHARE times that cost, up to `chunk_max`.
-    Drives reading slower than the reader's bookkeeping keep the smallest chunk (the finest
-    balancing); one faster than it gets chunks whose bookkeeping it no longer waits on."""
-    c = policy.chunk_bytes
+    request costs the reader `cost_ns` of CPU (None: not measured yet): `smallest` (the policy's
+    `chunk_bytes`), doubled while reading it takes the drive less than 1/COST_SHARE times that cost,
+    up to `largest` (`chunk_max`). Drives reading slower than the reader's bookkeeping keep the
+    smallest chunk (the finest balancing); one faster than it gets chunks whose bookkeeping it no
+    longer waits on. (The knobs come as ints, not the policy: this runs at every delivery, and a
+    field of the policy — a Python object — is a dictionary look-up from compiled code.)"""
+    c = smallest
     if rate is None or cost_ns is None or rate <= 0:
         return c
     need = rate * cost_ns / COST_SHARE
-    while c < need and c * 2 <= policy.chunk_max:
+    while c < need and c * 2 <= largest:
         c *= 2
     return c
 
@@ -121,28 +123,28 @@ MIN_REQUESTS: Final = 2    # a drive always has the next request queued behind t
                     # each request's own latency adds up (measured on throttled loop devices: 5 % of prefill)
 
 
-def piece_chunk(ln: int, chunk: int, policy: BalancePolicy) -> int:
+def piece_chunk(ln: int, chunk: int, smallest: int) -> int:
     """The chunk a piece of `ln` bytes is cut into on a drive whose chunk is `chunk` (`chunk_for`):
-    halved, down to `chunk_bytes`, while it would leave the piece fewer than MIN_REQUESTS chunks —
-    a drive reads a piece's next chunk while the reader handles the last, and lanes share a
-    piece's copy (page-cache reads of 11 MB pieces: 4 MiB chunks moved 5.95 GB/s, one 16 MiB
+    halved, down to `smallest` (the policy's `chunk_bytes`), while it would leave the piece fewer
+    than MIN_REQUESTS chunks — a drive reads a piece's next chunk while the reader handles the
+    last, and lanes share a piece's copy (page-cache reads of 11 MB pieces: 4 MiB chunks moved 5.95 GB/s, one 16 MiB
     chunk per piece 3.55, 1 MiB chunks 3.85; docs/reader.md "Round 15"). A piece under MIN_REQUESTS
     smallest chunks (every decode piece) gets the smallest at once: the halving would end there."""
-    if ln < MIN_REQUESTS * policy.chunk_bytes:
-        return policy.chunk_bytes
-    while chunk > policy.chunk_bytes and chunk * MIN_REQUESTS > ln:
+    if ln < MIN_REQUESTS * smallest:
+        return smallest
+    while chunk > smallest and chunk * MIN_REQUESTS > ln:
         chunk //= 2
     return chunk
 
 
-def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: BalancePolicy, chunk: int) -> float:
+def depth_bytes(rate: float | None, top: float | None, lanes: int, depth_ns: int, chunk: int) -> float:
     """Bytes a source at `rate` may have in the kernel when the fastest healthy source reads at `top`
-    (bytes/ns; None: not known yet) in chunks of `chunk` bytes: with `depth_ns` set, that much of its
-    own pace (`depth_limit`); else what it reads while the fastest reads `lanes` chunks — in units of the
-    drives themselves, whatever their speed (`Balancer.room` lets MIN_REQUESTS requests in whatever it
+    (bytes/ns; None: not known yet) in chunks of `chunk` bytes: with `depth_ns` (the policy's) set,
+    that much of its own pace (`depth_limit`); else what it reads while the fastest reads `lanes`
+    chunks — in units of the drives themselves, whatever their speed (`Balancer.room` lets MIN_REQUESTS requests in whatever it
     says); unbounded while either pace is unknown."""
-    if policy.depth_ns > 0:
-        return depth_limit(rate, policy)
+    if depth_ns > 0:
+        return depth_limit(rate, depth_ns)
     if rate is None or top is None or math.isinf(rate):
         return math.inf
     if top <= 0 or math.isinf(top):
@@ -150,12 +152,12 @@ def depth_bytes(rate: float | None, top: float | None, lanes: int, policy: Balan
     return rate / top * lanes * chunk
 
 
-def depth_limit(rate: float | None, policy: BalancePolicy) -> float:
+def depth_limit(rate: float | None, depth_ns: int) -> float:
     """Bytes a source at `rate` (bytes/ns; None: not known yet) may have in the kernel: `depth_ns`
     of its pace; unbounded while its pace is unknown."""
     if rate is None or math.isinf(rate):
         return math.inf
-    return rate * policy.depth_ns
+    return rate * depth_ns
 
 
 def finish_ns(inflight: int, nbytes: int, rate: float | None, other: float | None) -> float:

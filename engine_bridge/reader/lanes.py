@@ -80,7 +80,7 @@ class Lanes:
         self.balance = balance
         whole = all(f.whole for f in self.sources)
         self.balancer = (Balancer(n, lanes, balance, None if whole else lambda s, fi: self.sources[s].holds(fi),
-                                  health.healthy, clock) if balance is not None else None)
+                                  health, clock) if balance is not None else None)
         self._closing = False
         self.hedger = hedger
         self.reweigher = reweigher

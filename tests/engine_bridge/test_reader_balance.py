@@ -9,6 +9,7 @@ do (ordering waits, never a time limit) and asserts only on what was read where.
 import math
 import random
 import threading
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -70,10 +71,10 @@ def test_chunks_are_cut_at_multiples_of_the_chunk_and_cover_the_piece():
 
 def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_two_requests():
     p = BalancePolicy(chunk_bytes=1 << 20, depth_ns=250_000_000)
-    assert depth_limit(None, p) == math.inf                      # pace unknown: the lanes bound it
-    assert depth_limit(0.03, p) == pytest.approx(7.5e6)          # 30 MB/s: a quarter second of it
-    assert depth_limit(0.001, p) == pytest.approx(2.5e5)         # a crawl: a quarter second of its pace,
-    assert depth_limit(0.0, p) == 0                              # or nothing; but two requests are always let in
+    assert depth_limit(None, p.depth_ns) == math.inf                      # pace unknown: the lanes bound it
+    assert depth_limit(0.03, p.depth_ns) == pytest.approx(7.5e6)          # 30 MB/s: a quarter second of it
+    assert depth_limit(0.001, p.depth_ns) == pytest.approx(2.5e5)         # a crawl: a quarter second of its pace,
+    assert depth_limit(0.0, p.depth_ns) == 0                              # or nothing; but two requests are always let in
     pace = Pace(0.9)                                             # (one queued behind the one being read)
     pace.started(1 << 20, 0)
     assert pace.slow_start(1 << 20) is True
@@ -124,7 +125,7 @@ def test_a_chunk_its_own_drive_starts_at_once_is_not_offered_to_another():
     """Another drive may take a queued chunk only when its own drive will not start it at once: with
     a lane of its own waiting for work and room in its kernel, taking it gains nothing (on drives
     faster than the reader it only added to every read's latency)."""
-    bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, lambda: [0, 1], lambda: 0)
+    bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, SimpleNamespace(in_split=[0, 1]), lambda: 0)
     att = _queued_chunk(1)
     queues = _queues((1, 1), att)
     assert bal.offers(0, queues) == {}                     # drive 1's idle lane starts it now
@@ -148,7 +149,7 @@ def test_the_look_at_the_heads_answers_as_the_full_look_for_heads_that_may_be_ta
     for a head it could take, that look is `offers`' whole answer — nothing of a later read, nor
     of one its own drive's idle lane starts at once (on healthy drives the full look behind it
     found nothing to take in any of ~4,300); a head it cannot take sends it to the full look."""
-    bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, lambda: [0, 1], lambda: 0)
+    bal = Balancer(2, 2, BalancePolicy(chunk_bytes=MiB), None, SimpleNamespace(in_split=[0, 1]), lambda: 0)
     att = _queued_chunk(1)
     queues = _queues((0, 1), att)
 
@@ -190,33 +191,34 @@ def test_a_drives_chunk_doubles_while_the_readers_cost_per_request_is_over_its_s
     either is not known. The unit is the reader's own cost: the same drive gets the same chunk
     when pace and cost scale together."""
     p = BalancePolicy(chunk_bytes=MiB, chunk_max=16 * MiB)
+    knobs = (p.chunk_bytes, p.chunk_max)
     cost = 100_000                                                # 100 µs of CPU per request
-    assert chunk_for(None, cost, p) == MiB and chunk_for(0.5, None, p) == MiB and chunk_for(0.0, cost, p) == MiB
-    assert chunk_for(0.15, cost, p) == MiB                       # 150 MB/s: 1 MiB takes 7 ms, > 32 x 100 µs
-    assert chunk_for(0.5, cost, p) == 2 * MiB                    # 500 MB/s: 1.6 MB needed, 2 MiB
-    assert chunk_for(0.5, 3 * cost, p) == 8 * MiB                # a reader three times as costly: 4.8 MB, 8 MiB
-    assert chunk_for(7.0, cost, p) == 16 * MiB                   # NVMe: 22 MB needed, the largest allowed
-    assert chunk_for(math.inf, cost, p) == 16 * MiB
+    assert chunk_for(None, cost, *knobs) == MiB and chunk_for(0.5, None, *knobs) == MiB
+    assert chunk_for(0.0, cost, *knobs) == MiB
+    assert chunk_for(0.15, cost, *knobs) == MiB                  # 150 MB/s: 1 MiB takes 7 ms, > 32 x 100 µs
+    assert chunk_for(0.5, cost, *knobs) == 2 * MiB               # 500 MB/s: 1.6 MB needed, 2 MiB
+    assert chunk_for(0.5, 3 * cost, *knobs) == 8 * MiB           # a reader three times as costly: 4.8 MB, 8 MiB
+    assert chunk_for(7.0, cost, *knobs) == 16 * MiB              # NVMe: 22 MB needed, the largest allowed
+    assert chunk_for(math.inf, cost, *knobs) == 16 * MiB
     for rate in (0.01, 0.15, 0.5, 2.0, 7.0):
-        c = chunk_for(rate, cost, p)
+        c = chunk_for(rate, cost, *knobs)
         assert c / rate >= cost / COST_SHARE or c == p.chunk_max          # long enough, or the largest
         assert c == p.chunk_bytes or (c / 2) / rate < cost / COST_SHARE   # and no longer than it needs
-        assert chunk_for(rate * 3, cost / 3, p) == c                      # in units of the reader's cost
-    fixed = BalancePolicy(chunk_bytes=MiB, chunk_max=MiB)
-    assert chunk_for(7.0, cost, fixed) == MiB                    # chunk_max = chunk_bytes: every chunk that size
+        assert chunk_for(rate * 3, cost / 3, *knobs) == c                 # in units of the reader's cost
+    assert chunk_for(7.0, cost, MiB, MiB) == MiB                 # chunk_max = chunk_bytes: every chunk that size
 
 
 def test_a_piece_is_never_fewer_than_two_chunks_of_a_grown_size():
     """`piece_chunk`: a drive's grown chunk is halved, down to the smallest, until the piece is at
     least MIN_REQUESTS chunks; a piece no longer than the smallest chunk stays one read."""
     p = BalancePolicy(chunk_bytes=MiB, chunk_max=16 * MiB)
-    assert piece_chunk(11_184_811, 16 * MiB, p) == 4 * MiB           # a third of a 32 MiB read: three chunks
-    assert piece_chunk(64 * MiB, 16 * MiB, p) == 16 * MiB            # long enough for the drive's own
-    assert piece_chunk(3 * MiB, 16 * MiB, p) == MiB                  # down to the smallest
-    assert piece_chunk(600_000, 16 * MiB, p) == MiB and chunks(0, 600_000, MiB) == [(0, 600_000)]
-    assert piece_chunk(8 * MiB, MiB, p) == MiB                       # the smallest is never halved
+    assert piece_chunk(11_184_811, 16 * MiB, p.chunk_bytes) == 4 * MiB           # a third of a 32 MiB read: three chunks
+    assert piece_chunk(64 * MiB, 16 * MiB, p.chunk_bytes) == 16 * MiB            # long enough for the drive's own
+    assert piece_chunk(3 * MiB, 16 * MiB, p.chunk_bytes) == MiB                  # down to the smallest
+    assert piece_chunk(600_000, 16 * MiB, p.chunk_bytes) == MiB and chunks(0, 600_000, MiB) == [(0, 600_000)]
+    assert piece_chunk(8 * MiB, MiB, p.chunk_bytes) == MiB                       # the smallest is never halved
     for ln in (MiB + 1, 5 * MiB, 11_184_811, 40 * MiB):
-        c = piece_chunk(ln, 16 * MiB, p)
+        c = piece_chunk(ln, 16 * MiB, p.chunk_bytes)
         assert c == p.chunk_bytes or len(chunks(0, ln, c)) >= MIN_REQUESTS
 
 
@@ -224,7 +226,8 @@ def test_the_balancer_sizes_each_drives_chunk_from_its_pace_and_the_depth_in_the
     """A drive delivering 8 MiB per ms grows its chunk, one at 1 MiB per 10 ms keeps the smallest;
     a drive's kernel depth counts `lanes` chunks of the fastest drive."""
     now = [0]
-    bal = Balancer(2, 4, BalancePolicy(chunk_bytes=MiB, chunk_max=8 * MiB), None, lambda: [0, 1], lambda: now[0])
+    bal = Balancer(2, 4, BalancePolicy(chunk_bytes=MiB, chunk_max=8 * MiB), None, SimpleNamespace(in_split=[0, 1]),
+                   lambda: now[0])
     att = Attempt(None, 0, MAIN, 0, MiB, None, 0)
     for k in range(3):
         for s, ns in ((0, 125_000), (1, 10_000_000)):            # 8.4 GB/s and 105 MB/s

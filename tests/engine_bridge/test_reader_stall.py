@@ -159,7 +159,7 @@ def test_the_same_scenario_at_10_mb_s_and_at_5_gb_s_gives_the_same_decisions():
         out.append(pick_victim(2, {0: MIB}, [MIB, 0, 0], rates))
         # the kernel depth is in units of the drives: every lane of a healthy drive, 8/20 of a chunk of the
         # crawler (it still keeps two requests in its kernel: `Pace.room`)
-        out.append([depth_bytes(rates[i], rate, 8, BalancePolicy(), MIB) / MIB for i in range(3)])
+        out.append([depth_bytes(rates[i], rate, 8, BalancePolicy().depth_ns, MIB) / MIB for i in range(3)])
         # a pace learnt in units of its own deliveries, falling while it delivers nothing
         pace = Pace(0.9)
         for k in range(4):
