@@ -45,12 +45,12 @@ without sleeping.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import threading
 import time
 from collections import deque
+from heapq import heappop, heappush     # names of this module's own: a look-up of `heapq.` was a module's
+                                        # attribute from compiled code at every push (docs/reader.md "Round 36")
 from typing import Callable, Final, Sequence
 
 from core.coldio import align_down
@@ -149,7 +149,8 @@ class Hedger:
         self._min_busy_ns = policy.min_busy_ns      # the policy's fields read for every deadline, kept natively
         self._floor_ns = policy.floor_ns
         self._margin = float(policy.margin)
-        self._seq = itertools.count()
+        self._pushes = 0                   # the heap's entries so far: each entry's tie-break (an int of its own,
+                                           # not `next()` of a counter: a builtin's call per push)
         self._stopping = False
         self._wake_at: int | None = None   # when the watchdog's timer wakes it (None: only a ring does)
         # the reads callers wait on (`wait_for`; one whose event is set is waited on no more: taken off
@@ -291,7 +292,7 @@ class Hedger:
         is on a drive already on a late streak, each gets a deadline in units of the step
         (`hedging.step_deadline_ns`: margin x what the others needed for their share of this read),
         so a crawler's pieces are hedged at the engine's pace before the verdict that takes it out."""
-        if not any(self.streak) or ticket.t_sub < 0:
+        if not self._any_streak() or ticket.t_sub < 0:
             return
         out = [a for a in ticket._mains if not a.piece.done]
         if not out or not all(self.streak[a.src] for a in out):
@@ -316,7 +317,7 @@ class Hedger:
         (`hedging.copy_due`), if `room(bytes)` lets `t` start it; None. The copy is counted `hedged`
         on `t`; the chunk is still judged at its deadline (a drive that keeps needing copies is late
         all the same)."""
-        if not any(self.streak):
+        if not self._any_streak():
             return None
         rate = pace()
         if rate is None or rate <= 0:
@@ -354,7 +355,7 @@ class Hedger:
     def out_elsewhere(self, t: int) -> bool:
         """Whether a source other than `t`, on a late streak, has a main chunk in its kernel (one a
         copy might help)."""
-        return any(self.streak) and any(a.started and not a.piece.done for s, atts in enumerate(self.pending)
+        return self._any_streak() and any(a.started and not a.piece.done for s, atts in enumerate(self.pending)
                                         if s != t and self.streak[s] for a in atts)
 
     def stuck(self, s: int) -> bool:
@@ -470,6 +471,15 @@ class Hedger:
     def _delivered(self) -> list[int]:
         """Every source's bytes delivered, in all."""
         return [d.delivered for d in self.drives]
+
+    def _any_streak(self) -> bool:
+        """Whether any drive is on a late streak: asked at every piece that lands and at every look
+        for work elsewhere (a loop here; `any(self.streak)` was a call of the builtin from compiled
+        code, ~500 instructions each, docs/reader.md "Round 36")."""
+        for k in self.streak:
+            if k:
+                return True
+        return False
 
     def _on_time(self, s: int) -> None:
         """A piece of `s` landed on time: its late streak is over."""
@@ -669,7 +679,7 @@ class Hedger:
         the time over from the caller's wait, `wait_for`), or a drive is in trouble — on a late streak,
         probed, or out of the split — or pieces were put off (starved). Otherwise nobody needs a
         piece judged before someone waits for it, and a waiting caller's wait keeps the time."""
-        return (self._waiters() > 0 or self._deferred or any(self.streak) or any(self.probing)
+        return (self._waiters() > 0 or self._deferred or self._any_streak() or any(self.probing)
                 or len(self.health.in_split) < len(self.streak))
 
     def _drop_moot(self, now: int) -> None:
@@ -683,7 +693,8 @@ class Hedger:
         earliest, wake the watchdog if it keeps time (it sleeps to an earlier deadline no more), or
         if it does not and a caller waits untimed or to a later one (`wait_for`); nobody waiting, it
         is judged once someone waits (or the watchdog wakes for another)."""
-        heapq.heappush(self._heap, (due, next(self._seq), att, s))
+        self._pushes += 1
+        heappush(self._heap, (due, self._pushes, att, s))
         att.watched += 1
         if self._heap[0][2] is att and (self._wake_at is not None or (
                 (self._wait_until is None or due < self._wait_until) and self._waiters() > 0)):
@@ -704,7 +715,7 @@ class Hedger:
 
     def _pop(self) -> tuple[Attempt, int]:
         """The heap's earliest: (attempt, the source whose line it was put on the heap for)."""
-        _, _, att, s = heapq.heappop(self._heap)
+        _, _, att, s = heappop(self._heap)
         att.watched -= 1
         return att, s
 
