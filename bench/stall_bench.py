@@ -38,6 +38,12 @@ and with --feature-arms two more in every scenario, to weigh each feature agains
   h+b      hedging and balancing (--no-reweigh)
   h+r      hedging and re-weighting (--no-balance)
 
+and with --tree DIR one more in every scenario, to weigh two builds of the reader side by side:
+
+  tree     the engine's defaults run from another checkout DIR of replica-tuner (its own code,
+           compiled in place or not: each run reports its reader's build); printed beside the
+           defaults, paired by pass: this build's tok/s, reader CPU and whole CPU over the other's
+
 and with --control one more in every scenario (with --order alternate first in each pass, as far
 from its reference in the run order as any arm is):
 
@@ -139,6 +145,7 @@ TARGET = {"crawl": 0.9, "recover": 0.9, "half": 0.95, "healthy": 0.98}
 ONCE = {("crawl", "neither"), ("recover", "neither")}
 FEATURE_ARMS = ("h+b", "h+r")   # --feature-arms: hedging with balancing, hedging with re-weighting (each feature's cost)
 CONTROL = "twin"                 # --control: the reference arm again (the bench's own noise)
+TREE = "tree"                    # --tree: the defaults, run from another checkout (two builds side by side)
 FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", "--no-reweigh", "--no-balance"],
          "h+b": ["--hedge", "--no-reweigh", "--balance"], "h+r": ["--hedge", "--reweigh", "--no-balance"],
          "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
@@ -190,8 +197,9 @@ def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, floa
 
 
 def configured_as(scenario: str, arm: str) -> str:
-    """The arm whose plan and flags `arm` runs with: the control runs its scenario's reference."""
-    return REFERENCE[scenario] if arm == CONTROL else arm
+    """The arm whose plan and flags `arm` runs with: the control runs its scenario's reference, the
+    other tree the defaults."""
+    return REFERENCE[scenario] if arm == CONTROL else "reweigh" if arm == TREE else arm
 
 
 def spec_for(scenario: str, arm: str, paths: list[str]) -> ArmSpec:
@@ -222,7 +230,8 @@ def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], se
         mem0 = tb.memory_counters(reset=True) if args.ram else None   # under a budget: its peak, its limit hits
         use0 = resource.getrusage(resource.RUSAGE_CHILDREN)    # the run is the only child reaped meanwhile
         args.warm.release()             # the run's memory: what the bench held until now (`WarmMemory`)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,   # the other tree: its own code
+                                cwd=args.tree if arm == TREE else None,      # (`python -c` imports from its cwd first)
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         at, span = RECOVER[cls] if args.crawl_at is None else (args.crawl_at, args.crawl_for)
         seen, crawled = [], []
@@ -290,10 +299,11 @@ def warm_up(tb: Testbed, cls: str, paths: list[str], settings: dict, workdir: st
             f"{r['prefill_tps']:.2f} tok/s, steady decode {r['gen_steady_tps']:.2f}")
 
 
-def arms_of(feature_arms: bool, control: bool = False) -> dict[str, tuple[str, ...]]:
-    """Each scenario's arms: `ARMS`, with `FEATURE_ARMS` after the defaults and `CONTROL` first
-    when asked for."""
-    arms = {sc: (a[0], *FEATURE_ARMS, *a[1:]) if feature_arms else a for sc, a in ARMS.items()}
+def arms_of(feature_arms: bool, control: bool = False, tree: bool = False) -> dict[str, tuple[str, ...]]:
+    """Each scenario's arms: `ARMS`, with `TREE` and `FEATURE_ARMS` after the defaults and `CONTROL`
+    first when asked for."""
+    extra = ((TREE,) if tree else ()) + (FEATURE_ARMS if feature_arms else ())
+    arms = {sc: (a[0], *extra, *a[1:]) for sc, a in ARMS.items()}
     return {sc: (CONTROL, *a) if control else a for sc, a in arms.items()}
 
 
@@ -328,15 +338,17 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded, each, passes, kernel, watchdog = {}, {}, {}, {}, {}, {}, {}
+        med, runs, degraded, each, passes, kernel, watchdog, builds = {}, {}, {}, {}, {}, {}, {}, {}
         for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
             runs[arm] = len(rs)
             each[arm] = {k: [r[k] for r in rs] for k in ("prefill_tps", "gen_steady_tps")}
             passes[arm] = {k: {r["bench_pass"]: r[k] for r in rs} for k in ("prefill_tps", "gen_steady_tps")}
-            for ph in ("prefill", "decode"):        # the whole process's CPU of the phase, per pass
+            for ph in ("prefill", "decode"):        # the whole process's CPU of the phase and its reader's, per pass
                 passes[arm][ph + " cpu"] = {r["bench_pass"]: c for r in rs if (c := whole_cpu(r[ph]))}
+                passes[arm][ph + " reader"] = {r["bench_pass"]: c for r in rs if (c := reader_cpu(r[ph])) is not None}
+            builds[arm] = sorted({(r.get("reader") or {}).get("build") or "?" for r in rs})
             med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
@@ -370,6 +382,8 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
                 lines.append(f"   {ph:7} the whole process's CPU over {ref}'s, paired by pass: " + (", ".join(
                     paired(passes[a][ph + " cpu"], passes[ref][ph + " cpu"], f"{a}/{ref}") or f"{a} -"
                     for a in arms_by[sc] if a != ref)))
+        if TREE in arms_by[sc]:
+            lines += tree_lines(passes, med, builds)
         if any(watchdog.values()):
             lines.append("   hedging's watchdog a run, rounds / woken by a timer / that judged a piece out: " + ", ".join(
                 f"{a} {'%.0f / %.0f / %.0f' % watchdog[a]}" for a in arms_by[sc] if watchdog[a]))
@@ -378,11 +392,29 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
                      + (", the budget's peak MB, times at the budget (fewest-most)" if budget else "")
                      + " a run " + (", " if not budget else "; ").join(f"{a} {kernel[a]}" for a in arms_by[sc]))
         for a in arms_by[sc]:
-            if a in ("reweigh", "hedge"):
+            if a in ("reweigh", TREE, "hedge"):
                 lines.append(f"   {a} changes: " + " | ".join(degraded[a]))
         if sc == "healthy":
-            bad = [a for a in ("reweigh", "hedge") for c in degraded[a] if "degraded" in c]
+            bad = [a for a in ("reweigh", TREE, "hedge") if a in degraded for c in degraded[a] if "degraded" in c]
             lines.append(f"   healthy degrades: {len(bad)} ({', '.join(bad) or 'none'})")
+    return lines
+
+
+def tree_lines(passes: dict, med: dict, builds: dict) -> list[str]:
+    """The defaults of this tree beside those of the other (--tree), per phase: tok/s over the
+    other's, paired by pass; the reader threads' CPU beyond the other's (ms a run: the median of the
+    per-pass differences, with the range) and the whole process's CPU over it, paired by pass; and
+    which build of the reader each ran."""
+    lines = [f"   {TREE:13} reader build: reweigh {'/'.join(builds['reweigh'])}, {TREE} {'/'.join(builds[TREE])}"]
+    for k, ph in (("prefill_tps", "prefill"), ("gen_steady_tps", "decode")):
+        mine, other = passes["reweigh"], passes[TREE]
+        diffs = sorted(mine[ph + " reader"][p] - other[ph + " reader"][p] for p in mine[ph + " reader"]
+                       if p in other[ph + " reader"])
+        extra = (f"{statistics.median(diffs) * 1e3:+.0f} ms (passes {diffs[0] * 1e3:+.0f} to {diffs[-1] * 1e3:+.0f}), "
+                 f"{cpu_cost(med['reweigh'][ph + ' cpu'], med[TREE][ph + ' cpu'])} by the medians" if diffs else "-")
+        lines.append(f"   {ph:7} this tree / {TREE}: tok/s " + (paired(mine[k], other[k], f"reweigh/{TREE}") or "-")
+                     + f"; the reader's CPU beyond {TREE}'s, paired by pass: {extra}; the whole process's CPU "
+                     + (paired(mine[ph + " cpu"], other[ph + " cpu"], f"reweigh/{TREE}") or "-"))
     return lines
 
 
@@ -438,6 +470,12 @@ def cpu_times(phases: list[dict]) -> tuple[float, float] | None:
         return None
     return (statistics.median(t[f"{THREADS[-1]}_cpu_seconds"] for t in ts) * 1e3,
             statistics.median(whole_cpu(p) for p in phases if p.get("threads")) * 1e3)
+
+
+def reader_cpu(phase: dict) -> float | None:
+    """A run's phase's CPU seconds of the reader's threads (THREADS' last group); None without counts."""
+    t = phase.get("threads")
+    return t[f"{THREADS[-1]}_cpu_seconds"] if t else None
 
 
 def whole_cpu(phase: dict) -> float | None:
@@ -537,6 +575,11 @@ def main() -> int:
                     help="one more arm in every scenario, twin: its reference arm run again; "
                          "twin / reference and its 90%% interval are the bench's own noise, the least cost a cell "
                          "can tell apart from none")
+    ap.add_argument("--tree", default=None, metavar="DIR",
+                    help="another checkout of replica-tuner (its reader compiled in place, or not): one more arm in "
+                         "every scenario, tree, the defaults run from its code, printed beside this tree's defaults "
+                         "paired by pass (tok/s, the reader's CPU, the whole process's CPU): two builds side by "
+                         "side in one bench")
     ap.add_argument("--order", default=SHUFFLE, choices=(SHUFFLE, ALTERNATE),
                     help="the arms' order in each pass: shuffle (each pass an order of its own, drawn from --seed "
                          "and the prompt) or alternate (forward, backward, ...: earlier rounds' order, where an "
@@ -573,10 +616,14 @@ def main() -> int:
         usage_exit("--pacing service: the fast class is the loop devices unthrottled, and a daemon in the way would be "
                    "its ceiling; give --class slow and/or --class medium")
     scenarios = tuple(sc for sc in SCENARIOS if not args.scenarios or sc in args.scenarios)
-    arms_by = arms_of(args.feature_arms, args.control)
+    if args.tree is not None:
+        args.tree = os.path.abspath(args.tree)
+        if not os.path.isfile(os.path.join(args.tree, "engine_bridge", "cli.py")):
+            usage_exit(f"--tree {args.tree}: not a checkout of replica-tuner (no engine_bridge/cli.py in it)")
+    arms_by = arms_of(args.feature_arms, args.control, args.tree is not None)
     prompts = [p for k, p in (("short", args.short), ("long", args.long)) if not args.prompts or k in args.prompts]
     require_testbed(args.pacing)
-    out = args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp")
+    out = os.path.abspath(args.out or tempfile.mkdtemp(prefix="stall-bench-", dir="/var/tmp"))  # (--tree runs elsewhere)
     t_start = time.monotonic()
     lines: list[str] = []
     hashes: dict[tuple[int, int], set] = {}     # (prompt, generated) -> output hashes
