@@ -41,8 +41,9 @@ and with --feature-arms two more in every scenario, to weigh each feature agains
 and with --tree DIR one more in every scenario, to weigh two builds of the reader side by side:
 
   tree     the engine's defaults run from another checkout DIR of replica-tuner (its own code,
-           compiled in place or not: each run reports its reader's build); printed beside the
-           defaults, paired by pass: this build's tok/s, reader CPU and whole CPU over the other's
+           compiled in place or not: the header names its commit and its reader's build); printed
+           beside the defaults, paired by pass: this build's tok/s, reader CPU and whole CPU over
+           the other's
 
 and with --control one more in every scenario (with --order alternate first in each pass, as far
 from its reference in the run order as any arm is):
@@ -338,7 +339,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = []
     for sc in scenarios:
-        med, runs, degraded, each, passes, kernel, watchdog, builds = {}, {}, {}, {}, {}, {}, {}, {}
+        med, runs, degraded, each, passes, kernel, watchdog = {}, {}, {}, {}, {}, {}, {}
         for arm in arms_by[sc]:
             src = "crawl" if (sc == "recover" and arm == "alone" and "crawl" in scenarios) else sc   # one alone arm
             rs = [r for s, a, r in rows if s == src and a == arm and "error" not in r]
@@ -348,7 +349,6 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
             for ph in ("prefill", "decode"):        # the whole process's CPU of the phase and its reader's, per pass
                 passes[arm][ph + " cpu"] = {r["bench_pass"]: c for r in rs if (c := whole_cpu(r[ph]))}
                 passes[arm][ph + " reader"] = {r["bench_pass"]: c for r in rs if (c := reader_cpu(r[ph])) is not None}
-            builds[arm] = sorted({(r.get("reader") or {}).get("build") or "?" for r in rs})
             med[arm] = {k: statistics.median(v) if v else None for k, v in each[arm].items()}
             for ph in ("prefill", "decode"):        # the engine's wait on reads, and the rest (its compute)
                 med[arm][ph] = split_times([r[ph] for r in rs])
@@ -383,7 +383,7 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
                     paired(passes[a][ph + " cpu"], passes[ref][ph + " cpu"], f"{a}/{ref}") or f"{a} -"
                     for a in arms_by[sc] if a != ref)))
         if TREE in arms_by[sc]:
-            lines += tree_lines(passes, med, builds)
+            lines += tree_lines(passes, med)
         if any(watchdog.values()):
             lines.append("   hedging's watchdog a run, rounds / woken by a timer / that judged a piece out: " + ", ".join(
                 f"{a} {'%.0f / %.0f / %.0f' % watchdog[a]}" for a in arms_by[sc] if watchdog[a]))
@@ -400,12 +400,11 @@ def summary(cls: str, prompt: int, rows: list[tuple[str, str, dict]], scenarios=
     return lines
 
 
-def tree_lines(passes: dict, med: dict, builds: dict) -> list[str]:
+def tree_lines(passes: dict, med: dict) -> list[str]:
     """The defaults of this tree beside those of the other (--tree), per phase: tok/s over the
     other's, paired by pass; the reader threads' CPU beyond the other's (ms a run: the median of the
-    per-pass differences, with the range) and the whole process's CPU over it, paired by pass; and
-    which build of the reader each ran."""
-    lines = [f"   {TREE:13} reader build: reweigh {'/'.join(builds['reweigh'])}, {TREE} {'/'.join(builds[TREE])}"]
+    per-pass differences, with the range) and the whole process's CPU over it, paired by pass."""
+    lines = []
     for k, ph in (("prefill_tps", "prefill"), ("gen_steady_tps", "decode")):
         mine, other = passes["reweigh"], passes[TREE]
         diffs = sorted(mine[ph + " reader"][p] - other[ph + " reader"][p] for p in mine[ph + " reader"]
@@ -416,6 +415,17 @@ def tree_lines(passes: dict, med: dict, builds: dict) -> list[str]:
                      + f"; the reader's CPU beyond {TREE}'s, paired by pass: {extra}; the whole process's CPU "
                      + (paired(mine[ph + " cpu"], other[ph + " cpu"], f"reweigh/{TREE}") or "-"))
     return lines
+
+
+def tree_build(tree: str) -> str:
+    """The other tree's commit and which copy of its reader its runs use (`build.HOW`, asked from its
+    own code as a run imports it), for the header."""
+    code = "from engine_bridge.reader import build; print(build.HOW)"
+    how = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True)
+    rev = subprocess.run(["git", "-C", tree, "log", "-1", "--format=%h"], capture_output=True, text=True)
+    if how.returncode:
+        usage_exit(f"--tree {tree}: its reader does not import ({(how.stderr.strip().splitlines() or ['?'])[-1]})")
+    return f"{rev.stdout.strip() or 'not a git checkout'}, reader {how.stdout.strip()}"
 
 
 def kernel_use(results: list[dict]) -> str:
@@ -645,6 +655,7 @@ def main() -> int:
                 + (f"each pass in an order of its own (seed {args.seed})" if args.order == SHUFFLE
                    else "forward and backward")
                 + f"; drives paced by {args.pacing}; reader {build.HOW}; "
+                + (f"arm {TREE}: {args.tree} ({tree_build(args.tree)}); " if args.tree else "")
                 + (f"{args.warm_memory} of memory let go before each run" if args.warm.nbytes else "no memory let go "
                    "before the runs (--warm-memory 0)")
                 + (f"; every run also given {' '.join(args.run_arg)}" if args.run_arg else ""))
