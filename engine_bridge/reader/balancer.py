@@ -41,7 +41,7 @@ class Balancer:
         # of it a dictionary look-up from here, several times a read (docs/reader.md "Round 36")
         self.smallest, self.largest, self.depth_ns = policy.chunk_bytes, policy.chunk_max, policy.depth_ns
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
-        self.chunk = [policy.chunk_bytes] * n
+        self.chunk = [self.smallest] * n
         self.cost_ns: float | None = None
 
     def parts(self, s: int, off: int, ln: int) -> list[tuple[int, int]]:

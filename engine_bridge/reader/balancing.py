@@ -127,9 +127,10 @@ def piece_chunk(ln: int, chunk: int, smallest: int) -> int:
     """The chunk a piece of `ln` bytes is cut into on a drive whose chunk is `chunk` (`chunk_for`):
     halved, down to `smallest` (the policy's `chunk_bytes`), while it would leave the piece fewer
     than MIN_REQUESTS chunks — a drive reads a piece's next chunk while the reader handles the
-    last, and lanes share a piece's copy (page-cache reads of 11 MB pieces: 4 MiB chunks moved 5.95 GB/s, one 16 MiB
-    chunk per piece 3.55, 1 MiB chunks 3.85; docs/reader.md "Round 15"). A piece under MIN_REQUESTS
-    smallest chunks (every decode piece) gets the smallest at once: the halving would end there."""
+    last, and lanes share a piece's copy (page-cache reads of 11 MB pieces: 4 MiB chunks moved
+    5.95 GB/s, one 16 MiB chunk per piece 3.55, 1 MiB chunks 3.85; docs/reader.md "Round 15"). A
+    piece under MIN_REQUESTS smallest chunks (every decode piece) gets the smallest at once: the
+    halving would end there."""
     if ln < MIN_REQUESTS * smallest:
         return smallest
     while chunk > smallest and chunk * MIN_REQUESTS > ln:
@@ -141,8 +142,8 @@ def depth_bytes(rate: float | None, top: float | None, lanes: int, depth_ns: int
     """Bytes a source at `rate` may have in the kernel when the fastest healthy source reads at `top`
     (bytes/ns; None: not known yet) in chunks of `chunk` bytes: with `depth_ns` (the policy's) set,
     that much of its own pace (`depth_limit`); else what it reads while the fastest reads `lanes`
-    chunks — in units of the drives themselves, whatever their speed (`Balancer.room` lets MIN_REQUESTS requests in whatever it
-    says); unbounded while either pace is unknown."""
+    chunks — in units of the drives themselves, whatever their speed (`Balancer.room` lets
+    MIN_REQUESTS requests in whatever it says); unbounded while either pace is unknown."""
     if depth_ns > 0:
         return depth_limit(rate, depth_ns)
     if rate is None or top is None or math.isinf(rate):
