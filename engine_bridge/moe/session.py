@@ -158,7 +158,8 @@ def run_result(o: RunOutcome, g: Geometry, sources: SourceSet, requested: int, a
         "idle": idle,
         "output_tokens": len(o.tokens),
         "output_ids": list(o.tokens),
-        "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text, "watchdog": sd["watchdog"]},
+        "reader": {"reads": sd["reads"], "bytes": sd["bytes"], "text": stats_text, "watchdog": sd["watchdog"],
+                   "build": sd["build"]},
         **({"trace": o.trace} if o.trace is not None else {}),
     }
 

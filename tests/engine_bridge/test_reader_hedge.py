@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from core.errors import UsageError
 from engine_bridge.cli import app
-from engine_bridge.reader import hedging
+from engine_bridge.reader import build, hedging
 from engine_bridge.reader.attempts import Attempt, PieceInFlight, ReadTicket
 from engine_bridge.reader.buffers import span
 from engine_bridge.reader.hedging import HedgePolicy, RateEstimate
@@ -826,3 +826,5 @@ def test_run_output_is_the_same_with_hedging_on_and_off(model_dir):
     wd = j_on["reader"]["watchdog"]
     assert j_off["reader"]["watchdog"] is None and wd["rounds"] >= 1 and wd["rounds"] >= wd["timer"] >= 0
     assert wd["rounds"] >= wd["judged"] >= 0
+    # which copy of the reader ran, as the reader says it: two installs' runs can be told apart
+    assert j_on["reader"]["build"] == j_off["reader"]["build"] == build.HOW
