@@ -475,11 +475,11 @@ def thread_times(phases: list[dict]) -> tuple[float, ...] | None:
 def cpu_times(phases: list[dict]) -> tuple[float, float] | None:
     """The medians, in ms, of a phase's CPU time of the reader's threads (THREADS' last group: its
     lanes and watchdog) and of all the process's threads, over runs; None without counts."""
-    ts = [p["threads"] for p in phases if p.get("threads")]
-    if not ts:
+    counted = [p for p in phases if p.get("threads")]
+    if not counted:
         return None
-    return (statistics.median(t[f"{THREADS[-1]}_cpu_seconds"] for t in ts) * 1e3,
-            statistics.median(whole_cpu(p) for p in phases if p.get("threads")) * 1e3)
+    return (statistics.median(reader_cpu(p) for p in counted) * 1e3,
+            statistics.median(whole_cpu(p) for p in counted) * 1e3)
 
 
 def reader_cpu(phase: dict) -> float | None:

@@ -71,10 +71,11 @@ def test_chunks_are_cut_at_multiples_of_the_chunk_and_cover_the_piece():
 
 def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_two_requests():
     p = BalancePolicy(chunk_bytes=1 << 20, depth_ns=250_000_000)
-    assert depth_limit(None, p.depth_ns) == math.inf                      # pace unknown: the lanes bound it
-    assert depth_limit(0.03, p.depth_ns) == pytest.approx(7.5e6)          # 30 MB/s: a quarter second of it
-    assert depth_limit(0.001, p.depth_ns) == pytest.approx(2.5e5)         # a crawl: a quarter second of its pace,
-    assert depth_limit(0.0, p.depth_ns) == 0                              # or nothing; but two requests are always let in
+    depth = p.depth_ns
+    assert depth_limit(None, depth) == math.inf                  # pace unknown: the lanes bound it
+    assert depth_limit(0.03, depth) == pytest.approx(7.5e6)      # 30 MB/s: a quarter second of it
+    assert depth_limit(0.001, depth) == pytest.approx(2.5e5)     # a crawl: a quarter second of its pace,
+    assert depth_limit(0.0, depth) == 0                          # or nothing; but two requests are always let in
     pace = Pace(0.9)                                             # (one queued behind the one being read)
     pace.started(1 << 20, 0)
     assert pace.slow_start(1 << 20) is True
@@ -212,13 +213,14 @@ def test_a_piece_is_never_fewer_than_two_chunks_of_a_grown_size():
     """`piece_chunk`: a drive's grown chunk is halved, down to the smallest, until the piece is at
     least MIN_REQUESTS chunks; a piece no longer than the smallest chunk stays one read."""
     p = BalancePolicy(chunk_bytes=MiB, chunk_max=16 * MiB)
-    assert piece_chunk(11_184_811, 16 * MiB, p.chunk_bytes) == 4 * MiB           # a third of a 32 MiB read: three chunks
-    assert piece_chunk(64 * MiB, 16 * MiB, p.chunk_bytes) == 16 * MiB            # long enough for the drive's own
-    assert piece_chunk(3 * MiB, 16 * MiB, p.chunk_bytes) == MiB                  # down to the smallest
-    assert piece_chunk(600_000, 16 * MiB, p.chunk_bytes) == MiB and chunks(0, 600_000, MiB) == [(0, 600_000)]
-    assert piece_chunk(8 * MiB, MiB, p.chunk_bytes) == MiB                       # the smallest is never halved
+    smallest = p.chunk_bytes
+    assert piece_chunk(11_184_811, 16 * MiB, smallest) == 4 * MiB    # a third of a 32 MiB read: three chunks
+    assert piece_chunk(64 * MiB, 16 * MiB, smallest) == 16 * MiB     # long enough for the drive's own
+    assert piece_chunk(3 * MiB, 16 * MiB, smallest) == MiB           # down to the smallest
+    assert piece_chunk(600_000, 16 * MiB, smallest) == MiB and chunks(0, 600_000, MiB) == [(0, 600_000)]
+    assert piece_chunk(8 * MiB, MiB, smallest) == MiB                # the smallest is never halved
     for ln in (MiB + 1, 5 * MiB, 11_184_811, 40 * MiB):
-        c = piece_chunk(ln, 16 * MiB, p.chunk_bytes)
+        c = piece_chunk(ln, 16 * MiB, smallest)
         assert c == p.chunk_bytes or len(chunks(0, ln, c)) >= MIN_REQUESTS
 
 
