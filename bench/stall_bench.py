@@ -31,7 +31,12 @@ expert cache), each pass through the arms in an order of its own (shuffled, seed
   hedge    hedging only (--no-reweigh --no-balance)
   neither  --no-hedge --no-reweigh --no-balance (the engine's own reads)
   alone    internal and green alone at 1:1 (the healthy drives: crawl's and recover's reference)
-  best     the right static weights for green at half speed, 2:1:2 (half's reference)
+  best     the right static weights for green at half speed (half's reference): 2:1:2 where the
+           drives are held to ceilings (slow, medium); in the fast class, where the two others are
+           unthrottled and their speed is the CPU they get, what each of the three delivers while
+           green is held to half and all three read at once, measured at the class's start (the
+           same drives gave a fixed 2:1:2 0.82, 1.30 and 0.93 of the defaults in three testbeds one
+           evening: docs/reader.md "Round 37")
 
 and with --feature-arms two more in every scenario, to weigh each feature against hedging alone:
 
@@ -186,6 +191,24 @@ def _measure(tb: Testbed, paths: list[str], seconds: float) -> list[float]:
     return [float(x) for x in p.stdout.split()]
 
 
+def measure_half(tb: Testbed, paths: list[str], half_of: dict[str, float]) -> dict[str, float]:
+    """MB/s each drive delivers while all three read at once with green held to half of `half_of`'s
+    (the fast class's half scenario, its others unthrottled): the right static weights for it."""
+    tb.throttle("green", half_of["green"] / 2)
+    try:
+        return measure_unthrottled(tb, paths)
+    finally:
+        tb.throttle("green", CLASSES["fast"][0])
+
+
+def best_weights(under_half: dict[str, float] | None) -> tuple[int, ...]:
+    """The best arm's weights: 2:1:2 for drives held to ceilings, else the drives' measured MB/s
+    under the half scenario (`measure_half`), each at least 1."""
+    if under_half is None:
+        return (2, 1, 2)
+    return tuple(max(1, round(under_half[n])) for n in DRIVES)
+
+
 def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, float]:
     """Each drive's read ceiling at the start of a run (MB/s)."""
     drive, crawl = CLASSES[cls]
@@ -203,23 +226,24 @@ def configured_as(scenario: str, arm: str) -> str:
     return REFERENCE[scenario] if arm == CONTROL else "reweigh" if arm == TREE else arm
 
 
-def spec_for(scenario: str, arm: str, paths: list[str]) -> ArmSpec:
+def spec_for(scenario: str, arm: str, paths: list[str], best: tuple[int, ...]) -> ArmSpec:
     name, arm = f"{scenario}-{arm}", configured_as(scenario, arm)
     if arm == "alone":
         return ArmSpec(name, tuple(paths[:2]), (1, 1), (1, 1))
     if arm == "best":
-        return ArmSpec(name, tuple(paths), (2, 1, 2), (2, 1, 2))
+        return ArmSpec(name, tuple(paths), best, best)
     return ArmSpec(name, tuple(paths), (1, 1, 1), (1, 1, 1))
 
 
 def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], settings: dict, workdir: str,
-            seq: int, half_of: dict[str, float], args, pass_no: int = 0) -> dict:
+            seq: int, half_of: dict[str, float], args, pass_no: int = 0, best: tuple[int, ...] = (2, 1, 2)) -> dict:
     """One run (the `pass_no`th of its arm): the drives' ceilings set, the engine started, a crawl
-    timed from its "run:" line for `recover`; the run's JSON result (or {'error': ...})."""
+    timed from its "run:" line for `recover`; the run's JSON result (or {'error': ...}). `best`: the
+    best arm's weights (`best_weights`)."""
     for n, mbs in speeds(cls, scenario, half_of).items():
         tb.throttle(n, mbs)
     time.sleep(REST_S)
-    spec = spec_for(scenario, arm, paths)
+    spec = spec_for(scenario, arm, paths, best)
     plan = os.path.join(workdir, "plans", f"{spec.name}.json")
     write_arm_plan(spec, plan)          # every run: an --out reused from another testbed holds its drives' paths
     cmd = engine_command(spec, {**settings, "run_args": FLAGS[configured_as(scenario, arm)] + args.run_arg}, plan)
@@ -671,9 +695,13 @@ def main() -> int:
             half_of = measure_unthrottled(tb, paths) if cls == "fast" else {n: CLASSES[cls][0] for n in DRIVES}
             alone = (", alone " + ", ".join(f"{n} {v:.0f}" for n, v in measure_alone(tb, paths).items()) + " MB/s"
                      if cls == "fast" else "")
+            under_half = measure_half(tb, paths, half_of) if cls == "fast" and "half" in scenarios else None
+            best = best_weights(under_half)
             line = (f"class {cls}: drives {', '.join(f'{n} {half_of[n]:.0f}' for n in DRIVES)} MB/s "
                     f"({'measured unthrottled, together' if cls == 'fast' else 'ceilings'}{alone}), crawl "
-                    f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s")
+                    f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s"
+                    + (", the three together then " + ", ".join(f"{n} {under_half[n]:.0f}" for n in DRIVES) + " MB/s"
+                       if under_half else "") + f", best {':'.join(map(str, best))}")
             print(line, flush=True)
             lines.append(line)
             gen = generated[cls]
@@ -685,7 +713,7 @@ def main() -> int:
                 rows = []
                 for seq, (sc, arm, k) in enumerate(sequence(args.runs, scenarios, arms_by, args.order,
                                                              args.seed + prompt)):
-                    r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args, k)
+                    r = run_arm(tb, cls, sc, arm, paths, settings, workdir, seq, half_of, args, k, best)
                     rows.append((sc, arm, r))
                     ran += 1
                     if "error" in r:
