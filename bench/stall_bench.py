@@ -203,10 +203,11 @@ def measure_half(tb: Testbed, paths: list[str], half_of: dict[str, float]) -> di
 
 def best_weights(under_half: dict[str, float] | None) -> tuple[int, ...]:
     """The best arm's weights: 2:1:2 for drives held to ceilings, else the drives' measured MB/s
-    under the half scenario (`measure_half`), each at least 1."""
+    under the half scenario (`measure_half`), in a plan's terms (integers 1..100, the fastest 100)."""
     if under_half is None:
         return (2, 1, 2)
-    return tuple(max(1, round(under_half[n])) for n in DRIVES)
+    top = max(under_half.values())
+    return tuple(max(1, min(100, round(100 * under_half[n] / top))) if top > 0 else 1 for n in DRIVES)
 
 
 def speeds(cls: str, scenario: str, half_of: dict[str, float]) -> dict[str, float]:
