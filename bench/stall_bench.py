@@ -34,9 +34,9 @@ expert cache), each pass through the arms in an order of its own (shuffled, seed
   best     the right static weights for green at half speed (half's reference): 2:1:2 where the
            drives are held to ceilings (slow, medium); in the fast class, where the two others are
            unthrottled and their speed is the CPU they get, what each of the three delivers while
-           green is held to half and all three read at once, measured at the class's start (the
-           same drives gave a fixed 2:1:2 0.82, 1.30 and 0.93 of the defaults in three testbeds one
-           evening: docs/reader.md "Round 37")
+           green is held to half and all three read at once, measured at the class's start (against
+           a fixed 2:1:2 one build scored 0.82, 1.30 and 0.93 on three testbeds in one evening:
+           docs/reader.md "Round 37")
 
 and with --feature-arms two more in every scenario, to weigh each feature against hedging alone:
 

@@ -122,6 +122,20 @@ def test_engine_command():
     assert cmd[i:i + 6] == ["run", "--rig", "/rig", "--plan", "/p.json", "--json"] and "--model" not in cmd
 
 
+@pytest.mark.parametrize("measured, weights", [({"internal": 783.0, "green": 36.0, "white": 853.0}, (92, 4, 100)),
+                                               ({"internal": 900.0, "green": 0.0, "white": 450.0}, (100, 1, 50)),
+                                               (None, (2, 1, 2))])
+def test_the_stall_benchs_measured_half_reference_is_a_plan_a_run_accepts(tmp_path, measured, weights):
+    """What the drives deliver in MB/s (hundreds) is put in a plan's terms, 1..100 the fastest 100:
+    a plan of the raw figures was refused and stopped a bench (docs/reader.md "Round 37")."""
+    from bench.stall_bench import best_weights, spec_for
+    assert best_weights(measured) == weights
+    paths = [str(tmp_path / n) for n in ("a", "b", "c")]
+    spec = spec_for("half", "best", paths, best_weights(measured))
+    plan = load_plan(write_arm_plan(spec, str(tmp_path / "best.json")))
+    assert plan.prefill.weights == weights and plan.decode.weights == weights
+
+
 def test_snapshot_reads_proc():
     s = snapshot()
     assert s.t > 0 and s.cpu_busy_s > 0 and s.own_cpu_s > 0 and s.swap_free_kb >= 0 and s.pswpout >= 0
