@@ -157,6 +157,7 @@ FLAGS = {"reweigh": ["--hedge", "--reweigh", "--balance"], "hedge": ["--hedge", 
          "neither": ["--no-hedge", "--no-reweigh", "--no-balance"], "alone": ["--no-hedge", "--no-reweigh", "--no-balance"],
          "best": ["--no-hedge", "--no-reweigh", "--no-balance"]}
 SHUFFLE, ALTERNATE = "shuffle", "alternate"   # --order: each pass in an order of its own, or forward then backward
+AT_CEILINGS = (2, 1, 2)   # the best arm's weights where the drives are held to ceilings: green at half
 REST_S = 0.5          # between runs: a throttle's unused budget must not carry into the next run
 
 
@@ -194,7 +195,7 @@ def _measure(tb: Testbed, paths: list[str], seconds: float) -> list[float]:
 def measure_half(tb: Testbed, paths: list[str], half_of: dict[str, float]) -> dict[str, float]:
     """MB/s each drive delivers while all three read at once with green held to half of `half_of`'s
     (the fast class's half scenario, its others unthrottled): the right static weights for it."""
-    tb.throttle("green", half_of["green"] / 2)
+    tb.throttle("green", speeds("fast", "half", half_of)["green"])
     try:
         return measure_unthrottled(tb, paths)
     finally:
@@ -205,7 +206,7 @@ def best_weights(under_half: dict[str, float] | None) -> tuple[int, ...]:
     """The best arm's weights: 2:1:2 for drives held to ceilings, else the drives' measured MB/s
     under the half scenario (`measure_half`), in a plan's terms (integers 1..100, the fastest 100)."""
     if under_half is None:
-        return (2, 1, 2)
+        return AT_CEILINGS
     top = max(under_half.values())
     return tuple(max(1, min(100, round(100 * under_half[n] / top))) if top > 0 else 1 for n in DRIVES)
 
@@ -237,7 +238,7 @@ def spec_for(scenario: str, arm: str, paths: list[str], best: tuple[int, ...]) -
 
 
 def run_arm(tb: Testbed, cls: str, scenario: str, arm: str, paths: list[str], settings: dict, workdir: str,
-            seq: int, half_of: dict[str, float], args, pass_no: int = 0, best: tuple[int, ...] = (2, 1, 2)) -> dict:
+            seq: int, half_of: dict[str, float], args, pass_no: int = 0, best: tuple[int, ...] = AT_CEILINGS) -> dict:
     """One run (the `pass_no`th of its arm): the drives' ceilings set, the engine started, a crawl
     timed from its "run:" line for `recover`; the run's JSON result (or {'error': ...}). `best`: the
     best arm's weights (`best_weights`)."""
