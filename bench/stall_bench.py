@@ -701,7 +701,7 @@ def main() -> int:
             best = best_weights(under_half)
             line = (f"class {cls}: drives {', '.join(f'{n} {half_of[n]:.0f}' for n in DRIVES)} MB/s "
                     f"({'measured unthrottled, together' if cls == 'fast' else 'ceilings'}{alone}), crawl "
-                    f"{CLASSES[cls][1]:g} MB/s, half: green at {half_of['green'] / 2:.0f} MB/s"
+                    f"{CLASSES[cls][1]:g} MB/s, half: green at {speeds(cls, 'half', half_of)['green']:.0f} MB/s"
                     + (", the three together then " + ", ".join(f"{n} {under_half[n]:.0f}" for n in DRIVES) + " MB/s"
                        if under_half else "") + f", best {':'.join(map(str, best))}")
             print(line, flush=True)
