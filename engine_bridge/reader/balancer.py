@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Final, Protocol, Sequence
 
 from .attempts import MAIN, Attempt, LaneQueue
-from .balancing import BalancePolicy, Pace, chunk_for, chunks, depth_bytes, pick_victim, piece_chunk
+from .balancing import BalancePolicy, Pace, batch_depth, chunk_for, chunks, depth_bytes, pick_victim, piece_chunk
 
 PACE_DECAY: Final = 0.9          # weight of the past in a source's pace, per delivered attempt
 COST_DECAY: Final = 0.9          # weight of the past in the reader's CPU per request, per request
@@ -43,6 +43,17 @@ class Balancer:
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
         self.chunk = [self.smallest] * n
         self.cost_ns: float | None = None
+        self.outstanding = 0          # bytes of the engine's pieces queued or in kernels that have not landed
+
+    def cut(self, s: int, nbytes: int) -> None:
+        """A piece of `nbytes` of the engine's cut is queued on source `s`."""
+        self.pace[s].given += nbytes
+        self.outstanding += nbytes
+
+    def landed(self, s: int, nbytes: int) -> None:
+        """A piece of `nbytes` cut to source `s` is in (whoever read it), or failed on every source."""
+        self.pace[s].given -= nbytes
+        self.outstanding -= nbytes
 
     def parts(self, s: int, off: int, ln: int) -> list[tuple[int, int]]:
         """How piece [off, off+ln) of source `s` is queued: chunks of its drive's size now, no larger
@@ -87,19 +98,26 @@ class Balancer:
         return says if says is not None else pace.inflight + nbytes <= self._depth(s)
 
     def _depth(self, s: int) -> float:
-        """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's."""
+        """Bytes source `s` may have in the kernel at its pace and the fastest healthy source's
+        (`depth_bytes`), and no more than its pace's share of what is outstanding when it was cut
+        more than its pace says (`batch_depth`; not with the policy's `depth_ns`)."""
         now = self.clock()
         pace = self.pace
-        top, fastest, mine, seen = None, s, None, False
+        top, fastest, mine, seen, together = None, s, None, False, 0.0
         for i in self.health.in_split:
             r = pace[i].rate(now)
             if i == s:
                 mine, seen = r, True
-            if r is not None and (top is None or r > top):
-                top, fastest = r, i
+            if r is not None:
+                together += r
+                if top is None or r > top:
+                    top, fastest = r, i
         if not seen:
-            mine = pace[s].rate(now)
-        return depth_bytes(mine, top, self.lanes, self.depth_ns, self.chunk[fastest])
+            return depth_bytes(pace[s].rate(now), top, self.lanes, self.depth_ns, self.chunk[fastest])
+        depth = depth_bytes(mine, top, self.lanes, self.depth_ns, self.chunk[fastest])
+        if self.depth_ns > 0:
+            return depth
+        return min(depth, batch_depth(mine, together, pace[s].given, self.outstanding))
 
     def offers(self, thief: int, queues: Sequence[LaneQueue], before: int | None = None) -> dict[int, tuple[int, Attempt]]:
         """Per other source, the first attempt of its queue `thief` could take: a main attempt of a

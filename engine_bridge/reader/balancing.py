@@ -153,6 +153,26 @@ def depth_bytes(rate: float | None, top: float | None, lanes: int, depth_ns: int
     return rate / top * lanes * chunk
 
 
+OVERGIVEN: Final = 1.5   # a drive given this many times its pace's share of what is outstanding is slower than
+                         # its weight says (`batch_depth`): equal drives' paces differ by less, a drive at half
+                         # its weight's speed holds 1.67 times its share (docs/reader.md "Round 38")
+
+
+def batch_depth(rate: float | None, together: float, given: int, outstanding: int) -> float:
+    """Bytes a source at `rate` (bytes/ns) may have in the kernel when the healthy sources read
+    `together` bytes/ns and `outstanding` bytes of the engine's pieces have not landed, `given` of
+    them cut to it: its pace's share of what is outstanding (what it reads while all of them read
+    the rest), when it was given more than OVERGIVEN times that share (its weight says it is
+    faster than it is: what it holds in its kernel beyond that share, no other drive can take, and
+    the reads wait for it); else unbounded (a drive cut what its pace says keeps the depth of
+    `depth_bytes`: bounding drives of one speed each to its share had their lanes wait for room by
+    a rounding's worth, a wake-up each, docs/reader.md "Round 37")."""
+    if rate is None or math.isinf(rate) or together <= 0 or math.isinf(together) or outstanding <= 0:
+        return math.inf
+    share = rate / together * outstanding
+    return share if given > OVERGIVEN * share else math.inf
+
+
 def depth_limit(rate: float | None, depth_ns: int) -> float:
     """Bytes a source at `rate` (bytes/ns; None: not known yet) may have in the kernel: `depth_ns`
     of its pace; unbounded while its pace is unknown."""
@@ -199,7 +219,7 @@ class Pace:
     drive that stops delivering falls towards 0 at once); and `window`, the bytes it may have in
     the kernel beyond MIN_REQUESTS requests by the slow start (what it has delivered)."""
 
-    __slots__ = ("decay", "bytes", "busy_ns", "open_ns", "tick", "inflight", "reqs", "n", "window")
+    __slots__ = ("decay", "bytes", "busy_ns", "open_ns", "tick", "inflight", "reqs", "n", "window", "given")
 
     def __init__(self, decay: float):
         self.decay = decay
@@ -211,6 +231,7 @@ class Pace:
         self.reqs = 0                 # requests in the kernel now
         self.n = 0                    # deliveries
         self.window = 0
+        self.given = 0                # bytes of the engine's pieces cut to it that have not landed (`Balancer.cut`)
 
     def advance(self, now: int) -> None:
         if self.inflight > 0 and now > self.tick:

@@ -124,8 +124,11 @@ class Lanes:
             if self.hedger is not None:
                 ticket._mains = atts
                 self.hedger.enqueued(atts)
+            bal = self.balancer
             for att in atts:
                 att.piece.active = 1
+                if bal is not None:
+                    bal.cut(att.src, att.ln)
                 self._queues[att.src].put(att)
             if self.balance is not None:
                 for src in {p[0] for p in pieces}:
@@ -406,7 +409,7 @@ class Lanes:
                     self.tally.delivered(att, s)
                     if att.private:
                         ticket._patches.append(att)
-                    finish = self._landed(ticket, s, t1)
+                    finish = self._landed(piece, s, t1)
                     if finish is None and self.hedger is not None:
                         self.hedger.landed(ticket)
                 elif att.private:
@@ -414,7 +417,7 @@ class Lanes:
                 if failed and not piece.done and piece.active == 0:   # no other attempt may still deliver
                     piece.done = True
                     no_source = self._no_source(piece)
-                    finish = self._landed(ticket, s, time.monotonic_ns(), error=no_source)
+                    finish = self._landed(piece, s, time.monotonic_ns(), error=no_source)
         if no_source is not None:
             self.health.event("all_failed", s, str(no_source), att.off, att.ln, piece.ticket.file)
         self._give_back(free)
@@ -432,6 +435,7 @@ class Lanes:
 
     def _fail_piece(self, att: Attempt, e: BaseException) -> None:
         piece = att.piece
+        assert piece is not None            # only a piece's attempts fail this way
         with self._lock:
             if self.reweigher is not None:
                 self.reweigher.ended(att, att.src, False)
@@ -443,12 +447,15 @@ class Lanes:
             if piece.done:
                 return
             piece.done = True
-            finish = self._landed(piece.ticket, att.src, time.monotonic_ns(), error=e)
+            finish = self._landed(piece, att.src, time.monotonic_ns(), error=e)
         if finish is not None:
             self._finish(*finish)
 
-    def _landed(self, ticket: ReadTicket, src: int, t_ns: int, error: BaseException | None = None):
-        """Count a piece in (lock held); when it was the read's last, what `_finish` needs."""
+    def _landed(self, piece: PieceInFlight, src: int, t_ns: int, error: BaseException | None = None):
+        """Count a piece in (lock held; `src` read it); when it was the read's last, what `_finish` needs."""
+        ticket = piece.ticket
+        if self.balancer is not None:
+            self.balancer.landed(piece.src, piece.ln)
         if error is not None and ticket._error is None:
             ticket._error = error
         elif error is None:

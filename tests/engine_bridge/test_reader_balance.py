@@ -21,8 +21,8 @@ from engine_bridge.harness.arms import ArmSpec, plan_changes
 from engine_bridge.harness.runner import engine_command
 from engine_bridge.reader.attempts import MAIN, Attempt, LaneQueue, PieceInFlight, ReadTicket
 from engine_bridge.reader.balancer import Balancer
-from engine_bridge.reader.balancing import (COST_SHARE, MIN_REQUESTS, BalancePolicy, Pace, check_balance, chunk_for, chunks,
-                                            depth_limit, pick_victim, piece_chunk)
+from engine_bridge.reader.balancing import (COST_SHARE, MIN_REQUESTS, OVERGIVEN, BalancePolicy, Pace, batch_depth,
+                                            check_balance, chunk_for, chunks, depth_limit, pick_victim, piece_chunk)
 from engine_bridge.reader.split_reader import SplitReader
 from engine_bridge.reader.settings import ReaderSettings
 from engines.ds4_argodrive.constants import BLOCK_BYTES
@@ -81,6 +81,56 @@ def test_the_kernel_queue_is_a_share_of_the_drives_pace_and_at_least_two_request
     assert pace.slow_start(1 << 20) is True
     pace.started(1 << 20, 0)
     assert pace.slow_start(4096) is False
+
+
+def test_a_drive_cut_more_than_its_pace_says_keeps_only_its_paces_share_of_what_is_outstanding_in_its_kernel():
+    """`batch_depth`: three drives, 150, 75 and 150 MB/s, a decode group of 16.7 MB cut 1:1:1 (the
+    half-speed drive's weight says twice its speed): that drive may hold its pace's share, 3.3 MB,
+    where the depth in the fastest drive's chunks lets in 4 MiB; drives cut what their pace says,
+    or within OVERGIVEN of it (equal drives' paces differ), keep the depth's; in units of the drives."""
+    fast, half, group = 0.15, 0.075, 16_700_000
+    together = fast + half + fast
+    assert batch_depth(half, together, group // 3, group) == pytest.approx(half / together * group)   # 3.34 MB
+    assert batch_depth(fast, together, group // 3, group) == math.inf            # a fast drive given its share or less
+    assert batch_depth(fast, 3 * fast, group // 3, group) == math.inf            # equal drives, cut equally
+    assert batch_depth(fast, 3.4 * fast, group // 3, group) == math.inf          # one a tenth slower than the others
+    share = 0.1 * group                                                           # given just past OVERGIVEN times
+    assert batch_depth(0.1, 1.0, int(OVERGIVEN * share) + 1, group) == pytest.approx(share)
+    assert batch_depth(0.1, 1.0, int(OVERGIVEN * share), group) == math.inf
+    assert batch_depth(half * 100, together * 100, group // 3, group) == pytest.approx(half / together * group)   # x100
+    assert batch_depth(None, together, group, group) == math.inf                 # pace unknown
+    assert batch_depth(half, together, 0, 0) == math.inf                         # nothing outstanding
+    assert batch_depth(math.inf, math.inf, group, group) == math.inf
+
+
+def test_the_balancer_bounds_an_overgiven_drive_by_what_is_outstanding_and_counts_it_back_to_nothing():
+    """`Balancer._depth`: the depth in the fastest drive's chunks, or less for a drive cut more than
+    its pace says (`cut`, `landed`); not with the policy's own `depth_ns`."""
+    now = [0]
+    for depth_ns in (0, 50_000_000):
+        bal = Balancer(3, 8, BalancePolicy(chunk_bytes=MiB, depth_ns=depth_ns), None,
+                       SimpleNamespace(in_split=[0, 1, 2]), lambda: now[0])
+        att = Attempt(None, 0, MAIN, 0, MiB, None, 0)
+        for s, ns in ((0, 7_000_000), (1, 14_000_000), (2, 7_000_000)):     # 150, 75, 150 MB/s
+            bal.pace[s].started(MiB, now[0])
+            now[0] += ns
+            bal.ended(att, s, True, None)
+        base = bal._depth(1)
+        group = [1_114_112] * 15                                          # five 3.3 MB reads cut 1:1:1
+        for k, ln in enumerate(group):
+            bal.cut(k % 3, ln)
+        assert bal.outstanding == sum(group) and [p.given for p in bal.pace] == [5 * 1_114_112] * 3
+        rates = [bal.rate(s) for s in range(3)]
+        if depth_ns:
+            assert bal._depth(1) == base == pytest.approx(rates[1] * depth_ns)
+        else:
+            assert base == pytest.approx(rates[1] / max(rates) * 8 * MiB)             # 4 MiB at half the fastest
+            assert bal._depth(1) == pytest.approx(rates[1] / sum(rates) * sum(group)) and bal._depth(1) < base
+            assert bal._depth(0) == base * 2 and bal._depth(2) == base * 2            # cut what their pace says
+        for k, ln in enumerate(group):
+            bal.landed(k % 3, ln)
+        assert bal.outstanding == 0 and [p.given for p in bal.pace] == [0, 0, 0]
+        assert bal._depth(1) == pytest.approx(base)
 
 
 def test_an_idle_drive_takes_work_only_when_it_would_finish_it_first():
@@ -319,6 +369,8 @@ def test_balanced_reads_return_exactly_the_bytes_and_count_each_once(model, lane
     assert sum(x.bytes for x in s.sources) == sum(n for _, n in ranges)
     assert s.reads == len(ranges) and s.bytes == sum(n for _, n in ranges)
     assert sum(x.failover_bytes for x in s.sources) == 0 and not any(x.degraded for x in s.sources)
+    bal = r._lanes.balancer                   # every piece cut was counted in once it landed
+    assert bal.outstanding == 0 and [p.given for p in bal.pace] == [0] * len(paths)
 
 
 def test_balancing_is_off_unless_asked_and_with_one_source(model):
