@@ -86,7 +86,8 @@ SHARED = dict(
                                         "that size)."),
     balance_depth=typer.Option(BalancePolicy.depth_ns / 1e9, "--balance-depth", metavar="SECONDS",
                                help="Most of a drive's own pace it keeps in the kernel when balancing (0, the default: "
-                                    "what it reads while the fastest drive reads a chunk per lane)."),
+                                    "what it reads while the fastest drive reads a chunk per lane, and for a drive cut "
+                                    "more than its pace says, its pace's share of the reads outstanding)."),
     engine=typer.Option(None, "--engine", metavar="NAME", help="With --replica: the engine whose reads to perform (default: "
                         "the engine that reads this model, by the preference each engine states; known: "
                         + ", ".join(ENGINES) + "). With --plan: the plan's."),

@@ -15,8 +15,9 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
 - a drive keeps in the kernel at most what it reads while the fastest drive reads a chunk per lane
   (`depth_bytes`: drives of one speed keep every lane busy, one at a twentieth of the others keeps
   a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two requests
-  of whatever size (so it never waits on us between two requests): the rest of its share waits in
-  its queue, where another drive can still take it. Its pace (`Pace`) is known from its first
+  of whatever size (so it never waits on us between two requests); a drive cut more than its pace
+  says keeps at most its pace's share of the engine's pieces not yet landed (`batch_depth`): the
+  rest of its share waits in its queue, where another drive can still take it. Its pace (`Pace`) is known from its first
   delivery on; beyond those two requests it may have in the kernel only what it has delivered (a
   slow start, in the units of its own deliveries: a drive that crawls from its first request holds
   two requests, not a request per lane nor two chunks' worth of an engine's small pieces, and a
@@ -54,7 +55,8 @@ class BalancePolicy:
     chunk_bytes: int = 1 << 20        # the smallest chunk a queued piece is cut into (`chunk_for`)
     chunk_max: int = 16 << 20         # the largest: a drive's chunk grows up to this with its pace
     depth_ns: int = 0                 # a drive keeps at most this much of its own pace in the kernel (0: what it
-                                      # reads while the fastest drive reads a chunk per lane: `depth_bytes`)
+                                      # reads while the fastest drive reads a chunk per lane, `depth_bytes`, and
+                                      # no more than its pace's share of what is outstanding, `batch_depth`)
     copies: bool = True               # with hedging: a drive with nothing to do reads a copy of a chunk past its
                                       # expected time in another's kernel, before its deadline
 
