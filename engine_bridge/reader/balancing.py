@@ -17,11 +17,11 @@ them. Balancing acts on reads already queued (docs/reader.md "Balancing"):
   a twentieth of that; or `depth_ns` of its own pace, when set), but never fewer than two requests
   of whatever size (so it never waits on us between two requests); a drive cut more than its pace
   says keeps at most its pace's share of the engine's pieces not yet landed (`batch_depth`): the
-  rest of its share waits in its queue, where another drive can still take it. Its pace (`Pace`) is known from its first
-  delivery on; beyond those two requests it may have in the kernel only what it has delivered (a
-  slow start, in the units of its own deliveries: a drive that crawls from its first request holds
-  two requests, not a request per lane nor two chunks' worth of an engine's small pieces, and a
-  fast one reaches its lanes within a few deliveries);
+  rest of its share waits in its queue, where another drive can still take it. Its pace (`Pace`)
+  is known from its first delivery on; beyond those two requests it may have in the kernel only
+  what it has delivered (a slow start, in the units of its own deliveries: a drive that crawls from
+  its first request holds two requests, not a request per lane nor two chunks' worth of an
+  engine's small pieces, and a fast one reaches its lanes within a few deliveries);
 - a drive with nothing queued of its own *takes* the first chunk of another's queue when it would
   finish it sooner than the drive it was given to (`pick_victim`); a drive with work of its own
   does the same for a chunk of an earlier read than its own queue's head (the engine waits for

@@ -93,7 +93,7 @@ def test_a_drive_cut_more_than_its_pace_says_keeps_only_its_paces_share_of_what_
     assert batch_depth(half, together, group // 3, group) == pytest.approx(half / together * group)   # 3.34 MB
     assert batch_depth(fast, together, group // 3, group) == math.inf            # a fast drive given its share or less
     assert batch_depth(fast, 3 * fast, group // 3, group) == math.inf            # equal drives, cut equally
-    assert batch_depth(fast, 3.4 * fast, group // 3, group) == math.inf          # one a tenth slower than the others
+    assert batch_depth(fast, 3.4 * fast, group // 3, group) == math.inf          # the others 1.2 times its pace
     share = 0.1 * group                                                           # given just past OVERGIVEN times
     assert batch_depth(0.1, 1.0, int(OVERGIVEN * share) + 1, group) == pytest.approx(share)
     assert batch_depth(0.1, 1.0, int(OVERGIVEN * share), group) == math.inf
