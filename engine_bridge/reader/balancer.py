@@ -43,17 +43,22 @@ class Balancer:
         self.pace = [Pace(PACE_DECAY) for _ in range(n)]
         self.chunk = [self.smallest] * n
         self.cost_ns: float | None = None
-        self.outstanding = 0          # bytes of the engine's pieces queued or in kernels that have not landed
 
     def cut(self, s: int, nbytes: int) -> None:
         """A piece of `nbytes` of the engine's cut is queued on source `s`."""
         self.pace[s].given += nbytes
-        self.outstanding += nbytes
 
     def landed(self, s: int, nbytes: int) -> None:
         """A piece of `nbytes` cut to source `s` is in (whoever read it), or failed on every source."""
         self.pace[s].given -= nbytes
-        self.outstanding -= nbytes
+
+    @property
+    def outstanding(self) -> int:
+        """Bytes of the engine's pieces queued or in kernels that have not landed, on every source."""
+        total = 0
+        for p in self.pace:
+            total += p.given
+        return total
 
     def parts(self, s: int, off: int, ln: int) -> list[tuple[int, int]]:
         """How piece [off, off+ln) of source `s` is queued: chunks of its drive's size now, no larger
@@ -113,9 +118,9 @@ class Balancer:
                 if top is None or r > top:
                     top, fastest = r, i
         if not seen:
-            return depth_bytes(pace[s].rate(now), top, self.lanes, self.depth_ns, self.chunk[fastest])
+            mine = pace[s].rate(now)
         depth = depth_bytes(mine, top, self.lanes, self.depth_ns, self.chunk[fastest])
-        if self.depth_ns > 0:
+        if self.depth_ns > 0 or not seen:
             return depth
         return min(depth, batch_depth(mine, together, pace[s].given, self.outstanding))
 
